@@ -1,0 +1,45 @@
+# Magnetar: `make run` starts the standalone broker, `make test` runs the whole suite.
+# Both set up everything first: a virtualenv in .venv with pinned dependencies.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DATA_DIR ?= ./data
+PORT ?= 8080
+
+.PHONY: run test lint unit crash bench check-java clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { echo "Spark needs Java 17+: install it with 'apt-get install openjdk-17-jre-headless'"; exit 1; }
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	  [ "$${v:-0}" -ge 17 ] || { echo "Spark needs Java 17+, found $$v: install 'openjdk-17-jre-headless'"; exit 1; }
+
+run: $(STAMP)
+	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: $(STAMP) check-java lint
+	$(BIN)/pytest -q
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+crash: $(STAMP)
+	MAGNETAR_CRASH_ROUNDS=$${MAGNETAR_CRASH_ROUNDS:-300} $(BIN)/pytest -q tests/crash
+
+bench: $(STAMP)
+	$(BIN)/python bench/storage_bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

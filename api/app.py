@@ -1,0 +1,38 @@
+"""The HTTP application: FastAPI routes over a ``BrokerService``.
+
+Role: the edge of the broker. Routes translate HTTP to broker calls and back; they never touch
+``storage`` directly. The application's lifespan starts the broker service and closes it on
+shutdown (uvicorn turns SIGTERM into a graceful shutdown, so a SIGTERM flushes and checkpoints).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from broker.service import BrokerService
+
+
+def create_app(service: BrokerService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.close()
+
+    app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
+
+    @app.get("/healthz", summary="Liveness and storage health")
+    def healthz() -> JSONResponse:
+        health = service.health()
+        body: dict[str, Any] = dataclasses.asdict(health)
+        return JSONResponse(body, status_code=200 if health.status == "ok" else 503)
+
+    return app

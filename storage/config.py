@@ -1,0 +1,95 @@
+"""Storage configuration: every bound of the bookie is a named setting with a unit suffix.
+
+Two presets: :meth:`StorageConfig.production` (the defaults, close to BookKeeper's
+DbLedgerStorage) and :meth:`StorageConfig.test_min` (tiny files and caches, so that journal
+rotation, write-cache flushes, read-cache eviction, entry-log rotation and GC all happen in
+ordinary tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    # Journal (write-ahead log).
+    journal_sync: bool = True
+    """fdatasync the journal before acknowledging. ``False`` is an explicit opt-out of
+    durability: adds are acknowledged once written to the OS."""
+    journal_group_wait_ms: float = 1.0
+    """Longest time the journal writer waits for more records before one fdatasync."""
+    journal_group_bytes_max: int = 512 * KiB
+    """A group is committed as soon as it holds this many bytes."""
+    journal_file_bytes_max: int = 512 * MiB
+    """Journal files rotate at this size."""
+
+    # Write cache (memtable): two buffers of this size each, active and being flushed.
+    write_cache_bytes_max: int = 64 * MiB
+    write_cache_flush_bytes: int = 32 * MiB
+    """A background flush starts once the active buffer holds this many bytes."""
+    write_cache_full_wait_ms: int = 10_000
+    """How long an add waits for room in a full write cache before WriteCacheFull."""
+    flush_interval_ms: int = 10_000
+    """A flush (and checkpoint) also runs at least this often while there is data."""
+
+    # Entry logs.
+    entry_log_size_bytes_max: int = 1 * GiB
+    entry_log_write_buffer_bytes: int = 1 * MiB
+    open_read_files_max: int = 64
+
+    # Read cache with read-ahead.
+    read_cache_bytes_max: int = 64 * MiB
+    read_ahead_entries_max: int = 100
+    read_ahead_bytes_max: int = 1 * MiB
+
+    # Garbage collection and compaction.
+    gc_interval_ms: int = 1_000
+    minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_ms: int = 3_600_000
+    major_compaction_threshold: float = 0.8
+    major_compaction_interval_ms: int = 86_400_000
+
+    def __post_init__(self) -> None:
+        if self.write_cache_flush_bytes > self.write_cache_bytes_max:
+            raise ValueError("write_cache_flush_bytes must not exceed write_cache_bytes_max")
+        if not 0.0 <= self.minor_compaction_threshold <= self.major_compaction_threshold <= 1.0:
+            raise ValueError("need 0 <= minor_compaction_threshold <= major_compaction_threshold <= 1")
+        if self.entry_log_size_bytes_max >= 4 * GiB:
+            raise ValueError("entry_log_size_bytes_max must stay below 4 GiB (32-bit offsets)")
+        if self.journal_group_bytes_max <= 0 or self.read_ahead_entries_max < 1:
+            raise ValueError("journal_group_bytes_max and read_ahead_entries_max must be positive")
+
+    @classmethod
+    def production(cls) -> StorageConfig:
+        return cls()
+
+    @classmethod
+    def test_min(cls) -> StorageConfig:
+        """Tiny limits so rollover, flush, eviction and GC happen in ordinary tests."""
+        return cls(
+            journal_group_wait_ms=0.2,
+            journal_group_bytes_max=16 * KiB,
+            journal_file_bytes_max=64 * KiB,
+            write_cache_bytes_max=128 * KiB,
+            write_cache_flush_bytes=32 * KiB,
+            write_cache_full_wait_ms=10_000,
+            flush_interval_ms=200,
+            entry_log_size_bytes_max=128 * KiB,
+            entry_log_write_buffer_bytes=8 * KiB,
+            open_read_files_max=8,
+            read_cache_bytes_max=32 * KiB,
+            read_ahead_entries_max=8,
+            read_ahead_bytes_max=8 * KiB,
+            gc_interval_ms=100,
+            minor_compaction_interval_ms=500,
+            major_compaction_interval_ms=2_000,
+        )
+
+    def replace(self, **changes: object) -> StorageConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

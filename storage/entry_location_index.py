@@ -1,0 +1,111 @@
+"""Entry location index: (ledger, entry) → entry-log location, in RocksDB (rocksdict).
+
+Role: a flush writes one batch of locations after the entry log it points into is durable;
+reads that miss every cache look the location up here. Keys are ``b"L"`` + big-endian
+``ledger u64 | entry u64`` so one ledger's entries are contiguous and ordered, which gives the
+last entry of a ledger by one reverse seek and deletes a ledger with one range delete.
+Values are a big-endian u64 location; 0 would mean "absent" and is never stored.
+
+The index shares one RocksDB instance with the ledger metadata index (its own key prefix), so
+deleting a ledger removes its metadata row and its locations in one atomic batch.
+
+Invariants: every batch is applied atomically and synced (WAL fsync) before the call returns,
+so the checkpoint that follows may trim the journal.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+PREFIX = b"L"
+_KEY = struct.Struct(">cQQ")
+_VALUE = struct.Struct(">Q")
+U64_MAX = 2**64 - 1
+
+
+def open_rdict(path: str) -> Rdict:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return Rdict(path, options)
+
+
+def sync_write_options() -> WriteOptions:
+    options = WriteOptions()
+    options.sync = True
+    return options
+
+
+def iterate_prefix(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    it = db.iter()
+    try:
+        it.seek(prefix)
+        while it.valid():
+            key = it.key()
+            if not key.startswith(prefix):
+                return
+            yield key, it.value()
+            it.next()
+    finally:
+        del it
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    batches_written: int
+    locations_written: int
+    lookups: int
+
+
+class EntryLocationIndex:
+    def __init__(self, db: Rdict) -> None:
+        self._db = db
+        self._sync = sync_write_options()
+        self._batches = 0
+        self._written = 0
+        self._lookups = 0
+
+    def get(self, ledger_id: int, entry_id: int) -> int:
+        """The location of an entry, or 0 if the index does not hold it."""
+        self._lookups += 1
+        raw = self._db.get(_KEY.pack(PREFIX, ledger_id, entry_id))
+        return 0 if raw is None else int(_VALUE.unpack(raw)[0])
+
+    def put_batch(self, locations: list[tuple[int, int, int]]) -> None:
+        """Atomically store ``(ledger, entry, location)`` triples and sync the WAL."""
+        if not locations:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for ledger_id, entry_id, location in locations:
+            batch.put(_KEY.pack(PREFIX, ledger_id, entry_id), _VALUE.pack(location))
+        self._db.write(batch, self._sync)
+        self._batches += 1
+        self._written += len(locations)
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """Highest indexed entry id of a ledger (one reverse seek), or -1."""
+        it = self._db.iter()
+        try:
+            it.seek_for_prev(_KEY.pack(PREFIX, ledger_id, U64_MAX))
+            if not it.valid():
+                return -1
+            prefix, ledger, entry = _KEY.unpack(it.key())
+            return int(entry) if prefix == PREFIX and ledger == ledger_id else -1
+        finally:
+            del it
+
+    @staticmethod
+    def stage_delete_ledger(batch: WriteBatch, ledger_id: int) -> None:
+        batch.delete_range(_KEY.pack(PREFIX, ledger_id, 0), _KEY.pack(PREFIX, ledger_id + 1, 0))
+
+    def items(self) -> Iterator[tuple[int, int, int]]:
+        """Every (ledger, entry, location), in key order (consistency checks, tests)."""
+        for key, value in iterate_prefix(self._db, PREFIX):
+            _, ledger, entry = _KEY.unpack(key)
+            yield ledger, entry, _VALUE.unpack(value)[0]
+
+    def statistics(self) -> IndexStats:
+        return IndexStats(self._batches, self._written, self._lookups)

@@ -1,0 +1,282 @@
+"""Entry logs: the bookie's long-term home for entry data.
+
+Role: a flush appends the write cache's sorted entries here and records each entry's location
+in the index; reads come here after every cache missed. Files are ``{log_id:08x}.log``, each
+starting with a 16-byte header (``MGNTELOG``, version, log id), then records (big-endian)::
+
+    [size u32][ledger u64][entry u64][crc32c u32][data]
+
+The CRC covers ledger, entry and data. An entry's location is ``(log_id << 32) | offset`` of
+its record; offset 0 is the header, so location 0 always means "absent".
+
+Invariants:
+- Appends come from one thread at a time (the caller holds the flush lock).
+- A location is handed to the index only after :meth:`EntryLogger.flush` made it durable.
+- A read checks the record's ledger, entry, size and CRC and raises ``CorruptEntry`` rather
+  than return wrong bytes. Logs rotate at ``entry_log_size_bytes_max``; a rotated log is never
+  written again (GC may delete it whole after copying its live entries elsewhere).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+from storage.errors import CorruptEntry
+from storage.fileio import AppendFile, FileIO, ReadFile
+
+MAGIC = b"MGNTELOG"
+VERSION = 1
+_FILE_HEADER = struct.Struct(">8sII")
+FILE_HEADER_SIZE = _FILE_HEADER.size
+_RECORD = struct.Struct(">IQQI")
+RECORD_HEADER_SIZE = _RECORD.size
+_IDS = struct.Struct(">QQ")
+ENTRY_BYTES_MAX = 64 * 1024 * 1024
+SUFFIX = ".log"
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class LogMissing(Exception):
+    """The entry log was removed (by GC) after its location was looked up."""
+
+
+def make_location(log_id: int, offset: int) -> int:
+    return (log_id << 32) | offset
+
+
+def split_location(location: int) -> tuple[int, int]:
+    return location >> 32, location & 0xFFFFFFFF
+
+
+def record_crc(ledger_id: int, entry_id: int, data: bytes | memoryview) -> int:
+    return crc32c.crc32c(data, crc32c.crc32c(_IDS.pack(ledger_id, entry_id)))
+
+
+@dataclass(frozen=True)
+class ScannedRecord:
+    log_id: int
+    offset: int
+    ledger_id: int
+    entry_id: int
+    size_bytes: int
+
+    @property
+    def location(self) -> int:
+        return make_location(self.log_id, self.offset)
+
+
+@dataclass(frozen=True)
+class EntryLogStats:
+    logs: int
+    current_log_id: int
+    bytes_appended: int
+    entries_appended: int
+    syncs: int
+    reads: int
+    read_ahead_entries: int
+    disk_bytes: int
+
+
+class EntryLogger:
+    def __init__(self, directory: str, fileio: FileIO, *, size_bytes_max: int,
+                 write_buffer_bytes: int, open_read_files_max: int) -> None:
+        self._dir = directory
+        self._fileio = fileio
+        self._size_bytes_max = size_bytes_max
+        self._write_buffer_bytes = write_buffer_bytes
+        self._open_read_files_max = open_read_files_max
+        fileio.make_dirs(directory)
+        ids = self.log_ids()
+        self._next_log_id = (ids[-1] + 1) if ids else 1
+        self._current: AppendFile | None = None
+        self._current_id = 0
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._readers: OrderedDict[int, ReadFile] = OrderedDict()
+        self._readers_lock = threading.Lock()
+        self._bytes_appended = 0
+        self._entries_appended = 0
+        self._syncs = 0
+        self._reads = 0
+        self._read_ahead_entries = 0
+
+    # --- files -------------------------------------------------------------------------
+    def path(self, log_id: int) -> str:
+        return f"{self._dir}/{log_id:08x}{SUFFIX}"
+
+    def log_ids(self) -> list[int]:
+        return sorted(int(n[: -len(SUFFIX)], 16) for n in self._fileio.list_dir(self._dir) if n.endswith(SUFFIX))
+
+    @property
+    def current_log_id(self) -> int:
+        """The log being appended to (0 before the first append)."""
+        return self._current_id
+
+    def disk_bytes(self) -> int:
+        return sum(self._fileio.file_size(self.path(i)) for i in self.log_ids())
+
+    # --- appending ---------------------------------------------------------------------
+    def add(self, ledger_id: int, entry_id: int, data: bytes) -> int:
+        """Append one record (buffered); return its location. Durable after :meth:`flush`."""
+        record_bytes = RECORD_HEADER_SIZE + len(data)
+        if self._current is None or (
+            self._current.size_bytes + self._pending_bytes + record_bytes > self._size_bytes_max
+            and self._current.size_bytes + self._pending_bytes > FILE_HEADER_SIZE
+        ):
+            self._rotate()
+        assert self._current is not None
+        offset = self._current.size_bytes + self._pending_bytes
+        self._pending.append(_RECORD.pack(len(data), ledger_id, entry_id, record_crc(ledger_id, entry_id, data)))
+        self._pending.append(data)
+        self._pending_bytes += record_bytes
+        self._bytes_appended += record_bytes
+        self._entries_appended += 1
+        if self._pending_bytes >= self._write_buffer_bytes:
+            self._write_pending()
+        return make_location(self._current_id, offset)
+
+    def _write_pending(self) -> None:
+        if self._pending and self._current is not None:
+            self._current.writev(self._pending)
+            self._pending = []
+            self._pending_bytes = 0
+
+    def flush(self) -> None:
+        """Write buffered records and fdatasync the current log."""
+        if self._current is None:
+            return
+        self._write_pending()
+        self._current.sync()
+        self._syncs += 1
+
+    def _rotate(self) -> None:
+        if self._current is not None:
+            self.flush()
+            self._current.close()
+        log_id = self._next_log_id
+        self._next_log_id += 1
+        current = self._fileio.open_append(self.path(log_id))
+        current.write(_FILE_HEADER.pack(MAGIC, VERSION, log_id))
+        self._current, self._current_id = current, log_id
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._write_pending()
+            self._current.close()
+            self._current = None
+        with self._readers_lock:
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
+
+    def abandon_pending(self) -> None:
+        """Drop buffered, unwritten records (after a failed flush)."""
+        self._pending = []
+        self._pending_bytes = 0
+
+    def remove_log(self, log_id: int) -> None:
+        if log_id == self._current_id:
+            raise ValueError("the current entry log cannot be removed")
+        with self._readers_lock:
+            reader = self._readers.pop(log_id, None)
+        if reader is not None:
+            reader.close()
+        self._fileio.remove(self.path(log_id))
+
+    # --- reading -------------------------------------------------------------------------
+    def _reader(self, log_id: int) -> ReadFile:
+        with self._readers_lock:
+            reader = self._readers.get(log_id)
+            if reader is not None:
+                self._readers.move_to_end(log_id)
+                return reader
+            try:
+                reader = self._fileio.open_read(self.path(log_id))
+            except FileNotFoundError as exc:
+                raise LogMissing(log_id) from exc
+            self._readers[log_id] = reader
+            while len(self._readers) > self._open_read_files_max:
+                _, old = self._readers.popitem(last=False)
+                old.close()
+            return reader
+
+    def read(self, location: int, ledger_id: int, entry_id: int, *, read_ahead_entries: int = 0,
+             read_ahead_bytes: int = 0) -> tuple[bytes, list[tuple[int, bytes]]]:
+        """Read the entry at ``location`` and up to ``read_ahead_entries`` following entries of
+        the same ledger found in the same read. Raises ``CorruptEntry`` on any mismatch."""
+        log_id, offset = split_location(location)
+        reader = self._reader(log_id)
+        self._reads += 1
+        chunk = reader.pread(max(read_ahead_bytes, RECORD_HEADER_SIZE + 4096), offset)
+        if len(chunk) < RECORD_HEADER_SIZE:
+            raise CorruptEntry(f"entry {ledger_id}:{entry_id}: truncated record header in log {log_id} at {offset}")
+        size, rec_ledger, rec_entry, crc = _RECORD.unpack_from(chunk, 0)
+        if (rec_ledger, rec_entry) != (ledger_id, entry_id) or size > ENTRY_BYTES_MAX:
+            raise CorruptEntry(
+                f"entry {ledger_id}:{entry_id}: log {log_id} offset {offset} holds a record for "
+                f"{rec_ledger}:{rec_entry} of {size} bytes"
+            )
+        end = RECORD_HEADER_SIZE + size
+        if end > len(chunk):
+            chunk = chunk[:RECORD_HEADER_SIZE] + reader.pread(size, offset + RECORD_HEADER_SIZE)
+            if len(chunk) < end:
+                raise CorruptEntry(f"entry {ledger_id}:{entry_id}: record cut short in log {log_id}")
+        data = chunk[RECORD_HEADER_SIZE:end]
+        if record_crc(ledger_id, entry_id, data) != crc:
+            raise CorruptEntry(f"entry {ledger_id}:{entry_id}: CRC mismatch in log {log_id} at {offset}")
+        ahead = self._parse_ahead(chunk, end, ledger_id, read_ahead_entries)
+        self._read_ahead_entries += len(ahead)
+        return data, ahead
+
+    @staticmethod
+    def _parse_ahead(chunk: bytes, pos: int, ledger_id: int, limit: int) -> list[tuple[int, bytes]]:
+        ahead: list[tuple[int, bytes]] = []
+        view = memoryview(chunk)
+        while len(ahead) < limit and pos + RECORD_HEADER_SIZE <= len(chunk):
+            size, rec_ledger, rec_entry, crc = _RECORD.unpack_from(chunk, pos)
+            end = pos + RECORD_HEADER_SIZE + size
+            if rec_ledger != ledger_id or end > len(chunk):
+                break
+            data = view[pos + RECORD_HEADER_SIZE : end]
+            if record_crc(rec_ledger, rec_entry, data) != crc:
+                break
+            ahead.append((rec_entry, bytes(data)))
+            pos = end
+        return ahead
+
+    def scan(self, log_id: int) -> Iterator[ScannedRecord]:
+        """Every complete record of a log, in file order (stops at a torn tail)."""
+        reader = self._fileio.open_read(self.path(log_id))
+        try:
+            size_bytes = reader.size_bytes()
+            pos = FILE_HEADER_SIZE
+            while pos + RECORD_HEADER_SIZE <= size_bytes:
+                chunk = reader.pread(min(SCAN_CHUNK_BYTES, size_bytes - pos), pos)
+                at = 0
+                while at + RECORD_HEADER_SIZE <= len(chunk):
+                    size, ledger, entry, _ = _RECORD.unpack_from(chunk, at)
+                    if size > ENTRY_BYTES_MAX or pos + at + RECORD_HEADER_SIZE + size > size_bytes:
+                        return
+                    yield ScannedRecord(log_id, pos + at, ledger, entry, size)
+                    at += RECORD_HEADER_SIZE + size
+                pos += at  # a record larger than the chunk moves ``at`` past the chunk's end
+        finally:
+            reader.close()
+
+    def statistics(self) -> EntryLogStats:
+        return EntryLogStats(
+            logs=len(self.log_ids()),
+            current_log_id=self._current_id,
+            bytes_appended=self._bytes_appended,
+            entries_appended=self._entries_appended,
+            syncs=self._syncs,
+            reads=self._reads,
+            read_ahead_entries=self._read_ahead_entries,
+            disk_bytes=self.disk_bytes(),
+        )

@@ -1,0 +1,74 @@
+"""Typed errors of the embedded bookie.
+
+Every failure that leaves ``storage/`` is one of these classes. Policy lives on the class:
+``code`` is a stable machine-readable name, ``retriable`` says whether the same call may
+succeed later, and ``http_status`` is the status the API edge maps it to (the mapping is done
+once, in ``api/``; storage never speaks HTTP itself).
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Root of every storage error."""
+
+    code = "storage_error"
+    retriable = False
+    http_status = 500
+
+
+class NoSuchLedger(StorageError):
+    code = "no_such_ledger"
+    http_status = 404
+
+
+class NoSuchEntry(StorageError):
+    code = "no_such_entry"
+    http_status = 404
+
+
+class LedgerFenced(StorageError):
+    """The ledger was fenced (opened for recovery); plain adds are refused."""
+
+    code = "ledger_fenced"
+    http_status = 409
+
+
+class CorruptEntry(StorageError):
+    """A stored record failed its size or CRC check; its bytes are never returned."""
+
+    code = "corrupt_entry"
+    http_status = 500
+
+
+class StorageReadOnly(StorageError):
+    """Writes are refused: an I/O error put the storage in read-only mode, or it was opened so."""
+
+    code = "storage_read_only"
+    http_status = 503
+
+
+class StorageIOError(StorageReadOnly):
+    """A write or fsync failed. The add is not acknowledged and the storage turns read-only."""
+
+    code = "storage_io_error"
+
+
+class WriteCacheFull(StorageError):
+    """Back-pressure: the write cache stayed full for longer than the configured wait."""
+
+    code = "write_cache_full"
+    retriable = True
+    http_status = 503
+
+
+class StorageClosed(StorageError):
+    """The storage was closed by its owner."""
+
+    code = "storage_closed"
+    http_status = 503
+
+
+class InvalidArgument(StorageError):
+    code = "invalid_argument"
+    http_status = 400

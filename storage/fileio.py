@@ -1,0 +1,267 @@
+"""The only module of the bookie that touches files, and its fault-injecting twin.
+
+``FileIO`` is the narrow I/O boundary: append files with ``write``/``writev``/``sync``
+(fdatasync), positional reads, atomic small-file replacement, directory listing and removal.
+``FaultyFileIO`` wraps the real files and, driven by a seed, injects torn writes, EIO and
+ENOSPC on write or sync, crashes at named failpoints, and power loss (every file cut back to
+its last synced length plus a random, possibly garbled, part of what was written after it).
+
+Invariants:
+- A file created by ``open_append`` is durable as a directory entry before the call returns.
+- ``write_atomic`` either leaves the old content or the new content, never a mix.
+- Failpoints (``fileio.failpoint(name)``) do nothing on the real implementation.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+IOV_MAX = 1024
+
+
+class AppendFile:
+    """An append-only file opened for writing by exactly one thread."""
+
+    def __init__(self, path: str, fd: int, size_bytes: int) -> None:
+        self.path = path
+        self._fd = fd
+        self.size_bytes = size_bytes
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            self.size_bytes += written
+            view = view[written:]
+
+    def writev(self, buffers: Sequence[bytes]) -> None:
+        for start in range(0, len(buffers), IOV_MAX):
+            chunk = buffers[start : start + IOV_MAX]
+            expected = sum(len(b) for b in chunk)
+            written = os.writev(self._fd, chunk)
+            self.size_bytes += written
+            if written != expected:  # a short write: finish the remainder byte-exactly
+                self.write(b"".join(chunk)[written:])
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class ReadFile:
+    """A file opened for positional reads; safe to share between threads."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def pread(self, size_bytes: int, offset: int) -> bytes:
+        return os.pread(self._fd, size_bytes, offset)
+
+    def size_bytes(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class FileIO:
+    """Real files with real fsync."""
+
+    def open_append(self, path: str) -> AppendFile:
+        existed = os.path.exists(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if not existed:
+            self.sync_dir(os.path.dirname(path))
+        return AppendFile(path, fd, os.fstat(fd).st_size)
+
+    def open_read(self, path: str) -> ReadFile:
+        return ReadFile(path, os.open(path, os.O_RDONLY))
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self.sync_dir(os.path.dirname(path))
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def list_dir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def make_dirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def file_size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+        self.sync_dir(os.path.dirname(path))
+
+    def truncate(self, path: str, size_bytes: int) -> None:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, size_bytes)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def failpoint(self, name: str) -> None:
+        """A named point where a test may inject a crash; nothing happens here."""
+
+
+@dataclass
+class _Fault:
+    op: str  # "write" | "sync"
+    kind: str  # "EIO" | "ENOSPC" | "torn"
+    path_contains: str
+    skip: int  # matching calls to let through first
+    remaining: int  # faults left to inject (-1: forever)
+
+
+class FaultyFileIO(FileIO):
+    """Real files plus seeded faults, crash points and power-loss simulation (tests only)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._faults: list[_Fault] = []
+        self._crash_points: dict[str, int] = {}
+        self.crashed = False
+        self.durable_size_bytes: dict[str, int] = {}
+        self.failpoints_hit: dict[str, int] = {}
+
+    # --- configuration -------------------------------------------------------------
+    def inject(
+        self, op: str, kind: str, *, path_contains: str = "", skip: int = 0, count: int = 1
+    ) -> None:
+        if op not in ("write", "sync") or kind not in ("EIO", "ENOSPC", "torn"):
+            raise ValueError(f"unknown fault {op}/{kind}")
+        with self._lock:
+            self._faults.append(_Fault(op, kind, path_contains, skip, count))
+
+    def crash_at(self, failpoint_name: str, hits_before: int = 0) -> None:
+        """Crash (every later write/sync fails) when ``failpoint_name`` is reached."""
+        self._crash_points[failpoint_name] = hits_before
+
+    def crash(self) -> None:
+        """The process dies now: every later write or sync fails."""
+        self.crashed = True
+
+    def lose_unsynced(self) -> None:
+        """Power loss after :meth:`crash`: cut each file back to its synced length plus a
+        random prefix of the unsynced bytes, sometimes garbling that prefix."""
+        for path, durable in sorted(self.durable_size_bytes.items()):
+            if not os.path.exists(path):
+                continue
+            size = os.stat(path).st_size
+            if size <= durable:
+                continue
+            keep = durable + self.rng.randint(0, size - durable)
+            os.truncate(path, keep)
+            if keep > durable and self.rng.random() < 0.3:
+                with open(path, "r+b") as f:
+                    f.seek(self.rng.randrange(durable, keep))
+                    f.write(bytes([self.rng.randrange(256)]))
+
+    # --- hooks ---------------------------------------------------------------------
+    def failpoint(self, name: str) -> None:
+        self.failpoints_hit[name] = self.failpoints_hit.get(name, 0) + 1
+        if name in self._crash_points:
+            if self._crash_points[name] <= 0:
+                del self._crash_points[name]
+                self.crashed = True
+                raise OSError(errno.EIO, f"simulated crash at failpoint {name!r}")
+            self._crash_points[name] -= 1
+
+    def _check(self, op: str, path: str) -> str | None:
+        if self.crashed:
+            raise OSError(errno.EIO, f"simulated crash: {op} on {path}")
+        with self._lock:
+            for fault in self._faults:
+                if fault.op != op or fault.path_contains not in path:
+                    continue
+                if fault.skip > 0:
+                    fault.skip -= 1
+                    return None
+                if fault.remaining > 0:
+                    fault.remaining -= 1
+                if fault.remaining == 0:
+                    self._faults.remove(fault)
+                return fault.kind
+        return None
+
+    def open_append(self, path: str) -> AppendFile:
+        existed = os.path.exists(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if not existed:
+            self.sync_dir(os.path.dirname(path))
+        size = os.fstat(fd).st_size
+        self.durable_size_bytes.setdefault(path, size)
+        return _FaultyAppendFile(self, path, fd, size)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        if self._check("write", path) is not None or self._check("sync", path) is not None:
+            raise OSError(errno.EIO, f"injected fault writing {path}")
+        super().write_atomic(path, data)
+
+
+class _FaultyAppendFile(AppendFile):
+    def __init__(self, owner: FaultyFileIO, path: str, fd: int, size_bytes: int) -> None:
+        super().__init__(path, fd, size_bytes)
+        self._owner = owner
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        kind = self._owner._check("write", self.path)
+        if kind == "ENOSPC":
+            raise OSError(errno.ENOSPC, f"injected ENOSPC writing {self.path}")
+        if kind == "EIO":
+            raise OSError(errno.EIO, f"injected EIO writing {self.path}")
+        if kind == "torn":
+            cut = self._owner.rng.randint(0, max(0, len(data) - 1))
+            super().write(memoryview(data)[:cut])
+            raise OSError(errno.EIO, f"injected torn write on {self.path} after {cut} bytes")
+        super().write(data)
+
+    def writev(self, buffers: Sequence[bytes]) -> None:
+        self.write(b"".join(buffers))
+
+    def sync(self) -> None:
+        kind = self._owner._check("sync", self.path)
+        if kind is not None:
+            code = errno.ENOSPC if kind == "ENOSPC" else errno.EIO
+            raise OSError(code, f"injected {kind} on fdatasync of {self.path}")
+        super().sync()
+        self._owner.durable_size_bytes[self.path] = self.size_bytes

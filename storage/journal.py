@@ -1,0 +1,334 @@
+"""Journal: the bookie's write-ahead log, with group commit.
+
+Role in the write path: ``LedgerStorage.add_entry`` puts the entry in the write cache, then
+hands a journal record here; the single writer thread appends queued records with one
+``writev`` and makes the whole group durable with one ``fdatasync`` before completing every
+waiter. An entry is acknowledged only after its record is synced.
+
+Record format (big-endian), interleaved across ledgers::
+
+    [length u32][crc32c u32][type u8][ledger u64][entry u64][payload]
+
+``length`` counts ``type..payload``; the CRC covers the same bytes. Files are named
+``{file_id:016x}.jnl`` and rotate at ``journal_file_bytes_max``. A ``LogMark`` (file id,
+offset) names a position; the checkpoint persists one in ``lastMark`` and replay starts there.
+
+Invariants:
+- The writer thread is the only writer of journal files; records reach disk in queue order.
+- A waiter is completed only after the ``fdatasync`` that covers its record (unless
+  ``journal_sync`` is off, an explicit opt-out).
+- Replay stops at the first torn or garbled record of a file and truncates the file there, so
+  every complete record before the cut is kept and nothing after it is half-applied.
+- The queue needs no bound of its own: every queued add already holds room in the bounded
+  write cache, so queued bytes never exceed the write cache's two buffers.
+- After a write or sync error the journal fails every pending and later record (read-only).
+"""
+
+from __future__ import annotations
+
+import queue
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+from storage.fileio import AppendFile, FileIO
+
+RECORD_ADD_ENTRY = 1
+RECORD_FENCE = 2
+
+_HEADER = struct.Struct(">IIBQQ")  # length, crc, type, ledger, entry
+HEADER_SIZE = _HEADER.size
+_BODY_HEAD = struct.Struct(">BQQ")
+_MARK = struct.Struct(">QQI")  # file id, offset, crc32c of the first 16 bytes
+MARK_FILE = "lastMark"
+SUFFIX = ".jnl"
+RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
+
+Completion = Callable[[BaseException | None], None]
+
+FSYNC_BUCKETS_US = (50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000)
+
+
+@dataclass(frozen=True, order=True)
+class LogMark:
+    file_id: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class JournalStats:
+    records_written: int
+    bytes_written: int
+    fsync_count: int
+    fsync_seconds_total: float
+    fsync_latency_buckets_us: tuple[tuple[int, int], ...]
+    """Cumulative histogram: (upper bound in µs, count of fsyncs at or under it)."""
+    groups_committed: int
+    largest_group_records: int
+    queue_depth: int
+    current_file_id: int
+    files: int
+    failed: bool
+
+
+def encode_header(record_type: int, ledger_id: int, entry_id: int, payload: bytes) -> bytes:
+    body_head = _BODY_HEAD.pack(record_type, ledger_id, entry_id)
+    crc = crc32c.crc32c(payload, crc32c.crc32c(body_head))
+    return struct.pack(">II", len(body_head) + len(payload), crc) + body_head
+
+
+def file_name(file_id: int) -> str:
+    return f"{file_id:016x}{SUFFIX}"
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    record_type: int
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    end: LogMark
+
+
+def scan_file(fileio: FileIO, path: str, file_id: int, start: int) -> tuple[list[JournalRecord], int]:
+    """Parse the records of one journal file from ``start``; return them and the offset of the
+    end of the last complete, CRC-valid record (the cut point for a torn tail)."""
+    data = fileio.read_file(path)
+    records: list[JournalRecord] = []
+    pos = start
+    while pos + HEADER_SIZE <= len(data):
+        length, crc, rtype, ledger, entry = _HEADER.unpack_from(data, pos)
+        end = pos + 8 + length
+        if length < _BODY_HEAD.size or length - _BODY_HEAD.size > RECORD_PAYLOAD_BYTES_MAX:
+            break
+        if end > len(data) or crc32c.crc32c(memoryview(data)[pos + 8 : end]) != crc:
+            break
+        if rtype not in (RECORD_ADD_ENTRY, RECORD_FENCE):
+            break
+        records.append(JournalRecord(rtype, ledger, entry, data[pos + HEADER_SIZE : end], LogMark(file_id, end)))
+        pos = end
+    return records, pos
+
+
+class Journal:
+    """Group-committing write-ahead log. Create, :meth:`replay`, then :meth:`start`."""
+
+    def __init__(self, directory: str, fileio: FileIO, *, sync: bool, group_wait_ms: float,
+                 group_bytes_max: int, file_bytes_max: int) -> None:
+        self._dir = directory
+        self._fileio = fileio
+        self._sync = sync
+        self._group_wait_s = group_wait_ms / 1000.0
+        self._group_bytes_max = group_bytes_max
+        self._file_bytes_max = file_bytes_max
+        self._queue: queue.SimpleQueue[tuple[bytes, bytes, Completion] | None] = queue.SimpleQueue()
+        self._file: AppendFile | None = None
+        self._file_id = 0
+        self._written_mark = LogMark(0, 0)
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stats_lock = threading.Lock()
+        self._records_written = 0
+        self._bytes_written = 0
+        self._fsync_count = 0
+        self._fsync_seconds = 0.0
+        self._fsync_buckets = [0] * (len(FSYNC_BUCKETS_US) + 1)
+        self._groups = 0
+        self._largest_group = 0
+        fileio.make_dirs(directory)
+
+    # --- files and marks ---------------------------------------------------------------
+    def file_ids(self) -> list[int]:
+        return sorted(int(n[: -len(SUFFIX)], 16) for n in self._fileio.list_dir(self._dir) if n.endswith(SUFFIX))
+
+    def _path(self, file_id: int) -> str:
+        return f"{self._dir}/{file_name(file_id)}"
+
+    def read_mark(self) -> LogMark:
+        path = f"{self._dir}/{MARK_FILE}"
+        if not self._fileio.exists(path):
+            return LogMark(0, 0)
+        raw = self._fileio.read_file(path)
+        if len(raw) != _MARK.size:
+            raise ValueError(f"journal mark file {path} has {len(raw)} bytes")
+        file_id, offset, crc = _MARK.unpack(raw)
+        if crc32c.crc32c(raw[:16]) != crc:
+            raise ValueError(f"journal mark file {path} fails its CRC")
+        return LogMark(file_id, offset)
+
+    def write_mark(self, mark: LogMark) -> None:
+        head = struct.pack(">QQ", mark.file_id, mark.offset)
+        self._fileio.write_atomic(f"{self._dir}/{MARK_FILE}", head + struct.pack(">I", crc32c.crc32c(head)))
+
+    def trim_before(self, mark: LogMark) -> int:
+        """Delete journal files wholly before ``mark``; return how many were deleted."""
+        removed = 0
+        for file_id in self.file_ids():
+            if file_id < mark.file_id and file_id != self._file_id:
+                self._fileio.remove(self._path(file_id))
+                removed += 1
+        return removed
+
+    # --- recovery ----------------------------------------------------------------------
+    def replay(self, mark: LogMark) -> Iterator[JournalRecord]:
+        """Yield every complete record after ``mark``; truncate torn tails in place."""
+        for file_id in self.file_ids():
+            if file_id < mark.file_id:
+                continue
+            start = mark.offset if file_id == mark.file_id else 0
+            path = self._path(file_id)
+            records, good_end = scan_file(self._fileio, path, file_id, start)
+            if good_end < self._fileio.file_size(path):
+                self._fileio.truncate(path, good_end)
+            yield from records
+
+    # --- writing -------------------------------------------------------------------------
+    def start(self) -> None:
+        ids = self.file_ids()
+        self._open_file((ids[-1] + 1) if ids else 1)
+        self._thread = threading.Thread(target=self._run, name="magnetar-journal", daemon=True)
+        self._thread.start()
+
+    def _open_file(self, file_id: int) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = self._fileio.open_append(self._path(file_id))
+        self._file_id = file_id
+        self._written_mark = LogMark(file_id, self._file.size_bytes)
+
+    def append(self, header: bytes, payload: bytes, done: Completion) -> None:
+        """Queue one record (``header`` from :func:`encode_header`); ``done(None)`` is called
+        on the writer thread once it is durable, ``done(error)`` if it never will be."""
+        if self._failure is not None:
+            done(self._failure)
+            return
+        self._queue.put((header, payload, done))
+
+    def last_written_mark(self) -> LogMark:
+        """The position just after the last record written to the journal file."""
+        return self._written_mark
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _collect(self, first: tuple[bytes, bytes, Completion]) -> tuple[list[tuple[bytes, bytes, Completion]], bool]:
+        group = [first]
+        size = len(first[0]) + len(first[1])
+        deadline = time.monotonic() + self._group_wait_s
+        stop = False
+        while size < self._group_bytes_max:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if item is None:
+                stop = True
+                break
+            group.append(item)
+            size += len(item[0]) + len(item[1])
+        return group, stop
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            if first is None:
+                break
+            group, stop = self._collect(first)
+            if self._failure is None:
+                try:
+                    self._write_group(group)
+                except OSError as exc:
+                    self._failure = exc
+            error = self._failure
+            for _, _, done in group:
+                done(error)
+        self._drain_after_stop()
+
+    def _drain_after_stop(self) -> None:
+        from storage.errors import StorageClosed
+
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item[2](self._failure or StorageClosed("journal closed"))
+
+    def _write_group(self, group: list[tuple[bytes, bytes, Completion]]) -> None:
+        assert self._file is not None
+        buffers: list[bytes] = []
+        for header, payload, _ in group:
+            buffers.append(header)
+            if payload:
+                buffers.append(payload)
+        self._fileio.failpoint("journal: before write")
+        self._file.writev(buffers)
+        self._fileio.failpoint("journal: before fdatasync")
+        if self._sync:
+            started = time.perf_counter()
+            self._file.sync()
+            self._record_fsync(time.perf_counter() - started)
+        self._fileio.failpoint("journal: after fdatasync")
+        written = sum(len(b) for b in buffers)
+        with self._stats_lock:
+            self._records_written += len(group)
+            self._bytes_written += written
+            self._groups += 1
+            self._largest_group = max(self._largest_group, len(group))
+        self._written_mark = LogMark(self._file_id, self._file.size_bytes)
+        if self._file.size_bytes >= self._file_bytes_max:
+            self._open_file(self._file_id + 1)
+
+    def _record_fsync(self, seconds: float) -> None:
+        micros = seconds * 1e6
+        index = len(FSYNC_BUCKETS_US)
+        for i, bound in enumerate(FSYNC_BUCKETS_US):
+            if micros <= bound:
+                index = i
+                break
+        with self._stats_lock:
+            self._fsync_count += 1
+            self._fsync_seconds += seconds
+            self._fsync_buckets[index] += 1
+
+    def statistics(self) -> JournalStats:
+        with self._stats_lock:
+            cumulative, running = [], 0
+            for bound, count in zip(FSYNC_BUCKETS_US, self._fsync_buckets, strict=False):
+                running += count
+                cumulative.append((bound, running))
+            return JournalStats(
+                records_written=self._records_written,
+                bytes_written=self._bytes_written,
+                fsync_count=self._fsync_count,
+                fsync_seconds_total=self._fsync_seconds,
+                fsync_latency_buckets_us=tuple(cumulative),
+                groups_committed=self._groups,
+                largest_group_records=self._largest_group,
+                queue_depth=self._queue.qsize(),
+                current_file_id=self._file_id,
+                files=len(self.file_ids()),
+                failed=self._failure is not None,
+            )

@@ -1,0 +1,528 @@
+"""LedgerStorage: the front door of the embedded bookie (BookKeeper's DbLedgerStorage).
+
+Write path::
+
+    add_entry ─▶ WriteCache.put (active buffer; full → back-pressure)
+              ─▶ Journal.append ─▶ group commit: one writev + one fdatasync ─▶ Future done
+    background: active buffer over its threshold, or every flush_interval_ms
+              ─▶ swap buffers ─▶ sorted entries to EntryLogger ─▶ fsync ─▶ index batch (synced)
+              ─▶ checkpoint: persist the LogMark taken at the swap ─▶ delete older journal files
+
+Read path: active write cache ─▶ buffer being flushed ─▶ read cache ─▶ location index ─▶ entry
+log, filling the read cache with the entries that follow in the same log (read-ahead).
+
+Layout under the data directory: ``journal/`` (journal files and ``lastMark``),
+``entrylogs/`` (entry logs), ``index/`` (RocksDB: locations and ledger metadata).
+
+Invariants:
+- A Future from :meth:`add_entry` completes only after the entry's journal record is synced;
+  after a crash at any instant every acknowledged entry reads back byte-for-byte.
+- The checkpoint mark is taken at the buffer swap, so every record before it is in the flushed
+  buffer; the mark is persisted only after that buffer is in synced entry logs and index.
+- Any write or sync error turns the storage read-only: pending and later adds fail with
+  ``StorageIOError``/``StorageReadOnly``; reads keep working; nothing unsynced is acknowledged.
+- Entries above a ledger's last add confirmed may be visible while in flight (BookKeeper's
+  semantics); readers that need durability read at most up to the LAC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+
+from rocksdict import WriteBatch
+
+from storage.config import StorageConfig
+from storage.entry_location_index import EntryLocationIndex, IndexStats, open_rdict
+from storage.entry_log import EntryLogger, EntryLogStats, LogMissing
+from storage.errors import (
+    CorruptEntry,
+    InvalidArgument,
+    LedgerFenced,
+    NoSuchEntry,
+    NoSuchLedger,
+    StorageClosed,
+    StorageError,
+    StorageIOError,
+    StorageReadOnly,
+    WriteCacheFull,
+)
+from storage.fileio import FileIO
+from storage.gc import GarbageCollector, GcResult, GcStats
+from storage.journal import (
+    RECORD_ADD_ENTRY,
+    RECORD_FENCE,
+    Journal,
+    JournalRecord,
+    JournalStats,
+    LogMark,
+    encode_header,
+)
+from storage.ledger_metadata_index import LedgerMeta, LedgerMetadataIndex
+from storage.read_cache import ReadCache, ReadCacheStats
+from storage.write_cache import WriteCache, WriteCacheStats
+
+LAST_ADD_CONFIRMED = -1
+ENTRY_ID_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ReadPathStats:
+    write_cache_hits: int
+    flushing_cache_hits: int
+    read_cache_hits: int
+    entry_log_reads: int
+
+
+@dataclass(frozen=True)
+class StorageStats:
+    ledgers: int
+    entries_added: int
+    read_only: bool
+    flushes: int
+    checkpoints: int
+    last_checkpoint: tuple[int, int]
+    replayed_records: int
+    journal: JournalStats
+    write_cache: WriteCacheStats
+    write_cache_being_flushed: WriteCacheStats
+    read_cache: ReadCacheStats
+    read_path: ReadPathStats
+    entry_logs: EntryLogStats
+    index: IndexStats
+    gc: GcStats
+
+
+@dataclass(frozen=True)
+class ConsistencyReport:
+    entries_checked: int
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class LedgerStorage:
+    """Use :meth:`open`; every method is safe to call from any thread."""
+
+    def __init__(self, path: str, config: StorageConfig, fileio: FileIO) -> None:
+        self.path = path
+        self.config = config
+        self._fileio = fileio
+        for sub in ("journal", "entrylogs", "index"):
+            fileio.make_dirs(f"{path}/{sub}")
+        self._db = open_rdict(f"{path}/index")
+        self._index = EntryLocationIndex(self._db)
+        self._meta_index = LedgerMetadataIndex(self._db)
+        self._logs = EntryLogger(f"{path}/entrylogs", fileio, size_bytes_max=config.entry_log_size_bytes_max,
+                                 write_buffer_bytes=config.entry_log_write_buffer_bytes,
+                                 open_read_files_max=config.open_read_files_max)
+        self._journal = Journal(f"{path}/journal", fileio, sync=config.journal_sync,
+                                group_wait_ms=config.journal_group_wait_ms,
+                                group_bytes_max=config.journal_group_bytes_max,
+                                file_bytes_max=config.journal_file_bytes_max)
+        self._read_cache = ReadCache(config.read_cache_bytes_max)
+        self._active = WriteCache(config.write_cache_bytes_max)
+        self._flushing = WriteCache(config.write_cache_bytes_max)
+        self._cache_cv = threading.Condition()
+        self._flush_lock = threading.Lock()
+        self._meta_lock = threading.Lock()
+        self._ledgers: dict[int, LedgerMeta] = {}
+        self._dirty_ledgers: set[int] = set()
+        self._gc = GarbageCollector(self._logs, self._index, fileio, self._ledgers.__contains__, self._flush_lock)
+        self._read_only_cause: BaseException | None = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._flush_wanted = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._entries_added = 0
+        self._flushes = 0
+        self._checkpoints = 0
+        self._last_mark = LogMark(0, 0)
+        self._replayed = 0
+        self._hits = [0, 0, 0, 0]  # write cache, being flushed, read cache, entry log
+
+    # --- lifecycle ---------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str, config: StorageConfig | None = None, *, fileio: FileIO | None = None) -> LedgerStorage:
+        """Open (creating if needed) and recover: replay the journal after the last mark."""
+        storage = cls(path, config or StorageConfig.production(), fileio or FileIO())
+        try:
+            storage._recover()
+        except BaseException:
+            storage._close_files()
+            raise
+        storage._start_background()
+        return storage
+
+    def _recover(self) -> None:
+        self._ledgers.update(self._meta_index.load_all())
+        for ledger_id, meta in self._ledgers.items():
+            meta.last_add_confirmed = max(meta.last_add_confirmed, self._index.last_entry_id(ledger_id))
+        self._last_mark = self._journal.read_mark()
+        for record in self._journal.replay(self._last_mark):
+            self._replay_record(record)
+        self._journal.start()
+        if self._replayed:
+            self._flush(checkpoint=True)
+
+    def _replay_record(self, record: JournalRecord) -> None:
+        meta = self._ledgers.get(record.ledger_id)
+        if meta is None:
+            return  # the ledger was deleted after this record was written
+        if record.record_type == RECORD_ADD_ENTRY:
+            while not self._active.put(record.ledger_id, record.entry_id, record.payload):
+                self._flush(checkpoint=False)
+            meta.last_add_confirmed = max(meta.last_add_confirmed, record.entry_id)
+        elif record.record_type == RECORD_FENCE:
+            meta.fenced = True
+            self._dirty_ledgers.add(record.ledger_id)
+        self._replayed += 1
+
+    def _start_background(self) -> None:
+        for target, name in ((self._flusher_loop, "magnetar-flush"), (self._gc_loop, "magnetar-gc")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def close(self) -> None:
+        """Finish in-flight adds, flush and checkpoint (unless read-only), release files."""
+        with self._cache_cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cache_cv.notify_all()
+        self._stop.set()
+        self._flush_wanted.set()
+        for thread in self._threads:
+            thread.join()
+        self._journal.close()
+        if self._read_only_cause is None:
+            with contextlib.suppress(StorageError):  # read-only now; the journal holds every ack
+                self._flush(checkpoint=True)
+        self._close_files()
+
+    def _close_files(self) -> None:
+        self._journal.close()
+        self._logs.close()
+        self._db.close()
+
+    def __enter__(self) -> LedgerStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- writes ------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StorageClosed("storage is closed")
+        if self._read_only_cause is not None:
+            raise StorageReadOnly(f"storage is read-only after an I/O error: {self._read_only_cause}")
+
+    def _ledger_for_write(self, ledger_id: int) -> LedgerMeta:
+        existing = self._ledgers.get(ledger_id)
+        if existing is not None:
+            return existing
+        with self._meta_lock:
+            meta = self._ledgers.get(ledger_id)
+            if meta is None:
+                meta = LedgerMeta()
+                try:
+                    self._meta_index.put(ledger_id, meta)
+                except Exception as exc:  # rocksdict raises plain Exception on I/O errors
+                    raise self._enter_read_only(exc) from exc
+                self._ledgers[ledger_id] = meta
+            return meta
+
+    def add_entry(self, ledger_id: int, entry_id: int, data: bytes, *, recovery: bool = False) -> Future[int]:
+        """Store an entry; the Future resolves to ``entry_id`` once the entry is durable.
+
+        Raises at once (no Future) for a closed or read-only storage, bad ids, a fenced
+        ledger (unless ``recovery``), or a write cache that stays full (``WriteCacheFull``).
+        """
+        self._check_writable()
+        if not 0 <= ledger_id <= ENTRY_ID_MAX or not 0 <= entry_id <= ENTRY_ID_MAX:
+            raise InvalidArgument(f"ledger and entry ids must be in [0, 2^63): {ledger_id}:{entry_id}")
+        if type(data) is not bytes:
+            data = bytes(data)
+        meta = self._ledger_for_write(ledger_id)
+        if meta.fenced and not recovery:
+            raise LedgerFenced(f"ledger {ledger_id} is fenced")
+        self._put_in_cache(ledger_id, entry_id, data)
+        future: Future[int] = Future()
+        header = encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data)
+        self._journal.append(header, data, partial(self._add_done, meta, ledger_id, entry_id, future))
+        return future
+
+    def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        deadline: float | None = None
+        with self._cache_cv:
+            while True:
+                active = self._active
+                if active.put(ledger_id, entry_id, data):
+                    if active.size_bytes >= self.config.write_cache_flush_bytes:
+                        self._flush_wanted.set()
+                    return
+                self._flush_wanted.set()
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.config.write_cache_full_wait_ms / 1000.0
+                if now >= deadline:
+                    raise WriteCacheFull(f"write cache full for {self.config.write_cache_full_wait_ms} ms")
+                self._cache_cv.wait(deadline - now)
+                self._check_writable()
+
+    def _add_done(self, meta: LedgerMeta, ledger_id: int, entry_id: int, future: Future[int],
+                  error: BaseException | None) -> None:
+        if error is None:
+            meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
+            self._entries_added += 1
+            future.set_result(entry_id)
+            return
+        self._active.remove(ledger_id, entry_id)
+        future.set_exception(self._enter_read_only(error))
+
+    def fence(self, ledger_id: int) -> Future[None]:
+        """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
+        resolves once the fence is durable."""
+        self._check_writable()
+        meta = self._ledger_for_write(ledger_id)
+        meta.fenced = True
+        with self._cache_cv:
+            self._dirty_ledgers.add(ledger_id)
+        future: Future[None] = Future()
+
+        def done(error: BaseException | None) -> None:
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(self._enter_read_only(error))
+
+        self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", done)
+        return future
+
+    def is_fenced(self, ledger_id: int) -> bool:
+        return self._meta(ledger_id).fenced
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger's metadata and index atomically; GC later reclaims its bytes."""
+        self._check_writable()
+        with self._flush_lock:
+            with self._meta_lock, self._cache_cv:
+                if ledger_id not in self._ledgers:
+                    raise NoSuchLedger(f"ledger {ledger_id} does not exist")
+                batch = WriteBatch(raw_mode=True)
+                LedgerMetadataIndex.stage_delete(batch, ledger_id)
+                EntryLocationIndex.stage_delete_ledger(batch, ledger_id)
+                try:
+                    self._meta_index.write(batch)
+                except Exception as exc:
+                    raise self._enter_read_only(exc) from exc
+                del self._ledgers[ledger_id]
+                self._dirty_ledgers.discard(ledger_id)
+                self._active.delete_ledger(ledger_id)
+                self._flushing.delete_ledger(ledger_id)
+            self._read_cache.delete_ledger(ledger_id)
+
+    def _enter_read_only(self, cause: BaseException) -> StorageIOError:
+        with self._cache_cv:
+            if self._read_only_cause is None:
+                self._read_only_cause = cause
+            self._cache_cv.notify_all()
+        if isinstance(cause, StorageIOError):
+            return cause
+        return StorageIOError(f"storage I/O failed, now read-only: {cause}")
+
+    # --- reads -------------------------------------------------------------------------
+    def _meta(self, ledger_id: int) -> LedgerMeta:
+        if self._closed:
+            raise StorageClosed("storage is closed")
+        meta = self._ledgers.get(ledger_id)
+        if meta is None:
+            raise NoSuchLedger(f"ledger {ledger_id} does not exist")
+        return meta
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers
+
+    def ledgers(self) -> list[int]:
+        return sorted(self._ledgers)
+
+    def get_last_add_confirmed(self, ledger_id: int) -> int:
+        """The highest durable entry id of the ledger, or -1 when it has none."""
+        return self._meta(ledger_id).last_add_confirmed
+
+    def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The entry's bytes; ``entry_id == -1`` reads the last add confirmed."""
+        meta = self._meta(ledger_id)
+        if entry_id == LAST_ADD_CONFIRMED:
+            entry_id = meta.last_add_confirmed
+            if entry_id < 0:
+                raise NoSuchEntry(f"ledger {ledger_id} has no confirmed entry")
+        data = self._active.get(ledger_id, entry_id)
+        if data is not None:
+            self._hits[0] += 1
+            return data
+        data = self._flushing.get(ledger_id, entry_id)
+        if data is not None:
+            self._hits[1] += 1
+            return data
+        data = self._read_cache.get(ledger_id, entry_id)
+        if data is not None:
+            self._hits[2] += 1
+            return data
+        return self._read_from_log(ledger_id, entry_id)
+
+    def _read_from_log(self, ledger_id: int, entry_id: int) -> bytes:
+        for _ in range(3):  # GC may move the entry between the lookup and the read
+            location = self._index.get(ledger_id, entry_id)
+            if location == 0:
+                break
+            try:
+                data, ahead = self._logs.read(location, ledger_id, entry_id,
+                                              read_ahead_entries=self.config.read_ahead_entries_max,
+                                              read_ahead_bytes=self.config.read_ahead_bytes_max)
+            except LogMissing:
+                continue
+            except OSError as exc:
+                raise CorruptEntry(f"entry {ledger_id}:{entry_id} unreadable: {exc}") from exc
+            self._hits[3] += 1
+            for ahead_entry, ahead_data in ahead:
+                self._read_cache.put(ledger_id, ahead_entry, ahead_data)
+            return data
+        raise NoSuchEntry(f"entry {ledger_id}:{entry_id} does not exist")
+
+    # --- flush, checkpoint, GC --------------------------------------------------------------
+    def flush(self) -> None:
+        """Move everything in the write cache to synced entry logs and index."""
+        self._flush(checkpoint=False)
+
+    def checkpoint(self) -> LogMark:
+        """Flush, then persist the journal mark and delete journal files wholly before it."""
+        self._flush(checkpoint=True)
+        return self._last_mark
+
+    def _flush(self, *, checkpoint: bool) -> None:
+        with self._flush_lock:
+            if self._read_only_cause is not None:
+                raise StorageReadOnly(f"storage is read-only: {self._read_only_cause}")
+            with self._cache_cv:
+                mark = self._journal.last_written_mark()
+                self._flushing = self._active
+                self._active = WriteCache(self.config.write_cache_bytes_max)
+                dirty = {lid: self._ledgers[lid] for lid in self._dirty_ledgers if lid in self._ledgers}
+                self._dirty_ledgers.clear()
+            try:
+                self._write_flushing(dirty)
+            except OSError as exc:
+                self._logs.abandon_pending()
+                raise self._enter_read_only(exc) from exc
+            except Exception as exc:  # rocksdict I/O errors are plain Exceptions
+                raise self._enter_read_only(exc) from exc
+            with self._cache_cv:
+                self._flushing = WriteCache(self.config.write_cache_bytes_max)
+                self._cache_cv.notify_all()
+            self._flushes += 1
+            if checkpoint and mark > self._last_mark:
+                self._journal.write_mark(mark)
+                self._journal.trim_before(mark)
+                self._last_mark = mark
+                self._checkpoints += 1
+
+    def _write_flushing(self, dirty: dict[int, LedgerMeta]) -> None:
+        locations: list[tuple[int, int, int]] = []
+        for ledger_id, entry_id, data in self._flushing.sorted_entries():
+            if ledger_id in self._ledgers:
+                locations.append((ledger_id, entry_id, self._logs.add(ledger_id, entry_id, data)))
+        self._fileio.failpoint("flush: after entry log append, before sync")
+        self._logs.flush()
+        self._fileio.failpoint("flush: after entry log sync, before index write")
+        self._index.put_batch(locations)
+        self._meta_index.put_many(dirty)
+        self._fileio.failpoint("flush: after index write, before checkpoint")
+
+    def collect_garbage(self, compaction_threshold: float | None = None) -> GcResult:
+        """Delete entry logs without live data and compact those under the threshold
+        (default: the major compaction threshold)."""
+        if self._read_only_cause is not None:
+            raise StorageReadOnly(f"storage is read-only: {self._read_only_cause}")
+        threshold = self.config.major_compaction_threshold if compaction_threshold is None else compaction_threshold
+        try:
+            return self._gc.run(threshold)
+        except OSError as exc:
+            raise self._enter_read_only(exc) from exc
+
+    def _flusher_loop(self) -> None:
+        interval_s = self.config.flush_interval_ms / 1000.0
+        while not self._stop.is_set():
+            self._flush_wanted.wait(interval_s)
+            self._flush_wanted.clear()
+            if self._stop.is_set() or self._read_only_cause is not None:
+                continue
+            if len(self._active) or self._dirty_ledgers:
+                with contextlib.suppress(StorageError):  # read-only now; adds report the cause
+                    self._flush(checkpoint=True)
+
+    def _gc_loop(self) -> None:
+        interval_s = self.config.gc_interval_ms / 1000.0
+        last_minor = last_major = time.monotonic()
+        while not self._stop.wait(interval_s):
+            if self._read_only_cause is not None:
+                continue
+            now = time.monotonic()
+            threshold = 0.0
+            if now - last_major >= self.config.major_compaction_interval_ms / 1000.0:
+                threshold, last_major, last_minor = self.config.major_compaction_threshold, now, now
+            elif now - last_minor >= self.config.minor_compaction_interval_ms / 1000.0:
+                threshold, last_minor = self.config.minor_compaction_threshold, now
+            try:
+                self._gc.run(threshold)
+            except (OSError, StorageError) as exc:
+                self._enter_read_only(exc)
+
+    # --- introspection -----------------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self._read_only_cause is not None
+
+    def statistics(self) -> StorageStats:
+        return StorageStats(
+            ledgers=len(self._ledgers),
+            entries_added=self._entries_added,
+            read_only=self.read_only,
+            flushes=self._flushes,
+            checkpoints=self._checkpoints,
+            last_checkpoint=(self._last_mark.file_id, self._last_mark.offset),
+            replayed_records=self._replayed,
+            journal=self._journal.statistics(),
+            write_cache=self._active.statistics(),
+            write_cache_being_flushed=self._flushing.statistics(),
+            read_cache=self._read_cache.statistics(),
+            read_path=ReadPathStats(*self._hits),
+            entry_logs=self._logs.statistics(),
+            index=self._index.statistics(),
+            gc=self._gc.statistics(),
+        )
+
+    def check_consistency(self) -> ConsistencyReport:
+        """Every index entry must belong to a live ledger and point at a readable, CRC-valid
+        record; no ledger's LAC may be below an indexed entry that it acknowledged."""
+        problems: list[str] = []
+        checked = 0
+        with self._flush_lock:
+            for ledger_id, entry_id, location in self._index.items():
+                checked += 1
+                if ledger_id not in self._ledgers:
+                    problems.append(f"index holds {ledger_id}:{entry_id} of a deleted ledger")
+                    continue
+                try:
+                    self._logs.read(location, ledger_id, entry_id)
+                except (CorruptEntry, LogMissing, OSError) as exc:
+                    problems.append(f"{ledger_id}:{entry_id} at {location:#x}: {exc!r}")
+        return ConsistencyReport(checked, tuple(problems))

@@ -1,0 +1,81 @@
+"""Write cache: the bookie's memtable.
+
+Role in the write path: ``add_entry`` puts each entry here before journaling it; reads look
+here first. ``LedgerStorage`` keeps two of these: the *active* buffer taking new entries and
+the one *being flushed*. A flush swaps them, writes the flushed buffer's entries sorted by
+(ledger, entry) to the entry log, so one ledger's entries are adjacent on disk, then drops it.
+
+Invariants:
+- ``size_bytes`` never exceeds ``capacity_bytes``: ``put`` answers ``False`` instead of
+  growing, and the caller applies back-pressure.
+- A buffer being flushed is never mutated by the flush; it is dropped whole afterwards, so a
+  reader that looked it up just before the drop still finds its entries there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WriteCacheStats:
+    entries: int
+    size_bytes: int
+    capacity_bytes: int
+
+
+class WriteCache:
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.size_bytes = 0
+        self._entries: dict[tuple[int, int], bytes] = {}
+        self._last_entry: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def put(self, ledger_id: int, entry_id: int, data: bytes) -> bool:
+        """Store an entry; ``False`` (nothing stored) when it does not fit."""
+        key = (ledger_id, entry_id)
+        with self._lock:
+            old = self._entries.get(key)
+            grow = len(data) - (len(old) if old is not None else 0)
+            if self.size_bytes + grow > self.capacity_bytes and self._entries:
+                return False
+            self._entries[key] = data
+            self.size_bytes += grow
+            if entry_id > self._last_entry.get(ledger_id, -1):
+                self._last_entry[ledger_id] = entry_id
+            return True
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        return self._entries.get((ledger_id, entry_id))
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """Highest entry id of ``ledger_id`` in this buffer, or -1."""
+        return self._last_entry.get(ledger_id, -1)
+
+    def remove(self, ledger_id: int, entry_id: int) -> None:
+        with self._lock:
+            data = self._entries.pop((ledger_id, entry_id), None)
+            if data is not None:
+                self.size_bytes -= len(data)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        with self._lock:
+            doomed = [k for k in self._entries if k[0] == ledger_id]
+            for key in doomed:
+                self.size_bytes -= len(self._entries.pop(key))
+            self._last_entry.pop(ledger_id, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def sorted_entries(self) -> Iterator[tuple[int, int, bytes]]:
+        with self._lock:
+            keys = sorted(self._entries)
+        for key in keys:
+            yield key[0], key[1], self._entries[key]
+
+    def statistics(self) -> WriteCacheStats:
+        return WriteCacheStats(len(self._entries), self.size_bytes, self.capacity_bytes)
