@@ -1,15 +1,24 @@
-"""Typed errors of the embedded bookie.
+"""Typed errors of the embedded bookie, and the root of Magnetar's one error hierarchy.
 
 Every failure that leaves ``storage/`` is one of these classes. Policy lives on the class:
 ``code`` is a stable machine-readable name, ``retriable`` says whether the same call may
 succeed later, and ``http_status`` is the status the API edge maps it to (the mapping is done
-once, in ``api/``; storage never speaks HTTP itself).
+once, in ``api/``; storage never speaks HTTP itself). ``MagnetarError`` is the root that the
+broker's errors (``broker/errors.py``) extend too, since storage may not import the broker.
 """
 
 from __future__ import annotations
 
 
-class StorageError(Exception):
+class MagnetarError(Exception):
+    """Root of every error Magnetar raises on purpose."""
+
+    code = "internal_error"
+    retriable = False
+    http_status = 500
+
+
+class StorageError(MagnetarError):
     """Root of every storage error."""
 
     code = "storage_error"

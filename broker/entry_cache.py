@@ -1,0 +1,91 @@
+"""Broker-side entry cache: recent entries of every managed ledger, for tailing readers.
+
+Role: every entry a managed ledger appends is inserted here; a cursor reading near the tail is
+served from memory, while a backlogged cursor misses and reads through the bookie (catch-up
+read), as in Pulsar. Keys are ``(ledger_id, entry_id)``; ledger ids are globally unique.
+
+Invariants: ``size_bytes <= capacity_bytes`` after every insert: over capacity, the oldest
+entries are evicted down to ``eviction_watermark`` times capacity; entries older than
+``entry_age_ms_max`` are evicted on the next insert or :meth:`evict_expired`. Time is injected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EntryCacheStats:
+    entries: int
+    size_bytes: int
+    capacity_bytes: int
+    hits: int
+    misses: int
+    evicted_by_size: int
+    evicted_by_age: int
+
+
+class EntryCache:
+    def __init__(self, capacity_bytes: int, *, entry_age_ms_max: int = 1000, eviction_watermark: float = 0.9,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._age_s_max = entry_age_ms_max / 1000.0
+        self._watermark_bytes = int(capacity_bytes * eviction_watermark)
+        self._clock = clock
+        self._entries: OrderedDict[tuple[int, int], tuple[bytes, float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size_bytes = 0
+        self._hits = self._misses = self._by_size = self._by_age = 0
+
+    def insert(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        if len(data) > self._watermark_bytes:
+            return
+        now = self._clock()
+        with self._lock:
+            key = (ledger_id, entry_id)
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.size_bytes -= len(old[0])
+            self._entries[key] = (data, now)
+            self.size_bytes += len(data)
+            self._evict_locked(now)
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        item = self._entries.get((ledger_id, entry_id))
+        if item is None:
+            self._misses += 1
+            return None
+        self._hits += 1
+        return item[0]
+
+    def evict_expired(self) -> None:
+        with self._lock:
+            self._evict_locked(self._clock())
+
+    def _evict_locked(self, now: float) -> None:
+        while self._entries:  # insertion order is age order
+            key, (data, inserted) = next(iter(self._entries.items()))
+            if now - inserted <= self._age_s_max:
+                break
+            del self._entries[key]
+            self.size_bytes -= len(data)
+            self._by_age += 1
+        if self.size_bytes > self.capacity_bytes:
+            while self._entries and self.size_bytes > self._watermark_bytes:
+                _, (data, _) = self._entries.popitem(last=False)
+                self.size_bytes -= len(data)
+                self._by_size += 1
+
+    def invalidate_ledger(self, ledger_id: int) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == ledger_id]:
+                self.size_bytes -= len(self._entries.pop(key)[0])
+
+    def statistics(self) -> EntryCacheStats:
+        with self._lock:
+            return EntryCacheStats(len(self._entries), self.size_bytes, self.capacity_bytes, self._hits,
+                                   self._misses, self._by_size, self._by_age)

@@ -1,0 +1,164 @@
+"""The broker's errors: one hierarchy (rooted at ``MagnetarError``) mapped to HTTP once, in api/.
+
+Policy lives on each class: ``code`` (stable, machine-readable), ``http_status`` and
+``retriable``. ``ERRORS_BY_CODE`` is the registry from code to class. Storage errors are part of
+the same hierarchy and re-exported here, so ``api`` needs nothing from ``storage``.
+"""
+
+from __future__ import annotations
+
+from storage.errors import (
+    CorruptEntry,
+    InvalidArgument,
+    LedgerFenced,
+    MagnetarError,
+    NoSuchEntry,
+    NoSuchLedger,
+    StorageClosed,
+    StorageError,
+    StorageIOError,
+    StorageReadOnly,
+    WriteCacheFull,
+)
+
+
+class BrokerError(MagnetarError):
+    code = "broker_error"
+
+
+class NotFound(BrokerError):
+    code = "not_found"
+    http_status = 404
+
+
+class AlreadyExists(BrokerError):
+    code = "already_exists"
+    http_status = 409
+
+
+class BadVersion(BrokerError):
+    """A metadata compare-and-set lost: the stored version differs from the expected one."""
+
+    code = "bad_version"
+    http_status = 409
+    retriable = True
+
+
+class InvalidRequest(BrokerError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class OffsetMismatch(BrokerError):
+    """Conditional append refused: the partition's next offset is not the expected one."""
+
+    code = "offset_mismatch"
+    http_status = 409
+
+    def __init__(self, message: str, *, expected_offset: int, next_offset: int) -> None:
+        super().__init__(message)
+        self.expected_offset = expected_offset
+        self.next_offset = next_offset
+
+
+class LedgerClosed(BrokerError):
+    code = "ledger_closed"
+    http_status = 409
+
+
+class NotEnoughBookies(BrokerError):
+    code = "not_enough_bookies"
+    http_status = 503
+    retriable = True
+
+
+class TopicTerminated(BrokerError):
+    code = "topic_terminated"
+    http_status = 409
+
+
+class MessageTooLarge(BrokerError):
+    code = "message_too_large"
+    http_status = 413
+
+
+class ProducerBusy(BrokerError):
+    code = "producer_busy"
+    http_status = 409
+
+
+class ConsumerBusy(BrokerError):
+    code = "consumer_busy"
+    http_status = 409
+
+
+class NotAllowed(BrokerError):
+    code = "not_allowed"
+    http_status = 405
+
+
+class Unauthorized(BrokerError):
+    code = "unauthorized"
+    http_status = 401
+
+
+class Forbidden(BrokerError):
+    code = "forbidden"
+    http_status = 403
+
+
+class PreconditionFailed(BrokerError):
+    code = "precondition_failed"
+    http_status = 412
+
+
+class DataLost(BrokerError):
+    """The requested position was trimmed by retention."""
+
+    code = "data_lost"
+    http_status = 410
+
+
+def _registry() -> dict[str, type[MagnetarError]]:
+    registry: dict[str, type[MagnetarError]] = {}
+    pending: list[type[MagnetarError]] = [MagnetarError]
+    while pending:
+        cls = pending.pop()
+        registry[cls.code] = cls
+        pending.extend(cls.__subclasses__())
+    return registry
+
+
+ERRORS_BY_CODE = _registry()
+
+__all__ = [
+    "ERRORS_BY_CODE",
+    "AlreadyExists",
+    "BadVersion",
+    "BrokerError",
+    "ConsumerBusy",
+    "CorruptEntry",
+    "DataLost",
+    "Forbidden",
+    "InvalidArgument",
+    "InvalidRequest",
+    "LedgerClosed",
+    "LedgerFenced",
+    "MagnetarError",
+    "MessageTooLarge",
+    "NoSuchEntry",
+    "NoSuchLedger",
+    "NotAllowed",
+    "NotEnoughBookies",
+    "NotFound",
+    "OffsetMismatch",
+    "PreconditionFailed",
+    "ProducerBusy",
+    "StorageClosed",
+    "StorageError",
+    "StorageIOError",
+    "StorageReadOnly",
+    "TopicTerminated",
+    "Unauthorized",
+    "WriteCacheFull",
+]

@@ -1,0 +1,441 @@
+"""Ledgers with BookKeeper's semantics, over the BookieClient seam and the metadata store.
+
+A ledger is a single-writer log of entries with dense ids from 0. Its metadata (quorum sizes,
+state OPEN → IN_RECOVERY → CLOSED, last entry id once closed, and its *fragments*: the ensemble
+of bookies used from each first entry id) lives in the metadata store at ``/ledgers/{id}``.
+
+- **Add**: the writer sends entry ``e`` to its write set (``Qw`` bookies from ``e % E``) and
+  acknowledges it once ``Qa`` of them have it durable. Acknowledgements complete in entry order
+  and advance the last add confirmed (LAC). A failed bookie is replaced by an ensemble change
+  (a new fragment) when a spare bookie exists; otherwise the handle fails its pending adds.
+- **Read**: only entries ``<= LAC``; each is tried on the bookies of its write set in turn, so a
+  stopped bookie's entries are read from a replica.
+- **Recovery** (``open(recovery=True)`` of a ledger that is not closed): mark it IN_RECOVERY,
+  fence enough bookies of the last ensemble that the old writer can no longer reach an ack
+  quorum, read forward from the highest piggybacked LAC, re-replicate every entry found, and
+  close the ledger at the last one. The old handle's later adds fail with ``LedgerFenced``.
+- **Close** fixes the last entry id in the metadata (compare-and-set, so a concurrent recovery
+  wins and the writer learns it was fenced).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from broker.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, write_set
+from broker.errors import (
+    BadVersion,
+    BrokerError,
+    CorruptEntry,
+    InvalidRequest,
+    LedgerClosed,
+    LedgerFenced,
+    MagnetarError,
+    NoSuchEntry,
+    NoSuchLedger,
+    NotEnoughBookies,
+    NotFound,
+)
+from broker.metadata import MetadataStore
+
+LEDGERS_PATH = "/ledgers"
+LEDGER_ID_COUNTER = "/counters/ledger-id"
+FUTURE_TIMEOUT_S = 60.0
+RECOVERY_ENTRIES_MAX = 10_000_000
+
+
+class LedgerState(StrEnum):
+    OPEN = "OPEN"
+    IN_RECOVERY = "IN_RECOVERY"
+    CLOSED = "CLOSED"
+
+
+@dataclass
+class LedgerMetadata:
+    ledger_id: int
+    quorum: QuorumConfig
+    state: LedgerState = LedgerState.OPEN
+    last_entry_id: int = -1
+    length_bytes: int = 0
+    fragments: list[tuple[int, list[str]]] = field(default_factory=list)
+    created_ms: int = 0
+    custom: dict[str, str] = field(default_factory=dict)
+
+    def ensemble_for(self, entry_id: int) -> list[str]:
+        chosen = self.fragments[0][1]
+        for first_entry_id, ensemble in self.fragments:
+            if first_entry_id <= entry_id:
+                chosen = ensemble
+        return chosen
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "ledgerId": self.ledger_id,
+            "ensembleSize": self.quorum.ensemble_size,
+            "writeQuorumSize": self.quorum.write_quorum_size,
+            "ackQuorumSize": self.quorum.ack_quorum_size,
+            "state": self.state.value,
+            "lastEntryId": self.last_entry_id,
+            "length": self.length_bytes,
+            "fragments": [[first, list(ensemble)] for first, ensemble in self.fragments],
+            "ctime": self.created_ms,
+            "customMetadata": self.custom,
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LedgerMetadata:
+        obj: dict[str, Any] = json.loads(raw)
+        return cls(
+            ledger_id=int(obj["ledgerId"]),
+            quorum=QuorumConfig(obj["ensembleSize"], obj["writeQuorumSize"], obj["ackQuorumSize"]),
+            state=LedgerState(obj["state"]),
+            last_entry_id=int(obj["lastEntryId"]),
+            length_bytes=int(obj["length"]),
+            fragments=[(int(first), [str(b) for b in ensemble]) for first, ensemble in obj["fragments"]],
+            created_ms=int(obj["ctime"]),
+            custom={str(k): str(v) for k, v in obj.get("customMetadata", {}).items()},
+        )
+
+
+def ledger_path(ledger_id: int) -> str:
+    return f"{LEDGERS_PATH}/{ledger_id}"
+
+
+@dataclass
+class _PendingAdd:
+    entry_id: int
+    payload: bytes
+    length_bytes: int  # ledger length including this entry, piggybacked for recovery
+    future: Future[int]
+    acked_by: set[str] = field(default_factory=set)
+    done: bool = False
+
+
+class LedgerManager:
+    """Creates, opens (with recovery), and deletes ledgers."""
+
+    def __init__(self, store: MetadataStore, client: BookieClient,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.client = client
+        self.clock = clock
+
+    def _allocate_id(self) -> int:
+        for _ in range(1000):
+            stat = self.store.get(LEDGER_ID_COUNTER)
+            current = int(stat.value) if stat is not None else 0
+            try:
+                self.store.put(LEDGER_ID_COUNTER, str(current + 1).encode(),
+                               stat.version if stat is not None else -1)
+            except BadVersion:
+                continue
+            return current + 1
+        raise BadVersion("could not allocate a ledger id: too much contention")
+
+    def create(self, quorum: QuorumConfig | None = None, custom: dict[str, str] | None = None) -> LedgerHandle:
+        quorum = quorum or QuorumConfig()
+        ledger_id = self._allocate_id()
+        meta = LedgerMetadata(ledger_id, quorum, fragments=[(0, self.client.new_ensemble(quorum.ensemble_size))],
+                              created_ms=int(self.clock() * 1000), custom=dict(custom or {}))
+        stat = self.store.put(ledger_path(ledger_id), meta.to_json(), -1)
+        return LedgerHandle(self, meta, stat.version, writable=True)
+
+    def metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
+        stat = self.store.get(ledger_path(ledger_id))
+        if stat is None:
+            raise NoSuchLedger(f"ledger {ledger_id} does not exist")
+        return LedgerMetadata.from_json(stat.value), stat.version
+
+    def open(self, ledger_id: int, *, recovery: bool = True) -> LedgerHandle:
+        """A read handle. With ``recovery`` an unclosed ledger is fenced, recovered and closed."""
+        meta, version = self.metadata(ledger_id)
+        if meta.state is LedgerState.CLOSED or not recovery:
+            handle = LedgerHandle(self, meta, version, writable=False)
+            if meta.state is not LedgerState.CLOSED:
+                handle.refresh_last_add_confirmed()
+            return handle
+        return _Recovery(self, meta, version).run()
+
+    def delete(self, ledger_id: int) -> None:
+        meta, _ = self.metadata(ledger_id)
+        for bookie_id in sorted({b for _, ensemble in meta.fragments for b in ensemble}):
+            try:
+                self.client.bookie(bookie_id).delete_ledger(ledger_id)
+            except BookieUnavailable:
+                continue  # its copy is orphaned; the bookie drops it when it learns the ledger is gone
+        try:
+            self.store.delete(ledger_path(ledger_id))
+        except NotFound:
+            return
+
+
+class LedgerHandle:
+    """A writer (from ``create``) or reader (from ``open``) of one ledger."""
+
+    def __init__(self, manager: LedgerManager, meta: LedgerMetadata, version: int, *, writable: bool) -> None:
+        self._manager = manager
+        self.metadata = meta
+        self._version = version
+        self.writable = writable and meta.state is LedgerState.OPEN
+        self.ledger_id = meta.ledger_id
+        self._lock = threading.Lock()
+        self._lac = meta.last_entry_id
+        self._next_entry_id = meta.last_entry_id + 1
+        self._length_bytes = meta.length_bytes
+        self._sent_length_bytes = meta.length_bytes
+        self._pending: deque[_PendingAdd] = deque()
+        self._failure: MagnetarError | None = None
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def length_bytes(self) -> int:
+        return self._length_bytes
+
+    @property
+    def closed(self) -> bool:
+        return self.metadata.state is LedgerState.CLOSED
+
+    def refresh_last_add_confirmed(self) -> int:
+        """For a reader of an open ledger: the highest LAC piggybacked on the bookies."""
+        if self.closed:
+            return self._lac
+        best = self._lac
+        for bookie_id in self.metadata.fragments[-1][1]:
+            try:
+                best = max(best, self._manager.client.bookie(bookie_id).read_last_add_confirmed(self.ledger_id))
+            except BookieUnavailable:
+                continue
+        self._lac = best
+        return best
+
+    # --- writing -------------------------------------------------------------------------
+    def add_entry(self, payload: bytes) -> Future[int]:
+        """Append; the Future resolves to the entry id once ``Qa`` bookies hold it durably.
+        Futures resolve in entry order."""
+        with self._lock:
+            if not self.writable:
+                raise LedgerClosed(f"ledger {self.ledger_id} is not open for writing")
+            if self._failure is not None:
+                raise self._failure
+            self._sent_length_bytes += len(payload)
+            pending = _PendingAdd(self._next_entry_id, payload, self._sent_length_bytes, Future())
+            self._next_entry_id += 1
+            self._pending.append(pending)
+            ensemble, lac = self.metadata.fragments[-1][1], self._lac
+        for bookie_id in write_set(ensemble, pending.entry_id, self.metadata.quorum.write_quorum_size):
+            self._send(pending, bookie_id, lac)
+        return pending.future
+
+    def _send(self, pending: _PendingAdd, bookie_id: str, lac: int) -> None:
+        try:
+            future = self._manager.client.bookie(bookie_id).add_entry(
+                self.ledger_id, pending.entry_id, lac, pending.length_bytes, pending.payload)
+        except MagnetarError as exc:
+            self._on_bookie_failure(pending, bookie_id, exc)
+            return
+        future.add_done_callback(lambda f: self._on_bookie_result(pending, bookie_id, f))
+
+    def _on_bookie_result(self, pending: _PendingAdd, bookie_id: str, future: Future[int]) -> None:
+        error = future.exception()
+        if error is not None:
+            self._on_bookie_failure(pending, bookie_id, error)
+            return
+        with self._lock:
+            pending.acked_by.add(bookie_id)
+        self._complete_in_order()
+
+    def _complete_in_order(self) -> None:
+        completed: list[_PendingAdd] = []
+        quorum = self.metadata.quorum.ack_quorum_size
+        with self._lock:
+            while self._pending and len(self._pending[0].acked_by) >= quorum:
+                pending = self._pending.popleft()
+                pending.done = True
+                self._lac = pending.entry_id
+                self._length_bytes += len(pending.payload)
+                completed.append(pending)
+        for pending in completed:
+            pending.future.set_result(pending.entry_id)
+
+    def _on_bookie_failure(self, pending: _PendingAdd, bookie_id: str, error: BaseException) -> None:
+        if isinstance(error, LedgerFenced):
+            self._fail_all(LedgerFenced(f"ledger {self.ledger_id} was fenced by a recovery"))
+            return
+        try:
+            replacement = self._change_ensemble(bookie_id)
+        except MagnetarError as exc:
+            self._fail_all(exc)
+            return
+        if replacement is None:
+            return  # an ensemble change already happened and resent this entry
+        with self._lock:
+            resend = [p for p in self._pending if not p.done]
+            lac = self._lac
+        for waiting in resend:
+            targets = write_set(self.metadata.ensemble_for(waiting.entry_id), waiting.entry_id,
+                                self.metadata.quorum.write_quorum_size)
+            if replacement in targets and replacement not in waiting.acked_by:
+                self._send(waiting, replacement, lac)
+
+    def _change_ensemble(self, failed_bookie: str) -> str | None:
+        """Replace ``failed_bookie`` in the current ensemble from the next pending entry on."""
+        with self._lock:
+            ensemble = self.metadata.fragments[-1][1]
+            if failed_bookie not in ensemble:
+                return None
+            new_bookie = self._manager.client.new_ensemble(1, exclude=ensemble)[0]
+            new_ensemble = [new_bookie if b == failed_bookie else b for b in ensemble]
+            first_entry_id = self._lac + 1
+            fragments = [f for f in self.metadata.fragments if f[0] < first_entry_id]
+            fragments.append((first_entry_id, new_ensemble))
+            self.metadata.fragments = fragments
+            self._store_metadata()
+            return new_bookie
+
+    def _fail_all(self, error: MagnetarError) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+            failed = [p for p in self._pending if not p.done]
+            self._pending.clear()
+        for pending in failed:
+            pending.done = True
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _store_metadata(self) -> None:
+        stat = self._manager.store.put(ledger_path(self.ledger_id), self.metadata.to_json(), self._version)
+        self._version = stat.version
+
+    def close(self) -> None:
+        """Wait for pending adds, then fix the last entry id in the metadata."""
+        if not self.writable:
+            return
+        with self._lock:
+            waiting = [p.future for p in self._pending]
+        for future in waiting:
+            try:
+                future.result(timeout=FUTURE_TIMEOUT_S)
+            except MagnetarError:
+                break
+        with self._lock:
+            self.writable = False
+            self.metadata.state = LedgerState.CLOSED
+            self.metadata.last_entry_id = self._lac
+            self.metadata.length_bytes = self._length_bytes
+            try:
+                self._store_metadata()
+            except BadVersion as exc:
+                self.metadata, self._version = self._manager.metadata(self.ledger_id)
+                raise LedgerFenced(f"ledger {self.ledger_id} was recovered by another writer") from exc
+
+    # --- reading -------------------------------------------------------------------------
+    def read_entry(self, entry_id: int) -> bytes:
+        if not 0 <= entry_id <= self._lac:
+            raise NoSuchEntry(f"entry {self.ledger_id}:{entry_id} is beyond the last add confirmed {self._lac}")
+        return self._read_any_replica(entry_id)
+
+    def read(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """Entries ``first..last`` inclusive; ``last`` may not pass the LAC."""
+        if first_entry_id > last_entry_id:
+            raise InvalidRequest(f"empty range {first_entry_id}..{last_entry_id}")
+        if last_entry_id > self._lac or first_entry_id < 0:
+            raise NoSuchEntry(f"range {first_entry_id}..{last_entry_id} passes the LAC {self._lac}")
+        return [self._read_any_replica(e) for e in range(first_entry_id, last_entry_id + 1)]
+
+    def _read_any_replica(self, entry_id: int) -> bytes:
+        targets = write_set(self.metadata.ensemble_for(entry_id), entry_id, self.metadata.quorum.write_quorum_size)
+        last_error: BaseException | None = None
+        for bookie_id in targets:
+            try:
+                return self._manager.client.bookie(bookie_id).read_entry(self.ledger_id, entry_id).payload
+            except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry) as exc:
+                last_error = exc
+        raise NoSuchEntry(f"entry {self.ledger_id}:{entry_id} unreadable on {targets}: {last_error}")
+
+
+class _Recovery:
+    """Fence, read forward from the highest piggybacked LAC, re-replicate, close."""
+
+    def __init__(self, manager: LedgerManager, meta: LedgerMetadata, version: int) -> None:
+        self.manager = manager
+        self.meta = meta
+        self.version = version
+
+    def run(self) -> LedgerHandle:
+        if self.meta.state is LedgerState.OPEN:
+            self.meta.state = LedgerState.IN_RECOVERY
+            self.version = self.manager.store.put(ledger_path(self.meta.ledger_id), self.meta.to_json(),
+                                                  self.version).version
+        lac, length_bytes = self._fence_and_read_lac()
+        last, length_bytes = self._recover_forward(lac, length_bytes)
+        self.meta.state = LedgerState.CLOSED
+        self.meta.last_entry_id = last
+        self.meta.length_bytes = length_bytes
+        self.manager.store.put(ledger_path(self.meta.ledger_id), self.meta.to_json(), self.version)
+        return self.manager.open(self.meta.ledger_id, recovery=False)
+
+    def _fence_and_read_lac(self) -> tuple[int, int]:
+        """Fence the last ensemble; return the highest piggybacked LAC and the ledger length
+        at that entry."""
+        ensemble = self.meta.fragments[-1][1]
+        quorum = self.meta.quorum
+        fenced, lac = 0, -1
+        for bookie_id in ensemble:
+            try:
+                bookie = self.manager.client.bookie(bookie_id)
+                bookie.fence(self.meta.ledger_id).result(timeout=FUTURE_TIMEOUT_S)
+                lac = max(lac, bookie.read_last_add_confirmed(self.meta.ledger_id))
+                fenced += 1
+            except BrokerError:
+                continue
+        if fenced < quorum.ensemble_size - quorum.ack_quorum_size + 1:
+            raise NotEnoughBookies(f"fenced {fenced} of {quorum.ensemble_size} bookies of ledger {self.meta.ledger_id}")
+        if lac < 0:
+            return lac, 0
+        return lac, self._read(lac).length_bytes
+
+    def _read(self, entry_id: int) -> StoredEntry:
+        targets = write_set(self.meta.ensemble_for(entry_id), entry_id, self.meta.quorum.write_quorum_size)
+        for bookie_id in targets:
+            try:
+                return self.manager.client.bookie(bookie_id).read_entry(self.meta.ledger_id, entry_id)
+            except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry):
+                continue
+        raise NoSuchEntry(f"entry {self.meta.ledger_id}:{entry_id} is on no reachable bookie of {targets}")
+
+    def _recover_forward(self, lac: int, length_bytes: int) -> tuple[int, int]:
+        last = lac
+        for entry_id in range(lac + 1, lac + 1 + RECOVERY_ENTRIES_MAX):
+            try:
+                stored = self._read(entry_id)
+            except NoSuchEntry:
+                break
+            self._replicate(entry_id, entry_id - 1, stored.length_bytes, stored.payload)
+            last, length_bytes = entry_id, stored.length_bytes
+        return last, length_bytes
+
+    def _replicate(self, entry_id: int, lac: int, length_bytes: int, payload: bytes) -> None:
+        targets = write_set(self.meta.ensemble_for(entry_id), entry_id, self.meta.quorum.write_quorum_size)
+        acks = 0
+        for bookie_id in targets:
+            try:
+                bookie = self.manager.client.bookie(bookie_id)
+                bookie.add_entry(self.meta.ledger_id, entry_id, lac, length_bytes, payload,
+                                 recovery=True).result(timeout=FUTURE_TIMEOUT_S)
+                acks += 1
+            except BrokerError:
+                continue
+        if acks < self.meta.quorum.ack_quorum_size:
+            raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id} reached {acks} bookies")
