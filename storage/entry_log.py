@@ -40,6 +40,7 @@ _IDS = struct.Struct(">QQ")
 ENTRY_BYTES_MAX = 64 * 1024 * 1024
 SUFFIX = ".log"
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+FIRST_READ_BYTES = 4096
 
 
 class LogMissing(Exception):
@@ -213,20 +214,23 @@ class EntryLogger:
         log_id, offset = split_location(location)
         reader = self._reader(log_id)
         self._reads += 1
-        chunk = reader.pread(max(read_ahead_bytes, RECORD_HEADER_SIZE + 4096), offset)
-        if len(chunk) < RECORD_HEADER_SIZE:
+        head = reader.pread(RECORD_HEADER_SIZE + FIRST_READ_BYTES, offset)
+        if len(head) < RECORD_HEADER_SIZE:
             raise CorruptEntry(f"entry {ledger_id}:{entry_id}: truncated record header in log {log_id} at {offset}")
-        size, rec_ledger, rec_entry, crc = _RECORD.unpack_from(chunk, 0)
+        size, rec_ledger, rec_entry, crc = _RECORD.unpack_from(head, 0)
         if (rec_ledger, rec_entry) != (ledger_id, entry_id) or size > ENTRY_BYTES_MAX:
             raise CorruptEntry(
                 f"entry {ledger_id}:{entry_id}: log {log_id} offset {offset} holds a record for "
                 f"{rec_ledger}:{rec_entry} of {size} bytes"
             )
         end = RECORD_HEADER_SIZE + size
-        if end > len(chunk):
-            chunk = chunk[:RECORD_HEADER_SIZE] + reader.pread(size, offset + RECORD_HEADER_SIZE)
-            if len(chunk) < end:
-                raise CorruptEntry(f"entry {ledger_id}:{entry_id}: record cut short in log {log_id}")
+        # One more read covers the record's rest plus read-ahead sized for entries like this one.
+        ahead_bytes = min(read_ahead_bytes, end * read_ahead_entries) if read_ahead_entries else 0
+        chunk = head
+        if end + ahead_bytes > len(head):
+            chunk = head + reader.pread(end + ahead_bytes - len(head), offset + len(head))
+        if len(chunk) < end:
+            raise CorruptEntry(f"entry {ledger_id}:{entry_id}: record cut short in log {log_id}")
         data = chunk[RECORD_HEADER_SIZE:end]
         if record_crc(ledger_id, entry_id, data) != crc:
             raise CorruptEntry(f"entry {ledger_id}:{entry_id}: CRC mismatch in log {log_id} at {offset}")

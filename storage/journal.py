@@ -47,6 +47,7 @@ _MARK = struct.Struct(">QQI")  # file id, offset, crc32c of the first 16 bytes
 MARK_FILE = "lastMark"
 SUFFIX = ".jnl"
 RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 
 Completion = Callable[[BaseException | None], None]
 
@@ -94,24 +95,39 @@ class JournalRecord:
     end: LogMark
 
 
-def scan_file(fileio: FileIO, path: str, file_id: int, start: int) -> tuple[list[JournalRecord], int]:
-    """Parse the records of one journal file from ``start``; return them and the offset of the
-    end of the last complete, CRC-valid record (the cut point for a torn tail)."""
-    data = fileio.read_file(path)
-    records: list[JournalRecord] = []
-    pos = start
-    while pos + HEADER_SIZE <= len(data):
-        length, crc, rtype, ledger, entry = _HEADER.unpack_from(data, pos)
-        end = pos + 8 + length
-        if length < _BODY_HEAD.size or length - _BODY_HEAD.size > RECORD_PAYLOAD_BYTES_MAX:
-            break
-        if end > len(data) or crc32c.crc32c(memoryview(data)[pos + 8 : end]) != crc:
-            break
-        if rtype not in (RECORD_ADD_ENTRY, RECORD_FENCE):
-            break
-        records.append(JournalRecord(rtype, ledger, entry, data[pos + HEADER_SIZE : end], LogMark(file_id, end)))
-        pos = end
-    return records, pos
+class FileScan:
+    """Iterate the complete, CRC-valid records of one journal file from ``start``, reading in
+    bounded chunks. After iteration ``good_end`` is the end of the last good record: the cut
+    point for a torn or garbled tail."""
+
+    def __init__(self, fileio: FileIO, path: str, file_id: int, start: int) -> None:
+        self._fileio = fileio
+        self._path = path
+        self._file_id = file_id
+        self.good_end = start
+
+    def __iter__(self) -> Iterator[JournalRecord]:
+        reader = self._fileio.open_read(self._path)
+        try:
+            size = reader.size_bytes()
+            pos = self.good_end
+            buf, buf_start = b"", pos
+            while pos + HEADER_SIZE <= size:
+                if pos + HEADER_SIZE > buf_start + len(buf):
+                    buf, buf_start = reader.pread(SCAN_CHUNK_BYTES, pos), pos
+                length, crc, rtype, ledger, entry = _HEADER.unpack_from(buf, pos - buf_start)
+                end = pos + 8 + length
+                if not _BODY_HEAD.size <= length <= _BODY_HEAD.size + RECORD_PAYLOAD_BYTES_MAX or end > size:
+                    return
+                if end > buf_start + len(buf):
+                    buf, buf_start = reader.pread(max(SCAN_CHUNK_BYTES, end - pos), pos), pos
+                view = memoryview(buf)[pos + 8 - buf_start : end - buf_start]
+                if crc32c.crc32c(view) != crc or rtype not in (RECORD_ADD_ENTRY, RECORD_FENCE):
+                    return
+                yield JournalRecord(rtype, ledger, entry, bytes(view[_BODY_HEAD.size :]), LogMark(self._file_id, end))
+                pos = self.good_end = end
+        finally:
+            reader.close()
 
 
 class Journal:
@@ -181,10 +197,10 @@ class Journal:
                 continue
             start = mark.offset if file_id == mark.file_id else 0
             path = self._path(file_id)
-            records, good_end = scan_file(self._fileio, path, file_id, start)
-            if good_end < self._fileio.file_size(path):
-                self._fileio.truncate(path, good_end)
-            yield from records
+            scan = FileScan(self._fileio, path, file_id, start)
+            yield from scan
+            if scan.good_end < self._fileio.file_size(path):
+                self._fileio.truncate(path, scan.good_end)
 
     # --- writing -------------------------------------------------------------------------
     def start(self) -> None:

@@ -64,7 +64,7 @@ from storage.journal import (
 )
 from storage.ledger_metadata_index import LedgerMeta, LedgerMetadataIndex
 from storage.read_cache import ReadCache, ReadCacheStats
-from storage.write_cache import WriteCache, WriteCacheStats
+from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache, WriteCacheStats
 
 LAST_ADD_CONFIRMED = -1
 ENTRY_ID_MAX = 2**63 - 1
@@ -176,7 +176,7 @@ class LedgerStorage:
         if meta is None:
             return  # the ledger was deleted after this record was written
         if record.record_type == RECORD_ADD_ENTRY:
-            while not self._active.put(record.ledger_id, record.entry_id, record.payload):
+            while self._active.put(record.ledger_id, record.entry_id, record.payload) != PUT_OK:
                 self._flush(checkpoint=False)
             meta.last_add_confirmed = max(meta.last_add_confirmed, record.entry_id)
         elif record.record_type == RECORD_FENCE:
@@ -261,18 +261,23 @@ class LedgerStorage:
         return future
 
     def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        deadline: float | None = None
+        active = self._active
+        outcome = active.put(ledger_id, entry_id, data)  # fast path: only the buffer's own lock
+        if outcome == PUT_OK:
+            if active.size_bytes >= self.config.write_cache_flush_bytes:
+                self._flush_wanted.set()
+            return
+        deadline = time.monotonic() + self.config.write_cache_full_wait_ms / 1000.0
         with self._cache_cv:
             while True:
                 active = self._active
-                if active.put(ledger_id, entry_id, data):
-                    if active.size_bytes >= self.config.write_cache_flush_bytes:
-                        self._flush_wanted.set()
+                outcome = active.put(ledger_id, entry_id, data)
+                if outcome == PUT_OK:
                     return
+                if outcome == PUT_SEALED:
+                    continue  # swapped meanwhile: retry on the new active buffer
                 self._flush_wanted.set()
                 now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.config.write_cache_full_wait_ms / 1000.0
                 if now >= deadline:
                     raise WriteCacheFull(f"write cache full for {self.config.write_cache_full_wait_ms} ms")
                 self._cache_cv.wait(deadline - now)
@@ -285,8 +290,10 @@ class LedgerStorage:
             self._entries_added += 1
             future.set_result(entry_id)
             return
+        failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
         self._active.remove(ledger_id, entry_id)
-        future.set_exception(self._enter_read_only(error))
+        self._flushing.remove(ledger_id, entry_id)
+        future.set_exception(failure)
 
     def fence(self, ledger_id: int) -> Future[None]:
         """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
@@ -414,12 +421,16 @@ class LedgerStorage:
                 raise StorageReadOnly(f"storage is read-only: {self._read_only_cause}")
             with self._cache_cv:
                 mark = self._journal.last_written_mark()
-                self._flushing = self._active
+                sealed = self._active
+                sealed.seal()
+                self._flushing = sealed  # readers look at active, then flushing: set this first
                 self._active = WriteCache(self.config.write_cache_bytes_max)
                 dirty = {lid: self._ledgers[lid] for lid in self._dirty_ledgers if lid in self._ledgers}
                 self._dirty_ledgers.clear()
             try:
                 self._write_flushing(dirty)
+            except StorageError:
+                raise
             except OSError as exc:
                 self._logs.abandon_pending()
                 raise self._enter_read_only(exc) from exc
@@ -430,10 +441,16 @@ class LedgerStorage:
                 self._cache_cv.notify_all()
             self._flushes += 1
             if checkpoint and mark > self._last_mark:
-                self._journal.write_mark(mark)
-                self._journal.trim_before(mark)
-                self._last_mark = mark
-                self._checkpoints += 1
+                self._write_checkpoint(mark)
+
+    def _write_checkpoint(self, mark: LogMark) -> None:
+        try:
+            self._journal.write_mark(mark)
+            self._journal.trim_before(mark)
+        except OSError as exc:
+            raise self._enter_read_only(exc) from exc
+        self._last_mark = mark
+        self._checkpoints += 1
 
     def _write_flushing(self, dirty: dict[int, LedgerMeta]) -> None:
         locations: list[tuple[int, int, int]] = []
@@ -443,6 +460,8 @@ class LedgerStorage:
         self._fileio.failpoint("flush: after entry log append, before sync")
         self._logs.flush()
         self._fileio.failpoint("flush: after entry log sync, before index write")
+        if self._read_only_cause is not None:  # a failed add may be in this buffer: index nothing
+            raise StorageReadOnly(f"storage turned read-only during a flush: {self._read_only_cause}")
         self._index.put_batch(locations)
         self._meta_index.put_many(dirty)
         self._fileio.failpoint("flush: after index write, before checkpoint")

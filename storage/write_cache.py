@@ -6,8 +6,10 @@ the one *being flushed*. A flush swaps them, writes the flushed buffer's entries
 (ledger, entry) to the entry log, so one ledger's entries are adjacent on disk, then drops it.
 
 Invariants:
-- ``size_bytes`` never exceeds ``capacity_bytes``: ``put`` answers ``False`` instead of
+- ``size_bytes`` never exceeds ``capacity_bytes``: ``put`` answers ``FULL`` instead of
   growing, and the caller applies back-pressure.
+- Once :meth:`seal` returns, no ``put`` lands in this buffer (it answers ``SEALED`` and the
+  caller retries on the new active buffer): a flush sees every entry that was put before it.
 - A buffer being flushed is never mutated by the flush; it is dropped whole afterwards, so a
   reader that looked it up just before the drop still finds its entries there.
 """
@@ -26,6 +28,11 @@ class WriteCacheStats:
     capacity_bytes: int
 
 
+PUT_OK = 0
+PUT_FULL = 1
+PUT_SEALED = 2
+
+
 class WriteCache:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -33,20 +40,28 @@ class WriteCache:
         self._entries: dict[tuple[int, int], bytes] = {}
         self._last_entry: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._sealed = False
 
-    def put(self, ledger_id: int, entry_id: int, data: bytes) -> bool:
-        """Store an entry; ``False`` (nothing stored) when it does not fit."""
+    def put(self, ledger_id: int, entry_id: int, data: bytes) -> int:
+        """Store an entry: ``PUT_OK``; ``PUT_FULL`` or ``PUT_SEALED`` store nothing."""
         key = (ledger_id, entry_id)
         with self._lock:
+            if self._sealed:
+                return PUT_SEALED
             old = self._entries.get(key)
             grow = len(data) - (len(old) if old is not None else 0)
             if self.size_bytes + grow > self.capacity_bytes and self._entries:
-                return False
+                return PUT_FULL
             self._entries[key] = data
             self.size_bytes += grow
             if entry_id > self._last_entry.get(ledger_id, -1):
                 self._last_entry[ledger_id] = entry_id
-            return True
+            return PUT_OK
+
+    def seal(self) -> None:
+        """Refuse every later put (the buffer is about to be flushed)."""
+        with self._lock:
+            self._sealed = True
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._entries.get((ledger_id, entry_id))

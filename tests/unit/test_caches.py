@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from storage.read_cache import ReadCache
-from storage.write_cache import WriteCache
+from storage.write_cache import PUT_FULL, PUT_OK, PUT_SEALED, WriteCache
 
 
 def test_write_cache_refuses_instead_of_growing() -> None:
     cache = WriteCache(capacity_bytes=1000)
-    assert cache.put(1, 0, b"a" * 600)
-    assert not cache.put(1, 1, b"b" * 600)
+    assert cache.put(1, 0, b"a" * 600) == PUT_OK
+    assert cache.put(1, 1, b"b" * 600) == PUT_FULL
     assert cache.size_bytes == 600 and cache.get(1, 1) is None
-    assert cache.put(1, 0, b"c" * 900)  # overwrite counts only the growth
+    assert cache.put(1, 0, b"c" * 900) == PUT_OK  # overwrite counts only the growth
     assert cache.size_bytes == 900 and cache.last_entry_id(1) == 0
+    cache.seal()
+    assert cache.put(2, 0, b"d") == PUT_SEALED and cache.get(2, 0) is None
 
 
 def test_write_cache_sorts_by_ledger_then_entry() -> None:

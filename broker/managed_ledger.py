@@ -1,0 +1,640 @@
+"""ManagedLedger: one topic partition as an ordered list of ledgers, with gap-free offsets.
+
+Write path: ``add_entry(payload, message_count)`` stamps the entry with Pulsar's
+BrokerEntryMetadata (broker timestamp, ``index`` = offset of the entry's last message) and
+appends it to the current ledger. Offsets are per partition, gap-free and increasing across
+ledgers. Acknowledgements complete in order; each confirmed entry goes to the broker-side
+``EntryCache`` and wakes tailing readers.
+
+Ledger list: kept in the metadata store at ``/managed-ledgers/{name}`` (compare-and-set on
+every change). The current ledger rolls over when it holds ``ledger_entries_max`` entries,
+``ledger_size_bytes_max`` bytes or is ``ledger_age_ms_max`` old (never before
+``ledger_age_ms_min``, never when empty). After a crash the last ledger is recovered (fenced
+and closed at its last durable entry) and a new one is opened.
+
+Offset index (the Kafka seed's sparse index): for each ledger, every
+``index_interval_entries``-th entry's (first offset, entry id, publish time) is kept; an offset
+or a timestamp is found by bisecting ledgers, then the sparse index, then reading forward a few
+entries. A closed ledger's sparse index is persisted beside the ledger list.
+
+Trimming deletes whole ledgers strictly before the slowest durable cursor's mark-delete ledger,
+never the current one, and only when retention (time and size) allows; deleted ledgers go to
+the bookies' GC. Invariant: no state lives only in memory; the ledger list and cursor
+snapshots are in the metadata store, entries and cursor positions in ledgers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.bookie import QuorumConfig
+from broker.entry_cache import EntryCache
+from broker.entry_format import message_count, peek_broker_entry_metadata, with_broker_entry_metadata
+from broker.errors import (
+    BadVersion,
+    DataLost,
+    InvalidRequest,
+    MagnetarError,
+    MessageTooLarge,
+    NoSuchEntry,
+    NotFound,
+    OffsetMismatch,
+    TopicTerminated,
+)
+from broker.ledger import LedgerHandle, LedgerManager
+from broker.message_id import Position
+from broker.metadata import MetadataStore
+
+ML_ROOT = "/managed-ledgers"
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
+READ_HANDLES_MAX = 64
+EARLIEST = Position(-1, -1)
+
+
+@dataclass(frozen=True)
+class ManagedLedgerConfig:
+    ledger_entries_max: int = 50_000
+    ledger_size_bytes_max: int = 2 * GiB
+    ledger_age_ms_max: int = 240 * 60_000
+    ledger_age_ms_min: int = 10 * 60_000
+    retention_time_ms: int = 0
+    """Keep fully consumed ledgers this long (-1: forever)."""
+    retention_size_bytes: int = 0
+    """Keep fully consumed ledgers up to this total size (-1: unlimited)."""
+    message_ttl_ms: int = 0
+    """Messages older than this are expired from every cursor's backlog (0: never)."""
+    index_interval_entries: int = 64
+    entry_size_bytes_max: int = 5 * MiB + 64 * KiB
+    quorum: QuorumConfig = field(default_factory=QuorumConfig)
+
+    @classmethod
+    def test_min(cls) -> ManagedLedgerConfig:
+        """Rollover every few entries so ledger boundaries appear in ordinary tests."""
+        return cls(ledger_entries_max=5, ledger_size_bytes_max=64 * KiB, ledger_age_ms_max=60_000,
+                   ledger_age_ms_min=0, index_interval_entries=2)
+
+
+@dataclass
+class LedgerInfo:
+    ledger_id: int
+    first_offset: int
+    entries: int = 0
+    size_bytes: int = 0
+    messages: int = 0
+    created_ms: int = 0
+    closed_ms: int = 0
+    first_publish_ms: int = 0
+    last_publish_ms: int = 0
+    sparse_index: list[tuple[int, int, int]] = field(default_factory=list)
+    """(first offset, entry id, publish ms) of sampled entries."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ledgerId": self.ledger_id, "firstOffset": self.first_offset, "entries": self.entries,
+                "size": self.size_bytes, "messages": self.messages, "ctime": self.created_ms,
+                "closedTime": self.closed_ms, "firstPublishMs": self.first_publish_ms,
+                "lastPublishMs": self.last_publish_ms}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> LedgerInfo:
+        return cls(ledger_id=obj["ledgerId"], first_offset=obj["firstOffset"], entries=obj["entries"],
+                   size_bytes=obj["size"], messages=obj["messages"], created_ms=obj["ctime"],
+                   closed_ms=obj["closedTime"], first_publish_ms=obj["firstPublishMs"],
+                   last_publish_ms=obj["lastPublishMs"])
+
+    @property
+    def next_offset(self) -> int:
+        return self.first_offset + self.messages
+
+
+@dataclass(frozen=True)
+class AddResult:
+    position: Position
+    first_offset: int
+    last_offset: int
+    publish_time_ms: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    position: Position
+    data: bytes
+    first_offset: int
+    last_offset: int
+    publish_time_ms: int
+
+    @property
+    def message_count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+@dataclass(frozen=True)
+class ManagedLedgerStats:
+    name: str
+    ledgers: int
+    entries_added: int
+    bytes_added: int
+    messages_added: int
+    number_of_entries: int
+    total_size_bytes: int
+    current_ledger_entries: int
+    current_ledger_size_bytes: int
+    next_offset: int
+    first_offset: int
+    last_confirmed: Position
+    terminated: bool
+
+
+class ManagedLedger:
+    """Open through :meth:`ManagedLedgerFactory.open`."""
+
+    def __init__(self, factory: ManagedLedgerFactory, name: str, config: ManagedLedgerConfig) -> None:
+        self.name = name
+        self.config = config
+        self._factory = factory
+        self._ledgers = factory.ledgers
+        self._store = factory.store
+        self._cache = factory.cache
+        self._clock = factory.clock
+        self._path = f"{ML_ROOT}/{name}"
+        self._lock = threading.RLock()
+        self._confirmed = threading.Condition()
+        self._infos: list[LedgerInfo] = []
+        self._version = -1
+        self._current: LedgerHandle | None = None
+        self._current_next_entry_id = 0
+        self._next_offset = 0
+        self._last_publish_ms = 0
+        self._last_confirmed = EARLIEST
+        self._terminated = False
+        self.properties: dict[str, str] = {}
+        self._failure: MagnetarError | None = None
+        self._read_handles: dict[int, LedgerHandle] = {}
+        self._entries_added = self._bytes_added = self._messages_added = 0
+        self.cursor_positions: Callable[[], list[int]] = list
+        """Set by the cursor registry: mark-delete offsets of every durable cursor."""
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _load(self) -> None:
+        stat = self._store.get(self._path)
+        if stat is not None:
+            obj = json.loads(stat.value)
+            self._infos = [LedgerInfo.from_json(i) for i in obj["ledgers"]]
+            self._terminated = bool(obj.get("terminated", False))
+            self.properties = dict(obj.get("properties", {}))
+            self._version = stat.version
+        for info in self._infos[:-1]:
+            info.sparse_index = self._load_sparse_index(info.ledger_id)
+        if self._infos and self._infos[-1].closed_ms == 0:
+            self._recover_last_ledger()
+        elif self._infos:
+            self._infos[-1].sparse_index = self._load_sparse_index(self._infos[-1].ledger_id)
+        self._reset_tail_state()
+        if not self._terminated:
+            self._open_new_ledger()
+        else:
+            self._save()
+
+    def _reset_tail_state(self) -> None:
+        if self._infos:
+            last = self._infos[-1]
+            self._next_offset = last.next_offset
+            self._last_publish_ms = last.last_publish_ms
+            confirmed = [i for i in self._infos if i.entries > 0]
+            if confirmed:
+                self._last_confirmed = Position(confirmed[-1].ledger_id, confirmed[-1].entries - 1)
+
+    def _recover_last_ledger(self) -> None:
+        info = self._infos[-1]
+        handle = self._ledgers.open(info.ledger_id, recovery=True)
+        info.entries = handle.last_add_confirmed + 1
+        info.size_bytes = handle.length_bytes
+        info.closed_ms = self._now_ms()
+        info.sparse_index, info.messages = [], 0
+        for entry_id in range(info.entries):
+            self._index_entry(info, entry_id, handle.read_entry(entry_id))
+        if info.entries == 0:
+            self._infos.pop()
+            self._ledgers.delete(info.ledger_id)
+        else:
+            self._save_sparse_index(info)
+            self._read_handles[info.ledger_id] = handle
+
+    def _index_entry(self, info: LedgerInfo, entry_id: int, data: bytes) -> None:
+        """Account one existing entry into ``info`` (messages, publish times, sparse index)."""
+        meta = peek_broker_entry_metadata(data)
+        if meta is None:
+            raise InvalidRequest(f"entry {info.ledger_id}:{entry_id} of {self.name} has no broker metadata")
+        count = message_count(data)
+        first = meta.index - count + 1
+        if entry_id == 0:
+            info.first_offset, info.first_publish_ms = first, meta.broker_timestamp_ms
+        if entry_id % self.config.index_interval_entries == 0:
+            info.sparse_index.append((first, entry_id, meta.broker_timestamp_ms))
+        info.messages = meta.index + 1 - info.first_offset
+        info.last_publish_ms = meta.broker_timestamp_ms
+
+    def _open_new_ledger(self) -> None:
+        handle = self._ledgers.create(self.config.quorum, {"managed-ledger": self.name})
+        info = LedgerInfo(handle.ledger_id, first_offset=self._next_offset, created_ms=self._now_ms())
+        self._infos.append(info)
+        self._current, self._current_next_entry_id = handle, 0
+        self._save()
+
+    def _save(self) -> None:
+        body = json.dumps({"ledgers": [i.to_json() for i in self._infos], "terminated": self._terminated,
+                           "properties": self.properties}, sort_keys=True).encode()
+        self._version = self._store.put(self._path, body, self._version).version
+
+    def _sparse_path(self, ledger_id: int) -> str:
+        return f"{self._path}/sparse-index/{ledger_id}"
+
+    def _save_sparse_index(self, info: LedgerInfo) -> None:
+        self._store.put(self._sparse_path(info.ledger_id), json.dumps(info.sparse_index).encode())
+
+    def _load_sparse_index(self, ledger_id: int) -> list[tuple[int, int, int]]:
+        stat = self._store.get(self._sparse_path(ledger_id))
+        return [] if stat is None else [(a, b, c) for a, b, c in json.loads(stat.value)]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._current is not None:
+                self._close_current()
+                self._save()
+
+    def _close_current(self) -> None:
+        assert self._current is not None
+        handle, self._current = self._current, None
+        handle.close()
+        info = self._infos[-1]
+        info.closed_ms = self._now_ms()
+        self._save_sparse_index(info)
+        self._read_handles[handle.ledger_id] = handle
+        if info.entries == 0:  # an empty ledger never stays in the list
+            self._infos.pop()
+            self._read_handles.pop(handle.ledger_id, None)
+            self._ledgers.delete(handle.ledger_id)
+
+    def terminate(self) -> Position:
+        """No more writes, ever; returns the last position."""
+        with self._lock:
+            self._terminated = True
+            if self._current is not None:
+                self._close_current()
+            self._save()
+            return self._last_confirmed
+
+    @property
+    def terminated(self) -> bool:
+        return self._terminated
+
+    # --- writing -------------------------------------------------------------------------
+    def add_entry(self, payload: bytes, message_count: int, *, expected_offset: int | None = None) -> Future[AddResult]:
+        """Append one entry holding ``message_count`` messages. With ``expected_offset`` the
+        append happens only if the entry's first offset would be exactly that (else
+        ``OffsetMismatch`` and nothing is written)."""
+        if message_count < 1:
+            raise InvalidRequest("an entry holds at least one message")
+        if len(payload) > self.config.entry_size_bytes_max:
+            raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {self.config.entry_size_bytes_max}")
+        with self._lock:
+            self._check_writable()
+            if expected_offset is not None and expected_offset != self._next_offset:
+                raise OffsetMismatch(
+                    f"expected offset {expected_offset} but the next offset of {self.name} is {self._next_offset}",
+                    expected_offset=expected_offset, next_offset=self._next_offset)
+            self._maybe_roll_over()
+            assert self._current is not None
+            first_offset = self._next_offset
+            last_offset = first_offset + message_count - 1
+            publish_ms = max(self._now_ms(), self._last_publish_ms)
+            data = with_broker_entry_metadata(payload, publish_ms, last_offset)
+            info = self._infos[-1]
+            entry_id = self._current_next_entry_id
+            if entry_id % self.config.index_interval_entries == 0:
+                info.sparse_index.append((first_offset, entry_id, publish_ms))
+            ledger_future = self._current.add_entry(data)
+            self._current_next_entry_id += 1
+            self._next_offset = last_offset + 1
+            self._last_publish_ms = publish_ms
+        result: Future[AddResult] = Future()
+        ledger_future.add_done_callback(
+            lambda f: self._on_added(f, result, info, data, AddResult(
+                Position(info.ledger_id, entry_id), first_offset, last_offset, publish_ms)))
+        return result
+
+    def _check_writable(self) -> None:
+        if self._terminated:
+            raise TopicTerminated(f"topic {self.name} is terminated")
+        if self._failure is not None:
+            self._recover_from_failure()
+
+    def _recover_from_failure(self) -> None:
+        """After a failed add: abandon the ledger at its LAC and continue in a new one."""
+        if self._current is not None:
+            handle, self._current = self._current, None
+            info = self._infos[-1]
+            with contextlib.suppress(MagnetarError):  # a fenced ledger is closed by whoever fenced it
+                handle.close()
+            info.closed_ms = self._now_ms()
+            info.sparse_index = [s for s in info.sparse_index if s[1] < info.entries]
+            self._save_sparse_index(info)
+        self._reset_tail_state()
+        self._failure = None
+        self._open_new_ledger()
+
+    def _maybe_roll_over(self) -> None:
+        info = self._infos[-1]
+        age_ms = self._now_ms() - info.created_ms
+        if self._current_next_entry_id == 0 or age_ms < self.config.ledger_age_ms_min:
+            return
+        if (self._current_next_entry_id >= self.config.ledger_entries_max
+                or info.size_bytes >= self.config.ledger_size_bytes_max
+                or age_ms >= self.config.ledger_age_ms_max):
+            self._close_current()
+            self._open_new_ledger()
+
+    def _on_added(self, ledger_future: Future[int], result: Future[AddResult], info: LedgerInfo, data: bytes,
+                  added: AddResult) -> None:
+        error = ledger_future.exception()
+        if error is not None:
+            with self._lock:
+                if self._failure is None and isinstance(error, MagnetarError):
+                    self._failure = error
+            result.set_exception(error)
+            return
+        with self._confirmed:
+            info.entries = added.position.entry_id + 1
+            info.size_bytes += len(data)
+            info.messages = added.last_offset + 1 - info.first_offset
+            if added.position.entry_id == 0:
+                info.first_publish_ms = added.publish_time_ms
+            info.last_publish_ms = added.publish_time_ms
+            self._last_confirmed = added.position
+            self._entries_added += 1
+            self._bytes_added += len(data)
+            self._messages_added += added.last_offset - added.first_offset + 1
+            self._confirmed.notify_all()
+        self._cache.insert(added.position.ledger_id, added.position.entry_id, data)
+        result.set_result(added)
+
+    # --- positions and offsets -------------------------------------------------------------
+    @property
+    def last_confirmed(self) -> Position:
+        return self._last_confirmed
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next published message will get."""
+        return self._next_offset
+
+    @property
+    def first_offset(self) -> int:
+        """The lowest offset still stored (after trimming)."""
+        infos = [i for i in self._infos if i.entries > 0]
+        return infos[0].first_offset if infos else self._next_offset
+
+    def confirmed_next_offset(self) -> int:
+        infos = [i for i in self._infos if i.entries > 0]
+        return infos[-1].next_offset if infos else self.first_offset
+
+    def ledger_infos(self) -> list[LedgerInfo]:
+        return list(self._infos)
+
+    def first_position(self) -> Position:
+        for info in self._infos:
+            if info.entries > 0:
+                return Position(info.ledger_id, 0)
+        return self.next_position(self._last_confirmed)
+
+    def next_position(self, position: Position) -> Position:
+        """The position after ``position`` (crossing to the next ledger at a ledger's end)."""
+        for info in self._infos:
+            if info.ledger_id < position.ledger_id:
+                continue
+            if info.ledger_id == position.ledger_id and position.entry_id + 1 < info.entries:
+                return Position(info.ledger_id, position.entry_id + 1)
+            if info.ledger_id > position.ledger_id and info.entries > 0:
+                return Position(info.ledger_id, 0)
+        current = self._infos[-1].ledger_id if self._infos else position.ledger_id
+        if position.ledger_id == current:
+            return Position(current, position.entry_id + 1)
+        return Position(current, self._infos[-1].entries if self._infos else 0)
+
+    def _info(self, ledger_id: int) -> LedgerInfo:
+        ids = [i.ledger_id for i in self._infos]
+        at = bisect.bisect_left(ids, ledger_id)
+        if at == len(ids) or ids[at] != ledger_id:
+            raise NoSuchEntry(f"ledger {ledger_id} is not part of {self.name}")
+        return self._infos[at]
+
+    def offset_to_position(self, offset: int) -> tuple[Position, int]:
+        """The position of the entry holding ``offset`` and the message's index in it."""
+        if offset < self.first_offset:
+            raise DataLost(f"offset {offset} of {self.name} was trimmed; the first offset is {self.first_offset}")
+        if offset >= self.confirmed_next_offset():
+            raise NoSuchEntry(f"offset {offset} of {self.name} is not written yet")
+        infos = [i for i in self._infos if i.entries > 0]
+        at = bisect.bisect_right([i.first_offset for i in infos], offset) - 1
+        info = infos[at]
+        samples = info.sparse_index
+        start = bisect.bisect_right([s[0] for s in samples], offset) - 1
+        entry_id = samples[start][1] if start >= 0 else 0
+        for entry in self._read_ledger_range(info, entry_id, info.entries - 1, stop_after_offset=offset):
+            if entry.first_offset <= offset <= entry.last_offset:
+                return entry.position, offset - entry.first_offset
+        raise NoSuchEntry(f"offset {offset} not found in ledger {info.ledger_id} of {self.name}")
+
+    def position_to_offset(self, position: Position) -> int:
+        """The first offset of the entry at ``position``."""
+        entry = self.read_entry(position)
+        return entry.first_offset
+
+    def time_to_offset(self, publish_time_ms: int) -> int:
+        """The first offset whose publish time is ``>= publish_time_ms`` (next_offset if none)."""
+        for info in self._infos:
+            if info.entries == 0 or info.last_publish_ms < publish_time_ms:
+                continue
+            samples = info.sparse_index
+            start = bisect.bisect_left([s[2] for s in samples], publish_time_ms) - 1
+            entry_id = samples[start][1] if start >= 0 else 0
+            for entry in self._read_ledger_range(info, entry_id, info.entries - 1):
+                if entry.publish_time_ms >= publish_time_ms:
+                    return entry.first_offset
+        return self.confirmed_next_offset()
+
+    # --- reading -------------------------------------------------------------------------
+    def read_entry(self, position: Position) -> Entry:
+        entries = self.read_entries(position, 1)
+        if not entries or entries[0].position != position:
+            raise NoSuchEntry(f"no entry at {position} in {self.name}")
+        return entries[0]
+
+    def read_entries(self, start: Position, max_entries: int, *, max_bytes: int = 5 * MiB) -> list[Entry]:
+        """Up to ``max_entries`` confirmed entries from ``start`` on, across ledgers."""
+        result: list[Entry] = []
+        size = 0
+        for info in list(self._infos):
+            if info.ledger_id < start.ledger_id or info.entries == 0:
+                continue
+            first = start.entry_id if info.ledger_id == start.ledger_id else 0
+            last = min(info.entries - 1, first + max_entries - len(result) - 1)
+            if first > last:
+                continue
+            for entry in self._read_ledger_range(info, first, last):
+                result.append(entry)
+                size += len(entry.data)
+                if size >= max_bytes:
+                    return result
+            if len(result) >= max_entries:
+                break
+        return result
+
+    def _handle_for(self, ledger_id: int) -> LedgerHandle:
+        if self._current is not None and self._current.ledger_id == ledger_id:
+            return self._current
+        handle = self._read_handles.get(ledger_id)
+        if handle is None:
+            handle = self._ledgers.open(ledger_id, recovery=False)
+            if len(self._read_handles) >= READ_HANDLES_MAX:
+                self._read_handles.pop(next(iter(self._read_handles)))
+            self._read_handles[ledger_id] = handle
+        return handle
+
+    def _read_ledger_range(self, info: LedgerInfo, first: int, last: int, *,
+                           stop_after_offset: int | None = None) -> list[Entry]:
+        handle = self._handle_for(info.ledger_id)
+        entries: list[Entry] = []
+        for entry_id in range(first, last + 1):
+            data = self._cache.get(info.ledger_id, entry_id)
+            if data is None:
+                data = handle.read_entry(entry_id)
+            meta = peek_broker_entry_metadata(data)
+            assert meta is not None
+            count = message_count(data)
+            entries.append(Entry(Position(info.ledger_id, entry_id), data, meta.index - count + 1, meta.index,
+                                 meta.broker_timestamp_ms))
+            if stop_after_offset is not None and meta.index >= stop_after_offset:
+                break
+        return entries
+
+    def wait_for_entries(self, after: Position, timeout_s: float) -> bool:
+        """Block until an entry after ``after`` is confirmed (tailing reads); False on timeout."""
+        with self._confirmed:
+            return self._confirmed.wait_for(lambda: self._last_confirmed > after, timeout_s)
+
+    # --- trimming ------------------------------------------------------------------------
+    def trim(self) -> list[int]:
+        """Delete ledgers every durable cursor has consumed, as far as retention allows."""
+        with self._lock:
+            slowest = min(self.cursor_positions(), default=self._next_offset)
+            now_ms = self._now_ms()
+            deletable: list[LedgerInfo] = []
+            kept_size = sum(i.size_bytes for i in self._infos)
+            for info in self._infos[:-1]:
+                if info.next_offset > slowest or info.closed_ms == 0:
+                    break
+                if not self._retention_allows_delete(info, now_ms, kept_size):
+                    break
+                deletable.append(info)
+                kept_size -= info.size_bytes
+            if not deletable:
+                return []
+            self._infos = self._infos[len(deletable):]
+            self._save()
+        for info in deletable:
+            self._read_handles.pop(info.ledger_id, None)
+            self._cache.invalidate_ledger(info.ledger_id)
+            self._ledgers.delete(info.ledger_id)
+            with contextlib.suppress(NotFound):
+                self._store.delete(self._sparse_path(info.ledger_id))
+        return [i.ledger_id for i in deletable]
+
+    def _retention_allows_delete(self, info: LedgerInfo, now_ms: int, kept_size_bytes: int) -> bool:
+        time_limit, size_limit = self.config.retention_time_ms, self.config.retention_size_bytes
+        if time_limit < 0 and size_limit < 0:
+            return False
+        expired_by_time = time_limit >= 0 and now_ms - info.closed_ms >= time_limit
+        over_size = size_limit >= 0 and kept_size_bytes > size_limit
+        if time_limit < 0:
+            return over_size
+        if size_limit < 0:
+            return expired_by_time
+        return expired_by_time or over_size
+
+    def expired_offset(self) -> int | None:
+        """With a TTL: the first offset that is not yet expired (cursors move past older ones)."""
+        if self.config.message_ttl_ms <= 0:
+            return None
+        return self.time_to_offset(self._now_ms() - self.config.message_ttl_ms)
+
+    def delete(self) -> None:
+        with self._lock:
+            if self._current is not None:
+                self._close_current()
+            for info in self._infos:
+                self._ledgers.delete(info.ledger_id)
+            self._infos = []
+            self._store.delete_recursive(self._path)
+
+    def statistics(self) -> ManagedLedgerStats:
+        infos = self._infos
+        current = infos[-1] if infos else None
+        return ManagedLedgerStats(
+            name=self.name, ledgers=len(infos), entries_added=self._entries_added, bytes_added=self._bytes_added,
+            messages_added=self._messages_added, number_of_entries=sum(i.entries for i in infos),
+            total_size_bytes=sum(i.size_bytes for i in infos),
+            current_ledger_entries=current.entries if current else 0,
+            current_ledger_size_bytes=current.size_bytes if current else 0,
+            next_offset=self._next_offset, first_offset=self.first_offset, last_confirmed=self._last_confirmed,
+            terminated=self._terminated)
+
+
+class ManagedLedgerFactory:
+    """Opens managed ledgers by name; owns the shared entry cache."""
+
+    def __init__(self, store: MetadataStore, ledgers: LedgerManager, cache: EntryCache,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.ledgers = ledgers
+        self.cache = cache
+        self.clock = clock
+        self._open: dict[str, ManagedLedger] = {}
+        self._lock = threading.Lock()
+
+    def open(self, name: str, config: ManagedLedgerConfig | None = None) -> ManagedLedger:
+        with self._lock:
+            ml = self._open.get(name)
+            if ml is None:
+                ml = ManagedLedger(self, name, config or ManagedLedgerConfig())
+                for _ in range(3):
+                    try:
+                        ml._load()
+                        break
+                    except BadVersion:
+                        ml = ManagedLedger(self, name, config or ManagedLedgerConfig())
+                self._open[name] = ml
+            return ml
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(f"{ML_ROOT}/{name}")
+
+    def close_all(self) -> None:
+        with self._lock:
+            for ml in self._open.values():
+                ml.close()
+            self._open.clear()
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._open.pop(name, None)

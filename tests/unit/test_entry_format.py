@@ -1,0 +1,607 @@
+"""Pulsar's entry format and message ids (broker/entry_format.py, broker/message_id.py).
+
+Checks: round trips for every compression and batch size; our bytes equal an entry assembled
+independently from the protobuf classes in Pulsar's layout (magic, CRC32C over size+metadata+
+payload, batch items); entries in Pulsar's non-batched form decode; corruption of any kind is
+reported as ``CorruptEntry`` and never as garbage or another exception; the broker-entry-
+metadata prefix (index = offset of the LAST message); Pulsar's message id forms.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import struct
+import zlib
+
+import cramjam
+import crc32c
+import lz4.block
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.entry_format import (
+    MAGIC_BROKER_ENTRY_METADATA,
+    MAGIC_CRC32C,
+    BrokerEntryMetadata,
+    Compression,
+    DecodedMessage,
+    Message,
+    decode_entry,
+    encode_entry,
+    message_count,
+    peek_broker_entry_metadata,
+    strip_broker_entry_metadata,
+    with_broker_entry_metadata,
+)
+from broker.errors import CorruptEntry, InvalidRequest
+from broker.message_id import MessageId, Position
+from broker.proto import pulsar_entry_pb2 as pb
+
+UINT64_MAX = (1 << 64) - 1
+PUBLISH_MS = 1_700_000_000_123
+
+
+def encode(messages: list[Message], **kwargs: object) -> bytes:
+    args: dict[str, object] = {"producer_name": "producer-1", "sequence_id": 10, "publish_time_ms": PUBLISH_MS}
+    args.update(kwargs)
+    return encode_entry(messages, **args)  # type: ignore[arg-type]
+
+
+def sample_messages() -> list[Message]:
+    return [
+        Message(b"hello", key="user-1", properties={"a": "1", "b": ""}, event_time_ms=PUBLISH_MS - 5),
+        Message(b""),
+        Message(b"\x00" * 300, key="", ordering_key=b"\x01\x02", sequence_id=99),
+        Message(b"", null_value=True, key="k", key_b64_encoded=True, null_key=True, compacted_out=True),
+        Message(b"tail", event_time_ms=0, properties={"\u00e9t\u00e9": "\U0001f600", "long": "v" * 200}),
+        # multi-byte lengths and varints everywhere: key, ordering key, sequence id, event time
+        Message(b"p" * 20_000, key="k" * 150, ordering_key=b"o" * 130, sequence_id=1 << 40, event_time_ms=1 << 50),
+        Message(b"last"),
+    ]
+
+
+SAMPLE_SEQUENCE_IDS = [10, 11, 99, 13, 14, 1 << 40, 16]
+
+
+def assert_matches(decoded: DecodedMessage, message: Message, batch_index: int, sequence_id: int) -> None:
+    assert decoded.batch_index == batch_index
+    assert decoded.payload == message.payload
+    assert decoded.key == message.key
+    assert decoded.properties == dict(message.properties)
+    assert decoded.event_time_ms == message.event_time_ms
+    assert decoded.sequence_id == sequence_id
+    assert decoded.ordering_key == message.ordering_key
+    assert decoded.key_b64_encoded == message.key_b64_encoded
+    assert decoded.null_value == message.null_value
+    assert decoded.null_key == message.null_key
+    assert decoded.compacted_out == message.compacted_out
+
+
+def crc_entry(metadata: bytes, payload: bytes) -> bytes:
+    """An entry assembled the way Pulsar's serializeMetadataAndPayload lays it out."""
+    size = struct.pack(">I", len(metadata))
+    return struct.pack(">HI", 0x0E01, crc32c.crc32c(size + metadata + payload)) + size + metadata + payload
+
+
+def reference_single_metadata(message: Message, sequence_id: int) -> bytes:
+    """SingleMessageMetadata built with the protobuf runtime, the way Pulsar's client fills it."""
+    smm = pb.SingleMessageMetadata(payload_size=len(message.payload), sequence_id=sequence_id)
+    for name, value in message.properties.items():
+        smm.properties.add(key=name, value=value)
+    if message.key is not None:
+        smm.partition_key = message.key
+        smm.partition_key_b64_encoded = message.key_b64_encoded
+    if message.ordering_key is not None:
+        smm.ordering_key = message.ordering_key
+    if message.event_time_ms is not None:
+        smm.event_time = message.event_time_ms
+    if message.null_value:
+        smm.null_value = True
+    if message.null_key:
+        smm.null_partition_key = True
+    if message.compacted_out:
+        smm.compacted_out = True
+    serialized: bytes = smm.SerializeToString()
+    return serialized
+
+
+def batch_payload(items: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(struct.pack(">I", len(meta)) + meta + payload for meta, payload in items)
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", list(Compression))
+def test_round_trip_for_every_compression(compression: Compression) -> None:
+    messages = sample_messages()
+    data = encode(messages, compression=compression)
+    entry = decode_entry(data)
+    assert entry.compression is compression
+    assert entry.producer_name == "producer-1" and entry.publish_time_ms == PUBLISH_MS
+    assert entry.sequence_id == 10 and entry.highest_sequence_id == 16
+    assert entry.is_batched and entry.num_messages == len(messages)
+    assert entry.index is None and entry.broker_timestamp_ms is None and entry.first_offset is None
+    for i, (decoded, message) in enumerate(zip(entry.messages, messages, strict=True)):
+        assert_matches(decoded, message, i, SAMPLE_SEQUENCE_IDS[i])
+        assert decoded.offset is None
+    # Pulsar writes uncompressed_size only for compressed entries.
+    assert entry.metadata.HasField("uncompressed_size") == (compression is not Compression.NONE)
+    assert entry.metadata.HasField("compression") == (compression is not Compression.NONE)
+
+
+@pytest.mark.parametrize("count", [1, 1000])
+@pytest.mark.parametrize("compression", [Compression.NONE, Compression.LZ4, Compression.ZSTD])
+def test_batches_of_one_and_a_thousand(count: int, compression: Compression) -> None:
+    messages = [
+        Message(
+            f"payload-{i}".encode() * (i % 7),
+            key=f"key-{i % 13}",
+            event_time_ms=PUBLISH_MS + i,
+            properties={"n": str(i)} if i % 3 == 0 else {},
+        )
+        for i in range(count)
+    ]
+    data = encode(messages, compression=compression, broker_timestamp_ms=PUBLISH_MS + 1, index=5000 + count - 1)
+    entry = decode_entry(data)
+    assert len(entry.messages) == count and message_count(data) == count
+    assert entry.first_offset == 5000 and entry.index == 5000 + count - 1
+    for i, decoded in enumerate(entry.messages):
+        assert_matches(decoded, messages[i], i, 10 + i)
+        assert decoded.offset == 5000 + i
+
+
+def test_entry_level_keys_only_when_the_whole_batch_shares_them() -> None:
+    same = decode_entry(encode([Message(b"a", key="k", ordering_key=b"o")] * 3))
+    assert same.partition_key == "k" and same.ordering_key == b"o"
+    assert same.metadata.partition_key_b64_encoded is False
+    mixed = decode_entry(encode([Message(b"a", key="k"), Message(b"b", key="j"), Message(b"c")]))
+    assert mixed.partition_key is None and mixed.ordering_key is None
+
+
+def test_optional_entry_fields_round_trip() -> None:
+    entry = decode_entry(encode([Message(b"x")], deliver_at_time_ms=PUBLISH_MS + 60_000, schema_version=b"\x00\x01"))
+    assert entry.deliver_at_time_ms == PUBLISH_MS + 60_000 and entry.schema_version == b"\x00\x01"
+    plain = decode_entry(encode([Message(b"x")]))
+    assert plain.deliver_at_time_ms is None and plain.schema_version is None and plain.event_time_ms is None
+
+
+# -- byte-for-byte compatibility ------------------------------------------------------------------
+
+
+def test_encoded_bytes_equal_an_independently_assembled_pulsar_entry() -> None:
+    messages = sample_messages()
+    sequence_ids = SAMPLE_SEQUENCE_IDS
+    payload = batch_payload(
+        [(reference_single_metadata(m, s), m.payload) for m, s in zip(messages, sequence_ids, strict=True)]
+    )
+    metadata = pb.MessageMetadata(
+        producer_name="producer-1",
+        sequence_id=10,
+        publish_time=PUBLISH_MS,
+        num_messages_in_batch=len(messages),
+        highest_sequence_id=16,
+    )
+    assert encode(messages) == crc_entry(metadata.SerializeToString(), payload)
+
+
+def test_compressed_payloads_use_pulsars_stream_formats() -> None:
+    messages = [Message(b"abc" * 200, key="k")]
+    raw = decode_entry(encode(messages)).metadata
+    assert not raw.HasField("uncompressed_size")
+    uncompressed = batch_payload([(reference_single_metadata(messages[0], 10), messages[0].payload)])
+    for compression in (Compression.LZ4, Compression.ZLIB, Compression.ZSTD, Compression.SNAPPY):
+        data = encode(messages, compression=compression)
+        (metadata_size,) = struct.unpack_from(">I", data, 6)
+        metadata = pb.MessageMetadata.FromString(data[10 : 10 + metadata_size])
+        compressed = data[10 + metadata_size :]
+        assert metadata.uncompressed_size == len(uncompressed)
+        if compression is Compression.LZ4:  # a raw LZ4 block: no frame, no size prefix
+            assert lz4.block.decompress(compressed, uncompressed_size=len(uncompressed)) == uncompressed
+        elif compression is Compression.ZLIB:  # a zlib stream drained with SYNC_FLUSH, as Deflater does
+            assert compressed[:2] == b"\x78\x9c" and compressed.endswith(b"\x00\x00\xff\xff")
+            assert zlib.decompressobj().decompress(compressed) == uncompressed
+        elif compression is Compression.ZSTD:  # a zstd frame
+            assert compressed[:4] == b"\x28\xb5\x2f\xfd"
+            assert zstandard.ZstdDecompressor().decompress(compressed) == uncompressed
+        else:  # raw snappy (length preamble, no stream framing)
+            assert bytes(cramjam.snappy.decompress_raw(compressed)) == uncompressed
+
+
+def test_zlib_entries_finished_with_a_final_block_decode_too() -> None:
+    message = Message(b"z" * 100)
+    uncompressed = batch_payload([(reference_single_metadata(message, 10), message.payload)])
+    metadata = pb.MessageMetadata(
+        producer_name="p",
+        sequence_id=10,
+        publish_time=1,
+        num_messages_in_batch=1,
+        compression=pb.ZLIB,
+        uncompressed_size=len(uncompressed),
+    )
+    entry = decode_entry(crc_entry(metadata.SerializeToString(), zlib.compress(uncompressed)))
+    assert entry.messages[0].payload == b"z" * 100
+
+
+def test_non_batched_pulsar_entry_is_one_message_with_batch_index_minus_one() -> None:
+    metadata = pb.MessageMetadata(
+        producer_name="java-client",
+        sequence_id=7,
+        publish_time=PUBLISH_MS,
+        partition_key="k",
+        event_time=123,
+        ordering_key=b"ok",
+        compression=pb.LZ4,
+        uncompressed_size=11,
+    )
+    metadata.properties.add(key="p", value="v")
+    data = crc_entry(metadata.SerializeToString(), lz4.block.compress(b"hello world", store_size=False))
+    entry = decode_entry(with_broker_entry_metadata(data, PUBLISH_MS + 2, 41))
+    assert not entry.is_batched and entry.num_messages == 1 and message_count(data) == 1
+    (message,) = entry.messages
+    assert message == DecodedMessage(
+        batch_index=-1,
+        offset=41,
+        payload=b"hello world",
+        key="k",
+        properties={"p": "v"},
+        event_time_ms=123,
+        sequence_id=7,
+        ordering_key=b"ok",
+        key_b64_encoded=False,
+        null_value=False,
+        null_key=False,
+        compacted_out=False,
+    )
+    assert entry.event_time_ms == 123 and entry.highest_sequence_id is None
+
+
+def test_unknown_fields_in_single_message_metadata_are_skipped() -> None:
+    message = Message(b"payload", key="k", event_time_ms=PUBLISH_MS)
+    smm = reference_single_metadata(message, 3)
+    # field 15 varint, field 16 (two-byte tag) bytes, field 11 fixed64, field 12 fixed32
+    unknown = b"\x78\x96\x01" + b"\x82\x01\x03abc" + b"\x59" + b"\x00" * 8 + b"\x65" + b"\x00" * 4
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=3, publish_time=1, num_messages_in_batch=1)
+    data = crc_entry(metadata.SerializeToString(), batch_payload([(unknown + smm, message.payload)]))
+    assert_matches(decode_entry(data).messages[0], message, 0, 3)
+
+
+# -- corruption ----------------------------------------------------------------------------------
+
+
+def test_every_flipped_byte_after_the_magic_is_detected() -> None:
+    data = encode(sample_messages(), compression=Compression.LZ4)
+    for position in range(2, len(data)):
+        corrupted = bytearray(data)
+        corrupted[position] ^= 0x40
+        with pytest.raises(CorruptEntry):
+            decode_entry(bytes(corrupted))
+
+
+def test_every_truncation_is_detected() -> None:
+    data = encode(sample_messages(), broker_timestamp_ms=1, index=10)
+    for length in range(len(data)):
+        with pytest.raises(CorruptEntry):
+            decode_entry(data[:length])
+
+
+def test_checksum_mismatch_message_names_both_values() -> None:
+    data = bytearray(encode([Message(b"x")]))
+    data[-1] ^= 1
+    with pytest.raises(CorruptEntry, match="checksum mismatch"):
+        decode_entry(bytes(data))
+
+
+def test_entries_without_the_checksum_magic_are_refused() -> None:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1).SerializeToString()
+    with pytest.raises(CorruptEntry, match="0x0e01"):
+        decode_entry(struct.pack(">I", len(metadata)) + metadata + b"payload")
+
+
+def test_wrong_uncompressed_size_is_corrupt_even_with_a_valid_checksum() -> None:
+    message = Message(b"q" * 50)
+    uncompressed = batch_payload([(reference_single_metadata(message, 1), message.payload)])
+    for compression, compressed in [
+        (pb.LZ4, lz4.block.compress(uncompressed, store_size=False)),
+        (pb.ZSTD, zstandard.ZstdCompressor().compress(uncompressed)),
+        (pb.SNAPPY, bytes(cramjam.snappy.compress_raw(uncompressed))),
+        (pb.ZLIB, zlib.compress(uncompressed)),
+    ]:
+        for declared in (len(uncompressed) - 1, len(uncompressed) + 1, 1 << 30):
+            metadata = pb.MessageMetadata(
+                producer_name="p",
+                sequence_id=1,
+                publish_time=1,
+                num_messages_in_batch=1,
+                compression=compression,
+                uncompressed_size=declared,
+            )
+            with pytest.raises(CorruptEntry):
+                decode_entry(crc_entry(metadata.SerializeToString(), compressed))
+
+
+def test_batch_structure_errors_are_corrupt_even_with_a_valid_checksum() -> None:
+    message = Message(b"abc")
+    good = batch_payload([(reference_single_metadata(message, 1), message.payload)])
+    no_size = pb.SingleMessageMetadata(sequence_id=1).SerializePartialToString()
+    cases = {
+        "count too high": (2, good),
+        "trailing bytes": (1, good + b"\x00"),
+        "payload_size past the end": (1, batch_payload([(reference_single_metadata(Message(b"x" * 9), 1), b"x")])),
+        "missing payload_size": (1, batch_payload([(no_size, b"")])),
+        "zero messages": (0, good),
+    }
+    for name, (count, payload) in cases.items():
+        metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, num_messages_in_batch=count)
+        with pytest.raises(CorruptEntry):
+            decode_entry(crc_entry(metadata.SerializeToString(), payload))
+            pytest.fail(name)
+
+
+def test_missing_required_metadata_fields_are_corrupt() -> None:
+    partial = pb.MessageMetadata(producer_name="p", publish_time=1).SerializePartialToString()
+    with pytest.raises(CorruptEntry, match="sequence_id"):
+        decode_entry(crc_entry(partial, b""))
+
+
+def test_encrypted_entries_are_refused_not_misread() -> None:
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, num_messages_in_batch=1)
+    metadata.encryption_keys.add(key="k", value=b"secret")
+    with pytest.raises(InvalidRequest, match="encrypted"):
+        decode_entry(crc_entry(metadata.SerializeToString(), b"\x8f" * 40))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(list(Compression)),
+    st.lists(st.tuples(st.integers(min_value=0), st.integers(min_value=0, max_value=255)), min_size=1, max_size=8),
+)
+def test_corrupted_content_with_a_recomputed_checksum_is_either_decoded_or_corrupt(
+    compression: Compression, edits: list[tuple[int, int]]
+) -> None:
+    data = bytearray(encode(sample_messages(), compression=compression))
+    for position, value in edits:
+        data[6 + position % (len(data) - 6)] = value
+    size = struct.unpack_from(">I", data, 6)[0]
+    metadata, payload = bytes(data[10 : 10 + size]), bytes(data[10 + size :])
+    forged = crc_entry(metadata, payload) if 10 + size <= len(data) else bytes(data)
+    with contextlib.suppress(CorruptEntry, InvalidRequest):
+        decode_entry(forged)
+
+
+# -- broker entry metadata -----------------------------------------------------------------------
+
+
+def test_broker_entry_metadata_prefix_layout_and_peek() -> None:
+    body = encode([Message(b"a"), Message(b"b"), Message(b"c")])
+    data = encode([Message(b"a"), Message(b"b"), Message(b"c")], broker_timestamp_ms=PUBLISH_MS + 9, index=102)
+    prefix = pb.BrokerEntryMetadata(broker_timestamp=PUBLISH_MS + 9, index=102).SerializeToString()
+    assert data == struct.pack(">HI", 0x0E02, len(prefix)) + prefix + body
+    assert (MAGIC_BROKER_ENTRY_METADATA, MAGIC_CRC32C) == (0x0E02, 0x0E01)
+    assert peek_broker_entry_metadata(data) == BrokerEntryMetadata(PUBLISH_MS + 9, 102)
+    assert peek_broker_entry_metadata(body) is None
+    entry = decode_entry(data)
+    assert (entry.broker_timestamp_ms, entry.index, entry.first_offset) == (PUBLISH_MS + 9, 102, 100)
+    assert [m.offset for m in entry.messages] == [100, 101, 102]
+
+
+def test_with_broker_entry_metadata_prepends_or_replaces_without_reencoding() -> None:
+    body = encode(sample_messages(), compression=Compression.ZSTD)
+    stamped = with_broker_entry_metadata(body, 5, 44)
+    assert stamped.endswith(body) and peek_broker_entry_metadata(stamped) == BrokerEntryMetadata(5, 44)
+    restamped = with_broker_entry_metadata(memoryview(stamped), 6, 45)
+    assert restamped.endswith(body) and peek_broker_entry_metadata(restamped) == BrokerEntryMetadata(6, 45)
+    assert len(restamped) == len(stamped)
+    assert strip_broker_entry_metadata(stamped) == body and strip_broker_entry_metadata(body) == body
+    unstamped = decode_entry(body).messages
+    first_offset = 44 - len(unstamped) + 1
+    expected = [m._replace(offset=first_offset + m.batch_index) for m in unstamped]
+    assert decode_entry(bytearray(stamped)).messages == expected
+    with pytest.raises(CorruptEntry, match="0x0e01"):
+        with_broker_entry_metadata(b"\x00\x01garbage-garbage", 1, 2)
+
+
+def test_broker_index_smaller_than_the_message_count_is_corrupt() -> None:
+    data = encode([Message(b"a"), Message(b"b")], broker_timestamp_ms=1, index=0)
+    with pytest.raises(CorruptEntry, match="too small"):
+        decode_entry(data)
+
+
+def test_malformed_broker_prefix_is_corrupt() -> None:
+    body = encode([Message(b"a")])
+    with pytest.raises(CorruptEntry):
+        peek_broker_entry_metadata(struct.pack(">HI", 0x0E02, 1000) + body)
+    with pytest.raises(CorruptEntry):
+        peek_broker_entry_metadata(struct.pack(">HI", 0x0E02, 2) + b"\xff\xff" + body)
+    only_time = pb.BrokerEntryMetadata(broker_timestamp=5).SerializeToString()
+    with pytest.raises(CorruptEntry, match="both"):
+        decode_entry(struct.pack(">HI", 0x0E02, len(only_time)) + only_time + body)
+
+
+# -- encoding arguments --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("messages", "kwargs"),
+    [
+        ([], {}),
+        ([Message(b"x", null_value=True)], {}),
+        ([Message("text")], {}),  # type: ignore[arg-type]
+        ([Message(b"x", properties={"k": 1})], {}),  # type: ignore[dict-item]
+        ([Message(b"x", key="\ud800")], {}),
+        ([Message(b"x", key_b64_encoded=True)], {}),
+        ([Message(b"x", sequence_id=-1)], {}),
+        ([Message(b"x", sequence_id=11)], {}),  # the entry's sequence_id (10) is its first message's
+        ([Message(b"x", event_time_ms=1 << 64)], {}),
+        ([Message(b"x")], {"sequence_id": -1}),
+        ([Message(b"x")], {"sequence_id": UINT64_MAX}),  # the second message would overflow
+        ([Message(b"x")], {"publish_time_ms": -5}),
+        ([Message(b"x")], {"compression": 1}),
+        ([Message(b"x")], {"index": -1, "broker_timestamp_ms": 5}),
+        ([Message(b"x")], {"broker_timestamp_ms": True, "index": 0}),
+        ([Message(b"x")], {"broker_timestamp_ms": 5}),  # index missing
+        ([Message(b"x")], {"producer_name": None}),
+        ([b"raw bytes"], {}),
+    ],
+)
+def test_bad_arguments_are_invalid_requests(messages: list[Message], kwargs: dict[str, object]) -> None:
+    if kwargs.get("sequence_id") == UINT64_MAX:
+        messages = [*messages, Message(b"y")]
+    with pytest.raises(InvalidRequest):
+        encode(messages, **kwargs)
+
+
+def test_compression_names_parse_case_insensitively() -> None:
+    assert Compression.parse("lz4") is Compression.LZ4 and Compression.parse(" Zstd ") is Compression.ZSTD
+    with pytest.raises(InvalidRequest, match="SNAPPY"):
+        Compression.parse("brotli")
+
+
+# -- property-based round trip -------------------------------------------------------------------
+
+texts = st.text(max_size=12)
+messages_strategy = st.builds(
+    lambda key_b64_encoded, **fields: Message(key_b64_encoded=key_b64_encoded and fields["key"] is not None, **fields),
+    payload=st.binary(max_size=200),
+    key=st.none() | texts,
+    properties=st.dictionaries(texts, texts, max_size=4),
+    event_time_ms=st.none() | st.integers(min_value=0, max_value=UINT64_MAX),
+    sequence_id=st.none() | st.integers(min_value=0, max_value=UINT64_MAX),
+    ordering_key=st.none() | st.binary(max_size=10),
+    key_b64_encoded=st.booleans(),
+    null_key=st.booleans(),
+    compacted_out=st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(messages_strategy, min_size=1, max_size=20),
+    compression=st.sampled_from(list(Compression)),
+    sequence_id=st.integers(min_value=0, max_value=UINT64_MAX - 20),
+    broker=st.none()
+    | st.tuples(st.integers(min_value=0, max_value=UINT64_MAX), st.integers(min_value=19, max_value=1 << 62)),
+)
+def test_round_trip_property(
+    messages: list[Message], compression: Compression, sequence_id: int, broker: tuple[int, int] | None
+) -> None:
+    timestamp, index = broker if broker is not None else (None, None)
+    sequence_id = sequence_id if messages[0].sequence_id is None else messages[0].sequence_id
+    kwargs = {"compression": compression, "sequence_id": sequence_id, "broker_timestamp_ms": timestamp, "index": index}
+    if any(m.sequence_id is None and sequence_id + i > UINT64_MAX for i, m in enumerate(messages)):
+        with pytest.raises(InvalidRequest, match="overflow"):
+            encode(messages, **kwargs)
+        return
+    data = encode(messages, **kwargs)
+    entry = decode_entry(data)
+    assert entry.sequence_id == sequence_id and entry.compression is compression
+    assert (entry.broker_timestamp_ms, entry.index) == (timestamp, index)
+    for i, (decoded, message) in enumerate(zip(entry.messages, messages, strict=True)):
+        expected_sequence_id = sequence_id + i if message.sequence_id is None else message.sequence_id
+        assert_matches(decoded, message, i, expected_sequence_id)
+        assert decoded.offset == (None if index is None else index - len(messages) + 1 + i)
+        # our hand-written SingleMessageMetadata is exactly what protobuf writes
+    expected_payload = batch_payload(
+        [
+            (reference_single_metadata(m, sequence_id + i if m.sequence_id is None else m.sequence_id), m.payload)
+            for i, m in enumerate(messages)
+        ]
+    )
+    if compression is Compression.NONE:
+        assert data.endswith(expected_payload)
+
+
+# -- message ids ---------------------------------------------------------------------------------
+
+
+def test_websocket_message_id_example_matches_pulsar_byte_for_byte() -> None:
+    assert MessageId(0, 3).to_base64() == "CAAQAw=="
+    assert MessageId(0, 3).to_bytes() == b"\x08\x00\x10\x03"
+    assert MessageId.from_base64("CAAQAw==") == MessageId(0, 3, -1, -1)
+    # newer Java clients also write batch_size=0 for non-batched ids; the id is the same
+    assert MessageId.parse("CAAQAzAA") == MessageId(0, 3)
+    assert MessageId(0, 3).to_base64(batch_size=0) == "CAAQAzAA"
+
+
+def test_message_id_binary_forms_round_trip() -> None:
+    for message_id in [MessageId(5, 7, 2, 9), MessageId(5, 7, 0, 0), MessageId(-1, -1), MessageId((1 << 63) - 1, 0)]:
+        assert MessageId.from_base64(message_id.to_base64()) == message_id
+        assert MessageId.parse(message_id.to_base64()) == message_id
+    expected = pb.MessageIdData(ledgerId=5, entryId=7, partition=2, batch_index=9).SerializeToString()
+    assert MessageId(5, 7, 2, 9).to_bytes() == expected
+    # URL-safe alphabet and missing padding are accepted
+    raw = MessageId(123456789, 987654321, 3).to_bytes()
+    assert MessageId.parse(base64.urlsafe_b64encode(raw).decode().rstrip("=")) == MessageId(123456789, 987654321, 3)
+
+
+def test_message_id_text_forms() -> None:
+    assert MessageId(12, 34, 5).to_rest() == "12:34:5"
+    assert MessageId(12, 34).to_rest() == "12:34:-1"
+    assert MessageId.parse("12:34") == MessageId(12, 34)
+    assert MessageId.parse("12:34:5") == MessageId(12, 34, 5)
+    assert MessageId.parse("12:34:5:6") == MessageId(12, 34, 5, 6)
+    assert MessageId.parse(str(MessageId(12, 34, 5, 6))) == MessageId(12, 34, 5, 6)
+    assert MessageId(12, 34, 1, 2).position == Position(12, 34)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "1",
+        "a:b",
+        "1:2:3:4:5",
+        "1:",
+        "1:2:x",
+        "1:-2",
+        "1:2:-2",
+        "1:2:3:2147483648",
+        "1:99999999999999999999",
+        "%%%",
+        "CA==",
+        "EAM=",
+        "CAAQAxj+//////////8B",
+        "1.5:2",
+        "\u0661:2",
+    ],
+)
+def test_invalid_message_ids_are_invalid_requests(text: str) -> None:
+    with pytest.raises(InvalidRequest):
+        MessageId.parse(text)
+
+
+def test_message_id_rejects_non_strings_and_bad_fields() -> None:
+    with pytest.raises(InvalidRequest):
+        MessageId.parse(42)
+    with pytest.raises(InvalidRequest):
+        MessageId(1, 2, partition=-5)
+    with pytest.raises(InvalidRequest):
+        MessageId(True, 2)
+
+
+def test_message_id_and_position_ordering() -> None:
+    ids = [
+        MessageId(2, 0),
+        MessageId(1, 5, batch_index=1),
+        MessageId(1, 5),
+        MessageId(1, 5, batch_index=0),
+        MessageId(1, 4, batch_index=7),
+    ]
+    assert sorted(ids) == [
+        MessageId(1, 4, batch_index=7),
+        MessageId(1, 5),
+        MessageId(1, 5, batch_index=0),
+        MessageId(1, 5, batch_index=1),
+        MessageId(2, 0),
+    ]
+    assert MessageId(1, 5) < MessageId(1, 5, batch_index=0) <= MessageId(1, 5, batch_index=0)
+    assert MessageId(3, 1) > MessageId(2, 9) and MessageId(3, 1) >= MessageId(3, 1)
+    positions = [Position(2, 0), Position(1, 9), Position(1, -1)]
+    assert sorted(positions) == [Position(1, -1), Position(1, 9), Position(2, 0)]
+    assert Position(1, 2) <= Position(1, 2) < Position(1, 3) and Position(4, 0) > Position(3, 9) >= Position(3, 9)
+    assert str(Position(3, -1)) == "3:-1"
+    with pytest.raises(InvalidRequest):
+        Position(-2, 0)
