@@ -72,6 +72,14 @@ class NotEnoughBookies(BrokerError):
     retriable = True
 
 
+class DuplicateInFlight(BrokerError):
+    """A resend of a message whose first send is still being stored: retry shortly."""
+
+    code = "duplicate_in_flight"
+    http_status = 409
+    retriable = True
+
+
 class TopicTerminated(BrokerError):
     code = "topic_terminated"
     http_status = 409
@@ -139,6 +147,7 @@ __all__ = [
     "ConsumerBusy",
     "CorruptEntry",
     "DataLost",
+    "DuplicateInFlight",
     "Forbidden",
     "InvalidArgument",
     "InvalidRequest",

@@ -1,0 +1,177 @@
+"""Topic compaction: the latest message of every key, readable as the topic's compacted view.
+
+Pass 1 reads the previous compacted view and the topic up to the *horizon* (the confirmed end
+when compaction starts) and finds, per key, the offset of its latest message; a message with an
+empty payload is a tombstone that removes the key, and messages without a key are dropped.
+Pass 2 writes the surviving messages, in offset order, one per entry, to a new ledger, each
+prefixed with its original message id (Pulsar's compacted ledgers keep original ids too):
+``[ledger u64][entry u64][batch_index i32]`` + a one-message Pulsar entry whose
+BrokerEntryMetadata index is the message's original offset. Then the compaction record at
+``/managed-ledgers/{name}/compaction`` is swapped (compare-and-set) and the old compacted
+ledger deleted. Readers of the compacted view read it up to the horizon, then the topic.
+
+Invariant: the compacted view never changes while it is read: a new compaction publishes a new
+ledger and the record switch is atomic.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry, peek_broker_entry_metadata
+from broker.errors import MagnetarError, NotFound
+from broker.ledger import LedgerHandle, LedgerManager
+from broker.message_id import MessageId
+from broker.metadata import MetadataStore
+from broker.topic import PersistentTopic
+
+_ORIGINAL_ID = struct.Struct(">QQi")
+
+
+@dataclass(frozen=True)
+class CompactedMessage:
+    offset: int
+    message_id: MessageId
+    publish_time_ms: int
+    message: DecodedMessage
+
+
+@dataclass(frozen=True)
+class CompactionStatus:
+    status: str  # NOT_RUN | RUNNING | SUCCESS | ERROR
+    ledger_id: int
+    horizon_offset: int
+    messages: int
+    last_run_ms: int
+    error: str
+
+
+class CompactedView:
+    """The compacted messages below ``horizon_offset``, searchable by offset."""
+
+    def __init__(self, handle: LedgerHandle, horizon_offset: int) -> None:
+        self.handle = handle
+        self.horizon_offset = horizon_offset
+
+    def _offset_at(self, entry_id: int) -> int:
+        meta = peek_broker_entry_metadata(self.handle.read_entry(entry_id)[_ORIGINAL_ID.size :])
+        assert meta is not None
+        return meta.index
+
+    def messages_from(self, offset: int) -> Iterator[CompactedMessage]:
+        last = self.handle.last_add_confirmed
+        start = bisect.bisect_left(range(last + 1), offset, key=self._offset_at)
+        for entry_id in range(start, last + 1):
+            yield decode_compacted(self.handle.read_entry(entry_id))
+
+
+def decode_compacted(raw: bytes) -> CompactedMessage:
+    ledger_id, entry_id, batch_index = _ORIGINAL_ID.unpack_from(raw)
+    decoded = decode_entry(raw[_ORIGINAL_ID.size :])
+    assert decoded.index is not None and decoded.broker_timestamp_ms is not None
+    original = decoded.messages[0]
+    return CompactedMessage(decoded.index, MessageId(ledger_id, entry_id, -1, batch_index),
+                            decoded.broker_timestamp_ms, original._replace(offset=decoded.index))
+
+
+class Compactor:
+    def __init__(self, topic: PersistentTopic, ledgers: LedgerManager, store: MetadataStore,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._topic = topic
+        self._ledgers = ledgers
+        self._store = store
+        self._clock = clock
+        self._path = f"/managed-ledgers/{topic.ml.name}/compaction"
+        self._lock = threading.Lock()
+        self._running = False
+        self._error = ""
+
+    def _record(self) -> tuple[dict[str, int], int] | None:
+        stat = self._store.get(self._path)
+        return None if stat is None else (json.loads(stat.value), stat.version)
+
+    def view(self) -> CompactedView | None:
+        record = self._record()
+        if record is None:
+            return None
+        return CompactedView(self._ledgers.open(record[0]["ledgerId"]), record[0]["horizonOffset"])
+
+    def status(self) -> CompactionStatus:
+        record = self._record()
+        if self._running:
+            state = "RUNNING"
+        elif self._error:
+            state = "ERROR"
+        else:
+            state = "SUCCESS" if record is not None else "NOT_RUN"
+        obj = record[0] if record is not None else {}
+        return CompactionStatus(state, obj.get("ledgerId", -1), obj.get("horizonOffset", 0),
+                                obj.get("messages", 0), obj.get("lastRunMs", 0), self._error)
+
+    def compact(self) -> CompactionStatus:
+        with self._lock:
+            self._running, self._error = True, ""
+            try:
+                self._compact()
+            except MagnetarError as exc:
+                self._error = str(exc)
+                raise
+            finally:
+                self._running = False
+        return self.status()
+
+    def _sources(self, previous: CompactedView | None, horizon: int) -> Iterator[CompactedMessage]:
+        start = self._topic.ml.first_offset
+        if previous is not None:
+            yield from previous.messages_from(0)
+            start = max(start, previous.horizon_offset)
+        for entry in self._topic.entries_from(start) if start < horizon else iter(()):
+            decoded = decode_entry(entry.data)
+            for message in decoded.messages:
+                assert message.offset is not None
+                if start <= message.offset < horizon:
+                    yield CompactedMessage(message.offset, MessageId(entry.position.ledger_id, entry.position.entry_id,
+                                           self._topic.partition, message.batch_index),
+                                           entry.publish_time_ms, message)
+
+    def _compact(self) -> None:
+        horizon = self._topic.ml.confirmed_next_offset()
+        record = self._record()
+        previous = self.view()
+        latest: dict[str, int] = {}
+        for item in self._sources(previous, horizon):
+            if item.message.key is None:
+                continue
+            latest[item.message.key] = -1 if not item.message.payload else item.offset
+        keep = {offset for offset in latest.values() if offset >= 0}
+        handle = self._ledgers.create(self._topic.ml.config.quorum, {"compacted-topic": self._topic.ml.name})
+        futures = [handle.add_entry(self._encode(item)) for item in self._sources(previous, horizon)
+                   if item.offset in keep]
+        for future in futures:
+            future.result(timeout=60)
+        handle.close()
+        body = json.dumps({"ledgerId": handle.ledger_id, "horizonOffset": horizon, "messages": len(keep),
+                           "lastRunMs": int(self._clock() * 1000)}).encode()
+        self._store.put(self._path, body, record[1] if record is not None else -1)
+        if previous is not None:
+            with contextlib.suppress(NotFound):
+                self._ledgers.delete(previous.handle.ledger_id)
+
+    @staticmethod
+    def _encode(item: CompactedMessage) -> bytes:
+        m = item.message
+        entry = encode_entry([Message(payload=m.payload, key=m.key, properties=m.properties,
+                                      event_time_ms=m.event_time_ms, sequence_id=m.sequence_id,
+                                      ordering_key=m.ordering_key, key_b64_encoded=m.key_b64_encoded)],
+                             producer_name="compactor", sequence_id=m.sequence_id or 0,
+                             publish_time_ms=item.publish_time_ms, broker_timestamp_ms=item.publish_time_ms,
+                             index=item.offset)
+        mid = item.message_id
+        return _ORIGINAL_ID.pack(mid.ledger_id, mid.entry_id, mid.batch_index) + entry

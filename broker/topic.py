@@ -1,0 +1,174 @@
+"""PersistentTopic: publishing into one topic partition, over its managed ledger and cursors.
+
+Publish path: messages → producer dedup check (``broker/dedup.py``) → one Pulsar-format entry
+(``encode_entry``: a batch, possibly compressed) → ``ManagedLedger.add_entry`` (optionally
+conditional on ``expected_offset``) → ``PublishResult`` with a Pulsar ``MessageId`` and the
+gap-free offset of every message.
+
+Invariants: a duplicate (producer name, sequence id) is acknowledged but never stored twice,
+also across restarts; a refused conditional append writes nothing; a message larger than
+``message_size_bytes_max`` is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from broker.cursor import CursorManager
+from broker.dedup import Deduplication, DedupStatus
+from broker.entry_format import Compression, Message, decode_entry, encode_entry
+from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MessageTooLarge
+from broker.managed_ledger import AddResult, Entry, ManagedLedger
+from broker.message_id import MessageId, Position
+from broker.metadata import MetadataStore
+from broker.topic_name import TopicName
+
+MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
+REPLAY_BATCH_ENTRIES = 100
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    message_ids: tuple[MessageId, ...]
+    offsets: tuple[int, ...]
+    publish_time_ms: int
+    duplicate: bool = False
+
+
+def message_ids_of(position: Position, partition: int, count: int) -> tuple[MessageId, ...]:
+    """Pulsar's ids for the messages of one entry: a lone message has no batch index."""
+    if count == 1:
+        return (MessageId(position.ledger_id, position.entry_id, partition, -1),)
+    return tuple(MessageId(position.ledger_id, position.entry_id, partition, i) for i in range(count))
+
+
+class PersistentTopic:
+    def __init__(self, name: TopicName, ml: ManagedLedger, cursors: CursorManager, store: MetadataStore, *,
+                 dedup_enabled: bool = True, message_size_bytes_max: int = MESSAGE_SIZE_BYTES_MAX,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.name = name
+        self.ml = ml
+        self.cursors = cursors
+        self._clock = clock
+        self._message_size_bytes_max = message_size_bytes_max
+        self._publish_lock = threading.Lock()
+        self.dedup: Deduplication | None = None
+        if dedup_enabled:
+            self.dedup = Deduplication(store, f"/managed-ledgers/{ml.name}/dedup")
+            self.dedup.load(self._replay_sequence_ids)
+
+    @property
+    def partition(self) -> int:
+        return self.name.partition_index
+
+    # --- publishing ----------------------------------------------------------------------
+    def publish(self, messages: Sequence[Message], *, producer_name: str, sequence_id: int | None = None,
+                compression: Compression = Compression.NONE, expected_offset: int | None = None,
+                deliver_at_time_ms: int | None = None) -> Future[PublishResult]:
+        """Store ``messages`` as one entry. ``sequence_id`` is the first message's sequence id
+        (the next ones follow); without it the producer's next sequence id is used."""
+        if not messages:
+            raise InvalidRequest("a publish needs at least one message")
+        for message in messages:
+            if len(message.payload) > self._message_size_bytes_max:
+                raise MessageTooLarge(f"message of {len(message.payload)} bytes exceeds "
+                                      f"{self._message_size_bytes_max} bytes")
+        with self._publish_lock:  # dedup reservation and append order must agree
+            first_seq = self._first_sequence_id(producer_name, sequence_id, messages)
+            highest_seq = first_seq + len(messages) - 1
+            duplicate = self._check_duplicate(producer_name, highest_seq)
+            if duplicate is not None:
+                return duplicate
+            stamped = [m if m.sequence_id is not None else m._replace(sequence_id=first_seq + i)
+                       for i, m in enumerate(messages)]
+            entry = encode_entry(stamped, producer_name=producer_name, sequence_id=first_seq,
+                                 publish_time_ms=int(self._clock() * 1000), compression=compression,
+                                 deliver_at_time_ms=deliver_at_time_ms)
+            try:
+                added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset)
+            except BaseException:
+                if self.dedup is not None:
+                    self.dedup.rollback(producer_name, highest_seq, first_seq - 1)
+                raise
+        result: Future[PublishResult] = Future()
+        added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq))
+        return result
+
+    def _first_sequence_id(self, producer: str, sequence_id: int | None, messages: Sequence[Message]) -> int:
+        if messages[0].sequence_id is not None:
+            return messages[0].sequence_id
+        if sequence_id is not None:
+            return sequence_id
+        return (self.dedup.pushed_sequence_id(producer) if self.dedup is not None else -1) + 1
+
+    def _check_duplicate(self, producer: str, highest_seq: int) -> Future[PublishResult] | None:
+        if self.dedup is None:
+            return None
+        status = self.dedup.check(producer, highest_seq)
+        if status is DedupStatus.NEW:
+            return None
+        if status is DedupStatus.IN_FLIGHT:
+            raise DuplicateInFlight(f"sequence id {highest_seq} of {producer} is still being stored; retry")
+        done: Future[PublishResult] = Future()
+        done.set_result(PublishResult((), (), 0, duplicate=True))
+        return done
+
+    def _published(self, added: Future[AddResult], result: Future[PublishResult], producer: str,
+                   highest_seq: int) -> None:
+        error = added.exception()
+        if error is not None:
+            result.set_exception(error)
+            return
+        add = added.result()
+        if self.dedup is not None:
+            self.dedup.persisted(producer, highest_seq, add.last_offset + 1)
+        count = add.last_offset - add.first_offset + 1
+        result.set_result(PublishResult(message_ids_of(add.position, self.partition, count),
+                                        tuple(range(add.first_offset, add.last_offset + 1)), add.publish_time_ms))
+
+    def last_sequence_id(self, producer: str) -> int:
+        return self.dedup.last_sequence_id(producer) if self.dedup is not None else -1
+
+    # --- reading helpers -----------------------------------------------------------------
+    def entries_from(self, offset: int) -> Iterator[Entry]:
+        """Every confirmed entry holding an offset ``>= offset``, in order."""
+        if offset < self.ml.first_offset:
+            raise DataLost(f"offset {offset} of {self.name} was trimmed; first is {self.ml.first_offset}")
+        if offset >= self.ml.confirmed_next_offset():
+            return
+        position, _ = self.ml.offset_to_position(offset)
+        while True:
+            entries = self.ml.read_entries(position, REPLAY_BATCH_ENTRIES)
+            if not entries:
+                return
+            yield from entries
+            position = self.ml.next_position(entries[-1].position)
+
+    def _replay_sequence_ids(self, from_offset: int) -> Iterator[tuple[str, int, int]]:
+        start = max(from_offset, self.ml.first_offset)
+        for entry in self.entries_from(start):
+            decoded = decode_entry(entry.data)
+            highest = decoded.highest_sequence_id
+            if highest is None:
+                highest = decoded.sequence_id + decoded.num_messages - 1
+            yield decoded.producer_name, highest, entry.last_offset + 1
+
+    def message_id_of_offset(self, offset: int) -> MessageId:
+        position, index = self.ml.offset_to_position(offset)
+        entry = self.ml.read_entry(position)
+        return MessageId(position.ledger_id, position.entry_id, self.partition,
+                         -1 if entry.message_count == 1 else index)
+
+    def offset_of(self, message_id: MessageId) -> int:
+        entry = self.ml.read_entry(message_id.position)
+        return entry.first_offset + max(message_id.batch_index, 0)
+
+    def close(self) -> None:
+        if self.dedup is not None:
+            self.dedup.snapshot(self.ml.confirmed_next_offset())
+        self.cursors.close()
+        self.ml.close()
