@@ -119,6 +119,12 @@ class EntryLogger:
         """The log being appended to (0 before the first append)."""
         return self._current_id
 
+    def sealed_log_ids(self) -> list[int]:
+        """Logs that will never be written again. Call with appends excluded (flush lock held):
+        a log being created by a rotation has an id at or above the bound."""
+        bound = self._current_id if self._current is not None else self._next_log_id
+        return [log_id for log_id in self.log_ids() if log_id < bound]
+
     def disk_bytes(self) -> int:
         return sum(self._fileio.file_size(self.path(i)) for i in self.log_ids())
 
@@ -188,7 +194,10 @@ class EntryLogger:
             reader = self._readers.pop(log_id, None)
         if reader is not None:
             reader.close()
-        self._fileio.remove(self.path(log_id))
+        try:
+            self._fileio.remove(self.path(log_id))
+        except FileNotFoundError:
+            return  # already removed
 
     # --- reading -------------------------------------------------------------------------
     def _reader(self, log_id: int) -> ReadFile:

@@ -9,8 +9,10 @@ scanning the log, which never changes afterwards). Bytes of deleted ledgers are 
   compacted: every live record, one the index still points at, is copied to the current log;
   the log is synced, the index batch is written atomically, then the old log is deleted.
 
-Invariants: compaction holds the flush lock, so it never interleaves with a flush or a ledger
-deletion. A crash at any step loses nothing: before the index batch the copies are unreferenced
+Invariants: GC runs one at a time; its candidates are the logs already sealed when the run
+starts (read under the flush lock, so a log that a concurrent rotation is creating is never a
+candidate); compaction and removal hold the flush lock, so they never interleave with a flush
+or a ledger deletion. A crash at any step loses nothing: before the index batch the copies are unreferenced
 garbage; after it the old log holds only dead records and is collected on the next run.
 """
 
@@ -51,6 +53,7 @@ class GarbageCollector:
         self._ledger_exists = ledger_exists
         self._flush_lock = flush_lock
         self._usage: dict[int, dict[int, int]] = {}
+        self._run_lock = threading.Lock()
         self._runs = 0
         self._removed = 0
         self._compacted = 0
@@ -68,10 +71,14 @@ class GarbageCollector:
         return cached
 
     def run(self, compaction_threshold: float) -> GcResult:
+        with self._run_lock:
+            return self._run(compaction_threshold)
+
+    def _run(self, compaction_threshold: float) -> GcResult:
         removed = compacted = moved = reclaimed = 0
-        for log_id in self._logs.log_ids():
-            if log_id == self._logs.current_log_id:
-                continue
+        with self._flush_lock:
+            sealed = self._logs.sealed_log_ids()
+        for log_id in sealed:
             usage = self.usage(log_id)
             total = sum(usage.values())
             live = sum(size for ledger, size in usage.items() if self._ledger_exists(ledger))
