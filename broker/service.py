@@ -1,8 +1,17 @@
-"""BrokerService: the broker process's root object, owning the embedded bookie.
+"""BrokerService: the broker process's root object.
 
-Role: ``magnetar standalone`` builds one ``BrokerService`` over a data directory; the API layer
-talks to the broker only through it (``api`` never touches ``storage``). It opens the storage
-(which recovers on open) and closes it on shutdown (flush, checkpoint, release files).
+Role: ``magnetar standalone`` builds one ``BrokerService`` over a data directory. It owns the
+embedded bookie (``storage``), the metadata store (RocksDB), the ledger manager, the shared
+entry cache and the managed-ledger factory, and serves topics to the API layer (``api`` never
+touches ``storage``). Everything it knows lives in the metadata store or in ledgers:
+
+- tenants at ``/admin/tenants/{tenant}``, namespace policies (retention, TTL, dedup) at
+  ``/admin/policies/{tenant}/{namespace}``, partitioned-topic metadata at
+  ``/admin/partitioned-topics/{tenant}/{namespace}/persistent/{topic}``;
+- topics are managed ledgers at ``/managed-ledgers/{tenant}/{namespace}/persistent/{topic}``.
+
+A maintenance pass (every ``maintenance_interval_ms``, or on demand) applies message TTLs to
+cursors, trims consumed ledgers as retention allows, and ages out the entry cache.
 
 Invariant: between :meth:`start` and :meth:`close` the storage is open; after :meth:`close`
 every acknowledged entry is in synced entry logs and the journal is checkpointed.
@@ -10,10 +19,51 @@ every acknowledged entry is in synced entry logs and the journal is checkpointed
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from broker.bookie import BookieClient, LocalBookie
+from broker.compaction import Compactor
+from broker.cursor import CursorManager
+from broker.entry_cache import EntryCache
+from broker.errors import AlreadyExists, InvalidRequest, MagnetarError, NotAllowed, NotFound
+from broker.ledger import LedgerManager
+from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from broker.metadata import MetadataStore, RocksDBMetadataStore
+from broker.topic import PersistentTopic
+from broker.topic_name import TopicName
 from storage import LedgerStorage, StorageConfig
+
+log = logging.getLogger(__name__)
+
+TENANTS = "/admin/tenants"
+POLICIES = "/admin/policies"
+PARTITIONED = "/admin/partitioned-topics"
+ML_ROOT = "/managed-ledgers"
+PARTITIONS_MAX = 1024
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    storage: StorageConfig = field(default_factory=StorageConfig.production)
+    managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    entry_cache_bytes_max: int = 64 * 1024 * 1024
+    entry_cache_age_ms_max: int = 1000
+    auto_create_topics: bool = True
+    dedup_enabled: bool = True
+    maintenance_interval_ms: int = 1000
+
+    @classmethod
+    def test_min(cls) -> BrokerConfig:
+        return cls(storage=StorageConfig.test_min(), managed_ledger=ManagedLedgerConfig.test_min(),
+                   entry_cache_bytes_max=1 << 20, maintenance_interval_ms=200)
 
 
 @dataclass(frozen=True)
@@ -24,15 +74,40 @@ class Health:
     journal_fsyncs: int
 
 
-class BrokerService:
-    def __init__(self, data_dir: str, storage_config: StorageConfig | None = None) -> None:
-        self.data_dir = os.path.abspath(data_dir)
-        self._storage_config = storage_config or StorageConfig.production()
-        self._storage: LedgerStorage | None = None
+def default_policies() -> dict[str, Any]:
+    return {"retention_policies": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
+            "message_ttl_in_seconds": 0, "deduplicationEnabled": None, "auth_policies": {}}
 
+
+class BrokerService:
+    def __init__(self, data_dir: str, config: BrokerConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self.config = config or BrokerConfig()
+        self.clock = clock
+        self._storage: LedgerStorage | None = None
+        self._store: MetadataStore | None = None
+        self._topics: dict[TopicName, PersistentTopic] = {}
+        self._compactors: dict[TopicName, Compactor] = {}
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._maintenance: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
-        self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self._storage_config)
+        self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage)
+        self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
+        self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
+        self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
+        self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
+        if not self.store.exists(f"{TENANTS}/public"):
+            self.create_tenant("public", {})
+        if not self.store.exists(f"{POLICIES}/public/default"):
+            self.create_namespace("public/default")
+        self._stop.clear()
+        self._maintenance = threading.Thread(target=self._maintenance_loop, name="magnetar-maintenance", daemon=True)
+        self._maintenance.start()
 
     @property
     def storage(self) -> LedgerStorage:
@@ -40,12 +115,235 @@ class BrokerService:
             raise RuntimeError("broker service is not started")
         return self._storage
 
+    @property
+    def store(self) -> MetadataStore:
+        if self._store is None:
+            raise RuntimeError("broker service is not started")
+        return self._store
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._maintenance is not None:
+            self._maintenance.join()
+            self._maintenance = None
+        with self._lock:
+            for topic in self._topics.values():
+                with contextlib.suppress(MagnetarError):
+                    topic.close()
+            self._topics.clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        if self._storage is not None:
+            self._storage.close()
+            self._storage = None
+
     def health(self) -> Health:
         stats = self.storage.statistics()
         status = "degraded" if stats.read_only else "ok"
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count)
 
-    def close(self) -> None:
-        if self._storage is not None:
-            self._storage.close()
-            self._storage = None
+    # --- tenants and namespaces ---------------------------------------------------------
+    def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+        TopicName.of(tenant, "ns", "t")  # validates the name
+        body = {"adminRoles": list(info.get("adminRoles", [])),
+                "allowedClusters": list(info.get("allowedClusters", ["standalone"]))}
+        if self.store.exists(f"{TENANTS}/{tenant}"):
+            raise AlreadyExists(f"tenant {tenant} already exists")
+        self.store.put_json(f"{TENANTS}/{tenant}", body, -1)
+
+    def tenants(self) -> list[str]:
+        return self.store.children(TENANTS)
+
+    def tenant_info(self, tenant: str) -> dict[str, Any]:
+        found = self.store.get_json(f"{TENANTS}/{tenant}")
+        if found is None:
+            raise NotFound(f"tenant {tenant} does not exist")
+        return found[0]
+
+    def delete_tenant(self, tenant: str) -> None:
+        self.tenant_info(tenant)
+        if self.store.children(f"{POLICIES}/{tenant}"):
+            raise NotAllowed(f"tenant {tenant} still has namespaces")
+        self.store.delete(f"{TENANTS}/{tenant}")
+
+    def _split_namespace(self, namespace: str) -> tuple[str, str]:
+        parts = namespace.split("/")
+        if len(parts) != 2:
+            raise InvalidRequest(f"invalid namespace {namespace!r}: expected tenant/namespace")
+        TopicName.of(parts[0], parts[1], "t")
+        return parts[0], parts[1]
+
+    def create_namespace(self, namespace: str, policies: dict[str, Any] | None = None) -> None:
+        tenant, _ = self._split_namespace(namespace)
+        self.tenant_info(tenant)
+        if self.store.exists(f"{POLICIES}/{namespace}"):
+            raise AlreadyExists(f"namespace {namespace} already exists")
+        self.store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **(policies or {})}, -1)
+
+    def namespaces(self, tenant: str) -> list[str]:
+        self.tenant_info(tenant)
+        return [f"{tenant}/{ns}" for ns in self.store.children(f"{POLICIES}/{tenant}")]
+
+    def policies(self, namespace: str) -> dict[str, Any]:
+        self._split_namespace(namespace)
+        found = self.store.get_json(f"{POLICIES}/{namespace}")
+        if found is None:
+            raise NotFound(f"namespace {namespace} does not exist")
+        return found[0]
+
+    def set_policy(self, namespace: str, key: str, value: Any) -> None:
+        found = self.store.get_json(f"{POLICIES}/{namespace}")
+        if found is None:
+            raise NotFound(f"namespace {namespace} does not exist")
+        policies, version = found
+        policies[key] = value
+        self.store.put_json(f"{POLICIES}/{namespace}", policies, version)
+        with self._lock:  # open topics of the namespace follow the new retention and TTL at once
+            for name, topic in self._topics.items():
+                if name.namespace_name == namespace:
+                    topic.ml.config = self._ml_config(name)
+
+    def delete_namespace(self, namespace: str) -> None:
+        self.policies(namespace)
+        if self.topics(namespace) or self.partitioned_topics(namespace):
+            raise NotAllowed(f"namespace {namespace} still has topics")
+        self.store.delete(f"{POLICIES}/{namespace}")
+
+    def _ml_config(self, name: TopicName) -> ManagedLedgerConfig:
+        policies = self.policies(name.namespace_name)
+        retention = policies.get("retention_policies") or {}
+        minutes, mb = int(retention.get("retentionTimeInMinutes", 0)), int(retention.get("retentionSizeInMB", 0))
+        return dataclasses.replace(
+            self.config.managed_ledger,
+            retention_time_ms=-1 if minutes < 0 else minutes * 60_000,
+            retention_size_bytes=-1 if mb < 0 else mb * 1024 * 1024,
+            message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000)
+
+    # --- topics --------------------------------------------------------------------------
+    def topic(self, name: str | TopicName, *, create: bool | None = None) -> PersistentTopic:
+        """The topic (or partition) ``name``; created on first use when auto-creation is on."""
+        topic_name = name if isinstance(name, TopicName) else TopicName.parse(name)
+        with self._lock:
+            topic = self._topics.get(topic_name)
+            if topic is not None:
+                return topic
+            allowed = self.config.auto_create_topics if create is None else create
+            if not self.factory.exists(topic_name.managed_ledger_name):
+                self._check_creatable(topic_name, allowed)
+            ml = self.factory.open(topic_name.managed_ledger_name, self._ml_config(topic_name))
+            cursors = CursorManager(ml, self.ledgers, self.store)
+            dedup = self.policies(topic_name.namespace_name).get("deduplicationEnabled")
+            topic = PersistentTopic(topic_name, ml, cursors, self.store,
+                                    dedup_enabled=self.config.dedup_enabled if dedup is None else bool(dedup),
+                                    clock=self.clock)
+            self._topics[topic_name] = topic
+            return topic
+
+    def _check_creatable(self, name: TopicName, allowed: bool) -> None:
+        self.policies(name.namespace_name)  # NotFound for an unknown namespace
+        if not allowed:
+            raise NotFound(f"topic {name} does not exist")
+        partitions = self.partitions(name.base)
+        if name.partition_index < 0 and partitions > 0:
+            raise NotAllowed(f"{name} is a partitioned topic; use its -partition-N topics")
+        if name.partition_index >= 0 and partitions and name.partition_index >= partitions:
+            raise NotFound(f"{name}: partition {name.partition_index} of {partitions} does not exist")
+
+    def topic_exists(self, name: TopicName) -> bool:
+        return self.factory.exists(name.managed_ledger_name)
+
+    def create_topic(self, name: TopicName) -> PersistentTopic:
+        if self.topic_exists(name) or self.partitions(name) > 0:
+            raise AlreadyExists(f"topic {name} already exists")
+        return self.topic(name, create=True)
+
+    def topics(self, namespace: str) -> list[str]:
+        tenant, ns = self._split_namespace(namespace)
+        return [TopicName(tenant, ns, local).full_name
+                for local in self.store.children(f"{ML_ROOT}/{tenant}/{ns}/persistent")]
+
+    def delete_topic(self, name: TopicName, *, force: bool = False) -> None:
+        topic = self.topic(name, create=False)
+        if not force and topic.cursors.names():
+            raise NotAllowed(f"topic {name} has subscriptions {topic.cursors.names()}; use force")
+        with self._lock:
+            self._topics.pop(name, None)
+            self._compactors.pop(name, None)
+        topic.ml.delete()
+        self.factory.forget(name.managed_ledger_name)
+
+    def create_partitioned_topic(self, name: TopicName, partitions: int) -> None:
+        if not 1 <= partitions <= PARTITIONS_MAX:
+            raise InvalidRequest(f"partitions must be in 1..{PARTITIONS_MAX}, not {partitions}")
+        if name.partition_index >= 0:
+            raise InvalidRequest(f"{name} is a partition name")
+        self.policies(name.namespace_name)
+        if self.partitions(name) > 0 or self.topic_exists(name):
+            raise AlreadyExists(f"topic {name} already exists")
+        self.store.put_json(self._partitioned_path(name), {"partitions": partitions}, -1)
+
+    def update_partitioned_topic(self, name: TopicName, partitions: int) -> None:
+        current = self.partitions(name)
+        if current == 0:
+            raise NotFound(f"partitioned topic {name} does not exist")
+        if partitions <= current or partitions > PARTITIONS_MAX:
+            raise InvalidRequest(f"partitions can only grow: {current} -> {partitions}")
+        self.store.put_json(self._partitioned_path(name), {"partitions": partitions})
+
+    def partitions(self, name: TopicName) -> int:
+        """Number of partitions of a partitioned topic, 0 if ``name`` is not one."""
+        found = self.store.get_json(self._partitioned_path(name.base))
+        return int(found[0]["partitions"]) if found is not None else 0
+
+    def partitioned_topics(self, namespace: str) -> list[str]:
+        tenant, ns = self._split_namespace(namespace)
+        return [TopicName(tenant, ns, local).full_name
+                for local in self.store.children(f"{PARTITIONED}/{tenant}/{ns}/persistent")]
+
+    def delete_partitioned_topic(self, name: TopicName, *, force: bool = False) -> None:
+        count = self.partitions(name)
+        if count == 0:
+            raise NotFound(f"partitioned topic {name} does not exist")
+        for index in range(count):
+            partition = name.partition(index)
+            if self.topic_exists(partition):
+                self.delete_topic(partition, force=force)
+        self.store.delete(self._partitioned_path(name))
+
+    @staticmethod
+    def _partitioned_path(name: TopicName) -> str:
+        return f"{PARTITIONED}/{name.tenant}/{name.namespace}/persistent/{name.local_name}"
+
+    def compactor(self, name: TopicName) -> Compactor:
+        topic = self.topic(name, create=False)
+        with self._lock:
+            compactor = self._compactors.get(name)
+            if compactor is None:
+                compactor = Compactor(topic, self.ledgers, self.store, self.clock)
+                self._compactors[name] = compactor
+            return compactor
+
+    def open_topics(self) -> list[PersistentTopic]:
+        with self._lock:
+            return list(self._topics.values())
+
+    # --- maintenance ---------------------------------------------------------------------
+    def run_maintenance(self) -> None:
+        """Expire messages past their TTL, trim consumed ledgers, age out the entry cache."""
+        for topic in self.open_topics():
+            expired = topic.ml.expired_offset()
+            if expired is not None:
+                for name in topic.cursors.names():
+                    cursor = topic.cursors.get(name)
+                    if cursor is not None:
+                        cursor.expire_before(expired)
+            topic.ml.trim()
+        self.cache.evict_expired()
+
+    def _maintenance_loop(self) -> None:
+        while not self._stop.wait(self.config.maintenance_interval_ms / 1000.0):
+            try:
+                self.run_maintenance()
+            except MagnetarError:
+                log.exception("maintenance pass failed")
