@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 
@@ -49,7 +50,8 @@ SUFFIX = ".jnl"
 RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 
-Completion = Callable[[BaseException | None], None]
+GroupCompletion = Callable[[list[Any], BaseException | None], None]
+"""Called on the writer thread once per group: the group's tokens, and None or the error."""
 
 FSYNC_BUCKETS_US = (50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000)
 
@@ -77,9 +79,8 @@ class JournalStats:
 
 
 def encode_header(record_type: int, ledger_id: int, entry_id: int, payload: bytes) -> bytes:
-    body_head = _BODY_HEAD.pack(record_type, ledger_id, entry_id)
-    crc = crc32c.crc32c(payload, crc32c.crc32c(body_head))
-    return struct.pack(">II", len(body_head) + len(payload), crc) + body_head
+    crc = crc32c.crc32c(payload, crc32c.crc32c(_BODY_HEAD.pack(record_type, ledger_id, entry_id)))
+    return _HEADER.pack(_BODY_HEAD.size + len(payload), crc, record_type, ledger_id, entry_id)
 
 
 def file_name(file_id: int) -> str:
@@ -133,15 +134,16 @@ class FileScan:
 class Journal:
     """Group-committing write-ahead log. Create, :meth:`replay`, then :meth:`start`."""
 
-    def __init__(self, directory: str, fileio: FileIO, *, sync: bool, group_wait_ms: float,
-                 group_bytes_max: int, file_bytes_max: int) -> None:
+    def __init__(self, directory: str, fileio: FileIO, complete: GroupCompletion, *, sync: bool,
+                 group_wait_ms: float, group_bytes_max: int, file_bytes_max: int) -> None:
         self._dir = directory
+        self._complete = complete
         self._fileio = fileio
         self._sync = sync
         self._group_wait_s = group_wait_ms / 1000.0
         self._group_bytes_max = group_bytes_max
         self._file_bytes_max = file_bytes_max
-        self._queue: queue.SimpleQueue[tuple[bytes, bytes, Completion] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[bytes, bytes, Any] | None] = queue.SimpleQueue()
         self._file: AppendFile | None = None
         self._file_id = 0
         self._written_mark = LogMark(0, 0)
@@ -216,13 +218,14 @@ class Journal:
         self._file_id = file_id
         self._written_mark = LogMark(file_id, self._file.size_bytes)
 
-    def append(self, header: bytes, payload: bytes, done: Completion) -> None:
-        """Queue one record (``header`` from :func:`encode_header`); ``done(None)`` is called
-        on the writer thread once it is durable, ``done(error)`` if it never will be."""
+    def append(self, header: bytes, payload: bytes, token: Any) -> None:
+        """Queue one record (``header`` from :func:`encode_header`). Its ``token`` is handed to
+        the completion callback with the rest of its group once the group is durable (error
+        None), or with the error that means it never will be."""
         if self._failure is not None:
-            done(self._failure)
+            self._complete([token], self._failure)
             return
-        self._queue.put((header, payload, done))
+        self._queue.put((header, payload, token))
 
     def last_written_mark(self) -> LogMark:
         """The position just after the last record written to the journal file."""
@@ -241,7 +244,7 @@ class Journal:
             self._file.close()
             self._file = None
 
-    def _collect(self, first: tuple[bytes, bytes, Completion]) -> tuple[list[tuple[bytes, bytes, Completion]], bool]:
+    def _collect(self, first: tuple[bytes, bytes, Any]) -> tuple[list[tuple[bytes, bytes, Any]], bool]:
         group = [first]
         size = len(first[0]) + len(first[1])
         deadline = time.monotonic() + self._group_wait_s
@@ -276,9 +279,7 @@ class Journal:
                     self._write_group(group)
                 except OSError as exc:
                     self._failure = exc
-            error = self._failure
-            for _, _, done in group:
-                done(error)
+            self._complete([token for _, _, token in group], self._failure)
         self._drain_after_stop()
 
     def _drain_after_stop(self) -> None:
@@ -290,9 +291,9 @@ class Journal:
             except queue.Empty:
                 return
             if item is not None:
-                item[2](self._failure or StorageClosed("journal closed"))
+                self._complete([item[2]], self._failure or StorageClosed("journal closed"))
 
-    def _write_group(self, group: list[tuple[bytes, bytes, Completion]]) -> None:
+    def _write_group(self, group: list[tuple[bytes, bytes, Any]]) -> None:
         assert self._file is not None
         buffers: list[bytes] = []
         for header, payload, _ in group:
@@ -307,7 +308,7 @@ class Journal:
             self._file.sync()
             self._record_fsync(time.perf_counter() - started)
         self._fileio.failpoint("journal: after fdatasync")
-        written = sum(len(b) for b in buffers)
+        written = self._file.size_bytes - self._written_mark.offset
         with self._stats_lock:
             self._records_written += len(group)
             self._bytes_written += written

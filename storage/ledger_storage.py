@@ -32,7 +32,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 from rocksdict import WriteBatch
 
@@ -122,7 +122,7 @@ class LedgerStorage:
         self._logs = EntryLogger(f"{path}/entrylogs", fileio, size_bytes_max=config.entry_log_size_bytes_max,
                                  write_buffer_bytes=config.entry_log_write_buffer_bytes,
                                  open_read_files_max=config.open_read_files_max)
-        self._journal = Journal(f"{path}/journal", fileio, sync=config.journal_sync,
+        self._journal = Journal(f"{path}/journal", fileio, self._journal_done, sync=config.journal_sync,
                                 group_wait_ms=config.journal_group_wait_ms,
                                 group_bytes_max=config.journal_group_bytes_max,
                                 file_bytes_max=config.journal_file_bytes_max)
@@ -246,18 +246,19 @@ class LedgerStorage:
         Raises at once (no Future) for a closed or read-only storage, bad ids, a fenced
         ledger (unless ``recovery``), or a write cache that stays full (``WriteCacheFull``).
         """
-        self._check_writable()
-        if not 0 <= ledger_id <= ENTRY_ID_MAX or not 0 <= entry_id <= ENTRY_ID_MAX:
+        if self._closed or self._read_only_cause is not None:
+            self._check_writable()
+        if not (0 <= ledger_id <= ENTRY_ID_MAX and 0 <= entry_id <= ENTRY_ID_MAX):
             raise InvalidArgument(f"ledger and entry ids must be in [0, 2^63): {ledger_id}:{entry_id}")
         if type(data) is not bytes:
             data = bytes(data)
-        meta = self._ledger_for_write(ledger_id)
+        meta = self._ledgers.get(ledger_id) or self._ledger_for_write(ledger_id)
         if meta.fenced and not recovery:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
         self._put_in_cache(ledger_id, entry_id, data)
         future: Future[int] = Future()
-        header = encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data)
-        self._journal.append(header, data, partial(self._add_done, meta, ledger_id, entry_id, future))
+        self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
+                             (meta, ledger_id, entry_id, future))
         return future
 
     def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
@@ -283,17 +284,28 @@ class LedgerStorage:
                 self._cache_cv.wait(deadline - now)
                 self._check_writable()
 
-    def _add_done(self, meta: LedgerMeta, ledger_id: int, entry_id: int, future: Future[int],
-                  error: BaseException | None) -> None:
+    def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
+        """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
+        for adds and a bare Future for fences."""
         if error is None:
-            meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
-            self._entries_added += 1
-            future.set_result(entry_id)
+            for token in tokens:
+                if type(token) is tuple:
+                    meta, _, entry_id, future = token
+                    meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
+                    future.set_result(entry_id)
+                    self._entries_added += 1
+                else:
+                    token.set_result(None)
             return
         failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
-        self._active.remove(ledger_id, entry_id)
-        self._flushing.remove(ledger_id, entry_id)
-        future.set_exception(failure)
+        for token in tokens:
+            if type(token) is tuple:
+                _, ledger_id, entry_id, future = token
+                self._active.remove(ledger_id, entry_id)
+                self._flushing.remove(ledger_id, entry_id)
+                future.set_exception(failure)
+            else:
+                token.set_exception(failure)
 
     def fence(self, ledger_id: int) -> Future[None]:
         """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
@@ -304,14 +316,7 @@ class LedgerStorage:
         with self._cache_cv:
             self._dirty_ledgers.add(ledger_id)
         future: Future[None] = Future()
-
-        def done(error: BaseException | None) -> None:
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(self._enter_read_only(error))
-
-        self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", done)
+        self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", future)
         return future
 
     def is_fenced(self, ledger_id: int) -> bool:
