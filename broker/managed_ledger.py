@@ -178,6 +178,7 @@ class ManagedLedger:
         self._failure: MagnetarError | None = None
         self._read_handles: dict[int, LedgerHandle] = {}
         self._entries_added = self._bytes_added = self._messages_added = 0
+        self._listeners: list[Callable[[], None]] = []
         self.cursor_positions: Callable[[], list[int]] = list
         """Set by the cursor registry: mark-delete offsets of every durable cursor."""
 
@@ -386,7 +387,18 @@ class ManagedLedger:
             self._messages_added += added.last_offset - added.first_offset + 1
             self._confirmed.notify_all()
         self._cache.insert(added.position.ledger_id, added.position.entry_id, data)
+        for listener in list(self._listeners):
+            listener()
         result.set_result(added)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after each confirmed entry (on the confirming thread, before the
+        publisher hears back; it must only schedule work)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     # --- positions and offsets -------------------------------------------------------------
     @property

@@ -1,0 +1,542 @@
+"""Subscriptions and dispatch: Exclusive, Failover, Shared and Key_Shared, independent of transport.
+
+A ``Subscription`` owns one durable (or non-durable) cursor of a topic and its consumers. The
+dispatcher reads entries through the cursor, decodes them into messages, skips acknowledged and
+not-yet-due (delayed) ones, and hands each message to one consumer chosen by the subscription
+type. Transports (WebSocket, HTTP pull, a future binary protocol) only call ``flow``, ``poll``,
+``ack``, ``nack`` and ``close`` on a ``Consumer`` and are told through a listener callback that
+messages are waiting.
+
+- **Exclusive**: one consumer; a second is refused with ``ConsumerBusy``.
+- **Failover**: the active consumer is the first by (priority level, name); on a switch its
+  unacknowledged messages are redelivered to the new active one.
+- **Shared**: round-robin among consumers with permits; a departing consumer's unacknowledged
+  messages go to the others.
+- **Key_Shared**: ``murmur3_32(key) & 0x7fffffff % 65536`` is split into ranges by consistent
+  hashing (100 points per consumer). Per-key order holds while consumers join and leave: a
+  message is never handed to one consumer while an earlier message of its key is unacknowledged
+  at another; it waits (other keys flow on) until that one is acked or redelivered.
+
+Flow control: a consumer receives only while it has permits (``receiverQueueSize`` in push
+mode, explicit in pull mode). Unacknowledged limits per consumer and per subscription pause
+delivery at the limit and resume at half. The dispatcher holds at most one read batch of
+undelivered messages, so a slow consumer never makes the broker buffer without bound.
+
+Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
+consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
+Counts are persisted with the cursor state (Pulsar loses them on restart). After
+``max_redeliver_count`` a message goes to the dead-letter topic exactly once and is acked on
+the source. Delayed messages (``deliverAt``/``deliverAfterMs``) wait for the injected clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import mmh3
+
+from broker.cursor import ManagedCursor
+from broker.entry_format import DecodedMessage, decode_entry
+from broker.errors import ConsumerBusy, InvalidRequest, NotAllowed
+from broker.message_id import MessageId
+
+KEY_HASH_RANGE = 65536
+POINTS_PER_CONSUMER = 100
+READ_BATCH_ENTRIES = 100
+PENDING_MESSAGES_MAX = 10_000
+REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
+REDELIVERY_PROPERTY_PREFIX = "rc:"
+
+
+class SubscriptionType(StrEnum):
+    EXCLUSIVE = "Exclusive"
+    FAILOVER = "Failover"
+    SHARED = "Shared"
+    KEY_SHARED = "Key_Shared"
+
+    @classmethod
+    def parse(cls, value: str) -> SubscriptionType:
+        for member in cls:
+            if member.value.lower() == value.lower():
+                return member
+        raise InvalidRequest(f"unknown subscription type {value!r}: use Exclusive, Failover, Shared or Key_Shared")
+
+
+def key_hash(key: str | bytes) -> int:
+    """Pulsar's sticky-key hash: Murmur3-32 made non-negative, in 0..65535."""
+    data = key.encode() if isinstance(key, str) else key
+    return (mmh3.hash(data, 0, signed=True) & 0x7FFFFFFF) % KEY_HASH_RANGE
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    name: str
+    receiver_queue_size: int = 1000
+    priority_level: int = 0
+    ack_timeout_ms: int = 0
+    negative_ack_redelivery_delay_ms: int = 60_000
+    max_redeliver_count: int = 0
+    """0: never dead-letter."""
+    dead_letter_topic: str | None = None
+    unacked_messages_max: int = 50_000
+
+
+@dataclass(frozen=True)
+class SubscriptionLimits:
+    unacked_messages_max: int = 200_000
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message handed to one consumer."""
+
+    message_id: MessageId
+    offset: int
+    message: DecodedMessage
+    publish_time_ms: int
+    redelivery_count: int
+    topic: str
+
+
+@dataclass(order=True)
+class _Item:
+    """A message waiting for dispatch (ordered by offset)."""
+
+    offset: int
+    message_id: MessageId = field(compare=False)
+    message: DecodedMessage = field(compare=False)
+    publish_time_ms: int = field(compare=False)
+    key_hash: int = field(compare=False)
+    deliver_at_ms: int = field(compare=False, default=0)
+
+
+@dataclass(frozen=True)
+class ConsumerStats:
+    consumer_name: str
+    available_permits: int
+    unacked_messages: int
+    msg_out_counter: int
+    bytes_out_counter: int
+    msg_redeliver_counter: int
+    blocked_on_unacked: bool
+
+
+@dataclass(frozen=True)
+class SubscriptionStats:
+    name: str
+    type: str
+    msg_backlog: int
+    backlog_size_bytes: int
+    unacked_messages: int
+    msg_out_counter: int
+    bytes_out_counter: int
+    msg_redeliver_counter: int
+    delayed_messages: int
+    consumers: tuple[ConsumerStats, ...]
+
+
+class Consumer:
+    """A transport's handle on a subscription."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, subscription: Subscription, config: ConsumerConfig) -> None:
+        self.id = next(self._ids)
+        self.subscription = subscription
+        self.config = config
+        self.permits = 0
+        self.outbox: deque[Delivery] = deque()
+        self.unacked: dict[int, Delivery] = {}
+        self.offsets_by_id: dict[MessageId, int] = {}
+        self.listener: Callable[[], None] | None = None
+        self.closed = False
+        self.msg_out = self.bytes_out = self.redelivered = 0
+        self.blocked = False
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def flow(self, permits: int) -> None:
+        """Allow ``permits`` more messages to be delivered (Pulsar's flow command)."""
+        if permits < 0:
+            raise InvalidRequest("permits must be >= 0")
+        self.subscription._flow(self, permits)
+
+    def poll(self) -> Delivery | None:
+        with self.subscription._lock:
+            return self.outbox.popleft() if self.outbox else None
+
+    def offset_of(self, message_id: MessageId) -> int | None:
+        """The offset of a message this consumer holds, by the id it was delivered with."""
+        return self.offsets_by_id.get(message_id)
+
+    def ack(self, offsets: Iterable[int]) -> None:
+        self.subscription._ack(self, list(offsets))
+
+    def ack_cumulative(self, offset: int) -> None:
+        self.subscription._ack_cumulative(self, offset)
+
+    def nack(self, offsets: Iterable[int]) -> None:
+        self.subscription._nack(self, list(offsets))
+
+    def close(self) -> None:
+        self.subscription.remove_consumer(self)
+
+    def _can_take(self) -> bool:
+        if self.closed or self.permits <= 0:
+            return False
+        limit = self.config.unacked_messages_max
+        if len(self.unacked) >= limit:
+            self.blocked = True
+        elif self.blocked and len(self.unacked) <= limit // 2:
+            self.blocked = False
+        return not self.blocked
+
+    def statistics(self) -> ConsumerStats:
+        return ConsumerStats(self.name, self.permits, len(self.unacked), self.msg_out, self.bytes_out,
+                             self.redelivered, self.blocked)
+
+
+class Subscription:
+    def __init__(self, topic_name: str, partition: int, cursor: ManagedCursor, sub_type: SubscriptionType, *,
+                 clock: Callable[[], float] = time.time, limits: SubscriptionLimits | None = None,
+                 dead_letter: Callable[[str, Delivery], None] | None = None,
+                 schedule: Callable[[Callable[[], None]], None] | None = None) -> None:
+        self.topic_name = topic_name
+        self.partition = partition
+        self.cursor = cursor
+        self.type = sub_type
+        self.name = cursor.name
+        self._clock = clock
+        self._limits = limits or SubscriptionLimits()
+        self._dead_letter = dead_letter
+        self._lock = threading.RLock()
+        self.consumers: list[Consumer] = []
+        self._pending: deque[_Item] = deque()
+        self._redeliver: list[_Item] = []  # heap by offset: due for redelivery
+        self._later: list[tuple[int, int, _Item]] = []  # heap (due ms, offset): nacked / delayed
+        self._owner: dict[int, Consumer] = {}  # offset -> consumer holding it unacked
+        self._key_owner: dict[int, tuple[Consumer, int]] = {}  # key hash -> (consumer, unacked count)
+        self._counts: dict[int, int] = self._load_counts()
+        self._sent_at: dict[int, float] = {}
+        self._ring: list[tuple[int, Consumer]] = []
+        self._rr = 0
+        self._blocked = False
+        self.msg_out = self.bytes_out = self.redelivered = 0
+        self._schedule = schedule or (lambda work: work())
+        self._on_publish = lambda: self._schedule(self.dispatch)
+        cursor.ml.add_listener(self._on_publish)
+
+    def detach(self) -> None:
+        """Stop following the topic (the subscription is being removed)."""
+        self.cursor.ml.remove_listener(self._on_publish)
+
+    # --- consumers -----------------------------------------------------------------------
+    def add_consumer(self, config: ConsumerConfig) -> Consumer:
+        if config.receiver_queue_size < 0:
+            raise InvalidRequest("receiverQueueSize must be >= 0")
+        with self._lock:
+            if self.type is SubscriptionType.EXCLUSIVE and self.consumers:
+                raise ConsumerBusy(f"subscription {self.name} is Exclusive and already has a consumer")
+            consumer = Consumer(self, config)
+            previous_active = self._active()
+            self.consumers.append(consumer)
+            if self.type is SubscriptionType.KEY_SHARED:
+                self._rebuild_ring()
+            if self.type is SubscriptionType.FAILOVER and previous_active not in (None, self._active()):
+                assert previous_active is not None
+                self._take_back(previous_active)
+        return consumer
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        with self._lock:
+            if consumer not in self.consumers:
+                return
+            consumer.closed = True
+            self.consumers.remove(consumer)
+            consumer.outbox.clear()
+            self._take_back(consumer)
+            if self.type is SubscriptionType.KEY_SHARED:
+                self._rebuild_ring()
+        self.dispatch()
+
+    def _take_back(self, consumer: Consumer) -> None:
+        """Redeliver everything ``consumer`` holds unacknowledged (it left or lost activity)."""
+        for offset, delivery in sorted(consumer.unacked.items()):
+            self._release(offset, consumer)
+            self._bump_count(offset)
+            item = _Item(offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
+                         self._hash_of(delivery.message))
+            heapq.heappush(self._redeliver, item)
+        consumer.unacked.clear()
+        consumer.outbox.clear()
+
+    def _active(self) -> Consumer | None:
+        live = [c for c in self.consumers if not c.closed]
+        if not live:
+            return None
+        if self.type is SubscriptionType.FAILOVER:
+            return min(live, key=lambda c: (c.config.priority_level, c.name, c.id))
+        return live[0]
+
+    def _rebuild_ring(self) -> None:
+        ring = []
+        for consumer in self.consumers:
+            for point in range(POINTS_PER_CONSUMER):
+                ring.append((key_hash(f"{consumer.name}{consumer.id}-{point}"), consumer))
+        ring.sort(key=lambda pair: pair[0])
+        self._ring = ring
+
+    # --- flow and delivery ---------------------------------------------------------------
+    def _flow(self, consumer: Consumer, permits: int) -> None:
+        with self._lock:
+            consumer.permits += permits
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Deliver as much as permits, limits and ordering allow."""
+        notify: set[Consumer] = set()
+        with self._lock:
+            self._release_due()
+            held: list[_Item] = []
+            while self._any_can_take():
+                item = self._next_item()
+                if item is None:
+                    break
+                if self.cursor.is_acked(item.offset):
+                    continue
+                consumer = self._choose(item)
+                if consumer is None:
+                    held.append(item)
+                    if len(held) >= PENDING_MESSAGES_MAX:
+                        break
+                    continue
+                self._deliver(consumer, item)
+                notify.add(consumer)
+            for item in reversed(held):
+                self._pending.appendleft(item)
+        for consumer in notify:
+            if consumer.listener is not None:
+                consumer.listener()
+
+    def _any_can_take(self) -> bool:
+        total = sum(len(c.unacked) for c in self.consumers)
+        limit = self._limits.unacked_messages_max
+        if total >= limit:
+            self._blocked = True
+        elif self._blocked and total <= limit // 2:
+            self._blocked = False
+        if self._blocked:
+            return False
+        if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            active = self._active()
+            return active is not None and active._can_take()
+        return any(c._can_take() for c in self.consumers)
+
+    def _next_item(self) -> _Item | None:
+        if self._redeliver:
+            return heapq.heappop(self._redeliver)
+        if not self._pending:
+            self._read_more()
+        return self._pending.popleft() if self._pending else None
+
+    def _read_more(self) -> None:
+        now_ms = int(self._clock() * 1000)
+        for entry in self.cursor.read_entries(READ_BATCH_ENTRIES):
+            decoded = decode_entry(entry.data)
+            single = len(decoded.messages) == 1
+            for message in decoded.messages:
+                assert message.offset is not None
+                if self.cursor.is_acked(message.offset):
+                    continue
+                mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.partition,
+                                -1 if single else message.batch_index)
+                item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message))
+                deliver_at = decoded.deliver_at_time_ms or 0
+                if deliver_at > now_ms and self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+                    item.deliver_at_ms = deliver_at
+                    heapq.heappush(self._later, (deliver_at, message.offset, item))
+                else:
+                    self._pending.append(item)
+
+    @staticmethod
+    def _hash_of(message: DecodedMessage) -> int:
+        key = message.ordering_key if message.ordering_key is not None else message.key
+        return key_hash(key) if key is not None else -1
+
+    def _choose(self, item: _Item) -> Consumer | None:
+        if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            active = self._active()
+            return active if active is not None and active._can_take() else None
+        if self.type is SubscriptionType.SHARED:
+            live = self.consumers
+            for step in range(len(live)):
+                consumer = live[(self._rr + step) % len(live)]
+                if consumer._can_take():
+                    self._rr = (self._rr + step + 1) % len(live)
+                    return consumer
+            return None
+        return self._choose_by_key(item)
+
+    def _choose_by_key(self, item: _Item) -> Consumer | None:
+        if not self._ring:
+            return None
+        if item.key_hash < 0:  # keyless messages spread like Shared
+            return next((c for c in self.consumers if c._can_take()), None)
+        owner = self._key_owner.get(item.key_hash)
+        target = self._ring[bisect.bisect_left(self._ring, item.key_hash, key=lambda p: p[0]) % len(self._ring)][1]
+        if owner is not None and owner[0] is not target:
+            return None  # an earlier message of this key is still unacked elsewhere: keep order
+        return target if target._can_take() else None
+
+    def _deliver(self, consumer: Consumer, item: _Item) -> None:
+        count = self._counts.get(item.offset, 0)
+        delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms, count,
+                            self.topic_name)
+        consumer.permits -= 1
+        consumer.outbox.append(delivery)
+        consumer.unacked[item.offset] = delivery
+        consumer.offsets_by_id[item.message_id] = item.offset
+        consumer.msg_out += 1
+        consumer.bytes_out += len(item.message.payload)
+        if count:
+            consumer.redelivered += 1
+            self.redelivered += 1
+        self.msg_out += 1
+        self.bytes_out += len(item.message.payload)
+        self._owner[item.offset] = consumer
+        self._sent_at[item.offset] = self._clock()
+        if item.key_hash >= 0 and self.type is SubscriptionType.KEY_SHARED:
+            holder = self._key_owner.get(item.key_hash)
+            self._key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
+
+    def _release(self, offset: int, consumer: Consumer) -> None:
+        """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
+        self._owner.pop(offset, None)
+        self._sent_at.pop(offset, None)
+        delivery = consumer.unacked.get(offset)
+        if delivery is not None:
+            consumer.offsets_by_id.pop(delivery.message_id, None)
+        if delivery is None or self.type is not SubscriptionType.KEY_SHARED:
+            return
+        hashed = self._hash_of(delivery.message)
+        holder = self._key_owner.get(hashed)
+        if holder is not None:
+            if holder[1] <= 1:
+                del self._key_owner[hashed]
+            else:
+                self._key_owner[hashed] = (holder[0], holder[1] - 1)
+
+    # --- acknowledgement -------------------------------------------------------------------
+    def _ack(self, consumer: Consumer, offsets: list[int]) -> None:
+        with self._lock:
+            for offset in offsets:
+                self._release(offset, consumer)
+                consumer.unacked.pop(offset, None)
+                self._counts.pop(offset, None)
+            future = self.cursor.ack(offsets)
+        future.add_done_callback(lambda _f: None)
+        self.dispatch()
+
+    def _ack_cumulative(self, consumer: Consumer, offset: int) -> None:
+        if self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+            raise NotAllowed(f"cumulative acknowledgement is not allowed on {self.type.value} subscriptions")
+        with self._lock:
+            for held in [o for o in consumer.unacked if o <= offset]:
+                self._release(held, consumer)
+                consumer.unacked.pop(held, None)
+                self._counts.pop(held, None)
+            self.cursor.ack_cumulative(offset)
+        self.dispatch()
+
+    def _nack(self, consumer: Consumer, offsets: list[int]) -> None:
+        due_ms = int(self._clock() * 1000) + consumer.config.negative_ack_redelivery_delay_ms
+        with self._lock:
+            for offset in offsets:
+                delivery = consumer.unacked.get(offset)
+                if delivery is None:
+                    continue
+                self._release(offset, consumer)
+                consumer.unacked.pop(offset)
+                self._bump_count(offset)
+                item = _Item(offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
+                             self._hash_of(delivery.message))
+                heapq.heappush(self._later, (due_ms, offset, item))
+        self.dispatch()
+
+    def _bump_count(self, offset: int) -> None:
+        self._counts[offset] = self._counts.get(offset, 0) + 1
+        self._persist_counts()
+
+    # --- time-driven work ----------------------------------------------------------------
+    def tick(self) -> None:
+        """Apply ack timeouts and release due nacked/delayed messages (call periodically)."""
+        now = self._clock()
+        with self._lock:
+            for consumer in list(self.consumers):
+                timeout_ms = consumer.config.ack_timeout_ms
+                if timeout_ms <= 0:
+                    continue
+                expired = [o for o in consumer.unacked if now - self._sent_at.get(o, now) >= timeout_ms / 1000.0]
+                for offset in expired:
+                    delivery = consumer.unacked.pop(offset)
+                    self._release(offset, consumer)
+                    self._bump_count(offset)
+                    heapq.heappush(self._redeliver, _Item(offset, delivery.message_id, delivery.message,
+                                                          delivery.publish_time_ms, self._hash_of(delivery.message)))
+        self.dispatch()
+
+    def _release_due(self) -> None:
+        now_ms = int(self._clock() * 1000)
+        while self._later and self._later[0][0] <= now_ms:
+            _, _, item = heapq.heappop(self._later)
+            if self._dead_lettered(item):
+                continue
+            heapq.heappush(self._redeliver, item)
+        while self._redeliver and self._dead_lettered(self._redeliver[0]):
+            heapq.heappop(self._redeliver)
+
+    def _dead_lettered(self, item: _Item) -> bool:
+        """Send an over-redelivered message to its dead-letter topic (once) and ack it."""
+        limit = max((c.config.max_redeliver_count for c in self.consumers), default=0)
+        if limit <= 0 or self._dead_letter is None or self._counts.get(item.offset, 0) <= limit:
+            return False
+        dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
+        target = dlq or f"{self.topic_name}-{self.name}-DLQ"
+        delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
+                            self._counts[item.offset], self.topic_name)
+        self._dead_letter(target, delivery)
+        self._counts.pop(item.offset, None)
+        self.cursor.ack([item.offset]).result(timeout=60)
+        return True
+
+    # --- redelivery counts survive restarts -----------------------------------------------
+    def _load_counts(self) -> dict[int, int]:
+        return {int(k[len(REDELIVERY_PROPERTY_PREFIX):]): v for k, v in self.cursor.properties.items()
+                if k.startswith(REDELIVERY_PROPERTY_PREFIX)}
+
+    def _persist_counts(self) -> None:
+        kept = sorted(self._counts.items())[:REDELIVERY_COUNTS_PERSISTED_MAX]
+        props = {k: v for k, v in self.cursor.properties.items() if not k.startswith(REDELIVERY_PROPERTY_PREFIX)}
+        props.update({f"{REDELIVERY_PROPERTY_PREFIX}{offset}": count for offset, count in kept})
+        self.cursor.properties = props
+
+    # --- stats ---------------------------------------------------------------------------
+    def statistics(self) -> SubscriptionStats:
+        with self._lock:
+            return SubscriptionStats(
+                name=self.name, type=self.type.value, msg_backlog=self.cursor.backlog_messages(),
+                backlog_size_bytes=self.cursor.backlog_bytes(),
+                unacked_messages=sum(len(c.unacked) for c in self.consumers),
+                msg_out_counter=self.msg_out, bytes_out_counter=self.bytes_out,
+                msg_redeliver_counter=self.redelivered, delayed_messages=len(self._later),
+                consumers=tuple(c.statistics() for c in self.consumers))
