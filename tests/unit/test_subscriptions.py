@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,9 +25,9 @@ from tests.unit.broker_stack import Stack, open_stack
 
 
 @pytest.fixture
-def stack(data_dir: str) -> Stack:
+def stack(data_dir: str) -> Iterator[Stack]:
     opened = open_stack(data_dir)
-    yield opened  # type: ignore[misc]
+    yield opened
     opened.close()
 
 
@@ -133,8 +134,9 @@ def test_key_shared_keeps_per_key_order_while_consumers_join_and_leave(stack: St
             leaving.close()
         for consumer in list(live):
             for delivery in drain(consumer):
-                key = delivery.message.key
-                assert key is not None
+                delivered_key = delivery.message.key
+                assert delivered_key is not None
+                key = delivered_key
                 assert holder.get(key, consumer) is consumer, f"{key} delivered to two consumers at once"
                 assert delivery.offset > last_acked[key] or delivery.redelivery_count > 0
                 holder[key] = consumer
@@ -142,16 +144,16 @@ def test_key_shared_keeps_per_key_order_while_consumers_join_and_leave(stack: St
                 ordered = sorted(consumer.unacked.items())
                 take = ordered[: rng.randint(1, len(ordered))]
                 for offset, delivery in take:
-                    key = delivery.message.key
-                    assert key is not None
-                    assert offset > last_acked[key], f"{key} acked out of order"
-                    last_acked[key] = offset
+                    acked_key = delivery.message.key
+                    assert acked_key is not None
+                    assert offset > last_acked[acked_key], f"{acked_key} acked out of order"
+                    last_acked[acked_key] = offset
                 consumer.ack([o for o, _ in take])
                 consumer.flow(len(take))
                 acked.update(o for o, _ in take)
-                for key in {d.message.key for _, d in take}:
-                    if key is not None and not any(d.message.key == key for d in consumer.unacked.values()):
-                        holder.pop(key, None)
+                for done_key in {d.message.key for _, d in take}:
+                    if done_key is not None and not any(d.message.key == done_key for d in consumer.unacked.values()):
+                        holder.pop(done_key, None)
         if len(acked) == total:
             break
     for consumer in live:  # finish: everything is delivered and acked exactly in key order
