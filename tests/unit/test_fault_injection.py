@@ -112,3 +112,31 @@ def test_entry_log_fault_during_flush_keeps_acknowledged_entries(data_dir: str, 
     finally:
         st.close()
     assert_recovered(data_dir, range(cached[-1] + 1))
+
+
+def test_fault_writing_the_checkpoint_mark_turns_read_only(data_dir: str) -> None:
+    fio = FaultyFileIO(seed=13)
+    acknowledged = range(10)
+    st = LedgerStorage.open(data_dir, QUIET, fileio=fio)
+    try:
+        add_acknowledged(st, acknowledged)
+        fio.inject("write", "EIO", path_contains="lastMark")
+        with pytest.raises(StorageIOError):
+            st.checkpoint()
+        assert_read_only(st, acknowledged[-1] + 1)
+        assert_entries(st, acknowledged)
+    finally:
+        st.close()
+    assert_recovered(data_dir, acknowledged)
+
+
+def test_close_after_a_crash_right_after_open_does_not_raise(data_dir: str) -> None:
+    acknowledged = range(10)
+    with LedgerStorage.open(data_dir, QUIET) as st:
+        add_acknowledged(st, acknowledged)
+    fio = FaultyFileIO(seed=14)
+    st = LedgerStorage.open(data_dir, QUIET, fileio=fio)  # nothing to replay, no entry log open yet
+    fio.crash()
+    st.close()
+    fio.lose_unsynced()
+    assert_recovered(data_dir, acknowledged)
