@@ -23,9 +23,11 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +35,15 @@ from broker.bookie import BookieClient, LocalBookie
 from broker.compaction import Compactor
 from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
-from broker.errors import AlreadyExists, InvalidRequest, MagnetarError, NotAllowed, NotFound
+from broker.entry_format import Message
+from broker.errors import AlreadyExists, ConsumerBusy, InvalidRequest, MagnetarError, NotAllowed, NotFound
 from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore, RocksDBMetadataStore
-from broker.topic import PersistentTopic
+from broker.reader import Reader, StartPosition
+from broker.routing import MultiConsumer, PartitionRouter
+from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
+from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import LedgerStorage, StorageConfig
 
@@ -92,6 +98,12 @@ class BrokerService:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
+        self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
+        self._patterns: list[tuple[str, re.Pattern[str], MultiConsumer, Callable[[TopicName], Consumer]]] = []
+        self._routers: dict[TopicName, PartitionRouter] = {}
+        self._dispatch_pool: ThreadPoolExecutor | None = None
+        self._scheduled: set[int] = set()
+        self._scheduled_lock = threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +117,7 @@ class BrokerService:
             self.create_tenant("public", {})
         if not self.store.exists(f"{POLICIES}/public/default"):
             self.create_namespace("public/default")
+        self._dispatch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnetar-dispatch")
         self._stop.clear()
         self._maintenance = threading.Thread(target=self._maintenance_loop, name="magnetar-maintenance", daemon=True)
         self._maintenance.start()
@@ -126,7 +139,13 @@ class BrokerService:
         if self._maintenance is not None:
             self._maintenance.join()
             self._maintenance = None
+        if self._dispatch_pool is not None:
+            self._dispatch_pool.shutdown(wait=True)
+            self._dispatch_pool = None
         with self._lock:
+            for subscription in self._subscriptions.values():
+                subscription.detach()
+            self._subscriptions.clear()
             for topic in self._topics.values():
                 with contextlib.suppress(MagnetarError):
                     topic.close()
@@ -238,6 +257,7 @@ class BrokerService:
                                     dedup_enabled=self.config.dedup_enabled if dedup is None else bool(dedup),
                                     clock=self.clock)
             self._topics[topic_name] = topic
+            self._offer_to_patterns(topic_name)
             return topic
 
     def _check_creatable(self, name: TopicName, allowed: bool) -> None:
@@ -328,9 +348,141 @@ class BrokerService:
         with self._lock:
             return list(self._topics.values())
 
+    # --- subscriptions, readers, routing ------------------------------------------------------
+    def _schedule(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the dispatch thread, at most once queued per callable."""
+        pool = self._dispatch_pool
+        if pool is None:
+            return
+        key = id(work.__self__) if hasattr(work, "__self__") else id(work)
+        with self._scheduled_lock:
+            if key in self._scheduled:
+                return
+            self._scheduled.add(key)
+
+        def run() -> None:
+            with self._scheduled_lock:
+                self._scheduled.discard(key)
+            try:
+                work()
+            except MagnetarError:
+                log.exception("dispatch failed")
+
+        with contextlib.suppress(RuntimeError):  # shutting down
+            pool.submit(run)
+
+    def subscription(self, topic_name: TopicName, name: str, sub_type: SubscriptionType, *,
+                     initial: str | int = "latest", durable: bool = True) -> Subscription:
+        topic = self.topic(topic_name)
+        with self._lock:
+            key = (topic_name, name)
+            existing = self._subscriptions.get(key)
+            if existing is not None:
+                if existing.type is not sub_type and existing.consumers:
+                    raise ConsumerBusy(f"subscription {name} is {existing.type.value}, not {sub_type.value}")
+                existing.type = sub_type
+                return existing
+            cursor = topic.cursors.open(name, initial=initial, durable=durable)
+            created = Subscription(topic_name.full_name, topic_name.partition_index, cursor, sub_type,
+                                   clock=self.clock, dead_letter=self._dead_letter, schedule=self._schedule)
+            self._subscriptions[key] = created
+            return created
+
+    def subscribe(self, topic: str | TopicName, name: str, sub_type: SubscriptionType, config: ConsumerConfig, *,
+                  initial: str | int = "latest", durable: bool = True) -> Consumer:
+        topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        return self.subscription(topic_name, name, sub_type, initial=initial, durable=durable).add_consumer(config)
+
+    def subscribe_many(self, topics: list[str], name: str, sub_type: SubscriptionType, config: ConsumerConfig, *,
+                       initial: str | int = "latest", durable: bool = True) -> MultiConsumer:
+        """One consumer over several topics; a partitioned topic contributes all its partitions."""
+        multi = MultiConsumer()
+        for topic in topics:
+            for partition in self.expand_partitions(TopicName.parse(topic)):
+                multi.add(partition.full_name, self.subscribe(partition, name, sub_type, config,
+                                                              initial=initial, durable=durable))
+        return multi
+
+    def subscribe_pattern(self, namespace: str, pattern: str, name: str, sub_type: SubscriptionType,
+                          config: ConsumerConfig, *, initial: str | int = "latest") -> MultiConsumer:
+        """Every topic of ``namespace`` whose full name matches ``pattern``, now and later."""
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise InvalidRequest(f"invalid topicsPattern {pattern!r}: {exc}") from exc
+        multi = MultiConsumer()
+
+        def join(topic_name: TopicName) -> Consumer:
+            return self.subscribe(topic_name, name, sub_type, config, initial=initial)
+
+        with self._lock:
+            self._patterns.append((namespace, regex, multi, join))
+        for full_name in self.topics(namespace):
+            self._offer_to_patterns(TopicName.parse(full_name))
+        return multi
+
+    def _offer_to_patterns(self, topic_name: TopicName) -> None:
+        for namespace, regex, multi, join in list(self._patterns):
+            if topic_name.namespace_name == namespace and regex.fullmatch(topic_name.full_name) \
+                    and topic_name.full_name not in multi.topics():
+                multi.add(topic_name.full_name, join(topic_name))
+
+    def expand_partitions(self, name: TopicName) -> list[TopicName]:
+        count = self.partitions(name)
+        return [name.partition(i) for i in range(count)] if count and name.partition_index < 0 else [name]
+
+    def unsubscribe(self, topic_name: TopicName, name: str) -> None:
+        topic = self.topic(topic_name, create=False)
+        with self._lock:
+            subscription = self._subscriptions.get((topic_name, name))
+            if subscription is not None and subscription.consumers:
+                raise ConsumerBusy(f"subscription {name} has active consumers")
+            if subscription is not None:
+                subscription.detach()
+                del self._subscriptions[(topic_name, name)]
+        topic.cursors.delete(name)
+
+    def subscriptions_of(self, topic_name: TopicName) -> list[Subscription]:
+        with self._lock:
+            return [s for (t, _), s in self._subscriptions.items() if t == topic_name]
+
+    def reader(self, topic: str | TopicName, start: StartPosition, *, compacted: bool = False) -> Reader:
+        topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        compactor = self.compactor(topic_name) if compacted else None
+        return Reader(self.topic(topic_name), start, compactor=compactor)
+
+    def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
+                sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
+                **options: Any) -> PublishResult:
+        """Publish to a topic, routing by key (or round-robin) when it is partitioned."""
+        topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        partitions = self.partitions(topic_name) if topic_name.partition_index < 0 else 0
+        if partitions:
+            router = self._routers.setdefault(topic_name, PartitionRouter(partitions, routing_mode))
+            topic_name = topic_name.partition(router.partition_for(messages[0].key))
+        return self.topic(topic_name).publish(messages, producer_name=producer_name, sequence_id=sequence_id,
+                                              **options).result(timeout=60)
+
+    def _dead_letter(self, target: str, delivery: Delivery, subscription: str) -> None:
+        """Publish to the DLQ exactly once: each dead-lettered message has its own producer
+        identity (source topic, subscription, offset) with sequence id 0, so a replay after a
+        crash between this publish and the source ack is deduplicated."""
+        message = delivery.message
+        properties = {**message.properties, "REAL_TOPIC": delivery.topic,
+                      "ORIGIN_MESSAGE_ID": delivery.message_id.to_rest()}
+        self.topic(target).publish([Message(payload=message.payload, key=message.key, properties=properties,
+                                            event_time_ms=message.event_time_ms)],
+                                   producer_name=f"DLQ:{delivery.topic}:{subscription}:{delivery.offset}",
+                                   sequence_id=0).result(timeout=60)
+
     # --- maintenance ---------------------------------------------------------------------
     def run_maintenance(self) -> None:
-        """Expire messages past their TTL, trim consumed ledgers, age out the entry cache."""
+        """Expire messages past their TTL, trim consumed ledgers, age out the entry cache,
+        apply ack timeouts and release due redeliveries."""
+        with self._lock:
+            subscriptions = list(self._subscriptions.values())
+        for subscription in subscriptions:
+            subscription.tick()
         for topic in self.open_topics():
             expired = topic.ml.expired_offset()
             if expired is not None:

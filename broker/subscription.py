@@ -19,8 +19,9 @@ messages are waiting.
 
 Flow control: a consumer receives only while it has permits (``receiverQueueSize`` in push
 mode, explicit in pull mode). Unacknowledged limits per consumer and per subscription pause
-delivery at the limit and resume at half. The dispatcher holds at most one read batch of
-undelivered messages, so a slow consumer never makes the broker buffer without bound.
+delivery at the limit and resume at half. The dispatcher reads only as many entries as the
+consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
+the broker buffer without bound.
 
 Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
 consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
@@ -209,7 +210,7 @@ class Consumer:
 class Subscription:
     def __init__(self, topic_name: str, partition: int, cursor: ManagedCursor, sub_type: SubscriptionType, *,
                  clock: Callable[[], float] = time.time, limits: SubscriptionLimits | None = None,
-                 dead_letter: Callable[[str, Delivery], None] | None = None,
+                 dead_letter: Callable[[str, Delivery, str], None] | None = None,
                  schedule: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.topic_name = topic_name
         self.partition = partition
@@ -349,9 +350,17 @@ class Subscription:
             self._read_more()
         return self._pending.popleft() if self._pending else None
 
+    def _entries_to_read(self) -> int:
+        """Enough entries for the permits consumers have left, at the topic's average entry
+        size in messages: the dispatcher decodes at most one entry beyond what it can send."""
+        wanted = min(PENDING_MESSAGES_MAX, sum(max(c.permits, 0) for c in self.consumers if not c.closed))
+        stats = self.cursor.ml.statistics()
+        per_entry = max(1, (stats.next_offset - stats.first_offset) // max(1, stats.number_of_entries))
+        return max(1, min(READ_BATCH_ENTRIES, wanted // per_entry))
+
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
-        for entry in self.cursor.read_entries(READ_BATCH_ENTRIES):
+        for entry in self.cursor.read_entries(self._entries_to_read()):
             decoded = decode_entry(entry.data)
             single = len(decoded.messages) == 1
             for message in decoded.messages:
@@ -514,7 +523,7 @@ class Subscription:
         target = dlq or f"{self.topic_name}-{self.name}-DLQ"
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
                             self._counts[item.offset], self.topic_name)
-        self._dead_letter(target, delivery)
+        self._dead_letter(target, delivery, self.name)
         self._counts.pop(item.offset, None)
         self.cursor.ack([item.offset]).result(timeout=60)
         return True

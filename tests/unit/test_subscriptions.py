@@ -42,7 +42,7 @@ def subscribe(stack: Stack, topic: PersistentTopic, sub_type: SubscriptionType, 
     cursor = topic.cursors.open(name, initial="earliest")
     sink = dead if dead is not None else []
     return Subscription(topic.name.full_name, topic.partition, cursor, sub_type, clock=stack.clock,
-                        dead_letter=lambda target, d: sink.append((target, d)))
+                        dead_letter=lambda target, d, _sub: sink.append((target, d)))
 
 
 def publish_n(topic: PersistentTopic, count: int, *, key_of: dict[int, str] | None = None) -> None:

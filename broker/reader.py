@@ -1,0 +1,104 @@
+"""Readers: non-durable, self-positioned consumption of one topic partition.
+
+A reader starts exactly where asked (``earliest``, ``latest``, a message id inclusive or
+exclusive, an offset, or a publish timestamp) and reads forward, keeping its position only in
+memory (Pulsar's readers are non-durable cursors). With ``compacted=True`` it first reads the
+topic's compacted view (latest message per key) below the compaction horizon, then the topic's
+messages after it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from broker.compaction import Compactor
+from broker.entry_format import decode_entry
+from broker.errors import InvalidRequest
+from broker.message_id import MessageId
+from broker.subscription import Delivery
+from broker.topic import PersistentTopic
+
+READ_BATCH_ENTRIES = 100
+
+
+@dataclass(frozen=True)
+class StartPosition:
+    """Where a reader starts: exactly one of the fields is meaningful."""
+
+    kind: str  # earliest | latest | message_id | offset | timestamp
+    message_id: MessageId | None = None
+    inclusive: bool = False
+    offset: int = 0
+    timestamp_ms: int = 0
+
+    @classmethod
+    def earliest(cls) -> StartPosition:
+        return cls("earliest")
+
+    @classmethod
+    def latest(cls) -> StartPosition:
+        return cls("latest")
+
+
+class Reader:
+    def __init__(self, topic: PersistentTopic, start: StartPosition, *, compactor: Compactor | None = None) -> None:
+        self.topic = topic
+        self._buffer: deque[Delivery] = deque()
+        self.next_offset = self._resolve(start)
+        self._compacted: Iterator[Delivery] | None = None
+        if compactor is not None:
+            view = compactor.view()
+            if view is not None and self.next_offset < view.horizon_offset:
+                self._compacted = (Delivery(m.message_id, m.offset, m.message, m.publish_time_ms, 0,
+                                            topic.name.full_name) for m in view.messages_from(self.next_offset))
+                self.next_offset = view.horizon_offset
+
+    def _resolve(self, start: StartPosition) -> int:
+        ml = self.topic.ml
+        if start.kind == "earliest":
+            return ml.first_offset
+        if start.kind == "latest":
+            return ml.confirmed_next_offset()
+        if start.kind == "offset":
+            return max(ml.first_offset, min(start.offset, ml.confirmed_next_offset()))
+        if start.kind == "timestamp":
+            return ml.time_to_offset(start.timestamp_ms)
+        if start.kind == "message_id" and start.message_id is not None:
+            offset = self.topic.offset_of(start.message_id)
+            return offset if start.inclusive else offset + 1
+        raise InvalidRequest(f"unknown start position {start.kind!r}")
+
+    def has_message_available(self) -> bool:
+        return bool(self._buffer) or self._compacted is not None or \
+            self.next_offset < self.topic.ml.confirmed_next_offset()
+
+    def read_next(self) -> Delivery | None:
+        """The next message, or None when the reader has caught up."""
+        if self._compacted is not None:
+            item = next(self._compacted, None)
+            if item is not None:
+                return item
+            self._compacted = None
+        if not self._buffer:
+            self._fill()
+        return self._buffer.popleft() if self._buffer else None
+
+    def _fill(self) -> None:
+        ml = self.topic.ml
+        if self.next_offset >= ml.confirmed_next_offset():
+            return
+        position, _ = ml.offset_to_position(self.next_offset)
+        for entry in ml.read_entries(position, READ_BATCH_ENTRIES):
+            decoded = decode_entry(entry.data)
+            single = len(decoded.messages) == 1
+            for message in decoded.messages:
+                assert message.offset is not None
+                if message.offset < self.next_offset:
+                    continue
+                mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.topic.partition,
+                                -1 if single else message.batch_index)
+                self._buffer.append(Delivery(mid, message.offset, message, entry.publish_time_ms, 0,
+                                             self.topic.name.full_name))
+            self.next_offset = max(self.next_offset, entry.last_offset + 1)

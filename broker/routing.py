@@ -1,0 +1,111 @@
+"""Partitioned topics and multi-topic consumption.
+
+``PartitionRouter`` picks a producer's partition as Pulsar's clients do: a keyed message goes
+to ``murmur3_32(key) % partitions`` (so a key always lands on the same partition), an unkeyed
+one round-robin (``RoundRobinPartition``) or always to one partition chosen once
+(``SinglePartition``).
+
+``MultiConsumer`` presents the consumers of several topic partitions (a partitioned topic, a
+topic list, or every topic of a namespace matching a pattern) as one: it polls them in turn
+and routes acks back by topic. A pattern consumer picks up topics created later through
+:meth:`MultiConsumer.add` (the broker service calls it when a matching topic appears).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from collections.abc import Callable
+
+import mmh3
+
+from broker.errors import InvalidRequest
+from broker.subscription import Consumer, Delivery
+
+
+class PartitionRouter:
+    def __init__(self, partitions: int, mode: str = "RoundRobinPartition") -> None:
+        if partitions < 1:
+            raise InvalidRequest("a partitioned topic has at least one partition")
+        if mode not in ("RoundRobinPartition", "SinglePartition"):
+            raise InvalidRequest(f"unknown messageRoutingMode {mode!r}")
+        self.partitions = partitions
+        self.mode = mode
+        self._next = itertools.count(random.randrange(partitions))
+        self._single = random.randrange(partitions)
+
+    def partition_for(self, key: str | None) -> int:
+        if key is not None:
+            return (mmh3.hash(key.encode(), 0, signed=True) & 0x7FFFFFFF) % self.partitions
+        if self.mode == "SinglePartition":
+            return self._single
+        return next(self._next) % self.partitions
+
+
+class MultiConsumer:
+    """One consumer over many topics: deliveries carry their topic; acks go back to it."""
+
+    def __init__(self) -> None:
+        self._consumers: dict[str, Consumer] = {}
+        self._order: list[str] = []
+        self._turn = 0
+        self._lock = threading.Lock()
+        self.listener: Callable[[], None] | None = None
+
+    def add(self, topic: str, consumer: Consumer) -> None:
+        with self._lock:
+            if topic in self._consumers:
+                return
+            self._consumers[topic] = consumer
+            self._order.append(topic)
+            consumer.listener = self._notify
+
+    def _notify(self) -> None:
+        if self.listener is not None:
+            self.listener()
+
+    def topics(self) -> list[str]:
+        return list(self._order)
+
+    def flow(self, permits: int) -> None:
+        """Spread ``permits`` over the topics (each gets at least one while any remain)."""
+        with self._lock:
+            consumers = [self._consumers[t] for t in self._order]
+        if not consumers:
+            return
+        share, extra = divmod(permits, len(consumers))
+        for index, consumer in enumerate(consumers):
+            consumer.flow(share + (1 if index < extra else 0))
+
+    def poll(self) -> Delivery | None:
+        with self._lock:
+            order = list(self._order)
+            start = self._turn
+        for step in range(len(order)):
+            topic = order[(start + step) % len(order)]
+            delivery = self._consumers[topic].poll()
+            if delivery is not None:
+                self._turn = (start + step + 1) % len(order)
+                return delivery
+        return None
+
+    def consumer_for(self, topic: str) -> Consumer:
+        consumer = self._consumers.get(topic)
+        if consumer is None:
+            raise InvalidRequest(f"this consumer does not read {topic}")
+        return consumer
+
+    def ack(self, topic: str, offsets: list[int]) -> None:
+        self.consumer_for(topic).ack(offsets)
+
+    def nack(self, topic: str, offsets: list[int]) -> None:
+        self.consumer_for(topic).nack(offsets)
+
+    def close(self) -> None:
+        with self._lock:
+            consumers = list(self._consumers.values())
+            self._consumers.clear()
+            self._order.clear()
+        for consumer in consumers:
+            consumer.close()
