@@ -46,6 +46,7 @@ from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import LedgerStorage, StorageConfig
+from storage.fileio import FileIO
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,11 @@ def default_policies() -> dict[str, Any]:
 
 class BrokerService:
     def __init__(self, data_dir: str, config: BrokerConfig | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, fileio: FileIO | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.config = config or BrokerConfig()
         self.clock = clock
+        self._fileio = fileio
         self._storage: LedgerStorage | None = None
         self._store: MetadataStore | None = None
         self._topics: dict[TopicName, PersistentTopic] = {}
@@ -108,7 +110,8 @@ class BrokerService:
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
         os.makedirs(self.data_dir, exist_ok=True)
-        self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage)
+        self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage,
+                                           fileio=self._fileio)
         self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
         self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
         self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
