@@ -39,7 +39,8 @@ crash: $(STAMP)
 	MAGNETAR_CRASH_ROUNDS=$${MAGNETAR_CRASH_ROUNDS:-300} $(BIN)/pytest -q tests/crash
 
 bench: $(STAMP)
-	$(BIN)/python bench/storage_bench.py
+	$(BIN)/python bench/storage_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/managed_ledger_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
