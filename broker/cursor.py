@@ -77,11 +77,15 @@ class ManagedCursor:
         self.acked = acked or RangeSet()
         self.properties = dict(properties or {})
         self.read_offset = mark_delete_offset
+        self._read_position: tuple[int, Position] | None = None
+        """(read offset, position of the entry starting there): saves a lookup per batch."""
         self._lock = threading.RLock()
         self._ledgers = ledgers
         self._store = store
         self._path = f"{ml._path}/cursors/{name}"
         self._ledger: LedgerHandle | None = None
+        self._retired_ledger_id = -1
+        """A cursor ledger recovered on restore: deleted once a new one is in the snapshot."""
         self._snapshot_version = -1
         self._change_seq = 0
         self._persisted_seq = 0
@@ -136,9 +140,13 @@ class ManagedCursor:
         """Entries from the read position on, skipping wholly acknowledged ones; advances it."""
         with self._lock:
             start = self.read_offset
+            cached = self._read_position
         if start >= self.ml.confirmed_next_offset():
             return []
-        position, _ = self.ml.offset_to_position(start)
+        if cached is not None and cached[0] == start:
+            position = cached[1]
+        else:
+            position, _ = self.ml.offset_to_position(start)
         result: list[Entry] = []
         while len(result) < max_entries:
             entries = self.ml.read_entries(position, max_entries - len(result))
@@ -151,6 +159,9 @@ class ManagedCursor:
                         result.append(entry)
                 self.read_offset = max(self.read_offset, entries[-1].last_offset + 1)
             position = self.ml.next_position(entries[-1].position)
+            with self._lock:
+                if self.read_offset == entries[-1].last_offset + 1:
+                    self._read_position = (self.read_offset, position)
         return result
 
     def has_more(self) -> bool:
@@ -282,6 +293,10 @@ class ManagedCursor:
             with contextlib.suppress(MagnetarError):  # an unreferenced cursor ledger is harmless
                 old.close()
                 self._ledgers.delete(old.ledger_id)
+        if self._retired_ledger_id >= 0:
+            with contextlib.suppress(MagnetarError):
+                self._ledgers.delete(self._retired_ledger_id)
+            self._retired_ledger_id = -1
 
     def _persisted(self, seq: int, md: int, error: BaseException | None) -> None:
         with self._lock:
@@ -359,6 +374,7 @@ class CursorManager:
                                properties=state.get("props", {}), ledgers=self._ledgers, store=self._store)
         cursor._snapshot_version = stat.version
         cursor._ledger = None  # a recovered ledger is closed; the next persist starts a new one
+        cursor._retired_ledger_id = handle.ledger_id if handle is not None else -1
         self._cursors[name] = cursor
         return cursor
 

@@ -165,7 +165,12 @@ class LedgerManager:
         return _Recovery(self, meta, version).run()
 
     def delete(self, ledger_id: int) -> None:
-        meta, _ = self.metadata(ledger_id)
+        """Delete a ledger from its bookies, then its metadata; deleting a missing ledger is a
+        no-op, so interrupted deletions can simply be retried."""
+        try:
+            meta, _ = self.metadata(ledger_id)
+        except NoSuchLedger:
+            return
         for bookie_id in sorted({b for _, ensemble in meta.fragments for b in ensemble}):
             try:
                 self.client.bookie(bookie_id).delete_ledger(ledger_id)

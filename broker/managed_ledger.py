@@ -174,6 +174,8 @@ class ManagedLedger:
         self._last_publish_ms = 0
         self._last_confirmed = EARLIEST
         self._terminated = False
+        self._pending_deletes: list[int] = []
+        """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
         self.properties: dict[str, str] = {}
         self._failure: MagnetarError | None = None
         self._read_handles: dict[int, LedgerHandle] = {}
@@ -193,6 +195,7 @@ class ManagedLedger:
             self._infos = [LedgerInfo.from_json(i) for i in obj["ledgers"]]
             self._terminated = bool(obj.get("terminated", False))
             self.properties = dict(obj.get("properties", {}))
+            self._pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
             self._version = stat.version
         for info in self._infos[:-1]:
             info.sparse_index = self._load_sparse_index(info.ledger_id)
@@ -205,6 +208,7 @@ class ManagedLedger:
             self._open_new_ledger()
         else:
             self._save()
+        self._delete_pending()
 
     def _reset_tail_state(self) -> None:
         if self._infos:
@@ -254,7 +258,8 @@ class ManagedLedger:
 
     def _save(self) -> None:
         body = json.dumps({"ledgers": [i.to_json() for i in self._infos], "terminated": self._terminated,
-                           "properties": self.properties}, sort_keys=True).encode()
+                           "properties": self.properties, "pendingDeletes": self._pending_deletes},
+                          sort_keys=True).encode()
         self._version = self._store.put(self._path, body, self._version).version
 
     def _sparse_path(self, ledger_id: int) -> str:
@@ -412,13 +417,20 @@ class ManagedLedger:
 
     @property
     def first_offset(self) -> int:
-        """The lowest offset still stored (after trimming)."""
-        infos = [i for i in self._infos if i.entries > 0]
-        return infos[0].first_offset if infos else self._next_offset
+        """The lowest offset still stored (after trimming); with nothing confirmed yet, the
+        first offset the current ledger gives out (never counting adds still in flight)."""
+        infos = self._infos
+        for info in infos:
+            if info.entries > 0:
+                return info.first_offset
+        return infos[-1].first_offset if infos else self._next_offset
 
     def confirmed_next_offset(self) -> int:
-        infos = [i for i in self._infos if i.entries > 0]
-        return infos[-1].next_offset if infos else self.first_offset
+        """One past the last confirmed offset."""
+        for info in reversed(self._infos):
+            if info.entries > 0:
+                return info.next_offset
+        return self.first_offset
 
     def ledger_infos(self) -> list[LedgerInfo]:
         return list(self._infos)
@@ -503,11 +515,11 @@ class ManagedLedger:
             last = min(info.entries - 1, first + max_entries - len(result) - 1)
             if first > last:
                 continue
-            for entry in self._read_ledger_range(info, first, last):
+            for entry in self._read_ledger_range(info, first, last, max_bytes=max_bytes - size):
                 result.append(entry)
                 size += len(entry.data)
-                if size >= max_bytes:
-                    return result
+            if size >= max_bytes:
+                return result
             if len(result) >= max_entries:
                 break
         return result
@@ -524,10 +536,13 @@ class ManagedLedger:
         return handle
 
     def _read_ledger_range(self, info: LedgerInfo, first: int, last: int, *,
-                           stop_after_offset: int | None = None) -> list[Entry]:
+                           stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
         handle = self._handle_for(info.ledger_id)
         entries: list[Entry] = []
+        size = 0
         for entry_id in range(first, last + 1):
+            if max_bytes is not None and size >= max_bytes:
+                break
             data = self._cache.get(info.ledger_id, entry_id)
             if data is None:
                 data = handle.read_entry(entry_id)
@@ -536,6 +551,7 @@ class ManagedLedger:
             count = message_count(data)
             entries.append(Entry(Position(info.ledger_id, entry_id), data, meta.index - count + 1, meta.index,
                                  meta.broker_timestamp_ms))
+            size += len(data)
             if stop_after_offset is not None and meta.index >= stop_after_offset:
                 break
         return entries
@@ -563,14 +579,28 @@ class ManagedLedger:
             if not deletable:
                 return []
             self._infos = self._infos[len(deletable):]
-            self._save()
+            self._pending_deletes.extend(i.ledger_id for i in deletable)
+            self._save()  # the list and the pending deletions change together
         for info in deletable:
             self._read_handles.pop(info.ledger_id, None)
             self._cache.invalidate_ledger(info.ledger_id)
-            self._ledgers.delete(info.ledger_id)
-            with contextlib.suppress(NotFound):
-                self._store.delete(self._sparse_path(info.ledger_id))
+        self._delete_pending()
         return [i.ledger_id for i in deletable]
+
+    def _delete_pending(self) -> None:
+        """Delete ledgers dropped from the list (idempotent: a crash midway retries on open)."""
+        with self._lock:
+            pending = list(self._pending_deletes)
+        if not pending:
+            return
+        for ledger_id in pending:
+            with contextlib.suppress(NotFound):
+                self._ledgers.delete(ledger_id)
+            with contextlib.suppress(NotFound):
+                self._store.delete(self._sparse_path(ledger_id))
+        with self._lock:
+            self._pending_deletes = [i for i in self._pending_deletes if i not in pending]
+            self._save()
 
     def _retention_allows_delete(self, info: LedgerInfo, now_ms: int, kept_size_bytes: int) -> bool:
         time_limit, size_limit = self.config.retention_time_ms, self.config.retention_size_bytes
