@@ -82,6 +82,7 @@ class EntryLogStats:
     reads: int
     read_ahead_entries: int
     disk_bytes: int
+    scans: int
 
 
 class EntryLogger:
@@ -99,6 +100,9 @@ class EntryLogger:
         self._current_id = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._current_usage: dict[int, int] = {}
+        self.sealed_usage: dict[int, dict[int, int]] = {}
+        """Bytes per ledger of logs sealed by this process (known from appends, no scan needed)."""
         self._readers: OrderedDict[int, ReadFile] = OrderedDict()
         self._readers_lock = threading.Lock()
         self._bytes_appended = 0
@@ -106,6 +110,7 @@ class EntryLogger:
         self._syncs = 0
         self._reads = 0
         self._read_ahead_entries = 0
+        self._scans = 0
 
     # --- files -------------------------------------------------------------------------
     def path(self, log_id: int) -> str:
@@ -142,6 +147,7 @@ class EntryLogger:
         self._pending.append(_RECORD.pack(len(data), ledger_id, entry_id, record_crc(ledger_id, entry_id, data)))
         self._pending.append(data)
         self._pending_bytes += record_bytes
+        self._current_usage[ledger_id] = self._current_usage.get(ledger_id, 0) + record_bytes
         self._bytes_appended += record_bytes
         self._entries_appended += 1
         if self._pending_bytes >= self._write_buffer_bytes:
@@ -166,6 +172,8 @@ class EntryLogger:
         if self._current is not None:
             self.flush()
             self._current.close()
+            self.sealed_usage[self._current_id] = self._current_usage
+        self._current_usage = {}
         log_id = self._next_log_id
         self._next_log_id += 1
         current = self._fileio.open_append(self.path(log_id))
@@ -266,6 +274,7 @@ class EntryLogger:
     def scan(self, log_id: int) -> Iterator[ScannedRecord]:
         """Every complete record of a log, in file order (stops at a torn tail)."""
         reader = self._fileio.open_read(self.path(log_id))
+        self._scans += 1
         try:
             size_bytes = reader.size_bytes()
             pos = FILE_HEADER_SIZE
@@ -292,4 +301,5 @@ class EntryLogger:
             reads=self._reads,
             read_ahead_entries=self._read_ahead_entries,
             disk_bytes=self.disk_bytes(),
+            scans=self._scans,
         )

@@ -18,11 +18,15 @@ garbage; after it the old log holds only dead records and is collected on the ne
 
 from __future__ import annotations
 
+import json
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from storage.entry_location_index import EntryLocationIndex
+from rocksdict import Rdict
+
+from storage.entry_location_index import EntryLocationIndex, sync_write_options
 from storage.entry_log import RECORD_HEADER_SIZE, EntryLogger
 from storage.fileio import FileIO
 
@@ -44,9 +48,34 @@ class GcStats:
     bytes_reclaimed: int
 
 
+class LogUsageIndex:
+    """Bytes per ledger of each sealed entry log, kept in the index RocksDB (key ``b"U"`` +
+    log id) so a restart does not rescan every log (BookKeeper's entry-log metadata map)."""
+
+    PREFIX = b"U"
+
+    def __init__(self, db: Rdict) -> None:
+        self._db = db
+        self._sync = sync_write_options()
+
+    def _key(self, log_id: int) -> bytes:
+        return self.PREFIX + struct.pack(">Q", log_id)
+
+    def get(self, log_id: int) -> dict[int, int] | None:
+        raw = self._db.get(self._key(log_id))
+        return None if raw is None else {int(k): int(v) for k, v in json.loads(raw).items()}
+
+    def put(self, log_id: int, usage: dict[int, int]) -> None:
+        self._db.put(self._key(log_id), json.dumps(usage).encode(), self._sync)
+
+    def delete(self, log_id: int) -> None:
+        self._db.delete(self._key(log_id), self._sync)
+
+
 class GarbageCollector:
-    def __init__(self, entry_logger: EntryLogger, index: EntryLocationIndex, fileio: FileIO,
-                 ledger_exists: Callable[[int], bool], flush_lock: threading.Lock) -> None:
+    def __init__(self, entry_logger: EntryLogger, index: EntryLocationIndex, fileio: FileIO, *,
+                 ledger_exists: Callable[[int], bool], flush_lock: threading.Lock, usage_index: LogUsageIndex) -> None:
+        self._usage_index = usage_index
         self._logs = entry_logger
         self._index = index
         self._fileio = fileio
@@ -61,13 +90,18 @@ class GarbageCollector:
         self._reclaimed = 0
 
     def usage(self, log_id: int) -> dict[int, int]:
-        """Bytes per ledger in a sealed log (cached: sealed logs never change)."""
+        """Bytes per ledger in a sealed log: known from appends, else persisted, else scanned
+        once (sealed logs never change)."""
         cached = self._usage.get(log_id)
+        if cached is not None:
+            return cached
+        cached = self._logs.sealed_usage.pop(log_id, None) or self._usage_index.get(log_id)
         if cached is None:
             cached = {}
             for record in self._logs.scan(log_id):
                 cached[record.ledger_id] = cached.get(record.ledger_id, 0) + RECORD_HEADER_SIZE + record.size_bytes
-            self._usage[log_id] = cached
+        self._usage_index.put(log_id, cached)
+        self._usage[log_id] = cached
         return cached
 
     def run(self, compaction_threshold: float) -> GcResult:
@@ -93,6 +127,7 @@ class GarbageCollector:
             else:
                 continue
             self._usage.pop(log_id, None)
+            self._usage_index.delete(log_id)
             reclaimed += size_on_disk
         self._runs += 1
         self._removed += removed

@@ -52,7 +52,7 @@ from storage.errors import (
     WriteCacheFull,
 )
 from storage.fileio import FileIO
-from storage.gc import GarbageCollector, GcResult, GcStats
+from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
 from storage.journal import (
     RECORD_ADD_ENTRY,
     RECORD_FENCE,
@@ -134,7 +134,8 @@ class LedgerStorage:
         self._meta_lock = threading.Lock()
         self._ledgers: dict[int, LedgerMeta] = {}
         self._dirty_ledgers: set[int] = set()
-        self._gc = GarbageCollector(self._logs, self._index, fileio, self._ledgers.__contains__, self._flush_lock)
+        self._gc = GarbageCollector(self._logs, self._index, fileio, ledger_exists=self._ledgers.__contains__,
+                                    flush_lock=self._flush_lock, usage_index=LogUsageIndex(self._db))
         self._read_only_cause: BaseException | None = None
         self._closed = False
         self._stop = threading.Event()

@@ -78,3 +78,18 @@ def test_gc_removes_logs_of_wholly_deleted_ledgers(data_dir: str) -> None:
         assert result.logs_removed >= logs_before - 1 > 0
         assert st.get_entry(2, 0) == b"keeps a current log alive"
         assert st.statistics().gc.logs_removed == result.logs_removed
+
+
+def test_gc_after_restart_does_not_rescan_entry_logs(data_dir: str) -> None:
+    config = StorageConfig.test_min().replace(gc_interval_ms=600_000)
+    with LedgerStorage.open(data_dir, config) as st:
+        for e in range(400):
+            st.add_entry(1, e, b"y" * 900)
+        st.checkpoint()
+        st.collect_garbage(compaction_threshold=0.0)
+        assert st.statistics().entry_logs.scans == 0  # usage known from the appends
+    with LedgerStorage.open(data_dir, config) as st:
+        st.collect_garbage(compaction_threshold=0.0)
+        assert st.statistics().entry_logs.scans == 0  # usage persisted in the index
+        st.delete_ledger(1)
+        assert st.collect_garbage(compaction_threshold=0.0).logs_removed > 0
