@@ -180,6 +180,10 @@ class EntryLogger:
         current.write(_FILE_HEADER.pack(MAGIC, VERSION, log_id))
         self._current, self._current_id = current, log_id
 
+    def current_usage(self) -> tuple[int, dict[int, int]]:
+        """The current log's id and bytes per ledger so far."""
+        return self._current_id, dict(self._current_usage)
+
     def close(self) -> None:
         if self._current is not None:
             self._write_pending()

@@ -104,6 +104,12 @@ class GarbageCollector:
         self._usage[log_id] = cached
         return cached
 
+    def persist_current_usage(self) -> None:
+        """On a clean close: the current log is sealed from now on; keep its usage."""
+        log_id, usage = self._logs.current_usage()
+        if log_id:
+            self._usage_index.put(log_id, usage)
+
     def run(self, compaction_threshold: float) -> GcResult:
         with self._run_lock:
             return self._run(compaction_threshold)

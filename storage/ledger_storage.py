@@ -206,6 +206,7 @@ class LedgerStorage:
         if self._read_only_cause is None:
             with contextlib.suppress(StorageError):  # read-only now; the journal holds every ack
                 self._flush(checkpoint=True)
+                self._gc.persist_current_usage()
         self._close_files()
 
     def _close_files(self) -> None:
