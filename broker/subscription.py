@@ -141,6 +141,9 @@ class SubscriptionStats:
     bytes_out_counter: int
     msg_redeliver_counter: int
     delayed_messages: int
+    msg_rate_out: float
+    msg_throughput_out: float
+    msg_rate_redeliver: float
     consumers: tuple[ConsumerStats, ...]
 
 
@@ -233,6 +236,8 @@ class Subscription:
         self._rr = 0
         self._blocked = False
         self.msg_out = self.bytes_out = self.redelivered = 0
+        self._rates = (0.0, 0.0, 0.0)  # messages/s out, bytes/s out, redeliveries/s
+        self._rate_base = (self._clock(), 0, 0, 0)
         self._schedule = schedule or (lambda work: work())
         self._on_publish = lambda: self._schedule(self.dispatch)
         cursor.ml.add_listener(self._on_publish)
@@ -488,9 +493,11 @@ class Subscription:
 
     # --- time-driven work ----------------------------------------------------------------
     def tick(self) -> None:
-        """Apply ack timeouts and release due nacked/delayed messages (call periodically)."""
+        """Apply ack timeouts, release due nacked/delayed messages and update the rates
+        (call periodically)."""
         now = self._clock()
         with self._lock:
+            self._update_rates(now)
             for consumer in list(self.consumers):
                 timeout_ms = consumer.config.ack_timeout_ms
                 if timeout_ms <= 0:
@@ -528,6 +535,14 @@ class Subscription:
         self.cursor.ack([item.offset]).result(timeout=60)
         return True
 
+    def _update_rates(self, now: float) -> None:
+        since, msgs, byte_count, redelivered = self._rate_base
+        elapsed = now - since
+        if elapsed > 0:
+            self._rates = ((self.msg_out - msgs) / elapsed, (self.bytes_out - byte_count) / elapsed,
+                           (self.redelivered - redelivered) / elapsed)
+            self._rate_base = (now, self.msg_out, self.bytes_out, self.redelivered)
+
     # --- redelivery counts survive restarts -----------------------------------------------
     def _load_counts(self) -> dict[int, int]:
         return {int(k[len(REDELIVERY_PROPERTY_PREFIX):]): v for k, v in self.cursor.properties.items()
@@ -548,4 +563,5 @@ class Subscription:
                 unacked_messages=sum(len(c.unacked) for c in self.consumers),
                 msg_out_counter=self.msg_out, bytes_out_counter=self.bytes_out,
                 msg_redeliver_counter=self.redelivered, delayed_messages=len(self._later),
+                msg_rate_out=self._rates[0], msg_throughput_out=self._rates[1], msg_rate_redeliver=self._rates[2],
                 consumers=tuple(c.statistics() for c in self.consumers))

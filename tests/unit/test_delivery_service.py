@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker.entry_format import Message
+from broker.errors import ConsumerBusy
 from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.routing import MultiConsumer
@@ -162,3 +163,35 @@ def test_slow_consumer_keeps_broker_memory_bounded(service: BrokerService) -> No
     stats = subscription.statistics()
     assert stats.msg_backlog == 20_000 and stats.unacked_messages == 10
     assert stats.consumers[0].available_permits == 0
+
+
+def test_initial_positions_non_durable_subscriptions_unsubscribe_and_rates(service: BrokerService) -> None:
+    clock: FakeClock = service.clock  # type: ignore[assignment]
+    for i in range(5):
+        service.publish("public/default/subs", [Message(f"old{i}".encode())], producer_name="p")
+    earliest = service.subscribe("public/default/subs", "from-start", SubscriptionType.EXCLUSIVE,
+                                 ConsumerConfig("e"), initial="earliest")
+    latest = service.subscribe("public/default/subs", "from-now", SubscriptionType.EXCLUSIVE,
+                               ConsumerConfig("l"), initial="latest")
+    transient = service.subscribe("public/default/subs", "transient", SubscriptionType.EXCLUSIVE,
+                                  ConsumerConfig("t"), initial="earliest", durable=False)
+    for consumer in (earliest, latest, transient):
+        consumer.flow(100)
+    service.publish("public/default/subs", [Message(b"new")], producer_name="p")
+    assert len(wait_for(earliest, 6)) == 6
+    assert [d.message.payload for d in wait_for(latest, 1)] == [b"new"]
+    assert len(wait_for(transient, 6)) == 6
+    topic = service.topic("public/default/subs")
+    assert topic.cursors.names() == ["from-now", "from-start"]  # the non-durable one is not stored
+    with pytest.raises(ConsumerBusy):
+        service.unsubscribe(TopicName.parse("public/default/subs"), "from-now")
+    latest.close()
+    service.unsubscribe(TopicName.parse("public/default/subs"), "from-now")
+    assert topic.cursors.names() == ["from-start"]
+    subscription = next(s for s in service.subscriptions_of(TopicName.parse("public/default/subs"))
+                        if s.name == "from-start")
+    clock.advance(2.0)
+    service.run_maintenance()
+    stats = subscription.statistics()
+    assert stats.msg_out_counter == 6 and stats.msg_rate_out == pytest.approx(3.0)
+    assert stats.unacked_messages == 6 and stats.consumers[0].available_permits == 94
