@@ -327,10 +327,17 @@ class ManagedCursor:
         future.result(timeout=60)
 
     def close(self) -> None:
-        if self.durable and self._ledger is not None:
-            self.flush()
-            with self._lock:
-                if self._ledger is not None:
+        """Wait until every change made so far is persisted (or failed), then close the ledger."""
+        if not self.durable:
+            return
+        with self._lock:
+            pending = [future for _, future in self._waiters]
+        for future in pending:
+            with contextlib.suppress(MagnetarError):
+                future.result(timeout=60)
+        with self._lock:
+            if self._ledger is not None:
+                with contextlib.suppress(MagnetarError):
                     self._ledger.close()
 
     def statistics(self) -> CursorStats:
@@ -353,7 +360,10 @@ class CursorManager:
             self._restore(name)
 
     def durable_mark_delete_offsets(self) -> list[int]:
-        return [c.persisted_mark_delete_offset for c in list(self._cursors.values()) if c.durable]
+        """What trimming must keep for each durable cursor: the lower of its persisted
+        mark-delete (a crash restores that) and its current one (a reset may have moved it back)."""
+        return [min(c.persisted_mark_delete_offset, c.mark_delete_offset)
+                for c in list(self._cursors.values()) if c.durable]
 
     def _restore(self, name: str) -> ManagedCursor:
         stat = self._store.get(f"{self.ml._path}/cursors/{name}")

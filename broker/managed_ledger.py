@@ -56,6 +56,7 @@ from broker.metadata import MetadataStore
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 READ_HANDLES_MAX = 64
+ADD_TIMEOUT_S = 60.0
 EARLIEST = Position(-1, -1)
 
 
@@ -179,6 +180,8 @@ class ManagedLedger:
         self.properties: dict[str, str] = {}
         self._failure: MagnetarError | None = None
         self._read_handles: dict[int, LedgerHandle] = {}
+        self._in_flight = 0
+        """Adds sent to the current ledger whose outcome is not accounted yet."""
         self._entries_added = self._bytes_added = self._messages_added = 0
         self._listeners: list[Callable[[], None]] = []
         self.cursor_positions: Callable[[], list[int]] = list
@@ -211,13 +214,15 @@ class ManagedLedger:
         self._delete_pending()
 
     def _reset_tail_state(self) -> None:
-        if self._infos:
-            last = self._infos[-1]
+        """Continue from the confirmed end: offsets of adds that never confirmed are reused."""
+        confirmed = [i for i in self._infos if i.entries > 0]
+        if confirmed:
+            last = confirmed[-1]
             self._next_offset = last.next_offset
-            self._last_publish_ms = last.last_publish_ms
-            confirmed = [i for i in self._infos if i.entries > 0]
-            if confirmed:
-                self._last_confirmed = Position(confirmed[-1].ledger_id, confirmed[-1].entries - 1)
+            self._last_publish_ms = max(self._last_publish_ms, last.last_publish_ms)
+            self._last_confirmed = Position(last.ledger_id, last.entries - 1)
+        elif self._infos:
+            self._next_offset = self._infos[0].first_offset
 
     def _recover_last_ledger(self) -> None:
         info = self._infos[-1]
@@ -279,17 +284,25 @@ class ManagedLedger:
                 self._save()
 
     def _close_current(self) -> None:
+        """Retire the current ledger: close it at its LAC, wait until every add sent to it has
+        been accounted (confirmed or failed), drop it if it holds nothing, and continue offsets
+        from the confirmed end (a failed add's offsets are given out again, so no gap)."""
         assert self._current is not None
         handle, self._current = self._current, None
-        handle.close()
+        with contextlib.suppress(MagnetarError):  # a fenced ledger is closed by whoever fenced it
+            handle.close()
+        with self._confirmed:
+            self._confirmed.wait_for(lambda: self._in_flight == 0, ADD_TIMEOUT_S)
         info = self._infos[-1]
         info.closed_ms = self._now_ms()
-        self._save_sparse_index(info)
-        self._read_handles[handle.ledger_id] = handle
+        info.sparse_index = [s for s in info.sparse_index if s[1] < info.entries]
         if info.entries == 0:  # an empty ledger never stays in the list
             self._infos.pop()
-            self._read_handles.pop(handle.ledger_id, None)
             self._ledgers.delete(handle.ledger_id)
+        else:
+            self._save_sparse_index(info)
+            self._read_handles[handle.ledger_id] = handle
+        self._reset_tail_state()
 
     def terminate(self) -> Position:
         """No more writes, ever; returns the last position."""
@@ -329,7 +342,14 @@ class ManagedLedger:
             entry_id = self._current_next_entry_id
             if entry_id % self.config.index_interval_entries == 0:
                 info.sparse_index.append((first_offset, entry_id, publish_ms))
-            ledger_future = self._current.add_entry(data)
+            with self._confirmed:
+                self._in_flight += 1
+            try:
+                ledger_future = self._current.add_entry(data)
+            except BaseException:
+                with self._confirmed:
+                    self._in_flight -= 1
+                raise
             self._current_next_entry_id += 1
             self._next_offset = last_offset + 1
             self._last_publish_ms = publish_ms
@@ -348,14 +368,7 @@ class ManagedLedger:
     def _recover_from_failure(self) -> None:
         """After a failed add: abandon the ledger at its LAC and continue in a new one."""
         if self._current is not None:
-            handle, self._current = self._current, None
-            info = self._infos[-1]
-            with contextlib.suppress(MagnetarError):  # a fenced ledger is closed by whoever fenced it
-                handle.close()
-            info.closed_ms = self._now_ms()
-            info.sparse_index = [s for s in info.sparse_index if s[1] < info.entries]
-            self._save_sparse_index(info)
-        self._reset_tail_state()
+            self._close_current()
         self._failure = None
         self._open_new_ledger()
 
@@ -374,12 +387,15 @@ class ManagedLedger:
                   added: AddResult) -> None:
         error = ledger_future.exception()
         if error is not None:
-            with self._lock:
+            with self._confirmed:
                 if self._failure is None and isinstance(error, MagnetarError):
                     self._failure = error
+                self._in_flight -= 1
+                self._confirmed.notify_all()
             result.set_exception(error)
             return
         with self._confirmed:
+            self._in_flight -= 1
             info.entries = added.position.entry_id + 1
             info.size_bytes += len(data)
             info.messages = added.last_offset + 1 - info.first_offset
