@@ -124,6 +124,12 @@ class ManagedCursor:
             self._normalize()
             return self._changed()
 
+    def set_properties(self, properties: dict[str, int]) -> Future[None]:
+        """Replace the cursor's properties (persisted with its state)."""
+        with self._lock:
+            self.properties = dict(properties)
+            return self._changed()
+
     def is_acked(self, offset: int) -> bool:
         return offset < self.mark_delete_offset or offset in self.acked
 

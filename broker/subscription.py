@@ -552,7 +552,7 @@ class Subscription:
         kept = sorted(self._counts.items())[:REDELIVERY_COUNTS_PERSISTED_MAX]
         props = {k: v for k, v in self.cursor.properties.items() if not k.startswith(REDELIVERY_PROPERTY_PREFIX)}
         props.update({f"{REDELIVERY_PROPERTY_PREFIX}{offset}": count for offset, count in kept})
-        self.cursor.properties = props
+        self.cursor.set_properties(props)
 
     # --- stats ---------------------------------------------------------------------------
     def statistics(self) -> SubscriptionStats:

@@ -195,3 +195,28 @@ def test_initial_positions_non_durable_subscriptions_unsubscribe_and_rates(servi
     stats = subscription.statistics()
     assert stats.msg_out_counter == 6 and stats.msg_rate_out == pytest.approx(3.0)
     assert stats.unacked_messages == 6 and stats.consumers[0].available_permits == 94
+
+
+def test_redelivery_counts_survive_a_restart(data_dir: str) -> None:
+    clock = FakeClock()
+    config = dataclasses.replace(BrokerConfig.test_min(), maintenance_interval_ms=3_600_000)
+    service = BrokerService(data_dir, config, clock)
+    service.start()
+    consumer_config = ConsumerConfig("c", negative_ack_redelivery_delay_ms=100, max_redeliver_count=3)
+    consumer = service.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config,
+                                 initial="earliest")
+    consumer.flow(10)
+    service.publish("public/default/counts", [Message(b"flaky")], producer_name="p")
+    for expected_count in (0, 1):
+        delivery = wait_for(consumer, 1)
+        assert [d.redelivery_count for d in delivery] == [expected_count]
+        consumer.nack([delivery[0].offset])
+        clock.advance(0.2)
+        service.run_maintenance()
+    service.close()
+    service = BrokerService(data_dir, config, clock)
+    service.start()
+    consumer = service.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config)
+    consumer.flow(10)
+    assert [d.redelivery_count for d in wait_for(consumer, 1)] == [2]
+    service.close()
