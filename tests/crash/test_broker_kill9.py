@@ -51,13 +51,10 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -67,12 +64,11 @@ from broker.errors import CorruptEntry
 from broker.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from storage import StorageConfig
 from tests.crash.broker_crash_child import SUBSCRIPTION, TOPIC, message_payload, open_broker_stack
-from tests.crash.test_kill9 import crash_rounds, crash_seed
+from tests.crash.harness import ChildResult, LineReader, crash_rounds, crash_seed, started_child, wait_until_ready
 from tests.unit.broker_stack import Stack
 
 pytestmark = pytest.mark.crash
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_MODULE = "tests.crash.broker_crash_child"
 KILL_AFTER_READY_SECONDS = (0.0, 1.0)
 KILL_AFTER_SPAWN_SECONDS = (0.0, 0.5)
@@ -278,34 +274,7 @@ def apply_events(model: TopicModel, plan: RoundPlan, lines: list[str], coverage:
 
 
 # --- the child ---------------------------------------------------------------------------
-class LineReader:
-    """Collects the child's complete stdout lines in a thread (a full pipe would block it)."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(stream,), name="broker-crash-stdout", daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            if not raw.endswith(b"\n"):
-                break  # cut by the kill: the event was never reported
-            line = raw.decode("ascii", errors="replace").rstrip("\n")
-            self.lines.append(line)
-            if line.startswith("READY"):
-                self.ready.set()
-
-    def join(self, timeout_seconds: float) -> None:
-        self._thread.join(timeout_seconds)
-        assert not self._thread.is_alive(), "child stdout stayed open after the child was reaped"
-
-
-@dataclass(frozen=True)
-class ChildResult:
-    lines: list[str]
-    returncode: int
-    stderr: str
 
 
 def child_command(plan: RoundPlan, data_dir: str, salt: int) -> list[str]:
@@ -321,29 +290,10 @@ def child_command(plan: RoundPlan, data_dir: str, salt: int) -> list[str]:
     ]
 
 
-@contextmanager
-def started_child(command: list[str], stderr_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Start the child; whatever happens, it is SIGKILLed by PID and reaped on exit."""
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=stderr)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
 
 
-def wait_until_ready(proc: subprocess.Popen[bytes], reader: LineReader, timeout_seconds: float) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not reader.ready.wait(0.05):
-        if proc.poll() is not None:
-            return  # exited early; the return code check reports it
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"child did not report READY within {timeout_seconds} s (recovery hung?)")
+
+
 
 
 def wait_for_clean_exit(proc: subprocess.Popen[bytes]) -> int:

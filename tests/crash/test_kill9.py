@@ -31,15 +31,10 @@ import enum
 import os
 import random
 import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -52,11 +47,11 @@ from storage import (
     StorageConfig,
 )
 from tests.crash.crash_child import describe_mismatch, expected_payload
+from tests.crash.harness import ChildResult, LineReader, crash_rounds, crash_seed, started_child, wait_until_ready
 
 pytestmark = pytest.mark.crash
 
 CHILD_SCRIPT = Path(__file__).with_name("crash_child.py")
-ROUNDS_DEFAULT = 30
 KILL_AFTER_READY_SECONDS = (0.02, 0.6)
 KILL_AFTER_SPAWN_SECONDS = (0.0, 0.4)
 KILL_FROM_SPAWN_PROBABILITY = 0.15
@@ -101,20 +96,10 @@ class RoundPlan:
                 f"{self.writers} writers, SIGKILL {self.kill_delay_seconds:.3f} s after {origin})")
 
 
-@dataclass(frozen=True)
-class ChildResult:
-    lines: list[str]
-    returncode: int
-    stderr: str
 
 
-def crash_seed() -> int:
-    raw = os.environ.get("MAGNETAR_CRASH_SEED")
-    return int(raw) if raw else random.SystemRandom().randrange(2**32)
 
 
-def crash_rounds() -> int:
-    return int(os.environ.get("MAGNETAR_CRASH_ROUNDS", ROUNDS_DEFAULT))
 
 
 def plan_round(base_seed: int, round_index: int) -> RoundPlan:
@@ -132,27 +117,7 @@ def plan_round(base_seed: int, round_index: int) -> RoundPlan:
 
 
 # --- the child ---------------------------------------------------------------------------
-class LineReader:
-    """Collects the child's complete stdout lines in a thread (a full pipe would block it)."""
 
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(stream,), name="crash-child-stdout", daemon=True)
-        self._thread.start()
-
-    def _read(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            if not raw.endswith(b"\n"):
-                break  # cut by the kill: the event was never reported
-            line = raw.decode("ascii", errors="replace").rstrip("\n")
-            self.lines.append(line)
-            if line == "READY":
-                self.ready.set()
-
-    def join(self, timeout_seconds: float) -> None:
-        self._thread.join(timeout_seconds)
-        assert not self._thread.is_alive(), "child stdout stayed open after the child was reaped"
 
 
 def child_command(plan: RoundPlan, data_dir: str, salt: int) -> list[str]:
@@ -169,28 +134,10 @@ def child_command(plan: RoundPlan, data_dir: str, salt: int) -> list[str]:
     ]
 
 
-@contextmanager
-def started_child(command: list[str], stderr_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Start the child; whatever happens, it is SIGKILLed by PID and reaped on exit."""
-    with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
 
 
-def wait_until_ready(proc: subprocess.Popen[bytes], reader: LineReader, timeout_seconds: float) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not reader.ready.wait(0.05):
-        if proc.poll() is not None:
-            return  # exited early; the return code check reports it
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"child did not report READY within {timeout_seconds} s (recovery hung?)")
+
+
 
 
 def run_child_until_killed(plan: RoundPlan, data_dir: str, salt: int, stderr_path: Path) -> ChildResult:
