@@ -267,7 +267,7 @@ class LedgerStorage:
         active = self._active
         outcome = active.put(ledger_id, entry_id, data)  # fast path: only the buffer's own lock
         if outcome == PUT_OK:
-            if active.size_bytes >= self.config.write_cache_flush_bytes:
+            if active.size_bytes >= self.config.write_cache_flush_bytes and not self._flush_wanted.is_set():
                 self._flush_wanted.set()
             return
         deadline = time.monotonic() + self.config.write_cache_full_wait_ms / 1000.0
