@@ -42,7 +42,7 @@ class AppendFile:
     def writev(self, buffers: Sequence[bytes]) -> None:
         for start in range(0, len(buffers), IOV_MAX):
             chunk = buffers[start : start + IOV_MAX]
-            expected = sum(len(b) for b in chunk)
+            expected = sum(map(len, chunk))
             written = os.writev(self._fd, chunk)
             self.size_bytes += written
             if written != expected:  # a short write: finish the remainder byte-exactly

@@ -460,10 +460,8 @@ class LedgerStorage:
         self._checkpoints += 1
 
     def _write_flushing(self, dirty: dict[int, LedgerMeta]) -> None:
-        locations: list[tuple[int, int, int]] = []
-        for ledger_id, entry_id, data in self._flushing.sorted_entries():
-            if ledger_id in self._ledgers:
-                locations.append((ledger_id, entry_id, self._logs.add(ledger_id, entry_id, data)))
+        live = self._ledgers
+        locations = self._logs.add_many(e for e in self._flushing.sorted_entries() if e[0] in live)
         self._fileio.failpoint("flush: after entry log append, before sync")
         self._logs.flush()
         self._fileio.failpoint("flush: after entry log sync, before index write")
