@@ -175,6 +175,9 @@ class ManagedLedger:
         self._last_publish_ms = 0
         self._last_confirmed = EARLIEST
         self._terminated = False
+        self._offset_floor = 0
+        """The confirmed end as of the last save: offsets never restart below it, even when
+        trimming removed every ledger that held entries."""
         self._pending_deletes: list[int] = []
         """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
         self.properties: dict[str, str] = {}
@@ -199,6 +202,7 @@ class ManagedLedger:
             self._terminated = bool(obj.get("terminated", False))
             self.properties = dict(obj.get("properties", {}))
             self._pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
+            self._offset_floor = int(obj.get("offsetFloor", 0))
             self._version = stat.version
         for info in self._infos[:-1]:
             info.sparse_index = self._load_sparse_index(info.ledger_id)
@@ -221,8 +225,8 @@ class ManagedLedger:
             self._next_offset = last.next_offset
             self._last_publish_ms = max(self._last_publish_ms, last.last_publish_ms)
             self._last_confirmed = Position(last.ledger_id, last.entries - 1)
-        elif self._infos:
-            self._next_offset = self._infos[0].first_offset
+        else:
+            self._next_offset = max(self._offset_floor, self._infos[0].first_offset if self._infos else 0)
 
     def _recover_last_ledger(self) -> None:
         info = self._infos[-1]
@@ -262,9 +266,12 @@ class ManagedLedger:
         self._save()
 
     def _save(self) -> None:
+        confirmed = [i for i in self._infos if i.entries > 0]
+        if confirmed:
+            self._offset_floor = max(self._offset_floor, confirmed[-1].next_offset)
         body = json.dumps({"ledgers": [i.to_json() for i in self._infos], "terminated": self._terminated,
-                           "properties": self.properties, "pendingDeletes": self._pending_deletes},
-                          sort_keys=True).encode()
+                           "properties": self.properties, "pendingDeletes": self._pending_deletes,
+                           "offsetFloor": self._offset_floor}, sort_keys=True).encode()
         self._version = self._store.put(self._path, body, self._version).version
 
     def _sparse_path(self, ledger_id: int) -> str:

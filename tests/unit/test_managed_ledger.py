@@ -162,3 +162,24 @@ def test_terminate_refuses_writes(stack: Stack) -> None:
     with pytest.raises(TopicTerminated):
         publish(ml, [b"too late"])
     stack.close()
+
+
+def test_offsets_continue_after_every_ledger_was_trimmed(data_dir: str) -> None:
+    stack = open_stack(data_dir)
+    ml, cursors = stack.open("t/ns/persistent/emptied")
+    sub = cursors.open("sub", initial="earliest")
+    publish(ml, [b"a", b"b", b"c"])
+    sub.ack_cumulative(2).result(timeout=10)
+    cursors.close()
+    stack.close()
+    stack = open_stack(data_dir, stack.clock)
+    ml, cursors = stack.open("t/ns/persistent/emptied")
+    assert ml.trim() != []  # the only ledger with entries goes
+    cursors.close()
+    stack.close()
+    stack = open_stack(data_dir, stack.clock)
+    ml, cursors = stack.open("t/ns/persistent/emptied")
+    assert publish(ml, [b"d"]).first_offset == 3
+    restored = cursors.get("sub")
+    assert restored is not None and restored.backlog_messages() == 1
+    stack.close()
