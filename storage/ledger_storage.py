@@ -290,14 +290,16 @@ class LedgerStorage:
         """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
         for adds and a bare Future for fences."""
         if error is None:
+            adds = 0
             for token in tokens:
                 if type(token) is tuple:
                     meta, _, entry_id, future = token
                     meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
                     future.set_result(entry_id)
-                    self._entries_added += 1
+                    adds += 1
                 else:
                     token.set_result(None)
+            self._entries_added += adds
             return
         failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
         for token in tokens:

@@ -10,6 +10,9 @@ Invariants:
   growing, and the caller applies back-pressure.
 - Once :meth:`seal` returns, no ``put`` lands in this buffer (it answers ``SEALED`` and the
   caller retries on the new active buffer): a flush sees every entry that was put before it.
+- Locks are sharded by ledger (a ledger has one writer), so writers of different ledgers never
+  queue on one lock; the capacity check reads the shards' sizes without their locks, so a
+  buffer can exceed its capacity by at most one entry per shard.
 - A buffer being flushed is never mutated by the flush; it is dropped whole afterwards, so a
   reader that looked it up just before the drop still finds its entries there.
 """
@@ -33,35 +36,46 @@ PUT_FULL = 1
 PUT_SEALED = 2
 
 
+LOCK_SHARDS = 16
+
+
 class WriteCache:
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self.size_bytes = 0
         self._entries: dict[tuple[int, int], bytes] = {}
         self._last_entry: dict[int, int] = {}
-        self._lock = threading.Lock()
+        self._locks = [threading.Lock() for _ in range(LOCK_SHARDS)]
+        self._sizes = [0] * LOCK_SHARDS
         self._sealed = False
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self._sizes)
 
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> int:
         """Store an entry: ``PUT_OK``; ``PUT_FULL`` or ``PUT_SEALED`` store nothing."""
         key = (ledger_id, entry_id)
-        with self._lock:
+        shard = ledger_id % LOCK_SHARDS
+        with self._locks[shard]:
             if self._sealed:
                 return PUT_SEALED
             old = self._entries.get(key)
             grow = len(data) - (len(old) if old is not None else 0)
-            if self.size_bytes + grow > self.capacity_bytes and self._entries:
+            if sum(self._sizes) + grow > self.capacity_bytes and self._entries:
                 return PUT_FULL
             self._entries[key] = data
-            self.size_bytes += grow
+            self._sizes[shard] += grow
             if entry_id > self._last_entry.get(ledger_id, -1):
                 self._last_entry[ledger_id] = entry_id
             return PUT_OK
 
     def seal(self) -> None:
         """Refuse every later put (the buffer is about to be flushed)."""
-        with self._lock:
-            self._sealed = True
+        for lock in self._locks:
+            lock.acquire()
+        self._sealed = True
+        for lock in reversed(self._locks):
+            lock.release()
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._entries.get((ledger_id, entry_id))
@@ -71,26 +85,30 @@ class WriteCache:
         return self._last_entry.get(ledger_id, -1)
 
     def remove(self, ledger_id: int, entry_id: int) -> None:
-        with self._lock:
+        shard = ledger_id % LOCK_SHARDS
+        with self._locks[shard]:
             data = self._entries.pop((ledger_id, entry_id), None)
             if data is not None:
-                self.size_bytes -= len(data)
+                self._sizes[shard] -= len(data)
 
     def delete_ledger(self, ledger_id: int) -> None:
-        with self._lock:
-            doomed = [k for k in self._entries if k[0] == ledger_id]
+        shard = ledger_id % LOCK_SHARDS
+        with self._locks[shard]:
+            doomed = [k for k in list(self._entries) if k[0] == ledger_id]
             for key in doomed:
-                self.size_bytes -= len(self._entries.pop(key))
+                self._sizes[shard] -= len(self._entries.pop(key))
             self._last_entry.pop(ledger_id, None)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def sorted_entries(self) -> Iterator[tuple[int, int, bytes]]:
-        with self._lock:
-            keys = sorted(self._entries)
+        keys = sorted(self._entries)  # one C-level pass: atomic under the interpreter lock
+        entries = self._entries
         for key in keys:
-            yield key[0], key[1], self._entries[key]
+            data = entries.get(key)
+            if data is not None:  # a failed add may have been removed meanwhile
+                yield key[0], key[1], data
 
     def statistics(self) -> WriteCacheStats:
         return WriteCacheStats(len(self._entries), self.size_bytes, self.capacity_bytes)
