@@ -46,7 +46,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
-import os
 import random
 import time
 from collections import Counter
@@ -67,6 +66,7 @@ from broker.managed_ledger import AddResult, Entry, ManagedLedger, ManagedLedger
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig
 from storage.fileio import FaultyFileIO
+from tests.simulation.seeds import ops_per_seed, seeds_to_run
 from tests.unit.broker_stack import FakeClock
 
 pytestmark = pytest.mark.simulation
@@ -90,22 +90,6 @@ CursorState = tuple[int, tuple[tuple[int, int], ...]]
 
 
 # --- parametrization from the environment -------------------------------------------------
-def seeds_to_run() -> list[int]:
-    one = os.environ.get("MAGNETAR_SIM_SEED", "").strip()
-    if one:
-        return [int(one)]
-    many = os.environ.get("MAGNETAR_SIM_SEEDS", "").strip()
-    if not many:
-        return list(DEFAULT_SEEDS)
-    if "," in many:
-        return [int(part) for part in many.split(",") if part.strip()]
-    return list(range(1, int(many) + 1))
-
-
-def ops_per_seed() -> int:
-    return int(os.environ.get("MAGNETAR_SIM_OPS", "").strip() or DEFAULT_OPS)
-
-
 # --- the model ----------------------------------------------------------------------------
 def to_ranges(offsets: Iterable[int]) -> tuple[tuple[int, int], ...]:
     """Sorted, merged half-open ranges of a set of integers."""
@@ -825,9 +809,9 @@ def run_with_replay_hint(sim: Simulation, body: Callable[[], None]) -> None:
 
 
 # --- tests --------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed", seeds_to_run(), ids=lambda s: f"seed={s}")
+@pytest.mark.parametrize("seed", seeds_to_run(DEFAULT_SEEDS), ids=lambda s: f"seed={s}")
 def test_random_broker_operations_match_the_model(seed: int, monkeypatch: pytest.MonkeyPatch, data_dir: str) -> None:
     monkeypatch.setattr(broker.cursor, "CURSOR_LEDGER_ENTRIES_MAX", CURSOR_LEDGER_ENTRIES)
     sim = Simulation(seed, data_dir)
-    run_with_replay_hint(sim, lambda: sim.run(ops_per_seed()))
+    run_with_replay_hint(sim, lambda: sim.run(ops_per_seed(DEFAULT_OPS)))
     print(f"seed {seed}: {dict(sim.ops)}; {dict(sim.events)}")

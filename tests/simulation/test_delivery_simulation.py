@@ -17,7 +17,6 @@ A failure prints ``replay with MAGNETAR_SIM_SEED=<n>``; ``MAGNETAR_SIM_SEEDS`` (
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 import time
 from collections import Counter, defaultdict
@@ -30,6 +29,7 @@ from broker.entry_format import Message
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
 from storage.fileio import FaultyFileIO
+from tests.simulation.seeds import ops_per_seed, seeds_to_run
 from tests.unit.broker_stack import FakeClock
 
 pytestmark = pytest.mark.simulation
@@ -40,13 +40,7 @@ SUBSCRIPTIONS = {"shared": SubscriptionType.SHARED, "keyed": SubscriptionType.KE
 DRAIN_ROUNDS_MAX = 2000
 
 
-def seeds() -> list[int]:
-    if "MAGNETAR_SIM_SEED" in os.environ:
-        return [int(os.environ["MAGNETAR_SIM_SEED"])]
-    return list(range(1, 1 + int(os.environ.get("MAGNETAR_SIM_SEEDS", "4"))))
-
-
-OPS = int(os.environ.get("MAGNETAR_SIM_OPS", "150"))
+OPS = ops_per_seed(150)
 
 
 class World:
@@ -155,7 +149,7 @@ def wait_dispatch() -> None:
     time.sleep(0.002)  # let the dispatch thread run; correctness never depends on it
 
 
-@pytest.fixture(params=seeds())
+@pytest.fixture(params=seeds_to_run((1, 2, 3, 4)))
 def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     seed = int(request.param)
     built = World(str(tmp_path / "data"), seed)

@@ -29,7 +29,6 @@ seed. ``MAGNETAR_SIM_SEEDS`` (a count N for seeds 1..N, or a comma-separated lis
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 import time
@@ -50,6 +49,7 @@ from storage import (
     StorageError,
 )
 from storage.fileio import AppendFile, FaultyFileIO, FileIO
+from tests.simulation.seeds import ops_per_seed, seeds_to_run
 
 pytestmark = pytest.mark.simulation
 
@@ -73,22 +73,6 @@ FAILPOINTS = JOURNAL_FAILPOINTS + FLUSH_FAILPOINTS + GC_FAILPOINTS
 
 
 # --- parametrization from the environment -------------------------------------------------
-def seeds_to_run() -> list[int]:
-    one = os.environ.get("MAGNETAR_SIM_SEED", "").strip()
-    if one:
-        return [int(one)]
-    many = os.environ.get("MAGNETAR_SIM_SEEDS", "").strip()
-    if not many:
-        return list(DEFAULT_SEEDS)
-    if "," in many:
-        return [int(part) for part in many.split(",") if part.strip()]
-    return list(range(1, int(many) + 1))
-
-
-def ops_per_seed() -> int:
-    return int(os.environ.get("MAGNETAR_SIM_OPS", "").strip() or DEFAULT_OPS)
-
-
 # --- the model ----------------------------------------------------------------------------
 @dataclass
 class LedgerModel:
@@ -531,10 +515,10 @@ def run_with_replay_hint(sim: Simulation, body: Callable[[], None]) -> None:
 
 
 # --- tests --------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed", seeds_to_run(), ids=lambda s: f"seed={s}")
+@pytest.mark.parametrize("seed", seeds_to_run(DEFAULT_SEEDS), ids=lambda s: f"seed={s}")
 def test_random_operations_match_the_model(seed: int, data_dir: str) -> None:
     sim = Simulation(seed, data_dir)
-    run_with_replay_hint(sim, lambda: sim.run(ops_per_seed()))
+    run_with_replay_hint(sim, lambda: sim.run(ops_per_seed(DEFAULT_OPS)))
     print(f"seed {seed}: {dict(sim.ops)}; failpoints fired: {dict(sim.failpoints_fired)}")
 
 
