@@ -52,6 +52,7 @@ from storage.errors import (
     WriteCacheFull,
 )
 from storage.fileio import FileIO
+from storage.futures import GroupFuture, complete_group
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
 from storage.journal import (
     RECORD_ADD_ENTRY,
@@ -130,6 +131,7 @@ class LedgerStorage:
         self._active = WriteCache(config.write_cache_bytes_max)
         self._flushing = WriteCache(config.write_cache_bytes_max)
         self._cache_cv = threading.Condition()
+        self._futures_cv = threading.Condition()
         self._flush_lock = threading.Lock()
         self._meta_lock = threading.Lock()
         self._ledgers: dict[int, LedgerMeta] = {}
@@ -258,7 +260,7 @@ class LedgerStorage:
         if meta.fenced and not recovery:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
         self._put_in_cache(ledger_id, entry_id, data)
-        future: Future[int] = Future()
+        future: GroupFuture[int] = GroupFuture(self._futures_cv)
         self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
                              (meta, ledger_id, entry_id, future))
         return future
@@ -288,18 +290,18 @@ class LedgerStorage:
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
         """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
-        for adds and a bare Future for fences."""
+        for adds and a bare future for fences; all of them complete with one wake-up."""
+        outcomes: list[tuple[GroupFuture[Any], Any, BaseException | None]] = []
         if error is None:
-            adds = 0
             for token in tokens:
                 if type(token) is tuple:
                     meta, _, entry_id, future = token
                     meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
-                    future.set_result(entry_id)
-                    adds += 1
+                    outcomes.append((future, entry_id, None))
                 else:
-                    token.set_result(None)
-            self._entries_added += adds
+                    outcomes.append((token, None, None))
+            self._entries_added += len(outcomes)
+            complete_group(self._futures_cv, outcomes)
             return
         failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
         for token in tokens:
@@ -307,9 +309,10 @@ class LedgerStorage:
                 _, ledger_id, entry_id, future = token
                 self._active.remove(ledger_id, entry_id)
                 self._flushing.remove(ledger_id, entry_id)
-                future.set_exception(failure)
+                outcomes.append((future, None, failure))
             else:
-                token.set_exception(failure)
+                outcomes.append((token, None, failure))
+        complete_group(self._futures_cv, outcomes)
 
     def fence(self, ledger_id: int) -> Future[None]:
         """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
@@ -319,7 +322,7 @@ class LedgerStorage:
         meta.fenced = True
         with self._cache_cv:
             self._dirty_ledgers.add(ledger_id)
-        future: Future[None] = Future()
+        future: GroupFuture[None] = GroupFuture(self._futures_cv)
         self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", future)
         return future
 
