@@ -132,6 +132,7 @@ class LedgerStorage:
         self._flushing = WriteCache(config.write_cache_bytes_max)
         self._cache_cv = threading.Condition()
         self._futures_cv = threading.Condition()
+        self._flush_bytes = config.write_cache_flush_bytes
         self._flush_lock = threading.Lock()
         self._meta_lock = threading.Lock()
         self._ledgers: dict[int, LedgerMeta] = {}
@@ -269,7 +270,7 @@ class LedgerStorage:
         active = self._active
         outcome = active.put(ledger_id, entry_id, data)  # fast path: only the buffer's own lock
         if outcome == PUT_OK:
-            if active.size_bytes >= self.config.write_cache_flush_bytes and not self._flush_wanted.is_set():
+            if active.size_seen_bytes >= self._flush_bytes and not self._flush_wanted.is_set():
                 self._flush_wanted.set()
             return
         deadline = time.monotonic() + self.config.write_cache_full_wait_ms / 1000.0

@@ -47,6 +47,8 @@ class WriteCache:
         self._locks = [threading.Lock() for _ in range(LOCK_SHARDS)]
         self._sizes = [0] * LOCK_SHARDS
         self._sealed = False
+        self.size_seen_bytes = 0
+        """The total size as of the latest put (a cheap hint for the flush trigger)."""
 
     @property
     def size_bytes(self) -> int:
@@ -61,10 +63,12 @@ class WriteCache:
                 return PUT_SEALED
             old = self._entries.get(key)
             grow = len(data) - (len(old) if old is not None else 0)
-            if sum(self._sizes) + grow > self.capacity_bytes and self._entries:
+            total = sum(self._sizes) + grow
+            if total > self.capacity_bytes and self._entries:
                 return PUT_FULL
             self._entries[key] = data
             self._sizes[shard] += grow
+            self.size_seen_bytes = total
             if entry_id > self._last_entry.get(ledger_id, -1):
                 self._last_entry[ledger_id] = entry_id
             return PUT_OK
