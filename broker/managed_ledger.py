@@ -502,11 +502,6 @@ class ManagedLedger:
                 return entry.position, offset - entry.first_offset
         raise NoSuchEntry(f"offset {offset} not found in ledger {info.ledger_id} of {self.name}")
 
-    def position_to_offset(self, position: Position) -> int:
-        """The first offset of the entry at ``position``."""
-        entry = self.read_entry(position)
-        return entry.first_offset
-
     def time_to_offset(self, publish_time_ms: int) -> int:
         """The first offset whose publish time is ``>= publish_time_ms`` (next_offset if none)."""
         for info in self._infos:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from broker.entry_format import Message
-from broker.errors import AlreadyExists, NotAllowed, NotFound
+from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName
 from tests.unit.broker_stack import FakeClock
@@ -42,8 +42,14 @@ def test_admin_state_survives_restart(data_dir: str) -> None:
     assert service.tenant_info("acme")["adminRoles"] == ["ops"]
     assert service.namespaces("acme") == ["acme/prod"]
     assert service.partitions(TopicName.parse("acme/prod/orders")) == 3
+    service.update_partitioned_topic(TopicName.parse("acme/prod/orders"), 5)
+    assert service.partitions(TopicName.parse("acme/prod/orders")) == 5
+    with pytest.raises(InvalidRequest):
+        service.update_partitioned_topic(TopicName.parse("acme/prod/orders"), 2)  # partitions only grow
+    service.topic("acme/prod/orders-partition-4").publish([Message(b"new")], producer_name="p").result(timeout=10)
     assert service.topics("acme/prod") == ["persistent://acme/prod/events",
-                                           "persistent://acme/prod/orders-partition-1"]
+                                           "persistent://acme/prod/orders-partition-1",
+                                           "persistent://acme/prod/orders-partition-4"]
     assert service.topic("acme/prod/events").ml.next_offset == 1
     with pytest.raises(NotAllowed):
         service.delete_namespace("acme/prod")
