@@ -15,6 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from api.errors import install_error_handlers
+from api.rest_produce import router as produce_router
 from broker.service import BrokerService
 
 
@@ -28,6 +30,8 @@ def create_app(service: BrokerService) -> FastAPI:
             service.close()
 
     app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
+    install_error_handlers(app)
+    app.include_router(produce_router(service))
 
     @app.get("/healthz", summary="Liveness and storage health")
     def healthz() -> JSONResponse:

@@ -1,0 +1,29 @@
+"""The one place where errors become HTTP responses.
+
+Every ``MagnetarError`` (storage and broker alike) maps to its class's ``http_status`` with the
+body ``{"code": ..., "message": ...}``; request validation failures (malformed JSON, missing or
+mistyped fields) are 400 ``invalid_request``. Routes never catch broker errors themselves.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from broker.errors import MagnetarError
+
+
+def error_body(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(MagnetarError)
+    async def magnetar_error(_: Request, exc: MagnetarError) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, str(exc) or exc.code), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10])
+        return JSONResponse(error_body("invalid_request", problems or "invalid request"), status_code=400)
