@@ -71,9 +71,10 @@ def test_expected_offset_conflict_writes_nothing(server: tuple[httpx.Client, Bro
 def test_partitions(server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server
     service.create_partitioned_topic(TopicName.parse("public/default/parts"), 2)
-    response = client.post("/topics/persistent/public/default/parts/partitions/1", json={"messages": [{"payload": "p"}]})
+    one = {"messages": [{"payload": "p"}]}
+    response = client.post("/topics/persistent/public/default/parts/partitions/1", json=one)
     assert response.json()["messagePublishResults"][0]["messageId"].endswith(":1")
-    missing = client.post("/topics/persistent/public/default/parts/partitions/7", json={"messages": [{"payload": "p"}]})
+    missing = client.post("/topics/persistent/public/default/parts/partitions/7", json=one)
     assert missing.status_code == 400 and missing.json()["code"] == "invalid_request"
 
 
