@@ -46,9 +46,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import WriteBatch
 
 from broker.errors import AlreadyExists, BadVersion, CorruptEntry, InvalidRequest, NotFound, StorageClosed
+from storage.entry_location_index import open_rdict, sync_write_options
 
 log = logging.getLogger(__name__)
 
@@ -583,18 +584,6 @@ def decode_node(path: str, raw: bytes) -> Stat:
     return Stat(path, raw[_VALUE_HEADER.size :], version, created_ms, modified_ms)
 
 
-def _open_rdict(path: str) -> Rdict:
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    return Rdict(path, options)
-
-
-def _sync_write_options() -> WriteOptions:
-    options = WriteOptions()
-    options.sync = True
-    return options
-
-
 class RocksDBMetadataStore(_VersionedStore):
     """The embedded default: one RocksDB (rocksdict, raw mode) directory at ``path``.
 
@@ -605,8 +594,8 @@ class RocksDBMetadataStore(_VersionedStore):
     def __init__(self, path: str, clock: Callable[[], float] | None = None) -> None:
         super().__init__(clock)
         self.path = path
-        self._db = _open_rdict(path)
-        self._sync = _sync_write_options()
+        self._db = open_rdict(path)
+        self._sync = sync_write_options()
 
     def _load(self, path: str) -> Stat | None:
         raw = self._db.get(node_key(path))

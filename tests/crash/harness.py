@@ -24,6 +24,8 @@ from typing import IO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROUNDS_DEFAULT = 30
+REAP_TIMEOUT_SECONDS = 30.0
+STDERR_TAIL_BYTES = 4000
 
 
 def crash_seed() -> int:
@@ -89,3 +91,19 @@ def wait_until_ready(proc: subprocess.Popen[bytes], reader: LineReader, timeout_
             return  # exited early; the return code check reports it
         if time.monotonic() >= deadline:
             raise AssertionError(f"child did not report READY within {timeout_seconds} s (recovery hung?)")
+
+
+def kill_after(proc: subprocess.Popen[bytes], reader: LineReader, *, wait_ready: bool, delay_seconds: float,
+               ready_timeout_seconds: float) -> int:
+    """Optionally wait for READY, wait ``delay_seconds``, SIGKILL the child and reap it; return
+    its exit code (``-SIGKILL`` unless it had already exited)."""
+    if wait_ready:
+        wait_until_ready(proc, reader, ready_timeout_seconds)
+    time.sleep(delay_seconds)
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    return proc.wait(REAP_TIMEOUT_SECONDS)
+
+
+def stderr_tail(stderr_path: Path) -> str:
+    return stderr_path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")

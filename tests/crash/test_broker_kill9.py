@@ -46,12 +46,10 @@ from __future__ import annotations
 import bisect
 import enum
 import itertools
-import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +62,16 @@ from broker.errors import CorruptEntry
 from broker.managed_ledger import Entry, ManagedLedger, ManagedLedgerConfig
 from storage import StorageConfig
 from tests.crash.broker_crash_child import SUBSCRIPTION, TOPIC, message_payload, open_broker_stack
-from tests.crash.harness import ChildResult, LineReader, crash_rounds, crash_seed, started_child, wait_until_ready
+from tests.crash.harness import (
+    REAP_TIMEOUT_SECONDS,
+    ChildResult,
+    LineReader,
+    crash_rounds,
+    crash_seed,
+    kill_after,
+    started_child,
+    stderr_tail,
+)
 from tests.unit.broker_stack import Stack
 
 pytestmark = pytest.mark.crash
@@ -84,11 +91,9 @@ SHORT_KILL_ROUND_PROBABILITY = 0.25
 the stack, or after it finished."""
 READY_TIMEOUT_SECONDS = 60.0
 CLEAN_EXIT_TIMEOUT_SECONDS = 90.0
-REAP_TIMEOUT_SECONDS = 30.0
 READ_BATCH_ENTRIES = 200
 PROBLEMS_SHOWN_MAX = 20
 OFFSETS_SHOWN_MAX = 12
-STDERR_TAIL_BYTES = 4000
 
 
 class RoundMode(enum.Enum):
@@ -310,15 +315,11 @@ def run_child(plan: RoundPlan, data_dir: str, salt: int, stderr_path: Path) -> C
         if plan.mode is RoundMode.CLEAN:
             returncode = wait_for_clean_exit(proc)
         else:
-            if plan.mode is RoundMode.KILL_AFTER_READY:
-                wait_until_ready(proc, reader, READY_TIMEOUT_SECONDS)
-            time.sleep(plan.kill_delay_seconds)
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-            returncode = proc.wait(REAP_TIMEOUT_SECONDS)
+            returncode = kill_after(proc, reader, wait_ready=plan.mode is RoundMode.KILL_AFTER_READY,
+                                    delay_seconds=plan.kill_delay_seconds,
+                                    ready_timeout_seconds=READY_TIMEOUT_SECONDS)
         reader.join(REAP_TIMEOUT_SECONDS)
-    stderr = stderr_path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")
-    return ChildResult(reader.lines, returncode, stderr)
+    return ChildResult(reader.lines, returncode, stderr_tail(stderr_path))
 
 
 def child_exit_problems(plan: RoundPlan, result: ChildResult) -> list[str]:

@@ -28,11 +28,9 @@ the number of rounds (30 by default; the soak runs hundreds).
 from __future__ import annotations
 
 import enum
-import os
 import random
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +45,16 @@ from storage import (
     StorageConfig,
 )
 from tests.crash.crash_child import describe_mismatch, expected_payload
-from tests.crash.harness import ChildResult, LineReader, crash_rounds, crash_seed, started_child, wait_until_ready
+from tests.crash.harness import (
+    REAP_TIMEOUT_SECONDS,
+    ChildResult,
+    LineReader,
+    crash_rounds,
+    crash_seed,
+    kill_after,
+    started_child,
+    stderr_tail,
+)
 
 pytestmark = pytest.mark.crash
 
@@ -57,13 +64,11 @@ KILL_AFTER_SPAWN_SECONDS = (0.0, 0.4)
 KILL_FROM_SPAWN_PROBABILITY = 0.15
 PRODUCTION_CONFIG_PROBABILITY = 0.3
 READY_TIMEOUT_SECONDS = 60.0
-REAP_TIMEOUT_SECONDS = 30.0
 CHILD_RUN_SECONDS_MAX = 10.0
 CHILD_ENTRIES_MAX = 200_000
 PROBE_BEYOND_LAC_ENTRIES = 3
 """Entry ids past the LAC that are also probed for half-visible data."""
 PROBLEMS_SHOWN_MAX = 20
-STDERR_TAIL_BYTES = 4000
 
 
 class Certainty(enum.Enum):
@@ -144,15 +149,10 @@ def run_child_until_killed(plan: RoundPlan, data_dir: str, salt: int, stderr_pat
     with started_child(child_command(plan, data_dir, salt), stderr_path) as proc:
         assert proc.stdout is not None
         reader = LineReader(proc.stdout)
-        if not plan.kill_from_spawn:
-            wait_until_ready(proc, reader, READY_TIMEOUT_SECONDS)
-        time.sleep(plan.kill_delay_seconds)
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        returncode = proc.wait(REAP_TIMEOUT_SECONDS)
+        returncode = kill_after(proc, reader, wait_ready=not plan.kill_from_spawn,
+                                delay_seconds=plan.kill_delay_seconds, ready_timeout_seconds=READY_TIMEOUT_SECONDS)
         reader.join(REAP_TIMEOUT_SECONDS)
-    stderr = stderr_path.read_bytes()[-STDERR_TAIL_BYTES:].decode("utf-8", errors="replace")
-    return ChildResult(reader.lines, returncode, stderr)
+    return ChildResult(reader.lines, returncode, stderr_tail(stderr_path))
 
 
 def child_exit_problems(result: ChildResult) -> list[str]:

@@ -66,7 +66,7 @@ from broker.managed_ledger import AddResult, Entry, ManagedLedger, ManagedLedger
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig
 from storage.fileio import FaultyFileIO
-from tests.simulation.seeds import ops_per_seed, seeds_to_run
+from tests.simulation.seeds import ops_per_seed, run_with_replay_hint, seeds_to_run
 from tests.unit.broker_stack import FakeClock
 
 pytestmark = pytest.mark.simulation
@@ -795,17 +795,6 @@ class Simulation:
                 unacked = {o for o in range(topic.first_offset, topic.next_offset) if not cm.is_acked(o)}
                 assert {o for o in delivered if not cm.is_acked(o)} == unacked, f"{name} of {topic.name} lost messages"
         self.verify_all()
-
-
-def run_with_replay_hint(sim: Simulation, body: Callable[[], None]) -> None:
-    print(sim.replay_hint)
-    try:
-        body()
-    except BaseException as exc:
-        exc.add_note(sim.describe())
-        raise
-    finally:
-        sim.close_quietly()
 
 
 # --- tests --------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from storage import (
     StorageError,
 )
 from storage.fileio import AppendFile, FaultyFileIO, FileIO
-from tests.simulation.seeds import ops_per_seed, seeds_to_run
+from tests.simulation.seeds import ops_per_seed, run_with_replay_hint, seeds_to_run
 
 pytestmark = pytest.mark.simulation
 
@@ -501,17 +501,6 @@ class Simulation:
             self.st.get_entry(ledger_id, LAST_ADD_CONFIRMED)
         with pytest.raises(NoSuchLedger):
             self.st.get_last_add_confirmed(ledger_id)
-
-
-def run_with_replay_hint(sim: Simulation, body: Callable[[], None]) -> None:
-    print(sim.replay_hint)
-    try:
-        body()
-    except BaseException as exc:
-        exc.add_note(sim.describe())
-        raise
-    finally:
-        sim.close_quietly()
 
 
 # --- tests --------------------------------------------------------------------------------
