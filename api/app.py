@@ -15,12 +15,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from api.auth import AuthConfig, Authorizer
 from api.errors import install_error_handlers
 from api.rest_produce import router as produce_router
 from broker.service import BrokerService
 
 
-def create_app(service: BrokerService) -> FastAPI:
+def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.start()
@@ -30,8 +31,11 @@ def create_app(service: BrokerService) -> FastAPI:
             service.close()
 
     app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
+    app.state.service = service
+    authorizer = Authorizer(auth or AuthConfig(), service)
+    app.state.authorizer = authorizer
     install_error_handlers(app)
-    app.include_router(produce_router(service))
+    app.include_router(produce_router(service, authorizer))
 
     @app.get("/healthz", summary="Liveness and storage health")
     def healthz() -> JSONResponse:

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.auth import Action, Authorizer, Caller, Principal
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
 from broker.service import BrokerService
@@ -82,10 +83,11 @@ def _deliver_at_ms(request: ProduceRequest, now_ms: int) -> int | None:
     return max(times) if times else None
 
 
-def router(service: BrokerService) -> APIRouter:
+def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter(tags=["produce"])
 
-    def produce(topic: TopicName, request: ProduceRequest) -> dict[str, Any]:
+    def produce(topic: TopicName, request: ProduceRequest, caller: Principal) -> dict[str, Any]:
+        authorizer.require(caller, Action.PRODUCE, topic)
         messages = [Message(payload=_payload(m, request.payloadEncoding, i), key=m.key, properties=m.properties,
                             event_time_ms=_event_time_ms(m, i))
                     for i, m in enumerate(request.messages)]
@@ -103,16 +105,18 @@ def router(service: BrokerService) -> APIRouter:
         return {"messagePublishResults": results, "schemaVersion": request.schemaVersion or 0}
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)")
-    def produce_to_topic(tenant: str, namespace: str, topic: str, request: ProduceRequest) -> dict[str, Any]:
-        return produce(TopicName.of(tenant, namespace, topic), request)
+    def produce_to_topic(tenant: str, namespace: str, topic: str, request: ProduceRequest,
+                         caller: Caller) -> dict[str, Any]:
+        return produce(TopicName.of(tenant, namespace, topic), request, caller)
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
                  summary="Produce messages to one partition (PIP-64)")
     def produce_to_partition(tenant: str, namespace: str, topic: str, partition: int,
-                             request: ProduceRequest) -> dict[str, Any]:
+                             request: ProduceRequest, caller: Caller) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
+        authorizer.require(caller, Action.PRODUCE, name)
         if partition < 0 or partition >= max(service.partitions(name), 1):
             raise InvalidRequest(f"{name} has no partition {partition}")
-        return produce(name.partition(partition) if service.partitions(name) else name, request)
+        return produce(name.partition(partition) if service.partitions(name) else name, request, caller)
 
     return routes

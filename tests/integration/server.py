@@ -11,17 +11,19 @@ from contextlib import contextmanager
 import uvicorn
 
 from api.app import create_app
+from api.auth import AuthConfig
 from broker.service import BrokerConfig, BrokerService
 
 START_TIMEOUT_S = 30.0
 
 
 @contextmanager
-def running_server(data_dir: str, config: BrokerConfig | None = None) -> Iterator[tuple[str, BrokerService]]:
+def running_server(data_dir: str, config: BrokerConfig | None = None, *,
+                   auth: AuthConfig | None = None) -> Iterator[tuple[str, BrokerService]]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     service = BrokerService(data_dir, config or BrokerConfig.test_min())
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(service, auth=auth), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -1,0 +1,166 @@
+"""Token authentication and namespace permissions, in Pulsar's model.
+
+Role: decide who a request is (authentication) and whether it may do what it asks
+(authorization). A client presents a JWT (HS256 with a secret key, or RS256 with a public key)
+as ``Authorization: Bearer <token>``; WebSocket clients may pass ``?token=<token>`` instead. The
+token's ``sub`` claim is the role. Superuser roles may do everything; a tenant's ``adminRoles``
+may administer that tenant's namespaces and topics; other roles need a namespace grant of
+``produce`` or ``consume``, kept in the namespace's policies (``auth_policies.namespace_auth``,
+managed by ``/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}``).
+
+Invariants: with authentication off (standalone's default) every request is the anonymous
+superuser and nothing is checked. With it on, a missing or invalid token is ``Unauthorized``
+(401) and a valid token without the permission is ``Forbidden`` (403); the checks run before
+any broker call, so a refused request never writes anything.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Annotated, Any
+
+import jwt
+from fastapi import Depends
+from starlette.requests import HTTPConnection
+
+from broker.errors import Forbidden, NotFound, Unauthorized
+from broker.service import BrokerService
+from broker.topic_name import TopicName
+
+ANONYMOUS_ROLE = "anonymous"
+
+
+class Action(StrEnum):
+    PRODUCE = "produce"
+    CONSUME = "consume"
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """``enabled`` turns token checks on; then exactly one of the keys must be set."""
+
+    enabled: bool = False
+    secret_key: bytes | None = None  # HS256
+    public_key: bytes | None = None  # RS256 (PEM)
+    superuser_roles: frozenset[str] = field(default_factory=frozenset)
+    role_claim: str = "sub"
+
+    def __post_init__(self) -> None:
+        if self.enabled and (self.secret_key is None) == (self.public_key is None):
+            raise ValueError("token authentication needs exactly one of secret_key or public_key")
+
+    @property
+    def algorithm(self) -> str:
+        return "HS256" if self.secret_key is not None else "RS256"
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: str
+    superuser: bool
+
+
+ANONYMOUS_SUPERUSER = Principal(ANONYMOUS_ROLE, superuser=True)
+
+
+def create_token(subject: str, *, secret_key: bytes | None = None, private_key: bytes | None = None,
+                 expires_in_s: int | None = None) -> str:
+    """A token for ``subject`` signed the way ``AuthConfig`` verifies it (``magnetar tokens create``)."""
+    claims: dict[str, Any] = {"sub": subject}
+    if expires_in_s is not None:
+        claims["exp"] = int(time.time()) + expires_in_s
+    if secret_key is not None:
+        return jwt.encode(claims, secret_key, algorithm="HS256")
+    if private_key is not None:
+        return jwt.encode(claims, private_key, algorithm="RS256")
+    raise ValueError("create_token needs a secret_key or a private_key")
+
+
+class Authorizer:
+    def __init__(self, config: AuthConfig, service: BrokerService) -> None:
+        self.config = config
+        self._service = service
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    # --- authentication --------------------------------------------------------------------
+    def authenticate(self, connection: HTTPConnection) -> Principal:
+        """The caller of an HTTP request or WebSocket handshake."""
+        if not self.config.enabled:
+            return ANONYMOUS_SUPERUSER
+        return self.principal_of(_token_of(connection))
+
+    def principal_of(self, token: str | None) -> Principal:
+        if not token:
+            raise Unauthorized("authentication required: send 'Authorization: Bearer <token>'")
+        key = self.config.secret_key if self.config.secret_key is not None else self.config.public_key
+        assert key is not None
+        try:
+            claims = jwt.decode(token, key, algorithms=[self.config.algorithm])
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(f"invalid token: {exc}") from exc
+        role = claims.get(self.config.role_claim)
+        if not isinstance(role, str) or not role:
+            raise Unauthorized(f"token has no '{self.config.role_claim}' claim")
+        return Principal(role, superuser=role in self.config.superuser_roles)
+
+    # --- authorization ---------------------------------------------------------------------
+    def require_superuser(self, principal: Principal) -> None:
+        if not principal.superuser:
+            raise Forbidden(f"role {principal.role!r} is not a superuser")
+
+    def require_tenant_admin(self, principal: Principal, tenant: str) -> None:
+        if principal.superuser:
+            return
+        admin_roles = self._service.tenant_info(tenant).get("adminRoles", []) \
+            if tenant in self._service.tenants() else []
+        if principal.role not in admin_roles:
+            raise Forbidden(f"role {principal.role!r} is not an admin of tenant {tenant!r}")
+
+    def require(self, principal: Principal, action: Action, topic: TopicName) -> None:
+        """``principal`` may ``action`` on ``topic``: superuser, tenant admin, or a namespace grant."""
+        if principal.superuser:
+            return
+        tenant = topic.tenant
+        if tenant in self._service.tenants() and \
+                principal.role in self._service.tenant_info(tenant).get("adminRoles", []):
+            return
+        if action.value in self.granted(topic.namespace_name).get(principal.role, []):
+            return
+        raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+
+    def granted(self, namespace: str) -> dict[str, list[str]]:
+        try:
+            policies = self._service.policies(namespace)
+        except NotFound:
+            return {}
+        grants: dict[str, list[str]] = policies.get("auth_policies", {}).get("namespace_auth", {})
+        return grants
+
+
+def _token_of(connection: HTTPConnection) -> str | None:
+    header = connection.headers.get("authorization")
+    if header:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise Unauthorized("the Authorization header must be 'Bearer <token>'")
+        return value.strip()
+    return connection.query_params.get("token")
+
+
+def authorizer_of(connection: HTTPConnection) -> Authorizer:
+    authorizer: Authorizer = connection.app.state.authorizer
+    return authorizer
+
+
+def principal(connection: HTTPConnection) -> Principal:
+    """FastAPI dependency: the authenticated caller (raises 401 without a valid token)."""
+    return authorizer_of(connection).authenticate(connection)
+
+
+Caller = Annotated[Principal, Depends(principal)]
+"""Route parameter type for the authenticated caller: ``def route(..., caller: Caller)``."""
