@@ -8,6 +8,7 @@ shutdown (uvicorn turns SIGTERM into a graceful shutdown, so a SIGTERM flushes a
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +19,19 @@ from fastapi.responses import JSONResponse
 from api.auth import AuthConfig, Authorizer
 from api.errors import install_error_handlers
 from api.rest_produce import router as produce_router
+from api.ws import router as ws_router
 from broker.service import BrokerService
+
+
+class _DenialLogFilter(logging.Filter):
+    """uvicorn's sans-I/O WebSocket protocol logs an HTTP-answered upgrade (a refused session,
+    see api/ws.py) as an incomplete handshake; the refusal is deliberate and already answered."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "without completing handshake" not in record.getMessage()
+
+
+_DENIAL_LOG_FILTER = _DenialLogFilter()
 
 
 def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> FastAPI:
@@ -30,12 +43,14 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
         finally:
             service.close()
 
+    logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)
     app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     authorizer = Authorizer(auth or AuthConfig(), service)
     app.state.authorizer = authorizer
     install_error_handlers(app)
     app.include_router(produce_router(service, authorizer))
+    app.include_router(ws_router(service, authorizer))
 
     @app.get("/healthz", summary="Liveness and storage health")
     def healthz() -> JSONResponse:

@@ -96,6 +96,12 @@ class MultiConsumer:
             raise InvalidRequest(f"this consumer does not read {topic}")
         return consumer
 
+    def held_messages(self) -> int:
+        """Messages granted or delivered and not yet acknowledged, over all topics (flow credit in use)."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+        return sum(c.permits + len(c.unacked) for c in consumers)
+
     def ack(self, topic: str, offsets: list[int]) -> None:
         self.consumer_for(topic).ack(offsets)
 

@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,7 @@ POLICIES = "/admin/policies"
 PARTITIONED = "/admin/partitioned-topics"
 ML_ROOT = "/managed-ledgers"
 PARTITIONS_MAX = 1024
+PUBLISH_WAIT_S_MAX = 60.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class BrokerService:
         self._maintenance: threading.Thread | None = None
         self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
         self._patterns: list[tuple[str, re.Pattern[str], MultiConsumer, Callable[[TopicName], Consumer]]] = []
-        self._routers: dict[TopicName, PartitionRouter] = {}
+        self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
         self._dispatch_pool: ThreadPoolExecutor | None = None
         self._scheduled: set[int] = set()
         self._scheduled_lock = threading.Lock()
@@ -457,14 +458,28 @@ class BrokerService:
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
                 sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
                 **options: Any) -> PublishResult:
-        """Publish to a topic, routing by key (or round-robin) when it is partitioned."""
+        """Publish to a topic, routing by key (or round-robin) when it is partitioned; wait for
+        the result."""
+        return self.publish_async(topic, messages, producer_name=producer_name, sequence_id=sequence_id,
+                                  routing_mode=routing_mode, **options).result(timeout=PUBLISH_WAIT_S_MAX)
+
+    def publish_async(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
+                      sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
+                      **options: Any) -> Future[PublishResult]:
+        """Like :meth:`publish`, but the result is a future completed once the entry is durable."""
+        return self.topic(self.route(topic, messages[0].key if messages else None, routing_mode)).publish(
+            messages, producer_name=producer_name, sequence_id=sequence_id, **options)
+
+    def route(self, topic: str | TopicName, key: str | None, routing_mode: str = "RoundRobinPartition") -> TopicName:
+        """The partition a message with ``key`` goes to (the topic itself when not partitioned)."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
         partitions = self.partitions(topic_name) if topic_name.partition_index < 0 else 0
-        if partitions:
-            router = self._routers.setdefault(topic_name, PartitionRouter(partitions, routing_mode))
-            topic_name = topic_name.partition(router.partition_for(messages[0].key))
-        return self.topic(topic_name).publish(messages, producer_name=producer_name, sequence_id=sequence_id,
-                                              **options).result(timeout=60)
+        if not partitions:
+            return topic_name
+        router = self._routers.get((topic_name, routing_mode))
+        if router is None or router.partitions != partitions:
+            router = self._routers[(topic_name, routing_mode)] = PartitionRouter(partitions, routing_mode)
+        return topic_name.partition(router.partition_for(key))
 
     def _dead_letter(self, target: str, delivery: Delivery, subscription: str) -> None:
         """Publish to the DLQ exactly once: each dead-lettered message has its own producer

@@ -1,0 +1,820 @@
+"""Pulsar's WebSocket API v2: producer, consumer and reader sessions over JSON frames.
+
+Role: the streaming edge. A session is one WebSocket connection bound to one broker object (a
+producer publishing to a topic, a ``MultiConsumer`` on a subscription, or readers). Paths, query
+parameters and frames follow Pulsar's WebSocket API, so a client written from Pulsar's docs works
+unchanged; Magnetar adds the message ``offset`` to publish results and to delivered messages.
+
+Invariants:
+- The handshake authenticates and authorizes first and creates the broker object second; any
+  failure there answers the upgrade with an HTTP error (4xx JSON ``{code, message}``), as Pulsar
+  does, so nothing is half-open.
+- A bad frame never closes the session and never writes anything: the producer answers
+  ``{"result": "send-error:<n>", "errorMsg", "context"}`` (3 bad JSON, 7 bad payload encoding,
+  8 broker refusal), consumers and readers answer ``{"result": "error:<n>", "errorMsg"}``.
+- Every buffer is bounded: a producer has at most ``maxPendingMessages`` publishes in flight (it
+  stops reading frames until results are sent); a push-mode consumer or a reader has at most
+  ``receiverQueueSize`` (≤ 1000) messages delivered and not yet acknowledged, and that credit is
+  recomputed from the broker's own accounting so redelivered messages never leak it (Pulsar
+  #2731); a pull-mode consumer gets exactly the permits it asks for.
+- Publishes complete in order; a result is sent only once its entry is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import itertools
+import json
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketState
+
+from api.auth import Action, Authorizer
+from api.errors import error_body
+from broker.entry_format import Compression, Message
+from broker.errors import InvalidRequest, MagnetarError
+from broker.message_id import MessageId
+from broker.reader import Reader, StartPosition
+from broker.routing import MultiConsumer
+from broker.service import BrokerService
+from broker.subscription import ConsumerConfig, Delivery, SubscriptionType
+from broker.topic import PublishResult
+from broker.topic_name import TopicName
+
+RECEIVER_QUEUE_SIZE_MAX = 1000
+PENDING_MESSAGES_MAX = 10_000
+BATCH_MESSAGES_MAX = 10_000
+PERMITS_PER_FRAME_MAX = 100_000
+READER_FILL_MESSAGES_MAX = 1000
+CREDIT_CHECK_INTERVAL_S = 1.0
+FRAME_ERROR_TEXT_MAX = 300
+
+# Pulsar's WebSocket result codes
+JSON_DESERIALIZE_ERROR = 3
+PAYLOAD_ENCODING_ERROR = 7
+UNKNOWN_ERROR = 8
+
+_COMPRESSIONS = {"NONE": Compression.NONE, "LZ4": Compression.LZ4, "ZLIB": Compression.ZLIB,
+                 "ZSTD": Compression.ZSTD, "SNAPPY": Compression.SNAPPY}
+
+
+class FrameError(Exception):
+    """A client frame this session cannot use; answered with an error frame, nothing written."""
+
+    def __init__(self, result_code: int, message: str) -> None:
+        super().__init__(message)
+        self.result_code = result_code
+
+
+# --- query parameters ------------------------------------------------------------------------
+class QueryParams:
+    """Typed access to a handshake's query string; bad values raise ``InvalidRequest`` (400)."""
+
+    def __init__(self, query: Mapping[str, str]) -> None:
+        self._query = query
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        value = self._query.get(name)
+        return value if value not in (None, "") else default
+
+    def integer(self, name: str, default: int, low: int, high: int) -> int:
+        raw = self._query.get(name)
+        if raw in (None, ""):
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise InvalidRequest(f"query parameter {name} must be an integer, not {raw!r}") from None
+        if not low <= value <= high:
+            raise InvalidRequest(f"query parameter {name} must be between {low} and {high}, not {value}")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self._query.get(name)
+        if raw in (None, ""):
+            return default
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise InvalidRequest(f"query parameter {name} must be true or false, not {raw!r}")
+
+    def choice(self, name: str, options: Mapping[str, Any], default: str) -> Any:
+        raw = self.text(name, default)
+        assert raw is not None
+        for option, value in options.items():
+            if option.lower() == raw.lower():
+                return value
+        raise InvalidRequest(f"query parameter {name} must be one of {', '.join(options)}, not {raw!r}")
+
+
+# --- frames ------------------------------------------------------------------------------------
+def iso_time(epoch_ms: int) -> str:
+    """Pulsar's WebSocket timestamps: ISO-8601 with milliseconds, UTC."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_event_time_ms(value: Any) -> int | None:
+    """``eventTime`` as epoch milliseconds (a number or numeric string) or ISO-8601 text."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise FrameError(PAYLOAD_ENCODING_ERROR, "eventTime must be epoch milliseconds or ISO-8601")
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            stamp = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+            return max(0, int(stamp.timestamp() * 1000))
+    raise FrameError(PAYLOAD_ENCODING_ERROR, f"eventTime {str(value)[:40]!r} is not epoch ms or ISO-8601")
+
+
+def message_frame(delivery: Delivery) -> str:
+    message = delivery.message
+    frame: dict[str, Any] = {
+        "messageId": delivery.message_id.to_base64(),
+        "payload": base64.b64encode(message.payload).decode("ascii"),
+        "properties": message.properties,
+        "publishTime": iso_time(delivery.publish_time_ms),
+        "redeliveryCount": delivery.redelivery_count,
+        "offset": delivery.offset,
+    }
+    if message.key is not None:
+        frame["key"] = message.key
+    if message.event_time_ms is not None:
+        frame["eventTime"] = iso_time(message.event_time_ms)
+    return json.dumps(frame, separators=(",", ":"))
+
+
+def parse_frame(text: str) -> dict[str, Any]:
+    try:
+        frame = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FrameError(JSON_DESERIALIZE_ERROR, f"frame is not valid JSON: {exc}") from None
+    if not isinstance(frame, dict):
+        raise FrameError(JSON_DESERIALIZE_ERROR, "frame must be a JSON object")
+    return frame
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= FRAME_ERROR_TEXT_MAX else text[:FRAME_ERROR_TEXT_MAX] + "…"
+
+
+def _frame_text(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+async def _receive_text(websocket: WebSocket) -> str | None:
+    """The next text frame (binary frames are decoded as UTF-8), or None once the peer left."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        return None
+    if message.get("text") is not None:
+        text: str = message["text"]
+        return text
+    try:
+        return bytes(message.get("bytes") or b"").decode()
+    except UnicodeDecodeError:
+        return "\x00"  # not JSON: answered as a bad frame
+
+
+async def _deny(websocket: WebSocket, exc: MagnetarError) -> None:
+    """Answer the upgrade with an HTTP error, as Pulsar does when it cannot create the session."""
+    await websocket.send_denial_response(
+        JSONResponse(error_body(exc.code, str(exc) or exc.code), status_code=exc.http_status))
+
+
+# --- producer ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProducerParams:
+    producer_name: str
+    explicit_name: bool
+    initial_sequence_id: int | None
+    batching: bool
+    batch_messages_max: int
+    pending_messages_max: int
+    routing_mode: str
+    compression: Compression
+
+    @classmethod
+    def parse(cls, query: QueryParams) -> ProducerParams:
+        name = query.text("producerName")
+        initial = query.text("initialSequenceId")
+        return cls(
+            producer_name=name or f"ws-producer-{uuid.uuid4().hex[:12]}",
+            explicit_name=name is not None,
+            initial_sequence_id=query.integer("initialSequenceId", -1, -1, 2**63 - 1) if initial else None,
+            batching=query.flag("batchingEnabled", False),
+            batch_messages_max=query.integer("batchingMaxMessages", 1000, 1, BATCH_MESSAGES_MAX),
+            pending_messages_max=query.integer("maxPendingMessages", 1000, 1, PENDING_MESSAGES_MAX),
+            routing_mode=query.choice("messageRoutingMode", {"RoundRobinPartition": "RoundRobinPartition",
+                                                             "SinglePartition": "SinglePartition"},
+                                      "RoundRobinPartition"),
+            compression=query.choice("compressionType", _COMPRESSIONS, "NONE"),
+        )
+
+
+@dataclass
+class _Send:
+    context: Any
+    message: Message
+    deliver_at_ms: int | None
+    sequence_id: int | None
+
+
+@dataclass
+class _Rejected:
+    context: Any
+    error: MagnetarError
+
+
+class ProducerSession:
+    """Frames in, durable publishes out, results back in the order the frames came."""
+
+    def __init__(self, websocket: WebSocket, service: BrokerService, topic: TopicName,
+                 params: ProducerParams) -> None:
+        self.ws = websocket
+        self.service = service
+        self.topic = topic
+        self.params = params
+        self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
+        self._results: asyncio.Queue[tuple[list[Any], Awaitable[PublishResult] | MagnetarError] | None] = \
+            asyncio.Queue(params.pending_messages_max)
+        self._sequence_ids = itertools.count(params.initial_sequence_id + 1) \
+            if params.initial_sequence_id is not None else None
+
+    async def run(self) -> None:
+        publisher = asyncio.create_task(self._publish_loop())
+        responder = asyncio.create_task(self._respond_loop())
+        try:
+            await self._receive_loop()
+        finally:
+            await self._inbox.put(None)
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await publisher
+                await responder
+            publisher.cancel()
+            responder.cancel()
+
+    async def _receive_loop(self) -> None:
+        while (text := await _receive_text(self.ws)) is not None:
+            try:
+                item: _Send | _Rejected = self._parse_send(text)
+            except _ContextFrameError as exc:
+                item = _Rejected(exc.context, _frame_failure(exc))
+            except FrameError as exc:
+                item = _Rejected(None, _frame_failure(exc))
+            await self._inbox.put(item)
+
+    def _parse_send(self, text: str) -> _Send:
+        frame = parse_frame(text)
+        context = frame.get("context")
+        try:
+            return self._build_send(frame, context)
+        except FrameError as exc:
+            raise _ContextFrameError(exc.result_code, str(exc), context) from None
+
+    def _build_send(self, frame: dict[str, Any], context: Any) -> _Send:
+        payload = frame.get("payload")
+        if not isinstance(payload, str):
+            raise FrameError(PAYLOAD_ENCODING_ERROR, "payload must be a base64 string")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise FrameError(PAYLOAD_ENCODING_ERROR, "payload is not valid base64") from None
+        properties = frame.get("properties") or {}
+        if not isinstance(properties, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                       for k, v in properties.items()):
+            raise FrameError(JSON_DESERIALIZE_ERROR, "properties must be an object of strings")
+        key = frame.get("key")
+        if key is not None and not isinstance(key, str):
+            raise FrameError(JSON_DESERIALIZE_ERROR, "key must be a string")
+        message = Message(payload=data, key=key, properties=properties,
+                          event_time_ms=parse_event_time_ms(frame.get("eventTime")))
+        return _Send(context, message, self._deliver_at_ms(frame), self._sequence_id(frame))
+
+    def _deliver_at_ms(self, frame: dict[str, Any]) -> int | None:
+        deliver_at, deliver_after = frame.get("deliverAt"), frame.get("deliverAfterMs")
+        for name, value in (("deliverAt", deliver_at), ("deliverAfterMs", deliver_after)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise FrameError(JSON_DESERIALIZE_ERROR, f"{name} must be a non-negative integer")
+        if deliver_at:
+            return int(deliver_at)
+        if deliver_after:
+            return int(self.service.clock() * 1000) + int(deliver_after)
+        return None
+
+    def _sequence_id(self, frame: dict[str, Any]) -> int | None:
+        value = frame.get("sequenceId")
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise FrameError(JSON_DESERIALIZE_ERROR, "sequenceId must be a non-negative integer")
+            return value
+        return next(self._sequence_ids) if self._sequence_ids is not None else None
+
+    async def _publish_loop(self) -> None:
+        """Take frames in order; with batching, frames already waiting join one entry."""
+        carried: list[_Send | _Rejected | None] = []
+        while True:
+            first = carried.pop() if carried else await self._inbox.get()
+            if first is None:
+                break
+            if isinstance(first, _Rejected):
+                await self._results.put(([first.context], first.error))
+                continue
+            group = [first]
+            if self._batchable(first):
+                target = self.service.route(self.topic, first.message.key, self.params.routing_mode)
+                while len(group) < self.params.batch_messages_max and not self._inbox.empty():
+                    candidate = self._inbox.get_nowait()
+                    if isinstance(candidate, _Send) and self._batchable(candidate) and \
+                            self.service.route(self.topic, candidate.message.key, self.params.routing_mode) == target:
+                        group.append(candidate)
+                    else:
+                        carried.append(candidate)
+                        break
+            await self._results.put(([s.context for s in group], self._publish(group)))
+        await self._results.put(None)
+
+    def _batchable(self, send: _Send) -> bool:
+        return self.params.batching and send.deliver_at_ms is None and send.sequence_id is None
+
+    def _publish(self, group: list[_Send]) -> Awaitable[PublishResult] | MagnetarError:
+        try:
+            future: Future[PublishResult] = self.service.publish_async(
+                self.topic, [s.message for s in group], producer_name=self.params.producer_name,
+                sequence_id=group[0].sequence_id, routing_mode=self.params.routing_mode,
+                compression=self.params.compression, deliver_at_time_ms=group[0].deliver_at_ms)
+        except MagnetarError as exc:
+            return exc
+        return asyncio.wrap_future(future)
+
+    async def _respond_loop(self) -> None:
+        while (item := await self._results.get()) is not None:
+            contexts, outcome = item
+            for frame in await _outcome_frames(contexts, outcome):
+                await self.ws.send_text(frame)
+
+
+class _ContextFrameError(FrameError):
+    def __init__(self, result_code: int, message: str, context: Any) -> None:
+        super().__init__(result_code, message)
+        self.context = context
+
+
+def _frame_failure(exc: FrameError) -> MagnetarError:
+    failure = InvalidRequest(str(exc))
+    failure.result_code = exc.result_code  # type: ignore[attr-defined]
+    return failure
+
+
+async def _outcome_frames(contexts: list[Any], outcome: Awaitable[PublishResult] | MagnetarError) -> list[str]:
+    if isinstance(outcome, MagnetarError):
+        return [_send_error(c, outcome) for c in contexts]
+    try:
+        result = await outcome
+    except MagnetarError as exc:
+        return [_send_error(c, exc) for c in contexts]
+    if result.duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
+        dup = MessageId(-1, -1).to_base64()
+        return [_frame_text({"result": "ok", "messageId": dup, "context": c, "duplicate": True}) for c in contexts]
+    return [_frame_text({"result": "ok", "messageId": mid.to_base64(), "context": c, "offset": offset})
+            for c, mid, offset in zip(contexts, result.message_ids, result.offsets, strict=True)]
+
+
+def _send_error(context: Any, exc: MagnetarError) -> str:
+    code = getattr(exc, "result_code", UNKNOWN_ERROR)
+    return _frame_text({"result": f"send-error:{code}", "errorMsg": _short(f"{exc.code}: {exc}"),
+                        "errorCode": exc.code, "context": context})
+
+
+# --- consumer ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ConsumerParams:
+    sub_type: SubscriptionType
+    durable: bool
+    initial: str
+    receiver_queue_size: int
+    pull_mode: bool
+    config: ConsumerConfig
+
+    @classmethod
+    def parse(cls, query: QueryParams) -> ConsumerParams:
+        receiver_queue = query.integer("receiverQueueSize", RECEIVER_QUEUE_SIZE_MAX, 0, 2**31 - 1)
+        receiver_queue = min(receiver_queue, RECEIVER_QUEUE_SIZE_MAX)  # Pulsar caps it at 1000
+        config = ConsumerConfig(
+            name=query.text("consumerName") or f"ws-consumer-{uuid.uuid4().hex[:12]}",
+            receiver_queue_size=receiver_queue,
+            priority_level=query.integer("priorityLevel", 0, 0, 2**31 - 1),
+            ack_timeout_ms=query.integer("ackTimeoutMillis", 0, 0, 2**31 - 1),
+            negative_ack_redelivery_delay_ms=query.integer("negativeAckRedeliveryDelay", 60_000, 0, 2**31 - 1),
+            max_redeliver_count=query.integer("maxRedeliverCount", 0, 0, 2**31 - 1),
+            dead_letter_topic=query.text("deadLetterTopic"),
+        )
+        sub_type = SubscriptionType.parse(query.text("subscriptionType", "Exclusive") or "Exclusive")
+        return cls(
+            sub_type=sub_type,
+            durable=query.choice("subscriptionMode", {"Durable": True, "NonDurable": False}, "Durable"),
+            initial=query.choice("subscriptionInitialPosition", {"Latest": "latest", "Earliest": "earliest"},
+                                 "Latest"),
+            receiver_queue_size=receiver_queue,
+            pull_mode=query.flag("pullMode", False),
+            config=config,
+        )
+
+
+class _Credit:
+    """Flow credit of a push session: keep ``limit`` messages granted-or-unacknowledged."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, held: Callable[[], int],
+                 grant: Callable[[int], None]) -> None:
+        self._loop = loop
+        self._limit = limit
+        self._held = held
+        self._grant = grant
+        self._scheduled = False
+
+    def top_up_soon(self) -> None:
+        """Top up once the frames already received are handled (one flow per burst of acks)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.top_up)
+
+    def top_up(self) -> None:
+        self._scheduled = False
+        missing = self._limit - self._held()
+        if missing > 0:
+            self._grant(missing)
+
+
+class ConsumerSession:
+    """Deliveries of a ``MultiConsumer`` out as frames; acks, nacks and commands in."""
+
+    def __init__(self, websocket: WebSocket, service: BrokerService, consumer: MultiConsumer,
+                 params: ConsumerParams, topics: list[TopicName], subscription: str) -> None:
+        self.ws = websocket
+        self.service = service
+        self.consumer = consumer
+        self.params = params
+        self.topics = topics
+        self.subscription = subscription
+        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.flow)
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(self._wake.set)
+
+        consumer.listener = notify
+
+    async def run(self) -> None:
+        if not self.params.pull_mode:
+            self._credit.top_up()
+        sender = asyncio.create_task(self._send_loop())
+        ticker = asyncio.create_task(self._credit_loop()) if not self.params.pull_mode else None
+        try:
+            await self._receive_loop()
+        finally:
+            sender.cancel()
+            if ticker is not None:
+                ticker.cancel()
+            self.consumer.close()
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while (delivery := self.consumer.poll()) is not None:
+                await self.ws.send_text(message_frame(delivery))
+
+    async def _credit_loop(self) -> None:
+        """Redelivery after an ack timeout frees credit without any frame arriving."""
+        while True:
+            await asyncio.sleep(CREDIT_CHECK_INTERVAL_S)
+            self._credit.top_up()
+
+    async def _receive_loop(self) -> None:
+        while (text := await _receive_text(self.ws)) is not None:
+            try:
+                if await self._handle(parse_frame(text)):
+                    return
+            except FrameError as exc:
+                await self.ws.send_text(_frame_text({"result": f"error:{exc.result_code}",
+                                                     "errorMsg": _short(str(exc))}))
+            except MagnetarError as exc:
+                await self.ws.send_text(_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
+                                                     "errorMsg": _short(str(exc))}))
+
+    async def _handle(self, frame: dict[str, Any]) -> bool:
+        """Apply one client frame; True when the session is over (unsubscribed)."""
+        kind = frame.get("type")
+        if kind == "permit":
+            self.consumer.flow(_permits(frame))
+        elif kind == "isEndOfTopic":
+            await self.ws.send_text(_frame_text({"endOfTopic": self._end_of_topic()}))
+        elif kind == "unsubscribe":
+            self.consumer.close()
+            for name in self.topics:
+                for partition in self.service.expand_partitions(name):
+                    self.service.unsubscribe(partition, self.subscription)
+            await self.ws.close(1000, "unsubscribed")
+            return True
+        elif kind == "negativeAcknowledge":
+            topic, offset = self._locate(frame)
+            self.consumer.nack(topic, [offset])
+            self._credit_after_ack()
+        else:  # Pulsar: a frame with no (or an unknown) type is an acknowledgement
+            topic, offset = self._locate(frame)
+            self.consumer.ack(topic, [offset])
+            self._credit_after_ack()
+        return False
+
+    def _credit_after_ack(self) -> None:
+        if not self.params.pull_mode:
+            self._credit.top_up_soon()
+
+    def _locate(self, frame: dict[str, Any]) -> tuple[str, int]:
+        """The (partition topic, offset) of the message a frame's ``messageId`` names."""
+        raw = frame.get("messageId")
+        if not isinstance(raw, str):
+            raise FrameError(JSON_DESERIALIZE_ERROR, "frame needs a messageId string")
+        message_id = MessageId.from_base64(raw)
+        for topic_full_name in self.consumer.topics():
+            name = TopicName.parse(topic_full_name)
+            if name.partition_index == message_id.partition or \
+                    (name.partition_index < 0 and message_id.partition < 0):
+                consumer = self.consumer.consumer_for(topic_full_name)
+                offset = consumer.offset_of(message_id)
+                if offset is None:
+                    offset = self.service.topic(name, create=False).offset_of(message_id)
+                return topic_full_name, offset
+        raise InvalidRequest(f"message id {raw} does not belong to this consumer's topics")
+
+    def _end_of_topic(self) -> bool:
+        for topic_full_name in self.consumer.topics():
+            topic = self.service.topic(topic_full_name, create=False)
+            if not topic.ml.terminated:
+                return False
+            consumer = self.consumer.consumer_for(topic_full_name)
+            if consumer.subscription.cursor.backlog_messages() > 0:
+                return False
+        return True
+
+
+def _permits(frame: dict[str, Any]) -> int:
+    permits = frame.get("permitMessages")
+    if isinstance(permits, bool) or not isinstance(permits, int) or not 0 < permits <= PERMITS_PER_FRAME_MAX:
+        raise FrameError(JSON_DESERIALIZE_ERROR, f"permitMessages must be an integer in 1..{PERMITS_PER_FRAME_MAX}")
+    return permits
+
+
+# --- reader --------------------------------------------------------------------------------------
+class ReaderSession:
+    """Readers (one per partition) from a start position; acks only free flow credit."""
+
+    def __init__(self, websocket: WebSocket, service: BrokerService, readers: list[Reader],
+                 receiver_queue_size: int) -> None:
+        self.ws = websocket
+        self.service = service
+        self.readers = readers
+        self._limit = max(receiver_queue_size, 1)
+        self._outstanding = 0
+        self._sent_ids: deque[str] = deque()
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._listeners: list[tuple[Reader, Callable[[], None]]] = []
+
+    def _notify(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def run(self) -> None:
+        for reader in self.readers:
+            reader.topic.ml.add_listener(self._notify)
+            self._listeners.append((reader, self._notify))
+        sender = asyncio.create_task(self._send_loop())
+        try:
+            await self._receive_loop()
+        finally:
+            sender.cancel()
+            for reader, listener in self._listeners:
+                reader.topic.ml.remove_listener(listener)
+
+    async def _send_loop(self) -> None:
+        self._wake.set()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outstanding < self._limit:
+                room = self._limit - self._outstanding
+                batch = await asyncio.to_thread(self._read, min(room, READER_FILL_MESSAGES_MAX))
+                if not batch:
+                    break
+                self._outstanding += len(batch)
+                for delivery in batch:
+                    await self.ws.send_text(message_frame(delivery))
+
+    def _read(self, count: int) -> list[Delivery]:
+        """Up to ``count`` messages, taking turns over the partitions."""
+        out: list[Delivery] = []
+        progress = True
+        while len(out) < count and progress:
+            progress = False
+            for reader in self.readers:
+                delivery = reader.read_next()
+                if delivery is not None:
+                    out.append(delivery)
+                    progress = True
+                    if len(out) >= count:
+                        break
+        return out
+
+    async def _receive_loop(self) -> None:
+        while (text := await _receive_text(self.ws)) is not None:
+            try:
+                frame = parse_frame(text)
+                if frame.get("type") == "isEndOfTopic":
+                    await self.ws.send_text(_frame_text({"endOfTopic": self._end_of_topic()}))
+                    continue
+                if not isinstance(frame.get("messageId"), str):
+                    raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
+                MessageId.from_base64(frame["messageId"])
+                if self._outstanding > 0:
+                    self._outstanding -= 1
+                    self._wake.set()
+            except FrameError as exc:
+                await self.ws.send_text(_frame_text({"result": f"error:{exc.result_code}",
+                                                     "errorMsg": _short(str(exc))}))
+            except MagnetarError as exc:
+                await self.ws.send_text(_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
+                                                     "errorMsg": _short(str(exc))}))
+
+    def _end_of_topic(self) -> bool:
+        return all(r.topic.ml.terminated and not r.has_message_available() for r in self.readers)
+
+
+def _reader_start(query: QueryParams) -> StartPosition:
+    raw = query.text("messageId", "latest")
+    assert raw is not None
+    if raw.lower() == "earliest":
+        return StartPosition.earliest()
+    if raw.lower() == "latest":
+        return StartPosition.latest()
+    return StartPosition("message_id", message_id=MessageId.parse(raw), inclusive=False)
+
+
+# --- routes --------------------------------------------------------------------------------------
+def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    routes = APIRouter()
+
+    async def admit(websocket: WebSocket, action: Action, topics: list[TopicName]) -> bool:
+        try:
+            caller = authorizer.authenticate(websocket)
+            for topic in topics:
+                authorizer.require(caller, action, topic)
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return False
+        return True
+
+    @routes.websocket("/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}")
+    async def producer(websocket: WebSocket, tenant: str, namespace: str, topic: str) -> None:
+        try:
+            name = TopicName.of(tenant, namespace, topic)
+            params = ProducerParams.parse(QueryParams(websocket.query_params))
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        if not await admit(websocket, Action.PRODUCE, [name]):
+            return
+        try:
+            for partition in service.expand_partitions(name):
+                service.topic(partition)
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        await _serve(websocket, ProducerSession(websocket, service, name, params).run)
+
+    async def consume(websocket: WebSocket, topics: list[TopicName], subscription: str,
+                      pattern: tuple[str, str] | None = None) -> None:
+        try:
+            params = ConsumerParams.parse(QueryParams(websocket.query_params))
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        if not await admit(websocket, Action.CONSUME, topics):
+            return
+        try:
+            if pattern is not None:
+                consumer = service.subscribe_pattern(pattern[0], pattern[1], subscription, params.sub_type,
+                                                     params.config, initial=params.initial)
+            else:
+                consumer = service.subscribe_many([t.full_name for t in topics], subscription, params.sub_type,
+                                                  params.config, initial=params.initial, durable=params.durable)
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        session = ConsumerSession(websocket, service, consumer, params, topics, subscription)
+        await _serve(websocket, session.run, on_refused=consumer.close)
+
+    @routes.websocket("/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}")
+    async def consumer(websocket: WebSocket, tenant: str, namespace: str, topic: str, subscription: str) -> None:
+        try:
+            name = TopicName.of(tenant, namespace, topic)
+            _check_subscription_name(subscription)
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        await consume(websocket, [name], subscription)
+
+    @routes.websocket("/ws/v3/consumer/{subscription}")
+    async def multi_topic_consumer(websocket: WebSocket, subscription: str) -> None:
+        query = QueryParams(websocket.query_params)
+        try:
+            _check_subscription_name(subscription)
+            topics_text, pattern = query.text("topics"), query.text("topicsPattern")
+            if (topics_text is None) == (pattern is None):
+                raise InvalidRequest("give exactly one of the query parameters topics or topicsPattern")
+            if pattern is not None:
+                names, target = _pattern_target(pattern)
+            else:
+                assert topics_text is not None
+                names = [TopicName.parse(t.strip()) for t in topics_text.split(",") if t.strip()]
+                target = None
+                if not names:
+                    raise InvalidRequest("topics lists no topic")
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        await consume(websocket, names, subscription, target)
+
+    @routes.websocket("/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}")
+    async def reader(websocket: WebSocket, tenant: str, namespace: str, topic: str) -> None:
+        query = QueryParams(websocket.query_params)
+        try:
+            name = TopicName.of(tenant, namespace, topic)
+            receiver_queue = min(query.integer("receiverQueueSize", RECEIVER_QUEUE_SIZE_MAX, 1, 2**31 - 1),
+                                 RECEIVER_QUEUE_SIZE_MAX)
+            start = _reader_start(query)
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        if not await admit(websocket, Action.CONSUME, [name]):
+            return
+        try:
+            readers = [service.reader(p, start) for p in service.expand_partitions(name)]
+        except MagnetarError as exc:
+            await _deny(websocket, exc)
+            return
+        await _serve(websocket, ReaderSession(websocket, service, readers, receiver_queue).run)
+
+    return routes
+
+
+def _pattern_target(pattern: str) -> tuple[list[TopicName], tuple[str, str]]:
+    """The namespace a ``topicsPattern`` ranges over (for authorization) and the full-name regex."""
+    full = pattern if "://" in pattern else f"persistent://{pattern}"
+    parts = full.split("://", 1)[1].split("/")
+    if len(parts) < 3:
+        raise InvalidRequest(f"topicsPattern {pattern!r} must look like persistent://tenant/namespace/regex")
+    namespace_probe = TopicName.of(parts[0], parts[1], "pattern")
+    return [namespace_probe], (namespace_probe.namespace_name, full)
+
+
+def _check_subscription_name(name: str) -> None:
+    TopicName.of("t", "ns", name)  # same character rules as a topic's local name
+
+
+async def _serve(websocket: WebSocket, run: Callable[[], Awaitable[None]],
+                 on_refused: Callable[[], None] | None = None) -> None:
+    try:
+        await websocket.accept()
+    except (WebSocketDisconnect, RuntimeError):
+        if on_refused is not None:
+            on_refused()
+        return
+    try:
+        await run()
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if websocket.application_state is not WebSocketState.DISCONNECTED and \
+                websocket.client_state is not WebSocketState.DISCONNECTED:
+            with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+                await websocket.close()
