@@ -49,7 +49,7 @@ from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
 from broker.service import BrokerService
 from broker.subscription import ConsumerConfig, Delivery, SubscriptionType
-from broker.topic import PublishResult
+from broker.topic import SEQUENCE_ID_MAX, PublishResult
 from broker.topic_name import TopicName
 
 RECEIVER_QUEUE_SIZE_MAX = 1000
@@ -322,8 +322,8 @@ class ProducerSession:
     def _sequence_id(self, frame: dict[str, Any]) -> int | None:
         value = frame.get("sequenceId")
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise FrameError(JSON_DESERIALIZE_ERROR, "sequenceId must be a non-negative integer")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEQUENCE_ID_MAX:
+                raise FrameError(JSON_DESERIALIZE_ERROR, f"sequenceId must be an integer in 0..{SEQUENCE_ID_MAX}")
             return value
         return next(self._sequence_ids) if self._sequence_ids is not None else None
 

@@ -28,6 +28,7 @@ from broker.metadata import MetadataStore
 from broker.topic_name import TopicName
 
 MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
+SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
 REPLAY_BATCH_ENTRIES = 100
 
 
@@ -80,15 +81,17 @@ class PersistentTopic:
         with self._publish_lock:  # dedup reservation and append order must agree
             first_seq = self._first_sequence_id(producer_name, sequence_id, messages)
             highest_seq = first_seq + len(messages) - 1
+            if first_seq < 0 or highest_seq > SEQUENCE_ID_MAX:
+                raise InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX}, not {first_seq}..{highest_seq}")
             duplicate = self._check_duplicate(producer_name, highest_seq)
             if duplicate is not None:
                 return duplicate
             stamped = [m if m.sequence_id is not None else m._replace(sequence_id=first_seq + i)
                        for i, m in enumerate(messages)]
-            entry = encode_entry(stamped, producer_name=producer_name, sequence_id=first_seq,
-                                 publish_time_ms=int(self._clock() * 1000), compression=compression,
-                                 deliver_at_time_ms=deliver_at_time_ms)
-            try:
+            try:  # nothing reserved for dedup may outlive a publish that wrote nothing
+                entry = encode_entry(stamped, producer_name=producer_name, sequence_id=first_seq,
+                                     publish_time_ms=int(self._clock() * 1000), compression=compression,
+                                     deliver_at_time_ms=deliver_at_time_ms)
                 added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset)
             except BaseException:
                 if self.dedup is not None:

@@ -57,6 +57,18 @@ def test_duplicates_are_acknowledged_but_stored_once_across_restarts(data_dir: s
     stack.close()
 
 
+def test_a_refused_sequence_id_leaves_the_producer_usable(data_dir: str) -> None:
+    stack = open_stack(data_dir)
+    topic = open_topic(stack, "t/ns/seq")
+    topic.publish([Message(b"a")], producer_name="p", sequence_id=4).result(timeout=10)
+    for bad in (2**63, 2**70, -3):
+        with pytest.raises(InvalidRequest, match="sequence ids"):
+            topic.publish([Message(b"x")], producer_name="p", sequence_id=bad)
+    after = topic.publish([Message(b"b")], producer_name="p").result(timeout=10)
+    assert after.offsets == (1,) and topic.last_sequence_id("p") == 5
+    stack.close()
+
+
 def test_message_ids_name_entries_and_batch_indexes(data_dir: str) -> None:
     stack = open_stack(data_dir)
     topic = open_topic(stack, "t/ns/ids-partition-2")

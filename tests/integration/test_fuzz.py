@@ -1,0 +1,146 @@
+"""Fuzzing the edge: property-based requests from the OpenAPI schema, and malformed WebSocket frames.
+
+The HTTP part lets schemathesis generate requests for every operation in ``/openapi.json``
+(bounded by ``FUZZ_EXAMPLES_PER_OPERATION``) against a real server and fails on any 5xx. The
+WebSocket part sends a sweep of malformed frames (not JSON, wrong types, bad base64, invalid
+UTF-8 in binary frames, deep nesting, huge numbers) to the producer, consumer and reader: each
+must be answered with an error frame, the session must stay usable, the server healthy, and the
+producer must have written nothing but the one good frame.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi.schemas import OpenApiSchema
+
+from broker.reader import StartPosition
+from broker.service import BrokerService
+from tests.integration.server import running_server
+from tests.integration.ws_client import b64, open_ws, recv_frame, send_frame, ws_base
+
+FUZZ_EXAMPLES_PER_OPERATION = 25
+NS = "persistent/public/default"
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BrokerService]]:
+    with running_server(str(tmp_path_factory.mktemp("fuzz") / "data")) as (url, service):
+        yield url, service
+
+
+@pytest.fixture(scope="module")
+def api_schema(live_server: tuple[str, BrokerService]) -> OpenApiSchema:
+    url, _ = live_server
+    return schemathesis.openapi.from_url(f"{url}/openapi.json")
+
+
+def check_operation(operation: Any, url: str) -> None:
+    @given(case=operation.as_strategy())
+    @settings(max_examples=FUZZ_EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    def no_server_error(case: Any) -> None:
+        response = case.call(base_url=url, timeout=30)
+        assert response.status_code < 500, f"{case.method} {case.formatted_path} → {response.status_code}: " \
+                                           f"{response.text[:300]}"
+        content_type = response.headers.get("content-type") or [""]
+        if response.status_code >= 400 and str(content_type[0]).startswith("application/json"):
+            problem = response.json()
+            assert isinstance(problem, dict) and problem.get("code") and problem.get("message"), problem
+
+    no_server_error()
+
+
+def test_no_generated_request_gets_a_server_error(api_schema: OpenApiSchema,
+                                                  live_server: tuple[str, BrokerService]) -> None:
+    url, _ = live_server
+    operations = [result.ok() for result in api_schema.get_all_operations()]
+    assert len(operations) >= 3
+    for operation in operations:
+        check_operation(operation, url)
+
+
+def deeply_nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+MALFORMED_TEXT_FRAMES = [
+    "", " ", "null", "true", "42", '"text"', "[]", "{", "}", '{"payload": }', "\x00\x01\x02",
+    deeply_nested(100_000),
+    json.dumps({"payload": None}),
+    json.dumps({"payload": ["a"]}),
+    json.dumps({"payload": "====", "context": 1}),
+    json.dumps({"payload": b64("x"), "properties": ["not", "a", "map"]}),
+    json.dumps({"payload": b64("x"), "properties": {"k": {"nested": 1}}}),
+    json.dumps({"payload": b64("x"), "key": 17}),
+    json.dumps({"payload": b64("x"), "eventTime": 10**40}),
+    json.dumps({"payload": b64("x"), "eventTime": -5}),
+    json.dumps({"payload": b64("x"), "deliverAt": "soon"}),
+    json.dumps({"payload": b64("x"), "sequenceId": -1}),
+    json.dumps({"payload": b64("x"), "sequenceId": 2**70}),
+    json.dumps({"type": "permit", "permitMessages": 10**30}),
+    json.dumps({"type": "permit", "permitMessages": "10"}),
+    json.dumps({"type": "negativeAcknowledge"}),
+    json.dumps({"type": "negativeAcknowledge", "messageId": "CAEQAA"}),
+    json.dumps({"messageId": ""}),
+    json.dumps({"messageId": "A" * 100_000}),
+    json.dumps({"messageId": b64(b"\x08" * 30)}),
+    json.dumps({"type": 5, "messageId": None}),
+]
+MALFORMED_BINARY_FRAMES = [b"\xff\xfe\xfd", b"\x80" * 64, b""]
+
+
+def sweep(ws: Any) -> list[dict[str, Any]]:
+    """Send every malformed frame to a producer; collect the answer to each."""
+    answers = []
+    for text in MALFORMED_TEXT_FRAMES:
+        ws.send(text)
+        answers.append(recv_frame(ws))
+    for data in MALFORMED_BINARY_FRAMES:
+        ws.send(data)
+        answers.append(recv_frame(ws))
+    return answers
+
+
+def stored(service: BrokerService, topic: str) -> list[bytes]:
+    reader = service.reader(topic, StartPosition.earliest())
+    out = []
+    while (delivery := reader.read_next()) is not None:
+        out.append(delivery.message.payload)
+    return out
+
+
+def test_malformed_frames_never_break_a_producer_session(live_server: tuple[str, BrokerService]) -> None:
+    url, service = live_server
+    with open_ws(f"{ws_base(url)}/ws/v2/producer/{NS}/fuzzed") as ws:
+        answers = sweep(ws)
+        # frames with a payload-less or otherwise bad shape are errors; a few are valid sends
+        errors = [a for a in answers if a["result"] != "ok"]
+        assert all(a["result"].startswith("send-error:") and a["errorMsg"] for a in errors)
+        written = len(answers) - len(errors)
+        send_frame(ws, {"payload": b64("good"), "context": "good"})
+        answer = recv_frame(ws)
+        assert (answer["result"], answer["context"], answer["offset"]) == ("ok", "good", written), answers
+    assert stored(service, "fuzzed")[-1] == b"good"
+    assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("path", [f"/ws/v2/consumer/{NS}/fuzzed-c/sub?pullMode=true",
+                                  f"/ws/v2/reader/{NS}/fuzzed-c?messageId=earliest"])
+def test_malformed_frames_never_break_consumer_or_reader_sessions(live_server: tuple[str, BrokerService],
+                                                                   path: str) -> None:
+    url, _ = live_server
+    with open_ws(f"{ws_base(url)}{path}") as ws:
+        for text in MALFORMED_TEXT_FRAMES + [d.decode("latin-1") for d in MALFORMED_BINARY_FRAMES]:
+            ws.send(text)
+            send_frame(ws, {"type": "isEndOfTopic"})  # a probe: every answer before it belongs to ``text``
+            while "endOfTopic" not in (answer := recv_frame(ws)):
+                assert answer["result"].startswith("error:") and answer["errorMsg"], (text[:80], answer)
+    assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
