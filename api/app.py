@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from api.admin import router as admin_router
 from api.auth import AuthConfig, Authorizer
 from api.errors import install_error_handlers
 from api.rest_produce import router as produce_router
@@ -32,6 +33,13 @@ class _DenialLogFilter(logging.Filter):
 
 
 _DENIAL_LOG_FILTER = _DenialLogFilter()
+
+WS_FRAME_BYTES_MAX = 8 * 1024 * 1024  # a 5 MiB message, base64-encoded, inside its JSON frame
+SERVER_OPTIONS: dict[str, Any] = {
+    "ws_max_size": WS_FRAME_BYTES_MAX,
+    "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
+}
+"""uvicorn settings every Magnetar server uses (``magnetar standalone`` and the test servers)."""
 
 
 def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> FastAPI:
@@ -50,6 +58,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
     app.state.authorizer = authorizer
     install_error_handlers(app)
     app.include_router(produce_router(service, authorizer))
+    app.include_router(admin_router(service, authorizer))
     app.include_router(ws_router(service, authorizer))
 
     @app.get("/healthz", summary="Liveness and storage health")

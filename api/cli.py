@@ -13,7 +13,7 @@ import sys
 
 import uvicorn
 
-from api.app import create_app
+from api.app import SERVER_OPTIONS, create_app
 from broker.service import BrokerService
 
 
@@ -37,7 +37,7 @@ def run_standalone(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **SERVER_OPTIONS)
     return 0
 
 

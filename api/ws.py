@@ -28,9 +28,10 @@ import binascii
 import contextlib
 import itertools
 import json
+import logging
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,6 +52,8 @@ from broker.service import BrokerService
 from broker.subscription import ConsumerConfig, Delivery, SubscriptionType
 from broker.topic import SEQUENCE_ID_MAX, PublishResult
 from broker.topic_name import TopicName
+
+log = logging.getLogger(__name__)
 
 RECEIVER_QUEUE_SIZE_MAX = 1000
 PENDING_MESSAGES_MAX = 10_000
@@ -259,17 +262,11 @@ class ProducerSession:
             if params.initial_sequence_id is not None else None
 
     async def run(self) -> None:
-        publisher = asyncio.create_task(self._publish_loop())
-        responder = asyncio.create_task(self._respond_loop())
-        try:
-            await self._receive_loop()
-        finally:
-            await self._inbox.put(None)
+        workers = [asyncio.create_task(self._publish_loop()), asyncio.create_task(self._respond_loop())]
+        if await _supervise(self.ws, self._receive_loop(), workers):
+            await self._inbox.put(None)  # the client left: answer what it sent before it did
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                await publisher
-                await responder
-            publisher.cancel()
-            responder.cancel()
+                await asyncio.gather(*workers)
 
     async def _receive_loop(self) -> None:
         while (text := await _receive_text(self.ws)) is not None:
@@ -393,7 +390,7 @@ async def _outcome_frames(contexts: list[Any], outcome: Awaitable[PublishResult]
     if result.duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
         dup = MessageId(-1, -1).to_base64()
         return [_frame_text({"result": "ok", "messageId": dup, "context": c, "duplicate": True}) for c in contexts]
-    return [_frame_text({"result": "ok", "messageId": mid.to_base64(), "context": c, "offset": offset})
+    return [f'{{"result":"ok","messageId":"{mid.to_base64()}","context":{json.dumps(c)},"offset":{offset}}}'
             for c, mid, offset in zip(contexts, result.message_ids, result.offsets, strict=True)]
 
 
@@ -486,14 +483,14 @@ class ConsumerSession:
     async def run(self) -> None:
         if not self.params.pull_mode:
             self._credit.top_up()
-        sender = asyncio.create_task(self._send_loop())
-        ticker = asyncio.create_task(self._credit_loop()) if not self.params.pull_mode else None
+        workers = [asyncio.create_task(self._send_loop())]
+        if not self.params.pull_mode:
+            workers.append(asyncio.create_task(self._credit_loop()))
         try:
-            await self._receive_loop()
+            await _supervise(self.ws, self._receive_loop(), workers)
         finally:
-            sender.cancel()
-            if ticker is not None:
-                ticker.cancel()
+            for worker in workers:
+                worker.cancel()
             self.consumer.close()
 
     async def _send_loop(self) -> None:
@@ -610,7 +607,7 @@ class ReaderSession:
             self._listeners.append((reader, self._notify))
         sender = asyncio.create_task(self._send_loop())
         try:
-            await self._receive_loop()
+            await _supervise(self.ws, self._receive_loop(), [sender])
         finally:
             sender.cancel()
             for reader, listener in self._listeners:
@@ -795,6 +792,27 @@ def _pattern_target(pattern: str) -> tuple[list[TopicName], tuple[str, str]]:
         raise InvalidRequest(f"topicsPattern {pattern!r} must look like persistent://tenant/namespace/regex")
     namespace_probe = TopicName.of(parts[0], parts[1], "pattern")
     return [namespace_probe], (namespace_probe.namespace_name, full)
+
+
+async def _supervise(websocket: WebSocket, receive: Coroutine[Any, Any, None],
+                     workers: list[asyncio.Task[None]]) -> bool:
+    """Run a session's receive loop beside its worker tasks. True when the client left (or the
+    session ended normally); a worker that fails closes the socket with 1011 and its reason
+    instead of leaving the client waiting on a stalled session."""
+    receiver = asyncio.create_task(receive)
+    done, _ = await asyncio.wait([receiver, *workers], return_when=asyncio.FIRST_COMPLETED)
+    if receiver in done:
+        receiver.result()
+        return True
+    receiver.cancel()
+    failed = next(task for task in done)
+    error = failed.exception()
+    if error is None or isinstance(error, WebSocketDisconnect):
+        return False
+    log.error("WebSocket session failed", exc_info=error)
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        await websocket.close(1011, _short(f"{getattr(error, 'code', 'internal_error')}: {error}")[:120])
+    return False
 
 
 def _check_subscription_name(name: str) -> None:

@@ -253,6 +253,26 @@ class ManagedCursor:
     def acked_ranges(self) -> list[tuple[int, int]]:
         return list(self.acked.ranges())
 
+    def nth_unacked_offset(self, n: int) -> int | None:
+        """The offset of the ``n``-th (1-based) unacknowledged message, None past the end
+        (Pulsar's peek position: acknowledged messages are not counted)."""
+        if n < 1:
+            raise InvalidRequest(f"message position must be >= 1, not {n}")
+        end = self.ml.confirmed_next_offset()
+        with self._lock:
+            offset = max(self.mark_delete_offset, self.ml.first_offset)
+            remaining = n
+            for start, stop in self.acked.ranges():
+                if stop <= offset:
+                    continue
+                gap = max(0, start - offset)
+                if remaining <= gap:
+                    break
+                remaining -= gap
+                offset = max(offset, stop)
+        candidate = offset + remaining - 1
+        return candidate if candidate < end else None
+
     # --- persistence ---------------------------------------------------------------------
     def _state_json(self) -> bytes:
         ranges = list(self.acked.ranges())[:ACKED_RANGES_PERSISTED_MAX]

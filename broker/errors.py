@@ -105,6 +105,19 @@ class NotAllowed(BrokerError):
     http_status = 405
 
 
+class NotEmpty(NotAllowed):
+    """A tenant or namespace cannot be deleted while it still holds namespaces or topics."""
+
+    code = "not_empty"
+    http_status = 409
+
+
+class CompactionInProgress(BrokerError):
+    code = "compaction_in_progress"
+    http_status = 409
+    retriable = True
+
+
 class Unauthorized(BrokerError):
     code = "unauthorized"
     http_status = 401
@@ -144,6 +157,7 @@ __all__ = [
     "AlreadyExists",
     "BadVersion",
     "BrokerError",
+    "CompactionInProgress",
     "ConsumerBusy",
     "CorruptEntry",
     "DataLost",
@@ -158,6 +172,7 @@ __all__ = [
     "NoSuchEntry",
     "NoSuchLedger",
     "NotAllowed",
+    "NotEmpty",
     "NotEnoughBookies",
     "NotFound",
     "OffsetMismatch",

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import threading
 import time
@@ -131,26 +132,20 @@ def validate_path(path: object) -> str:
     if path == ROOT:
         return path
     for segment in path[1:].split(SEPARATOR):
-        _validate_segment(path, segment)
+        if not segment:
+            raise InvalidRequest(f"metadata path has an empty segment or a trailing slash: {path!r}")
+        if segment in (".", ".."):
+            raise InvalidRequest(f"metadata path has a relative segment: {path!r}")
+    if _CONTROL_CHARACTER.search(path):
+        raise InvalidRequest(f"metadata path has a control character: {path!r}")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"metadata path is not valid unicode: {path!r}") from exc
     return path
 
 
-def _validate_segment(path: str, segment: str) -> None:
-    if not segment:
-        raise InvalidRequest(f"metadata path has an empty segment or a trailing slash: {path!r}")
-    if segment in (".", ".."):
-        raise InvalidRequest(f"metadata path has a relative segment: {path!r}")
-    if any(_is_control(char) for char in segment):
-        raise InvalidRequest(f"metadata path has a control character: {path!r}")
-    try:
-        segment.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"metadata path is not valid unicode: {path!r}") from exc
-
-
-def _is_control(char: str) -> bool:
-    code = ord(char)
-    return code < 0x20 or 0x7F <= code <= 0x9F
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _validated_node_path(path: object) -> str:

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 
 from broker.compaction import Compactor
 from broker.entry_format import decode_entry
-from broker.errors import InvalidRequest
+from broker.errors import InvalidRequest, MagnetarError
+from broker.managed_ledger import Entry
 from broker.message_id import MessageId
 from broker.subscription import Delivery
 from broker.topic import PersistentTopic
 
 READ_BATCH_ENTRIES = 100
+TRIM_RETRIES_MAX = 3
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,25 @@ class Reader:
         return self._buffer.popleft() if self._buffer else None
 
     def _fill(self) -> None:
+        """Buffer the next entries' messages. Retention may trim what a reader has not read yet
+        (a reader holds no durable cursor): it then goes on from the first message still kept."""
         ml = self.topic.ml
-        if self.next_offset >= ml.confirmed_next_offset():
+        for _ in range(TRIM_RETRIES_MAX):
+            self.next_offset = max(self.next_offset, ml.first_offset)
+            if self.next_offset >= ml.confirmed_next_offset():
+                return
+            try:
+                position, _ = ml.offset_to_position(self.next_offset)
+                entries = ml.read_entries(position, READ_BATCH_ENTRIES)
+            except MagnetarError:
+                if self.next_offset >= ml.first_offset:
+                    raise
+                continue  # trimmed between the check and the read
+            self._buffer_entries(entries)
             return
-        position, _ = ml.offset_to_position(self.next_offset)
-        for entry in ml.read_entries(position, READ_BATCH_ENTRIES):
+
+    def _buffer_entries(self, entries: list[Entry]) -> None:
+        for entry in entries:
             decoded = decode_entry(entry.data)
             single = len(decoded.messages) == 1
             for message in decoded.messages:

@@ -32,11 +32,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.bookie import BookieClient, LocalBookie
-from broker.compaction import Compactor
-from broker.cursor import CursorManager
+from broker.compaction import CompactionStatus, Compactor
+from broker.cursor import CursorManager, ManagedCursor
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message
-from broker.errors import AlreadyExists, ConsumerBusy, InvalidRequest, MagnetarError, NotAllowed, NotFound
+from broker.errors import (
+    AlreadyExists,
+    CompactionInProgress,
+    ConsumerBusy,
+    InvalidRequest,
+    MagnetarError,
+    NotAllowed,
+    NotEmpty,
+    NotFound,
+    PreconditionFailed,
+)
 from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore, RocksDBMetadataStore
@@ -55,7 +65,9 @@ POLICIES = "/admin/policies"
 PARTITIONED = "/admin/partitioned-topics"
 ML_ROOT = "/managed-ledgers"
 PARTITIONS_MAX = 1024
+CURSOR_MOVE_WAIT_S_MAX = 60.0
 PUBLISH_WAIT_S_MAX = 60.0
+PARTITION_COUNTS_CACHED_MAX = 100_000
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,10 @@ class BrokerService:
         self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
         self._patterns: list[tuple[str, re.Pattern[str], MultiConsumer, Callable[[TopicName], Consumer]]] = []
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
+        self._partition_counts: dict[TopicName, int] = {}
         self._dispatch_pool: ThreadPoolExecutor | None = None
+        self._compaction_pool: ThreadPoolExecutor | None = None
+        self._compactions: dict[TopicName, Future[None]] = {}
         self._scheduled: set[int] = set()
         self._scheduled_lock = threading.Lock()
 
@@ -122,6 +137,7 @@ class BrokerService:
         if not self.store.exists(f"{POLICIES}/public/default"):
             self.create_namespace("public/default")
         self._dispatch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnetar-dispatch")
+        self._compaction_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnetar-compaction")
         self._stop.clear()
         self._maintenance = threading.Thread(target=self._maintenance_loop, name="magnetar-maintenance", daemon=True)
         self._maintenance.start()
@@ -146,6 +162,9 @@ class BrokerService:
         if self._dispatch_pool is not None:
             self._dispatch_pool.shutdown(wait=True)
             self._dispatch_pool = None
+        if self._compaction_pool is not None:
+            self._compaction_pool.shutdown(wait=True, cancel_futures=True)
+            self._compaction_pool = None
         with self._lock:
             for subscription in self._subscriptions.values():
                 subscription.detach()
@@ -187,8 +206,18 @@ class BrokerService:
     def delete_tenant(self, tenant: str) -> None:
         self.tenant_info(tenant)
         if self.store.children(f"{POLICIES}/{tenant}"):
-            raise NotAllowed(f"tenant {tenant} still has namespaces")
+            raise NotEmpty(f"tenant {tenant} still has namespaces")
         self.store.delete(f"{TENANTS}/{tenant}")
+
+    def update_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+        """Replace the tenant's ``adminRoles`` and ``allowedClusters`` (compare-and-set)."""
+        found = self.store.get_json(f"{TENANTS}/{tenant}")
+        if found is None:
+            raise NotFound(f"tenant {tenant} does not exist")
+        current, version = found
+        body = {"adminRoles": list(info.get("adminRoles", current.get("adminRoles", []))),
+                "allowedClusters": list(info.get("allowedClusters", current.get("allowedClusters", ["standalone"])))}
+        self.store.put_json(f"{TENANTS}/{tenant}", body, version)
 
     def _split_namespace(self, namespace: str) -> tuple[str, str]:
         parts = namespace.split("/")
@@ -230,7 +259,7 @@ class BrokerService:
     def delete_namespace(self, namespace: str) -> None:
         self.policies(namespace)
         if self.topics(namespace) or self.partitioned_topics(namespace):
-            raise NotAllowed(f"namespace {namespace} still has topics")
+            raise NotEmpty(f"namespace {namespace} still has topics")
         self.store.delete(f"{POLICIES}/{namespace}")
 
     def _ml_config(self, name: TopicName) -> ManagedLedgerConfig:
@@ -305,7 +334,7 @@ class BrokerService:
         self.policies(name.namespace_name)
         if self.partitions(name) > 0 or self.topic_exists(name):
             raise AlreadyExists(f"topic {name} already exists")
-        self.store.put_json(self._partitioned_path(name), {"partitions": partitions}, -1)
+        self._write_partitions(name, partitions, -1)
 
     def update_partitioned_topic(self, name: TopicName, partitions: int) -> None:
         current = self.partitions(name)
@@ -313,12 +342,30 @@ class BrokerService:
             raise NotFound(f"partitioned topic {name} does not exist")
         if partitions <= current or partitions > PARTITIONS_MAX:
             raise InvalidRequest(f"partitions can only grow: {current} -> {partitions}")
-        self.store.put_json(self._partitioned_path(name), {"partitions": partitions})
+        self._write_partitions(name, partitions)
 
     def partitions(self, name: TopicName) -> int:
-        """Number of partitions of a partitioned topic, 0 if ``name`` is not one."""
-        found = self.store.get_json(self._partitioned_path(name.base))
-        return int(found[0]["partitions"]) if found is not None else 0
+        """Number of partitions of a partitioned topic, 0 if ``name`` is not one (cached: every
+        publish routes through here, and every change goes through :meth:`_write_partitions`)."""
+        base = name.base
+        cached = self._partition_counts.get(base)
+        if cached is not None:
+            return cached
+        with self._lock:
+            found = self.store.get_json(self._partitioned_path(base))
+            count = int(found[0]["partitions"]) if found is not None else 0
+            if len(self._partition_counts) >= PARTITION_COUNTS_CACHED_MAX:
+                self._partition_counts.clear()
+            self._partition_counts[base] = count
+            return count
+
+    def _write_partitions(self, name: TopicName, partitions: int | None, version: int | None = None) -> None:
+        with self._lock:
+            if partitions is None:
+                self.store.delete(self._partitioned_path(name))
+            else:
+                self.store.put_json(self._partitioned_path(name), {"partitions": partitions}, version)
+            self._partition_counts.pop(name.base, None)
 
     def partitioned_topics(self, namespace: str) -> list[str]:
         tenant, ns = self._split_namespace(namespace)
@@ -333,7 +380,7 @@ class BrokerService:
             partition = name.partition(index)
             if self.topic_exists(partition):
                 self.delete_topic(partition, force=force)
-        self.store.delete(self._partitioned_path(name))
+        self._write_partitions(name, None)
 
     @staticmethod
     def _partitioned_path(name: TopicName) -> str:
@@ -347,6 +394,34 @@ class BrokerService:
                 compactor = Compactor(topic, self.ledgers, self.store, self.clock)
                 self._compactors[name] = compactor
             return compactor
+
+    def trigger_compaction(self, name: TopicName) -> None:
+        """Compact ``name`` in the background (one compaction per topic at a time)."""
+        compactor = self.compactor(name)
+        pool = self._compaction_pool
+        if pool is None:
+            raise RuntimeError("broker service is not started")
+        with self._lock:
+            running = self._compactions.get(name)
+            if running is not None and not running.done():
+                raise CompactionInProgress(f"compaction of {name} is already in progress")
+            self._compactions[name] = pool.submit(self._compact, compactor)
+
+    @staticmethod
+    def _compact(compactor: Compactor) -> None:
+        try:
+            compactor.compact()
+        except MagnetarError:  # kept as the compactor's ERROR status and lastError
+            log.exception("compaction failed")
+
+    def compaction_status(self, name: TopicName) -> CompactionStatus:
+        """The compactor's status; RUNNING also while a triggered compaction waits to start."""
+        status = self.compactor(name).status()
+        with self._lock:
+            queued = self._compactions.get(name)
+        if queued is not None and not queued.done() and status.status != "RUNNING":
+            return dataclasses.replace(status, status="RUNNING")
+        return status
 
     def open_topics(self) -> list[PersistentTopic]:
         with self._lock:
@@ -446,6 +521,39 @@ class BrokerService:
                 del self._subscriptions[(topic_name, name)]
         topic.cursors.delete(name)
 
+    def delete_subscription(self, topic_name: TopicName, name: str, *, force: bool = False) -> None:
+        """Delete subscription ``name``: refused (``PreconditionFailed``) while consumers are
+        connected, unless ``force``, which disconnects them first (their listeners are told)."""
+        self.topic(topic_name, create=False)
+        with self._lock:
+            subscription = self._subscriptions.get((topic_name, name))
+        if subscription is not None and subscription.consumers:
+            if not force:
+                raise PreconditionFailed(f"subscription {name} of {topic_name} has connected consumers")
+            for consumer in list(subscription.consumers):
+                consumer.close()
+                if consumer.listener is not None:
+                    consumer.listener()
+        self.unsubscribe(topic_name, name)
+
+    def move_cursor(self, topic_name: TopicName, name: str,
+                    move: Callable[[ManagedCursor], Future[None] | None]) -> None:
+        """Apply an administrative move (reset, skip, expiry) to the cursor of subscription
+        ``name`` and wait until it is persisted. An active subscription applies it through
+        :meth:`Subscription.reposition`, so its consumers follow the new position."""
+        topic = self.topic(topic_name, create=False)
+        cursor = topic.cursors.get(name)
+        if cursor is None:
+            raise NotFound(f"subscription {name} of {topic_name} does not exist")
+        with self._lock:
+            subscription = self._subscriptions.get((topic_name, name))
+            if subscription is None:  # under the lock: no subscription can start meanwhile
+                future = move(cursor)
+        if subscription is not None:
+            future = subscription.reposition(lambda: move(cursor))
+        if future is not None:
+            future.result(timeout=CURSOR_MOVE_WAIT_S_MAX)
+
     def subscriptions_of(self, topic_name: TopicName) -> list[Subscription]:
         with self._lock:
             return [s for (t, _), s in self._subscriptions.items() if t == topic_name]
@@ -496,7 +604,7 @@ class BrokerService:
     # --- maintenance ---------------------------------------------------------------------
     def run_maintenance(self) -> None:
         """Expire messages past their TTL, trim consumed ledgers, age out the entry cache,
-        apply ack timeouts and release due redeliveries."""
+        apply ack timeouts, release due redeliveries and update the publish rates."""
         with self._lock:
             subscriptions = list(self._subscriptions.values())
         for subscription in subscriptions:
@@ -509,6 +617,7 @@ class BrokerService:
                     if cursor is not None:
                         cursor.expire_before(expired)
             topic.ml.trim()
+            topic.tick()
         self.cache.evict_expired()
 
     def _maintenance_loop(self) -> None:

@@ -28,6 +28,11 @@ consumer departures put messages back, oldest first, with ``redelivery_count`` i
 Counts are persisted with the cursor state (Pulsar loses them on restart). After
 ``max_redeliver_count`` a message goes to the dead-letter topic exactly once and is acked on
 the source. Delayed messages (``deliverAt``/``deliverAfterMs``) wait for the injected clock.
+
+Administrative cursor moves (reset by time or message id, skip, expiry) go through
+:meth:`Subscription.reposition`, so connected consumers get everything unacknowledged from the
+new position and never a message the move acknowledged (Pulsar's "clear backlog still
+redelivers" complaint).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -318,8 +324,8 @@ class Subscription:
                 item = self._next_item()
                 if item is None:
                     break
-                if self.cursor.is_acked(item.offset):
-                    continue
+                if self.cursor.is_acked(item.offset) or item.offset in self._owner:
+                    continue  # acknowledged, or held by a consumer since before a reposition
                 consumer = self._choose(item)
                 if consumer is None:
                     held.append(item)
@@ -449,6 +455,36 @@ class Subscription:
                 del self._key_owner[hashed]
             else:
                 self._key_owner[hashed] = (holder[0], holder[1] - 1)
+
+    # --- administrative cursor moves ------------------------------------------------------
+    def reposition(self, move: Callable[[], Future[None] | None]) -> Future[None] | None:
+        """Apply ``move`` (a cursor reset, skip or expiry) so that dispatch follows it.
+
+        Under the subscription's lock: the move runs; messages in a consumer's outbox (not yet
+        taken by its transport) are withdrawn and their permits returned; messages a consumer
+        holds unacknowledged stay with it unless the move acknowledged them (then they are
+        released, so they are never redelivered); everything read ahead or waiting for
+        redelivery is dropped and the cursor rewound. Dispatch then delivers every
+        unacknowledged message from the new position on, in order, except those still held.
+        A nacked message loses its redelivery delay.
+        """
+        with self._lock:
+            result = move()
+            for consumer in self.consumers:
+                for delivery in consumer.outbox:
+                    self._release(delivery.offset, consumer)
+                    consumer.unacked.pop(delivery.offset, None)
+                    consumer.permits += 1
+                consumer.outbox.clear()
+                for offset in [o for o in consumer.unacked if self.cursor.is_acked(o)]:
+                    self._release(offset, consumer)
+                    consumer.unacked.pop(offset)
+            self._pending.clear()
+            self._redeliver.clear()
+            self._later.clear()
+            self.cursor.rewind()
+        self.dispatch()
+        return result
 
     # --- acknowledgement -------------------------------------------------------------------
     def _ack(self, consumer: Consumer, offsets: list[int]) -> None:

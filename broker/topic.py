@@ -57,6 +57,9 @@ class PersistentTopic:
         self._clock = clock
         self._message_size_bytes_max = message_size_bytes_max
         self._publish_lock = threading.Lock()
+        self._rates_in = (0.0, 0.0)  # messages/s, bytes/s over the last maintenance interval
+        opened = ml.statistics()
+        self._rate_in_base = (clock(), opened.messages_added, opened.bytes_added)
         self.dedup: Deduplication | None = None
         if dedup_enabled:
             self.dedup = Deduplication(store, f"/managed-ledgers/{ml.name}/dedup")
@@ -135,6 +138,22 @@ class PersistentTopic:
 
     def last_sequence_id(self, producer: str) -> int:
         return self.dedup.last_sequence_id(producer) if self.dedup is not None else -1
+
+    # --- rates -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Update the publish rates from the managed ledger's counters (call periodically)."""
+        now = self._clock()
+        stats = self.ml.statistics()
+        since, messages, size_bytes = self._rate_in_base
+        elapsed_s = now - since
+        if elapsed_s > 0:
+            self._rates_in = ((stats.messages_added - messages) / elapsed_s,
+                              (stats.bytes_added - size_bytes) / elapsed_s)
+            self._rate_in_base = (now, stats.messages_added, stats.bytes_added)
+
+    def publish_rates(self) -> tuple[float, float]:
+        """(messages/s, bytes/s) published over the last interval between two :meth:`tick` calls."""
+        return self._rates_in
 
     # --- reading helpers -----------------------------------------------------------------
     def entries_from(self, offset: int) -> Iterator[Entry]:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from api.app import create_app
+from api.app import SERVER_OPTIONS, create_app
 from api.auth import AuthConfig
 from broker.service import BrokerConfig, BrokerService
 
@@ -23,7 +23,7 @@ def running_server(data_dir: str, config: BrokerConfig | None = None, *,
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     service = BrokerService(data_dir, config or BrokerConfig.test_min())
-    server = uvicorn.Server(uvicorn.Config(create_app(service, auth=auth), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(service, auth=auth), log_level="warning", **SERVER_OPTIONS))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -40,6 +40,9 @@ NS = "persistent/public/default"
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, BrokerService]]:
     with running_server(str(tmp_path / "data")) as (url, service):
+        # keep everything: readers hold no cursor, and test_min rolls ledgers every few entries
+        service.set_policy("public/default", "retention_policies",
+                           {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
         yield ws_base(url), service
 
 

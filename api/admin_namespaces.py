@@ -1,0 +1,245 @@
+"""Admin v2, tenants and namespaces: ``/admin/v2/tenants`` and ``/admin/v2/namespaces``.
+
+Role: Pulsar's tenant and namespace administration over ``BrokerService``. Tenants carry
+``{adminRoles, allowedClusters}``; a namespace's policies are one document in the metadata
+store (``retention_policies``, ``message_ttl_in_seconds``, ``deduplicationEnabled``,
+``auth_policies.namespace_auth``), changed one key at a time through
+``BrokerService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
+being lost). Paths, parameter names and JSON shapes are Pulsar's.
+
+Authorization: listing, creating, updating and deleting tenants needs a superuser (a tenant
+admin must not widen its own ``adminRoles``); everything inside a tenant needs an admin of that
+tenant. The check runs before any broker call. Names are validated before use (400).
+
+Policy changes apply at once to open topics for retention and TTL; ``deduplicationEnabled`` is
+read when a topic is loaded, so it applies to topics loaded after the change.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from api.auth import Action, Authorizer, Caller
+from broker.errors import InvalidRequest, PreconditionFailed
+from broker.service import BrokerService
+from broker.topic_name import TopicName
+
+CLUSTERS = frozenset({"standalone"})
+"""The clusters a tenant may be allowed on: standalone runs one, named as in Pulsar."""
+ROLES_PER_LIST_MAX = 1000
+"""Longest ``adminRoles`` / ``allowedClusters`` list a tenant may be given."""
+GRANTABLE_ACTIONS = frozenset(a.value for a in Action)
+"""Pulsar also knows functions/sources/sinks/packages; Magnetar enforces only these."""
+
+
+class TenantInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    adminRoles: list[StrictStr] = Field(default_factory=list, max_length=ROLES_PER_LIST_MAX)  # noqa: N815
+    allowedClusters: list[StrictStr] = Field(default_factory=lambda: ["standalone"],  # noqa: N815
+                                             max_length=ROLES_PER_LIST_MAX)
+
+
+class RetentionPolicies(BaseModel):
+    """Pulsar's ``RetentionPolicies``: -1 means unlimited, 0 means keep nothing consumed."""
+
+    model_config = ConfigDict(extra="ignore")
+    retentionTimeInMinutes: StrictInt = Field(ge=-1)  # noqa: N815
+    retentionSizeInMB: StrictInt = Field(ge=-1)  # noqa: N815
+
+
+class NamespacePolicies(BaseModel):
+    """The subset of Pulsar's ``Policies`` a namespace can be created with."""
+
+    model_config = ConfigDict(extra="ignore")
+    retention_policies: RetentionPolicies | None = None
+    message_ttl_in_seconds: StrictInt | None = Field(default=None, ge=0)
+    deduplicationEnabled: StrictBool | None = None  # noqa: N815
+
+
+def namespace_name(tenant: str, namespace: str) -> str:
+    """``tenant/namespace`` after validating both names (``InvalidRequest`` otherwise)."""
+    TopicName.of(tenant, namespace, "t")
+    return f"{tenant}/{namespace}"
+
+
+def _tenant_name(tenant: str) -> str:
+    TopicName.of(tenant, "ns", "t")
+    return tenant
+
+
+def _checked_tenant_info(info: TenantInfo) -> dict[str, Any]:
+    unknown = sorted(set(info.allowedClusters) - CLUSTERS)
+    if unknown:
+        raise PreconditionFailed(f"clusters {unknown} do not exist; this broker's cluster is 'standalone'")
+    if any(not role for role in info.adminRoles):
+        raise InvalidRequest("adminRoles must not contain empty role names")
+    return info.model_dump()
+
+
+def _checked_actions(actions: list[str]) -> list[str]:
+    unknown = sorted(set(actions) - GRANTABLE_ACTIONS)
+    if unknown:
+        raise InvalidRequest(f"unknown actions {unknown}: grant any of {sorted(GRANTABLE_ACTIONS)}")
+    return sorted(set(actions))
+
+
+def _checked_role(role: str) -> str:
+    if not role.strip() or len(role) > 256:
+        raise InvalidRequest("a role name must be 1..256 characters and not blank")
+    return role
+
+
+def tenants_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.get("/tenants", summary="List tenants")
+    def list_tenants(caller: Caller) -> list[str]:
+        authorizer.require_superuser(caller)
+        return service.tenants()
+
+    @routes.get("/tenants/{tenant}", summary="Get a tenant's admin roles and allowed clusters")
+    def get_tenant(tenant: str, caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        return service.tenant_info(_tenant_name(tenant))
+
+    @routes.put("/tenants/{tenant}", status_code=204, summary="Create a tenant")
+    def create_tenant(tenant: str, caller: Caller, info: Annotated[TenantInfo | None, Body()] = None) -> None:
+        authorizer.require_superuser(caller)
+        service.create_tenant(_tenant_name(tenant), _checked_tenant_info(info or TenantInfo()))
+
+    @routes.post("/tenants/{tenant}", status_code=204, summary="Update a tenant's admin roles and clusters")
+    def update_tenant(tenant: str, info: Annotated[TenantInfo, Body()], caller: Caller) -> None:
+        authorizer.require_superuser(caller)
+        service.update_tenant(_tenant_name(tenant), _checked_tenant_info(info))
+
+    @routes.delete("/tenants/{tenant}", status_code=204, summary="Delete a tenant without namespaces")
+    def delete_tenant(tenant: str, caller: Caller) -> None:
+        authorizer.require_superuser(caller)
+        service.delete_tenant(_tenant_name(tenant))
+
+    return routes
+
+
+def namespaces_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    routes = APIRouter(prefix="/namespaces")
+
+    @routes.get("/{tenant}", summary="List a tenant's namespaces")
+    def list_namespaces(tenant: str, caller: Caller) -> list[str]:
+        authorizer.require_tenant_admin(caller, tenant)
+        return service.namespaces(_tenant_name(tenant))
+
+    @routes.put("/{tenant}/{namespace}", status_code=204, summary="Create a namespace")
+    def create_namespace(tenant: str, namespace: str, caller: Caller,
+                         policies: Annotated[NamespacePolicies | None, Body()] = None) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        given = policies.model_dump(exclude_none=True) if policies is not None else {}
+        service.create_namespace(namespace_name(tenant, namespace), given)
+
+    @routes.get("/{tenant}/{namespace}", summary="Get a namespace's policies")
+    def get_policies(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        return service.policies(namespace_name(tenant, namespace))
+
+    @routes.delete("/{tenant}/{namespace}", status_code=204, summary="Delete a namespace without topics")
+    def delete_namespace(tenant: str, namespace: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.delete_namespace(namespace_name(tenant, namespace))
+
+    _retention_routes(routes, service, authorizer)
+    _ttl_and_dedup_routes(routes, service, authorizer)
+    _permission_routes(routes, service, authorizer)
+    return routes
+
+
+def _retention_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    @routes.get("/{tenant}/{namespace}/retention", summary="Get the retention policy")
+    def get_retention(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        retention: dict[str, Any] = service.policies(namespace_name(tenant, namespace)).get(
+            "retention_policies") or {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
+        return retention
+
+    @routes.post("/{tenant}/{namespace}/retention", status_code=204, summary="Set the retention policy")
+    def set_retention(tenant: str, namespace: str, retention: Annotated[RetentionPolicies, Body()],
+                      caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.set_policy(namespace_name(tenant, namespace), "retention_policies", retention.model_dump())
+
+    @routes.delete("/{tenant}/{namespace}/retention", status_code=204,
+                   summary="Remove the retention policy (consumed ledgers are not kept)")
+    def remove_retention(tenant: str, namespace: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.set_policy(namespace_name(tenant, namespace), "retention_policies",
+                           {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
+
+
+def _ttl_and_dedup_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    @routes.get("/{tenant}/{namespace}/messageTTL", summary="Get the message TTL in seconds (null: none)")
+    def get_ttl(tenant: str, namespace: str, caller: Caller) -> int | None:
+        authorizer.require_tenant_admin(caller, tenant)
+        ttl: int | None = service.policies(namespace_name(tenant, namespace)).get("message_ttl_in_seconds")
+        return ttl
+
+    @routes.post("/{tenant}/{namespace}/messageTTL", status_code=204, summary="Set the message TTL in seconds")
+    def set_ttl(tenant: str, namespace: str, ttl_s: Annotated[StrictInt, Body(ge=0)], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.set_policy(namespace_name(tenant, namespace), "message_ttl_in_seconds", ttl_s)
+
+    @routes.delete("/{tenant}/{namespace}/messageTTL", status_code=204, summary="Remove the message TTL")
+    def remove_ttl(tenant: str, namespace: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.set_policy(namespace_name(tenant, namespace), "message_ttl_in_seconds", None)
+
+    @routes.get("/{tenant}/{namespace}/deduplication",
+                summary="Get whether producer deduplication is on (null: the broker default)")
+    def get_dedup(tenant: str, namespace: str, caller: Caller) -> bool | None:
+        authorizer.require_tenant_admin(caller, tenant)
+        enabled: bool | None = service.policies(namespace_name(tenant, namespace)).get("deduplicationEnabled")
+        return enabled
+
+    @routes.post("/{tenant}/{namespace}/deduplication", status_code=204,
+                 summary="Turn producer deduplication on or off (for topics loaded from now on)")
+    def set_dedup(tenant: str, namespace: str, enabled: Annotated[StrictBool, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", enabled)
+
+    @routes.delete("/{tenant}/{namespace}/deduplication", status_code=204,
+                   summary="Use the broker's deduplication default")
+    def remove_dedup(tenant: str, namespace: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", None)
+
+
+def _permission_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    def auth_policies(namespace: str) -> dict[str, Any]:
+        policies: dict[str, Any] = service.policies(namespace).get("auth_policies") or {}
+        return policies
+
+    @routes.get("/{tenant}/{namespace}/permissions", summary="Get the roles' granted actions")
+    def get_permissions(tenant: str, namespace: str, caller: Caller) -> dict[str, list[str]]:
+        authorizer.require_tenant_admin(caller, tenant)
+        grants: dict[str, list[str]] = auth_policies(namespace_name(tenant, namespace)).get("namespace_auth", {})
+        return grants
+
+    @routes.post("/{tenant}/{namespace}/permissions/{role}", status_code=204,
+                 summary="Grant a role actions (produce, consume) on the namespace")
+    def grant(tenant: str, namespace: str, role: str, actions: Annotated[list[StrictStr], Body(max_length=8)],
+              caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = namespace_name(tenant, namespace)
+        policies = auth_policies(name)
+        grants = dict(policies.get("namespace_auth", {}))
+        grants[_checked_role(role)] = _checked_actions(actions)
+        service.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})
+
+    @routes.delete("/{tenant}/{namespace}/permissions/{role}", status_code=204,
+                   summary="Revoke every action of a role on the namespace")
+    def revoke(tenant: str, namespace: str, role: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = namespace_name(tenant, namespace)
+        policies = auth_policies(name)
+        grants = {r: a for r, a in policies.get("namespace_auth", {}).items() if r != role}
+        service.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})
