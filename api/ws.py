@@ -499,6 +499,9 @@ class ConsumerSession:
             self._wake.clear()
             while (delivery := self.consumer.poll()) is not None:
                 await self.ws.send_text(message_frame(delivery))
+            if self.consumer.closed:
+                await self.ws.close(1000, "the broker closed this consumer (subscription deleted)")
+                return
 
     async def _credit_loop(self) -> None:
         """Redelivery after an ack timeout frees credit without any frame arriving."""

@@ -96,6 +96,14 @@ class MultiConsumer:
             raise InvalidRequest(f"this consumer does not read {topic}")
         return consumer
 
+    @property
+    def closed(self) -> bool:
+        """Every underlying consumer was closed (by this handle or by the broker, e.g. a forced
+        subscription delete)."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+        return bool(consumers) and all(c.closed for c in consumers)
+
     def held_messages(self) -> int:
         """Messages granted or delivered and not yet acknowledged, over all topics (flow credit in use)."""
         with self._lock:

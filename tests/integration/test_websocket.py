@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from websockets.exceptions import ConnectionClosedOK
 
@@ -298,3 +299,14 @@ def test_refused_upgrades_answer_with_http_errors(server: tuple[str, BrokerServi
     got_status, body = refused_status(url + path)
     assert got_status == status
     assert body["code"] and body["message"]
+
+
+def test_a_forced_subscription_delete_closes_the_consumer_session(server: tuple[str, BrokerService]) -> None:
+    url, _ = server
+    with open_ws(f"{url}/ws/v2/consumer/{NS}/doomed/sub") as consumer:
+        http_url = url.replace("ws://", "http://", 1)
+        response = httpx.delete(f"{http_url}/admin/v2/{NS}/doomed/subscription/sub?force=true", timeout=30)
+        assert response.status_code == 204, response.text
+        with pytest.raises(ConnectionClosedOK) as closed:
+            consumer.recv(timeout=10)
+        assert closed.value.rcvd is not None and "subscription deleted" in closed.value.rcvd.reason
