@@ -14,6 +14,13 @@ from fastapi.responses import JSONResponse
 from broker.errors import MagnetarError
 
 
+class UpgradeRequired(MagnetarError):
+    """A plain HTTP request reached a WebSocket endpoint."""
+
+    code = "upgrade_required"
+    http_status = 426
+
+
 def error_body(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
 

@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
 from api.auth import Action, Authorizer
-from api.errors import error_body
+from api.errors import UpgradeRequired, error_body
 from broker.entry_format import Compression, Message
 from broker.errors import InvalidRequest, MagnetarError
 from broker.message_id import MessageId
@@ -693,6 +693,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             return False
         return True
 
+    _document_websocket_paths(routes)
+
     @routes.websocket("/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}")
     async def producer(websocket: WebSocket, tenant: str, namespace: str, topic: str) -> None:
         try:
@@ -785,6 +787,46 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         await _serve(websocket, ReaderSession(websocket, service, readers, receiver_queue).run)
 
     return routes
+
+
+_WS_DOCS = {
+    "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}": (
+        "WebSocket producer (Pulsar WebSocket API v2)",
+        "Connect with a WebSocket client. Query parameters: producerName, initialSequenceId, batchingEnabled, "
+        "batchingMaxMessages, maxPendingMessages, messageRoutingMode, compressionType, token. Send "
+        "`{payload (base64), properties, context, key, eventTime, deliverAt, deliverAfterMs, sequenceId}`; "
+        "each frame is answered `{result: \"ok\", messageId, context, offset}` or "
+        "`{result: \"send-error:<n>\", errorMsg, errorCode, context}`."),
+    "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}": (
+        "WebSocket consumer (Pulsar WebSocket API v2)",
+        "Connect with a WebSocket client. Query parameters: subscriptionType (Exclusive, Shared, Failover, "
+        "Key_Shared), subscriptionMode, subscriptionInitialPosition, receiverQueueSize (≤ 1000), consumerName, "
+        "priorityLevel, ackTimeoutMillis, negativeAckRedeliveryDelay, maxRedeliverCount, deadLetterTopic, "
+        "pullMode, token. Messages arrive as `{messageId, payload, properties, publishTime, redeliveryCount, "
+        "key, eventTime, offset}`; send `{messageId}` to acknowledge, `{type: \"negativeAcknowledge\", "
+        "messageId}`, `{type: \"permit\", permitMessages}` (pull mode), `{type: \"unsubscribe\"}`, "
+        "`{type: \"isEndOfTopic\"}`."),
+    "/ws/v3/consumer/{subscription}": (
+        "WebSocket multi-topic consumer (Pulsar WebSocket API v3)",
+        "Like the v2 consumer, over `?topics=a,b` or `?topicsPattern=persistent://tenant/namespace/regex`."),
+    "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}": (
+        "WebSocket reader (Pulsar WebSocket API v2)",
+        "Connect with a WebSocket client. Query parameters: messageId (earliest, latest or a base64 message "
+        "id; the reader starts after it), receiverQueueSize, readerName, token. Messages arrive like the "
+        "consumer's; acknowledgements only free flow-control credit; `{type: \"isEndOfTopic\"}` is answered."),
+}
+
+
+def _document_websocket_paths(routes: APIRouter) -> None:
+    """Plain HTTP GETs on the WebSocket paths answer 426 with a clear error, and list the WebSocket
+    endpoints (with their query parameters and frames) in the OpenAPI document and ``/docs``."""
+    for path, (summary, description) in _WS_DOCS.items():
+        def upgrade_required() -> None:
+            raise UpgradeRequired("this is a WebSocket endpoint: connect with a WebSocket client (ws://)")
+
+        routes.add_api_route(path, upgrade_required, methods=["GET"], summary=summary, description=description,
+                             tags=["websocket"], status_code=101, response_model=None,
+                             responses={426: {"description": "Not a WebSocket upgrade request"}})
 
 
 def _pattern_target(pattern: str) -> tuple[list[TopicName], tuple[str, str]]:

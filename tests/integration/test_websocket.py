@@ -310,3 +310,16 @@ def test_a_forced_subscription_delete_closes_the_consumer_session(server: tuple[
         with pytest.raises(ConnectionClosedOK) as closed:
             consumer.recv(timeout=10)
         assert closed.value.rcvd is not None and "subscription deleted" in closed.value.rcvd.reason
+
+
+def test_plain_http_on_websocket_paths_gets_426_and_the_paths_are_documented(
+        server: tuple[str, BrokerService]) -> None:
+    url, _ = server
+    http_url = url.replace("ws://", "http://", 1)
+    response = httpx.get(f"{http_url}/ws/v2/consumer/{NS}/t/sub", timeout=30)
+    assert response.status_code == 426 and response.json()["code"] == "upgrade_required"
+    paths = httpx.get(f"{http_url}/openapi.json", timeout=30).json()["paths"]
+    for path in ("/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
+                 "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}",
+                 "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"):
+        assert "subscriptionType" in str(paths[path]) or "Connect with a WebSocket client" in str(paths[path])
