@@ -322,4 +322,6 @@ def test_plain_http_on_websocket_paths_gets_426_and_the_paths_are_documented(
     for path in ("/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
                  "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}",
                  "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"):
-        assert "subscriptionType" in str(paths[path]) or "Connect with a WebSocket client" in str(paths[path])
+        operation = paths[path]["get"]
+        assert "WebSocket" in operation["summary"] and "?" not in operation["summary"]
+        assert "query" in operation["description"].lower() or "?topics=" in operation["description"]
