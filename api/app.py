@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from api.admin import router as admin_router
 from api.auth import AuthConfig, Authorizer
 from api.errors import install_error_handlers
+from api.metrics import router as metrics_router
+from api.rest_consume import router as consume_router
 from api.rest_produce import router as produce_router
 from api.ws import router as ws_router
 from broker.service import BrokerService
@@ -59,6 +61,8 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
     install_error_handlers(app)
     app.include_router(produce_router(service, authorizer))
     app.include_router(admin_router(service, authorizer))
+    app.include_router(consume_router(service, authorizer))
+    app.include_router(metrics_router(service, authorizer))
     app.include_router(ws_router(service, authorizer))
 
     @app.get("/healthz", summary="Liveness and storage health")

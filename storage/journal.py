@@ -37,6 +37,7 @@ from typing import Any
 import crc32c
 
 from storage.fileio import AppendFile, FileIO
+from storage.histogram import LatencyHistogram, LatencySnapshot
 
 RECORD_ADD_ENTRY = 1
 RECORD_FENCE = 2
@@ -71,6 +72,8 @@ class JournalStats:
     fsync_seconds_total: float
     fsync_latency_buckets_us: tuple[tuple[int, int], ...]
     """Cumulative histogram: (upper bound in µs, count of fsyncs at or under it)."""
+    fsync_latency: LatencySnapshot
+    """The same histogram with its count and sum, taken together (for ``/metrics``)."""
     groups_committed: int
     largest_group_records: int
     queue_depth: int
@@ -153,9 +156,7 @@ class Journal:
         self._stats_lock = threading.Lock()
         self._records_written = 0
         self._bytes_written = 0
-        self._fsync_count = 0
-        self._fsync_seconds = 0.0
-        self._fsync_buckets = [0] * (len(FSYNC_BUCKETS_US) + 1)
+        self._fsync_latency = LatencyHistogram(FSYNC_BUCKETS_US)
         self._groups = 0
         self._largest_group = 0
         fileio.make_dirs(directory)
@@ -317,7 +318,7 @@ class Journal:
         if self._sync:
             started = time.perf_counter()
             self._file.sync()
-            self._record_fsync(time.perf_counter() - started)
+            self._fsync_latency.record(time.perf_counter() - started)
         self._fileio.failpoint("journal: after fdatasync")
         written = self._file.size_bytes - self._written_mark.offset
         with self._stats_lock:
@@ -329,30 +330,16 @@ class Journal:
         if self._file.size_bytes >= self._file_bytes_max:
             self._open_file(self._file_id + 1)
 
-    def _record_fsync(self, seconds: float) -> None:
-        micros = seconds * 1e6
-        index = len(FSYNC_BUCKETS_US)
-        for i, bound in enumerate(FSYNC_BUCKETS_US):
-            if micros <= bound:
-                index = i
-                break
-        with self._stats_lock:
-            self._fsync_count += 1
-            self._fsync_seconds += seconds
-            self._fsync_buckets[index] += 1
-
     def statistics(self) -> JournalStats:
+        fsync = self._fsync_latency.snapshot()
         with self._stats_lock:
-            cumulative, running = [], 0
-            for bound, count in zip(FSYNC_BUCKETS_US, self._fsync_buckets, strict=False):
-                running += count
-                cumulative.append((bound, running))
             return JournalStats(
                 records_written=self._records_written,
                 bytes_written=self._bytes_written,
-                fsync_count=self._fsync_count,
-                fsync_seconds_total=self._fsync_seconds,
-                fsync_latency_buckets_us=tuple(cumulative),
+                fsync_count=fsync.count,
+                fsync_seconds_total=fsync.sum_seconds,
+                fsync_latency_buckets_us=fsync.buckets_us(),
+                fsync_latency=fsync,
                 groups_committed=self._groups,
                 largest_group_records=self._largest_group,
                 queue_depth=self._queue.qsize(),

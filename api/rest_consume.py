@@ -1,0 +1,522 @@
+"""REST consumers: pull, acknowledge and negatively acknowledge a subscription over plain HTTP.
+
+Magnetar extension (Pulsar has no REST consume), shaped like Pulsar's REST paths::
+
+    POST /topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/pull
+    POST /topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/ack
+    POST /topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/negativeAcknowledge
+
+and the same under ``.../{topic}/partitions/{n}/subscription/...``. A pull answers ``{"messages":
+[{messageId, offset, payload, key, properties, publishTime, eventTime, redeliveryCount}]}`` with
+message ids in the WebSocket API's form (base64 ``MessageIdData``), payloads in base64 and times
+in ISO-8601 (UTC). Ack and negative ack take ``{"messageIds": [...]}`` and/or ``{"offsets": [...]}``.
+
+Mapping onto the broker: a REST consumer is one broker ``Consumer`` per (topic partition,
+subscription), created by the first pull (which also creates the durable subscription at
+``subscriptionInitialPosition``), kept in a bounded registry, and closed once it has been idle
+longer than ``REST_CONSUMER_IDLE_MS`` (or its ack timeout, if longer): closing hands its
+unacknowledged messages back for redelivery. Delivery, ack timeouts, negative acks, redelivery
+counts and dead-lettering are the subscription's own machinery (``broker/subscription.py``).
+
+Invariants:
+- Concurrent pulls share the one consumer and take from its outbox with ``Consumer.poll``,
+  which pops under the subscription's lock, so no message is handed to two pulls; on Shared
+  and Key_Shared subscriptions the subscription's other consumers (e.g. WebSocket ones) get
+  their share through the dispatcher as usual.
+- A pull tops the consumer's permits up to what the pulls in progress still want. Permits
+  cannot be withdrawn, so a pull that returns with fewer messages than it asked for leaves
+  permits behind (at most ``PULLS_IN_FLIGHT_MAX`` x ``PULL_MESSAGES_MAX``); messages they
+  bring are held for the next pull, which serves them first. Their ack timer started when
+  they were dispatched, not when a pull hands them out.
+- A consumer closed under the registry (e.g. its subscription was deleted by force) is
+  replaced by the next pull.
+- An outbox delivery no longer held by the consumer (its ack timeout fired and it went back for
+  redelivery) is never handed out: only ``Consumer.unacked``'s current delivery is.
+- An ack answers after the cursor has persisted it, so a restarted broker does not redeliver
+  it. Every id is checked before anything is acknowledged: an id that names no message of this
+  topic (or a malformed one) is a 400 and nothing is acknowledged.
+- Every pull, wait, batch and registry is bounded by a named limit below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import re
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, FastAPI, Query
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import Action, Authorizer, Caller, Principal
+from broker.cursor import ManagedCursor
+from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound
+from broker.message_id import MessageId
+from broker.service import BrokerService
+from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
+from broker.topic import PersistentTopic
+from broker.topic_name import TopicName
+
+PULL_MESSAGES_MAX = 10_000
+PULL_MESSAGES_DEFAULT = 100
+PULL_WAIT_MS_MAX = 30_000
+PULLS_IN_FLIGHT_MAX = 64
+"""Concurrent pulls on one REST consumer."""
+ACK_TIMEOUT_MS_DEFAULT = 30_000
+ACK_TIMEOUT_MS_MIN = 1_000
+ACK_TIMEOUT_MS_MAX = 3_600_000
+NEGATIVE_ACK_DELAY_MS_DEFAULT = 60_000
+NEGATIVE_ACK_DELAY_MS_MAX = 3_600_000
+REDELIVER_COUNT_MAX = 1_000
+ACK_IDS_PER_REQUEST_MAX = 10_000
+REST_CONSUMERS_MAX = 1_000
+REST_CONSUMER_IDLE_MS = 60_000
+SWEEP_INTERVAL_MS = 1_000
+ACK_PERSIST_TIMEOUT_S = 60.0
+UNKNOWN_IDS_REPORTED_MAX = 5
+SUBSCRIPTION_NAME = re.compile(r"^[-=:.\w]{1,256}$")
+
+log = logging.getLogger(__name__)
+
+
+# --- request shapes ------------------------------------------------------------------------------
+class PullParams(BaseModel):
+    """Query parameters of a pull; the consumer settings apply when the REST consumer is made."""
+
+    max_messages: int = Field(PULL_MESSAGES_DEFAULT, ge=1, le=PULL_MESSAGES_MAX, alias="maxMessages")
+    wait_time_ms: int = Field(0, ge=0, le=PULL_WAIT_MS_MAX, alias="waitTimeMs")
+    subscription_type: str | None = Field(None, alias="subscriptionType")
+    initial_position: str = Field("Latest", alias="subscriptionInitialPosition")
+    ack_timeout_ms: int | None = Field(None, ge=ACK_TIMEOUT_MS_MIN, le=ACK_TIMEOUT_MS_MAX, alias="ackTimeoutMillis")
+    negative_ack_delay_ms: int | None = Field(None, ge=0, le=NEGATIVE_ACK_DELAY_MS_MAX,
+                                              alias="negativeAckRedeliveryDelay")
+    max_redeliver_count: int | None = Field(None, ge=0, le=REDELIVER_COUNT_MAX, alias="maxRedeliverCount")
+    dead_letter_topic: str | None = Field(None, alias="deadLetterTopic")
+
+
+class AckRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    messageIds: list[str] = Field(default_factory=list, max_length=ACK_IDS_PER_REQUEST_MAX)  # noqa: N815
+    offsets: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=ACK_IDS_PER_REQUEST_MAX)
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """What a pull asked for explicitly (None: whatever the running consumer has, else the default)."""
+
+    subscription_type: SubscriptionType | None
+    ack_timeout_ms: int | None
+    negative_ack_delay_ms: int | None
+    max_redeliver_count: int | None
+    dead_letter_topic: str | None
+
+    @classmethod
+    def of(cls, params: PullParams) -> ConsumerSettings:
+        sub_type = SubscriptionType.parse(params.subscription_type) if params.subscription_type else None
+        dead_letter = TopicName.parse(params.dead_letter_topic).full_name if params.dead_letter_topic else None
+        return cls(sub_type, params.ack_timeout_ms, params.negative_ack_delay_ms, params.max_redeliver_count,
+                   dead_letter)
+
+    def consumer_config(self, subscription: str) -> ConsumerConfig:
+        return ConsumerConfig(
+            name=f"rest-{subscription}", receiver_queue_size=0,
+            ack_timeout_ms=self.ack_timeout_ms if self.ack_timeout_ms is not None else ACK_TIMEOUT_MS_DEFAULT,
+            negative_ack_redelivery_delay_ms=self.negative_ack_delay_ms
+            if self.negative_ack_delay_ms is not None else NEGATIVE_ACK_DELAY_MS_DEFAULT,
+            max_redeliver_count=self.max_redeliver_count or 0, dead_letter_topic=self.dead_letter_topic)
+
+    def conflicts(self, running: Consumer) -> list[str]:
+        """The explicitly requested settings that differ from the running consumer's."""
+        config, problems = running.config, []
+        pairs: list[tuple[str, object, object]] = [
+            ("subscriptionType", self.subscription_type, running.subscription.type),
+            ("ackTimeoutMillis", self.ack_timeout_ms, config.ack_timeout_ms),
+            ("negativeAckRedeliveryDelay", self.negative_ack_delay_ms, config.negative_ack_redelivery_delay_ms),
+            ("maxRedeliverCount", self.max_redeliver_count, config.max_redeliver_count),
+            ("deadLetterTopic", self.dead_letter_topic, config.dead_letter_topic)]
+        for label, asked, actual in pairs:
+            if asked is not None and asked != actual:
+                problems.append(f"{label}={actual}")
+        return problems
+
+
+def _initial_position(value: str) -> str:
+    lowered = value.lower()
+    if lowered not in ("earliest", "latest"):
+        raise InvalidRequest(f"subscriptionInitialPosition must be Earliest or Latest, not {value!r}")
+    return lowered
+
+
+def _check_subscription_name(subscription: str) -> None:
+    if not SUBSCRIPTION_NAME.match(subscription):
+        raise InvalidRequest(f"invalid subscription name {subscription!r}: use 1-256 letters, digits and - _ = : .")
+
+
+# --- the REST consumer and its registry --------------------------------------------------------------
+class RestConsumer:
+    """One broker consumer serving the pulls of one (topic partition, subscription)."""
+
+    def __init__(self, topic: TopicName, subscription: str, consumer: Consumer, now_s: float) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self.consumer = consumer
+        self.last_used_s = now_s
+        self.pulls = 0
+        self._wanted = 0
+        self._lock = threading.Lock()
+        self._wakers: set[Callable[[], None]] = set()
+        consumer.listener = self._notify
+
+    @property
+    def idle_s_max(self) -> float:
+        return max(REST_CONSUMER_IDLE_MS, self.consumer.config.ack_timeout_ms) / 1000.0
+
+    def _notify(self) -> None:
+        """Called by the dispatcher (any thread) when deliveries reach the outbox."""
+        with self._lock:
+            wakers = list(self._wakers)
+        for wake in wakers:
+            wake()
+
+    def add_waker(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._wakers.add(wake)
+
+    def remove_waker(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._wakers.discard(wake)
+
+    def want(self, messages: int) -> None:
+        with self._lock:
+            self._wanted += messages
+
+    def take(self, messages_max: int) -> list[Delivery]:
+        """Up to ``messages_max`` deliveries: what is waiting, then what new permits bring."""
+        taken = self._drain(messages_max)
+        if len(taken) < messages_max:
+            with self._lock:
+                missing = self._wanted - self.consumer.permits - len(self.consumer.outbox)
+            if missing > 0:
+                self.consumer.flow(missing)  # dispatches synchronously what is already stored
+            taken += self._drain(messages_max - len(taken))
+        return taken
+
+    def _drain(self, messages_max: int) -> list[Delivery]:
+        taken: list[Delivery] = []
+        while len(taken) < messages_max:
+            delivery = self.consumer.poll()
+            if delivery is None:
+                break
+            if self.consumer.unacked.get(delivery.offset) is delivery:  # else timed out and requeued
+                taken.append(delivery)
+        with self._lock:
+            self._wanted -= len(taken)
+        return taken
+
+
+class RestConsumers:
+    """The bounded registry of REST consumers, keyed by (topic partition, subscription)."""
+
+    def __init__(self, service: BrokerService, *, consumers_max: int = REST_CONSUMERS_MAX) -> None:
+        self._service = service
+        self._consumers_max = consumers_max
+        self._consumers: dict[tuple[TopicName, str], RestConsumer] = {}
+        self._lock = threading.Lock()
+
+    def _now_s(self) -> float:
+        return self._service.clock()
+
+    def begin_pull(self, topic: TopicName, subscription: str, settings: ConsumerSettings, initial: str,
+                   messages_max: int) -> RestConsumer:
+        """The REST consumer for a pull of up to ``messages_max`` (made on first use)."""
+        with self._lock:
+            rest = self._consumers.get((topic, subscription))
+            if rest is not None and rest.consumer.closed and rest.pulls == 0:
+                del self._consumers[(topic, subscription)]
+                rest = None
+            if rest is None:
+                rest = self._create(topic, subscription, settings, initial)
+            conflicts = settings.conflicts(rest.consumer)
+            if conflicts:
+                raise ConsumerBusy(f"subscription {subscription} of {topic} is pulled with {', '.join(conflicts)}; "
+                                   "omit those parameters or wait until its REST consumer closes after idling")
+            if rest.pulls >= PULLS_IN_FLIGHT_MAX:
+                raise ConsumerBusy(f"{PULLS_IN_FLIGHT_MAX} pulls on subscription {subscription} are already waiting")
+            rest.pulls += 1
+            rest.want(messages_max)
+            rest.last_used_s = self._now_s()
+            return rest
+
+    def end_pull(self, rest: RestConsumer, unmet: int) -> None:
+        with self._lock:
+            rest.pulls -= 1
+            rest.want(-unmet)
+            rest.last_used_s = self._now_s()
+
+    def _create(self, topic: TopicName, subscription: str, settings: ConsumerSettings, initial: str) -> RestConsumer:
+        if len(self._consumers) >= self._consumers_max:
+            raise ConsumerBusy(f"{self._consumers_max} REST consumers are open; idle ones close after "
+                               f"{REST_CONSUMER_IDLE_MS // 1000} s")
+        sub_type = settings.subscription_type or self._current_type(topic, subscription) or SubscriptionType.EXCLUSIVE
+        consumer = self._service.subscribe(topic, subscription, sub_type, settings.consumer_config(subscription),
+                                           initial=initial)
+        rest = RestConsumer(topic, subscription, consumer, self._now_s())
+        self._consumers[(topic, subscription)] = rest
+        return rest
+
+    def _current_type(self, topic: TopicName, subscription: str) -> SubscriptionType | None:
+        """The type of the subscription if the broker has it active (a pull that names no type joins it)."""
+        return next((s.type for s in self._service.subscriptions_of(topic) if s.name == subscription), None)
+
+    def get(self, topic: TopicName, subscription: str) -> RestConsumer | None:
+        with self._lock:
+            rest = self._consumers.get((topic, subscription))
+            if rest is not None:
+                rest.last_used_s = self._now_s()
+            return rest
+
+    def __len__(self) -> int:
+        return len(self._consumers)
+
+    def sweep(self) -> int:
+        """Close the REST consumers idle for longer than they may be; return how many."""
+        now = self._now_s()
+        with self._lock:
+            idle = [key for key, rest in self._consumers.items()
+                    if rest.pulls == 0 and now - rest.last_used_s >= rest.idle_s_max]
+            closing = [self._consumers.pop(key) for key in idle]
+        for rest in closing:
+            rest.consumer.close()
+        return len(closing)
+
+    def close(self) -> None:
+        with self._lock:
+            closing = list(self._consumers.values())
+            self._consumers.clear()
+        for rest in closing:
+            rest.consumer.close()
+
+
+# --- rendering and id resolution ---------------------------------------------------------------------
+def _iso_time(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def message_json(delivery: Delivery) -> dict[str, Any]:
+    message = delivery.message
+    return {"messageId": delivery.message_id.to_base64(), "offset": delivery.offset,
+            "payload": base64.b64encode(message.payload).decode("ascii"), "key": message.key,
+            "properties": message.properties, "publishTime": _iso_time(delivery.publish_time_ms),
+            "eventTime": _iso_time(message.event_time_ms) if message.event_time_ms is not None else None,
+            "redeliveryCount": delivery.redelivery_count}
+
+
+def _stored_offsets(topic: PersistentTopic, message_id: MessageId) -> list[int] | None:
+    """The offsets ``message_id`` names in ``topic`` (a whole batch without a batch index),
+    or None when it names no stored message of it."""
+    if message_id.partition != topic.partition:
+        return None
+    if not any(info.ledger_id == message_id.ledger_id and 0 <= message_id.entry_id < info.entries
+               for info in topic.ml.ledger_infos()):
+        return None
+    entry = topic.ml.read_entry(message_id.position)
+    if message_id.batch_index < 0:
+        return list(range(entry.first_offset, entry.last_offset + 1))
+    if message_id.batch_index >= entry.message_count:
+        return None
+    return [entry.first_offset + message_id.batch_index]
+
+
+def _resolve_offsets(topic: PersistentTopic, request: AckRequest, holder: Consumer | None) -> list[int]:
+    """Every offset the request names, checked against the topic before anything is acked."""
+    if not request.messageIds and not request.offsets:
+        raise InvalidRequest("give the messages to acknowledge as messageIds and/or offsets")
+    offsets: set[int] = set()
+    unknown: list[str] = []
+    for text in request.messageIds:
+        message_id = MessageId.parse(text)
+        held = holder.offset_of(message_id) if holder is not None else None
+        found = [held] if held is not None else _stored_offsets(topic, message_id)
+        if found is None:
+            unknown.append(text)
+        else:
+            offsets.update(found)
+    first, end = topic.ml.first_offset, topic.ml.confirmed_next_offset()
+    for offset in request.offsets:
+        if first <= offset < end:
+            offsets.add(offset)
+        else:
+            unknown.append(f"offset {offset}")
+    if unknown:
+        shown = ", ".join(unknown[:UNKNOWN_IDS_REPORTED_MAX])
+        more = f" and {len(unknown) - UNKNOWN_IDS_REPORTED_MAX} more" if len(unknown) > UNKNOWN_IDS_REPORTED_MAX else ""
+        raise InvalidRequest(f"no such message in {topic.name} (stored offsets are {first}..{end - 1}): "
+                             f"{shown}{more}; nothing was acknowledged")
+    return sorted(offsets)
+
+
+# --- routes ------------------------------------------------------------------------------------------
+TOPIC_PATH = "/topics/persistent/{tenant}/{namespace}/{topic}"
+PARTITION_PATH = TOPIC_PATH + "/partitions/{partition}"
+
+
+def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    registry = RestConsumers(service)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_sweep_forever(registry))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            await run_in_threadpool(registry.close)
+
+    routes = APIRouter(tags=["consume"], lifespan=lifespan)
+
+    def topic_of(caller: Principal, tenant: str, namespace: str, topic: str, partition: int | None) -> TopicName:
+        name = TopicName.of(tenant, namespace, topic)
+        authorizer.require(caller, Action.CONSUME, name)
+        partitions = service.partitions(name)
+        if partition is None:
+            if partitions and name.partition_index < 0:
+                raise InvalidRequest(f"{name} is a partitioned topic with {partitions} partitions; "
+                                     "use .../partitions/{n}/subscription/...")
+            return name
+        if partition < 0 or partition >= max(partitions, 1):
+            raise InvalidRequest(f"{name} has no partition {partition}")
+        return name.partition(partition) if partitions else name
+
+    def begin_pull(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
+                   params: PullParams) -> RestConsumer:
+        name = topic_of(caller, *where)
+        _check_subscription_name(subscription)
+        settings = ConsumerSettings.of(params)
+        initial = _initial_position(params.initial_position)
+        return registry.begin_pull(name, subscription, settings, initial, params.max_messages)
+
+    async def pull(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
+                   params: PullParams) -> dict[str, Any]:
+        rest = await run_in_threadpool(begin_pull, caller, where, subscription, params)
+        taken: list[Delivery] = []
+        try:
+            taken = await _take_waiting(rest, params.max_messages, params.wait_time_ms)
+        finally:
+            registry.end_pull(rest, params.max_messages - len(taken))
+        return {"messages": [message_json(d) for d in taken]}
+
+    def target(caller: Principal, where: tuple[str, str, str, int | None],
+               subscription: str) -> tuple[PersistentTopic, ManagedCursor, RestConsumer | None]:
+        name = topic_of(caller, *where)
+        _check_subscription_name(subscription)
+        topic = service.topic(name, create=False)
+        cursor = topic.cursors.get(subscription)
+        if cursor is None:
+            raise NotFound(f"subscription {subscription} of {name} does not exist")
+        return topic, cursor, registry.get(name, subscription)
+
+    def acknowledge(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
+                    request: AckRequest) -> dict[str, Any]:
+        topic, cursor, rest = target(caller, where, subscription)
+        holder = rest.consumer if rest is not None else None
+        offsets = _resolve_offsets(topic, request, holder)
+        held = {offset for offset in offsets if holder is not None and offset in holder.unacked}
+        if holder is not None and held:
+            holder.ack(sorted(held))  # releases them from the REST consumer and acks the cursor
+        others = [offset for offset in offsets if offset not in held]
+        if others:  # not handed out by this REST consumer (e.g. it idled out): ack the cursor directly
+            cursor.ack(others).result(timeout=ACK_PERSIST_TIMEOUT_S)
+        else:
+            cursor.flush()  # answer only once the acks are persisted
+        return {"acknowledged": len(offsets)}
+
+    def negative_acknowledge(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
+                             request: AckRequest) -> dict[str, Any]:
+        topic, _, rest = target(caller, where, subscription)
+        holder = rest.consumer if rest is not None else None
+        offsets = _resolve_offsets(topic, request, holder)
+        held = [offset for offset in offsets if holder is not None and offset in holder.unacked]
+        if holder is not None and held:
+            holder.nack(held)
+        return {"negativelyAcknowledged": len(held)}
+
+    pull_summary = "Pull messages from a subscription (Magnetar extension)"
+    ack_summary = "Acknowledge pulled messages, durably (Magnetar extension)"
+    nack_summary = "Negatively acknowledge pulled messages: redeliver them after the delay (Magnetar extension)"
+
+    @routes.post(TOPIC_PATH + "/subscription/{subscription}/pull", summary=pull_summary)
+    async def pull_topic(tenant: str, namespace: str, topic: str, subscription: str, caller: Caller,
+                         params: Annotated[PullParams, Query()]) -> dict[str, Any]:
+        return await pull(caller, (tenant, namespace, topic, None), subscription, params)
+
+    @routes.post(PARTITION_PATH + "/subscription/{subscription}/pull", summary=pull_summary + ", one partition")
+    async def pull_partition(tenant: str, namespace: str, topic: str, partition: int, subscription: str,
+                             caller: Caller, params: Annotated[PullParams, Query()]) -> dict[str, Any]:
+        return await pull(caller, (tenant, namespace, topic, partition), subscription, params)
+
+    @routes.post(TOPIC_PATH + "/subscription/{subscription}/ack", summary=ack_summary)
+    def ack_topic(tenant: str, namespace: str, topic: str, subscription: str, request: AckRequest,
+                  caller: Caller) -> dict[str, Any]:
+        return acknowledge(caller, (tenant, namespace, topic, None), subscription, request)
+
+    @routes.post(PARTITION_PATH + "/subscription/{subscription}/ack", summary=ack_summary + ", one partition")
+    def ack_partition(tenant: str, namespace: str, topic: str, partition: int, subscription: str,
+                      request: AckRequest, caller: Caller) -> dict[str, Any]:
+        return acknowledge(caller, (tenant, namespace, topic, partition), subscription, request)
+
+    @routes.post(TOPIC_PATH + "/subscription/{subscription}/negativeAcknowledge", summary=nack_summary)
+    def nack_topic(tenant: str, namespace: str, topic: str, subscription: str, request: AckRequest,
+                   caller: Caller) -> dict[str, Any]:
+        return negative_acknowledge(caller, (tenant, namespace, topic, None), subscription, request)
+
+    @routes.post(PARTITION_PATH + "/subscription/{subscription}/negativeAcknowledge",
+                 summary=nack_summary + ", one partition")
+    def nack_partition(tenant: str, namespace: str, topic: str, partition: int, subscription: str,
+                       request: AckRequest, caller: Caller) -> dict[str, Any]:
+        return negative_acknowledge(caller, (tenant, namespace, topic, partition), subscription, request)
+
+    return routes
+
+
+async def _take_waiting(rest: RestConsumer, messages_max: int, wait_time_ms: int) -> list[Delivery]:
+    """Take what is there; if nothing, wait (up to ``wait_time_ms``) for the first delivery."""
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody waits any more
+            loop.call_soon_threadsafe(woken.set)
+
+    rest.add_waker(wake)
+    deadline = loop.time() + wait_time_ms / 1000.0
+    taken: list[Delivery] = []
+    try:
+        while True:
+            woken.clear()
+            taken += await run_in_threadpool(rest.take, messages_max - len(taken))
+            remaining = deadline - loop.time()
+            if taken or remaining <= 0:
+                return taken
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), remaining)
+    finally:
+        rest.remove_waker(wake)
+
+
+async def _sweep_forever(registry: RestConsumers) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_INTERVAL_MS / 1000.0)
+        try:
+            await run_in_threadpool(registry.sweep)
+        except MagnetarError:
+            log.exception("closing idle REST consumers failed")
