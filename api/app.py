@@ -22,6 +22,7 @@ from api.errors import install_error_handlers
 from api.metrics import router as metrics_router
 from api.rest_consume import router as consume_router
 from api.rest_produce import router as produce_router
+from api.rest_read import router as read_router
 from api.ws import router as ws_router
 from broker.service import BrokerService
 
@@ -63,6 +64,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
     app.include_router(admin_router(service, authorizer))
     app.include_router(consume_router(service, authorizer))
     app.include_router(metrics_router(service, authorizer))
+    app.include_router(read_router(service, authorizer))
     app.include_router(ws_router(service, authorizer))
 
     @app.get("/healthz", summary="Liveness and storage health")

@@ -1,8 +1,12 @@
 """The ``magnetar`` command line.
 
-``magnetar standalone [--data-dir DIR] [--host HOST] [--port PORT]`` runs the broker with its
-embedded storage and the HTTP API in one process (``make run`` uses ``./data`` and :8080).
-SIGTERM or Ctrl-C shut it down gracefully: flush, checkpoint, close.
+``magnetar standalone [--config FILE] [--data-dir DIR] [--host HOST] [--port PORT]`` runs the
+broker with its embedded storage and the HTTP API in one process (``make run`` uses ``./data``
+and :8080). ``--config`` reads Pulsar's ``standalone.conf`` keys (authentication, token keys,
+superusers, auto-creation; see ``api/config.py``); the flags override it. SIGTERM or Ctrl-C shut
+it down gracefully: flush, checkpoint, close. The client commands (``produce``, ``consume``,
+``admin``, ``perf``, ``tokens``) live in ``api/cli_client.py``; the server's imports are loaded
+only by ``standalone`` so that client commands start quickly.
 """
 
 from __future__ import annotations
@@ -11,20 +15,19 @@ import argparse
 import signal
 import sys
 
-import uvicorn
-
-from api.app import SERVER_OPTIONS, create_app
-from broker.service import BrokerService
+from api.cli_client import add_client_commands, run_client_command
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="magnetar", description="Magnetar message broker")
     commands = parser.add_subparsers(dest="command", required=True)
     standalone = commands.add_parser("standalone", help="run broker + embedded storage + HTTP API")
-    standalone.add_argument("--data-dir", default="./data", help="data directory (default ./data)")
-    standalone.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    standalone.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    standalone.add_argument("--config", help="a standalone.conf file (Pulsar's keys; see api/config.py)")
+    standalone.add_argument("--data-dir", help="data directory (default ./data)")
+    standalone.add_argument("--host", help="listen address (default 0.0.0.0)")
+    standalone.add_argument("--port", type=int, help="listen port (default 8080)")
     standalone.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_client_commands(parser, commands)
     return parser
 
 
@@ -33,11 +36,25 @@ def _exit_cleanly(signum: int, _frame: object) -> None:
 
 
 def run_standalone(args: argparse.Namespace) -> int:
-    app = create_app(BrokerService(args.data_dir))
+    import uvicorn
+
+    from api.app import SERVER_OPTIONS, create_app
+    from api.config import ConfigError, StandaloneConfig
+    from broker.service import BrokerService
+
+    overrides = {key: str(value) for key, value in
+                 (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port))
+                 if value is not None}
+    try:
+        config = StandaloneConfig.load(args.config, overrides)
+    except (ConfigError, OSError) as exc:
+        print(f"magnetar standalone: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(BrokerService(config.data_dir, config.broker), auth=config.auth)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **SERVER_OPTIONS)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **SERVER_OPTIONS)
     return 0
 
 
@@ -45,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "standalone":
         return run_standalone(args)
-    raise AssertionError(f"unhandled command {args.command}")
+    return run_client_command(args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.standalone import free_port, standalone_command, wait_healthy
+from api.auth import create_token
+from tests.standalone import free_port, standalone_command, standalone_process, wait_healthy
 
 
 def test_standalone_serves_healthz_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -30,3 +31,27 @@ def test_standalone_serves_healthz_and_stops_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_standalone_reads_pulsar_style_config_with_token_auth(tmp_path: Path) -> None:
+    secret = b"k" * 32
+    (tmp_path / "secret.key").write_bytes(secret)
+    conf = tmp_path / "standalone.conf"
+    conf.write_text(f"authenticationEnabled=true\nsuperUserRoles=admin\ntokenSecretKey=file://{tmp_path}/secret.key\n"
+                    "clusterName=standalone\n")
+    with standalone_process(tmp_path / "data", "--config", str(conf)) as (url, _):
+        produce = f"{url}/topics/persistent/public/default/conf-test"
+        body = {"messages": [{"payload": "x"}]}
+        assert httpx.post(produce, json=body, timeout=10).status_code == 401
+        token = create_token("admin", secret_key=secret)
+        assert httpx.post(produce, json=body, headers={"Authorization": f"Bearer {token}"},
+                          timeout=10).status_code == 200
+
+
+def test_standalone_refuses_a_bad_config_with_a_clear_message(tmp_path: Path) -> None:
+    conf = tmp_path / "standalone.conf"
+    conf.write_text("authenticationEnabled=true\n")
+    result = subprocess.run(standalone_command(tmp_path / "data", free_port(), "--config", str(conf)),
+                            capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert b"tokenSecretKey" in result.stderr

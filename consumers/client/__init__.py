@@ -1,0 +1,56 @@
+"""Magnetar's Python client: producers, consumers and readers over Pulsar's WebSocket API, REST
+produce (PIP-64) and admin calls over HTTP, with token authentication.
+
+``AsyncClient`` (asyncio) holds the one implementation; ``Client`` is its blocking face, driving
+it from a background event-loop thread. Every wait is bounded or explicitly asked for
+(``receive(timeout_ms=None)``), every buffer is bounded, and every broker error arrives as a
+``ClientError`` carrying the broker's ``code`` and ``message``. Reconnection is not attempted:
+a lost connection fails pending calls with ``ConnectionClosed``.
+
+    with Client("http://127.0.0.1:8080") as client:
+        producer = client.create_producer("orders")
+        producer.send(b"hello", key="k1")
+        consumer = client.subscribe("orders", "sub", initial_position="earliest")
+        message = consumer.receive(timeout_ms=5000)
+        consumer.acknowledge(message)
+"""
+
+from consumers.client._async import DEFAULT_SERVICE_URL, AsyncClient
+from consumers.client._consumer import AsyncConsumer, AsyncReader
+from consumers.client._producer import AsyncProducer
+from consumers.client._sync import Client, Consumer, Producer, Reader
+from consumers.client.errors import (
+    ClientError,
+    ConnectError,
+    ConnectionClosed,
+    ConsumerError,
+    HttpError,
+    ReceiveTimeout,
+    SendError,
+    SendTimeout,
+)
+from consumers.client.types import Message, MessageIdParts, SendResult, Topic
+
+__all__ = [
+    "DEFAULT_SERVICE_URL",
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "AsyncReader",
+    "Client",
+    "ClientError",
+    "ConnectError",
+    "ConnectionClosed",
+    "Consumer",
+    "ConsumerError",
+    "HttpError",
+    "Message",
+    "MessageIdParts",
+    "Producer",
+    "Reader",
+    "ReceiveTimeout",
+    "SendError",
+    "SendResult",
+    "SendTimeout",
+    "Topic",
+]

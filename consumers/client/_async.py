@@ -1,0 +1,219 @@
+"""``AsyncClient``: the asyncio entry point (producers, consumers, readers, REST produce, admin calls).
+
+Role: build the WebSocket paths and query parameters of Pulsar's WebSocket API v2 (v3 for several
+topics), open sessions, and make the HTTP calls (PIP-64 REST produce, offsets, admin requests)
+with the same ``Authorization: Bearer`` token. ``consumers`` reach the broker over the network
+only; nothing here imports the broker.
+
+Invariants: every HTTP call has a timeout (``HTTP_TIMEOUT_S``); an HTTP error answer becomes
+``HttpError`` with the broker's ``code`` and ``message``; options are checked before any
+connection is opened; ``close()`` closes every producer, consumer and reader the client made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import urllib.parse
+import weakref
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from consumers.client._consumer import (
+    RECEIVER_QUEUE_SIZE_DEFAULT,
+    RECEIVER_QUEUE_SIZE_MAX,
+    AsyncConsumer,
+    AsyncReader,
+)
+from consumers.client._producer import (
+    PENDING_MESSAGES_DEFAULT,
+    PENDING_MESSAGES_MAX,
+    SEND_TIMEOUT_MS_DEFAULT,
+    AsyncProducer,
+)
+from consumers.client._session import auth_headers, open_connection, ws_url
+from consumers.client.errors import HttpError, SendError
+from consumers.client.types import PARTITION_SUFFIX, MessageIdParts, SendResult, Topic
+
+DEFAULT_SERVICE_URL = "http://127.0.0.1:8080"
+HTTP_TIMEOUT_S = 60.0
+REST_MESSAGES_PER_REQUEST_MAX = 10_000  # the broker's bound on one PIP-64 request
+HTTP_ERROR_TEXT_MAX = 500
+SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
+INITIAL_POSITIONS = {"latest": "Latest", "earliest": "Earliest"}
+_Closable = AsyncProducer | AsyncConsumer | AsyncReader
+_T = TypeVar("_T", AsyncProducer, AsyncConsumer, AsyncReader)
+
+
+def _error_of(response: httpx.Response) -> HttpError:
+    try:
+        body = response.json()
+        return HttpError(response.status_code, str(body["code"]), str(body["message"]))
+    except (ValueError, KeyError, TypeError):
+        text = response.text[:HTTP_ERROR_TEXT_MAX] or response.reason_phrase
+        return HttpError(response.status_code, f"http_{response.status_code}", text)
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, not {value}")
+
+
+class AsyncClient:
+    """``async with AsyncClient("http://127.0.0.1:8080", token=...) as client: ...``"""
+
+    def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
+                 http_timeout_s: float = HTTP_TIMEOUT_S) -> None:
+        self.service_url = service_url.rstrip("/")
+        self._token = token
+        self._http = httpx.AsyncClient(base_url=self.service_url, timeout=http_timeout_s, headers=auth_headers(token))
+        self._children: weakref.WeakSet[_Closable] = weakref.WeakSet()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        children = list(self._children)
+        self._children.clear()
+        await asyncio.gather(*(child.close() for child in children), return_exceptions=True)
+        await self._http.aclose()
+
+    # --- WebSocket sessions ----------------------------------------------------------------
+    async def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
+                              batching_max_messages: int = 1000, max_pending_messages: int = PENDING_MESSAGES_DEFAULT,
+                              send_timeout_ms: int = SEND_TIMEOUT_MS_DEFAULT, compression_type: str | None = None,
+                              initial_sequence_id: int | None = None) -> AsyncProducer:
+        """A producer on ``topic`` (``persistent://tenant/ns/topic``, ``tenant/ns/topic`` or a short
+        name in ``public/default``). ``batching`` lets the broker store publishes that arrive
+        together as one entry."""
+        name = Topic.parse(topic)
+        _check_range("max_pending_messages", max_pending_messages, 1, PENDING_MESSAGES_MAX)
+        _check_range("send_timeout_ms", send_timeout_ms, 0, 2**31 - 1)
+        query = {"producerName": producer_name, "batchingEnabled": batching or None,
+                 "batchingMaxMessages": batching_max_messages if batching else None,
+                 "maxPendingMessages": max_pending_messages, "sendTimeoutMillis": send_timeout_ms,
+                 "compressionType": compression_type, "initialSequenceId": initial_sequence_id}
+        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/producer/{name.path}", query), self._token)
+        return self._adopt(AsyncProducer(ws, name.full_name, max_pending_messages=max_pending_messages,
+                                         send_timeout_ms=send_timeout_ms))
+
+    async def subscribe(self, topic: str | Sequence[str], subscription: str, *, subscription_type: str = "Exclusive",
+                        initial_position: str = "latest", receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
+                        ack_timeout_ms: int | None = None, negative_ack_redelivery_delay_ms: int | None = None,
+                        max_redeliver_count: int | None = None, dead_letter_topic: str | None = None,
+                        consumer_name: str | None = None) -> AsyncConsumer:
+        """A consumer of ``subscription`` on one topic or several (Pulsar's v3 multi-topic path)."""
+        topics = [Topic.parse(t) for t in ([topic] if isinstance(topic, str) else topic)]
+        if not topics:
+            raise ValueError("subscribe needs at least one topic")
+        if subscription_type not in SUBSCRIPTION_TYPES:
+            raise ValueError(f"subscription_type must be one of {', '.join(SUBSCRIPTION_TYPES)}")
+        if initial_position not in INITIAL_POSITIONS:
+            raise ValueError("initial_position must be 'latest' or 'earliest'")
+        _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
+        query = {"subscriptionType": subscription_type,
+                 "subscriptionInitialPosition": INITIAL_POSITIONS[initial_position],
+                 "receiverQueueSize": receiver_queue_size, "ackTimeoutMillis": ack_timeout_ms,
+                 "negativeAckRedeliveryDelay": negative_ack_redelivery_delay_ms,
+                 "maxRedeliverCount": max_redeliver_count, "deadLetterTopic": dead_letter_topic,
+                 "consumerName": consumer_name}
+        quoted = urllib.parse.quote(subscription, safe="")
+        if len(topics) == 1:
+            path = f"/ws/v2/consumer/{topics[0].path}/{quoted}"
+        else:
+            path = f"/ws/v3/consumer/{quoted}"
+            query["topics"] = ",".join(t.full_name for t in topics)
+        ws = await open_connection(ws_url(self.service_url, path, query), self._token)
+        return self._adopt(AsyncConsumer(ws, topics, subscription, receiver_queue_size))
+
+    async def create_reader(self, topic: str, start_message_id: str = "earliest", *,
+                            receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
+                            reader_name: str | None = None) -> AsyncReader:
+        """A reader from ``"earliest"``, ``"latest"`` or after a message id (base64 or ``l:e``)."""
+        name = Topic.parse(topic)
+        if start_message_id not in ("earliest", "latest"):
+            MessageIdParts.parse(start_message_id)  # a bad id fails here, before connecting
+        _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
+        query = {"messageId": start_message_id, "receiverQueueSize": receiver_queue_size, "readerName": reader_name}
+        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/reader/{name.path}", query), self._token)
+        try:
+            start_offsets = await self.offsets(name.full_name) if start_message_id == "latest" else {}
+        except BaseException:
+            await ws.close()
+            raise
+        return self._adopt(AsyncReader(ws, name, receiver_queue_size, start=start_message_id,
+                                       start_offsets=start_offsets, offsets=lambda: self.offsets(name.full_name),
+                                       probe=self._message_id_at))
+
+    def _adopt(self, child: _T) -> _T:
+        self._children.add(child)
+        return child
+
+    # --- HTTP ----------------------------------------------------------------------------
+    async def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
+                      ) -> httpx.Response:
+        """One HTTP call to the broker; an error status raises ``HttpError``."""
+        try:
+            response = await self._http.request(method, path, json=json_body, params=params)
+        except httpx.HTTPError as exc:
+            raise HttpError(0, "unreachable", f"{method} {self.service_url}{path}: {exc}") from exc
+        if response.status_code >= 400:
+            raise _error_of(response)
+        return response
+
+    async def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
+                            properties: dict[str, str] | None = None, producer_name: str | None = None,
+                            sequence_id: int | None = None, expected_offset: int | None = None,
+                            partition: int | None = None) -> list[SendResult]:
+        """REST produce (Pulsar's PIP-64): the payloads in one request, stored as one entry."""
+        if not 1 <= len(payloads) <= REST_MESSAGES_PER_REQUEST_MAX:
+            raise ValueError(f"produce_batch takes 1..{REST_MESSAGES_PER_REQUEST_MAX} payloads")
+        if keys is not None and len(keys) != len(payloads):
+            raise ValueError("keys must have one entry per payload")
+        messages: list[dict[str, Any]] = []
+        for index, payload in enumerate(payloads):
+            message: dict[str, Any] = {"payload": base64.b64encode(payload).decode("ascii")}
+            if keys is not None and keys[index] is not None:
+                message["key"] = keys[index]
+            if properties:
+                message["properties"] = properties
+            if sequence_id is not None and index == 0:
+                message["sequenceId"] = sequence_id
+            messages.append(message)
+        body: dict[str, Any] = {"messages": messages, "payloadEncoding": "base64"}
+        if producer_name is not None:
+            body["producerName"] = producer_name
+        if expected_offset is not None:
+            body["expectedOffset"] = expected_offset
+        path = f"/topics/{Topic.parse(topic).path}" + (f"/partitions/{partition}" if partition is not None else "")
+        response = await self.request("POST", path, json_body=body)
+        return [_rest_result(r) for r in response.json()["messagePublishResults"]]
+
+    async def offsets(self, topic: str) -> dict[str, dict[str, int]]:
+        """First retained and next offset of every partition (Magnetar's ``.../offsets``)."""
+        response = await self.request("GET", f"/topics/{Topic.parse(topic).path}/offsets")
+        found: dict[str, dict[str, int]] = response.json()["offsets"]
+        return found
+
+    async def _message_id_at(self, partition: str, offset: int) -> str | None:
+        base, sep, index = partition.rpartition(PARTITION_SUFFIX)
+        path = f"/topics/{Topic.parse(base).path}/partitions/{index}" if sep and index.isdigit() \
+            else f"/topics/{Topic.parse(partition).path}"
+        response = await self.request("GET", f"{path}/messages", params={"offset": offset, "maxMessages": 1})
+        messages = response.json()["messages"]
+        return str(messages[0]["messageId"]) if messages else None
+
+
+def _rest_result(result: dict[str, Any]) -> SendResult:
+    if result.get("errorCode"):
+        raise SendError(str(result.get("errorMsg") or "publish failed"), code="rest_publish_failed",
+                        result_code=int(result["errorCode"]))
+    text = str(result["messageId"])
+    if text.startswith("-1:-1"):
+        return SendResult(message_id=MessageIdParts(-1, -1).to_base64(), offset=None, duplicate=True)
+    return SendResult(message_id=MessageIdParts.parse(text).to_base64(), offset=result.get("offset"))

@@ -1,0 +1,185 @@
+"""The asyncio producer: pipelined publishes over Pulsar's WebSocket producer API.
+
+Role: turn ``send_async`` calls into send frames (base64 payload, ``context`` = a per-session
+counter) and the broker's result frames back into completed futures.
+
+Invariants:
+- At most ``max_pending_messages`` publishes are in flight; ``send_async`` waits for room
+  (back-pressure) instead of queueing without bound.
+- The broker answers in frame order, so futures complete in the order of the ``send_async``
+  calls; a result is matched to its future by ``context``, never by position.
+- No future waits forever: a publish without an answer after ``send_timeout_ms`` fails with
+  ``SendTimeout``; when the connection ends every pending future fails with
+  ``ConnectionClosed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+
+from consumers.client._session import Session
+from consumers.client.errors import ConnectionClosed, SendError, SendTimeout
+from consumers.client.types import SendResult, iso_time
+
+PENDING_MESSAGES_DEFAULT = 1000
+PENDING_MESSAGES_MAX = 10_000  # the broker's own bound on maxPendingMessages
+SEND_TIMEOUT_MS_DEFAULT = 30_000
+SEND_TIMEOUT_CHECK_S_MAX = 0.5
+UNKNOWN_ERROR_RESULT_CODE = 8
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future[SendResult]
+    deadline_s: float
+
+
+class AsyncProducer:
+    """Create with ``AsyncClient.create_producer``."""
+
+    def __init__(self, ws: ClientConnection, topic: str, *, max_pending_messages: int, send_timeout_ms: int) -> None:
+        if not 1 <= max_pending_messages <= PENDING_MESSAGES_MAX:
+            raise ValueError(f"max_pending_messages must be in 1..{PENDING_MESSAGES_MAX}")
+        self.topic = topic
+        self._loop = asyncio.get_running_loop()
+        self._slots = asyncio.Semaphore(max_pending_messages)
+        self._pending: dict[str, _Pending] = {}
+        self._contexts = itertools.count()
+        self._send_timeout_s = send_timeout_ms / 1000
+        self._watchdog = self._loop.create_task(self._expire_loop()) if send_timeout_ms > 0 else None
+        self._session = Session(ws, f"producer on {topic}", self._on_frame, self._on_end)
+
+    @property
+    def pending_messages(self) -> int:
+        return len(self._pending)
+
+    async def send(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
+                   event_time_ms: int | None = None, deliver_after_ms: int | None = None,
+                   deliver_at_ms: int | None = None, sequence_id: int | None = None) -> SendResult:
+        """Publish one message and wait until it is durable."""
+        future = await self.send_async(payload, key=key, properties=properties, event_time_ms=event_time_ms,
+                                       deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms,
+                                       sequence_id=sequence_id)
+        return await future
+
+    async def send_async(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
+                         event_time_ms: int | None = None, deliver_after_ms: int | None = None,
+                         deliver_at_ms: int | None = None, sequence_id: int | None = None,
+                         ) -> asyncio.Future[SendResult]:
+        """Start a publish; waits only while ``max_pending_messages`` are already in flight."""
+        frame = _send_frame(payload, key, properties, event_time_ms, deliver_after_ms, deliver_at_ms, sequence_id)
+        self._session.check_open()
+        await self._slots.acquire()
+        try:
+            self._session.check_open()
+        except ConnectionClosed:
+            self._slots.release()
+            raise
+        context = str(next(self._contexts))
+        frame["context"] = context
+        future: asyncio.Future[SendResult] = self._loop.create_future()
+        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s)
+        try:
+            await self._session.send_json(frame)
+        except ConnectionClosed:
+            self._finish(context)
+            if future.done():
+                future.exception()  # the caller gets the error raised here instead
+            raise
+        return future
+
+    async def flush(self) -> None:
+        """Wait until every publish started so far has an outcome (errors stay on their futures)."""
+        waiting = [p.future for p in self._pending.values()]
+        if waiting:
+            await asyncio.wait(waiting)
+
+    async def close(self) -> None:
+        """Flush (bounded by the send timeout), then close the session."""
+        if not self._session.closed:
+            with contextlib.suppress(ConnectionClosed):
+                await self.flush()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        await self._session.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # --- results ---------------------------------------------------------------------------
+    def _finish(self, context: Any) -> asyncio.Future[SendResult] | None:
+        pending = self._pending.pop(context, None) if isinstance(context, str) else None
+        if pending is None:
+            return None
+        self._slots.release()
+        return pending.future if not pending.future.done() else None
+
+    async def _on_frame(self, frame: Any) -> None:
+        if not isinstance(frame, dict):
+            return
+        future = self._finish(frame.get("context"))
+        if future is None:  # a result for a publish that already timed out
+            return
+        result = str(frame.get("result", ""))
+        if result == "ok":
+            future.set_result(SendResult(message_id=str(frame.get("messageId")), offset=frame.get("offset"),
+                                         duplicate=bool(frame.get("duplicate", False))))
+            return
+        _, _, number = result.partition(":")
+        result_code = int(number) if number.isdigit() else UNKNOWN_ERROR_RESULT_CODE
+        message = str(frame.get("errorMsg") or result)
+        code = str(frame.get("errorCode") or f"send_error_{result_code}")
+        prefix = f"{code}: "
+        future.set_exception(SendError(message.removeprefix(prefix), code=code, result_code=result_code))
+
+    def _on_end(self, error: ConnectionClosed) -> None:
+        for context in list(self._pending):
+            future = self._finish(context)
+            if future is not None:
+                future.set_exception(error)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+    async def _expire_loop(self) -> None:
+        """Fail publishes whose answer is overdue (the oldest are first in ``_pending``)."""
+        interval_s = min(self._send_timeout_s / 2, SEND_TIMEOUT_CHECK_S_MAX)
+        while True:
+            await asyncio.sleep(interval_s)
+            now = self._loop.time()
+            for context, pending in list(self._pending.items()):
+                if pending.deadline_s > now:
+                    break
+                future = self._finish(context)
+                if future is not None:
+                    future.set_exception(SendTimeout(
+                        f"no answer from the broker within {self._send_timeout_s:g} s on {self.topic}"))
+
+
+def _send_frame(payload: bytes, key: str | None, properties: dict[str, str] | None, event_time_ms: int | None,
+                deliver_after_ms: int | None, deliver_at_ms: int | None, sequence_id: int | None) -> dict[str, Any]:
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+    frame: dict[str, Any] = {"payload": base64.b64encode(payload).decode("ascii")}
+    if key is not None:
+        frame["key"] = key
+    if properties:
+        frame["properties"] = dict(properties)
+    if event_time_ms is not None:
+        frame["eventTime"] = iso_time(event_time_ms)
+    if deliver_after_ms is not None:
+        frame["deliverAfterMs"] = deliver_after_ms
+    if deliver_at_ms is not None:
+        frame["deliverAt"] = deliver_at_ms
+    if sequence_id is not None:
+        frame["sequenceId"] = sequence_id
+    return frame

@@ -1,0 +1,255 @@
+"""The blocking client: the asyncio client driven from a background event-loop thread.
+
+Role: ``Client`` owns one daemon thread running an event loop and one ``AsyncClient`` on it;
+``Producer``, ``Consumer`` and ``Reader`` forward each call to their asyncio twin and wait for
+its result. There is one implementation of the protocol (the asyncio one); this module only
+crosses threads.
+
+Invariants: a blocking call waits exactly as long as its asyncio twin (whose own waits are
+bounded: send timeout, receive timeout, close timeout); if the caller is interrupted (Ctrl-C)
+the asyncio call is cancelled. ``send_async`` returns a ``concurrent.futures.Future`` and blocks
+the caller only while ``max_pending_messages`` publishes are in flight. ``Client.close()`` closes
+everything the client made, then stops and joins the thread (bounded by ``THREAD_JOIN_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from consumers.client._async import DEFAULT_SERVICE_URL, HTTP_TIMEOUT_S, AsyncClient
+from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
+from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
+from consumers.client.errors import ConnectionClosed
+from consumers.client.types import Message, SendResult
+
+THREAD_JOIN_TIMEOUT_S = 10.0
+_R = TypeVar("_R")
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread; ``call`` runs a coroutine there and waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="magnetar-client", daemon=True)
+        self._thread.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, _R]) -> _R:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(THREAD_JOIN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _to_concurrent(future: asyncio.Future[_R]) -> concurrent.futures.Future[_R]:
+    """A thread-safe future completed with ``future``'s outcome (call on the loop's thread)."""
+    out: concurrent.futures.Future[_R] = concurrent.futures.Future()
+
+    def copy(done: asyncio.Future[_R]) -> None:
+        if done.cancelled():
+            out.cancel()
+        elif (error := done.exception()) is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    future.add_done_callback(copy)
+    return out
+
+
+class Producer:
+    """Create with ``Client.create_producer``."""
+
+    def __init__(self, runner: _LoopThread, producer: AsyncProducer) -> None:
+        self._runner = runner
+        self._producer = producer
+        self.topic = producer.topic
+
+    def send(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
+             event_time_ms: int | None = None, deliver_after_ms: int | None = None, deliver_at_ms: int | None = None,
+             sequence_id: int | None = None) -> SendResult:
+        """Publish one message and wait until it is durable."""
+        return self._runner.call(self._producer.send(
+            payload, key=key, properties=properties, event_time_ms=event_time_ms, deliver_after_ms=deliver_after_ms,
+            deliver_at_ms=deliver_at_ms, sequence_id=sequence_id))
+
+    def send_async(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
+                   event_time_ms: int | None = None, deliver_after_ms: int | None = None,
+                   deliver_at_ms: int | None = None, sequence_id: int | None = None,
+                   ) -> concurrent.futures.Future[SendResult]:
+        """Start a publish; blocks only while ``max_pending_messages`` are in flight."""
+        async def start() -> concurrent.futures.Future[SendResult]:
+            return _to_concurrent(await self._producer.send_async(
+                payload, key=key, properties=properties, event_time_ms=event_time_ms,
+                deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms, sequence_id=sequence_id))
+
+        return self._runner.call(start())
+
+    @property
+    def pending_messages(self) -> int:
+        return self._producer.pending_messages
+
+    def flush(self) -> None:
+        self._runner.call(self._producer.flush())
+
+    def close(self) -> None:
+        self._runner.call(self._producer.close())
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Consumer:
+    """Create with ``Client.subscribe``; iterating yields messages until the session ends."""
+
+    def __init__(self, runner: _LoopThread, consumer: AsyncConsumer) -> None:
+        self._runner = runner
+        self._consumer = consumer
+        self.subscription = consumer.subscription
+        self.topics = consumer.topics
+
+    def receive(self, timeout_ms: int | None = None) -> Message:
+        """The next message; ``ReceiveTimeout`` after ``timeout_ms`` (None: wait until one comes)."""
+        return self._runner.call(self._consumer.receive(timeout_ms))
+
+    def acknowledge(self, message: Message | str) -> None:
+        self._runner.call(self._consumer.acknowledge(message))
+
+    def negative_acknowledge(self, message: Message | str) -> None:
+        self._runner.call(self._consumer.negative_acknowledge(message))
+
+    def unsubscribe(self) -> None:
+        self._runner.call(self._consumer.unsubscribe())
+
+    def close(self) -> None:
+        self._runner.call(self._consumer.close())
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            try:
+                yield self.receive()
+            except ConnectionClosed:
+                return
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Reader:
+    """Create with ``Client.create_reader``; iterating yields messages until the session ends."""
+
+    def __init__(self, runner: _LoopThread, reader: AsyncReader) -> None:
+        self._runner = runner
+        self._reader = reader
+        self.topic = reader.topic
+
+    def read_next(self, timeout_ms: int | None = None) -> Message:
+        return self._runner.call(self._reader.read_next(timeout_ms))
+
+    def has_message_available(self) -> bool:
+        return self._runner.call(self._reader.has_message_available())
+
+    def close(self) -> None:
+        self._runner.call(self._reader.close())
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            try:
+                yield self.read_next()
+            except ConnectionClosed:
+                return
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class Client:
+    """``with Client("http://127.0.0.1:8080", token=...) as client: ...``"""
+
+    def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
+                 http_timeout_s: float = HTTP_TIMEOUT_S) -> None:
+        self.service_url = service_url.rstrip("/")
+        self._runner = _LoopThread()
+
+        async def make() -> AsyncClient:
+            return AsyncClient(service_url, token, http_timeout_s=http_timeout_s)
+
+        self._client = self._runner.call(make())
+
+    def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
+                        batching_max_messages: int = 1000, max_pending_messages: int = PENDING_MESSAGES_DEFAULT,
+                        send_timeout_ms: int = SEND_TIMEOUT_MS_DEFAULT, compression_type: str | None = None,
+                        initial_sequence_id: int | None = None) -> Producer:
+        return Producer(self._runner, self._runner.call(self._client.create_producer(
+            topic, producer_name=producer_name, batching=batching, batching_max_messages=batching_max_messages,
+            max_pending_messages=max_pending_messages, send_timeout_ms=send_timeout_ms,
+            compression_type=compression_type, initial_sequence_id=initial_sequence_id)))
+
+    def subscribe(self, topic: str | Sequence[str], subscription: str, *, subscription_type: str = "Exclusive",
+                  initial_position: str = "latest", receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
+                  ack_timeout_ms: int | None = None, negative_ack_redelivery_delay_ms: int | None = None,
+                  max_redeliver_count: int | None = None, dead_letter_topic: str | None = None,
+                  consumer_name: str | None = None) -> Consumer:
+        return Consumer(self._runner, self._runner.call(self._client.subscribe(
+            topic, subscription, subscription_type=subscription_type, initial_position=initial_position,
+            receiver_queue_size=receiver_queue_size, ack_timeout_ms=ack_timeout_ms,
+            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+            max_redeliver_count=max_redeliver_count, dead_letter_topic=dead_letter_topic,
+            consumer_name=consumer_name)))
+
+    def create_reader(self, topic: str, start_message_id: str = "earliest", *,
+                      receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, reader_name: str | None = None) -> Reader:
+        return Reader(self._runner, self._runner.call(self._client.create_reader(
+            topic, start_message_id, receiver_queue_size=receiver_queue_size, reader_name=reader_name)))
+
+    def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
+                      properties: dict[str, str] | None = None, producer_name: str | None = None,
+                      sequence_id: int | None = None, expected_offset: int | None = None,
+                      partition: int | None = None) -> list[SendResult]:
+        """REST produce (Pulsar's PIP-64): the payloads in one request, stored as one entry."""
+        return self._runner.call(self._client.produce_batch(
+            topic, payloads, keys=keys, properties=properties, producer_name=producer_name, sequence_id=sequence_id,
+            expected_offset=expected_offset, partition=partition))
+
+    def request(self, method: str, path: str, *, json_body: Any = None,
+                params: dict[str, Any] | None = None) -> httpx.Response:
+        """One HTTP call to the broker (admin API and the like); an error status raises ``HttpError``."""
+        return self._runner.call(self._client.request(method, path, json_body=json_body, params=params))
+
+    def close(self) -> None:
+        if not self._runner.loop.is_closed():
+            try:
+                self._runner.call(self._client.close())
+            finally:
+                self._runner.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

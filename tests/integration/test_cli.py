@@ -1,0 +1,253 @@
+"""The ``magnetar`` client commands as real subprocesses against a real ``magnetar standalone``.
+
+Checks: ``produce`` then ``consume`` prints the messages as ``pulsar-client`` does (key,
+properties, content) over WebSocket and REST, with the service URL from the flag or the
+environment; ``consume`` gives up after ``--timeout-s`` with exit 1; ``admin`` tenants,
+namespaces, topics and subscriptions commands change and report the broker's state, and broker
+errors print ``code: message`` and exit 1; ``perf`` prints live rates and latency percentiles;
+tokens made by ``tokens create`` (HS256 and RS256) are accepted by a server with authentication
+on, and requests without them are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api.auth import AuthConfig
+from consumers.client import Client
+from tests.integration.server import running_server
+from tests.standalone import REPO_ROOT, standalone_process
+
+CLI_TIMEOUT_S = 60.0
+HTTP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Done:
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with standalone_process(tmp_path_factory.mktemp("cli") / "data") as (service_url, _):
+        yield service_url
+
+
+def _command(args: tuple[str, ...]) -> list[str]:
+    return [sys.executable, "-m", "api.cli", *args]
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("MAGNETAR_SERVICE_URL", "MAGNETAR_TOKEN")}
+    return {**clean, **(extra or {})}
+
+
+def run_all(*commands: tuple[str, ...], env: dict[str, str] | None = None) -> list[Done]:
+    """Run independent ``magnetar`` commands side by side; every process is reaped (killed by PID
+    after ``CLI_TIMEOUT_S``)."""
+    procs = [subprocess.Popen(_command(args), cwd=REPO_ROOT, env=_env(env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for args in commands]
+    try:
+        outputs = [proc.communicate(timeout=CLI_TIMEOUT_S) for proc in procs]
+        return [Done(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs, strict=True)]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def magnetar(*args: str, env: dict[str, str] | None = None) -> Done:
+    return run_all(args, env=env)[0]
+
+
+def ok(url: str, *args: str) -> str:
+    return ok_all(url, args)[0]
+
+
+def ok_all(url: str, *commands: tuple[str, ...]) -> list[str]:
+    """Run commands side by side against ``url``; each must succeed. Their outputs, in order."""
+    done = run_all(*(("--service-url", url, *args) for args in commands))
+    for args, result in zip(commands, done, strict=True):
+        assert result.returncode == 0, f"magnetar {' '.join(args)}: {result.stderr}"
+    return [result.stdout for result in done]
+
+
+def ok_json(url: str, *args: str) -> Any:
+    return json.loads(ok(url, *args))
+
+
+def backlog(url: str, topic: str, subscription: str) -> int:
+    """The subscription's backlog, read directly from the admin API (not through the CLI)."""
+    stats = httpx.get(f"{url}/admin/v2/persistent/public/default/{topic}/stats", timeout=HTTP_TIMEOUT_S).json()
+    return int(stats["subscriptions"][subscription]["msgBacklog"])
+
+
+def test_produce_then_consume_prints_the_messages(url: str) -> None:
+    out = ok(url, "produce", "orders", "-m", "hello", "-m", "world", "-k", "k1", "-p", "a=1", "-p", "b=2", "-n", "2")
+    assert "4 messages successfully produced" in out
+    out = ok(url, "consume", "orders", "-s", "sub", "-p", "earliest", "-n", "4", "--timeout-s", "20")
+    blocks = out.split("----- got message -----\n")[1:]
+    assert [b.splitlines()[0] for b in blocks] == [f"key:[k1], properties:[a=1, b=2], content:{text}"
+                                                   for text in ("hello", "world", "hello", "world")]
+    assert "4 messages successfully consumed" in out
+    assert backlog(url, "orders", "sub") == 0  # each one was acknowledged
+
+
+def test_rest_produce_and_the_service_url_from_the_environment(url: str, tmp_path: Path) -> None:
+    payload = tmp_path / "payload.txt"
+    payload.write_bytes("from a file ✓".encode())
+    produced = magnetar("produce", "public/default/rest-topic", "--rest", "-m", "via rest", "-f", str(payload),
+                        env={"MAGNETAR_SERVICE_URL": url})
+    assert produced.returncode == 0, produced.stderr
+    assert "2 messages successfully produced" in produced.stdout
+    out = magnetar("consume", "persistent://public/default/rest-topic", "-s", "s", "-p", "earliest", "-n", "2",
+                   "--timeout-s", "20", "--service-url", url)
+    assert out.returncode == 0, out.stderr
+    assert "key:[null], properties:[], content:via rest" in out.stdout
+    assert "content:from a file ✓" in out.stdout
+
+
+def test_consume_gives_up_after_the_timeout(url: str) -> None:
+    done = magnetar("--service-url", url, "consume", "empty", "-s", "sub", "-n", "1", "--timeout-s", "0.5")
+    assert done.returncode == 1
+    assert "no message for 0.5 s" in done.stderr and "0 messages successfully consumed" in done.stdout
+
+
+def test_admin_tenants_and_namespaces(url: str) -> None:
+    ok(url, "admin", "tenants", "create", "acme", "--admin-roles", "ops,dev")
+    ok(url, "admin", "namespaces", "create", "acme/billing")
+    ok_all(url, ("admin", "namespaces", "set-retention", "acme/billing", "--time", "3h", "--size", "10G"),
+           ("admin", "namespaces", "grant-permission", "acme/billing", "--role", "app", "--actions", "produce,consume"))
+    tenants, namespaces, retention, permissions = ok_all(
+        url, ("admin", "tenants", "list"), ("admin", "namespaces", "list", "acme"),
+        ("admin", "namespaces", "get-retention", "acme/billing"),
+        ("admin", "namespaces", "permissions", "acme/billing"))
+    assert json.loads(tenants) == ["acme", "public"] and json.loads(namespaces) == ["acme/billing"]
+    assert json.loads(retention) == {"retentionTimeInMinutes": 180, "retentionSizeInMB": 10240}
+    assert json.loads(permissions) == {"app": ["consume", "produce"]}
+    ok(url, "admin", "namespaces", "revoke-permission", "acme/billing", "--role", "app")
+    assert httpx.get(f"{url}/admin/v2/namespaces/acme/billing/permissions", timeout=HTTP_TIMEOUT_S).json() == {}
+    ok(url, "admin", "namespaces", "delete", "acme/billing")
+    ok(url, "admin", "tenants", "delete", "acme")
+    assert httpx.get(f"{url}/admin/v2/tenants", timeout=HTTP_TIMEOUT_S).json() == ["public"]
+
+
+def test_admin_topics_and_partitioned_topics(url: str) -> None:
+    ok_all(url, ("admin", "topics", "create", "persistent://public/default/plain"),
+           ("admin", "topics", "create-partitioned-topic", "public/default/parts", "-p", "2"))
+    ok(url, "admin", "topics", "update-partitioned-topic", "parts", "-p", "3")
+    metadata, listed, internal = ok_all(url, ("admin", "topics", "get-partitioned-topic-metadata", "parts"),
+                                        ("admin", "topics", "list", "public/default"),
+                                        ("admin", "topics", "stats-internal", "plain"))
+    assert json.loads(metadata) == {"partitions": 3}
+    assert {"persistent://public/default/plain", "persistent://public/default/parts-partition-2"} <= \
+        set(json.loads(listed))
+    assert "ledgers" in json.loads(internal)
+    ok_all(url, ("admin", "topics", "delete-partitioned-topic", "parts"), ("admin", "topics", "delete", "plain"))
+    remaining = httpx.get(f"{url}/admin/v2/persistent/public/default", timeout=HTTP_TIMEOUT_S).json()
+    assert not any("plain" in t or "parts" in t for t in remaining)
+
+
+def test_admin_subscriptions_cursor_moves_and_lifecycle(url: str) -> None:
+    """Three topics side by side: ``peeks`` (peek, skip, reset by id), ``moves`` (clear, reset by
+    time, expire) and ``ends`` (last id, compaction, unsubscribe, terminate)."""
+    with Client(url) as client:
+        for topic in ("peeks", "moves", "ends"):
+            client.produce_batch(topic, [b"c0", b"c1", b"c2"], keys=["same"] * 3)
+    ok_all(url, *(("admin", "topics", "create-subscription", topic, "-s", "audit", "-m", "earliest")
+                  for topic in ("peeks", "moves", "ends")))
+    peek, subscriptions, _, last_text, _ = ok_all(
+        url, ("admin", "topics", "peek-messages", "peeks", "-s", "audit", "-n", "5"),
+        ("admin", "topics", "subscriptions", "peeks"), ("admin", "topics", "clear-backlog", "moves", "-s", "audit"),
+        ("admin", "topics", "last-message-id", "ends"), ("admin", "topics", "compact", "ends"))
+    peeked, last = json.loads(peek), json.loads(last_text)
+    assert [p["payload"] for p in peeked] == ["c0", "c1", "c2"] and peeked[0]["key"] == "same"
+    assert json.loads(subscriptions) == ["audit"] and backlog(url, "moves", "audit") == 0
+    assert last["ledgerId"] >= 0 and last["entryId"] >= 0 and last["batchIndex"] == 2  # one REST batch
+    _, _, status = ok_all(url, ("admin", "topics", "skip", "peeks", "-s", "audit", "-n", "2"),
+                          ("admin", "topics", "reset-cursor", "moves", "-s", "audit", "-t", "1h"),
+                          ("admin", "topics", "compaction-status", "ends"))
+    assert backlog(url, "moves", "audit") == 3 and json.loads(status)["status"] in ("RUNNING", "SUCCESS")
+    after_skip, _, _ = ok_all(url, ("admin", "topics", "peek-messages", "peeks", "-s", "audit"),
+                              ("admin", "topics", "expire-messages", "moves", "-s", "audit", "-t", "0"),
+                              ("admin", "topics", "unsubscribe", "ends", "-s", "audit"))
+    assert [p["payload"] for p in json.loads(after_skip)] == ["c2"]
+    ok_all(url, ("admin", "topics", "reset-cursor", "peeks", "-s", "audit", "-m", peeked[0]["batchMessageId"]),
+           ("admin", "topics", "terminate", "ends"))
+    after_reset, stats = ok_all(url, ("admin", "topics", "peek-messages", "peeks", "-s", "audit"),
+                                ("admin", "topics", "stats", "moves"))
+    assert [p["payload"] for p in json.loads(after_reset)] == ["c0"]
+    assert json.loads(stats)["subscriptions"]["audit"]["msgBacklog"] == 0  # all three older than 0 s
+    ended = httpx.get(f"{url}/admin/v2/persistent/public/default/ends/subscriptions", timeout=HTTP_TIMEOUT_S)
+    assert ended.json() == []
+    refused = magnetar("--service-url", url, "produce", "ends", "-m", "after the end")
+    assert refused.returncode == 1 and refused.stderr.startswith("topic_terminated: ")
+
+
+def test_admin_errors_print_the_brokers_code_and_message(url: str) -> None:
+    httpx.put(f"{url}/admin/v2/persistent/public/default/twice", timeout=HTTP_TIMEOUT_S).raise_for_status()
+    again, missing, bad = run_all(("--service-url", url, "admin", "topics", "create", "twice"),
+                                  ("--service-url", url, "admin", "namespaces", "get-retention", "nobody/nothing"),
+                                  ("--service-url", url, "admin", "namespaces", "create", "no-slash"))
+    assert again.returncode == 1
+    assert again.stderr.strip() == "already_exists: topic persistent://public/default/twice already exists"
+    assert missing.returncode == 1 and missing.stderr.startswith("not_found: ")
+    assert bad.returncode == 2 and "tenant/namespace" in bad.stderr
+
+
+def test_perf_prints_rates_and_latency_percentiles(url: str) -> None:
+    produced, rest = ok_all(url, ("perf", "produce", "perf-topic", "-n", "300", "-s", "64", "--batching"),
+                            ("perf", "produce", "perf-topic", "-n", "100", "-s", "64", "--rest", "--batching",
+                             "--batch-max", "10"))
+    assert "Aggregated: 300 messages produced" in produced and "errors 0" in produced
+    percentiles = next(line for line in produced.splitlines() if line.startswith("Publish latency ms:"))
+    for label in ("p50", "p95", "p99", "p99.9", "max"):
+        assert f"{label} " in percentiles
+    assert "Aggregated: 100 messages produced" in rest
+    consumed = ok(url, "perf", "consume", "perf-topic", "-s", "perf-sub", "-p", "earliest", "-n", "400",
+                  "--timeout-s", "20")
+    assert "Aggregated: 400 messages consumed" in consumed
+    assert any(line.startswith("End-to-end latency ms: p50 ") for line in consumed.splitlines())
+
+
+def test_tokens_from_the_cli_are_accepted_by_the_server(tmp_path: Path) -> None:
+    secret_file, private_file, public_file = tmp_path / "secret.key", tmp_path / "private.pem", tmp_path / "public.pem"
+    keys = run_all(("tokens", "create-secret-key", "--output", str(secret_file)),
+                   ("tokens", "create-key-pair", "--output-private-key", str(private_file),
+                    "--output-public-key", str(public_file)))
+    assert [k.returncode for k in keys] == [0, 0]
+    hs256, rs256 = run_all(("tokens", "create", "--secret-key", f"file://{secret_file}", "--subject", "admin",
+                            "--expiry-time-s", "3600"),
+                           ("tokens", "create", "--private-key", str(private_file), "-s", "admin"))
+    assert hs256.returncode == 0 and rs256.returncode == 0, hs256.stderr + rs256.stderr
+    token, signed = hs256.stdout.strip(), rs256.stdout.strip()
+    hs_auth = AuthConfig(enabled=True, secret_key=secret_file.read_bytes(), superuser_roles=frozenset({"admin"}))
+    rs_auth = AuthConfig(enabled=True, public_key=public_file.read_bytes(), superuser_roles=frozenset({"admin"}))
+    with running_server(str(tmp_path / "hs"), auth=hs_auth) as (hs_url, _), \
+            running_server(str(tmp_path / "rs"), auth=rs_auth) as (rs_url, _):
+        refused, accepted, listed, signed_ok, wrong_key = run_all(
+            ("--token", "", "produce", "secure", "-m", "x"),  # flags override the environment
+            ("--service-url", hs_url, "--token", token, "produce", "secure", "-m", "x"),
+            ("admin", "tenants", "list"),
+            ("--service-url", rs_url, "--token", signed, "produce", "rs", "-m", "x"),
+            ("--service-url", rs_url, "--token", token, "produce", "rs", "-m", "x"),
+            env={"MAGNETAR_SERVICE_URL": hs_url, "MAGNETAR_TOKEN": token})
+    assert refused.returncode == 1 and refused.stderr.startswith("unauthorized: ")
+    assert accepted.returncode == 0, accepted.stderr
+    assert listed.returncode == 0 and json.loads(listed.stdout) == ["public"]  # URL and token from the environment
+    assert signed_ok.returncode == 0, signed_ok.stderr
+    assert wrong_key.returncode == 1 and wrong_key.stderr.startswith("unauthorized: ")
