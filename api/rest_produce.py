@@ -13,36 +13,44 @@ several messages their ids carry a fourth part, the batch index (``ledger:entry:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-from typing import Any
+from typing import Annotated, Any, Required
 
-from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import TypedDict
 
 from api.auth import Action, Authorizer, Caller, Principal
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
 from broker.service import BrokerService
+from broker.topic import PublishResult
 from broker.topic_name import TopicName
 
 MESSAGES_PER_REQUEST_MAX = 10_000
+_NO_PROPERTIES: dict[str, str] = {}
 
 
-class RestMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    payload: str
-    key: str | None = None
-    properties: dict[str, str] = Field(default_factory=dict)
-    eventTime: str | int | None = None  # noqa: N815 - Pulsar's field name
-    sequenceId: int | None = Field(default=None, ge=0)  # noqa: N815
-    deliverAt: int | None = Field(default=None, ge=0)  # noqa: N815
-    deliverAfterMs: int | None = Field(default=None, ge=0)  # noqa: N815
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class RestMessage(TypedDict, total=False):
+    """One message of a request (a TypedDict: validated into plain dicts, no model per message)."""
+
+    payload: Required[str]
+    key: str | None
+    properties: dict[str, str]
+    eventTime: str | int | None  # Pulsar's field names
+    sequenceId: NonNegative | None
+    deliverAt: NonNegative | None
+    deliverAfterMs: NonNegative | None
 
 
 class ProduceRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    producerName: str = "rest-producer"  # noqa: N815
+    producerName: str = "rest-producer"  # noqa: N815 - Pulsar's field name
     messages: list[RestMessage] = Field(min_length=1, max_length=MESSAGES_PER_REQUEST_MAX)
     payloadEncoding: str = "utf-8"  # noqa: N815
     expectedOffset: int | None = Field(default=None, ge=0)  # noqa: N815
@@ -52,19 +60,20 @@ class ProduceRequest(BaseModel):
 def _payload(message: RestMessage, encoding: str, index: int) -> bytes:
     if encoding == "base64":
         try:
-            return base64.b64decode(message.payload, validate=True)
+            return base64.b64decode(message["payload"], validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidRequest(f"messages[{index}].payload is not valid base64") from exc
     if encoding in ("utf-8", "utf8", "string"):
-        return message.payload.encode()
+        return message["payload"].encode()
     raise InvalidRequest(f"payloadEncoding must be 'utf-8' or 'base64', not {encoding!r}")
 
 
 def _event_time_ms(message: RestMessage, index: int) -> int | None:
-    if message.eventTime is None:
+    raw = message.get("eventTime")
+    if raw is None:
         return None
     try:
-        value = int(message.eventTime)
+        value = int(raw)
     except ValueError as exc:
         raise InvalidRequest(f"messages[{index}].eventTime must be epoch milliseconds") from exc
     if value < 0:
@@ -76,47 +85,82 @@ def _deliver_at_ms(request: ProduceRequest, now_ms: int) -> int | None:
     """One entry has one delivery time: the latest any of its messages asks for."""
     times: list[int] = []
     for message in request.messages:
-        if message.deliverAt is not None:
-            times.append(message.deliverAt)
-        elif message.deliverAfterMs is not None:
-            times.append(now_ms + message.deliverAfterMs)
+        deliver_at, deliver_after = message.get("deliverAt"), message.get("deliverAfterMs")
+        if deliver_at is not None:
+            times.append(deliver_at)
+        elif deliver_after is not None:
+            times.append(now_ms + deliver_after)
     return max(times) if times else None
+
+
+async def parse_request(request: Request) -> ProduceRequest:
+    """The body, parsed and validated in one pass (pydantic's JSON parser): a 1000-message request
+    never becomes 1000 Python dicts first. Invalid bodies are 400 ``invalid_request``."""
+    body = await request.body()
+    try:
+        return ProduceRequest.model_validate_json(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10])
+        raise InvalidRequest(problems or "invalid produce request") from None
+
+
+_RESULTS_EXAMPLE = {"messagePublishResults": [{"messageId": "2:0:-1", "errorCode": 0, "errorMsg": None, "offset": 0}],
+                    "schemaVersion": 0}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "One result per message, in order", "content": {"application/json": {
+        "example": _RESULTS_EXAMPLE}}}}
+_BODY_SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": ProduceRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+def _results_response(result: PublishResult, count: int, schema_version: int) -> Response:
+    """Pulsar's ``messagePublishResults`` (plus offsets), written straight as JSON text: one
+    small string per message instead of a dict per message for a serializer to walk."""
+    if result.duplicate:  # deduplicated: acknowledged, stored once before
+        items = ['{"messageId":"-1:-1:-1","errorCode":0,"errorMsg":null,"offset":null}'] * count
+    else:
+        items = [f'{{"messageId":"{mid.ledger_id}:{mid.entry_id}:{mid.partition}'
+                 f'{"" if mid.batch_index < 0 else f":{mid.batch_index}"}",'
+                 f'"errorCode":0,"errorMsg":null,"offset":{offset}}}'
+                 for mid, offset in zip(result.message_ids, result.offsets, strict=True)]
+    body = f'{{"messagePublishResults":[{",".join(items)}],"schemaVersion":{schema_version}}}'
+    return Response(body, media_type="application/json")
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter(tags=["produce"])
 
-    def produce(topic: TopicName, request: ProduceRequest, caller: Principal) -> dict[str, Any]:
+    async def produce(topic: TopicName, request: ProduceRequest, caller: Principal) -> Response:
         authorizer.require(caller, Action.PRODUCE, topic)
-        messages = [Message(payload=_payload(m, request.payloadEncoding, i), key=m.key, properties=m.properties,
-                            event_time_ms=_event_time_ms(m, i))
+        encoding = request.payloadEncoding
+        messages = [Message(_payload(m, encoding, i), m.get("key"), m.get("properties") or _NO_PROPERTIES,
+                            _event_time_ms(m, i))
                     for i, m in enumerate(request.messages)]
-        first_sequence_id = request.messages[0].sequenceId
-        result = service.publish(topic, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
-                                 expected_offset=request.expectedOffset,
-                                 deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000)))
-        if result.duplicate:
-            results = [{"messageId": "-1:-1:-1", "errorCode": 0, "errorMsg": None, "offset": None}
-                       for _ in messages]
-        else:
-            results = [{"messageId": mid.to_rest() if mid.batch_index < 0 else f"{mid.to_rest()}:{mid.batch_index}",
-                        "errorCode": 0, "errorMsg": None, "offset": offset}
-                       for mid, offset in zip(result.message_ids, result.offsets, strict=True)]
-        return {"messagePublishResults": results, "schemaVersion": request.schemaVersion or 0}
+        first_sequence_id = request.messages[0].get("sequenceId")
+        result = await asyncio.wrap_future(service.publish_async(
+            topic, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
+            expected_offset=request.expectedOffset,
+            deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000))))
+        return _results_response(result, len(messages), request.schemaVersion or 0)
 
-    @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)")
-    def produce_to_topic(tenant: str, namespace: str, topic: str, request: ProduceRequest,
-                         caller: Caller) -> dict[str, Any]:
-        return produce(TopicName.of(tenant, namespace, topic), request, caller)
+    @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)",
+                 openapi_extra=_BODY_SCHEMA, responses=_RESPONSES)
+    async def produce_to_topic(tenant: str, namespace: str, topic: str, request: Request,
+                               caller: Caller) -> Response:
+        name = TopicName.of(tenant, namespace, topic)
+        authorizer.require(caller, Action.PRODUCE, name)
+        return await produce(name, await parse_request(request), caller)
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
-                 summary="Produce messages to one partition (PIP-64)")
-    def produce_to_partition(tenant: str, namespace: str, topic: str, partition: int,
-                             request: ProduceRequest, caller: Caller) -> dict[str, Any]:
+                 summary="Produce messages to one partition (PIP-64)", openapi_extra=_BODY_SCHEMA,
+                 responses=_RESPONSES)
+    async def produce_to_partition(tenant: str, namespace: str, topic: str, partition: int,
+                                   request: Request, caller: Caller) -> Response:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
         if partition < 0 or partition >= max(service.partitions(name), 1):
             raise InvalidRequest(f"{name} has no partition {partition}")
-        return produce(name.partition(partition) if service.partitions(name) else name, request, caller)
+        parsed = await parse_request(request)
+        return await produce(name.partition(partition) if service.partitions(name) else name, parsed, caller)
 
     return routes

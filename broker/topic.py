@@ -89,10 +89,9 @@ class PersistentTopic:
             duplicate = self._check_duplicate(producer_name, highest_seq)
             if duplicate is not None:
                 return duplicate
-            stamped = [m if m.sequence_id is not None else m._replace(sequence_id=first_seq + i)
-                       for i, m in enumerate(messages)]
             try:  # nothing reserved for dedup may outlive a publish that wrote nothing
-                entry = encode_entry(stamped, producer_name=producer_name, sequence_id=first_seq,
+                # messages without their own sequence id get first_seq + their index
+                entry = encode_entry(messages, producer_name=producer_name, sequence_id=first_seq,
                                      publish_time_ms=int(self._clock() * 1000), compression=compression,
                                      deliver_at_time_ms=deliver_at_time_ms)
                 added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset)
