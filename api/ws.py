@@ -471,6 +471,9 @@ class ConsumerSession:
         self.topics = topics
         self.subscription = subscription
         self._wake = asyncio.Event()
+        self._acks: dict[str, list[int]] = {}
+        self._acks_scheduled = False
+        self._names: dict[str, TopicName] = {}
         loop = asyncio.get_running_loop()
         self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.flow)
 
@@ -491,6 +494,7 @@ class ConsumerSession:
         finally:
             for worker in workers:
                 worker.cancel()
+            self._flush_acks()  # acks that arrived just before the client left still count
             self.consumer.close()
 
     async def _send_loop(self) -> None:
@@ -541,9 +545,26 @@ class ConsumerSession:
             self._credit_after_ack()
         else:  # Pulsar: a frame with no (or an unknown) type is an acknowledgement
             topic, offset = self._locate(frame)
-            self.consumer.ack(topic, [offset])
-            self._credit_after_ack()
+            self._queue_ack(topic, offset)
         return False
+
+    def _queue_ack(self, topic: str, offset: int) -> None:
+        """Acks of one burst of frames reach the subscription together: one cursor update and
+        one dispatch per burst, not per message."""
+        self._acks.setdefault(topic, []).append(offset)
+        if not self._acks_scheduled:
+            self._acks_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        self._acks_scheduled = False
+        acks, self._acks = self._acks, {}
+        for topic, offsets in acks.items():
+            try:
+                self.consumer.ack(topic, offsets)
+            except MagnetarError:
+                log.exception("acknowledging %d messages of %s failed", len(offsets), topic)
+        self._credit_after_ack()
 
     def _credit_after_ack(self) -> None:
         if not self.params.pull_mode:
@@ -556,7 +577,8 @@ class ConsumerSession:
             raise FrameError(JSON_DESERIALIZE_ERROR, "frame needs a messageId string")
         message_id = MessageId.from_base64(raw)
         for topic_full_name in self.consumer.topics():
-            name = TopicName.parse(topic_full_name)
+            name = self._names.get(topic_full_name) or self._names.setdefault(topic_full_name,
+                                                                              TopicName.parse(topic_full_name))
             if name.partition_index == message_id.partition or \
                     (name.partition_index < 0 and message_id.partition < 0):
                 consumer = self.consumer.consumer_for(topic_full_name)

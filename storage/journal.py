@@ -261,7 +261,7 @@ class Journal:
             if size >= self._group_bytes_max:
                 return group, False
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or (drained == 0 and len(group) > 1):
+            if remaining <= 0 or drained == 0:
                 return group, False
             time.sleep(min(remaining, GROUP_NAP_S))
 
