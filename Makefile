@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA_DIR ?= ./data
 PORT ?= 8080
 
-.PHONY: run test lint unit crash bench check-java clean
+.PHONY: run test lint unit crash bench check-java clean demo
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
@@ -35,12 +35,16 @@ test: $(STAMP) check-java lint
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
+demo: $(STAMP) check-java
+	$(BIN)/python -m demo.run_demo
+
 crash: $(STAMP)
 	MAGNETAR_CRASH_ROUNDS=$${MAGNETAR_CRASH_ROUNDS:-300} $(BIN)/pytest -q tests/crash
 
 bench: $(STAMP)
 	$(BIN)/python bench/storage_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/managed_ledger_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/e2e_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
