@@ -514,16 +514,7 @@ class ConsumerSession:
             self._credit.top_up()
 
     async def _receive_loop(self) -> None:
-        while (text := await _receive_text(self.ws)) is not None:
-            try:
-                if await self._handle(parse_frame(text)):
-                    return
-            except FrameError as exc:
-                await self.ws.send_text(_frame_text({"result": f"error:{exc.result_code}",
-                                                     "errorMsg": _short(str(exc))}))
-            except MagnetarError as exc:
-                await self.ws.send_text(_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
-                                                     "errorMsg": _short(str(exc))}))
+        await _command_loop(self.ws, self._handle)
 
     async def _handle(self, frame: dict[str, Any]) -> bool:
         """Apply one client frame; True when the session is over (unsubscribed)."""
@@ -599,6 +590,22 @@ class ConsumerSession:
         return True
 
 
+async def _command_loop(websocket: WebSocket, handle: Callable[[dict[str, Any]], Awaitable[bool]]) -> None:
+    """Consumer and reader sessions: apply each client frame with ``handle`` (True ends the
+    session); a bad frame is answered with ``{"result": "error:<n>", "errorMsg"}`` and the
+    session goes on."""
+    while (text := await _receive_text(websocket)) is not None:
+        try:
+            if await handle(parse_frame(text)):
+                return
+        except FrameError as exc:
+            await websocket.send_text(_frame_text({"result": f"error:{exc.result_code}",
+                                                   "errorMsg": _short(str(exc))}))
+        except MagnetarError as exc:
+            await websocket.send_text(_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
+                                                   "errorMsg": _short(str(exc))}))
+
+
 def _permits(frame: dict[str, Any]) -> int:
     permits = frame.get("permitMessages")
     if isinstance(permits, bool) or not isinstance(permits, int) or not 0 < permits <= PERMITS_PER_FRAME_MAX:
@@ -668,24 +675,19 @@ class ReaderSession:
         return out
 
     async def _receive_loop(self) -> None:
-        while (text := await _receive_text(self.ws)) is not None:
-            try:
-                frame = parse_frame(text)
-                if frame.get("type") == "isEndOfTopic":
-                    await self.ws.send_text(_frame_text({"endOfTopic": self._end_of_topic()}))
-                    continue
-                if not isinstance(frame.get("messageId"), str):
-                    raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
-                MessageId.from_base64(frame["messageId"])
-                if self._outstanding > 0:
-                    self._outstanding -= 1
-                    self._wake.set()
-            except FrameError as exc:
-                await self.ws.send_text(_frame_text({"result": f"error:{exc.result_code}",
-                                                     "errorMsg": _short(str(exc))}))
-            except MagnetarError as exc:
-                await self.ws.send_text(_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
-                                                     "errorMsg": _short(str(exc))}))
+        await _command_loop(self.ws, self._handle)
+
+    async def _handle(self, frame: dict[str, Any]) -> bool:
+        if frame.get("type") == "isEndOfTopic":
+            await self.ws.send_text(_frame_text({"endOfTopic": self._end_of_topic()}))
+            return False
+        if not isinstance(frame.get("messageId"), str):
+            raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
+        MessageId.from_base64(frame["messageId"])
+        if self._outstanding > 0:
+            self._outstanding -= 1
+            self._wake.set()
+        return False
 
     def _end_of_topic(self) -> bool:
         return all(r.topic.ml.terminated and not r.has_message_available() for r in self.readers)

@@ -12,7 +12,10 @@ import uvicorn
 
 from api.app import SERVER_OPTIONS, create_app
 from api.auth import AuthConfig
+from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
+from broker.subscription import Delivery
+from broker.topic_name import TopicName
 
 START_TIMEOUT_S = 30.0
 
@@ -37,3 +40,21 @@ def running_server(data_dir: str, config: BrokerConfig | None = None, *,
         server.should_exit = True
         thread.join(START_TIMEOUT_S)
         sock.close()
+
+
+def stored_deliveries(service: BrokerService, topic: str) -> list[Delivery]:
+    """Everything a topic holds (every partition of a partitioned one), read from earliest;
+    empty when the topic was never created."""
+    out: list[Delivery] = []
+    for partition in service.expand_partitions(TopicName.parse(topic)):
+        if not service.topic_exists(partition):
+            continue
+        reader = service.reader(partition, StartPosition.earliest())
+        while (delivery := reader.read_next()) is not None:
+            out.append(delivery)
+    return out
+
+
+def stored(service: BrokerService, topic: str) -> list[bytes]:
+    """The payloads a topic holds, in order (see :func:`stored_deliveries`)."""
+    return [delivery.message.payload for delivery in stored_deliveries(service, topic)]

@@ -19,9 +19,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from api.auth import AuthConfig, create_token
-from broker.reader import StartPosition
 from broker.service import BrokerService
-from tests.integration.server import running_server
+from tests.integration.server import running_server, stored
 from tests.integration.ws_client import b64, open_ws, produce, receive, refused_status, ws_base
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -48,14 +47,6 @@ def body(text: str = "hello") -> dict[str, object]:
     return {"messages": [{"payload": text}]}
 
 
-def stored(service: BrokerService, topic: str) -> list[bytes]:
-    if not service.topic_exists(service.route(topic, None)):
-        return []
-    reader = service.reader(topic, StartPosition.earliest())
-    out = []
-    while (delivery := reader.read_next()) is not None:
-        out.append(delivery.message.payload)
-    return out
 
 
 def test_rest_produce_needs_a_valid_token_and_the_produce_permission(secured: tuple[str, BrokerService]) -> None:

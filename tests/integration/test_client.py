@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from api.auth import AuthConfig, create_token
-from broker.reader import StartPosition
 from broker.service import BrokerService
 from consumers.client import (
     AsyncClient,
@@ -34,7 +33,7 @@ from consumers.client import (
     ReceiveTimeout,
     SendError,
 )
-from tests.integration.server import running_server
+from tests.integration.server import running_server, stored
 
 WAIT_MS = 10_000
 QUIET_MS = 300
@@ -53,12 +52,6 @@ def client(server: tuple[str, BrokerService]) -> Iterator[Client]:
         yield made
 
 
-def stored(service: BrokerService, topic: str) -> list[bytes]:
-    reader = service.reader(topic, StartPosition.earliest())
-    out = []
-    while (delivery := reader.read_next()) is not None:
-        out.append(delivery.message.payload)
-    return out
 
 
 def hold(client: Client, topic: str) -> None:

@@ -20,9 +20,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from broker.reader import StartPosition
 from broker.service import BrokerService
-from tests.integration.server import running_server
+from tests.integration.server import running_server, stored
 from tests.integration.ws_client import b64, open_ws, recv_frame, send_frame, ws_base
 
 FUZZ_EXAMPLES_PER_OPERATION = 25
@@ -108,12 +107,6 @@ def sweep(ws: Any) -> list[dict[str, Any]]:
     return answers
 
 
-def stored(service: BrokerService, topic: str) -> list[bytes]:
-    reader = service.reader(topic, StartPosition.earliest())
-    out = []
-    while (delivery := reader.read_next()) is not None:
-        out.append(delivery.message.payload)
-    return out
 
 
 def test_malformed_frames_never_break_a_producer_session(live_server: tuple[str, BrokerService]) -> None:

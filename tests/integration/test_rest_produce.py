@@ -16,10 +16,9 @@ import httpx
 import pytest
 
 from broker.message_id import MessageId
-from broker.reader import StartPosition
 from broker.service import BrokerService
 from broker.topic_name import TopicName
-from tests.integration.server import running_server
+from tests.integration.server import running_server, stored
 
 TOPIC_URL = "/topics/persistent/public/default/orders"
 
@@ -30,12 +29,6 @@ def server(tmp_path: Path) -> Iterator[tuple[httpx.Client, BrokerService]]:
         yield client, service
 
 
-def stored(service: BrokerService, topic: str) -> list[bytes]:
-    reader = service.reader(topic, StartPosition.earliest())
-    out = []
-    while (delivery := reader.read_next()) is not None:
-        out.append(delivery.message.payload)
-    return out
 
 
 def test_pulsar_shaped_produce_returns_ids_and_offsets(server: tuple[httpx.Client, BrokerService]) -> None:

@@ -25,11 +25,10 @@ import pytest
 from api.auth import AuthConfig, create_token
 from api.rest_read import ARROW_SCHEMA, ARROW_STREAM_MEDIA_TYPE, READ_MESSAGES_MAX, message_ids_of_entry
 from broker.message_id import MessageId
-from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Delivery
 from broker.topic_name import TopicName
-from tests.integration.server import running_server
+from tests.integration.server import running_server, stored_deliveries
 
 TOPIC = "public/default/events"
 TOPIC_URL = f"/topics/persistent/{TOPIC}"
@@ -74,11 +73,7 @@ def produce_sample(client: httpx.Client, url: str = TOPIC_URL) -> list[bytes]:
 
 
 def stored(service: BrokerService, topic: str = TOPIC) -> list[Delivery]:
-    reader = service.reader(topic, StartPosition.earliest())
-    out = []
-    while (delivery := reader.read_next()) is not None:
-        out.append(delivery)
-    return out
+    return stored_deliveries(service, topic)
 
 
 def read_arrow(client: httpx.Client, url: str, **params: int) -> tuple[httpx.Response, pa.Table]:

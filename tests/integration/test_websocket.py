@@ -21,7 +21,7 @@ from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.service import BrokerService
 from broker.topic_name import TopicName
-from tests.integration.server import running_server
+from tests.integration.server import running_server, stored
 from tests.integration.ws_client import (
     b64,
     open_ws,
@@ -47,13 +47,6 @@ def server(tmp_path: Path) -> Iterator[tuple[str, BrokerService]]:
         yield ws_base(url), service
 
 
-def stored(service: BrokerService, topic: str) -> list[bytes]:
-    out = []
-    for partition in service.expand_partitions(TopicName.parse(topic)):
-        reader = service.reader(partition, StartPosition.earliest())
-        while (delivery := reader.read_next()) is not None:
-            out.append(delivery.message.payload)
-    return out
 
 
 def test_producer_frames_get_pulsar_results_with_ids_and_offsets(server: tuple[str, BrokerService]) -> None:
