@@ -8,8 +8,8 @@ micro-batches and the stragglers arrive after their windows closed); it prints t
 counts. Then reconcile: clicks sent against clicks counted in the Parquet output, and the window
 results read back from the topic ``clickstream-page-counts`` with the Python client.
 
-Invariants: the broker is stopped by its PID whatever happens (SIGTERM, then SIGKILL after
-``STOP_TIMEOUT_S``); a child that overruns its deadline is killed and the demo fails; the work
+Invariants: the broker is stopped by its PID whatever happens (``api/launcher.py``: SIGTERM,
+then SIGKILL after a bound); a child that overruns its deadline is killed and the demo fails; the work
 directory is a new temporary one, removed at the end, unless ``--work-dir`` names one to keep.
 """
 
@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,9 +28,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pyarrow.parquet as pq
 
+from api.launcher import running_standalone, stop_process
 from consumers.client import Client
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,61 +38,20 @@ CLICKS_DEFAULT = 2000
 ROWS_PER_TRIGGER_DEFAULT = 200
 START_MS = 1_767_225_600_000
 """Event time of the first click (2026-01-01 00:00:00 UTC): a fixed clock makes runs comparable."""
-HEALTH_TIMEOUT_S = 30.0
-HEALTH_POLL_S = 0.1
 PRODUCER_TIMEOUT_S = 120.0
 SPARK_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 30.0
 RESULTS_TOPIC = "clickstream-page-counts"
 RESULTS_READ_MAX = 10_000
 RESULTS_SHOWN = 3
 READ_TIMEOUT_MS = 5000
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> int:
-    """SIGTERM by PID, SIGKILL if it has not exited within ``STOP_TIMEOUT_S``; its exit code."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the broker exited early with code {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(HEALTH_POLL_S)
-    raise TimeoutError(f"the broker did not answer {url}/healthz within {timeout_s:.0f} s")
-
-
 @contextmanager
 def running_broker(data_dir: Path, log_path: Path) -> Iterator[str]:
     """``magnetar standalone`` on 127.0.0.1 and a free port; stopped by PID on the way out."""
-    port = free_port()
-    command = [sys.executable, "-m", "api.cli", "standalone", "--data-dir", str(data_dir),
-               "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    with log_path.open("wb") as log, running_standalone(data_dir, cwd=REPO_ROOT, output=log) as (url, proc):
+        print(f"[demo] broker pid {proc.pid} at {url}, data in {data_dir}", flush=True)
         try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(url, proc, HEALTH_TIMEOUT_S)
-            print(f"[demo] broker pid {proc.pid} at {url}, data in {data_dir}", flush=True)
             yield url
         finally:
             code = stop_process(proc)
