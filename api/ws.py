@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import json
 import logging
+import threading
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -246,6 +247,35 @@ class _Rejected:
     error: MagnetarError
 
 
+class _Wakeup:
+    """Wakes the event loop from other threads at most once per burst: the broker completes
+    publishes and dispatches on its own threads, and one ``call_soon_threadsafe`` (a pipe write
+    and a loop iteration) per message would cost more than the message."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event | None = None) -> None:
+        self._loop = loop
+        self.event = event or asyncio.Event()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def notify(self, *_: object) -> None:
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            self._loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        self.event.set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+        self.event.clear()
+
+
 class ProducerSession:
     """Frames in, durable publishes out, results back in the order the frames came."""
 
@@ -256,7 +286,8 @@ class ProducerSession:
         self.topic = topic
         self.params = params
         self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
-        self._results: asyncio.Queue[tuple[list[Any], Awaitable[PublishResult] | MagnetarError] | None] = \
+        self._completed = _Wakeup(asyncio.get_running_loop())
+        self._results: asyncio.Queue[tuple[list[Any], Future[PublishResult] | MagnetarError] | None] = \
             asyncio.Queue(params.pending_messages_max)
         self._sequence_ids = itertools.count(params.initial_sequence_id + 1) \
             if params.initial_sequence_id is not None else None
@@ -351,7 +382,7 @@ class ProducerSession:
     def _batchable(self, send: _Send) -> bool:
         return self.params.batching and send.deliver_at_ms is None and send.sequence_id is None
 
-    def _publish(self, group: list[_Send]) -> Awaitable[PublishResult] | MagnetarError:
+    def _publish(self, group: list[_Send]) -> Future[PublishResult] | MagnetarError:
         try:
             future: Future[PublishResult] = self.service.publish_async(
                 self.topic, [s.message for s in group], producer_name=self.params.producer_name,
@@ -359,12 +390,16 @@ class ProducerSession:
                 compression=self.params.compression, deliver_at_time_ms=group[0].deliver_at_ms)
         except MagnetarError as exc:
             return exc
-        return asyncio.wrap_future(future)
+        future.add_done_callback(self._completed.notify)
+        return future
 
     async def _respond_loop(self) -> None:
         while (item := await self._results.get()) is not None:
             contexts, outcome = item
-            for frame in await _outcome_frames(contexts, outcome):
+            if isinstance(outcome, Future):
+                while not outcome.done():
+                    await self._completed.wait()
+            for frame in _outcome_frames(contexts, outcome):
                 await self.ws.send_text(frame)
 
 
@@ -380,13 +415,16 @@ def _frame_failure(exc: FrameError) -> MagnetarError:
     return failure
 
 
-async def _outcome_frames(contexts: list[Any], outcome: Awaitable[PublishResult] | MagnetarError) -> list[str]:
+def _outcome_frames(contexts: list[Any], outcome: Future[PublishResult] | MagnetarError) -> list[str]:
+    """The result frames of a finished publish (or of a refused one)."""
     if isinstance(outcome, MagnetarError):
         return [_send_error(c, outcome) for c in contexts]
-    try:
-        result = await outcome
-    except MagnetarError as exc:
-        return [_send_error(c, exc) for c in contexts]
+    error = outcome.exception()
+    if error is not None:
+        if isinstance(error, MagnetarError):
+            return [_send_error(c, error) for c in contexts]
+        raise error
+    result = outcome.result()
     if result.duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
         dup = MessageId(-1, -1).to_base64()
         return [_frame_text({"result": "ok", "messageId": dup, "context": c, "duplicate": True}) for c in contexts]
@@ -477,11 +515,8 @@ class ConsumerSession:
         loop = asyncio.get_running_loop()
         self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.flow)
 
-        def notify() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closing
-                loop.call_soon_threadsafe(self._wake.set)
-
-        consumer.listener = notify
+        self._delivered = _Wakeup(loop, self._wake)
+        consumer.listener = self._delivered.notify
 
     async def run(self) -> None:
         if not self.params.pull_mode:
@@ -627,11 +662,11 @@ class ReaderSession:
         self._sent_ids: deque[str] = deque()
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._published = _Wakeup(self._loop, self._wake)
         self._listeners: list[tuple[Reader, Callable[[], None]]] = []
 
     def _notify(self) -> None:
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._wake.set)
+        self._published.notify()
 
     async def run(self) -> None:
         for reader in self.readers:

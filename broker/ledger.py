@@ -45,6 +45,7 @@ from broker.errors import (
     NotFound,
 )
 from broker.metadata import MetadataStore
+from storage.futures import new_future
 
 LEDGERS_PATH = "/ledgers"
 LEDGER_ID_COUNTER = "/counters/ledger-id"
@@ -234,7 +235,7 @@ class LedgerHandle:
             if self._failure is not None:
                 raise self._failure
             self._sent_length_bytes += len(payload)
-            pending = _PendingAdd(self._next_entry_id, payload, self._sent_length_bytes, Future())
+            pending = _PendingAdd(self._next_entry_id, payload, self._sent_length_bytes, new_future())
             self._next_entry_id += 1
             self._pending.append(pending)
             ensemble, lac = self.metadata.fragments[-1][1], self._lac

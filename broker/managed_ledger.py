@@ -52,6 +52,7 @@ from broker.errors import (
 from broker.ledger import LedgerHandle, LedgerManager
 from broker.message_id import Position
 from broker.metadata import MetadataStore
+from storage.futures import new_future
 
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
@@ -360,7 +361,7 @@ class ManagedLedger:
             self._current_next_entry_id += 1
             self._next_offset = last_offset + 1
             self._last_publish_ms = publish_ms
-        result: Future[AddResult] = Future()
+        result: Future[AddResult] = new_future()
         ledger_future.add_done_callback(
             lambda f: self._on_added(f, result, info, data, AddResult(
                 Position(info.ledger_id, entry_id), first_offset, last_offset, publish_ms)))

@@ -26,6 +26,7 @@ from broker.managed_ledger import AddResult, Entry, ManagedLedger
 from broker.message_id import MessageId, Position
 from broker.metadata import MetadataStore
 from broker.topic_name import TopicName
+from storage.futures import new_future
 
 MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
 SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
@@ -99,7 +100,7 @@ class PersistentTopic:
                 if self.dedup is not None:
                     self.dedup.rollback(producer_name, highest_seq, first_seq - 1)
                 raise
-        result: Future[PublishResult] = Future()
+        result: Future[PublishResult] = new_future()
         added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq))
         return result
 
@@ -118,7 +119,7 @@ class PersistentTopic:
             return None
         if status is DedupStatus.IN_FLIGHT:
             raise DuplicateInFlight(f"sequence id {highest_seq} of {producer} is still being stored; retry")
-        done: Future[PublishResult] = Future()
+        done: Future[PublishResult] = new_future()
         done.set_result(PublishResult((), (), 0, duplicate=True))
         return done
 

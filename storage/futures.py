@@ -57,6 +57,16 @@ class GroupFuture(Future[T]):
         return super().exception(0)
 
 
+_SHARED_CONDITION = threading.Condition(threading.RLock())
+
+
+def new_future() -> GroupFuture[Any]:
+    """A ``Future`` for a result completed on its own (``set_result`` / ``set_exception``), that
+    shares one process-wide Condition instead of building a Condition and a lock per future:
+    the broker creates several per published entry."""
+    return GroupFuture(_SHARED_CONDITION)
+
+
 Outcome = tuple["GroupFuture[Any]", Any, BaseException | None]
 
 
