@@ -33,6 +33,12 @@ MESSAGES_PER_REQUEST_MAX = 10_000
 _NO_PROPERTIES: dict[str, str] = {}
 
 
+def _new_message(fields: tuple[Any, ...]) -> Message:
+    """``Message(*fields)`` without the keyword-defaults constructor (all ten fields given)."""
+    message: Message = tuple.__new__(Message, fields)
+    return message
+
+
 NonNegative = Annotated[int, Field(ge=0)]
 
 
@@ -119,10 +125,13 @@ def _results_response(result: PublishResult, count: int, schema_version: int) ->
     if result.duplicate:  # deduplicated: acknowledged, stored once before
         items = ['{"messageId":"-1:-1:-1","errorCode":0,"errorMsg":null,"offset":null}'] * count
     else:
-        items = [f'{{"messageId":"{mid.ledger_id}:{mid.entry_id}:{mid.partition}'
-                 f'{"" if mid.batch_index < 0 else f":{mid.batch_index}"}",'
-                 f'"errorCode":0,"errorMsg":null,"offset":{offset}}}'
-                 for mid, offset in zip(result.message_ids, result.offsets, strict=True)]
+        prefix = f"{result.position.ledger_id}:{result.position.entry_id}:{result.partition}"
+        first = result.first_offset
+        if result.count == 1:
+            items = [f'{{"messageId":"{prefix}","errorCode":0,"errorMsg":null,"offset":{first}}}']
+        else:  # a batch: Pulsar's batch index as the id's fourth part
+            items = [f'{{"messageId":"{prefix}:{i}","errorCode":0,"errorMsg":null,"offset":{first + i}}}'
+                     for i in range(result.count)]
     body = f'{{"messagePublishResults":[{",".join(items)}],"schemaVersion":{schema_version}}}'
     return Response(body, media_type="application/json")
 
@@ -133,8 +142,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     async def produce(topic: TopicName, request: ProduceRequest, caller: Principal) -> Response:
         authorizer.require(caller, Action.PRODUCE, topic)
         encoding = request.payloadEncoding
-        messages = [Message(_payload(m, encoding, i), m.get("key"), m.get("properties") or _NO_PROPERTIES,
-                            _event_time_ms(m, i))
+        messages = [_new_message((_payload(m, encoding, i), m.get("key"), m.get("properties") or _NO_PROPERTIES,
+                                  _event_time_ms(m, i), None, None, False, False, False, False))
                     for i, m in enumerate(request.messages)]
         first_sequence_id = request.messages[0].get("sequenceId")
         result = await asyncio.wrap_future(service.publish_async(

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cached_property
 
 from broker.cursor import CursorManager
 from broker.dedup import Deduplication, DedupStatus
@@ -35,10 +36,24 @@ REPLAY_BATCH_ENTRIES = 100
 
 @dataclass(frozen=True)
 class PublishResult:
-    message_ids: tuple[MessageId, ...]
-    offsets: tuple[int, ...]
+    """Where a publish went: ``count`` messages in the entry at ``position`` of partition
+    ``partition``, with offsets from ``first_offset`` on. A duplicate stored nothing (``count``
+    0). Ids and offsets are built on first use: a 1000-message REST request needs none."""
+
+    position: Position
+    partition: int
+    first_offset: int
+    count: int
     publish_time_ms: int
     duplicate: bool = False
+
+    @cached_property
+    def message_ids(self) -> tuple[MessageId, ...]:
+        return message_ids_of(self.position, self.partition, self.count) if self.count else ()
+
+    @cached_property
+    def offsets(self) -> tuple[int, ...]:
+        return tuple(range(self.first_offset, self.first_offset + self.count))
 
 
 def message_ids_of(position: Position, partition: int, count: int) -> tuple[MessageId, ...]:
@@ -120,7 +135,7 @@ class PersistentTopic:
         if status is DedupStatus.IN_FLIGHT:
             raise DuplicateInFlight(f"sequence id {highest_seq} of {producer} is still being stored; retry")
         done: Future[PublishResult] = new_future()
-        done.set_result(PublishResult((), (), 0, duplicate=True))
+        done.set_result(PublishResult(Position(-1, -1), self.partition, -1, 0, 0, duplicate=True))
         return done
 
     def _published(self, added: Future[AddResult], result: Future[PublishResult], producer: str,
@@ -133,8 +148,7 @@ class PersistentTopic:
         if self.dedup is not None:
             self.dedup.persisted(producer, highest_seq, add.last_offset + 1)
         count = add.last_offset - add.first_offset + 1
-        result.set_result(PublishResult(message_ids_of(add.position, self.partition, count),
-                                        tuple(range(add.first_offset, add.last_offset + 1)), add.publish_time_ms))
+        result.set_result(PublishResult(add.position, self.partition, add.first_offset, count, add.publish_time_ms))
 
     def last_sequence_id(self, producer: str) -> int:
         return self.dedup.last_sequence_id(producer) if self.dedup is not None else -1
