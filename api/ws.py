@@ -26,12 +26,13 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import itertools
 import json
 import logging
 import threading
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ PERMITS_PER_FRAME_MAX = 100_000
 READER_FILL_MESSAGES_MAX = 1000
 CREDIT_CHECK_INTERVAL_S = 1.0
 FRAME_ERROR_TEXT_MAX = 300
+ISO_SECONDS_CACHED_MAX = 4096
+SENT_IDS_REMEMBERED_MAX = 4 * RECEIVER_QUEUE_SIZE_MAX
 
 # Pulsar's WebSocket result codes
 JSON_DESERIALIZE_ERROR = 3
@@ -126,7 +129,13 @@ class QueryParams:
 # --- frames ------------------------------------------------------------------------------------
 def iso_time(epoch_ms: int) -> str:
     """Pulsar's WebSocket timestamps: ISO-8601 with milliseconds, UTC."""
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    seconds, millis = divmod(epoch_ms, 1000)
+    return f"{_iso_second(seconds)}.{millis:03d}Z"
+
+
+@functools.lru_cache(maxsize=ISO_SECONDS_CACHED_MAX)
+def _iso_second(epoch_s: int) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def parse_event_time_ms(value: Any) -> int | None:
@@ -148,21 +157,21 @@ def parse_event_time_ms(value: Any) -> int | None:
     raise FrameError(PAYLOAD_ENCODING_ERROR, f"eventTime {str(value)[:40]!r} is not epoch ms or ISO-8601")
 
 
-def message_frame(delivery: Delivery) -> str:
+def message_frame(delivery: Delivery, message_id_b64: str | None = None) -> str:
+    """A delivered message as Pulsar's WebSocket frame (plus its ``offset``), written directly:
+    ids, base64 and times need no escaping; only the key and properties go through JSON."""
     message = delivery.message
-    frame: dict[str, Any] = {
-        "messageId": delivery.message_id.to_base64(),
-        "payload": base64.b64encode(message.payload).decode("ascii"),
-        "properties": message.properties,
-        "publishTime": iso_time(delivery.publish_time_ms),
-        "redeliveryCount": delivery.redelivery_count,
-        "offset": delivery.offset,
-    }
+    extra = ""
     if message.key is not None:
-        frame["key"] = message.key
+        extra += f',"key":{json.dumps(message.key)}'
     if message.event_time_ms is not None:
-        frame["eventTime"] = iso_time(message.event_time_ms)
-    return json.dumps(frame, separators=(",", ":"))
+        extra += f',"eventTime":"{iso_time(message.event_time_ms)}"'
+    properties = json.dumps(message.properties, separators=(",", ":")) if message.properties else "{}"
+    message_id = message_id_b64 or delivery.message_id.to_base64()
+    return (f'{{"messageId":"{message_id}",'
+            f'"payload":"{base64.b64encode(message.payload).decode("ascii")}",'
+            f'"properties":{properties},"publishTime":"{iso_time(delivery.publish_time_ms)}",'
+            f'"redeliveryCount":{delivery.redelivery_count},"offset":{delivery.offset}{extra}}}')
 
 
 def parse_frame(text: str) -> dict[str, Any]:
@@ -512,6 +521,7 @@ class ConsumerSession:
         self._acks: dict[str, list[int]] = {}
         self._acks_scheduled = False
         self._names: dict[str, TopicName] = {}
+        self._sent: OrderedDict[str, tuple[str, int]] = OrderedDict()
         loop = asyncio.get_running_loop()
         self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.flow)
 
@@ -537,7 +547,9 @@ class ConsumerSession:
             await self._wake.wait()
             self._wake.clear()
             while (delivery := self.consumer.poll()) is not None:
-                await self.ws.send_text(message_frame(delivery))
+                message_id = delivery.message_id.to_base64()
+                self._remember(message_id, delivery.topic, delivery.offset)
+                await self.ws.send_text(message_frame(delivery, message_id))
             if self.consumer.closed:
                 await self.ws.close(1000, "the broker closed this consumer (subscription deleted)")
                 return
@@ -596,11 +608,20 @@ class ConsumerSession:
         if not self.params.pull_mode:
             self._credit.top_up_soon()
 
+    def _remember(self, message_id: str, topic: str, offset: int) -> None:
+        """Where a sent message lives, so its ack needs no id parsing (bounded: the oldest go)."""
+        self._sent[message_id] = (topic, offset)
+        if len(self._sent) > SENT_IDS_REMEMBERED_MAX:
+            self._sent.popitem(last=False)
+
     def _locate(self, frame: dict[str, Any]) -> tuple[str, int]:
         """The (partition topic, offset) of the message a frame's ``messageId`` names."""
         raw = frame.get("messageId")
         if not isinstance(raw, str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "frame needs a messageId string")
+        known = self._sent.pop(raw, None)
+        if known is not None:
+            return known
         message_id = MessageId.from_base64(raw)
         for topic_full_name in self.consumer.topics():
             name = self._names.get(topic_full_name) or self._names.setdefault(topic_full_name,
