@@ -55,3 +55,31 @@ def test_standalone_refuses_a_bad_config_with_a_clear_message(tmp_path: Path) ->
                             capture_output=True, timeout=60, check=False)
     assert result.returncode == 2
     assert b"tokenSecretKey" in result.stderr
+
+
+def test_docs_list_every_family_of_endpoints(tmp_path: Path) -> None:
+    with standalone_process(tmp_path / "data") as (url, _):
+        docs = httpx.get(f"{url}/docs", timeout=10)
+        assert docs.status_code == 200 and "swagger" in docs.text.lower()
+        paths = httpx.get(f"{url}/openapi.json", timeout=10).json()["paths"]
+    expected = [
+        "/healthz", "/metrics",
+        "/topics/persistent/{tenant}/{namespace}/{topic}",  # REST produce
+        "/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
+        "/topics/persistent/{tenant}/{namespace}/{topic}/messages",  # range reads
+        "/topics/persistent/{tenant}/{namespace}/{topic}/offsets",
+        "/topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/pull",
+        "/topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/ack",
+        "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
+        "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}",
+        "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}",
+        "/ws/v3/consumer/{subscription}",
+        "/admin/v2/tenants", "/admin/v2/namespaces/{tenant}",
+        "/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}",
+        "/admin/v2/persistent/{tenant}/{namespace}/{topic}/stats",
+        "/admin/v2/persistent/{tenant}/{namespace}/{topic}/internalStats",
+        "/admin/v2/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/resetcursor/{timestamp}",
+    ]
+    missing = [p for p in expected if p not in paths]
+    assert not missing, f"not in /docs: {missing}; documented: {sorted(paths)}"
+    assert all(op.get("summary") for ops in paths.values() for op in ops.values() if isinstance(op, dict))
