@@ -36,7 +36,7 @@ from broker.message_id import Position
 from broker.metadata import MetadataStore
 from broker.range_set import RangeSet
 
-CURSOR_LEDGER_ENTRIES_MAX = 1000
+CURSOR_LEDGER_ENTRIES_MAX = 50_000  # as Pulsar's managedLedgerCursorMaxEntriesPerLedger
 ACKED_RANGES_PERSISTED_MAX = 10_000
 READ_BATCH_ENTRIES_MAX = 100
 

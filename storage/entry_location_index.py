@@ -25,6 +25,7 @@ PREFIX = b"L"
 _KEY = struct.Struct(">cQQ")
 _VALUE = struct.Struct(">Q")
 U64_MAX = 2**64 - 1
+INDEX_WRITE_BATCH_ENTRIES_MAX = 1000
 
 
 def open_rdict(path: str) -> Rdict:
@@ -64,6 +65,7 @@ class EntryLocationIndex:
     def __init__(self, db: Rdict) -> None:
         self._db = db
         self._sync = sync_write_options()
+        self._unsynced = WriteOptions()
         self._batches = 0
         self._written = 0
         self._lookups = 0
@@ -75,15 +77,23 @@ class EntryLocationIndex:
         return 0 if raw is None else int(_VALUE.unpack(raw)[0])
 
     def put_batch(self, locations: list[tuple[int, int, int]]) -> None:
-        """Atomically store ``(ledger, entry, location)`` triples and sync the WAL."""
-        if not locations:
-            return
-        batch = WriteBatch(raw_mode=True)
-        for ledger_id, entry_id, location in locations:
-            batch.put(_KEY.pack(PREFIX, ledger_id, entry_id), _VALUE.pack(location))
-        self._db.write(batch, self._sync)
-        self._batches += 1
-        self._written += len(locations)
+        """Store ``(ledger, entry, location)`` triples; durable (WAL synced) when this returns.
+
+        Written in batches of at most ``INDEX_WRITE_BATCH_ENTRIES_MAX``, only the last one
+        synced (a sync covers everything before it in the WAL): RocksDB holds the interpreter
+        lock while it writes, so one big batch would stall every other thread of the broker for
+        its whole duration. Not atomic, and need not be: the entry log is synced before the
+        index is written, so any prefix of these triples points at readable records, and until
+        the checkpoint after this call the journal still holds every entry."""
+        for start in range(0, len(locations), INDEX_WRITE_BATCH_ENTRIES_MAX):
+            chunk = locations[start:start + INDEX_WRITE_BATCH_ENTRIES_MAX]
+            batch = WriteBatch(raw_mode=True)
+            for ledger_id, entry_id, location in chunk:
+                batch.put(_KEY.pack(PREFIX, ledger_id, entry_id), _VALUE.pack(location))
+            last = start + INDEX_WRITE_BATCH_ENTRIES_MAX >= len(locations)
+            self._db.write(batch, self._sync if last else self._unsynced)
+            self._batches += 1
+            self._written += len(chunk)
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest indexed entry id of a ledger (one reverse seek), or -1."""
