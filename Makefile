@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/storage_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/managed_ledger_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/e2e_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/spark_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
