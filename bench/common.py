@@ -253,3 +253,17 @@ def replace_section(path: Path, heading: str, section: str) -> None:
 def command_line() -> str:
     executable = os.path.relpath(sys.executable, Path.cwd())
     return shlex.join([executable, *sys.argv])
+
+
+def report(heading: str, machine: str, config: str, table: str, out: Path | None, *,
+           shown_machine: str | None = None, show_config: bool = False) -> None:
+    """Print a benchmark's table; with ``out``, replace its section (``heading``) of that
+    markdown file with the table, the machine, the configuration and the command line."""
+    print()
+    print(f"machine: {shown_machine or machine}")
+    if show_config:
+        print(f"config: {config}")
+    print(table)
+    if out is not None:
+        replace_section(out, heading, render_section(heading, command_line(), machine, config, table))
+        print(f"\nwrote section {heading!r} to {out}")

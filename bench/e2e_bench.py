@@ -44,11 +44,9 @@ import magnetar_e2e
 from common import (
     DEFAULT_WORK_ROOT,
     Row,
-    command_line,
     machine_summary,
-    render_section,
     render_table,
-    replace_section,
+    report,
     scratch_dir,
 )
 from e2e_support import (
@@ -379,14 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [disk_row(results), *publish_rows(results), *catch_up_rows(results), *latency_rows(results, plan)]
     table = render_table(rows)
     config = config_note(plan, results)
-    print()
-    print(f"machine: {machine}")
-    print(f"config: {config}")
-    print(table)
-    if args.out is not None:
-        section = render_section(SECTION_HEADING, command_line(), machine, config, table)
-        replace_section(args.out, SECTION_HEADING, section)
-        print(f"\nwrote section {SECTION_HEADING!r} to {args.out}")
+    report(SECTION_HEADING, machine, config, table, args.out, show_config=True)
     return 1 if results.failed else 0
 
 

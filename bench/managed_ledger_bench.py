@@ -45,15 +45,13 @@ from common import (
     MB,
     MiB,
     Row,
-    command_line,
     cpu_share,
     drop_page_cache,
     machine_summary,
     measure_chunk_mb_per_s,
     process_io_bytes,
-    render_section,
     render_table,
-    replace_section,
+    report,
     run_threads,
     scratch_dir,
 )
@@ -660,13 +658,8 @@ def main(argv: list[str] | None = None) -> int:
         table = render_table(rows)
         machine = (f"{machine_summary(work_dir)}; CPU used outside this process (other processes, kernel "
                    f"threads): {share.other_share:.0%} of capacity during the run")
-    print()
-    print(f"machine: {machine}; run took {share.wall_s:.0f} s")
-    print(table)
-    if args.out is not None:
-        section = render_section(SECTION_HEADING, command_line(), machine, CONFIG_NOTE, table)
-        replace_section(args.out, SECTION_HEADING, section)
-        print(f"\nwrote section {SECTION_HEADING!r} to {args.out}")
+    report(SECTION_HEADING, machine, CONFIG_NOTE, table, args.out,
+           shown_machine=f"{machine}; run took {share.wall_s:.0f} s")
     return 0
 
 

@@ -35,11 +35,9 @@ import pyarrow as pa
 from common import (
     DEFAULT_WORK_ROOT,
     Row,
-    command_line,
     machine_summary,
-    render_section,
     render_table,
-    replace_section,
+    report,
     scratch_dir,
 )
 from e2e_support import ServerProcess, free_port, running, started
@@ -292,13 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
         machine = machine_summary(work_dir)
     table = render_table(result_rows(anchor, measured, produce_s, plan))
-    print()
-    print(f"machine: {machine}")
-    print(table)
-    if args.out is not None:
-        section = render_section(SECTION_HEADING, command_line(), machine, CONFIG_NOTE, table)
-        replace_section(args.out, SECTION_HEADING, section)
-        print(f"\nwrote section {SECTION_HEADING!r} to {args.out}")
+    report(SECTION_HEADING, machine, CONFIG_NOTE, table, args.out)
     return 0
 
 

@@ -42,14 +42,12 @@ from common import (
     MiB,
     Row,
     append_sync_loop,
-    command_line,
     drop_page_cache,
     machine_summary,
     process_io_bytes,
     profile_threads,
-    render_section,
     render_table,
-    replace_section,
+    report,
     run_threads,
     scratch_dir,
 )
@@ -504,13 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         table = render_table(run_all(work_dir, plan, config))
         machine = machine_summary(work_dir)
-    print()
-    print(f"machine: {machine}")
-    print(table)
-    if args.out is not None:
-        section = render_section(SECTION_HEADING, command_line(), machine, CONFIG_NOTE, table)
-        replace_section(args.out, SECTION_HEADING, section)
-        print(f"\nwrote section {SECTION_HEADING!r} to {args.out}")
+    report(SECTION_HEADING, machine, CONFIG_NOTE, table, args.out)
     return 0
 
 
