@@ -22,9 +22,12 @@ Non-durable cursors (readers) keep the same state in memory only.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import json
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +42,43 @@ from broker.range_set import RangeSet
 CURSOR_LEDGER_ENTRIES_MAX = 50_000  # as Pulsar's managedLedgerCursorMaxEntriesPerLedger
 ACKED_RANGES_PERSISTED_MAX = 10_000
 READ_BATCH_ENTRIES_MAX = 100
+CURSOR_PERSIST_INTERVAL_S_MIN = 0.01
+"""A cursor writes its state at most this often; acknowledgements in between share the next
+write (Pulsar's default limit is one write a second; a short interval keeps acks durable soon)."""
 
 _EXECUTOR: ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
+
+
+class _DelayedSubmits:
+    """Hands jobs to the persistence thread at a given time: one daemon timer thread over a heap
+    (each cursor has at most one job waiting, so the heap is bounded by the cursors)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cv = threading.Condition()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def submit_at(self, due_s: float, job: Callable[[], None]) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (due_s, next(self._ids), job))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="magnetar-cursor-timer", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cv.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, job = heapq.heappop(self._heap)
+            with contextlib.suppress(RuntimeError):  # the interpreter is shutting down
+                _persist_executor().submit(job)
+
+
+_DELAYED = _DelayedSubmits()
 
 
 def _persist_executor() -> ThreadPoolExecutor:
@@ -91,6 +128,7 @@ class ManagedCursor:
         self._persisted_seq = 0
         self._persisted_md = mark_delete_offset
         self._persist_in_flight = False
+        self._persist_started_s = 0.0
         self._waiters: list[tuple[int, Future[None]]] = []
         self._consumed = 0
         self._persisted_states = 0
@@ -294,6 +332,7 @@ class ManagedCursor:
     def _persist(self) -> None:
         """Runs on the persistence thread: never inside a bookie callback, so it may block."""
         assert self._ledgers is not None
+        self._persist_started_s = time.monotonic()
         with self._lock:
             seq, state, md = self._change_seq, self._state_json(), self.mark_delete_offset
         try:
@@ -334,8 +373,12 @@ class ManagedCursor:
             else:
                 self._ledger = None  # the next persist starts a fresh cursor ledger
             self._persist_in_flight = bool(self._waiters)
-            if self._persist_in_flight:
-                _persist_executor().submit(self._persist)
+            if self._persist_in_flight:  # acks that came meanwhile: one write for all of them
+                due_s = self._persist_started_s + CURSOR_PERSIST_INTERVAL_S_MIN
+                if due_s <= time.monotonic():
+                    _persist_executor().submit(self._persist)
+                else:
+                    _DELAYED.submit_at(due_s, self._persist)
         for _, future in done:
             if error is None:
                 future.set_result(None)
