@@ -266,8 +266,12 @@ class _Wakeup:
         self.event = event or asyncio.Event()
         self._lock = threading.Lock()
         self._scheduled = False
+        self._loop_thread = threading.get_ident()  # made on the loop's thread
 
     def notify(self, *_: object) -> None:
+        if threading.get_ident() == self._loop_thread:  # already on the loop: no pipe, no hop
+            self.event.set()
+            return
         with self._lock:
             if self._scheduled:
                 return
