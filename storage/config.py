@@ -36,7 +36,7 @@ class StorageConfig:
     """A background flush starts once the active buffer holds this many bytes."""
     write_cache_full_wait_ms: int = 10_000
     """How long an add waits for room in a full write cache before WriteCacheFull."""
-    flush_interval_ms: int = 10_000
+    flush_interval_ms: int = 1_000
     """A flush (and checkpoint) also runs at least this often while there is data."""
 
     # Entry logs.
