@@ -490,10 +490,11 @@ class _Credit:
     """Flow credit of a push session: keep ``limit`` messages granted-or-unacknowledged."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, held: Callable[[], int],
-                 grant: Callable[[int], None]) -> None:
+                 permits: Callable[[], int], grant: Callable[[int], None]) -> None:
         self._loop = loop
         self._limit = limit
         self._held = held
+        self._permits = permits
         self._grant = grant
         self._scheduled = False
 
@@ -504,9 +505,12 @@ class _Credit:
             self._loop.call_soon(self.top_up)
 
     def top_up(self) -> None:
+        """Grant what is missing once half the credit is used (as Pulsar's clients refill their
+        receiver queue at half): one flow, and one dispatch, per half queue instead of per ack;
+        a consumer left without any permit is always topped up, so it never waits on credit."""
         self._scheduled = False
         missing = self._limit - self._held()
-        if missing > 0:
+        if missing > 0 and (missing >= self._limit // 2 or self._permits() == 0):
             self._grant(missing)
 
 
@@ -527,7 +531,8 @@ class ConsumerSession:
         self._names: dict[str, TopicName] = {}
         self._sent: OrderedDict[str, tuple[str, int]] = OrderedDict()
         loop = asyncio.get_running_loop()
-        self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.flow)
+        self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.available_permits,
+                               consumer.flow)
 
         self._delivered = _Wakeup(loop, self._wake)
         consumer.listener = self._delivered.notify

@@ -104,6 +104,12 @@ class MultiConsumer:
             consumers = list(self._consumers.values())
         return bool(consumers) and all(c.closed for c in consumers)
 
+    def available_permits(self) -> int:
+        """Permits granted and not yet used, over all topics."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+        return sum(c.permits for c in consumers)
+
     def held_messages(self) -> int:
         """Messages granted or delivered and not yet acknowledged, over all topics (flow credit in use)."""
         with self._lock:
