@@ -260,6 +260,9 @@ class RestConsumers:
             rest.pulls -= 1
             rest.want(-unmet)
             rest.last_used_s = self._now_s()
+            last = rest.pulls == 0
+        if last:  # nobody is waiting: permits left over must not start ack timers for later messages
+            rest.consumer.withdraw()
 
     def _create(self, topic: TopicName, subscription: str, settings: ConsumerSettings, initial: str) -> RestConsumer:
         if len(self._consumers) >= self._consumers_max:

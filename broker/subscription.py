@@ -198,6 +198,11 @@ class Consumer:
     def nack(self, offsets: Iterable[int]) -> None:
         self.subscription._nack(self, list(offsets))
 
+    def withdraw(self) -> None:
+        """Give back unused permits and what reached the outbox but was never taken: a pull
+        transport's leftovers, so an ack timeout never counts a message nobody received."""
+        self.subscription._withdraw(self)
+
     def close(self) -> None:
         self.subscription.remove_consumer(self)
 
@@ -485,6 +490,17 @@ class Subscription:
             self.cursor.rewind()
         self.dispatch()
         return result
+
+    def _withdraw(self, consumer: Consumer) -> None:
+        with self._lock:
+            consumer.permits = 0
+            for delivery in consumer.outbox:
+                self._release(delivery.offset, consumer)
+                consumer.unacked.pop(delivery.offset, None)
+                heapq.heappush(self._redeliver, _Item(delivery.offset, delivery.message_id, delivery.message,
+                                                      delivery.publish_time_ms, self._hash_of(delivery.message)))
+            consumer.outbox.clear()
+        self.dispatch()
 
     # --- acknowledgement -------------------------------------------------------------------
     def _ack(self, consumer: Consumer, offsets: list[int]) -> None:

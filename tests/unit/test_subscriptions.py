@@ -231,3 +231,22 @@ def test_delayed_messages_wait_for_the_clock(stack: Stack) -> None:
     stack.clock.advance(0.2)
     sub.dispatch()
     assert [d.message.payload for d in drain(consumer)] == [b"later"]
+
+
+def test_withdrawn_pull_leftovers_never_count_as_redeliveries(stack: Stack) -> None:
+    topic = make_topic(stack, "t/ns/pull")
+    sub = subscribe(stack, topic, SubscriptionType.SHARED)
+    puller = sub.add_consumer(ConsumerConfig("rest", ack_timeout_ms=1000))
+    publish_n(topic, 2)
+    puller.flow(10)  # a pull for 10 that finds only 2
+    assert [d.offset for d in drain(puller)] == [0, 1]
+    publish_n(topic, 1)  # reaches the outbox on a leftover permit, but nobody takes it
+    puller.withdraw()  # the pull ended: permits and untaken deliveries go back
+    assert puller.permits == 0 and not puller.outbox and set(puller.unacked) == {0, 1}
+    publish_n(topic, 2)
+    assert drain(puller) == []  # no permits: nothing is dispatched to it any more
+    stack.clock.advance(5)
+    sub.tick()  # the two handed-out messages time out; the others were never handed out
+    puller.flow(10)
+    again = {d.offset: d.redelivery_count for d in drain(puller)}
+    assert again == {0: 1, 1: 1, 2: 0, 3: 0, 4: 0}
