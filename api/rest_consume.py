@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Action, Authorizer, Caller, Principal
+from api.wakeup import LoopWakeup
 from broker.cursor import ManagedCursor
 from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound
 from broker.message_id import MessageId
@@ -494,26 +495,21 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
 async def _take_waiting(rest: RestConsumer, messages_max: int, wait_time_ms: int) -> list[Delivery]:
     """Take what is there; if nothing, wait (up to ``wait_time_ms``) for the first delivery."""
     loop = asyncio.get_running_loop()
-    woken = asyncio.Event()
-
-    def wake() -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closing: nobody waits any more
-            loop.call_soon_threadsafe(woken.set)
-
-    rest.add_waker(wake)
+    woken = LoopWakeup(loop)
+    rest.add_waker(woken.notify)
     deadline = loop.time() + wait_time_ms / 1000.0
     taken: list[Delivery] = []
     try:
         while True:
-            woken.clear()
+            woken.event.clear()
             taken += await run_in_threadpool(rest.take, messages_max - len(taken))
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
                 return taken
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), remaining)
+                await asyncio.wait_for(woken.event.wait(), remaining)
     finally:
-        rest.remove_waker(wake)
+        rest.remove_waker(woken.notify)
 
 
 async def _sweep_forever(registry: RestConsumers) -> None:

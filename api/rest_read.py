@@ -38,7 +38,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
-from broker.entry_format import decode_entry
+from broker.entry_format import decode_entry, encode_varint
 from broker.errors import DataLost, InvalidRequest, NoSuchEntry, NoSuchLedger, NotFound
 from broker.managed_ledger import Entry, ManagedLedger
 from broker.message_id import MessageId
@@ -96,15 +96,6 @@ class ReadColumns:
         return self.first_offset + len(self.values)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _BATCH_INDEX_SUFFIXES: list[bytes] = []
 """``MessageIdData`` field 4 (batch_index) for index ``i``, built once per index ever needed."""
 
@@ -112,7 +103,7 @@ _BATCH_INDEX_SUFFIXES: list[bytes] = []
 def _batch_index_suffixes(stop: int) -> list[bytes]:
     suffixes = _BATCH_INDEX_SUFFIXES
     if len(suffixes) < stop:  # appends only: a concurrent reader sees a valid prefix of the table
-        suffixes.extend(_BATCH_INDEX_TAG + _varint(i) for i in range(len(suffixes), stop))
+        suffixes.extend(_BATCH_INDEX_TAG + encode_varint(i) for i in range(len(suffixes), stop))
     return suffixes
 
 

@@ -30,9 +30,8 @@ import functools
 import itertools
 import json
 import logging
-import threading
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from starlette.websockets import WebSocketState
 
 from api.auth import Action, Authorizer
 from api.errors import UpgradeRequired, error_body
+from api.wakeup import LoopWakeup
 from broker.entry_format import Compression, Message
 from broker.errors import InvalidRequest, MagnetarError
 from broker.message_id import MessageId
@@ -253,40 +253,7 @@ class _Send:
 @dataclass
 class _Rejected:
     context: Any
-    error: MagnetarError
-
-
-class _Wakeup:
-    """Wakes the event loop from other threads at most once per burst: the broker completes
-    publishes and dispatches on its own threads, and one ``call_soon_threadsafe`` (a pipe write
-    and a loop iteration) per message would cost more than the message."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event | None = None) -> None:
-        self._loop = loop
-        self.event = event or asyncio.Event()
-        self._lock = threading.Lock()
-        self._scheduled = False
-        self._loop_thread = threading.get_ident()  # made on the loop's thread
-
-    def notify(self, *_: object) -> None:
-        if threading.get_ident() == self._loop_thread:  # already on the loop: no pipe, no hop
-            self.event.set()
-            return
-        with self._lock:
-            if self._scheduled:
-                return
-            self._scheduled = True
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            self._loop.call_soon_threadsafe(self._fire)
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._scheduled = False
-        self.event.set()
-
-    async def wait(self) -> None:
-        await self.event.wait()
-        self.event.clear()
+    error: FrameError
 
 
 class ProducerSession:
@@ -299,8 +266,8 @@ class ProducerSession:
         self.topic = topic
         self.params = params
         self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
-        self._completed = _Wakeup(asyncio.get_running_loop())
-        self._results: asyncio.Queue[tuple[list[Any], Future[PublishResult] | MagnetarError] | None] = \
+        self._completed = LoopWakeup(asyncio.get_running_loop())
+        self._results: asyncio.Queue[tuple[list[Any], Outcome] | None] = \
             asyncio.Queue(params.pending_messages_max)
         self._sequence_ids = itertools.count(params.initial_sequence_id + 1) \
             if params.initial_sequence_id is not None else None
@@ -317,9 +284,9 @@ class ProducerSession:
             try:
                 item: _Send | _Rejected = self._parse_send(text)
             except _ContextFrameError as exc:
-                item = _Rejected(exc.context, _frame_failure(exc))
+                item = _Rejected(exc.context, exc)
             except FrameError as exc:
-                item = _Rejected(None, _frame_failure(exc))
+                item = _Rejected(None, exc)
             await self._inbox.put(item)
 
     def _parse_send(self, text: str) -> _Send:
@@ -422,20 +389,20 @@ class _ContextFrameError(FrameError):
         self.context = context
 
 
-def _frame_failure(exc: FrameError) -> MagnetarError:
-    failure = InvalidRequest(str(exc))
-    failure.result_code = exc.result_code  # type: ignore[attr-defined]
-    return failure
+Outcome = Future[PublishResult] | MagnetarError | FrameError
+"""A publish's outcome: its future, the broker's refusal, or a frame that was never published."""
 
 
-def _outcome_frames(contexts: list[Any], outcome: Future[PublishResult] | MagnetarError) -> list[str]:
+def _outcome_frames(contexts: list[Any], outcome: Outcome) -> list[str]:
     """The result frames of a finished publish (or of a refused one)."""
+    if isinstance(outcome, FrameError):
+        return [_send_error(c, outcome.result_code, InvalidRequest.code, str(outcome)) for c in contexts]
     if isinstance(outcome, MagnetarError):
-        return [_send_error(c, outcome) for c in contexts]
+        return [_send_error(c, UNKNOWN_ERROR, outcome.code, str(outcome)) for c in contexts]
     error = outcome.exception()
     if error is not None:
         if isinstance(error, MagnetarError):
-            return [_send_error(c, error) for c in contexts]
+            return [_send_error(c, UNKNOWN_ERROR, error.code, str(error)) for c in contexts]
         raise error
     result = outcome.result()
     if result.duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
@@ -445,10 +412,9 @@ def _outcome_frames(contexts: list[Any], outcome: Future[PublishResult] | Magnet
             for c, mid, offset in zip(contexts, result.message_ids, result.offsets, strict=True)]
 
 
-def _send_error(context: Any, exc: MagnetarError) -> str:
-    code = getattr(exc, "result_code", UNKNOWN_ERROR)
-    return _frame_text({"result": f"send-error:{code}", "errorMsg": _short(f"{exc.code}: {exc}"),
-                        "errorCode": exc.code, "context": context})
+def _send_error(context: Any, result_code: int, error_code: str, message: str) -> str:
+    return _frame_text({"result": f"send-error:{result_code}", "errorMsg": _short(f"{error_code}: {message}"),
+                        "errorCode": error_code, "context": context})
 
 
 # --- consumer ------------------------------------------------------------------------------------
@@ -534,7 +500,7 @@ class ConsumerSession:
         self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.available_permits,
                                consumer.flow)
 
-        self._delivered = _Wakeup(loop, self._wake)
+        self._delivered = LoopWakeup(loop, self._wake)
         consumer.listener = self._delivered.notify
 
     async def run(self) -> None:
@@ -689,10 +655,9 @@ class ReaderSession:
         self.readers = readers
         self._limit = max(receiver_queue_size, 1)
         self._outstanding = 0
-        self._sent_ids: deque[str] = deque()
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        self._published = _Wakeup(self._loop, self._wake)
+        self._published = LoopWakeup(self._loop, self._wake)
         self._listeners: list[tuple[Reader, Callable[[], None]]] = []
 
     def _notify(self) -> None:

@@ -341,7 +341,8 @@ def _decompress(compression: Compression, data: memoryview, size: int) -> bytes:
 # ---------------------------------------------------------------------------------------------
 
 
-def _varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative integer."""
     if value < 0x80:
         return bytes((value,))
     out = bytearray()
@@ -353,7 +354,7 @@ def _varint(value: int) -> bytes:
 
 
 def _length_delimited(tag: bytes, data: bytes) -> bytes:
-    return tag + _varint(len(data)) + data
+    return tag + encode_varint(len(data)) + data
 
 
 def _encode_key_value(key: str, value: str) -> bytes:
@@ -371,16 +372,16 @@ def _encode_single_metadata(message: Message, sequence_id: int) -> bytes:
         parts.append(_length_delimited(b"\x0a", _encode_key_value(key, value)))
     if message.key is not None:
         parts.append(_length_delimited(b"\x12", message.key.encode()))
-    parts.append(b"\x18" + _varint(len(message.payload)))
+    parts.append(b"\x18" + encode_varint(len(message.payload)))
     if message.compacted_out:
         parts.append(b"\x20\x01")
     if message.event_time_ms is not None:
-        parts.append(b"\x28" + _varint(message.event_time_ms))
+        parts.append(b"\x28" + encode_varint(message.event_time_ms))
     if message.key is not None:
         parts.append(b"\x30\x01" if message.key_b64_encoded else b"\x30\x00")
     if message.ordering_key is not None:
         parts.append(_length_delimited(b"\x3a", message.ordering_key))
-    parts.append(b"\x40" + _varint(sequence_id))
+    parts.append(b"\x40" + encode_varint(sequence_id))
     if message.null_value:
         parts.append(b"\x48\x01")
     if message.null_key:
