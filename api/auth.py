@@ -116,22 +116,25 @@ class Authorizer:
     def require_tenant_admin(self, principal: Principal, tenant: str) -> None:
         if principal.superuser:
             return
-        admin_roles = self._service.tenant_info(tenant).get("adminRoles", []) \
-            if tenant in self._service.tenants() else []
-        if principal.role not in admin_roles:
+        if principal.role not in self._admin_roles(tenant):
             raise Forbidden(f"role {principal.role!r} is not an admin of tenant {tenant!r}")
 
     def require(self, principal: Principal, action: Action, topic: TopicName) -> None:
         """``principal`` may ``action`` on ``topic``: superuser, tenant admin, or a namespace grant."""
         if principal.superuser:
             return
-        tenant = topic.tenant
-        if tenant in self._service.tenants() and \
-                principal.role in self._service.tenant_info(tenant).get("adminRoles", []):
+        if principal.role in self._admin_roles(topic.tenant):
             return
         if action.value in self.granted(topic.namespace_name).get(principal.role, []):
             return
         raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+
+    def _admin_roles(self, tenant: str) -> list[str]:
+        try:
+            roles: list[str] = self._service.tenant_info(tenant).get("adminRoles", [])
+        except NotFound:
+            return []
+        return roles
 
     def granted(self, namespace: str) -> dict[str, list[str]]:
         try:
