@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import TypedDict
 
-from api.auth import Action, Authorizer, Caller, Principal
+from api.auth import Action, Authorizer, Caller
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
 from broker.service import BrokerService
@@ -139,8 +139,8 @@ def _results_response(result: PublishResult, count: int, schema_version: int) ->
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter(tags=["produce"])
 
-    async def produce(topic: TopicName, request: ProduceRequest, caller: Principal) -> Response:
-        authorizer.require(caller, Action.PRODUCE, topic)
+    async def produce(topic: TopicName, request: ProduceRequest) -> Response:
+        """Store the request as one entry (the caller's permission is already checked)."""
         encoding = request.payloadEncoding
         messages = [_new_message((_payload(m, encoding, i), m.get("key"), m.get("properties") or _NO_PROPERTIES,
                                   _event_time_ms(m, i), None, None, False, False, False, False))
@@ -158,7 +158,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                                caller: Caller) -> Response:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
-        return await produce(name, await parse_request(request), caller)
+        return await produce(name, await parse_request(request))
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
                  summary="Produce messages to one partition (PIP-64)", openapi_extra=_BODY_SCHEMA,
@@ -167,9 +167,10 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                                    request: Request, caller: Caller) -> Response:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
-        if partition < 0 or partition >= max(service.partitions(name), 1):
+        partitions = service.partitions(name)
+        if partition < 0 or partition >= max(partitions, 1):
             raise InvalidRequest(f"{name} has no partition {partition}")
         parsed = await parse_request(request)
-        return await produce(name.partition(partition) if service.partitions(name) else name, parsed, caller)
+        return await produce(name.partition(partition) if partitions else name, parsed)
 
     return routes
