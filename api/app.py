@@ -7,6 +7,7 @@ shutdown (uvicorn turns SIGTERM into a graceful shutdown, so a SIGTERM flushes a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -23,7 +24,9 @@ from api.metrics import router as metrics_router
 from api.rest_consume import router as consume_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
+from api.wakeup import loop_executor
 from api.ws import router as ws_router
+from api.ws_protocol import MagnetarWebSocketProtocol
 from broker.service import BrokerService
 
 
@@ -39,6 +42,7 @@ _DENIAL_LOG_FILTER = _DenialLogFilter()
 
 WS_FRAME_BYTES_MAX = 8 * 1024 * 1024  # a 5 MiB message, base64-encoded, inside its JSON frame
 SERVER_OPTIONS: dict[str, Any] = {
+    "ws": MagnetarWebSocketProtocol,
     "ws_max_size": WS_FRAME_BYTES_MAX,
     "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
 }
@@ -49,9 +53,13 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.start()
+        # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
+        # a burst of confirmations wakes the loop once for dispatch and publish results alike.
+        service.use_dispatch_executor(loop_executor(asyncio.get_running_loop()))
         try:
             yield
         finally:
+            service.use_dispatch_executor(None)
             service.close()
 
     logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)

@@ -1,40 +1,100 @@
-"""Waking an asyncio event loop from the broker's threads, once per burst.
+"""Running work on an asyncio event loop from the broker's threads, one loop wake-up per burst.
 
-Role: the broker completes publishes, dispatches deliveries and confirms entries on its own
-threads; the API's sessions wait on the event loop. Invariant: however many notifications a
-burst brings, the loop is woken once (one ``call_soon_threadsafe``: a pipe write and a loop
-iteration), and a notification raised on the loop's own thread sets the event directly.
+Role: the broker completes publishes and confirms entries on its own threads (the journal's,
+mostly); the API's sessions wait on the event loop, and the broker's dispatch work runs there
+too (see ``BrokerService.use_dispatch_executor``). Every hand-over from another thread costs a
+``call_soon_threadsafe``: a pipe write, a loop wake-up and a pipe read.
+
+Invariants: :class:`LoopExecutor` is one per loop (:func:`loop_executor`); however many calls a
+burst brings, and from however many sources (dispatch, publish completions, deliveries), the
+loop is woken once and runs them in submission order. A :class:`LoopWakeup` notified on the
+loop's own thread sets its event directly, with no hand-over at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import weakref
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+_EXECUTORS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopExecutor] = weakref.WeakKeyDictionary()
+_EXECUTORS_LOCK = threading.Lock()
+
+
+class LoopExecutor:
+    """Queues callables for one event loop from any thread; a burst costs one wake-up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: deque[Callable[[], object]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._loop_thread: int | None = threading.get_ident() if _running_loop() is loop else None
+
+    def __call__(self, call: Callable[[], object]) -> None:
+        with self._lock:
+            self._calls.append(call)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        on_loop = threading.get_ident() == self._loop_thread
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            (self._loop.call_soon if on_loop else self._loop.call_soon_threadsafe)(self._run)
+
+    def _run(self) -> None:
+        self._loop_thread = threading.get_ident()
+        with self._lock:
+            self._scheduled = False
+            calls = list(self._calls)
+            self._calls.clear()
+        for call in calls:
+            try:
+                call()
+            except Exception:
+                log.exception("a call handed to the event loop failed")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def loop_executor(loop: asyncio.AbstractEventLoop) -> LoopExecutor:
+    """The :class:`LoopExecutor` of ``loop`` (made on first use)."""
+    with _EXECUTORS_LOCK:
+        executor = _EXECUTORS.get(loop)
+        if executor is None:
+            executor = _EXECUTORS[loop] = LoopExecutor(loop)
+        return executor
 
 
 class LoopWakeup:
-    """Wakes the event loop from other threads at most once per burst: the broker completes
-    publishes and dispatches on its own threads, and one ``call_soon_threadsafe`` (a pipe write
-    and a loop iteration) per message would cost more than the message."""
+    """An ``asyncio.Event`` that other threads set, at most one queued wake-up at a time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event | None = None) -> None:
-        self._loop = loop
+        self._executor = loop_executor(loop)
         self.event = event or asyncio.Event()
         self._lock = threading.Lock()
         self._scheduled = False
         self._loop_thread = threading.get_ident()  # made on the loop's thread
 
     def notify(self, *_: object) -> None:
-        if threading.get_ident() == self._loop_thread:  # already on the loop: no pipe, no hop
+        if threading.get_ident() == self._loop_thread:  # already on the loop: no hand-over
             self.event.set()
             return
         with self._lock:
             if self._scheduled:
                 return
             self._scheduled = True
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            self._loop.call_soon_threadsafe(self._fire)
+        self._executor(self._fire)
 
     def _fire(self) -> None:
         with self._lock:

@@ -122,6 +122,7 @@ class BrokerService:
         self._compactions: dict[TopicName, Future[None]] = {}
         self._scheduled: set[int] = set()
         self._scheduled_lock = threading.Lock()
+        self._dispatch_executor: Callable[[Callable[[], None]], object] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -428,8 +429,19 @@ class BrokerService:
             return list(self._topics.values())
 
     # --- subscriptions, readers, routing ------------------------------------------------------
+    def use_dispatch_executor(self, executor: Callable[[Callable[[], None]], object] | None) -> None:
+        """Run dispatch work with ``executor`` (thread-safe, non-blocking: it queues the callable)
+        instead of the dispatch thread; ``None`` goes back to the dispatch thread.
+
+        The API hands its event loop's ``call_soon_threadsafe`` here: the loop is where deliveries
+        are sent, so a confirmed entry reaches a consumer after one thread hop (journal to loop)
+        instead of two (journal to dispatch thread to loop). Consumer flow and acks already
+        dispatch on the loop, so this adds no new kind of work there."""
+        self._dispatch_executor = executor
+
     def _schedule(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on the dispatch thread, at most once queued per callable."""
+        """Run ``work`` on the dispatch executor (the dispatch thread unless one was given), at
+        most once queued per callable."""
         pool = self._dispatch_pool
         if pool is None:
             return
@@ -447,8 +459,12 @@ class BrokerService:
             except MagnetarError:
                 log.exception("dispatch failed")
 
+        executor = self._dispatch_executor
         with contextlib.suppress(RuntimeError):  # shutting down
-            pool.submit(run)
+            if executor is not None:
+                executor(run)
+            else:
+                pool.submit(run)
 
     def subscription(self, topic_name: TopicName, name: str, sub_type: SubscriptionType, *,
                      initial: str | int = "latest", durable: bool = True) -> Subscription:

@@ -22,8 +22,13 @@ class StorageConfig:
     journal_sync: bool = True
     """fdatasync the journal before acknowledging. ``False`` is an explicit opt-out of
     durability: adds are acknowledged once written to the OS."""
-    journal_group_wait_ms: float = 1.0
-    """Longest time the journal writer waits for more records before one fdatasync."""
+    journal_group_wait_ms: float = 0.0
+    """Longest time the journal writer naps for more records before one fdatasync. 0 commits
+    what is queued as soon as the writer is free (BookKeeper's ``journalFlushWhenQueueEmpty``):
+    records arriving during one fdatasync form the next group, which is all the grouping
+    pipelining producers need, while a nap only delays a lone record (measured: about 0.4 ms
+    of median end-to-end latency at 2,000 msg/s, since a napping thread must also win the
+    interpreter lock back)."""
     journal_group_bytes_max: int = 4 * MiB
     """A group is committed as soon as it holds this many bytes (bigger groups let large
     entries approach the disk's sequential bandwidth)."""

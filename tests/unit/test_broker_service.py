@@ -4,12 +4,15 @@ and survive a restart; namespace retention and TTL policies drive trimming and e
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections.abc import Callable
 
 import pytest
 
 from broker.entry_format import Message
 from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound
 from broker.service import BrokerConfig, BrokerService
+from broker.subscription import ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
 from tests.unit.broker_stack import FakeClock
 
@@ -84,4 +87,27 @@ def test_ttl_policy_expires_backlog_and_retention_trims(data_dir: str) -> None:
     assert cursor.backlog_messages() == 1
     service.run_maintenance()  # the persisted mark-delete now lets trimming go
     assert len(topic.ml.ledger_infos()) < ledgers_before
+    service.close()
+
+
+def test_dispatch_of_new_entries_runs_on_the_given_executor(data_dir: str) -> None:
+    """With an executor (the API passes its event loop's), a confirmed entry reaches consumers
+    only through it: nothing is delivered until the queued work runs, and going back to None
+    restores the dispatch thread."""
+    service = started(data_dir, FakeClock())
+    queued: list[Callable[[], None]] = []
+    service.use_dispatch_executor(queued.append)
+    consumer = service.subscribe("orders", "s", SubscriptionType.SHARED, ConsumerConfig(name="c"))
+    consumer.flow(10)
+    service.topic("orders").publish([Message(b"first")], producer_name="p").result(timeout=10)
+    assert consumer.poll() is None and len(queued) == 1
+    queued.pop()()
+    delivery = consumer.poll()
+    assert delivery is not None and delivery.message.payload == b"first"
+    service.use_dispatch_executor(None)
+    service.topic("orders").publish([Message(b"second")], producer_name="p").result(timeout=10)
+    deadline = time.monotonic() + 10
+    while (delivery := consumer.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert delivery is not None and delivery.message.payload == b"second" and not queued
     service.close()
