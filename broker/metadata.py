@@ -50,7 +50,7 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from broker.errors import AlreadyExists, BadVersion, CorruptEntry, InvalidRequest, NotFound, StorageClosed
-from storage.entry_location_index import open_rdict, sync_write_options
+from storage.entry_location_index import open_rdict, write_durably
 
 log = logging.getLogger(__name__)
 
@@ -582,15 +582,14 @@ def decode_node(path: str, raw: bytes) -> Stat:
 class RocksDBMetadataStore(_VersionedStore):
     """The embedded default: one RocksDB (rocksdict, raw mode) directory at ``path``.
 
-    Every commit is one ``WriteBatch`` written with ``sync=True``: atomic, and durable when the
-    call returns.
+    Every commit is one ``WriteBatch`` with its write-ahead log synced (``write_durably``):
+    atomic, and durable when the call returns.
     """
 
     def __init__(self, path: str, clock: Callable[[], float] | None = None) -> None:
         super().__init__(clock)
         self.path = path
         self._db = open_rdict(path)
-        self._sync = sync_write_options()
 
     def _load(self, path: str) -> Stat | None:
         raw = self._db.get(node_key(path))
@@ -603,7 +602,7 @@ class RocksDBMetadataStore(_VersionedStore):
                 batch.delete(node_key(path))
             else:
                 batch.put(node_key(path), encode_node(stat))
-        self._db.write(batch, self._sync)
+        write_durably(self._db, batch)
 
     def _child_names(self, path: str) -> list[str]:
         prefix = node_key(path) + _KEY_SEPARATOR

@@ -34,10 +34,20 @@ def open_rdict(path: str) -> Rdict:
     return Rdict(path, options)
 
 
-def sync_write_options() -> WriteOptions:
-    options = WriteOptions()
-    options.sync = True
-    return options
+_UNSYNCED = WriteOptions()
+
+
+def write_durably(db: Rdict, batch: WriteBatch) -> None:
+    """Write ``batch`` and have it durable on return, without stalling the process.
+
+    rocksdict holds the interpreter lock for the whole of a ``write``, so a write with
+    ``sync=True`` stopped every thread of the broker for an fdatasync (0.4 to 9 ms measured on
+    this disk, once a second at least: a tail-latency spike for every message in flight).
+    ``flush_wal(True)`` syncs the write-ahead log with the lock released. The durability is the
+    same: the batch is one WAL record, synced before this returns (with whatever other threads
+    wrote before it)."""
+    db.write(batch, _UNSYNCED)
+    db.flush_wal(True)
 
 
 def iterate_prefix(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -64,8 +74,6 @@ class IndexStats:
 class EntryLocationIndex:
     def __init__(self, db: Rdict) -> None:
         self._db = db
-        self._sync = sync_write_options()
-        self._unsynced = WriteOptions()
         self._batches = 0
         self._written = 0
         self._lookups = 0
@@ -79,10 +87,10 @@ class EntryLocationIndex:
     def put_batch(self, locations: list[tuple[int, int, int]]) -> None:
         """Store ``(ledger, entry, location)`` triples; durable (WAL synced) when this returns.
 
-        Written in batches of at most ``INDEX_WRITE_BATCH_ENTRIES_MAX``, only the last one
-        synced (a sync covers everything before it in the WAL): RocksDB holds the interpreter
-        lock while it writes, so one big batch would stall every other thread of the broker for
-        its whole duration. Not atomic, and need not be: the entry log is synced before the
+        Written in batches of at most ``INDEX_WRITE_BATCH_ENTRIES_MAX``, then the WAL synced once
+        without the interpreter lock (see :func:`write_durably`): RocksDB holds the lock while
+        it writes, so one big batch would stall every other thread of the broker for its whole
+        duration. Not atomic, and need not be: the entry log is synced before the
         index is written, so any prefix of these triples points at readable records, and until
         the checkpoint after this call the journal still holds every entry."""
         for start in range(0, len(locations), INDEX_WRITE_BATCH_ENTRIES_MAX):
@@ -90,10 +98,11 @@ class EntryLocationIndex:
             batch = WriteBatch(raw_mode=True)
             for ledger_id, entry_id, location in chunk:
                 batch.put(_KEY.pack(PREFIX, ledger_id, entry_id), _VALUE.pack(location))
-            last = start + INDEX_WRITE_BATCH_ENTRIES_MAX >= len(locations)
-            self._db.write(batch, self._sync if last else self._unsynced)
+            self._db.write(batch, _UNSYNCED)
             self._batches += 1
             self._written += len(chunk)
+        if locations:
+            self._db.flush_wal(True)  # the lock-free sync of ``write_durably``, once for all chunks
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest indexed entry id of a ledger (one reverse seek), or -1."""

@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rocksdict import Rdict
+from rocksdict import Rdict, WriteBatch
 
-from storage.entry_location_index import EntryLocationIndex, sync_write_options
+from storage.entry_location_index import EntryLocationIndex, write_durably
 from storage.entry_log import RECORD_HEADER_SIZE, EntryLogger
 from storage.fileio import FileIO
 
@@ -56,7 +56,6 @@ class LogUsageIndex:
 
     def __init__(self, db: Rdict) -> None:
         self._db = db
-        self._sync = sync_write_options()
 
     def _key(self, log_id: int) -> bytes:
         return self.PREFIX + struct.pack(">Q", log_id)
@@ -66,10 +65,14 @@ class LogUsageIndex:
         return None if raw is None else {int(k): int(v) for k, v in json.loads(raw).items()}
 
     def put(self, log_id: int, usage: dict[int, int]) -> None:
-        self._db.put(self._key(log_id), json.dumps(usage).encode(), self._sync)
+        batch = WriteBatch(raw_mode=True)
+        batch.put(self._key(log_id), json.dumps(usage).encode())
+        write_durably(self._db, batch)
 
     def delete(self, log_id: int) -> None:
-        self._db.delete(self._key(log_id), self._sync)
+        batch = WriteBatch(raw_mode=True)
+        batch.delete(self._key(log_id))
+        write_durably(self._db, batch)
 
 
 class GarbageCollector:

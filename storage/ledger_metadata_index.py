@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from rocksdict import Rdict, WriteBatch
 
-from storage.entry_location_index import iterate_prefix, sync_write_options
+from storage.entry_location_index import iterate_prefix, write_durably
 
 PREFIX = b"M"
 _KEY = struct.Struct(">cQ")
@@ -34,7 +34,6 @@ class LedgerMeta:
 class LedgerMetadataIndex:
     def __init__(self, db: Rdict) -> None:
         self._db = db
-        self._sync = sync_write_options()
 
     def load_all(self) -> dict[int, LedgerMeta]:
         result: dict[int, LedgerMeta] = {}
@@ -44,7 +43,7 @@ class LedgerMetadataIndex:
         return result
 
     def put(self, ledger_id: int, meta: LedgerMeta) -> None:
-        self._db.put(_KEY.pack(PREFIX, ledger_id), self._encode(meta), self._sync)
+        self.put_many({ledger_id: meta})
 
     def put_many(self, rows: dict[int, LedgerMeta]) -> None:
         if not rows:
@@ -52,7 +51,7 @@ class LedgerMetadataIndex:
         batch = WriteBatch(raw_mode=True)
         for ledger_id, meta in rows.items():
             batch.put(_KEY.pack(PREFIX, ledger_id), self._encode(meta))
-        self._db.write(batch, self._sync)
+        write_durably(self._db, batch)
 
     @staticmethod
     def _encode(meta: LedgerMeta) -> bytes:
@@ -63,4 +62,4 @@ class LedgerMetadataIndex:
         batch.delete(_KEY.pack(PREFIX, ledger_id))
 
     def write(self, batch: WriteBatch) -> None:
-        self._db.write(batch, self._sync)
+        write_durably(self._db, batch)
