@@ -1,7 +1,7 @@
 """Range reads over HTTP (a Magnetar extension; Pulsar has none): messages by offset, and offsets.
 
 Role: the read edge for batch and stream processors, above all the Spark source
-(``consumers/spark.py``). A client asks for the messages of one topic partition from an offset
+(``consumers/spark/source.py``). A client asks for the messages of one topic partition from an offset
 on and gets them in offset order, either as an Arrow IPC stream (``Accept:
 application/vnd.apache.arrow.stream``) whose columns are the Spark source's, or as JSON:
 
@@ -20,7 +20,24 @@ so the ``offset`` column of a response is ``N, N+1, ...``. Asking below the firs
 offset is ``DataLost`` (410 ``data_lost``, naming the first available offset); asking at or
 beyond the end is an empty result, not an error. Every response is bounded by
 ``READ_MESSAGES_MAX`` messages and ``READ_BYTES_MAX`` payload bytes. Message ids are Pulsar's
-base64 ``MessageIdData``, as on the WebSocket API. Times are epoch milliseconds (UTC).
+base64 ``MessageIdData``, as on the WebSocket API. Times are epoch milliseconds (UTC). A message
+without a key has a null key; an empty key is an empty key.
+
+Columns: :func:`collect` builds a read's columns in one of two ways with the same result (the
+same ``ARROW_SCHEMA``, values and nulls, and ``CorruptEntry`` for the same bytes). The
+reference is :class:`ReadColumns`, in Python over ``decode_entry``. When the optional C
+extension ``api/_range_columns.c`` was built (``pip install`` with a C compiler),
+:class:`NativeColumns` takes each entry's verified, decompressed payload
+(``decode_entry_payload``) straight into Arrow buffers, and hands the rare entry it cannot take
+exactly (not batched, a key marked base64 that is not canonical base64, ...) to the reference
+decoder. ``NATIVE_COLUMNS`` says which one serves reads. JSON answers are rendered from the same
+record batch as Arrow answers.
+
+Storage: a read takes entries from the managed ledger in steps of ``READ_STEP_BYTES``. Looking
+an offset up reads every entry from the nearest sparse-index sample on, so each read leaves a
+resume point (:class:`ResumePoints`, bounded) for its next offset, and a reader that continues
+where it stopped (the Spark source does, chunk after chunk) starts there without a lookup. A
+point is used only when the entry stored there holds the offset asked for.
 """
 
 from __future__ import annotations
@@ -29,27 +46,44 @@ import base64
 import binascii
 import itertools
 import operator
-from collections.abc import Iterator
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import pyarrow as pa
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
-from broker.entry_format import decode_entry, encode_varint
-from broker.errors import DataLost, InvalidRequest, NoSuchEntry, NoSuchLedger, NotFound
+from broker.entry_format import decode_entry, decode_entry_payload, encode_varint
+from broker.errors import CorruptEntry, DataLost, InvalidRequest, NoSuchEntry, NoSuchLedger, NotFound
 from broker.managed_ledger import Entry, ManagedLedger
-from broker.message_id import MessageId
+from broker.message_id import MessageId, Position
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
+
+try:
+    from api._range_columns import MalformedBatch, RangeColumns
+except ImportError:  # installed without a C compiler: the Python columns serve every read
+    NATIVE_COLUMNS = False
+else:
+    NATIVE_COLUMNS = True
+"""Whether range reads build their columns with the native accelerator (``api/_range_columns.c``)."""
 
 READ_MESSAGES_DEFAULT = 1000
 READ_MESSAGES_MAX = 100_000
 READ_BYTES_DEFAULT = 8 * 1024 * 1024
 READ_BYTES_MAX = 64 * 1024 * 1024
+READ_STEP_BYTES = 1024 * 1024
+"""Entries read from storage per step, by size: a read stops once it has its messages, and the
+rest of its last step was read for nothing, so steps stay small."""
+READ_STEP_ENTRIES_MAX = 1000
+RESUME_POINTS_MAX = 1024
+"""Resume points remembered (about one per reader that continues where its last read stopped)."""
 ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 NEXT_OFFSET_HEADER = "X-Magnetar-Next-Offset"
 FIRST_OFFSET_HEADER = "X-Magnetar-First-Offset"
@@ -72,28 +106,24 @@ ARROW_SCHEMA = pa.schema([
 _BATCH_INDEX_TAG = b"\x20"  # MessageIdData field 4 (batch_index), varint
 
 
-@dataclass
-class ReadColumns:
-    """Messages collected column by column (no per-message objects survive the loop)."""
+class Columns(Protocol):
+    """The messages of one read, column by column (no per-message objects survive a read)."""
 
     first_offset: int
-    keys: list[bytes | None] = field(default_factory=list)
-    values: list[bytes] = field(default_factory=list)
-    message_ids: list[bytes] = field(default_factory=list)
-    """ASCII base64, kept as bytes (Arrow takes them as strings without a decode each)."""
-    publish_times_ms: list[int] = field(default_factory=list)
-    event_times_ms: list[int | None] = field(default_factory=list)
-    property_offsets: list[int] = field(default_factory=lambda: [0])
-    property_keys: list[str] = field(default_factory=list)
-    property_values: list[str] = field(default_factory=list)
-    size_bytes: int = 0
 
-    def __len__(self) -> int:
-        return len(self.values)
+    def __len__(self) -> int: ...
 
     @property
-    def next_offset(self) -> int:
-        return self.first_offset + len(self.values)
+    def size_bytes(self) -> int:
+        """Payload bytes collected so far (what ``maxBytes`` bounds)."""
+        ...
+
+    def add_entry(self, entry: Entry, partition: int, skip: int, take: int) -> None:
+        """Append messages ``skip..skip+take`` of ``entry`` (fewer when the entry holds fewer)."""
+
+    def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
+        """The columns as one ``ARROW_SCHEMA`` batch; call once, after the last ``add_entry``."""
+        ...
 
 
 _BATCH_INDEX_SUFFIXES: list[bytes] = []
@@ -135,36 +165,210 @@ _PROPERTIES_OF = operator.itemgetter(4)
 _EVENT_TIME = operator.itemgetter(5)
 
 
-def _add_entry(columns: ReadColumns, entry: Entry, partition: int, skip: int, take: int) -> None:
-    """Append messages ``skip..skip+take`` of ``entry``, a column at a time."""
-    decoded = decode_entry(entry.data)
-    messages = decoded.messages[skip:skip + take]
-    count = len(messages)
-    columns.message_ids.extend(message_ids_of_entry(entry.position.ledger_id, entry.position.entry_id, partition,
-                                                    decoded.num_messages, skip, skip + count))
-    columns.publish_times_ms.extend(itertools.repeat(entry.publish_time_ms, count))
-    payloads = list(map(_PAYLOAD, messages))
-    columns.values.extend(payloads)
-    columns.size_bytes += sum(map(len, payloads))
-    columns.event_times_ms.extend(map(_EVENT_TIME, messages))
-    if any(map(_KEY, messages)):
-        columns.keys.extend(_key_bytes(m.key, m.key_b64_encoded) for m in messages)
-    else:
-        columns.keys.extend(itertools.repeat(None, count))
-    if any(map(_PROPERTIES_OF, messages)):
-        for message in messages:
-            columns.property_keys.extend(message.properties.keys())
-            columns.property_values.extend(message.properties.values())
-            columns.property_offsets.append(len(columns.property_keys))
-    else:
-        columns.property_offsets.extend(itertools.repeat(len(columns.property_keys), count))
+@dataclass
+class ReadColumns:
+    """The reference columns: every entry decoded by ``decode_entry``, kept as Python lists."""
+
+    first_offset: int
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+    message_ids: list[bytes] = field(default_factory=list)
+    """ASCII base64, kept as bytes (Arrow takes them as strings without a decode each)."""
+    publish_times_ms: list[int] = field(default_factory=list)
+    event_times_ms: list[int | None] = field(default_factory=list)
+    property_offsets: list[int] = field(default_factory=lambda: [0])
+    property_keys: list[str] = field(default_factory=list)
+    property_values: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add_entry(self, entry: Entry, partition: int, skip: int, take: int) -> None:
+        """Append messages ``skip..skip+take`` of ``entry``, a column at a time."""
+        decoded = decode_entry(entry.data)
+        messages = decoded.messages[skip:skip + take]
+        count = len(messages)
+        self.message_ids.extend(message_ids_of_entry(entry.position.ledger_id, entry.position.entry_id, partition,
+                                                     decoded.num_messages, skip, skip + count))
+        self.publish_times_ms.extend(itertools.repeat(entry.publish_time_ms, count))
+        payloads = list(map(_PAYLOAD, messages))
+        self.values.extend(payloads)
+        self.size_bytes += sum(map(len, payloads))
+        self.event_times_ms.extend(map(_EVENT_TIME, messages))
+        if any(key is not None for key in map(_KEY, messages)):
+            self.keys.extend(_key_bytes(m.key, m.key_b64_encoded) for m in messages)
+        else:
+            self.keys.extend(itertools.repeat(None, count))
+        if any(map(_PROPERTIES_OF, messages)):
+            for message in messages:
+                self.property_keys.extend(message.properties.keys())
+                self.property_values.extend(message.properties.values())
+                self.property_offsets.append(len(self.property_keys))
+        else:
+            self.property_offsets.extend(itertools.repeat(len(self.property_keys), count))
+
+    def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
+        count = len(self)
+        properties = pa.MapArray.from_arrays(pa.array(self.property_offsets, pa.int32()),
+                                             pa.array(self.property_keys, pa.string()),
+                                             pa.array(self.property_values, pa.string()))
+        arrays = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.repeat(pa.scalar(topic_name, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            pa.array(range(self.first_offset, self.first_offset + count), pa.int64()),
+            pa.array(self.message_ids, pa.string()),
+            pa.array(self.publish_times_ms, _TIMESTAMP_MS),
+            pa.array(self.event_times_ms, _TIMESTAMP_MS),
+            properties.cast(_PROPERTIES),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
-def _entries(topic: PersistentTopic, offset: int) -> Iterator[Entry]:
-    """``entries_from`` with a trim racing the read reported as the data loss it is."""
+class NativeColumns:
+    """Columns built by ``api/_range_columns.c``: each entry's batch payload goes straight into
+    Arrow buffers, wrapped without a copy. An entry the extension cannot take exactly is decoded
+    by ``decode_entry`` and appended row by row, so the result is always the reference's."""
+
+    def __init__(self, first_offset: int) -> None:
+        self.first_offset = first_offset
+        self._columns = RangeColumns(first_offset)
+        self.decoded_entries = 0
+        """Entries that went through ``decode_entry`` (not batched, or beyond the extension's rules)."""
+
+    def __len__(self) -> int:
+        return self._columns.rows
+
+    @property
+    def size_bytes(self) -> int:
+        return self._columns.value_bytes
+
+    def add_entry(self, entry: Entry, partition: int, skip: int, take: int) -> None:
+        verified = decode_entry_payload(entry.data)
+        count = verified.num_messages
+        skip = min(skip, count)
+        take = min(take, count - skip)  # as slicing the decoded messages would
+        if verified.is_batched:
+            id_prefix = MessageId(entry.position.ledger_id, entry.position.entry_id, partition).to_bytes()
+            try:
+                if self._columns.add_batch(verified.payload, count, skip, take, entry.publish_time_ms, id_prefix):
+                    return
+            except MalformedBatch as exc:
+                raise CorruptEntry(str(exc)) from None
+        self._add_decoded(entry, partition, skip, take)
+
+    def _add_decoded(self, entry: Entry, partition: int, skip: int, take: int) -> None:
+        self.decoded_entries += 1
+        decoded = decode_entry(entry.data)
+        messages = decoded.messages[skip:skip + take]
+        ids = message_ids_of_entry(entry.position.ledger_id, entry.position.entry_id, partition,
+                                   decoded.num_messages, skip, skip + len(messages))
+        for message, message_id in zip(messages, ids, strict=True):
+            self._columns.add_row(_key_bytes(message.key, message.key_b64_encoded), message.payload,
+                                  entry.publish_time_ms, message.event_time_ms, message.properties, message_id)
+
+    def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
+        columns = self._columns
+        count, property_count = columns.rows, columns.property_count
+        key_nulls, event_time_nulls = columns.key_null_count, columns.event_time_null_count
+        buffers = {name: None if data is None else pa.py_buffer(data) for name, data in columns.finish().items()}
+
+        def array(kind: pa.DataType, length: int, *names: str | None, null_count: int = 0,
+                  children: list[pa.Array] | None = None) -> pa.Array:
+            """An array over the named buffers (None: no validity bitmap)."""
+            return pa.Array.from_buffers(kind, length, [None if n is None else buffers[n] for n in names],
+                                         null_count=null_count, children=children)
+
+        entries = pa.StructArray.from_arrays(
+            [array(pa.string(), property_count, None, "property_name_offsets", "property_name_data"),
+             array(pa.string(), property_count, None, "property_value_offsets", "property_value_data")],
+            fields=[_PROPERTIES.key_field, _PROPERTIES.item_field])
+        arrays = [
+            array(pa.binary(), count, "key_validity", "key_offsets", "key_data", null_count=key_nulls),
+            array(pa.binary(), count, None, "value_offsets", "value_data"),
+            pa.repeat(pa.scalar(topic_name, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            array(pa.int64(), count, None, "offsets"),
+            array(pa.string(), count, None, "message_id_offsets", "message_id_data"),
+            array(_TIMESTAMP_MS, count, None, "publish_times_ms"),
+            array(_TIMESTAMP_MS, count, "event_time_validity", "event_times_ms", null_count=event_time_nulls),
+            array(_PROPERTIES, count, None, "property_offsets", children=[entries]),
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def new_columns(first_offset: int, *, native: bool = NATIVE_COLUMNS) -> Columns:
+    """Empty columns for a read from ``first_offset``: native when asked for and built."""
+    if native and not NATIVE_COLUMNS:
+        raise RuntimeError("the native range-read columns (api/_range_columns.c) were not built")
+    return NativeColumns(first_offset) if native else ReadColumns(first_offset)
+
+
+class ResumePoints:
+    """Where the entry holding a read's next offset is stored, kept for the reader's next read.
+
+    Looking an offset up in the managed ledger reads every entry from the nearest sparse-index
+    sample on, so a reader that continues where its last read stopped (the Spark source, a
+    catch-up reader) would pay for more and more of them on every read. A point is only a hint:
+    it is used when the entry stored there holds the offset asked for, in the same managed
+    ledger; otherwise the read looks the offset up. Bounded by ``RESUME_POINTS_MAX`` (the oldest
+    point goes first); safe to share between the threads that serve reads.
+    """
+
+    def __init__(self, capacity: int = RESUME_POINTS_MAX) -> None:
+        self._capacity = capacity
+        self._points: OrderedDict[tuple[str, int], tuple[weakref.ref[ManagedLedger], Position]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, topic: TopicName, offset: int, ml: ManagedLedger, position: Position) -> None:
+        with self._lock:
+            self._points[(topic.full_name, offset)] = (weakref.ref(ml), position)
+            self._points.move_to_end((topic.full_name, offset))
+            while len(self._points) > self._capacity:
+                self._points.popitem(last=False)
+
+    def take(self, topic: TopicName, offset: int, ml: ManagedLedger) -> Position | None:
+        """The point remembered for ``offset`` of ``topic`` in ``ml`` (and forgotten), or None."""
+        with self._lock:
+            found = self._points.pop((topic.full_name, offset), None)
+        if found is None or found[0]() is not ml:
+            return None
+        return found[1]
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+
+def _read_step(ml: ManagedLedger, position: Position) -> list[Entry]:
+    return ml.read_entries(position, READ_STEP_ENTRIES_MAX, max_bytes=READ_STEP_BYTES)
+
+
+def _first_step(ml: ManagedLedger, offset: int, resume_at: Position | None) -> list[Entry]:
+    """The entries of the first step: from ``resume_at`` when the entry there holds ``offset``,
+    else from where the managed ledger finds it."""
+    if resume_at is not None:
+        try:
+            step = _read_step(ml, resume_at)
+        except (NoSuchEntry, NoSuchLedger):
+            step = []
+        if step and step[0].first_offset <= offset <= step[0].last_offset:
+            return step
+    return _read_step(ml, ml.offset_to_position(offset)[0])
+
+
+def _entries(topic: PersistentTopic, offset: int, resume_at: Position | None = None) -> Iterator[Entry]:
+    """Every confirmed entry from the one holding ``offset`` on, read in steps of about
+    ``READ_STEP_BYTES``; a trim racing the read is reported as the data loss it is."""
     ml = topic.ml
     try:
-        yield from topic.entries_from(offset)
+        if offset >= ml.confirmed_next_offset():
+            return
+        step = _first_step(ml, offset, resume_at)
+        while step:
+            yield from step
+            step = _read_step(ml, ml.next_position(step[-1].position))
     except (NoSuchEntry, NoSuchLedger) as exc:
         if offset < ml.first_offset:
             raise _data_lost(topic.name, offset, ml) from exc
@@ -176,63 +380,69 @@ def _data_lost(name: TopicName, offset: int, ml: ManagedLedger) -> DataLost:
                     f"the first available offset is {ml.first_offset}")
 
 
-def collect(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: int) -> ReadColumns:
+def collect_entries(entries: Iterable[Entry], offset: int, partition: int, max_messages: int, max_bytes: int, *,
+                    native: bool = NATIVE_COLUMNS) -> tuple[Columns, Entry | None]:
+    """Up to ``max_messages`` messages from ``offset`` on out of ``entries`` (in order, the first
+    holding ``offset``), stopping once ``max_bytes`` of payload are collected; with the last
+    entry read (None when there was none)."""
+    columns = new_columns(offset, native=native)
+    last: Entry | None = None
+    for last in entries:
+        skip = max(0, offset - last.first_offset)
+        take = min(last.message_count - skip, max_messages - len(columns))
+        columns.add_entry(last, partition, skip, take)
+        if len(columns) >= max_messages or columns.size_bytes >= max_bytes:
+            break
+    return columns, last
+
+
+def collect(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: int, *,
+            native: bool = NATIVE_COLUMNS, resume: ResumePoints | None = None) -> Columns:
     """Up to ``max_messages`` messages from ``offset`` on, stopping once ``max_bytes`` of payload
-    are collected. Raises ``DataLost`` when ``offset`` was trimmed."""
+    are collected. Raises ``DataLost`` when ``offset`` was trimmed. With ``resume``, the read
+    starts from the point a previous read left for ``offset`` and leaves one for its next offset."""
     ml = topic.ml
     if offset < ml.first_offset:
         raise _data_lost(topic.name, offset, ml)
-    columns = ReadColumns(first_offset=offset)
-    for entry in _entries(topic, offset):
-        skip = max(0, offset - entry.first_offset)
-        take = min(entry.message_count - skip, max_messages - len(columns))
-        _add_entry(columns, entry, topic.partition, skip, take)
-        if len(columns) >= max_messages or columns.size_bytes >= max_bytes:
-            break
+    resume_at = None if resume is None else resume.take(topic.name, offset, ml)
+    columns, last = collect_entries(_entries(topic, offset, resume_at), offset, topic.partition, max_messages,
+                                    max_bytes, native=native)
+    if resume is not None and last is not None:
+        next_offset = offset + len(columns)
+        at = last.position if next_offset <= last.last_offset else ml.next_position(last.position)
+        resume.remember(topic.name, next_offset, ml, at)
     return columns
 
 
-def to_record_batch(columns: ReadColumns, topic_name: str, partition: int) -> pa.RecordBatch:
-    count = len(columns)
-    properties = pa.MapArray.from_arrays(pa.array(columns.property_offsets, pa.int32()),
-                                         pa.array(columns.property_keys, pa.string()),
-                                         pa.array(columns.property_values, pa.string()))
-    arrays = [
-        pa.array(columns.keys, pa.binary()),
-        pa.array(columns.values, pa.binary()),
-        pa.repeat(pa.scalar(topic_name, pa.string()), count),
-        pa.repeat(pa.scalar(partition, pa.int32()), count),
-        pa.array(range(columns.first_offset, columns.next_offset), pa.int64()),
-        pa.array(columns.message_ids, pa.string()),
-        pa.array(columns.publish_times_ms, _TIMESTAMP_MS),
-        pa.array(columns.event_times_ms, _TIMESTAMP_MS),
-        properties.cast(_PROPERTIES),
-    ]
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
-
-
-def arrow_stream(batch: pa.RecordBatch | None) -> bytes:
+def arrow_stream(batch: pa.RecordBatch | None) -> memoryview:
+    """The IPC stream of ``batch`` (schema only when None or empty), as a view of Arrow's buffer:
+    the response body is written from it without another copy."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
         if batch is not None and batch.num_rows:
             writer.write_batch(batch)
-    stream: bytes = sink.getvalue().to_pybytes()
-    return stream
+    return memoryview(sink.getvalue())
 
 
-def to_json(columns: ReadColumns) -> list[dict[str, Any]]:
+def _epoch_ms(column: pa.Array) -> list[int | None]:
+    values: list[int | None] = column.cast(pa.int64()).to_pylist()
+    return values
+
+
+def to_json(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The messages of a read batch as the JSON answer lists them."""
     messages: list[dict[str, Any]] = []
-    starts, ends = columns.property_offsets[:-1], columns.property_offsets[1:]
-    for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
-        key = columns.keys[i]
-        event_time_ms = columns.event_times_ms[i]
+    columns = zip(batch.column("offset").to_pylist(), batch.column("messageId").to_pylist(),
+                  batch.column("key").to_pylist(), batch.column("value").to_pylist(),
+                  batch.column("properties").to_pylist(), _epoch_ms(batch.column("publishTime")),
+                  _epoch_ms(batch.column("eventTime")), strict=True)
+    for offset, message_id, key, value, properties, publish_time_ms, event_time_ms in columns:
         message: dict[str, Any] = {
-            "offset": columns.first_offset + i,
-            "messageId": columns.message_ids[i].decode("ascii"),
-            "payload": base64.b64encode(columns.values[i]).decode("ascii"),
-            "properties": dict(zip(columns.property_keys[start:end], columns.property_values[start:end],
-                                   strict=True)),
-            "publishTime": columns.publish_times_ms[i],
+            "offset": offset,
+            "messageId": message_id,
+            "payload": base64.b64encode(value).decode("ascii"),
+            "properties": dict(properties),
+            "publishTime": publish_time_ms,
         }
         if key is not None:
             message["key"] = key.decode(errors="replace")
@@ -248,6 +458,7 @@ def _wants_arrow(request: Request) -> bool:
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter(tags=["read"])
+    resume = ResumePoints()
 
     def readable(name: TopicName) -> PersistentTopic | None:
         """The topic to read; None for a partition that exists but was never written."""
@@ -265,7 +476,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         partition = name.partition_index
         if topic is None:
             return _read_response(request, ReadColumns(offset), name.full_name, partition, 0)
-        columns = collect(topic, offset, max_messages, max_bytes)
+        columns = collect(topic, offset, max_messages, max_bytes, resume=resume)
         return _read_response(request, columns, name.full_name, partition, topic.ml.first_offset)
 
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/messages",
@@ -324,11 +535,12 @@ def _offsets_of(service: BrokerService, name: TopicName, timestamp_ms: int | Non
     return found if timestamp_ms is None else {**found, "atTimestamp": ml.time_to_offset(timestamp_ms)}
 
 
-def _read_response(request: Request, columns: ReadColumns, topic_name: str, partition: int,
+def _read_response(request: Request, columns: Columns, topic_name: str, partition: int,
                    first_offset: int) -> Response:
-    headers = {NEXT_OFFSET_HEADER: str(columns.next_offset), FIRST_OFFSET_HEADER: str(first_offset)}
+    next_offset = columns.first_offset + len(columns)
+    headers = {NEXT_OFFSET_HEADER: str(next_offset), FIRST_OFFSET_HEADER: str(first_offset)}
+    batch = columns.record_batch(topic_name, partition)
     if _wants_arrow(request):
-        batch = to_record_batch(columns, topic_name, partition) if len(columns) else None
         return Response(arrow_stream(batch), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
-    return JSONResponse({"messages": to_json(columns), "nextOffset": columns.next_offset,
-                         "firstOffset": first_offset}, headers=headers)
+    return JSONResponse({"messages": to_json(batch), "nextOffset": next_offset, "firstOffset": first_offset},
+                        headers=headers)

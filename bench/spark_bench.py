@@ -13,8 +13,11 @@ a streaming query moves into the ``noop`` sink with ``Trigger(availableNow=True)
 
 Each query runs once as a warm-up on a small backlog (JVM JIT, Python workers), then once
 measured; the figure is rows over the wall time from ``start()`` to the query's end. The
-broker's CPU seconds during the measured query are reported too. Every wait has a deadline and
-the broker is stopped by its PID.
+broker's CPU seconds during the measured query are reported too, and which range-read columns
+it used (``NATIVE_COLUMNS`` in api/rest_read.py: the C accelerator or the pure-Python
+reference). A micro-benchmark in this process adds the broker's serving cost per row for both
+column builders on entries shaped like the backlog's (collect, record batch, IPC stream; best of
+``SERVING_ROUNDS``). Every wait has a deadline and the broker is stopped by its PID.
 Run from the repository root: ``.venv/bin/python bench/spark_bench.py [--quick] [--out FILE]``.
 """
 
@@ -45,8 +48,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
+from api.rest_read import NATIVE_COLUMNS, arrow_stream, collect_entries
+from broker.entry_format import Message, encode_entry
+from broker.managed_ledger import Entry
+from broker.message_id import Position
 from consumers.spark import SOURCE_SCHEMA, MagnetarDataSource
-from consumers.spark.source import SPARK_ARROW_SCHEMA
+from consumers.spark.source import READ_CHUNK_MESSAGES_DEFAULT, SPARK_ARROW_SCHEMA
 
 SECTION_HEADING = "## Spark source (bench/spark_bench.py)"
 TARGET_RATIO = 0.8
@@ -59,6 +66,8 @@ WARMUP_ROWS = 20_000
 START_TIMEOUT_S = 60.0
 QUERY_TIMEOUT_S = 600
 TOPIC = "spark-bench"
+SERVING_ROUNDS = 7
+SERVING_BYTES_MAX = 64 * 1024 * 1024
 CONFIG_NOTE = (f"`local[2]`, {PARTITIONS} input partitions, {PAYLOAD_BYTES} B values, "
                "`Trigger(availableNow=True)` into `format(\"noop\")`; broker: `magnetar standalone` defaults")
 
@@ -253,6 +262,49 @@ def measure(spark: SparkSession, url: str, broker: ServerProcess, plan: Plan, wo
     return anchor, measured
 
 
+# --- the broker's serving cost, in process ----------------------------------------------------
+
+
+def backlog_entries(rows: int) -> list[Entry]:
+    """Entries like the backlog's: one per produce request of 100 B messages without keys."""
+    entries: list[Entry] = []
+    offset = 0
+    while offset < rows:
+        count = min(PRODUCE_MESSAGES_PER_REQUEST, rows - offset)
+        now_ms = int(time.time() * 1000)
+        data = encode_entry([Message(os.urandom(PAYLOAD_BYTES)) for _ in range(count)], producer_name="bench",
+                            sequence_id=offset, publish_time_ms=now_ms, broker_timestamp_ms=now_ms,
+                            index=offset + count - 1)
+        entries.append(Entry(Position(1, len(entries)), data, offset, offset + count - 1, now_ms))
+        offset += count
+    return entries
+
+
+def serving_us_per_row(entries: list[Entry], *, native: bool) -> float:
+    """CPU microseconds per row of one chunk's collect + record batch + IPC stream (best round)."""
+    rows = entries[-1].last_offset + 1
+    best_s = float("inf")
+    for _ in range(SERVING_ROUNDS):
+        started_s = time.process_time()
+        columns, _ = collect_entries(entries, 0, 0, rows, SERVING_BYTES_MAX, native=native)
+        arrow_stream(columns.record_batch(f"persistent://public/default/{TOPIC}-partition-0", 0))
+        best_s = min(best_s, time.process_time() - started_s)
+    return best_s / rows * 1e6
+
+
+def serving_rows() -> list[Row]:
+    entries = backlog_entries(READ_CHUNK_MESSAGES_DEFAULT)
+    python_us = serving_us_per_row(entries, native=False)
+    rows = [Row("broker serving cost, pure-Python columns (reference)", f"{python_us:.3f} µs/row", "-",
+                f"in process: collect + record batch + IPC stream of one {READ_CHUNK_MESSAGES_DEFAULT:,}-row chunk, "
+                f"best of {SERVING_ROUNDS}")]
+    if NATIVE_COLUMNS:
+        native_us = serving_us_per_row(entries, native=True)
+        rows.append(Row("broker serving cost, native columns (api/_range_columns.c)", f"{native_us:.3f} µs/row",
+                        f"{python_us / native_us:.0f}x less than pure Python", "the same chunk; what the broker uses"))
+    return rows
+
+
 def result_rows(anchor: QueryRun, measured: QueryRun, produce_s: float, plan: Plan) -> list[Row]:
     ratio = measured.rows_per_s / anchor.rows_per_s
     return [
@@ -262,8 +314,10 @@ def result_rows(anchor: QueryRun, measured: QueryRun, produce_s: float, plan: Pl
         Row("Magnetar source → noop", f"{measured.rows_per_s:,.0f} rows/s",
             f"{ratio:.2f}x of the ceiling (target >= {TARGET_RATIO}x)",
             f"{measured.rows:,} pre-produced messages in {measured.wall_s:.2f} s, {measured.batches} micro-batch(es); "
-            f"broker CPU {measured.broker_cpu_s:.2f} s ({measured.broker_cpu_s / measured.rows * 1e6:.1f} µs/row); "
+            f"broker CPU {measured.broker_cpu_s:.2f} s ({measured.broker_cpu_s / measured.rows * 1e6:.2f} µs/row), "
+            f"{'native' if NATIVE_COLUMNS else 'pure-Python'} range-read columns; "
             f"backlog produced over REST in {produce_s:.1f} s"),
+        *serving_rows(),
     ]
 
 

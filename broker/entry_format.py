@@ -2,8 +2,10 @@
 
 Role: the topic layer turns a batch of produced messages into one entry with
 :func:`encode_entry`; readers (dispatchers, REST/WebSocket consumers, compaction) turn an entry
-back into messages with :func:`decode_entry`. Because the bytes are Pulsar's, a future binary
-protocol front end can forward stored entries to Pulsar clients untouched.
+back into messages with :func:`decode_entry`; a reader that splits the batch itself (the range
+read's native columns, ``api/_range_columns.c``) takes the verified, decompressed payload from
+:func:`decode_entry_payload`. Because the bytes are Pulsar's, a future binary protocol front end
+can forward stored entries to Pulsar clients untouched.
 
 Layout (all integers big-endian)::
 
@@ -76,8 +78,10 @@ __all__ = [
     "Compression",
     "DecodedEntry",
     "DecodedMessage",
+    "EntryPayload",
     "Message",
     "decode_entry",
+    "decode_entry_payload",
     "encode_entry",
     "message_count",
     "peek_broker_entry_metadata",
@@ -174,6 +178,25 @@ class BrokerEntryMetadata:
 
     broker_timestamp_ms: int
     index: int
+
+
+@dataclass(frozen=True, slots=True)
+class EntryPayload:
+    """A verified entry whose payload is decompressed but not split into messages.
+
+    ``payload`` is the uncompressed payload: for a batched entry the messages in the batch
+    format, else the one message's bytes (a view into the entry when it was not compressed).
+    ``num_messages`` is the metadata's ``num_messages_in_batch`` as stored (not yet checked
+    against the payload), 1 for a non-batched entry.
+    """
+
+    broker_metadata: BrokerEntryMetadata | None
+    metadata: pb.MessageMetadata
+    compression: Compression
+    payload: bytes | memoryview
+    is_batched: bool
+    num_messages: int
+    first_offset: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -929,8 +952,14 @@ def _first_offset(index: int, count: int) -> int:
     return first
 
 
-def decode_entry(data: Buffer) -> DecodedEntry:
-    """Verify and decode one stored entry. Raises ``CorruptEntry`` for anything malformed."""
+def decode_entry_payload(data: Buffer) -> EntryPayload:
+    """Verify one stored entry and decompress its payload, without splitting it into messages.
+
+    Everything :func:`decode_entry` checks before it splits the batch is checked here
+    (prefix, checksum, ``MessageMetadata``, encryption, decompression, broker index), so a
+    reader that splits the payload itself (the native range-read columns) is as strict.
+    Raises ``CorruptEntry`` for anything malformed, ``InvalidRequest`` for an encrypted entry.
+    """
     raw = data if isinstance(data, bytes) else bytes(data)
     broker, start = _split_prefix(raw)
     metadata, compressed = _verified_metadata_and_payload(raw, start)
@@ -940,15 +969,23 @@ def decode_entry(data: Buffer) -> DecodedEntry:
     if not 0 <= code < len(_COMPRESSIONS):
         raise CorruptEntry(f"unknown compression type {code}")
     compression = _COMPRESSIONS[code]
+    payload: bytes | memoryview
     if compression is Compression.NONE:
-        payload = compressed.tobytes()
+        payload = compressed
     else:
         payload = _decompress(compression, compressed, metadata.uncompressed_size)
     is_batched = metadata.HasField("num_messages_in_batch")
     count = metadata.num_messages_in_batch if is_batched else 1
     first_offset = None if broker is None else _first_offset(broker.index, count)
-    if is_batched:
-        messages = _decode_batch(payload, count, first_offset, metadata.sequence_id)
+    return EntryPayload(broker, metadata, compression, payload, is_batched, count, first_offset)
+
+
+def decode_entry(data: Buffer) -> DecodedEntry:
+    """Verify and decode one stored entry. Raises ``CorruptEntry`` for anything malformed."""
+    entry = decode_entry_payload(data)
+    payload = entry.payload if isinstance(entry.payload, bytes) else entry.payload.tobytes()
+    if entry.is_batched:
+        messages = _decode_batch(payload, entry.num_messages, entry.first_offset, entry.metadata.sequence_id)
     else:
-        messages = [_single_message(metadata, payload, first_offset)]
-    return DecodedEntry(broker, metadata, compression, len(payload), messages)
+        messages = [_single_message(entry.metadata, payload, entry.first_offset)]
+    return DecodedEntry(entry.broker_metadata, entry.metadata, entry.compression, len(payload), messages)

@@ -3,7 +3,8 @@
 The broker runs with ``BrokerConfig.test_min()`` (a ledger rolls over every 5 entries), so reads
 cross entry and ledger boundaries. What was stored is checked against the broker's own reader.
 Checks: byte-exact round trips in both formats (keys, properties, publish and event times,
-message ids that decode to the stored ledger/entry/batch index); resuming from
+message ids that decode to the stored ledger/entry/batch index); an empty key is empty and a
+missing one null, in both formats; resuming from
 ``X-Magnetar-Next-Offset`` in small chunks and bounded by ``maxMessages``/``maxBytes``; reading
 past the end is empty; trimmed offsets are 410 ``data_lost`` naming the first available offset;
 every bad-input class is a 400 with code and message; partition paths; offsets by timestamp;
@@ -122,6 +123,15 @@ def test_json_read_is_what_was_stored(server: tuple[httpx.Client, BrokerService]
         assert message["publishTime"] == delivery.publish_time_ms
         assert message.get("eventTime") == delivery.message.event_time_ms
         assert MessageId.from_base64(message["messageId"]) == delivery.message_id
+
+
+def test_an_empty_key_stays_empty_and_a_missing_key_stays_null(server: tuple[httpx.Client, BrokerService]) -> None:
+    client, _ = server
+    produce(client, TOPIC_URL, [{"payload": b"a", "key": ""}, {"payload": b"b"}])
+    _, table = read_arrow(client, TOPIC_URL, offset=0)
+    assert table.column("key").to_pylist() == [b"", None]
+    messages = client.get(f"{TOPIC_URL}/messages", params={"offset": 0}).json()["messages"]
+    assert [m.get("key", "absent") for m in messages] == ["", "absent"]
 
 
 def test_chunked_reads_resume_at_next_offset_across_entries_and_ledgers(
