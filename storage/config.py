@@ -34,6 +34,11 @@ class StorageConfig:
     entries approach the disk's sequential bandwidth)."""
     journal_file_bytes_max: int = 512 * MiB
     """Journal files rotate at this size."""
+    journal_preallocate_bytes: int = 4 * MiB
+    """Journal files are extended with zeros this far ahead of the writes (BookKeeper's
+    ``journalPreAllocSizeMB``), so an fdatasync does not also commit a new file size (measured
+    with a concurrent writer on the same disk: fdatasync p50 179 -> 128 µs, p99 458 -> 243 µs).
+    0 appends without preallocation."""
 
     # Write cache (memtable): two buffers of this size each, active and being flushed.
     write_cache_bytes_max: int = 64 * MiB
@@ -68,6 +73,8 @@ class StorageConfig:
             raise ValueError("need 0 <= minor_compaction_threshold <= major_compaction_threshold <= 1")
         if self.entry_log_size_bytes_max >= 4 * GiB:
             raise ValueError("entry_log_size_bytes_max must stay below 4 GiB (32-bit offsets)")
+        if self.journal_preallocate_bytes < 0:
+            raise ValueError("journal_preallocate_bytes must not be negative")
         if self.journal_group_bytes_max <= 0 or self.read_ahead_entries_max < 1:
             raise ValueError("journal_group_bytes_max and read_ahead_entries_max must be positive")
 
@@ -82,6 +89,7 @@ class StorageConfig:
             journal_group_wait_ms=0.2,
             journal_group_bytes_max=16 * KiB,
             journal_file_bytes_max=64 * KiB,
+            journal_preallocate_bytes=8 * KiB,
             write_cache_bytes_max=128 * KiB,
             write_cache_flush_bytes=32 * KiB,
             write_cache_full_wait_ms=10_000,

@@ -22,37 +22,69 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 IOV_MAX = 1024
+_ZEROS = bytes(1024 * 1024)
+"""Preallocation writes zeros in pieces of this size."""
 
 
 class AppendFile:
-    """An append-only file opened for writing by exactly one thread."""
+    """An append-only file opened for writing by exactly one thread.
 
-    def __init__(self, path: str, fd: int, size_bytes: int) -> None:
+    ``size_bytes`` is the logical size: where the next write goes. With ``preallocate_bytes``
+    the file is extended with zeros ahead of the writes, that many bytes at a time, and writes
+    land over the zeros at the logical size (BookKeeper's ``journalPreAllocSizeMB``). An
+    ``fdatasync`` after writing inside the file's length flushes data only; one after growing
+    the file must also commit the new length through the filesystem's own journal, where it
+    queues behind whatever metadata every other writer of the disk changed (entry-log flushes,
+    RocksDB, checkpoints). Readers see zeros after the last write; closing cuts them off.
+    """
+
+    def __init__(self, path: str, fd: int, size_bytes: int, preallocate_bytes: int = 0) -> None:
         self.path = path
         self._fd = fd
         self.size_bytes = size_bytes
+        self._preallocate_bytes = preallocate_bytes
+        self._allocated_bytes = size_bytes
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
+        self._reserve(len(view))
         while view:
-            written = os.write(self._fd, view)
+            if self._preallocate_bytes:
+                written = os.pwrite(self._fd, view, self.size_bytes)
+            else:
+                written = os.write(self._fd, view)
             self.size_bytes += written
             view = view[written:]
 
     def writev(self, buffers: Sequence[bytes]) -> None:
+        self._reserve(sum(map(len, buffers)))
         for start in range(0, len(buffers), IOV_MAX):
             chunk = buffers[start : start + IOV_MAX]
             expected = sum(map(len, chunk))
-            written = os.writev(self._fd, chunk)
+            if self._preallocate_bytes:
+                written = os.pwritev(self._fd, chunk, self.size_bytes)
+            else:
+                written = os.writev(self._fd, chunk)
             self.size_bytes += written
             if written != expected:  # a short write: finish the remainder byte-exactly
                 self.write(b"".join(chunk)[written:])
+
+    def _reserve(self, size_bytes: int) -> None:
+        """With preallocation, make sure zeros already cover the next ``size_bytes``."""
+        if not self._preallocate_bytes or self.size_bytes + size_bytes <= self._allocated_bytes:
+            return
+        end = self.size_bytes + size_bytes + self._preallocate_bytes
+        while self._allocated_bytes < end:
+            zeros = memoryview(_ZEROS)[: min(len(_ZEROS), end - self._allocated_bytes)]
+            self._allocated_bytes += os.pwrite(self._fd, zeros, self._allocated_bytes)
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:
+            if self._allocated_bytes > self.size_bytes:
+                os.ftruncate(self._fd, self.size_bytes)  # readers need not skip the zeros
             os.close(self._fd)
             self._fd = -1
 
@@ -76,15 +108,21 @@ class ReadFile:
             self._fd = -1
 
 
+def _append_flags(preallocate_bytes: int) -> int:
+    return os.O_WRONLY | os.O_CREAT | (0 if preallocate_bytes else os.O_APPEND)
+
+
 class FileIO:
     """Real files with real fsync."""
 
-    def open_append(self, path: str) -> AppendFile:
+    def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
+        """Open ``path`` for appending (created if missing); ``preallocate_bytes`` as in
+        :class:`AppendFile` (the file is then written at explicit offsets, not ``O_APPEND``)."""
         existed = os.path.exists(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, _append_flags(preallocate_bytes), 0o644)
         if not existed:
             self.sync_dir(os.path.dirname(path))
-        return AppendFile(path, fd, os.fstat(fd).st_size)
+        return AppendFile(path, fd, os.fstat(fd).st_size, preallocate_bytes)
 
     def open_read(self, path: str) -> ReadFile:
         return ReadFile(path, os.open(path, os.O_RDONLY))
@@ -223,14 +261,14 @@ class FaultyFileIO(FileIO):
                 return fault.kind
         return None
 
-    def open_append(self, path: str) -> AppendFile:
+    def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
         existed = os.path.exists(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, _append_flags(preallocate_bytes), 0o644)
         if not existed:
             self.sync_dir(os.path.dirname(path))
         size = os.fstat(fd).st_size
         self.durable_size_bytes.setdefault(path, size)
-        return _FaultyAppendFile(self, path, fd, size)
+        return _FaultyAppendFile(self, path, fd, size, preallocate_bytes)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         if self._check("write", path) is not None or self._check("sync", path) is not None:
@@ -239,8 +277,8 @@ class FaultyFileIO(FileIO):
 
 
 class _FaultyAppendFile(AppendFile):
-    def __init__(self, owner: FaultyFileIO, path: str, fd: int, size_bytes: int) -> None:
-        super().__init__(path, fd, size_bytes)
+    def __init__(self, owner: FaultyFileIO, path: str, fd: int, size_bytes: int, preallocate_bytes: int) -> None:
+        super().__init__(path, fd, size_bytes, preallocate_bytes)
         self._owner = owner
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -265,3 +303,8 @@ class _FaultyAppendFile(AppendFile):
             raise OSError(code, f"injected {kind} on fdatasync of {self.path}")
         super().sync()
         self._owner.durable_size_bytes[self.path] = self.size_bytes
+
+    def close(self) -> None:
+        if self._owner.crashed:  # a dead process tidies nothing: preallocated zeros stay
+            self._allocated_bytes = self.size_bytes
+        super().close()

@@ -10,7 +10,10 @@ Record format (big-endian), interleaved across ledgers::
     [length u32][crc32c u32][type u8][ledger u64][entry u64][payload]
 
 ``length`` counts ``type..payload``; the CRC covers the same bytes. Files are named
-``{file_id:016x}.jnl`` and rotate at ``journal_file_bytes_max``. A ``LogMark`` (file id,
+``{file_id:016x}.jnl`` and rotate at ``journal_file_bytes_max``. They are preallocated with
+zeros ``journal_preallocate_bytes`` ahead of the writes (see ``AppendFile``), so a group's
+``fdatasync`` flushes data without a file-size change to commit; a zero header is not a
+record, so the scan stops at the zeros after the last record. A ``LogMark`` (file id,
 offset) names a position; the checkpoint persists one in ``lastMark`` and replay starts there.
 
 Invariants:
@@ -139,7 +142,8 @@ class Journal:
     """Group-committing write-ahead log. Create, :meth:`replay`, then :meth:`start`."""
 
     def __init__(self, directory: str, fileio: FileIO, complete: GroupCompletion, *, sync: bool,
-                 group_wait_ms: float, group_bytes_max: int, file_bytes_max: int) -> None:
+                 group_wait_ms: float, group_bytes_max: int, file_bytes_max: int,
+                 preallocate_bytes: int = 0) -> None:
         self._dir = directory
         self._complete = complete
         self._fileio = fileio
@@ -147,6 +151,7 @@ class Journal:
         self._group_wait_s = group_wait_ms / 1000.0
         self._group_bytes_max = group_bytes_max
         self._file_bytes_max = file_bytes_max
+        self._preallocate_bytes = preallocate_bytes
         self._queue: queue.SimpleQueue[tuple[bytes, bytes, Any] | None] = queue.SimpleQueue()
         self._file: AppendFile | None = None
         self._file_id = 0
@@ -216,7 +221,7 @@ class Journal:
     def _open_file(self, file_id: int) -> None:
         if self._file is not None:
             self._file.close()
-        self._file = self._fileio.open_append(self._path(file_id))
+        self._file = self._fileio.open_append(self._path(file_id), preallocate_bytes=self._preallocate_bytes)
         self._file_id = file_id
         self._written_mark = LogMark(file_id, self._file.size_bytes)
 

@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from concurrent.futures import Future
@@ -68,6 +69,11 @@ from storage.read_cache import ReadCache, ReadCacheStats
 from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache, WriteCacheStats
 
 LAST_ADD_CONFIRMED = -1
+FLUSH_SLICE_ENTRIES = 256
+"""A flush appends entries to the entry log in slices of this many (a few hundred µs of work)."""
+FLUSH_YIELD_S = 0.00005
+"""Pause between slices, so that threads waiting for the interpreter lock (the event loop, the
+journal writer) take it then instead of queueing behind a whole flush."""
 ENTRY_ID_MAX = 2**63 - 1
 
 
@@ -125,6 +131,7 @@ class LedgerStorage:
                                  open_read_files_max=config.open_read_files_max)
         self._journal = Journal(f"{path}/journal", fileio, self._journal_done, sync=config.journal_sync,
                                 group_wait_ms=config.journal_group_wait_ms,
+                                preallocate_bytes=config.journal_preallocate_bytes,
                                 group_bytes_max=config.journal_group_bytes_max,
                                 file_bytes_max=config.journal_file_bytes_max)
         self._read_cache = ReadCache(config.read_cache_bytes_max)
@@ -467,7 +474,11 @@ class LedgerStorage:
 
     def _write_flushing(self, dirty: dict[int, LedgerMeta]) -> None:
         live = self._ledgers
-        locations = self._logs.add_many(e for e in self._flushing.sorted_entries() if e[0] in live)
+        locations: list[tuple[int, int, int]] = []
+        entries = (e for e in self._flushing.sorted_entries() if e[0] in live)
+        while piece := list(itertools.islice(entries, FLUSH_SLICE_ENTRIES)):
+            locations += self._logs.add_many(piece)
+            time.sleep(FLUSH_YIELD_S)
         self._fileio.failpoint("flush: after entry log append, before sync")
         self._logs.flush()
         self._fileio.failpoint("flush: after entry log sync, before index write")

@@ -560,8 +560,8 @@ class NewEntryLogHook(FileIO):
     def __init__(self) -> None:
         self.hook: Callable[[], None] | None = None
 
-    def open_append(self, path: str) -> AppendFile:
-        file = super().open_append(path)
+    def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
+        file = super().open_append(path, preallocate_bytes=preallocate_bytes)
         hook, self.hook = self.hook, None
         if hook is not None and path.endswith(".log"):
             hook()

@@ -66,20 +66,34 @@ def journal_file(data_dir: str) -> Path:
     return files[0]
 
 
-def test_truncating_the_journal_at_every_byte_keeps_complete_records(data_dir: str, tmp_path: Path) -> None:
+def record_ends_of(entries: list[tuple[int, int, bytes]]) -> list[int]:
+    ends, end = [], 0
+    for _, _, data in entries:
+        end += HEADER_SIZE + len(data)
+        ends.append(end)
+    return ends
+
+
+@pytest.mark.parametrize("tail", ["cut off", "zeroed"])
+def test_a_torn_journal_tail_at_every_byte_keeps_complete_records(data_dir: str, tmp_path: Path, tail: str) -> None:
+    """The tail after a byte is lost either as a shorter file or, in a preallocated journal
+    file, as the zeros that were there before the write."""
     entries = [(7, e, payload(7, e, 10 + 7 * e)) for e in range(6)]
     crashed_copy_with_journal_only(data_dir, entries)
     path = journal_file(data_dir)
-    record_ends, end = [], 0
-    for _, _, data in entries:
-        end += HEADER_SIZE + len(data)
-        record_ends.append(end)
-    assert path.stat().st_size == end
+    record_ends = record_ends_of(entries)
+    end = record_ends[-1]
+    raw = path.read_bytes()
+    assert len(raw) >= end + QUIET.journal_preallocate_bytes and not any(raw[end:])  # preallocated zeros
     first_cut = record_ends[2]  # every byte inside the last three records
     for cut in range(first_cut, end + 1):
         trial = str(tmp_path / f"cut-{cut}")
         shutil.copytree(data_dir, trial)
-        os.truncate(Path(trial, "journal", path.name), cut)
+        trial_path = Path(trial, "journal", path.name)
+        if tail == "cut off":
+            os.truncate(trial_path, cut)
+        else:
+            trial_path.write_bytes(raw[:cut] + bytes(len(raw) - cut))
         with LedgerStorage.open(trial, QUIET) as st:
             complete = sum(1 for record_end in record_ends if record_end <= cut)
             for ledger, entry, data in entries[:complete]:
@@ -97,7 +111,7 @@ def test_garbled_byte_in_the_tail_record_drops_only_that_record(data_dir: str) -
     crashed_copy_with_journal_only(data_dir, entries)
     path = journal_file(data_dir)
     raw = bytearray(path.read_bytes())
-    raw[-5] ^= 0xFF
+    raw[record_ends_of(entries)[-1] - 5] ^= 0xFF
     path.write_bytes(bytes(raw))
     with LedgerStorage.open(data_dir, QUIET) as st:
         assert [st.get_entry(3, e) for e in range(3)] == [d for _, _, d in entries[:3]]
@@ -128,3 +142,20 @@ def test_checkpoint_trims_the_journal_and_recovery_replays_only_after_the_mark(d
         for e in range(300 + after_mark):
             assert reopened.get_entry(1, e) == payload(1, e, 600)
         assert reopened.check_consistency().ok
+
+
+def test_replay_stops_at_the_preallocated_zeros_and_cuts_them_off(data_dir: str) -> None:
+    entries = [(5, e, payload(5, e, 30)) for e in range(3)]
+    crashed_copy_with_journal_only(data_dir, entries)
+    path = journal_file(data_dir)
+    end = record_ends_of(entries)[-1]
+    assert path.stat().st_size > end  # the crash left the zeros
+    with LedgerStorage.open(data_dir, QUIET) as st:
+        assert [st.get_entry(5, e) for e in range(3)] == [d for _, _, d in entries]
+        with pytest.raises(NoSuchEntry):
+            st.get_entry(5, 3)
+        assert st.get_last_add_confirmed(5) == 2
+        assert not path.exists() or path.stat().st_size == end  # zeros cut off (or the file trimmed)
+        st.add_entry(5, 3, b"after recovery").result(timeout=10)
+    with LedgerStorage.open(data_dir, QUIET) as st:
+        assert st.get_entry(5, 3) == b"after recovery"
