@@ -222,8 +222,12 @@ class MetadataStore(ABC):
         """The node at ``path``, or None if no value was put there."""
 
     @abstractmethod
-    def put(self, path: str, value: bytes, expected_version: int | None = None) -> Stat:
-        """Write ``value``; ``expected_version``: None = unconditional, -1 = create only, n = CAS."""
+    def put(self, path: str, value: bytes, expected_version: int | None = None, *, durable: bool = True) -> Stat:
+        """Write ``value``; ``expected_version``: None = unconditional, -1 = create only, n = CAS.
+
+        ``durable=False`` is for values the broker can rebuild (snapshots that only shorten a
+        recovery): the write is atomic and survives a crash of the process, but is not synced to
+        disk before the call returns, so a power failure may take it back to an older value."""
 
     @abstractmethod
     def delete(self, path: str, expected_version: int | None = None) -> None:
@@ -246,8 +250,9 @@ class MetadataStore(ABC):
         """Call ``callback`` after each committed change of ``prefix`` or below it."""
 
     @abstractmethod
-    def transaction(self, ops: Sequence[Op]) -> list[Stat | None]:
-        """Apply ``ops`` atomically, in order; per op a ``Stat`` (put) or None (delete)."""
+    def transaction(self, ops: Sequence[Op], *, durable: bool = True) -> list[Stat | None]:
+        """Apply ``ops`` atomically, in order; per op a ``Stat`` (put) or None (delete).
+        ``durable`` as for :meth:`put`."""
 
     @abstractmethod
     def statistics(self) -> MetadataStoreStats: ...
@@ -336,7 +341,7 @@ class _VersionedStore(MetadataStore):
     def _load(self, path: str) -> Stat | None: ...
 
     @abstractmethod
-    def _commit(self, changes: Mapping[str, Stat | None]) -> None: ...
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool = True) -> None: ...
 
     @abstractmethod
     def _child_names(self, path: str) -> list[str]: ...
@@ -367,8 +372,8 @@ class _VersionedStore(MetadataStore):
 
     # Writes.
 
-    def put(self, path: str, value: bytes, expected_version: int | None = None) -> Stat:
-        stat = self.transaction([PutOp(path, value, expected_version)])[0]
+    def put(self, path: str, value: bytes, expected_version: int | None = None, *, durable: bool = True) -> Stat:
+        stat = self.transaction([PutOp(path, value, expected_version)], durable=durable)[0]
         assert stat is not None
         return stat
 
@@ -387,13 +392,13 @@ class _VersionedStore(MetadataStore):
         self._deliver()
         return len(doomed)
 
-    def transaction(self, ops: Sequence[Op]) -> list[Stat | None]:
+    def transaction(self, ops: Sequence[Op], *, durable: bool = True) -> list[Stat | None]:
         checked = [_validated_op(op) for op in ops]
         with self._lock:
             self._check_open()
             changes, results, notifications = self._plan(checked)
             if changes:
-                self._commit(changes)
+                self._commit(changes, durable)
             self._count_applied(checked)
             self._pending.extend(notifications)
         self._deliver()
@@ -524,7 +529,7 @@ class InMemoryMetadataStore(_VersionedStore):
     def _load(self, path: str) -> Stat | None:
         return self._nodes.get(path)
 
-    def _commit(self, changes: Mapping[str, Stat | None]) -> None:
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool = True) -> None:
         for path, stat in changes.items():
             if stat is None:
                 self._nodes.pop(path, None)
@@ -595,14 +600,17 @@ class RocksDBMetadataStore(_VersionedStore):
         raw = self._db.get(node_key(path))
         return None if raw is None else decode_node(path, raw)
 
-    def _commit(self, changes: Mapping[str, Stat | None]) -> None:
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool = True) -> None:
         batch = WriteBatch(raw_mode=True)
         for path, stat in changes.items():
             if stat is None:
                 batch.delete(node_key(path))
             else:
                 batch.put(node_key(path), encode_node(stat))
-        write_durably(self._db, batch)
+        if durable:
+            write_durably(self._db, batch)
+        else:
+            self._db.write(batch)
 
     def _child_names(self, path: str) -> list[str]:
         prefix = node_key(path) + _KEY_SEPARATOR

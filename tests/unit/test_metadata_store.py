@@ -446,6 +446,7 @@ def test_rocksdb_write_survives_kill_9(tmp_path: Path) -> None:
         "store = RocksDBMetadataStore(sys.argv[1])\n"
         "store.put('/durable', b'before')\n"
         "store.put_many({'/durable': b'after', '/other': b'x'})\n"
+        "store.put('/hint', b'unsynced', durable=False)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -457,3 +458,5 @@ def test_rocksdb_write_survives_kill_9(tmp_path: Path) -> None:
         durable = store.get("/durable")
         assert durable is not None and durable.value == b"after" and durable.version == 1
         assert store.exists("/other")
+        hint = store.get("/hint")  # not synced, but written: a dead process does not lose it
+        assert hint is not None and hint.value == b"unsynced"
