@@ -12,10 +12,12 @@ every change). The current ledger rolls over when it holds ``ledger_entries_max`
 ``ledger_age_ms_min``, never when empty). After a crash the last ledger is recovered (fenced
 and closed at its last durable entry) and a new one is opened.
 
-Offset index (the Kafka seed's sparse index): for each ledger, every
-``index_interval_entries``-th entry's (first offset, entry id, publish time) is kept; an offset
-or a timestamp is found by bisecting ledgers, then the sparse index, then reading forward a few
-entries. A closed ledger's sparse index is persisted beside the ledger list.
+Offset index (the Kafka seed's sparse index): for each ledger, the (first offset, entry id,
+publish time) of every ``index_interval_entries``-th entry is kept, and of any entry that
+follows ``index_interval_bytes`` of unsampled entries (Kafka's ``index.interval.bytes``), so
+the read forward from a sample is bounded in entries and in bytes; an offset or a timestamp is
+found by bisecting ledgers, then the sparse index, then reading forward. A closed ledger's
+sparse index is persisted beside the ledger list.
 
 Trimming deletes whole ledgers strictly before the slowest durable cursor's mark-delete ledger,
 never the current one, and only when retention (time and size) allows; deleted ledgers go to
@@ -74,6 +76,9 @@ class ManagedLedgerConfig:
     message_ttl_ms: int = 0
     """Messages older than this are expired from every cursor's backlog (0: never)."""
     index_interval_entries: int = 64
+    index_interval_bytes: int = 1 * MiB
+    """An entry is also sampled once this many bytes of entries since the last sample were
+    written: large entries would otherwise make a lookup read up to 63 of them."""
     entry_size_bytes_max: int = 5 * MiB + 64 * KiB
     quorum: QuorumConfig = field(default_factory=QuorumConfig)
 
@@ -97,6 +102,8 @@ class LedgerInfo:
     last_publish_ms: int = 0
     sparse_index: list[tuple[int, int, int]] = field(default_factory=list)
     """(first offset, entry id, publish ms) of sampled entries."""
+    unsampled_bytes: int = 0
+    """Bytes of the entries after the last sampled one (rebuilt by recovery, not persisted)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"ledgerId": self.ledger_id, "firstOffset": self.first_offset, "entries": self.entries,
@@ -235,7 +242,7 @@ class ManagedLedger:
         info.entries = handle.last_add_confirmed + 1
         info.size_bytes = handle.length_bytes
         info.closed_ms = self._now_ms()
-        info.sparse_index, info.messages = [], 0
+        info.sparse_index, info.messages, info.unsampled_bytes = [], 0, 0
         for entry_id in range(info.entries):
             self._index_entry(info, entry_id, handle.read_entry(entry_id))
         if info.entries == 0:
@@ -254,10 +261,17 @@ class ManagedLedger:
         first = meta.index - count + 1
         if entry_id == 0:
             info.first_offset, info.first_publish_ms = first, meta.broker_timestamp_ms
-        if entry_id % self.config.index_interval_entries == 0:
-            info.sparse_index.append((first, entry_id, meta.broker_timestamp_ms))
+        self._sample(info, entry_id, first, meta.broker_timestamp_ms, len(data))
         info.messages = meta.index + 1 - info.first_offset
         info.last_publish_ms = meta.broker_timestamp_ms
+
+    def _sample(self, info: LedgerInfo, entry_id: int, first_offset: int, publish_ms: int, size_bytes: int) -> None:
+        """Add entry ``entry_id`` to the sparse index when it is due, by count or by bytes."""
+        config = self.config
+        if entry_id % config.index_interval_entries == 0 or info.unsampled_bytes >= config.index_interval_bytes:
+            info.sparse_index.append((first_offset, entry_id, publish_ms))
+            info.unsampled_bytes = 0
+        info.unsampled_bytes += size_bytes
 
     def _open_new_ledger(self) -> None:
         handle = self._ledgers.create(self.config.quorum, {"managed-ledger": self.name})
@@ -348,8 +362,7 @@ class ManagedLedger:
             data = with_broker_entry_metadata(payload, publish_ms, last_offset)
             info = self._infos[-1]
             entry_id = self._current_next_entry_id
-            if entry_id % self.config.index_interval_entries == 0:
-                info.sparse_index.append((first_offset, entry_id, publish_ms))
+            self._sample(info, entry_id, first_offset, publish_ms, len(data))
             with self._confirmed:
                 self._in_flight += 1
             try:

@@ -49,17 +49,13 @@ from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from broker.bookie import BookieClient, LocalBookie
 from broker.cursor import CursorManager, ManagedCursor
-from broker.entry_cache import EntryCache
 from broker.entry_format import Compression, Message, encode_entry
 from broker.errors import DataLost
-from broker.ledger import LedgerManager
-from broker.managed_ledger import AddResult, Entry, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
-from broker.metadata import RocksDBMetadataStore
-from storage import LedgerStorage, StorageConfig
+from broker.managed_ledger import AddResult, Entry, ManagedLedger, ManagedLedgerConfig
+from storage import StorageConfig
 from tests.crash.crash_child import CONFIGS, Reporter, run_or_die
-from tests.unit.broker_stack import FakeClock, Stack
+from tests.unit.broker_stack import FakeClock, Stack, open_stack
 
 TOPIC = "crash/ns/persistent/cursor-kill9"
 SUBSCRIPTION = "sub"
@@ -90,14 +86,9 @@ COMPRESSIONS = (Compression.NONE, Compression.NONE, Compression.LZ4, Compression
 
 # --- the stack and payloads (shared with the parent) -------------------------------------
 def open_broker_stack(data_dir: str, storage_config: StorageConfig) -> Stack:
-    """The same assembly as ``tests.unit.broker_stack.open_stack``, with a chosen storage preset
-    and the wall clock's current time (rounds keep moving forward in time)."""
-    clock = FakeClock(time.time())
-    storage = LedgerStorage.open(f"{data_dir}/bookie", storage_config)
-    store = RocksDBMetadataStore(f"{data_dir}/metadata", clock=clock)
-    ledgers = LedgerManager(store, BookieClient([LocalBookie("local", storage)]), clock)
-    factory = ManagedLedgerFactory(store, ledgers, EntryCache(1 << 20, clock=clock), clock)
-    return Stack(storage, store, ledgers, factory, clock)
+    """``tests.unit.broker_stack.open_stack`` with a chosen storage preset and the wall clock's
+    current time (rounds keep moving forward in time)."""
+    return open_stack(data_dir, FakeClock(time.time()), storage_config)
 
 
 def message_payload(salt: int, round_index: int, offset: int) -> bytes:

@@ -34,6 +34,7 @@ class Stack:
     ledgers: LedgerManager
     factory: ManagedLedgerFactory
     clock: FakeClock
+    cache: EntryCache
 
     def open(self, name: str, config: ManagedLedgerConfig | None = None) -> tuple[ManagedLedger, CursorManager]:
         ml = self.factory.open(name, config or ManagedLedgerConfig.test_min())
@@ -45,13 +46,14 @@ class Stack:
         self.storage.close()
 
 
-def open_stack(data_dir: str, clock: FakeClock | None = None) -> Stack:
+def open_stack(data_dir: str, clock: FakeClock | None = None, storage_config: StorageConfig | None = None) -> Stack:
     clock = clock or FakeClock()
-    storage = LedgerStorage.open(f"{data_dir}/bookie", StorageConfig.test_min())
+    storage = LedgerStorage.open(f"{data_dir}/bookie", storage_config or StorageConfig.test_min())
     store = RocksDBMetadataStore(f"{data_dir}/metadata", clock=clock)
     ledgers = LedgerManager(store, BookieClient([LocalBookie("local", storage)]), clock)
-    factory = ManagedLedgerFactory(store, ledgers, EntryCache(1 << 20, clock=clock), clock)
-    return Stack(storage, store, ledgers, factory, clock)
+    cache = EntryCache(1 << 20, clock=clock)
+    factory = ManagedLedgerFactory(store, ledgers, cache, clock)
+    return Stack(storage, store, ledgers, factory, clock, cache)
 
 
 def publish(ml: ManagedLedger, payloads: list[bytes], *, key: str | None = None) -> AddResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 import threading
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, OffsetMismatch, TopicTerminated
-from broker.managed_ledger import ManagedLedgerConfig
+from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
 from tests.unit.broker_stack import Stack, open_stack, publish
 
 
@@ -182,4 +183,34 @@ def test_offsets_continue_after_every_ledger_was_trimmed(data_dir: str) -> None:
     assert publish(ml, [b"d"]).first_offset == 3
     restored = cursors.get("sub")
     assert restored is not None and restored.backlog_messages() == 1
+    stack.close()
+
+
+def test_an_offset_lookup_reads_forward_a_bounded_number_of_bytes(data_dir: str) -> None:
+    """Entries of 1-3 KB with a 4 KiB byte interval: every lookup reads at most five entries
+    from its sample (64 by the entry interval alone), before and after recovery rebuilt the
+    current ledger's sparse index."""
+    config = dataclasses.replace(ManagedLedgerConfig(), index_interval_entries=64, index_interval_bytes=4096)
+    rng = random.Random(7)
+    sizes = [rng.randint(1000, 3000) for _ in range(150)]
+    stack = open_stack(data_dir)
+    ml, _ = stack.open("large-entries", config)
+    for offset, size in enumerate(sizes):
+        assert publish(ml, [bytes([offset % 256]) * size]).first_offset == offset
+
+    def entries_read_by_lookups(stack: Stack, ml: ManagedLedger) -> list[int]:
+        reads = []
+        for offset in range(len(sizes)):
+            before = stack.cache.statistics()
+            position, index = ml.offset_to_position(offset)
+            after = stack.cache.statistics()
+            assert (position.entry_id, index) == (offset, 0)
+            reads.append(after.hits + after.misses - before.hits - before.misses)
+        return reads
+
+    assert max(entries_read_by_lookups(stack, ml)) <= 5
+    stack.close()
+    stack = open_stack(data_dir)
+    ml, _ = stack.open("large-entries", config)
+    assert max(entries_read_by_lookups(stack, ml)) <= 5
     stack.close()
