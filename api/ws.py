@@ -273,9 +273,14 @@ class ProducerSession:
             if params.initial_sequence_id is not None else None
 
     async def run(self) -> None:
-        workers = [asyncio.create_task(self._publish_loop()), asyncio.create_task(self._respond_loop())]
+        """Without batching, frames are published as they are read; with it, a publish loop
+        takes them from an inbox so that frames which arrived together make one entry."""
+        workers = [asyncio.create_task(self._respond_loop())]
+        if self.params.batching:
+            workers.append(asyncio.create_task(self._publish_loop()))
         if await _supervise(self.ws, self._receive_loop(), workers):
-            await self._inbox.put(None)  # the client left: answer what it sent before it did
+            # the client left: answer what it sent before it did
+            await (self._inbox if self.params.batching else self._results).put(None)
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                 await asyncio.gather(*workers)
 
@@ -287,7 +292,16 @@ class ProducerSession:
                 item = _Rejected(exc.context, exc)
             except FrameError as exc:
                 item = _Rejected(None, exc)
-            await self._inbox.put(item)
+            if self.params.batching:
+                await self._inbox.put(item)
+            else:
+                await self._results.put(self._outcome_of(item))
+
+    def _outcome_of(self, item: _Send | _Rejected) -> tuple[list[Any], Outcome]:
+        """One frame's publish, or its refusal."""
+        if isinstance(item, _Rejected):
+            return [item.context], item.error
+        return [item.context], self._publish([item])
 
     def _parse_send(self, text: str) -> _Send:
         frame = parse_frame(text)
@@ -343,7 +357,7 @@ class ProducerSession:
             if first is None:
                 break
             if isinstance(first, _Rejected):
-                await self._results.put(([first.context], first.error))
+                await self._results.put(self._outcome_of(first))
                 continue
             group = [first]
             if self._batchable(first):

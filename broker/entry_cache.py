@@ -2,7 +2,9 @@
 
 Role: every entry a managed ledger appends is inserted here; a cursor reading near the tail is
 served from memory, while a backlogged cursor misses and reads through the bookie (catch-up
-read), as in Pulsar. Keys are ``(ledger_id, entry_id)``; ledger ids are globally unique.
+read), as in Pulsar. Keys are ``(ledger_id, entry_id)``; ledger ids are globally unique. An entry
+is kept with the offsets and publish time the managed ledger knew when it appended it, so a
+tailing read does not parse them out of the bytes again.
 
 Invariants: ``size_bytes <= capacity_bytes`` after every insert: over capacity, the oldest
 entries are evicted down to ``eviction_watermark`` times capacity; entries older than
@@ -16,6 +18,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class CachedEntry(NamedTuple):
+    data: bytes
+    first_offset: int
+    last_offset: int
+    publish_time_ms: int
 
 
 @dataclass(frozen=True)
@@ -36,25 +46,25 @@ class EntryCache:
         self._age_s_max = entry_age_ms_max / 1000.0
         self._watermark_bytes = int(capacity_bytes * eviction_watermark)
         self._clock = clock
-        self._entries: OrderedDict[tuple[int, int], tuple[bytes, float]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, int], tuple[CachedEntry, float]] = OrderedDict()
         self._lock = threading.Lock()
         self.size_bytes = 0
         self._hits = self._misses = self._by_size = self._by_age = 0
 
-    def insert(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        if len(data) > self._watermark_bytes:
+    def insert(self, ledger_id: int, entry_id: int, entry: CachedEntry) -> None:
+        if len(entry.data) > self._watermark_bytes:
             return
         now = self._clock()
         with self._lock:
             key = (ledger_id, entry_id)
             old = self._entries.pop(key, None)
             if old is not None:
-                self.size_bytes -= len(old[0])
-            self._entries[key] = (data, now)
-            self.size_bytes += len(data)
+                self.size_bytes -= len(old[0].data)
+            self._entries[key] = (entry, now)
+            self.size_bytes += len(entry.data)
             self._evict_locked(now)
 
-    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+    def get(self, ledger_id: int, entry_id: int) -> CachedEntry | None:
         item = self._entries.get((ledger_id, entry_id))
         if item is None:
             self._misses += 1
@@ -68,22 +78,22 @@ class EntryCache:
 
     def _evict_locked(self, now: float) -> None:
         while self._entries:  # insertion order is age order
-            key, (data, inserted) = next(iter(self._entries.items()))
+            key, (entry, inserted) = next(iter(self._entries.items()))
             if now - inserted <= self._age_s_max:
                 break
             del self._entries[key]
-            self.size_bytes -= len(data)
+            self.size_bytes -= len(entry.data)
             self._by_age += 1
         if self.size_bytes > self.capacity_bytes:
             while self._entries and self.size_bytes > self._watermark_bytes:
-                _, (data, _) = self._entries.popitem(last=False)
-                self.size_bytes -= len(data)
+                _, (entry, _) = self._entries.popitem(last=False)
+                self.size_bytes -= len(entry.data)
                 self._by_size += 1
 
     def invalidate_ledger(self, ledger_id: int) -> None:
         with self._lock:
             for key in [k for k in self._entries if k[0] == ledger_id]:
-                self.size_bytes -= len(self._entries.pop(key)[0])
+                self.size_bytes -= len(self._entries.pop(key)[0].data)
 
     def statistics(self) -> EntryCacheStats:
         with self._lock:

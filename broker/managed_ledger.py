@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.bookie import QuorumConfig
-from broker.entry_cache import EntryCache
+from broker.entry_cache import CachedEntry, EntryCache
 from broker.entry_format import message_count, peek_broker_entry_metadata, with_broker_entry_metadata
 from broker.errors import (
     BadVersion,
@@ -428,7 +428,8 @@ class ManagedLedger:
             self._bytes_added += len(data)
             self._messages_added += added.last_offset - added.first_offset + 1
             self._confirmed.notify_all()
-        self._cache.insert(added.position.ledger_id, added.position.entry_id, data)
+        self._cache.insert(added.position.ledger_id, added.position.entry_id,
+                           CachedEntry(data, added.first_offset, added.last_offset, added.publish_time_ms))
         for listener in list(self._listeners):
             listener()
         result.set_result(added)
@@ -575,18 +576,22 @@ class ManagedLedger:
         for entry_id in range(first, last + 1):
             if max_bytes is not None and size >= max_bytes:
                 break
-            data = self._cache.get(info.ledger_id, entry_id)
-            if data is None:
-                data = handle.read_entry(entry_id)
-            meta = peek_broker_entry_metadata(data)
-            assert meta is not None
-            count = message_count(data)
-            entries.append(Entry(Position(info.ledger_id, entry_id), data, meta.index - count + 1, meta.index,
-                                 meta.broker_timestamp_ms))
-            size += len(data)
-            if stop_after_offset is not None and meta.index >= stop_after_offset:
+            entry = self._cached_or_read(handle, info.ledger_id, entry_id)
+            entries.append(entry)
+            size += len(entry.data)
+            if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
                 break
         return entries
+
+    def _cached_or_read(self, handle: LedgerHandle, ledger_id: int, entry_id: int) -> Entry:
+        cached = self._cache.get(ledger_id, entry_id)
+        if cached is not None:
+            return Entry(Position(ledger_id, entry_id), *cached)
+        data = handle.read_entry(entry_id)
+        meta = peek_broker_entry_metadata(data)
+        assert meta is not None
+        count = message_count(data)
+        return Entry(Position(ledger_id, entry_id), data, meta.index - count + 1, meta.index, meta.broker_timestamp_ms)
 
     def wait_for_entries(self, after: Position, timeout_s: float) -> bool:
         """Block until an entry after ``after`` is confirmed (tailing reads); False on timeout."""
@@ -660,6 +665,11 @@ class ManagedLedger:
                 self._ledgers.delete(info.ledger_id)
             self._infos = []
             self._store.delete_recursive(self._path)
+
+    def messages_per_entry(self) -> int:
+        """Messages per stored entry on average (at least 1): entries a reader needs per message."""
+        entries = sum(i.entries for i in self._infos)
+        return max(1, (self._next_offset - self.first_offset) // max(1, entries))
 
     def statistics(self) -> ManagedLedgerStats:
         infos = self._infos

@@ -370,9 +370,7 @@ class Subscription:
         """Enough entries for the permits consumers have left, at the topic's average entry
         size in messages: the dispatcher decodes at most one entry beyond what it can send."""
         wanted = min(PENDING_MESSAGES_MAX, sum(max(c.permits, 0) for c in self.consumers if not c.closed))
-        stats = self.cursor.ml.statistics()
-        per_entry = max(1, (stats.next_offset - stats.first_offset) // max(1, stats.number_of_entries))
-        return max(1, min(READ_BATCH_ENTRIES, wanted // per_entry))
+        return max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
 
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
