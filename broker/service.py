@@ -433,8 +433,8 @@ class BrokerService:
         """Run dispatch work with ``executor`` (thread-safe, non-blocking: it queues the callable)
         instead of the dispatch thread; ``None`` goes back to the dispatch thread.
 
-        The API hands its event loop's ``call_soon_threadsafe`` here: the loop is where deliveries
-        are sent, so a confirmed entry reaches a consumer after one thread hop (journal to loop)
+        The API hands a queue onto its event loop here (one wake-up per burst): the loop is where
+        deliveries are sent, so a confirmed entry reaches a consumer after one thread hop (journal to loop)
         instead of two (journal to dispatch thread to loop). Consumer flow and acks already
         dispatch on the loop, so this adds no new kind of work there."""
         self._dispatch_executor = executor
