@@ -33,11 +33,9 @@ exactly (not batched, a key marked base64 that is not canonical base64, ...) to 
 decoder. ``NATIVE_COLUMNS`` says which one serves reads. JSON answers are rendered from the same
 record batch as Arrow answers.
 
-Storage: a read takes entries from the managed ledger in steps of ``READ_STEP_BYTES``. Looking
-an offset up reads every entry from the nearest sparse-index sample on, so each read leaves a
-resume point (:class:`ResumePoints`, bounded) for its next offset, and a reader that continues
-where it stopped (the Spark source does, chunk after chunk) starts there without a lookup. A
-point is used only when the entry stored there holds the offset asked for.
+Storage: a read takes entries from the managed ledger in steps of ``READ_STEP_BYTES``; the
+managed ledger finds the entry holding the first offset (without reading anything when a read
+goes on where the last one stopped, as the Spark source's chunks do).
 """
 
 from __future__ import annotations
@@ -46,9 +44,6 @@ import base64
 import binascii
 import itertools
 import operator
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
@@ -82,8 +77,6 @@ READ_STEP_BYTES = 1024 * 1024
 """Entries read from storage per step, by size: a read stops once it has its messages, and the
 rest of its last step was read for nothing, so steps stay small."""
 READ_STEP_ENTRIES_MAX = 1000
-RESUME_POINTS_MAX = 1024
-"""Resume points remembered (about one per reader that continues where its last read stopped)."""
 ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 NEXT_OFFSET_HEADER = "X-Magnetar-Next-Offset"
 FIRST_OFFSET_HEADER = "X-Magnetar-First-Offset"
@@ -306,66 +299,18 @@ def new_columns(first_offset: int, *, native: bool = NATIVE_COLUMNS) -> Columns:
     return NativeColumns(first_offset) if native else ReadColumns(first_offset)
 
 
-class ResumePoints:
-    """Where the entry holding a read's next offset is stored, kept for the reader's next read.
-
-    Looking an offset up in the managed ledger reads every entry from the nearest sparse-index
-    sample on, so a reader that continues where its last read stopped (the Spark source, a
-    catch-up reader) would pay for more and more of them on every read. A point is only a hint:
-    it is used when the entry stored there holds the offset asked for, in the same managed
-    ledger; otherwise the read looks the offset up. Bounded by ``RESUME_POINTS_MAX`` (the oldest
-    point goes first); safe to share between the threads that serve reads.
-    """
-
-    def __init__(self, capacity: int = RESUME_POINTS_MAX) -> None:
-        self._capacity = capacity
-        self._points: OrderedDict[tuple[str, int], tuple[weakref.ref[ManagedLedger], Position]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def remember(self, topic: TopicName, offset: int, ml: ManagedLedger, position: Position) -> None:
-        with self._lock:
-            self._points[(topic.full_name, offset)] = (weakref.ref(ml), position)
-            self._points.move_to_end((topic.full_name, offset))
-            while len(self._points) > self._capacity:
-                self._points.popitem(last=False)
-
-    def take(self, topic: TopicName, offset: int, ml: ManagedLedger) -> Position | None:
-        """The point remembered for ``offset`` of ``topic`` in ``ml`` (and forgotten), or None."""
-        with self._lock:
-            found = self._points.pop((topic.full_name, offset), None)
-        if found is None or found[0]() is not ml:
-            return None
-        return found[1]
-
-    def __len__(self) -> int:
-        return len(self._points)
-
-
 def _read_step(ml: ManagedLedger, position: Position) -> list[Entry]:
     return ml.read_entries(position, READ_STEP_ENTRIES_MAX, max_bytes=READ_STEP_BYTES)
 
 
-def _first_step(ml: ManagedLedger, offset: int, resume_at: Position | None) -> list[Entry]:
-    """The entries of the first step: from ``resume_at`` when the entry there holds ``offset``,
-    else from where the managed ledger finds it."""
-    if resume_at is not None:
-        try:
-            step = _read_step(ml, resume_at)
-        except (NoSuchEntry, NoSuchLedger):
-            step = []
-        if step and step[0].first_offset <= offset <= step[0].last_offset:
-            return step
-    return _read_step(ml, ml.offset_to_position(offset)[0])
-
-
-def _entries(topic: PersistentTopic, offset: int, resume_at: Position | None = None) -> Iterator[Entry]:
+def _entries(topic: PersistentTopic, offset: int) -> Iterator[Entry]:
     """Every confirmed entry from the one holding ``offset`` on, read in steps of about
     ``READ_STEP_BYTES``; a trim racing the read is reported as the data loss it is."""
     ml = topic.ml
     try:
         if offset >= ml.confirmed_next_offset():
             return
-        step = _first_step(ml, offset, resume_at)
+        step = _read_step(ml, ml.offset_to_position(offset)[0])
         while step:
             yield from step
             step = _read_step(ml, ml.next_position(step[-1].position))
@@ -381,37 +326,27 @@ def _data_lost(name: TopicName, offset: int, ml: ManagedLedger) -> DataLost:
 
 
 def collect_entries(entries: Iterable[Entry], offset: int, partition: int, max_messages: int, max_bytes: int, *,
-                    native: bool = NATIVE_COLUMNS) -> tuple[Columns, Entry | None]:
+                    native: bool = NATIVE_COLUMNS) -> Columns:
     """Up to ``max_messages`` messages from ``offset`` on out of ``entries`` (in order, the first
-    holding ``offset``), stopping once ``max_bytes`` of payload are collected; with the last
-    entry read (None when there was none)."""
+    holding ``offset``), stopping once ``max_bytes`` of payload are collected."""
     columns = new_columns(offset, native=native)
-    last: Entry | None = None
-    for last in entries:
-        skip = max(0, offset - last.first_offset)
-        take = min(last.message_count - skip, max_messages - len(columns))
-        columns.add_entry(last, partition, skip, take)
+    for entry in entries:
+        skip = max(0, offset - entry.first_offset)
+        take = min(entry.message_count - skip, max_messages - len(columns))
+        columns.add_entry(entry, partition, skip, take)
         if len(columns) >= max_messages or columns.size_bytes >= max_bytes:
             break
-    return columns, last
+    return columns
 
 
 def collect(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: int, *,
-            native: bool = NATIVE_COLUMNS, resume: ResumePoints | None = None) -> Columns:
+            native: bool = NATIVE_COLUMNS) -> Columns:
     """Up to ``max_messages`` messages from ``offset`` on, stopping once ``max_bytes`` of payload
-    are collected. Raises ``DataLost`` when ``offset`` was trimmed. With ``resume``, the read
-    starts from the point a previous read left for ``offset`` and leaves one for its next offset."""
+    are collected. Raises ``DataLost`` when ``offset`` was trimmed."""
     ml = topic.ml
     if offset < ml.first_offset:
         raise _data_lost(topic.name, offset, ml)
-    resume_at = None if resume is None else resume.take(topic.name, offset, ml)
-    columns, last = collect_entries(_entries(topic, offset, resume_at), offset, topic.partition, max_messages,
-                                    max_bytes, native=native)
-    if resume is not None and last is not None:
-        next_offset = offset + len(columns)
-        at = last.position if next_offset <= last.last_offset else ml.next_position(last.position)
-        resume.remember(topic.name, next_offset, ml, at)
-    return columns
+    return collect_entries(_entries(topic, offset), offset, topic.partition, max_messages, max_bytes, native=native)
 
 
 def arrow_stream(batch: pa.RecordBatch | None) -> memoryview:
@@ -458,7 +393,6 @@ def _wants_arrow(request: Request) -> bool:
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter(tags=["read"])
-    resume = ResumePoints()
 
     def readable(name: TopicName) -> PersistentTopic | None:
         """The topic to read; None for a partition that exists but was never written."""
@@ -476,7 +410,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         partition = name.partition_index
         if topic is None:
             return _read_response(request, ReadColumns(offset), name.full_name, partition, 0)
-        columns = collect(topic, offset, max_messages, max_bytes, resume=resume)
+        columns = collect(topic, offset, max_messages, max_bytes)
         return _read_response(request, columns, name.full_name, partition, topic.ml.first_offset)
 
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/messages",

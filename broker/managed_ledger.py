@@ -59,6 +59,9 @@ from storage.futures import new_future
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 READ_HANDLES_MAX = 64
+POSITION_HINTS_MAX = 1024
+"""Offsets remembered as the first offset of an entry that was just read past (see
+``offset_to_position``): about one per reader going through the ledger sequentially."""
 ADD_TIMEOUT_S = 60.0
 EARLIEST = Position(-1, -1)
 
@@ -191,6 +194,8 @@ class ManagedLedger:
         self.properties: dict[str, str] = {}
         self._failure: MagnetarError | None = None
         self._read_handles: dict[int, LedgerHandle] = {}
+        self._position_hints: dict[int, Position] = {}  # insertion order is age order
+        self._hints_lock = threading.Lock()
         self._in_flight = 0
         """Adds sent to the current ledger whose outcome is not accounted yet."""
         self._entries_added = self._bytes_added = self._messages_added = 0
@@ -501,11 +506,19 @@ class ManagedLedger:
         return self._infos[at]
 
     def offset_to_position(self, offset: int) -> tuple[Position, int]:
-        """The position of the entry holding ``offset`` and the message's index in it."""
+        """The position of the entry holding ``offset`` and the message's index in it.
+
+        A reader that goes on where its last read stopped asks for the first offset of the entry
+        after the last one it read: every read remembers that position (bounded by
+        ``POSITION_HINTS_MAX``), so such a lookup reads nothing. Other offsets are found through
+        the sparse index, reading forward from its sample."""
         if offset < self.first_offset:
             raise DataLost(f"offset {offset} of {self.name} was trimmed; the first offset is {self.first_offset}")
         if offset >= self.confirmed_next_offset():
             raise NoSuchEntry(f"offset {offset} of {self.name} is not written yet")
+        hinted = self._position_hints.get(offset)
+        if hinted is not None:  # entries never change, and a trimmed offset was refused above
+            return hinted, 0
         infos = [i for i in self._infos if i.entries > 0]
         at = bisect.bisect_right([i.first_offset for i in infos], offset) - 1
         info = infos[at]
@@ -577,11 +590,20 @@ class ManagedLedger:
             if max_bytes is not None and size >= max_bytes:
                 break
             entry = self._cached_or_read(handle, info.ledger_id, entry_id)
+            if entry_id + 1 < info.entries:
+                self._hint_position(entry.last_offset + 1, Position(info.ledger_id, entry_id + 1))
             entries.append(entry)
             size += len(entry.data)
             if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
                 break
         return entries
+
+    def _hint_position(self, offset: int, position: Position) -> None:
+        with self._hints_lock:
+            hints = self._position_hints
+            hints[offset] = position
+            if len(hints) > POSITION_HINTS_MAX:
+                del hints[next(iter(hints))]
 
     def _cached_or_read(self, handle: LedgerHandle, ledger_id: int, entry_id: int) -> Entry:
         cached = self._cache.get(ledger_id, entry_id)

@@ -16,7 +16,6 @@ Docker cannot run here, so the packaging is checked in three other ways:
 
 from __future__ import annotations
 
-import base64
 import importlib.resources
 import json
 import os
@@ -28,7 +27,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,7 +34,7 @@ import pytest
 import yaml
 
 from demo.clickstream_producer import KIND_LATE, KIND_STRAGGLER, StreamShape, generate_clicks
-from tests.standalone import REPO_ROOT, free_port, stop, wait_healthy
+from tests.standalone import REPO_ROOT, free_port, read_all, stop, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +60,6 @@ WATERMARK_DELAY_MS = 5_000
 PRODUCER_TIMEOUT_S = 120
 SPARK_TIMEOUT_S = 300
 HEALTHCHECK_TIMEOUT_S = 30
-READ_CHUNK = 1000
-READ_ROUNDS_MAX = 100
 
 
 # --- reading the packaging files ------------------------------------------------------------------
@@ -222,19 +218,8 @@ def run_command(command: list[str], timeout_s: float) -> subprocess.CompletedPro
 
 
 def read_topic(url: str, topic: str) -> list[dict[str, Any]]:
-    """Every message of a topic through the JSON range read, payloads decoded, in offset order."""
-    messages: list[dict[str, Any]] = []
-    offset = 0
-    for _ in range(READ_ROUNDS_MAX):
-        response = httpx.get(f"{url}/topics/persistent/public/default/{topic}/messages",
-                             params={"offset": offset, "maxMessages": READ_CHUNK}, timeout=30)
-        assert response.status_code == 200, response.text
-        body = response.json()
-        if not body["messages"]:
-            return messages
-        messages.extend({**m, "payload": base64.b64decode(m["payload"])} for m in body["messages"])
-        offset = body["nextOffset"]
-    raise AssertionError(f"{topic} did not end within {READ_ROUNDS_MAX} reads")
+    """Every message of a ``public/default`` topic, payloads decoded, in offset order."""
+    return read_all(url, f"/topics/persistent/public/default/{topic}")
 
 
 def expected_window_counts(events: list[tuple[str, int]], *,

@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from consumers.spark import MagnetarDataSource
+from tests.standalone import read_all
 
 SPARK_CONFIG = {
     "spark.ui.enabled": "false",
@@ -46,8 +47,6 @@ def spark_session(app_name: str) -> SparkSession:
 
 
 QUERY_TIMEOUT_S = 120
-READ_BACK_CHUNK = 1000
-READ_BACK_ROUNDS_MAX = 1000
 _names = itertools.count()
 
 
@@ -78,20 +77,7 @@ def produce_values(url: str, topic: str, values: list[bytes], *, per_request: in
 
 def read_back(url: str, topic: str) -> list[dict[str, Any]]:
     """Every message of a topic (partition) through the JSON range read, payloads decoded."""
-    messages: list[dict[str, Any]] = []
-    offset = 0
-    for _ in range(READ_BACK_ROUNDS_MAX):
-        response = httpx.get(f"{url}{topic_url(topic)}/messages",
-                             params={"offset": offset, "maxMessages": READ_BACK_CHUNK}, timeout=30)
-        if response.status_code == 404:
-            return messages
-        assert response.status_code == 200, response.text
-        body = response.json()
-        if not body["messages"]:
-            return messages
-        messages.extend({**m, "payload": base64.b64decode(m["payload"])} for m in body["messages"])
-        offset = body["nextOffset"]
-    raise AssertionError(f"{topic} did not end within {READ_BACK_ROUNDS_MAX} reads")
+    return read_all(url, topic_url(topic), missing_ok=True)
 
 
 def source(spark: SparkSession, url: str, **options: str | int) -> DataFrame:

@@ -1,5 +1,5 @@
 """Range-read columns (api/rest_read.py): the native accelerator (api/_range_columns.c) against
-the pure-Python reference, and resume points.
+the pure-Python reference, and chunked reads.
 
 Checks: for seeded random entries (random counts; keys absent, empty, Unicode, long and
 base64-encoded; null keys and values; properties absent, empty, Unicode and long; event times
@@ -10,8 +10,7 @@ property names, too many properties, event times past 2^63-1) take the reference
 give its result or its error; corrupt batch payloads behind a valid checksum (every truncation,
 bad varints, sizes past the end, bad wire types, invalid UTF-8, wrong counts, trailing bytes,
 seeded random mutations) raise ``CorruptEntry`` from both paths alike, and a failed append
-leaves the columns as they were; resume points make chunked reads look an offset up once, and a
-stale or foreign point is never trusted.
+leaves the columns as they were; chunked reads find each next offset without reading an entry.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from api.rest_read import (
     ARROW_SCHEMA,
     NATIVE_COLUMNS,
     NativeColumns,
-    ResumePoints,
     collect,
     collect_entries,
     message_ids_of_entry,
@@ -176,7 +174,7 @@ def read(entries: list[Entry], *, native: bool, offset: int = 0, max_messages: i
          max_bytes: int = 1 << 30) -> Any:
     """The record batch a read builds, or the type of the error it raises."""
     try:
-        columns, _ = collect_entries(entries, offset, PARTITION, max_messages, max_bytes, native=native)
+        columns = collect_entries(entries, offset, PARTITION, max_messages, max_bytes, native=native)
         return columns.record_batch(TOPIC, PARTITION)
     except Exception as exc:  # the outcome compared is the error's type
         return type(exc)
@@ -236,7 +234,7 @@ def test_an_empty_key_is_an_empty_key_and_a_missing_one_is_null(native: bool) ->
 
 
 def native_decoded_entries(entries: list[Entry]) -> int:
-    columns, _ = collect_entries(entries, 0, PARTITION, 100_000, 1 << 30, native=True)
+    columns = collect_entries(entries, 0, PARTITION, 100_000, 1 << 30, native=True)
     assert isinstance(columns, NativeColumns)
     return columns.decoded_entries
 
@@ -426,18 +424,21 @@ def test_the_extension_refuses_misuse() -> None:
         RangeColumns.__new__(RangeColumns).add_batch(good, 1, 0, 1, 0, b"")
 
 
-# --- resume points --------------------------------------------------------------------------
+# --- chunked reads: the managed ledger remembers where the next one starts ------------------
 
 
 @pytest.fixture
-def topic(data_dir: str) -> Iterator[PersistentTopic]:
-    stack: Stack = open_stack(data_dir)
-    name = TopicName.parse("public/default/resumed")
+def stack(data_dir: str) -> Iterator[Stack]:
+    opened = open_stack(data_dir)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def topic(stack: Stack) -> PersistentTopic:
+    name = TopicName.parse("public/default/chunked")
     ml, cursors = stack.open(name.managed_ledger_name)
-    try:
-        yield PersistentTopic(name, ml, cursors, stack.store, clock=stack.clock)
-    finally:
-        stack.close()
+    return PersistentTopic(name, ml, cursors, stack.store, clock=stack.clock)
 
 
 def publish_entries(topic: PersistentTopic, entries: int, per_entry: int) -> list[bytes]:
@@ -449,61 +450,38 @@ def publish_entries(topic: PersistentTopic, entries: int, per_entry: int) -> lis
     return payloads
 
 
-def counted_lookups(topic: PersistentTopic, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
+def entries_read_by_lookups(topic: PersistentTopic, stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """For each offset lookup from now on, how many entries it read (entry-cache lookups)."""
+    reads: list[int] = []
     lookup = topic.ml.offset_to_position
 
     def counting(offset: int) -> tuple[Position, int]:
-        calls.append(offset)
-        return lookup(offset)
+        before = stack.cache.statistics()
+        found = lookup(offset)
+        after = stack.cache.statistics()
+        reads.append(after.hits + after.misses - before.hits - before.misses)
+        return found
 
     monkeypatch.setattr(topic.ml, "offset_to_position", counting)
-    return calls
+    return reads
 
 
 @pytest.mark.parametrize("native", BOTH_PATHS)
-def test_chunked_reads_resume_without_looking_the_offset_up_again(topic: PersistentTopic, native: bool,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunked_reads_find_each_next_offset_without_reading(topic: PersistentTopic, stack: Stack, native: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads of one entry each: every lookup after the first finds its offset without reading an
+    entry, except at the start of a ledger (the entry before it ended another ledger)."""
     payloads = publish_entries(topic, entries=12, per_entry=3)  # test_min ledgers roll over: several ledgers
-    calls = counted_lookups(topic, monkeypatch)
-    resume = ResumePoints()
-    offset, seen = 1, []
+    reads = entries_read_by_lookups(topic, stack, monkeypatch)
+    offset, seen, starts = 0, [], []
     for _ in range(len(payloads)):  # bounded: each read advances
-        columns = collect(topic, offset, 4, 1 << 20, native=native, resume=resume)
+        columns = collect(topic, offset, 3, 1 << 20, native=native)
         if not len(columns):
             break
+        starts.append(offset)
         seen.extend(columns.record_batch(TOPIC, 0).column("value").to_pylist())
         offset += len(columns)
-    assert seen == payloads[1:]
-    assert calls == [1]  # only the first read looked its offset up
-
-
-def test_a_stale_or_foreign_resume_point_is_not_trusted(topic: PersistentTopic,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    payloads = publish_entries(topic, entries=6, per_entry=2)
-    resume = ResumePoints()
-    wrong = topic.ml.offset_to_position(0)[0]  # the entry of offsets 0-1, remembered for offset 7
-    resume.remember(topic.name, 7, topic.ml, wrong)
-    calls = counted_lookups(topic, monkeypatch)
-    batch = collect(topic, 7, 3, 1 << 20, resume=resume).record_batch(TOPIC, 0)
-    assert batch.column("value").to_pylist() == payloads[7:10]
-    assert calls == [7]
-    other: Any = Ledger()  # the topic deleted and created again: another managed ledger
-    resume.remember(topic.name, 3, other, topic.ml.offset_to_position(3)[0])
-    assert resume.take(topic.name, 3, topic.ml) is None
-
-
-class Ledger:
-    """Stands in for a managed ledger (resume points look at its identity only)."""
-
-
-def test_resume_points_are_bounded_oldest_first() -> None:
-    resume = ResumePoints(capacity=3)
-    name = TopicName.parse("public/default/t")
-    ml: Any = Ledger()
-    for offset in range(5):
-        resume.remember(name, offset, ml, Position(1, offset))
-    assert len(resume) == 3
-    assert resume.take(name, 1, ml) is None
-    assert resume.take(name, 4, ml) == Position(1, 4)
-    assert resume.take(name, 4, ml) is None  # taken once
+    assert seen == payloads
+    ledger_starts = [info.first_offset for info in topic.ml.ledger_infos() if info.entries]
+    assert len(ledger_starts) > 2
+    assert [start for start, read in zip(starts, reads, strict=True) if read] == ledger_starts
