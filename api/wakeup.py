@@ -76,6 +76,37 @@ def loop_executor(loop: asyncio.AbstractEventLoop) -> LoopExecutor:
         return executor
 
 
+class LoopSignal:
+    """Runs ``callback`` on the loop after ``notify`` from any thread, at most once queued: a
+    burst of notifications costs one call (and, from another thread, one share of a wake-up).
+    Notified on the loop's own thread it is still deferred (``call_soon``), so ``notify`` never
+    re-enters the code that called it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+        self._loop = loop
+        self._executor = loop_executor(loop)
+        self._callback = callback
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._loop_thread = threading.get_ident()  # made on the loop's thread
+
+    def notify(self, *_: object) -> None:
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        if threading.get_ident() == self._loop_thread:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                self._loop.call_soon(self._fire)
+        else:
+            self._executor(self._fire)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self._scheduled = False
+        self._callback()
+
+
 class LoopWakeup:
     """An ``asyncio.Event`` that other threads set, at most one queued wake-up at a time."""
 

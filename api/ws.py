@@ -31,7 +31,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -44,7 +44,8 @@ from starlette.websockets import WebSocketState
 
 from api.auth import Action, Authorizer
 from api.errors import UpgradeRequired, error_body
-from api.wakeup import LoopWakeup
+from api.wakeup import LoopSignal, LoopWakeup
+from api.ws_protocol import FrameWriter
 from broker.entry_format import Compression, Message
 from broker.errors import InvalidRequest, MagnetarError
 from broker.message_id import MessageId
@@ -66,6 +67,7 @@ CREDIT_CHECK_INTERVAL_S = 1.0
 FRAME_ERROR_TEXT_MAX = 300
 ISO_SECONDS_CACHED_MAX = 4096
 SENT_IDS_REMEMBERED_MAX = 4 * RECEIVER_QUEUE_SIZE_MAX
+DELIVERY_BACKLOG_FRAMES_MAX = RECEIVER_QUEUE_SIZE_MAX
 
 # Pulsar's WebSocket result codes
 JSON_DESERIALIZE_ERROR = 3
@@ -257,7 +259,11 @@ class _Rejected:
 
 
 class ProducerSession:
-    """Frames in, durable publishes out, results back in the order the frames came."""
+    """Frames in, durable publishes out, results back in the order the frames came.
+
+    Results are written by the event-loop callback that learns a publish finished (no task
+    switch per result): every finished publish at the head of ``_pending`` is answered, in
+    frame order, in one socket write."""
 
     def __init__(self, websocket: WebSocket, service: BrokerService, topic: TopicName,
                  params: ProducerParams) -> None:
@@ -266,23 +272,29 @@ class ProducerSession:
         self.topic = topic
         self.params = params
         self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
-        self._completed = LoopWakeup(asyncio.get_running_loop())
-        self._results: asyncio.Queue[tuple[list[Any], Outcome] | None] = \
-            asyncio.Queue(params.pending_messages_max)
+        self._pending: deque[tuple[list[Any], Outcome]] = deque()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._answered = asyncio.Event()
+        self._writer = FrameWriter(websocket, params.pending_messages_max)
+        self._finished = LoopSignal(asyncio.get_running_loop(), self._send_results)
         self._sequence_ids = itertools.count(params.initial_sequence_id + 1) \
             if params.initial_sequence_id is not None else None
 
     async def run(self) -> None:
         """Without batching, frames are published as they are read; with it, a publish loop
         takes them from an inbox so that frames which arrived together make one entry."""
-        workers = [asyncio.create_task(self._respond_loop())]
-        if self.params.batching:
-            workers.append(asyncio.create_task(self._publish_loop()))
+        workers = [asyncio.create_task(self._publish_loop())] if self.params.batching else []
         if await _supervise(self.ws, self._receive_loop(), workers):
             # the client left: answer what it sent before it did
-            await (self._inbox if self.params.batching else self._results).put(None)
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                await asyncio.gather(*workers)
+                if self.params.batching:
+                    await self._inbox.put(None)
+                    await asyncio.gather(*workers)
+                while self._pending:
+                    self._answered.clear()
+                    await self._answered.wait()
+                await self._writer.flush()
 
     async def _receive_loop(self) -> None:
         while (text := await _receive_text(self.ws)) is not None:
@@ -295,7 +307,8 @@ class ProducerSession:
             if self.params.batching:
                 await self._inbox.put(item)
             else:
-                await self._results.put(self._outcome_of(item))
+                await self._wait_for_room()
+                self._track(*self._outcome_of(item))
 
     def _outcome_of(self, item: _Send | _Rejected) -> tuple[list[Any], Outcome]:
         """One frame's publish, or its refusal."""
@@ -356,8 +369,9 @@ class ProducerSession:
             first = carried.pop() if carried else await self._inbox.get()
             if first is None:
                 break
+            await self._wait_for_room()
             if isinstance(first, _Rejected):
-                await self._results.put(self._outcome_of(first))
+                self._track(*self._outcome_of(first))
                 continue
             group = [first]
             if self._batchable(first):
@@ -370,8 +384,7 @@ class ProducerSession:
                     else:
                         carried.append(candidate)
                         break
-            await self._results.put(([s.context for s in group], self._publish(group)))
-        await self._results.put(None)
+            self._track([s.context for s in group], self._publish(group))
 
     def _batchable(self, send: _Send) -> bool:
         return self.params.batching and send.deliver_at_ms is None and send.sequence_id is None
@@ -384,17 +397,39 @@ class ProducerSession:
                 compression=self.params.compression, deliver_at_time_ms=group[0].deliver_at_ms)
         except MagnetarError as exc:
             return exc
-        future.add_done_callback(self._completed.notify)
+        future.add_done_callback(self._finished.notify)
         return future
 
-    async def _respond_loop(self) -> None:
-        while (item := await self._results.get()) is not None:
-            contexts, outcome = item
-            if isinstance(outcome, Future):
-                while not outcome.done():
-                    await self._completed.wait()
-            for frame in _outcome_frames(contexts, outcome):
-                await self.ws.send_text(frame)
+    async def _wait_for_room(self) -> None:
+        """At most ``maxPendingMessages`` publishes unanswered, and as many results unwritten."""
+        while len(self._pending) >= self.params.pending_messages_max:
+            self._room.clear()
+            await self._room.wait()
+        await self._writer.room()
+
+    def _track(self, contexts: list[Any], outcome: Outcome) -> None:
+        self._pending.append((contexts, outcome))
+        if len(self._pending) == 1 and (not isinstance(outcome, Future) or outcome.done()):
+            self._send_results()
+
+    def _send_results(self) -> None:
+        """Answer every finished publish at the head of the queue, in order, in one write."""
+        frames: list[str] = []
+        while self._pending:
+            contexts, outcome = self._pending[0]
+            if isinstance(outcome, Future) and not outcome.done():
+                break
+            self._pending.popleft()
+            try:
+                frames += _outcome_frames(contexts, outcome)
+            except Exception as exc:  # not the broker's refusal: a fault, reported as one
+                log.exception("publish failed")
+                frames += [_send_error(c, UNKNOWN_ERROR, "internal_error", str(exc)) for c in contexts]
+        self._writer.send(frames)
+        if len(self._pending) < self.params.pending_messages_max:
+            self._room.set()
+        if not self._pending:
+            self._answered.set()
 
 
 class _ContextFrameError(FrameError):
@@ -505,7 +540,7 @@ class ConsumerSession:
         self.params = params
         self.topics = topics
         self.subscription = subscription
-        self._wake = asyncio.Event()
+        self._consumer_closed = asyncio.Event()
         self._acks: dict[str, list[int]] = {}
         self._acks_scheduled = False
         self._names: dict[str, TopicName] = {}
@@ -514,13 +549,15 @@ class ConsumerSession:
         self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.available_permits,
                                consumer.flow)
 
-        self._delivered = LoopWakeup(loop, self._wake)
+        self._delivered = LoopSignal(loop, self._send_deliveries)
+        self._writer = FrameWriter(websocket, DELIVERY_BACKLOG_FRAMES_MAX, on_drained=self._delivered.notify)
         consumer.listener = self._delivered.notify
 
     async def run(self) -> None:
         if not self.params.pull_mode:
             self._credit.top_up()
-        workers = [asyncio.create_task(self._send_loop())]
+        self._delivered.notify()
+        workers = [asyncio.create_task(self._close_when_consumer_closes())]
         if not self.params.pull_mode:
             workers.append(asyncio.create_task(self._credit_loop()))
         try:
@@ -531,17 +568,25 @@ class ConsumerSession:
             self._flush_acks()  # acks that arrived just before the client left still count
             self.consumer.close()
 
-    async def _send_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while (delivery := self.consumer.poll()) is not None:
-                message_id = delivery.message_id.to_base64()
-                self._remember(message_id, delivery.topic, delivery.offset)
-                await self.ws.send_text(message_frame(delivery, message_id))
-            if self.consumer.closed:
-                await self.ws.close(1000, "the broker closed this consumer (subscription deleted)")
-                return
+    def _send_deliveries(self) -> None:
+        """Every delivery the consumer holds, in one write (runs on the loop when the consumer
+        has news). While earlier frames still wait for the peer, deliveries stay with the
+        consumer (its flow control holds them) until the writer has drained."""
+        if self._writer.backlogged:
+            return
+        frames = []
+        while (delivery := self.consumer.poll()) is not None:
+            message_id = delivery.message_id.to_base64()
+            self._remember(message_id, delivery.topic, delivery.offset)
+            frames.append(message_frame(delivery, message_id))
+        self._writer.send(frames)
+        if self.consumer.closed:
+            self._consumer_closed.set()
+
+    async def _close_when_consumer_closes(self) -> None:
+        await self._consumer_closed.wait()
+        await self._writer.flush()
+        await self.ws.close(1000, "the broker closed this consumer (subscription deleted)")
 
     async def _credit_loop(self) -> None:
         """Redelivery after an ack timeout frees credit without any frame arriving."""
@@ -550,7 +595,7 @@ class ConsumerSession:
             self._credit.top_up()
 
     async def _receive_loop(self) -> None:
-        await _command_loop(self.ws, self._handle)
+        await _command_loop(self.ws, self._handle, self._writer)
 
     async def _handle(self, frame: dict[str, Any]) -> bool:
         """Apply one client frame; True when the session is over (unsubscribed)."""
@@ -558,12 +603,13 @@ class ConsumerSession:
         if kind == "permit":
             self.consumer.flow(_permits(frame))
         elif kind == "isEndOfTopic":
-            await self.ws.send_text(_frame_text({"endOfTopic": self._end_of_topic()}))
+            self._writer.send([_frame_text({"endOfTopic": self._end_of_topic()})])
         elif kind == "unsubscribe":
             self.consumer.close()
             for name in self.topics:
                 for partition in self.service.expand_partitions(name):
                     self.service.unsubscribe(partition, self.subscription)
+            await self._writer.flush()
             await self.ws.close(1000, "unsubscribed")
             return True
         elif kind == "negativeAcknowledge":
@@ -635,20 +681,20 @@ class ConsumerSession:
         return True
 
 
-async def _command_loop(websocket: WebSocket, handle: Callable[[dict[str, Any]], Awaitable[bool]]) -> None:
+async def _command_loop(websocket: WebSocket, handle: Callable[[dict[str, Any]], Awaitable[bool]],
+                        writer: FrameWriter) -> None:
     """Consumer and reader sessions: apply each client frame with ``handle`` (True ends the
-    session); a bad frame is answered with ``{"result": "error:<n>", "errorMsg"}`` and the
-    session goes on."""
+    session); a bad frame is answered with ``{"result": "error:<n>", "errorMsg"}`` (after the
+    frames already on their way) and the session goes on."""
     while (text := await _receive_text(websocket)) is not None:
         try:
             if await handle(parse_frame(text)):
                 return
         except FrameError as exc:
-            await websocket.send_text(_frame_text({"result": f"error:{exc.result_code}",
-                                                   "errorMsg": _short(str(exc))}))
+            writer.send([_frame_text({"result": f"error:{exc.result_code}", "errorMsg": _short(str(exc))})])
         except MagnetarError as exc:
-            await websocket.send_text(_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
-                                                   "errorMsg": _short(str(exc))}))
+            writer.send([_frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
+                                      "errorMsg": _short(str(exc))})])
 
 
 def _permits(frame: dict[str, Any]) -> int:
@@ -672,6 +718,7 @@ class ReaderSession:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._published = LoopWakeup(self._loop, self._wake)
+        self._writer = FrameWriter(websocket, self._limit)
         self._listeners: list[tuple[Reader, Callable[[], None]]] = []
 
     def _notify(self) -> None:
@@ -700,8 +747,8 @@ class ReaderSession:
                 if not batch:
                     break
                 self._outstanding += len(batch)
-                for delivery in batch:
-                    await self.ws.send_text(message_frame(delivery))
+                self._writer.send([message_frame(delivery) for delivery in batch])
+                await self._writer.room()
 
     def _read(self, count: int) -> list[Delivery]:
         """Up to ``count`` messages, taking turns over the partitions."""
@@ -719,11 +766,11 @@ class ReaderSession:
         return out
 
     async def _receive_loop(self) -> None:
-        await _command_loop(self.ws, self._handle)
+        await _command_loop(self.ws, self._handle, self._writer)
 
     async def _handle(self, frame: dict[str, Any]) -> bool:
         if frame.get("type") == "isEndOfTopic":
-            await self.ws.send_text(_frame_text({"endOfTopic": self._end_of_topic()}))
+            self._writer.send([_frame_text({"endOfTopic": self._end_of_topic()})])
             return False
         if not isinstance(frame.get("messageId"), str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
