@@ -1,93 +1,137 @@
-"""Add futures that are completed a journal group at a time.
+"""Futures for the add path: the ``concurrent.futures.Future`` contract at a fraction of its cost.
 
-Role: ``add_entry`` returns a ``concurrent.futures.Future``. A plain Future builds its own
-Condition and notifies on every ``set_result``; at one future per entry that is a large share
-of the add path's cost. A ``GroupFuture`` is a real ``Future`` (callbacks,
-``concurrent.futures.wait``, ``result(timeout)``, cancellation behave as usual) that shares one
-Condition per storage: :func:`complete_group` finishes every future of a group commit under
-that Condition and wakes waiters once.
+Role: every published entry passes through several futures (storage add, ledger add, managed
+ledger add, publish). A plain ``Future`` builds a ``threading.Condition`` (Python code around a
+lock) and notifies it on every ``set_result``; a :class:`LightFuture` guards its state with one
+C-level ``threading.Lock`` and builds an ``Event`` only when a thread actually blocks in
+``result()`` or ``exception()``. :func:`complete_group` finishes a journal group's futures.
 
-Invariant: waiting is a predicate loop on the future's own state, so a wake-up meant for
-another future of the same storage is never mistaken for this one's completion.
+Invariants:
+- Callbacks, ``result(timeout)``, ``exception(timeout)``, cancellation and
+  ``concurrent.futures.wait`` / ``as_completed`` behave as with ``Future`` (those two take the
+  future's ``_condition`` as a context manager and register waiters, which the lock supports).
+- A future's state moves once, from pending (or cancelled) to done; its result or exception is
+  set before, under the lock, so a finished future is read without taking it.
+- Done-callbacks run outside the lock, once each, in the thread that completes the future (or
+  at once in the thread that adds one to a finished future).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
+from concurrent.futures import CancelledError, Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 _DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
-class GroupFuture(Future[T]):
-    def __init__(self, condition: threading.Condition) -> None:  # shares, instead of building, a Condition
-        self._condition = condition
-        self._state = "PENDING"
+class LightFuture(Future[T]):
+    def __init__(self) -> None:  # replaces Future's: no Condition
+        self._condition = threading.Lock()  # type: ignore[assignment]  # named as Future's for wait()
+        self._state = PENDING
         self._result = None
         self._exception = None
         self._waiters = []
         self._done_callbacks: list[Callable[[Future[T]], object]] = []
+        self._done_event: threading.Event | None = None
 
-    def _wait_done(self, timeout: float | None) -> None:
-        with self._condition:
-            if self._state not in _DONE and not self._condition.wait_for(lambda: self._state in _DONE, timeout):
-                raise TimeoutError()
-
-    # A finished future is read without the shared lock: its state moves once, from pending to
-    # FINISHED, and its result or exception is set before that (under the lock).
     def done(self) -> bool:
         return self._state in _DONE
 
     def result(self, timeout: float | None = None) -> T:
-        if self._state == FINISHED:
-            if self._exception is not None:
-                raise self._exception
-            return self._result  # type: ignore[return-value]
-        self._wait_done(timeout)
-        return super().result(0)
+        if self._state != FINISHED:
+            self._wait_done(timeout)
+        if self._state != FINISHED:
+            raise CancelledError()
+        if self._exception is not None:
+            raise self._exception
+        return self._result  # type: ignore[return-value]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._state == FINISHED:
-            return self._exception
-        self._wait_done(timeout)
-        return super().exception(0)
+        if self._state != FINISHED:
+            self._wait_done(timeout)
+        if self._state != FINISHED:
+            raise CancelledError()
+        return self._exception
+
+    def _wait_done(self, timeout: float | None) -> None:
+        with self._condition:
+            if self._state in _DONE:
+                return
+            if self._done_event is None:
+                self._done_event = threading.Event()
+            event = self._done_event
+        if not event.wait(timeout):
+            raise TimeoutError()
+
+    def set_result(self, result: T) -> None:
+        self._finish(result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._finish(None, exception)
+
+    def _finish(self, result: Any, exception: BaseException | None) -> None:
+        with self._condition:
+            state = self._state
+            if state not in _DONE:
+                self._result, self._exception = result, exception
+                self._state = FINISHED
+                for waiter in self._waiters:
+                    if exception is None:
+                        waiter.add_result(self)
+                    else:
+                        waiter.add_exception(self)
+            event = self._done_event
+        if state in _DONE:  # raised outside the lock: repr() takes it
+            raise InvalidStateError(f"{state}: {self!r}")
+        if event is not None:
+            event.set()
+        self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own helper
+
+    def cancel(self) -> bool:
+        with self._condition:
+            if self._state in (RUNNING, FINISHED):
+                return False
+            if self._state in (CANCELLED, CANCELLED_AND_NOTIFIED):
+                return True
+            self._state = CANCELLED
+            event = self._done_event
+        if event is not None:
+            event.set()
+        self._invoke_callbacks()  # type: ignore[attr-defined]
+        return True
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._condition:
+            if self._state == CANCELLED:
+                self._state = CANCELLED_AND_NOTIFIED
+                for waiter in self._waiters:
+                    waiter.add_cancelled(self)
+                return False
+            if self._state == PENDING:
+                self._state = RUNNING
+                return True
+            raise RuntimeError(f"Future in unexpected state: {self._state}")
 
 
-_SHARED_CONDITION = threading.Condition(threading.RLock())
+def new_future() -> LightFuture[Any]:
+    """A ``Future`` completed with ``set_result`` / ``set_exception``, without a Condition."""
+    return LightFuture()
 
 
-def new_future() -> GroupFuture[Any]:
-    """A ``Future`` for a result completed on its own (``set_result`` / ``set_exception``), that
-    shares one process-wide Condition instead of building a Condition and a lock per future:
-    the broker creates several per published entry."""
-    return GroupFuture(_SHARED_CONDITION)
+Outcome = tuple["LightFuture[Any]", Any, BaseException | None]
 
 
-Outcome = tuple["GroupFuture[Any]", Any, BaseException | None]
-
-
-def complete_group(condition: threading.Condition, outcomes: list[Outcome]) -> None:
-    """Finish ``(future, result, error)`` triples under ``condition``; notify waiters once;
-    then run each future's done-callbacks (outside the lock, as ``Future`` does)."""
-    finished: list[GroupFuture[Any]] = []
-    with condition:
-        for future, result, error in outcomes:
-            if future._state in _DONE:
-                continue  # cancelled by its owner
-            if error is None:
-                future._result = result
-                for waiter in future._waiters:
-                    waiter.add_result(future)
-            else:
-                future._exception = error
-                for waiter in future._waiters:
-                    waiter.add_exception(future)
-            future._state = FINISHED
-            finished.append(future)
-        condition.notify_all()
-    for future in finished:
-        future._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own helper
+def complete_group(outcomes: list[Outcome]) -> None:
+    """Finish ``(future, result, error)`` triples in order; a future its owner cancelled is
+    skipped."""
+    for future, result, error in outcomes:
+        if future._state in _DONE:
+            continue
+        try:
+            future._finish(result, error)
+        except InvalidStateError:  # cancelled by its owner meanwhile
+            continue

@@ -53,7 +53,7 @@ from storage.errors import (
     WriteCacheFull,
 )
 from storage.fileio import FileIO
-from storage.futures import GroupFuture, complete_group
+from storage.futures import LightFuture, complete_group
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
 from storage.journal import (
     RECORD_ADD_ENTRY,
@@ -138,7 +138,6 @@ class LedgerStorage:
         self._active = WriteCache(config.write_cache_bytes_max)
         self._flushing = WriteCache(config.write_cache_bytes_max)
         self._cache_cv = threading.Condition()
-        self._futures_cv = threading.Condition()
         self._flush_bytes = config.write_cache_flush_bytes
         self._flush_lock = threading.Lock()
         self._meta_lock = threading.Lock()
@@ -268,7 +267,7 @@ class LedgerStorage:
         if meta.fenced and not recovery:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
         self._put_in_cache(ledger_id, entry_id, data)
-        future: GroupFuture[int] = GroupFuture(self._futures_cv)
+        future: LightFuture[int] = LightFuture()
         self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
                              (meta, ledger_id, entry_id, future))
         return future
@@ -298,8 +297,8 @@ class LedgerStorage:
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
         """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
-        for adds and a bare future for fences; all of them complete with one wake-up."""
-        outcomes: list[tuple[GroupFuture[Any], Any, BaseException | None]] = []
+        for adds and a bare future for fences; all of them are completed here, in order."""
+        outcomes: list[tuple[LightFuture[Any], Any, BaseException | None]] = []
         if error is None:
             for token in tokens:
                 if type(token) is tuple:
@@ -309,7 +308,7 @@ class LedgerStorage:
                 else:
                     outcomes.append((token, None, None))
             self._entries_added += len(outcomes)
-            complete_group(self._futures_cv, outcomes)
+            complete_group(outcomes)
             return
         failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
         for token in tokens:
@@ -320,7 +319,7 @@ class LedgerStorage:
                 outcomes.append((future, None, failure))
             else:
                 outcomes.append((token, None, failure))
-        complete_group(self._futures_cv, outcomes)
+        complete_group(outcomes)
 
     def fence(self, ledger_id: int) -> Future[None]:
         """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
@@ -330,7 +329,7 @@ class LedgerStorage:
         meta.fenced = True
         with self._cache_cv:
             self._dirty_ledgers.add(ledger_id)
-        future: GroupFuture[None] = GroupFuture(self._futures_cv)
+        future: LightFuture[None] = LightFuture()
         self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", future)
         return future
 
