@@ -7,8 +7,10 @@ too (see ``BrokerService.use_dispatch_executor``). Every hand-over from another 
 
 Invariants: :class:`LoopExecutor` is one per loop (:func:`loop_executor`); however many calls a
 burst brings, and from however many sources (dispatch, publish completions, deliveries), the
-loop is woken once and runs them in submission order. A :class:`LoopWakeup` notified on the
-loop's own thread sets its event directly, with no hand-over at all.
+loop is woken once and runs them in submission order. A :class:`LoopSignal` runs its callback
+on the loop at most once per burst of notifications (deferred with ``call_soon`` when notified on
+the loop itself, so it never re-enters its caller). A :class:`LoopWakeup` notified on the loop's
+own thread sets its event directly, with no hand-over at all.
 """
 
 from __future__ import annotations
