@@ -81,10 +81,14 @@ def loop_executor(loop: asyncio.AbstractEventLoop) -> LoopExecutor:
 class LoopSignal:
     """Runs ``callback`` on the loop after ``notify`` from any thread, at most once queued: a
     burst of notifications costs one call (and, from another thread, one share of a wake-up).
-    Notified on the loop's own thread it is still deferred (``call_soon``), so ``notify`` never
-    re-enters the code that called it."""
+    Notified on the loop's own thread it is deferred (``call_soon``), so ``notify`` never
+    re-enters the code that called it, unless ``direct_on_loop``: then it runs at once, for a
+    callback that its notifiers may safely run inside them and that should not wait a turn of
+    the loop (sending a consumer's deliveries from the dispatch that made them)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], object], *,
+                 direct_on_loop: bool = False) -> None:
+        self._direct_on_loop = direct_on_loop
         self._loop = loop
         self._executor = loop_executor(loop)
         self._callback = callback
@@ -93,11 +97,15 @@ class LoopSignal:
         self._loop_thread = threading.get_ident()  # made on the loop's thread
 
     def notify(self, *_: object) -> None:
+        on_loop = threading.get_ident() == self._loop_thread
+        if on_loop and self._direct_on_loop:
+            self._callback()
+            return
         with self._lock:
             if self._scheduled:
                 return
             self._scheduled = True
-        if threading.get_ident() == self._loop_thread:
+        if on_loop:
             with contextlib.suppress(RuntimeError):  # the loop is closing
                 self._loop.call_soon(self._fire)
         else:

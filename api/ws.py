@@ -549,7 +549,8 @@ class ConsumerSession:
         self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.available_permits,
                                consumer.flow)
 
-        self._delivered = LoopSignal(loop, self._send_deliveries)
+        # deliveries leave inside the dispatch that made them, ahead of the publisher's result
+        self._delivered = LoopSignal(loop, self._send_deliveries, direct_on_loop=True)
         self._writer = FrameWriter(websocket, DELIVERY_BACKLOG_FRAMES_MAX, on_drained=self._delivered.notify)
         consumer.listener = self._delivered.notify
 
