@@ -117,30 +117,13 @@ class LoopSignal:
         self._callback()
 
 
-class LoopWakeup:
-    """An ``asyncio.Event`` that other threads set, at most one queued wake-up at a time."""
+class LoopWakeup(LoopSignal):
+    """An ``asyncio.Event`` that any thread may set, at most one queued wake-up at a time;
+    notified on the loop's own thread it sets the event directly, with no hand-over at all."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event | None = None) -> None:
-        self._executor = loop_executor(loop)
         self.event = event or asyncio.Event()
-        self._lock = threading.Lock()
-        self._scheduled = False
-        self._loop_thread = threading.get_ident()  # made on the loop's thread
-
-    def notify(self, *_: object) -> None:
-        if threading.get_ident() == self._loop_thread:  # already on the loop: no hand-over
-            self.event.set()
-            return
-        with self._lock:
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self._executor(self._fire)
-
-    def _fire(self) -> None:
-        with self._lock:
-            self._scheduled = False
-        self.event.set()
+        super().__init__(loop, self.event.set, direct_on_loop=True)
 
     async def wait(self) -> None:
         await self.event.wait()

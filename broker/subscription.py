@@ -291,9 +291,7 @@ class Subscription:
         for offset, delivery in sorted(consumer.unacked.items()):
             self._release(offset, consumer)
             self._bump_count(offset)
-            item = _Item(offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                         self._hash_of(delivery.message))
-            heapq.heappush(self._redeliver, item)
+            heapq.heappush(self._redeliver, self._item_of(delivery))
         consumer.unacked.clear()
         consumer.outbox.clear()
 
@@ -442,6 +440,11 @@ class Subscription:
             holder = self._key_owner.get(item.key_hash)
             self._key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
 
+    def _item_of(self, delivery: Delivery) -> _Item:
+        """A delivered message as a dispatch item again (taken back, nacked or timed out)."""
+        return _Item(delivery.offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
+                     self._hash_of(delivery.message))
+
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
         self._owner.pop(offset, None)
@@ -495,8 +498,7 @@ class Subscription:
             for delivery in consumer.outbox:
                 self._release(delivery.offset, consumer)
                 consumer.unacked.pop(delivery.offset, None)
-                heapq.heappush(self._redeliver, _Item(delivery.offset, delivery.message_id, delivery.message,
-                                                      delivery.publish_time_ms, self._hash_of(delivery.message)))
+                heapq.heappush(self._redeliver, self._item_of(delivery))
             consumer.outbox.clear()
         self.dispatch()
 
@@ -532,9 +534,7 @@ class Subscription:
                 self._release(offset, consumer)
                 consumer.unacked.pop(offset)
                 self._bump_count(offset)
-                item = _Item(offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                             self._hash_of(delivery.message))
-                heapq.heappush(self._later, (due_ms, offset, item))
+                heapq.heappush(self._later, (due_ms, offset, self._item_of(delivery)))
         self.dispatch()
 
     def _bump_count(self, offset: int) -> None:
@@ -557,8 +557,7 @@ class Subscription:
                     delivery = consumer.unacked.pop(offset)
                     self._release(offset, consumer)
                     self._bump_count(offset)
-                    heapq.heappush(self._redeliver, _Item(offset, delivery.message_id, delivery.message,
-                                                          delivery.publish_time_ms, self._hash_of(delivery.message)))
+                    heapq.heappush(self._redeliver, self._item_of(delivery))
         self.dispatch()
 
     def _release_due(self) -> None:

@@ -15,10 +15,12 @@ so the checkpoint that follows may trim the journal.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -26,10 +28,26 @@ PREFIX = b"L"
 _KEY = struct.Struct(">cQQ")
 _VALUE = struct.Struct(">Q")
 U64_MAX = 2**64 - 1
-INDEX_WRITE_BATCH_ENTRIES_MAX = 256
-"""Locations per RocksDB write: about 0.2 ms of holding the interpreter lock (0.5 ms at 1000)."""
-INDEX_WRITE_YIELD_S = 0.00005
-"""Pause between writes, so threads waiting for the interpreter lock take it then."""
+SLICE_ITEMS = 256
+"""Flush work (entry-log appends, location writes: RocksDB holds the interpreter lock while it
+writes) goes in slices of this many items: about 0.2 ms of holding the lock each."""
+SLICE_PAUSE_S = 0.00005
+"""Pause between slices, so that threads waiting for the interpreter lock (the event loop, the
+journal writer) take it then instead of queueing behind a whole flush."""
+
+T = TypeVar("T")
+
+
+def in_slices(items: Iterable[T]) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``SLICE_ITEMS``, with a ``SLICE_PAUSE_S`` pause between
+    two lists."""
+    remaining = iter(items)
+    piece = list(itertools.islice(remaining, SLICE_ITEMS))
+    while piece:
+        yield piece
+        piece = list(itertools.islice(remaining, SLICE_ITEMS))
+        if piece:
+            time.sleep(SLICE_PAUSE_S)
 
 
 def open_rdict(path: str) -> Rdict:
@@ -91,16 +109,13 @@ class EntryLocationIndex:
     def put_batch(self, locations: list[tuple[int, int, int]]) -> None:
         """Store ``(ledger, entry, location)`` triples; durable (WAL synced) when this returns.
 
-        Written in batches of at most ``INDEX_WRITE_BATCH_ENTRIES_MAX``, then the WAL synced once
+        Written in batches of at most ``SLICE_ITEMS`` (:func:`in_slices`), then the WAL synced once
         without the interpreter lock (see :func:`write_durably`): RocksDB holds the lock while
         it writes, so one big batch would stall every other thread of the broker for its whole
         duration. Not atomic, and need not be: the entry log is synced before the
         index is written, so any prefix of these triples points at readable records, and until
         the checkpoint after this call the journal still holds every entry."""
-        for start in range(0, len(locations), INDEX_WRITE_BATCH_ENTRIES_MAX):
-            if start:
-                time.sleep(INDEX_WRITE_YIELD_S)
-            chunk = locations[start:start + INDEX_WRITE_BATCH_ENTRIES_MAX]
+        for chunk in in_slices(locations):
             batch = WriteBatch(raw_mode=True)
             for ledger_id, entry_id, location in chunk:
                 batch.put(_KEY.pack(PREFIX, ledger_id, entry_id), _VALUE.pack(location))

@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -42,30 +43,31 @@ class LightFuture(Future[T]):
         return self._state in _DONE
 
     def result(self, timeout: float | None = None) -> T:
-        if self._state != FINISHED:
-            self._wait_done(timeout)
-        if self._state != FINISHED:
-            raise CancelledError()
+        self._wait_finished(timeout)
         if self._exception is not None:
             raise self._exception
         return self._result  # type: ignore[return-value]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if self._state != FINISHED:
-            self._wait_done(timeout)
-        if self._state != FINISHED:
-            raise CancelledError()
+        self._wait_finished(timeout)
         return self._exception
 
-    def _wait_done(self, timeout: float | None) -> None:
+    def _wait_finished(self, timeout: float | None) -> None:
+        """Return once finished; raise ``TimeoutError`` after ``timeout``, ``CancelledError``
+        when cancelled instead."""
+        if self._state == FINISHED:
+            return
         with self._condition:
-            if self._state in _DONE:
-                return
-            if self._done_event is None:
-                self._done_event = threading.Event()
-            event = self._done_event
-        if not event.wait(timeout):
+            if self._state not in _DONE:
+                if self._done_event is None:
+                    self._done_event = threading.Event()
+                event: threading.Event | None = self._done_event
+            else:
+                event = None
+        if event is not None and not event.wait(timeout):
             raise TimeoutError()
+        if self._state != FINISHED:
+            raise CancelledError()
 
     def set_result(self, result: T) -> None:
         self._finish(result, None)
@@ -129,9 +131,5 @@ def complete_group(outcomes: list[Outcome]) -> None:
     """Finish ``(future, result, error)`` triples in order; a future its owner cancelled is
     skipped."""
     for future, result, error in outcomes:
-        if future._state in _DONE:
-            continue
-        try:
+        with contextlib.suppress(InvalidStateError):  # cancelled by its owner
             future._finish(result, error)
-        except InvalidStateError:  # cancelled by its owner meanwhile
-            continue

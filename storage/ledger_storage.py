@@ -28,7 +28,6 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
 from concurrent.futures import Future
@@ -38,7 +37,7 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from storage.config import StorageConfig
-from storage.entry_location_index import EntryLocationIndex, IndexStats, open_rdict
+from storage.entry_location_index import EntryLocationIndex, IndexStats, in_slices, open_rdict
 from storage.entry_log import EntryLogger, EntryLogStats, LogMissing
 from storage.errors import (
     CorruptEntry,
@@ -69,11 +68,6 @@ from storage.read_cache import ReadCache, ReadCacheStats
 from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache, WriteCacheStats
 
 LAST_ADD_CONFIRMED = -1
-FLUSH_SLICE_ENTRIES = 256
-"""A flush appends entries to the entry log in slices of this many (a few hundred µs of work)."""
-FLUSH_YIELD_S = 0.00005
-"""Pause between slices, so that threads waiting for the interpreter lock (the event loop, the
-journal writer) take it then instead of queueing behind a whole flush."""
 ENTRY_ID_MAX = 2**63 - 1
 
 
@@ -474,10 +468,8 @@ class LedgerStorage:
     def _write_flushing(self, dirty: dict[int, LedgerMeta]) -> None:
         live = self._ledgers
         locations: list[tuple[int, int, int]] = []
-        entries = (e for e in self._flushing.sorted_entries() if e[0] in live)
-        while piece := list(itertools.islice(entries, FLUSH_SLICE_ENTRIES)):
+        for piece in in_slices(e for e in self._flushing.sorted_entries() if e[0] in live):
             locations += self._logs.add_many(piece)
-            time.sleep(FLUSH_YIELD_S)
         self._fileio.failpoint("flush: after entry log append, before sync")
         self._logs.flush()
         self._fileio.failpoint("flush: after entry log sync, before index write")
