@@ -56,7 +56,7 @@ from api.auth import Action, Authorizer, Caller
 from broker.entry_format import decode_entry, decode_entry_payload, encode_varint
 from broker.errors import CorruptEntry, DataLost, InvalidRequest, NoSuchEntry, NoSuchLedger, NotFound
 from broker.managed_ledger import Entry, ManagedLedger
-from broker.message_id import MessageId, Position
+from broker.message_id import Position, message_id_bytes
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
@@ -138,7 +138,7 @@ def message_ids_of_entry(ledger_id: int, entry_id: int, partition: int, count: i
     The entry's fields are serialized once; batch index is the last field written, so each
     message's id is that prefix plus its batch index (a lone message has none, as in Pulsar).
     """
-    prefix = MessageId(ledger_id, entry_id, partition).to_bytes()
+    prefix = message_id_bytes(ledger_id, entry_id, partition)
     if count == 1:
         return [binascii.b2a_base64(prefix, newline=False)]
     stop = count if stop is None else stop
@@ -244,7 +244,7 @@ class NativeColumns:
         skip = min(skip, count)
         take = min(take, count - skip)  # as slicing the decoded messages would
         if verified.is_batched:
-            id_prefix = MessageId(entry.position.ledger_id, entry.position.entry_id, partition).to_bytes()
+            id_prefix = message_id_bytes(entry.position.ledger_id, entry.position.entry_id, partition)
             try:
                 if self._columns.add_batch(verified.payload, count, skip, take, entry.publish_time_ms, id_prefix):
                     return

@@ -583,37 +583,53 @@ class ManagedLedger:
 
     def _read_ledger_range(self, info: LedgerInfo, first: int, last: int, *,
                            stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
+        """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
+        ends the range early). Every entry after the first is remembered as where the offset
+        after its predecessor lives, and so is the entry after the last one read."""
         handle = self._handle_for(info.ledger_id)
         entries: list[Entry] = []
         size = 0
+        previous: Entry | None = None
         for entry_id in range(first, last + 1):
             if max_bytes is not None and size >= max_bytes:
                 break
-            entry = self._cached_or_read(handle, info.ledger_id, entry_id)
-            if entry_id + 1 < info.entries:
-                self._hint_position(entry.last_offset + 1, Position(info.ledger_id, entry_id + 1))
+            entry = self._cached_or_read(handle, info.ledger_id, entry_id, previous)
             entries.append(entry)
             size += len(entry.data)
+            previous = entry
             if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
                 break
+        if entries:
+            self._hint_positions(info, entries)
         return entries
 
-    def _hint_position(self, offset: int, position: Position) -> None:
+    def _hint_positions(self, info: LedgerInfo, entries: list[Entry]) -> None:
+        """Remember where the offset after each entry read lives (for readers that go on)."""
+        last = entries[-1]
         with self._hints_lock:
             hints = self._position_hints
-            hints[offset] = position
-            if len(hints) > POSITION_HINTS_MAX:
+            for entry in entries[1:]:
+                hints[entry.first_offset] = entry.position
+            if last.position.entry_id + 1 < info.entries:
+                hints[last.last_offset + 1] = Position(info.ledger_id, last.position.entry_id + 1)
+            while len(hints) > POSITION_HINTS_MAX:
                 del hints[next(iter(hints))]
 
-    def _cached_or_read(self, handle: LedgerHandle, ledger_id: int, entry_id: int) -> Entry:
+    def _cached_or_read(self, handle: LedgerHandle, ledger_id: int, entry_id: int,
+                        previous: Entry | None = None) -> Entry:
+        """One entry, from the broker's cache or the bookies. ``previous`` (the entry before it,
+        when known) gives its first offset without parsing its ``MessageMetadata``."""
         cached = self._cache.get(ledger_id, entry_id)
         if cached is not None:
             return Entry(Position(ledger_id, entry_id), *cached)
         data = handle.read_entry(entry_id)
         meta = peek_broker_entry_metadata(data)
         assert meta is not None
-        count = message_count(data)
-        return Entry(Position(ledger_id, entry_id), data, meta.index - count + 1, meta.index, meta.broker_timestamp_ms)
+        if previous is not None and previous.position.entry_id == entry_id - 1:
+            first_offset = previous.last_offset + 1
+        else:
+            first_offset = meta.index - message_count(data) + 1
+        return Entry(Position(ledger_id, entry_id), data, first_offset, meta.index, meta.broker_timestamp_ms)
 
     def wait_for_entries(self, after: Position, timeout_s: float) -> bool:
         """Block until an entry after ``after`` is confirmed (tailing reads); False on timeout."""

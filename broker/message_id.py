@@ -26,10 +26,11 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from broker.entry_format import encode_varint
 from broker.errors import InvalidRequest
 from broker.proto.pulsar_entry_pb2 import MessageIdData
 
-__all__ = ["MessageId", "Position"]
+__all__ = ["MessageId", "Position", "message_id_bytes"]
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -54,6 +55,20 @@ def _check_int(name: str, value: int) -> None:
 
 def _to_uint64(value: int) -> int:
     return value % _UINT64_MOD
+
+
+def message_id_bytes(ledger_id: int, entry_id: int, partition: int = -1, batch_index: int = -1,
+                     batch_size: int | None = None) -> bytes:
+    """``MessageId(...).to_bytes(batch_size=...)`` for values already known to be valid (the
+    broker's own positions), without building the id."""
+    data = b"\x08" + encode_varint(ledger_id % _UINT64_MOD) + b"\x10" + encode_varint(entry_id % _UINT64_MOD)
+    if partition >= 0:
+        data += b"\x18" + encode_varint(partition)
+    if batch_index >= 0:
+        data += b"\x20" + encode_varint(batch_index)
+    if batch_size is not None:
+        data += b"\x30" + encode_varint(batch_size % _UINT64_MOD)
+    return data
 
 
 def _to_int64(value: int) -> int:
@@ -134,17 +149,14 @@ class MessageId:
 
         ``batch_size`` (the number of messages in the entry) is written only when given: Pulsar
         uses it for batch-index acknowledgement; ids without it are equally valid.
+
+        Written by hand (one id per delivered message and per publish result): the bytes are
+        exactly protobuf's, fields in number order, negative ``int32`` values as the ten-byte
+        two's-complement varint protobuf writes.
         """
-        data = MessageIdData(ledgerId=_to_uint64(self.ledger_id), entryId=_to_uint64(self.entry_id))
-        if self.partition >= 0:
-            data.partition = self.partition
-        if self.batch_index >= 0:
-            data.batch_index = self.batch_index
         if batch_size is not None:
             _check_int("batch_size", batch_size)
-            data.batch_size = batch_size
-        serialized: bytes = data.SerializeToString()
-        return serialized
+        return message_id_bytes(self.ledger_id, self.entry_id, self.partition, self.batch_index, batch_size)
 
     def to_base64(self, *, batch_size: int | None = None) -> str:
         """Pulsar's WebSocket message id: standard base64 (with padding) of :meth:`to_bytes`."""

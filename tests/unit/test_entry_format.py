@@ -537,6 +537,23 @@ def test_message_id_binary_forms_round_trip() -> None:
     assert MessageId.parse(base64.urlsafe_b64encode(raw).decode().rstrip("=")) == MessageId(123456789, 987654321, 3)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-1, (1 << 63) - 1), st.integers(-1, (1 << 63) - 1), st.integers(-1, (1 << 31) - 1),
+       st.integers(-1, (1 << 31) - 1), st.one_of(st.none(), st.integers(-1, (1 << 31) - 1)))
+def test_hand_written_message_id_bytes_are_protobufs(ledger_id: int, entry_id: int, partition: int,
+                                                     batch_index: int, batch_size: int | None) -> None:
+    reference = pb.MessageIdData(ledgerId=ledger_id % (1 << 64), entryId=entry_id % (1 << 64))
+    if partition >= 0:
+        reference.partition = partition
+    if batch_index >= 0:
+        reference.batch_index = batch_index
+    if batch_size is not None:
+        reference.batch_size = batch_size
+    message_id = MessageId(ledger_id, entry_id, partition, batch_index)
+    assert message_id.to_bytes(batch_size=batch_size) == reference.SerializeToString()
+    assert MessageId.from_bytes(message_id.to_bytes(batch_size=batch_size)) == message_id
+
+
 def test_message_id_text_forms() -> None:
     assert MessageId(12, 34, 5).to_rest() == "12:34:5"
     assert MessageId(12, 34).to_rest() == "12:34:-1"
