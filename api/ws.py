@@ -333,8 +333,8 @@ class ProducerSession:
         except (binascii.Error, ValueError):
             raise FrameError(PAYLOAD_ENCODING_ERROR, "payload is not valid base64") from None
         properties = frame.get("properties") or {}
-        if not isinstance(properties, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                       for k, v in properties.items()):
+        if not isinstance(properties, dict) or (properties and not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in properties.items())):
             raise FrameError(JSON_DESERIALIZE_ERROR, "properties must be an object of strings")
         key = frame.get("key")
         if key is not None and not isinstance(key, str):
@@ -345,6 +345,8 @@ class ProducerSession:
 
     def _deliver_at_ms(self, frame: dict[str, Any]) -> int | None:
         deliver_at, deliver_after = frame.get("deliverAt"), frame.get("deliverAfterMs")
+        if deliver_at is None and deliver_after is None:
+            return None
         for name, value in (("deliverAt", deliver_at), ("deliverAfterMs", deliver_after)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise FrameError(JSON_DESERIALIZE_ERROR, f"{name} must be a non-negative integer")

@@ -137,6 +137,8 @@ class QuorumConfig:
 def write_set(ensemble: Sequence[str], entry_id: int, write_quorum_size: int) -> list[str]:
     """The ``Qw`` bookies that store ``entry_id``: consecutive from index ``entry_id % E``."""
     size = len(ensemble)
+    if write_quorum_size == 1:
+        return [ensemble[entry_id % size]]
     return [ensemble[(entry_id + i) % size] for i in range(write_quorum_size)]
 
 

@@ -102,6 +102,7 @@ _U32 = struct.Struct(">I")
 _CHECKSUM_HEADER = struct.Struct(">HII")  # magic, crc32c, metadata size
 _BROKER_HEADER = struct.Struct(">HI")  # magic, size
 _UINT64_MAX = (1 << 64) - 1
+_UINT64_MOD = 1 << 64
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _EMPTY_PROPERTIES: Mapping[str, str] = MappingProxyType({})
@@ -360,7 +361,7 @@ def _decompress(compression: Compression, data: memoryview, size: int) -> bytes:
 
 
 # ---------------------------------------------------------------------------------------------
-# Hand-written protobuf pieces for SingleMessageMetadata (hot: one per message)
+# Hand-written protobuf pieces (hot: one per message or entry); tests compare them with protobuf
 # ---------------------------------------------------------------------------------------------
 
 
@@ -690,7 +691,7 @@ def _common_value(values: list[str | None] | list[bytes | None]) -> str | bytes 
     return first if all(v == first for v in values) else None
 
 
-def _build_metadata(
+def _encode_metadata(
     messages: Sequence[Message],
     sequence_ids: list[int],
     *,
@@ -700,34 +701,36 @@ def _build_metadata(
     uncompressed_size: int,
     deliver_at_time_ms: int | None,
     schema_version: bytes | None,
-) -> pb.MessageMetadata:
-    metadata = pb.MessageMetadata(
-        producer_name=producer_name, sequence_id=sequence_ids[0], publish_time=publish_time_ms
-    )
-    key = _common_value([m.key for m in messages])
+) -> bytes:
+    """The entry's ``MessageMetadata`` bytes, identical to what protobuf would serialize (fields
+    in number order). The partition key (with ``partition_key_b64_encoded``) and the ordering
+    key are written when every message has the same one."""
+    parts = [_length_delimited(b"\x0a", producer_name.encode()), b"\x10", encode_varint(sequence_ids[0]),
+             b"\x18", encode_varint(publish_time_ms)]
+    key = messages[0].key if len(messages) == 1 else _common_value([m.key for m in messages])
     if isinstance(key, str):
-        metadata.partition_key = key
-        metadata.partition_key_b64_encoded = messages[0].key_b64_encoded
-    ordering_key = _common_value([m.ordering_key for m in messages])
-    if isinstance(ordering_key, bytes):
-        metadata.ordering_key = ordering_key
+        parts.append(_length_delimited(b"\x32", key.encode()))
     if compression is not Compression.NONE:
-        metadata.compression = pb.CompressionType.Value(compression.name)
-        metadata.uncompressed_size = uncompressed_size
-    metadata.num_messages_in_batch = len(messages)
-    if deliver_at_time_ms is not None:
-        metadata.deliver_at_time = deliver_at_time_ms
-    metadata.highest_sequence_id = sequence_ids[-1]
+        parts += (b"\x40", encode_varint(int(compression)), b"\x48", encode_varint(uncompressed_size))
+    parts += (b"\x58", encode_varint(len(messages)))
     if schema_version is not None:
-        metadata.schema_version = schema_version
-    return metadata
+        parts.append(_length_delimited(b"\x82\x01", schema_version))
+    if isinstance(key, str):
+        parts.append(b"\x88\x01\x01" if messages[0].key_b64_encoded else b"\x88\x01\x00")
+    ordering_key = messages[0].ordering_key if len(messages) == 1 else _common_value([m.ordering_key for m in messages])
+    if isinstance(ordering_key, bytes):
+        parts.append(_length_delimited(b"\x92\x01", ordering_key))
+    if deliver_at_time_ms is not None:
+        parts += (b"\x98\x01", encode_varint(deliver_at_time_ms % _UINT64_MOD))
+    parts += (b"\xc0\x01", encode_varint(sequence_ids[-1]))
+    return b"".join(parts)
 
 
 def _broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
+    """The 0x0e02 prefix: ``BrokerEntryMetadata`` (written by hand, as protobuf would)."""
     _check_uint64("broker_timestamp_ms", broker_timestamp_ms)
     _check_uint64("index", index)
-    metadata = pb.BrokerEntryMetadata(broker_timestamp=broker_timestamp_ms, index=index)
-    body: bytes = metadata.SerializeToString()
+    body = b"\x08" + encode_varint(broker_timestamp_ms) + b"\x10" + encode_varint(index)
     return _BROKER_HEADER.pack(MAGIC_BROKER_ENTRY_METADATA, len(body)) + body
 
 
@@ -781,7 +784,7 @@ def encode_entry(
         raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
     if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
         raise InvalidRequest(f"batch of {len(batch)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
-    metadata = _build_metadata(
+    metadata = _encode_metadata(
         messages,
         sequence_ids,
         producer_name=producer_name,
@@ -791,7 +794,7 @@ def encode_entry(
         deliver_at_time_ms=deliver_at_time_ms,
         schema_version=schema_version,
     )
-    body = _checksummed(metadata.SerializeToString(), _compress(compression, batch))
+    body = _checksummed(metadata, _compress(compression, batch))
     if broker_timestamp_ms is None and index is None:
         return body
     if broker_timestamp_ms is None or index is None:
@@ -886,6 +889,8 @@ def with_broker_entry_metadata(data: Buffer, broker_timestamp_ms: int, index: in
     ``index`` is the offset of the entry's LAST message. The rest of the entry is not
     re-encoded; only its checksum magic is checked (``CorruptEntry`` when missing).
     """
+    if isinstance(data, bytes) and len(data) >= _CHECKSUM_HEADER.size and _U16.unpack_from(data)[0] == MAGIC_CRC32C:
+        return _broker_prefix(broker_timestamp_ms, index) + data  # no prefix yet: the usual case
     start = _split_prefix(data)[1]
     if len(data) - start < _CHECKSUM_HEADER.size or _U16.unpack_from(data, start)[0] != MAGIC_CRC32C:
         raise CorruptEntry("not an encoded entry: the 0x0e01 checksum magic is missing")

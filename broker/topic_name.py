@@ -7,6 +7,7 @@ means ``persistent://t/ns/my-topic``. The managed ledger of a topic is named
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -61,13 +62,14 @@ class TopicName:
     def managed_ledger_name(self) -> str:
         return f"{self.tenant}/{self.namespace}/{self.domain}/{self.local_name}"
 
-    @property
+    @functools.cached_property
     def partition_index(self) -> int:
-        """The partition number of ``-partition-N`` names, else -1."""
+        """The partition number of ``-partition-N`` names, else -1 (computed once: every
+        publish asks)."""
         head, sep, tail = self.local_name.rpartition(PARTITION_SUFFIX)
         return int(tail) if sep and head and tail.isdigit() else -1
 
-    @property
+    @functools.cached_property
     def base(self) -> TopicName:
         """The partitioned topic this partition belongs to (itself when not a partition)."""
         if self.partition_index < 0:

@@ -514,6 +514,66 @@ def test_round_trip_property(
         assert data.endswith(expected_payload)
 
 
+def reference_metadata(messages: list[Message], sequence_id: int, publish_time_ms: int, compression: Compression,
+                       uncompressed_size: int, deliver_at_time_ms: int | None,
+                       schema_version: bytes | None) -> bytes:
+    """``MessageMetadata`` as protobuf serializes it, for the hand-written encoder to match."""
+    sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
+    metadata = pb.MessageMetadata(producer_name="producer-\u00e9", sequence_id=sequence_ids[0],
+                                  publish_time=publish_time_ms)
+    keys = {m.key for m in messages}
+    if len(keys) == 1 and messages[0].key is not None:
+        metadata.partition_key = messages[0].key
+        metadata.partition_key_b64_encoded = messages[0].key_b64_encoded
+    ordering_keys = {m.ordering_key for m in messages}
+    if len(ordering_keys) == 1 and messages[0].ordering_key is not None:
+        metadata.ordering_key = messages[0].ordering_key
+    if compression is not Compression.NONE:
+        metadata.compression = pb.CompressionType.Value(compression.name)
+        metadata.uncompressed_size = uncompressed_size
+    metadata.num_messages_in_batch = len(messages)
+    if deliver_at_time_ms is not None:
+        metadata.deliver_at_time = deliver_at_time_ms
+    metadata.highest_sequence_id = sequence_ids[-1]
+    if schema_version is not None:
+        metadata.schema_version = schema_version
+    serialized: bytes = metadata.SerializeToString()
+    return serialized
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(messages_strategy, min_size=1, max_size=6),
+    compression=st.sampled_from(list(Compression)),
+    sequence_id=st.integers(min_value=0, max_value=UINT64_MAX - 6),
+    publish_time_ms=st.integers(min_value=0, max_value=UINT64_MAX),
+    deliver_at_time_ms=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    schema_version=st.none() | st.binary(max_size=8),
+    broker=st.none() | st.tuples(st.integers(min_value=0, max_value=UINT64_MAX),
+                                 st.integers(min_value=5, max_value=UINT64_MAX)),
+)
+def test_hand_written_entry_metadata_is_protobufs(
+    messages: list[Message], compression: Compression, sequence_id: int, publish_time_ms: int,
+    deliver_at_time_ms: int | None, schema_version: bytes | None, broker: tuple[int, int] | None,
+) -> None:
+    messages = [m._replace(sequence_id=None) for m in messages]
+    timestamp, index = broker if broker is not None else (None, None)
+    data = encode_entry(messages, producer_name="producer-\u00e9", sequence_id=sequence_id,
+                        publish_time_ms=publish_time_ms, compression=compression,
+                        deliver_at_time_ms=deliver_at_time_ms, schema_version=schema_version,
+                        broker_timestamp_ms=timestamp, index=index)
+    start = 0
+    if broker is not None:
+        prefix = pb.BrokerEntryMetadata(broker_timestamp=timestamp, index=index).SerializeToString()
+        assert data[:6] == struct.pack(">HI", 0x0E02, len(prefix)) and data[6:6 + len(prefix)] == prefix
+        start = 6 + len(prefix)
+    size = struct.unpack_from(">I", data, start + 6)[0]
+    metadata = data[start + 10:start + 10 + size]
+    uncompressed = pb.MessageMetadata.FromString(metadata).uncompressed_size
+    assert metadata == reference_metadata(messages, sequence_id, publish_time_ms, compression, uncompressed,
+                                          deliver_at_time_ms, schema_version)
+
+
 # -- message ids ---------------------------------------------------------------------------------
 
 
