@@ -53,10 +53,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
-from broker.entry_format import decode_entry, decode_entry_payload, encode_varint
+from broker.entry_format import DecodedEntry, decode_entry, decode_entry_payload, encode_varint, split_entry_payload
 from broker.errors import CorruptEntry, DataLost, InvalidRequest, NoSuchEntry, NoSuchLedger, NotFound
 from broker.managed_ledger import Entry, ManagedLedger
-from broker.message_id import Position, message_id_bytes
+from broker.message_id import message_id_bytes
 from broker.service import BrokerService
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
@@ -74,6 +74,8 @@ READ_MESSAGES_MAX = 100_000
 READ_BYTES_DEFAULT = 8 * 1024 * 1024
 READ_BYTES_MAX = 64 * 1024 * 1024
 READ_STEP_BYTES = 1024 * 1024
+OFFSET_MAX = (1 << 63) - 1
+"""Offsets and timestamps are 64-bit signed, as Kafka's and Pulsar's are; larger ones are a 400."""
 """Entries read from storage per step, by size: a read stops once it has its messages, and the
 rest of its last step was read for nothing, so steps stay small."""
 READ_STEP_ENTRIES_MAX = 1000
@@ -229,7 +231,7 @@ class NativeColumns:
         self.first_offset = first_offset
         self._columns = RangeColumns(first_offset)
         self.decoded_entries = 0
-        """Entries that went through ``decode_entry`` (not batched, or beyond the extension's rules)."""
+        """Entries split into messages in Python (not batched, or beyond the extension's rules)."""
 
     def __len__(self) -> int:
         return self._columns.rows
@@ -250,11 +252,10 @@ class NativeColumns:
                     return
             except MalformedBatch as exc:
                 raise CorruptEntry(str(exc)) from None
-        self._add_decoded(entry, partition, skip, take)
+        self._add_decoded(entry, split_entry_payload(verified), partition, skip, take)
 
-    def _add_decoded(self, entry: Entry, partition: int, skip: int, take: int) -> None:
+    def _add_decoded(self, entry: Entry, decoded: DecodedEntry, partition: int, skip: int, take: int) -> None:
         self.decoded_entries += 1
-        decoded = decode_entry(entry.data)
         messages = decoded.messages[skip:skip + take]
         ids = message_ids_of_entry(entry.position.ledger_id, entry.position.entry_id, partition,
                                    decoded.num_messages, skip, skip + len(messages))
@@ -299,24 +300,14 @@ def new_columns(first_offset: int, *, native: bool = NATIVE_COLUMNS) -> Columns:
     return NativeColumns(first_offset) if native else ReadColumns(first_offset)
 
 
-def _read_step(ml: ManagedLedger, position: Position) -> list[Entry]:
-    return ml.read_entries(position, READ_STEP_ENTRIES_MAX, max_bytes=READ_STEP_BYTES)
-
-
 def _entries(topic: PersistentTopic, offset: int) -> Iterator[Entry]:
     """Every confirmed entry from the one holding ``offset`` on, read in steps of about
     ``READ_STEP_BYTES``; a trim racing the read is reported as the data loss it is."""
-    ml = topic.ml
     try:
-        if offset >= ml.confirmed_next_offset():
-            return
-        step = _read_step(ml, ml.offset_to_position(offset)[0])
-        while step:
-            yield from step
-            step = _read_step(ml, ml.next_position(step[-1].position))
+        yield from topic.entries_from(offset, step_entries=READ_STEP_ENTRIES_MAX, step_bytes=READ_STEP_BYTES)
     except (NoSuchEntry, NoSuchLedger) as exc:
-        if offset < ml.first_offset:
-            raise _data_lost(topic.name, offset, ml) from exc
+        if offset < topic.ml.first_offset:
+            raise _data_lost(topic.name, offset, topic.ml) from exc
         raise
 
 
@@ -349,12 +340,12 @@ def collect(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: i
     return collect_entries(_entries(topic, offset), offset, topic.partition, max_messages, max_bytes, native=native)
 
 
-def arrow_stream(batch: pa.RecordBatch | None) -> memoryview:
-    """The IPC stream of ``batch`` (schema only when None or empty), as a view of Arrow's buffer:
-    the response body is written from it without another copy."""
+def arrow_stream(batch: pa.RecordBatch) -> memoryview:
+    """The IPC stream of ``batch`` (the schema alone when it is empty), as a view of Arrow's
+    buffer: the response body is written from it without another copy."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
-        if batch is not None and batch.num_rows:
+        if batch.num_rows:
             writer.write_batch(batch)
     return memoryview(sink.getvalue())
 
@@ -416,7 +407,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/messages",
                 summary="Read messages by offset (Arrow IPC stream or JSON)")
     def read_topic(tenant: str, namespace: str, topic: str, request: Request, caller: Caller,
-                   offset: Annotated[int, Query(ge=0)],
+                   offset: Annotated[int, Query(ge=0, le=OFFSET_MAX)],
                    maxMessages: Annotated[int, Query(ge=1, le=READ_MESSAGES_MAX)] = READ_MESSAGES_DEFAULT,  # noqa: N803
                    maxBytes: Annotated[int, Query(ge=1, le=READ_BYTES_MAX)] = READ_BYTES_DEFAULT,  # noqa: N803
                    ) -> Response:
@@ -427,7 +418,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}/messages",
                 summary="Read messages of one partition by offset (Arrow IPC stream or JSON)")
     def read_partition(tenant: str, namespace: str, topic: str, partition: int, request: Request, caller: Caller,
-                       offset: Annotated[int, Query(ge=0)],
+                       offset: Annotated[int, Query(ge=0, le=OFFSET_MAX)],
                        maxMessages: Annotated[int, Query(ge=1, le=READ_MESSAGES_MAX)] = READ_MESSAGES_DEFAULT,  # noqa: N803
                        maxBytes: Annotated[int, Query(ge=1, le=READ_BYTES_MAX)] = READ_BYTES_DEFAULT,  # noqa: N803
                        ) -> Response:
@@ -438,7 +429,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/offsets",
                 summary="First, next and by-timestamp offsets of every partition")
     def offsets(tenant: str, namespace: str, topic: str, caller: Caller,
-                timestamp: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
+                timestamp: Annotated[int | None, Query(ge=0, le=OFFSET_MAX)] = None) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
         count = service.partitions(name) if name.partition_index < 0 else 0

@@ -621,13 +621,13 @@ def _decode_batch_items(
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_uint64(name: str, value: int | None) -> None:
+def _check_uint64(name: str, value: int | None, maximum: int = _UINT64_MAX) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"{name} must be an integer, got {type(value).__name__}")
-    if not 0 <= value <= _UINT64_MAX:
-        raise InvalidRequest(f"{name} must be between 0 and {_UINT64_MAX}, got {value}")
+    if not 0 <= value <= maximum:
+        raise InvalidRequest(f"{name} must be between 0 and {maximum}, got {value}")
 
 
 def _check_message(position: int, message: Message) -> None:
@@ -647,7 +647,8 @@ def _check_message(position: int, message: Message) -> None:
     for name, value in message.properties.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise InvalidRequest(f"{where}: property keys and values must be strings")
-    _check_uint64(f"{where}: event_time_ms", message.event_time_ms)
+    # a Java long in Pulsar's clients, and an Arrow timestamp on reads: never past 2**63 - 1
+    _check_uint64(f"{where}: event_time_ms", message.event_time_ms, _INT64_MAX)
     _check_uint64(f"{where}: sequence_id", message.sequence_id)
 
 
@@ -987,7 +988,12 @@ def decode_entry_payload(data: Buffer) -> EntryPayload:
 
 def decode_entry(data: Buffer) -> DecodedEntry:
     """Verify and decode one stored entry. Raises ``CorruptEntry`` for anything malformed."""
-    entry = decode_entry_payload(data)
+    return split_entry_payload(decode_entry_payload(data))
+
+
+def split_entry_payload(entry: EntryPayload) -> DecodedEntry:
+    """The messages of an entry :func:`decode_entry_payload` verified (``CorruptEntry`` when its
+    batch is malformed)."""
     payload = entry.payload if isinstance(entry.payload, bytes) else entry.payload.tobytes()
     if entry.is_batched:
         messages = _decode_batch(payload, entry.num_messages, entry.first_offset, entry.metadata.sequence_id)

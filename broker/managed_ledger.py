@@ -589,14 +589,13 @@ class ManagedLedger:
         handle = self._handle_for(info.ledger_id)
         entries: list[Entry] = []
         size = 0
-        previous: Entry | None = None
         for entry_id in range(first, last + 1):
             if max_bytes is not None and size >= max_bytes:
                 break
-            entry = self._cached_or_read(handle, info.ledger_id, entry_id, previous)
+            entry = self._cached_or_read(handle, info.ledger_id, entry_id,
+                                         entries[-1].last_offset + 1 if entries else None)
             entries.append(entry)
             size += len(entry.data)
-            previous = entry
             if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
                 break
         if entries:
@@ -616,18 +615,16 @@ class ManagedLedger:
                 del hints[next(iter(hints))]
 
     def _cached_or_read(self, handle: LedgerHandle, ledger_id: int, entry_id: int,
-                        previous: Entry | None = None) -> Entry:
-        """One entry, from the broker's cache or the bookies. ``previous`` (the entry before it,
-        when known) gives its first offset without parsing its ``MessageMetadata``."""
+                        first_offset: int | None) -> Entry:
+        """One entry, from the broker's cache or the bookies. ``first_offset``, when the caller
+        knows it (the entry before it was just read), spares parsing its ``MessageMetadata``."""
         cached = self._cache.get(ledger_id, entry_id)
         if cached is not None:
             return Entry(Position(ledger_id, entry_id), *cached)
         data = handle.read_entry(entry_id)
         meta = peek_broker_entry_metadata(data)
         assert meta is not None
-        if previous is not None and previous.position.entry_id == entry_id - 1:
-            first_offset = previous.last_offset + 1
-        else:
+        if first_offset is None:
             first_offset = meta.index - message_count(data) + 1
         return Entry(Position(ledger_id, entry_id), data, first_offset, meta.index, meta.broker_timestamp_ms)
 

@@ -61,13 +61,13 @@ def message_id_bytes(ledger_id: int, entry_id: int, partition: int = -1, batch_i
                      batch_size: int | None = None) -> bytes:
     """``MessageId(...).to_bytes(batch_size=...)`` for values already known to be valid (the
     broker's own positions), without building the id."""
-    data = b"\x08" + encode_varint(ledger_id % _UINT64_MOD) + b"\x10" + encode_varint(entry_id % _UINT64_MOD)
+    data = b"\x08" + encode_varint(_to_uint64(ledger_id)) + b"\x10" + encode_varint(_to_uint64(entry_id))
     if partition >= 0:
         data += b"\x18" + encode_varint(partition)
     if batch_index >= 0:
         data += b"\x20" + encode_varint(batch_index)
     if batch_size is not None:
-        data += b"\x30" + encode_varint(batch_size % _UINT64_MOD)
+        data += b"\x30" + encode_varint(_to_uint64(batch_size))  # a negative int32 is sign-extended
     return data
 
 

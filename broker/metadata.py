@@ -341,7 +341,7 @@ class _VersionedStore(MetadataStore):
     def _load(self, path: str) -> Stat | None: ...
 
     @abstractmethod
-    def _commit(self, changes: Mapping[str, Stat | None], durable: bool = True) -> None: ...
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None: ...
 
     @abstractmethod
     def _child_names(self, path: str) -> list[str]: ...
@@ -386,7 +386,7 @@ class _VersionedStore(MetadataStore):
             self._check_open()
             doomed = sorted(self._subtree(valid), reverse=True)  # descendants before ancestors
             if doomed:
-                self._commit(dict.fromkeys(doomed))
+                self._commit(dict.fromkeys(doomed), durable=True)
                 self._deletes += len(doomed)
                 self._pending.extend(Notification(NotificationType.DELETED, p) for p in doomed)
         self._deliver()
@@ -529,7 +529,7 @@ class InMemoryMetadataStore(_VersionedStore):
     def _load(self, path: str) -> Stat | None:
         return self._nodes.get(path)
 
-    def _commit(self, changes: Mapping[str, Stat | None], durable: bool = True) -> None:
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
         for path, stat in changes.items():
             if stat is None:
                 self._nodes.pop(path, None)
@@ -600,7 +600,7 @@ class RocksDBMetadataStore(_VersionedStore):
         raw = self._db.get(node_key(path))
         return None if raw is None else decode_node(path, raw)
 
-    def _commit(self, changes: Mapping[str, Stat | None], durable: bool = True) -> None:
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
         batch = WriteBatch(raw_mode=True)
         for path, stat in changes.items():
             if stat is None:

@@ -170,15 +170,17 @@ class PersistentTopic:
         return self._rates_in
 
     # --- reading helpers -----------------------------------------------------------------
-    def entries_from(self, offset: int) -> Iterator[Entry]:
-        """Every confirmed entry holding an offset ``>= offset``, in order."""
+    def entries_from(self, offset: int, *, step_entries: int = REPLAY_BATCH_ENTRIES,
+                     step_bytes: int = 5 * 1024 * 1024) -> Iterator[Entry]:
+        """Every confirmed entry holding an offset ``>= offset``, in order, read from the managed
+        ledger ``step_entries`` (or about ``step_bytes``) at a time."""
         if offset < self.ml.first_offset:
             raise DataLost(f"offset {offset} of {self.name} was trimmed; first is {self.ml.first_offset}")
         if offset >= self.ml.confirmed_next_offset():
             return
         position, _ = self.ml.offset_to_position(offset)
         while True:
-            entries = self.ml.read_entries(position, REPLAY_BATCH_ENTRIES)
+            entries = self.ml.read_entries(position, step_entries, max_bytes=step_bytes)
             if not entries:
                 return
             yield from entries

@@ -83,10 +83,12 @@ class AppendFile:
 
     def close(self) -> None:
         if self._fd >= 0:
-            if self._allocated_bytes > self.size_bytes:
-                os.ftruncate(self._fd, self.size_bytes)  # readers need not skip the zeros
-            os.close(self._fd)
-            self._fd = -1
+            try:
+                if self._allocated_bytes > self.size_bytes:
+                    os.ftruncate(self._fd, self.size_bytes)  # readers need not skip the zeros
+            finally:
+                os.close(self._fd)
+                self._fd = -1
 
 
 class ReadFile:
@@ -108,8 +110,19 @@ class ReadFile:
             self._fd = -1
 
 
-def _append_flags(preallocate_bytes: int) -> int:
-    return os.O_WRONLY | os.O_CREAT | (0 if preallocate_bytes else os.O_APPEND)
+def _open_for_append(fileio: FileIO, path: str, preallocate_bytes: int) -> tuple[int, int]:
+    """(fd, size) of ``path`` opened for appending, created (and its directory entry synced) if
+    missing. A preallocated file must start empty: zeros left in an old one would be taken for
+    written bytes, and replay stops at the first zero header."""
+    existed = os.path.exists(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (0 if preallocate_bytes else os.O_APPEND), 0o644)
+    if not existed:
+        fileio.sync_dir(os.path.dirname(path))
+    size = os.fstat(fd).st_size
+    if preallocate_bytes and size:
+        os.close(fd)
+        raise ValueError(f"{path} has {size} bytes: only a new, empty file is appended with preallocation")
+    return fd, size
 
 
 class FileIO:
@@ -118,11 +131,8 @@ class FileIO:
     def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
         """Open ``path`` for appending (created if missing); ``preallocate_bytes`` as in
         :class:`AppendFile` (the file is then written at explicit offsets, not ``O_APPEND``)."""
-        existed = os.path.exists(path)
-        fd = os.open(path, _append_flags(preallocate_bytes), 0o644)
-        if not existed:
-            self.sync_dir(os.path.dirname(path))
-        return AppendFile(path, fd, os.fstat(fd).st_size, preallocate_bytes)
+        fd, size = _open_for_append(self, path, preallocate_bytes)
+        return AppendFile(path, fd, size, preallocate_bytes)
 
     def open_read(self, path: str) -> ReadFile:
         return ReadFile(path, os.open(path, os.O_RDONLY))
@@ -199,6 +209,8 @@ class FaultyFileIO(FileIO):
         self._crash_points: dict[str, int] = {}
         self.crashed = False
         self.durable_size_bytes: dict[str, int] = {}
+        self.written_size_bytes: dict[str, int] = {}
+        """Logical size of each append file: preallocated zeros after it are not written data."""
         self.failpoints_hit: dict[str, int] = {}
 
     # --- configuration -------------------------------------------------------------
@@ -225,10 +237,13 @@ class FaultyFileIO(FileIO):
             if not os.path.exists(path):
                 continue
             size = os.stat(path).st_size
-            if size <= durable:
+            written = self.written_size_bytes.get(path, size)  # less than size: zeros preallocated
+            if written <= durable:
                 continue
-            keep = durable + self.rng.randint(0, size - durable)
+            keep = durable + self.rng.randint(0, written - durable)
             os.truncate(path, keep)
+            if size > written:
+                os.truncate(path, size)  # the preallocated length stays, zeros after the cut
             if keep > durable and self.rng.random() < 0.3:
                 with open(path, "r+b") as f:
                     f.seek(self.rng.randrange(durable, keep))
@@ -262,12 +277,9 @@ class FaultyFileIO(FileIO):
         return None
 
     def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
-        existed = os.path.exists(path)
-        fd = os.open(path, _append_flags(preallocate_bytes), 0o644)
-        if not existed:
-            self.sync_dir(os.path.dirname(path))
-        size = os.fstat(fd).st_size
+        fd, size = _open_for_append(self, path, preallocate_bytes)
         self.durable_size_bytes.setdefault(path, size)
+        self.written_size_bytes[path] = size
         return _FaultyAppendFile(self, path, fd, size, preallocate_bytes)
 
     def write_atomic(self, path: str, data: bytes) -> None:
@@ -289,9 +301,13 @@ class _FaultyAppendFile(AppendFile):
             raise OSError(errno.EIO, f"injected EIO writing {self.path}")
         if kind == "torn":
             cut = self._owner.rng.randint(0, max(0, len(data) - 1))
-            super().write(memoryview(data)[:cut])
+            self._write(memoryview(data)[:cut])
             raise OSError(errno.EIO, f"injected torn write on {self.path} after {cut} bytes")
+        self._write(data)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         super().write(data)
+        self._owner.written_size_bytes[self.path] = self.size_bytes
 
     def writev(self, buffers: Sequence[bytes]) -> None:
         self.write(b"".join(buffers))

@@ -4,7 +4,8 @@ Role: every published entry passes through several futures (storage add, ledger 
 ledger add, publish). A plain ``Future`` builds a ``threading.Condition`` (Python code around a
 lock) and notifies it on every ``set_result``; a :class:`LightFuture` guards its state with one
 C-level ``threading.Lock`` and builds an ``Event`` only when a thread actually blocks in
-``result()`` or ``exception()``. :func:`complete_group` finishes a journal group's futures.
+``result()`` or ``exception()``. :meth:`LightFuture.try_finish` completes a future whose owner
+may have cancelled it (a journal group's adds) without raising.
 
 Invariants:
 - Callbacks, ``result(timeout)``, ``exception(timeout)``, cancellation and
@@ -18,7 +19,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -45,7 +45,10 @@ class LightFuture(Future[T]):
     def result(self, timeout: float | None = None) -> T:
         self._wait_finished(timeout)
         if self._exception is not None:
-            raise self._exception
+            try:
+                raise self._exception
+            finally:
+                del self  # the traceback holds this frame: no cycle back to the future (as Future does)
         return self._result  # type: ignore[return-value]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -76,22 +79,27 @@ class LightFuture(Future[T]):
         self._finish(None, exception)
 
     def _finish(self, result: Any, exception: BaseException | None) -> None:
+        if not self.try_finish(result, exception):  # raised outside the lock: repr() takes it
+            raise InvalidStateError(f"{self._state}: {self!r}")
+
+    def try_finish(self, result: Any, exception: BaseException | None) -> bool:
+        """Complete with ``result`` (``exception`` None) or ``exception``; False, and nothing
+        done, when the future is already done (cancelled by its owner)."""
         with self._condition:
-            state = self._state
-            if state not in _DONE:
-                self._result, self._exception = result, exception
-                self._state = FINISHED
-                for waiter in self._waiters:
-                    if exception is None:
-                        waiter.add_result(self)
-                    else:
-                        waiter.add_exception(self)
+            if self._state in _DONE:
+                return False
+            self._result, self._exception = result, exception
+            self._state = FINISHED
+            for waiter in self._waiters:
+                if exception is None:
+                    waiter.add_result(self)
+                else:
+                    waiter.add_exception(self)
             event = self._done_event
-        if state in _DONE:  # raised outside the lock: repr() takes it
-            raise InvalidStateError(f"{state}: {self!r}")
         if event is not None:
             event.set()
         self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's own helper
+        return True
 
     def cancel(self) -> bool:
         with self._condition:
@@ -123,13 +131,3 @@ def new_future() -> LightFuture[Any]:
     """A ``Future`` completed with ``set_result`` / ``set_exception``, without a Condition."""
     return LightFuture()
 
-
-Outcome = tuple["LightFuture[Any]", Any, BaseException | None]
-
-
-def complete_group(outcomes: list[Outcome]) -> None:
-    """Finish ``(future, result, error)`` triples in order; a future its owner cancelled is
-    skipped."""
-    for future, result, error in outcomes:
-        with contextlib.suppress(InvalidStateError):  # cancelled by its owner
-            future._finish(result, error)

@@ -143,7 +143,7 @@ class Journal:
 
     def __init__(self, directory: str, fileio: FileIO, complete: GroupCompletion, *, sync: bool,
                  group_wait_ms: float, group_bytes_max: int, file_bytes_max: int,
-                 preallocate_bytes: int = 0) -> None:
+                 preallocate_bytes: int) -> None:
         self._dir = directory
         self._complete = complete
         self._fileio = fileio

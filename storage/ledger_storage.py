@@ -52,7 +52,7 @@ from storage.errors import (
     WriteCacheFull,
 )
 from storage.fileio import FileIO
-from storage.futures import LightFuture, complete_group
+from storage.futures import LightFuture, new_future
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
 from storage.journal import (
     RECORD_ADD_ENTRY,
@@ -261,7 +261,7 @@ class LedgerStorage:
         if meta.fenced and not recovery:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
         self._put_in_cache(ledger_id, entry_id, data)
-        future: LightFuture[int] = LightFuture()
+        future: LightFuture[int] = new_future()
         self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
                              (meta, ledger_id, entry_id, future))
         return future
@@ -291,18 +291,17 @@ class LedgerStorage:
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
         """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
-        for adds and a bare future for fences; all of them are completed here, in order."""
-        outcomes: list[tuple[LightFuture[Any], Any, BaseException | None]] = []
+        for adds and a bare future for fences; all of them are completed here, in order (a
+        future its owner cancelled is skipped)."""
         if error is None:
             for token in tokens:
                 if type(token) is tuple:
                     meta, _, entry_id, future = token
                     meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
-                    outcomes.append((future, entry_id, None))
+                    future.try_finish(entry_id, None)
                 else:
-                    outcomes.append((token, None, None))
-            self._entries_added += len(outcomes)
-            complete_group(outcomes)
+                    token.try_finish(None, None)
+            self._entries_added += len(tokens)
             return
         failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
         for token in tokens:
@@ -310,10 +309,9 @@ class LedgerStorage:
                 _, ledger_id, entry_id, future = token
                 self._active.remove(ledger_id, entry_id)
                 self._flushing.remove(ledger_id, entry_id)
-                outcomes.append((future, None, failure))
+                future.try_finish(None, failure)
             else:
-                outcomes.append((token, None, failure))
-        complete_group(outcomes)
+                token.try_finish(None, failure)
 
     def fence(self, ledger_id: int) -> Future[None]:
         """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
@@ -323,7 +321,7 @@ class LedgerStorage:
         meta.fenced = True
         with self._cache_cv:
             self._dirty_ledgers.add(ledger_id)
-        future: LightFuture[None] = LightFuture()
+        future: LightFuture[None] = new_future()
         self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", future)
         return future
 

@@ -24,7 +24,13 @@ import pyarrow as pa
 import pytest
 
 from api.auth import AuthConfig, create_token
-from api.rest_read import ARROW_SCHEMA, ARROW_STREAM_MEDIA_TYPE, READ_MESSAGES_MAX, message_ids_of_entry
+from api.rest_read import (
+    ARROW_SCHEMA,
+    ARROW_STREAM_MEDIA_TYPE,
+    OFFSET_MAX,
+    READ_MESSAGES_MAX,
+    message_ids_of_entry,
+)
 from broker.message_id import MessageId
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Delivery
@@ -157,7 +163,7 @@ def test_reading_at_or_past_the_end_is_empty(server: tuple[httpx.Client, BrokerS
     client, _ = server
     produce_sample(client)
     end = ENTRIES * MESSAGES_PER_ENTRY
-    for offset in (end, end + 1000):
+    for offset in (end, end + 1000, OFFSET_MAX):
         response, table = read_arrow(client, TOPIC_URL, offset=offset)
         assert table.num_rows == 0 and table.schema.equals(ARROW_SCHEMA)
         assert response.headers["X-Magnetar-Next-Offset"] == str(offset)
@@ -184,6 +190,8 @@ def test_trimmed_offsets_are_410_data_lost(server: tuple[httpx.Client, BrokerSer
 
 @pytest.mark.parametrize(("path", "params"), [
     (f"{TOPIC_URL}/messages", {"offset": -1}),
+    (f"{TOPIC_URL}/messages", {"offset": OFFSET_MAX + 1}),
+    (f"{TOPIC_URL}/offsets", {"timestamp": OFFSET_MAX + 1}),
     (f"{TOPIC_URL}/messages", {}),
     (f"{TOPIC_URL}/messages", {"offset": "one"}),
     (f"{TOPIC_URL}/messages", {"offset": 0, "maxMessages": 0}),

@@ -8,12 +8,14 @@ in other threads, and callbacks added while other threads complete futures (each
 from __future__ import annotations
 
 import functools
+import gc
 import threading
+import weakref
 from concurrent.futures import FIRST_COMPLETED, CancelledError, InvalidStateError, as_completed, wait
 
 import pytest
 
-from storage.futures import LightFuture, complete_group, new_future
+from storage.futures import LightFuture, new_future
 
 
 def test_results_errors_callbacks_and_cancellation() -> None:
@@ -31,7 +33,8 @@ def test_results_errors_callbacks_and_cancellation() -> None:
     cancelled.add_done_callback(lambda f: cancel_seen.append(f.cancelled()))
     assert cancelled.cancel() and cancelled.cancel()
     assert cancel_seen == [True]
-    complete_group([(ok, 7, None), (failed, None, ValueError("boom")), (cancelled, 9, None)])
+    assert ok.try_finish(7, None) and failed.try_finish(None, ValueError("boom"))
+    assert not cancelled.try_finish(9, None)  # cancelled by its owner: nothing done
     assert ok.done() and ok.result() == 7 and seen == [7]
     assert not ok.cancel()
     assert isinstance(failed.exception(), ValueError)
@@ -54,10 +57,10 @@ def test_blocked_waiters_wake_for_their_own_future_only() -> None:
     got: list[str] = []
     waiter = threading.Thread(target=lambda: got.append(second.result(timeout=10)))
     waiter.start()
-    complete_group([(first, "one", None)])
+    first.set_result("one")
     waiter.join(0.05)
     assert waiter.is_alive() and got == []
-    complete_group([(second, "two", None)])
+    second.set_result("two")
     waiter.join(10)
     assert got == ["two"]
     done, pending = wait([first, second], timeout=1, return_when=FIRST_COMPLETED)
@@ -66,7 +69,7 @@ def test_blocked_waiters_wake_for_their_own_future_only() -> None:
 
 def test_wait_and_as_completed_see_completions_from_another_thread() -> None:
     futures: list[LightFuture[int]] = [new_future() for _ in range(50)]
-    completer = threading.Thread(target=lambda: complete_group([(f, i, None) for i, f in enumerate(futures)]))
+    completer = threading.Thread(target=lambda: [f.try_finish(i, None) for i, f in enumerate(futures)])
     pending_wait = threading.Thread(target=lambda: wait(futures, timeout=10))
     pending_wait.start()
     completer.start()
@@ -100,3 +103,18 @@ def test_each_callback_runs_exactly_once_while_other_threads_complete() -> None:
     adder.join(30)
     completer.join(30)
     assert calls == [1] * rounds
+
+
+def test_a_raised_result_leaves_no_cycle_back_to_the_future() -> None:
+    """A failed group fails every future in it: none may wait for the cyclic collector."""
+    gc.disable()
+    try:
+        future: LightFuture[int] = new_future()
+        future.set_exception(ValueError("boom"))
+        alive = weakref.ref(future)
+        with pytest.raises(ValueError):
+            future.result()
+        del future
+        assert alive() is None
+    finally:
+        gc.enable()

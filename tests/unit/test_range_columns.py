@@ -301,8 +301,11 @@ def test_messages_with_more_properties_than_the_extension_keeps_take_the_referen
 
 @native_only
 def test_event_times_past_int64_fail_as_the_reference_does() -> None:
-    entries = [encoded_entry([Message(b"v", event_time_ms=INT64_MAX), Message(b"w", event_time_ms=INT64_MAX + 1)],
-                             Compression.NONE, 0, 0)]
+    # Magnetar's producers refuse such event times (``encode_entry``); a foreign writer's entry
+    # (protobuf's uint64 allows them) fails the same way on both paths
+    items = [single_metadata(b"\x18\x01", b"\x28" + varint(event_time_ms)) + payload
+             for event_time_ms, payload in ((INT64_MAX, b"v"), (INT64_MAX + 1, b"w"))]
+    entries = [batch_entry(b"".join(items), 2)]
     assert read(entries, native=True, max_messages=1).column("eventTime").cast("int64").to_pylist() == [INT64_MAX]
     assert read(entries, native=False) is OverflowError
     assert read(entries, native=True) is OverflowError
