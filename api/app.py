@@ -3,6 +3,12 @@
 Role: the edge of the broker. Routes translate HTTP to broker calls and back; they never touch
 ``storage`` directly. The application's lifespan starts the broker service and closes it on
 shutdown (uvicorn turns SIGTERM into a graceful shutdown, so a SIGTERM flushes and checkpoints).
+
+In front of the routes, ``api/request_guard.py`` authenticates each request once and bounds
+bodies and per-role concurrency; ``server_options`` gives uvicorn the guarded HTTP protocol of
+``api/connection_guard.py`` (connection count, header and idle timeouts) for this app's
+``EdgeLimits``. Every Magnetar server (``magnetar standalone`` and the test servers) runs with
+``server_options(app)``.
 """
 
 from __future__ import annotations
@@ -17,10 +23,20 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from api import log_redaction
 from api.admin import router as admin_router
 from api.auth import AuthConfig, Authorizer
+from api.connection_guard import (
+    ConnectionGuard,
+    effective_connections_max,
+    guarded_http_protocol,
+    quiet_accept_errors,
+    register,
+)
 from api.errors import install_error_handlers
+from api.limits import EdgeLimits
 from api.metrics import router as metrics_router
+from api.request_guard import RequestGuard
 from api.rest_consume import router as consume_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
@@ -41,17 +57,40 @@ class _DenialLogFilter(logging.Filter):
 _DENIAL_LOG_FILTER = _DenialLogFilter()
 
 WS_FRAME_BYTES_MAX = 8 * 1024 * 1024  # a 5 MiB message, base64-encoded, inside its JSON frame
-SERVER_OPTIONS: dict[str, Any] = {
-    "ws": MagnetarWebSocketProtocol,
-    "ws_max_size": WS_FRAME_BYTES_MAX,
-    "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
-}
-"""uvicorn settings every Magnetar server uses (``magnetar standalone`` and the test servers)."""
 
 
-def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> FastAPI:
+def server_options(app: FastAPI) -> dict[str, Any]:
+    """uvicorn settings for serving ``app``: its WebSocket protocol and the guarded HTTP
+    protocol under the app's connection guard."""
+    limits: EdgeLimits = app.state.limits
+    return {
+        "http": guarded_http_protocol(_http_protocol_base(), app.state.connection_guard),
+        "timeout_keep_alive": limits.idle_timeout_s,
+        "ws": MagnetarWebSocketProtocol,
+        "ws_max_size": WS_FRAME_BYTES_MAX,
+        "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
+    }
+
+
+def _http_protocol_base() -> type[Any]:
+    """uvicorn's own choice of HTTP protocol ("auto"): httptools when installed, else h11."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        return H11Protocol
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    return HttpToolsProtocol
+
+
+def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
+               limits: EdgeLimits | None = None) -> FastAPI:
+    limits = limits or EdgeLimits()
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        quiet_accept_errors(asyncio.get_running_loop())
+        log_redaction.install()
         service.start()
         # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
         # a burst of confirmations wakes the loop once for dispatch and publish results alike.
@@ -65,15 +104,20 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
     logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)
     app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
     app.state.service = service
+    app.state.limits = limits
+    guard = ConnectionGuard(effective_connections_max(limits.connections_max), limits.header_timeout_s)
+    register(guard)
+    app.state.connection_guard = guard
     authorizer = Authorizer(auth or AuthConfig(), service)
     app.state.authorizer = authorizer
+    app.add_middleware(RequestGuard, authorizer=authorizer, limits=limits)
     install_error_handlers(app)
     app.include_router(produce_router(service, authorizer))
     app.include_router(admin_router(service, authorizer))
-    app.include_router(consume_router(service, authorizer))
+    app.include_router(consume_router(service, authorizer, limits))
     app.include_router(metrics_router(service, authorizer))
-    app.include_router(read_router(service, authorizer))
-    app.include_router(ws_router(service, authorizer))
+    app.include_router(read_router(service, authorizer, limits))
+    app.include_router(ws_router(service, authorizer, limits))
 
     @app.get("/healthz", summary="Liveness and storage health")
     def healthz() -> JSONResponse:

@@ -16,9 +16,11 @@ any broker call, so a refused request never writes anything.
 
 from __future__ import annotations
 
+import base64
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import jwt
@@ -46,6 +48,8 @@ class AuthConfig:
     public_key: bytes | None = None  # RS256 (PEM)
     superuser_roles: frozenset[str] = field(default_factory=frozenset)
     role_claim: str = "sub"
+    authenticate_metrics: bool = False
+    """``/metrics`` needs a superuser's token (Pulsar's ``authenticateMetricsEndpoint``)."""
 
     def __post_init__(self) -> None:
         if self.enabled and (self.secret_key is None) == (self.public_key is None):
@@ -63,6 +67,17 @@ class Principal:
 
 
 ANONYMOUS_SUPERUSER = Principal(ANONYMOUS_ROLE, superuser=True)
+
+
+def read_key(reference: str) -> bytes:
+    """Key bytes from ``file:///path``, ``data:;base64,<b64>`` or a plain path (Pulsar's forms),
+    exactly as stored: a secret key is random bytes, so whitespace at its ends is part of it.
+    The broker and ``magnetar tokens`` both read keys here, so they always agree on a key.
+    Raises ``ValueError`` (bad base64) or ``OSError`` (unreadable file)."""
+    if reference.startswith("data:"):
+        _, _, encoded = reference.partition(",")
+        return base64.b64decode(encoded, validate=True)
+    return Path(reference.removeprefix("file://")).read_bytes()
 
 
 def create_token(subject: str, *, secret_key: bytes | None = None, private_key: bytes | None = None,
@@ -89,7 +104,18 @@ class Authorizer:
 
     # --- authentication --------------------------------------------------------------------
     def authenticate(self, connection: HTTPConnection) -> Principal:
-        """The caller of an HTTP request or WebSocket handshake."""
+        """The caller of an HTTP request or WebSocket handshake, as ``api/request_guard.py``
+        found it (authenticated once per request, from the headers); raises what it found."""
+        outcome = connection.scope.get(_CALLER_OUTCOME)
+        if outcome is None:
+            return self.authenticate_headers(connection)
+        if isinstance(outcome, Exception):
+            raise outcome
+        assert isinstance(outcome, Principal)
+        return outcome
+
+    def authenticate_headers(self, connection: HTTPConnection) -> Principal:
+        """Verify the caller's token (``Authorization: Bearer`` or ``?token=``)."""
         if not self.config.enabled:
             return ANONYMOUS_SUPERUSER
         return self.principal_of(_token_of(connection))
@@ -153,6 +179,15 @@ def _token_of(connection: HTTPConnection) -> str | None:
             raise Unauthorized("the Authorization header must be 'Bearer <token>'")
         return value.strip()
     return connection.query_params.get("token")
+
+
+_CALLER_OUTCOME = "magnetar.caller"
+
+
+def caller_outcome_key() -> str:
+    """The ASGI scope key under which the request guard leaves the caller (a ``Principal``) or
+    the refusal to answer (an error)."""
+    return _CALLER_OUTCOME
 
 
 def authorizer_of(connection: HTTPConnection) -> Authorizer:

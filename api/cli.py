@@ -59,8 +59,9 @@ def _exit_cleanly(signum: int, _frame: object) -> None:
 def run_standalone(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import SERVER_OPTIONS, create_app
+    from api.app import create_app, server_options
     from api.config import ConfigError, StandaloneConfig
+    from api.connection_guard import raise_file_limit
     from broker.service import BrokerService
 
     overrides = {key: str(value) for key, value in
@@ -71,12 +72,13 @@ def run_standalone(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
-    app = create_app(BrokerService(config.data_dir, config.broker), auth=config.auth)
+    raise_file_limit()  # before the app sizes its connection bound under the descriptor limit
+    app = create_app(BrokerService(config.data_dir, config.broker), auth=config.auth, limits=config.limits)
     tune_runtime()
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **SERVER_OPTIONS)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))
     return 0
 
 

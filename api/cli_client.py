@@ -204,14 +204,6 @@ def _add_tokens(commands: Any) -> None:
     create.set_defaults(handler=_create_token)
 
 
-def read_key(reference: str) -> bytes:
-    """Key bytes from a path, ``file:///path`` or ``data:;base64,...`` (Pulsar's forms)."""
-    if reference.startswith("data:"):
-        _, _, encoded = reference.partition(",")
-        return base64.b64decode(encoded, validate=True)
-    return Path(reference.removeprefix("file://")).read_bytes()
-
-
 def _write_private(path: str, data: bytes) -> None:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
@@ -240,7 +232,7 @@ def _create_key_pair(args: argparse.Namespace) -> int:
 
 
 def _create_token(args: argparse.Namespace) -> int:
-    from api.auth import create_token
+    from api.auth import create_token, read_key
 
     if args.expiry_time_s is not None and args.expiry_time_s <= 0:
         raise ValueError("--expiry-time-s must be positive")

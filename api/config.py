@@ -4,9 +4,10 @@ Role: turn a configuration file (and command-line overrides) into the ``BrokerCo
 ``AuthConfig`` that ``magnetar standalone`` runs with. Pulsar users can reuse the keys they know:
 ``webServicePort``, ``bindAddress``, ``authenticationEnabled``, ``authorizationEnabled``,
 ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey`` (``file:///path``, ``data:;base64,…``
-or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``; plus
-``dataDir``. Keys Magnetar does not use are logged and ignored, so a
-full Pulsar ``standalone.conf`` loads.
+or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
+``authenticateMetricsEndpoint``, ``maxHttpServerConnections``, ``httpMaxRequestSize``; plus
+``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
+use are logged and ignored, so a full Pulsar ``standalone.conf`` loads.
 
 Invariant: a bad value (not a number, an unreadable key file, authentication on without a key)
 raises ``ConfigError`` naming the key, before anything starts.
@@ -14,7 +15,6 @@ raises ``ConfigError`` naming the key, before anything starts.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import dataclasses
 import logging
@@ -22,14 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.auth import AuthConfig
+from api.auth import AuthConfig, read_key
+from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from broker.service import BrokerConfig
 
 log = logging.getLogger(__name__)
 
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
-              "brokerDeduplicationEnabled")
+              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", *CONFIG_KEYS)
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,7 @@ class StandaloneConfig:
     port: int = 8080
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: EdgeLimits = field(default_factory=EdgeLimits)
 
     @classmethod
     def load(cls, path: str | None = None, overrides: Mapping[str, str] | None = None) -> StandaloneConfig:
@@ -60,6 +62,7 @@ class StandaloneConfig:
                 auto_create_topics=_flag(values, "allowAutoTopicCreation", True),
                 dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True)),
             auth=_auth(values),
+            limits=_limits(values),
         )
 
 
@@ -96,19 +99,27 @@ def _flag(values: Mapping[str, str], key: str, default: bool) -> bool:
     raise ConfigError(f"{key} must be true or false, not {raw!r}")
 
 
-def read_key(key: str, value: str) -> bytes:
+def _limits(values: Mapping[str, str]) -> EdgeLimits:
+    settings: dict[str, int] = {}
+    for key, name in CONFIG_KEYS.items():
+        if values.get(key) in (None, ""):
+            continue
+        value = _integer(values, key, 0)
+        low, high = LIMIT_RANGES[name]
+        if not low <= value <= high:
+            raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
+        settings[name] = value
+    return EdgeLimits(**settings)
+
+
+def _read_key(key: str, value: str) -> bytes:
     """A key given as ``file:///path``, ``data:;base64,<b64>`` or a plain file path."""
-    if value.startswith("data:"):
-        _, _, encoded = value.partition(",")
-        try:
-            return base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError(f"{key}: the data: URL does not hold valid base64") from None
-    path = value.removeprefix("file://")
     try:
-        return Path(path).read_bytes().strip()
+        return read_key(value)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"{key}: the data: URL does not hold valid base64") from None
     except OSError as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(f"{key}: cannot read {value.removeprefix('file://')}: {exc.strerror}") from None
 
 
 def _auth(values: Mapping[str, str]) -> AuthConfig:
@@ -116,10 +127,11 @@ def _auth(values: Mapping[str, str]) -> AuthConfig:
     secret = values.get("tokenSecretKey") or None
     public = values.get("tokenPublicKey") or None
     roles = frozenset(r.strip() for r in values.get("superUserRoles", "").split(",") if r.strip())
+    metrics = _flag(values, "authenticateMetricsEndpoint", False)
     if not enabled:
         return AuthConfig(superuser_roles=roles)
     if (secret is None) == (public is None):
         raise ConfigError("authenticationEnabled=true needs exactly one of tokenSecretKey or tokenPublicKey")
-    return AuthConfig(enabled=True, superuser_roles=roles,
-                      secret_key=read_key("tokenSecretKey", secret) if secret else None,
-                      public_key=read_key("tokenPublicKey", public) if public else None)
+    return AuthConfig(enabled=True, superuser_roles=roles, authenticate_metrics=metrics,
+                      secret_key=_read_key("tokenSecretKey", secret) if secret else None,
+                      public_key=_read_key("tokenPublicKey", public) if public else None)

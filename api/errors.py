@@ -7,6 +7,8 @@ mistyped fields) are 400 ``invalid_request``. Routes never catch broker errors t
 
 from __future__ import annotations
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -21,8 +23,31 @@ class UpgradeRequired(MagnetarError):
     http_status = 426
 
 
+class TooManyConnections(MagnetarError):
+    """A role holds as many requests and sessions as it may (``api/limits.py``)."""
+
+    code = "too_many_connections"
+    http_status = 429
+    retriable = True
+
+
+class PayloadTooLarge(MagnetarError):
+    code = "request_too_large"
+    http_status = 413
+
+
+class RequestTimeout(MagnetarError):
+    code = "request_timeout"
+    http_status = 408
+
+
 def error_body(code: str, message: str) -> dict[str, str]:
     return {"code": code, "message": message}
+
+
+def error_bytes(error: MagnetarError) -> bytes:
+    """The JSON body of ``error``'s HTTP answer."""
+    return json.dumps(error_body(error.code, str(error) or error.code)).encode()
 
 
 def install_error_handlers(app: FastAPI) -> None:

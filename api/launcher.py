@@ -65,12 +65,16 @@ def stop_process(proc: subprocess.Popen[bytes], *, kill: bool = False) -> int:
 
 @contextmanager
 def running_standalone(data_dir: str | Path, *extra: str, cwd: str | Path | None = None,
-                       env: Mapping[str, str] | None = None,
-                       output: IO[bytes] | int = subprocess.DEVNULL) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``(url, process)`` of a healthy broker; stopped by PID on the way out."""
+                       env: Mapping[str, str] | None = None, output: IO[bytes] | int = subprocess.DEVNULL,
+                       file_limit: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``(url, process)`` of a healthy broker; stopped by PID on the way out. ``file_limit``
+    caps the child's open file descriptors (soft and hard) from its start."""
     port = free_port()
-    proc = subprocess.Popen(standalone_command(data_dir, port, *extra), cwd=cwd, env={**os.environ, **(env or {})},
-                            stdout=output, stderr=subprocess.STDOUT)
+    command = standalone_command(data_dir, port, *extra)
+    if file_limit is not None:  # util-linux's prlimit sets the limit and execs: the PID is the broker's
+        command = ["prlimit", f"--nofile={file_limit}:{file_limit}", *command]
+    proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=output,
+                            stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(f"{url}/healthz", proc)

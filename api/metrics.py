@@ -20,13 +20,20 @@ of that scrape rather than failing it.
 
 Access: public, also with token authentication on, like Pulsar with its default
 ``authenticateMetricsEndpoint=false``; the metrics name topics and subscriptions but carry no
-message data.
+message data. With ``authenticateMetricsEndpoint=true`` a scrape needs a superuser's token.
+
+Cost: a scrape reads each topic's and subscription's counters once (the service indexes
+subscriptions by topic), so it is linear in topics plus subscriptions and holds no broker-wide
+lock while rendering; scrapes that arrive while one is being rendered wait for it and share
+its text, so a burst of concurrent scrapes costs one rendering.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Response
@@ -34,7 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from api.auth import Authorizer
+from api.auth import Authorizer, Caller
 from broker.errors import MagnetarError
 from broker.service import BrokerService
 from broker.subscription import SubscriptionStats
@@ -240,15 +247,53 @@ class BrokerCollector(Collector):
         yield from topic_metrics(samples)
 
 
+class SharedScrape:
+    """One rendering at a time; scrapes that arrive during it get its text."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._running: Future[bytes] | None = None
+        self.renderings = 0
+
+    def render(self) -> bytes:
+        with self._lock:
+            running = self._running
+            if running is None:
+                running = self._running = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            return running.result()
+        try:
+            text = generate_latest(self._registry)
+            self.renderings += 1
+            running.set_result(text)
+            return text
+        except BaseException as exc:
+            running.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                self._running = None
+
+
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
-    """``authorizer`` is unused on purpose: the endpoint is public (see the module docstring)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(service))
+    cache = SharedScrape(registry)
     routes = APIRouter(tags=["metrics"])
+    summary = "Broker, topic, subscription and storage metrics (Prometheus text format)"
 
-    @routes.get("/metrics", summary="Broker, topic, subscription and storage metrics (Prometheus text format)",
-                response_class=Response)
-    def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    if authorizer.config.authenticate_metrics:
+        @routes.get("/metrics", summary=summary + "; superusers only", response_class=Response)
+        def authenticated_metrics(caller: Caller) -> Response:
+            authorizer.require_superuser(caller)
+            return Response(cache.render(), media_type=CONTENT_TYPE_LATEST)
+    else:
+        @routes.get("/metrics", summary=summary, response_class=Response)
+        def metrics() -> Response:
+            return Response(cache.render(), media_type=CONTENT_TYPE_LATEST)
 
     return routes

@@ -57,6 +57,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import Action, Authorizer, Caller, Principal
+from api.errors import TooManyConnections
+from api.limits import EdgeLimits
 from api.wakeup import LoopWakeup
 from broker.cursor import ManagedCursor
 from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound
@@ -78,7 +80,6 @@ NEGATIVE_ACK_DELAY_MS_DEFAULT = 60_000
 NEGATIVE_ACK_DELAY_MS_MAX = 3_600_000
 REDELIVER_COUNT_MAX = 1_000
 ACK_IDS_PER_REQUEST_MAX = 10_000
-REST_CONSUMERS_MAX = 1_000
 REST_CONSUMER_IDLE_MS = 60_000
 SWEEP_INTERVAL_MS = 1_000
 ACK_PERSIST_TIMEOUT_S = 60.0
@@ -126,9 +127,9 @@ class ConsumerSettings:
         return cls(sub_type, params.ack_timeout_ms, params.negative_ack_delay_ms, params.max_redeliver_count,
                    dead_letter)
 
-    def consumer_config(self, subscription: str) -> ConsumerConfig:
+    def consumer_config(self, subscription: str, unacked_bytes_max: int) -> ConsumerConfig:
         return ConsumerConfig(
-            name=f"rest-{subscription}", receiver_queue_size=0,
+            name=f"rest-{subscription}", receiver_queue_size=0, unacked_bytes_max=unacked_bytes_max,
             ack_timeout_ms=self.ack_timeout_ms if self.ack_timeout_ms is not None else ACK_TIMEOUT_MS_DEFAULT,
             negative_ack_redelivery_delay_ms=self.negative_ack_delay_ms
             if self.negative_ack_delay_ms is not None else NEGATIVE_ACK_DELAY_MS_DEFAULT,
@@ -165,9 +166,10 @@ def _check_subscription_name(subscription: str) -> None:
 class RestConsumer:
     """One broker consumer serving the pulls of one (topic partition, subscription)."""
 
-    def __init__(self, topic: TopicName, subscription: str, consumer: Consumer, now_s: float) -> None:
+    def __init__(self, topic: TopicName, subscription: str, consumer: Consumer, now_s: float, role: str) -> None:
         self.topic = topic
         self.subscription = subscription
+        self.role = role
         self.consumer = consumer
         self.last_used_s = now_s
         self.pulls = 0
@@ -199,25 +201,34 @@ class RestConsumer:
         with self._lock:
             self._wanted += messages
 
-    def take(self, messages_max: int) -> list[Delivery]:
-        """Up to ``messages_max`` deliveries: what is waiting, then what new permits bring."""
-        taken = self._drain(messages_max)
-        if len(taken) < messages_max:
+    def take(self, messages_max: int, bytes_max: int) -> list[Delivery]:
+        """Up to ``messages_max`` deliveries of at most ``bytes_max`` payload bytes in all (at
+        least one): what is waiting, then what new permits bring. What does not fit stays in
+        the outbox for the next pull."""
+        taken = self._drain(messages_max, bytes_max)
+        taken_bytes = sum(len(d.message.payload) for d in taken)
+        if len(taken) < messages_max and taken_bytes < bytes_max:
             with self._lock:
                 missing = self._wanted - self.consumer.permits - len(self.consumer.outbox)
             if missing > 0:
                 self.consumer.flow(missing)  # dispatches synchronously what is already stored
-            taken += self._drain(messages_max - len(taken))
+            taken += self._drain(messages_max - len(taken), bytes_max - taken_bytes, taken_any=bool(taken))
         return taken
 
-    def _drain(self, messages_max: int) -> list[Delivery]:
+    def _drain(self, messages_max: int, bytes_max: int, *, taken_any: bool = False) -> list[Delivery]:
         taken: list[Delivery] = []
+        size = 0
         while len(taken) < messages_max:
-            delivery = self.consumer.poll()
+            delivery = self.consumer.peek()
             if delivery is None:
                 break
+            payload_bytes = len(delivery.message.payload)
+            if (taken or taken_any) and size + payload_bytes > bytes_max:
+                break  # left in the outbox for the next pull
+            self.consumer.poll()
             if self.consumer.unacked.get(delivery.offset) is delivery:  # else timed out and requeued
                 taken.append(delivery)
+                size += payload_bytes
         with self._lock:
             self._wanted -= len(taken)
         return taken
@@ -226,25 +237,28 @@ class RestConsumer:
 class RestConsumers:
     """The bounded registry of REST consumers, keyed by (topic partition, subscription)."""
 
-    def __init__(self, service: BrokerService, *, consumers_max: int = REST_CONSUMERS_MAX) -> None:
+    def __init__(self, service: BrokerService, limits: EdgeLimits) -> None:
         self._service = service
-        self._consumers_max = consumers_max
+        self._limits = limits
         self._consumers: dict[tuple[TopicName, str], RestConsumer] = {}
+        self._per_role: dict[str, int] = {}
+        self._per_namespace: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def _now_s(self) -> float:
         return self._service.clock()
 
     def begin_pull(self, topic: TopicName, subscription: str, settings: ConsumerSettings, initial: str,
-                   messages_max: int) -> RestConsumer:
-        """The REST consumer for a pull of up to ``messages_max`` (made on first use)."""
+                   messages_max: int, role: str) -> RestConsumer:
+        """The REST consumer for a pull of up to ``messages_max`` (made on first use, counted
+        against ``role``, the caller who made it, and the topic's namespace)."""
         with self._lock:
             rest = self._consumers.get((topic, subscription))
             if rest is not None and rest.consumer.closed and rest.pulls == 0:
-                del self._consumers[(topic, subscription)]
+                self._forget((topic, subscription))
                 rest = None
             if rest is None:
-                rest = self._create(topic, subscription, settings, initial)
+                rest = self._create(topic, subscription, settings, initial, role)
             conflicts = settings.conflicts(rest.consumer)
             if conflicts:
                 raise ConsumerBusy(f"subscription {subscription} of {topic} is pulled with {', '.join(conflicts)}; "
@@ -265,15 +279,34 @@ class RestConsumers:
         if last:  # nobody is waiting: permits left over must not start ack timers for later messages
             rest.consumer.withdraw()
 
-    def _create(self, topic: TopicName, subscription: str, settings: ConsumerSettings, initial: str) -> RestConsumer:
-        if len(self._consumers) >= self._consumers_max:
-            raise ConsumerBusy(f"{self._consumers_max} REST consumers are open; idle ones close after "
-                               f"{REST_CONSUMER_IDLE_MS // 1000} s")
+    def _create(self, topic: TopicName, subscription: str, settings: ConsumerSettings, initial: str,
+                role: str) -> RestConsumer:
+        namespace = topic.namespace_name
+        idle = f"; idle ones close after {REST_CONSUMER_IDLE_MS // 1000} s"
+        if len(self._consumers) >= self._limits.rest_consumers_max:
+            raise TooManyConnections(f"{self._limits.rest_consumers_max} REST consumers are open{idle}")
+        if self._per_role.get(role, 0) >= self._limits.rest_consumers_per_role_max:
+            raise TooManyConnections(f"role {role!r} has {self._limits.rest_consumers_per_role_max} REST "
+                                     f"consumers open{idle}")
+        if self._per_namespace.get(namespace, 0) >= self._limits.rest_consumers_per_namespace_max:
+            raise TooManyConnections(f"namespace {namespace} has {self._limits.rest_consumers_per_namespace_max} "
+                                     f"REST consumers open{idle}")
         sub_type = settings.subscription_type or self._current_type(topic, subscription) or SubscriptionType.EXCLUSIVE
-        consumer = self._service.subscribe(topic, subscription, sub_type, settings.consumer_config(subscription),
-                                           initial=initial)
-        rest = RestConsumer(topic, subscription, consumer, self._now_s())
+        config = settings.consumer_config(subscription, self._limits.consumer_unacked_bytes_max)
+        consumer = self._service.subscribe(topic, subscription, sub_type, config, initial=initial)
+        rest = RestConsumer(topic, subscription, consumer, self._now_s(), role)
         self._consumers[(topic, subscription)] = rest
+        self._per_role[role] = self._per_role.get(role, 0) + 1
+        self._per_namespace[namespace] = self._per_namespace.get(namespace, 0) + 1
+        return rest
+
+    def _forget(self, key: tuple[TopicName, str]) -> RestConsumer:
+        """Drop a REST consumer from the registry and its counts (lock held)."""
+        rest = self._consumers.pop(key)
+        for counts, name in ((self._per_role, rest.role), (self._per_namespace, rest.topic.namespace_name)):
+            counts[name] -= 1
+            if not counts[name]:
+                del counts[name]
         return rest
 
     def _current_type(self, topic: TopicName, subscription: str) -> SubscriptionType | None:
@@ -296,7 +329,7 @@ class RestConsumers:
         with self._lock:
             idle = [key for key, rest in self._consumers.items()
                     if rest.pulls == 0 and now - rest.last_used_s >= rest.idle_s_max]
-            closing = [self._consumers.pop(key) for key in idle]
+            closing = [self._forget(key) for key in idle]
         for rest in closing:
             rest.consumer.close()
         return len(closing)
@@ -305,6 +338,8 @@ class RestConsumers:
         with self._lock:
             closing = list(self._consumers.values())
             self._consumers.clear()
+            self._per_role.clear()
+            self._per_namespace.clear()
         for rest in closing:
             rest.consumer.close()
 
@@ -372,8 +407,8 @@ TOPIC_PATH = "/topics/persistent/{tenant}/{namespace}/{topic}"
 PARTITION_PATH = TOPIC_PATH + "/partitions/{partition}"
 
 
-def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
-    registry = RestConsumers(service)
+def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -> APIRouter:
+    registry = RestConsumers(service, limits)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -406,15 +441,18 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         name = topic_of(caller, *where)
         _check_subscription_name(subscription)
         settings = ConsumerSettings.of(params)
+        if settings.dead_letter_topic is not None:  # the broker writes there on the caller's behalf
+            authorizer.require(caller, Action.PRODUCE, TopicName.parse(settings.dead_letter_topic))
         initial = _initial_position(params.initial_position)
-        return registry.begin_pull(name, subscription, settings, initial, params.max_messages)
+        return registry.begin_pull(name, subscription, settings, initial, params.max_messages, caller.role)
 
     async def pull(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
                    params: PullParams) -> dict[str, Any]:
         rest = await run_in_threadpool(begin_pull, caller, where, subscription, params)
         taken: list[Delivery] = []
         try:
-            taken = await _take_waiting(rest, params.max_messages, params.wait_time_ms)
+            taken = await _take_waiting(rest, params.max_messages, limits.pull_response_bytes_max,
+                                        params.wait_time_ms)
         finally:
             registry.end_pull(rest, params.max_messages - len(taken))
         return {"messages": [message_json(d) for d in taken]}
@@ -492,7 +530,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     return routes
 
 
-async def _take_waiting(rest: RestConsumer, messages_max: int, wait_time_ms: int) -> list[Delivery]:
+async def _take_waiting(rest: RestConsumer, messages_max: int, bytes_max: int, wait_time_ms: int) -> list[Delivery]:
     """Take what is there; if nothing, wait (up to ``wait_time_ms``) for the first delivery."""
     loop = asyncio.get_running_loop()
     woken = LoopWakeup(loop)
@@ -502,7 +540,7 @@ async def _take_waiting(rest: RestConsumer, messages_max: int, wait_time_ms: int
     try:
         while True:
             woken.event.clear()
-            taken += await run_in_threadpool(rest.take, messages_max - len(taken))
+            taken += await run_in_threadpool(rest.take, messages_max - len(taken), bytes_max)
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
                 return taken

@@ -7,7 +7,9 @@ application/vnd.apache.arrow.stream``) whose columns are the Spark source's, or 
 
 - ``GET /topics/persistent/{tenant}/{namespace}/{topic}/messages?offset=N&maxMessages=M&maxBytes=B``
   (and ``.../partitions/{n}/messages``): at most ``M`` messages with offset ``>= N``, stopping
-  once about ``B`` payload bytes are collected (always at least one message when any exists).
+  once the answer holds about ``B`` bytes (payloads plus a per-message allowance for the other
+  columns, larger for JSON, whose payloads are base64), and never more than the broker's
+  ``read_response_bytes_max`` (``api/limits.py``); always at least one message when any exists.
   Headers ``X-Magnetar-Next-Offset`` (the offset to ask for next) and ``X-Magnetar-First-Offset``
   (the first offset retention kept).
 - ``GET /topics/persistent/{tenant}/{namespace}/{topic}/offsets[?timestamp=ms]``: for every
@@ -19,7 +21,7 @@ Invariants: a read never changes anything (no cursor, no topic creation). Offset
 so the ``offset`` column of a response is ``N, N+1, ...``. Asking below the first retained
 offset is ``DataLost`` (410 ``data_lost``, naming the first available offset); asking at or
 beyond the end is an empty result, not an error. Every response is bounded by
-``READ_MESSAGES_MAX`` messages and ``READ_BYTES_MAX`` payload bytes. Message ids are Pulsar's
+``READ_MESSAGES_MAX`` messages and ``read_response_bytes_max`` bytes. Message ids are Pulsar's
 base64 ``MessageIdData``, as on the WebSocket API. Times are epoch milliseconds (UTC). A message
 without a key has a null key; an empty key is an empty key.
 
@@ -53,6 +55,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
+from api.limits import EdgeLimits
 from broker.entry_format import DecodedEntry, decode_entry, decode_entry_payload, encode_varint, split_entry_payload
 from broker.errors import CorruptEntry, DataLost, InvalidRequest, NoSuchEntry, NoSuchLedger, NotFound
 from broker.managed_ledger import Entry, ManagedLedger
@@ -74,6 +77,10 @@ READ_MESSAGES_MAX = 100_000
 READ_BYTES_DEFAULT = 8 * 1024 * 1024
 READ_BYTES_MAX = 64 * 1024 * 1024
 READ_STEP_BYTES = 1024 * 1024
+ARROW_MESSAGE_OVERHEAD_BYTES = 64
+"""What a message costs an Arrow answer besides its payload (offset, id, times, key, properties)."""
+JSON_MESSAGE_OVERHEAD_BYTES = 512
+"""What a message costs a JSON answer besides its base64 payload, while the answer is built."""
 OFFSET_MAX = (1 << 63) - 1
 """Offsets and timestamps are 64-bit signed, as Kafka's and Pulsar's are; larger ones are a 400."""
 """Entries read from storage per step, by size: a read stops once it has its messages, and the
@@ -317,27 +324,33 @@ def _data_lost(name: TopicName, offset: int, ml: ManagedLedger) -> DataLost:
 
 
 def collect_entries(entries: Iterable[Entry], offset: int, partition: int, max_messages: int, max_bytes: int, *,
-                    native: bool = NATIVE_COLUMNS) -> Columns:
+                    message_overhead_bytes: int = 0, native: bool = NATIVE_COLUMNS) -> Columns:
     """Up to ``max_messages`` messages from ``offset`` on out of ``entries`` (in order, the first
-    holding ``offset``), stopping once ``max_bytes`` of payload are collected."""
+    holding ``offset``), stopping once their payloads plus ``message_overhead_bytes`` each
+    reach ``max_bytes`` (a batch entry is taken in part when the whole would pass the bound)."""
     columns = new_columns(offset, native=native)
     for entry in entries:
         skip = max(0, offset - entry.first_offset)
-        take = min(entry.message_count - skip, max_messages - len(columns))
+        used = columns.size_bytes + len(columns) * message_overhead_bytes
+        per_message = len(entry.data) // max(entry.message_count, 1) + message_overhead_bytes
+        affordable = max(1, (max_bytes - used) // max(per_message, 1))
+        take = min(entry.message_count - skip, max_messages - len(columns), affordable)
         columns.add_entry(entry, partition, skip, take)
-        if len(columns) >= max_messages or columns.size_bytes >= max_bytes:
+        used = columns.size_bytes + len(columns) * message_overhead_bytes
+        if len(columns) >= max_messages or used >= max_bytes or take < entry.message_count - skip:
             break
     return columns
 
 
 def collect(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: int, *,
-            native: bool = NATIVE_COLUMNS) -> Columns:
-    """Up to ``max_messages`` messages from ``offset`` on, stopping once ``max_bytes`` of payload
-    are collected. Raises ``DataLost`` when ``offset`` was trimmed."""
+            message_overhead_bytes: int = 0, native: bool = NATIVE_COLUMNS) -> Columns:
+    """Up to ``max_messages`` messages from ``offset`` on, within ``max_bytes`` (see
+    :func:`collect_entries`). Raises ``DataLost`` when ``offset`` was trimmed."""
     ml = topic.ml
     if offset < ml.first_offset:
         raise _data_lost(topic.name, offset, ml)
-    return collect_entries(_entries(topic, offset), offset, topic.partition, max_messages, max_bytes, native=native)
+    return collect_entries(_entries(topic, offset), offset, topic.partition, max_messages, max_bytes,
+                           message_overhead_bytes=message_overhead_bytes, native=native)
 
 
 def arrow_stream(batch: pa.RecordBatch) -> memoryview:
@@ -382,7 +395,7 @@ def _wants_arrow(request: Request) -> bool:
     return ARROW_STREAM_MEDIA_TYPE in request.headers.get("accept", "")
 
 
-def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -> APIRouter:
     routes = APIRouter(tags=["read"])
 
     def readable(name: TopicName) -> PersistentTopic | None:
@@ -401,7 +414,12 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         partition = name.partition_index
         if topic is None:
             return _read_response(request, ReadColumns(offset), name.full_name, partition, 0)
-        columns = collect(topic, offset, max_messages, max_bytes)
+        budget = min(max_bytes, limits.read_response_bytes_max)
+        if _wants_arrow(request):
+            columns = collect(topic, offset, max_messages, budget, message_overhead_bytes=ARROW_MESSAGE_OVERHEAD_BYTES)
+        else:  # base64 makes payloads a third larger
+            columns = collect(topic, offset, max_messages, budget * 3 // 4,
+                              message_overhead_bytes=JSON_MESSAGE_OVERHEAD_BYTES)
         return _read_response(request, columns, name.full_name, partition, topic.ml.first_offset)
 
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/messages",

@@ -44,6 +44,8 @@ from starlette.websockets import WebSocketState
 
 from api.auth import Action, Authorizer
 from api.errors import UpgradeRequired, error_body
+from api.limits import EdgeLimits
+from api.sessions import Admission, SessionRegistry
 from api.wakeup import LoopSignal, LoopWakeup
 from api.ws_protocol import FrameWriter
 from broker.entry_format import Compression, Message
@@ -479,7 +481,7 @@ class ConsumerParams:
     config: ConsumerConfig
 
     @classmethod
-    def parse(cls, query: QueryParams) -> ConsumerParams:
+    def parse(cls, query: QueryParams, limits: EdgeLimits) -> ConsumerParams:
         receiver_queue = query.integer("receiverQueueSize", RECEIVER_QUEUE_SIZE_MAX, 0, 2**31 - 1)
         receiver_queue = min(receiver_queue, RECEIVER_QUEUE_SIZE_MAX)  # Pulsar caps it at 1000
         config = ConsumerConfig(
@@ -490,6 +492,7 @@ class ConsumerParams:
             negative_ack_redelivery_delay_ms=query.integer("negativeAckRedeliveryDelay", 60_000, 0, 2**31 - 1),
             max_redeliver_count=query.integer("maxRedeliverCount", 0, 0, 2**31 - 1),
             dead_letter_topic=query.text("deadLetterTopic"),
+            unacked_bytes_max=limits.consumer_unacked_bytes_max,
         )
         sub_type = SubscriptionType.parse(query.text("subscriptionType", "Exclusive") or "Exclusive")
         return cls(
@@ -709,15 +712,19 @@ def _permits(frame: dict[str, Any]) -> int:
 
 # --- reader --------------------------------------------------------------------------------------
 class ReaderSession:
-    """Readers (one per partition) from a start position; acks only free flow credit."""
+    """Readers (one per partition) from a start position; acks only free flow credit: at most
+    ``receiverQueueSize`` messages and ``outstanding_bytes_max`` payload bytes (but always one
+    message) are sent and not yet acknowledged."""
 
     def __init__(self, websocket: WebSocket, service: BrokerService, readers: list[Reader],
-                 receiver_queue_size: int) -> None:
+                 receiver_queue_size: int, outstanding_bytes_max: int) -> None:
         self.ws = websocket
         self.service = service
         self.readers = readers
         self._limit = max(receiver_queue_size, 1)
-        self._outstanding = 0
+        self._bytes_limit = outstanding_bytes_max
+        self._sent: OrderedDict[str, int] = OrderedDict()  # message id -> payload bytes, oldest first
+        self._outstanding_bytes = 0
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._published = LoopWakeup(self._loop, self._wake)
@@ -744,28 +751,41 @@ class ReaderSession:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._outstanding < self._limit:
-                room = self._limit - self._outstanding
-                batch = await asyncio.to_thread(self._read, min(room, READER_FILL_MESSAGES_MAX))
+            while len(self._sent) < self._limit and self._outstanding_bytes < self._bytes_limit:
+                room = self._limit - len(self._sent)
+                batch = await asyncio.to_thread(self._read, min(room, READER_FILL_MESSAGES_MAX),
+                                                self._bytes_limit - self._outstanding_bytes)
                 if not batch:
                     break
-                self._outstanding += len(batch)
-                self._writer.send([message_frame(delivery) for delivery in batch])
+                frames = []
+                for delivery in batch:
+                    message_id = delivery.message_id.to_base64()
+                    self._sent[message_id] = len(delivery.message.payload)
+                    self._outstanding_bytes += len(delivery.message.payload)
+                    frames.append(message_frame(delivery, message_id))
+                self._writer.send(frames)
                 await self._writer.room()
 
-    def _read(self, count: int) -> list[Delivery]:
-        """Up to ``count`` messages, taking turns over the partitions."""
+    def _read(self, count: int, bytes_room: int) -> list[Delivery]:
+        """Up to ``count`` messages within ``bytes_room`` payload bytes (at least one), taking
+        turns over the partitions; a message that does not fit waits in its reader."""
         out: list[Delivery] = []
+        size = 0
         progress = True
         while len(out) < count and progress:
             progress = False
             for reader in self.readers:
-                delivery = reader.read_next()
-                if delivery is not None:
-                    out.append(delivery)
-                    progress = True
-                    if len(out) >= count:
-                        break
+                delivery = reader.peek_next()
+                if delivery is None:
+                    continue
+                if (out or self._sent) and size + len(delivery.message.payload) > bytes_room:
+                    return out
+                reader.read_next()
+                out.append(delivery)
+                size += len(delivery.message.payload)
+                progress = True
+                if len(out) >= count:
+                    break
         return out
 
     async def _receive_loop(self) -> None:
@@ -778,8 +798,11 @@ class ReaderSession:
         if not isinstance(frame.get("messageId"), str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
         MessageId.from_base64(frame["messageId"])
-        if self._outstanding > 0:
-            self._outstanding -= 1
+        size = self._sent.pop(frame["messageId"], None)
+        if size is None and self._sent:  # not an id it was sent: frees the oldest credit
+            size = self._sent.popitem(last=False)[1]
+        if size is not None:
+            self._outstanding_bytes -= size
             self._wake.set()
         return False
 
@@ -798,18 +821,36 @@ def _reader_start(query: QueryParams) -> StartPosition:
 
 
 # --- routes --------------------------------------------------------------------------------------
-def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -> APIRouter:
     routes = APIRouter()
+    sessions = SessionRegistry(authorizer)
+    service.add_policy_listener(sessions.revalidate)
 
-    async def admit(websocket: WebSocket, action: Action, topics: list[TopicName]) -> bool:
+    async def admit(websocket: WebSocket, action: Action, topics: list[TopicName],
+                    dead_letter_topic: str | None = None) -> Admission | None:
+        """Authenticate and authorize the handshake (None: refused, and answered); a consumer
+        that names its own dead-letter topic must also be allowed to produce there (the broker
+        writes into it on its behalf)."""
+        checks = [(action, topic) for topic in topics]
         try:
             caller = authorizer.authenticate(websocket)
-            for topic in topics:
-                authorizer.require(caller, action, topic)
+            if dead_letter_topic is not None:
+                checks.append((Action.PRODUCE, TopicName.parse(dead_letter_topic)))
+            for needed, topic in checks:
+                authorizer.require(caller, needed, topic)
         except MagnetarError as exc:
             await _deny(websocket, exc)
-            return False
-        return True
+            return None
+        return Admission(caller, tuple(checks))
+
+    async def serve(websocket: WebSocket, admission: Admission, run: Callable[[], Awaitable[None]],
+                    on_refused: Callable[[], None] | None = None) -> None:
+        """Run an admitted session; it ends early if its caller loses a permission it needs."""
+        session_id = sessions.opened(admission, websocket)
+        try:
+            await _serve(websocket, run, on_refused)
+        finally:
+            sessions.ended(session_id)
 
     _document_websocket_paths(routes)
 
@@ -821,7 +862,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         except MagnetarError as exc:
             await _deny(websocket, exc)
             return
-        if not await admit(websocket, Action.PRODUCE, [name]):
+        admission = await admit(websocket, Action.PRODUCE, [name])
+        if admission is None:
             return
         try:
             for partition in service.expand_partitions(name):
@@ -829,21 +871,23 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         except MagnetarError as exc:
             await _deny(websocket, exc)
             return
-        await _serve(websocket, ProducerSession(websocket, service, name, params).run)
+        await serve(websocket, admission, ProducerSession(websocket, service, name, params).run)
 
     async def consume(websocket: WebSocket, topics: list[TopicName], subscription: str,
                       pattern: tuple[str, str] | None = None) -> None:
         try:
-            params = ConsumerParams.parse(QueryParams(websocket.query_params))
+            params = ConsumerParams.parse(QueryParams(websocket.query_params), limits)
         except MagnetarError as exc:
             await _deny(websocket, exc)
             return
-        if not await admit(websocket, Action.CONSUME, topics):
+        admission = await admit(websocket, Action.CONSUME, topics, params.config.dead_letter_topic)
+        if admission is None:
             return
         try:
             if pattern is not None:
                 consumer = service.subscribe_pattern(pattern[0], pattern[1], subscription, params.sub_type,
-                                                     params.config, initial=params.initial)
+                                                     params.config, initial=params.initial,
+                                                     pattern_bytes_max=limits.topics_pattern_bytes_max)
             else:
                 consumer = service.subscribe_many([t.full_name for t in topics], subscription, params.sub_type,
                                                   params.config, initial=params.initial, durable=params.durable)
@@ -851,7 +895,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             await _deny(websocket, exc)
             return
         session = ConsumerSession(websocket, service, consumer, params, topics, subscription)
-        await _serve(websocket, session.run, on_refused=consumer.close)
+        await serve(websocket, admission, session.run, on_refused=consumer.close)
 
     @routes.websocket("/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}")
     async def consumer(websocket: WebSocket, tenant: str, namespace: str, topic: str, subscription: str) -> None:
@@ -892,17 +936,20 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             receiver_queue = min(query.integer("receiverQueueSize", RECEIVER_QUEUE_SIZE_MAX, 1, 2**31 - 1),
                                  RECEIVER_QUEUE_SIZE_MAX)
             start = _reader_start(query)
+            compacted = query.flag("readCompacted", False)
         except MagnetarError as exc:
             await _deny(websocket, exc)
             return
-        if not await admit(websocket, Action.CONSUME, [name]):
+        admission = await admit(websocket, Action.CONSUME, [name])
+        if admission is None:
             return
         try:
-            readers = [service.reader(p, start) for p in service.expand_partitions(name)]
+            readers = [service.reader(p, start, compacted=compacted) for p in service.expand_partitions(name)]
         except MagnetarError as exc:
             await _deny(websocket, exc)
             return
-        await _serve(websocket, ReaderSession(websocket, service, readers, receiver_queue).run)
+        session = ReaderSession(websocket, service, readers, receiver_queue, limits.consumer_unacked_bytes_max)
+        await serve(websocket, admission, session.run)
 
     return routes
 
@@ -930,7 +977,8 @@ _WS_DOCS = {
     "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}": (
         "WebSocket reader (Pulsar WebSocket API v2)",
         "Connect with a WebSocket client. Query parameters: messageId (earliest, latest or a base64 message "
-        "id; the reader starts after it), receiverQueueSize, readerName, token. Messages arrive like the "
+        "id; the reader starts after it), receiverQueueSize, readerName, readCompacted (the latest message per "
+        "key up to the last compaction, then the rest of the topic), token. Messages arrive like the "
         "consumer's; acknowledgements only free flow-control credit; `{type: \"isEndOfTopic\"}` is answered."),
 }
 

@@ -31,6 +31,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import InvalidState
 from websockets.http11 import Request
 
+from api.connection_guard import release_connection
+
 log = logging.getLogger(__name__)
 
 WS_RECEIVE_QUEUE_FRAMES_MAX = 256
@@ -44,6 +46,10 @@ DIRECT_WRITE_EXTENSION = "magnetar.websocket.write_frames"
 class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
     """Pauses reading only when ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames are queued; offers the
     application a direct multi-frame write."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        release_connection(self.transport)  # the listener's slot, taken when it was still HTTP
+        super().connection_lost(exc)
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)

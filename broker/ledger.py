@@ -43,6 +43,7 @@ from broker.errors import (
     NoSuchLedger,
     NotEnoughBookies,
     NotFound,
+    StorageError,
 )
 from broker.metadata import MetadataStore
 from storage.futures import new_future
@@ -280,6 +281,10 @@ class LedgerHandle:
             return
         try:
             replacement = self._change_ensemble(bookie_id)
+        except NotEnoughBookies as exc:
+            # no spare: the bookie's own refusal (its disk is full, it is read-only) says more
+            self._fail_all(error if isinstance(error, StorageError) else exc)
+            return
         except MagnetarError as exc:
             self._fail_all(exc)
             return

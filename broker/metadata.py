@@ -50,6 +50,7 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from broker.errors import AlreadyExists, BadVersion, CorruptEntry, InvalidRequest, NotFound, StorageClosed
+from storage import as_storage_error
 from storage.entry_location_index import open_rdict, write_durably
 
 log = logging.getLogger(__name__)
@@ -588,7 +589,9 @@ class RocksDBMetadataStore(_VersionedStore):
     """The embedded default: one RocksDB (rocksdict, raw mode) directory at ``path``.
 
     Every commit is one ``WriteBatch`` with its write-ahead log synced (``write_durably``):
-    atomic, and durable when the call returns.
+    atomic, and durable when the call returns. RocksDB's failures (reported by rocksdict as
+    plain ``Exception``s) become the storage's errors: ``StorageFull`` on a full disk,
+    ``StorageBusy`` when out of descriptors, ``StorageIOError`` otherwise; nothing is written.
     """
 
     def __init__(self, path: str, clock: Callable[[], float] | None = None) -> None:
@@ -597,7 +600,10 @@ class RocksDBMetadataStore(_VersionedStore):
         self._db = open_rdict(path)
 
     def _load(self, path: str) -> Stat | None:
-        raw = self._db.get(node_key(path))
+        try:
+            raw = self._db.get(node_key(path))
+        except Exception as exc:  # rocksdict: RocksDB's status as a plain Exception
+            raise as_storage_error(exc, f"reading {path} from the metadata store") from exc
         return None if raw is None else decode_node(path, raw)
 
     def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
@@ -607,10 +613,13 @@ class RocksDBMetadataStore(_VersionedStore):
                 batch.delete(node_key(path))
             else:
                 batch.put(node_key(path), encode_node(stat))
-        if durable:
-            write_durably(self._db, batch)
-        else:
-            self._db.write(batch)
+        try:
+            if durable:
+                write_durably(self._db, batch)
+            else:
+                self._db.write(batch)
+        except Exception as exc:  # rocksdict: RocksDB's status as a plain Exception
+            raise as_storage_error(exc, "writing the metadata store") from exc
 
     def _child_names(self, path: str) -> list[str]:
         prefix = node_key(path) + _KEY_SEPARATOR

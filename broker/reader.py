@@ -48,6 +48,7 @@ class Reader:
     def __init__(self, topic: PersistentTopic, start: StartPosition, *, compactor: Compactor | None = None) -> None:
         self.topic = topic
         self._buffer: deque[Delivery] = deque()
+        self._peeked: Delivery | None = None
         self.next_offset = self._resolve(start)
         self._compacted: Iterator[Delivery] | None = None
         if compactor is not None:
@@ -73,11 +74,21 @@ class Reader:
         raise InvalidRequest(f"unknown start position {start.kind!r}")
 
     def has_message_available(self) -> bool:
-        return bool(self._buffer) or self._compacted is not None or \
+        return self._peeked is not None or bool(self._buffer) or self._compacted is not None or \
             self.next_offset < self.topic.ml.confirmed_next_offset()
 
     def read_next(self) -> Delivery | None:
         """The next message, or None when the reader has caught up."""
+        peeked, self._peeked = self._peeked, None
+        return peeked if peeked is not None else self._read_one()
+
+    def peek_next(self) -> Delivery | None:
+        """The message :meth:`read_next` returns next, without consuming it."""
+        if self._peeked is None:
+            self._peeked = self._read_one()
+        return self._peeked
+
+    def _read_one(self) -> Delivery | None:
         if self._compacted is not None:
             item = next(self._compacted, None)
             if item is not None:

@@ -52,14 +52,29 @@ class MultiConsumer:
         self._turn = 0
         self._lock = threading.Lock()
         self.listener: Callable[[], None] | None = None
+        self._closed = False
+        self._close_hooks: list[Callable[[], None]] = []
+
+    def on_close(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once this consumer is closed (a pattern consumer stops following topics)."""
+        with self._lock:
+            if not self._closed:
+                self._close_hooks.append(hook)
+                return
+        hook()
 
     def add(self, topic: str, consumer: Consumer) -> None:
+        """Take ``consumer`` of ``topic`` in; once closed (or for a topic already held) the
+        consumer is closed instead, so no broker consumer outlives its handle."""
         with self._lock:
-            if topic in self._consumers:
+            if not self._closed and topic not in self._consumers:
+                self._consumers[topic] = consumer
+                self._order.append(topic)
+                consumer.listener = self._notify
                 return
-            self._consumers[topic] = consumer
-            self._order.append(topic)
-            consumer.listener = self._notify
+            held = self._consumers.get(topic)
+        if consumer is not held:
+            consumer.close()
 
     def _notify(self) -> None:
         if self.listener is not None:
@@ -98,11 +113,12 @@ class MultiConsumer:
 
     @property
     def closed(self) -> bool:
-        """Every underlying consumer was closed (by this handle or by the broker, e.g. a forced
-        subscription delete)."""
+        """Closed by this handle, or every underlying consumer was closed by the broker (e.g. a
+        forced subscription delete)."""
         with self._lock:
             consumers = list(self._consumers.values())
-        return bool(consumers) and all(c.closed for c in consumers)
+            closed = self._closed
+        return closed or (bool(consumers) and all(c.closed for c in consumers))
 
     def available_permits(self) -> int:
         """Permits granted and not yet used, over all topics."""
@@ -124,8 +140,12 @@ class MultiConsumer:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             consumers = list(self._consumers.values())
             self._consumers.clear()
             self._order.clear()
+            hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            hook()
         for consumer in consumers:
             consumer.close()

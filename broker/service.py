@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from broker.routing import MultiConsumer, PartitionRouter
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
+from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
 from storage import LedgerStorage, StorageConfig
 from storage.fileio import FileIO
 
@@ -92,6 +92,8 @@ class Health:
     storage_read_only: bool
     ledgers: int
     journal_fsyncs: int
+    storage_read_only_reason: str | None = None
+    """Why the storage refuses writes (a full disk is named as such); None while writable."""
 
 
 def default_policies() -> dict[str, Any]:
@@ -114,7 +116,8 @@ class BrokerService:
         self._stop = threading.Event()
         self._maintenance: threading.Thread | None = None
         self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
-        self._patterns: list[tuple[str, re.Pattern[str], MultiConsumer, Callable[[TopicName], Consumer]]] = []
+        self._subscriptions_by_topic: dict[TopicName, dict[str, Subscription]] = {}
+        self._patterns: list[tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]] = []
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
         self._partition_counts: dict[TopicName, int] = {}
         self._dispatch_pool: ThreadPoolExecutor | None = None
@@ -123,6 +126,7 @@ class BrokerService:
         self._scheduled: set[int] = set()
         self._scheduled_lock = threading.Lock()
         self._dispatch_executor: Callable[[Callable[[], None]], object] | None = None
+        self._policy_listeners: list[Callable[[], None]] = []
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -170,6 +174,7 @@ class BrokerService:
             for subscription in self._subscriptions.values():
                 subscription.detach()
             self._subscriptions.clear()
+            self._subscriptions_by_topic.clear()
             for topic in self._topics.values():
                 with contextlib.suppress(MagnetarError):
                     topic.close()
@@ -184,9 +189,22 @@ class BrokerService:
     def health(self) -> Health:
         stats = self.storage.statistics()
         status = "degraded" if stats.read_only else "ok"
-        return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count)
+        return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
+                      self.storage.read_only_reason)
 
     # --- tenants and namespaces ---------------------------------------------------------
+    def add_policy_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every change of tenants or namespace policies (permissions
+        above all), on the thread that made it: open sessions re-check their permissions."""
+        self._policy_listeners.append(listener)
+
+    def _policies_changed(self) -> None:
+        for listener in list(self._policy_listeners):
+            try:
+                listener()
+            except Exception:  # a listener's fault must not undo the change the caller made
+                log.exception("a policy listener failed")
+
     def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
         TopicName.of(tenant, "ns", "t")  # validates the name
         body = {"adminRoles": list(info.get("adminRoles", [])),
@@ -209,6 +227,7 @@ class BrokerService:
         if self.store.children(f"{POLICIES}/{tenant}"):
             raise NotEmpty(f"tenant {tenant} still has namespaces")
         self.store.delete(f"{TENANTS}/{tenant}")
+        self._policies_changed()
 
     def update_tenant(self, tenant: str, info: dict[str, Any]) -> None:
         """Replace the tenant's ``adminRoles`` and ``allowedClusters`` (compare-and-set)."""
@@ -219,6 +238,7 @@ class BrokerService:
         body = {"adminRoles": list(info.get("adminRoles", current.get("adminRoles", []))),
                 "allowedClusters": list(info.get("allowedClusters", current.get("allowedClusters", ["standalone"])))}
         self.store.put_json(f"{TENANTS}/{tenant}", body, version)
+        self._policies_changed()
 
     def _split_namespace(self, namespace: str) -> tuple[str, str]:
         parts = namespace.split("/")
@@ -256,12 +276,14 @@ class BrokerService:
             for name, topic in self._topics.items():
                 if name.namespace_name == namespace:
                     topic.ml.config = self._ml_config(name)
+        self._policies_changed()
 
     def delete_namespace(self, namespace: str) -> None:
         self.policies(namespace)
         if self.topics(namespace) or self.partitioned_topics(namespace):
             raise NotEmpty(f"namespace {namespace} still has topics")
         self.store.delete(f"{POLICIES}/{namespace}")
+        self._policies_changed()
 
     def _ml_config(self, name: TopicName) -> ManagedLedgerConfig:
         policies = self.policies(name.namespace_name)
@@ -481,6 +503,7 @@ class BrokerService:
             created = Subscription(topic_name.full_name, topic_name.partition_index, cursor, sub_type,
                                    clock=self.clock, dead_letter=self._dead_letter, schedule=self._schedule)
             self._subscriptions[key] = created
+            self._subscriptions_by_topic.setdefault(topic_name, {})[name] = created
             return created
 
     def subscribe(self, topic: str | TopicName, name: str, sub_type: SubscriptionType, config: ConsumerConfig, *,
@@ -499,26 +522,34 @@ class BrokerService:
         return multi
 
     def subscribe_pattern(self, namespace: str, pattern: str, name: str, sub_type: SubscriptionType,
-                          config: ConsumerConfig, *, initial: str | int = "latest") -> MultiConsumer:
-        """Every topic of ``namespace`` whose full name matches ``pattern``, now and later."""
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise InvalidRequest(f"invalid topicsPattern {pattern!r}: {exc}") from exc
+                          config: ConsumerConfig, *, initial: str | int = "latest",
+                          pattern_bytes_max: int = PATTERN_BYTES_MAX) -> MultiConsumer:
+        """Every topic of ``namespace`` whose full name matches ``pattern``, now and later,
+        until the returned consumer is closed (then it follows no new topic)."""
+        compiled = TopicPattern(namespace, pattern, bytes_max=pattern_bytes_max)
         multi = MultiConsumer()
 
         def join(topic_name: TopicName) -> Consumer:
             return self.subscribe(topic_name, name, sub_type, config, initial=initial)
 
+        entry = (compiled, multi, join)
         with self._lock:
-            self._patterns.append((namespace, regex, multi, join))
+            self._patterns.append(entry)
+        multi.on_close(lambda: self._forget_pattern(entry))
         for full_name in self.topics(namespace):
             self._offer_to_patterns(TopicName.parse(full_name))
         return multi
 
+    def _forget_pattern(self, entry: tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]) -> None:
+        with self._lock:
+            if entry in self._patterns:
+                self._patterns.remove(entry)
+
     def _offer_to_patterns(self, topic_name: TopicName) -> None:
-        for namespace, regex, multi, join in list(self._patterns):
-            if topic_name.namespace_name == namespace and regex.fullmatch(topic_name.full_name) \
+        with self._lock:
+            patterns = list(self._patterns)
+        for compiled, multi, join in patterns:
+            if compiled.matches(topic_name.namespace_name, topic_name.full_name) \
                     and topic_name.full_name not in multi.topics():
                 multi.add(topic_name.full_name, join(topic_name))
 
@@ -535,6 +566,10 @@ class BrokerService:
             if subscription is not None:
                 subscription.detach()
                 del self._subscriptions[(topic_name, name)]
+                of_topic = self._subscriptions_by_topic[topic_name]
+                del of_topic[name]
+                if not of_topic:
+                    del self._subscriptions_by_topic[topic_name]
         topic.cursors.delete(name)
 
     def delete_subscription(self, topic_name: TopicName, name: str, *, force: bool = False) -> None:
@@ -572,7 +607,7 @@ class BrokerService:
 
     def subscriptions_of(self, topic_name: TopicName) -> list[Subscription]:
         with self._lock:
-            return [s for (t, _), s in self._subscriptions.items() if t == topic_name]
+            return list(self._subscriptions_by_topic.get(topic_name, {}).values())
 
     def reader(self, topic: str | TopicName, start: StartPosition, *, compacted: bool = False) -> Reader:
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)

@@ -18,8 +18,10 @@ messages are waiting.
   at another; it waits (other keys flow on) until that one is acked or redelivered.
 
 Flow control: a consumer receives only while it has permits (``receiverQueueSize`` in push
-mode, explicit in pull mode). Unacknowledged limits per consumer and per subscription pause
-delivery at the limit and resume at half. The dispatcher reads only as many entries as the
+mode, explicit in pull mode). Unacknowledged limits per consumer (messages, and payload bytes:
+``unacked_bytes_max``, so large messages cannot pin gigabytes in one slow consumer) and per
+subscription pause delivery at the limit and resume at half; a consumer holding nothing
+always gets one message, however large. The dispatcher reads only as many entries as the
 consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
 the broker buffer without bound.
 
@@ -43,7 +45,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -94,6 +96,8 @@ class ConsumerConfig:
     """0: never dead-letter."""
     dead_letter_topic: str | None = None
     unacked_messages_max: int = 50_000
+    unacked_bytes_max: int = 16 * 1024 * 1024
+    """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,52 @@ class SubscriptionStats:
     consumers: tuple[ConsumerStats, ...]
 
 
+class UnackedMessages:
+    """A consumer's deliveries not yet acknowledged, by offset, with their payload bytes."""
+
+    __slots__ = ("_by_offset", "bytes")
+
+    def __init__(self) -> None:
+        self._by_offset: dict[int, Delivery] = {}
+        self.bytes = 0
+
+    def add(self, offset: int, delivery: Delivery) -> None:
+        previous = self._by_offset.get(offset)
+        if previous is not None:
+            self.bytes -= len(previous.message.payload)
+        self._by_offset[offset] = delivery
+        self.bytes += len(delivery.message.payload)
+
+    def pop(self, offset: int, default: Delivery | None = None) -> Delivery | None:
+        delivery = self._by_offset.pop(offset, None)
+        if delivery is None:
+            return default
+        self.bytes -= len(delivery.message.payload)
+        return delivery
+
+    def clear(self) -> None:
+        self._by_offset.clear()
+        self.bytes = 0
+
+    def get(self, offset: int) -> Delivery | None:
+        return self._by_offset.get(offset)
+
+    def items(self) -> Iterable[tuple[int, Delivery]]:
+        return self._by_offset.items()
+
+    def values(self) -> Iterable[Delivery]:
+        return self._by_offset.values()
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._by_offset
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_offset)
+
+    def __len__(self) -> int:
+        return len(self._by_offset)
+
+
 class Consumer:
     """A transport's handle on a subscription."""
 
@@ -164,7 +214,7 @@ class Consumer:
         self.config = config
         self.permits = 0
         self.outbox: deque[Delivery] = deque()
-        self.unacked: dict[int, Delivery] = {}
+        self.unacked = UnackedMessages()
         self.offsets_by_id: dict[MessageId, int] = {}
         self.listener: Callable[[], None] | None = None
         self.closed = False
@@ -184,6 +234,11 @@ class Consumer:
     def poll(self) -> Delivery | None:
         with self.subscription._lock:
             return self.outbox.popleft() if self.outbox else None
+
+    def peek(self) -> Delivery | None:
+        """The delivery :meth:`poll` would return next, left in the outbox."""
+        with self.subscription._lock:
+            return self.outbox[0] if self.outbox else None
 
     def offset_of(self, message_id: MessageId) -> int | None:
         """The offset of a message this consumer holds, by the id it was delivered with."""
@@ -209,10 +264,11 @@ class Consumer:
     def _can_take(self) -> bool:
         if self.closed or self.permits <= 0:
             return False
-        limit = self.config.unacked_messages_max
-        if len(self.unacked) >= limit:
+        held, held_bytes = len(self.unacked), self.unacked.bytes
+        limit, bytes_limit = self.config.unacked_messages_max, self.config.unacked_bytes_max
+        if held and (held >= limit or held_bytes >= bytes_limit):
             self.blocked = True
-        elif self.blocked and len(self.unacked) <= limit // 2:
+        elif self.blocked and (held <= limit // 2 and held_bytes <= bytes_limit // 2):
             self.blocked = False
         return not self.blocked
 
@@ -425,7 +481,7 @@ class Subscription:
                             self.topic_name)
         consumer.permits -= 1
         consumer.outbox.append(delivery)
-        consumer.unacked[item.offset] = delivery
+        consumer.unacked.add(item.offset, delivery)
         consumer.offsets_by_id[item.message_id] = item.offset
         consumer.msg_out += 1
         consumer.bytes_out += len(item.message.payload)
@@ -555,6 +611,7 @@ class Subscription:
                 expired = [o for o in consumer.unacked if now - self._sent_at.get(o, now) >= timeout_ms / 1000.0]
                 for offset in expired:
                     delivery = consumer.unacked.pop(offset)
+                    assert delivery is not None
                     self._release(offset, consumer)
                     self._bump_count(offset)
                     heapq.heappush(self._redeliver, self._item_of(delivery))

@@ -17,12 +17,15 @@ from storage.errors import (
     LedgerFenced,
     NoSuchEntry,
     NoSuchLedger,
+    StorageBusy,
     StorageClosed,
     StorageError,
+    StorageFull,
     StorageIOError,
     StorageReadOnly,
     WriteCacheFull,
 )
+from storage.io_errors import as_storage_error
 from storage.ledger_storage import LAST_ADD_CONFIRMED, ConsistencyReport, LedgerStorage, StorageStats
 
 __all__ = [
@@ -34,11 +37,14 @@ __all__ = [
     "LedgerStorage",
     "NoSuchEntry",
     "NoSuchLedger",
+    "StorageBusy",
     "StorageClosed",
     "StorageConfig",
     "StorageError",
+    "StorageFull",
     "StorageIOError",
     "StorageReadOnly",
     "StorageStats",
     "WriteCacheFull",
+    "as_storage_error",
 ]

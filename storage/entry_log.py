@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 from collections import OrderedDict
@@ -197,19 +198,30 @@ class EntryLogger:
         self._syncs += 1
 
     def _rotate(self) -> None:
+        """Seal the current log and start the next. A failure leaves no current log (the next
+        add starts one again) and no half-written file behind."""
         if self._current is not None:
             self.flush()
             self._current.close()
             self.sealed_usage[self._current_id] = self._current_usage
-        self._current_usage = {}
+            self._current = None
+            self._current_usage = {}
         log_id = self._next_log_id
-        self._next_log_id += 1
         current = self._fileio.open_append(self.path(log_id))
-        current.write(_FILE_HEADER.pack(MAGIC, VERSION, log_id))
+        try:
+            current.write(_FILE_HEADER.pack(MAGIC, VERSION, log_id))
+        except BaseException:
+            current.close()
+            with contextlib.suppress(OSError):
+                self._fileio.remove(self.path(log_id))
+            raise
+        self._next_log_id += 1
         self._current, self._current_id = current, log_id
 
     def current_usage(self) -> tuple[int, dict[int, int]]:
-        """The current log's id and bytes per ledger so far."""
+        """The current log's id and bytes per ledger so far (id 0 while there is none)."""
+        if self._current is None:
+            return 0, {}
         return self._current_id, dict(self._current_usage)
 
     def close(self) -> None:
@@ -228,7 +240,7 @@ class EntryLogger:
         self._pending_bytes = 0
 
     def remove_log(self, log_id: int) -> None:
-        if log_id == self._current_id:
+        if self._current is not None and log_id == self._current_id:
             raise ValueError("the current entry log cannot be removed")
         with self._readers_lock:
             reader = self._readers.pop(log_id, None)

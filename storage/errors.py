@@ -63,6 +63,22 @@ class StorageIOError(StorageReadOnly):
     code = "storage_io_error"
 
 
+class StorageFull(StorageIOError):
+    """A write failed because the disk is full: the storage is read-only (reads go on) until it
+    is restarted with space; everything acknowledged before is kept."""
+
+    code = "storage_full"
+
+
+class StorageBusy(StorageError):
+    """A resource ran out for a moment (file descriptors, memory) before anything was written;
+    the storage stays writable and the same call may succeed shortly."""
+
+    code = "storage_busy"
+    retriable = True
+    http_status = 503
+
+
 class WriteCacheFull(StorageError):
     """Back-pressure: the write cache stayed full for longer than the configured wait."""
 

@@ -3,8 +3,9 @@
 ``FileIO`` is the narrow I/O boundary: append files with ``write``/``writev``/``sync``
 (fdatasync), positional reads, atomic small-file replacement, directory listing and removal.
 ``FaultyFileIO`` wraps the real files and, driven by a seed, injects torn writes, EIO and
-ENOSPC on write or sync, crashes at named failpoints, and power loss (every file cut back to
-its last synced length plus a random, possibly garbled, part of what was written after it).
+ENOSPC on write or sync, EMFILE (out of file descriptors) on open, crashes at named
+failpoints, and power loss (every file cut back to its last synced length plus a random,
+possibly garbled, part of what was written after it).
 
 Invariants:
 - A file created by ``open_append`` is durable as a directory entry before the call returns.
@@ -191,8 +192,8 @@ class FileIO:
 
 @dataclass
 class _Fault:
-    op: str  # "write" | "sync"
-    kind: str  # "EIO" | "ENOSPC" | "torn"
+    op: str  # "write" | "sync" | "open"
+    kind: str  # "EIO" | "ENOSPC" | "torn" | "EMFILE"
     path_contains: str
     skip: int  # matching calls to let through first
     remaining: int  # faults left to inject (-1: forever)
@@ -217,7 +218,8 @@ class FaultyFileIO(FileIO):
     def inject(
         self, op: str, kind: str, *, path_contains: str = "", skip: int = 0, count: int = 1
     ) -> None:
-        if op not in ("write", "sync") or kind not in ("EIO", "ENOSPC", "torn"):
+        known = ("EMFILE",) if op == "open" else ("EIO", "ENOSPC", "torn") if op in ("write", "sync") else ()
+        if kind not in known:
             raise ValueError(f"unknown fault {op}/{kind}")
         with self._lock:
             self._faults.append(_Fault(op, kind, path_contains, skip, count))
@@ -260,7 +262,7 @@ class FaultyFileIO(FileIO):
             self._crash_points[name] -= 1
 
     def _check(self, op: str, path: str) -> str | None:
-        if self.crashed:
+        if self.crashed and op != "open":
             raise OSError(errno.EIO, f"simulated crash: {op} on {path}")
         with self._lock:
             for fault in self._faults:
@@ -276,7 +278,16 @@ class FaultyFileIO(FileIO):
                 return fault.kind
         return None
 
+    def _check_open(self, path: str) -> None:
+        if self._check("open", path) is not None:
+            raise OSError(errno.EMFILE, "Too many open files (injected)", path)
+
+    def open_read(self, path: str) -> ReadFile:
+        self._check_open(path)
+        return super().open_read(path)
+
     def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
+        self._check_open(path)
         fd, size = _open_for_append(self, path, preallocate_bytes)
         self.durable_size_bytes.setdefault(path, size)
         self.written_size_bytes[path] = size

@@ -25,10 +25,14 @@ Invariants:
 - The queue needs no bound of its own: every queued add already holds room in the bounded
   write cache, so queued bytes never exceed the write cache's two buffers.
 - After a write or sync error the journal fails every pending and later record (read-only).
+- Rotation opens the next file before it lets the current one go, after the group it follows
+  is completed: a rotation that fails transiently (out of file descriptors) leaves the journal
+  writing to its current file and is tried again after the next group (logged once).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import struct
 import threading
@@ -41,6 +45,7 @@ import crc32c
 
 from storage.fileio import AppendFile, FileIO
 from storage.histogram import LatencyHistogram, LatencySnapshot
+from storage.io_errors import OnceLog, is_transient
 
 RECORD_ADD_ENTRY = 1
 RECORD_FENCE = 2
@@ -54,6 +59,8 @@ SUFFIX = ".jnl"
 RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 GROUP_NAP_S = 0.0002
+
+log = logging.getLogger(__name__)
 
 GroupCompletion = Callable[[list[Any], BaseException | None], None]
 """Called on the writer thread once per group: the group's tokens, and None or the error."""
@@ -157,6 +164,7 @@ class Journal:
         self._file_id = 0
         self._written_mark = LogMark(0, 0)
         self._failure: BaseException | None = None
+        self._rotation_trouble = OnceLog(log, "starting a new journal file")
         self._thread: threading.Thread | None = None
         self._stats_lock = threading.Lock()
         self._records_written = 0
@@ -219,11 +227,26 @@ class Journal:
         self._thread.start()
 
     def _open_file(self, file_id: int) -> None:
+        opened = self._fileio.open_append(self._path(file_id), preallocate_bytes=self._preallocate_bytes)
         if self._file is not None:
             self._file.close()
-        self._file = self._fileio.open_append(self._path(file_id), preallocate_bytes=self._preallocate_bytes)
+        self._file = opened
         self._file_id = file_id
         self._written_mark = LogMark(file_id, self._file.size_bytes)
+
+    def _rotate_if_full(self) -> None:
+        """Start the next file once the current one reached its size limit (writer thread)."""
+        if self._file is None or self._file.size_bytes < self._file_bytes_max:
+            return
+        try:
+            self._open_file(self._file_id + 1)
+        except OSError as exc:
+            if not is_transient(exc):
+                self._failure = exc
+                return
+            self._rotation_trouble.failed(exc)
+            return
+        self._rotation_trouble.succeeded()
 
     def append(self, header: bytes, payload: bytes, token: Any) -> None:
         """Queue one record (``header`` from :func:`encode_header`). Its ``token`` is handed to
@@ -297,6 +320,8 @@ class Journal:
                 except OSError as exc:
                     self._failure = exc
             self._complete([token for _, _, token in group], self._failure)
+            if self._failure is None:
+                self._rotate_if_full()
         self._drain_after_stop()
 
     def _drain_after_stop(self) -> None:
@@ -332,8 +357,6 @@ class Journal:
             self._groups += 1
             self._largest_group = max(self._largest_group, len(group))
         self._written_mark = LogMark(self._file_id, self._file.size_bytes)
-        if self._file.size_bytes >= self._file_bytes_max:
-            self._open_file(self._file_id + 1)
 
     def statistics(self) -> JournalStats:
         fsync = self._fsync_latency.snapshot()

@@ -19,8 +19,12 @@ Invariants:
   after a crash at any instant every acknowledged entry reads back byte-for-byte.
 - The checkpoint mark is taken at the buffer swap, so every record before it is in the flushed
   buffer; the mark is persisted only after that buffer is in synced entry logs and index.
-- Any write or sync error turns the storage read-only: pending and later adds fail with
-  ``StorageIOError``/``StorageReadOnly``; reads keep working; nothing unsynced is acknowledged.
+- A write or sync error turns the storage read-only: pending and later adds fail with
+  ``StorageIOError`` (``StorageFull`` when the disk is full) or ``StorageReadOnly``; reads keep
+  working; nothing unsynced is acknowledged; the log says which operation failed and why.
+- A transient failure (out of file descriptors or memory, before anything was written; see
+  ``io_errors.py``) never turns it read-only: a flush keeps its sealed buffer and retries it,
+  GC retries on its next run, a call answers ``StorageBusy``; each is logged once.
 - Entries above a ledger's last add confirmed may be visible while in flight (BookKeeper's
   semantics); readers that need durability read at most up to the LAC.
 """
@@ -28,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -45,8 +50,10 @@ from storage.errors import (
     LedgerFenced,
     NoSuchEntry,
     NoSuchLedger,
+    StorageBusy,
     StorageClosed,
     StorageError,
+    StorageFull,
     StorageIOError,
     StorageReadOnly,
     WriteCacheFull,
@@ -54,6 +61,7 @@ from storage.errors import (
 from storage.fileio import FileIO
 from storage.futures import LightFuture, new_future
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
+from storage.io_errors import OnceLog, describe, is_disk_full, is_transient
 from storage.journal import (
     RECORD_ADD_ENTRY,
     RECORD_FENCE,
@@ -69,6 +77,10 @@ from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache, WriteCacheStats
 
 LAST_ADD_CONFIRMED = -1
 ENTRY_ID_MAX = 2**63 - 1
+FLUSH_RETRY_MS = 100
+"""How soon a flush that failed transiently is tried again."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,10 @@ class LedgerStorage:
         self._gc = GarbageCollector(self._logs, self._index, fileio, ledger_exists=self._ledgers.__contains__,
                                     flush_lock=self._flush_lock, usage_index=LogUsageIndex(self._db))
         self._read_only_cause: BaseException | None = None
+        self._unflushed: tuple[LogMark, dict[int, LedgerMeta]] | None = None
+        self._flush_trouble = OnceLog(log, "flushing the write cache")
+        self._gc_trouble = OnceLog(log, "entry-log garbage collection")
+        self._busy = OnceLog(log, "a storage call")
         self._closed = False
         self._stop = threading.Event()
         self._flush_wanted = threading.Event()
@@ -228,7 +244,7 @@ class LedgerStorage:
         if self._closed:
             raise StorageClosed("storage is closed")
         if self._read_only_cause is not None:
-            raise StorageReadOnly(f"storage is read-only after an I/O error: {self._read_only_cause}")
+            raise self._read_only_error()
 
     def _ledger_for_write(self, ledger_id: int) -> LedgerMeta:
         existing = self._ledgers.get(ledger_id)
@@ -241,7 +257,7 @@ class LedgerStorage:
                 try:
                     self._meta_index.put(ledger_id, meta)
                 except Exception as exc:  # rocksdict raises plain Exception on I/O errors
-                    raise self._enter_read_only(exc) from exc
+                    raise self._write_failed(exc, f"recording new ledger {ledger_id} in the index") from exc
                 self._ledgers[ledger_id] = meta
             return meta
 
@@ -303,7 +319,7 @@ class LedgerStorage:
                     token.try_finish(None, None)
             self._entries_added += len(tokens)
             return
-        failure = self._enter_read_only(error)  # before removal: an ongoing flush then aborts
+        failure = self._enter_read_only(error, "journal write")  # before removal: an ongoing flush then aborts
         for token in tokens:
             if type(token) is tuple:
                 _, ledger_id, entry_id, future = token
@@ -341,21 +357,51 @@ class LedgerStorage:
                 try:
                     self._meta_index.write(batch)
                 except Exception as exc:
-                    raise self._enter_read_only(exc) from exc
+                    raise self._write_failed(exc, f"deleting ledger {ledger_id} from the index") from exc
                 del self._ledgers[ledger_id]
                 self._dirty_ledgers.discard(ledger_id)
                 self._active.delete_ledger(ledger_id)
                 self._flushing.delete_ledger(ledger_id)
             self._read_cache.delete_ledger(ledger_id)
 
-    def _enter_read_only(self, cause: BaseException) -> StorageIOError:
+    def _read_only_error(self) -> StorageReadOnly:
+        """The refusal of a write while read-only, saying why."""
+        cause = self._read_only_cause
+        if cause is not None and is_disk_full(cause):
+            return StorageFull(f"storage is read-only: the disk is full ({describe(cause)}); free space and restart")
+        return StorageReadOnly(f"storage is read-only after an I/O error ({describe(cause) if cause else '?'}); "
+                               "restart to write again")
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """Why the storage refuses writes (None while writable)."""
+        cause = self._read_only_cause
+        if cause is None:
+            return None
+        return f"{'disk full: ' if is_disk_full(cause) else ''}{describe(cause)}"
+
+    def _write_failed(self, cause: BaseException, what: str) -> StorageError:
+        """The error a failed write becomes: ``StorageBusy`` when it was transient (nothing was
+        written; the storage stays writable), else read-only from now on."""
+        if is_transient(cause):
+            self._busy.failed(cause)
+            return StorageBusy(f"{what} failed for now ({describe(cause)}); retry")
+        return self._enter_read_only(cause, what)
+
+    def _enter_read_only(self, cause: BaseException, what: str) -> StorageIOError:
         with self._cache_cv:
-            if self._read_only_cause is None:
+            first = self._read_only_cause is None
+            if first:
                 self._read_only_cause = cause
             self._cache_cv.notify_all()
+        if first:
+            log.error("storage is now read-only (reads go on; restart to write again): %s failed: %s%s",
+                      what, describe(cause), " — the disk is full" if is_disk_full(cause) else "")
         if isinstance(cause, StorageIOError):
             return cause
-        return StorageIOError(f"storage I/O failed, now read-only: {cause}")
+        if is_disk_full(cause):
+            return StorageFull(f"the disk is full ({what} failed: {describe(cause)}); storage is read-only")
+        return StorageIOError(f"storage I/O failed ({what}: {describe(cause)}), now read-only")
 
     # --- reads -------------------------------------------------------------------------
     def _meta(self, ledger_id: int) -> LedgerMeta:
@@ -409,6 +455,10 @@ class LedgerStorage:
             except LogMissing:
                 continue
             except OSError as exc:
+                if is_transient(exc):
+                    self._busy.failed(exc)
+                    raise StorageBusy(f"entry {ledger_id}:{entry_id} cannot be read now ({describe(exc)}); "
+                                      "retry") from exc
                 raise CorruptEntry(f"entry {ledger_id}:{entry_id} unreadable: {exc}") from exc
             self._hits[3] += 1
             for ahead_entry, ahead_data in ahead:
@@ -427,9 +477,14 @@ class LedgerStorage:
         return self._last_mark
 
     def _flush(self, *, checkpoint: bool) -> None:
+        """Swap the buffers and write the sealed one out. A sealed buffer whose write failed
+        transiently stays sealed (``_unflushed``) and is written first, before any new swap,
+        so no entry leaves the caches before it is in the entry logs and the index."""
         with self._flush_lock:
             if self._read_only_cause is not None:
-                raise StorageReadOnly(f"storage is read-only: {self._read_only_cause}")
+                raise self._read_only_error()
+            if self._unflushed is not None:
+                self._complete_flush(*self._unflushed)
             with self._cache_cv:
                 mark = self._journal.last_written_mark()
                 sealed = self._active
@@ -438,28 +493,40 @@ class LedgerStorage:
                 self._active = WriteCache(self.config.write_cache_bytes_max)
                 dirty = {lid: self._ledgers[lid] for lid in self._dirty_ledgers if lid in self._ledgers}
                 self._dirty_ledgers.clear()
-            try:
-                self._write_flushing(dirty)
-            except StorageError:
-                raise
-            except OSError as exc:
-                self._logs.abandon_pending()
-                raise self._enter_read_only(exc) from exc
-            except Exception as exc:  # rocksdict I/O errors are plain Exceptions
-                raise self._enter_read_only(exc) from exc
-            with self._cache_cv:
-                self._flushing = WriteCache(self.config.write_cache_bytes_max)
-                self._cache_cv.notify_all()
-            self._flushes += 1
+            self._unflushed = (mark, dirty)
+            self._complete_flush(mark, dirty)
             if checkpoint and mark > self._last_mark:
                 self._write_checkpoint(mark)
+
+    def _complete_flush(self, mark: LogMark, dirty: dict[int, LedgerMeta]) -> None:
+        """Write the sealed buffer to synced entry logs and index. Records of an attempt that
+        failed are unreferenced garbage in the log, which GC reclaims."""
+        try:
+            self._write_flushing(dirty)
+        except StorageError:
+            raise
+        except Exception as exc:  # OSError, or rocksdict's I/O errors (plain Exceptions)
+            self._logs.abandon_pending()
+            if is_transient(exc):
+                self._flush_trouble.failed(exc)
+                raise StorageBusy(f"flushing the write cache failed for now ({describe(exc)})") from exc
+            raise self._enter_read_only(exc, "flushing the write cache to the entry logs and index") from exc
+        self._flush_trouble.succeeded()
+        with self._cache_cv:
+            self._flushing = WriteCache(self.config.write_cache_bytes_max)
+            self._unflushed = None
+            self._cache_cv.notify_all()
+        self._flushes += 1
 
     def _write_checkpoint(self, mark: LogMark) -> None:
         try:
             self._journal.write_mark(mark)
             self._journal.trim_before(mark)
         except OSError as exc:
-            raise self._enter_read_only(exc) from exc
+            if is_transient(exc):  # the data is flushed; the next flush checkpoints again
+                self._flush_trouble.failed(exc)
+                return
+            raise self._enter_read_only(exc, "writing the journal checkpoint") from exc
         self._last_mark = mark
         self._checkpoints += 1
 
@@ -472,7 +539,7 @@ class LedgerStorage:
         self._logs.flush()
         self._fileio.failpoint("flush: after entry log sync, before index write")
         if self._read_only_cause is not None:  # a failed add may be in this buffer: index nothing
-            raise StorageReadOnly(f"storage turned read-only during a flush: {self._read_only_cause}")
+            raise self._read_only_error()
         self._index.put_batch(locations)
         self._meta_index.put_many(dirty)
         self._fileio.failpoint("flush: after index write, before checkpoint")
@@ -481,23 +548,29 @@ class LedgerStorage:
         """Delete entry logs without live data and compact those under the threshold
         (default: the major compaction threshold)."""
         if self._read_only_cause is not None:
-            raise StorageReadOnly(f"storage is read-only: {self._read_only_cause}")
+            raise self._read_only_error()
         threshold = self.config.major_compaction_threshold if compaction_threshold is None else compaction_threshold
         try:
             return self._gc.run(threshold)
-        except OSError as exc:
-            raise self._enter_read_only(exc) from exc
+        except Exception as exc:
+            raise self._write_failed(exc, "entry-log garbage collection") from exc
 
     def _flusher_loop(self) -> None:
         interval_s = self.config.flush_interval_ms / 1000.0
+        wait_s = interval_s
         while not self._stop.is_set():
-            self._flush_wanted.wait(interval_s)
+            self._flush_wanted.wait(wait_s)
             self._flush_wanted.clear()
+            wait_s = interval_s
             if self._stop.is_set() or self._read_only_cause is not None:
                 continue
-            if len(self._active) or self._dirty_ledgers:
-                with contextlib.suppress(StorageError):  # read-only now; adds report the cause
+            if len(self._active) or self._dirty_ledgers or self._unflushed is not None:
+                try:
                     self._flush(checkpoint=True)
+                except StorageBusy:  # logged once; the sealed buffer waits for the retry
+                    wait_s = min(interval_s, FLUSH_RETRY_MS / 1000.0)
+                except StorageError:  # read-only now (logged); adds report the cause
+                    pass
 
     def _gc_loop(self) -> None:
         interval_s = self.config.gc_interval_ms / 1000.0
@@ -513,8 +586,15 @@ class LedgerStorage:
                 threshold, last_minor = self.config.minor_compaction_threshold, now
             try:
                 self._gc.run(threshold)
-            except (OSError, StorageError) as exc:
-                self._enter_read_only(exc)
+            except StorageError:
+                pass
+            except Exception as exc:  # OSError, or rocksdict's I/O errors
+                if is_transient(exc):
+                    self._gc_trouble.failed(exc)  # logged once; the next run tries again
+                else:
+                    self._enter_read_only(exc, "entry-log garbage collection")
+            else:
+                self._gc_trouble.succeeded()
 
     # --- introspection -----------------------------------------------------------------
     @property

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -27,9 +27,11 @@ def stop(proc: subprocess.Popen[bytes], *, kill: bool = False) -> int:
 
 
 @contextmanager
-def standalone_process(data_dir: str | Path, *extra: str,
-                       env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    with running_standalone(data_dir, *extra, cwd=REPO_ROOT, env=env) as running:
+def standalone_process(data_dir: str | Path, *extra: str, env: dict[str, str] | None = None,
+                       output: IO[bytes] | int = subprocess.DEVNULL,
+                       file_limit: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with running_standalone(data_dir, *extra, cwd=REPO_ROOT, env=env, output=output,
+                            file_limit=file_limit) as running:
         yield running
 
 

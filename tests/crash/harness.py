@@ -37,6 +37,15 @@ def crash_rounds() -> int:
     return int(os.environ.get("MAGNETAR_CRASH_ROUNDS", ROUNDS_DEFAULT))
 
 
+ROUND_SECONDS_MAX = 10
+
+
+def rounds_timeout_s() -> int:
+    """The per-test time bound of a suite that runs ``crash_rounds()`` rounds (a soak of
+    hundreds of rounds gets proportionally longer than pytest's default)."""
+    return 120 + ROUND_SECONDS_MAX * crash_rounds()
+
+
 @dataclass(frozen=True)
 class ChildResult:
     lines: list[str]

@@ -69,6 +69,7 @@ from tests.crash.harness import (
     crash_rounds,
     crash_seed,
     kill_after,
+    rounds_timeout_s,
     started_child,
     stderr_tail,
 )
@@ -542,6 +543,7 @@ def run_rounds(tmp_path: Path, base_seed: int, rounds: int, *, clean_only: bool)
     return coverage
 
 
+@pytest.mark.timeout(rounds_timeout_s())
 def test_cursor_state_survives_broker_kill9(tmp_path: Path) -> None:
     base_seed, rounds = crash_seed(), crash_rounds()
     print(f"MAGNETAR_CRASH_SEED={base_seed} MAGNETAR_CRASH_ROUNDS={rounds}")
@@ -550,6 +552,7 @@ def test_cursor_state_survives_broker_kill9(tmp_path: Path) -> None:
         assert coverage.acks > 0, f"no ack was ever reported in {rounds} rounds (MAGNETAR_CRASH_SEED={base_seed})"
 
 
+@pytest.mark.timeout(rounds_timeout_s())
 def test_cursor_state_survives_clean_restarts(tmp_path: Path) -> None:
     base_seed = crash_seed()
     rounds = max(CLEAN_ROUNDS_MIN, crash_rounds() // 10)

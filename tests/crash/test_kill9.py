@@ -52,6 +52,7 @@ from tests.crash.harness import (
     crash_rounds,
     crash_seed,
     kill_after,
+    rounds_timeout_s,
     started_child,
     stderr_tail,
 )
@@ -282,6 +283,7 @@ def failure_message(base_seed: int, plan: RoundPlan, result: ChildResult, proble
 
 
 # --- the test ------------------------------------------------------------------------------
+@pytest.mark.timeout(rounds_timeout_s())
 def test_acknowledged_entries_survive_kill9(tmp_path: Path) -> None:
     base_seed = crash_seed()
     rounds = crash_rounds()

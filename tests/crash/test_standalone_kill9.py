@@ -25,6 +25,7 @@ ROUNDS = 3
 WINDOW_MESSAGES = 200
 ACKS_BEFORE_KILL_MAX = 3000
 QUIET_READ_S = 1.5
+READ_MESSAGES_MAX = ROUNDS * (ACKS_BEFORE_KILL_MAX + 2 * WINDOW_MESSAGES) + ROUNDS
 TOPIC = "persistent/public/default/crash-log"
 
 
@@ -61,13 +62,14 @@ def produce_until_killed(url: str, proc_pid_kill: object, label: str, acks_befor
 def read_all(url: str) -> list[bytes]:
     out: list[bytes] = []
     with open_ws(f"{ws_base(url)}/ws/v2/reader/{TOPIC}?messageId=earliest") as ws:
-        while True:
+        while len(out) <= READ_MESSAGES_MAX:
             try:
                 message = recv_frame(ws, timeout_s=QUIET_READ_S)
             except TimeoutError:
                 return out
             out.append(unb64(message["payload"]))
             send_frame(ws, {"messageId": message["messageId"]})
+    raise AssertionError(f"the reader returned more than the {READ_MESSAGES_MAX} messages ever sent")
 
 
 def test_kill9_during_websocket_produce_loses_no_acknowledged_message(tmp_path: Path) -> None:

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
+from fastapi import FastAPI
 
-from api.app import SERVER_OPTIONS, create_app
+from api.app import create_app, server_options
 from api.auth import AuthConfig
+from api.limits import EdgeLimits
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Delivery
@@ -21,12 +23,14 @@ START_TIMEOUT_S = 30.0
 
 
 @contextmanager
-def running_server(data_dir: str, config: BrokerConfig | None = None, *,
-                   auth: AuthConfig | None = None) -> Iterator[tuple[str, BrokerService]]:
+def running_app(data_dir: str, config: BrokerConfig | None = None, *, auth: AuthConfig | None = None,
+                limits: EdgeLimits | None = None) -> Iterator[tuple[str, FastAPI, BrokerService]]:
+    """``(url, app, service)`` of a server answering on an ephemeral port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     service = BrokerService(data_dir, config or BrokerConfig.test_min())
-    server = uvicorn.Server(uvicorn.Config(create_app(service, auth=auth), log_level="warning", **SERVER_OPTIONS))
+    app = create_app(service, auth=auth, limits=limits)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options(app)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -35,11 +39,18 @@ def running_server(data_dir: str, config: BrokerConfig | None = None, *,
             raise AssertionError("uvicorn did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", service
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, service
     finally:
         server.should_exit = True
         thread.join(START_TIMEOUT_S)
         sock.close()
+
+
+@contextmanager
+def running_server(data_dir: str, config: BrokerConfig | None = None, *, auth: AuthConfig | None = None,
+                   limits: EdgeLimits | None = None) -> Iterator[tuple[str, BrokerService]]:
+    with running_app(data_dir, config, auth=auth, limits=limits) as (url, _, service):
+        yield url, service
 
 
 def stored_deliveries(service: BrokerService, topic: str) -> list[Delivery]:

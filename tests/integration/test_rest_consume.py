@@ -30,9 +30,10 @@ import httpx
 import pytest
 
 from api.auth import AuthConfig, create_token
+from api.errors import TooManyConnections
+from api.limits import EdgeLimits
 from api.rest_consume import ConsumerSettings, PullParams, RestConsumers
 from broker.entry_format import Message
-from broker.errors import ConsumerBusy
 from broker.message_id import MessageId
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import ConsumerConfig, SubscriptionType
@@ -43,6 +44,7 @@ TOPIC = "public/default/events"
 TOPIC_URL = f"/topics/persistent/{TOPIC}"
 SUB_URL = f"{TOPIC_URL}/subscription/workers"
 WAIT_DEADLINE_S = 30.0
+PULL_BYTES = EdgeLimits().pull_response_bytes_max
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
@@ -305,13 +307,13 @@ def test_idle_rest_consumers_close_and_hand_back_their_messages(tmp_path: Path) 
     no_ack_timeouts = dataclasses.replace(BrokerConfig.test_min(), maintenance_interval_ms=3_600_000)
     service = BrokerService(str(tmp_path / "data"), no_ack_timeouts, clock=clock)
     service.start()
-    registry = RestConsumers(service)
+    registry = RestConsumers(service, EdgeLimits())
     name = TopicName.parse(TOPIC)
     settings = ConsumerSettings.of(PullParams.model_validate({"ackTimeoutMillis": 3_600_000}))
     try:
         service.publish(name, [Message(payload=b"held")], producer_name="p")
-        rest = registry.begin_pull(name, "workers", settings, "earliest", 1)
-        assert [d.message.payload for d in rest.take(1)] == [b"held"]
+        rest = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
+        assert [d.message.payload for d in rest.take(1, PULL_BYTES)] == [b"held"]
         clock.now_s += 7_200
         assert registry.sweep() == 0  # a pull is still in progress
         registry.end_pull(rest, 0)
@@ -320,8 +322,8 @@ def test_idle_rest_consumers_close_and_hand_back_their_messages(tmp_path: Path) 
         clock.now_s += 2
         assert registry.sweep() == 1 and len(registry) == 0
         assert rest.consumer.closed
-        again = registry.begin_pull(name, "workers", settings, "earliest", 1)
-        redelivered = again.take(1)
+        again = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
+        redelivered = again.take(1, PULL_BYTES)
         assert [(d.message.payload, d.redelivery_count) for d in redelivered] == [(b"held", 1)]
         registry.end_pull(again, 0)
     finally:
@@ -332,17 +334,17 @@ def test_idle_rest_consumers_close_and_hand_back_their_messages(tmp_path: Path) 
 def test_a_consumer_closed_under_the_registry_is_replaced(tmp_path: Path) -> None:
     service = BrokerService(str(tmp_path / "data"), BrokerConfig.test_min())
     service.start()
-    registry = RestConsumers(service)
+    registry = RestConsumers(service, EdgeLimits())
     name = TopicName.parse(TOPIC)
     settings = ConsumerSettings.of(PullParams.model_validate({}))
     try:
-        first = registry.begin_pull(name, "workers", settings, "earliest", 1)
+        first = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
         registry.end_pull(first, 1)
         first.consumer.close()  # e.g. the subscription was deleted by force
         service.publish(name, [Message(payload=b"after")], producer_name="p")
-        second = registry.begin_pull(name, "workers", settings, "earliest", 1)
+        second = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
         assert second is not first and not second.consumer.closed
-        assert [d.message.payload for d in second.take(1)] == [b"after"]
+        assert [d.message.payload for d in second.take(1, PULL_BYTES)] == [b"after"]
         registry.end_pull(second, 0)
     finally:
         registry.close()
@@ -352,15 +354,16 @@ def test_a_consumer_closed_under_the_registry_is_replaced(tmp_path: Path) -> Non
 def test_a_pull_without_a_type_joins_an_active_shared_subscription(tmp_path: Path) -> None:
     service = BrokerService(str(tmp_path / "data"), BrokerConfig.test_min())
     service.start()
-    registry = RestConsumers(service)
+    registry = RestConsumers(service, EdgeLimits())
     name = TopicName.parse(TOPIC)
     try:
         other = service.subscribe(name, "workers", SubscriptionType.SHARED, ConsumerConfig("ws-consumer"))
         for i in range(10):
             service.publish(name, [Message(payload=f"m{i}".encode())], producer_name="p")
         other.flow(4)
-        rest = registry.begin_pull(name, "workers", ConsumerSettings.of(PullParams.model_validate({})), "latest", 10)
-        pulled = rest.take(10)
+        rest = registry.begin_pull(name, "workers", ConsumerSettings.of(PullParams.model_validate({})), "latest", 10,
+                                   "anonymous")
+        pulled = rest.take(10, PULL_BYTES)
         registry.end_pull(rest, 10 - len(pulled))
         assert rest.consumer.subscription.type is SubscriptionType.SHARED
         to_other = []
@@ -373,17 +376,26 @@ def test_a_pull_without_a_type_joins_an_active_shared_subscription(tmp_path: Pat
         service.close()
 
 
-def test_the_registry_is_bounded(tmp_path: Path) -> None:
+def test_the_registry_is_bounded_in_all_per_role_and_per_namespace(tmp_path: Path) -> None:
     service = BrokerService(str(tmp_path / "data"), BrokerConfig.test_min())
     service.start()
-    registry = RestConsumers(service, consumers_max=1)
+    service.create_namespace("public/other")
+    limits = EdgeLimits(rest_consumers_max=3, rest_consumers_per_role_max=1, rest_consumers_per_namespace_max=2)
+    registry = RestConsumers(service, limits)
     settings = ConsumerSettings.of(PullParams.model_validate({}))
+    here, there = TopicName.parse(TOPIC), TopicName.parse("persistent://public/other/t")
     try:
-        first = registry.begin_pull(TopicName.parse(TOPIC), "a", settings, "latest", 1)
+        first = registry.begin_pull(here, "a", settings, "latest", 1, "alice")
         registry.end_pull(first, 1)
-        with pytest.raises(ConsumerBusy, match="REST consumers are open"):
-            registry.begin_pull(TopicName.parse(TOPIC), "b", settings, "latest", 1)
-        assert registry.begin_pull(TopicName.parse(TOPIC), "a", settings, "latest", 1) is first
+        with pytest.raises(TooManyConnections, match="role 'alice' has 1 REST consumers open"):
+            registry.begin_pull(here, "b", settings, "latest", 1, "alice")  # one role cannot take them all
+        registry.end_pull(registry.begin_pull(here, "b", settings, "latest", 1, "bob"), 1)
+        with pytest.raises(TooManyConnections, match="namespace public/default has 2 REST consumers open"):
+            registry.begin_pull(here, "c", settings, "latest", 1, "carol")  # nor one namespace
+        registry.end_pull(registry.begin_pull(there, "c", settings, "latest", 1, "carol"), 1)
+        with pytest.raises(TooManyConnections, match="3 REST consumers are open"):
+            registry.begin_pull(there, "d", settings, "latest", 1, "dave")
+        assert registry.begin_pull(here, "a", settings, "latest", 1, "bob") is first  # an open one is shared
         registry.end_pull(first, 1)
     finally:
         registry.close()

@@ -10,6 +10,7 @@ while writing nothing.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from tests.integration.ws_client import (
 )
 
 NS = "persistent/public/default"
+RECV_DEADLINE_S = 30.0
 
 
 @pytest.fixture
@@ -94,7 +96,9 @@ def test_shared_consumers_split_the_messages_without_overlap(server: tuple[str, 
             produce(producer, [f"job{i}" for i in range(20)])
         seen: list[bytes] = []
         counts = [0, 0]
+        deadline = time.monotonic() + RECV_DEADLINE_S
         while len(seen) < 20:
+            assert time.monotonic() < deadline, f"only {len(seen)} of 20 messages arrived"
             for index, ws in enumerate((first, second)):
                 try:
                     message = recv_frame(ws, timeout_s=0.2)
@@ -130,7 +134,9 @@ def test_key_shared_keeps_each_key_on_one_consumer(server: tuple[str, BrokerServ
                 produce(producer, [f"{key}{i}" for i in range(3)], key=key)
         owner: dict[str, int] = {}
         received = 0
+        deadline = time.monotonic() + RECV_DEADLINE_S
         while received < 18:
+            assert time.monotonic() < deadline, f"only {received} of 18 messages arrived"
             for index, ws in enumerate((first, second)):
                 try:
                     message = recv_frame(ws, timeout_s=0.2)

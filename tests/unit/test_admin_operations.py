@@ -88,7 +88,7 @@ def test_skip_all_withdraws_undelivered_messages_and_releases_held_ones(service:
     assert [d.offset for d in held] == [0]
     service.move_cursor(TOPIC, "s", lambda cursor: cursor.skip_all())
     assert consumer.poll() is None  # offsets 1-4 were withdrawn from the outbox
-    assert consumer.permits == 4 and consumer.unacked == {}  # their permits are back, 0 is released
+    assert consumer.permits == 4 and len(consumer.unacked) == 0  # their permits are back, 0 is released
     assert consumer.subscription.statistics().msg_backlog == 0
     publish(service, 1, first=10)
     assert [d.offset for d in take(consumer, 1)] == [10]

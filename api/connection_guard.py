@@ -1,0 +1,214 @@
+"""Connections of one listener: how many, how slow, and what happens when there are too many.
+
+Role: the TCP edge. uvicorn accepts every connection and waits for a request for as long as the
+client likes; a client that opens many connections and sends nothing (or a byte at a time)
+would hold file descriptors until the process has none left, and then every file the storage
+opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with a
+``ConnectionGuard``:
+
+- at most ``connections_max`` open connections per listener (HTTP, and the WebSocket sessions
+  they upgrade to); one more is answered ``503 too_many_connections`` and closed at once;
+- a request's headers must be complete within ``header_timeout_ms`` of the connection opening
+  or of the previous response; otherwise the connection is closed;
+- idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer).
+
+``effective_connections_max`` keeps the bound under the process's file-descriptor limit, with
+room for the storage's files. ``quiet_accept_errors`` makes a failed ``accept()`` (out of file
+descriptors) a single warning per episode instead of a traceback per attempt.
+
+Invariants: an admitted connection is released exactly once, when its transport is lost,
+whichever protocol (HTTP or WebSocket) owns it then; refused connections never reach the
+application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FD_RESERVE_MIN = 64
+"""File descriptors kept for the storage (journal, entry logs, RocksDB) and the process."""
+ACCEPT_ERROR_QUIET_S = 60.0
+"""A failed ``accept()`` is logged once per this many seconds."""
+
+_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: 81\r\n\r\n"
+            b'{"code":"too_many_connections","message":"the broker holds its connection limit"}')
+assert len(_REFUSAL.split(b"\r\n\r\n", 1)[1]) == 81
+
+
+@dataclass(frozen=True)
+class ConnectionGuardStats:
+    open_connections: int
+    connections_max: int
+    admitted: int
+    refused: int
+    header_timeouts: int
+
+
+class ConnectionGuard:
+    """Counts a listener's open connections; thread-safe (several servers may share a process)."""
+
+    def __init__(self, connections_max: int, header_timeout_s: float) -> None:
+        self.connections_max = connections_max
+        self.header_timeout_s = header_timeout_s
+        self._open: set[object] = set()
+        self._lock = threading.Lock()
+        self._admitted = self._refused = self._header_timeouts = 0
+
+    def admit(self, transport: object) -> bool:
+        with self._lock:
+            if len(self._open) >= self.connections_max:
+                self._refused += 1
+                return False
+            self._open.add(transport)
+            self._admitted += 1
+            return True
+
+    def release(self, transport: object) -> None:
+        with self._lock:
+            self._open.discard(transport)
+
+    def timed_out(self) -> None:
+        with self._lock:
+            self._header_timeouts += 1
+
+    def statistics(self) -> ConnectionGuardStats:
+        with self._lock:
+            return ConnectionGuardStats(len(self._open), self.connections_max, self._admitted, self._refused,
+                                        self._header_timeouts)
+
+
+_GUARDS: list[ConnectionGuard] = []
+_GUARDS_LOCK = threading.Lock()
+
+
+def register(guard: ConnectionGuard) -> None:
+    with _GUARDS_LOCK:
+        _GUARDS.append(guard)
+
+
+def release_connection(transport: object) -> None:
+    """Release ``transport`` from whichever guard admitted it (called by the protocol that owns
+    the transport when it is lost: HTTP, or the WebSocket protocol it was upgraded to)."""
+    with _GUARDS_LOCK:
+        guards = list(_GUARDS)
+    for guard in guards:
+        guard.release(transport)
+
+
+def effective_connections_max(configured: int) -> int:
+    """``configured``, but below the file-descriptor limit with a reserve for everything else."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    reserve = max(FD_RESERVE_MIN, soft // 4)
+    return max(1, min(configured, soft - reserve))
+
+
+def raise_file_limit() -> int:
+    """Raise the soft file-descriptor limit to the hard one (as Pulsar's scripts advise); the
+    soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[..., asyncio.Protocol]:
+    """A subclass of uvicorn's HTTP protocol ``base`` (h11 or httptools) under ``guard``."""
+
+    class GuardedHttpProtocol(base):  # type: ignore[misc]
+        _admitted = False
+        _header_timer: asyncio.TimerHandle | None = None
+        _cycle_at_arm: object = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            if not guard.admit(transport):
+                transport.write(_REFUSAL)
+                transport.close()
+                return
+            self._admitted = True
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._admitted:
+                return
+            super().data_received(data)
+            if self._header_timer is not None and (
+                    self.cycle is not self._cycle_at_arm or self.transport.get_protocol() is not self):
+                self._disarm_header_timer()  # headers complete (or upgraded to a WebSocket)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm_header_timer()  # the next request's headers get the same time
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self._admitted:
+                return
+            self._disarm_header_timer()
+            guard.release(self.transport)
+            super().connection_lost(exc)
+
+        def _arm_header_timer(self) -> None:
+            self._disarm_header_timer()
+            self._cycle_at_arm = self.cycle
+            self._header_timer = self.loop.call_later(guard.header_timeout_s, self._headers_too_slow)
+
+        def _disarm_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if self.transport.get_protocol() is self and self.cycle is self._cycle_at_arm \
+                    and not self.transport.is_closing():
+                guard.timed_out()
+                self.transport.close()
+
+    return GuardedHttpProtocol
+
+
+class _AcceptErrorFilter:
+    """Loop exception handler: a failed ``accept()`` is one warning per quiet period, no
+    traceback; everything else goes to the previous (or default) handler."""
+
+    def __init__(self, previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None) -> None:
+        self._previous = previous
+        self._last_logged_s = -ACCEPT_ERROR_QUIET_S
+        self.suppressed = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if "accept" not in str(context.get("message", "")):
+            if self._previous is not None:
+                self._previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        now = time.monotonic()
+        if now - self._last_logged_s < ACCEPT_ERROR_QUIET_S:
+            self.suppressed += 1
+            return
+        self._last_logged_s = now
+        log.warning("accepting connections failed (%s); new connections wait until descriptors free up "
+                    "(%d such failures not logged since the last warning)", context.get("exception"),
+                    self.suppressed)
+        self.suppressed = 0
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    loop.set_exception_handler(_AcceptErrorFilter(loop.get_exception_handler()))

@@ -1,0 +1,91 @@
+"""Open WebSocket sessions and the permissions they were admitted with.
+
+Role: a WebSocket session is authorized once, at its handshake, and may then live for days. When
+an administrator revokes a grant (a namespace permission, a tenant's admin roles, a deleted
+namespace), sessions admitted under it must end then, not whenever they happen to reconnect.
+Each session registers what its handshake checked (the caller and each (action, topic) pair);
+the broker service tells the registry when policies change, and the registry checks every
+session again and closes the ones no longer allowed with code 1008 (policy violation) and a
+reason naming what was revoked.
+
+Invariants: a session is in the registry from its acceptance until it ends; a re-check reads
+the policies as they are after the change; closing happens on the session's own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+
+from fastapi import WebSocket, WebSocketDisconnect
+
+from api.auth import Action, Authorizer, Principal
+from broker.errors import Forbidden
+from broker.topic_name import TopicName
+
+log = logging.getLogger(__name__)
+
+POLICY_VIOLATION = 1008
+CLOSE_REASON_BYTES_MAX = 120
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a session's handshake was authorized for."""
+
+    principal: Principal
+    checks: tuple[tuple[Action, TopicName], ...]
+
+
+class SessionRegistry:
+    def __init__(self, authorizer: Authorizer) -> None:
+        self._authorizer = authorizer
+        self._sessions: dict[int, tuple[Admission, WebSocket, asyncio.AbstractEventLoop]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.revoked = 0
+
+    def opened(self, admission: Admission, websocket: WebSocket) -> int:
+        session_id = next(self._ids)
+        with self._lock:
+            self._sessions[session_id] = (admission, websocket, asyncio.get_running_loop())
+        return session_id
+
+    def ended(self, session_id: int) -> None:
+        with self._lock:
+            self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def revalidate(self) -> None:
+        """Check every open session against the policies as they are now (any thread); close
+        those whose caller lost a permission the session needs."""
+        with self._lock:
+            sessions = list(self._sessions.items())
+        for session_id, (admission, websocket, loop) in sessions:
+            reason = self._refusal(admission)
+            if reason is None:
+                continue
+            self.ended(session_id)
+            self.revoked += 1
+            log.info("closing a WebSocket session of role %r: %s", admission.principal.role, reason)
+            with contextlib.suppress(RuntimeError):  # the loop is gone: so is the session
+                asyncio.run_coroutine_threadsafe(_close(websocket, reason), loop)
+
+    def _refusal(self, admission: Admission) -> str | None:
+        try:
+            for action, topic in admission.checks:
+                self._authorizer.require(admission.principal, action, topic)
+        except Forbidden as exc:
+            return f"permission revoked: {exc}"
+        return None
+
+
+async def _close(websocket: WebSocket, reason: str) -> None:
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        await websocket.close(POLICY_VIOLATION, reason.encode()[:CLOSE_REASON_BYTES_MAX].decode(errors="ignore"))
