@@ -17,11 +17,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from api import console
 from api.admin import router as admin_router
+from api.admin_broker import router as broker_stats_router
 from api.auth import AuthConfig, Authorizer
 from api.errors import install_error_handlers
 from api.metrics import router as metrics_router
 from api.rest_consume import router as consume_router
+from api.rest_locate import router as locate_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
 from api.wakeup import loop_executor
@@ -74,6 +77,9 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
     app.include_router(metrics_router(service, authorizer))
     app.include_router(read_router(service, authorizer))
     app.include_router(ws_router(service, authorizer))
+    app.include_router(broker_stats_router(service, authorizer))
+    app.include_router(locate_router(service, authorizer))
+    app.include_router(console.router())
 
     @app.get("/healthz", summary="Liveness and storage health")
     def healthz() -> JSONResponse:
