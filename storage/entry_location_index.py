@@ -154,5 +154,6 @@ class EntryLocationIndex:
             yield ledger, entry, _VALUE.unpack(value)[0]
 
     def statistics(self) -> IndexStats:
-        return IndexStats(self._batches, self._written, self._lookups,
-                          self._db.property_int_value(_SST_BYTES) or 0, self._db.property_int_value(_MEMTABLE_BYTES) or 0)
+        sst_bytes = self._db.property_int_value(_SST_BYTES) or 0
+        memtable_bytes = self._db.property_int_value(_MEMTABLE_BYTES) or 0
+        return IndexStats(self._batches, self._written, self._lookups, sst_bytes, memtable_bytes)

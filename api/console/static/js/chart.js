@@ -6,13 +6,22 @@ import { h } from "./dom.js";
 const HEIGHT_PX = 170;
 const PAD = { left: 64, right: 12, top: 10, bottom: 22 };
 
-function niceCeiling(value) {
-  if (value <= 0) return 1;
-  const magnitude = 10 ** Math.floor(Math.log10(value));
+/** The smallest of 1, 2, 2.5, 5 times a power of ten, in units of `unit` (1 or a power of 1024
+ * for bytes, so byte axes read 256 KiB rather than 262.1 KiB), at or above `value`. */
+function niceCeiling(value, unit) {
+  const scaled = value / unit;
+  const magnitude = 10 ** Math.floor(Math.log10(scaled));
   for (const step of [1, 2, 2.5, 5, 10]) {
-    if (value <= step * magnitude) return step * magnitude;
+    if (scaled <= step * magnitude) return step * magnitude * unit;
   }
-  return 10 * magnitude;
+  return 10 * magnitude * unit;
+}
+
+function unitOf(value, binary) {
+  if (!binary) return 1;
+  let unit = 1;
+  while (value >= unit * 1024) unit *= 1024;
+  return unit;
 }
 
 function swatch(color) {
@@ -24,9 +33,12 @@ function swatch(color) {
 export class TimeChart {
   /**
    * series: [{key, label, color}] (color: a CSS custom property such as "--series-in");
-   * format(value) labels the y axis; windowMs is the time span shown (newest point at the right).
+   * format(value) labels the y axis; windowMs is the time span shown (newest point at the right);
+   * floor is the least top of the y axis; binary rounds it in powers of 1024 (bytes).
    */
-  constructor({ title, series, format, windowMs }) {
+  constructor({ title, series, format, windowMs, floor = 1, binary = false }) {
+    this.floor = floor;
+    this.binary = binary;
     this.series = series;
     this.format = format;
     this.windowMs = windowMs;
@@ -66,7 +78,8 @@ export class TimeChart {
     const plotH = HEIGHT_PX - PAD.top - PAD.bottom;
     const now = this.points.length ? this.points[this.points.length - 1].t : Date.now();
     const start = now - this.windowMs;
-    const max = niceCeiling(Math.max(0, ...this.points.flatMap((p) => this.series.map((s) => p[s.key] || 0))));
+    const top = Math.max(this.floor, ...this.points.flatMap((p) => this.series.map((s) => p[s.key] || 0)));
+    const max = niceCeiling(top, unitOf(top, this.binary));
     const style = getComputedStyle(document.documentElement);
     const grid = style.getPropertyValue("--chart-grid").trim() || "#ddd";
     const ink = style.getPropertyValue("--muted").trim() || "#666";

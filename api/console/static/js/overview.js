@@ -4,7 +4,8 @@
 import { get } from "./api.js";
 import { TimeChart } from "./chart.js";
 import {
-  errorBox, fmtByteRate, fmtBytes, fmtCount, fmtDuration, fmtMicros, fmtRate, fmtRatio, h, panel, replace, stat,
+  errorBox, fmtByteRate, fmtBytes, fmtCount, fmtDuration, fmtMicros, fmtRate, fmtRatio, h, loading, panel, replace,
+  stat,
 } from "./dom.js";
 
 export const OVERVIEW_POLL_MS = 2000;
@@ -65,7 +66,8 @@ function render(data) {
 
 export function overviewView(root) {
   const history = [];
-  const figures = h("div", { class: "overview-figures" });
+  const figures = h("div", { class: "overview-figures" }, loading());
+  let loaded = false;
   const status = h("div", { class: "status-slot" });
   const started = h("p", { class: "muted" });
   const messages = new TimeChart({
@@ -73,7 +75,7 @@ export function overviewView(root) {
     series: [{ key: "in", label: "in", color: "--series-in" }, { key: "out", label: "out", color: "--series-out" }],
   });
   const bytes = new TimeChart({
-    title: "Bytes per second", format: (v) => fmtBytes(v), windowMs: HISTORY_WINDOW_MS,
+    title: "Bytes per second", format: (v) => fmtBytes(v), windowMs: HISTORY_WINDOW_MS, floor: 1024, binary: true,
     series: [{ key: "in", label: "in", color: "--series-in" }, { key: "out", label: "out", color: "--series-out" }],
   });
   replace(root,
@@ -91,6 +93,7 @@ export function overviewView(root) {
       replace(status);
       replace(started, `Up since ${new Date(data.startedAt).toLocaleString()}`);
       replace(figures, render(data));
+      loaded = true;
       history.push({ t: data.timestamp, msgIn: data.rates.msgRateIn, msgOut: data.rates.msgRateOut,
         bytesIn: data.rates.msgThroughputIn, bytesOut: data.rates.msgThroughputOut });
       if (history.length > HISTORY_POINTS_MAX) history.splice(0, history.length - HISTORY_POINTS_MAX);
@@ -102,6 +105,7 @@ export function overviewView(root) {
         ? h("p", { class: "muted" }, "The overview needs a superuser. Open a namespace or topic you may use " +
           "with the box at the top.") : null;
       replace(status, errorBox(error), hint);
+      if (!loaded) replace(figures, h("p", { class: "muted" }, "No figures to show."));
     }
     if (!stopped) timer = setTimeout(poll, OVERVIEW_POLL_MS);
   }

@@ -21,7 +21,7 @@ function preview(base64) {
 export function tailTab(root, ctx) {
   const rows = h("tbody", {});
   const status = h("span", { class: "tail-status", dataset: { state: "stopped" } }, "Stopped.");
-  const counter = h("span", { class: "muted" });
+  const counter = h("span", { class: "muted tail-counter" });
   const slot = h("div", { class: "action-slot" });
   const start = h("select", { name: "tailStart" }, h("option", { value: "latest" }, "new messages"),
     h("option", { value: "earliest" }, "the oldest message"));

@@ -214,18 +214,18 @@ function subscriptionActions(ctx, refresh) {
 function lifecyclePanel(ctx) {
   const admin = ctx.paths.admin;
   const slot = h("div", { class: "action-slot" });
-  const compaction = h("div", { class: "stats" });
+  const compaction = h("div", {});
 
   async function loadCompaction() {
     if (ctx.partitions) return;
     try {
       const c = await get(`${admin}/compaction`);
-      replace(compaction,
+      replace(compaction, h("div", { class: "stats" },
         stat("Compaction", c.status, c.status, "compactionStatus"),
         stat("Last run", c.lastRunTimestamp ? fmtTime(c.lastRunTimestamp) : "never", c.lastRunTimestamp, "compactionRun"),
         stat("Kept messages", fmtCount(c.messages), c.messages, "compactionMessages"),
         stat("Horizon offset", c.horizonOffset >= 0 ? fmtCount(c.horizonOffset) : "–", c.horizonOffset,
-          "compactionHorizon"),
+          "compactionHorizon")),
         c.lastError ? h("div", { class: "error" }, h("strong", {}, "last error"), " ", c.lastError) : null);
     } catch (error) {
       replace(compaction, errorBox(error));
@@ -279,6 +279,8 @@ function overviewTab(root, ctx) {
         : await get(`${ctx.paths.admin}/stats`);
       if (stopped) return;
       replace(figures, statsFigures(stats, ctx));
+      actions.element.hidden = false;
+      lifecycle.element.hidden = false;
       if (ctx.partitions) replace(partitions, panel("Partitions", partitionsTable(ctx, stats.partitions)));
       replace(subscriptions, subscriptionsTable(stats.subscriptions));
       actions.update(Object.keys(stats.subscriptions).sort());
@@ -288,6 +290,9 @@ function overviewTab(root, ctx) {
         error.status === 403 ? h("p", { class: "muted" }, "Statistics need a tenant admin; the Messages and " +
           "Live tail tabs need only the produce or consume permission.") : null);
       replace(subscriptions, errorBox(error));
+      // Every action here needs what the statistics need: a role refused those sees no buttons.
+      actions.element.hidden = error.status === 401 || error.status === 403;
+      lifecycle.element.hidden = actions.element.hidden;
     }
     if (!stopped) timer = setTimeout(refresh, TOPIC_POLL_MS);
   }
