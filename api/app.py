@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import console
+from api import console, log_redaction
 from api.admin import router as admin_router
 from api.admin_broker import router as broker_stats_router
 from api.auth import AuthConfig, Authorizer
@@ -66,6 +66,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None) -> Fas
             service.close()
 
     logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)
+    log_redaction.install()
     app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     authorizer = Authorizer(auth or AuthConfig(), service)
