@@ -2,7 +2,8 @@
 
 What a person would do, checked by its effect on the broker through its public APIs: the
 overview's figures and charts move while a WebSocket producer runs; a topic (and a partitioned
-topic) created in the console exists for the admin API; a message produced in the console
+topic) created in the console exists for the admin API, and so do a tenant, a namespace, its
+retention, TTL and deduplication policies and a role's grant; a message produced in the console
 reaches a WebSocket consumer with its key and properties; a cursor reset by message id and by
 time in the console changes the subscription's backlog as admin ``stats`` report it; the live
 tail shows what a WebSocket producer sends, holds it while paused and keeps at most its bound
@@ -233,6 +234,43 @@ def test_a_topic_created_in_the_console_exists_for_the_admin_api(console: Consol
     console.until(lambda: "already exists" in console.text(".action-slot .error-message"), "the API's refusal")
     assert again.get_attribute("value") == "console-made"
     console.shoot("namespace")
+
+
+def test_namespace_policies_and_permissions_set_in_the_console_reach_the_admin_api(console: Console) -> None:
+    console.open("/tenants")
+    console.type("tenant", "console-tenant")
+    console.type("adminRoles", "ops, audit")
+    console.submit("tenant")
+    console.until(lambda: "Tenant console-tenant created" in console.text(".notice-ok"), "the tenant")
+    console.type("nsTenant", "console-tenant")
+    console.type("namespace", "events")
+    console.submit("namespace")
+    console.until(lambda: console.find("a[href='#/ns/console-tenant/events']") is not None, "the namespace link")
+    console.shoot("tenants")
+    console.one("a[href='#/ns/console-tenant/events']").click()
+    console.type("retentionMinutes", "-1")
+    console.type("retentionMB", "512")
+    console.submit("retentionMinutes")
+    console.until(lambda: "Retention saved" in console.text(".notice-ok"), "the retention notice")
+    console.type("ttlSeconds", "3600")
+    console.submit("ttlSeconds")
+    console.until(lambda: "TTL saved" in console.text(".notice-ok"), "the TTL notice")
+    Select(console.visible("[name='dedup']")).select_by_value("false")
+    console.submit("dedup")
+    console.until(lambda: "Deduplication saved" in console.text(".notice-ok"), "the dedup notice")
+    console.type("role", "reporting")
+    console.one("[name='produce']").click()  # consume only
+    console.submit("role")
+    console.until(lambda: console.text("td[data-label='Actions']") == "consume", "the grant in the table")
+    with admin(console.url) as client:
+        policies = client.get("/admin/v2/namespaces/console-tenant/events").json()
+        assert client.get("/admin/v2/tenants/console-tenant").json()["adminRoles"] == ["ops", "audit"]
+    assert policies["retention_policies"] == {"retentionTimeInMinutes": -1, "retentionSizeInMB": 512}
+    assert policies["message_ttl_in_seconds"] == 3600 and policies["deduplicationEnabled"] is False
+    assert policies["auth_policies"]["namespace_auth"] == {"reporting": ["consume"]}
+    console.type("retentionMinutes", "-2")
+    console.submit("retentionMinutes")
+    console.until(lambda: "greater than or equal to -1" in console.text(".error-message"), "the API's refusal")
 
 
 def test_a_message_produced_in_the_console_reaches_a_websocket_consumer(console: Console) -> None:

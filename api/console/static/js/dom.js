@@ -3,6 +3,9 @@
 
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
+  // The broker judges input and says what is wrong with it; the browser's own checks (min,
+  // required) would block the request and hide that answer.
+  if (tag === "form") el.noValidate = true;
   for (const [name, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
     if (name === "class") el.className = value;
