@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA_DIR ?= ./data
 PORT ?= 8080
 
-.PHONY: run test lint unit crash bench check-java clean demo
+.PHONY: run test lint unit crash bench check-java check-chromium clean demo
 
 # setup.py builds the optional native accelerator api/_range_columns.c (skipped without a C compiler).
 $(STAMP): pyproject.toml constraints.txt setup.py api/_range_columns.c
@@ -23,6 +23,18 @@ check-java:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  [ "$${v:-0}" -ge 17 ] || { echo "Spark needs Java 17+, found $$v: install 'openjdk-17-jre-headless'"; exit 1; }
 
+# The web console's tests drive Debian's Chromium through chromium-driver (tests/e2e/test_console.py).
+CHROMIUM_PACKAGES := chromium chromium-driver
+check-chromium:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; fi; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing $(CHROMIUM_PACKAGES) for the web console's tests"; \
+	    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(CHROMIUM_PACKAGES)) \
+	      || { echo "apt-get could not install $(CHROMIUM_PACKAGES): install them to run the web console's tests"; exit 1; }; \
+	  else \
+	    echo "The web console's tests need Debian's $(CHROMIUM_PACKAGES): install them ('apt-get install $(CHROMIUM_PACKAGES)' as root)"; exit 1; \
+	  fi
+
 run: $(STAMP)
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT)
 
@@ -30,7 +42,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: $(STAMP) check-java lint
+test: $(STAMP) check-java check-chromium lint
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -23,8 +23,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import log_redaction
+from api import console, log_redaction
 from api.admin import router as admin_router
+from api.admin_broker import router as broker_stats_router
 from api.auth import AuthConfig, Authorizer
 from api.connection_guard import (
     ConnectionGuard,
@@ -38,6 +39,7 @@ from api.limits import EdgeLimits
 from api.metrics import router as metrics_router
 from api.request_guard import RequestGuard
 from api.rest_consume import router as consume_router
+from api.rest_locate import router as locate_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
 from api.wakeup import loop_executor
@@ -90,7 +92,6 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         quiet_accept_errors(asyncio.get_running_loop())
-        log_redaction.install()
         service.start()
         # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
         # a burst of confirmations wakes the loop once for dispatch and publish results alike.
@@ -102,6 +103,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
             service.close()
 
     logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)
+    log_redaction.install()
     app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     app.state.limits = limits
@@ -118,6 +120,9 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(metrics_router(service, authorizer))
     app.include_router(read_router(service, authorizer, limits))
     app.include_router(ws_router(service, authorizer, limits))
+    app.include_router(broker_stats_router(service, authorizer))
+    app.include_router(locate_router(service, authorizer))
+    app.include_router(console.router())
 
     @app.get("/healthz", summary="Liveness and storage health")
     def healthz() -> JSONResponse:

@@ -28,6 +28,8 @@ PREFIX = b"L"
 _KEY = struct.Struct(">cQQ")
 _VALUE = struct.Struct(">Q")
 U64_MAX = 2**64 - 1
+_SST_BYTES = "rocksdb.total-sst-files-size"
+_MEMTABLE_BYTES = "rocksdb.cur-size-all-mem-tables"
 SLICE_ITEMS = 256
 """Flush work (entry-log appends, location writes: RocksDB holds the interpreter lock while it
 writes) goes in slices of this many items: about 0.2 ms of holding the lock each."""
@@ -91,6 +93,10 @@ class IndexStats:
     batches_written: int
     locations_written: int
     lookups: int
+    sst_bytes: int
+    """Bytes of the RocksDB instance's table files (locations and ledger metadata share it)."""
+    memtable_bytes: int
+    """Bytes of its memtables, not yet in table files."""
 
 
 class EntryLocationIndex:
@@ -148,4 +154,6 @@ class EntryLocationIndex:
             yield ledger, entry, _VALUE.unpack(value)[0]
 
     def statistics(self) -> IndexStats:
-        return IndexStats(self._batches, self._written, self._lookups)
+        sst_bytes = self._db.property_int_value(_SST_BYTES) or 0
+        memtable_bytes = self._db.property_int_value(_MEMTABLE_BYTES) or 0
+        return IndexStats(self._batches, self._written, self._lookups, sst_bytes, memtable_bytes)

@@ -1,0 +1,195 @@
+"""Broker-wide statistics as JSON: ``/admin/v2/broker-stats/overview`` and a namespace's topic list.
+
+Role: what a dashboard shows at a glance (the web console's overview and namespace pages),
+read from the components' ``statistics()`` snapshots, as ``/metrics`` and the topic ``stats``
+are: nothing is counted here.
+
+- ``GET /admin/v2/broker-stats/overview`` (superuser): health and uptime; the embedded bookie
+  (journal with fsync latency percentiles, write and read caches with hit ratios, entry logs,
+  the RocksDB index, GC, read-only state); the broker's entry cache; how many topics,
+  subscriptions and consumers are loaded; and the message and byte rates and counters in and
+  out, summed over the loaded topics.
+- ``GET /admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics`` (tenant admin): every
+  topic of the namespace, a partitioned topic as one row summed over its partitions, with rates,
+  storage size, backlog and producer, subscription and consumer counts.
+
+Invariants: both routes only read. Rates are the broker's own (over its last maintenance
+interval), as in ``stats``. Fsync latency percentiles are estimated from the journal's
+fixed-bucket histogram by linear interpolation inside the bucket that holds the rank (as
+Prometheus's ``histogram_quantile`` does); a rank beyond the last bucket reads as that bucket's
+bound. A topic's ``backlog`` is its slowest subscription's (Pulsar's ``backlogSize`` is the same
+maximum, in bytes). A namespace lists at most ``TOPICS_LISTED_MAX`` rows (``truncated`` says
+when there were more); listing loads the topics it shows, as their ``stats`` would. Uptime
+counts from when the HTTP application was built, which is when its broker starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.admin import topic_stats
+from api.admin_namespaces import namespace_name
+from api.admin_topics import iso_time
+from api.auth import Authorizer, Caller
+from broker.errors import MagnetarError
+from broker.service import BrokerService
+from broker.topic_name import TopicName
+
+TOPICS_LISTED_MAX = 1000
+FSYNC_PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
+
+
+def _ratio(hits: int, total: int) -> float | None:
+    return hits / total if total else None
+
+
+def latency_percentile_us(bounds_us: tuple[int, ...], cumulative: tuple[int, ...], count: int,
+                          quantile: float) -> float | None:
+    """The ``quantile`` of a cumulative fixed-bucket histogram, interpolated inside its bucket;
+    None without observations."""
+    if count == 0:
+        return None
+    rank = quantile * count
+    below, lower_us = 0, 0
+    for bound_us, at_or_under in zip(bounds_us, cumulative, strict=True):
+        if at_or_under >= rank:
+            inside = at_or_under - below
+            share = (rank - below) / inside if inside else 1.0
+            return lower_us + (bound_us - lower_us) * share
+        below, lower_us = at_or_under, bound_us
+    return float(bounds_us[-1])
+
+
+def storage_overview(service: BrokerService) -> dict[str, Any]:
+    stats = service.storage.statistics()
+    journal, latency, reads = stats.journal, stats.journal.fsync_latency, stats.read_path
+    read_cache, logs, index, gc = stats.read_cache, stats.entry_logs, stats.index, stats.gc
+    served = reads.write_cache_hits + reads.flushing_cache_hits + reads.read_cache_hits + reads.entry_log_reads
+    percentiles = {name: latency_percentile_us(latency.bounds_us, latency.cumulative_counts, latency.count, q)
+                   for name, q in FSYNC_PERCENTILES}
+    return {
+        "readOnly": stats.read_only, "ledgers": stats.ledgers, "entriesAdded": stats.entries_added,
+        "flushes": stats.flushes, "checkpoints": stats.checkpoints,
+        "journal": {
+            "recordsWritten": journal.records_written, "bytesWritten": journal.bytes_written,
+            "fsyncs": latency.count, "groupsCommitted": journal.groups_committed,
+            "largestGroupRecords": journal.largest_group_records, "queueDepth": journal.queue_depth,
+            "files": journal.files,
+            "fsyncLatencyUs": percentiles | {"mean": latency.sum_seconds * 1e6 / latency.count
+                                             if latency.count else None},
+            "fsyncLatencyBucketsUs": [[bound, count] for bound, count in latency.buckets_us()],
+        },
+        "writeCache": {
+            "sizeBytes": stats.write_cache.size_bytes, "capacityBytes": stats.write_cache.capacity_bytes,
+            "entries": stats.write_cache.entries,
+            "beingFlushedBytes": stats.write_cache_being_flushed.size_bytes,
+            "hits": reads.write_cache_hits + reads.flushing_cache_hits,
+            "hitRatio": _ratio(reads.write_cache_hits + reads.flushing_cache_hits, served),
+        },
+        "readCache": {
+            "sizeBytes": read_cache.size_bytes, "capacityBytes": read_cache.capacity_bytes,
+            "entries": read_cache.entries, "hits": read_cache.hits, "misses": read_cache.misses,
+            "evictions": read_cache.evictions, "hitRatio": _ratio(read_cache.hits, read_cache.hits + read_cache.misses),
+        },
+        "reads": {"writeCache": reads.write_cache_hits, "writeCacheBeingFlushed": reads.flushing_cache_hits,
+                  "readCache": reads.read_cache_hits, "entryLog": reads.entry_log_reads},
+        "entryLogs": {"logs": logs.logs, "diskBytes": logs.disk_bytes, "bytesAppended": logs.bytes_appended,
+                      "entriesAppended": logs.entries_appended},
+        "index": {"sstBytes": index.sst_bytes, "memtableBytes": index.memtable_bytes,
+                  "locationsWritten": index.locations_written, "lookups": index.lookups},
+        "gc": {"runs": gc.runs, "logsRemoved": gc.logs_removed, "logsCompacted": gc.logs_compacted,
+               "reclaimedBytes": gc.bytes_reclaimed},
+    }
+
+
+def traffic_overview(service: BrokerService) -> dict[str, Any]:
+    """Rates and counters summed over the loaded topics, and how many of everything are loaded."""
+    totals = {"msgRateIn": 0.0, "msgThroughputIn": 0.0, "msgRateOut": 0.0, "msgThroughputOut": 0.0,
+              "msgInCounter": 0, "bytesInCounter": 0, "msgOutCounter": 0, "bytesOutCounter": 0}
+    topics = subscriptions = consumers = 0
+    for topic in service.open_topics():
+        with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
+            stats = topic_stats(service, topic)
+            for field in totals:
+                totals[field] += stats[field]
+            topics += 1
+            subscriptions += len(stats["subscriptions"])
+            consumers += sum(len(s["consumers"]) for s in stats["subscriptions"].values())
+    return {"rates": {k: totals[k] for k in ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut")},
+            "counters": {k: totals[k] for k in ("msgInCounter", "bytesInCounter", "msgOutCounter",
+                                                "bytesOutCounter")},
+            "loaded": {"topics": topics, "subscriptions": subscriptions, "consumers": consumers}}
+
+
+def _topic_row(service: BrokerService, name: TopicName, partitions: int) -> dict[str, Any]:
+    targets = [p for p in service.expand_partitions(name) if service.topic_exists(p)] if partitions else [name]
+    parts = [topic_stats(service, service.topic(t, create=False)) for t in targets]
+    subscriptions: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for sub_name, sub in part["subscriptions"].items():
+            merged = subscriptions.setdefault(sub_name, {"msgBacklog": 0, "consumers": 0})
+            merged["msgBacklog"] += sub["msgBacklog"]
+            merged["consumers"] += len(sub["consumers"])
+    return {
+        "name": name.full_name, "localName": name.local_name, "partitions": partitions,
+        **{field: sum(p[field] for p in parts)
+           for field in ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "storageSize",
+                         "msgInCounter")},
+        "backlog": max((s["msgBacklog"] for s in subscriptions.values()), default=0),
+        "producers": sum(len(p["publishers"]) for p in parts),
+        "subscriptions": len(subscriptions),
+        "consumers": sum(s["consumers"] for s in subscriptions.values()),
+        "terminated": bool(parts) and all(p["terminated"] for p in parts),
+    }
+
+
+def namespace_topics(service: BrokerService, namespace: str) -> dict[str, Any]:
+    service.policies(namespace)  # NotFound for an unknown namespace
+    partitioned = {TopicName.parse(n): service.partitions(TopicName.parse(n))
+                   for n in service.partitioned_topics(namespace)}
+    plain = [TopicName.parse(n) for n in service.topics(namespace)]
+    rows: dict[TopicName, int] = dict(partitioned)
+    for name in plain:
+        if name.partition_index < 0 or name.base not in partitioned:
+            rows.setdefault(name, 0)
+    names = sorted(rows, key=lambda n: n.full_name)
+    listed = []
+    for name in names[:TOPICS_LISTED_MAX]:
+        with contextlib.suppress(MagnetarError):  # deleted meanwhile: left out
+            listed.append(_topic_row(service, name, rows[name]))
+    return {"namespace": namespace, "topics": listed, "truncated": len(names) > TOPICS_LISTED_MAX}
+
+
+def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    routes = APIRouter(prefix="/admin/v2/broker-stats", tags=["admin"])
+    started_s, started_monotonic_s = time.time(), time.monotonic()
+
+    @routes.get("/overview", summary="Health, uptime, storage statistics and broker-wide rates (Magnetar)")
+    def overview(caller: Caller) -> dict[str, Any]:
+        authorizer.require_superuser(caller)
+        health = service.health()
+        return {
+            "status": health.status, "startedAt": iso_time(int(started_s * 1000)),
+            "uptimeSeconds": time.monotonic() - started_monotonic_s, "timestamp": int(time.time() * 1000),
+            "storage": storage_overview(service),
+            "entryCache": _entry_cache(service),
+            **traffic_overview(service),
+        }
+
+    @routes.get("/namespaces/{tenant}/{namespace}/topics",
+                summary="The namespace's topics with rates, storage, backlog and counts (Magnetar)")
+    def topics(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        return namespace_topics(service, namespace_name(tenant, namespace))
+
+    return routes
+
+
+def _entry_cache(service: BrokerService) -> dict[str, Any]:
+    cache = service.cache.statistics()
+    return {"sizeBytes": cache.size_bytes, "capacityBytes": cache.capacity_bytes, "entries": cache.entries,
+            "hits": cache.hits, "misses": cache.misses, "hitRatio": _ratio(cache.hits, cache.hits + cache.misses)}

@@ -1,0 +1,225 @@
+// A topic's messages: browse them through the range-read API (from an offset, or from a message
+// id resolved to its partition and offset), show payloads as text, pretty JSON or hex, and
+// produce a test message through REST produce.
+//
+// Each way of finding where to start browsing is one entry of START_FINDERS: a form that ends
+// in go({partition, offset, highlight}). The list the read returns is shown the same way
+// whatever found its start.
+
+import { get, request } from "./api.js";
+import { button, errorBox, field, fmtTime, h, messageIdText, notice, panel, replace } from "./dom.js";
+
+export const MESSAGES_SHOWN_DEFAULT = 20;
+export const MESSAGES_SHOWN_MAX = 200;
+export const READ_BYTES_MAX = 4 * 1024 * 1024;
+export const PAYLOAD_SHOWN_BYTES_MAX = 64 * 1024;
+const HEX_BYTES_PER_LINE = 16;
+const PRODUCER_NAME = "magnetar-console";
+
+function bytesOf(base64) {
+  const binary = atob(base64);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i += 1) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+function hexDump(bytes) {
+  const lines = [];
+  for (let at = 0; at < bytes.length; at += HEX_BYTES_PER_LINE) {
+    const row = bytes.subarray(at, at + HEX_BYTES_PER_LINE);
+    const hex = Array.from(row, (b) => b.toString(16).padStart(2, "0")).join(" ");
+    const ascii = Array.from(row, (b) => (b >= 0x20 && b < 0x7f ? String.fromCharCode(b) : ".")).join("");
+    lines.push(`${at.toString(16).padStart(8, "0")}  ${hex.padEnd(HEX_BYTES_PER_LINE * 3 - 1)}  ${ascii}`);
+  }
+  return lines.join("\n") || "(empty)";
+}
+
+/** The payload as the chosen view shows it: a <pre>, and a note when it is not what was asked. */
+export function payloadView(base64, mode) {
+  const bytes = bytesOf(base64);
+  const shown = bytes.subarray(0, PAYLOAD_SHOWN_BYTES_MAX);
+  const cut = bytes.length > shown.length
+    ? h("p", { class: "muted" }, `First ${shown.length} of ${bytes.length} bytes shown.`) : null;
+  if (mode === "hex") return [h("pre", { class: "payload hex" }, hexDump(shown)), cut];
+  const text = new TextDecoder("utf-8").decode(shown);
+  if (mode === "json") {
+    try {
+      return [h("pre", { class: "payload json" }, JSON.stringify(JSON.parse(text), null, 2)), cut];
+    } catch (error) {
+      return [h("p", { class: "muted" }, `Not JSON (${error.message}); shown as text.`),
+        h("pre", { class: "payload" }, text), cut];
+    }
+  }
+  return [h("pre", { class: "payload" }, text || h("span", { class: "muted" }, "(empty)")), cut];
+}
+
+function messageCard(message, mode, highlight) {
+  const properties = Object.entries(message.properties || {});
+  return h("article", { class: `message${highlight ? " highlight" : ""}`, dataset: { offset: message.offset } },
+    h("dl", { class: "message-head" },
+      h("div", {}, h("dt", {}, "offset"), h("dd", {}, String(message.offset))),
+      h("div", {}, h("dt", {}, "message id"), h("dd", { class: "mono message-id" },
+        messageIdText(message.messageId) || message.messageId)),
+      h("div", {}, h("dt", {}, "published"), h("dd", {}, fmtTime(message.publishTime))),
+      message.key !== undefined ? h("div", {}, h("dt", {}, "key"), h("dd", { class: "mono key" }, message.key)) : null,
+      message.eventTime !== undefined ? h("div", {}, h("dt", {}, "event time"), h("dd", {}, fmtTime(message.eventTime)))
+        : null,
+      properties.length ? h("div", {}, h("dt", {}, "properties"), h("dd", { class: "mono properties" },
+        properties.map(([k, v]) => `${k}=${v}`).join(", "))) : null),
+    payloadView(message.payload, mode));
+}
+
+function offsetFinder(ctx, go, partitionSelect) {
+  const offset = h("input", { type: "number", name: "offset", min: 0, step: 1, value: "0" });
+  const submit = (event) => {
+    event.preventDefault();
+    go({ partition: Number(partitionSelect.value || 0), offset: offset.value });
+  };
+  return {
+    form: h("form", { class: "form-row", onsubmit: submit },
+      ctx.partitions ? field("Partition", partitionSelect) : null,
+      field("From offset", offset), h("button", { type: "submit" }, "Read")),
+    offset,
+  };
+}
+
+function messageIdFinder(ctx, go, slot) {
+  const messageId = h("input", { name: "messageId", placeholder: "ledger:entry[:partition[:batch]] or base64",
+    autocomplete: "off" });
+  const submit = async (event) => {
+    event.preventDefault();
+    try {
+      const found = await get(`${ctx.paths.rest}/offsetOf`, { messageId: messageId.value.trim() });
+      go({ partition: Math.max(found.partition, 0), offset: found.offset, highlight: found.offset });
+    } catch (error) {
+      replace(slot, errorBox(error));
+    }
+  };
+  return {
+    form: h("form", { class: "form-row", onsubmit: submit }, field("From message id", messageId),
+      h("button", { type: "submit" }, "Find")),
+  };
+}
+
+const START_FINDERS = [offsetFinder, messageIdFinder];
+
+function producePanel(ctx, browseTo) {
+  const key = h("input", { name: "key", placeholder: "optional", autocomplete: "off" });
+  const properties = h("textarea", { name: "properties", rows: 2, placeholder: '{"source": "console"}' });
+  const payload = h("textarea", { name: "payload", rows: 4, placeholder: "message text or JSON" });
+  const slot = h("div", { class: "action-slot" });
+
+  async function send(event) {
+    event.preventDefault();
+    // The properties go into the request as written: the broker, not the page, judges them.
+    const fields = [`"payload":${JSON.stringify(payload.value)}`];
+    if (key.value !== "") fields.push(`"key":${JSON.stringify(key.value)}`);
+    if (properties.value.trim() !== "") fields.push(`"properties":${properties.value}`);
+    const text = `{"producerName":${JSON.stringify(PRODUCER_NAME)},"messages":[{${fields.join(",")}}]}`;
+    const sent = h("details", {}, h("summary", {}, "Request sent"), h("pre", { class: "payload" }, text));
+    replace(slot, h("p", { class: "muted" }, "Sending…"));
+    try {
+      const answer = await request("POST", ctx.paths.rest, { text });
+      const result = answer.messagePublishResults[0];
+      if (result.errorCode) {
+        replace(slot, errorBox({ code: `error_${result.errorCode}`, message: result.errorMsg }), sent);
+        return;
+      }
+      const partition = Math.max(Number(String(result.messageId).split(":")[2]), 0);
+      replace(slot, notice(`Stored: message id ${result.messageId}, offset ${result.offset}.`),
+        button("Show it", () => browseTo({ partition, offset: result.offset, highlight: result.offset }),
+          { class: "small" }), sent);
+    } catch (error) {
+      replace(slot, errorBox(error), sent);
+    }
+  }
+
+  return panel("Produce a test message",
+    h("form", { class: "produce-form", onsubmit: send },
+      h("div", { class: "form-row" }, field("Key", key), field("Properties (JSON object)", properties)),
+      field("Payload", payload),
+      h("div", { class: "form-row" }, h("button", { type: "submit" }, "Send"),
+        ctx.partitions ? h("span", { class: "muted" }, "Routed to a partition by its key (round-robin without one).")
+          : null)),
+    slot);
+}
+
+export function messagesTab(root, ctx) {
+  const list = h("div", { class: "messages" });
+  const slot = h("div", { class: "action-slot" });
+  const count = h("input", { type: "number", name: "count", min: 1, max: MESSAGES_SHOWN_MAX, step: 1,
+    value: String(MESSAGES_SHOWN_DEFAULT) });
+  const mode = h("select", { name: "view" }, h("option", { value: "text" }, "text"),
+    h("option", { value: "json" }, "JSON (pretty)"), h("option", { value: "hex" }, "hex"));
+  const partitionSelect = h("select", { name: "partition" },
+    Array.from({ length: ctx.partitions }, (_, i) => h("option", { value: String(i) }, String(i))));
+  let shown = null; // {messages, highlight, partition, offset, nextOffset, firstOffset}
+
+  const readPath = (partition) => (ctx.partitions ? `${ctx.paths.rest}/partitions/${partition}/messages`
+    : `${ctx.paths.rest}/messages`);
+
+  function render() {
+    if (!shown) return;
+    const where = ctx.partitions ? `partition ${shown.partition}, ` : "";
+    replace(list,
+      h("p", { class: "muted" }, shown.messages.length
+        ? `${where}offsets ${shown.messages[0].offset} – ${shown.messages[shown.messages.length - 1].offset} ` +
+          `(first kept: ${shown.firstOffset})`
+        : `${where}no messages from offset ${shown.offset} on (first kept: ${shown.firstOffset}).`),
+      shown.messages.map((m) => messageCard(m, mode.value, m.offset === shown.highlight)));
+  }
+
+  async function go({ partition, offset, highlight }) {
+    if (ctx.partitions) partitionSelect.value = String(partition);
+    finders[0].offset.value = String(offset);
+    replace(slot);
+    const max = Math.min(Math.max(Number(count.value) || MESSAGES_SHOWN_DEFAULT, 1), MESSAGES_SHOWN_MAX);
+    try {
+      const answer = await get(readPath(partition), { offset, maxMessages: max, maxBytes: READ_BYTES_MAX });
+      shown = { messages: answer.messages, highlight, partition, offset: Number(offset),
+        nextOffset: answer.nextOffset, firstOffset: answer.firstOffset };
+      render();
+    } catch (error) {
+      replace(slot, errorBox(error));
+    }
+  }
+
+  async function ends() {
+    const answer = await get(`${ctx.paths.rest}/offsets`);
+    const partition = Number(partitionSelect.value || 0);
+    const names = Object.keys(answer.offsets);
+    const name = ctx.partitions ? names.find((n) => n.endsWith(`-partition-${partition}`)) : names[0];
+    return { partition, ...answer.offsets[name] };
+  }
+
+  const jump = (where) => async () => {
+    try {
+      const end = await ends();
+      const size = Math.min(Number(count.value) || MESSAGES_SHOWN_DEFAULT, MESSAGES_SHOWN_MAX);
+      const offset = where === "first" ? end.first : Math.max(end.first, end.next - size);
+      go({ partition: end.partition, offset });
+    } catch (error) {
+      replace(slot, errorBox(error));
+    }
+  };
+
+  const page = (direction) => () => {
+    if (!shown) return;
+    const size = Math.min(Number(count.value) || MESSAGES_SHOWN_DEFAULT, MESSAGES_SHOWN_MAX);
+    const offset = direction > 0 ? shown.nextOffset : Math.max(shown.firstOffset, shown.offset - size);
+    go({ partition: shown.partition, offset });
+  };
+
+  const finders = START_FINDERS.map((finder) => finder(ctx, go, finder === offsetFinder ? partitionSelect : slot));
+  mode.addEventListener("change", render);
+  replace(root,
+    panel("Browse",
+      finders.map((f) => f.form),
+      h("div", { class: "form-row" }, field("Messages", count), field("Show payload as", mode),
+        button("Oldest", jump("first")), button("Newest", jump("last")),
+        button("◀ Earlier", page(-1)), button("Later ▶", page(1))),
+      slot, list),
+    producePanel(ctx, go));
+  jump("last")();
+  return () => {};
+}

@@ -1,0 +1,452 @@
+"""The web console in a real headless Chromium against real ``magnetar standalone`` processes.
+
+What a person would do, checked by its effect on the broker through its public APIs: the
+overview's figures and charts move while a WebSocket producer runs; a topic (and a partitioned
+topic) created in the console exists for the admin API, and so do a tenant, a namespace, its
+retention, TTL and deduplication policies and a role's grant; a message produced in the console
+reaches a WebSocket consumer with its key and properties; a cursor reset by message id and by
+time in the console changes the subscription's backlog as admin ``stats`` report it; the live
+tail shows what a WebSocket producer sends, holds it while paused and keeps at most its bound
+of rows; bad input (a produce form with broken JSON, a bad message id) shows exactly the API's
+error message; with token authentication on, a wrong token is refused with the API's message,
+a role with namespace grants produces and browses while the admin pages tell it why it may not
+see them, and a superuser sees the overview. No page may log a script error.
+
+One browser serves the module; each broker is a child process stopped by PID. Every wait is a
+condition with a deadline (``WAIT_S``), never a sleep. Screenshots of the main pages, at
+1280x800 and at 420 px wide (the whole page), go to the folder printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import pytest
+from selenium.webdriver import Chrome as WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from api.auth import create_token
+from tests.e2e.chromium import chromium_driver, page_errors, screenshot, set_viewport
+from tests.integration.ws_client import b64, open_ws, produce, recv_frame, send_frame, unb64, ws_base
+from tests.standalone import standalone_process
+
+pytestmark = pytest.mark.browser
+
+WAIT_S = 30.0
+WIDE = (1280, 800)
+NARROW = (420, 900)
+PRODUCER_RUN_S_MAX = 60.0
+PRODUCER_MESSAGES_MAX = 200_000
+SECRET = b"console-e2e-secret-key-of-32-byt"
+NS = "persistent/public/default"
+
+T = TypeVar("T")
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    driver = chromium_driver(tmp_path_factory.mktemp("chromium-profile"))
+    try:
+        set_viewport(driver, *WIDE)
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with standalone_process(tmp_path_factory.mktemp("console-broker") / "data") as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("console-secured")
+    (folder / "secret.key").write_bytes(SECRET)
+    (folder / "standalone.conf").write_text(
+        f"authenticationEnabled=true\ntokenSecretKey=file://{folder / 'secret.key'}\nsuperUserRoles=admin\n")
+    with standalone_process(folder / "data", "--config", str(folder / "standalone.conf")) as (url, _):
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def no_script_errors(browser: WebDriver) -> Iterator[None]:
+    page_errors(browser)  # what an earlier test left
+    yield
+    assert page_errors(browser) == []
+
+
+# --- driving the page --------------------------------------------------------------------------
+class Console:
+    def __init__(self, driver: WebDriver, url: str, screenshots: Path) -> None:
+        self.driver = driver
+        self.url = url
+        self.screenshots = screenshots
+
+    def open(self, route: str) -> None:
+        self.driver.get(f"{self.url}/console#{route}")
+
+    def until(self, condition: Callable[[], T | None], what: str) -> T:
+        value = WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1).until(
+            lambda _: condition(), message=f"waiting for {what}")
+        assert value is not None
+        return value
+
+    def find(self, css: str, within: WebElement | None = None) -> WebElement | None:
+        found = (within or self.driver).find_elements(By.CSS_SELECTOR, css)
+        return found[0] if found else None
+
+    def visible(self, css: str) -> WebElement:
+        def shown() -> WebElement | None:
+            element = self.find(css)
+            return element if element is not None and element.is_displayed() else None
+
+        return self.until(shown, css)
+
+    def one(self, css: str, within: WebElement | None = None) -> WebElement:
+        element = self.find(css, within)
+        assert element is not None, css
+        return element
+
+    def text(self, css: str) -> str:
+        element = self.find(css)
+        return element.text if element is not None else ""
+
+    def type(self, name: str, text: str) -> WebElement:
+        element = self.visible(f"[name='{name}']")
+        element.clear()
+        element.send_keys(text)
+        return element
+
+    def submit(self, name: str) -> None:
+        """Press the submit button of the form holding the field ``name``."""
+        form = self.visible(f"[name='{name}']").find_element(By.XPATH, "./ancestor::form")
+        form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+    def click(self, text: str) -> None:
+        def enabled() -> WebElement | None:
+            return next((b for b in self.driver.find_elements(By.TAG_NAME, "button")
+                         if b.text == text and b.is_displayed() and b.is_enabled()), None)
+
+        self.until(enabled, f"button {text}").click()
+
+    def stat(self, name: str) -> str:
+        element = self.find(f"[data-stat='{name}'] .stat-value")
+        return element.get_attribute("data-value") or "" if element is not None else ""
+
+    def shoot(self, name: str) -> None:
+        """The page at 1280x800, and whole at 420 px wide."""
+        screenshot(self.driver, self.screenshots / f"{name}-1280x800.png")
+        set_viewport(self.driver, *NARROW)
+        try:
+            self.until(lambda: self.driver.execute_script("return window.innerWidth") == NARROW[0], "narrow layout")
+            screenshot(self.driver, self.screenshots / f"{name}-420px-full.png", full_page=True)
+        finally:
+            set_viewport(self.driver, *WIDE)
+
+
+@pytest.fixture
+def console(browser: WebDriver, broker: str, screenshots_dir: Path) -> Console:
+    return Console(browser, broker, screenshots_dir)
+
+
+class BackgroundProducer:
+    """A WebSocket producer sending until stopped (bounded in time and count)."""
+
+    def __init__(self, url: str, topic: str) -> None:
+        self.endpoint = f"{ws_base(url)}/ws/v2/producer/{NS}/{topic}"
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> BackgroundProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(WAIT_S)
+        assert self.error is None, self.error
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + PRODUCER_RUN_S_MAX
+        try:
+            with open_ws(self.endpoint) as ws:
+                while not self._stop.is_set() and time.monotonic() < deadline and self.sent < PRODUCER_MESSAGES_MAX:
+                    results = produce(ws, [f"load {self.sent + i}" for i in range(20)])
+                    assert all(r["result"] == "ok" for r in results), results
+                    self.sent += len(results)
+        except BaseException as exc:  # reported by __exit__
+            self.error = exc
+
+
+def admin(url: str, token: str | None = None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, timeout=30, headers=headers)
+
+
+# --- tests -------------------------------------------------------------------------------------
+def test_overview_figures_and_charts_move_while_a_producer_runs(console: Console) -> None:
+    console.open("/overview")
+    console.until(lambda: console.stat("health") == "ok", "the health figure")
+    assert console.stat("readOnly") == "writable"
+    before = int(console.stat("msgInCounter"))
+    with BackgroundProducer(console.url, "overview-load") as producer:
+        console.until(lambda: float(console.stat("msgRateIn") or 0) > 0, "a message rate in")
+        console.until(lambda: int(console.stat("msgInCounter")) > before, "the messages-in counter to grow")
+        console.until(lambda: float(console.stat("fsyncP50") or 0) > 0, "an fsync latency")
+        console.until(lambda: int(console.one("canvas.chart-canvas").get_attribute("data-points") or 0) >= 3,
+                      "points on the charts")
+        console.until(lambda: producer.sent > 0, "the producer to send")
+        console.shoot("overview")
+    assert console.stat("uptime") and float(console.stat("uptime")) > 0
+
+
+def test_a_topic_created_in_the_console_exists_for_the_admin_api(console: Console) -> None:
+    console.open("/ns/public/default")
+    console.visible("[name='topic']")
+    console.type("topic", "console-made")
+    console.submit("topic")
+    console.until(lambda: "Created persistent://public/default/console-made" in console.text(".notice-ok"),
+                  "the creation notice")
+    console.type("topic", "console-parts")
+    console.type("partitions", "3")
+    console.submit("topic")
+    console.until(lambda: "with 3 partitions" in console.text(".notice-ok"), "the partitioned creation notice")
+    with admin(console.url) as client:
+        assert "persistent://public/default/console-made" in client.get("/admin/v2/persistent/public/default").json()
+        assert client.get("/admin/v2/persistent/public/default/console-parts/partitions").json() == {"partitions": 3}
+    console.until(lambda: console.find("tr[data-topic='console-parts']") is not None, "the new row")
+    row = console.one("tr[data-topic='console-parts']")
+    assert console.one("td[data-label='Partitions']", row).text == "3"
+    again = console.type("topic", "console-made")
+    console.type("partitions", "0")
+    console.submit("topic")
+    console.until(lambda: "already exists" in console.text(".action-slot .error-message"), "the API's refusal")
+    assert again.get_attribute("value") == "console-made"
+    console.shoot("namespace")
+
+
+def test_namespace_policies_and_permissions_set_in_the_console_reach_the_admin_api(console: Console) -> None:
+    console.open("/tenants")
+    console.type("tenant", "console-tenant")
+    console.type("adminRoles", "ops, audit")
+    console.submit("tenant")
+    console.until(lambda: "Tenant console-tenant created" in console.text(".notice-ok"), "the tenant")
+    console.type("nsTenant", "console-tenant")
+    console.type("namespace", "events")
+    console.submit("namespace")
+    console.until(lambda: console.find("a[href='#/ns/console-tenant/events']") is not None, "the namespace link")
+    console.shoot("tenants")
+    console.one("a[href='#/ns/console-tenant/events']").click()
+    console.type("retentionMinutes", "-1")
+    console.type("retentionMB", "512")
+    console.submit("retentionMinutes")
+    console.until(lambda: "Retention saved" in console.text(".notice-ok"), "the retention notice")
+    console.type("ttlSeconds", "3600")
+    console.submit("ttlSeconds")
+    console.until(lambda: "TTL saved" in console.text(".notice-ok"), "the TTL notice")
+    Select(console.visible("[name='dedup']")).select_by_value("false")
+    console.submit("dedup")
+    console.until(lambda: "Deduplication saved" in console.text(".notice-ok"), "the dedup notice")
+    console.type("role", "reporting")
+    console.one("[name='produce']").click()  # consume only
+    console.submit("role")
+    console.until(lambda: console.text("td[data-label='Actions']") == "consume", "the grant in the table")
+    with admin(console.url) as client:
+        policies = client.get("/admin/v2/namespaces/console-tenant/events").json()
+        assert client.get("/admin/v2/tenants/console-tenant").json()["adminRoles"] == ["ops", "audit"]
+    assert policies["retention_policies"] == {"retentionTimeInMinutes": -1, "retentionSizeInMB": 512}
+    assert policies["message_ttl_in_seconds"] == 3600 and policies["deduplicationEnabled"] is False
+    assert policies["auth_policies"]["namespace_auth"] == {"reporting": ["consume"]}
+    console.type("retentionMinutes", "-2")
+    console.submit("retentionMinutes")
+    console.until(lambda: "greater than or equal to -1" in console.text(".error-message"), "the API's refusal")
+
+
+def test_a_message_produced_in_the_console_reaches_a_websocket_consumer(console: Console) -> None:
+    consumer_url = (f"{ws_base(console.url)}/ws/v2/consumer/{NS}/console-produce/ws-sub"
+                    "?subscriptionInitialPosition=Earliest")
+    with open_ws(consumer_url) as consumer:
+        console.open("/topic/public/default/console-produce/messages")
+        console.type("key", "order-17")
+        console.type("properties", '{"origin": "console", "kind": "test"}')
+        console.type("payload", '{"hello": "from the console", "n": 1}')
+        console.submit("payload")
+        console.until(lambda: "Stored: message id" in console.text(".notice-ok"), "the publish result")
+        message = recv_frame(consumer)
+        send_frame(consumer, {"messageId": message["messageId"]})
+    assert unb64(message["payload"]) == b'{"hello": "from the console", "n": 1}'
+    assert message["key"] == "order-17" and message["properties"] == {"origin": "console", "kind": "test"}
+    console.click("Show it")
+    card = console.visible("article.message.highlight")
+    assert "order-17" in card.text and "origin=console" in card.text
+    Select(console.visible("[name='view']")).select_by_value("json")
+    console.until(lambda: '"hello": "from the console"' in console.text("article.message.highlight pre.json"),
+                  "the pretty JSON payload")
+    Select(console.visible("[name='view']")).select_by_value("hex")
+    console.until(lambda: "7b 22 68 65 6c 6c 6f" in console.text("article.message.highlight pre.hex"),
+                  "the hex payload")
+    Select(console.visible("[name='view']")).select_by_value("json")
+    console.shoot("messages")
+
+
+def test_bad_input_shows_the_api_error_message(console: Console) -> None:
+    broken = '{"origin": '
+    body = f'{{"producerName":"magnetar-console","messages":[{{"payload":"x","properties":{broken}}}]}}'
+    with admin(console.url) as client:
+        client.put("/admin/v2/persistent/public/default/console-bad")
+        expected_produce = client.post("/topics/persistent/public/default/console-bad", content=body,
+                                       headers={"content-type": "application/json"}).json()
+        expected_id = client.get("/topics/persistent/public/default/console-bad/offsetOf",
+                                 params={"messageId": "zz:1"}).json()
+    assert expected_produce["code"] == "invalid_request" and expected_id["code"] == "invalid_request"
+    console.open("/topic/public/default/console-bad/messages")
+    console.type("properties", broken)
+    console.type("payload", "x")
+    console.submit("payload")
+    produce_error = console.visible(".produce-form + .action-slot .error")
+    assert produce_error.get_attribute("data-code") == "invalid_request"
+    assert console.one(".error-message", produce_error).text == expected_produce["message"]
+    console.type("messageId", "zz:1")
+    console.submit("messageId")
+    console.until(lambda: console.text(".panel .action-slot .error-message") == expected_id["message"],
+                  "the API's message about the message id")
+    with admin(console.url) as client:
+        assert client.get("/topics/persistent/public/default/console-bad/offsets").json()["offsets"][
+            "persistent://public/default/console-bad"]["next"] == 0  # the refused produce wrote nothing
+
+
+def test_reset_cursor_in_the_console_changes_the_backlog(console: Console) -> None:
+    topic = "/admin/v2/persistent/public/default/console-cursor"
+    with admin(console.url) as client:
+        ids = [client.post("/topics/persistent/public/default/console-cursor",
+                           json={"messages": [{"payload": f"m{i}"}]}).json()["messagePublishResults"][0]["messageId"]
+               for i in range(10)]
+        assert client.put(f"{topic}/subscription/audit", json="latest").status_code == 204
+
+        def backlog() -> int:
+            return int(client.get(f"{topic}/stats").json()["subscriptions"]["audit"]["msgBacklog"])
+
+        assert backlog() == 0
+        console.open("/topic/public/default/console-cursor/overview")
+        console.until(lambda: console.find("[name='subscription'] option[value='audit']") is not None,
+                      "the subscription in the actions")
+        Select(console.visible("[name='subscription']")).select_by_value("audit")
+        console.type("resetMessageId", ids[3])
+        console.submit("resetMessageId")
+        console.until(lambda: "reset to offset 3" in console.text(".notice-ok"), "the reset notice")
+        assert backlog() == 7
+        console.until(lambda: console.text("tr[data-subscription='audit'] td[data-label='Backlog']") == "7",
+                      "the table to show the new backlog")
+        console.type("resetTime", "0")
+        console.submit("resetTime")
+        console.until(lambda: "reset to messages published from" in console.text(".notice-ok"), "the time reset")
+        assert backlog() == 10
+        console.type("resetMessageId", "not-an-id!")
+        console.submit("resetMessageId")
+        console.until(lambda: "not-an-id!" in console.text(".action-slot .error-message"), "the API's refusal")
+        assert backlog() == 10
+    console.shoot("topic")
+    console.open("/topic/public/default/console-cursor/storage")
+    console.until(lambda: console.find("td[data-label='Cursor']") is not None, "the cursors table")
+    console.shoot("ledgers")
+
+
+def test_live_tail_shows_what_a_websocket_producer_sends_and_holds_it_while_paused(console: Console) -> None:
+    with admin(console.url) as client:
+        assert client.put("/admin/v2/persistent/public/default/console-tail").status_code == 204
+    console.open("/topic/public/default/console-tail/tail")
+    console.click("Start")
+    console.until(lambda: console.find(".tail-status[data-state='live']") is not None, "the tail to be live")
+    rows = "table.tail tbody tr"
+    endpoint = f"{ws_base(console.url)}/ws/v2/producer/{NS}/console-tail"
+    with open_ws(endpoint) as producer:
+        produce(producer, [f"tail-{i}" for i in range(5)], key="k")
+        console.until(lambda: len(console.driver.find_elements(By.CSS_SELECTOR, rows)) == 5, "five rows")
+        shown = [e.text for e in console.driver.find_elements(By.CSS_SELECTOR, f"{rows} td.tail-payload")]
+        assert shown == [f"tail-{i}" for i in reversed(range(5))]
+        console.click("Pause")
+        console.until(lambda: console.find(".tail-status[data-state='paused']") is not None, "the pause")
+        produce(producer, [f"held-{i}" for i in range(3)])
+        console.until(lambda: "3 waiting" in console.text(".tail-counter"), "three held messages")
+        assert len(console.driver.find_elements(By.CSS_SELECTOR, rows)) == 5
+        console.click("Resume")
+        console.until(lambda: len(console.driver.find_elements(By.CSS_SELECTOR, rows)) == 8, "the held rows")
+    console.shoot("tail")
+    with admin(console.url) as client:
+        many = {"messages": [{"payload": f"bulk-{i}"} for i in range(250)]}
+        assert client.post("/topics/persistent/public/default/console-tail", json=many).status_code == 200
+    console.until(lambda: "258 received · 200 shown" in console.text(".tail-counter"), "the bounded rows")
+    assert len(console.driver.find_elements(By.CSS_SELECTOR, rows)) == 200
+    assert console.text(f"{rows}:first-child td.tail-payload") == "bulk-249"
+    console.click("Stop")
+    console.until(lambda: console.find(".tail-status[data-state='stopped']") is not None, "the tail to stop")
+
+
+def test_with_token_auth_a_wrong_token_is_refused_and_a_permitted_one_works(
+        browser: WebDriver, secured_broker: str, screenshots_dir: Path) -> None:
+    console = Console(browser, secured_broker, screenshots_dir)
+    superuser = create_token("admin", secret_key=SECRET)
+    with admin(secured_broker, superuser) as client:
+        assert client.post("/admin/v2/namespaces/public/default/permissions/app",
+                           json=["produce", "consume"]).status_code == 204
+        assert client.put("/admin/v2/persistent/public/default/secured").status_code == 204
+        refused = httpx.get(f"{secured_broker}/admin/v2/broker-stats/overview",
+                            headers={"Authorization": "Bearer not-a-token"}).json()["message"]
+    console.open("/overview")
+    console.until(lambda: "authentication required" in console.text(".auth-panel .error-message"),
+                  "the request for a token")
+    console.type("token", "not-a-token")
+    console.submit("token")
+    console.until(lambda: console.text(".auth-panel .error-message") == refused, "the API's refusal of the token")
+    assert "not kept" in console.text(".auth-panel .notice-warn")
+    console.shoot("token")
+
+    console.type("token", create_token("app", secret_key=SECRET))
+    console.submit("token")
+    console.until(lambda: "Signed in as app" in console.text("#banner"), "the sign-in")
+    console.until(lambda: "is not a superuser" in console.text(".status-slot .error-message"), "the overview's 403")
+    console.open("/topic/public/default/secured/messages")
+    console.type("payload", "from a permitted role")
+    console.submit("payload")
+    console.until(lambda: "Stored: message id" in console.text(".notice-ok"), "the publish result")
+    console.click("Show it")
+    console.until(lambda: "from a permitted role" in console.text("article.message.highlight pre"),
+                  "the message read back through the range read")
+    with admin(secured_broker, superuser) as client:
+        stored = client.get("/topics/persistent/public/default/secured/messages", params={"offset": 0}).json()
+        assert [unb64(m["payload"]) for m in stored["messages"]] == [b"from a permitted role"]
+    console.open("/topic/public/default/secured/overview")
+    console.until(lambda: "is not an admin of tenant" in console.text(".panel .error-message"), "the stats' 403")
+    console.shoot("forbidden")
+
+    console.click("Change")
+    console.type("token", superuser)
+    console.submit("token")
+    console.open("/overview")
+    console.until(lambda: console.stat("health") == "ok", "the overview for a superuser")
+    console.click("Sign out")
+    console.until(lambda: "no token" in console.text("#who"), "the sign-out")
+
+
+def test_payload_views_render_text_json_and_hex_of_binary_data(console: Console) -> None:
+    with admin(console.url) as client:
+        body = {"payloadEncoding": "base64", "messages": [{"payload": b64(bytes(range(0, 40)))}]}
+        assert client.post("/topics/persistent/public/default/console-binary", json=body).status_code == 200
+    console.open("/topic/public/default/console-binary/messages")
+    console.until(lambda: console.find("article.message") is not None, "the newest messages")
+    Select(console.visible("[name='view']")).select_by_value("hex")
+    console.until(lambda: console.text("article.message pre.hex").startswith("00000000  00 01 02 03"),
+                  "the hex dump")
+    Select(console.visible("[name='view']")).select_by_value("json")
+    console.until(lambda: "Not JSON" in console.text("article.message"), "the note that it is not JSON")
