@@ -1,8 +1,8 @@
 """Broker-wide statistics as JSON: ``/admin/v2/broker-stats/overview`` and a namespace's topic list.
 
 Role: what a dashboard shows at a glance (the web console's overview and namespace pages),
-read from the components' ``statistics()`` snapshots, as ``/metrics`` and the topic ``stats``
-are: nothing is counted here.
+read from ``BrokerService.statistics()`` and the topic statistics views, as ``/metrics`` and the
+topic ``stats`` are: nothing is counted here.
 
 - ``GET /admin/v2/broker-stats/overview`` (superuser): health and uptime; the embedded bookie
   (journal with fsync latency percentiles, write and read caches with hit ratios, entry logs,
@@ -31,13 +31,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from api.admin import topic_stats
 from api.admin_namespaces import namespace_name
-from api.admin_topics import iso_time
 from api.auth import Authorizer, Caller
-from broker.errors import MagnetarError
-from broker.service import BrokerService
-from broker.topic_name import TopicName
+from broker import BrokerService, BrokerStats, MagnetarError, TopicName, TopicStats, iso_time
 
 TOPICS_LISTED_MAX = 1000
 FSYNC_PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
@@ -64,8 +60,8 @@ def latency_percentile_us(bounds_us: tuple[int, ...], cumulative: tuple[int, ...
     return float(bounds_us[-1])
 
 
-def storage_overview(service: BrokerService) -> dict[str, Any]:
-    stats = service.storage.statistics()
+def storage_overview(broker: BrokerStats) -> dict[str, Any]:
+    stats = broker.storage
     journal, latency, reads = stats.journal, stats.journal.fsync_latency, stats.read_path
     read_cache, logs, index, gc = stats.read_cache, stats.entry_logs, stats.index, stats.gc
     served = reads.write_cache_hits + reads.flushing_cache_hits + reads.read_cache_hits + reads.entry_log_reads
@@ -106,44 +102,40 @@ def storage_overview(service: BrokerService) -> dict[str, Any]:
     }
 
 
-def traffic_overview(service: BrokerService) -> dict[str, Any]:
+def traffic_overview(broker: BrokerStats) -> dict[str, Any]:
     """Rates and counters summed over the loaded topics, and how many of everything are loaded."""
-    totals = {"msgRateIn": 0.0, "msgThroughputIn": 0.0, "msgRateOut": 0.0, "msgThroughputOut": 0.0,
-              "msgInCounter": 0, "bytesInCounter": 0, "msgOutCounter": 0, "bytesOutCounter": 0}
-    topics = subscriptions = consumers = 0
-    for topic in service.open_topics():
-        with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
-            stats = topic_stats(service, topic)
-            for field in totals:
-                totals[field] += stats[field]
-            topics += 1
-            subscriptions += len(stats["subscriptions"])
-            consumers += sum(len(s["consumers"]) for s in stats["subscriptions"].values())
-    return {"rates": {k: totals[k] for k in ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut")},
-            "counters": {k: totals[k] for k in ("msgInCounter", "bytesInCounter", "msgOutCounter",
-                                                "bytesOutCounter")},
-            "loaded": {"topics": topics, "subscriptions": subscriptions, "consumers": consumers}}
+    topics = broker.topics
+    return {"rates": {"msgRateIn": sum(t.msg_rate_in for t in topics),
+                      "msgThroughputIn": sum(t.msg_throughput_in for t in topics),
+                      "msgRateOut": sum(t.msg_rate_out for t in topics),
+                      "msgThroughputOut": sum(t.msg_throughput_out for t in topics)},
+            "counters": {"msgInCounter": sum(t.msg_in_counter for t in topics),
+                         "bytesInCounter": sum(t.bytes_in_counter for t in topics),
+                         "msgOutCounter": sum(t.msg_out_counter for t in topics),
+                         "bytesOutCounter": sum(t.bytes_out_counter for t in topics)},
+            "loaded": {"topics": len(topics), "subscriptions": sum(len(t.subscriptions) for t in topics),
+                       "consumers": sum(len(s.consumers) for t in topics for s in t.subscriptions)}}
 
 
 def _topic_row(service: BrokerService, name: TopicName, partitions: int) -> dict[str, Any]:
-    targets = [p for p in service.expand_partitions(name) if service.topic_exists(p)] if partitions else [name]
-    parts = [topic_stats(service, service.topic(t, create=False)) for t in targets]
-    subscriptions: dict[str, dict[str, Any]] = {}
+    parts: list[TopicStats] = list(service.admin.partitioned_stats(name).values()) if partitions else \
+        [service.admin.stats(name)]
+    backlogs: dict[str, int] = {}
+    consumers: dict[str, int] = {}
     for part in parts:
-        for sub_name, sub in part["subscriptions"].items():
-            merged = subscriptions.setdefault(sub_name, {"msgBacklog": 0, "consumers": 0})
-            merged["msgBacklog"] += sub["msgBacklog"]
-            merged["consumers"] += len(sub["consumers"])
+        for sub in part.subscriptions:
+            backlogs[sub.name] = backlogs.get(sub.name, 0) + sub.msg_backlog
+            consumers[sub.name] = consumers.get(sub.name, 0) + len(sub.consumers)
     return {
         "name": name.full_name, "localName": name.local_name, "partitions": partitions,
-        **{field: sum(p[field] for p in parts)
-           for field in ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "storageSize",
-                         "msgInCounter")},
-        "backlog": max((s["msgBacklog"] for s in subscriptions.values()), default=0),
-        "producers": sum(len(p["publishers"]) for p in parts),
-        "subscriptions": len(subscriptions),
-        "consumers": sum(s["consumers"] for s in subscriptions.values()),
-        "terminated": bool(parts) and all(p["terminated"] for p in parts),
+        "msgRateIn": sum(p.msg_rate_in for p in parts), "msgThroughputIn": sum(p.msg_throughput_in for p in parts),
+        "msgRateOut": sum(p.msg_rate_out for p in parts), "msgThroughputOut": sum(p.msg_throughput_out for p in parts),
+        "storageSize": sum(p.storage_size_bytes for p in parts), "msgInCounter": sum(p.msg_in_counter for p in parts),
+        "backlog": max(backlogs.values(), default=0),
+        "producers": 0,
+        "subscriptions": len(backlogs),
+        "consumers": sum(consumers.values()),
+        "terminated": bool(parts) and all(p.terminated for p in parts),
     }
 
 
@@ -172,12 +164,13 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     def overview(caller: Caller) -> dict[str, Any]:
         authorizer.require_superuser(caller)
         health = service.health()
+        stats = service.statistics()
         return {
             "status": health.status, "startedAt": iso_time(int(started_s * 1000)),
             "uptimeSeconds": time.monotonic() - started_monotonic_s, "timestamp": int(time.time() * 1000),
-            "storage": storage_overview(service),
-            "entryCache": _entry_cache(service),
-            **traffic_overview(service),
+            "storage": storage_overview(stats),
+            "entryCache": _entry_cache(stats),
+            **traffic_overview(stats),
         }
 
     @routes.get("/namespaces/{tenant}/{namespace}/topics",
@@ -189,7 +182,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     return routes
 
 
-def _entry_cache(service: BrokerService) -> dict[str, Any]:
-    cache = service.cache.statistics()
+def _entry_cache(broker: BrokerStats) -> dict[str, Any]:
+    cache = broker.entry_cache
     return {"sizeBytes": cache.size_bytes, "capacityBytes": cache.capacity_bytes, "entries": cache.entries,
             "hits": cache.hits, "misses": cache.misses, "hitRatio": _ratio(cache.hits, cache.hits + cache.misses)}

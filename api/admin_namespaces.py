@@ -23,9 +23,7 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from api.auth import Action, Authorizer, Caller
-from broker.errors import InvalidRequest, PreconditionFailed
-from broker.service import BrokerService
-from broker.topic_name import TopicName
+from broker import BrokerService, InvalidRequest, PreconditionFailed, check_namespace
 
 CLUSTERS = frozenset({"standalone"})
 """The clusters a tenant may be allowed on: standalone runs one, named as in Pulsar."""
@@ -61,12 +59,12 @@ class NamespacePolicies(BaseModel):
 
 def namespace_name(tenant: str, namespace: str) -> str:
     """``tenant/namespace`` after validating both names (``InvalidRequest`` otherwise)."""
-    TopicName.of(tenant, namespace, "t")
+    check_namespace(f"{tenant}/{namespace}")
     return f"{tenant}/{namespace}"
 
 
 def _tenant_name(tenant: str) -> str:
-    TopicName.of(tenant, "ns", "t")
+    check_namespace(f"{tenant}/ns")
     return tenant
 
 

@@ -44,8 +44,8 @@ from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
 from api.wakeup import loop_executor
 from api.ws import router as ws_router
-from api.ws_protocol import MagnetarWebSocketProtocol
-from broker.service import BrokerService
+from api.ws.protocol import MagnetarWebSocketProtocol
+from broker import BrokerService
 
 
 class _DenialLogFilter(logging.Filter):

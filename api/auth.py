@@ -27,9 +27,7 @@ import jwt
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
-from broker.errors import Forbidden, NotFound, Unauthorized
-from broker.service import BrokerService
-from broker.topic_name import TopicName
+from broker import BrokerService, Forbidden, NotFound, TopicName, Unauthorized
 
 ANONYMOUS_ROLE = "anonymous"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from api.auth import AuthConfig, read_key
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
-from broker.service import BrokerConfig
+from broker import BrokerConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """``GET /metrics``: the broker's statistics in Prometheus's text exposition format.
 
-Role: one custom collector reads the components' ``statistics()`` snapshots at scrape time —
-the embedded bookie (journal, write cache, read cache, entry logs, index, GC), the broker's entry
-cache and metadata store, every open topic (managed ledger and publish rates) and its
-subscriptions — and renders them. Nothing is counted twice: there are no metric objects to keep
+Role: one custom collector reads ``BrokerService.statistics()`` at scrape time — the embedded
+bookie (journal, write cache, read cache, entry logs, index, GC), the broker's entry cache and
+metadata store, every open topic (managed ledger and publish rates) and its subscriptions — and
+renders them. Nothing is counted twice: there are no metric objects to keep
 in step with the broker, only the broker's own counters read when Prometheus asks.
 
 Names follow Prometheus's conventions (``magnetar_`` prefix, ``_total`` counters, base units:
@@ -30,11 +30,9 @@ its text, so a burst of concurrent scrapes costs one rendering.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -42,10 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
-from broker.errors import MagnetarError
-from broker.service import BrokerService
-from broker.subscription import SubscriptionStats
-from broker.topic import PersistentTopic
+from broker import BrokerService, BrokerStats, SubscriptionView, TopicStats
 
 TOPIC_LABELS = ("topic",)
 SUBSCRIPTION_LABELS = ("topic", "subscription")
@@ -68,9 +63,9 @@ def _labelled(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, do
 
 
 # --- storage --------------------------------------------------------------------------------------
-def storage_metrics(service: BrokerService) -> list[Metric]:
+def storage_metrics(broker: BrokerStats) -> list[Metric]:
     """The embedded bookie, from one ``statistics()`` snapshot."""
-    stats = service.storage.statistics()
+    stats = broker.storage
     journal, logs, gc, index = stats.journal, stats.entry_logs, stats.gc, stats.index
     reads, read_cache, latency = stats.read_path, stats.read_cache, stats.journal.fsync_latency
     buffers = {"active": stats.write_cache, "being_flushed": stats.write_cache_being_flushed}
@@ -124,109 +119,57 @@ def storage_metrics(service: BrokerService) -> list[Metric]:
 
 
 # --- broker ---------------------------------------------------------------------------------------
-def broker_metrics(service: BrokerService) -> Iterator[Metric]:
-    cache = service.cache.statistics()
+def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
+    cache = broker.entry_cache
     yield _gauge("magnetar_entry_cache_size_bytes", "Bytes held in the broker's entry cache", cache.size_bytes)
     yield _counter("magnetar_entry_cache_hits", "Entry reads served by the broker's entry cache", cache.hits)
     yield _counter("magnetar_entry_cache_misses", "Entry reads the broker's entry cache could not serve",
                    cache.misses)
-    store = service.store.statistics()
+    store = broker.metadata_store
     yield _labelled(CounterMetricFamily, "magnetar_metadata_store_operations", "Metadata store operations", "op",
                     {"get": store.gets, "put": store.puts, "delete": store.deletes})
     yield _counter("magnetar_metadata_store_cas_failures", "Metadata compare-and-set conflicts", store.cas_failures)
 
 
-@dataclass(frozen=True)
-class SubscriptionSample:
-    name: str
-    backlog_messages: int
-    unacked_messages: int
-    messages_out: int
-    redelivered: int
-    msg_rate_out: float
-    consumers: int
-
-
-@dataclass(frozen=True)
-class TopicSample:
-    """One topic's numbers, all read before any is rendered (a topic is all in or all out)."""
-
-    topic: str
-    messages_in: int
-    bytes_in: int
-    msg_rate_in: float
-    throughput_in: float
-    storage_bytes: int
-    entries: int
-    ledgers: int
-    subscriptions: tuple[SubscriptionSample, ...]
-
-    @property
-    def messages_out(self) -> int:
-        return sum(s.messages_out for s in self.subscriptions)
-
-    @property
-    def msg_rate_out(self) -> float:
-        return sum(s.msg_rate_out for s in self.subscriptions)
-
-
-def sample_topic(service: BrokerService, topic: PersistentTopic) -> TopicSample:
-    ml = topic.ml.statistics()
-    rate_in, throughput_in = topic.publish_rates()
-    active: dict[str, SubscriptionStats] = {s.name: s.statistics() for s in service.subscriptions_of(topic.name)}
-    samples = []
-    for name in sorted(set(topic.cursors.names()) | set(active)):
-        stats = active.get(name)
-        if stats is not None:
-            samples.append(SubscriptionSample(name, stats.msg_backlog, stats.unacked_messages, stats.msg_out_counter,
-                                              stats.msg_redeliver_counter, stats.msg_rate_out, len(stats.consumers)))
-            continue
-        cursor = topic.cursors.get(name)
-        if cursor is not None:  # durable, with nobody attached since the broker started
-            samples.append(SubscriptionSample(name, cursor.backlog_messages(), 0, 0, 0, 0.0, 0))
-    return TopicSample(topic.name.full_name, ml.messages_added, ml.bytes_added, rate_in, throughput_in,
-                       ml.total_size_bytes, ml.number_of_entries, ml.ledgers, tuple(samples))
-
-
-def topic_metrics(samples: Iterable[TopicSample]) -> Iterator[Metric]:
-    topic_families: list[tuple[Metric, str]] = [
+def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:
+    topic_families: list[tuple[Metric, Callable[[TopicStats], float]]] = [
         (CounterMetricFamily("magnetar_topic_messages_in", "Messages published since the broker started",
-                             labels=TOPIC_LABELS), "messages_in"),
+                             labels=TOPIC_LABELS), lambda t: t.msg_in_counter),
         (CounterMetricFamily("magnetar_topic_bytes_in", "Entry bytes published since the broker started",
-                             labels=TOPIC_LABELS), "bytes_in"),
+                             labels=TOPIC_LABELS), lambda t: t.bytes_in_counter),
         (CounterMetricFamily("magnetar_topic_messages_out", "Messages dispatched to consumers since the broker "
-                             "started (all subscriptions)", labels=TOPIC_LABELS), "messages_out"),
+                             "started (all subscriptions)", labels=TOPIC_LABELS), lambda t: t.msg_out_counter),
         (GaugeMetricFamily("magnetar_topic_msg_rate_in", "Messages published per second", labels=TOPIC_LABELS),
-         "msg_rate_in"),
+         lambda t: t.msg_rate_in),
         (GaugeMetricFamily("magnetar_topic_msg_throughput_in", "Entry bytes published per second",
-                           labels=TOPIC_LABELS), "throughput_in"),
+                           labels=TOPIC_LABELS), lambda t: t.msg_throughput_in),
         (GaugeMetricFamily("magnetar_topic_msg_rate_out", "Messages dispatched per second (all subscriptions)",
-                           labels=TOPIC_LABELS), "msg_rate_out"),
+                           labels=TOPIC_LABELS), lambda t: t.msg_rate_out),
         (GaugeMetricFamily("magnetar_topic_storage_size_bytes", "Bytes of the topic's ledgers",
-                           labels=TOPIC_LABELS), "storage_bytes"),
+                           labels=TOPIC_LABELS), lambda t: t.storage_size_bytes),
         (GaugeMetricFamily("magnetar_topic_entries", "Entries in the topic's ledgers", labels=TOPIC_LABELS),
-         "entries"),
-        (GaugeMetricFamily("magnetar_topic_ledgers", "Ledgers of the topic", labels=TOPIC_LABELS), "ledgers")]
-    sub_families: list[tuple[Metric, str]] = [
+         lambda t: t.entries),
+        (GaugeMetricFamily("magnetar_topic_ledgers", "Ledgers of the topic", labels=TOPIC_LABELS), lambda t: t.ledgers)]
+    sub_families: list[tuple[Metric, Callable[[SubscriptionView], float]]] = [
         (GaugeMetricFamily("magnetar_subscription_backlog_messages", "Messages not yet acknowledged",
-                           labels=SUBSCRIPTION_LABELS), "backlog_messages"),
+                           labels=SUBSCRIPTION_LABELS), lambda s: s.msg_backlog),
         (GaugeMetricFamily("magnetar_subscription_unacked_messages", "Messages dispatched and not yet acknowledged",
-                           labels=SUBSCRIPTION_LABELS), "unacked_messages"),
+                           labels=SUBSCRIPTION_LABELS), lambda s: s.unacked_messages),
         (CounterMetricFamily("magnetar_subscription_messages_out", "Messages dispatched since the broker started",
-                             labels=SUBSCRIPTION_LABELS), "messages_out"),
+                             labels=SUBSCRIPTION_LABELS), lambda s: s.msg_out_counter),
         (CounterMetricFamily("magnetar_subscription_messages_redelivered", "Messages dispatched again since the "
-                             "broker started", labels=SUBSCRIPTION_LABELS), "redelivered"),
+                             "broker started", labels=SUBSCRIPTION_LABELS), lambda s: s.msg_redeliver_counter),
         (GaugeMetricFamily("magnetar_subscription_msg_rate_out", "Messages dispatched per second",
-                           labels=SUBSCRIPTION_LABELS), "msg_rate_out"),
+                           labels=SUBSCRIPTION_LABELS), lambda s: s.msg_rate_out),
         (GaugeMetricFamily("magnetar_subscription_consumers", "Connected consumers", labels=SUBSCRIPTION_LABELS),
-         "consumers")]
+         lambda s: len(s.consumers))]
     for sample in samples:
-        for family, field_name in topic_families:
-            family.add_metric([sample.topic], float(getattr(sample, field_name)))  # type: ignore[attr-defined]
+        for family, value in topic_families:
+            family.add_metric([sample.topic], float(value(sample)))  # type: ignore[attr-defined]
         for subscription in sample.subscriptions:
-            for family, field_name in sub_families:
+            for family, sub_value in sub_families:
                 family.add_metric([sample.topic, subscription.name],  # type: ignore[attr-defined]
-                                  float(getattr(subscription, field_name)))
+                                  float(sub_value(subscription)))
     yield from (family for family, _ in topic_families)
     yield from (family for family, _ in sub_families)
 
@@ -238,13 +181,10 @@ class BrokerCollector(Collector):
         self._service = service
 
     def collect(self) -> Iterator[Metric]:
-        yield from storage_metrics(self._service)
-        yield from broker_metrics(self._service)
-        samples = []
-        for topic in self._service.open_topics():
-            with contextlib.suppress(MagnetarError):  # closed or deleted during the scrape: leave it out
-                samples.append(sample_topic(self._service, topic))
-        yield from topic_metrics(samples)
+        stats = self._service.statistics()
+        yield from storage_metrics(stats)
+        yield from broker_metrics(stats)
+        yield from topic_metrics(stats.topics)
 
 
 class SharedScrape:

@@ -13,7 +13,8 @@ in ISO-8601 (UTC). Ack and negative ack take ``{"messageIds": [...]}`` and/or ``
 
 Mapping onto the broker: a REST consumer is one broker ``Consumer`` per (topic partition,
 subscription), created by the first pull (which also creates the durable subscription at
-``subscriptionInitialPosition``), kept in a bounded registry, and closed once it has been idle
+``subscriptionInitialPosition``, Latest by default, as in Pulsar), kept in a bounded registry,
+and closed once it has been idle
 longer than ``REST_CONSUMER_IDLE_MS`` (or its ack timeout, if longer): closing hands its
 unacknowledged messages back for redelivery. Delivery, ack timeouts, negative acks, redelivery
 counts and dead-lettering are the subscription's own machinery (``broker/subscription.py``).
@@ -44,12 +45,10 @@ import asyncio
 import base64
 import contextlib
 import logging
-import re
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, Query
@@ -60,13 +59,20 @@ from api.auth import Action, Authorizer, Caller, Principal
 from api.errors import TooManyConnections
 from api.limits import EdgeLimits
 from api.wakeup import LoopWakeup
-from broker.cursor import ManagedCursor
-from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound
-from broker.message_id import MessageId
-from broker.service import BrokerService
-from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
-from broker.topic import PersistentTopic
-from broker.topic_name import TopicName
+from broker import (
+    BrokerService,
+    Consumer,
+    ConsumerBusy,
+    ConsumerConfig,
+    Delivery,
+    InvalidRequest,
+    MagnetarError,
+    MessageId,
+    SubscriptionType,
+    TopicName,
+    check_subscription_name,
+    iso_time,
+)
 
 PULL_MESSAGES_MAX = 10_000
 PULL_MESSAGES_DEFAULT = 100
@@ -82,9 +88,6 @@ REDELIVER_COUNT_MAX = 1_000
 ACK_IDS_PER_REQUEST_MAX = 10_000
 REST_CONSUMER_IDLE_MS = 60_000
 SWEEP_INTERVAL_MS = 1_000
-ACK_PERSIST_TIMEOUT_S = 60.0
-UNKNOWN_IDS_REPORTED_MAX = 5
-SUBSCRIPTION_NAME = re.compile(r"^[-=:.\w]{1,256}$")
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +158,6 @@ def _initial_position(value: str) -> str:
     if lowered not in ("earliest", "latest"):
         raise InvalidRequest(f"subscriptionInitialPosition must be Earliest or Latest, not {value!r}")
     return lowered
-
-
-def _check_subscription_name(subscription: str) -> None:
-    if not SUBSCRIPTION_NAME.match(subscription):
-        raise InvalidRequest(f"invalid subscription name {subscription!r}: use 1-256 letters, digits and - _ = : .")
 
 
 # --- the REST consumer and its registry --------------------------------------------------------------
@@ -344,62 +342,14 @@ class RestConsumers:
             rest.consumer.close()
 
 
-# --- rendering and id resolution ---------------------------------------------------------------------
-def _iso_time(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
+# --- rendering ----------------------------------------------------------------------------------------
 def message_json(delivery: Delivery) -> dict[str, Any]:
     message = delivery.message
     return {"messageId": delivery.message_id.to_base64(), "offset": delivery.offset,
             "payload": base64.b64encode(message.payload).decode("ascii"), "key": message.key,
-            "properties": message.properties, "publishTime": _iso_time(delivery.publish_time_ms),
-            "eventTime": _iso_time(message.event_time_ms) if message.event_time_ms is not None else None,
+            "properties": message.properties, "publishTime": iso_time(delivery.publish_time_ms),
+            "eventTime": iso_time(message.event_time_ms) if message.event_time_ms is not None else None,
             "redeliveryCount": delivery.redelivery_count}
-
-
-def _stored_offsets(topic: PersistentTopic, message_id: MessageId) -> list[int] | None:
-    """The offsets ``message_id`` names in ``topic`` (a whole batch without a batch index),
-    or None when it names no stored message of it."""
-    if message_id.partition != topic.partition:
-        return None
-    if not any(info.ledger_id == message_id.ledger_id and 0 <= message_id.entry_id < info.entries
-               for info in topic.ml.ledger_infos()):
-        return None
-    entry = topic.ml.read_entry(message_id.position)
-    if message_id.batch_index < 0:
-        return list(range(entry.first_offset, entry.last_offset + 1))
-    if message_id.batch_index >= entry.message_count:
-        return None
-    return [entry.first_offset + message_id.batch_index]
-
-
-def _resolve_offsets(topic: PersistentTopic, request: AckRequest, holder: Consumer | None) -> list[int]:
-    """Every offset the request names, checked against the topic before anything is acked."""
-    if not request.messageIds and not request.offsets:
-        raise InvalidRequest("give the messages to acknowledge as messageIds and/or offsets")
-    offsets: set[int] = set()
-    unknown: list[str] = []
-    for text in request.messageIds:
-        message_id = MessageId.parse(text)
-        held = holder.offset_of(message_id) if holder is not None else None
-        found = [held] if held is not None else _stored_offsets(topic, message_id)
-        if found is None:
-            unknown.append(text)
-        else:
-            offsets.update(found)
-    first, end = topic.ml.first_offset, topic.ml.confirmed_next_offset()
-    for offset in request.offsets:
-        if first <= offset < end:
-            offsets.add(offset)
-        else:
-            unknown.append(f"offset {offset}")
-    if unknown:
-        shown = ", ".join(unknown[:UNKNOWN_IDS_REPORTED_MAX])
-        more = f" and {len(unknown) - UNKNOWN_IDS_REPORTED_MAX} more" if len(unknown) > UNKNOWN_IDS_REPORTED_MAX else ""
-        raise InvalidRequest(f"no such message in {topic.name} (stored offsets are {first}..{end - 1}): "
-                             f"{shown}{more}; nothing was acknowledged")
-    return sorted(offsets)
 
 
 # --- routes ------------------------------------------------------------------------------------------
@@ -426,20 +376,18 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
     def topic_of(caller: Principal, tenant: str, namespace: str, topic: str, partition: int | None) -> TopicName:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
+        if partition is not None:
+            return service.admin.partition_of(name, partition)
         partitions = service.partitions(name)
-        if partition is None:
-            if partitions and name.partition_index < 0:
-                raise InvalidRequest(f"{name} is a partitioned topic with {partitions} partitions; "
-                                     "use .../partitions/{n}/subscription/...")
-            return name
-        if partition < 0 or partition >= max(partitions, 1):
-            raise InvalidRequest(f"{name} has no partition {partition}")
-        return name.partition(partition) if partitions else name
+        if partitions and name.partition_index < 0:
+            raise InvalidRequest(f"{name} is a partitioned topic with {partitions} partitions; "
+                                 "use .../partitions/{n}/subscription/...")
+        return name
 
     def begin_pull(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
                    params: PullParams) -> RestConsumer:
         name = topic_of(caller, *where)
-        _check_subscription_name(subscription)
+        check_subscription_name(subscription)
         settings = ConsumerSettings.of(params)
         if settings.dead_letter_topic is not None:  # the broker writes there on the caller's behalf
             authorizer.require(caller, Action.PRODUCE, TopicName.parse(settings.dead_letter_topic))
@@ -457,36 +405,33 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
             registry.end_pull(rest, params.max_messages - len(taken))
         return {"messages": [message_json(d) for d in taken]}
 
-    def target(caller: Principal, where: tuple[str, str, str, int | None],
-               subscription: str) -> tuple[PersistentTopic, ManagedCursor, RestConsumer | None]:
+    def target(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
+               request: AckRequest) -> tuple[TopicName, list[int], Consumer | None]:
+        """The topic, the offsets the request names (all checked) and the REST consumer's
+        broker consumer, if it is open."""
         name = topic_of(caller, *where)
-        _check_subscription_name(subscription)
-        topic = service.topic(name, create=False)
-        cursor = topic.cursors.get(subscription)
-        if cursor is None:
-            raise NotFound(f"subscription {subscription} of {name} does not exist")
-        return topic, cursor, registry.get(name, subscription)
+        service.admin.cursor(name, subscription)  # NotFound for an unknown subscription
+        if not request.messageIds and not request.offsets:
+            raise InvalidRequest("give the messages to acknowledge as messageIds and/or offsets")
+        rest = registry.get(name, subscription)
+        holder = rest.consumer if rest is not None else None
+        ids = [(text, MessageId.parse(text)) for text in request.messageIds]
+        return name, service.admin.acknowledgeable(name, ids, request.offsets, holder), holder
 
     def acknowledge(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
                     request: AckRequest) -> dict[str, Any]:
-        topic, cursor, rest = target(caller, where, subscription)
-        holder = rest.consumer if rest is not None else None
-        offsets = _resolve_offsets(topic, request, holder)
+        name, offsets, holder = target(caller, where, subscription, request)
         held = {offset for offset in offsets if holder is not None and offset in holder.unacked}
         if holder is not None and held:
             holder.ack(sorted(held))  # releases them from the REST consumer and acks the cursor
-        others = [offset for offset in offsets if offset not in held]
-        if others:  # not handed out by this REST consumer (e.g. it idled out): ack the cursor directly
-            cursor.ack(others).result(timeout=ACK_PERSIST_TIMEOUT_S)
-        else:
-            cursor.flush()  # answer only once the acks are persisted
+        # what this REST consumer did not hand out (e.g. it idled out) is acked on the cursor directly;
+        # either way the answer waits until the acks are persisted
+        service.admin.acknowledge(name, subscription, [offset for offset in offsets if offset not in held])
         return {"acknowledged": len(offsets)}
 
     def negative_acknowledge(caller: Principal, where: tuple[str, str, str, int | None], subscription: str,
                              request: AckRequest) -> dict[str, Any]:
-        topic, _, rest = target(caller, where, subscription)
-        holder = rest.consumer if rest is not None else None
-        offsets = _resolve_offsets(topic, request, holder)
+        _, offsets, holder = target(caller, where, subscription, request)
         held = [offset for offset in offsets if holder is not None and offset in holder.unacked]
         if holder is not None and held:
             holder.nack(held)

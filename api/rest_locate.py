@@ -21,26 +21,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.auth import Action, Authorizer, Caller
-from broker.errors import InvalidRequest
-from broker.message_id import MessageId
-from broker.service import BrokerService
-from broker.topic_name import TopicName
+from broker import BrokerService, MessageId, TopicName
 
 MESSAGE_ID_TEXT_MAX = 256
-
-
-def _partition_topic(service: BrokerService, name: TopicName, message_id: MessageId) -> TopicName:
-    """The topic (partition) the id belongs to."""
-    partitions = service.partitions(name) if name.partition_index < 0 else 0
-    if partitions:
-        if not 0 <= message_id.partition < partitions:
-            raise InvalidRequest(f"{name} has {partitions} partitions: the message id must name one "
-                                 f"(ledger:entry:partition), not partition {message_id.partition}")
-        return name.partition(message_id.partition)
-    if message_id.partition not in (-1, name.partition_index):
-        raise InvalidRequest(f"{name} is not partitioned: message id {message_id} names partition "
-                             f"{message_id.partition}")
-    return name
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
@@ -54,13 +37,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
         parsed = MessageId.parse(message_id)
-        target = _partition_topic(service, name, parsed)
-        entry = service.topic(target, create=False).ml.read_entry(parsed.position)
-        if parsed.batch_index >= entry.message_count:
-            raise InvalidRequest(f"entry {parsed.position} holds {entry.message_count} messages, "
-                                 f"no batch index {parsed.batch_index}")
-        return {"topic": target.full_name, "partition": target.partition_index,
-                "offset": entry.first_offset + max(parsed.batch_index, 0),
+        target, offset = service.admin.locate(name, parsed)
+        return {"topic": target.full_name, "partition": target.partition_index, "offset": offset,
                 "messageId": {"ledgerId": parsed.ledger_id, "entryId": parsed.entry_id,
                               "partitionIndex": target.partition_index,
                               "batchIndex": parsed.batch_index}}

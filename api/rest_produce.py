@@ -4,8 +4,10 @@ Body ``{producerName, messages: [{payload, key, properties, eventTime, sequenceI
 deliverAfterMs}]}``; response ``{messagePublishResults: [{messageId: "ledger:entry:partition",
 errorCode, errorMsg, offset}], schemaVersion}``. Without a schema the payload is a UTF-8 string,
 as in Pulsar. Magnetar extensions: ``payloadEncoding: "base64"`` for binary payloads, each
-result's ``offset``, and ``expectedOffset`` (the offset the first message must get; 409 and
-nothing written on a mismatch).
+result's ``offset``, ``expectedOffset`` (the offset the first message must get; 409 and nothing
+written on a mismatch), and ``eventTime`` as ISO-8601 besides epoch milliseconds. What each
+field may hold is the broker's rule (``message_of`` and friends in ``broker/message_fields.py``);
+a field this request shape does not know is a 400 naming it.
 
 Invariant: one request is one entry, so it is written whole or not at all; when an entry holds
 several messages their ids carry a fourth part, the batch index (``ledger:entry:partition:i``).
@@ -14,8 +16,6 @@ several messages their ids carry a fourth part, the batch index (``ledger:entry:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from typing import Annotated, Any, Required
 
 from fastapi import APIRouter, Request, Response
@@ -23,80 +23,78 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from typing_extensions import TypedDict
 
 from api.auth import Action, Authorizer, Caller
-from broker.entry_format import Message
-from broker.errors import InvalidRequest
-from broker.service import BrokerService
-from broker.topic import PublishResult
-from broker.topic_name import TopicName
+from broker import (
+    OFFSET_MAX,
+    PAYLOAD_ENCODINGS,
+    SEQUENCE_ID_MAX,
+    TIME_MS_MAX,
+    BrokerService,
+    InvalidRequest,
+    Message,
+    PublishResult,
+    TopicName,
+    build_message,
+    deliver_at_ms,
+    latest_delivery,
+    parse_time_ms,
+    payload_of,
+)
 
 MESSAGES_PER_REQUEST_MAX = 10_000
-_NO_PROPERTIES: dict[str, str] = {}
 
-
-def _new_message(fields: tuple[Any, ...]) -> Message:
-    """``Message(*fields)`` without the keyword-defaults constructor (all ten fields given)."""
-    message: Message = tuple.__new__(Message, fields)
-    return message
-
-
-NonNegative = Annotated[int, Field(ge=0)]
+SequenceId = Annotated[int, Field(ge=0, le=SEQUENCE_ID_MAX)]
+TimeMs = Annotated[int, Field(ge=0, le=TIME_MS_MAX)]
 
 
 class RestMessage(TypedDict, total=False):
-    """One message of a request (a TypedDict: validated into plain dicts, no model per message)."""
+    """One message of a request (a TypedDict: validated into plain dicts, no model per message);
+    Pulsar's fields, and no other (a misplaced field is a 400 naming it)."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]
     payload: Required[str]
     key: str | None
     properties: dict[str, str]
     eventTime: str | int | None  # Pulsar's field names
-    sequenceId: NonNegative | None
-    deliverAt: NonNegative | None
-    deliverAfterMs: NonNegative | None
+    sequenceId: SequenceId | None
+    deliverAt: TimeMs | None
+    deliverAfterMs: TimeMs | None
+    replicationClusters: list[str] | None
+    disableReplication: bool | None
 
 
 class ProduceRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Pulsar's ``ProducerMessages`` and Magnetar's extensions (``payloadEncoding``,
+    ``expectedOffset``); any other field is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid")
     producerName: str = "rest-producer"  # noqa: N815 - Pulsar's field name
     messages: list[RestMessage] = Field(min_length=1, max_length=MESSAGES_PER_REQUEST_MAX)
     payloadEncoding: str = "utf-8"  # noqa: N815
-    expectedOffset: int | None = Field(default=None, ge=0)  # noqa: N815
+    expectedOffset: int | None = Field(default=None, ge=0, le=OFFSET_MAX)  # noqa: N815
     schemaVersion: int | None = None  # noqa: N815
+    keySchema: Any = None  # noqa: N815
+    valueSchema: Any = None  # noqa: N815
 
 
-def _payload(message: RestMessage, encoding: str, index: int) -> bytes:
-    if encoding == "base64":
+def messages_of(request: ProduceRequest) -> list[Message]:
+    """The request's messages, built by the broker's rules for each field."""
+    encoding = request.payloadEncoding
+    if encoding not in PAYLOAD_ENCODINGS:
+        raise InvalidRequest(f"payloadEncoding must be 'utf-8' or 'base64', not {encoding!r}",
+                             field="payloadEncoding")
+    out = []
+    for index, m in enumerate(request.messages):
         try:
-            return base64.b64decode(message["payload"], validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise InvalidRequest(f"messages[{index}].payload is not valid base64") from exc
-    if encoding in ("utf-8", "utf8", "string"):
-        return message["payload"].encode()
-    raise InvalidRequest(f"payloadEncoding must be 'utf-8' or 'base64', not {encoding!r}")
-
-
-def _event_time_ms(message: RestMessage, index: int) -> int | None:
-    raw = message.get("eventTime")
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"messages[{index}].eventTime must be epoch milliseconds") from exc
-    if value < 0:
-        raise InvalidRequest(f"messages[{index}].eventTime must not be negative")
-    return value
+            out.append(build_message(payload_of(m["payload"], encoding), m.get("key"), m.get("properties") or {},
+                                     parse_time_ms(m.get("eventTime"), "eventTime"), m.get("sequenceId")))
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"messages[{index}].{exc}", field=exc.field) from None
+    return out
 
 
 def _deliver_at_ms(request: ProduceRequest, now_ms: int) -> int | None:
-    """One entry has one delivery time: the latest any of its messages asks for."""
-    times: list[int] = []
-    for message in request.messages:
-        deliver_at, deliver_after = message.get("deliverAt"), message.get("deliverAfterMs")
-        if deliver_at is not None:
-            times.append(deliver_at)
-        elif deliver_after is not None:
-            times.append(now_ms + deliver_after)
-    return max(times) if times else None
+    return latest_delivery(deliver_at_ms(m.get("deliverAt"), m.get("deliverAfterMs"), now_ms)
+                           for m in request.messages)
 
 
 async def parse_request(request: Request) -> ProduceRequest:
@@ -141,10 +139,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
 
     async def produce(topic: TopicName, request: ProduceRequest) -> Response:
         """Store the request as one entry (the caller's permission is already checked)."""
-        encoding = request.payloadEncoding
-        messages = [_new_message((_payload(m, encoding, i), m.get("key"), m.get("properties") or _NO_PROPERTIES,
-                                  _event_time_ms(m, i), None, None, False, False, False, False))
-                    for i, m in enumerate(request.messages)]
+        messages = messages_of(request)
         first_sequence_id = request.messages[0].get("sequenceId")
         result = await asyncio.wrap_future(service.publish_async(
             topic, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
@@ -167,10 +162,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                                    request: Request, caller: Caller) -> Response:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
-        partitions = service.partitions(name)
-        if partition < 0 or partition >= max(partitions, 1):
-            raise InvalidRequest(f"{name} has no partition {partition}")
-        parsed = await parse_request(request)
-        return await produce(name.partition(partition) if partitions else name, parsed)
+        target = service.admin.partition_of(name, partition)
+        return await produce(target, await parse_request(request))
 
     return routes

@@ -14,7 +14,7 @@ a streaming query moves into the ``noop`` sink with ``Trigger(availableNow=True)
 Each query runs once as a warm-up on a small backlog (JVM JIT, Python workers), then once
 measured; the figure is rows over the wall time from ``start()`` to the query's end. The
 broker's CPU seconds during the measured query are reported too, and which range-read columns
-it used (``NATIVE_COLUMNS`` in api/rest_read.py: the C accelerator or the pure-Python
+it used (``NATIVE_COLUMNS`` in broker/entry_format/columns.py: the C accelerator or the pure-Python
 reference). A micro-benchmark in this process adds the broker's serving cost per row for both
 column builders on entries shaped like the backlog's (collect, record batch, IPC stream; best of
 ``SERVING_ROUNDS``). Every wait has a deadline and the broker is stopped by its PID.
@@ -48,8 +48,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
-from api.rest_read import NATIVE_COLUMNS, arrow_stream, collect_entries
+from api.rest_read import arrow_stream
 from broker.entry_format import Message, encode_entry
+from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries
 from broker.managed_ledger import Entry
 from broker.message_id import Position
 from consumers.spark import SOURCE_SCHEMA, MagnetarDataSource
@@ -300,7 +301,8 @@ def serving_rows() -> list[Row]:
                 f"best of {SERVING_ROUNDS}")]
     if NATIVE_COLUMNS:
         native_us = serving_us_per_row(entries, native=True)
-        rows.append(Row("broker serving cost, native columns (api/_range_columns.c)", f"{native_us:.3f} µs/row",
+        rows.append(Row("broker serving cost, native columns (broker/entry_format/_range_columns.c)",
+                        f"{native_us:.3f} µs/row",
                         f"{python_us / native_us:.0f}x less than pure Python", "the same chunk; what the broker uses"))
     return rows
 

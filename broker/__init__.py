@@ -1,0 +1,127 @@
+"""The broker's face: everything a transport (REST, WebSocket, the console's calls, a binary
+protocol) may use, and nothing else.
+
+Transports import from this package only, never from its modules (``tests/unit/test_layering.py``
+enforces it), so the broker can change its insides without any edge noticing. The face:
+
+- ``BrokerService``: the root object (lifecycle, health, statistics; tenants and namespace
+  policies; topics and partitioned topics; ``producer``, ``subscribe``/``subscribe_many``/
+  ``subscribe_pattern`` and ``reader``; ``read_range`` and ``admin``, a ``TopicAdmin`` for
+  subscriptions, cursor moves, single messages, statistics and acknowledgements by id);
+- the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
+  ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``;
+- the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
+  ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
+  (``iso_time``, ``parse_time_ms``);
+- the error hierarchy, mapped once per transport.
+"""
+
+from broker.compaction import CompactionStatus
+from broker.entry_format import Compression, Message
+from broker.errors import (
+    AlreadyExists,
+    ConsumerBusy,
+    CorruptEntry,
+    DataLost,
+    Forbidden,
+    InvalidRequest,
+    MagnetarError,
+    NoSuchEntry,
+    NotAllowed,
+    NotFound,
+    OffsetMismatch,
+    PreconditionFailed,
+    TopicTerminated,
+    Unauthorized,
+)
+from broker.message_fields import (
+    MESSAGE_FIELDS,
+    OFFSET_MAX,
+    PAYLOAD_ENCODINGS,
+    SEQUENCE_ID_MAX,
+    ProducedMessage,
+    build_message,
+    check_fields,
+    deliver_at_ms,
+    integer_of,
+    latest_delivery,
+    message_of,
+    payload_of,
+)
+from broker.message_id import MessageId, Position
+from broker.producer import ROUTING_MODES, Producer
+from broker.range_read import RangeRead
+from broker.reader import Reader, StartPosition
+from broker.routing import MultiConsumer
+from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
+from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
+from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
+from broker.topic import PublishResult
+from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
+from broker.topic_name import TopicName, check_namespace, check_subscription_name
+from broker.topic_stats import ConsumerView, CursorView, InternalStats, LedgerView, SubscriptionView, TopicStats
+
+__all__ = [
+    "MESSAGE_FIELDS",
+    "OFFSET_MAX",
+    "PAYLOAD_ENCODINGS",
+    "ROUTING_MODES",
+    "SEQUENCE_ID_MAX",
+    "TIME_MS_MAX",
+    "AlreadyExists",
+    "BrokerConfig",
+    "BrokerService",
+    "BrokerStats",
+    "CompactionStatus",
+    "Compression",
+    "Consumer",
+    "ConsumerBusy",
+    "ConsumerConfig",
+    "ConsumerView",
+    "CorruptEntry",
+    "CursorView",
+    "DataLost",
+    "Delivery",
+    "Forbidden",
+    "Health",
+    "InitialPosition",
+    "InternalStats",
+    "InvalidRequest",
+    "LedgerView",
+    "MagnetarError",
+    "Message",
+    "MessageId",
+    "MessagePosition",
+    "MultiConsumer",
+    "NoSuchEntry",
+    "NotAllowed",
+    "NotFound",
+    "OffsetMismatch",
+    "Position",
+    "PreconditionFailed",
+    "ProducedMessage",
+    "Producer",
+    "PublishResult",
+    "RangeRead",
+    "Reader",
+    "StartPosition",
+    "StoredMessage",
+    "SubscriptionType",
+    "SubscriptionView",
+    "TopicAdmin",
+    "TopicName",
+    "TopicStats",
+    "TopicTerminated",
+    "Unauthorized",
+    "build_message",
+    "check_fields",
+    "check_namespace",
+    "check_subscription_name",
+    "deliver_at_ms",
+    "integer_of",
+    "iso_time",
+    "latest_delivery",
+    "message_of",
+    "parse_time_ms",
+    "payload_of",
+]

@@ -7,7 +7,7 @@ the same hierarchy and re-exported here, so ``api`` needs nothing from ``storage
 
 from __future__ import annotations
 
-from storage.errors import (
+from storage import (
     CorruptEntry,
     InvalidArgument,
     LedgerFenced,
@@ -47,8 +47,15 @@ class BadVersion(BrokerError):
 
 
 class InvalidRequest(BrokerError):
+    """A request the broker cannot carry out as given; ``field``, when set, names the request
+    field at fault (transports map it onto their own error codes)."""
+
     code = "invalid_request"
     http_status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class OffsetMismatch(BrokerError):

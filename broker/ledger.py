@@ -46,7 +46,7 @@ from broker.errors import (
     StorageError,
 )
 from broker.metadata import MetadataStore
-from storage.futures import new_future
+from storage import new_future
 
 LEDGERS_PATH = "/ledgers"
 LEDGER_ID_COUNTER = "/counters/ledger-id"

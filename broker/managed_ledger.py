@@ -54,7 +54,7 @@ from broker.errors import (
 from broker.ledger import LedgerHandle, LedgerManager
 from broker.message_id import Position
 from broker.metadata import MetadataStore
-from storage.futures import new_future
+from storage import new_future
 
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024

@@ -26,7 +26,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from broker.entry_format import encode_varint
+from broker.entry_format.wire import encode_varint
 from broker.errors import InvalidRequest
 from broker.proto.pulsar_entry_pb2 import MessageIdData
 

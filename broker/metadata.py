@@ -50,8 +50,7 @@ from typing import Any
 from rocksdict import WriteBatch
 
 from broker.errors import AlreadyExists, BadVersion, CorruptEntry, InvalidRequest, NotFound, StorageClosed
-from storage import as_storage_error
-from storage.entry_location_index import open_rdict, write_durably
+from storage import as_storage_error, open_rdict, write_durably
 
 log = logging.getLogger(__name__)
 

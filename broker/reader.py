@@ -10,7 +10,7 @@ messages after it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from broker.compaction import Compactor
@@ -76,6 +76,17 @@ class Reader:
     def has_message_available(self) -> bool:
         return self._peeked is not None or bool(self._buffer) or self._compacted is not None or \
             self.next_offset < self.topic.ml.confirmed_next_offset()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (from any thread) whenever the topic confirms an entry."""
+        self.topic.ml.add_listener(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        self.topic.ml.remove_listener(listener)
+
+    def end_of_topic(self) -> bool:
+        """The topic is terminated and this reader has read all of it."""
+        return self.topic.ml.terminated and not self.has_message_available()
 
     def read_next(self) -> Delivery | None:
         """The next message, or None when the reader has caught up."""

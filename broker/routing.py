@@ -21,6 +21,7 @@ from collections.abc import Callable
 import mmh3
 
 from broker.errors import InvalidRequest
+from broker.message_id import MessageId
 from broker.subscription import Consumer, Delivery
 
 
@@ -35,9 +36,13 @@ class PartitionRouter:
         self._next = itertools.count(random.randrange(partitions))
         self._single = random.randrange(partitions)
 
+    @staticmethod
+    def key_partition(key: str, partitions: int) -> int:
+        return (mmh3.hash(key.encode(), 0, signed=True) & 0x7FFFFFFF) % partitions
+
     def partition_for(self, key: str | None) -> int:
         if key is not None:
-            return (mmh3.hash(key.encode(), 0, signed=True) & 0x7FFFFFFF) % self.partitions
+            return self.key_partition(key, self.partitions)
         if self.mode == "SinglePartition":
             return self._single
         return next(self._next) % self.partitions
@@ -104,6 +109,22 @@ class MultiConsumer:
                 self._turn = (start + step + 1) % len(order)
                 return delivery
         return None
+
+    def locate(self, message_id: MessageId) -> tuple[str, int]:
+        """The (partition topic, offset) of a message of this consumer's topics, by its id."""
+        with self._lock:
+            consumers = [(t, self._consumers[t]) for t in self._order]
+        for topic, consumer in consumers:
+            partition = consumer.subscription.partition
+            if partition == message_id.partition or (partition < 0 and message_id.partition < 0):
+                return topic, consumer.locate(message_id)
+        raise InvalidRequest(f"message id {message_id} does not belong to this consumer's topics")
+
+    def end_of_topic(self) -> bool:
+        """Every topic is terminated and acknowledged to its end."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+        return all(c.subscription.end_of_topic() for c in consumers)
 
     def consumer_for(self, topic: str) -> Consumer:
         consumer = self._consumers.get(topic)

@@ -33,8 +33,9 @@ from typing import Any
 from broker.bookie import BookieClient, LocalBookie
 from broker.compaction import CompactionStatus, Compactor
 from broker.cursor import CursorManager, ManagedCursor
-from broker.entry_cache import EntryCache
-from broker.entry_format import Message
+from broker.dispatch_scheduling import DispatchScheduler, Executor
+from broker.entry_cache import EntryCache, EntryCacheStats
+from broker.entry_format import Compression, Message
 from broker.errors import (
     AlreadyExists,
     CompactionInProgress,
@@ -42,26 +43,27 @@ from broker.errors import (
     InvalidRequest,
     MagnetarError,
     NotAllowed,
-    NotEmpty,
     NotFound,
     PreconditionFailed,
 )
 from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
-from broker.metadata import MetadataStore, RocksDBMetadataStore
+from broker.metadata import MetadataStore, MetadataStoreStats, RocksDBMetadataStore
+from broker.namespaces import Namespaces
+from broker.producer import Producer
+from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
 from broker.topic import PersistentTopic, PublishResult
-from broker.topic_name import TopicName
+from broker.topic_admin import TopicAdmin
+from broker.topic_name import TopicName, check_namespace
 from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
-from storage import LedgerStorage, StorageConfig
-from storage.fileio import FileIO
+from broker.topic_stats import TopicStats, topic_stats
+from storage import FileIO, LedgerStorage, StorageConfig, StorageStats
 
 log = logging.getLogger(__name__)
 
-TENANTS = "/admin/tenants"
-POLICIES = "/admin/policies"
 PARTITIONED = "/admin/partitioned-topics"
 ML_ROOT = "/managed-ledgers"
 PARTITIONS_MAX = 1024
@@ -87,6 +89,17 @@ class BrokerConfig:
 
 
 @dataclass(frozen=True)
+class BrokerStats:
+    """Everything the broker counts, read at once (for metrics and the console's overview)."""
+
+    storage: StorageStats
+    entry_cache: EntryCacheStats
+    metadata_store: MetadataStoreStats
+    topics: tuple[TopicStats, ...]
+    """Every loaded topic (partition); one closed or deleted meanwhile is left out."""
+
+
+@dataclass(frozen=True)
 class Health:
     status: str
     storage_read_only: bool
@@ -94,11 +107,6 @@ class Health:
     journal_fsyncs: int
     storage_read_only_reason: str | None = None
     """Why the storage refuses writes (a full disk is named as such); None while writable."""
-
-
-def default_policies() -> dict[str, Any]:
-    return {"retention_policies": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
-            "message_ttl_in_seconds": 0, "deduplicationEnabled": None, "auth_policies": {}}
 
 
 class BrokerService:
@@ -120,13 +128,13 @@ class BrokerService:
         self._patterns: list[tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]] = []
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
         self._partition_counts: dict[TopicName, int] = {}
-        self._dispatch_pool: ThreadPoolExecutor | None = None
+        self._dispatch = DispatchScheduler()
         self._compaction_pool: ThreadPoolExecutor | None = None
         self._compactions: dict[TopicName, Future[None]] = {}
-        self._scheduled: set[int] = set()
-        self._scheduled_lock = threading.Lock()
-        self._dispatch_executor: Callable[[Callable[[], None]], object] | None = None
+        self._namespaces_of: Namespaces | None = None
         self._policy_listeners: list[Callable[[], None]] = []
+        self.admin = TopicAdmin(self)
+        """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -137,11 +145,12 @@ class BrokerService:
         self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
         self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
         self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
-        if not self.store.exists(f"{TENANTS}/public"):
+        self._namespaces_of = Namespaces(self._store, self._namespace_changed)
+        if "public" not in self.tenants():
             self.create_tenant("public", {})
-        if not self.store.exists(f"{POLICIES}/public/default"):
+        if "public/default" not in self.namespaces("public"):
             self.create_namespace("public/default")
-        self._dispatch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnetar-dispatch")
+        self._dispatch.start()
         self._compaction_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magnetar-compaction")
         self._stop.clear()
         self._maintenance = threading.Thread(target=self._maintenance_loop, name="magnetar-maintenance", daemon=True)
@@ -154,6 +163,12 @@ class BrokerService:
         return self._storage
 
     @property
+    def _namespaces(self) -> Namespaces:
+        if self._namespaces_of is None:
+            raise RuntimeError("broker service is not started")
+        return self._namespaces_of
+
+    @property
     def store(self) -> MetadataStore:
         if self._store is None:
             raise RuntimeError("broker service is not started")
@@ -164,9 +179,7 @@ class BrokerService:
         if self._maintenance is not None:
             self._maintenance.join()
             self._maintenance = None
-        if self._dispatch_pool is not None:
-            self._dispatch_pool.shutdown(wait=True)
-            self._dispatch_pool = None
+        self._dispatch.close()
         if self._compaction_pool is not None:
             self._compaction_pool.shutdown(wait=True, cancel_futures=True)
             self._compaction_pool = None
@@ -192,98 +205,55 @@ class BrokerService:
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
                       self.storage.read_only_reason)
 
-    # --- tenants and namespaces ---------------------------------------------------------
+    # --- tenants and namespaces (broker/namespaces.py) ---------------------------------------
     def add_policy_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every change of tenants or namespace policies (permissions
         above all), on the thread that made it: open sessions re-check their permissions."""
         self._policy_listeners.append(listener)
 
-    def _policies_changed(self) -> None:
+    def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+        self._namespaces.create_tenant(tenant, info)
+
+    def tenants(self) -> list[str]:
+        return self._namespaces.tenants()
+
+    def tenant_info(self, tenant: str) -> dict[str, Any]:
+        return self._namespaces.tenant_info(tenant)
+
+    def delete_tenant(self, tenant: str) -> None:
+        self._namespaces.delete_tenant(tenant)
+
+    def update_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+        self._namespaces.update_tenant(tenant, info)
+
+    def create_namespace(self, namespace: str, policies: dict[str, Any] | None = None) -> None:
+        self._namespaces.create_namespace(namespace, policies)
+
+    def namespaces(self, tenant: str) -> list[str]:
+        return self._namespaces.namespaces(tenant)
+
+    def policies(self, namespace: str) -> dict[str, Any]:
+        return self._namespaces.policies(namespace)
+
+    def set_policy(self, namespace: str, key: str, value: Any) -> None:
+        self._namespaces.set_policy(namespace, key, value)
+
+    def delete_namespace(self, namespace: str) -> None:
+        self._namespaces.delete_namespace(namespace, lambda ns: bool(self.topics(ns) or self.partitioned_topics(ns)))
+
+    def _namespace_changed(self, namespace: str | None) -> None:
+        """Open topics of the namespace follow its new retention and TTL at once; the policy
+        listeners hear of every change (a listener's failure never undoes it)."""
+        if namespace is not None:
+            with self._lock:
+                for name, topic in self._topics.items():
+                    if name.namespace_name == namespace:
+                        topic.ml.config = self._ml_config(name)
         for listener in list(self._policy_listeners):
             try:
                 listener()
-            except Exception:  # a listener's fault must not undo the change the caller made
+            except Exception:
                 log.exception("a policy listener failed")
-
-    def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
-        TopicName.of(tenant, "ns", "t")  # validates the name
-        body = {"adminRoles": list(info.get("adminRoles", [])),
-                "allowedClusters": list(info.get("allowedClusters", ["standalone"]))}
-        if self.store.exists(f"{TENANTS}/{tenant}"):
-            raise AlreadyExists(f"tenant {tenant} already exists")
-        self.store.put_json(f"{TENANTS}/{tenant}", body, -1)
-
-    def tenants(self) -> list[str]:
-        return self.store.children(TENANTS)
-
-    def tenant_info(self, tenant: str) -> dict[str, Any]:
-        found = self.store.get_json(f"{TENANTS}/{tenant}")
-        if found is None:
-            raise NotFound(f"tenant {tenant} does not exist")
-        return found[0]
-
-    def delete_tenant(self, tenant: str) -> None:
-        self.tenant_info(tenant)
-        if self.store.children(f"{POLICIES}/{tenant}"):
-            raise NotEmpty(f"tenant {tenant} still has namespaces")
-        self.store.delete(f"{TENANTS}/{tenant}")
-        self._policies_changed()
-
-    def update_tenant(self, tenant: str, info: dict[str, Any]) -> None:
-        """Replace the tenant's ``adminRoles`` and ``allowedClusters`` (compare-and-set)."""
-        found = self.store.get_json(f"{TENANTS}/{tenant}")
-        if found is None:
-            raise NotFound(f"tenant {tenant} does not exist")
-        current, version = found
-        body = {"adminRoles": list(info.get("adminRoles", current.get("adminRoles", []))),
-                "allowedClusters": list(info.get("allowedClusters", current.get("allowedClusters", ["standalone"])))}
-        self.store.put_json(f"{TENANTS}/{tenant}", body, version)
-        self._policies_changed()
-
-    def _split_namespace(self, namespace: str) -> tuple[str, str]:
-        parts = namespace.split("/")
-        if len(parts) != 2:
-            raise InvalidRequest(f"invalid namespace {namespace!r}: expected tenant/namespace")
-        TopicName.of(parts[0], parts[1], "t")
-        return parts[0], parts[1]
-
-    def create_namespace(self, namespace: str, policies: dict[str, Any] | None = None) -> None:
-        tenant, _ = self._split_namespace(namespace)
-        self.tenant_info(tenant)
-        if self.store.exists(f"{POLICIES}/{namespace}"):
-            raise AlreadyExists(f"namespace {namespace} already exists")
-        self.store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **(policies or {})}, -1)
-
-    def namespaces(self, tenant: str) -> list[str]:
-        self.tenant_info(tenant)
-        return [f"{tenant}/{ns}" for ns in self.store.children(f"{POLICIES}/{tenant}")]
-
-    def policies(self, namespace: str) -> dict[str, Any]:
-        self._split_namespace(namespace)
-        found = self.store.get_json(f"{POLICIES}/{namespace}")
-        if found is None:
-            raise NotFound(f"namespace {namespace} does not exist")
-        return found[0]
-
-    def set_policy(self, namespace: str, key: str, value: Any) -> None:
-        found = self.store.get_json(f"{POLICIES}/{namespace}")
-        if found is None:
-            raise NotFound(f"namespace {namespace} does not exist")
-        policies, version = found
-        policies[key] = value
-        self.store.put_json(f"{POLICIES}/{namespace}", policies, version)
-        with self._lock:  # open topics of the namespace follow the new retention and TTL at once
-            for name, topic in self._topics.items():
-                if name.namespace_name == namespace:
-                    topic.ml.config = self._ml_config(name)
-        self._policies_changed()
-
-    def delete_namespace(self, namespace: str) -> None:
-        self.policies(namespace)
-        if self.topics(namespace) or self.partitioned_topics(namespace):
-            raise NotEmpty(f"namespace {namespace} still has topics")
-        self.store.delete(f"{POLICIES}/{namespace}")
-        self._policies_changed()
 
     def _ml_config(self, name: TopicName) -> ManagedLedgerConfig:
         policies = self.policies(name.namespace_name)
@@ -335,7 +305,7 @@ class BrokerService:
         return self.topic(name, create=True)
 
     def topics(self, namespace: str) -> list[str]:
-        tenant, ns = self._split_namespace(namespace)
+        tenant, ns = check_namespace(namespace)
         return [TopicName(tenant, ns, local).full_name
                 for local in self.store.children(f"{ML_ROOT}/{tenant}/{ns}/persistent")]
 
@@ -391,7 +361,7 @@ class BrokerService:
             self._partition_counts.pop(name.base, None)
 
     def partitioned_topics(self, namespace: str) -> list[str]:
-        tenant, ns = self._split_namespace(namespace)
+        tenant, ns = check_namespace(namespace)
         return [TopicName(tenant, ns, local).full_name
                 for local in self.store.children(f"{PARTITIONED}/{tenant}/{ns}/persistent")]
 
@@ -451,42 +421,10 @@ class BrokerService:
             return list(self._topics.values())
 
     # --- subscriptions, readers, routing ------------------------------------------------------
-    def use_dispatch_executor(self, executor: Callable[[Callable[[], None]], object] | None) -> None:
+    def use_dispatch_executor(self, executor: Executor | None) -> None:
         """Run dispatch work with ``executor`` (thread-safe, non-blocking: it queues the callable)
-        instead of the dispatch thread; ``None`` goes back to the dispatch thread.
-
-        The API hands a queue onto its event loop here (one wake-up per burst): the loop is where
-        deliveries are sent, so a confirmed entry reaches a consumer after one thread hop (journal to loop)
-        instead of two (journal to dispatch thread to loop). Consumer flow and acks already
-        dispatch on the loop, so this adds no new kind of work there."""
-        self._dispatch_executor = executor
-
-    def _schedule(self, work: Callable[[], None]) -> None:
-        """Run ``work`` on the dispatch executor (the dispatch thread unless one was given), at
-        most once queued per callable."""
-        pool = self._dispatch_pool
-        if pool is None:
-            return
-        key = id(work.__self__) if hasattr(work, "__self__") else id(work)
-        with self._scheduled_lock:
-            if key in self._scheduled:
-                return
-            self._scheduled.add(key)
-
-        def run() -> None:
-            with self._scheduled_lock:
-                self._scheduled.discard(key)
-            try:
-                work()
-            except MagnetarError:
-                log.exception("dispatch failed")
-
-        executor = self._dispatch_executor
-        with contextlib.suppress(RuntimeError):  # shutting down
-            if executor is not None:
-                executor(run)
-            else:
-                pool.submit(run)
+        instead of the dispatch thread; ``None`` goes back to it (``broker/dispatch_scheduling.py``)."""
+        self._dispatch.use_executor(executor)
 
     def subscription(self, topic_name: TopicName, name: str, sub_type: SubscriptionType, *,
                      initial: str | int = "latest", durable: bool = True) -> Subscription:
@@ -501,7 +439,7 @@ class BrokerService:
                 return existing
             cursor = topic.cursors.open(name, initial=initial, durable=durable)
             created = Subscription(topic_name.full_name, topic_name.partition_index, cursor, sub_type,
-                                   clock=self.clock, dead_letter=self._dead_letter, schedule=self._schedule)
+                                   clock=self.clock, dead_letter=self._dead_letter, schedule=self._dispatch.schedule)
             self._subscriptions[key] = created
             self._subscriptions_by_topic.setdefault(topic_name, {})[name] = created
             return created
@@ -613,6 +551,37 @@ class BrokerService:
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
         compactor = self.compactor(topic_name) if compacted else None
         return Reader(self.topic(topic_name), start, compactor=compactor)
+
+    def producer(self, topic: str | TopicName, name: str, *, routing_mode: str = "RoundRobinPartition",
+                 compression: Compression = Compression.NONE, initial_sequence_id: int | None = None) -> Producer:
+        """A producer on ``topic`` (partitioned or not; auto-created on first use when allowed):
+        the topic or every partition is made to exist now, so a refusal comes before any send."""
+        topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        for partition in self.expand_partitions(topic_name):
+            self.topic(partition)
+        return Producer(self, topic_name, name, routing_mode=routing_mode, compression=compression,
+                        initial_sequence_id=initial_sequence_id)
+
+    def read_range(self, name: TopicName, offset: int, max_messages: int, max_bytes: int, *,
+                   message_overhead_bytes: int = 0) -> RangeRead:
+        """Messages of one partition from ``offset`` on as Arrow columns (``broker/range_read.py``)."""
+        if name.partition_index < 0 and self.partitions(name) > 0:
+            raise InvalidRequest(f"{name} is a partitioned topic; read one partition: "
+                                 f".../{name.local_name}/partitions/{{n}}/messages")
+        if self.topic_exists(name):
+            topic: PersistentTopic | None = self.topic(name, create=False)
+        elif 0 <= name.partition_index < self.partitions(name.base):
+            topic = None  # a partition nobody wrote to yet
+        else:
+            raise NotFound(f"topic {name} does not exist")
+        return read_range(topic, name, offset, max_messages, max_bytes, message_overhead_bytes=message_overhead_bytes)
+
+    def statistics(self) -> BrokerStats:
+        topics = []
+        for topic in self.open_topics():
+            with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
+                topics.append(topic_stats(topic, self.subscriptions_of(topic.name)))
+        return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics))
 
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
                 sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",

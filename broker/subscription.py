@@ -244,6 +244,14 @@ class Consumer:
         """The offset of a message this consumer holds, by the id it was delivered with."""
         return self.offsets_by_id.get(message_id)
 
+    def locate(self, message_id: MessageId) -> int:
+        """The offset of ``message_id`` in this consumer's topic, held or not."""
+        held = self.offsets_by_id.get(message_id)
+        if held is not None:
+            return held
+        entry = self.subscription.cursor.ml.read_entry(message_id.position)
+        return entry.first_offset + max(message_id.batch_index, 0)
+
     def ack(self, offsets: Iterable[int]) -> None:
         self.subscription._ack(self, list(offsets))
 
@@ -308,6 +316,10 @@ class Subscription:
         self._schedule = schedule or (lambda work: work())
         self._on_publish = lambda: self._schedule(self.dispatch)
         cursor.ml.add_listener(self._on_publish)
+
+    def end_of_topic(self) -> bool:
+        """The topic is terminated and this subscription has acknowledged all of it."""
+        return self.cursor.ml.terminated and self.cursor.backlog_messages() == 0
 
     def detach(self) -> None:
         """Stop following the topic (the subscription is being removed)."""

@@ -27,7 +27,7 @@ from broker.managed_ledger import AddResult, Entry, ManagedLedger
 from broker.message_id import MessageId, Position
 from broker.metadata import MetadataStore
 from broker.topic_name import TopicName
-from storage.futures import new_future
+from storage import new_future
 
 MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
 SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit

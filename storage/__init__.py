@@ -1,20 +1,29 @@
 """The embedded bookie: journal, write cache, entry logs, RocksDB index, read cache and GC.
 
-Public surface (pinned; the broker and the checks use only this)::
+Public surface (pinned; the broker and the checks use only this module, never a submodule;
+``tests/unit/test_layering.py`` enforces it)::
 
     from storage import LedgerStorage, StorageConfig
     st = LedgerStorage.open(path, StorageConfig(...))    # recovers on open
     fut = st.add_entry(ledger_id, entry_id, data)       # Future, done once durable
     data = st.get_entry(ledger_id, entry_id)            # entry_id=-1: last add confirmed
 
+Besides the bookie itself it exports what the broker builds on: the error hierarchy's root and
+storage errors, the light ``Future`` the add path completes (``new_future``), the file-system
+boundary (``FileIO`` and its fault-injecting twin, for tests), the RocksDB helpers the broker's
+metadata store shares (``open_rdict``, ``write_durably``) and the mapping of raw I/O errors
+onto storage errors (``as_storage_error``).
+
 ``storage`` imports nothing from ``broker`` or ``api``.
 """
 
 from storage.config import StorageConfig
+from storage.entry_location_index import open_rdict, write_durably
 from storage.errors import (
     CorruptEntry,
     InvalidArgument,
     LedgerFenced,
+    MagnetarError,
     NoSuchEntry,
     NoSuchLedger,
     StorageBusy,
@@ -25,6 +34,8 @@ from storage.errors import (
     StorageReadOnly,
     WriteCacheFull,
 )
+from storage.fileio import FaultyFileIO, FileIO
+from storage.futures import LightFuture, new_future
 from storage.io_errors import as_storage_error
 from storage.ledger_storage import LAST_ADD_CONFIRMED, ConsistencyReport, LedgerStorage, StorageStats
 
@@ -32,9 +43,13 @@ __all__ = [
     "LAST_ADD_CONFIRMED",
     "ConsistencyReport",
     "CorruptEntry",
+    "FaultyFileIO",
+    "FileIO",
     "InvalidArgument",
     "LedgerFenced",
     "LedgerStorage",
+    "LightFuture",
+    "MagnetarError",
     "NoSuchEntry",
     "NoSuchLedger",
     "StorageBusy",
@@ -47,4 +62,7 @@ __all__ = [
     "StorageStats",
     "WriteCacheFull",
     "as_storage_error",
+    "new_future",
+    "open_rdict",
+    "write_durably",
 ]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 
-from broker.errors import NotFound
+from broker import NotFound
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 CONSOLE_FILES_MAX = 64

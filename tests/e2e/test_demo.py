@@ -314,7 +314,7 @@ def check_results(url: str, summary: dict[str, Any], output_dir: Path, printed: 
     events = []
     for message in clicks:
         click = json.loads(message["payload"])
-        assert message["eventTime"] == click["eventTimeMs"] and message["key"] == click["userId"]
+        assert message["eventTimeMs"] == click["eventTimeMs"] and message["key"] == click["userId"]
         events.append((click["page"], click["eventTimeMs"]))
 
     expected = expected_window_counts(events, late_uses_previous_watermark=True)
@@ -331,7 +331,7 @@ def check_results(url: str, summary: dict[str, Any], output_dir: Path, printed: 
     from_topic: Counter[tuple[int, str]] = Counter()
     for message in results:
         result = json.loads(message["payload"])
-        assert message["key"] == result["page"] and message["eventTime"] == result["windowEndMs"]
+        assert message["key"] == result["page"] and message["eventTimeMs"] == result["windowEndMs"]
         assert result["windowEndMs"] - result["windowStartMs"] == WINDOW_MS
         from_topic[(result["windowStartMs"], result["page"])] += result["clicks"]
     assert len(results) == len(parquet)

@@ -31,7 +31,7 @@ FUZZ_EXAMPLES_PER_OPERATION = 25
 AUTH_FUZZ_EXAMPLES_PER_OPERATION = 10
 UNAUTHENTICATED_EXAMPLES_PER_OPERATION = 3
 SECRET = b"fuzzing-secret-fuzzing-secret-32b"
-PUBLIC_PATHS = ("/healthz", "/metrics")
+PUBLIC_PATHS = ("/healthz", "/metrics", "/console")
 NS = "persistent/public/default"
 
 

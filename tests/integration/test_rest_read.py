@@ -24,13 +24,9 @@ import pyarrow as pa
 import pytest
 
 from api.auth import AuthConfig, create_token
-from api.rest_read import (
-    ARROW_SCHEMA,
-    ARROW_STREAM_MEDIA_TYPE,
-    OFFSET_MAX,
-    READ_MESSAGES_MAX,
-    message_ids_of_entry,
-)
+from api.rest_read import ARROW_STREAM_MEDIA_TYPE, READ_MESSAGES_MAX
+from broker import OFFSET_MAX, iso_time
+from broker.entry_format.columns import ARROW_SCHEMA, message_ids_of_entry
 from broker.message_id import MessageId
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Delivery
@@ -126,8 +122,11 @@ def test_json_read_is_what_was_stored(server: tuple[httpx.Client, BrokerService]
         assert base64.b64decode(message["payload"]) == delivery.message.payload
         assert message.get("key") == delivery.message.key
         assert message["properties"] == delivery.message.properties
-        assert message["publishTime"] == delivery.publish_time_ms
-        assert message.get("eventTime") == delivery.message.event_time_ms
+        assert message["publishTimeMs"] == delivery.publish_time_ms  # epoch ms under its own name
+        assert message["publishTime"] == iso_time(delivery.publish_time_ms)  # ISO-8601, as every JSON message
+        assert message.get("eventTimeMs") == delivery.message.event_time_ms
+        event_time = delivery.message.event_time_ms
+        assert message.get("eventTime") == (None if event_time is None else iso_time(event_time))
         assert MessageId.from_base64(message["messageId"]) == delivery.message_id
 
 
@@ -247,7 +246,7 @@ def test_offsets_of_partitions_and_by_timestamp(server: tuple[httpx.Client, Brok
     client, service = server
     for i in range(6):
         produce(client, TOPIC_URL, [{"payload": f"m{i}".encode()}])
-    times = [m["publishTime"] for m in client.get(f"{TOPIC_URL}/messages", params={"offset": 0}).json()["messages"]]
+    times = [m["publishTimeMs"] for m in client.get(f"{TOPIC_URL}/messages", params={"offset": 0}).json()["messages"]]
     for pivot in (times[0], times[3], times[5], times[5] + 1):
         body = client.get(f"{TOPIC_URL}/offsets", params={"timestamp": pivot}).json()
         assert body["partitions"] == 0

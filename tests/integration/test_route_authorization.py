@@ -39,6 +39,10 @@ P = "/topics/persistent/{tenant}/{namespace}/{topic}"
 GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/docs"): PUBLIC, ("GET", "/docs/oauth2-redirect"): PUBLIC, ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/redoc"): PUBLIC, ("GET", "/healthz"): PUBLIC, ("GET", "/metrics"): PUBLIC,
+    ("GET", "/console"): PUBLIC, ("GET", "/console/{name:path}"): PUBLIC,  # static files; its calls are guarded
+    ("GET", "/admin/v2/broker-stats/overview"): SUPERUSER,
+    ("GET", "/admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics"): TENANT_ADMIN,
+    ("GET", P + "/offsetOf"): CONSUME,
     ("POST", P): PRODUCE, ("POST", P + "/partitions/{partition}"): PRODUCE,
     ("GET", P + "/messages"): CONSUME, ("GET", P + "/partitions/{partition}/messages"): CONSUME,
     ("GET", P + "/offsets"): CONSUME,
@@ -77,8 +81,8 @@ GUARDS: dict[tuple[str, str], str] = {
     ("WEBSOCKET", "/ws/v3/consumer/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"): CONSUME,
 }
-VALUES = {"tenant": "acme", "namespace": "apps", "topic": "events", "subscription": "sub", "partition": "0",
-          "role": "someone", "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1",
+VALUES = {"name:path": "index.html", "tenant": "acme", "namespace": "apps", "topic": "events", "subscription": "sub",
+          "partition": "0", "role": "someone", "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1",
           "messagePosition": "1"}
 QUERY = {"offset": "0", "topics": "persistent://acme/apps/events", "messageId": "earliest",
          "initialPosition": "earliest"}
@@ -138,7 +142,7 @@ def headers(role: str | None) -> dict[str, str]:
 
 
 def concrete(path: str) -> str:
-    return re.sub(r"\{(\w+)\}", lambda m: VALUES[m.group(1)], path)
+    return re.sub(r"\{([\w:]+)\}", lambda m: VALUES[m.group(1)], path)
 
 
 def test_every_route_has_a_guard(served: tuple[str, FastAPI, BrokerService]) -> None:

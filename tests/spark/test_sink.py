@@ -57,7 +57,7 @@ def test_replayed_micro_batch_writes_nothing_twice(spark: SparkSession, broker_u
     assert [m["payload"] for m in even] == [f"v{i}".encode() for i in range(0, MESSAGES, 2)]
     for message in even:
         i = int(message["payload"][1:])
-        assert (message["key"], message["properties"], message["eventTime"]) == (f"k{i}", {"i": str(i)}, 1_000 + i)
+        assert (message["key"], message["properties"], message["eventTimeMs"]) == (f"k{i}", {"i": str(i)}, 1_000 + i)
     odd: list[bytes] = []
     for partition in range(ODD_PARTITIONS):
         payloads = [m["payload"] for m in read_back(broker_url, f"{ODD_TOPIC}-partition-{partition}")]

@@ -66,8 +66,8 @@ def test_reads_exactly_the_produced_messages_with_every_column(spark: SparkSessi
         assert (row.properties or {}) == message["properties"]
         assert row.topic == full_name(topic) and row.partition == -1
         assert row.messageId == message["messageId"]
-        assert epoch_ms(row.publishTime) == message["publishTime"]
-        assert epoch_ms(row.eventTime) == message.get("eventTime")
+        assert epoch_ms(row.publishTime) == message["publishTimeMs"]
+        assert epoch_ms(row.eventTime) == message.get("eventTimeMs")
 
 
 def test_max_offsets_per_trigger_bounds_every_micro_batch(spark: SparkSession, broker_url: str,
@@ -102,8 +102,8 @@ def test_starting_offsets_json_and_starting_time(spark: SparkSession, broker_url
     by_offset = source(spark, broker_url, topic=topic, startingOffsets=json.dumps({full_name(topic): 5}))
     assert sorted(r.offset for r in collect_available_now(by_offset, str(tmp_path / "ck1")).rows) == [5, 6, 7]
     messages = read_back(broker_url, topic)
-    pivot_ms = messages[3]["publishTime"]
-    expected = [m["offset"] for m in messages if m["publishTime"] >= pivot_ms]
+    pivot_ms = messages[3]["publishTimeMs"]
+    expected = [m["offset"] for m in messages if m["publishTimeMs"] >= pivot_ms]
     by_time = source(spark, broker_url, topic=topic, startingTime=pivot_ms, startingOffsets="latest")
     assert sorted(r.offset for r in collect_available_now(by_time, str(tmp_path / "ck2")).rows) == expected
     assert expected[0] <= 3

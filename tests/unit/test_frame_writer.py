@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from starlette.websockets import WebSocket
 
-from api.ws_protocol import DIRECT_WRITE_EXTENSION, FrameWriter
+from api.ws.protocol import DIRECT_WRITE_EXTENSION, FrameWriter
 
 
 class RecordingSocket:

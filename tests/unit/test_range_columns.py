@@ -1,4 +1,4 @@
-"""Range-read columns (api/rest_read.py): the native accelerator (api/_range_columns.c) against
+"""Range-read columns (broker/entry_format/columns.py): the native accelerator (_range_columns.c) against
 the pure-Python reference, and chunked reads.
 
 Checks: for seeded random entries (random counts; keys absent, empty, Unicode, long and
@@ -26,27 +26,27 @@ from typing import Any
 import crc32c
 import pytest
 
-from api.rest_read import (
+from broker.entry_format import Compression, Message, encode_entry, with_broker_entry_metadata
+from broker.entry_format.columns import (
     ARROW_SCHEMA,
     NATIVE_COLUMNS,
     NativeColumns,
-    collect,
     collect_entries,
     message_ids_of_entry,
 )
-from broker.entry_format import Compression, Message, encode_entry, with_broker_entry_metadata
 from broker.errors import CorruptEntry
 from broker.managed_ledger import Entry
 from broker.message_id import MessageId, Position
 from broker.proto import pulsar_entry_pb2 as pb
+from broker.range_read import read_range
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 from tests.unit.broker_stack import Stack, open_stack
 
 if NATIVE_COLUMNS:
-    from api._range_columns import PROPERTIES_PER_MESSAGE_MAX, MalformedBatch, RangeColumns
+    from broker.entry_format._range_columns import PROPERTIES_PER_MESSAGE_MAX, MalformedBatch, RangeColumns
 
-native_only = pytest.mark.skipif(not NATIVE_COLUMNS, reason="api/_range_columns.c was not built (no C compiler)")
+native_only = pytest.mark.skipif(not NATIVE_COLUMNS, reason="_range_columns.c was not built (no C compiler)")
 BOTH_PATHS = [False, pytest.param(True, marks=native_only)]
 
 
@@ -61,7 +61,7 @@ def test_the_native_columns_are_built_wherever_a_c_compiler_is() -> None:
     compiler = _c_compiler()
     if compiler is None:
         pytest.skip("no C compiler: range reads use the Python columns")
-    assert NATIVE_COLUMNS, (f"{compiler} is present but api/_range_columns.c was not built: "
+    assert NATIVE_COLUMNS, (f"{compiler} is present but broker/entry_format/_range_columns.c was not built: "
                             "run `.venv/bin/pip install -e .` and read its compiler output")
 
 TOPIC = "persistent://public/default/columns-partition-3"
@@ -495,12 +495,12 @@ def test_chunked_reads_find_each_next_offset_without_reading(topic: PersistentTo
     reads = entries_read_by_lookups(topic, stack, monkeypatch)
     offset, seen, starts = 0, [], []
     for _ in range(len(payloads)):  # bounded: each read advances
-        columns = collect(topic, offset, 3, 1 << 20, native=native)
-        if not len(columns):
+        read = read_range(topic, topic.name, offset, 3, 1 << 20, native=native)
+        if not read.batch.num_rows:
             break
         starts.append(offset)
-        seen.extend(columns.record_batch(TOPIC, 0).column("value").to_pylist())
-        offset += len(columns)
+        seen.extend(read.batch.column("value").to_pylist())
+        offset = read.next_offset
     assert seen == payloads
     ledger_starts = [info.first_offset for info in topic.ml.ledger_infos() if info.entries]
     assert len(ledger_starts) > 2

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from api.ws_protocol import WS_RECEIVE_QUEUE_FRAMES_MAX, MagnetarWebSocketProtocol
+from api.ws.protocol import WS_RECEIVE_QUEUE_FRAMES_MAX, MagnetarWebSocketProtocol
 
 
 class RecordingTransport(asyncio.Transport):

@@ -1,4 +1,4 @@
-"""Type stub of the optional native accelerator ``api/_range_columns.c`` (see api/rest_read.py)."""
+"""Type stub of the optional native accelerator ``_range_columns.c`` (see columns.py)."""
 
 from typing_extensions import Buffer
 

@@ -1,5 +1,5 @@
 /*
- * api/_range_columns.c: the optional native accelerator of range reads (api/rest_read.py).
+ * broker/entry_format/_range_columns.c: the optional native accelerator of range reads (columns.py).
  *
  * What it does: turns the uncompressed batch payload of stored entries (Pulsar's batch format:
  * for each message [size u32 big-endian][SingleMessageMetadata][message bytes]; see
@@ -1027,7 +1027,7 @@ static PyMemberDef RangeColumns_members[] = {
 
 static PyTypeObject RangeColumnsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "api._range_columns.RangeColumns",
+    .tp_name = "broker.entry_format._range_columns.RangeColumns",
     .tp_basicsize = sizeof(RangeColumns),
     .tp_dealloc = (destructor)RangeColumns_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1041,7 +1041,7 @@ static PyTypeObject RangeColumnsType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "api._range_columns",
+    .m_name = "broker.entry_format._range_columns",
     .m_doc = "Native range-read columns: batch payloads to Arrow buffers (optional accelerator).",
     .m_size = -1,
 };
@@ -1055,7 +1055,7 @@ PyMODINIT_FUNC PyInit__range_columns(void) {
     if (m == NULL) {
         return NULL;
     }
-    MalformedBatch = PyErr_NewExceptionWithDoc("api._range_columns.MalformedBatch",
+    MalformedBatch = PyErr_NewExceptionWithDoc("broker.entry_format._range_columns.MalformedBatch",
                                                "The batch payload is not what the entry format allows.",
                                                PyExc_ValueError, NULL);
     if (MalformedBatch == NULL || PyModule_AddObjectRef(m, "MalformedBatch", MalformedBatch) < 0 ||

@@ -1,0 +1,106 @@
+"""WebSocket frames in Pulsar's JSON shapes: parsing client frames, writing result and message frames.
+
+Role: the text of the WebSocket API. Client frames are JSON objects; a delivered message is
+``{messageId, payload (base64), properties, publishTime (ISO-8601), redeliveryCount, offset,
+key, eventTime}``; a producer's result is ``{result: "ok", messageId, context, offset}`` or
+``{result: "send-error:<n>", errorMsg, errorCode, context}`` with Pulsar's codes (3 bad JSON, 7
+bad payload encoding or event time, 8 broker refusal); consumers and readers answer a bad frame
+``{result: "error:<n>", errorMsg}``. Message frames are written directly (ids, base64 and times
+need no escaping; only keys and properties go through JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from fastapi import WebSocket
+from fastapi.responses import JSONResponse
+
+from api.errors import error_body
+from broker import Delivery, InvalidRequest, MagnetarError, iso_time
+
+FRAME_ERROR_TEXT_MAX = 300
+
+# Pulsar's WebSocket result codes
+JSON_DESERIALIZE_ERROR = 3
+PAYLOAD_ENCODING_ERROR = 7
+UNKNOWN_ERROR = 8
+_PAYLOAD_ENCODING_FIELDS = frozenset({"payload", "eventTime"})
+
+
+class FrameError(Exception):
+    """A client frame this session cannot use; answered with an error frame, nothing written."""
+
+    def __init__(self, result_code: int, message: str) -> None:
+        super().__init__(message)
+        self.result_code = result_code
+
+
+def frame_error(exc: InvalidRequest) -> FrameError:
+    """A broker refusal of a frame's field as the frame error Pulsar's codes give it (7 for the
+    payload and the event time, 3 for everything else)."""
+    code = PAYLOAD_ENCODING_ERROR if exc.field in _PAYLOAD_ENCODING_FIELDS else JSON_DESERIALIZE_ERROR
+    return FrameError(code, str(exc))
+
+
+def message_frame(delivery: Delivery, message_id_b64: str | None = None) -> str:
+    """A delivered message as Pulsar's WebSocket frame (plus its ``offset``), written directly:
+    ids, base64 and times need no escaping; only the key and properties go through JSON."""
+    message = delivery.message
+    extra = ""
+    if message.key is not None:
+        extra += f',"key":{json.dumps(message.key)}'
+    if message.event_time_ms is not None:
+        extra += f',"eventTime":"{iso_time(message.event_time_ms)}"'
+    properties = json.dumps(message.properties, separators=(",", ":")) if message.properties else "{}"
+    message_id = message_id_b64 or delivery.message_id.to_base64()
+    return (f'{{"messageId":"{message_id}",'
+            f'"payload":"{base64.b64encode(message.payload).decode("ascii")}",'
+            f'"properties":{properties},"publishTime":"{iso_time(delivery.publish_time_ms)}",'
+            f'"redeliveryCount":{delivery.redelivery_count},"offset":{delivery.offset}{extra}}}')
+
+
+def parse_frame(text: str) -> dict[str, Any]:
+    try:
+        frame = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise FrameError(JSON_DESERIALIZE_ERROR, f"frame is not valid JSON: {exc}") from None
+    if not isinstance(frame, dict):
+        raise FrameError(JSON_DESERIALIZE_ERROR, "frame must be a JSON object")
+    return frame
+
+
+def short(text: str) -> str:
+    return text if len(text) <= FRAME_ERROR_TEXT_MAX else text[:FRAME_ERROR_TEXT_MAX] + "…"
+
+
+def frame_text(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+async def receive_text(websocket: WebSocket) -> str | None:
+    """The next text frame (binary frames are decoded as UTF-8), or None once the peer left."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        return None
+    if message.get("text") is not None:
+        text: str = message["text"]
+        return text
+    try:
+        return bytes(message.get("bytes") or b"").decode()
+    except UnicodeDecodeError:
+        return "\x00"  # not JSON: answered as a bad frame
+
+
+async def deny(websocket: WebSocket, exc: MagnetarError) -> None:
+    """Answer the upgrade with an HTTP error, as Pulsar does when it cannot create the session."""
+    await websocket.send_denial_response(
+        JSONResponse(error_body(exc.code, str(exc) or exc.code), status_code=exc.http_status))
+
+
+def send_error(context: Any, result_code: int, error_code: str, message: str) -> str:
+    return frame_text({"result": f"send-error:{result_code}", "errorMsg": short(f"{error_code}: {message}"),
+                        "errorCode": error_code, "context": context})
+

@@ -1,0 +1,308 @@
+"""Encode messages into one stored entry and decode it back: the checked, checksummed whole.
+
+Role: ``encode_entry`` validates its arguments, writes the batch (``batch.py``), the entry's
+``MessageMetadata`` (by hand, as protobuf would), compresses (``compression.py``), checksums
+(CRC32C over metadata size, metadata and payload) and optionally prefixes broker metadata
+(``broker_metadata.py``). ``decode_entry_payload`` verifies an entry (prefix, checksum,
+metadata, encryption, decompression, index) without splitting it; ``decode_entry`` splits it
+too. See the package docstring for the layout and the decisions behind it.
+
+Failures: malformed or checksum-failing bytes raise ``CorruptEntry`` (never garbage); bad
+arguments to the encoder raise ``InvalidRequest``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import crc32c
+from google.protobuf.message import DecodeError
+
+from broker.entry_format.batch import decode_batch, encode_batch
+from broker.entry_format.broker_metadata import broker_prefix, split_prefix
+from broker.entry_format.compression import COMPRESSIONS, MAX_UNCOMPRESSED_SIZE_BYTES, Compression, compress, decompress
+from broker.entry_format.model import DecodedEntry, DecodedMessage, EntryPayload, Message
+from broker.entry_format.wire import (
+    CHECKSUM_HEADER,
+    INT64_MAX,
+    INT64_MIN,
+    MAGIC_CRC32C,
+    U16,
+    U32,
+    UINT64_MAX,
+    UINT64_MOD,
+    Buffer,
+    check_uint64,
+    encode_varint,
+    length_delimited,
+)
+from broker.errors import CorruptEntry, InvalidRequest
+from broker.proto import pulsar_entry_pb2 as pb
+
+
+def _check_message(position: int, message: Message) -> None:
+    where = f"message {position}"
+    if not isinstance(message, Message):
+        raise InvalidRequest(f"{where} must be a Message, got {type(message).__name__}")
+    if not isinstance(message.payload, bytes):
+        raise InvalidRequest(f"{where}: payload must be bytes, got {type(message.payload).__name__}")
+    if message.null_value and message.payload:
+        raise InvalidRequest(f"{where}: a null value must have an empty payload")
+    if message.key is not None and not isinstance(message.key, str):
+        raise InvalidRequest(f"{where}: key must be a string")
+    if message.key_b64_encoded and message.key is None:
+        raise InvalidRequest(f"{where}: key_b64_encoded needs a key")
+    if message.ordering_key is not None and not isinstance(message.ordering_key, bytes):
+        raise InvalidRequest(f"{where}: ordering_key must be bytes")
+    for name, value in message.properties.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidRequest(f"{where}: property keys and values must be strings")
+    # a Java long in Pulsar's clients, and an Arrow timestamp on reads: never past 2**63 - 1
+    check_uint64(f"{where}: event_time_ms", message.event_time_ms, INT64_MAX)
+    check_uint64(f"{where}: sequence_id", message.sequence_id)
+
+def _check_encode_arguments(
+    messages: Sequence[Message],
+    *,
+    producer_name: str,
+    sequence_id: int,
+    publish_time_ms: int,
+    compression: Compression,
+    deliver_at_time_ms: int | None,
+    schema_version: bytes | None,
+) -> None:
+    if not messages:
+        raise InvalidRequest("an entry needs at least one message")
+    if not isinstance(producer_name, str):
+        raise InvalidRequest("producer_name must be a string")
+    try:
+        producer_name.encode()
+    except UnicodeEncodeError:
+        raise InvalidRequest("producer_name must be valid Unicode (no lone surrogates)") from None
+    check_uint64("sequence_id", sequence_id)
+    check_uint64("publish_time_ms", publish_time_ms)
+    if not isinstance(compression, Compression):
+        raise InvalidRequest(f"compression must be a Compression, got {compression!r}")
+    if deliver_at_time_ms is not None and (
+        not isinstance(deliver_at_time_ms, int) or not INT64_MIN <= deliver_at_time_ms <= INT64_MAX
+    ):
+        raise InvalidRequest(f"deliver_at_time_ms must be a 64-bit integer, got {deliver_at_time_ms!r}")
+    if schema_version is not None and not isinstance(schema_version, bytes):
+        raise InvalidRequest("schema_version must be bytes")
+    for position, message in enumerate(messages):
+        _check_message(position, message)
+    first = messages[0].sequence_id
+    if first is not None and first != sequence_id:
+        raise InvalidRequest(f"the entry's sequence_id {sequence_id} must be its first message's ({first})")
+
+def _common_value(values: list[str | None] | list[bytes | None]) -> str | bytes | None:
+    first = values[0]
+    return first if all(v == first for v in values) else None
+
+def _encode_metadata(
+    messages: Sequence[Message],
+    sequence_ids: list[int],
+    *,
+    producer_name: str,
+    publish_time_ms: int,
+    compression: Compression,
+    uncompressed_size: int,
+    deliver_at_time_ms: int | None,
+    schema_version: bytes | None,
+) -> bytes:
+    """The entry's ``MessageMetadata`` bytes, identical to what protobuf would serialize (fields
+    in number order). The partition key (with ``partition_key_b64_encoded``) and the ordering
+    key are written when every message has the same one."""
+    parts = [length_delimited(b"\x0a", producer_name.encode()), b"\x10", encode_varint(sequence_ids[0]),
+             b"\x18", encode_varint(publish_time_ms)]
+    key = messages[0].key if len(messages) == 1 else _common_value([m.key for m in messages])
+    if isinstance(key, str):
+        parts.append(length_delimited(b"\x32", key.encode()))
+    if compression is not Compression.NONE:
+        parts += (b"\x40", encode_varint(int(compression)), b"\x48", encode_varint(uncompressed_size))
+    parts += (b"\x58", encode_varint(len(messages)))
+    if schema_version is not None:
+        parts.append(length_delimited(b"\x82\x01", schema_version))
+    if isinstance(key, str):
+        parts.append(b"\x88\x01\x01" if messages[0].key_b64_encoded else b"\x88\x01\x00")
+    ordering_key = messages[0].ordering_key if len(messages) == 1 else _common_value([m.ordering_key for m in messages])
+    if isinstance(ordering_key, bytes):
+        parts.append(length_delimited(b"\x92\x01", ordering_key))
+    if deliver_at_time_ms is not None:
+        parts += (b"\x98\x01", encode_varint(deliver_at_time_ms % UINT64_MOD))
+    parts += (b"\xc0\x01", encode_varint(sequence_ids[-1]))
+    return b"".join(parts)
+
+def encode_entry(
+    messages: Sequence[Message],
+    *,
+    producer_name: str,
+    sequence_id: int,
+    publish_time_ms: int,
+    compression: Compression = Compression.NONE,
+    broker_timestamp_ms: int | None = None,
+    index: int | None = None,
+    deliver_at_time_ms: int | None = None,
+    schema_version: bytes | None = None,
+) -> bytes:
+    """Encode ``messages`` as one batched entry in Pulsar's stored format.
+
+    ``sequence_id`` is the entry's sequence id, which is its first message's (a first message
+    with a different one is refused); messages without their own get ``sequence_id +
+    batch_index``, and the entry's ``highest_sequence_id`` is the last message's. ``index`` is
+    Pulsar's broker index: the offset of the LAST message. The broker-metadata prefix is
+    written when ``broker_timestamp_ms`` and ``index`` are given (both or neither). Raises
+    ``InvalidRequest`` for bad arguments.
+    """
+    _check_encode_arguments(
+        messages,
+        producer_name=producer_name,
+        sequence_id=sequence_id,
+        publish_time_ms=publish_time_ms,
+        compression=compression,
+        deliver_at_time_ms=deliver_at_time_ms,
+        schema_version=schema_version,
+    )
+    sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
+    if max(sequence_ids) > UINT64_MAX:
+        raise InvalidRequest(f"sequence ids from {sequence_id} on overflow 64 bits within this entry")
+    try:
+        batch = encode_batch(messages, sequence_ids)
+    except UnicodeEncodeError:
+        raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
+    if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
+        raise InvalidRequest(f"batch of {len(batch)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
+    metadata = _encode_metadata(
+        messages,
+        sequence_ids,
+        producer_name=producer_name,
+        publish_time_ms=publish_time_ms,
+        compression=compression,
+        uncompressed_size=len(batch),
+        deliver_at_time_ms=deliver_at_time_ms,
+        schema_version=schema_version,
+    )
+    body = _checksummed(metadata, compress(compression, batch))
+    if broker_timestamp_ms is None and index is None:
+        return body
+    if broker_timestamp_ms is None or index is None:
+        raise InvalidRequest("broker_timestamp_ms and index are given together or not at all")
+    return broker_prefix(broker_timestamp_ms, index) + body
+
+def _checksummed(metadata: bytes, payload: bytes) -> bytes:
+    size = U32.pack(len(metadata))
+    checksum = crc32c.crc32c(payload, crc32c.crc32c(size + metadata))
+    return b"".join((U16.pack(MAGIC_CRC32C), U32.pack(checksum), size, metadata, payload))
+
+def message_count(data: Buffer) -> int:
+    """Number of messages in an encoded entry, from its ``MessageMetadata`` alone.
+
+    Cheap (no checksum verification, no decompression); use :func:`decode_entry` to verify.
+    Raises ``CorruptEntry`` when the entry's structure is malformed.
+    """
+    start = split_prefix(data)[1]
+    if len(data) - start < CHECKSUM_HEADER.size:
+        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
+    magic, _, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
+    if magic != MAGIC_CRC32C:
+        raise CorruptEntry(f"entry does not start with the checksum magic 0x0e01 (found {magic:#06x})")
+    metadata_start = start + CHECKSUM_HEADER.size
+    if metadata_start + metadata_size > len(data):
+        raise CorruptEntry(f"MessageMetadata of {metadata_size} bytes runs past the {len(data)}-byte entry")
+    metadata = parse_metadata(bytes(data[metadata_start : metadata_start + metadata_size]))
+    count: int = metadata.num_messages_in_batch
+    if count <= 0:
+        raise CorruptEntry(f"entry declares {count} messages")
+    return count
+
+def parse_metadata(raw: bytes) -> pb.MessageMetadata:
+    metadata = pb.MessageMetadata()
+    try:
+        metadata.ParseFromString(raw)
+    except (DecodeError, ValueError) as exc:
+        raise CorruptEntry(f"malformed MessageMetadata: {exc}") from None
+    if not metadata.IsInitialized():
+        missing = ", ".join(metadata.FindInitializationErrors())
+        raise CorruptEntry(f"MessageMetadata lacks required fields: {missing}")
+    return metadata
+
+def _verified_metadata_and_payload(data: bytes, start: int) -> tuple[pb.MessageMetadata, memoryview]:
+    if len(data) - start < CHECKSUM_HEADER.size:
+        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
+    magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
+    if magic != MAGIC_CRC32C:
+        raise CorruptEntry(f"entry does not start with the checksum magic 0x0e01 (found {magic:#06x})")
+    view = memoryview(data)
+    checksum = crc32c.crc32c(view[start + 6 :])
+    if checksum != stored_checksum:
+        raise CorruptEntry(f"entry checksum mismatch: stored {stored_checksum:#010x}, computed {checksum:#010x}")
+    metadata_start = start + CHECKSUM_HEADER.size
+    payload_start = metadata_start + metadata_size
+    if payload_start > len(data):
+        raise CorruptEntry(f"MessageMetadata of {metadata_size} bytes runs past the {len(data)}-byte entry")
+    metadata = parse_metadata(data[metadata_start:payload_start])
+    return metadata, view[payload_start:]
+
+def _single_message(metadata: pb.MessageMetadata, payload: bytes, offset: int | None) -> DecodedMessage:
+    has = metadata.HasField
+    return DecodedMessage(
+        batch_index=-1,
+        offset=offset,
+        payload=payload,
+        key=metadata.partition_key if has("partition_key") else None,
+        properties={kv.key: kv.value for kv in metadata.properties},
+        event_time_ms=metadata.event_time if has("event_time") else None,
+        sequence_id=metadata.sequence_id,
+        ordering_key=metadata.ordering_key if has("ordering_key") else None,
+        key_b64_encoded=metadata.partition_key_b64_encoded,
+        null_value=metadata.null_value,
+        null_key=metadata.null_partition_key,
+        compacted_out=False,
+    )
+
+def _first_offset(index: int, count: int) -> int:
+    first = index - count + 1
+    if first < 0:
+        raise CorruptEntry(f"broker index {index} is too small for an entry of {count} messages")
+    return first
+
+def decode_entry_payload(data: Buffer) -> EntryPayload:
+    """Verify one stored entry and decompress its payload, without splitting it into messages.
+
+    Everything :func:`decode_entry` checks before it splits the batch is checked here
+    (prefix, checksum, ``MessageMetadata``, encryption, decompression, broker index), so a
+    reader that splits the payload itself (the native range-read columns) is as strict.
+    Raises ``CorruptEntry`` for anything malformed, ``InvalidRequest`` for an encrypted entry.
+    """
+    raw = data if isinstance(data, bytes) else bytes(data)
+    broker, start = split_prefix(raw)
+    metadata, compressed = _verified_metadata_and_payload(raw, start)
+    if metadata.encryption_keys:
+        raise InvalidRequest("entry is end-to-end encrypted; the broker cannot read its messages")
+    code = metadata.compression
+    if not 0 <= code < len(COMPRESSIONS):
+        raise CorruptEntry(f"unknown compression type {code}")
+    compression = COMPRESSIONS[code]
+    payload: bytes | memoryview
+    if compression is Compression.NONE:
+        payload = compressed
+    else:
+        payload = decompress(compression, compressed, metadata.uncompressed_size)
+    is_batched = metadata.HasField("num_messages_in_batch")
+    count = metadata.num_messages_in_batch if is_batched else 1
+    first_offset = None if broker is None else _first_offset(broker.index, count)
+    return EntryPayload(broker, metadata, compression, payload, is_batched, count, first_offset)
+
+def decode_entry(data: Buffer) -> DecodedEntry:
+    """Verify and decode one stored entry. Raises ``CorruptEntry`` for anything malformed."""
+    return split_entry_payload(decode_entry_payload(data))
+
+def split_entry_payload(entry: EntryPayload) -> DecodedEntry:
+    """The messages of an entry :func:`decode_entry_payload` verified (``CorruptEntry`` when its
+    batch is malformed)."""
+    payload = entry.payload if isinstance(entry.payload, bytes) else entry.payload.tobytes()
+    if entry.is_batched:
+        messages = decode_batch(payload, entry.num_messages, entry.first_offset, entry.metadata.sequence_id)
+    else:
+        messages = [_single_message(entry.metadata, payload, entry.first_offset)]
+    return DecodedEntry(entry.broker_metadata, entry.metadata, entry.compression, len(payload), messages)

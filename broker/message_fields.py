@@ -1,0 +1,138 @@
+"""A produce request's fields, in Pulsar's names, turned into messages: one place for the rules.
+
+Role: REST produce (PIP-64 messages), WebSocket producer frames and any later front end name a
+message's parts the same way (``payload``, ``key``, ``properties``, ``eventTime``,
+``sequenceId``, ``deliverAt``, ``deliverAfterMs``, ``replicationClusters``,
+``disableReplication``), plus Magnetar's conditional append (``expectedOffset``). This module
+says what each may hold and builds the ``Message``:
+
+- ``payload``: a UTF-8 string (REST's default) or base64 (WebSocket's, and REST's with
+  ``payloadEncoding: "base64"``);
+- ``eventTime``: epoch milliseconds (a number or a string of digits) or ISO-8601 text, on every
+  transport (``broker/time_format.py``);
+- ``deliverAt`` (epoch ms) or ``deliverAfterMs`` (from now): one delivery time per entry, the
+  latest any of its messages asks for;
+- ``expectedOffset``: the offset the entry's first message must get (409 otherwise).
+
+A field a transport does not know is an ``InvalidRequest`` naming it, so a misplaced field (a
+conditional append inside a message, say) is never silently ignored. Errors carry the field's
+name (``InvalidRequest.field``); transports map it onto their own codes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from broker.entry_format import Message
+from broker.errors import InvalidRequest
+from broker.time_format import TIME_MS_MAX, parse_time_ms
+
+SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
+OFFSET_MAX = 2**63 - 1
+MESSAGE_FIELDS = frozenset({"payload", "key", "properties", "eventTime", "sequenceId", "deliverAt",
+                            "deliverAfterMs", "replicationClusters", "disableReplication"})
+"""Pulsar's names for the parts of one message (REST produce's message objects)."""
+PAYLOAD_ENCODINGS = ("utf-8", "utf8", "string", "base64")
+_NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedMessage:
+    """A message to store, with what its request asked for besides the message itself."""
+
+    message: Message
+    deliver_at_ms: int | None = None
+    expected_offset: int | None = None
+
+
+def check_fields(fields: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    """``InvalidRequest`` naming the first field of ``fields`` not in ``known``."""
+    unknown = fields.keys() - known
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InvalidRequest(f"{where} has the field {name!r}, which is not known here; known fields: "
+                             f"{', '.join(sorted(known))}", field=name)
+
+
+def payload_of(value: Any, encoding: str, field: str = "payload") -> bytes:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{field} must be a string", field=field)
+    if encoding == "base64":
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest(f"{field} is not valid base64", field=field) from None
+    if encoding in ("utf-8", "utf8", "string"):
+        try:
+            return value.encode()
+        except UnicodeEncodeError:
+            raise InvalidRequest(f"{field} is not valid Unicode (a lone surrogate)", field=field) from None
+    raise InvalidRequest(f"payloadEncoding must be 'utf-8' or 'base64', not {encoding!r}", field="payloadEncoding")
+
+
+def key_of(value: Any, field: str = "key") -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(f"{field} must be a string", field=field)
+    return value
+
+
+def properties_of(value: Any, field: str = "properties") -> Mapping[str, str]:
+    if value is None or value == {}:
+        return _NO_PROPERTIES
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise InvalidRequest(f"{field} must be an object of strings", field=field)
+    return value
+
+
+def integer_of(value: Any, field: str, high: int) -> int | None:
+    """A non-negative integer up to ``high`` (None when absent)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise InvalidRequest(f"{field} must be an integer in 0..{high}", field=field)
+    return value
+
+
+def deliver_at_ms(deliver_at: int | None, deliver_after_ms: int | None, now_ms: int) -> int | None:
+    """The delivery time a message asks for: ``deliverAt`` (epoch ms) wins over
+    ``deliverAfterMs`` (from ``now_ms``); None when it asks for none."""
+    if deliver_at is not None:
+        return deliver_at or None
+    if deliver_after_ms:
+        return min(now_ms + deliver_after_ms, TIME_MS_MAX)
+    return None
+
+
+def latest_delivery(times: Iterable[int | None]) -> int | None:
+    """One entry has one delivery time: the latest any of its messages asks for."""
+    asked = [t for t in times if t is not None]
+    return max(asked) if asked else None
+
+
+def build_message(payload: bytes, key: str | None = None, properties: Mapping[str, str] = _NO_PROPERTIES,
+                  event_time_ms: int | None = None, sequence_id: int | None = None) -> Message:
+    """The ``Message`` of already-checked parts (the produce paths' hot constructor)."""
+    return Message(payload, key, properties, event_time_ms, sequence_id)
+
+
+def message_of(fields: Mapping[str, Any], *, encoding: str, now_ms: int, known: frozenset[str] = MESSAGE_FIELDS,
+               where: str = "the message") -> ProducedMessage:
+    """The message ``fields`` describe, checked field by field (``InvalidRequest`` naming the
+    field at fault); ``known`` is what the transport accepts (``MESSAGE_FIELDS`` plus its own)."""
+    check_fields(fields, known, where)
+    if "payload" not in fields:
+        raise InvalidRequest(f"{where} needs a payload", field="payload")
+    message = build_message(
+        payload_of(fields["payload"], encoding),
+        key_of(fields.get("key")),
+        properties_of(fields.get("properties")),
+        parse_time_ms(fields.get("eventTime"), "eventTime"),
+        integer_of(fields.get("sequenceId"), "sequenceId", SEQUENCE_ID_MAX))
+    delivery = deliver_at_ms(integer_of(fields.get("deliverAt"), "deliverAt", TIME_MS_MAX),
+                             integer_of(fields.get("deliverAfterMs"), "deliverAfterMs", TIME_MS_MAX), now_ms)
+    return ProducedMessage(message, delivery, integer_of(fields.get("expectedOffset"), "expectedOffset", OFFSET_MAX))

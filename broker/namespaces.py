@@ -1,0 +1,108 @@
+"""Tenants and namespace policies, kept in the metadata store.
+
+Role: the administrative state above topics. Tenants live at ``/admin/tenants/{tenant}``
+(``adminRoles``, ``allowedClusters``), namespace policies at ``/admin/policies/{tenant}/{ns}``
+(retention, message TTL, deduplication, permissions), both as JSON written with
+compare-and-set. ``BrokerService`` exposes these operations on its face; topics read their
+namespace's policies when they open and follow changes at once.
+
+Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path;
+a change is written whole (compare-and-set) and then announced (``on_change``: open topics
+follow new retention and TTL, open sessions re-check their permissions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.errors import AlreadyExists, NotEmpty, NotFound
+from broker.metadata import MetadataStore
+from broker.topic_name import check_name, check_namespace
+
+TENANTS = "/admin/tenants"
+POLICIES = "/admin/policies"
+
+
+def default_policies() -> dict[str, Any]:
+    return {"retention_policies": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
+            "message_ttl_in_seconds": 0, "deduplicationEnabled": None, "auth_policies": {}}
+
+
+class Namespaces:
+    def __init__(self, store: MetadataStore, on_change: Callable[[str | None], None]) -> None:
+        """``on_change(namespace)`` runs after a namespace's policies changed (None: a tenant's)."""
+        self._store = store
+        self._changed = on_change
+
+    # --- tenants -------------------------------------------------------------------------
+    def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+        check_name("tenant", tenant)
+        body = {"adminRoles": list(info.get("adminRoles", [])),
+                "allowedClusters": list(info.get("allowedClusters", ["standalone"]))}
+        if self._store.exists(f"{TENANTS}/{tenant}"):
+            raise AlreadyExists(f"tenant {tenant} already exists")
+        self._store.put_json(f"{TENANTS}/{tenant}", body, -1)
+
+    def tenants(self) -> list[str]:
+        return self._store.children(TENANTS)
+
+    def tenant_info(self, tenant: str) -> dict[str, Any]:
+        found = self._store.get_json(f"{TENANTS}/{check_name('tenant', tenant)}")
+        if found is None:
+            raise NotFound(f"tenant {tenant} does not exist")
+        return found[0]
+
+    def delete_tenant(self, tenant: str) -> None:
+        self.tenant_info(tenant)
+        if self._store.children(f"{POLICIES}/{tenant}"):
+            raise NotEmpty(f"tenant {tenant} still has namespaces")
+        self._store.delete(f"{TENANTS}/{tenant}")
+        self._changed(None)
+
+    def update_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+        """Replace the tenant's ``adminRoles`` and ``allowedClusters`` (compare-and-set)."""
+        found = self._store.get_json(f"{TENANTS}/{check_name('tenant', tenant)}")
+        if found is None:
+            raise NotFound(f"tenant {tenant} does not exist")
+        current, version = found
+        body = {"adminRoles": list(info.get("adminRoles", current.get("adminRoles", []))),
+                "allowedClusters": list(info.get("allowedClusters", current.get("allowedClusters", ["standalone"])))}
+        self._store.put_json(f"{TENANTS}/{tenant}", body, version)
+        self._changed(None)
+
+    # --- namespaces ----------------------------------------------------------------------
+    def create_namespace(self, namespace: str, policies: dict[str, Any] | None = None) -> None:
+        tenant, _ = check_namespace(namespace)
+        self.tenant_info(tenant)
+        if self._store.exists(f"{POLICIES}/{namespace}"):
+            raise AlreadyExists(f"namespace {namespace} already exists")
+        self._store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **(policies or {})}, -1)
+
+    def namespaces(self, tenant: str) -> list[str]:
+        self.tenant_info(tenant)
+        return [f"{tenant}/{ns}" for ns in self._store.children(f"{POLICIES}/{tenant}")]
+
+    def policies(self, namespace: str) -> dict[str, Any]:
+        check_namespace(namespace)
+        found = self._store.get_json(f"{POLICIES}/{namespace}")
+        if found is None:
+            raise NotFound(f"namespace {namespace} does not exist")
+        return found[0]
+
+    def set_policy(self, namespace: str, key: str, value: Any) -> None:
+        check_namespace(namespace)
+        found = self._store.get_json(f"{POLICIES}/{namespace}")
+        if found is None:
+            raise NotFound(f"namespace {namespace} does not exist")
+        policies, version = found
+        policies[key] = value
+        self._store.put_json(f"{POLICIES}/{namespace}", policies, version)
+        self._changed(namespace)
+
+    def delete_namespace(self, namespace: str, has_topics: Callable[[str], bool]) -> None:
+        self.policies(namespace)
+        if has_topics(namespace):
+            raise NotEmpty(f"namespace {namespace} still has topics")
+        self._store.delete(f"{POLICIES}/{namespace}")
+        self._changed(namespace)

@@ -1,0 +1,94 @@
+"""A producer, whatever the transport: a name, a topic, a route and the next sequence id.
+
+Role: a transport's producer session (a WebSocket producer, later a binary-protocol one) opens
+one ``Producer`` through ``BrokerService.producer`` and hands it the messages of each entry.
+The producer:
+
+- **routes** each entry of a partitioned topic to one partition: a keyed entry to its key's
+  partition (``murmur3_32(key) % partitions``, as Pulsar's clients do), an unkeyed one
+  round-robin *per entry* (``RoundRobinPartition``: the counter advances once per batch, so a
+  burst of keyless messages batches well, as Pulsar's batching producers do) or always to one
+  partition chosen once (``SinglePartition``). A transport that groups messages into an entry
+  asks :meth:`route` once for the group and :meth:`partition_of_key` (which moves nothing) to
+  see whether a keyed message joins it;
+- **identifies** its messages for deduplication: its name and a sequence id per message (the
+  caller's, or the next of ``initial_sequence_id + 1, …`` when it gave one, or the topic's next
+  for this producer name);
+- **appends conditionally** when asked (``expected_offset``: the entry's first offset).
+
+Invariant: one ``send`` is one entry on one partition, durable when its future completes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from broker.entry_format import Compression, Message
+from broker.errors import InvalidRequest
+from broker.routing import PartitionRouter
+from broker.topic import PublishResult
+from broker.topic_name import TopicName
+
+if TYPE_CHECKING:
+    from broker.service import BrokerService
+
+ROUTING_MODES = ("RoundRobinPartition", "SinglePartition")
+
+
+class Producer:
+    def __init__(self, service: BrokerService, topic: TopicName, name: str, *,
+                 routing_mode: str = "RoundRobinPartition", compression: Compression = Compression.NONE,
+                 initial_sequence_id: int | None = None) -> None:
+        if routing_mode not in ROUTING_MODES:
+            raise InvalidRequest(f"unknown messageRoutingMode {routing_mode!r}: use {' or '.join(ROUTING_MODES)}",
+                                 field="messageRoutingMode")
+        self._service = service
+        self.topic = topic
+        self.name = name
+        self.routing_mode = routing_mode
+        self.compression = compression
+        self._sequence_ids = itertools.count(initial_sequence_id + 1) if initial_sequence_id is not None else None
+        self._router: PartitionRouter | None = None
+
+    def _partitions(self) -> int:
+        return self._service.partitions(self.topic) if self.topic.partition_index < 0 else 0
+
+    def _current_router(self, partitions: int) -> PartitionRouter:
+        router = self._router
+        if router is None or router.partitions != partitions:  # the topic grew: route over all of it
+            router = self._router = PartitionRouter(partitions, self.routing_mode)
+        return router
+
+    def route(self, key: str | None) -> TopicName:
+        """The partition of the next entry whose first message has ``key`` (keyless: advances
+        round-robin); the topic itself when it is not partitioned."""
+        partitions = self._partitions()
+        if not partitions:
+            return self.topic
+        return self.topic.partition(self._current_router(partitions).partition_for(key))
+
+    def partition_of_key(self, key: str) -> TopicName:
+        """Where a message with ``key`` goes; moves no round-robin counter."""
+        partitions = self._partitions()
+        if not partitions:
+            return self.topic
+        return self.topic.partition(PartitionRouter.key_partition(key, partitions))
+
+    def next_sequence_id(self) -> int | None:
+        """The sequence id of this producer's next message, when it numbers them itself."""
+        return next(self._sequence_ids) if self._sequence_ids is not None else None
+
+    def send(self, messages: Sequence[Message], *, partition: TopicName | None = None,
+             sequence_id: int | None = None, expected_offset: int | None = None,
+             deliver_at_ms: int | None = None) -> Future[PublishResult]:
+        """Store ``messages`` as one entry on ``partition`` (default: :meth:`route` of the first
+        message's key); the future completes once the entry is durable."""
+        if not messages:
+            raise InvalidRequest("a publish needs at least one message")
+        target = partition if partition is not None else self.route(messages[0].key)
+        return self._service.topic(target).publish(
+            messages, producer_name=self.name, sequence_id=sequence_id, compression=self.compression,
+            expected_offset=expected_offset, deliver_at_time_ms=deliver_at_ms)

@@ -1,0 +1,73 @@
+"""Range reads: the messages of one topic partition from an offset on, as Arrow columns.
+
+Role: the read side of batch and stream processors (the Spark source above all): a client asks
+for the messages of one partition from an offset and gets them in offset order as one Arrow
+record batch whose columns are the Spark source's (``broker/entry_format/columns.py``), plus the
+next offset to ask for and the first offset retention kept. The entries come from the managed
+ledger in steps of about ``READ_STEP_BYTES`` through the ledger's range read.
+
+Invariants: a read never changes anything (no cursor, no topic creation). Offsets are gap-free,
+so the ``offset`` column is ``N, N+1, ...``. Asking below the first retained offset is
+``DataLost`` (410, naming the first available offset); asking at or beyond the end is an empty
+result; a partition of a partitioned topic that nobody wrote to reads as empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries, new_columns
+from broker.errors import DataLost, NoSuchEntry, NoSuchLedger
+from broker.managed_ledger import Entry
+from broker.topic import PersistentTopic
+from broker.topic_name import TopicName
+
+READ_STEP_BYTES = 1024 * 1024
+"""Entries read from storage per step, by size: a read stops once it has its messages, and the
+rest of its last step was read for nothing, so steps stay small."""
+READ_STEP_ENTRIES_MAX = 1000
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    batch: pa.RecordBatch
+    next_offset: int
+    first_offset: int
+    """The first offset retention kept."""
+
+
+def read_range(topic: PersistentTopic | None, name: TopicName, offset: int, max_messages: int, max_bytes: int, *,
+               message_overhead_bytes: int = 0, native: bool = NATIVE_COLUMNS) -> RangeRead:
+    """Up to ``max_messages`` messages of ``topic`` (None: a partition never written) from
+    ``offset`` on, stopping once their payloads plus ``message_overhead_bytes`` each reach
+    ``max_bytes`` (at least one message when any exists)."""
+    partition = name.partition_index
+    if topic is None:
+        columns = new_columns(offset, native=False)
+        return RangeRead(columns.record_batch(name.full_name, partition), offset, 0)
+    ml = topic.ml
+    if offset < ml.first_offset:
+        raise _data_lost(topic, offset)
+    columns = collect_entries(_entries(topic, offset), offset, partition, max_messages, max_bytes,
+                              message_overhead_bytes=message_overhead_bytes, native=native)
+    return RangeRead(columns.record_batch(name.full_name, partition), columns.first_offset + len(columns),
+                     ml.first_offset)
+
+
+def _entries(topic: PersistentTopic, offset: int) -> Iterator[Entry]:
+    """Every confirmed entry from the one holding ``offset`` on; a trim racing the read is
+    reported as the data loss it is."""
+    try:
+        yield from topic.entries_from(offset, step_entries=READ_STEP_ENTRIES_MAX, step_bytes=READ_STEP_BYTES)
+    except (NoSuchEntry, NoSuchLedger) as exc:
+        if offset < topic.ml.first_offset:
+            raise _data_lost(topic, offset) from exc
+        raise
+
+
+def _data_lost(topic: PersistentTopic, offset: int) -> DataLost:
+    return DataLost(f"offset {offset} of {topic.name} was removed by retention; "
+                    f"the first available offset is {topic.ml.first_offset}")
