@@ -16,12 +16,9 @@ any broker call, so a refused request never writes anything.
 
 from __future__ import annotations
 
-import base64
-import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import jwt
 from fastapi import Depends
@@ -65,30 +62,6 @@ class Principal:
 
 
 ANONYMOUS_SUPERUSER = Principal(ANONYMOUS_ROLE, superuser=True)
-
-
-def read_key(reference: str) -> bytes:
-    """Key bytes from ``file:///path``, ``data:;base64,<b64>`` or a plain path (Pulsar's forms),
-    exactly as stored: a secret key is random bytes, so whitespace at its ends is part of it.
-    The broker and ``magnetar tokens`` both read keys here, so they always agree on a key.
-    Raises ``ValueError`` (bad base64) or ``OSError`` (unreadable file)."""
-    if reference.startswith("data:"):
-        _, _, encoded = reference.partition(",")
-        return base64.b64decode(encoded, validate=True)
-    return Path(reference.removeprefix("file://")).read_bytes()
-
-
-def create_token(subject: str, *, secret_key: bytes | None = None, private_key: bytes | None = None,
-                 expires_in_s: int | None = None) -> str:
-    """A token for ``subject`` signed the way ``AuthConfig`` verifies it (``magnetar tokens create``)."""
-    claims: dict[str, Any] = {"sub": subject}
-    if expires_in_s is not None:
-        claims["exp"] = int(time.time()) + expires_in_s
-    if secret_key is not None:
-        return jwt.encode(claims, secret_key, algorithm="HS256")
-    if private_key is not None:
-        return jwt.encode(claims, private_key, algorithm="RS256")
-    raise ValueError("create_token needs a secret_key or a private_key")
 
 
 class Authorizer:

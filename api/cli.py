@@ -5,8 +5,8 @@ broker with its embedded storage and the HTTP API in one process (``make run`` u
 and :8080). ``--config`` reads Pulsar's ``standalone.conf`` keys (authentication, token keys,
 superusers, auto-creation; see ``api/config.py``); the flags override it. SIGTERM or Ctrl-C shut
 it down gracefully: flush, checkpoint, close. The client commands (``produce``, ``consume``,
-``admin``, ``perf``, ``tokens``) live in ``api/cli_client.py``; the server's imports are loaded
-only by ``standalone`` so that client commands start quickly.
+``admin``, ``perf``, ``tokens``) live with the clients, in ``consumers/cli/``; the server's
+imports are loaded only by ``standalone`` so that client commands start quickly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import gc
 import signal
 import sys
 
-from api.cli_client import add_client_commands, run_client_command
+from consumers.cli import add_client_commands, run_client_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def run_standalone(args: argparse.Namespace) -> int:
     from api.app import create_app, server_options
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
-    from broker.service import BrokerService
+    from broker import BrokerService
 
     overrides = {key: str(value) for key, value in
                  (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port))

@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from api.auth import AuthConfig, read_key
+from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from broker import BrokerConfig
+from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)
 

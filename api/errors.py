@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from broker.errors import MagnetarError
+from broker import MagnetarError
 
 
 class UpgradeRequired(MagnetarError):

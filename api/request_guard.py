@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.auth import ANONYMOUS_ROLE, Authorizer, Principal, caller_outcome_key
 from api.errors import PayloadTooLarge, RequestTimeout, TooManyConnections, error_bytes
 from api.limits import EdgeLimits
-from broker.errors import MagnetarError, Unauthorized
+from broker import MagnetarError, Unauthorized
 
 
 class RequestGuard:

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from fastapi import WebSocket, WebSocketDisconnect
 
 from api.auth import Action, Authorizer, Principal
-from broker.errors import Forbidden
-from broker.topic_name import TopicName
+from broker import Forbidden, TopicName
 
 log = logging.getLogger(__name__)
 

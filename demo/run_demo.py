@@ -8,7 +8,7 @@ micro-batches and the stragglers arrive after their windows closed); it prints t
 counts. Then reconcile: clicks sent against clicks counted in the Parquet output, and the window
 results read back from the topic ``clickstream-page-counts`` with the Python client.
 
-Invariants: the broker is stopped by its PID whatever happens (``api/launcher.py``: SIGTERM,
+Invariants: the broker is stopped by its PID whatever happens (``consumers/launcher.py``: SIGTERM,
 then SIGKILL after a bound); a child that overruns its deadline is killed and the demo fails; the work
 directory is a new temporary one, removed at the end, unless ``--work-dir`` names one to keep.
 """
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from api.launcher import running_standalone, stop_process
 from consumers.client import Client
+from consumers.launcher import running_standalone, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLICKS_DEFAULT = 2000

@@ -1,5 +1,5 @@
 """``magnetar standalone`` as a real child process for integration, crash, Spark and e2e tests
-(a thin face over ``api/launcher.py``, which ``make demo`` uses too)."""
+(a thin face over ``consumers/launcher.py``, which ``make demo`` uses too)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import httpx
 
-from api.launcher import free_port, running_standalone, standalone_command, stop_process, wait_healthy
+from consumers.launcher import free_port, running_standalone, standalone_command, stop_process, wait_healthy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from api.auth import create_token
+from consumers.cli.tokens import create_token
 from tests.e2e.chromium import chromium_driver, page_errors, screenshot, set_viewport
 from tests.integration.ws_client import b64, open_ws, produce, recv_frame, send_frame, unb64, ws_base
 from tests.standalone import standalone_process

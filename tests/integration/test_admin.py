@@ -24,13 +24,14 @@ from typing import Any
 import httpx
 import pytest
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from broker.entry_format import Message
 from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.service import BrokerService
 from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
 from broker.topic_name import TopicName
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
 
 WAIT_S = 10.0

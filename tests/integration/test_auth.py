@@ -18,8 +18,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from broker.service import BrokerService
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server, stored
 from tests.integration.ws_client import b64, open_ws, produce, receive, refused_status, ws_base
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from broker.service import BrokerService
+from consumers.cli.tokens import create_token
 from consumers.client import (
     AsyncClient,
     Client,

@@ -23,12 +23,13 @@ import httpx
 import pytest
 
 from api.admin_broker import latency_percentile_us
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from api.console import STATIC_DIR
 from broker.entry_format import Message
 from broker.reader import StartPosition
 from broker.service import BrokerService
 from broker.subscription import ConsumerConfig, Delivery, SubscriptionType
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
 from tests.standalone import REPO_ROOT
 

@@ -22,8 +22,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from broker.service import BrokerService
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server, stored
 from tests.integration.ws_client import b64, open_ws, recv_frame, send_frame, ws_base
 

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from api.errors import TooManyConnections
 from api.limits import EdgeLimits
 from api.rest_consume import ConsumerSettings, PullParams, RestConsumers
@@ -38,6 +38,7 @@ from broker.message_id import MessageId
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
 
 TOPIC = "public/default/events"

@@ -22,8 +22,9 @@ import pytest
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from broker.service import BrokerService
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_app
 from tests.integration.ws_client import open_ws, refused_status, ws_base
 

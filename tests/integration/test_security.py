@@ -28,7 +28,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from api.cli import main as cli_main
 from api.config import StandaloneConfig
 from api.limits import EdgeLimits
@@ -37,6 +37,7 @@ from broker.entry_format import Message
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server, stored
 from tests.integration.ws_client import open_ws, produce, recv_frame, refused_status, send_frame, ws_base
 from tests.standalone import standalone_process

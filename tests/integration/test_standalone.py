@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from api.auth import create_token
+from consumers.cli.tokens import create_token
 from tests.standalone import free_port, standalone_command, standalone_process, wait_healthy
 
 

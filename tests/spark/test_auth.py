@@ -14,10 +14,11 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from api.auth import AuthConfig, create_token
+from api.auth import AuthConfig
 from broker.entry_format import Message
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
+from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
 from tests.spark.support import collect_available_now, source, write_available_now
 

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.cli_client import EXIT_FAILURE
+from consumers.cli.options import EXIT_FAILURE
 from consumers.client import AsyncClient, ClientError, Message, ReceiveTimeout, SendResult
 
 PAYLOAD_MAGIC = b"MGPF"

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from api.cli_client import client_of
+from consumers.cli.options import client_of
 from consumers.client import HttpError, MessageIdParts, Topic
 
 PEEK_MESSAGES_MAX = 1000

@@ -1,0 +1,70 @@
+"""What every ``magnetar`` client command shares: the broker to talk to, and how a failure ends.
+
+``--service-url`` (default ``$MAGNETAR_SERVICE_URL`` or ``http://127.0.0.1:8080``) and ``--token``
+(default ``$MAGNETAR_TOKEN``) on the top level and on every subcommand; a broker error prints
+the broker's ``code: message`` on stderr and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from consumers.client import DEFAULT_SERVICE_URL, Client, ClientError, HttpError
+
+ENV_SERVICE_URL = "MAGNETAR_SERVICE_URL"
+ENV_TOKEN = "MAGNETAR_TOKEN"
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_connection_options(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
+    """``--service-url`` and ``--token``; on subcommands they default to the top level's value."""
+    url_default = os.environ.get(ENV_SERVICE_URL, DEFAULT_SERVICE_URL) if top_level else argparse.SUPPRESS
+    token_default = os.environ.get(ENV_TOKEN) if top_level else argparse.SUPPRESS
+    parser.add_argument("--service-url", default=url_default,
+                        help=f"broker URL (default ${ENV_SERVICE_URL} or {DEFAULT_SERVICE_URL})")
+    parser.add_argument("--token", default=token_default, help=f"auth token (default ${ENV_TOKEN})")
+
+
+def connection_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    add_connection_options(parent, top_level=False)
+    return parent
+
+
+def client_of(args: argparse.Namespace) -> Client:
+    return Client(args.service_url, args.token or None)
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        raise AssertionError(f"unhandled command {args.command}")
+    try:
+        return handler(args)
+    except HttpError as exc:
+        print(f"{exc.code}: {exc.message}", file=sys.stderr)
+    except ClientError as exc:
+        print(str(exc), file=sys.stderr)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILURE
+
+
+def parse_properties(items: list[str] | None) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"property {item!r} must look like key=value")
+        properties[key] = value
+    return properties
+
+
