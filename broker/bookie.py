@@ -48,6 +48,7 @@ class Bookie(Protocol):
     def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
                   recovery: bool = False) -> Future[int]: ...
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
+    def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]: ...
     def read_last_add_confirmed(self, ledger_id: int) -> int: ...
     def last_entry_id(self, ledger_id: int) -> int: ...
     def fence(self, ledger_id: int) -> Future[None]: ...
@@ -93,6 +94,13 @@ class LocalBookie:
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:
         self._check()
         return unpack_entry(self.storage.get_entry(ledger_id, entry_id))
+
+    def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]:
+        """Entries ``first..last`` of a ledger (the storage's read-ahead fills its read cache
+        with the entries that follow the first it reads from an entry log)."""
+        self._check()
+        get = self.storage.get_entry
+        return [unpack_entry(get(ledger_id, entry_id)) for entry_id in range(first_entry_id, last_entry_id + 1)]
 
     def last_entry_id(self, ledger_id: int) -> int:
         self._check()

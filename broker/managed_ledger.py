@@ -12,17 +12,14 @@ every change). The current ledger rolls over when it holds ``ledger_entries_max`
 ``ledger_age_ms_min``, never when empty). After a crash the last ledger is recovered (fenced
 and closed at its last durable entry) and a new one is opened.
 
-Offset index (the Kafka seed's sparse index): for each ledger, the (first offset, entry id,
-publish time) of every ``index_interval_entries``-th entry is kept, and of any entry that
-follows ``index_interval_bytes`` of unsampled entries (Kafka's ``index.interval.bytes``), so
-the read forward from a sample is bounded in entries and in bytes; an offset or a timestamp is
-found by bisecting ledgers, then the sparse index, then reading forward. A closed ledger's
-sparse index is persisted beside the ledger list.
+Offsets and times are found through the sparse index of ``broker/offset_index.py`` (bisect the
+ledgers, then their samples, then read forward a bounded number of entries); trimming and TTL
+follow ``broker/retention.py``; deleted ledgers go to the bookies' GC. Reads of consecutive
+entries go through the ledger's range read, in runs between entries the broker's cache holds.
 
-Trimming deletes whole ledgers strictly before the slowest durable cursor's mark-delete ledger,
-never the current one, and only when retention (time and size) allows; deleted ledgers go to
-the bookies' GC. Invariant: no state lives only in memory; the ledger list and cursor
-snapshots are in the metadata store, entries and cursor positions in ledgers.
+Invariant: no state lives only in memory; the ledger list and cursor snapshots are in the
+metadata store, entries and cursor positions in ledgers. Messages name the topic as users spell
+it (``persistent://tenant/ns/topic``).
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from broker.bookie import QuorumConfig
 from broker.entry_cache import CachedEntry, EntryCache
@@ -54,14 +50,16 @@ from broker.errors import (
 from broker.ledger import LedgerHandle, LedgerManager
 from broker.message_id import Position
 from broker.metadata import MetadataStore
+from broker.offset_index import LedgerInfo, PositionHints, SampleStore, ledger_holding
+from broker.retention import deletable_ledgers, expiry_cutoff_ms
+from broker.topic_name import display_name
 from storage import new_future
 
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 READ_HANDLES_MAX = 64
-POSITION_HINTS_MAX = 1024
-"""Offsets remembered as the first offset of an entry that was just read past (see
-``offset_to_position``): about one per reader going through the ledger sequentially."""
+READ_RUN_ENTRIES_MAX = 64
+"""Entries fetched from the bookies in one range read."""
 ADD_TIMEOUT_S = 60.0
 EARLIEST = Position(-1, -1)
 
@@ -90,40 +88,6 @@ class ManagedLedgerConfig:
         """Rollover every few entries so ledger boundaries appear in ordinary tests."""
         return cls(ledger_entries_max=5, ledger_size_bytes_max=64 * KiB, ledger_age_ms_max=60_000,
                    ledger_age_ms_min=0, index_interval_entries=2)
-
-
-@dataclass
-class LedgerInfo:
-    ledger_id: int
-    first_offset: int
-    entries: int = 0
-    size_bytes: int = 0
-    messages: int = 0
-    created_ms: int = 0
-    closed_ms: int = 0
-    first_publish_ms: int = 0
-    last_publish_ms: int = 0
-    sparse_index: list[tuple[int, int, int]] = field(default_factory=list)
-    """(first offset, entry id, publish ms) of sampled entries."""
-    unsampled_bytes: int = 0
-    """Bytes of the entries after the last sampled one (rebuilt by recovery, not persisted)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ledgerId": self.ledger_id, "firstOffset": self.first_offset, "entries": self.entries,
-                "size": self.size_bytes, "messages": self.messages, "ctime": self.created_ms,
-                "closedTime": self.closed_ms, "firstPublishMs": self.first_publish_ms,
-                "lastPublishMs": self.last_publish_ms}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> LedgerInfo:
-        return cls(ledger_id=obj["ledgerId"], first_offset=obj["firstOffset"], entries=obj["entries"],
-                   size_bytes=obj["size"], messages=obj["messages"], created_ms=obj["ctime"],
-                   closed_ms=obj["closedTime"], first_publish_ms=obj["firstPublishMs"],
-                   last_publish_ms=obj["lastPublishMs"])
-
-    @property
-    def next_offset(self) -> int:
-        return self.first_offset + self.messages
 
 
 @dataclass(frozen=True)
@@ -194,8 +158,10 @@ class ManagedLedger:
         self.properties: dict[str, str] = {}
         self._failure: MagnetarError | None = None
         self._read_handles: dict[int, LedgerHandle] = {}
-        self._position_hints: dict[int, Position] = {}  # insertion order is age order
-        self._hints_lock = threading.Lock()
+        self._position_hints = PositionHints()
+        self._samples = SampleStore(self._store, self._path)
+        self.display_name = display_name(name)
+        """The topic as users spell it, for every message about it."""
         self._in_flight = 0
         """Adds sent to the current ledger whose outcome is not accounted yet."""
         self._entries_added = self._bytes_added = self._messages_added = 0
@@ -218,11 +184,11 @@ class ManagedLedger:
             self._offset_floor = int(obj.get("offsetFloor", 0))
             self._version = stat.version
         for info in self._infos[:-1]:
-            info.sparse_index = self._load_sparse_index(info.ledger_id)
+            info.sparse_index = self._samples.load(info.ledger_id)
         if self._infos and self._infos[-1].closed_ms == 0:
             self._recover_last_ledger()
         elif self._infos:
-            self._infos[-1].sparse_index = self._load_sparse_index(self._infos[-1].ledger_id)
+            self._infos[-1].sparse_index = self._samples.load(self._infos[-1].ledger_id)
         self._reset_tail_state()
         if not self._terminated:
             self._open_new_ledger()
@@ -254,14 +220,14 @@ class ManagedLedger:
             self._infos.pop()
             self._ledgers.delete(info.ledger_id)
         else:
-            self._save_sparse_index(info)
+            self._samples.save(info)
             self._read_handles[info.ledger_id] = handle
 
     def _index_entry(self, info: LedgerInfo, entry_id: int, data: bytes) -> None:
         """Account one existing entry into ``info`` (messages, publish times, sparse index)."""
         meta = peek_broker_entry_metadata(data)
         if meta is None:
-            raise InvalidRequest(f"entry {info.ledger_id}:{entry_id} of {self.name} has no broker metadata")
+            raise InvalidRequest(f"entry {info.ledger_id}:{entry_id} of {self.display_name} has no broker metadata")
         count = message_count(data)
         first = meta.index - count + 1
         if entry_id == 0:
@@ -271,12 +237,8 @@ class ManagedLedger:
         info.last_publish_ms = meta.broker_timestamp_ms
 
     def _sample(self, info: LedgerInfo, entry_id: int, first_offset: int, publish_ms: int, size_bytes: int) -> None:
-        """Add entry ``entry_id`` to the sparse index when it is due, by count or by bytes."""
-        config = self.config
-        if entry_id % config.index_interval_entries == 0 or info.unsampled_bytes >= config.index_interval_bytes:
-            info.sparse_index.append((first_offset, entry_id, publish_ms))
-            info.unsampled_bytes = 0
-        info.unsampled_bytes += size_bytes
+        info.sample(entry_id, first_offset, publish_ms, size_bytes, interval_entries=self.config.index_interval_entries,
+                    interval_bytes=self.config.index_interval_bytes)
 
     def _open_new_ledger(self) -> None:
         handle = self._ledgers.create(self.config.quorum, {"managed-ledger": self.name})
@@ -293,16 +255,6 @@ class ManagedLedger:
                            "properties": self.properties, "pendingDeletes": self._pending_deletes,
                            "offsetFloor": self._offset_floor}, sort_keys=True).encode()
         self._version = self._store.put(self._path, body, self._version).version
-
-    def _sparse_path(self, ledger_id: int) -> str:
-        return f"{self._path}/sparse-index/{ledger_id}"
-
-    def _save_sparse_index(self, info: LedgerInfo) -> None:
-        self._store.put(self._sparse_path(info.ledger_id), json.dumps(info.sparse_index).encode())
-
-    def _load_sparse_index(self, ledger_id: int) -> list[tuple[int, int, int]]:
-        stat = self._store.get(self._sparse_path(ledger_id))
-        return [] if stat is None else [(a, b, c) for a, b, c in json.loads(stat.value)]
 
     def close(self) -> None:
         with self._lock:
@@ -322,12 +274,12 @@ class ManagedLedger:
             self._confirmed.wait_for(lambda: self._in_flight == 0, ADD_TIMEOUT_S)
         info = self._infos[-1]
         info.closed_ms = self._now_ms()
-        info.sparse_index = [s for s in info.sparse_index if s[1] < info.entries]
+        info.drop_samples_past_end()
         if info.entries == 0:  # an empty ledger never stays in the list
             self._infos.pop()
             self._ledgers.delete(handle.ledger_id)
         else:
-            self._save_sparse_index(info)
+            self._samples.save(info)
             self._read_handles[handle.ledger_id] = handle
         self._reset_tail_state()
 
@@ -357,7 +309,8 @@ class ManagedLedger:
             self._check_writable()
             if expected_offset is not None and expected_offset != self._next_offset:
                 raise OffsetMismatch(
-                    f"expected offset {expected_offset} but the next offset of {self.name} is {self._next_offset}",
+                    f"expected offset {expected_offset} but the next offset of {self.display_name} is "
+                    f"{self._next_offset}",
                     expected_offset=expected_offset, next_offset=self._next_offset)
             self._maybe_roll_over()
             assert self._current is not None
@@ -387,7 +340,7 @@ class ManagedLedger:
 
     def _check_writable(self) -> None:
         if self._terminated:
-            raise TopicTerminated(f"topic {self.name} is terminated")
+            raise TopicTerminated(f"topic {self.display_name} is terminated")
         if self._failure is not None:
             self._recover_from_failure()
 
@@ -502,7 +455,7 @@ class ManagedLedger:
         ids = [i.ledger_id for i in self._infos]
         at = bisect.bisect_left(ids, ledger_id)
         if at == len(ids) or ids[at] != ledger_id:
-            raise NoSuchEntry(f"ledger {ledger_id} is not part of {self.name}")
+            raise NoSuchEntry(f"ledger {ledger_id} is not part of {self.display_name}")
         return self._infos[at]
 
     def offset_to_position(self, offset: int) -> tuple[Position, int]:
@@ -513,32 +466,26 @@ class ManagedLedger:
         ``POSITION_HINTS_MAX``), so such a lookup reads nothing. Other offsets are found through
         the sparse index, reading forward from its sample."""
         if offset < self.first_offset:
-            raise DataLost(f"offset {offset} of {self.name} was trimmed; the first offset is {self.first_offset}")
+            raise DataLost(f"offset {offset} of {self.display_name} was trimmed; the first offset is "
+                           f"{self.first_offset}")
         if offset >= self.confirmed_next_offset():
-            raise NoSuchEntry(f"offset {offset} of {self.name} is not written yet")
+            raise NoSuchEntry(f"offset {offset} of {self.display_name} is not written yet")
         hinted = self._position_hints.get(offset)
         if hinted is not None:  # entries never change, and a trimmed offset was refused above
             return hinted, 0
-        infos = [i for i in self._infos if i.entries > 0]
-        at = bisect.bisect_right([i.first_offset for i in infos], offset) - 1
-        info = infos[at]
-        samples = info.sparse_index
-        start = bisect.bisect_right([s[0] for s in samples], offset) - 1
-        entry_id = samples[start][1] if start >= 0 else 0
-        for entry in self._read_ledger_range(info, entry_id, info.entries - 1, stop_after_offset=offset):
+        info = ledger_holding(self._infos, offset)
+        for entry in self._read_ledger_range(info, info.start_for_offset(offset), info.entries - 1,
+                                             stop_after_offset=offset):
             if entry.first_offset <= offset <= entry.last_offset:
                 return entry.position, offset - entry.first_offset
-        raise NoSuchEntry(f"offset {offset} not found in ledger {info.ledger_id} of {self.name}")
+        raise NoSuchEntry(f"offset {offset} not found in ledger {info.ledger_id} of {self.display_name}")
 
     def time_to_offset(self, publish_time_ms: int) -> int:
         """The first offset whose publish time is ``>= publish_time_ms`` (next_offset if none)."""
         for info in self._infos:
             if info.entries == 0 or info.last_publish_ms < publish_time_ms:
                 continue
-            samples = info.sparse_index
-            start = bisect.bisect_left([s[2] for s in samples], publish_time_ms) - 1
-            entry_id = samples[start][1] if start >= 0 else 0
-            for entry in self._read_ledger_range(info, entry_id, info.entries - 1):
+            for entry in self._read_ledger_range(info, info.start_for_time(publish_time_ms), info.entries - 1):
                 if entry.publish_time_ms >= publish_time_ms:
                     return entry.first_offset
         return self.confirmed_next_offset()
@@ -547,7 +494,7 @@ class ManagedLedger:
     def read_entry(self, position: Position) -> Entry:
         entries = self.read_entries(position, 1)
         if not entries or entries[0].position != position:
-            raise NoSuchEntry(f"no entry at {position} in {self.name}")
+            raise NoSuchEntry(f"no entry at {position} in {self.display_name}")
         return entries[0]
 
     def read_entries(self, start: Position, max_entries: int, *, max_bytes: int = 5 * MiB) -> list[Entry]:
@@ -584,49 +531,53 @@ class ManagedLedger:
     def _read_ledger_range(self, info: LedgerInfo, first: int, last: int, *,
                            stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
         """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
-        ends the range early). Every entry after the first is remembered as where the offset
-        after its predecessor lives, and so is the entry after the last one read."""
+        ends the range early): from the broker's cache where it has them, the rest through the
+        ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (fewer when the ledger's
+        average entry would pass ``max_bytes``) at a time. Every entry after the first is
+        remembered as where the offset after its predecessor lives, and so is the entry after
+        the last one read."""
         handle = self._handle_for(info.ledger_id)
         entries: list[Entry] = []
         size = 0
-        for entry_id in range(first, last + 1):
+        entry_id = first
+        while entry_id <= last:
             if max_bytes is not None and size >= max_bytes:
                 break
-            entry = self._cached_or_read(handle, info.ledger_id, entry_id,
-                                         entries[-1].last_offset + 1 if entries else None)
-            entries.append(entry)
-            size += len(entry.data)
-            if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
-                break
+            known_first = entries[-1].last_offset + 1 if entries else None
+            cached = self._cache.get(info.ledger_id, entry_id)
+            bytes_left = None if max_bytes is None else max_bytes - size
+            run = [Entry(Position(info.ledger_id, entry_id), *cached)] if cached is not None else \
+                self._read_run(handle, info, entry_id, last, known_first, bytes_left)
+            for entry in run:
+                entries.append(entry)
+                size += len(entry.data)
+                entry_id += 1
+                if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
+                    entry_id = last + 1
+                    break
         if entries:
-            self._hint_positions(info, entries)
+            self._position_hints.remember(info, entries)
         return entries
 
-    def _hint_positions(self, info: LedgerInfo, entries: list[Entry]) -> None:
-        """Remember where the offset after each entry read lives (for readers that go on)."""
-        last = entries[-1]
-        with self._hints_lock:
-            hints = self._position_hints
-            for entry in entries[1:]:
-                hints[entry.first_offset] = entry.position
-            if last.position.entry_id + 1 < info.entries:
-                hints[last.last_offset + 1] = Position(info.ledger_id, last.position.entry_id + 1)
-            while len(hints) > POSITION_HINTS_MAX:
-                del hints[next(iter(hints))]
-
-    def _cached_or_read(self, handle: LedgerHandle, ledger_id: int, entry_id: int,
-                        first_offset: int | None) -> Entry:
-        """One entry, from the broker's cache or the bookies. ``first_offset``, when the caller
-        knows it (the entry before it was just read), spares parsing its ``MessageMetadata``."""
-        cached = self._cache.get(ledger_id, entry_id)
-        if cached is not None:
-            return Entry(Position(ledger_id, entry_id), *cached)
-        data = handle.read_entry(entry_id)
-        meta = peek_broker_entry_metadata(data)
-        assert meta is not None
-        if first_offset is None:
-            first_offset = meta.index - message_count(data) + 1
-        return Entry(Position(ledger_id, entry_id), data, first_offset, meta.index, meta.broker_timestamp_ms)
+    def _read_run(self, handle: LedgerHandle, info: LedgerInfo, first: int, last: int, first_offset: int | None,
+                  bytes_left: int | None) -> list[Entry]:
+        """Entries from ``first`` on, read from the bookies in one range read. ``first_offset``,
+        when the caller knows it, spares parsing the first entry's ``MessageMetadata``; every
+        later entry's first offset follows from the one before (offsets have no gaps)."""
+        count = min(last - first + 1, READ_RUN_ENTRIES_MAX)
+        if bytes_left is not None and info.entries:
+            average = max(1, info.size_bytes // info.entries)
+            count = max(1, min(count, -(-bytes_left // average)))
+        run: list[Entry] = []
+        for entry_id, data in enumerate(handle.read(first, first + count - 1), start=first):
+            meta = peek_broker_entry_metadata(data)
+            assert meta is not None
+            if first_offset is None:
+                first_offset = meta.index - message_count(data) + 1
+            run.append(Entry(Position(info.ledger_id, entry_id), data, first_offset, meta.index,
+                             meta.broker_timestamp_ms))
+            first_offset = meta.index + 1
+        return run
 
     def wait_for_entries(self, after: Position, timeout_s: float) -> bool:
         """Block until an entry after ``after`` is confirmed (tailing reads); False on timeout."""
@@ -638,16 +589,9 @@ class ManagedLedger:
         """Delete ledgers every durable cursor has consumed, as far as retention allows."""
         with self._lock:
             slowest = min(self.cursor_positions(), default=self._next_offset)
-            now_ms = self._now_ms()
-            deletable: list[LedgerInfo] = []
-            kept_size = sum(i.size_bytes for i in self._infos)
-            for info in self._infos[:-1]:
-                if info.next_offset > slowest or info.closed_ms == 0:
-                    break
-                if not self._retention_allows_delete(info, now_ms, kept_size):
-                    break
-                deletable.append(info)
-                kept_size -= info.size_bytes
+            deletable = deletable_ledgers(self._infos, slowest, self._now_ms(),
+                                          time_limit_ms=self.config.retention_time_ms,
+                                          size_limit_bytes=self.config.retention_size_bytes)
             if not deletable:
                 return []
             self._infos = self._infos[len(deletable):]
@@ -669,28 +613,15 @@ class ManagedLedger:
             with contextlib.suppress(NotFound):
                 self._ledgers.delete(ledger_id)
             with contextlib.suppress(NotFound):
-                self._store.delete(self._sparse_path(ledger_id))
+                self._store.delete(self._samples.path(ledger_id))
         with self._lock:
             self._pending_deletes = [i for i in self._pending_deletes if i not in pending]
             self._save()
 
-    def _retention_allows_delete(self, info: LedgerInfo, now_ms: int, kept_size_bytes: int) -> bool:
-        time_limit, size_limit = self.config.retention_time_ms, self.config.retention_size_bytes
-        if time_limit < 0 and size_limit < 0:
-            return False
-        expired_by_time = time_limit >= 0 and now_ms - info.closed_ms >= time_limit
-        over_size = size_limit >= 0 and kept_size_bytes > size_limit
-        if time_limit < 0:
-            return over_size
-        if size_limit < 0:
-            return expired_by_time
-        return expired_by_time or over_size
-
     def expired_offset(self) -> int | None:
         """With a TTL: the first offset that is not yet expired (cursors move past older ones)."""
-        if self.config.message_ttl_ms <= 0:
-            return None
-        return self.time_to_offset(self._now_ms() - self.config.message_ttl_ms)
+        cutoff_ms = expiry_cutoff_ms(self._now_ms(), self.config.message_ttl_ms)
+        return None if cutoff_ms is None else self.time_to_offset(cutoff_ms)
 
     def delete(self) -> None:
         with self._lock:

@@ -1,0 +1,141 @@
+"""The offset and time index of a managed ledger: Kafka's sparse index, per ledger.
+
+Role: a topic partition's messages have gap-free offsets across its ledgers; finding the entry
+that holds an offset, or the first one published at or after a time, must not read the
+partition from the start. Each ledger's ``LedgerInfo`` keeps the (first offset, entry id,
+publish time) of every ``index_interval_entries``-th entry and of any entry that follows
+``index_interval_bytes`` of unsampled ones (Kafka's ``index.interval.bytes``), so a lookup
+bisects the ledgers, then the samples, and reads forward a bounded number of entries and bytes.
+A closed ledger's samples are persisted beside the ledger list. ``PositionHints`` remembers,
+for a bounded number of offsets, where the entry after one just read starts, so a reader that
+goes on where it stopped finds its next offset without reading anything.
+
+Invariants: samples are in offset and entry order; a sample never names an entry past the
+ledger's end; hints are only ever true (entries never change) and at most
+``POSITION_HINTS_MAX`` are kept.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.message_id import Position
+from broker.metadata import MetadataStore
+
+POSITION_HINTS_MAX = 1024
+"""Offsets remembered as the first offset of an entry that was just read past: about one per
+reader going through the ledger sequentially."""
+
+Sample = tuple[int, int, int]
+"""(first offset, entry id, publish ms) of a sampled entry."""
+
+
+@dataclass
+class LedgerInfo:
+    """One ledger of a managed ledger: what it holds, and its samples."""
+
+    ledger_id: int
+    first_offset: int
+    entries: int = 0
+    size_bytes: int = 0
+    messages: int = 0
+    created_ms: int = 0
+    closed_ms: int = 0
+    first_publish_ms: int = 0
+    last_publish_ms: int = 0
+    sparse_index: list[Sample] = field(default_factory=list)
+    unsampled_bytes: int = 0
+    """Bytes of the entries after the last sampled one (rebuilt by recovery, not persisted)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ledgerId": self.ledger_id, "firstOffset": self.first_offset, "entries": self.entries,
+                "size": self.size_bytes, "messages": self.messages, "ctime": self.created_ms,
+                "closedTime": self.closed_ms, "firstPublishMs": self.first_publish_ms,
+                "lastPublishMs": self.last_publish_ms}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> LedgerInfo:
+        return cls(ledger_id=obj["ledgerId"], first_offset=obj["firstOffset"], entries=obj["entries"],
+                   size_bytes=obj["size"], messages=obj["messages"], created_ms=obj["ctime"],
+                   closed_ms=obj["closedTime"], first_publish_ms=obj["firstPublishMs"],
+                   last_publish_ms=obj["lastPublishMs"])
+
+    @property
+    def next_offset(self) -> int:
+        return self.first_offset + self.messages
+
+    def sample(self, entry_id: int, first_offset: int, publish_ms: int, size_bytes: int, *,
+               interval_entries: int, interval_bytes: int) -> None:
+        """Add entry ``entry_id`` to the samples when it is due, by count or by bytes."""
+        if entry_id % interval_entries == 0 or self.unsampled_bytes >= interval_bytes:
+            self.sparse_index.append((first_offset, entry_id, publish_ms))
+            self.unsampled_bytes = 0
+        self.unsampled_bytes += size_bytes
+
+    def drop_samples_past_end(self) -> None:
+        self.sparse_index = [s for s in self.sparse_index if s[1] < self.entries]
+
+    def start_for_offset(self, offset: int) -> int:
+        """The entry to read forward from to find ``offset`` in this ledger."""
+        start = bisect.bisect_right([s[0] for s in self.sparse_index], offset) - 1
+        return self.sparse_index[start][1] if start >= 0 else 0
+
+    def start_for_time(self, publish_time_ms: int) -> int:
+        """The entry to read forward from to find the first one published at or after a time."""
+        start = bisect.bisect_left([s[2] for s in self.sparse_index], publish_time_ms) - 1
+        return self.sparse_index[start][1] if start >= 0 else 0
+
+
+def ledger_holding(infos: Sequence[LedgerInfo], offset: int) -> LedgerInfo:
+    """The ledger (of those with entries, in order) whose offsets include ``offset``."""
+    written = [i for i in infos if i.entries > 0]
+    return written[bisect.bisect_right([i.first_offset for i in written], offset) - 1]
+
+
+class SampleStore:
+    """Closed ledgers' samples in the metadata store, at ``{managed ledger path}/sparse-index/{id}``."""
+
+    def __init__(self, store: MetadataStore, ml_path: str) -> None:
+        self._store = store
+        self._ml_path = ml_path
+
+    def path(self, ledger_id: int) -> str:
+        return f"{self._ml_path}/sparse-index/{ledger_id}"
+
+    def save(self, info: LedgerInfo) -> None:
+        self._store.put(self.path(info.ledger_id), json.dumps(info.sparse_index).encode())
+
+    def load(self, ledger_id: int) -> list[Sample]:
+        stat = self._store.get(self.path(ledger_id))
+        return [] if stat is None else [(a, b, c) for a, b, c in json.loads(stat.value)]
+
+
+class PositionHints:
+    """Where the entries that follow recently read ones start, by their first offset (bounded,
+    oldest forgotten first)."""
+
+    def __init__(self, hints_max: int = POSITION_HINTS_MAX) -> None:
+        self._hints: dict[int, Position] = {}  # insertion order is age order
+        self._max = hints_max
+        self._lock = threading.Lock()
+
+    def get(self, offset: int) -> Position | None:
+        return self._hints.get(offset)
+
+    def remember(self, info: LedgerInfo, entries: Sequence[Any]) -> None:
+        """After reading ``entries`` (consecutive, of ledger ``info``): each one after the first
+        starts where its predecessor ended, and so does the entry after the last."""
+        last = entries[-1]
+        with self._lock:
+            hints = self._hints
+            for entry in entries[1:]:
+                hints[entry.first_offset] = entry.position
+            if last.position.entry_id + 1 < info.entries:
+                hints[last.last_offset + 1] = Position(info.ledger_id, last.position.entry_id + 1)
+            while len(hints) > self._max:
+                del hints[next(iter(hints))]
