@@ -437,7 +437,7 @@ class CursorManager:
     def _restore(self, name: str) -> ManagedCursor:
         stat = self._store.get(f"{self.ml._path}/cursors/{name}")
         if stat is None:
-            raise NotFound(f"cursor {name} of {self.ml.name} does not exist")
+            raise NotFound(f"subscription {name} of {self.ml.display_name} does not exist")
         snapshot: dict[str, Any] = json.loads(stat.value)
         state: dict[str, Any] = snapshot["state"]
         handle = None
@@ -494,7 +494,7 @@ class CursorManager:
         with self._lock:
             cursor = self._cursors.pop(name, None)
         if cursor is None:
-            raise NotFound(f"cursor {name} of {self.ml.name} does not exist")
+            raise NotFound(f"subscription {name} of {self.ml.display_name} does not exist")
         ledger = cursor._ledger
         self._store.delete_recursive(cursor._path)
         if ledger is not None:

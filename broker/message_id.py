@@ -168,8 +168,9 @@ class MessageId:
         parsed = MessageIdData()
         try:
             parsed.ParseFromString(data)
-        except (DecodeError, ValueError) as exc:
-            raise InvalidRequest(f"message id is not a valid serialized MessageIdData ({exc})") from None
+        except (DecodeError, ValueError):
+            raise InvalidRequest("message id is not a valid MessageIdData (base64 of Pulsar's protobuf message id)",
+                                 field="messageId") from None
         if not parsed.IsInitialized():
             missing = ", ".join(parsed.FindInitializationErrors())
             raise InvalidRequest(f"message id is not a valid MessageIdData: missing {missing}")

@@ -141,6 +141,23 @@ class MultiConsumer:
             closed = self._closed
         return closed or (bool(consumers) and all(c.closed for c in consumers))
 
+    def replenish(self, window: int) -> None:
+        """Push-mode flow control: keep each topic partition's consumer at its share of
+        ``window`` messages granted or unacknowledged. A share is refilled once half of it is
+        used (as Pulsar's clients refill their receiver queue at half: one flow, and one
+        dispatch, per half share instead of per ack), or at once when it has no permit left, so
+        a consumer never waits on credit; shares are independent, so permits a caught-up
+        partition holds never starve a partition with a backlog."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+        if not consumers:
+            return
+        share = max(1, window // len(consumers))
+        for consumer in consumers:
+            missing = share - (consumer.permits + len(consumer.unacked))
+            if missing > 0 and (missing >= share // 2 or consumer.permits == 0):
+                consumer.flow(missing)
+
     def available_permits(self) -> int:
         """Permits granted and not yet used, over all topics."""
         with self._lock:

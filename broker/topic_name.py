@@ -6,8 +6,9 @@ means ``persistent://public/default/my-topic`` and ``t/ns/my-topic`` means
 ``tenant/namespace/persistent/topic``. Every message about a topic prints its full name.
 
 The rule (``NAME_RULE``), for every name part and for subscription names: 1 to
-``NAME_BYTES_MAX`` bytes of ASCII letters, digits and ``- _ = : .``, and not ``.`` or ``..``
-(Pulsar's ``NamedEntity`` rule; Java's ``\\w`` is ASCII). A partition suffix is
+``NAME_BYTES_MAX`` bytes (256 for a subscription) of ASCII letters, digits and ``- _ = : .``, and
+not ``.`` or ``..`` (Pulsar's ``NamedEntity`` rule; Java's ``\\w`` is ASCII); a full topic name
+is at most ``NAME_BYTES_MAX`` bytes. A partition suffix is
 ``-partition-`` and ASCII digits. Invalid names raise ``InvalidRequest`` whose text states the
 rule, so a client never sees an internal path or a parser's message instead.
 """
@@ -78,6 +79,9 @@ class TopicName:
     def of(cls, tenant: str, namespace: str, local_name: str, domain: str = "persistent") -> TopicName:
         name = cls(check_name("tenant", tenant), check_name("namespace", namespace), check_name("topic", local_name),
                    domain)
+        if len(name.full_name) > NAME_BYTES_MAX:
+            raise InvalidRequest(f"invalid topic name {name.full_name[:80]!r}…: a full topic name is at most "
+                                 f"{NAME_BYTES_MAX} bytes", field="topic")
         name.partition_index  # noqa: B018 - a malformed partition suffix fails here, not later
         return name
 

@@ -38,15 +38,14 @@ DELIVERY_BACKLOG_FRAMES_MAX = RECEIVER_QUEUE_SIZE_MAX
 
 
 class _Credit:
-    """Flow credit of a push session: keep ``limit`` messages granted-or-unacknowledged."""
+    """Flow credit of a push session: keep ``limit`` messages granted-or-unacknowledged, split
+    evenly over the consumer's topic partitions (``MultiConsumer.replenish``), so permits parked
+    on an idle partition never starve a busy one."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, held: Callable[[], int],
-                 permits: Callable[[], int], grant: Callable[[int], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, replenish: Callable[[int], None]) -> None:
         self._loop = loop
         self._limit = limit
-        self._held = held
-        self._permits = permits
-        self._grant = grant
+        self._replenish = replenish
         self._scheduled = False
 
     def top_up_soon(self) -> None:
@@ -56,13 +55,8 @@ class _Credit:
             self._loop.call_soon(self.top_up)
 
     def top_up(self) -> None:
-        """Grant what is missing once half the credit is used (as Pulsar's clients refill their
-        receiver queue at half): one flow, and one dispatch, per half queue instead of per ack;
-        a consumer left without any permit is always topped up, so it never waits on credit."""
         self._scheduled = False
-        missing = self._limit - self._held()
-        if missing > 0 and (missing >= self._limit // 2 or self._permits() == 0):
-            self._grant(missing)
+        self._replenish(self._limit)
 
 
 class ConsumerSession:
@@ -81,8 +75,7 @@ class ConsumerSession:
         self._acks_scheduled = False
         self._sent: OrderedDict[str, tuple[str, int]] = OrderedDict()
         loop = asyncio.get_running_loop()
-        self._credit = _Credit(loop, params.receiver_queue_size, consumer.held_messages, consumer.available_permits,
-                               consumer.flow)
+        self._credit = _Credit(loop, params.receiver_queue_size, consumer.replenish)
 
         # deliveries leave inside the dispatch that made them, ahead of the publisher's result
         self._delivered = LoopSignal(loop, self._send_deliveries, direct_on_loop=True)

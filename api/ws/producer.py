@@ -5,13 +5,13 @@ is read into a message by the broker's rules (``message_of``: payload in base64,
 epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``); a
 field the frame shape does not know is a ``send-error`` naming it. Without batching every frame
 is its own entry; with ``batchingEnabled=true`` the frames that arrived together (up to
-``batchingMaxMessages``) become one entry when they can: the group is routed once (the producer
-advances round-robin once per group, as Pulsar's batching producers do), a keyless frame joins
-any group and a keyed one only a group bound for its key's partition, and frames with their
-own sequence id, delivery time or expected offset go alone.
+``batchingMaxMessages``) are batched per partition, as Pulsar's batching producers keep a batch
+per partition: a keyed frame joins its key's partition's batch, the keyless frames of the burst
+one partition's batch chosen once (round-robin advances once per burst), each batch is one
+entry; frames with their own sequence id, delivery time or expected offset go alone.
 
-Invariants: at most ``maxPendingMessages`` publishes are unanswered (the session stops reading
-frames until results are written); results are written in frame order, once each publish is
+Invariants: at most ``maxPendingMessages`` frames are unanswered (the session stops reading
+frames until results are written); results are written in frame order, once each frame's entry is
 durable, by the event-loop callback that learns it finished (one socket write per burst); a bad
 frame never closes the session and never writes anything.
 """
@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ from broker import (
 
 log = logging.getLogger(__name__)
 
+_DUPLICATE_ID = MessageId(-1, -1).to_base64()
 FRAME_FIELDS = MESSAGE_FIELDS | {"context", "expectedOffset"}
 """What a producer frame may hold: Pulsar's message fields, its ``context``, and Magnetar's
 conditional append."""
@@ -89,7 +91,9 @@ class ProducerSession:
                                                    compression=params.compression,
                                                    initial_sequence_id=params.initial_sequence_id)
         self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
-        self._pending: deque[tuple[list[Any], Outcome]] = deque()
+        self._pending: deque[tuple[Any, Outcome, int]] = deque()
+        """Frames waiting for their answer, in frame order: context, the outcome of the entry that
+        holds the frame, and the frame's index in that entry."""
         self._room = asyncio.Event()
         self._room.set()
         self._answered = asyncio.Event()
@@ -118,7 +122,7 @@ class ProducerSession:
                 await self._inbox.put(item)
             else:
                 await self._wait_for_room()
-                self._track(*self._outcome_of(item))
+                self._track_alone(item)
 
     def _read_frame(self, text: str) -> _Send | _Rejected:
         try:
@@ -134,15 +138,16 @@ class ProducerSession:
         sequence_id = produced.message.sequence_id
         return _Send(context, produced, sequence_id if sequence_id is not None else self.producer.next_sequence_id())
 
-    def _outcome_of(self, item: _Send | _Rejected) -> tuple[list[Any], Outcome]:
-        """One frame's publish, or its refusal."""
+    def _track_alone(self, item: _Send | _Rejected) -> None:
+        """One frame's own entry, or its refusal."""
         if isinstance(item, _Rejected):
-            return [item.context], item.error
-        return [item.context], self._publish([item])
+            self._track([item], item.error)
+        else:
+            self._track([item], self._publish([item]))
 
     async def _publish_loop(self) -> None:
-        """Take frames in order; with batching, frames already waiting join one entry when the
-        entry's route allows them (see the module docstring)."""
+        """Take frames in order; with batching, the batchable frames already waiting make one
+        entry per partition (see the module docstring)."""
         carried: list[_Send | _Rejected | None] = []
         while True:
             first = carried.pop() if carried else await self._inbox.get()
@@ -150,22 +155,41 @@ class ProducerSession:
                 break
             await self._wait_for_room()
             if isinstance(first, _Rejected) or not self._batchable(first):
-                self._track(*self._outcome_of(first))
+                self._track_alone(first)
                 continue
-            target = self.producer.route(first.produced.message.key)
-            group = [first]
-            while len(group) < self.params.batch_messages_max and not self._inbox.empty():
+            burst = [first]
+            room = max(1, self.params.pending_messages_max - len(self._pending))  # frames left unanswered
+            while len(burst) < min(self.params.batch_messages_max, room) and not self._inbox.empty():
                 candidate = self._inbox.get_nowait()
-                if isinstance(candidate, _Send) and self._batchable(candidate) and self._routes_to(candidate, target):
-                    group.append(candidate)
+                if isinstance(candidate, _Send) and self._batchable(candidate):
+                    burst.append(candidate)
                 else:
                     carried.append(candidate)
                     break
-            self._track([s.context for s in group], self._publish(group, target))
+            self._publish_burst(burst)
 
-    def _routes_to(self, send: _Send, target: TopicName) -> bool:
-        key = send.produced.message.key
-        return key is None or self.producer.partition_of_key(key) == target
+    def _publish_burst(self, burst: list[_Send]) -> None:
+        """One entry per partition the burst's frames go to; answers stay in frame order."""
+        keyless_target: TopicName | None = None
+        batches: dict[TopicName, list[_Send]] = {}
+        for send in burst:
+            key = send.produced.message.key
+            if key is not None:
+                target = self.producer.partition_of_key(key)
+            else:
+                if keyless_target is None:
+                    keyless_target = self.producer.route(None)
+                target = keyless_target
+            batches.setdefault(target, []).append(send)
+        outcomes: dict[int, tuple[Outcome, int]] = {}
+        for target, batch in batches.items():
+            outcome = self._publish(batch, target)
+            for index, send in enumerate(batch):
+                outcomes[id(send)] = (outcome, index)
+        for send in burst:
+            entry_outcome, index = outcomes[id(send)]
+            self._pending.append((send.context, entry_outcome, index))
+        self._answer_if_done()
 
     @staticmethod
     def _batchable(send: _Send) -> bool:
@@ -185,30 +209,36 @@ class ProducerSession:
         return future
 
     async def _wait_for_room(self) -> None:
-        """At most ``maxPendingMessages`` publishes unanswered, and as many results unwritten."""
+        """At most ``maxPendingMessages`` frames unanswered, and as many results unwritten."""
         while len(self._pending) >= self.params.pending_messages_max:
             self._room.clear()
             await self._room.wait()
         await self._writer.room()
 
-    def _track(self, contexts: list[Any], outcome: Outcome) -> None:
-        self._pending.append((contexts, outcome))
-        if len(self._pending) == 1 and (not isinstance(outcome, Future) or outcome.done()):
-            self._send_results()
+    def _track(self, items: Sequence[_Send | _Rejected], outcome: Outcome) -> None:
+        for index, item in enumerate(items):
+            self._pending.append((item.context, outcome, index))
+        self._answer_if_done()
+
+    def _answer_if_done(self) -> None:
+        if self._pending:
+            _, outcome, _ = self._pending[0]
+            if not isinstance(outcome, Future) or outcome.done():
+                self._send_results()
 
     def _send_results(self) -> None:
-        """Answer every finished publish at the head of the queue, in order, in one write."""
+        """Answer every frame at the head of the queue whose entry finished, in order, in one write."""
         frames: list[str] = []
         while self._pending:
-            contexts, outcome = self._pending[0]
+            context, outcome, index = self._pending[0]
             if isinstance(outcome, Future) and not outcome.done():
                 break
             self._pending.popleft()
             try:
-                frames += _outcome_frames(contexts, outcome)
+                frames.append(_outcome_frame(context, outcome, index))
             except Exception as exc:  # not the broker's refusal: a fault, reported as one
                 log.exception("publish failed")
-                frames += [send_error(c, UNKNOWN_ERROR, "internal_error", str(exc)) for c in contexts]
+                frames.append(send_error(context, UNKNOWN_ERROR, "internal_error", str(exc)))
         self._writer.send(frames)
         if len(self._pending) < self.params.pending_messages_max:
             self._room.set()
@@ -216,20 +246,19 @@ class ProducerSession:
             self._answered.set()
 
 
-def _outcome_frames(contexts: list[Any], outcome: Outcome) -> list[str]:
-    """The result frames of a finished publish (or of a refused one)."""
+def _outcome_frame(context: Any, outcome: Outcome, index: int) -> str:
+    """The result frame of the ``index``-th message of a finished (or refused) entry."""
     if isinstance(outcome, FrameError):
-        return [send_error(c, outcome.result_code, InvalidRequest.code, str(outcome)) for c in contexts]
+        return send_error(context, outcome.result_code, InvalidRequest.code, str(outcome))
     if isinstance(outcome, MagnetarError):
-        return [send_error(c, UNKNOWN_ERROR, outcome.code, str(outcome)) for c in contexts]
+        return send_error(context, UNKNOWN_ERROR, outcome.code, str(outcome))
     error = outcome.exception()
     if error is not None:
         if isinstance(error, MagnetarError):
-            return [send_error(c, UNKNOWN_ERROR, error.code, str(error)) for c in contexts]
+            return send_error(context, UNKNOWN_ERROR, error.code, str(error))
         raise error
     result = outcome.result()
     if result.duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
-        dup = MessageId(-1, -1).to_base64()
-        return [frame_text({"result": "ok", "messageId": dup, "context": c, "duplicate": True}) for c in contexts]
-    return [f'{{"result":"ok","messageId":"{mid.to_base64()}","context":{json.dumps(c)},"offset":{offset}}}'
-            for c, mid, offset in zip(contexts, result.message_ids, result.offsets, strict=True)]
+        return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
+    return (f'{{"result":"ok","messageId":"{result.message_ids[index].to_base64()}","context":{json.dumps(context)},'
+            f'"offset":{result.first_offset + index}}}')

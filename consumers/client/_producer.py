@@ -62,19 +62,24 @@ class AsyncProducer:
 
     async def send(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                    event_time_ms: int | None = None, deliver_after_ms: int | None = None,
-                   deliver_at_ms: int | None = None, sequence_id: int | None = None) -> SendResult:
-        """Publish one message and wait until it is durable."""
+                   deliver_at_ms: int | None = None, sequence_id: int | None = None,
+                   expected_offset: int | None = None) -> SendResult:
+        """Publish one message and wait until it is durable. With ``expected_offset`` the append
+        is conditional: the broker refuses it (``offset_mismatch``) unless the message gets that
+        offset."""
         future = await self.send_async(payload, key=key, properties=properties, event_time_ms=event_time_ms,
                                        deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms,
-                                       sequence_id=sequence_id)
+                                       sequence_id=sequence_id, expected_offset=expected_offset)
         return await future
 
     async def send_async(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                          event_time_ms: int | None = None, deliver_after_ms: int | None = None,
                          deliver_at_ms: int | None = None, sequence_id: int | None = None,
-                         ) -> asyncio.Future[SendResult]:
+                         expected_offset: int | None = None) -> asyncio.Future[SendResult]:
         """Start a publish; waits only while ``max_pending_messages`` are already in flight."""
         frame = _send_frame(payload, key, properties, event_time_ms, deliver_after_ms, deliver_at_ms, sequence_id)
+        if expected_offset is not None:
+            frame["expectedOffset"] = expected_offset
         self._session.check_open()
         await self._slots.acquire()
         try:

@@ -83,21 +83,22 @@ class Producer:
 
     def send(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
              event_time_ms: int | None = None, deliver_after_ms: int | None = None, deliver_at_ms: int | None = None,
-             sequence_id: int | None = None) -> SendResult:
-        """Publish one message and wait until it is durable."""
+             sequence_id: int | None = None, expected_offset: int | None = None) -> SendResult:
+        """Publish one message and wait until it is durable (``expected_offset``: conditionally)."""
         return self._runner.call(self._producer.send(
             payload, key=key, properties=properties, event_time_ms=event_time_ms, deliver_after_ms=deliver_after_ms,
-            deliver_at_ms=deliver_at_ms, sequence_id=sequence_id))
+            deliver_at_ms=deliver_at_ms, sequence_id=sequence_id, expected_offset=expected_offset))
 
     def send_async(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                    event_time_ms: int | None = None, deliver_after_ms: int | None = None,
                    deliver_at_ms: int | None = None, sequence_id: int | None = None,
-                   ) -> concurrent.futures.Future[SendResult]:
+                   expected_offset: int | None = None) -> concurrent.futures.Future[SendResult]:
         """Start a publish; blocks only while ``max_pending_messages`` are in flight."""
         async def start() -> concurrent.futures.Future[SendResult]:
             return _to_concurrent(await self._producer.send_async(
                 payload, key=key, properties=properties, event_time_ms=event_time_ms,
-                deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms, sequence_id=sequence_id))
+                deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms, sequence_id=sequence_id,
+                expected_offset=expected_offset))
 
         return self._runner.call(start())
 
