@@ -5,7 +5,7 @@
 # Makefile's virtualenv, every version pinned by constraints.txt, plus a Java runtime for Spark.
 # Debian bookworm is the base because it still packages Java 17.
 #
-# The optional range-read accelerator (api/_range_columns.c, built by setup.py when a C compiler is
+# The optional range-read accelerator (broker/entry_format/_range_columns.c, built by setup.py when a C compiler is
 # present) is not built here: setup.py is not copied and the slim image has no compiler, so range
 # reads use their pure-Python columns (the same answers, about 20 times the broker CPU per row). To
 # build it, copy setup.py with pyproject.toml and install gcc before the pip install (or build the

@@ -23,7 +23,7 @@ from fastapi import APIRouter
 from api.admin_namespaces import namespaces_router, tenants_router
 from api.admin_topics import topic_name, topics_router
 from api.auth import Authorizer, Caller
-from broker import BrokerService, CursorView, InternalStats, SubscriptionView, TopicStats, iso_time
+from broker import BrokerService, CursorView, InternalStats, SubscriptionStats, TopicStats, iso_time
 
 _SUMMED_TOPIC_FIELDS = ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "bytesInCounter",
                         "msgInCounter", "bytesOutCounter", "msgOutCounter", "storageSize", "backlogSize")
@@ -87,7 +87,7 @@ def topic_stats_json(stats: TopicStats) -> dict[str, Any]:
     }
 
 
-def _subscription_json(view: SubscriptionView) -> dict[str, Any]:
+def _subscription_json(view: SubscriptionStats) -> dict[str, Any]:
     return {
         "msgRateOut": view.msg_rate_out, "msgThroughputOut": view.msg_throughput_out,
         "bytesOutCounter": view.bytes_out_counter, "msgOutCounter": view.msg_out_counter,

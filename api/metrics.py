@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
-from broker import BrokerService, BrokerStats, SubscriptionView, TopicStats
+from broker import BrokerService, BrokerStats, SubscriptionStats, TopicStats
 
 TOPIC_LABELS = ("topic",)
 SUBSCRIPTION_LABELS = ("topic", "subscription")
@@ -150,7 +150,7 @@ def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:
         (GaugeMetricFamily("magnetar_topic_entries", "Entries in the topic's ledgers", labels=TOPIC_LABELS),
          lambda t: t.entries),
         (GaugeMetricFamily("magnetar_topic_ledgers", "Ledgers of the topic", labels=TOPIC_LABELS), lambda t: t.ledgers)]
-    sub_families: list[tuple[Metric, Callable[[SubscriptionView], float]]] = [
+    sub_families: list[tuple[Metric, Callable[[SubscriptionStats], float]]] = [
         (GaugeMetricFamily("magnetar_subscription_backlog_messages", "Messages not yet acknowledged",
                            labels=SUBSCRIPTION_LABELS), lambda s: s.msg_backlog),
         (GaugeMetricFamily("magnetar_subscription_unacked_messages", "Messages dispatched and not yet acknowledged",

@@ -54,12 +54,12 @@ from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
-from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, Delivery, SubscriptionStats, SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
 from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
-from broker.topic_stats import ConsumerView, CursorView, InternalStats, LedgerView, SubscriptionView, TopicStats
+from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -77,7 +77,7 @@ __all__ = [
     "Consumer",
     "ConsumerBusy",
     "ConsumerConfig",
-    "ConsumerView",
+    "ConsumerStats",
     "CorruptEntry",
     "CursorView",
     "DataLost",
@@ -107,7 +107,7 @@ __all__ = [
     "StartPosition",
     "StoredMessage",
     "SubscriptionType",
-    "SubscriptionView",
+    "SubscriptionStats",
     "TopicAdmin",
     "TopicName",
     "TopicStats",

@@ -131,7 +131,7 @@ class _Item:
 
 @dataclass(frozen=True)
 class ConsumerStats:
-    consumer_name: str
+    name: str
     available_permits: int
     unacked_messages: int
     msg_out_counter: int
@@ -142,8 +142,12 @@ class ConsumerStats:
 
 @dataclass(frozen=True)
 class SubscriptionStats:
+    """One subscription's counters; also the shape of a durable cursor nobody attached to since
+    the broker started (``type`` None, dispatch counters zero: :meth:`idle`)."""
+
     name: str
-    type: str
+    type: str | None
+    durable: bool
     msg_backlog: int
     backlog_size_bytes: int
     unacked_messages: int
@@ -154,7 +158,14 @@ class SubscriptionStats:
     msg_rate_out: float
     msg_throughput_out: float
     msg_rate_redeliver: float
+    mark_delete_offset: int
+    read_offset: int
     consumers: tuple[ConsumerStats, ...]
+
+    @classmethod
+    def idle(cls, cursor: ManagedCursor) -> SubscriptionStats:
+        return cls(cursor.name, None, cursor.durable, cursor.backlog_messages(), cursor.backlog_bytes(),
+                   0, 0, 0, 0, 0, 0.0, 0.0, 0.0, cursor.mark_delete_offset, cursor.read_offset, ())
 
 
 class UnackedMessages:
@@ -676,10 +687,12 @@ class Subscription:
     def statistics(self) -> SubscriptionStats:
         with self._lock:
             return SubscriptionStats(
-                name=self.name, type=self.type.value, msg_backlog=self.cursor.backlog_messages(),
+                name=self.name, type=self.type.value, durable=self.cursor.durable,
+                msg_backlog=self.cursor.backlog_messages(),
                 backlog_size_bytes=self.cursor.backlog_bytes(),
                 unacked_messages=sum(len(c.unacked) for c in self.consumers),
                 msg_out_counter=self.msg_out, bytes_out_counter=self.bytes_out,
                 msg_redeliver_counter=self.redelivered, delayed_messages=len(self._later),
                 msg_rate_out=self._rates[0], msg_throughput_out=self._rates[1], msg_rate_redeliver=self._rates[2],
+                mark_delete_offset=self.cursor.mark_delete_offset, read_offset=self.cursor.read_offset,
                 consumers=tuple(c.statistics() for c in self.consumers))

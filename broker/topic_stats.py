@@ -21,42 +21,10 @@ from broker.compaction import CompactionStatus
 from broker.cursor import ManagedCursor
 from broker.errors import DataLost, NoSuchEntry
 from broker.message_id import Position
-from broker.subscription import Subscription
+from broker.subscription import Subscription, SubscriptionStats
 from broker.topic import PersistentTopic
 
 DELETED_RANGES_SHOWN_MAX = 100
-
-
-@dataclass(frozen=True)
-class ConsumerView:
-    name: str
-    available_permits: int
-    unacked_messages: int
-    msg_out_counter: int
-    bytes_out_counter: int
-    msg_redeliver_counter: int
-    blocked_on_unacked: bool
-
-
-@dataclass(frozen=True)
-class SubscriptionView:
-    name: str
-    type: str | None
-    """None while no consumer has attached since the broker started."""
-    durable: bool
-    msg_backlog: int
-    backlog_size_bytes: int
-    unacked_messages: int
-    msg_out_counter: int
-    bytes_out_counter: int
-    msg_redeliver_counter: int
-    delayed_messages: int
-    msg_rate_out: float
-    msg_throughput_out: float
-    msg_rate_redeliver: float
-    mark_delete_offset: int
-    read_offset: int
-    consumers: tuple[ConsumerView, ...]
 
 
 @dataclass(frozen=True)
@@ -73,7 +41,7 @@ class TopicStats:
     next_offset: int
     terminated: bool
     dedup_enabled: bool
-    subscriptions: tuple[SubscriptionView, ...]
+    subscriptions: tuple[SubscriptionStats, ...]
 
     @property
     def msg_rate_out(self) -> float:
@@ -158,22 +126,10 @@ def topic_stats(topic: PersistentTopic, active: Sequence[Subscription]) -> Topic
                       ml.terminated, topic.dedup is not None, tuple(views))
 
 
-def _subscription_view(cursor: ManagedCursor | None, active: Subscription | None) -> SubscriptionView | None:
+def _subscription_view(cursor: ManagedCursor | None, active: Subscription | None) -> SubscriptionStats | None:
     if active is not None:
-        stats = active.statistics()
-        consumers = tuple(ConsumerView(c.consumer_name, c.available_permits, c.unacked_messages, c.msg_out_counter,
-                                       c.bytes_out_counter, c.msg_redeliver_counter, c.blocked_on_unacked)
-                          for c in stats.consumers)
-        cursor = active.cursor
-        return SubscriptionView(stats.name, stats.type, cursor.durable, stats.msg_backlog, stats.backlog_size_bytes,
-                                stats.unacked_messages, stats.msg_out_counter, stats.bytes_out_counter,
-                                stats.msg_redeliver_counter, stats.delayed_messages, stats.msg_rate_out,
-                                stats.msg_throughput_out, stats.msg_rate_redeliver, cursor.mark_delete_offset,
-                                cursor.read_offset, consumers)
-    if cursor is None:  # deleted meanwhile
-        return None
-    return SubscriptionView(cursor.name, None, cursor.durable, cursor.backlog_messages(), cursor.backlog_bytes(),
-                            0, 0, 0, 0, 0, 0.0, 0.0, 0.0, cursor.mark_delete_offset, cursor.read_offset, ())
+        return active.statistics()
+    return None if cursor is None else SubscriptionStats.idle(cursor)  # None: deleted meanwhile
 
 
 def internal_stats(topic: PersistentTopic, active: Sequence[Subscription],

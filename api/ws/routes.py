@@ -29,6 +29,9 @@ from api.ws.reader import ReaderSession
 from api.ws.session import serve
 from broker import BrokerService, InvalidRequest, MagnetarError, TopicName, check_subscription_name
 
+Started = tuple[Callable[[], Awaitable[None]], Callable[[], None] | None]
+"""A session's run coroutine, and what undoes its broker objects if the upgrade is refused."""
+
 
 def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -> APIRouter:
     routes = APIRouter()
@@ -52,9 +55,19 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
             return None
         return Admission(caller, tuple(checks))
 
-    async def serve_admitted(websocket: WebSocket, admission: Admission, run: Callable[[], Awaitable[None]],
-                             on_refused: Callable[[], None] | None = None) -> None:
-        """Run an admitted session; it ends early if its caller loses a permission it needs."""
+    async def open_session(websocket: WebSocket, action: Action, topics: list[TopicName],
+                           start: Callable[[], Started], dead_letter_topic: str | None = None) -> None:
+        """Admit the handshake, create the session's broker objects (``start``), then run it;
+        a refusal at either step answers the upgrade. The session ends early if its caller
+        loses a permission it needs."""
+        admission = await admit(websocket, action, topics, dead_letter_topic)
+        if admission is None:
+            return
+        try:
+            run, on_refused = start()
+        except MagnetarError as exc:
+            await deny(websocket, exc)
+            return
         session_id = sessions.opened(admission, websocket)
         try:
             await serve(websocket, run, on_refused)
@@ -71,15 +84,8 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         except MagnetarError as exc:
             await deny(websocket, exc)
             return
-        admission = await admit(websocket, Action.PRODUCE, [name])
-        if admission is None:
-            return
-        try:
-            session = ProducerSession(websocket, service, name, params)
-        except MagnetarError as exc:
-            await deny(websocket, exc)
-            return
-        await serve_admitted(websocket, admission, session.run)
+        await open_session(websocket, Action.PRODUCE, [name],
+                           lambda: (ProducerSession(websocket, service, name, params).run, None))
 
     async def consume(websocket: WebSocket, topics: list[TopicName], subscription: str,
                       pattern: tuple[str, str] | None = None) -> None:
@@ -88,10 +94,8 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         except MagnetarError as exc:
             await deny(websocket, exc)
             return
-        admission = await admit(websocket, Action.CONSUME, topics, params.config.dead_letter_topic)
-        if admission is None:
-            return
-        try:
+
+        def start() -> Started:
             if pattern is not None:
                 consumer = service.subscribe_pattern(pattern[0], pattern[1], subscription, params.sub_type,
                                                      params.config, initial=params.initial,
@@ -99,11 +103,9 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
             else:
                 consumer = service.subscribe_many([t.full_name for t in topics], subscription, params.sub_type,
                                                   params.config, initial=params.initial, durable=params.durable)
-        except MagnetarError as exc:
-            await deny(websocket, exc)
-            return
-        session = ConsumerSession(websocket, service, consumer, params, topics, subscription)
-        await serve_admitted(websocket, admission, session.run, on_refused=consumer.close)
+            return ConsumerSession(websocket, service, consumer, params, topics, subscription).run, consumer.close
+
+        await open_session(websocket, Action.CONSUME, topics, start, params.config.dead_letter_topic)
 
     @routes.websocket("/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}")
     async def consumer(websocket: WebSocket, tenant: str, namespace: str, topic: str, subscription: str) -> None:
@@ -148,16 +150,13 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         except MagnetarError as exc:
             await deny(websocket, exc)
             return
-        admission = await admit(websocket, Action.CONSUME, [name])
-        if admission is None:
-            return
-        try:
+
+        def start_reading() -> Started:
             readers = [service.reader(p, start, compacted=compacted) for p in service.expand_partitions(name)]
-        except MagnetarError as exc:
-            await deny(websocket, exc)
-            return
-        session = ReaderSession(websocket, service, readers, receiver_queue, limits.consumer_unacked_bytes_max)
-        await serve_admitted(websocket, admission, session.run)
+            session = ReaderSession(websocket, service, readers, receiver_queue, limits.consumer_unacked_bytes_max)
+            return session.run, None
+
+        await open_session(websocket, Action.CONSUME, [name], start_reading)
 
     return routes
 
