@@ -1,0 +1,359 @@
+"""The metadata store on ZooKeeper (through kazoo): what a cluster's brokers share.
+
+Role: ``--metadata-store zk:HOST:PORT[,HOST:PORT...][/chroot]`` puts every piece of broker state
+(tenants, policies, managed ledgers, cursors, ledger metadata) in ZooKeeper with the same
+contract as the embedded RocksDB store (``broker/metadata.py``; one contract test runs against
+all three backends). Several brokers may share it: every write is a compare-and-set that
+ZooKeeper checks, so they never lose each other's updates.
+
+How the contract maps onto znodes:
+
+- A node that holds a value has data ``MAGIC [version i64][created_ms i64][modified_ms i64]``
+  then the value. The version is the store's own (0 on create, +1 per put, back to 0 after a
+  delete), not ZooKeeper's, because a znode can outlive its value (see the next point).
+- ZooKeeper needs parents; the store's parents are implicit. Missing parents are created as
+  *placeholders* (no data, hence no value: ``get`` answers None, ``children`` lists them);
+  deleting a value whose znode has children turns it into a placeholder; a placeholder left
+  without children is removed (right after the delete that emptied it), so ``children`` only
+  lists names that still lead to values, as with the other backends.
+- Nodes other processes create with raw kazoo calls (bookie registrations, locks, the ledger
+  id counter) hold no value for the store either.
+- A write reads the znodes it touches, checks the store's versions, and commits one ZooKeeper
+  ``multi`` guarded by the znodes' ZooKeeper versions. If another client changed one of them in
+  between, the multi fails as a whole and the write is planned again from fresh reads (at most
+  ``CONFLICT_RETRIES_MAX`` times), so a compare-and-set never succeeds against a stale read.
+- ``delete_recursive`` removes the subtree in one multi when it has at most
+  ``MULTI_OPS_MAX`` znodes, else in batches from the leaves up (a crash part-way leaves a
+  smaller subtree, never an orphan).
+- Watches deliver the changes made through this store object synchronously, as the other
+  backends do. Changes made by other processes are not delivered by ``watch``: processes
+  coordinate through ``broker/coordination.py`` (kazoo's watch recipes) instead.
+- Ledger ids come from kazoo's ``Counter`` recipe at ``/ledgers/idgen`` (a CAS on one znode),
+  so brokers sharing the store never hand out one id twice.
+
+Errors: a lost connection or session during a call raises the retriable
+``MetadataStoreUnavailable`` (a write may or may not have been applied, as with any ZooKeeper
+client; callers re-read before retrying, which every caller of a CAS does anyway).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
+from kazoo.retry import KazooRetry
+
+from broker.errors import BrokerError, InvalidRequest
+from broker.metadata import (
+    ROOT,
+    SEPARATOR,
+    Notification,
+    NotificationType,
+    Stat,
+    _VersionedStore,
+    validate_path,
+)
+
+MAGIC = b"MGV1"
+_HEADER = struct.Struct(">4sqqq")
+CONFLICT_RETRIES_MAX = 64
+MULTI_OPS_MAX = 2000
+SESSION_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 15.0
+LEDGER_ID_COUNTER_PATH = "/ledgers/idgen"
+_SPEC = re.compile(r"^zk:(?P<hosts>[^/]+)(?P<chroot>/.*)?$")
+
+
+class MetadataStoreUnavailable(BrokerError):
+    code = "metadata_store_unavailable"
+    http_status = 503
+    retriable = True
+
+
+class _Conflict(Exception):
+    """Another client changed a znode between this write's reads and its multi: plan again."""
+
+
+@dataclass(frozen=True)
+class ZooKeeperSpec:
+    """``zk:HOST:PORT[,HOST:PORT...][/chroot]``."""
+
+    hosts: str
+    chroot: str
+
+    @classmethod
+    def parse(cls, spec: str) -> ZooKeeperSpec:
+        match = _SPEC.match(spec.strip())
+        if match is None:
+            raise InvalidRequest(f"not a ZooKeeper metadata store: {spec!r} (expected zk:HOST:PORT[/chroot])")
+        chroot = (match.group("chroot") or "").rstrip("/")
+        if chroot:
+            validate_path(chroot)
+        return cls(match.group("hosts"), chroot)
+
+    @property
+    def url(self) -> str:
+        return f"zk:{self.hosts}{self.chroot}"
+
+
+def connect(spec: str | ZooKeeperSpec, *, session_timeout_s: float = SESSION_TIMEOUT_S,
+            connect_timeout_s: float = CONNECT_TIMEOUT_S) -> KazooClient:
+    """A started kazoo client rooted at the spec's chroot (created when missing). It reconnects
+    by itself after a lost connection, with a new session after an expired one."""
+    parsed = spec if isinstance(spec, ZooKeeperSpec) else ZooKeeperSpec.parse(spec)
+    retry = {"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0}
+    try:
+        if parsed.chroot:
+            bootstrap = KazooClient(hosts=parsed.hosts, timeout=session_timeout_s)
+            bootstrap.start(timeout=connect_timeout_s)
+            try:
+                bootstrap.ensure_path(parsed.chroot)
+            finally:
+                bootstrap.stop()
+                bootstrap.close()
+        client = KazooClient(hosts=parsed.hosts + parsed.chroot, timeout=session_timeout_s,
+                             connection_retry=retry, command_retry={"max_tries": 3, "delay": 0.05, "max_delay": 1.0})
+        client.start(timeout=connect_timeout_s)
+    except (KazooException, TimeoutError) as exc:
+        raise MetadataStoreUnavailable(f"cannot reach ZooKeeper at {parsed.url}: {exc!r}") from exc
+    return client
+
+
+def _encode(stat: Stat) -> bytes:
+    return _HEADER.pack(MAGIC, stat.version, stat.created_ms, stat.modified_ms) + stat.value
+
+
+def _decode(path: str, data: bytes) -> Stat | None:
+    if len(data) < _HEADER.size or data[:4] != MAGIC:
+        return None  # a placeholder, or a znode some recipe owns
+    _, version, created_ms, modified_ms = _HEADER.unpack_from(data)
+    return Stat(path, data[_HEADER.size :], version, created_ms, modified_ms)
+
+
+def _parent(path: str) -> str:
+    parent = path.rsplit(SEPARATOR, 1)[0]
+    return parent or ROOT
+
+
+@dataclass
+class _Seen:
+    """A znode as this write read it: ZooKeeper's version and child count (None: absent)."""
+
+    zk_version: int | None
+    children: int
+    is_value: bool
+
+
+class ZooKeeperMetadataStore(_VersionedStore):
+    """The contract of ``broker/metadata.py`` on a started kazoo client (see the module docstring)."""
+
+    def __init__(self, client: KazooClient, clock: Callable[[], float] | None = None, *,
+                 owns_client: bool = False) -> None:
+        super().__init__(clock)
+        self._client = client
+        self._owns_client = owns_client
+        self._seen: dict[str, _Seen] = {}
+        self._counter_lock = threading.Lock()
+        self._read_retry = KazooRetry(max_tries=5, delay=0.05, max_delay=1.0, ignore_expire=False)
+
+    @classmethod
+    def open(cls, spec: str, clock: Callable[[], float] | None = None) -> ZooKeeperMetadataStore:
+        return cls(connect(spec), clock, owns_client=True)
+
+    @property
+    def client(self) -> KazooClient:
+        return self._client
+
+    # --- reads (no store lock: ZooKeeper orders them) ----------------------------------------------
+    def get(self, path: str) -> Stat | None:
+        valid = validate_path(path)
+        with self._lock:
+            self._check_open()
+            self._gets += 1
+        if valid == ROOT:
+            return None
+        data = self._read(valid)
+        return None if data is None else _decode(valid, data[0])
+
+    def children(self, path: str) -> list[str]:
+        valid = validate_path(path)
+        with self._lock:
+            self._check_open()
+        try:
+            names: list[str] = self._read_retry(self._client.get_children, valid)
+        except NoNodeError:
+            return []
+        except KazooException as exc:
+            raise MetadataStoreUnavailable(f"metadata read of {valid} failed: {exc!r}") from exc
+        return sorted(names)
+
+    def _read(self, path: str) -> tuple[bytes, Any] | None:
+        try:
+            data, zstat = self._read_retry(self._client.get, path)
+        except NoNodeError:
+            return None
+        except KazooException as exc:
+            raise MetadataStoreUnavailable(f"metadata read of {path} failed: {exc!r}") from exc
+        return data, zstat
+
+    # --- the primitives the shared contract is built on (called under the store lock) ----------------
+    def _load(self, path: str) -> Stat | None:
+        found = self._read(path)
+        if found is None:
+            self._seen[path] = _Seen(None, 0, False)
+            return None
+        data, zstat = found
+        stat = _decode(path, data)
+        self._seen[path] = _Seen(zstat.version, zstat.numChildren, stat is not None)
+        return stat
+
+    def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
+        transaction = self._client.transaction()
+        deleted: list[str] = []
+        for path, stat in changes.items():
+            seen = self._seen[path]
+            if stat is not None:
+                if seen.zk_version is None:
+                    self._ensure_parent(path)
+                    transaction.create(path, _encode(stat))
+                else:
+                    transaction.set_data(path, _encode(stat), version=seen.zk_version)
+            elif seen.children:
+                transaction.set_data(path, b"", version=seen.zk_version)  # keeps its children
+            else:
+                transaction.delete(path, version=seen.zk_version)
+                deleted.append(path)
+        self._run(transaction)
+        self._prune(deleted)
+
+    def _child_names(self, path: str) -> list[str]:
+        return self.children(path)
+
+    def _subtree(self, path: str) -> list[str]:
+        return [node for node, is_value, _ in self._walk(path) if is_value]
+
+    def _close_backend(self) -> None:
+        if self._owns_client:
+            self._client.stop()
+            self._client.close()
+
+    # --- writes ---------------------------------------------------------------------------------
+    def transaction(self, ops: Any, *, durable: bool = True) -> list[Stat | None]:
+        for _ in range(CONFLICT_RETRIES_MAX):
+            self._seen.clear()
+            try:
+                return super().transaction(ops, durable=durable)
+            except _Conflict:
+                continue
+        raise MetadataStoreUnavailable("metadata write kept conflicting with other clients")
+
+    def delete_recursive(self, path: str) -> int:
+        valid = validate_path(path)
+        for _ in range(CONFLICT_RETRIES_MAX):
+            with self._lock:
+                self._check_open()
+                nodes = self._walk(valid)
+                if valid == ROOT:
+                    nodes = [n for n in nodes if n[0] != ROOT]
+                nodes.sort(key=lambda n: n[0].count(SEPARATOR), reverse=True)  # leaves first
+                try:
+                    self._delete_nodes(nodes)
+                except _Conflict:
+                    continue
+                doomed = sorted((node for node, is_value, _ in nodes if is_value), reverse=True)
+                self._deletes += len(doomed)
+                self._pending.extend(Notification(NotificationType.DELETED, p) for p in doomed)
+            if valid != ROOT:
+                self._prune([valid])
+            self._deliver()
+            return len(doomed)
+        raise MetadataStoreUnavailable(f"recursive delete of {valid} kept conflicting with other clients")
+
+    def _delete_nodes(self, nodes: list[tuple[str, bool, int]]) -> None:
+        for start in range(0, len(nodes), MULTI_OPS_MAX):
+            transaction = self._client.transaction()
+            for node, _, zk_version in nodes[start : start + MULTI_OPS_MAX]:
+                transaction.delete(node, version=zk_version)
+            self._run(transaction)
+
+    def _walk(self, path: str) -> list[tuple[str, bool, int]]:
+        """Every znode at and below ``path``: (path, holds a value, ZooKeeper version)."""
+        found: list[tuple[str, bool, int]] = []
+        stack = [path]
+        while stack:
+            node = stack.pop()
+            read = self._read(node)
+            if read is None:
+                continue
+            data, zstat = read
+            found.append((node, _decode(node, data) is not None, zstat.version))
+            base = SEPARATOR if node == ROOT else node + SEPARATOR
+            stack.extend(base + child for child in self.children(node))
+        return found
+
+    def _ensure_parent(self, path: str) -> None:
+        parent = _parent(path)
+        if parent == ROOT:
+            return
+        try:
+            self._client.ensure_path(parent)
+        except KazooException as exc:
+            raise MetadataStoreUnavailable(f"could not create the parents of {path}: {exc!r}") from exc
+
+    def _run(self, transaction: Any) -> None:
+        try:
+            results = transaction.commit()
+        except KazooException as exc:
+            raise MetadataStoreUnavailable(f"metadata write failed: {exc!r}") from exc
+        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        if not failures:
+            return
+        if all(isinstance(f, BadVersionError | NoNodeError | NodeExistsError | NotEmptyError) for f in failures):
+            raise _Conflict()
+        raise MetadataStoreUnavailable(f"metadata write failed: {failures[0]!r}")
+
+    def _prune(self, deleted: list[str]) -> None:
+        """Remove placeholders that the deletes left without children (best effort: a
+        placeholder that gained a child or a value meanwhile stays)."""
+        for path in deleted:
+            parent = _parent(path)
+            while parent != ROOT:
+                read = self._read(parent)
+                if read is None or _decode(parent, read[0]) is not None or read[1].numChildren:
+                    break
+                try:
+                    self._client.delete(parent, version=read[1].version)
+                except (NotEmptyError, BadVersionError, NoNodeError):
+                    break
+                except KazooException:
+                    return
+                parent = _parent(parent)
+
+    # --- ledger ids ---------------------------------------------------------------------------------
+    def ledger_id_generator(self) -> Callable[[], int]:
+        """Ledger ids from kazoo's ``Counter`` recipe: unique across every broker of the cluster."""
+        counter = self._client.Counter(LEDGER_ID_COUNTER_PATH)
+
+        def next_id() -> int:
+            with self._counter_lock:
+                try:
+                    counter.__iadd__(1)
+                except KazooException as exc:
+                    raise MetadataStoreUnavailable(f"could not allocate a ledger id: {exc!r}") from exc
+                value: int = counter.post_value
+                return value
+
+        return next_id
