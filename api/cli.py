@@ -5,8 +5,10 @@ broker with its embedded storage and the HTTP API in one process (``make run`` u
 and :8080). ``--config`` reads Pulsar's ``standalone.conf`` keys (authentication, token keys,
 superusers, auto-creation; see ``api/config.py``); the flags override it. SIGTERM or Ctrl-C shut
 it down gracefully: flush, checkpoint, close. The client commands (``produce``, ``consume``,
-``admin``, ``perf``, ``tokens``) live in ``api/cli_client.py``; the server's imports are loaded
-only by ``standalone`` so that client commands start quickly.
+``admin``, ``perf``, ``tokens``) live in ``api/cli_client.py``, the cluster's ``bookie`` and
+``broker`` in ``api/cli_cluster.py``; the server's imports are loaded only by the server
+commands so that client commands start quickly. ``--journal-dir`` puts the embedded bookie's
+journal on another disk (Pulsar's ``journalDirectory``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import sys
 
 from api.cli_client import add_client_commands, run_client_command
+from api.cli_cluster import CLUSTER_COMMANDS, add_cluster_commands, run_cluster_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,10 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     standalone = commands.add_parser("standalone", help="run broker + embedded storage + HTTP API")
     standalone.add_argument("--config", help="a standalone.conf file (Pulsar's keys; see api/config.py)")
     standalone.add_argument("--data-dir", help="data directory (default ./data)")
+    standalone.add_argument("--journal-dir", help="journal directory (default DATA_DIR/bookie/journal)")
     standalone.add_argument("--host", help="listen address (default 0.0.0.0)")
     standalone.add_argument("--port", type=int, help="listen port (default 8080)")
     standalone.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_client_commands(parser, commands)
+    add_cluster_commands(commands)
     return parser
 
 
@@ -64,14 +69,15 @@ def run_standalone(args: argparse.Namespace) -> int:
     from broker.service import BrokerService
 
     overrides = {key: str(value) for key, value in
-                 (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port))
+                 (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port),
+                  ("journalDirectory", args.journal_dir))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
     except (ConfigError, OSError) as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
-    app = create_app(BrokerService(config.data_dir, config.broker), auth=config.auth)
+    app = create_app(BrokerService(config.data_dir, config.broker, journal_dir=config.journal_dir), auth=config.auth)
     tune_runtime()
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
@@ -84,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "standalone":
         return run_standalone(args)
+    if args.command in CLUSTER_COMMANDS:
+        return run_cluster_command(args)
     return run_client_command(args)
 
 

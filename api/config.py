@@ -4,7 +4,8 @@ Role: turn a configuration file (and command-line overrides) into the ``BrokerCo
 ``AuthConfig`` that ``magnetar standalone`` runs with. Pulsar users can reuse the keys they know:
 ``webServicePort``, ``bindAddress``, ``authenticationEnabled``, ``authorizationEnabled``,
 ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey`` (``file:///path``, ``data:;base64,…``
-or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``; plus
+or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
+``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk); plus
 ``dataDir``. Keys Magnetar does not use are logged and ignored, so a
 full Pulsar ``standalone.conf`` loads.
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
-              "brokerDeduplicationEnabled")
+              "brokerDeduplicationEnabled", "journalDirectory")
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class StandaloneConfig:
     data_dir: str = "./data"
+    journal_dir: str | None = None
     host: str = "0.0.0.0"
     port: int = 8080
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -53,6 +55,7 @@ class StandaloneConfig:
             log.info("configuration key %s is not used by Magnetar; ignored", key)
         return cls(
             data_dir=values.get("dataDir", cls.data_dir),
+            journal_dir=values.get("journalDirectory") or None,
             host=values.get("bindAddress", cls.host),
             port=_integer(values, "webServicePort", cls.port),
             broker=dataclasses.replace(

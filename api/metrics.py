@@ -231,7 +231,8 @@ class BrokerCollector(Collector):
         self._service = service
 
     def collect(self) -> Iterator[Metric]:
-        yield from storage_metrics(self._service)
+        if self._service.cluster is None:  # a cluster broker has no embedded bookie
+            yield from storage_metrics(self._service)
         yield from broker_metrics(self._service)
         samples = []
         for topic in self._service.open_topics():

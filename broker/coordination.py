@@ -25,6 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kazoo.exceptions import KazooException, NodeExistsError
+from kazoo.protocol.states import KazooState
+
 from broker.errors import BrokerError
 
 log = logging.getLogger(__name__)
@@ -207,12 +210,9 @@ class ZooKeeperCoordination(Coordination):
     """Membership and locks on a started kazoo client (shared with the ZooKeeper metadata store)."""
 
     def __init__(self, client: Any, *, identifier: str = "") -> None:
-        from kazoo.protocol.states import KazooState
-
         super().__init__()
         self._client = client
         self._identifier = identifier
-        self._states = KazooState
         self._available: list[str] = []
         self._registered: list[str] = []
         self._lock = threading.Lock()
@@ -230,9 +230,9 @@ class ZooKeeperCoordination(Coordination):
         return not self._closed
 
     def _on_state(self, state: str) -> None:
-        if state == self._states.LOST:
+        if state == KazooState.LOST:
             self._counters["sessions_lost"] += 1
-        elif state == self._states.CONNECTED and self._registered and not self._closed:
+        elif state == KazooState.CONNECTED and self._registered and not self._closed:
             self._client.handler.spawn(self._reregister)  # a listener must not block
 
     def _reregister(self) -> None:
@@ -251,8 +251,6 @@ class ZooKeeperCoordination(Coordination):
     def _create_registration(self, bookie_id: str) -> None:
         """Create the ephemeral node; a node left by this bookie's previous session (a restart
         within the session timeout) is waited out, as BookKeeper's bookies do."""
-        from kazoo.exceptions import KazooException, NodeExistsError
-
         path = f"{AVAILABLE_PATH}/{bookie_id}"
         deadline_s = time.monotonic() + REGISTRATION_WAIT_S_MAX
         while True:
@@ -265,7 +263,7 @@ class ZooKeeperCoordination(Coordination):
                 if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
                     return
                 gone = threading.Event()
-                if self._client.exists(path, watch=lambda _event: gone.set()) is not None:
+                if self._client.exists(path, watch=lambda _event, gone=gone: gone.set()) is not None:
                     gone.wait(max(0.0, deadline_s - time.monotonic()))
                 if time.monotonic() >= deadline_s:
                     raise CoordinationUnavailable(f"bookie {bookie_id} is still registered by another session") \
@@ -278,8 +276,6 @@ class ZooKeeperCoordination(Coordination):
             return list(self._available)
 
     def try_lock(self, name: str) -> Lease | None:
-        from kazoo.exceptions import KazooException
-
         lock = self._client.Lock(f"{LOCKS_PATH}/{name}", self._identifier)
         try:
             acquired = lock.acquire(blocking=False)
@@ -307,8 +303,6 @@ class _ZooKeeperLease(Lease):
         return bool(self._lock.is_acquired) and self._client.connected and self._client.client_id == self._session
 
     def release(self) -> None:
-        from kazoo.exceptions import KazooException
-
         try:
             self._lock.release()
         except KazooException:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
 
 from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, unpack_entry
 from broker.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
@@ -33,6 +34,7 @@ from broker.errors import MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBoo
 from storage.bookie_protocol import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
 from storage.futures import LightFuture, new_future
 
+T = TypeVar("T")
 _STORED_HEADER = struct.Struct(">qq")  # as broker/bookie.py packs it: piggybacked LAC, ledger length
 
 
@@ -169,13 +171,13 @@ class RemoteBookie:
                 self._cache_bytes -= len(self._cache.pop(key))
 
 
-def _complete(result: LightFuture[object], response_future: Future[Response], value: object) -> None:
+def _complete(result: LightFuture[T], response_future: Future[Response], value: Callable[[Response], T]) -> None:
     error = response_future.exception()
     if error is None:
         response = response_future.result()
         error = response.error()
         if error is None:
-            result.try_finish(value(response), None)  # type: ignore[operator]
+            result.try_finish(value(response), None)
             return
     result.try_finish(None, error if isinstance(error, MagnetarError) else BookieUnavailable(str(error)))
 

@@ -13,6 +13,9 @@ touches ``storage``). Everything it knows lives in the metadata store or in ledg
 A maintenance pass (every ``maintenance_interval_ms``, or on demand) applies message TTLs to
 cursors, trims consumed ledgers as retention allows, and ages out the entry cache.
 
+With ``cluster`` (``magnetar broker``) there is no embedded bookie: the metadata store is
+ZooKeeper and ledgers go to the remote bookies registered there (``broker/cluster.py``).
+
 Invariant: between :meth:`start` and :meth:`close` the storage is open; after :meth:`close`
 every acknowledged entry is in synced entry logs and the journal is checkpointed.
 """
@@ -29,7 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.bookie import BookieClient, LocalBookie
 from broker.compaction import CompactionStatus, Compactor
@@ -50,6 +53,7 @@ from broker.errors import (
 from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore, RocksDBMetadataStore
+from broker.persistence import quorum_for
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
@@ -57,6 +61,9 @@ from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import LedgerStorage, StorageConfig
 from storage.fileio import FileIO
+
+if TYPE_CHECKING:  # a cluster broker's storage pulls in kazoo; the embedded broker never loads it
+    from broker.cluster import ClusterStorage
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +108,14 @@ def default_policies() -> dict[str, Any]:
 
 class BrokerService:
     def __init__(self, data_dir: str, config: BrokerConfig | None = None,
-                 clock: Callable[[], float] = time.time, *, fileio: FileIO | None = None) -> None:
+                 clock: Callable[[], float] = time.time, *, fileio: FileIO | None = None,
+                 journal_dir: str | None = None, cluster: ClusterStorage | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.config = config or BrokerConfig()
         self.clock = clock
         self._fileio = fileio
+        self._journal_dir = journal_dir
+        self.cluster = cluster
         self._storage: LedgerStorage | None = None
         self._store: MetadataStore | None = None
         self._topics: dict[TopicName, PersistentTopic] = {}
@@ -126,11 +136,14 @@ class BrokerService:
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage,
-                                           fileio=self._fileio)
-        self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
-        self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
+        if self.cluster is not None:
+            self._store, self.ledgers = self.cluster.open(self.clock)
+        else:
+            os.makedirs(self.data_dir, exist_ok=True)
+            self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage,
+                                               fileio=self._fileio, journal_dir=self._journal_dir)
+            self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
+            self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
         self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
         self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
         if not self.store.exists(f"{TENANTS}/public"):
@@ -177,11 +190,16 @@ class BrokerService:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self.cluster is not None:
+            self.cluster.close()
         if self._storage is not None:
             self._storage.close()
             self._storage = None
 
     def health(self) -> Health:
+        if self.cluster is not None:
+            bookies = self.cluster.bookies_available()
+            return Health("ok" if bookies else "degraded", False, 0, 0)
         stats = self.storage.statistics()
         status = "degraded" if stats.read_only else "ok"
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count)
@@ -271,7 +289,12 @@ class BrokerService:
             self.config.managed_ledger,
             retention_time_ms=-1 if minutes < 0 else minutes * 60_000,
             retention_size_bytes=-1 if mb < 0 else mb * 1024 * 1024,
-            message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000)
+            message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000,
+            quorum=quorum_for(policies, self.config.managed_ledger.quorum))
+
+    def bookies_available(self) -> int:
+        """Bookies new ledgers can use: the registered ones in a cluster, else the embedded one."""
+        return 1 if self.cluster is None else self.cluster.bookies_available()
 
     # --- topics --------------------------------------------------------------------------
     def topic(self, name: str | TopicName, *, create: bool | None = None) -> PersistentTopic:

@@ -348,9 +348,10 @@ class ZooKeeperMetadataStore(_VersionedStore):
         counter = self._client.Counter(LEDGER_ID_COUNTER_PATH)
 
         def next_id() -> int:
+            nonlocal counter
             with self._counter_lock:
                 try:
-                    counter.__iadd__(1)
+                    counter += 1  # the recipe's compare-and-set, retried on conflicts
                 except KazooException as exc:
                     raise MetadataStoreUnavailable(f"could not allocate a ledger id: {exc!r}") from exc
                 value: int = counter.post_value
