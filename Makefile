@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA_DIR ?= ./data
 PORT ?= 8080
 
-.PHONY: run test lint unit crash bench check-java clean demo
+.PHONY: run test lint unit crash bench check-java check-zookeeper clean demo soak-cluster
 
 # setup.py builds the optional native accelerator api/_range_columns.c (skipped without a C compiler).
 $(STAMP): pyproject.toml constraints.txt setup.py api/_range_columns.c
@@ -23,6 +23,12 @@ check-java:
 	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
 	  [ "$${v:-0}" -ge 17 ] || { echo "Spark needs Java 17+, found $$v: install 'openjdk-17-jre-headless'"; exit 1; }
 
+# The cluster tests run Debian's ZooKeeper (java + /usr/share/java/zookeeper.jar); installed when missing.
+check-zookeeper: check-java
+	@[ -f /usr/share/java/zookeeper.jar ] || { echo "installing Debian's zookeeper package for the cluster tests"; \
+	  apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null 2>&1; true; }
+	@[ -f /usr/share/java/zookeeper.jar ] || { echo "The cluster tests need ZooKeeper: install it with 'apt-get install zookeeper'"; exit 1; }
+
 run: $(STAMP)
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT)
 
@@ -30,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: $(STAMP) check-java lint
+test: $(STAMP) check-java check-zookeeper lint
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
@@ -39,14 +45,19 @@ unit: $(STAMP)
 demo: $(STAMP) check-java
 	$(BIN)/python -m demo.run_demo
 
-crash: $(STAMP)
+crash: $(STAMP) check-zookeeper
 	MAGNETAR_CRASH_ROUNDS=$${MAGNETAR_CRASH_ROUNDS:-300} $(BIN)/pytest -q tests/crash
 
-bench: $(STAMP)
+# A longer seeded cluster simulation (bookie crashes, slow bookies, partitions, session expiry).
+soak-cluster: $(STAMP)
+	MAGNETAR_CLUSTER_SIM_ROUNDS=$${MAGNETAR_CLUSTER_SIM_ROUNDS:-200} $(BIN)/pytest -q tests/simulation/test_cluster_simulation.py
+
+bench: $(STAMP) check-zookeeper
 	$(BIN)/python bench/storage_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/managed_ledger_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/e2e_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/spark_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/cluster_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -53,6 +53,7 @@ from kazoo.exceptions import (
     NoNodeError,
     NotEmptyError,
     RolledBackError,
+    RuntimeInconsistency,
 )
 from kazoo.retry import KazooRetry
 
@@ -192,12 +193,15 @@ class ZooKeeperMetadataStore(_VersionedStore):
         valid = validate_path(path)
         with self._lock:
             self._check_open()
+        return self._list_children(valid)
+
+    def _list_children(self, path: str) -> list[str]:
         try:
-            names: list[str] = self._read_retry(self._client.get_children, valid)
+            names: list[str] = self._read_retry(self._client.get_children, path)
         except NoNodeError:
             return []
         except KazooException as exc:
-            raise MetadataStoreUnavailable(f"metadata read of {valid} failed: {exc!r}") from exc
+            raise MetadataStoreUnavailable(f"metadata read of {path} failed: {exc!r}") from exc
         return sorted(names)
 
     def _read(self, path: str) -> tuple[bytes, Any] | None:
@@ -223,11 +227,12 @@ class ZooKeeperMetadataStore(_VersionedStore):
     def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
         transaction = self._client.transaction()
         deleted: list[str] = []
+        ensured: set[str] = set()
         for path, stat in changes.items():
             seen = self._seen[path]
             if stat is not None:
                 if seen.zk_version is None:
-                    self._ensure_parent(path)
+                    self._ensure_parent(path, ensured)
                     transaction.create(path, _encode(stat))
                 else:
                     transaction.set_data(path, _encode(stat), version=seen.zk_version)
@@ -240,7 +245,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         self._prune(deleted)
 
     def _child_names(self, path: str) -> list[str]:
-        return self.children(path)
+        return self._list_children(path)
 
     def _subtree(self, path: str) -> list[str]:
         return [node for node, is_value, _ in self._walk(path) if is_value]
@@ -301,15 +306,16 @@ class ZooKeeperMetadataStore(_VersionedStore):
             data, zstat = read
             found.append((node, _decode(node, data) is not None, zstat.version))
             base = SEPARATOR if node == ROOT else node + SEPARATOR
-            stack.extend(base + child for child in self.children(node))
+            stack.extend(base + child for child in self._list_children(node))
         return found
 
-    def _ensure_parent(self, path: str) -> None:
+    def _ensure_parent(self, path: str, ensured: set[str]) -> None:
         parent = _parent(path)
-        if parent == ROOT:
+        if parent == ROOT or parent in ensured:
             return
         try:
             self._client.ensure_path(parent)
+            ensured.add(parent)
         except KazooException as exc:
             raise MetadataStoreUnavailable(f"could not create the parents of {path}: {exc!r}") from exc
 
@@ -318,7 +324,8 @@ class ZooKeeperMetadataStore(_VersionedStore):
             results = transaction.commit()
         except KazooException as exc:
             raise MetadataStoreUnavailable(f"metadata write failed: {exc!r}") from exc
-        failures = [r for r in results if isinstance(r, Exception) and not isinstance(r, RolledBackError)]
+        failures = [r for r in results
+                    if isinstance(r, Exception) and not isinstance(r, RolledBackError | RuntimeInconsistency)]
         if not failures:
             return
         if all(isinstance(f, BadVersionError | NoNodeError | NodeExistsError | NotEmptyError) for f in failures):
