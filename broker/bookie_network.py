@@ -146,16 +146,15 @@ class BookieNetwork:
             if self._closed:
                 return
             self._closed = True
-        done = threading.Event()
-
-        def shut() -> None:
+        async def shut() -> None:
             for connection in self.connections():
                 connection.fail_all(BookieUnavailable("the broker's bookie client is closed"))
-            done.set()
-            self._loop.stop()
+            for _ in range(3):  # let the aborted transports close their sockets
+                await asyncio.sleep(0)
 
-        self._loop.call_soon_threadsafe(shut)
-        done.wait(LOOP_START_TIMEOUT_S)
+        with contextlib.suppress(TimeoutError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(LOOP_START_TIMEOUT_S)
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(LOOP_START_TIMEOUT_S)
         self._loop.close()
 

@@ -88,6 +88,8 @@ class BookieServer:
             self._server.close()
             for connection in list(self._connections):
                 connection.abort()
+            for _ in range(3):  # let the aborted transports close their sockets
+                await asyncio.sleep(0)
             await self._server.wait_closed()
             self._server = None
 
