@@ -1,7 +1,7 @@
 """Admin v2 REST API (Pulsar's ``/admin/v2``): the router, and the topic statistics documents.
 
 Role: ``router(service, authorizer)`` assembles the admin API: tenants and namespaces
-(``api/admin_namespaces.py``), topics, subscriptions, cursor moves, messages, compaction and
+(``api/admin_namespaces.py``, persistence policies in ``api/admin_persistence.py``), topics, subscriptions, cursor moves, messages, compaction and
 termination (``api/admin_topics.py``), and, here, ``stats``, ``partitioned-stats`` and
 ``internalStats`` in Pulsar's ``TopicStats``, ``PartitionedTopicStats`` and
 ``PersistentTopicInternalStats`` shapes, filled with the broker's real numbers (managed
@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.admin_namespaces import namespaces_router, tenants_router
+from api.admin_persistence import persistence_router
 from api.admin_topics import iso_time, single_topic, topic_name, topics_router
 from api.auth import Authorizer, Caller
 from broker.cursor import ManagedCursor
@@ -43,6 +44,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter(prefix="/admin/v2", tags=["admin"])
     routes.include_router(tenants_router(service, authorizer))
     routes.include_router(namespaces_router(service, authorizer))
+    routes.include_router(persistence_router(service, authorizer))
     routes.include_router(_stats_router(service, authorizer))
     routes.include_router(topics_router(service, authorizer))
     return routes
