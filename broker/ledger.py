@@ -208,6 +208,9 @@ class LedgerHandle:
         self._pending: deque[_PendingAdd] = deque()
         self._failure: MagnetarError | None = None
         self._ensemble_changes = 0
+        self._failed_bookies: set[str] = set()
+        """Bookies that failed this writer: never chosen again for this ledger, so ensemble
+        changes end (at most one per bookie) instead of cycling between unreachable ones."""
 
     @property
     def last_add_confirmed(self) -> int:
@@ -328,6 +331,7 @@ class LedgerHandle:
             if failed_bookie not in ensemble:
                 return None
             old_fragments = list(self.metadata.fragments)
+            self._failed_bookies.add(failed_bookie)
             new_ensemble = self._replacement_ensemble(ensemble, failed_bookie)
             first_entry_id = self._lac + 1
             fragments = [f for f in self.metadata.fragments if f[0] < first_entry_id]
@@ -343,9 +347,9 @@ class LedgerHandle:
         bookies and waits for ``Qa``: only the striping narrows)."""
         client = self._manager.client
         try:
-            spare = client.new_ensemble(1, exclude=ensemble)[0]
+            spare = client.new_ensemble(1, exclude=[*ensemble, *self._failed_bookies])[0]
         except NotEnoughBookies:
-            live = [b for b in ensemble if b != failed_bookie and _is_available(client, b)]
+            live = [b for b in ensemble if b not in self._failed_bookies and _is_available(client, b)]
             if len(live) < self.metadata.quorum.write_quorum_size:
                 raise
             return live
@@ -438,6 +442,9 @@ class _Recovery:
         self.manager = manager
         self.meta = meta
         self.version = version
+        self.written_with = list(meta.fragments)
+        """Where the writer put each entry: reads follow these, whatever ensemble changes this
+        recovery makes for the entries it writes again."""
 
     def run(self) -> LedgerHandle:
         if self.meta.state is LedgerState.OPEN:
@@ -478,7 +485,7 @@ class _Recovery:
         when too few answered to tell, ``NotEnoughBookies`` (recovery must not stop early and
         cut off an acknowledged entry held by the unreachable ones)."""
         quorum = self.meta.quorum
-        targets = write_set(self.meta.ensemble_for(entry_id), entry_id, quorum.write_quorum_size)
+        targets = write_set(_ensemble_in(self.written_with, entry_id), entry_id, quorum.write_quorum_size)
         missing = 0
         for bookie_id in targets:
             try:
@@ -503,18 +510,42 @@ class _Recovery:
         return last, length_bytes
 
     def _replicate(self, entry_id: int, lac: int, length_bytes: int, payload: bytes) -> None:
-        targets = write_set(self.meta.ensemble_for(entry_id), entry_id, self.meta.quorum.write_quorum_size)
-        acks = 0
-        for bookie_id in targets:
-            try:
-                bookie = self.manager.client.bookie(bookie_id)
-                bookie.add_entry(self.meta.ledger_id, entry_id, lac, length_bytes, payload,
-                                 recovery=True).result(timeout=FUTURE_TIMEOUT_S)
-                acks += 1
-            except BrokerError:
-                continue
-        if acks < self.meta.quorum.ack_quorum_size:
-            raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id} reached {acks} bookies")
+        """Write a recovered entry to its write set; bookies that fail are replaced from this
+        entry on (a new fragment, as a writer's ensemble change), so a dead bookie in the last
+        ensemble does not make the ledger unrecoverable."""
+        quorum = self.meta.quorum
+        failed: set[str] = set()
+        while True:
+            targets = write_set(self.meta.ensemble_for(entry_id), entry_id, quorum.write_quorum_size)
+            acks = 0
+            for bookie_id in targets:
+                try:
+                    bookie = self.manager.client.bookie(bookie_id)
+                    bookie.add_entry(self.meta.ledger_id, entry_id, lac, length_bytes, payload,
+                                     recovery=True).result(timeout=FUTURE_TIMEOUT_S)
+                    acks += 1
+                except BrokerError:
+                    failed.add(bookie_id)
+            if acks >= quorum.ack_quorum_size:
+                return
+            self._change_ensemble(entry_id, failed)
+
+    def _change_ensemble(self, entry_id: int, failed: set[str]) -> None:
+        ensemble = self.meta.ensemble_for(entry_id)
+        client = self.manager.client
+        dead = [b for b in ensemble if b in failed]
+        if not dead:
+            raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id} reached too few bookies")
+        try:
+            spares = client.new_ensemble(len(dead), exclude=[*ensemble, *failed])
+            replacement = dict(zip(dead, spares, strict=True))
+            new_ensemble = [replacement.get(b, b) for b in ensemble]
+        except NotEnoughBookies:
+            new_ensemble = [b for b in ensemble if b not in failed]
+            if len(new_ensemble) < self.meta.quorum.write_quorum_size:
+                raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id}: "
+                                       f"too few bookies answered, {sorted(failed)} failed") from None
+        self.meta.fragments = [f for f in self.meta.fragments if f[0] < entry_id] + [(entry_id, new_ensemble)]
 
 
 def _ensemble_in(fragments: list[tuple[int, list[str]]], entry_id: int) -> list[str]:
