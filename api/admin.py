@@ -1,7 +1,7 @@
 """Admin v2 REST API (Pulsar's ``/admin/v2``): the router, and the topic statistics documents.
 
 Role: ``router(service, authorizer)`` assembles the admin API: tenants and namespaces
-(``api/admin_namespaces.py``, persistence policies in ``api/admin_persistence.py``), topics, subscriptions, cursor moves, messages, compaction and
+(``api/admin_namespaces.py``), topics, subscriptions, cursor moves, messages, compaction and
 termination (``api/admin_topics.py``), and, here, ``stats``, ``partitioned-stats`` and
 ``internalStats`` in Pulsar's ``TopicStats``, ``PartitionedTopicStats`` and
 ``PersistentTopicInternalStats`` shapes, filled with the broker's real numbers (managed
