@@ -425,6 +425,14 @@ class LedgerHandle:
         return [self._read_any_replica(e) for e in range(first_entry_id, last_entry_id + 1)]
 
     def _read_any_replica(self, entry_id: int) -> bytes:
+        try:
+            return self._read_replica(entry_id)
+        except NoSuchEntry:
+            if not self._adopt_stored_fragments():
+                raise
+        return self._read_replica(entry_id)
+
+    def _read_replica(self, entry_id: int) -> bytes:
         targets = write_set(self.metadata.ensemble_for(entry_id), entry_id, self.metadata.quorum.write_quorum_size)
         last_error: BaseException | None = None
         for bookie_id in targets:
@@ -433,6 +441,23 @@ class LedgerHandle:
             except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry) as exc:
                 last_error = exc
         raise NoSuchEntry(f"entry {self.ledger_id}:{entry_id} unreadable on {targets}: {last_error}")
+
+    def _adopt_stored_fragments(self) -> bool:
+        """After a failed read: take the stored fragments, which the re-replication worker may
+        have moved to live bookies since this handle read them. True when they differ. The
+        writer adopts the stored version too only while the ledger is still OPEN, so a
+        recovery's state change still fences it at its next metadata write."""
+        try:
+            stored, version = self._manager.metadata(self.ledger_id)
+        except MagnetarError:
+            return False
+        with self._lock:
+            if stored.fragments == self.metadata.fragments:
+                return False
+            self.metadata.fragments = stored.fragments
+            if stored.state is LedgerState.OPEN and self.metadata.state is LedgerState.OPEN:
+                self._version = version
+            return True
 
 
 class _Recovery:
