@@ -116,6 +116,29 @@ def storage_metrics(service: BrokerService) -> list[Metric]:
     ]
 
 
+# --- cluster --------------------------------------------------------------------------------------
+def cluster_metrics(service: BrokerService) -> Iterator[Metric]:
+    """A cluster broker's remote bookies and re-replication, from one ``statistics()`` snapshot."""
+    assert service.cluster is not None
+    stats = service.cluster.statistics()
+    yield _gauge("magnetar_bookies_available", "Bookies registered in ZooKeeper", stats.bookies_available)
+    by_bookie = {c.address: c for c in stats.connections}
+    for name, doc, field in (("requests", "Requests sent to a bookie", "requests"),
+                             ("responses", "Responses received from a bookie", "responses"),
+                             ("timeouts", "Bookie requests that timed out", "timeouts"),
+                             ("connection_failures", "Bookie connections that failed", "failures")):
+        yield _labelled(CounterMetricFamily, f"magnetar_bookie_{name}", doc, "bookie",
+                        {address: getattr(c, field) for address, c in by_bookie.items()})
+    recovery = stats.autorecovery
+    if recovery is not None:
+        yield _counter("magnetar_autorecovery_entries_copied", "Entries copied by re-replication",
+                       recovery.entries_copied)
+        yield _counter("magnetar_autorecovery_ledgers_replicated", "Ledgers re-replicated",
+                       recovery.ledgers_replicated)
+        yield _gauge("magnetar_autorecovery_underreplicated_ledgers", "Ledgers marked under-replicated",
+                     recovery.underreplicated)
+
+
 # --- broker ---------------------------------------------------------------------------------------
 def broker_metrics(service: BrokerService) -> Iterator[Metric]:
     cache = service.cache.statistics()
@@ -233,6 +256,8 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if self._service.cluster is None:  # a cluster broker has no embedded bookie
             yield from storage_metrics(self._service)
+        else:
+            yield from cluster_metrics(self._service)
         yield from broker_metrics(self._service)
         samples = []
         for topic in self._service.open_topics():

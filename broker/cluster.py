@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.autorecovery import AutoRecoveryConfig, AutoRecoveryStats, ReplicationWorker
-from broker.bookie_network import BookieNetworkConfig
+from broker.bookie_network import BookieConnectionStats, BookieNetworkConfig
 from broker.coordination import Coordination, CoordinationStats, ZooKeeperCoordination
 from broker.ledger import LedgerManager
 from broker.metadata import MetadataStore
@@ -41,6 +41,8 @@ class ClusterStats:
     bookies_available: int
     coordination: CoordinationStats
     autorecovery: AutoRecoveryStats | None
+    connections: tuple[BookieConnectionStats, ...]
+    """One per bookie this broker has talked to: requests, responses, timeouts, failures."""
 
 
 class ClusterStorage:
@@ -76,8 +78,9 @@ class ClusterStorage:
         return len(self.coordination.available_bookies())
 
     def statistics(self) -> ClusterStats:
+        connections = () if self._client is None else tuple(c.statistics() for c in self._client.network.connections())
         return ClusterStats(self.bookies_available(), self.coordination.statistics(),
-                            None if self._worker is None else self._worker.statistics())
+                            None if self._worker is None else self._worker.statistics(), connections)
 
     def close(self) -> None:
         """Stop the worker and the bookie connections, then end the ZooKeeper session (the

@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
@@ -74,10 +75,10 @@ class Scheduler:
 
     def __init__(self) -> None:
         self.now_ms = 0.0
-        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._events: list[tuple[float, int, Callable[[], object]]] = []
         self._sequence = itertools.count()
 
-    def at(self, delay_ms: float, action: Callable[[], None]) -> None:
+    def at(self, delay_ms: float, action: Callable[[], object]) -> None:
         heapq.heappush(self._events, (self.now_ms + delay_ms, next(self._sequence), action))
 
     def step(self) -> bool:
@@ -245,12 +246,13 @@ class SimBookieClient(BookieClient):
 
     def __init__(self, network: SimNetwork, broker: str, coordination: InMemoryCoordination) -> None:
         self._coordination = coordination
-        self._bookies = {b: SimBookie(network, broker, b, coordination.available_bookies) for b in network.nodes}
+        self._sim_bookies = {b: SimBookie(network, broker, b, coordination.available_bookies) for b in network.nodes}
+        self._bookies = dict(self._sim_bookies)
         self._next = 0
         self._lock = threading.Lock()
 
     def new_ensemble(self, size: int, *, exclude: Sequence[str] = ()) -> list[str]:
-        ids = [b for b in self._coordination.available_bookies() if b not in exclude and self._bookies[b].node.up]
+        ids = [b for b in self._coordination.available_bookies() if b not in exclude and self._sim_bookies[b].node.up]
         if len(ids) < size:
             raise NotEnoughBookies(f"need {size} bookies, have {len(ids)}")
         start = self._next % len(ids)
@@ -331,7 +333,7 @@ class ClusterSimulation:
                 return
             entry_id = len(model.sent)
             model.sent[entry_id] = payload
-            future.add_done_callback(lambda f, h=handle, e=entry_id: self.on_ack(h, e, f))
+            future.add_done_callback(partial(self.on_ack, handle, entry_id))
             self.in_flight.append(future)
 
     def on_ack(self, handle: LedgerHandle, entry_id: int, future: Future[int]) -> None:
