@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from api.cli import build_parser
-from tests.e2e.test_demo import CONTAINER_URL, REPO_ROOT, _option, compose_schema_validator, dockerfile_instructions
+from tests.e2e.test_demo import CONTAINER_URL, _option, compose_schema_validator, dockerfile_instructions
+from tests.standalone import REPO_ROOT
 
 CLUSTER_FILE = REPO_ROOT / "docker-compose.cluster.yml"
 DEMO_FILE = REPO_ROOT / "docker-compose.yml"
