@@ -37,7 +37,7 @@ from typing import Any
 
 from broker.bookie import BookieUnavailable
 from broker.errors import BrokerError
-from storage.bookie_protocol import FrameDecoder, ProtocolError, Response, decode_response
+from storage import FrameDecoder, ProtocolError, Response, decode_response
 from storage.futures import LightFuture, new_future
 
 TIMEOUT_CHECK_INTERVAL_S = 0.05
@@ -64,8 +64,8 @@ class BookieNetworkConfig:
     reconnect_backoff_ms_max: int = 2_000
     inflight_adds_max: int = 4_096
     add_wait_ms_max: int = 10_000
-    read_ahead_entries: int = 64
-    read_ahead_bytes_max: int = 1024 * 1024
+    read_ahead_entries: int = 256
+    read_ahead_bytes_max: int = 2 * 1024 * 1024
     read_cache_bytes_max: int = 32 * 1024 * 1024
 
     @classmethod

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 from broker.coordination import ZooKeeperCoordination
 from broker.zk_metadata import connect
-from storage import LedgerStorage, StorageConfig
-from storage.bookie_server import BookieServer
+from storage import BookieServer, LedgerStorage, StorageConfig
 
 log = logging.getLogger(__name__)
 

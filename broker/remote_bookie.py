@@ -31,7 +31,7 @@ from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, 
 from broker.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.coordination import Coordination
 from broker.errors import MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
-from storage.bookie_protocol import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
+from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
 from storage.futures import LightFuture, new_future
 
 T = TypeVar("T")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -223,6 +224,10 @@ def test_killing_bookies_under_load_loses_no_acknowledged_message(cluster: Clust
                        for ledger_id, count in entries.items())
 
         wait_for(two_copies_everywhere, "re-replication to restore two copies of every entry")
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        copied = re.search(r"^magnetar_autorecovery_entries_copied_total ([0-9.e+]+)$", metrics, re.MULTILINE)
+        assert copied is not None and float(copied.group(1)) > 0, "the broker's worker copied nothing"
+        assert "magnetar_bookies_available 2.0" in metrics
         store = ZooKeeperMetadataStore.open(cluster.metadata_store)
         try:
             for ledger_id in entries:
