@@ -74,11 +74,7 @@ class LedgerMetadata:
     custom: dict[str, str] = field(default_factory=dict)
 
     def ensemble_for(self, entry_id: int) -> list[str]:
-        chosen = self.fragments[0][1]
-        for first_entry_id, ensemble in self.fragments:
-            if first_entry_id <= entry_id:
-                chosen = ensemble
-        return chosen
+        return _ensemble_in(self.fragments, entry_id)
 
     def to_json(self) -> bytes:
         return json.dumps({
