@@ -8,9 +8,10 @@ ZooKeeper checks, so they never lose each other's updates.
 
 How the contract maps onto znodes:
 
-- A node that holds a value has data ``MAGIC [version i64][created_ms i64][modified_ms i64]``
-  then the value. The version is the store's own (0 on create, +1 per put, back to 0 after a
-  delete), not ZooKeeper's, because a znode can outlive its value (see the next point).
+- A node that holds a value has data ``MAGIC [version i64][created_ms i64][modified_ms i64]
+  [writer u64]`` then the value (``writer`` identifies the store object that wrote it). The
+  version is the store's own (0 on create, +1 per put, back to 0 after a delete), not
+  ZooKeeper's, because a znode can outlive its value (see the next point).
 - ZooKeeper needs parents; the store's parents are implicit. Missing parents are created as
   *placeholders* (no data, hence no value: ``get`` answers None, ``children`` lists them);
   deleting a value whose znode has children turns it into a placeholder; a placeholder left
@@ -26,8 +27,12 @@ How the contract maps onto znodes:
   ``MULTI_OPS_MAX`` znodes, else in batches from the leaves up (a crash part-way leaves a
   smaller subtree, never an orphan).
 - Watches deliver the changes made through this store object synchronously, as the other
-  backends do. Changes made by other processes are not delivered by ``watch``: processes
-  coordinate through ``broker/coordination.py`` (kazoo's watch recipes) instead.
+  backends do. Changes made by other clients (other brokers) are delivered too, asynchronously,
+  from kazoo's ``TreeCache`` recipe on the watched prefix (one per prefix, closed with its last
+  watch): a change is reported once its znode is read, so quick successive changes of one node
+  may arrive as one (the latest), and a callback must re-read what it needs. This object's own
+  writes are recognised (by the writer field, or the ZooKeeper version a delete removed) and
+  not reported twice.
 - Ledger ids come from kazoo's ``Counter`` recipe at ``/ledgers/idgen`` (a CAS on one znode),
   so brokers sharing the store never hand out one id twice.
 
@@ -38,9 +43,11 @@ client; callers re-read before retrying, which every caller of a CAS does anyway
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +62,7 @@ from kazoo.exceptions import (
     RolledBackError,
     RuntimeInconsistency,
 )
+from kazoo.recipe.cache import TreeCache, TreeEvent
 from kazoo.retry import KazooRetry
 
 from broker.errors import BrokerError, InvalidRequest
@@ -64,12 +72,17 @@ from broker.metadata import (
     Notification,
     NotificationType,
     Stat,
+    Watch,
+    WatchCallback,
+    _call_safely,
     _VersionedStore,
     validate_path,
 )
 
 MAGIC = b"MGV1"
-_HEADER = struct.Struct(">4sqqq")
+_HEADER = struct.Struct(">4sqqqQ")
+OWN_DELETES_REMEMBERED_MAX = 100_000
+"""Deletes by this object whose echo from a ``TreeCache`` is still expected (bounded)."""
 CONFLICT_RETRIES_MAX = 64
 MULTI_OPS_MAX = 2000
 SESSION_TIMEOUT_S = 10.0
@@ -133,15 +146,22 @@ def connect(spec: str | ZooKeeperSpec, *, session_timeout_s: float = SESSION_TIM
     return client
 
 
-def _encode(stat: Stat) -> bytes:
-    return _HEADER.pack(MAGIC, stat.version, stat.created_ms, stat.modified_ms) + stat.value
+def _encode(stat: Stat, writer: int) -> bytes:
+    return _HEADER.pack(MAGIC, stat.version, stat.created_ms, stat.modified_ms, writer) + stat.value
 
 
 def _decode(path: str, data: bytes) -> Stat | None:
     if len(data) < _HEADER.size or data[:4] != MAGIC:
         return None  # a placeholder, or a znode some recipe owns
-    _, version, created_ms, modified_ms = _HEADER.unpack_from(data)
+    _, version, created_ms, modified_ms, _ = _HEADER.unpack_from(data)
     return Stat(path, data[_HEADER.size :], version, created_ms, modified_ms)
+
+
+def _writer_of(data: bytes) -> int | None:
+    if len(data) < _HEADER.size or data[:4] != MAGIC:
+        return None
+    writer: int = _HEADER.unpack_from(data)[4]
+    return writer
 
 
 def _parent(path: str) -> str:
@@ -168,6 +188,10 @@ class ZooKeeperMetadataStore(_VersionedStore):
         self._owns_client = owns_client
         self._seen: dict[str, _Seen] = {}
         self._counter_lock = threading.Lock()
+        self._writer = int.from_bytes(os.urandom(8), "big")
+        self._caches: dict[str, TreeCache] = {}
+        self._own_deletes: deque[tuple[str, int]] = deque(maxlen=OWN_DELETES_REMEMBERED_MAX)
+        self._own_lock = threading.Lock()
         self._read_retry = KazooRetry(max_tries=5, delay=0.05, max_delay=1.0, ignore_expire=False)
 
     @classmethod
@@ -233,12 +257,16 @@ class ZooKeeperMetadataStore(_VersionedStore):
             if stat is not None:
                 if seen.zk_version is None:
                     self._ensure_parent(path, ensured)
-                    transaction.create(path, _encode(stat))
+                    transaction.create(path, _encode(stat, self._writer))
                 else:
-                    transaction.set_data(path, _encode(stat), version=seen.zk_version)
+                    transaction.set_data(path, _encode(stat, self._writer), version=seen.zk_version)
             elif seen.children:
+                assert seen.zk_version is not None
+                self._expect_echo(path, seen.zk_version + 1)
                 transaction.set_data(path, b"", version=seen.zk_version)  # keeps its children
             else:
+                assert seen.zk_version is not None
+                self._expect_echo(path, seen.zk_version)
                 transaction.delete(path, version=seen.zk_version)
                 deleted.append(path)
         self._run(transaction)
@@ -251,6 +279,9 @@ class ZooKeeperMetadataStore(_VersionedStore):
         return [node for node, is_value, _ in self._walk(path) if is_value]
 
     def _close_backend(self) -> None:
+        for cache in self._caches.values():
+            cache.close()
+        self._caches.clear()
         if self._owns_client:
             self._client.stop()
             self._client.close()
@@ -291,6 +322,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         for start in range(0, len(nodes), MULTI_OPS_MAX):
             transaction = self._client.transaction()
             for node, _, zk_version in nodes[start : start + MULTI_OPS_MAX]:
+                self._expect_echo(node, zk_version)
                 transaction.delete(node, version=zk_version)
             self._run(transaction)
 
@@ -365,3 +397,70 @@ class ZooKeeperMetadataStore(_VersionedStore):
                 return value
 
         return next_id
+
+    # --- other clients' changes, through kazoo's TreeCache ---------------------------------------
+    def watch(self, prefix: str, callback: WatchCallback) -> Watch:
+        handle = super().watch(prefix, callback)
+        with self._lock:
+            if handle.prefix not in self._caches:
+                cache = TreeCache(self._client, handle.prefix)
+                self._caches[handle.prefix] = cache
+                initialized = threading.Event()
+                cache.listen(lambda event, p=handle.prefix, ready=initialized: self._on_tree_event(p, ready, event))
+                try:
+                    cache.start()
+                except KazooException as exc:
+                    raise MetadataStoreUnavailable(f"cannot watch {handle.prefix}: {exc!r}") from exc
+        return handle
+
+    def _remove_watch(self, handle: Watch) -> None:
+        super()._remove_watch(handle)
+        with self._lock:
+            if not any(w.prefix == handle.prefix for w in self._watches):
+                cache = self._caches.pop(handle.prefix, None)
+                if cache is not None:
+                    cache.close()
+
+    def _expect_echo(self, path: str, zk_version: int) -> None:
+        with self._own_lock:
+            self._own_deletes.append((path, zk_version))
+
+    def _is_echo(self, path: str, zk_version: int) -> bool:
+        with self._own_lock:
+            try:
+                self._own_deletes.remove((path, zk_version))
+            except ValueError:
+                return False
+            return True
+
+    def _on_tree_event(self, prefix: str, initialized: threading.Event, event: Any) -> None:
+        """A ``TreeCache`` event (on its own thread): a notification for another client's change."""
+        if event.event_type == TreeEvent.INITIALIZED:
+            initialized.set()
+            return
+        data = event.event_data
+        if not initialized.is_set() or data is None:
+            return  # the cache's initial load, or a connection event
+        kind = self._remote_change(data.path, data.data or b"", data.stat.version, event.event_type)
+        if kind is None:
+            return
+        notification = Notification(kind, data.path)
+        with self._lock:
+            targets = [w for w in self._watches if w.prefix == prefix and w.matches(data.path)]
+        with self._delivery_lock:
+            for handle in targets:
+                _call_safely(handle, notification)
+
+    def _remote_change(self, path: str, data: bytes, zk_version: int, event_type: int) -> NotificationType | None:
+        stat = _decode(path, data)
+        if event_type == TreeEvent.NODE_REMOVED:
+            if stat is None or self._is_echo(path, zk_version):
+                return None
+            return NotificationType.DELETED
+        if stat is None:  # a placeholder: a value deleted under its children, or a new parent
+            if event_type == TreeEvent.NODE_UPDATED and not self._is_echo(path, zk_version):
+                return NotificationType.DELETED
+            return None
+        if _writer_of(data) == self._writer:
+            return None
+        return NotificationType.CREATED if stat.version == 0 else NotificationType.MODIFIED

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -515,3 +516,50 @@ def test_zookeeper_nodes_of_other_recipes_hold_no_value(zookeeper: str) -> None:
         assert store.children("/ledgers") == ["available", "idgen"]
     finally:
         store.close()
+
+
+def test_zookeeper_watch_reports_other_clients_changes_once(zookeeper: str) -> None:
+    first, second = _zk_pair(zookeeper)
+    seen: list[Notification] = []
+    lock = threading.Lock()
+
+    def record(notification: Notification) -> None:
+        with lock:
+            seen.append(notification)
+
+    def wait_for(expected: Notification) -> None:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            with lock:
+                if expected in seen:
+                    return
+            time.sleep(0.02)
+        raise AssertionError(f"{expected} never reported; got {seen}")
+
+    try:
+        first.put("/w/before", b"")  # exists before the watch: no notification for it
+        first.watch("/w", record)
+        first.put("/w/own", b"mine")  # reported once, synchronously, as with every backend
+        assert seen == [Notification(NotificationType.CREATED, "/w/own")]
+        second.put("/w/x", b"1")
+        wait_for(Notification(NotificationType.CREATED, "/w/x"))
+        second.put("/w/x", b"2")
+        wait_for(Notification(NotificationType.MODIFIED, "/w/x"))
+        second.put("/w/y/z", b"")
+        second.put("/w/y", b"")
+        second.delete("/w/y")  # a value deleted under its child: the znode stays as a placeholder
+        wait_for(Notification(NotificationType.DELETED, "/w/y"))
+        second.delete("/w/x")
+        wait_for(Notification(NotificationType.DELETED, "/w/x"))
+        first.delete("/w/own")
+        second.put("/elsewhere", b"")
+        second.put("/w/last", b"")
+        wait_for(Notification(NotificationType.CREATED, "/w/last"))
+        with lock:
+            own = [n for n in seen if n.path == "/w/own"]
+            assert own == [Notification(NotificationType.CREATED, "/w/own"),
+                           Notification(NotificationType.DELETED, "/w/own")]  # never echoed back
+            assert all(n.path.startswith("/w/") for n in seen) and "/w/before" not in {n.path for n in seen}
+    finally:
+        first.close()
+        second.close()
