@@ -47,7 +47,7 @@ import os
 import re
 import struct
 import threading
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -176,6 +176,7 @@ class _Seen:
     zk_version: int | None
     children: int
     is_value: bool
+    czxid: int = 0
 
 
 class ZooKeeperMetadataStore(_VersionedStore):
@@ -190,7 +191,8 @@ class ZooKeeperMetadataStore(_VersionedStore):
         self._counter_lock = threading.Lock()
         self._writer = int.from_bytes(os.urandom(8), "big")
         self._caches: dict[str, TreeCache] = {}
-        self._own_deletes: deque[tuple[str, int]] = deque(maxlen=OWN_DELETES_REMEMBERED_MAX)
+        self._own_deletes: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        """(path, czxid, version) of znodes this object deleted or emptied: one znode's one state."""
         self._own_lock = threading.Lock()
         self._read_retry = KazooRetry(max_tries=5, delay=0.05, max_delay=1.0, ignore_expire=False)
 
@@ -245,7 +247,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
             return None
         data, zstat = found
         stat = _decode(path, data)
-        self._seen[path] = _Seen(zstat.version, zstat.numChildren, stat is not None)
+        self._seen[path] = _Seen(zstat.version, zstat.numChildren, stat is not None, zstat.czxid)
         return stat
 
     def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
@@ -262,11 +264,11 @@ class ZooKeeperMetadataStore(_VersionedStore):
                     transaction.set_data(path, _encode(stat, self._writer), version=seen.zk_version)
             elif seen.children:
                 assert seen.zk_version is not None
-                self._expect_echo(path, seen.zk_version + 1)
+                self._expect_echo(path, seen.czxid, seen.zk_version + 1)
                 transaction.set_data(path, b"", version=seen.zk_version)  # keeps its children
             else:
                 assert seen.zk_version is not None
-                self._expect_echo(path, seen.zk_version)
+                self._expect_echo(path, seen.czxid, seen.zk_version)
                 transaction.delete(path, version=seen.zk_version)
                 deleted.append(path)
         self._run(transaction)
@@ -276,7 +278,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         return self._list_children(path)
 
     def _subtree(self, path: str) -> list[str]:
-        return [node for node, is_value, _ in self._walk(path) if is_value]
+        return [node for node, is_value, _, _ in self._walk(path) if is_value]
 
     def _close_backend(self) -> None:
         for cache in self._caches.values():
@@ -309,7 +311,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
                     self._delete_nodes(nodes)
                 except _Conflict:
                     continue
-                doomed = sorted((node for node, is_value, _ in nodes if is_value), reverse=True)
+                doomed = sorted((node for node, is_value, _, _ in nodes if is_value), reverse=True)
                 self._deletes += len(doomed)
                 self._pending.extend(Notification(NotificationType.DELETED, p) for p in doomed)
             if valid != ROOT:
@@ -318,17 +320,17 @@ class ZooKeeperMetadataStore(_VersionedStore):
             return len(doomed)
         raise MetadataStoreUnavailable(f"recursive delete of {valid} kept conflicting with other clients")
 
-    def _delete_nodes(self, nodes: list[tuple[str, bool, int]]) -> None:
+    def _delete_nodes(self, nodes: list[tuple[str, bool, int, int]]) -> None:
         for start in range(0, len(nodes), MULTI_OPS_MAX):
             transaction = self._client.transaction()
-            for node, _, zk_version in nodes[start : start + MULTI_OPS_MAX]:
-                self._expect_echo(node, zk_version)
+            for node, _, zk_version, czxid in nodes[start : start + MULTI_OPS_MAX]:
+                self._expect_echo(node, czxid, zk_version)
                 transaction.delete(node, version=zk_version)
             self._run(transaction)
 
-    def _walk(self, path: str) -> list[tuple[str, bool, int]]:
-        """Every znode at and below ``path``: (path, holds a value, ZooKeeper version)."""
-        found: list[tuple[str, bool, int]] = []
+    def _walk(self, path: str) -> list[tuple[str, bool, int, int]]:
+        """Every znode at and below ``path``: (path, holds a value, ZooKeeper version, czxid)."""
+        found: list[tuple[str, bool, int, int]] = []
         stack = [path]
         while stack:
             node = stack.pop()
@@ -336,7 +338,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
             if read is None:
                 continue
             data, zstat = read
-            found.append((node, _decode(node, data) is not None, zstat.version))
+            found.append((node, _decode(node, data) is not None, zstat.version, zstat.czxid))
             base = SEPARATOR if node == ROOT else node + SEPARATOR
             stack.extend(base + child for child in self._list_children(node))
         return found
@@ -421,17 +423,20 @@ class ZooKeeperMetadataStore(_VersionedStore):
                 if cache is not None:
                     cache.close()
 
-    def _expect_echo(self, path: str, zk_version: int) -> None:
+    def _expect_echo(self, path: str, czxid: int, zk_version: int) -> None:
         with self._own_lock:
-            self._own_deletes.append((path, zk_version))
+            self._own_deletes[(path, czxid, zk_version)] = None
+            while len(self._own_deletes) > OWN_DELETES_REMEMBERED_MAX:
+                self._own_deletes.popitem(last=False)
 
-    def _is_echo(self, path: str, zk_version: int) -> bool:
+    def _is_echo(self, path: str, czxid: int, zk_version: int | None) -> bool:
+        """Whether this object deleted (or emptied, at ``zk_version``) the znode incarnation
+        ``czxid``; ``zk_version`` None: at any version (a removal is reported with the last
+        state the cache had read, which may be older than the one deleted)."""
         with self._own_lock:
-            try:
-                self._own_deletes.remove((path, zk_version))
-            except ValueError:
-                return False
-            return True
+            if zk_version is not None:
+                return (path, czxid, zk_version) in self._own_deletes
+            return any(p == path and c == czxid for p, c, _ in reversed(self._own_deletes))
 
     def _on_tree_event(self, prefix: str, initialized: threading.Event, event: Any) -> None:
         """A ``TreeCache`` event (on its own thread): a notification for another client's change."""
@@ -441,7 +446,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         data = event.event_data
         if not initialized.is_set() or data is None:
             return  # the cache's initial load, or a connection event
-        kind = self._remote_change(data.path, data.data or b"", data.stat.version, event.event_type)
+        kind = self._remote_change(data.path, data.data or b"", data.stat, event.event_type)
         if kind is None:
             return
         notification = Notification(kind, data.path)
@@ -451,14 +456,16 @@ class ZooKeeperMetadataStore(_VersionedStore):
             for handle in targets:
                 _call_safely(handle, notification)
 
-    def _remote_change(self, path: str, data: bytes, zk_version: int, event_type: int) -> NotificationType | None:
+    def _remote_change(self, path: str, data: bytes, zstat: Any, event_type: int) -> NotificationType | None:
         stat = _decode(path, data)
-        if event_type == TreeEvent.NODE_REMOVED:
-            if stat is None or self._is_echo(path, zk_version):
+        removed = event_type == TreeEvent.NODE_REMOVED
+        own = self._is_echo(path, zstat.czxid, None if removed else zstat.version)
+        if removed:
+            if stat is None or own:
                 return None
             return NotificationType.DELETED
         if stat is None:  # a placeholder: a value deleted under its children, or a new parent
-            if event_type == TreeEvent.NODE_UPDATED and not self._is_echo(path, zk_version):
+            if event_type == TreeEvent.NODE_UPDATED and not own:
                 return NotificationType.DELETED
             return None
         if _writer_of(data) == self._writer:
