@@ -239,9 +239,12 @@ class BookieConnection(asyncio.Protocol):
 
     # --- the add bound (any thread) ----------------------------------------------------------------
     def reserve_add(self) -> None:
+        """Take room for one add, waiting up to ``add_wait_ms_max``. On the loop thread itself
+        (a ledger resending its pending entries after an ensemble change) it never waits: those
+        resends replace requests already counted against some bookie's bound."""
         config = self.network.config
         with self._adds_cv:
-            if self._adds < config.inflight_adds_max:
+            if self._adds < config.inflight_adds_max or threading.current_thread() is self.network.loop_thread:
                 self._adds += 1
                 return
             self._adds_waiting += 1
