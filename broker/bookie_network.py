@@ -95,9 +95,12 @@ class _State(Enum):
 
 @dataclass
 class _Pending:
-    future: LightFuture[Response]
+    future: LightFuture[Any]
     deadline_s: float
     is_add: bool
+    value: Callable[[Response], Any] | None
+    """Turns an OK response into the future's result (None: the response itself); a non-OK
+    response completes the future with the storage error it carries."""
 
 
 class BookieNetwork:
@@ -160,10 +163,12 @@ class BookieNetwork:
 
     # --- submitting ------------------------------------------------------------------------------
     def submit(self, connection: BookieConnection, request_id: int, parts: list[bytes], *,
-               is_add: bool = False) -> Future[Response]:
-        """Send a request (its encoded frame ``parts``); the future gets the bookie's response."""
-        future: LightFuture[Response] = new_future()
-        pending = _Pending(future, time.monotonic() + self.config.request_timeout_ms / 1000.0, is_add)
+               is_add: bool = False, value: Callable[[Response], Any] | None = None) -> Future[Any]:
+        """Send a request (its encoded frame ``parts``). The future gets ``value(response)`` for
+        an OK answer (the response itself without ``value``), the bookie's error otherwise, or
+        ``BookieUnavailable`` when no answer comes."""
+        future: LightFuture[Any] = new_future()
+        pending = _Pending(future, time.monotonic() + self.config.request_timeout_ms / 1000.0, is_add, value)
         with self._lock:
             if self._closed:
                 raise BookieUnavailable("the broker's bookie client is closed")
@@ -368,4 +373,11 @@ class BookieConnection(asyncio.Protocol):
                 error: BaseException | None = None) -> None:
         if pending.is_add:
             self.release_add()
-        pending.future.try_finish(response, error)
+        if response is None or pending.value is None:
+            pending.future.try_finish(response, error)
+            return
+        failure = response.error()
+        if failure is not None:
+            pending.future.try_finish(None, failure)
+        else:
+            pending.future.try_finish(pending.value(response), None)

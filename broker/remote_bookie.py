@@ -22,19 +22,16 @@ from __future__ import annotations
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TypeVar
 
 from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, unpack_entry
 from broker.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.coordination import Coordination
-from broker.errors import MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
+from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
 from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
-from storage.futures import LightFuture, new_future
 
-T = TypeVar("T")
 _STORED_HEADER = struct.Struct(">qq")  # as broker/bookie.py packs it: piggybacked LAC, ledger length
 
 
@@ -79,21 +76,19 @@ class RemoteBookie:
         parts = encode_add(request_id, ledger_id, entry_id, _STORED_HEADER.pack(lac, length_bytes), payload,
                            recovery=recovery)
         try:
-            response = self._network.submit(self._connection, request_id, parts, is_add=True)
+            result: Future[int] = self._network.submit(self._connection, request_id, parts, is_add=True,
+                                                       value=_entry_id)
         except BaseException:
             self._connection.release_add()
             raise
         self.counters["adds"] += 1
-        result: LightFuture[int] = new_future()
-        response.add_done_callback(lambda f: _complete(result, f, lambda r: r.entry_id))
         return result
 
     def fence(self, ledger_id: int) -> Future[None]:
         request_id = self._network.next_request_id()
-        response = self._network.submit(self._connection, request_id, [encode_ledger_op(Kind.FENCE, request_id,
-                                                                                          ledger_id)])
-        result: LightFuture[None] = new_future()
-        response.add_done_callback(lambda f: _complete(result, f, lambda _: None))
+        result: Future[None] = self._network.submit(self._connection, request_id,
+                                                    [encode_ledger_op(Kind.FENCE, request_id, ledger_id)],
+                                                    value=_nothing)
         return result
 
     def delete_ledger(self, ledger_id: int) -> None:
@@ -171,15 +166,12 @@ class RemoteBookie:
                 self._cache_bytes -= len(self._cache.pop(key))
 
 
-def _complete(result: LightFuture[T], response_future: Future[Response], value: Callable[[Response], T]) -> None:
-    error = response_future.exception()
-    if error is None:
-        response = response_future.result()
-        error = response.error()
-        if error is None:
-            result.try_finish(value(response), None)
-            return
-    result.try_finish(None, error if isinstance(error, MagnetarError) else BookieUnavailable(str(error)))
+def _entry_id(response: Response) -> int:
+    return response.entry_id
+
+
+def _nothing(_: Response) -> None:
+    return None
 
 
 class RemoteBookieClient(BookieClient):
