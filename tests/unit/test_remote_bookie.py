@@ -136,7 +136,7 @@ def test_silent_bookie_times_out_backs_off_and_reconnects(tmp_path: Path) -> Non
         assert time.monotonic() - started < 5.0
         with pytest.raises(BookieUnavailable):  # backing off: fails at once, no queueing
             bookie.add_entry(1, 1, -1, 1, b"y").result(1.0)
-        assert network.connection(address).statistics().timeouts == 1
+        assert network.connection(address).statistics().timeouts >= 1
         listener.close()
         for conn in accepted:
             conn.close()
