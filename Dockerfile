@@ -1,5 +1,6 @@
 # Magnetar in one image: the standalone broker (the default command), the Python client, the Spark
-# source and sink, and the clickstream demo (see docker-compose.yml).
+# source and sink, and the clickstream demo (see docker-compose.yml). The same image runs the
+# cluster's bookies and broker (docker-compose.cluster.yml; /journal is a bookie's journal volume).
 #
 # It installs what `make run` installs, nothing else: the project with the same extras as the
 # Makefile's virtualenv, every version pinned by constraints.txt, plus a Java runtime for Spark.
@@ -34,8 +35,8 @@ COPY demo ./demo
 
 # An unprivileged user owning the directories the compose file mounts volumes on.
 RUN useradd --create-home --uid 1000 magnetar \
-    && mkdir -p /data /checkpoints /output \
-    && chown magnetar:magnetar /data /checkpoints /output
+    && mkdir -p /data /journal /checkpoints /output \
+    && chown magnetar:magnetar /data /journal /checkpoints /output
 USER magnetar
 
 VOLUME ["/data"]

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA_DIR ?= ./data
 PORT ?= 8080
 
-.PHONY: run test lint unit crash bench check-java check-chromium clean demo
+.PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper clean demo soak-cluster
 
 # setup.py builds the optional native accelerator broker/entry_format/_range_columns.c (skipped without a C compiler).
 $(STAMP): pyproject.toml constraints.txt setup.py broker/entry_format/_range_columns.c
@@ -35,6 +35,12 @@ check-chromium:
 	    echo "The web console's tests need Debian's $(CHROMIUM_PACKAGES): install them ('apt-get install $(CHROMIUM_PACKAGES)' as root)"; exit 1; \
 	  fi
 
+# The cluster tests run Debian's ZooKeeper (java + /usr/share/java/zookeeper.jar); installed when missing.
+check-zookeeper: check-java
+	@[ -f /usr/share/java/zookeeper.jar ] || { echo "installing Debian's zookeeper package for the cluster tests"; \
+	  apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null 2>&1; true; }
+	@[ -f /usr/share/java/zookeeper.jar ] || { echo "The cluster tests need ZooKeeper: install it with 'apt-get install zookeeper'"; exit 1; }
+
 run: $(STAMP)
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT)
 
@@ -42,7 +48,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: $(STAMP) check-java check-chromium lint
+test: $(STAMP) check-java check-chromium check-zookeeper lint
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
@@ -51,14 +57,19 @@ unit: $(STAMP)
 demo: $(STAMP) check-java
 	$(BIN)/python -m demo.run_demo
 
-crash: $(STAMP)
+crash: $(STAMP) check-zookeeper
 	MAGNETAR_CRASH_ROUNDS=$${MAGNETAR_CRASH_ROUNDS:-300} $(BIN)/pytest -q tests/crash
 
-bench: $(STAMP)
+# A longer seeded cluster simulation (bookie crashes, slow bookies, partitions, session expiry).
+soak-cluster: $(STAMP)
+	MAGNETAR_CLUSTER_SIM_ROUNDS=$${MAGNETAR_CLUSTER_SIM_ROUNDS:-200} $(BIN)/pytest -q tests/simulation/test_cluster_simulation.py
+
+bench: $(STAMP) check-zookeeper
 	$(BIN)/python bench/storage_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/managed_ledger_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/e2e_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/spark_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/cluster_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -6,7 +6,8 @@ topic ``stats`` are: nothing is counted here.
 
 - ``GET /admin/v2/broker-stats/overview`` (superuser): health and uptime; the embedded bookie
   (journal with fsync latency percentiles, write and read caches with hit ratios, entry logs,
-  the RocksDB index, GC, read-only state); the broker's entry cache; how many topics,
+  the RocksDB index, GC, read-only state), or on a cluster broker (``storage`` null) its
+  bookies and re-replication (``cluster``); the broker's entry cache; how many topics,
   subscriptions and consumers are loaded; and the message and byte rates and counters in and
   out, summed over the loaded topics.
 - ``GET /admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics`` (tenant admin): every
@@ -27,13 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 
 from api.admin_namespaces import namespace_name
 from api.auth import Authorizer, Caller
-from broker import BrokerService, BrokerStats, MagnetarError, TopicName, TopicStats, iso_time
+from broker import BrokerService, BrokerStats, MagnetarError, StorageStats, TopicName, TopicStats, iso_time
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterStats
 
 TOPICS_LISTED_MAX = 1000
 FSYNC_PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
@@ -60,8 +64,7 @@ def latency_percentile_us(bounds_us: tuple[int, ...], cumulative: tuple[int, ...
     return float(bounds_us[-1])
 
 
-def storage_overview(broker: BrokerStats) -> dict[str, Any]:
-    stats = broker.storage
+def storage_overview(stats: StorageStats) -> dict[str, Any]:
     journal, latency, reads = stats.journal, stats.journal.fsync_latency, stats.read_path
     read_cache, logs, index, gc = stats.read_cache, stats.entry_logs, stats.index, stats.gc
     served = reads.write_cache_hits + reads.flushing_cache_hits + reads.read_cache_hits + reads.entry_log_reads
@@ -99,6 +102,20 @@ def storage_overview(broker: BrokerStats) -> dict[str, Any]:
                   "locationsWritten": index.locations_written, "lookups": index.lookups},
         "gc": {"runs": gc.runs, "logsRemoved": gc.logs_removed, "logsCompacted": gc.logs_compacted,
                "reclaimedBytes": gc.bytes_reclaimed},
+    }
+
+
+def cluster_overview(stats: ClusterStats) -> dict[str, Any]:
+    """A cluster broker's bookies as it sees them, and its re-replication worker's progress."""
+    recovery = stats.autorecovery
+    return {
+        "bookiesAvailable": stats.bookies_available,
+        "bookies": [{"address": c.address, "connected": c.connected, "inflight": c.inflight,
+                     "requests": c.requests, "responses": c.responses, "timeouts": c.timeouts,
+                     "failures": c.failures} for c in stats.connections],
+        "autorecovery": None if recovery is None else {
+            "underreplicatedLedgers": recovery.underreplicated, "ledgersReplicated": recovery.ledgers_replicated,
+            "entriesCopied": recovery.entries_copied, "failures": recovery.failures},
     }
 
 
@@ -168,7 +185,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         return {
             "status": health.status, "startedAt": iso_time(int(started_s * 1000)),
             "uptimeSeconds": time.monotonic() - started_monotonic_s, "timestamp": int(time.time() * 1000),
-            "storage": storage_overview(stats),
+            "storage": None if stats.storage is None else storage_overview(stats.storage),
+            "cluster": None if stats.cluster is None else cluster_overview(stats.cluster),
             "entryCache": _entry_cache(stats),
             **traffic_overview(stats),
         }

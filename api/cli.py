@@ -5,8 +5,10 @@ broker with its embedded storage and the HTTP API in one process (``make run`` u
 and :8080). ``--config`` reads Pulsar's ``standalone.conf`` keys (authentication, token keys,
 superusers, auto-creation; see ``api/config.py``); the flags override it. SIGTERM or Ctrl-C shut
 it down gracefully: flush, checkpoint, close. The client commands (``produce``, ``consume``,
-``admin``, ``perf``, ``tokens``) live with the clients, in ``consumers/cli/``; the server's
-imports are loaded only by ``standalone`` so that client commands start quickly.
+``admin``, ``perf``, ``tokens``) live with the clients, in ``consumers/cli/``; the cluster's
+``bookie`` and ``broker`` in ``api/cli_cluster.py``. The server's imports are loaded only by the
+server commands so that client commands start quickly. ``--journal-dir`` puts the embedded
+bookie's journal on another disk (Pulsar's ``journalDirectory``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import gc
 import signal
 import sys
 
+from api.cli_cluster import CLUSTER_COMMANDS, add_cluster_commands, run_cluster_command
 from consumers.cli import add_client_commands, run_client_command
 
 
@@ -25,35 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     standalone = commands.add_parser("standalone", help="run broker + embedded storage + HTTP API")
     standalone.add_argument("--config", help="a standalone.conf file (Pulsar's keys; see api/config.py)")
     standalone.add_argument("--data-dir", help="data directory (default ./data)")
+    standalone.add_argument("--journal-dir", help="journal directory (default DATA_DIR/bookie/journal)")
     standalone.add_argument("--host", help="listen address (default 0.0.0.0)")
     standalone.add_argument("--port", type=int, help="listen port (default 8080)")
     standalone.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_client_commands(parser, commands)
+    add_cluster_commands(commands)
     return parser
-
-
-GC_GEN0_ALLOCATIONS = 100_000
-GC_GEN1_COLLECTIONS = 50
-GC_GEN2_COLLECTIONS = 1000
-THREAD_SWITCH_INTERVAL_S = 0.001
-
-
-def tune_runtime() -> None:
-    """Interpreter settings for a broker process, chosen by measuring latency at 2,000 msg/s.
-
-    Every message allocates short-lived futures, tuples and frames: with the default collector
-    thresholds (a young collection every 700 allocations) full collections come often and show
-    as 10 to 50 ms latency spikes. A message also hands work between threads (event loop,
-    journal, dispatch); a 1 ms switch interval (5 ms by default) bounds how long a thread that
-    was woken waits for the interpreter lock. Objects from startup are frozen out of collection.
-    """
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_ALLOCATIONS, GC_GEN1_COLLECTIONS, GC_GEN2_COLLECTIONS)
-    sys.setswitchinterval(THREAD_SWITCH_INTERVAL_S)
-
-
-def _exit_cleanly(signum: int, _frame: object) -> None:
-    raise SystemExit(0)
 
 
 def run_standalone(args: argparse.Namespace) -> int:
@@ -62,10 +43,12 @@ def run_standalone(args: argparse.Namespace) -> int:
     from api.app import create_app, server_options
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
+    from api.server_process import exit_cleanly, tune_runtime
     from broker import BrokerService
 
     overrides = {key: str(value) for key, value in
-                 (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port))
+                 (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port),
+                  ("journalDirectory", args.journal_dir))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
@@ -73,11 +56,12 @@ def run_standalone(args: argparse.Namespace) -> int:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
     raise_file_limit()  # before the app sizes its connection bound under the descriptor limit
-    app = create_app(BrokerService(config.data_dir, config.broker), auth=config.auth, limits=config.limits)
+    app = create_app(BrokerService(config.data_dir, config.broker, journal_dir=config.journal_dir),
+                     auth=config.auth, limits=config.limits)
     tune_runtime()
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
-    signal.signal(signal.SIGTERM, _exit_cleanly)
+    signal.signal(signal.SIGTERM, exit_cleanly)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))
     return 0
 
@@ -86,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "standalone":
         return run_standalone(args)
+    if args.command in CLUSTER_COMMANDS:
+        return run_cluster_command(args)
     return run_client_command(args)
 
 

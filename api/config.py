@@ -5,7 +5,8 @@ Role: turn a configuration file (and command-line overrides) into the ``BrokerCo
 ``webServicePort``, ``bindAddress``, ``authenticationEnabled``, ``authorizationEnabled``,
 ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey`` (``file:///path``, ``data:;base64,…``
 or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
-``authenticateMetricsEndpoint``, ``maxHttpServerConnections``, ``httpMaxRequestSize``; plus
+``authenticateMetricsEndpoint``, ``maxHttpServerConnections``, ``httpMaxRequestSize``,
+``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk); plus
 ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
 use are logged and ignored, so a full Pulsar ``standalone.conf`` loads.
 
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
-              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", *CONFIG_KEYS)
+              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory", *CONFIG_KEYS)
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class StandaloneConfig:
     data_dir: str = "./data"
+    journal_dir: str | None = None
     host: str = "0.0.0.0"
     port: int = 8080
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -56,6 +58,7 @@ class StandaloneConfig:
             log.info("configuration key %s is not used by Magnetar; ignored", key)
         return cls(
             data_dir=values.get("dataDir", cls.data_dir),
+            journal_dir=values.get("journalDirectory") or None,
             host=values.get("bindAddress", cls.host),
             port=_integer(values, "webServicePort", cls.port),
             broker=dataclasses.replace(

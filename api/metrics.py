@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -40,7 +41,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
-from broker import BrokerService, BrokerStats, SubscriptionStats, TopicStats
+from broker import BrokerService, BrokerStats, StorageStats, SubscriptionStats, TopicStats
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterStats
 
 TOPIC_LABELS = ("topic",)
 SUBSCRIPTION_LABELS = ("topic", "subscription")
@@ -63,9 +67,8 @@ def _labelled(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, do
 
 
 # --- storage --------------------------------------------------------------------------------------
-def storage_metrics(broker: BrokerStats) -> list[Metric]:
+def storage_metrics(stats: StorageStats) -> list[Metric]:
     """The embedded bookie, from one ``statistics()`` snapshot."""
-    stats = broker.storage
     journal, logs, gc, index = stats.journal, stats.entry_logs, stats.gc, stats.index
     reads, read_cache, latency = stats.read_path, stats.read_cache, stats.journal.fsync_latency
     buffers = {"active": stats.write_cache, "being_flushed": stats.write_cache_being_flushed}
@@ -116,6 +119,27 @@ def storage_metrics(broker: BrokerStats) -> list[Metric]:
         _counter("magnetar_gc_logs_compacted", "Entry logs compacted", gc.logs_compacted),
         _counter("magnetar_gc_reclaimed_bytes", "Disk bytes reclaimed by garbage collection", gc.bytes_reclaimed),
     ]
+
+
+# --- cluster --------------------------------------------------------------------------------------
+def cluster_metrics(stats: ClusterStats) -> Iterator[Metric]:
+    """A cluster broker's remote bookies and re-replication, from one ``statistics()`` snapshot."""
+    yield _gauge("magnetar_bookies_available", "Bookies registered in ZooKeeper", stats.bookies_available)
+    by_bookie = {c.address: c for c in stats.connections}
+    for name, doc, field in (("requests", "Requests sent to a bookie", "requests"),
+                             ("responses", "Responses received from a bookie", "responses"),
+                             ("timeouts", "Bookie requests that timed out", "timeouts"),
+                             ("connection_failures", "Bookie connections that failed", "failures")):
+        yield _labelled(CounterMetricFamily, f"magnetar_bookie_{name}", doc, "bookie",
+                        {address: getattr(c, field) for address, c in by_bookie.items()})
+    recovery = stats.autorecovery
+    if recovery is not None:
+        yield _counter("magnetar_autorecovery_entries_copied", "Entries copied by re-replication",
+                       recovery.entries_copied)
+        yield _counter("magnetar_autorecovery_ledgers_replicated", "Ledgers re-replicated",
+                       recovery.ledgers_replicated)
+        yield _gauge("magnetar_autorecovery_underreplicated_ledgers", "Ledgers marked under-replicated",
+                     recovery.underreplicated)
 
 
 # --- broker ---------------------------------------------------------------------------------------
@@ -182,7 +206,10 @@ class BrokerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._service.statistics()
-        yield from storage_metrics(stats)
+        if stats.storage is not None:
+            yield from storage_metrics(stats.storage)
+        if stats.cluster is not None:  # a cluster broker has no embedded bookie
+            yield from cluster_metrics(stats.cluster)
         yield from broker_metrics(stats)
         yield from topic_metrics(stats.topics)
 

@@ -16,6 +16,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - the error hierarchy, mapped once per transport.
 """
 
+from broker.bookie import QuorumConfig
 from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
 from broker.errors import (
@@ -49,6 +50,7 @@ from broker.message_fields import (
     payload_of,
 )
 from broker.message_id import MessageId, Position
+from broker.persistence import PersistencePolicy
 from broker.producer import ROUTING_MODES, Producer
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
@@ -60,6 +62,7 @@ from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
+from storage import StorageStats
 
 __all__ = [
     "MESSAGE_FIELDS",
@@ -97,14 +100,17 @@ __all__ = [
     "NotAllowed",
     "NotFound",
     "OffsetMismatch",
+    "PersistencePolicy",
     "Position",
     "PreconditionFailed",
     "ProducedMessage",
     "Producer",
     "PublishResult",
+    "QuorumConfig",
     "RangeRead",
     "Reader",
     "StartPosition",
+    "StorageStats",
     "StoredMessage",
     "SubscriptionType",
     "SubscriptionStats",

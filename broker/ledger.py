@@ -52,6 +52,9 @@ LEDGERS_PATH = "/ledgers"
 LEDGER_ID_COUNTER = "/counters/ledger-id"
 FUTURE_TIMEOUT_S = 60.0
 RECOVERY_ENTRIES_MAX = 10_000_000
+METADATA_MERGES_MAX = 16
+"""Attempts to merge this writer's metadata change with a re-replication worker's (see
+``LedgerHandle._store_metadata``) before giving up."""
 
 
 class LedgerState(StrEnum):
@@ -72,11 +75,7 @@ class LedgerMetadata:
     custom: dict[str, str] = field(default_factory=dict)
 
     def ensemble_for(self, entry_id: int) -> list[str]:
-        chosen = self.fragments[0][1]
-        for first_entry_id, ensemble in self.fragments:
-            if first_entry_id <= entry_id:
-                chosen = ensemble
-        return chosen
+        return _ensemble_in(self.fragments, entry_id)
 
     def to_json(self) -> bytes:
         return json.dumps({
@@ -125,12 +124,17 @@ class LedgerManager:
     """Creates, opens (with recovery), and deletes ledgers."""
 
     def __init__(self, store: MetadataStore, client: BookieClient,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, id_generator: Callable[[], int] | None = None) -> None:
         self.store = store
         self.client = client
         self.clock = clock
+        self._id_generator = id_generator
 
     def _allocate_id(self) -> int:
+        """A ledger id never handed out before: from the cluster's id generator when there is
+        one (ZooKeeper's counter), else a compare-and-set on a counter in the store."""
+        if self._id_generator is not None:
+            return self._id_generator()
         for _ in range(1000):
             stat = self.store.get(LEDGER_ID_COUNTER)
             current = int(stat.value) if stat is not None else 0
@@ -200,6 +204,10 @@ class LedgerHandle:
         self._sent_length_bytes = meta.length_bytes
         self._pending: deque[_PendingAdd] = deque()
         self._failure: MagnetarError | None = None
+        self._ensemble_changes = 0
+        self._failed_bookies: set[str] = set()
+        """Bookies that failed this writer: never chosen again for this ledger, so ensemble
+        changes end (at most one per bookie) instead of cycling between unreachable ones."""
 
     @property
     def last_add_confirmed(self) -> int:
@@ -259,8 +267,13 @@ class LedgerHandle:
             self._on_bookie_failure(pending, bookie_id, error)
             return
         with self._lock:
+            if self._ensemble_changes and bookie_id not in self._write_set(pending.entry_id):
+                return  # replaced by an ensemble change meanwhile: its copy does not count
             pending.acked_by.add(bookie_id)
         self._complete_in_order()
+
+    def _write_set(self, entry_id: int) -> list[str]:
+        return write_set(self.metadata.ensemble_for(entry_id), entry_id, self.metadata.quorum.write_quorum_size)
 
     def _complete_in_order(self) -> None:
         completed: list[_PendingAdd] = []
@@ -280,7 +293,7 @@ class LedgerHandle:
             self._fail_all(LedgerFenced(f"ledger {self.ledger_id} was fenced by a recovery"))
             return
         try:
-            replacement = self._change_ensemble(bookie_id)
+            old_fragments = self._change_ensemble(bookie_id)
         except NotEnoughBookies as exc:
             # no spare: the bookie's own refusal (its disk is full, it is read-only) says more
             self._fail_all(error if isinstance(error, StorageError) else exc)
@@ -288,31 +301,60 @@ class LedgerHandle:
         except MagnetarError as exc:
             self._fail_all(exc)
             return
-        if replacement is None:
-            return  # an ensemble change already happened and resent this entry
-        with self._lock:
-            resend = [p for p in self._pending if not p.done]
-            lac = self._lac
-        for waiting in resend:
-            targets = write_set(self.metadata.ensemble_for(waiting.entry_id), waiting.entry_id,
-                                self.metadata.quorum.write_quorum_size)
-            if replacement in targets and replacement not in waiting.acked_by:
-                self._send(waiting, replacement, lac)
+        if old_fragments is None:
+            return  # an ensemble change already replaced that bookie and resent this entry
+        self._resend(old_fragments)
 
-    def _change_ensemble(self, failed_bookie: str) -> str | None:
-        """Replace ``failed_bookie`` in the current ensemble from the next pending entry on."""
+    def _resend(self, old_fragments: list[tuple[int, list[str]]]) -> None:
+        """After an ensemble change: each pending entry goes to the bookies that joined its
+        write set, and acknowledgements from bookies that left it no longer count (BookKeeper's
+        ``unsetSuccessAndSendWriteRequest``)."""
+        quorum = self.metadata.quorum.write_quorum_size
+        sends: list[tuple[_PendingAdd, str]] = []
+        with self._lock:
+            for waiting in self._pending:
+                if waiting.done:
+                    continue
+                old = write_set(_ensemble_in(old_fragments, waiting.entry_id), waiting.entry_id, quorum)
+                new = self._write_set(waiting.entry_id)
+                waiting.acked_by.intersection_update(new)
+                sends.extend((waiting, b) for b in new if b not in old and b not in waiting.acked_by)
+            lac = self._lac
+        for waiting, target in sends:
+            self._send(waiting, target, lac)
+        self._complete_in_order()
+
+    def _change_ensemble(self, failed_bookie: str) -> list[tuple[int, list[str]]] | None:
+        """Replace ``failed_bookie`` in the current ensemble from the next pending entry on;
+        the fragments as they were before, or None when it is no longer in the ensemble."""
         with self._lock:
             ensemble = self.metadata.fragments[-1][1]
             if failed_bookie not in ensemble:
                 return None
-            new_bookie = self._manager.client.new_ensemble(1, exclude=ensemble)[0]
-            new_ensemble = [new_bookie if b == failed_bookie else b for b in ensemble]
+            old_fragments = list(self.metadata.fragments)
+            self._failed_bookies.add(failed_bookie)
+            new_ensemble = self._replacement_ensemble(ensemble, failed_bookie)
             first_entry_id = self._lac + 1
             fragments = [f for f in self.metadata.fragments if f[0] < first_entry_id]
             fragments.append((first_entry_id, new_ensemble))
             self.metadata.fragments = fragments
-            self._store_metadata()
-            return new_bookie
+            self._ensemble_changes += 1
+            self._store_metadata(change_from=first_entry_id)
+            return old_fragments
+
+    def _replacement_ensemble(self, ensemble: list[str], failed_bookie: str) -> list[str]:
+        """A spare bookie in the failed one's place; without a spare, the ensemble's live bookies
+        alone, as long as they are at least the write quorum (every entry still goes to ``Qw``
+        bookies and waits for ``Qa``: only the striping narrows)."""
+        client = self._manager.client
+        try:
+            spare = client.new_ensemble(1, exclude=[*ensemble, *self._failed_bookies])[0]
+        except NotEnoughBookies:
+            live = [b for b in ensemble if b not in self._failed_bookies and _is_available(client, b)]
+            if len(live) < self.metadata.quorum.write_quorum_size:
+                raise
+            return live
+        return [spare if b == failed_bookie else b for b in ensemble]
 
     def _fail_all(self, error: MagnetarError) -> None:
         with self._lock:
@@ -325,9 +367,27 @@ class LedgerHandle:
             if not pending.future.done():
                 pending.future.set_exception(error)
 
-    def _store_metadata(self) -> None:
-        stat = self._manager.store.put(ledger_path(self.ledger_id), self.metadata.to_json(), self._version)
-        self._version = stat.version
+    def _store_metadata(self, *, change_from: int | None = None) -> None:
+        """Compare-and-set the metadata. A conflict while the ledger is still OPEN is the
+        re-replication worker, which rewrites only fragments this writer has finished: take
+        its fragments before ``change_from`` (all of them when None) and this writer's from
+        there on, and try again. Otherwise a recovery took the ledger: ``LedgerFenced``."""
+        store = self._manager.store
+        for _ in range(METADATA_MERGES_MAX):
+            try:
+                self._version = store.put(ledger_path(self.ledger_id), self.metadata.to_json(), self._version).version
+                return
+            except BadVersion:
+                stored, version = self._manager.metadata(self.ledger_id)
+                if stored.state is not LedgerState.OPEN:
+                    raise LedgerFenced(f"ledger {self.ledger_id} was recovered by another writer") from None
+                if change_from is None:
+                    self.metadata.fragments = stored.fragments
+                else:
+                    self.metadata.fragments = [f for f in stored.fragments if f[0] < change_from] + [
+                        f for f in self.metadata.fragments if f[0] >= change_from]
+                self._version = version
+        raise BadVersion(f"ledger {self.ledger_id}: metadata kept changing under its writer")
 
     def close(self) -> None:
         """Wait for pending adds, then fix the last entry id in the metadata."""
@@ -347,9 +407,9 @@ class LedgerHandle:
             self.metadata.length_bytes = self._length_bytes
             try:
                 self._store_metadata()
-            except BadVersion as exc:
+            except LedgerFenced:
                 self.metadata, self._version = self._manager.metadata(self.ledger_id)
-                raise LedgerFenced(f"ledger {self.ledger_id} was recovered by another writer") from exc
+                raise
 
     # --- reading -------------------------------------------------------------------------
     def read_entry(self, entry_id: int) -> bytes:
@@ -386,6 +446,14 @@ class LedgerHandle:
         return write_set(ensemble, first_entry_id, self.metadata.quorum.write_quorum_size)[0]
 
     def _read_any_replica(self, entry_id: int) -> bytes:
+        try:
+            return self._read_replica(entry_id)
+        except NoSuchEntry:
+            if not self._adopt_stored_fragments():
+                raise
+        return self._read_replica(entry_id)
+
+    def _read_replica(self, entry_id: int) -> bytes:
         targets = write_set(self.metadata.ensemble_for(entry_id), entry_id, self.metadata.quorum.write_quorum_size)
         last_error: BaseException | None = None
         for bookie_id in targets:
@@ -395,6 +463,23 @@ class LedgerHandle:
                 last_error = exc
         raise NoSuchEntry(f"entry {self.ledger_id}:{entry_id} unreadable on {targets}: {last_error}")
 
+    def _adopt_stored_fragments(self) -> bool:
+        """After a failed read: take the stored fragments, which the re-replication worker may
+        have moved to live bookies since this handle read them. True when they differ. The
+        writer adopts the stored version too only while the ledger is still OPEN, so a
+        recovery's state change still fences it at its next metadata write."""
+        try:
+            stored, version = self._manager.metadata(self.ledger_id)
+        except MagnetarError:
+            return False
+        with self._lock:
+            if stored.fragments == self.metadata.fragments:
+                return False
+            self.metadata.fragments = stored.fragments
+            if stored.state is LedgerState.OPEN and self.metadata.state is LedgerState.OPEN:
+                self._version = version
+            return True
+
 
 class _Recovery:
     """Fence, read forward from the highest piggybacked LAC, re-replicate, close."""
@@ -403,6 +488,9 @@ class _Recovery:
         self.manager = manager
         self.meta = meta
         self.version = version
+        self.written_with = list(meta.fragments)
+        """Where the writer put each entry: reads follow these, whatever ensemble changes this
+        recovery makes for the entries it writes again."""
 
     def run(self) -> LedgerHandle:
         if self.meta.state is LedgerState.OPEN:
@@ -431,20 +519,30 @@ class _Recovery:
                 fenced += 1
             except BrokerError:
                 continue
-        if fenced < quorum.ensemble_size - quorum.ack_quorum_size + 1:
-            raise NotEnoughBookies(f"fenced {fenced} of {quorum.ensemble_size} bookies of ledger {self.meta.ledger_id}")
+        if fenced < len(ensemble) - quorum.ack_quorum_size + 1:
+            raise NotEnoughBookies(f"fenced {fenced} of {len(ensemble)} bookies of ledger {self.meta.ledger_id}")
         if lac < 0:
             return lac, 0
         return lac, self._read(lac).length_bytes
 
     def _read(self, entry_id: int) -> StoredEntry:
-        targets = write_set(self.meta.ensemble_for(entry_id), entry_id, self.meta.quorum.write_quorum_size)
+        """The entry from any bookie of its write set. ``NoSuchEntry`` only when so many of them
+        answered that they lack it (``Qw - Qa + 1``) that it cannot have reached an ack quorum;
+        when too few answered to tell, ``NotEnoughBookies`` (recovery must not stop early and
+        cut off an acknowledged entry held by the unreachable ones)."""
+        quorum = self.meta.quorum
+        targets = write_set(_ensemble_in(self.written_with, entry_id), entry_id, quorum.write_quorum_size)
+        missing = 0
         for bookie_id in targets:
             try:
                 return self.manager.client.bookie(bookie_id).read_entry(self.meta.ledger_id, entry_id)
-            except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry):
+            except (NoSuchEntry, NoSuchLedger):
+                missing += 1
+            except (BookieUnavailable, CorruptEntry):
                 continue
-        raise NoSuchEntry(f"entry {self.meta.ledger_id}:{entry_id} is on no reachable bookie of {targets}")
+        if missing >= quorum.write_quorum_size - quorum.ack_quorum_size + 1:
+            raise NoSuchEntry(f"entry {self.meta.ledger_id}:{entry_id} is on no bookie of {targets}")
+        raise NotEnoughBookies(f"entry {self.meta.ledger_id}:{entry_id}: too few of {targets} answered")
 
     def _recover_forward(self, lac: int, length_bytes: int) -> tuple[int, int]:
         last = lac
@@ -458,15 +556,54 @@ class _Recovery:
         return last, length_bytes
 
     def _replicate(self, entry_id: int, lac: int, length_bytes: int, payload: bytes) -> None:
-        targets = write_set(self.meta.ensemble_for(entry_id), entry_id, self.meta.quorum.write_quorum_size)
-        acks = 0
-        for bookie_id in targets:
-            try:
-                bookie = self.manager.client.bookie(bookie_id)
-                bookie.add_entry(self.meta.ledger_id, entry_id, lac, length_bytes, payload,
-                                 recovery=True).result(timeout=FUTURE_TIMEOUT_S)
-                acks += 1
-            except BrokerError:
-                continue
-        if acks < self.meta.quorum.ack_quorum_size:
-            raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id} reached {acks} bookies")
+        """Write a recovered entry to its write set; bookies that fail are replaced from this
+        entry on (a new fragment, as a writer's ensemble change), so a dead bookie in the last
+        ensemble does not make the ledger unrecoverable."""
+        quorum = self.meta.quorum
+        failed: set[str] = set()
+        while True:
+            targets = write_set(self.meta.ensemble_for(entry_id), entry_id, quorum.write_quorum_size)
+            acks = 0
+            for bookie_id in targets:
+                try:
+                    bookie = self.manager.client.bookie(bookie_id)
+                    bookie.add_entry(self.meta.ledger_id, entry_id, lac, length_bytes, payload,
+                                     recovery=True).result(timeout=FUTURE_TIMEOUT_S)
+                    acks += 1
+                except BrokerError:
+                    failed.add(bookie_id)
+            if acks >= quorum.ack_quorum_size:
+                return
+            self._change_ensemble(entry_id, failed)
+
+    def _change_ensemble(self, entry_id: int, failed: set[str]) -> None:
+        ensemble = self.meta.ensemble_for(entry_id)
+        client = self.manager.client
+        dead = [b for b in ensemble if b in failed]
+        if not dead:
+            raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id} reached too few bookies")
+        try:
+            spares = client.new_ensemble(len(dead), exclude=[*ensemble, *failed])
+            replacement = dict(zip(dead, spares, strict=True))
+            new_ensemble = [replacement.get(b, b) for b in ensemble]
+        except NotEnoughBookies:
+            new_ensemble = [b for b in ensemble if b not in failed]
+            if len(new_ensemble) < self.meta.quorum.write_quorum_size:
+                raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id}: "
+                                       f"too few bookies answered, {sorted(failed)} failed") from None
+        self.meta.fragments = [f for f in self.meta.fragments if f[0] < entry_id] + [(entry_id, new_ensemble)]
+
+
+def _ensemble_in(fragments: list[tuple[int, list[str]]], entry_id: int) -> list[str]:
+    chosen = fragments[0][1]
+    for first_entry_id, ensemble in fragments:
+        if first_entry_id <= entry_id:
+            chosen = ensemble
+    return chosen
+
+
+def _is_available(client: BookieClient, bookie_id: str) -> bool:
+    try:
+        return client.bookie(bookie_id).available
+    except BookieUnavailable:
+        return False

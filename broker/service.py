@@ -13,6 +13,9 @@ touches ``storage``). Everything it knows lives in the metadata store or in ledg
 A maintenance pass (every ``maintenance_interval_ms``, or on demand) applies message TTLs to
 cursors, trims consumed ledgers as retention allows, and ages out the entry cache.
 
+With ``cluster`` (``magnetar broker``) there is no embedded bookie: the metadata store is
+ZooKeeper and ledgers go to the remote bookies registered there (``broker/cluster/cluster_storage.py``).
+
 Invariant: between :meth:`start` and :meth:`close` the storage is open; after :meth:`close`
 every acknowledged entry is in synced entry logs and the journal is checkpointed.
 """
@@ -28,7 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.bookie import BookieClient, LocalBookie
 from broker.compaction import CompactionStatus, Compactor
@@ -50,6 +53,8 @@ from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore, MetadataStoreStats, RocksDBMetadataStore
 from broker.namespaces import Namespaces
+from broker.persistence import POLICY_KEY as PERSISTENCE_POLICY_KEY
+from broker.persistence import PersistencePolicy, quorum_for, validated
 from broker.producer import Producer
 from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
@@ -61,6 +66,9 @@ from broker.topic_name import TopicName, check_namespace
 from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
 from broker.topic_stats import TopicStats, topic_stats
 from storage import FileIO, LedgerStorage, StorageConfig, StorageStats
+
+if TYPE_CHECKING:  # a cluster broker's storage pulls in kazoo; the embedded broker never loads it
+    from broker.cluster import ClusterStats, ClusterStorage
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +100,14 @@ class BrokerConfig:
 class BrokerStats:
     """Everything the broker counts, read at once (for metrics and the console's overview)."""
 
-    storage: StorageStats
+    storage: StorageStats | None
+    """The embedded bookie's; None on a cluster broker, which has none."""
     entry_cache: EntryCacheStats
     metadata_store: MetadataStoreStats
     topics: tuple[TopicStats, ...]
     """Every loaded topic (partition); one closed or deleted meanwhile is left out."""
+    cluster: ClusterStats | None = None
+    """A cluster broker's bookies, connections and re-replication; None standalone."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +122,14 @@ class Health:
 
 class BrokerService:
     def __init__(self, data_dir: str, config: BrokerConfig | None = None,
-                 clock: Callable[[], float] = time.time, *, fileio: FileIO | None = None) -> None:
+                 clock: Callable[[], float] = time.time, *, fileio: FileIO | None = None,
+                 journal_dir: str | None = None, cluster: ClusterStorage | None = None) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self.config = config or BrokerConfig()
         self.clock = clock
         self._fileio = fileio
+        self._journal_dir = journal_dir
+        self.cluster = cluster
         self._storage: LedgerStorage | None = None
         self._store: MetadataStore | None = None
         self._topics: dict[TopicName, PersistentTopic] = {}
@@ -138,11 +152,14 @@ class BrokerService:
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
-        os.makedirs(self.data_dir, exist_ok=True)
-        self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage,
-                                           fileio=self._fileio)
-        self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
-        self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
+        if self.cluster is not None:
+            self._store, self.ledgers = self.cluster.open(self.clock)
+        else:
+            os.makedirs(self.data_dir, exist_ok=True)
+            self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage,
+                                               fileio=self._fileio, journal_dir=self._journal_dir)
+            self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
+            self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
         self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
         self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
         self._namespaces_of = Namespaces(self._store, self._namespace_changed)
@@ -195,11 +212,16 @@ class BrokerService:
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self.cluster is not None:
+            self.cluster.close()
         if self._storage is not None:
             self._storage.close()
             self._storage = None
 
     def health(self) -> Health:
+        if self.cluster is not None:
+            bookies = self.cluster.bookies_available()
+            return Health("ok" if bookies else "degraded", False, 0, 0)
         stats = self.storage.statistics()
         status = "degraded" if stats.read_only else "ok"
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
@@ -263,7 +285,23 @@ class BrokerService:
             self.config.managed_ledger,
             retention_time_ms=-1 if minutes < 0 else minutes * 60_000,
             retention_size_bytes=-1 if mb < 0 else mb * 1024 * 1024,
-            message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000)
+            message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000,
+            quorum=quorum_for(policies, self.config.managed_ledger.quorum))
+
+    def bookies_available(self) -> int:
+        """Bookies new ledgers can use: the registered ones in a cluster, else the embedded one."""
+        return 1 if self.cluster is None else self.cluster.bookies_available()
+
+    def persistence(self, namespace: str) -> PersistencePolicy | None:
+        """The namespace's persistence policy; None while it uses the broker's default quorums."""
+        stored = self.policies(namespace).get(PERSISTENCE_POLICY_KEY)
+        return PersistencePolicy.from_json(stored) if stored else None
+
+    def set_persistence(self, namespace: str, policy: PersistencePolicy | None) -> None:
+        """Set (None: remove) the quorums of the namespace's next ledgers; a policy the bookies
+        available cannot serve is refused (``InvalidRequest``)."""
+        value = None if policy is None else validated(policy, self.bookies_available()).to_json()
+        self.set_policy(namespace, PERSISTENCE_POLICY_KEY, value)
 
     # --- topics --------------------------------------------------------------------------
     def topic(self, name: str | TopicName, *, create: bool | None = None) -> PersistentTopic:
@@ -581,6 +619,9 @@ class BrokerService:
         for topic in self.open_topics():
             with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
                 topics.append(topic_stats(topic, self.subscriptions_of(topic.name)))
+        if self.cluster is not None:
+            return BrokerStats(None, self.cache.statistics(), self.store.statistics(), tuple(topics),
+                               self.cluster.statistics())
         return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics))
 
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,

@@ -7,6 +7,9 @@ Public surface (pinned; the broker and the checks use only this module, never a 
     st = LedgerStorage.open(path, StorageConfig(...))    # recovers on open
     fut = st.add_entry(ledger_id, entry_id, data)       # Future, done once durable
     data = st.get_entry(ledger_id, entry_id)            # entry_id=-1: last add confirmed
+    BookieServer(st, host, port)                        # the same storage over TCP (``magnetar bookie``)
+
+and the bookie protocol's codec (``storage/bookie_protocol.py``) for clients of such a server.
 
 Besides the bookie itself it exports what the broker builds on: the error hierarchy's root and
 storage errors, the light ``Future`` the add path completes (``new_future``), the file-system
@@ -17,6 +20,18 @@ onto storage errors (``as_storage_error``).
 ``storage`` imports nothing from ``broker`` or ``api``.
 """
 
+from storage.bookie_protocol import (
+    FrameDecoder,
+    Kind,
+    ProtocolError,
+    Response,
+    decode_response,
+    encode_add,
+    encode_ledger_op,
+    encode_read,
+    encode_read_range,
+)
+from storage.bookie_server import BookieServer, BookieServerStats
 from storage.config import StorageConfig
 from storage.entry_location_index import open_rdict, write_durably
 from storage.errors import (
@@ -41,6 +56,17 @@ from storage.ledger_storage import LAST_ADD_CONFIRMED, ConsistencyReport, Ledger
 
 __all__ = [
     "LAST_ADD_CONFIRMED",
+    "BookieServer",
+    "BookieServerStats",
+    "FrameDecoder",
+    "Kind",
+    "ProtocolError",
+    "Response",
+    "decode_response",
+    "encode_add",
+    "encode_ledger_op",
+    "encode_read",
+    "encode_read_range",
     "ConsistencyReport",
     "CorruptEntry",
     "FaultyFileIO",

@@ -12,7 +12,9 @@ Read path: active write cache ─▶ buffer being flushed ─▶ read cache ─�
 log, filling the read cache with the entries that follow in the same log (read-ahead).
 
 Layout under the data directory: ``journal/`` (journal files and ``lastMark``),
-``entrylogs/`` (entry logs), ``index/`` (RocksDB: locations and ledger metadata).
+``entrylogs/`` (entry logs), ``index/`` (RocksDB: locations and ledger metadata). The journal
+may live elsewhere (``journal_dir``: its own disk, as BookKeeper recommends, so its fsyncs
+never queue behind entry-log writes).
 
 Invariants:
 - A Future from :meth:`add_entry` completes only after the entry's journal record is synced;
@@ -123,19 +125,20 @@ class ConsistencyReport:
 class LedgerStorage:
     """Use :meth:`open`; every method is safe to call from any thread."""
 
-    def __init__(self, path: str, config: StorageConfig, fileio: FileIO) -> None:
+    def __init__(self, path: str, config: StorageConfig, fileio: FileIO, journal_dir: str | None = None) -> None:
         self.path = path
+        self.journal_dir = journal_dir or f"{path}/journal"
         self.config = config
         self._fileio = fileio
-        for sub in ("journal", "entrylogs", "index"):
-            fileio.make_dirs(f"{path}/{sub}")
+        for directory in (self.journal_dir, f"{path}/entrylogs", f"{path}/index"):
+            fileio.make_dirs(directory)
         self._db = open_rdict(f"{path}/index")
         self._index = EntryLocationIndex(self._db)
         self._meta_index = LedgerMetadataIndex(self._db)
         self._logs = EntryLogger(f"{path}/entrylogs", fileio, size_bytes_max=config.entry_log_size_bytes_max,
                                  write_buffer_bytes=config.entry_log_write_buffer_bytes,
                                  open_read_files_max=config.open_read_files_max)
-        self._journal = Journal(f"{path}/journal", fileio, self._journal_done, sync=config.journal_sync,
+        self._journal = Journal(self.journal_dir, fileio, self._journal_done, sync=config.journal_sync,
                                 group_wait_ms=config.journal_group_wait_ms,
                                 preallocate_bytes=config.journal_preallocate_bytes,
                                 group_bytes_max=config.journal_group_bytes_max,
@@ -169,9 +172,11 @@ class LedgerStorage:
 
     # --- lifecycle ---------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str, config: StorageConfig | None = None, *, fileio: FileIO | None = None) -> LedgerStorage:
-        """Open (creating if needed) and recover: replay the journal after the last mark."""
-        storage = cls(path, config or StorageConfig.production(), fileio or FileIO())
+    def open(cls, path: str, config: StorageConfig | None = None, *, fileio: FileIO | None = None,
+             journal_dir: str | None = None) -> LedgerStorage:
+        """Open (creating if needed) and recover: replay the journal after the last mark.
+        ``journal_dir`` puts the journal outside ``path`` (default ``path/journal``)."""
+        storage = cls(path, config or StorageConfig.production(), fileio or FileIO(), journal_dir)
         try:
             storage._recover()
         except BaseException:

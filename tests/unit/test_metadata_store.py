@@ -1,4 +1,5 @@
-"""The metadata store contract, run against both implementations (RocksDB and in-memory)."""
+"""The metadata store contract, run against every backend: RocksDB, the in-memory twin and
+ZooKeeper (a real server, one chroot per store)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from broker.metadata import (
     Stat,
     node_key,
 )
+from broker.cluster.zk_metadata import ZooKeeperMetadataStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +40,7 @@ class FakeClock:
         return self.now_s
 
 
-@pytest.fixture(params=["rocksdb", "memory"])
+@pytest.fixture(params=["rocksdb", "memory", "zookeeper"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., MetadataStore]]:
     opened: list[MetadataStore] = []
 
@@ -44,6 +48,9 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
         store: MetadataStore
         if request.param == "rocksdb":
             store = RocksDBMetadataStore(str(tmp_path / "metadata"), clock=clock)
+        elif request.param == "zookeeper":
+            zookeeper = request.getfixturevalue("zookeeper")
+            store = ZooKeeperMetadataStore.open(f"zk:{zookeeper}/contract-{uuid.uuid4().hex}", clock=clock)
         else:
             store = InMemoryMetadataStore(clock=clock)
         opened.append(store)
@@ -460,3 +467,100 @@ def test_rocksdb_write_survives_kill_9(tmp_path: Path) -> None:
         assert store.exists("/other")
         hint = store.get("/hint")  # not synced, but written: a dead process does not lose it
         assert hint is not None and hint.value == b"unsynced"
+
+
+# --- ZooKeeper: several clients share one tree ------------------------------------------------------
+
+
+def _zk_pair(zookeeper: str) -> tuple[ZooKeeperMetadataStore, ZooKeeperMetadataStore]:
+    spec = f"zk:{zookeeper}/shared-{uuid.uuid4().hex}"
+    return ZooKeeperMetadataStore.open(spec), ZooKeeperMetadataStore.open(spec)
+
+
+def test_zookeeper_cas_between_sessions_and_unique_ledger_ids(zookeeper: str) -> None:
+    first, second = _zk_pair(zookeeper)
+    try:
+        first.put("/shared", b"a")
+        stat = second.get("/shared")
+        assert stat is not None and stat.version == 0
+        second.put("/shared", b"b", expected_version=0)
+        with pytest.raises(BadVersion):
+            first.put("/shared", b"stale", expected_version=0)  # the other session's write wins
+        ids: list[int] = []
+        generators = [first.ledger_id_generator(), second.ledger_id_generator()]
+
+        def allocate(generator: Callable[[], int]) -> None:
+            for _ in range(40):
+                ids.append(generator())
+
+        threads = [threading.Thread(target=allocate, args=(g,)) for g in generators for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(ids) == list(range(1, 161))  # no id handed out twice, none skipped
+    finally:
+        first.close()
+        second.close()
+
+
+def test_zookeeper_nodes_of_other_recipes_hold_no_value(zookeeper: str) -> None:
+    store = ZooKeeperMetadataStore.open(f"zk:{zookeeper}/raw-{uuid.uuid4().hex}")
+    try:
+        store.client.create("/ledgers/available/127.0.0.1:3181", b"", ephemeral=True, makepath=True)
+        store.client.create("/ledgers/idgen", b"41")
+        store.put("/ledgers/7", b"{}")
+        assert store.children("/ledgers") == ["7", "available", "idgen"]
+        assert store.get("/ledgers/idgen") is None and store.get("/ledgers/available") is None
+        store.delete("/ledgers/7")
+        assert store.children("/ledgers") == ["available", "idgen"]
+    finally:
+        store.close()
+
+
+def test_zookeeper_watch_reports_other_clients_changes_once(zookeeper: str) -> None:
+    first, second = _zk_pair(zookeeper)
+    seen: list[Notification] = []
+    lock = threading.Lock()
+
+    def record(notification: Notification) -> None:
+        with lock:
+            seen.append(notification)
+
+    def wait_for(expected: Notification) -> None:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            with lock:
+                if expected in seen:
+                    return
+            time.sleep(0.02)
+        raise AssertionError(f"{expected} never reported; got {seen}")
+
+    try:
+        first.put("/w/before", b"")  # exists before the watch: no notification for it
+        first.watch("/w", record)
+        first.put("/w/own", b"mine")  # reported once, synchronously, as with every backend
+        assert seen == [Notification(NotificationType.CREATED, "/w/own")]
+        second.put("/w/x", b"1")
+        wait_for(Notification(NotificationType.CREATED, "/w/x"))
+        second.put("/w/x", b"2")
+        wait_for(Notification(NotificationType.MODIFIED, "/w/x"))
+        second.put("/w/y/z", b"")
+        second.put("/w/y", b"")  # a placeholder parent becomes a value
+        wait_for(Notification(NotificationType.CREATED, "/w/y"))  # (changes seen before it is read coalesce)
+        second.delete("/w/y")  # a value deleted under its child: the znode stays as a placeholder
+        wait_for(Notification(NotificationType.DELETED, "/w/y"))
+        second.delete("/w/x")
+        wait_for(Notification(NotificationType.DELETED, "/w/x"))
+        first.delete("/w/own")
+        second.put("/elsewhere", b"")
+        second.put("/w/last", b"")
+        wait_for(Notification(NotificationType.CREATED, "/w/last"))
+        with lock:
+            own = [n for n in seen if n.path == "/w/own"]
+            assert own == [Notification(NotificationType.CREATED, "/w/own"),
+                           Notification(NotificationType.DELETED, "/w/own")]  # never echoed back
+            assert all(n.path.startswith("/w/") for n in seen) and "/w/before" not in {n.path for n in seen}
+    finally:
+        first.close()
+        second.close()

@@ -16,7 +16,40 @@ function group(title, ...stats) {
   return h("div", { class: "stat-group" }, h("h3", {}, title), h("div", { class: "stats" }, stats));
 }
 
+function trafficGroup(data) {
+  return group("Traffic",
+    stat("In", fmtRate(data.rates.msgRateIn), data.rates.msgRateIn, "msgRateIn"),
+    stat("Out", fmtRate(data.rates.msgRateOut), data.rates.msgRateOut, "msgRateOut"),
+    stat("Bytes in", fmtByteRate(data.rates.msgThroughputIn), data.rates.msgThroughputIn, "msgThroughputIn"),
+    stat("Bytes out", fmtByteRate(data.rates.msgThroughputOut), data.rates.msgThroughputOut, "msgThroughputOut"),
+    stat("Messages in", fmtCount(data.counters.msgInCounter), data.counters.msgInCounter, "msgInCounter"),
+    stat("Messages out", fmtCount(data.counters.msgOutCounter), data.counters.msgOutCounter, "msgOutCounter"));
+}
+
+function clusterGroups(data) {
+  const c = data.cluster;
+  const connected = c.bookies.filter((b) => b.connected).length;
+  const recovery = c.autorecovery;
+  return [
+    group("Broker",
+      stat("Health", data.status === "ok" ? "OK" : data.status, data.status, "health"),
+      stat("Uptime", fmtDuration(data.uptimeSeconds), data.uptimeSeconds, "uptime"),
+      stat("Topics loaded", fmtCount(data.loaded.topics), data.loaded.topics, "topics"),
+      stat("Subscriptions", fmtCount(data.loaded.subscriptions), data.loaded.subscriptions, "subscriptions"),
+      stat("Consumers", fmtCount(data.loaded.consumers), data.loaded.consumers, "consumers")),
+    trafficGroup(data),
+    group("Bookies",
+      stat("Available", fmtCount(c.bookiesAvailable), c.bookiesAvailable, "bookiesAvailable"),
+      stat("Connected", fmtCount(connected), connected, "bookiesConnected"),
+      stat("Under-replicated ledgers", recovery ? fmtCount(recovery.underreplicatedLedgers) : "–",
+        recovery ? recovery.underreplicatedLedgers : null, "underreplicated"),
+      stat("Entries re-replicated", recovery ? fmtCount(recovery.entriesCopied) : "–",
+        recovery ? recovery.entriesCopied : null, "entriesCopied")),
+  ];
+}
+
 function render(data) {
+  if (!data.storage) return clusterGroups(data);
   const s = data.storage;
   const j = s.journal;
   const latency = j.fsyncLatencyUs;
@@ -29,13 +62,7 @@ function render(data) {
       stat("Topics loaded", fmtCount(data.loaded.topics), data.loaded.topics, "topics"),
       stat("Subscriptions", fmtCount(data.loaded.subscriptions), data.loaded.subscriptions, "subscriptions"),
       stat("Consumers", fmtCount(data.loaded.consumers), data.loaded.consumers, "consumers")),
-    group("Traffic",
-      stat("In", fmtRate(data.rates.msgRateIn), data.rates.msgRateIn, "msgRateIn"),
-      stat("Out", fmtRate(data.rates.msgRateOut), data.rates.msgRateOut, "msgRateOut"),
-      stat("Bytes in", fmtByteRate(data.rates.msgThroughputIn), data.rates.msgThroughputIn, "msgThroughputIn"),
-      stat("Bytes out", fmtByteRate(data.rates.msgThroughputOut), data.rates.msgThroughputOut, "msgThroughputOut"),
-      stat("Messages in", fmtCount(data.counters.msgInCounter), data.counters.msgInCounter, "msgInCounter"),
-      stat("Messages out", fmtCount(data.counters.msgOutCounter), data.counters.msgOutCounter, "msgOutCounter")),
+    trafficGroup(data),
     group("Journal",
       stat("fsync p50", fmtMicros(latency.p50), latency.p50, "fsyncP50"),
       stat("fsync p99", fmtMicros(latency.p99), latency.p99, "fsyncP99"),

@@ -1,0 +1,102 @@
+"""The cluster commands of ``magnetar``: ``bookie`` and ``broker``.
+
+``magnetar bookie --data-dir D [--journal-dir J] --port P --metadata-store zk:HOST:PORT[/chroot]``
+serves one storage over the network and registers it in ZooKeeper (``broker/cluster/bookie_process.py``).
+
+``magnetar broker --metadata-store zk:HOST:PORT[/chroot] --port P [--config FILE]`` serves the
+same HTTP and WebSocket API as ``magnetar standalone`` with no local data: metadata in
+ZooKeeper, ledgers on the registered bookies (default quorum E=2 Qw=2 Qa=2, per namespace
+through the ``persistence`` policy), and a re-replication worker (``--no-autorecovery`` turns
+it off). ``--config`` reads the same Pulsar keys as standalone (authentication, auto-creation).
+
+Both shut down gracefully on SIGTERM or Ctrl-C. Server imports are loaded only when a command
+runs, so the client commands keep starting quickly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+from typing import Any
+
+CLUSTER_COMMANDS = ("bookie", "broker")
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+
+
+def add_cluster_commands(commands: Any) -> None:
+    bookie = commands.add_parser("bookie", help="serve one storage to the cluster's brokers")
+    bookie.add_argument("--data-dir", required=True, help="entry logs and index")
+    bookie.add_argument("--journal-dir", help="journal (default DATA_DIR/journal; another disk is better)")
+    bookie.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    bookie.add_argument("--port", type=int, default=3181, help="listen port (default 3181)")
+    bookie.add_argument("--advertised-address", help="host name brokers use to reach this bookie")
+    bookie.add_argument("--metadata-store", required=True, help="zk:HOST:PORT[/chroot]")
+    bookie.add_argument("--zk-session-timeout-s", type=float, default=10.0)
+    bookie.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
+
+    broker = commands.add_parser("broker", help="serve topics from the cluster's bookies (no local data)")
+    broker.add_argument("--metadata-store", required=True, help="zk:HOST:PORT[/chroot]")
+    broker.add_argument("--config", help="a broker configuration file (Pulsar's keys; see api/config.py)")
+    broker.add_argument("--host", help="listen address (default 0.0.0.0)")
+    broker.add_argument("--port", type=int, help="listen port (default 8080)")
+    broker.add_argument("--ensemble-size", type=int, default=2, help="default bookkeeperEnsemble (2)")
+    broker.add_argument("--write-quorum", type=int, default=2, help="default bookkeeperWriteQuorum (2)")
+    broker.add_argument("--ack-quorum", type=int, default=2, help="default bookkeeperAckQuorum (2)")
+    broker.add_argument("--no-autorecovery", action="store_true", help="run no re-replication worker here")
+    broker.add_argument("--autorecovery-interval-ms", type=int, default=1000)
+    broker.add_argument("--audit-interval-ms", type=int, default=60_000)
+    broker.add_argument("--bookie-timeout-ms", type=int, default=5000, help="deadline of a bookie request")
+    broker.add_argument("--zk-session-timeout-s", type=float, default=10.0)
+    broker.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+
+
+def run_cluster_command(args: argparse.Namespace) -> int:
+    return run_bookie(args) if args.command == "bookie" else run_broker(args)
+
+
+def run_bookie(args: argparse.Namespace) -> int:
+    import logging
+
+    from broker.cluster import BookieProcessConfig, run_bookie
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_bookie(BookieProcessConfig(
+        data_dir=args.data_dir, metadata_store=args.metadata_store, port=args.port, journal_dir=args.journal_dir,
+        host=args.host, advertised_address=args.advertised_address, session_timeout_s=args.zk_session_timeout_s))
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app, server_options
+    from api.server_process import exit_cleanly, tune_runtime
+    from api.config import ConfigError, StandaloneConfig
+    from api.connection_guard import raise_file_limit
+    from broker import BrokerService, QuorumConfig
+    from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage
+
+    overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port))
+                 if value is not None}
+    try:
+        config = StandaloneConfig.load(args.config, overrides)
+        quorum = QuorumConfig(args.ensemble_size, args.write_quorum, args.ack_quorum)
+    except (ConfigError, OSError, ValueError) as exc:
+        print(f"magnetar broker: {exc}", file=sys.stderr)
+        return 2
+    broker_config = dataclasses.replace(
+        config.broker, managed_ledger=dataclasses.replace(config.broker.managed_ledger, quorum=quorum))
+    autorecovery = None if args.no_autorecovery else AutoRecoveryConfig(
+        interval_ms=args.autorecovery_interval_ms, audit_interval_ms=args.audit_interval_ms)
+    cluster = ClusterStorage(ClusterConfig(
+        args.metadata_store, network=BookieNetworkConfig(request_timeout_ms=args.bookie_timeout_ms),
+        autorecovery=autorecovery, session_timeout_s=args.zk_session_timeout_s,
+        identifier=f"{config.host}:{config.port}"))
+    raise_file_limit()
+    app = create_app(BrokerService(config.data_dir, broker_config, cluster=cluster), auth=config.auth,
+                     limits=config.limits)
+    tune_runtime()
+    signal.signal(signal.SIGTERM, exit_cleanly)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))
+    return 0

@@ -1,0 +1,33 @@
+"""A server process's runtime: interpreter settings for a broker, and a graceful exit on SIGTERM.
+
+Role: shared by ``magnetar standalone`` (``api/cli.py``) and the cluster's ``magnetar broker``
+(``api/cli_cluster.py``), which set them up before uvicorn runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+GC_GEN0_ALLOCATIONS = 100_000
+GC_GEN1_COLLECTIONS = 50
+GC_GEN2_COLLECTIONS = 1000
+THREAD_SWITCH_INTERVAL_S = 0.001
+
+
+def tune_runtime() -> None:
+    """Interpreter settings for a broker process, chosen by measuring latency at 2,000 msg/s.
+
+    Every message allocates short-lived futures, tuples and frames: with the default collector
+    thresholds (a young collection every 700 allocations) full collections come often and show
+    as 10 to 50 ms latency spikes. A message also hands work between threads (event loop,
+    journal, dispatch); a 1 ms switch interval (5 ms by default) bounds how long a thread that
+    was woken waits for the interpreter lock. Objects from startup are frozen out of collection.
+    """
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_ALLOCATIONS, GC_GEN1_COLLECTIONS, GC_GEN2_COLLECTIONS)
+    sys.setswitchinterval(THREAD_SWITCH_INTERVAL_S)
+
+
+def exit_cleanly(signum: int, _frame: object) -> None:
+    raise SystemExit(0)

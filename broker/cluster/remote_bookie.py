@@ -1,0 +1,243 @@
+"""Remote bookies behind the ``BookieClient`` seam: what a cluster broker writes its ledgers to.
+
+Role: ``RemoteBookie`` is a ``Bookie`` (the shape ``LedgerHandle`` already uses in-process)
+whose calls travel over ``broker/cluster/bookie_network.py`` to a ``magnetar bookie`` process;
+``RemoteBookieClient`` is the ``BookieClient`` of a cluster broker: it knows the bookies
+registered in the coordination service and picks ensembles from them. Everything above the seam
+(write sets, ack quorums, ordered completion, LAC, fencing, ensemble changes) is unchanged.
+
+Reads go through a small read-ahead cache per bookie: a read that misses asks the bookie for a
+range (the entries of ``entry..entry + read_ahead_entries - 1`` it holds) and keeps the rest,
+so a catch-up reader pays one round trip per range instead of one per entry, as the bookie's
+own read cache does for the disk. Entries are immutable once written, so a cached copy is
+never stale; the cache is bounded in bytes and forgets a ledger when it is deleted.
+
+Invariants: an add's future resolves only with the bookie's OK, sent after its journal fsync;
+every failure of the network surfaces as ``BookieUnavailable`` (or a storage error the bookie
+answered), which the ledger treats as a failed bookie.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, unpack_entry
+from broker.cluster.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
+from broker.cluster.coordination import Coordination
+from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
+from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
+
+_STORED_HEADER = struct.Struct(">qq")  # as broker/bookie.py packs it: piggybacked LAC, ledger length
+
+
+@dataclass(frozen=True)
+class RemoteBookieStats:
+    bookie_id: str
+    adds: int
+    reads: int
+    read_ahead_hits: int
+    range_reads: int
+    cached_bytes: int
+
+
+class RemoteBookie:
+    """One ``magnetar bookie`` at ``bookie_id`` (``host:port``)."""
+
+    def __init__(self, bookie_id: str, network: BookieNetwork, client: RemoteBookieClient | None = None) -> None:
+        self.bookie_id = bookie_id
+        self._network = network
+        self._connection: BookieConnection = network.connection(bookie_id)
+        self._client = client
+        self._cache: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_lock = threading.Lock()
+        self.counters = dict.fromkeys(("adds", "reads", "read_ahead_hits", "range_reads"), 0)
+
+    @property
+    def available(self) -> bool:
+        registered = self._client is None or self.bookie_id in self._client.registered()
+        return registered and not self._connection.backing_off
+
+    def statistics(self) -> RemoteBookieStats:
+        c = self.counters
+        return RemoteBookieStats(self.bookie_id, c["adds"], c["reads"], c["read_ahead_hits"], c["range_reads"],
+                                 self._cache_bytes)
+
+    # --- writes --------------------------------------------------------------------------------
+    def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
+                  recovery: bool = False) -> Future[int]:
+        self._connection.reserve_add()
+        request_id = self._network.next_request_id()
+        parts = encode_add(request_id, ledger_id, entry_id, _STORED_HEADER.pack(lac, length_bytes), payload,
+                           recovery=recovery)
+        try:
+            result: Future[int] = self._network.submit(self._connection, request_id, parts, is_add=True,
+                                                       value=_entry_id)
+        except BaseException:
+            self._connection.release_add()
+            raise
+        self.counters["adds"] += 1
+        return result
+
+    def fence(self, ledger_id: int) -> Future[None]:
+        request_id = self._network.next_request_id()
+        result: Future[None] = self._network.submit(self._connection, request_id,
+                                                    [encode_ledger_op(Kind.FENCE, request_id, ledger_id)],
+                                                    value=_nothing)
+        return result
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._forget(ledger_id)
+        request_id = self._network.next_request_id()
+        try:
+            self._call([encode_ledger_op(Kind.DELETE, request_id, ledger_id)], request_id)
+        except NoSuchLedger:
+            return
+
+    # --- reads ---------------------------------------------------------------------------------
+    def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:
+        self.counters["reads"] += 1
+        with self._cache_lock:
+            cached = self._cache.pop((ledger_id, entry_id), None)
+            if cached is not None:
+                self._cache_bytes -= len(cached)
+                self.counters["read_ahead_hits"] += 1
+                return unpack_entry(cached)
+        config = self._network.config
+        request_id = self._network.next_request_id()
+        self.counters["range_reads"] += 1
+        response = self._call([encode_read_range(request_id, ledger_id, entry_id,
+                                                 entry_id + config.read_ahead_entries - 1,
+                                                 entries_max=config.read_ahead_entries,
+                                                 bytes_max=config.read_ahead_bytes_max)], request_id)
+        found: bytes | None = None
+        with self._cache_lock:
+            for got_id, data in response.entries:
+                if got_id == entry_id:
+                    found = data
+                elif got_id > entry_id:
+                    self._remember(ledger_id, got_id, data)
+        if found is None:
+            raise NoSuchEntry(f"entry {ledger_id}:{entry_id} is not on bookie {self.bookie_id}")
+        return unpack_entry(found)
+
+    def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]:
+        """Entries ``first..last``, in as few READ_RANGE requests as the response bound allows
+        (each answer carries at least its first entry, so every request makes progress)."""
+        config = self._network.config
+        stored: list[StoredEntry] = []
+        next_id = first_entry_id
+        while next_id <= last_entry_id:
+            request_id = self._network.next_request_id()
+            self.counters["range_reads"] += 1
+            response = self._call([encode_read_range(request_id, ledger_id, next_id, last_entry_id,
+                                                     entries_max=last_entry_id - next_id + 1,
+                                                     bytes_max=config.read_ahead_bytes_max)], request_id)
+            for got_id, data in response.entries:
+                if got_id != next_id:
+                    break
+                stored.append(unpack_entry(data))
+                next_id += 1
+            else:
+                if response.entries:
+                    continue
+            raise NoSuchEntry(f"entry {ledger_id}:{next_id} is not on bookie {self.bookie_id}")
+        self.counters["reads"] += len(stored)
+        return stored
+
+    def _last_entry(self, ledger_id: int) -> Response | None:
+        request_id = self._network.next_request_id()
+        try:
+            return self._call([encode_read(request_id, ledger_id, -1)], request_id)
+        except (NoSuchLedger, NoSuchEntry):
+            return None
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        response = self._last_entry(ledger_id)
+        return -1 if response is None else response.entry_id
+
+    def read_last_add_confirmed(self, ledger_id: int) -> int:
+        response = self._last_entry(ledger_id)
+        return -1 if response is None else unpack_entry(response.data).lac
+
+    def _call(self, parts: list[bytes], request_id: int) -> Response:
+        response = self._network.wait(self._network.submit(self._connection, request_id, parts))
+        error = response.error()
+        if error is not None:
+            raise error
+        return response
+
+    # --- the read-ahead cache (under its lock) ----------------------------------------------------
+    def _remember(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        key = (ledger_id, entry_id)
+        if key in self._cache:
+            return
+        self._cache[key] = data
+        self._cache_bytes += len(data)
+        limit = self._network.config.read_cache_bytes_max
+        while self._cache_bytes > limit and self._cache:
+            _, evicted = self._cache.popitem(last=False)
+            self._cache_bytes -= len(evicted)
+
+    def _forget(self, ledger_id: int) -> None:
+        with self._cache_lock:
+            for key in [k for k in self._cache if k[0] == ledger_id]:
+                self._cache_bytes -= len(self._cache.pop(key))
+
+
+def _entry_id(response: Response) -> int:
+    return response.entry_id
+
+
+def _nothing(_: Response) -> None:
+    return None
+
+
+class RemoteBookieClient(BookieClient):
+    """The bookies registered with ``coordination``, reached over one ``BookieNetwork``."""
+
+    def __init__(self, coordination: Coordination, config: BookieNetworkConfig | None = None) -> None:
+        # The base class's list of fixed bookies is replaced by the registered ones.
+        self._coordination = coordination
+        self._network = BookieNetwork(config)
+        self._bookies: dict[str, Bookie] = {}
+        self._remote: dict[str, RemoteBookie] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @property
+    def network(self) -> BookieNetwork:
+        return self._network
+
+    def registered(self) -> list[str]:
+        return self._coordination.available_bookies()
+
+    def bookie(self, bookie_id: str) -> RemoteBookie:
+        with self._lock:
+            bookie = self._remote.get(bookie_id)
+            if bookie is None:
+                if ":" not in bookie_id:
+                    raise BookieUnavailable(f"unknown bookie {bookie_id}")
+                bookie = self._remote[bookie_id] = RemoteBookie(bookie_id, self._network, self)
+            return bookie
+
+    def bookies(self) -> list[Bookie]:
+        return [self.bookie(b) for b in self.registered()]
+
+    def new_ensemble(self, size: int, *, exclude: Sequence[str] = ()) -> list[str]:
+        """``size`` distinct registered bookies not backing off after a failure, rotating."""
+        ids = [b for b in self.registered() if b not in exclude and not self.bookie(b)._connection.backing_off]
+        if len(ids) < size:
+            raise NotEnoughBookies(f"need {size} available bookies, have {len(ids)}")
+        with self._lock:
+            start = self._next % len(ids)
+            self._next += 1
+        return [ids[(start + i) % len(ids)] for i in range(size)]
+
+    def close(self) -> None:
+        self._network.close()

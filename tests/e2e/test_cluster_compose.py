@@ -1,0 +1,90 @@
+"""``docker-compose.cluster.yml``, checked without Docker (none runs here).
+
+- The file follows the Compose specification's JSON schema (the copy vendored by
+  ``check-jsonschema``), like ``docker-compose.yml``.
+- Its wiring is the cluster's: every Magnetar service runs the one image the broker builds (the
+  demo's); the bookies and the broker name the same ZooKeeper service and chroot; each bookie
+  advertises its own service name and listening port, keeps its entry logs and its journal on
+  separate volumes where the Dockerfile lets its user write; the broker starts once every bookie
+  is healthy, the demo's producer and Spark job once the broker is, and they reach it by name.
+- Every Magnetar command parses with ``magnetar``'s own argument parser, so a renamed option
+  fails here rather than in a container. (The same commands run natively, as processes, in
+  ``tests/crash/test_cluster_kill9.py``.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from api.cli import build_parser
+from tests.e2e.test_demo import CONTAINER_URL, _option, compose_schema_validator, dockerfile_instructions
+from tests.standalone import REPO_ROOT
+
+CLUSTER_FILE = REPO_ROOT / "docker-compose.cluster.yml"
+DEMO_FILE = REPO_ROOT / "docker-compose.yml"
+BOOKIES = ("bookie-1", "bookie-2", "bookie-3")
+
+
+def cluster() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(CLUSTER_FILE.read_text())
+    return loaded
+
+
+def test_cluster_compose_follows_the_compose_specification() -> None:
+    validator = compose_schema_validator()
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(cluster())]
+    assert errors == []
+
+
+def test_cluster_services_are_wired_together() -> None:
+    services = cluster()["services"]
+    demo = yaml.safe_load(DEMO_FILE.read_text())["services"]
+    assert set(services) == {"zookeeper", *BOOKIES, "broker", "producer", "spark-job"}
+    broker = services["broker"]
+    assert broker["build"] == "." and broker["image"] == demo["broker"]["image"]
+    assert "8080:8080" in broker["ports"] and "/healthz" in " ".join(broker["healthcheck"]["test"])
+    assert broker["depends_on"] == {b: {"condition": "service_healthy"} for b in BOOKIES}
+    store = _option(broker["command"], "--metadata-store")
+    assert store.startswith("zk:zookeeper:2181/")
+    writable = _dockerfile_writable_dirs()
+    for name in BOOKIES:
+        bookie = services[name]
+        command = bookie["command"]
+        assert bookie["image"] == broker["image"] and "build" not in bookie
+        assert bookie["depends_on"] == {"zookeeper": {"condition": "service_healthy"}}
+        assert _option(command, "--metadata-store") == store
+        assert _option(command, "--advertised-address") == name and _option(command, "--port") == "3181"
+        assert "3181" in " ".join(bookie["healthcheck"]["test"])
+        mounts = {volume.split(":")[1]: volume.split(":")[0] for volume in bookie["volumes"]}
+        data, journal = _option(command, "--data-dir"), _option(command, "--journal-dir")
+        assert data in mounts and journal in mounts and mounts[data] != mounts[journal]
+        assert {data, journal} <= writable
+    for name in ("producer", "spark-job"):
+        service = services[name]
+        assert service["command"] == demo[name]["command"] and _option(service["command"], "--service-url") == \
+            CONTAINER_URL
+        assert service["depends_on"] == {"broker": {"condition": "service_healthy"}}
+    assert services["zookeeper"]["image"].startswith("zookeeper:")
+    assert "jute.maxbuffer" in services["zookeeper"]["environment"]["JVMFLAGS"]
+
+
+def test_cluster_commands_parse_with_magnetars_parser() -> None:
+    services = cluster()["services"]
+    for name in (*BOOKIES, "broker"):
+        command = services[name]["command"]
+        assert command[0] == "magnetar"
+        args = build_parser().parse_args(command[1:])
+        assert args.command == ("broker" if name == "broker" else "bookie")
+        assert args.metadata_store == "zk:zookeeper:2181/magnetar"
+
+
+def _dockerfile_writable_dirs() -> set[str]:
+    """The directories the image's ``chown`` hands to its user."""
+    owned: set[str] = set()
+    for name, arguments in dockerfile_instructions():
+        if name == "RUN" and "chown" in arguments:
+            tail = arguments.split("chown", 1)[1].split()
+            owned.update(t for t in tail[1:] if t.startswith("/"))
+    return owned
