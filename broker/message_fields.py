@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
@@ -41,8 +40,7 @@ PAYLOAD_ENCODINGS = ("utf-8", "utf8", "string", "base64")
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class ProducedMessage:
+class ProducedMessage(NamedTuple):
     """A message to store, with what its request asked for besides the message itself."""
 
     message: Message
@@ -120,19 +118,33 @@ def build_message(payload: bytes, key: str | None = None, properties: Mapping[st
     return Message(payload, key, properties, event_time_ms, sequence_id)
 
 
-def message_of(fields: Mapping[str, Any], *, encoding: str, now_ms: int, known: frozenset[str] = MESSAGE_FIELDS,
-               where: str = "the message") -> ProducedMessage:
+def message_of(fields: Mapping[str, Any], *, encoding: str, clock_ms: Callable[[], int],
+               known: frozenset[str] = MESSAGE_FIELDS, where: str = "the message") -> ProducedMessage:
     """The message ``fields`` describe, checked field by field (``InvalidRequest`` naming the
-    field at fault); ``known`` is what the transport accepts (``MESSAGE_FIELDS`` plus its own)."""
-    check_fields(fields, known, where)
-    if "payload" not in fields:
+    field at fault); ``known`` is what the transport accepts (``MESSAGE_FIELDS`` plus its own);
+    ``clock_ms`` is read only for a ``deliverAfterMs``. A field that is absent costs nothing
+    (this runs once per WebSocket frame)."""
+    if not known.issuperset(fields):
+        check_fields(fields, known, where)
+    get = fields.get
+    payload = get("payload")
+    if payload is None:
         raise InvalidRequest(f"{where} needs a payload", field="payload")
-    message = build_message(
-        payload_of(fields["payload"], encoding),
-        key_of(fields.get("key")),
-        properties_of(fields.get("properties")),
-        parse_time_ms(fields.get("eventTime"), "eventTime"),
-        integer_of(fields.get("sequenceId"), "sequenceId", SEQUENCE_ID_MAX))
-    delivery = deliver_at_ms(integer_of(fields.get("deliverAt"), "deliverAt", TIME_MS_MAX),
-                             integer_of(fields.get("deliverAfterMs"), "deliverAfterMs", TIME_MS_MAX), now_ms)
-    return ProducedMessage(message, delivery, integer_of(fields.get("expectedOffset"), "expectedOffset", OFFSET_MAX))
+    key = get("key")
+    if key is not None and not isinstance(key, str):
+        key_of(key)
+    properties = get("properties")
+    event_time = get("eventTime")
+    sequence_id = get("sequenceId")
+    message = Message(
+        payload_of(payload, encoding), key, _NO_PROPERTIES if properties is None else properties_of(properties),
+        None if event_time is None else parse_time_ms(event_time, "eventTime"),
+        None if sequence_id is None else integer_of(sequence_id, "sequenceId", SEQUENCE_ID_MAX))
+    delivery = expected = None
+    if "deliverAt" in fields or "deliverAfterMs" in fields:
+        after_ms = integer_of(get("deliverAfterMs"), "deliverAfterMs", TIME_MS_MAX)
+        delivery = deliver_at_ms(integer_of(get("deliverAt"), "deliverAt", TIME_MS_MAX), after_ms,
+                                 clock_ms() if after_ms else 0)
+    if "expectedOffset" in fields:
+        expected = integer_of(get("expectedOffset"), "expectedOffset", OFFSET_MAX)
+    return ProducedMessage(message, delivery, expected)

@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -64,14 +64,14 @@ FRAME_FIELDS = MESSAGE_FIELDS | {"context", "expectedOffset"}
 conditional append."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Send:
     context: Any
     produced: ProducedMessage
     sequence_id: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Rejected:
     context: Any
     error: FrameError
@@ -99,6 +99,8 @@ class ProducerSession:
         self._answered = asyncio.Event()
         self._writer = FrameWriter(websocket, params.pending_messages_max)
         self._finished = LoopSignal(asyncio.get_running_loop(), self._send_results)
+        clock = service.clock
+        self._clock_ms: Callable[[], int] = lambda: int(clock() * 1000)
 
     async def run(self) -> None:
         """Without batching, frames are published as they are read; with it, a publish loop
@@ -131,8 +133,8 @@ class ProducerSession:
             return _Rejected(None, exc)
         context = frame.get("context")
         try:
-            produced = message_of(frame, encoding="base64", now_ms=int(self.service.clock() * 1000),
-                                  known=FRAME_FIELDS, where="the frame")
+            produced = message_of(frame, encoding="base64", clock_ms=self._clock_ms, known=FRAME_FIELDS,
+                                  where="the frame")
         except InvalidRequest as exc:
             return _Rejected(context, frame_error(exc))
         sequence_id = produced.message.sequence_id
@@ -170,25 +172,29 @@ class ProducerSession:
 
     def _publish_burst(self, burst: list[_Send]) -> None:
         """One entry per partition the burst's frames go to; answers stay in frame order."""
+        producer = self.producer
         keyless_target: TopicName | None = None
-        batches: dict[TopicName, list[_Send]] = {}
-        for send in burst:
+        batches: dict[TopicName, list[int]] = {}
+        for position, send in enumerate(burst):
             key = send.produced.message.key
             if key is not None:
-                target = self.producer.partition_of_key(key)
+                target = producer.partition_of_key(key)
             else:
                 if keyless_target is None:
-                    keyless_target = self.producer.route(None)
+                    keyless_target = producer.route(None)
                 target = keyless_target
-            batches.setdefault(target, []).append(send)
-        outcomes: dict[int, tuple[Outcome, int]] = {}
-        for target, batch in batches.items():
-            outcome = self._publish(batch, target)
-            for index, send in enumerate(batch):
-                outcomes[id(send)] = (outcome, index)
-        for send in burst:
-            entry_outcome, index = outcomes[id(send)]
-            self._pending.append((send.context, entry_outcome, index))
+            batches.setdefault(target, []).append(position)
+        if len(batches) == 1:  # the usual burst: one entry
+            target = next(iter(batches))
+            outcome = self._publish(burst, target)
+            self._pending.extend((send.context, outcome, index) for index, send in enumerate(burst))
+        else:
+            answers: list[tuple[Any, Outcome, int]] = [None] * len(burst)  # type: ignore[list-item]
+            for target, positions in batches.items():
+                outcome = self._publish([burst[p] for p in positions], target)
+                for index, position in enumerate(positions):
+                    answers[position] = (burst[position].context, outcome, index)
+            self._pending.extend(answers)
         self._answer_if_done()
 
     @staticmethod
@@ -227,38 +233,57 @@ class ProducerSession:
                 self._send_results()
 
     def _send_results(self) -> None:
-        """Answer every frame at the head of the queue whose entry finished, in order, in one write."""
+        """Answer every frame at the head of the queue whose entry finished, in order, in one write
+        (an entry's outcome is read once for all its frames)."""
         frames: list[str] = []
-        while self._pending:
-            context, outcome, index = self._pending[0]
-            if isinstance(outcome, Future) and not outcome.done():
-                break
-            self._pending.popleft()
-            try:
-                frames.append(_outcome_frame(context, outcome, index))
-            except Exception as exc:  # not the broker's refusal: a fault, reported as one
-                log.exception("publish failed")
-                frames.append(send_error(context, UNKNOWN_ERROR, "internal_error", str(exc)))
+        pending = self._pending
+        last: Outcome | None = None
+        answer: _EntryAnswer | None = None
+        while pending:
+            context, outcome, index = pending[0]
+            if outcome is not last:
+                if isinstance(outcome, Future) and not outcome.done():
+                    break
+                last, answer = outcome, _EntryAnswer(outcome)
+            pending.popleft()
+            assert answer is not None
+            frames.append(answer.frame(context, index))
         self._writer.send(frames)
-        if len(self._pending) < self.params.pending_messages_max:
+        if len(pending) < self.params.pending_messages_max:
             self._room.set()
-        if not self._pending:
+        if not pending:
             self._answered.set()
 
 
-def _outcome_frame(context: Any, outcome: Outcome, index: int) -> str:
-    """The result frame of the ``index``-th message of a finished (or refused) entry."""
-    if isinstance(outcome, FrameError):
-        return send_error(context, outcome.result_code, InvalidRequest.code, str(outcome))
-    if isinstance(outcome, MagnetarError):
-        return send_error(context, UNKNOWN_ERROR, outcome.code, str(outcome))
-    error = outcome.exception()
-    if error is not None:
-        if isinstance(error, MagnetarError):
-            return send_error(context, UNKNOWN_ERROR, error.code, str(error))
-        raise error
-    result = outcome.result()
-    if result.duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
-        return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
-    return (f'{{"result":"ok","messageId":"{result.message_ids[index].to_base64()}","context":{json.dumps(context)},'
-            f'"offset":{result.first_offset + index}}}')
+class _EntryAnswer:
+    """The result frames of one finished (or refused) entry, one per message."""
+
+    __slots__ = ("_duplicate", "_error", "_first_offset", "_ids")
+
+    def __init__(self, outcome: Outcome) -> None:
+        self._error: tuple[int, str, str] | None = None
+        """(result code, error code, message) of a refused or failed entry."""
+        self._ids: Sequence[MessageId] = ()
+        self._first_offset = 0
+        self._duplicate = False
+        if isinstance(outcome, FrameError):
+            self._error = (outcome.result_code, InvalidRequest.code, str(outcome))
+        elif isinstance(outcome, MagnetarError):
+            self._error = (UNKNOWN_ERROR, outcome.code, str(outcome))
+        elif (error := outcome.exception()) is not None:
+            if isinstance(error, MagnetarError):
+                self._error = (UNKNOWN_ERROR, error.code, str(error))
+            else:  # not the broker's refusal: a fault, reported as one
+                log.error("publish failed", exc_info=error)
+                self._error = (UNKNOWN_ERROR, "internal_error", str(error))
+        else:
+            result = outcome.result()
+            self._ids, self._first_offset, self._duplicate = result.message_ids, result.first_offset, result.duplicate
+
+    def frame(self, context: Any, index: int) -> str:
+        if self._error is not None:
+            return send_error(context, *self._error)
+        if self._duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
+            return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
+        return (f'{{"result":"ok","messageId":"{self._ids[index].to_base64()}","context":{json.dumps(context)},'
+                f'"offset":{self._first_offset + index}}}')

@@ -270,7 +270,7 @@ class NativeColumns:
 def new_columns(first_offset: int, *, native: bool = NATIVE_COLUMNS) -> Columns:
     """Empty columns for a read from ``first_offset``: native when asked for and built."""
     if native and not NATIVE_COLUMNS:
-        raise RuntimeError("the native range-read columns (api/_range_columns.c) were not built")
+        raise RuntimeError("the native range-read columns (broker/entry_format/_range_columns.c) were not built")
     return NativeColumns(first_offset) if native else ReadColumns(first_offset)
 
 
