@@ -14,7 +14,6 @@ bookie's journal on another disk (Pulsar's ``journalDirectory``).
 from __future__ import annotations
 
 import argparse
-import gc
 import signal
 import sys
 

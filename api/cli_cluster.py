@@ -71,9 +71,9 @@ def run_broker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app, server_options
-    from api.server_process import exit_cleanly, tune_runtime
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
+    from api.server_process import exit_cleanly, tune_runtime
     from broker import BrokerService, QuorumConfig
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage
 

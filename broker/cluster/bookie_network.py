@@ -37,8 +37,7 @@ from typing import Any
 
 from broker.bookie import BookieUnavailable
 from broker.errors import BrokerError
-from storage import FrameDecoder, ProtocolError, Response, decode_response
-from storage import LightFuture, new_future
+from storage import FrameDecoder, LightFuture, ProtocolError, Response, decode_response, new_future
 
 TIMEOUT_CHECK_INTERVAL_S = 0.05
 LOOP_START_TIMEOUT_S = 10.0

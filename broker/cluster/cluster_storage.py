@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from broker.cluster.autorecovery import AutoRecoveryConfig, AutoRecoveryStats, ReplicationWorker
 from broker.cluster.bookie_network import BookieConnectionStats, BookieNetworkConfig
 from broker.cluster.coordination import Coordination, CoordinationStats, ZooKeeperCoordination
-from broker.ledger import LedgerManager
-from broker.metadata import MetadataStore
 from broker.cluster.remote_bookie import RemoteBookieClient
 from broker.cluster.zk_metadata import ZooKeeperMetadataStore, connect
+from broker.ledger import LedgerManager
+from broker.metadata import MetadataStore
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ How the contract maps onto znodes:
   may arrive as one (the latest), and a callback must re-read what it needs. This object's own
   writes are recognised (by the writer field, or the ZooKeeper version a delete removed) and
   not reported twice.
-- Ledger ids come from kazoo's ``Counter`` recipe at ``/ledgers/idgen`` (a CAS on one znode),
+- Ledger ids come from a counter znode at ``/ledgers/idgen`` (a CAS on one znode, retried on conflict),
   so brokers sharing the store never hand out one id twice.
 
 Errors: a lost connection or session during a call raises the retriable
@@ -43,6 +43,7 @@ client; callers re-read before retrying, which every caller of a CAS does anyway
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -63,7 +64,7 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 from kazoo.recipe.cache import TreeCache, TreeEvent
-from kazoo.retry import KazooRetry
+from kazoo.retry import ForceRetryError, KazooRetry, RetryFailedError
 
 from broker.errors import BrokerError, InvalidRequest
 from broker.metadata import (
@@ -88,6 +89,10 @@ MULTI_OPS_MAX = 2000
 SESSION_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 15.0
 LEDGER_ID_COUNTER_PATH = "/ledgers/idgen"
+LEDGER_ID_CAS_TRIES_MAX = 200
+WATCH_LOAD_TIMEOUT_S = 30.0
+"""Compare-and-set attempts for one ledger id before the allocation fails (each failed attempt
+means another broker got an id: 200 is far beyond any contention a cluster sees)."""
 _SPEC = re.compile(r"^zk:(?P<hosts>[^/]+)(?P<chroot>/.*)?$")
 
 
@@ -191,6 +196,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         self._counter_lock = threading.Lock()
         self._writer = int.from_bytes(os.urandom(8), "big")
         self._caches: dict[str, TreeCache] = {}
+        self._cache_ready: dict[str, threading.Event] = {}
         self._own_deletes: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         """(path, czxid, version) of znodes this object deleted or emptied: one znode's one state."""
         self._own_lock = threading.Lock()
@@ -284,6 +290,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         for cache in self._caches.values():
             cache.close()
         self._caches.clear()
+        self._cache_ready.clear()
         if self._owns_client:
             self._client.stop()
             self._client.close()
@@ -385,34 +392,64 @@ class ZooKeeperMetadataStore(_VersionedStore):
 
     # --- ledger ids ---------------------------------------------------------------------------------
     def ledger_id_generator(self) -> Callable[[], int]:
-        """Ledger ids from kazoo's ``Counter`` recipe: unique across every broker of the cluster."""
-        counter = self._client.Counter(LEDGER_ID_COUNTER_PATH)
+        """Ledger ids from a counter znode (``/ledgers/idgen``, decimal text as kazoo's ``Counter``
+        writes it), incremented by compare-and-set: unique across every broker of the cluster.
+        A conflict means another broker took an id meanwhile, so it is retried (with jittered
+        backoff, up to ``LEDGER_ID_CAS_TRIES_MAX`` times) rather than failed, however many
+        brokers allocate at once."""
+        client = self._client
+        retry = KazooRetry(max_tries=LEDGER_ID_CAS_TRIES_MAX, delay=0.002, backoff=1.5, max_delay=0.1,
+                           max_jitter=0.5)
+
+        def increment() -> int:
+            try:
+                data, stat = client.get(LEDGER_ID_COUNTER_PATH)
+            except NoNodeError:
+                with contextlib.suppress(NodeExistsError):
+                    client.create(LEDGER_ID_COUNTER_PATH, b"0", makepath=True)
+                raise ForceRetryError() from None
+            value = int(data.decode("ascii") or "0") + 1
+            try:
+                client.set(LEDGER_ID_COUNTER_PATH, str(value).encode("ascii"), version=stat.version)
+            except BadVersionError:
+                raise ForceRetryError() from None
+            return value
 
         def next_id() -> int:
-            nonlocal counter
             with self._counter_lock:
                 try:
-                    counter += 1  # the recipe's compare-and-set, retried on conflicts
-                except KazooException as exc:
+                    value: int = retry.copy()(increment)
+                except (KazooException, RetryFailedError) as exc:
                     raise MetadataStoreUnavailable(f"could not allocate a ledger id: {exc!r}") from exc
-                value: int = counter.post_value
                 return value
 
         return next_id
 
     # --- other clients' changes, through kazoo's TreeCache ---------------------------------------
     def watch(self, prefix: str, callback: WatchCallback) -> Watch:
+        """As every store's watch, and other clients' changes too: it returns once the prefix's
+        ``TreeCache`` has loaded what exists, so every change made after it returns is reported
+        (a change during the load would otherwise read as part of the initial state)."""
         handle = super().watch(prefix, callback)
+        failure: KazooException | None = None
         with self._lock:
-            if handle.prefix not in self._caches:
+            initialized = self._cache_ready.get(handle.prefix)
+            if initialized is None:
                 cache = TreeCache(self._client, handle.prefix)
                 self._caches[handle.prefix] = cache
-                initialized = threading.Event()
+                initialized = self._cache_ready[handle.prefix] = threading.Event()
                 cache.listen(lambda event, p=handle.prefix, ready=initialized: self._on_tree_event(p, ready, event))
                 try:
                     cache.start()
                 except KazooException as exc:
-                    raise MetadataStoreUnavailable(f"cannot watch {handle.prefix}: {exc!r}") from exc
+                    failure = exc
+        if failure is not None:
+            self._remove_watch(handle)
+            raise MetadataStoreUnavailable(f"cannot watch {handle.prefix}: {failure!r}") from failure
+        if not initialized.wait(WATCH_LOAD_TIMEOUT_S):
+            self._remove_watch(handle)
+            raise MetadataStoreUnavailable(f"watching {handle.prefix}: ZooKeeper did not load it within "
+                                           f"{WATCH_LOAD_TIMEOUT_S:.0f} s")
         return handle
 
     def _remove_watch(self, handle: Watch) -> None:
@@ -420,6 +457,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
         with self._lock:
             if not any(w.prefix == handle.prefix for w in self._watches):
                 cache = self._caches.pop(handle.prefix, None)
+                self._cache_ready.pop(handle.prefix, None)
                 if cache is not None:
                     cache.close()
 

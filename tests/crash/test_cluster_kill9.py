@@ -33,11 +33,11 @@ import httpx
 import pytest
 from websockets.exceptions import WebSocketException
 
-from consumers.cluster_launcher import Cluster, running_cluster
 from broker.cluster.bookie_network import BookieNetwork, BookieNetworkConfig
-from broker.errors import MagnetarError
 from broker.cluster.remote_bookie import RemoteBookie
 from broker.cluster.zk_metadata import ZooKeeperMetadataStore
+from broker.errors import MagnetarError
+from consumers.cluster_launcher import Cluster, running_cluster
 from tests.integration.ws_client import open_ws, recv_frame, send_frame, ws_base
 
 pytestmark = pytest.mark.crash

@@ -49,8 +49,8 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, pack_entry, unpack_entry
+from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
 from broker.errors import LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
 from broker.ledger import LedgerHandle, LedgerManager, LedgerState
@@ -226,6 +226,9 @@ class SimBookie:
         if data is None:
             raise NoSuchEntry(f"{ledger_id}:{entry_id} not on {self.bookie_id}")
         return unpack_entry(data)
+
+    def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]:
+        return [self.read_entry(ledger_id, entry_id) for entry_id in range(first_entry_id, last_entry_id + 1)]
 
     def last_entry_id(self, ledger_id: int) -> int:
         return self._reachable().last_entry(ledger_id)

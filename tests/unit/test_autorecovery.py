@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
+from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
 from broker.ledger import LedgerManager, LedgerState
 from broker.metadata import InMemoryMetadataStore

@@ -6,8 +6,9 @@ Parses every module's imports (no import side effects) and checks, module by mod
 - ``storage`` imports nothing of ``broker``, ``api`` or ``consumers``;
 - ``broker`` imports ``storage`` only through its package (``from storage import X``), never a
   storage module, and nothing of ``api`` or ``consumers``;
-- ``api`` imports ``broker`` only through its package (the broker's face), never a broker
-  module, and nothing of ``storage``;
+- ``api`` imports ``broker`` only through its package (the broker's face) or the cluster's face
+  (``broker.cluster``, which only the cluster commands load), never a broker module, and
+  nothing of ``storage``;
 - ``consumers`` imports nothing of ``storage``, ``broker`` or ``api``;
 - the import graph of the project's modules (imports under ``if TYPE_CHECKING:`` excluded) has
   no cycle.
@@ -29,8 +30,8 @@ FORBIDDEN = {
     "api": {"storage"},
     "consumers": {"storage", "broker", "api"},
 }
-FRONT_DOOR_ONLY = {"broker": "storage", "api": "broker"}
-"""A package whose modules may use another package only through that package's ``__init__``."""
+FRONT_DOOR_ONLY = {"broker": ("storage", {"storage"}), "api": ("broker", {"broker", "broker.cluster"})}
+"""A package whose modules may use another package only through that package's front doors."""
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -85,8 +86,10 @@ def violations(root: Path) -> list[str]:
             top = imported.split(".")[0]
             if top in FORBIDDEN.get(package, set()):
                 found.append(f"{name} imports {imported} ({package} may not use {top})")
-            elif FRONT_DOOR_ONLY.get(package) == top and imported != top:
-                found.append(f"{name} imports {imported}: {package} uses {top} only through the {top} package")
+            elif package in FRONT_DOOR_ONLY and FRONT_DOOR_ONLY[package][0] == top \
+                    and imported not in FRONT_DOOR_ONLY[package][1]:
+                doors = " or ".join(sorted(FRONT_DOOR_ONLY[package][1]))
+                found.append(f"{name} imports {imported}: {package} uses {top} only through {doors}")
     found += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
     return found
 
@@ -156,6 +159,7 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path: Path) -> None:
         "broker/producer.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from broker.service import S\n",
         "api/__init__.py": "",
         "api/routes.py": "from broker.service import Service\nimport storage\n",  # past the face; storage
+        "api/cluster.py": "from broker.cluster import Cluster\nfrom broker.cluster.zk import Store\n",  # 2nd door ok
         "consumers/__init__.py": "from api import routes\n",
     }
     for relative, text in files.items():
@@ -168,3 +172,5 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path: Path) -> None:
     for fragment in expected:
         assert any(fragment in line for line in found), (fragment, found)
     assert not any("broker.producer" in line for line in found)  # TYPE_CHECKING imports do not count
+    assert any("api.cluster imports broker.cluster.zk" in line for line in found)  # behind the second door
+    assert not any("api.cluster imports broker.cluster:" in line for line in found)  # the second door itself

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.cluster.zk_metadata import ZooKeeperMetadataStore
 from broker.errors import AlreadyExists, BadVersion, InvalidRequest, NotFound, StorageClosed
 from broker.metadata import (
     DeleteOp,
@@ -27,7 +28,6 @@ from broker.metadata import (
     Stat,
     node_key,
 )
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -489,15 +489,21 @@ def test_zookeeper_cas_between_sessions_and_unique_ledger_ids(zookeeper: str) ->
         ids: list[int] = []
         generators = [first.ledger_id_generator(), second.ledger_id_generator()]
 
+        failures: list[BaseException] = []
+
         def allocate(generator: Callable[[], int]) -> None:
-            for _ in range(40):
-                ids.append(generator())
+            try:
+                for _ in range(40):
+                    ids.append(generator())
+            except BaseException as exc:  # reported below: a thread's failure must fail the test
+                failures.append(exc)
 
         threads = [threading.Thread(target=allocate, args=(g,)) for g in generators for _ in range(2)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        assert not failures  # contention between brokers is retried, never an allocation failure
         assert sorted(ids) == list(range(1, 161))  # no id handed out twice, none skipped
     finally:
         first.close()

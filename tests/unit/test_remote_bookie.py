@@ -22,10 +22,10 @@ import pytest
 from broker.bookie import BookieUnavailable, QuorumConfig
 from broker.cluster.bookie_network import BookieBusy, BookieNetwork, BookieNetworkConfig, BookieTimeout
 from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
+from broker.cluster.remote_bookie import RemoteBookie, RemoteBookieClient
 from broker.errors import LedgerFenced, NoSuchEntry, NoSuchLedger
 from broker.ledger import LedgerManager
 from broker.metadata import InMemoryMetadataStore
-from broker.cluster.remote_bookie import RemoteBookie, RemoteBookieClient
 from storage import LedgerStorage, StorageConfig
 from storage.bookie_server import BookieServer
 
