@@ -4,6 +4,7 @@ listener closes (a shutdown) before asyncio's accept retry runs."""
 from __future__ import annotations
 
 import asyncio
+import asyncio.constants
 import errno
 import logging
 import socket
@@ -49,7 +50,7 @@ async def _flood_then_close(caplog: pytest.LogCaptureFixture) -> int:
 
 def test_an_accept_retry_after_the_listener_closed_logs_no_traceback(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(asyncio.constants, "ACCEPT_RETRY_DELAY", 0.05)
+    monkeypatch.setattr(asyncio.constants, "ACCEPT_RETRY_DELAY", 0.05)  # asyncio reads it at each retry
     with caplog.at_level(logging.DEBUG):
         retries = asyncio.run(_flood_then_close(caplog))
     assert retries >= 1
