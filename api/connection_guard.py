@@ -191,8 +191,15 @@ class _AcceptErrorFilter:
         self._previous = previous
         self._last_logged_s = -ACCEPT_ERROR_QUIET_S
         self.suppressed = 0
+        self.retries_after_close = 0
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if _accept_retry_after_close(context):
+            # asyncio retries a failed accept() a second later; if the listener closed meanwhile
+            # (a shutdown during a descriptor shortage) the retry finds no socket: nothing to do
+            self.retries_after_close += 1
+            log.debug("accept retry after the listener closed: ignored")
+            return
         if "accept" not in str(context.get("message", "")):
             if self._previous is not None:
                 self._previous(loop, context)
@@ -210,5 +217,13 @@ class _AcceptErrorFilter:
         self.suppressed = 0
 
 
-def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    loop.set_exception_handler(_AcceptErrorFilter(loop.get_exception_handler()))
+def _accept_retry_after_close(context: dict[str, Any]) -> bool:
+    handle = context.get("handle")
+    callback = getattr(handle, "_callback", None)
+    return getattr(callback, "__name__", "") == "_start_serving" and isinstance(context.get("exception"), ValueError)
+
+
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> _AcceptErrorFilter:
+    handler = _AcceptErrorFilter(loop.get_exception_handler())
+    loop.set_exception_handler(handler)
+    return handler
