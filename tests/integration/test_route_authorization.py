@@ -54,7 +54,7 @@ GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/admin/v2/namespaces/{tenant}"): TENANT_ADMIN,
     **{(m, N): TENANT_ADMIN for m in ("GET", "PUT", "DELETE")},
     **{(m, N + "/" + policy): TENANT_ADMIN for m in ("GET", "POST", "DELETE")
-       for policy in ("retention", "messageTTL", "deduplication")},
+       for policy in ("retention", "messageTTL", "deduplication", "persistence")},
     ("GET", N + "/permissions"): TENANT_ADMIN,
     **{(m, N + "/permissions/{role}"): TENANT_ADMIN for m in ("POST", "DELETE")},
     ("GET", "/admin/v2/persistent/{tenant}/{namespace}"): TENANT_ADMIN,
@@ -94,6 +94,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/admin/v2/tenants/{tenant}"): {"adminRoles": []},
     ("POST", N + "/retention"): {"retentionTimeInMinutes": 1, "retentionSizeInMB": 1},
     ("POST", N + "/messageTTL"): 60, ("POST", N + "/deduplication"): True,
+    ("POST", N + "/persistence"): {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1},
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
     **{("POST", P + prefix + "/subscription/{subscription}/" + action): {"offsets": [0]}
