@@ -153,11 +153,12 @@ def namespaces_router(service: BrokerService, authorizer: Authorizer) -> APIRout
 
 
 def _retention_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
-    @routes.get("/{tenant}/{namespace}/retention", summary="Get the retention policy")
+    @routes.get("/{tenant}/{namespace}/retention",
+                summary="Get the retention policy (the broker's default when the namespace has none)")
     def get_retention(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
         retention: dict[str, Any] = service.policies(namespace_name(tenant, namespace)).get(
-            "retention_policies") or {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
+            "retention_policies") or service.default_retention()
         return retention
 
     @routes.post("/{tenant}/{namespace}/retention", status_code=204, summary="Set the retention policy")
@@ -167,11 +168,10 @@ def _retention_routes(routes: APIRouter, service: BrokerService, authorizer: Aut
         service.set_policy(namespace_name(tenant, namespace), "retention_policies", retention.model_dump())
 
     @routes.delete("/{tenant}/{namespace}/retention", status_code=204,
-                   summary="Remove the retention policy (consumed ledgers are not kept)")
+                   summary="Remove the retention policy (the broker's default applies again)")
     def remove_retention(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "retention_policies",
-                           {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
+        service.set_policy(namespace_name(tenant, namespace), "retention_policies", None)
 
 
 def _ttl_and_dedup_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:

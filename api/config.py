@@ -6,7 +6,10 @@ Role: turn a configuration file (and command-line overrides) into the ``BrokerCo
 ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey`` (``file:///path``, ``data:;base64,…``
 or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
 ``authenticateMetricsEndpoint``, ``maxHttpServerConnections``, ``httpMaxRequestSize``,
-``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk); plus
+``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk),
+``defaultRetentionTimeInMinutes`` / ``defaultRetentionSizeInMB`` (the retention of a namespace
+without a policy: -1 by default, keep everything, as an event store must; 0 and 0 are Pulsar's
+defaults, which keep nothing that no subscription holds); plus
 ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
 use are logged and ignored, so a full Pulsar ``standalone.conf`` loads.
 
@@ -32,7 +35,9 @@ log = logging.getLogger(__name__)
 
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
-              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory", *CONFIG_KEYS)
+              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
+              "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", *CONFIG_KEYS)
+RETENTION_LIMIT_MAX = 2**31 - 1
 
 
 class ConfigError(ValueError):
@@ -64,7 +69,9 @@ class StandaloneConfig:
             broker=dataclasses.replace(
                 BrokerConfig(),
                 auto_create_topics=_flag(values, "allowAutoTopicCreation", True),
-                dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True)),
+                dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True),
+                default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
+                default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB")),
             auth=_auth(values),
             limits=_limits(values),
         )
@@ -101,6 +108,14 @@ def _flag(values: Mapping[str, str], key: str, default: bool) -> bool:
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"
     raise ConfigError(f"{key} must be true or false, not {raw!r}")
+
+
+def _retention(values: Mapping[str, str], key: str) -> int:
+    """A default retention limit: -1 (none) or a count of minutes or megabytes."""
+    value = _integer(values, key, -1)
+    if not -1 <= value <= RETENTION_LIMIT_MAX:
+        raise ConfigError(f"{key} must be -1 (unlimited) or in 0..{RETENTION_LIMIT_MAX}, not {value}")
+    return value
 
 
 def _limits(values: Mapping[str, str]) -> EdgeLimits:

@@ -1,19 +1,21 @@
 """The one place where errors become HTTP responses.
 
 Every ``MagnetarError`` (storage and broker alike) maps to its class's ``http_status`` with the
-body ``{"code": ..., "message": ...}``; request validation failures (malformed JSON, missing or
-mistyped fields) are 400 ``invalid_request``. Routes never catch broker errors themselves.
+body ``{"code": ..., "message": ...}`` (plus what the error's ``details()`` adds); request
+validation failures (malformed JSON, missing or mistyped fields) are 400 ``invalid_request``.
+Routes never catch broker errors themselves.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from broker import MagnetarError
+from broker import BrokerError, MagnetarError
 
 
 class UpgradeRequired(MagnetarError):
@@ -41,19 +43,28 @@ class RequestTimeout(MagnetarError):
     http_status = 408
 
 
-def error_body(code: str, message: str) -> dict[str, str]:
+def error_body(code: str, message: str) -> dict[str, Any]:
     return {"code": code, "message": message}
+
+
+def error_of(error: MagnetarError) -> dict[str, Any]:
+    """``{code, message}`` of ``error``, plus the fields its class adds (a key version
+    mismatch's ``currentKeyVersions``, a trimmed stream's ``firstVersion``)."""
+    body = error_body(error.code, str(error) or error.code)
+    if isinstance(error, BrokerError):
+        body.update(error.details())
+    return body
 
 
 def error_bytes(error: MagnetarError) -> bytes:
     """The JSON body of ``error``'s HTTP answer."""
-    return json.dumps(error_body(error.code, str(error) or error.code)).encode()
+    return json.dumps(error_of(error)).encode()
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MagnetarError)
     async def magnetar_error(_: Request, exc: MagnetarError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, str(exc) or exc.code), status_code=exc.http_status)
+        return JSONResponse(error_of(exc), status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -5,7 +5,12 @@ deliverAfterMs}]}``; response ``{messagePublishResults: [{messageId: "ledger:ent
 errorCode, errorMsg, offset}], schemaVersion}``. Without a schema the payload is a UTF-8 string,
 as in Pulsar. Magnetar extensions: ``payloadEncoding: "base64"`` for binary payloads, each
 result's ``offset``, ``expectedOffset`` (the offset the first message must get; 409 and nothing
-written on a mismatch), and ``eventTime`` as ISO-8601 besides epoch milliseconds. What each
+written on a mismatch), ``eventTime`` as ISO-8601 besides epoch milliseconds, and event streams:
+``expectedKeyVersions: {key: n | "exists"}`` (each key's stream must be at that version, checked
+with the append: 409 ``key_version_mismatch`` with ``currentKeyVersions`` and nothing written)
+and each keyed message's ``keyVersion`` in its result. A conditional request that resends the
+producer's last stored entry (same ``producerName`` and ``sequenceId``) is answered with that
+entry's results, so a client that timed out can retry. What each
 field may hold is the broker's rule (``message_of`` and friends in ``broker/message_fields.py``);
 a field this request shape does not know is a 400 naming it.
 
@@ -16,10 +21,10 @@ several messages their ids carry a fourth part, the batch index (``ledger:entry:
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Required
+from typing import Annotated, Any, Literal, Required
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from typing_extensions import TypedDict
 
 from api.auth import Action, Authorizer, Caller
@@ -35,6 +40,7 @@ from broker import (
     TopicName,
     build_message,
     deliver_at_ms,
+    expected_key_versions_of,
     latest_delivery,
     parse_time_ms,
     payload_of,
@@ -64,13 +70,14 @@ class RestMessage(TypedDict, total=False):
 
 class ProduceRequest(BaseModel):
     """Pulsar's ``ProducerMessages`` and Magnetar's extensions (``payloadEncoding``,
-    ``expectedOffset``); any other field is a 400 naming it."""
+    ``expectedOffset``, ``expectedKeyVersions``); any other field is a 400 naming it."""
 
     model_config = ConfigDict(extra="forbid")
     producerName: str = "rest-producer"  # noqa: N815 - Pulsar's field name
     messages: list[RestMessage] = Field(min_length=1, max_length=MESSAGES_PER_REQUEST_MAX)
     payloadEncoding: str = "utf-8"  # noqa: N815
     expectedOffset: int | None = Field(default=None, ge=0, le=OFFSET_MAX)  # noqa: N815
+    expectedKeyVersions: dict[str, StrictInt | Literal["exists"]] | None = None  # noqa: N815
     schemaVersion: int | None = None  # noqa: N815
     keySchema: Any = None  # noqa: N815
     valueSchema: Any = None  # noqa: N815
@@ -108,8 +115,8 @@ async def parse_request(request: Request) -> ProduceRequest:
         raise InvalidRequest(problems or "invalid produce request") from None
 
 
-_RESULTS_EXAMPLE = {"messagePublishResults": [{"messageId": "2:0:-1", "errorCode": 0, "errorMsg": None, "offset": 0}],
-                    "schemaVersion": 0}
+_RESULTS_EXAMPLE = {"messagePublishResults": [{"messageId": "2:0:-1", "errorCode": 0, "errorMsg": None, "offset": 0,
+                                               "keyVersion": 3}], "schemaVersion": 0}
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "One result per message, in order", "content": {"application/json": {
         "example": _RESULTS_EXAMPLE}}}}
@@ -118,9 +125,9 @@ _BODY_SCHEMA = {"requestBody": {"required": True, "content": {"application/json"
 
 
 def _results_response(result: PublishResult, count: int, schema_version: int) -> Response:
-    """Pulsar's ``messagePublishResults`` (plus offsets), written straight as JSON text: one
-    small string per message instead of a dict per message for a serializer to walk."""
-    if result.duplicate:  # deduplicated: acknowledged, stored once before
+    """Pulsar's ``messagePublishResults`` (plus offsets and key versions), written straight as
+    JSON text: one small string per message instead of a dict per message for a serializer."""
+    if result.duplicate and not result.count:  # deduplicated: acknowledged, stored once before
         items = ['{"messageId":"-1:-1:-1","errorCode":0,"errorMsg":null,"offset":null}'] * count
     else:
         prefix = f"{result.position.ledger_id}:{result.position.entry_id}:{result.partition}"
@@ -130,6 +137,9 @@ def _results_response(result: PublishResult, count: int, schema_version: int) ->
         else:  # a batch: Pulsar's batch index as the id's fourth part
             items = [f'{{"messageId":"{prefix}:{i}","errorCode":0,"errorMsg":null,"offset":{first + i}}}'
                      for i in range(result.count)]
+        if result.key_versions:  # each keyed message's version in its stream
+            items = [item if version is None else f'{item[:-1]},"keyVersion":{version}}}'
+                     for item, version in zip(items, result.key_versions, strict=True)]
     body = f'{{"messagePublishResults":[{",".join(items)}],"schemaVersion":{schema_version}}}'
     return Response(body, media_type="application/json")
 
@@ -141,9 +151,11 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         """Store the request as one entry (the caller's permission is already checked)."""
         messages = messages_of(request)
         first_sequence_id = request.messages[0].get("sequenceId")
+        conditional = request.expectedKeyVersions
+        expected = None if conditional is None else expected_key_versions_of(conditional)
         result = await asyncio.wrap_future(service.publish_async(
             topic, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
-            expected_offset=request.expectedOffset,
+            expected_offset=request.expectedOffset, expected_key_versions=expected,
             deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000))))
         return _results_response(result, len(messages), request.schemaVersion or 0)
 

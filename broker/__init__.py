@@ -9,7 +9,9 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ``subscribe_pattern`` and ``reader``; ``read_range`` and ``admin``, a ``TopicAdmin`` for
   subscriptions, cursor moves, single messages, statistics and acknowledgements by id);
 - the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
-  ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``;
+  ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``; for event
+  streams ``StreamInfo``, ``StreamRead`` and ``KeyReader`` (``stream_info``, ``read_stream``,
+  ``stream_reader``);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``);
@@ -21,11 +23,13 @@ from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
 from broker.errors import (
     AlreadyExists,
+    BrokerError,
     ConsumerBusy,
     CorruptEntry,
     DataLost,
     Forbidden,
     InvalidRequest,
+    KeyVersionMismatch,
     MagnetarError,
     NoSuchEntry,
     NotAllowed,
@@ -35,15 +39,23 @@ from broker.errors import (
     TopicTerminated,
     Unauthorized,
 )
+from broker.event_streams import KEY_VERSION_COLUMN, KeyReader, StreamInfo, StreamRead
+from broker.key_index import KeyIndexStats
 from broker.message_fields import (
+    EXPECTED_KEYS_MAX,
+    KEY_BYTES_MAX,
     MESSAGE_FIELDS,
     OFFSET_MAX,
     PAYLOAD_ENCODINGS,
     SEQUENCE_ID_MAX,
+    VERSION_MAX,
+    ExpectedVersion,
     ProducedMessage,
     build_message,
     check_fields,
+    check_key,
     deliver_at_ms,
+    expected_key_versions_of,
     integer_of,
     latest_delivery,
     message_of,
@@ -65,14 +77,19 @@ from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import StorageStats
 
 __all__ = [
+    "EXPECTED_KEYS_MAX",
+    "KEY_BYTES_MAX",
+    "KEY_VERSION_COLUMN",
     "MESSAGE_FIELDS",
     "OFFSET_MAX",
     "PAYLOAD_ENCODINGS",
     "ROUTING_MODES",
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
+    "VERSION_MAX",
     "AlreadyExists",
     "BrokerConfig",
+    "BrokerError",
     "BrokerService",
     "BrokerStats",
     "CompactionStatus",
@@ -85,11 +102,15 @@ __all__ = [
     "CursorView",
     "DataLost",
     "Delivery",
+    "ExpectedVersion",
     "Forbidden",
     "Health",
     "InitialPosition",
     "InternalStats",
     "InvalidRequest",
+    "KeyIndexStats",
+    "KeyReader",
+    "KeyVersionMismatch",
     "LedgerView",
     "MagnetarError",
     "Message",
@@ -112,6 +133,8 @@ __all__ = [
     "StartPosition",
     "StorageStats",
     "StoredMessage",
+    "StreamInfo",
+    "StreamRead",
     "SubscriptionType",
     "SubscriptionStats",
     "TopicAdmin",
@@ -121,9 +144,11 @@ __all__ = [
     "Unauthorized",
     "build_message",
     "check_fields",
+    "check_key",
     "check_namespace",
     "check_subscription_name",
     "deliver_at_ms",
+    "expected_key_versions_of",
     "integer_of",
     "iso_time",
     "latest_delivery",

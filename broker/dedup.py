@@ -11,7 +11,9 @@ and on close, ``{producer: last sequence id}`` plus the offset it covers is writ
 metadata store (not synced: it only shortens the replay below). On open the snapshot is loaded
 and every entry after its offset is replayed (each stored entry carries its producer name and
 sequence ids), so the state is exact after a restart or a crash. At most ``producers_max``
-producers are tracked; beyond that the least recently active one is forgotten.
+producers are tracked; beyond that the least recently active one is forgotten. For each producer
+the end offset of its last stored entry is kept too, so a resend of that entry can be answered
+with its first results (``last_entry_end``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class Deduplication:
         self._producers_max = producers_max
         self._pushed: OrderedDict[str, int] = OrderedDict()
         self._persisted: dict[str, int] = {}
+        self._ends: dict[str, int] = {}
+        """Per producer: one past the last offset of its last stored entry."""
         self._lock = threading.Lock()
         self._entries_since_snapshot = 0
         self._snapshot_offset = 0
@@ -62,10 +66,12 @@ class Deduplication:
         if stat is not None:
             obj = json.loads(stat.value)
             self._persisted = {str(k): int(v) for k, v in obj["producers"].items()}
+            self._ends = {str(k): int(v) for k, v in obj.get("ends", {}).items()}
             self._snapshot_offset = int(obj["offset"])
-        for producer, sequence_id, _next_offset in replay(self._snapshot_offset):
+        for producer, sequence_id, next_offset in replay(self._snapshot_offset):
             if sequence_id > self._persisted.get(producer, -1):
                 self._persisted[producer] = sequence_id
+                self._ends[producer] = next_offset
         self._pushed = OrderedDict(self._persisted)
 
     def check(self, producer: str, highest_sequence_id: int) -> DedupStatus:
@@ -82,6 +88,7 @@ class Deduplication:
             while len(self._pushed) > self._producers_max:
                 forgotten, _ = self._pushed.popitem(last=False)
                 self._persisted.pop(forgotten, None)
+                self._ends.pop(forgotten, None)
             return DedupStatus.NEW
 
     def rollback(self, producer: str, highest_sequence_id: int, previous: int) -> None:
@@ -95,6 +102,7 @@ class Deduplication:
         with self._lock:
             if highest_sequence_id > self._persisted.get(producer, -1):
                 self._persisted[producer] = highest_sequence_id
+                self._ends[producer] = next_offset
             self._entries_since_snapshot += 1
             due = self._entries_since_snapshot >= self._interval
         if due:
@@ -102,7 +110,8 @@ class Deduplication:
 
     def snapshot(self, next_offset: int) -> None:
         with self._lock:
-            body = json.dumps({"producers": self._persisted, "offset": next_offset}, sort_keys=True).encode()
+            body = json.dumps({"producers": self._persisted, "ends": self._ends, "offset": next_offset},
+                              sort_keys=True).encode()
             self._entries_since_snapshot = 0
             self._snapshot_offset = next_offset
             self._snapshots += 1
@@ -115,6 +124,14 @@ class Deduplication:
         """The highest durable sequence id of ``producer`` (-1 if unknown): what a reconnecting
         producer resumes after."""
         return self._persisted.get(producer, -1)
+
+    def last_entry_end(self, producer: str, highest_sequence_id: int) -> int | None:
+        """One past the last offset of the entry whose highest sequence id is
+        ``highest_sequence_id``, when that is ``producer``'s last stored entry (else None)."""
+        with self._lock:
+            if self._persisted.get(producer) != highest_sequence_id:
+                return None
+            return self._ends.get(producer)
 
     def pushed_sequence_id(self, producer: str) -> int:
         return self._pushed.get(producer, -1)

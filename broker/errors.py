@@ -7,6 +7,8 @@ the same hierarchy and re-exported here, so ``api`` needs nothing from ``storage
 
 from __future__ import annotations
 
+from typing import Any
+
 from storage import (
     CorruptEntry,
     InvalidArgument,
@@ -26,6 +28,10 @@ from storage import (
 
 class BrokerError(MagnetarError):
     code = "broker_error"
+
+    def details(self) -> dict[str, Any]:
+        """Fields a transport adds to the error's ``{code, message}`` (none by default)."""
+        return {}
 
 
 class NotFound(BrokerError):
@@ -68,6 +74,30 @@ class OffsetMismatch(BrokerError):
         super().__init__(message)
         self.expected_offset = expected_offset
         self.next_offset = next_offset
+
+
+class KeyVersionMismatch(BrokerError):
+    """Conditional append refused: a key's stream is not at the expected version. Nothing was
+    written; ``current_key_versions`` holds the current version of every key the append expected
+    something of (-1: the key has no message)."""
+
+    code = "key_version_mismatch"
+    http_status = 409
+
+    def __init__(self, message: str, *, current_key_versions: dict[str, int]) -> None:
+        super().__init__(message)
+        self.current_key_versions = current_key_versions
+
+    def details(self) -> dict[str, Any]:
+        return {"currentKeyVersions": self.current_key_versions}
+
+
+class KeyIndexBusy(BrokerError):
+    """The key index is too far behind the appends it must index: retry shortly."""
+
+    code = "key_index_busy"
+    http_status = 503
+    retriable = True
 
 
 class LedgerClosed(BrokerError):
@@ -143,10 +173,18 @@ class PreconditionFailed(BrokerError):
 
 
 class DataLost(BrokerError):
-    """The requested position was trimmed by retention."""
+    """The requested position was trimmed by retention. For a key's stream, ``first_version``
+    is the first version retention kept (the answer names it as ``firstVersion``)."""
 
     code = "data_lost"
     http_status = 410
+
+    def __init__(self, message: str, *, first_version: int | None = None) -> None:
+        super().__init__(message)
+        self.first_version = first_version
+
+    def details(self) -> dict[str, Any]:
+        return {} if self.first_version is None else {"firstVersion": self.first_version}
 
 
 def _registry() -> dict[str, type[MagnetarError]]:
@@ -174,6 +212,8 @@ __all__ = [
     "Forbidden",
     "InvalidArgument",
     "InvalidRequest",
+    "KeyIndexBusy",
+    "KeyVersionMismatch",
     "LedgerClosed",
     "LedgerFenced",
     "MagnetarError",

@@ -297,10 +297,13 @@ class ManagedLedger:
         return self._terminated
 
     # --- writing -------------------------------------------------------------------------
-    def add_entry(self, payload: bytes, message_count: int, *, expected_offset: int | None = None) -> Future[AddResult]:
+    def add_entry(self, payload: bytes, message_count: int, *, expected_offset: int | None = None,
+                  on_offsets: Callable[[int], None] | None = None) -> Future[AddResult]:
         """Append one entry holding ``message_count`` messages. With ``expected_offset`` the
         append happens only if the entry's first offset would be exactly that (else
-        ``OffsetMismatch`` and nothing is written)."""
+        ``OffsetMismatch`` and nothing is written). ``on_offsets(first_offset)`` runs under the
+        lock that assigns offsets, before anything is written (the key index numbers the
+        entry's keyed messages there); if it raises, nothing is written."""
         if message_count < 1:
             raise InvalidRequest("an entry holds at least one message")
         if len(payload) > self.config.entry_size_bytes_max:
@@ -312,6 +315,8 @@ class ManagedLedger:
                     f"expected offset {expected_offset} but the next offset of {self.display_name} is "
                     f"{self._next_offset}",
                     expected_offset=expected_offset, next_offset=self._next_offset)
+            if on_offsets is not None:
+                on_offsets(self._next_offset)
             self._maybe_roll_over()
             assert self._current is not None
             first_offset = self._next_offset

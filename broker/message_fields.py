@@ -3,8 +3,9 @@
 Role: REST produce (PIP-64 messages), WebSocket producer frames and any later front end name a
 message's parts the same way (``payload``, ``key``, ``properties``, ``eventTime``,
 ``sequenceId``, ``deliverAt``, ``deliverAfterMs``, ``replicationClusters``,
-``disableReplication``), plus Magnetar's conditional append (``expectedOffset``). This module
-says what each may hold and builds the ``Message``:
+``disableReplication``), plus Magnetar's conditional appends (``expectedOffset``, and per key
+``expectedKeyVersion`` on a frame or ``expectedKeyVersions`` on a request). This module says
+what each may hold and builds the ``Message``:
 
 - ``payload``: a UTF-8 string (REST's default) or base64 (WebSocket's, and REST's with
   ``payloadEncoding: "base64"``);
@@ -12,7 +13,10 @@ says what each may hold and builds the ``Message``:
   transport (``broker/time_format.py``);
 - ``deliverAt`` (epoch ms) or ``deliverAfterMs`` (from now): one delivery time per entry, the
   latest any of its messages asks for;
-- ``expectedOffset``: the offset the entry's first message must get (409 otherwise).
+- ``expectedOffset``: the offset the entry's first message must get (409 otherwise);
+- ``expectedKeyVersion(s)``: the version a key's stream must be at (``-1``: no message yet, or
+  ``"exists"``: at least one), checked with the append (409 ``key_version_mismatch``). A key is
+  at most ``KEY_BYTES_MAX`` bytes of UTF-8 wherever it is used as a stream's name.
 
 A field a transport does not know is an ``InvalidRequest`` naming it, so a misplaced field (a
 conditional append inside a message, say) is never silently ignored. Errors carry the field's
@@ -25,7 +29,7 @@ import base64
 import binascii
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
@@ -37,6 +41,15 @@ MESSAGE_FIELDS = frozenset({"payload", "key", "properties", "eventTime", "sequen
                             "deliverAfterMs", "replicationClusters", "disableReplication"})
 """Pulsar's names for the parts of one message (REST produce's message objects)."""
 PAYLOAD_ENCODINGS = ("utf-8", "utf8", "string", "base64")
+KEY_BYTES_MAX = 1024
+"""A message key's length bound (UTF-8 bytes): keys name event streams in the key index."""
+VERSION_MAX = 2**63 - 1
+EXPECTED_KEYS_MAX = 10_000
+"""Keys one conditional append may expect a version of."""
+EXISTS: Literal["exists"] = "exists"
+ExpectedVersion = int | Literal["exists"]
+"""What a conditional append expects of a key's stream: its version (-1: no message yet), or
+``"exists"`` (at least one message)."""
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 
 
@@ -46,6 +59,7 @@ class ProducedMessage(NamedTuple):
     message: Message
     deliver_at_ms: int | None = None
     expected_offset: int | None = None
+    expected_key_version: ExpectedVersion | None = None
 
 
 def check_fields(fields: Mapping[str, Any], known: frozenset[str], where: str) -> None:
@@ -77,6 +91,30 @@ def key_of(value: Any, field: str = "key") -> str | None:
     if value is not None and not isinstance(value, str):
         raise InvalidRequest(f"{field} must be a string", field=field)
     return value
+
+
+def check_key(key: str, field: str = "key") -> str:
+    """``key`` when it can name an event stream: at most ``KEY_BYTES_MAX`` bytes of UTF-8."""
+    if len(key) * 4 > KEY_BYTES_MAX and len(key.encode(errors="surrogatepass")) > KEY_BYTES_MAX:
+        raise InvalidRequest(f"{field} is longer than {KEY_BYTES_MAX} bytes", field=field)
+    return key
+
+
+def expected_version_of(value: Any, field: str) -> ExpectedVersion:
+    """A key's expected version: an integer in -1..2^63-1 or ``"exists"``."""
+    if value == EXISTS:
+        return EXISTS
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= VERSION_MAX:
+        raise InvalidRequest(f"{field} must be an integer in -1..{VERSION_MAX} or \"exists\"", field=field)
+    return value
+
+
+def expected_key_versions_of(value: Any, field: str = "expectedKeyVersions") -> dict[str, ExpectedVersion]:
+    """A request's ``{key: expected version}``: 1..``EXPECTED_KEYS_MAX`` keys, each a valid key."""
+    if not isinstance(value, dict) or not 1 <= len(value) <= EXPECTED_KEYS_MAX:
+        raise InvalidRequest(f"{field} must be an object of 1..{EXPECTED_KEYS_MAX} keys", field=field)
+    return {check_key(key, f"{field} key"): expected_version_of(version, f"{field}[{key[:64]!r}]")
+            for key, version in value.items()}
 
 
 def properties_of(value: Any, field: str = "properties") -> Mapping[str, str]:
@@ -140,11 +178,15 @@ def message_of(fields: Mapping[str, Any], *, encoding: str, clock_ms: Callable[[
         payload_of(payload, encoding), key, _NO_PROPERTIES if properties is None else properties_of(properties),
         None if event_time is None else parse_time_ms(event_time, "eventTime"),
         None if sequence_id is None else integer_of(sequence_id, "sequenceId", SEQUENCE_ID_MAX))
-    delivery = expected = None
+    delivery = expected = expected_version = None
     if "deliverAt" in fields or "deliverAfterMs" in fields:
         after_ms = integer_of(get("deliverAfterMs"), "deliverAfterMs", TIME_MS_MAX)
         delivery = deliver_at_ms(integer_of(get("deliverAt"), "deliverAt", TIME_MS_MAX), after_ms,
                                  clock_ms() if after_ms else 0)
     if "expectedOffset" in fields:
         expected = integer_of(get("expectedOffset"), "expectedOffset", OFFSET_MAX)
-    return ProducedMessage(message, delivery, expected)
+    if "expectedKeyVersion" in fields:
+        if key is None:
+            raise InvalidRequest(f"{where} has an expectedKeyVersion but no key", field="expectedKeyVersion")
+        expected_version = expected_version_of(get("expectedKeyVersion"), "expectedKeyVersion")
+    return ProducedMessage(message, delivery, expected, expected_version)

@@ -25,7 +25,9 @@ POLICIES = "/admin/policies"
 
 
 def default_policies() -> dict[str, Any]:
-    return {"retention_policies": {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0},
+    """A new namespace's policies: no retention policy of its own (the broker's default
+    retention applies, ``BrokerConfig.default_retention_*``), no TTL, the broker's dedup."""
+    return {"retention_policies": None,
             "message_ttl_in_seconds": 0, "deduplicationEnabled": None, "auth_policies": {}}
 
 

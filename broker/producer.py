@@ -14,7 +14,9 @@ The producer:
 - **identifies** its messages for deduplication: its name and a sequence id per message (the
   caller's, or the next of ``initial_sequence_id + 1, …`` when it gave one, or the topic's next
   for this producer name);
-- **appends conditionally** when asked (``expected_offset``: the entry's first offset).
+- **appends conditionally** when asked (``expected_offset``: the entry's first offset;
+  ``expected_key_versions``: the versions its keys' streams must be at, all of them keys of the
+  partition the entry goes to).
 
 Invariant: one ``send`` is one entry on one partition, durable when its future completes.
 """
@@ -22,12 +24,13 @@ Invariant: one ``send`` is one entry on one partition, durable when its future c
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from broker.entry_format import Compression, Message
 from broker.errors import InvalidRequest
+from broker.message_fields import ExpectedVersion
 from broker.routing import PartitionRouter
 from broker.topic import PublishResult
 from broker.topic_name import TopicName
@@ -83,12 +86,17 @@ class Producer:
 
     def send(self, messages: Sequence[Message], *, partition: TopicName | None = None,
              sequence_id: int | None = None, expected_offset: int | None = None,
-             deliver_at_ms: int | None = None) -> Future[PublishResult]:
+             deliver_at_ms: int | None = None,
+             expected_key_versions: Mapping[str, ExpectedVersion] | None = None) -> Future[PublishResult]:
         """Store ``messages`` as one entry on ``partition`` (default: :meth:`route` of the first
         message's key); the future completes once the entry is durable."""
         if not messages:
             raise InvalidRequest("a publish needs at least one message")
         target = partition if partition is not None else self.route(messages[0].key)
+        if expected_key_versions is not None:
+            self._service.check_stream_partition(
+                target, [*expected_key_versions, *(m.key for m in messages if m.key is not None)])
         return self._service.topic(target).publish(
             messages, producer_name=self.name, sequence_id=sequence_id, compression=self.compression,
-            expected_offset=expected_offset, deliver_at_time_ms=deliver_at_ms)
+            expected_offset=expected_offset, deliver_at_time_ms=deliver_at_ms,
+            expected_key_versions=expected_key_versions)

@@ -11,7 +11,14 @@ touches ``storage``). Everything it knows lives in the metadata store or in ledg
 - topics are managed ledgers at ``/managed-ledgers/{tenant}/{namespace}/persistent/{topic}``.
 
 A maintenance pass (every ``maintenance_interval_ms``, or on demand) applies message TTLs to
-cursors, trims consumed ledgers as retention allows, and ages out the entry cache.
+cursors, syncs the key index, trims consumed ledgers as retention allows (by default nothing
+goes: an event store keeps its events, ``default_retention_*``), drops the trimmed entries' key
+index rows, and ages out the entry cache.
+
+Event streams: every topic partition has its key index (``broker/key_index.py``, in
+``{data_dir}/key-index``), recovered when the topic opens; ``read_stream``, ``stream_info`` and
+``stream_reader`` read one key's stream (``broker/event_streams.py``) in the partition the key
+routes to.
 
 With ``cluster`` (``magnetar broker``) there is no embedded bookie: the metadata store is
 ZooKeeper and ledgers go to the remote bookies registered there (``broker/cluster/cluster_storage.py``).
@@ -49,6 +56,8 @@ from broker.errors import (
     NotFound,
     PreconditionFailed,
 )
+from broker.event_streams import KeyReader, StreamInfo, StreamRead, read_stream, stream_info
+from broker.key_index import KeyIndex, KeyIndexStats
 from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore, MetadataStoreStats, RocksDBMetadataStore
@@ -89,6 +98,11 @@ class BrokerConfig:
     auto_create_topics: bool = True
     dedup_enabled: bool = True
     maintenance_interval_ms: int = 1000
+    default_retention_time_minutes: int = -1
+    """Retention of a namespace without a policy (Pulsar's ``defaultRetentionTimeInMinutes``;
+    -1: forever, 0: consumed ledgers go at once, Pulsar's own default)."""
+    default_retention_size_mb: int = -1
+    """Likewise for size (``defaultRetentionSizeInMB``; -1: unlimited)."""
 
     @classmethod
     def test_min(cls) -> BrokerConfig:
@@ -108,6 +122,7 @@ class BrokerStats:
     """Every loaded topic (partition); one closed or deleted meanwhile is left out."""
     cluster: ClusterStats | None = None
     """A cluster broker's bookies, connections and re-replication; None standalone."""
+    key_index: KeyIndexStats | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,7 @@ class BrokerService:
         self._compaction_pool: ThreadPoolExecutor | None = None
         self._compactions: dict[TopicName, Future[None]] = {}
         self._namespaces_of: Namespaces | None = None
+        self._key_index: KeyIndex | None = None
         self._policy_listeners: list[Callable[[], None]] = []
         self.admin = TopicAdmin(self)
         """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
@@ -162,6 +178,7 @@ class BrokerService:
             self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
         self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
         self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
+        self._key_index = KeyIndex(os.path.join(self.data_dir, "key-index"))
         self._namespaces_of = Namespaces(self._store, self._namespace_changed)
         if "public" not in self.tenants():
             self.create_tenant("public", {})
@@ -184,6 +201,12 @@ class BrokerService:
         if self._namespaces_of is None:
             raise RuntimeError("broker service is not started")
         return self._namespaces_of
+
+    @property
+    def key_index(self) -> KeyIndex:
+        if self._key_index is None:
+            raise RuntimeError("broker service is not started")
+        return self._key_index
 
     @property
     def store(self) -> MetadataStore:
@@ -209,6 +232,9 @@ class BrokerService:
                 with contextlib.suppress(MagnetarError):
                     topic.close()
             self._topics.clear()
+        if self._key_index is not None:
+            self._key_index.close()
+            self._key_index = None
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -277,9 +303,14 @@ class BrokerService:
             except Exception:
                 log.exception("a policy listener failed")
 
+    def default_retention(self) -> dict[str, int]:
+        """The retention of a namespace without a policy of its own, in Pulsar's policy shape."""
+        return {"retentionTimeInMinutes": self.config.default_retention_time_minutes,
+                "retentionSizeInMB": self.config.default_retention_size_mb}
+
     def _ml_config(self, name: TopicName) -> ManagedLedgerConfig:
         policies = self.policies(name.namespace_name)
-        retention = policies.get("retention_policies") or {}
+        retention = policies.get("retention_policies") or self.default_retention()
         minutes, mb = int(retention.get("retentionTimeInMinutes", 0)), int(retention.get("retentionSizeInMB", 0))
         return dataclasses.replace(
             self.config.managed_ledger,
@@ -320,6 +351,9 @@ class BrokerService:
             topic = PersistentTopic(topic_name, ml, cursors, self.store,
                                     dedup_enabled=self.config.dedup_enabled if dedup is None else bool(dedup),
                                     clock=self.clock)
+            streams = topic.streams = self.key_index.partition(topic_name.managed_ledger_name, ml, topic.entries_from)
+            # trimming also keeps what the key index has not made durable yet
+            ml.cursor_positions = lambda: [*cursors.durable_mark_delete_offsets(), streams.durable_watermark]
             self._topics[topic_name] = topic
             self._offer_to_patterns(topic_name)
             return topic
@@ -355,6 +389,7 @@ class BrokerService:
             self._topics.pop(name, None)
             self._compactors.pop(name, None)
         topic.ml.delete()
+        self.key_index.drop(name.managed_ledger_name)
         self.factory.forget(name.managed_ledger_name)
 
     def create_partitioned_topic(self, name: TopicName, partitions: int) -> None:
@@ -619,10 +654,12 @@ class BrokerService:
         for topic in self.open_topics():
             with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
                 topics.append(topic_stats(topic, self.subscriptions_of(topic.name)))
+        key_index = self.key_index.statistics()
         if self.cluster is not None:
             return BrokerStats(None, self.cache.statistics(), self.store.statistics(), tuple(topics),
-                               self.cluster.statistics())
-        return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics))
+                               self.cluster.statistics(), key_index)
+        return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics),
+                           key_index=key_index)
 
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
                 sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
@@ -636,8 +673,55 @@ class BrokerService:
                       sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
                       **options: Any) -> Future[PublishResult]:
         """Like :meth:`publish`, but the result is a future completed once the entry is durable."""
-        return self.topic(self.route(topic, messages[0].key if messages else None, routing_mode)).publish(
-            messages, producer_name=producer_name, sequence_id=sequence_id, **options)
+        target = self.route(topic, messages[0].key if messages else None, routing_mode)
+        expected = options.get("expected_key_versions")
+        if expected is not None:
+            self.check_stream_partition(target, [*expected, *(m.key for m in messages if m.key is not None)])
+        return self.topic(target).publish(messages, producer_name=producer_name, sequence_id=sequence_id, **options)
+
+    # --- event streams (broker/key_index.py, broker/event_streams.py) ----------------------------
+    def stream_partition(self, name: TopicName, key: str) -> TopicName:
+        """The partition holding the stream of ``key``: the one a keyed message routes to."""
+        partitions = self.partitions(name) if name.partition_index < 0 else 0
+        return name.partition(PartitionRouter.key_partition(key, partitions)) if partitions else name
+
+    def check_stream_partition(self, target: TopicName, keys: list[str]) -> None:
+        """A conditional append (one entry) goes to one partition, which must be where each of
+        its keys routes (``InvalidRequest`` otherwise): a key's stream lives in one partition."""
+        if target.partition_index < 0:
+            return
+        partitions = self.partitions(target.base)
+        for key in keys:
+            home = PartitionRouter.key_partition(key, partitions) if partitions else target.partition_index
+            if home != target.partition_index:
+                raise InvalidRequest(f"key {key[:64]!r} belongs to partition {home} of {target.base}, not "
+                                     f"{target.partition_index}: the keys of a conditional append must share "
+                                     "one partition", field="expectedKeyVersions")
+
+    def _stream_topic(self, name: TopicName, key: str) -> tuple[PersistentTopic | None, TopicName]:
+        target = self.stream_partition(name, key)
+        if self.topic_exists(target):
+            return self.topic(target, create=False), target
+        if 0 <= target.partition_index < self.partitions(target.base):
+            return None, target  # a partition nobody wrote to yet
+        raise NotFound(f"topic {name} does not exist")
+
+    def stream_info(self, name: TopicName, key: str) -> StreamInfo:
+        """Where the stream of ``key`` in topic ``name`` stands."""
+        topic, target = self._stream_topic(name, key)
+        return stream_info(topic, target, key)
+
+    def read_stream(self, name: TopicName, key: str, from_version: int | None, max_messages: int, max_bytes: int, *,
+                    backward: bool = False, message_overhead_bytes: int = 0) -> StreamRead:
+        """Messages of the stream of ``key`` by version, as Arrow columns (``broker/event_streams.py``)."""
+        topic, target = self._stream_topic(name, key)
+        return read_stream(topic, target, key, from_version, max_messages, max_bytes, backward=backward,
+                           message_overhead_bytes=message_overhead_bytes)
+
+    def stream_reader(self, name: TopicName, key: str, from_version: int) -> KeyReader:
+        """A live reader of the stream of ``key`` from ``from_version`` on (the topic is created
+        when auto-creation allows, as for any reader)."""
+        return KeyReader(self.topic(self.stream_partition(name, key)), key, from_version)
 
     def route(self, topic: str | TopicName, key: str | None, routing_mode: str = "RoundRobinPartition") -> TopicName:
         """The partition a message with ``key`` goes to (the topic itself when not partitioned)."""
@@ -670,6 +754,8 @@ class BrokerService:
             subscriptions = list(self._subscriptions.values())
         for subscription in subscriptions:
             subscription.tick()
+        key_index = self.key_index
+        key_index.sync()  # trimming keeps what the key index has not made durable
         for topic in self.open_topics():
             expired = topic.ml.expired_offset()
             if expired is not None:
@@ -679,6 +765,7 @@ class BrokerService:
                         cursor.expire_before(expired)
             topic.ml.trim()
             topic.tick()
+        key_index.cleanup()
         self.cache.evict_expired()
 
     def _maintenance_loop(self) -> None:

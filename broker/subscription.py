@@ -115,6 +115,8 @@ class Delivery:
     publish_time_ms: int
     redelivery_count: int
     topic: str
+    key_version: int | None = None
+    """The message's version in its key's stream, when a key reader delivers it."""
 
 
 @dataclass(order=True)

@@ -2,11 +2,14 @@
 
 Publish path: messages → producer dedup check (``broker/dedup.py``) → one Pulsar-format entry
 (``encode_entry``: a batch, possibly compressed) → ``ManagedLedger.add_entry`` (optionally
-conditional on ``expected_offset``) → ``PublishResult`` with a Pulsar ``MessageId`` and the
-gap-free offset of every message.
+conditional on ``expected_offset``; keyed messages get their stream versions from the key index,
+``broker/key_index.py``, under the offset lock, conditional on ``expected_key_versions``) →
+``PublishResult`` with a Pulsar ``MessageId``, the gap-free offset and the key version of every
+message.
 
 Invariants: a duplicate (producer name, sequence id) is acknowledged but never stored twice,
-also across restarts; a refused conditional append writes nothing; a message larger than
+also across restarts (a conditional one answers its first publish's results when it resends
+the producer's last entry); a refused conditional append writes nothing; a message larger than
 ``message_size_bytes_max`` is refused before anything is written.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,7 +26,9 @@ from broker.cursor import CursorManager
 from broker.dedup import Deduplication, DedupStatus
 from broker.entry_format import Compression, Message, decode_entry, encode_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MessageTooLarge
+from broker.key_index import KeyReservation, PartitionKeys
 from broker.managed_ledger import AddResult, Entry, ManagedLedger
+from broker.message_fields import ExpectedVersion
 from broker.message_id import MessageId, Position
 from broker.metadata import MetadataStore
 from broker.topic_name import TopicName
@@ -46,6 +51,8 @@ class PublishResult:
     count: int
     publish_time_ms: int
     duplicate: bool = False
+    key_versions: tuple[int | None, ...] = ()
+    """Each message's version in its key's stream (None: no key); empty when none has a key."""
 
     @cached_property
     def message_ids(self) -> tuple[MessageId, ...]:
@@ -76,6 +83,8 @@ class PersistentTopic:
         self._rates_in = (0.0, 0.0)  # messages/s, bytes/s over the last maintenance interval
         opened = ml.statistics()
         self._rate_in_base = (clock(), opened.messages_added, opened.bytes_added)
+        self.streams: PartitionKeys | None = None
+        """The partition's event streams (``broker/key_index.py``), set by the service."""
         self.dedup: Deduplication | None = None
         if dedup_enabled:
             self.dedup = Deduplication(store, f"/managed-ledgers/{ml.name}/dedup")
@@ -88,7 +97,8 @@ class PersistentTopic:
     # --- publishing ----------------------------------------------------------------------
     def publish(self, messages: Sequence[Message], *, producer_name: str, sequence_id: int | None = None,
                 compression: Compression = Compression.NONE, expected_offset: int | None = None,
-                deliver_at_time_ms: int | None = None) -> Future[PublishResult]:
+                deliver_at_time_ms: int | None = None,
+                expected_key_versions: Mapping[str, ExpectedVersion] | None = None) -> Future[PublishResult]:
         """Store ``messages`` as one entry. ``sequence_id`` is the first message's sequence id
         (the next ones follow); without it the producer's next sequence id is used."""
         if not messages:
@@ -102,22 +112,35 @@ class PersistentTopic:
             highest_seq = first_seq + len(messages) - 1
             if first_seq < 0 or highest_seq > SEQUENCE_ID_MAX:
                 raise InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX}, not {first_seq}..{highest_seq}")
-            duplicate = self._check_duplicate(producer_name, highest_seq)
+            duplicate = self._check_duplicate(producer_name, highest_seq, len(messages),
+                                              conditional=expected_key_versions is not None)
             if duplicate is not None:
                 return duplicate
+            keys: KeyReservation | None = None
             try:  # nothing reserved for dedup may outlive a publish that wrote nothing
+                keys = self._key_reservation(messages, expected_key_versions)
                 # messages without their own sequence id get first_seq + their index
                 entry = encode_entry(messages, producer_name=producer_name, sequence_id=first_seq,
                                      publish_time_ms=int(self._clock() * 1000), compression=compression,
                                      deliver_at_time_ms=deliver_at_time_ms)
-                added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset)
+                added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset, on_offsets=keys)
             except BaseException:
+                if keys is not None:
+                    keys.failed()
                 if self.dedup is not None:
                     self.dedup.rollback(producer_name, highest_seq, first_seq - 1)
                 raise
         result: Future[PublishResult] = new_future()
-        added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq))
+        added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq, keys))
         return result
+
+    def _key_reservation(self, messages: Sequence[Message],
+                         expected: Mapping[str, ExpectedVersion] | None) -> KeyReservation | None:
+        if self.streams is None:
+            if expected is not None:
+                raise InvalidRequest(f"{self.name} keeps no key index: expectedKeyVersions cannot be checked")
+            return None
+        return self.streams.reservation(messages, expected)
 
     def _first_sequence_id(self, producer: str, sequence_id: int | None, messages: Sequence[Message]) -> int:
         if messages[0].sequence_id is not None:
@@ -126,7 +149,8 @@ class PersistentTopic:
             return sequence_id
         return (self.dedup.pushed_sequence_id(producer) if self.dedup is not None else -1) + 1
 
-    def _check_duplicate(self, producer: str, highest_seq: int) -> Future[PublishResult] | None:
+    def _check_duplicate(self, producer: str, highest_seq: int, count: int, *,
+                         conditional: bool) -> Future[PublishResult] | None:
         if self.dedup is None:
             return None
         status = self.dedup.check(producer, highest_seq)
@@ -135,20 +159,38 @@ class PersistentTopic:
         if status is DedupStatus.IN_FLIGHT:
             raise DuplicateInFlight(f"sequence id {highest_seq} of {producer} is still being stored; retry")
         done: Future[PublishResult] = new_future()
-        done.set_result(PublishResult(Position(-1, -1), self.partition, -1, 0, 0, duplicate=True))
+        original = self._original(producer, highest_seq, count) if conditional else None
+        done.set_result(original or PublishResult(Position(-1, -1), self.partition, -1, 0, 0, duplicate=True))
         return done
 
+    def _original(self, producer: str, highest_seq: int, count: int) -> PublishResult | None:
+        """The results of the producer's last entry, when ``highest_seq`` resends it."""
+        end = self.dedup.last_entry_end(producer, highest_seq) if self.dedup is not None else None
+        found = self.streams.entry_ending_at(end, count) if end is not None and self.streams is not None else None
+        if found is None:
+            return None
+        position, first_offset, publish_ms, versions = found
+        return PublishResult(position, self.partition, first_offset, count, publish_ms, duplicate=True,
+                             key_versions=versions)
+
     def _published(self, added: Future[AddResult], result: Future[PublishResult], producer: str,
-                   highest_seq: int) -> None:
+                   highest_seq: int, keys: KeyReservation | None) -> None:
         error = added.exception()
         if error is not None:
+            if keys is not None:
+                keys.failed()
             result.set_exception(error)
             return
         add = added.result()
+        versions: tuple[int | None, ...] = ()
+        if keys is not None:
+            keys.confirmed(add.position)
+            versions = keys.message_versions()
         if self.dedup is not None:
             self.dedup.persisted(producer, highest_seq, add.last_offset + 1)
         count = add.last_offset - add.first_offset + 1
-        result.set_result(PublishResult(add.position, self.partition, add.first_offset, count, add.publish_time_ms))
+        result.set_result(PublishResult(add.position, self.partition, add.first_offset, count, add.publish_time_ms,
+                                        key_versions=versions))
 
     def last_sequence_id(self, producer: str) -> int:
         return self.dedup.last_sequence_id(producer) if self.dedup is not None else -1

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import WebSocket
 from fastapi.responses import JSONResponse
 
-from api.errors import error_body
+from api.errors import error_of
 from broker import Delivery, InvalidRequest, MagnetarError, iso_time
 
 FRAME_ERROR_TEXT_MAX = 300
@@ -54,6 +54,8 @@ def message_frame(delivery: Delivery, message_id_b64: str | None = None) -> str:
         extra += f',"key":{json.dumps(message.key)}'
     if message.event_time_ms is not None:
         extra += f',"eventTime":"{iso_time(message.event_time_ms)}"'
+    if delivery.key_version is not None:
+        extra += f',"keyVersion":{delivery.key_version}'
     properties = json.dumps(message.properties, separators=(",", ":")) if message.properties else "{}"
     message_id = message_id_b64 or delivery.message_id.to_base64()
     return (f'{{"messageId":"{message_id}",'
@@ -97,10 +99,11 @@ async def receive_text(websocket: WebSocket) -> str | None:
 async def deny(websocket: WebSocket, exc: MagnetarError) -> None:
     """Answer the upgrade with an HTTP error, as Pulsar does when it cannot create the session."""
     await websocket.send_denial_response(
-        JSONResponse(error_body(exc.code, str(exc) or exc.code), status_code=exc.http_status))
+        JSONResponse(error_of(exc), status_code=exc.http_status))
 
 
-def send_error(context: Any, result_code: int, error_code: str, message: str) -> str:
+def send_error(context: Any, result_code: int, error_code: str, message: str, **extra: Any) -> str:
+    """A producer's ``send-error`` frame; ``extra`` fields follow (``currentKeyVersion``)."""
     return frame_text({"result": f"send-error:{result_code}", "errorMsg": short(f"{error_code}: {message}"),
-                        "errorCode": error_code, "context": context})
+                       "errorCode": error_code, "context": context, **extra})
 

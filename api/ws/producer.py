@@ -2,13 +2,16 @@
 
 Role: one connection bound to one broker ``Producer`` (``BrokerService.producer``). Each frame
 is read into a message by the broker's rules (``message_of``: payload in base64, event time in
-epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``); a
-field the frame shape does not know is a ``send-error`` naming it. Without batching every frame
+epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``,
+``expectedKeyVersion``); a field the frame shape does not know is a ``send-error`` naming it. A
+result carries the message's ``keyVersion`` when it has a key; a refused ``expectedKeyVersion``
+is a ``send-error`` carrying the key's ``currentKeyVersion``. Without batching every frame
 is its own entry; with ``batchingEnabled=true`` the frames that arrived together (up to
 ``batchingMaxMessages``) are batched per partition, as Pulsar's batching producers keep a batch
 per partition: a keyed frame joins its key's partition's batch, the keyless frames of the burst
 one partition's batch chosen once (round-robin advances once per burst), each batch is one
-entry; frames with their own sequence id, delivery time or expected offset go alone.
+entry; frames with their own sequence id, delivery time, expected offset or expected key version
+go alone.
 
 Invariants: at most ``maxPendingMessages`` frames are unanswered (the session stops reading
 frames until results are written); results are written in frame order, once each frame's entry is
@@ -47,6 +50,7 @@ from broker import (
     MESSAGE_FIELDS,
     BrokerService,
     InvalidRequest,
+    KeyVersionMismatch,
     MagnetarError,
     MessageId,
     ProducedMessage,
@@ -59,9 +63,9 @@ from broker import (
 log = logging.getLogger(__name__)
 
 _DUPLICATE_ID = MessageId(-1, -1).to_base64()
-FRAME_FIELDS = MESSAGE_FIELDS | {"context", "expectedOffset"}
+FRAME_FIELDS = MESSAGE_FIELDS | {"context", "expectedOffset", "expectedKeyVersion"}
 """What a producer frame may hold: Pulsar's message fields, its ``context``, and Magnetar's
-conditional append."""
+conditional appends."""
 
 
 @dataclass(slots=True)
@@ -200,15 +204,20 @@ class ProducerSession:
     @staticmethod
     def _batchable(send: _Send) -> bool:
         produced = send.produced
-        return send.sequence_id is None and produced.deliver_at_ms is None and produced.expected_offset is None
+        return send.sequence_id is None and produced.deliver_at_ms is None and produced.expected_offset is None \
+            and produced.expected_key_version is None
 
     def _publish(self, group: list[_Send], target: TopicName | None = None) -> Future[PublishResult] | MagnetarError:
         first = group[0]
+        produced = first.produced
+        expected_version = produced.expected_key_version  # such a frame goes alone, and has a key
         try:
             future = self.producer.send([s.produced.message for s in group], partition=target,
                                         sequence_id=first.sequence_id,
-                                        expected_offset=first.produced.expected_offset,
-                                        deliver_at_ms=first.produced.deliver_at_ms)
+                                        expected_offset=produced.expected_offset,
+                                        deliver_at_ms=produced.deliver_at_ms,
+                                        expected_key_versions=None if expected_version is None else
+                                        {produced.message.key or "": expected_version})
         except MagnetarError as exc:
             return exc
         future.add_done_callback(self._finished.notify)
@@ -258,7 +267,7 @@ class ProducerSession:
 class _EntryAnswer:
     """The result frames of one finished (or refused) entry, one per message."""
 
-    __slots__ = ("_duplicate", "_error", "_first_offset", "_ids")
+    __slots__ = ("_current_version", "_duplicate", "_error", "_first_offset", "_ids", "_versions")
 
     def __init__(self, outcome: Outcome) -> None:
         self._error: tuple[int, str, str] | None = None
@@ -266,24 +275,36 @@ class _EntryAnswer:
         self._ids: Sequence[MessageId] = ()
         self._first_offset = 0
         self._duplicate = False
+        self._versions: Sequence[int | None] = ()
+        self._current_version: int | None = None
+        """A refused ``expectedKeyVersion``: where the key's stream is."""
         if isinstance(outcome, FrameError):
             self._error = (outcome.result_code, InvalidRequest.code, str(outcome))
         elif isinstance(outcome, MagnetarError):
-            self._error = (UNKNOWN_ERROR, outcome.code, str(outcome))
+            self._refused(outcome)
         elif (error := outcome.exception()) is not None:
             if isinstance(error, MagnetarError):
-                self._error = (UNKNOWN_ERROR, error.code, str(error))
+                self._refused(error)
             else:  # not the broker's refusal: a fault, reported as one
                 log.error("publish failed", exc_info=error)
                 self._error = (UNKNOWN_ERROR, "internal_error", str(error))
         else:
             result = outcome.result()
             self._ids, self._first_offset, self._duplicate = result.message_ids, result.first_offset, result.duplicate
+            self._versions = result.key_versions
+
+    def _refused(self, error: MagnetarError) -> None:
+        self._error = (UNKNOWN_ERROR, error.code, str(error))
+        if isinstance(error, KeyVersionMismatch) and len(error.current_key_versions) == 1:
+            self._current_version = next(iter(error.current_key_versions.values()))
 
     def frame(self, context: Any, index: int) -> str:
         if self._error is not None:
+            if self._current_version is not None:
+                return send_error(context, *self._error, currentKeyVersion=self._current_version)
             return send_error(context, *self._error)
         if self._duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
             return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
+        version = self._versions[index] if self._versions else None
         return (f'{{"result":"ok","messageId":"{self._ids[index].to_base64()}","context":{json.dumps(context)},'
-                f'"offset":{self._first_offset + index}}}')
+                f'"offset":{self._first_offset + index}' + ("}" if version is None else f',"keyVersion":{version}}}'))

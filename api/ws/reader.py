@@ -1,8 +1,10 @@
 """The WebSocket reader session: one broker ``Reader`` per partition, from a start position on.
 
 Role: a non-durable read of a topic (every partition of a partitioned one, in turns) from
-``earliest``, ``latest``, a message id or the compacted view; it follows new messages as they
-are confirmed. Reader frames other than ``isEndOfTopic`` only free flow credit.
+``earliest``, ``latest``, a message id or the compacted view; or, with ``?key=``, of one key's
+event stream from ``fromKeyVersion`` on (a broker ``KeyReader``, whose messages carry their
+``keyVersion``). It follows new messages as they are confirmed. Reader frames other than
+``isEndOfTopic`` only free flow credit.
 
 Invariant: at most ``receiverQueueSize`` messages and ``maxUnackedBytesPerConsumer`` payload
 bytes (but always one message) are sent and not yet acknowledged; a message that does not fit
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import WebSocket
@@ -22,7 +24,7 @@ from api.wakeup import LoopWakeup
 from api.ws.frames import JSON_DESERIALIZE_ERROR, FrameError, frame_text, message_frame
 from api.ws.protocol import FrameWriter
 from api.ws.session import command_loop, supervise
-from broker import BrokerService, Delivery, MessageId, Reader
+from broker import BrokerService, Delivery, KeyReader, MessageId, Reader
 
 READER_FILL_MESSAGES_MAX = 1000
 
@@ -32,7 +34,7 @@ class ReaderSession:
     ``receiverQueueSize`` messages and ``outstanding_bytes_max`` payload bytes (but always one
     message) are sent and not yet acknowledged."""
 
-    def __init__(self, websocket: WebSocket, service: BrokerService, readers: list[Reader],
+    def __init__(self, websocket: WebSocket, service: BrokerService, readers: Sequence[Reader | KeyReader],
                  receiver_queue_size: int, outstanding_bytes_max: int) -> None:
         self.ws = websocket
         self.service = service
@@ -45,7 +47,7 @@ class ReaderSession:
         self._loop = asyncio.get_running_loop()
         self._published = LoopWakeup(self._loop, self._wake)
         self._writer = FrameWriter(websocket, self._limit)
-        self._listeners: list[tuple[Reader, Callable[[], None]]] = []
+        self._listeners: list[tuple[Reader | KeyReader, Callable[[], None]]] = []
 
     def _notify(self) -> None:
         self._published.notify()

@@ -27,7 +27,17 @@ from api.ws.params import RECEIVER_QUEUE_SIZE_MAX, ConsumerParams, ProducerParam
 from api.ws.producer import ProducerSession
 from api.ws.reader import ReaderSession
 from api.ws.session import serve
-from broker import BrokerService, InvalidRequest, MagnetarError, TopicName, check_subscription_name
+from broker import (
+    VERSION_MAX,
+    BrokerService,
+    InvalidRequest,
+    KeyReader,
+    MagnetarError,
+    Reader,
+    TopicName,
+    check_key,
+    check_subscription_name,
+)
 
 Started = tuple[Callable[[], Awaitable[None]], Callable[[], None] | None]
 """A session's run coroutine, and what undoes its broker objects if the upgrade is refused."""
@@ -147,12 +157,24 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
                                  RECEIVER_QUEUE_SIZE_MAX)
             start = reader_start(query)
             compacted = query.flag("readCompacted", False)
+            key = query.text("key")
+            from_version = query.integer("fromKeyVersion", 0, 0, VERSION_MAX)
+            if key is not None:
+                check_key(key)
+                if query.text("messageId") is not None or compacted:
+                    raise InvalidRequest("a key reader (key=) starts at fromKeyVersion: give no messageId or "
+                                         "readCompacted")
+            elif query.text("fromKeyVersion") is not None:
+                raise InvalidRequest("fromKeyVersion needs a key")
         except MagnetarError as exc:
             await deny(websocket, exc)
             return
 
         def start_reading() -> Started:
-            readers = [service.reader(p, start, compacted=compacted) for p in service.expand_partitions(name)]
+            if key is not None:
+                readers: list[Reader | KeyReader] = [service.stream_reader(name, key, from_version)]
+            else:
+                readers = [service.reader(p, start, compacted=compacted) for p in service.expand_partitions(name)]
             session = ReaderSession(websocket, service, readers, receiver_queue, limits.consumer_unacked_bytes_max)
             return session.run, None
 
@@ -166,9 +188,9 @@ _WS_DOCS = {
         "WebSocket producer (Pulsar WebSocket API v2)",
         "Connect with a WebSocket client. Query parameters: producerName, initialSequenceId, batchingEnabled, "
         "batchingMaxMessages, maxPendingMessages, messageRoutingMode, compressionType, token. Send "
-        "`{payload (base64), properties, context, key, eventTime, deliverAt, deliverAfterMs, sequenceId}`; "
-        "each frame is answered `{result: \"ok\", messageId, context, offset}` or "
-        "`{result: \"send-error:<n>\", errorMsg, errorCode, context}`."),
+        "`{payload (base64), properties, context, key, eventTime, deliverAt, deliverAfterMs, sequenceId, "
+        "expectedOffset, expectedKeyVersion}`; each frame is answered `{result: \"ok\", messageId, context, offset, "
+        "keyVersion}` or `{result: \"send-error:<n>\", errorMsg, errorCode, context, currentKeyVersion}`."),
     "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}": (
         "WebSocket consumer (Pulsar WebSocket API v2)",
         "Connect with a WebSocket client. Query parameters: subscriptionType (Exclusive, Shared, Failover, "
@@ -185,8 +207,10 @@ _WS_DOCS = {
         "WebSocket reader (Pulsar WebSocket API v2)",
         "Connect with a WebSocket client. Query parameters: messageId (earliest, latest or a base64 message "
         "id; the reader starts after it), receiverQueueSize, readerName, readCompacted (the latest message per "
-        "key up to the last compaction, then the rest of the topic), token. Messages arrive like the "
-        "consumer's; acknowledgements only free flow-control credit; `{type: \"isEndOfTopic\"}` is answered."),
+        "key up to the last compaction, then the rest of the topic), token; or key and fromKeyVersion (default 0) "
+        "for a live reader of one key's event stream: its messages from that version on, then each new one, "
+        "with their keyVersion. Messages arrive like the consumer's; acknowledgements only free flow-control "
+        "credit; `{type: \"isEndOfTopic\"}` is answered."),
 }
 
 
