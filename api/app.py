@@ -42,6 +42,7 @@ from api.rest_consume import router as consume_router
 from api.rest_locate import router as locate_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
+from api.rest_streams import router as streams_router
 from api.wakeup import loop_executor
 from api.ws import router as ws_router
 from api.ws.protocol import MagnetarWebSocketProtocol
@@ -119,6 +120,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(consume_router(service, authorizer, limits))
     app.include_router(metrics_router(service, authorizer))
     app.include_router(read_router(service, authorizer, limits))
+    app.include_router(streams_router(service, authorizer, limits))
     app.include_router(ws_router(service, authorizer, limits))
     app.include_router(broker_stats_router(service, authorizer))
     app.include_router(locate_router(service, authorizer))

@@ -5,7 +5,7 @@ broker with its embedded storage and the HTTP API in one process (``make run`` u
 and :8080). ``--config`` reads Pulsar's ``standalone.conf`` keys (authentication, token keys,
 superusers, auto-creation; see ``api/config.py``); the flags override it. SIGTERM or Ctrl-C shut
 it down gracefully: flush, checkpoint, close. The client commands (``produce``, ``consume``,
-``admin``, ``perf``, ``tokens``) live with the clients, in ``consumers/cli/``; the cluster's
+``read-stream``, ``admin``, ``perf``, ``tokens``) live with the clients, in ``consumers/cli/``; the cluster's
 ``bookie`` and ``broker`` in ``api/cli_cluster.py``. The server's imports are loaded only by the
 server commands so that client commands start quickly. ``--journal-dir`` puts the embedded
 bookie's journal on another disk (Pulsar's ``journalDirectory``).

@@ -140,6 +140,8 @@ def _results_response(result: PublishResult, count: int, schema_version: int) ->
         if result.key_versions:  # each keyed message's version in its stream
             items = [item if version is None else f'{item[:-1]},"keyVersion":{version}}}'
                      for item, version in zip(items, result.key_versions, strict=True)]
+        if result.duplicate:  # a conditional resend of the producer's last entry: its first results
+            items = [f'{item[:-1]},"duplicate":true}}' for item in items]
     body = f'{{"messagePublishResults":[{",".join(items)}],"schemaVersion":{schema_version}}}'
     return Response(body, media_type="application/json")
 

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
 from api.limits import EdgeLimits
-from broker import OFFSET_MAX, BrokerService, RangeRead, TopicName, iso_time
+from broker import KEY_VERSION_COLUMN, OFFSET_MAX, BrokerService, RangeRead, TopicName, iso_time
 
 READ_MESSAGES_DEFAULT = 1000
 READ_MESSAGES_MAX = 100_000
@@ -66,7 +66,8 @@ def _epoch_ms(column: pa.Array) -> list[int | None]:
 
 
 def to_json(batch: pa.RecordBatch) -> list[dict[str, Any]]:
-    """The messages of a read batch as the JSON answer lists them."""
+    """The messages of a read batch as the JSON answer lists them (with ``keyVersion`` when the
+    batch is a stream read's)."""
     messages: list[dict[str, Any]] = []
     columns = zip(batch.column("offset").to_pylist(), batch.column("messageId").to_pylist(),
                   batch.column("key").to_pylist(), batch.column("value").to_pylist(),
@@ -87,10 +88,13 @@ def to_json(batch: pa.RecordBatch) -> list[dict[str, Any]]:
             message["eventTime"] = iso_time(event_time_ms)
             message["eventTimeMs"] = event_time_ms
         messages.append(message)
+    if KEY_VERSION_COLUMN in batch.schema.names:
+        for message, version in zip(messages, batch.column(KEY_VERSION_COLUMN).to_pylist(), strict=True):
+            message[KEY_VERSION_COLUMN] = version
     return messages
 
 
-def _wants_arrow(request: Request) -> bool:
+def wants_arrow(request: Request) -> bool:
     return ARROW_STREAM_MEDIA_TYPE in request.headers.get("accept", "")
 
 
@@ -99,7 +103,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
 
     def read(name: TopicName, offset: int, max_messages: int, max_bytes: int, request: Request) -> Response:
         budget = min(max_bytes, limits.read_response_bytes_max)
-        if _wants_arrow(request):
+        if wants_arrow(request):
             result = service.read_range(name, offset, max_messages, budget,
                                         message_overhead_bytes=ARROW_MESSAGE_OVERHEAD_BYTES)
         else:  # base64 makes payloads a third larger
@@ -143,7 +147,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
 
 def _read_response(request: Request, result: RangeRead) -> Response:
     headers = {NEXT_OFFSET_HEADER: str(result.next_offset), FIRST_OFFSET_HEADER: str(result.first_offset)}
-    if _wants_arrow(request):
+    if wants_arrow(request):
         return Response(arrow_stream(result.batch), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
     return JSONResponse({"messages": to_json(result.batch), "nextOffset": result.next_offset,
                          "firstOffset": result.first_offset}, headers=headers)

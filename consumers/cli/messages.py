@@ -1,7 +1,8 @@
 """``magnetar produce`` and ``magnetar consume``, in the shape of Pulsar's ``pulsar-client``.
 
 Role: command-line front end of ``consumers.client``: produce over WebSocket (or REST with
-``--rest``), consume from a subscription and acknowledge what was printed.
+``--rest``; with ``--expected-key-version`` as one conditional append to the key's event
+stream, ``streams.py``), consume from a subscription and acknowledge what was printed.
 
 Invariants: every wait is bounded unless the user asked to wait forever (``consume -n 0``
 without ``--timeout-s``).
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.cli.options import EXIT_FAILURE, client_of, parse_properties
+from consumers.cli.streams import append_conditionally
 from consumers.client import Message, ReceiveTimeout
 
 REST_PRODUCE_BATCH_MAX = 100
@@ -37,6 +39,9 @@ def _add_produce(commands: Any, connection: argparse.ArgumentParser) -> None:
     produce.add_argument("-k", "--key", help="partitioning key of every message")
     produce.add_argument("-p", "--properties", action="append", metavar="KEY=VALUE", help="a message property")
     produce.add_argument("--rest", action="store_true", help="produce over REST (PIP-64) instead of WebSocket")
+    produce.add_argument("--expected-key-version", metavar="N",
+                         help="append every message at once to the key's event stream, only if it is at version N "
+                              '(-1: a new stream; "exists": any version)')
     produce.set_defaults(handler=_produce)
 
 
@@ -49,6 +54,9 @@ def _produce(args: argparse.Namespace) -> int:
     properties = parse_properties(args.properties)
     messages = payloads * args.num_produce
     with client_of(args) as client:
+        if args.expected_key_version is not None:
+            print(append_conditionally(client, args, messages, properties))
+            return 0
         if args.rest:
             for start in range(0, len(messages), REST_PRODUCE_BATCH_MAX):
                 chunk = messages[start:start + REST_PRODUCE_BATCH_MAX]

@@ -13,11 +13,13 @@ a lost connection fails pending calls with ``ConnectionClosed``.
         consumer = client.subscribe("orders", "sub", initial_position="earliest")
         message = consumer.receive(timeout_ms=5000)
         consumer.acknowledge(message)
+        client.append("orders", "order-7", [b"created"], expected_version=-1)  # an event stream
 """
 
 from consumers.client._async import DEFAULT_SERVICE_URL, AsyncClient
 from consumers.client._consumer import AsyncConsumer, AsyncReader
 from consumers.client._producer import AsyncProducer
+from consumers.client._streams import AsyncStreamReader
 from consumers.client._sync import Client, Consumer, Producer, Reader
 from consumers.client.errors import (
     ClientError,
@@ -25,18 +27,21 @@ from consumers.client.errors import (
     ConnectionClosed,
     ConsumerError,
     HttpError,
+    KeyVersionMismatch,
     ReceiveTimeout,
     SendError,
     SendTimeout,
 )
-from consumers.client.types import Message, MessageIdParts, SendResult, Topic
+from consumers.client.types import AppendResult, Message, MessageIdParts, SendResult, StreamBatch, StreamInfo, Topic
 
 __all__ = [
     "DEFAULT_SERVICE_URL",
+    "AppendResult",
     "AsyncClient",
     "AsyncConsumer",
     "AsyncProducer",
     "AsyncReader",
+    "AsyncStreamReader",
     "Client",
     "ClientError",
     "ConnectError",
@@ -44,6 +49,7 @@ __all__ = [
     "Consumer",
     "ConsumerError",
     "HttpError",
+    "KeyVersionMismatch",
     "Message",
     "MessageIdParts",
     "Producer",
@@ -52,5 +58,7 @@ __all__ = [
     "SendError",
     "SendResult",
     "SendTimeout",
+    "StreamBatch",
+    "StreamInfo",
     "Topic",
 ]

@@ -2,8 +2,9 @@
 
 Role: build the WebSocket paths and query parameters of Pulsar's WebSocket API v2 (v3 for several
 topics), open sessions, and make the HTTP calls (PIP-64 REST produce, offsets, admin requests)
-with the same ``Authorization: Bearer`` token. ``consumers`` reach the broker over the network
-only; nothing here imports the broker.
+with the same ``Authorization: Bearer`` token. Event streams (``_streams.py``): ``append`` with an
+expected version, ``read_stream``, ``stream_info`` and ``create_stream_reader``. ``consumers``
+reach the broker over the network only; nothing here imports the broker.
 
 Invariants: every HTTP call has a timeout (``HTTP_TIMEOUT_S``); an HTTP error answer becomes
 ``HttpError`` with the broker's ``code`` and ``message``; options are checked before any
@@ -34,8 +35,26 @@ from consumers.client._producer import (
     AsyncProducer,
 )
 from consumers.client._session import auth_headers, open_connection, ws_url
+from consumers.client._streams import (
+    STREAM_READ_MESSAGES_MAX,
+    AsyncStreamReader,
+    append_body,
+    append_result,
+    key_path,
+    mismatch_of,
+    stream_batch_of,
+    stream_info_of,
+)
 from consumers.client.errors import HttpError, SendError
-from consumers.client.types import PARTITION_SUFFIX, MessageIdParts, SendResult, Topic
+from consumers.client.types import (
+    PARTITION_SUFFIX,
+    AppendResult,
+    MessageIdParts,
+    SendResult,
+    StreamBatch,
+    StreamInfo,
+    Topic,
+)
 
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 60.0
@@ -43,14 +62,15 @@ REST_MESSAGES_PER_REQUEST_MAX = 10_000  # the broker's bound on one PIP-64 reque
 HTTP_ERROR_TEXT_MAX = 500
 SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
 INITIAL_POSITIONS = {"latest": "Latest", "earliest": "Earliest"}
-_Closable = AsyncProducer | AsyncConsumer | AsyncReader
-_T = TypeVar("_T", AsyncProducer, AsyncConsumer, AsyncReader)
+_Closable = AsyncProducer | AsyncConsumer | AsyncReader | AsyncStreamReader
+_T = TypeVar("_T", AsyncProducer, AsyncConsumer, AsyncReader, AsyncStreamReader)
 
 
 def _error_of(response: httpx.Response) -> HttpError:
     try:
         body = response.json()
-        return HttpError(response.status_code, str(body["code"]), str(body["message"]))
+        details = {k: v for k, v in body.items() if k not in ("code", "message")}
+        return HttpError(response.status_code, str(body["code"]), str(body["message"]), details)
     except (ValueError, KeyError, TypeError):
         text = response.text[:HTTP_ERROR_TEXT_MAX] or response.reason_phrase
         return HttpError(response.status_code, f"http_{response.status_code}", text)
@@ -150,6 +170,18 @@ class AsyncClient:
                                        start_offsets=start_offsets, offsets=lambda: self.offsets(name.full_name),
                                        probe=self._message_id_at))
 
+    async def create_stream_reader(self, topic: str, key: str, from_version: int = 0, *,
+                                   receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT) -> AsyncStreamReader:
+        """A live reader of the event stream of ``key``: its events from ``from_version`` on
+        (in version order), then each new one as it is appended."""
+        name = Topic.parse(topic)
+        _check_range("from_version", from_version, 0, 2**63 - 1)
+        _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
+        query = {"key": key, "fromKeyVersion": from_version, "receiverQueueSize": receiver_queue_size}
+        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/reader/{name.path}", query), self._token)
+        return self._adopt(AsyncStreamReader(ws, name, key, from_version, receiver_queue_size,
+                                             lambda: self.stream_info(name.full_name, key)))
+
     def _adopt(self, child: _T) -> _T:
         self._children.add(child)
         return child
@@ -193,6 +225,38 @@ class AsyncClient:
         path = f"/topics/{Topic.parse(topic).path}" + (f"/partitions/{partition}" if partition is not None else "")
         response = await self.request("POST", path, json_body=body)
         return [_rest_result(r) for r in response.json()["messagePublishResults"]]
+
+    # --- event streams (consumers/client/_streams.py) -----------------------------------------
+    async def append(self, topic: str, key: str, events: Sequence[bytes], *,
+                     expected_version: int | str | None = None, producer_name: str | None = None,
+                     sequence_id: int | None = None, properties: dict[str, str] | None = None) -> AppendResult:
+        """Append ``events`` to the event stream of ``key`` in one request (all or none). With
+        ``expected_version`` (the stream's current version, -1 for a new stream, or
+        ``"exists"``) the append happens only if the stream is there, else
+        ``KeyVersionMismatch`` with its current version and nothing written. Give
+        ``producer_name`` and ``sequence_id`` to make a retry after a timeout safe: a resend of
+        the producer's last append is answered with that append's results."""
+        body = append_body(key, events, expected_version, producer_name, sequence_id, properties)
+        try:
+            response = await self.request("POST", f"/topics/{Topic.parse(topic).path}", json_body=body)
+        except HttpError as exc:
+            raise mismatch_of(exc) or exc from None
+        return append_result(key, response.json())
+
+    async def read_stream(self, topic: str, key: str, *, from_version: int | None = None, max_messages: int = 100,
+                          backward: bool = False) -> StreamBatch:
+        """Up to ``max_messages`` events of the stream of ``key`` from ``from_version`` on
+        (forward from the first version kept, or backward from the last, by default)."""
+        _check_range("max_messages", max_messages, 1, STREAM_READ_MESSAGES_MAX)
+        params: dict[str, Any] = {"maxMessages": max_messages, "direction": "backward" if backward else "forward"}
+        if from_version is not None:
+            params["fromVersion"] = from_version
+        response = await self.request("GET", f"{key_path(topic, key)}/messages", params=params)
+        return stream_batch_of(topic, response.json())
+
+    async def stream_info(self, topic: str, key: str) -> StreamInfo:
+        """Where the stream of ``key`` stands: its version (-1: no event), the first version kept."""
+        return stream_info_of((await self.request("GET", key_path(topic, key))).json())
 
     async def offsets(self, topic: str) -> dict[str, dict[str, int]]:
         """First retained and next offset of every partition (Magnetar's ``.../offsets``)."""

@@ -143,7 +143,8 @@ class _Receiving:
                        properties={str(k): str(v) for k, v in properties.items()},
                        publish_time_ms=epoch_ms(frame.get("publishTime")),
                        event_time_ms=epoch_ms(frame.get("eventTime")),
-                       redelivery_count=int(frame.get("redeliveryCount") or 0), topic=self._topic_of(message_id))
+                       redelivery_count=int(frame.get("redeliveryCount") or 0), topic=self._topic_of(message_id),
+                       key_version=frame.get("keyVersion"))
 
     def _topic_of(self, message_id: str) -> str | None:
         if len(self._topics) != 1:

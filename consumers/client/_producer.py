@@ -25,7 +25,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 
 from consumers.client._session import Session
-from consumers.client.errors import ConnectionClosed, SendError, SendTimeout
+from consumers.client.errors import ConnectionClosed, KeyVersionMismatch, SendError, SendTimeout
 from consumers.client.types import SendResult, iso_time
 
 PENDING_MESSAGES_DEFAULT = 1000
@@ -39,6 +39,7 @@ UNKNOWN_ERROR_RESULT_CODE = 8
 class _Pending:
     future: asyncio.Future[SendResult]
     deadline_s: float
+    key: str | None = None
 
 
 class AsyncProducer:
@@ -63,23 +64,30 @@ class AsyncProducer:
     async def send(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                    event_time_ms: int | None = None, deliver_after_ms: int | None = None,
                    deliver_at_ms: int | None = None, sequence_id: int | None = None,
-                   expected_offset: int | None = None) -> SendResult:
+                   expected_offset: int | None = None, expected_key_version: int | str | None = None) -> SendResult:
         """Publish one message and wait until it is durable. With ``expected_offset`` the append
         is conditional: the broker refuses it (``offset_mismatch``) unless the message gets that
-        offset."""
+        offset; with ``expected_key_version`` (a version, -1 or ``"exists"``) unless the key's
+        stream is at that version (``KeyVersionMismatch``)."""
         future = await self.send_async(payload, key=key, properties=properties, event_time_ms=event_time_ms,
                                        deliver_after_ms=deliver_after_ms, deliver_at_ms=deliver_at_ms,
-                                       sequence_id=sequence_id, expected_offset=expected_offset)
+                                       sequence_id=sequence_id, expected_offset=expected_offset,
+                                       expected_key_version=expected_key_version)
         return await future
 
     async def send_async(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                          event_time_ms: int | None = None, deliver_after_ms: int | None = None,
                          deliver_at_ms: int | None = None, sequence_id: int | None = None,
-                         expected_offset: int | None = None) -> asyncio.Future[SendResult]:
+                         expected_offset: int | None = None,
+                         expected_key_version: int | str | None = None) -> asyncio.Future[SendResult]:
         """Start a publish; waits only while ``max_pending_messages`` are already in flight."""
         frame = _send_frame(payload, key, properties, event_time_ms, deliver_after_ms, deliver_at_ms, sequence_id)
         if expected_offset is not None:
             frame["expectedOffset"] = expected_offset
+        if expected_key_version is not None:
+            if key is None:
+                raise ValueError("expected_key_version needs a key")
+            frame["expectedKeyVersion"] = expected_key_version
         self._session.check_open()
         await self._slots.acquire()
         try:
@@ -90,7 +98,7 @@ class AsyncProducer:
         context = str(next(self._contexts))
         frame["context"] = context
         future: asyncio.Future[SendResult] = self._loop.create_future()
-        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s)
+        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s, key)
         try:
             await self._session.send_json(frame)
         except ConnectionClosed:
@@ -122,23 +130,31 @@ class AsyncProducer:
         await self.close()
 
     # --- results ---------------------------------------------------------------------------
-    def _finish(self, context: Any) -> asyncio.Future[SendResult] | None:
+    def _finish(self, context: Any) -> _Pending | None:
         pending = self._pending.pop(context, None) if isinstance(context, str) else None
         if pending is None:
             return None
         self._slots.release()
-        return pending.future if not pending.future.done() else None
+        return pending if not pending.future.done() else None
 
     async def _on_frame(self, frame: Any) -> None:
         if not isinstance(frame, dict):
             return
-        future = self._finish(frame.get("context"))
-        if future is None:  # a result for a publish that already timed out
+        pending = self._finish(frame.get("context"))
+        if pending is None:  # a result for a publish that already timed out
             return
+        future = pending.future
         result = str(frame.get("result", ""))
         if result == "ok":
             future.set_result(SendResult(message_id=str(frame.get("messageId")), offset=frame.get("offset"),
-                                         duplicate=bool(frame.get("duplicate", False))))
+                                         duplicate=bool(frame.get("duplicate", False)),
+                                         key_version=frame.get("keyVersion")))
+            return
+        if frame.get("errorCode") == KeyVersionMismatch.code and pending.key is not None:
+            current = frame.get("currentKeyVersion")
+            future.set_exception(KeyVersionMismatch(
+                str(frame.get("errorMsg") or result).removeprefix(f"{KeyVersionMismatch.code}: "),
+                current_versions={pending.key: int(current)} if isinstance(current, int) else {}))
             return
         _, _, number = result.partition(":")
         result_code = int(number) if number.isdigit() else UNKNOWN_ERROR_RESULT_CODE
@@ -149,9 +165,9 @@ class AsyncProducer:
 
     def _on_end(self, error: ConnectionClosed) -> None:
         for context in list(self._pending):
-            future = self._finish(context)
-            if future is not None:
-                future.set_exception(error)
+            pending = self._finish(context)
+            if pending is not None:
+                pending.future.set_exception(error)
         if self._watchdog is not None:
             self._watchdog.cancel()
 
@@ -164,9 +180,9 @@ class AsyncProducer:
             for context, pending in list(self._pending.items()):
                 if pending.deadline_s > now:
                     break
-                future = self._finish(context)
-                if future is not None:
-                    future.set_exception(SendTimeout(
+                overdue = self._finish(context)
+                if overdue is not None:
+                    overdue.future.set_exception(SendTimeout(
                         f"no answer from the broker within {self._send_timeout_s:g} s on {self.topic}"))
 
 

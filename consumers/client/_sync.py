@@ -25,8 +25,9 @@ import httpx
 from consumers.client._async import DEFAULT_SERVICE_URL, HTTP_TIMEOUT_S, AsyncClient
 from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
 from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
+from consumers.client._streams import AsyncStreamReader
 from consumers.client.errors import ConnectionClosed
-from consumers.client.types import Message, SendResult
+from consumers.client.types import AppendResult, Message, SendResult, StreamBatch, StreamInfo
 
 THREAD_JOIN_TIMEOUT_S = 10.0
 _R = TypeVar("_R")
@@ -83,11 +84,14 @@ class Producer:
 
     def send(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
              event_time_ms: int | None = None, deliver_after_ms: int | None = None, deliver_at_ms: int | None = None,
-             sequence_id: int | None = None, expected_offset: int | None = None) -> SendResult:
-        """Publish one message and wait until it is durable (``expected_offset``: conditionally)."""
+             sequence_id: int | None = None, expected_offset: int | None = None,
+             expected_key_version: int | str | None = None) -> SendResult:
+        """Publish one message and wait until it is durable (``expected_offset``,
+        ``expected_key_version``: conditionally)."""
         return self._runner.call(self._producer.send(
             payload, key=key, properties=properties, event_time_ms=event_time_ms, deliver_after_ms=deliver_after_ms,
-            deliver_at_ms=deliver_at_ms, sequence_id=sequence_id, expected_offset=expected_offset))
+            deliver_at_ms=deliver_at_ms, sequence_id=sequence_id, expected_offset=expected_offset,
+            expected_key_version=expected_key_version))
 
     def send_async(self, payload: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                    event_time_ms: int | None = None, deliver_after_ms: int | None = None,
@@ -159,9 +163,10 @@ class Consumer:
 
 
 class Reader:
-    """Create with ``Client.create_reader``; iterating yields messages until the session ends."""
+    """Create with ``Client.create_reader`` (or ``Client.create_stream_reader``, one key's
+    stream); iterating yields messages until the session ends."""
 
-    def __init__(self, runner: _LoopThread, reader: AsyncReader) -> None:
+    def __init__(self, runner: _LoopThread, reader: AsyncReader | AsyncStreamReader) -> None:
         self._runner = runner
         self._reader = reader
         self.topic = reader.topic
@@ -227,6 +232,29 @@ class Client:
                       receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, reader_name: str | None = None) -> Reader:
         return Reader(self._runner, self._runner.call(self._client.create_reader(
             topic, start_message_id, receiver_queue_size=receiver_queue_size, reader_name=reader_name)))
+
+    def create_stream_reader(self, topic: str, key: str, from_version: int = 0, *,
+                             receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT) -> Reader:
+        """A live reader of the event stream of ``key`` from ``from_version`` on."""
+        return Reader(self._runner, self._runner.call(self._client.create_stream_reader(
+            topic, key, from_version, receiver_queue_size=receiver_queue_size)))
+
+    def append(self, topic: str, key: str, events: Sequence[bytes], *, expected_version: int | str | None = None,
+               producer_name: str | None = None, sequence_id: int | None = None,
+               properties: dict[str, str] | None = None) -> AppendResult:
+        """Append ``events`` to the stream of ``key`` (see ``AsyncClient.append``)."""
+        return self._runner.call(self._client.append(
+            topic, key, events, expected_version=expected_version, producer_name=producer_name,
+            sequence_id=sequence_id, properties=properties))
+
+    def read_stream(self, topic: str, key: str, *, from_version: int | None = None, max_messages: int = 100,
+                    backward: bool = False) -> StreamBatch:
+        """Events of the stream of ``key`` by version (see ``AsyncClient.read_stream``)."""
+        return self._runner.call(self._client.read_stream(
+            topic, key, from_version=from_version, max_messages=max_messages, backward=backward))
+
+    def stream_info(self, topic: str, key: str) -> StreamInfo:
+        return self._runner.call(self._client.stream_info(topic, key))
 
     def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
                       properties: dict[str, str] | None = None, producer_name: str | None = None,

@@ -9,6 +9,8 @@ outside" (the broker went away; the cause is chained).
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ClientError(Exception):
     """Root of every error the client raises."""
@@ -27,11 +29,13 @@ class ClientError(Exception):
 
 class HttpError(ClientError):
     """The broker answered an HTTP request (or refused a WebSocket upgrade) with an error status;
-    ``status`` is 0 when it could not be reached at all."""
+    ``status`` is 0 when it could not be reached at all. ``details`` holds the answer's fields
+    besides ``code`` and ``message`` (a trimmed stream's ``firstVersion``, say)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message, code=code)
         self.status = status
+        self.details = details or {}
 
 
 class ConnectError(HttpError):
@@ -45,6 +49,17 @@ class SendError(ClientError):
     def __init__(self, message: str, *, code: str, result_code: int) -> None:
         super().__init__(message, code=code)
         self.result_code = result_code
+
+
+class KeyVersionMismatch(ClientError):
+    """A conditional append was refused: a key's stream is not at the expected version, and
+    nothing was written. ``current_versions`` says where each key's stream is."""
+
+    code = "key_version_mismatch"
+
+    def __init__(self, message: str, *, current_versions: dict[str, int]) -> None:
+        super().__init__(message)
+        self.current_versions = current_versions
 
 
 class ConsumerError(ClientError):

@@ -180,6 +180,8 @@ class SendResult:
     offset: int | None
     duplicate: bool = False
     """A deduplicated resend: acknowledged, not stored again (id ``-1:-1``, no offset)."""
+    key_version: int | None = None
+    """The message's version in its key's event stream (None: no key)."""
 
     @property
     def parts(self) -> MessageIdParts:
@@ -200,10 +202,50 @@ class Message:
     redelivery_count: int
     topic: str | None
     """The topic (partition) it came from; None on a multi-topic consumer."""
+    key_version: int | None = None
+    """Its version in its key's event stream, when read from a stream."""
 
     @property
     def parts(self) -> MessageIdParts:
         return MessageIdParts.from_base64(self.message_id)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where an append to a key's event stream went: the versions and offsets it got."""
+
+    key: str
+    first_version: int
+    version: int
+    """The stream's version after the append (its last event's)."""
+    offsets: list[int]
+    message_ids: list[str]
+    duplicate: bool = False
+    """A resend of the producer's last append, answered with its first results."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """Where a key's event stream stands (version -1: no event yet)."""
+
+    key: str
+    version: int
+    partition: int
+    first_version: int
+    """The first version retention kept."""
+    first_offset: int | None
+    last_offset: int | None
+
+
+@dataclass(frozen=True)
+class StreamBatch:
+    """Events of one stream, in the order read, and where the next read starts."""
+
+    key: str
+    version: int
+    first_version: int
+    next_version: int
+    messages: list[Message]
 
 
 def epoch_ms(value: object) -> int | None:
