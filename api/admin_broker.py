@@ -7,7 +7,8 @@ topic ``stats`` are: nothing is counted here.
 - ``GET /admin/v2/broker-stats/overview`` (superuser): health and uptime; the embedded bookie
   (journal with fsync latency percentiles, write and read caches with hit ratios, entry logs,
   the RocksDB index, GC, read-only state), or on a cluster broker (``storage`` null) its
-  bookies and re-replication (``cluster``); the broker's entry cache; how many topics,
+  bookies and re-replication (``cluster``); the broker's entry cache and key index, and how
+  many maintenance passes ran (``maintenancePasses``); how many topics,
   subscriptions and consumers are loaded; and the message and byte rates and counters in and
   out, summed over the loaded topics.
 - ``GET /admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics`` (tenant admin): every
@@ -188,6 +189,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             "storage": None if stats.storage is None else storage_overview(stats.storage),
             "cluster": None if stats.cluster is None else cluster_overview(stats.cluster),
             "entryCache": _entry_cache(stats),
+            "keyIndex": None if stats.key_index is None else _key_index(stats),
+            "maintenancePasses": stats.maintenance_passes,
             **traffic_overview(stats),
         }
 
@@ -198,6 +201,14 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         return namespace_topics(service, namespace_name(tenant, namespace))
 
     return routes
+
+
+def _key_index(broker: BrokerStats) -> dict[str, Any]:
+    keys = broker.key_index
+    assert keys is not None
+    return {"partitions": keys.partitions, "pendingRows": keys.pending_rows, "rowsIndexed": keys.rows_indexed,
+            "batchesWritten": keys.batches_written, "entriesRebuilt": keys.entries_rebuilt,
+            "versionMismatches": keys.version_mismatches, "rowsCleaned": keys.rows_cleaned, "syncs": keys.syncs}
 
 
 def _entry_cache(broker: BrokerStats) -> dict[str, Any]:

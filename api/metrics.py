@@ -153,6 +153,13 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
     yield _labelled(CounterMetricFamily, "magnetar_metadata_store_operations", "Metadata store operations", "op",
                     {"get": store.gets, "put": store.puts, "delete": store.deletes})
     yield _counter("magnetar_metadata_store_cas_failures", "Metadata compare-and-set conflicts", store.cas_failures)
+    keys = broker.key_index
+    if keys is not None:
+        yield _gauge("magnetar_key_index_pending_rows", "Key versions assigned and not yet written to the key index",
+                     keys.pending_rows)
+        yield _counter("magnetar_key_index_rows_indexed", "Key versions written to the key index", keys.rows_indexed)
+        yield _counter("magnetar_key_index_version_mismatches", "Conditional appends refused on a key version",
+                       keys.version_mismatches)
 
 
 def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:

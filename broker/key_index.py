@@ -165,6 +165,9 @@ class PartitionKeys:
         self.ml = ml
         self._pid = _U32.pack(pid)
         self._lock = threading.Lock()
+        """Guards the tail (taken under the managed ledger's offset lock: held only briefly)."""
+        self._writing = threading.Lock()
+        """One writer of this partition's rows and state at a time (indexer, maintenance, close)."""
         self._pending: deque[KeyReservation] = deque()
         """Reserved entries not yet in RocksDB, in offset order."""
         self._tail: dict[str, deque[tuple[int, KeyReservation, int]]] = {}
@@ -393,6 +396,10 @@ class PartitionKeys:
     def index_confirmed(self) -> int:
         """Write the confirmed reservations at the head of the tail to RocksDB (up to
         ``INDEX_BATCH_ROWS_MAX`` rows); the rows written."""
+        with self._writing:
+            return 0 if self.dropped else self._index_confirmed()
+
+    def _index_confirmed(self) -> int:
         with self._lock:
             batch: list[KeyReservation] = []
             rows = 0
@@ -481,6 +488,8 @@ class PartitionKeys:
                 self._write(pending, entry.last_offset + 1)
                 pending = []
         self._write(pending, end)
+        if read:
+            self._db.flush_wal(True)
         self._heads.clear()  # rebuilt heads are in RocksDB; the cache refills on use
         self.durable_watermark = self.watermark
         self._index.entries_rebuilt += read
@@ -491,7 +500,7 @@ class PartitionKeys:
         """With nothing pending, every keyed message below the confirmed end is indexed: move
         the watermark there (keyless appends otherwise leave it behind)."""
         end = self.ml.confirmed_next_offset()
-        with self._lock:
+        with self._writing, self._lock:
             if self._pending or end <= self.watermark or self.dropped:
                 return
             self.watermark = end
@@ -500,6 +509,10 @@ class PartitionKeys:
     def cleanup(self) -> int:
         """Delete the rows of entries retention trimmed (below the partition's first offset);
         heads stay. The rows deleted."""
+        with self._writing:
+            return self._cleanup()
+
+    def _cleanup(self) -> int:
         first = self.ml.first_offset
         if first <= self.cleaned_below or self.dropped:
             return 0
@@ -525,6 +538,12 @@ class PartitionKeys:
 
     def pending_rows(self) -> int:
         return self._pending_rows
+
+    def flush(self) -> None:
+        """Index everything confirmed so far, now, and move the watermark as far as it goes."""
+        while self.index_confirmed():
+            pass
+        self.advance_idle_watermark()
 
     def has_confirmed_pending(self) -> bool:
         with self._lock:
@@ -559,6 +578,7 @@ class KeyIndex:
 
     def __init__(self, path: str) -> None:
         self.db: Rdict = open_rdict(path)
+        self.db.flush_wal(True)  # what the last run wrote unsynced is durable before trimming relies on it
         self._lock = threading.Lock()
         self._partitions: dict[str, PartitionKeys] = {}
         self._dirty: set[PartitionKeys] = set()
@@ -595,9 +615,7 @@ class KeyIndex:
             if keys is not None:
                 self._dirty.discard(keys)
         if keys is not None:
-            while keys.index_confirmed():
-                pass
-            keys.advance_idle_watermark()
+            keys.flush()
             keys.dropped = True
 
     def drop(self, name: str) -> None:
@@ -605,8 +623,11 @@ class KeyIndex:
         with self._lock:
             keys = self._partitions.pop(name, None)
             if keys is not None:
-                keys.dropped = True
                 self._dirty.discard(keys)
+        if keys is not None:
+            with keys._writing:  # no batch of it is written after its rows are gone
+                keys.dropped = True
+        with self._lock:
             raw = self.db.get(b"T" + name.encode())
             if raw is None:
                 return
@@ -667,6 +688,13 @@ class KeyIndex:
             partitions = list(self._partitions.values())
         for keys in partitions:
             keys.cleanup()
+
+    def flush(self) -> None:
+        """Index everything confirmed so far in every partition, now."""
+        with self._lock:
+            partitions = list(self._partitions.values())
+        for keys in partitions:
+            keys.flush()
 
     def statistics(self) -> KeyIndexStats:
         with self._lock:

@@ -123,6 +123,8 @@ class BrokerStats:
     cluster: ClusterStats | None = None
     """A cluster broker's bookies, connections and re-replication; None standalone."""
     key_index: KeyIndexStats | None = None
+    maintenance_passes: int = 0
+    """Maintenance passes (TTL, trimming, key index sync) completed since the broker started."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,7 @@ class BrokerService:
         self._compactions: dict[TopicName, Future[None]] = {}
         self._namespaces_of: Namespaces | None = None
         self._key_index: KeyIndex | None = None
+        self._maintenance_passes = 0
         self._policy_listeners: list[Callable[[], None]] = []
         self.admin = TopicAdmin(self)
         """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
@@ -657,9 +660,9 @@ class BrokerService:
         key_index = self.key_index.statistics()
         if self.cluster is not None:
             return BrokerStats(None, self.cache.statistics(), self.store.statistics(), tuple(topics),
-                               self.cluster.statistics(), key_index)
+                               self.cluster.statistics(), key_index, self._maintenance_passes)
         return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics),
-                           key_index=key_index)
+                           key_index=key_index, maintenance_passes=self._maintenance_passes)
 
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
                 sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
@@ -767,6 +770,7 @@ class BrokerService:
             topic.tick()
         key_index.cleanup()
         self.cache.evict_expired()
+        self._maintenance_passes += 1
 
     def _maintenance_loop(self) -> None:
         while not self._stop.wait(self.config.maintenance_interval_ms / 1000.0):

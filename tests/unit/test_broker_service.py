@@ -74,6 +74,8 @@ def test_ttl_policy_expires_backlog_and_retention_trims(data_dir: str) -> None:
     clock = FakeClock()
     service = started(data_dir, clock)
     service.set_policy("public/default", "message_ttl_in_seconds", 60)
+    service.set_policy("public/default", "retention_policies",  # consumed ledgers go (Pulsar's default)
+                       {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
     topic = service.topic("ttl")
     cursor = topic.cursors.open("sub", initial="earliest")
     for i in range(12):
