@@ -114,8 +114,10 @@ def test_tenants_and_namespaces_round_trip_and_reach_open_topics(server: Server)
     assert ok(client.get(f"{ADMIN}/namespaces/acme/prod/retention"), 200).json() == {
         "retentionTimeInMinutes": 10, "retentionSizeInMB": 100}
     assert topic.ml.config.retention_time_ms == 600_000 and topic.ml.config.retention_size_bytes == 100 << 20
-    ok(client.delete(f"{ADMIN}/namespaces/acme/prod/retention"))
-    assert topic.ml.config.retention_time_ms == 0
+    ok(client.delete(f"{ADMIN}/namespaces/acme/prod/retention"))  # back to the broker's default: keep everything
+    assert topic.ml.config.retention_time_ms == -1 and topic.ml.config.retention_size_bytes == -1
+    assert ok(client.get(f"{ADMIN}/namespaces/acme/prod/retention"), 200).json() == {
+        "retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
     ok(client.post(f"{ADMIN}/namespaces/acme/prod/messageTTL", json=60))
     assert ok(client.get(f"{ADMIN}/namespaces/acme/prod/messageTTL"), 200).json() == 60
     assert topic.ml.config.message_ttl_ms == 60_000

@@ -47,6 +47,7 @@ GUARDS: dict[tuple[str, str], str] = {
     ("POST", P): PRODUCE, ("POST", P + "/partitions/{partition}"): PRODUCE,
     ("GET", P + "/messages"): CONSUME, ("GET", P + "/partitions/{partition}/messages"): CONSUME,
     ("GET", P + "/offsets"): CONSUME,
+    ("GET", P + "/keys/{key:path}/messages"): CONSUME, ("GET", P + "/keys/{key:path}"): CONSUME,
     **{("POST", P + prefix + "/subscription/{subscription}/" + action): CONSUME
        for prefix in ("", "/partitions/{partition}") for action in ("pull", "ack", "negativeAcknowledge")},
     ("GET", "/admin/v2/tenants"): SUPERUSER, ("GET", "/admin/v2/tenants/{tenant}"): TENANT_ADMIN,
@@ -82,7 +83,8 @@ GUARDS: dict[tuple[str, str], str] = {
     ("WEBSOCKET", "/ws/v3/consumer/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"): CONSUME,
 }
-VALUES = {"name:path": "index.html", "tenant": "acme", "namespace": "apps", "topic": "events", "subscription": "sub",
+VALUES = {"name:path": "index.html", "key:path": "account-1", "tenant": "acme", "namespace": "apps", "topic": "events",
+          "subscription": "sub",
           "partition": "0", "role": "someone", "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1",
           "messagePosition": "1"}
 QUERY = {"offset": "0", "topics": "persistent://acme/apps/events", "messageId": "earliest",

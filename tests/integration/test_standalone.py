@@ -1,17 +1,25 @@
 """``magnetar standalone`` as a real process: it serves /healthz on the address it is given and
-shuts down gracefully on SIGTERM (exit code 0, storage checkpointed)."""
+shuts down gracefully on SIGTERM (exit code 0, storage checkpointed); it keeps every message by
+default (produce, restart, and a reader from earliest gets everything without a subscription or
+a retention policy), and ``standalone.conf`` can set Pulsar's default back."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 from consumers.cli.tokens import create_token
+from tests.integration.ws_client import open_ws, recv_frame, send_frame, unb64, ws_base
 from tests.standalone import free_port, standalone_command, standalone_process, wait_healthy
+
+MAINTENANCE_WAIT_S = 60.0
 
 
 def test_standalone_serves_healthz_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -57,6 +65,55 @@ def test_standalone_refuses_a_bad_config_with_a_clear_message(tmp_path: Path) ->
     assert b"tokenSecretKey" in result.stderr
 
 
+@contextmanager
+def produced_then_restarted(data: Path, *extra: str) -> Iterator[str]:
+    """50 messages produced, then the url of a broker restarted on them that has run two
+    maintenance passes (where trimming happens) since the topic was loaded again."""
+    with standalone_process(data, *extra) as (url, _):
+        for batch in range(5):
+            messages = [{"payload": f"m{batch * 10 + i}", **({"key": f"k{i}"} if i % 2 else {})} for i in range(10)]
+            assert httpx.post(f"{url}/topics/persistent/public/default/kept", json={"messages": messages},
+                              timeout=10).status_code == 200
+    with standalone_process(data, *extra) as (url, _):
+        def passes() -> int:
+            return int(httpx.get(f"{url}/admin/v2/broker-stats/overview", timeout=10).json()["maintenancePasses"])
+
+        before = passes()
+        assert httpx.get(f"{url}/topics/persistent/public/default/kept/offsets", timeout=10).status_code == 200
+        deadline = time.monotonic() + MAINTENANCE_WAIT_S
+        while passes() < before + 2:
+            assert time.monotonic() < deadline, "no maintenance pass ran"
+            time.sleep(0.05)
+        yield url
+
+
+def test_a_restarted_standalone_keeps_everything_without_subscription_or_policy(tmp_path: Path) -> None:
+    with produced_then_restarted(tmp_path / "data") as url:
+        assert httpx.get(f"{url}/admin/v2/namespaces/public/default/retention", timeout=10).json() == {
+            "retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+        with open_ws(f"{ws_base(url)}/ws/v2/reader/persistent/public/default/kept?messageId=earliest") as reader:
+            payloads = []
+            for _ in range(50):
+                frame = recv_frame(reader)
+                send_frame(reader, {"messageId": frame["messageId"]})
+                payloads.append(unb64(frame["payload"]).decode())
+        assert payloads == [f"m{i}" for i in range(50)]
+        offsets = httpx.get(f"{url}/topics/persistent/public/default/kept/offsets", timeout=10).json()["offsets"]
+        assert offsets["persistent://public/default/kept"]["first"] == 0
+
+
+def test_standalone_conf_sets_pulsars_retention_default_back(tmp_path: Path) -> None:
+    conf = tmp_path / "standalone.conf"
+    conf.write_text("defaultRetentionTimeInMinutes=0\ndefaultRetentionSizeInMB=0\n")
+    with produced_then_restarted(tmp_path / "data", "--config", str(conf)) as url:
+        offsets = httpx.get(f"{url}/topics/persistent/public/default/kept/offsets", timeout=10).json()["offsets"]
+        assert offsets["persistent://public/default/kept"] == {"first": 50, "next": 50}  # nobody held them: gone
+        gone = httpx.get(f"{url}/topics/persistent/public/default/kept/messages", params={"offset": 0}, timeout=10)
+        assert gone.status_code == 410
+        info = httpx.get(f"{url}/topics/persistent/public/default/kept/keys/k1", timeout=10).json()
+        assert info["version"] == 4 and info["firstVersion"] == 5  # versions outlive their events
+
+
 def test_docs_list_every_family_of_endpoints(tmp_path: Path) -> None:
     with standalone_process(tmp_path / "data") as (url, _):
         docs = httpx.get(f"{url}/docs", timeout=10)
@@ -68,6 +125,8 @@ def test_docs_list_every_family_of_endpoints(tmp_path: Path) -> None:
         "/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
         "/topics/persistent/{tenant}/{namespace}/{topic}/messages",  # range reads
         "/topics/persistent/{tenant}/{namespace}/{topic}/offsets",
+        "/topics/persistent/{tenant}/{namespace}/{topic}/keys/{key}/messages",  # event streams
+        "/topics/persistent/{tenant}/{namespace}/{topic}/keys/{key}",
         "/topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/pull",
         "/topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/ack",
         "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
