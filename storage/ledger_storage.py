@@ -9,7 +9,10 @@ Write path::
               ─▶ checkpoint: persist the LogMark taken at the swap ─▶ delete older journal files
 
 Read path: active write cache ─▶ buffer being flushed ─▶ read cache ─▶ location index ─▶ entry
-log, filling the read cache with the entries that follow in the same log (read-ahead).
+log, filling the read cache with the entries that follow in the same log (read-ahead) when the
+read continues the ledger's last one (or is its first): a reader that jumps about a ledger (the
+reads of one key's stream) reads only its entry, and goes back to read-ahead on its next
+sequential miss.
 
 Layout under the data directory: ``journal/`` (journal files and ``lastMark``),
 ``entrylogs/`` (entry logs), ``index/`` (RocksDB: locations and ledger metadata). The journal
@@ -37,6 +40,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +82,8 @@ from storage.read_cache import ReadCache, ReadCacheStats
 from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache, WriteCacheStats
 
 LAST_ADD_CONFIRMED = -1
+READ_POSITIONS_MAX = 4096
+"""Ledgers whose last entry-log read is remembered to tell sequential reads from jumps."""
 ENTRY_ID_MAX = 2**63 - 1
 FLUSH_RETRY_MS = 100
 """How soon a flush that failed transiently is tried again."""
@@ -91,6 +97,8 @@ class ReadPathStats:
     flushing_cache_hits: int
     read_cache_hits: int
     entry_log_reads: int
+    random_reads: int
+    """Entry-log reads without read-ahead (not where the ledger's last read ended)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +176,10 @@ class LedgerStorage:
         self._checkpoints = 0
         self._last_mark = LogMark(0, 0)
         self._replayed = 0
-        self._hits = [0, 0, 0, 0]  # write cache, being flushed, read cache, entry log
+        self._hits = [0, 0, 0, 0, 0]  # write cache, being flushed, read cache, entry log, of which random
+        self._read_positions: OrderedDict[int, int] = OrderedDict()
+        """Ledger → the entry after its last entry-log read and read-ahead (LRU, bounded)."""
+        self._read_positions_lock = threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -453,10 +464,11 @@ class LedgerStorage:
             location = self._index.get(ledger_id, entry_id)
             if location == 0:
                 break
+            sequential = self._continues_last_read(ledger_id, entry_id)
             try:
                 data, ahead = self._logs.read(location, ledger_id, entry_id,
-                                              read_ahead_entries=self.config.read_ahead_entries_max,
-                                              read_ahead_bytes=self.config.read_ahead_bytes_max)
+                                              read_ahead_entries=sequential * self.config.read_ahead_entries_max,
+                                              read_ahead_bytes=sequential * self.config.read_ahead_bytes_max)
             except LogMissing:
                 continue
             except OSError as exc:
@@ -466,10 +478,26 @@ class LedgerStorage:
                                       "retry") from exc
                 raise CorruptEntry(f"entry {ledger_id}:{entry_id} unreadable: {exc}") from exc
             self._hits[3] += 1
+            self._hits[4] += not sequential
+            self._remember_read(ledger_id, entry_id + 1 + len(ahead))
             for ahead_entry, ahead_data in ahead:
                 self._read_cache.put(ledger_id, ahead_entry, ahead_data)
             return data
         raise NoSuchEntry(f"entry {ledger_id}:{entry_id} does not exist")
+
+    def _continues_last_read(self, ledger_id: int, entry_id: int) -> bool:
+        """Whether a log read of ``entry_id`` should read ahead: the ledger's first remembered
+        read, or the entry right after where its last read (and read-ahead) ended."""
+        with self._read_positions_lock:
+            expected = self._read_positions.get(ledger_id)
+        return expected is None or expected == entry_id
+
+    def _remember_read(self, ledger_id: int, next_entry_id: int) -> None:
+        with self._read_positions_lock:
+            self._read_positions[ledger_id] = next_entry_id
+            self._read_positions.move_to_end(ledger_id)
+            while len(self._read_positions) > READ_POSITIONS_MAX:
+                self._read_positions.popitem(last=False)
 
     # --- flush, checkpoint, GC --------------------------------------------------------------
     def flush(self) -> None:

@@ -3,7 +3,7 @@
 Checks: every acknowledged entry reads back byte-for-byte after a clean close; LAC and fenced
 state survive a restart; typed errors for missing ledgers and entries; a full write cache
 pushes back instead of growing; the read path serves from write cache, then read cache with
-read-ahead, then the entry log.
+read-ahead, then the entry log; reads that jump about a ledger read no more than their entry.
 """
 
 from __future__ import annotations
@@ -125,3 +125,25 @@ def test_read_path_levels_and_read_ahead(data_dir: str) -> None:
         # one log read serves a whole read-ahead batch (entries sorted by ledger on flush)
         assert stats.read_path.entry_log_reads <= 400 // 50
         assert stats.read_cache.hits >= 400 - stats.read_path.entry_log_reads
+        assert stats.read_path.random_reads == 0
+
+
+def test_reads_that_jump_about_a_ledger_read_no_ahead_and_sequential_ones_do_again(data_dir: str) -> None:
+    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
+                                               read_ahead_entries_max=100)
+    with LedgerStorage.open(data_dir, config) as st:
+        for future in [st.add_entry(1, e, bytes([e % 256]) * 100) for e in range(400)]:
+            future.result(timeout=10)
+        st.flush()
+        assert st.get_entry(1, 5) == bytes([5]) * 100  # the ledger's first read reads ahead
+        cached = st.statistics().read_cache.entries
+        assert cached > 0
+        for e in range(200, 400, 10):  # one key's entries, say
+            assert st.get_entry(1, e) == bytes([e % 256]) * 100
+        stats = st.statistics()
+        assert stats.read_path.entry_log_reads == 1 + 20 and stats.read_path.random_reads == 20
+        assert stats.read_cache.entries == cached  # nothing read ahead for the jumps
+        for e in range(391, 400):  # a reader going on from the last jump reads ahead again
+            assert st.get_entry(1, e) == bytes([e % 256]) * 100
+        stats = st.statistics()
+        assert stats.read_path.entry_log_reads == 22 and stats.read_path.random_reads == 20
