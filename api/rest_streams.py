@@ -19,8 +19,8 @@ topic partition (a partitioned topic routes the key to one partition); its versi
 Invariants: a read never changes anything; versions retention trimmed are 410 ``data_lost``
 with the ``firstVersion`` still kept; answers are bounded by ``maxMessages`` (at most
 ``STREAM_READ_MESSAGES_MAX``) and by bytes as range reads are; a key is at most
-``KEY_BYTES_MAX`` bytes (400). The ``/messages`` route is matched first, so a key cannot end in
-``/messages`` when its stream's state is asked for.
+``KEY_BYTES_MAX`` bytes (a longer one is a 400). The ``/messages`` route is matched first, so
+a key cannot end in ``/messages`` when its stream's state is asked for.
 """
 
 from __future__ import annotations

@@ -276,7 +276,8 @@ def run(args: argparse.Namespace, work_dir: Path) -> tuple[list[Row], str]:
     rows = [*publish_rows(totals, args), *read_rows(by_key, scans, index)]
     config = (f"{args.messages:,} messages over {args.keys:,} keys per topic ({args.messages // args.keys} events "
               f"per key), {PAYLOAD_BYTES} B payloads, REST produce; `magnetar standalone` defaults; "
-              f"clients in the bench process")
+              f"clients in the bench process; the machine is shared with other work (each row says how much of "
+              f"it other processes used), so the ratios come from rounds and reads interleaved in one run")
     return rows, config
 
 

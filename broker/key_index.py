@@ -58,7 +58,7 @@ from broker.entry_format import Message, decode_entry
 from broker.errors import KeyIndexBusy, KeyVersionMismatch, MagnetarError
 from broker.message_fields import EXISTS, ExpectedVersion, check_key
 from broker.message_id import Position
-from storage import open_rdict
+from storage import iterate_prefix, open_rdict
 
 if TYPE_CHECKING:
     from broker.managed_ledger import Entry, ManagedLedger
@@ -357,7 +357,7 @@ class PartitionKeys:
         rows: list[StreamRow] = []
         prefix = self._row_prefix(key)
         upper = tail[0].version if tail else last_version + 1
-        for raw_key, value in self._iterate(prefix + _U64.pack(first_version), prefix):
+        for raw_key, value in iterate_prefix(self._db, prefix, prefix + _U64.pack(first_version)):
             version = _U64.unpack_from(raw_key, len(prefix))[0]
             if version >= upper or version > last_version:
                 break
@@ -369,7 +369,7 @@ class PartitionKeys:
         """The first readable row of ``key`` whose offset is ``>= offset`` (the first version
         retention kept, when ``offset`` is the partition's first offset)."""
         prefix = self._row_prefix(key)
-        for raw_key, value in self._iterate(prefix, prefix):
+        for raw_key, value in iterate_prefix(self._db, prefix):
             row_offset, ledger_id, entry_id = _ROW.unpack(value)
             if row_offset >= offset:
                 return StreamRow(_U64.unpack_from(raw_key, len(prefix))[0], row_offset, Position(ledger_id, entry_id))
@@ -378,19 +378,6 @@ class PartitionKeys:
                 if r.position is not None and r.first_offset + index >= offset:
                     return StreamRow(version, r.first_offset + index, r.position)
         return None
-
-    def _iterate(self, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
-        try:
-            it.seek(start)
-            while it.valid():
-                key = it.key()
-                if not key.startswith(prefix):
-                    return
-                yield key, it.value()
-                it.next()
-        finally:
-            del it
 
     # --- indexing (the indexer thread) --------------------------------------------------------
     def index_confirmed(self) -> int:
@@ -519,7 +506,7 @@ class PartitionKeys:
         prefix = b"E" + self._pid
         batch = WriteBatch(raw_mode=True)
         deleted = in_batch = 0
-        for raw_key, value in self._iterate(prefix + _U64.pack(self.cleaned_below), prefix):
+        for raw_key, value in iterate_prefix(self._db, prefix, prefix + _U64.pack(self.cleaned_below)):
             if _U64.unpack_from(raw_key, len(prefix))[0] >= first:
                 break
             for _, version, key in _unpack_triples(value):

@@ -14,8 +14,8 @@ and the bookie protocol's codec (``storage/bookie_protocol.py``) for clients of 
 Besides the bookie itself it exports what the broker builds on: the error hierarchy's root and
 storage errors, the light ``Future`` the add path completes (``new_future``), the file-system
 boundary (``FileIO`` and its fault-injecting twin, for tests), the RocksDB helpers the broker's
-metadata store shares (``open_rdict``, ``write_durably``) and the mapping of raw I/O errors
-onto storage errors (``as_storage_error``).
+metadata store and key index share (``open_rdict``, ``write_durably``, ``iterate_prefix``) and
+the mapping of raw I/O errors onto storage errors (``as_storage_error``).
 
 ``storage`` imports nothing from ``broker`` or ``api``.
 """
@@ -33,7 +33,7 @@ from storage.bookie_protocol import (
 )
 from storage.bookie_server import BookieServer, BookieServerStats
 from storage.config import StorageConfig
-from storage.entry_location_index import open_rdict, write_durably
+from storage.entry_location_index import iterate_prefix, open_rdict, write_durably
 from storage.errors import (
     CorruptEntry,
     InvalidArgument,
@@ -88,6 +88,7 @@ __all__ = [
     "StorageStats",
     "WriteCacheFull",
     "as_storage_error",
+    "iterate_prefix",
     "new_future",
     "open_rdict",
     "write_durably",

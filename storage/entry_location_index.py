@@ -74,10 +74,11 @@ def write_durably(db: Rdict, batch: WriteBatch) -> None:
     db.flush_wal(True)
 
 
-def iterate_prefix(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+def iterate_prefix(db: Rdict, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+    """The rows whose keys begin with ``prefix``, in key order, from ``start`` (default: the first) on."""
     it = db.iter()
     try:
-        it.seek(prefix)
+        it.seek(prefix if start is None else start)
         while it.valid():
             key = it.key()
             if not key.startswith(prefix):

@@ -14,7 +14,6 @@ connection is opened; ``close()`` closes every producer, consumer and reader the
 from __future__ import annotations
 
 import asyncio
-import base64
 import urllib.parse
 import weakref
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from consumers.client._producer import (
     PENDING_MESSAGES_MAX,
     SEND_TIMEOUT_MS_DEFAULT,
     AsyncProducer,
+    rest_produce_body,
 )
 from consumers.client._session import auth_headers, open_connection, ws_url
 from consumers.client._streams import (
@@ -207,19 +207,7 @@ class AsyncClient:
             raise ValueError(f"produce_batch takes 1..{REST_MESSAGES_PER_REQUEST_MAX} payloads")
         if keys is not None and len(keys) != len(payloads):
             raise ValueError("keys must have one entry per payload")
-        messages: list[dict[str, Any]] = []
-        for index, payload in enumerate(payloads):
-            message: dict[str, Any] = {"payload": base64.b64encode(payload).decode("ascii")}
-            if keys is not None and keys[index] is not None:
-                message["key"] = keys[index]
-            if properties:
-                message["properties"] = properties
-            if sequence_id is not None and index == 0:
-                message["sequenceId"] = sequence_id
-            messages.append(message)
-        body: dict[str, Any] = {"messages": messages, "payloadEncoding": "base64"}
-        if producer_name is not None:
-            body["producerName"] = producer_name
+        body = rest_produce_body(payloads, keys, properties, producer_name, sequence_id)
         if expected_offset is not None:
             body["expectedOffset"] = expected_offset
         path = f"/topics/{Topic.parse(topic).path}" + (f"/partitions/{partition}" if partition is not None else "")

@@ -19,6 +19,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,26 @@ class _Pending:
     future: asyncio.Future[SendResult]
     deadline_s: float
     key: str | None = None
+
+
+def rest_produce_body(payloads: Sequence[bytes], keys: Sequence[str | None] | None, properties: dict[str, str] | None,
+                      producer_name: str | None, sequence_id: int | None) -> dict[str, Any]:
+    """A REST produce (PIP-64) request: base64 payloads, each with its key (if any) and the
+    properties; ``sequence_id`` on the first message (the broker numbers the rest on)."""
+    messages: list[dict[str, Any]] = []
+    for index, payload in enumerate(payloads):
+        message: dict[str, Any] = {"payload": base64.b64encode(payload).decode("ascii")}
+        if keys is not None and keys[index] is not None:
+            message["key"] = keys[index]
+        if properties:
+            message["properties"] = properties
+        if sequence_id is not None and index == 0:
+            message["sequenceId"] = sequence_id
+        messages.append(message)
+    body: dict[str, Any] = {"messages": messages, "payloadEncoding": "base64"}
+    if producer_name is not None:
+        body["producerName"] = producer_name
+    return body
 
 
 class AsyncProducer:

@@ -22,6 +22,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection
 
 from consumers.client._consumer import _Receiving
+from consumers.client._producer import rest_produce_body
 from consumers.client.errors import ConnectionClosed, HttpError, KeyVersionMismatch
 from consumers.client.types import AppendResult, Message, MessageIdParts, StreamBatch, StreamInfo, Topic, epoch_ms
 
@@ -44,19 +45,9 @@ def append_body(key: str, events: Sequence[bytes], expected_version: int | str |
     if expected_version is not None and expected_version != EXISTS and \
             (isinstance(expected_version, bool) or not isinstance(expected_version, int) or expected_version < -1):
         raise ValueError('expected_version must be an integer >= -1 or "exists"')
-    messages: list[dict[str, Any]] = []
-    for index, event in enumerate(events):
-        message: dict[str, Any] = {"payload": base64.b64encode(event).decode("ascii"), "key": key}
-        if properties:
-            message["properties"] = properties
-        if sequence_id is not None and index == 0:
-            message["sequenceId"] = sequence_id
-        messages.append(message)
-    body: dict[str, Any] = {"messages": messages, "payloadEncoding": "base64"}
+    body = rest_produce_body(events, [key] * len(events), properties, producer_name, sequence_id)
     if expected_version is not None:
         body["expectedKeyVersions"] = {key: expected_version}
-    if producer_name is not None:
-        body["producerName"] = producer_name
     return body
 
 

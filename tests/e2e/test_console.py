@@ -4,7 +4,9 @@ What a person would do, checked by its effect on the broker through its public A
 overview's figures and charts move while a WebSocket producer runs; a topic (and a partitioned
 topic) created in the console exists for the admin API, and so do a tenant, a namespace, its
 retention, TTL and deduplication policies and a role's grant; a message produced in the console
-reaches a WebSocket consumer with its key and properties; a cursor reset by message id and by
+reaches a WebSocket consumer with its key and properties; one key's event stream, appended with
+expected versions between other keys' messages, shows only its events in version order, by pages,
+and with an event produced in the console; a cursor reset by message id and by
 time in the console changes the subscription's backlog as admin ``stats`` report it; the live
 tail shows what a WebSocket producer sends, holds it while paused and keeps at most its bound
 of rows; bad input (a produce form with broken JSON, a bad message id) shows exactly the API's
@@ -298,6 +300,48 @@ def test_a_message_produced_in_the_console_reaches_a_websocket_consumer(console:
                   "the hex payload")
     Select(console.visible("[name='view']")).select_by_value("json")
     console.shoot("messages")
+
+
+def test_a_key_stream_shows_only_its_events_in_version_order(console: Console) -> None:
+    path = "/topics/persistent/public/default/console-stream"
+    appends = [(-1, [("order-7", "opened"), ("order-8", "other"), ("order-7", "item added")]),
+               (1, [("order-8", "other again"), ("order-7", "item removed"), ("order-7", "paid")])]
+    with admin(console.url) as client:
+        for expected, events in appends:
+            body = {"expectedKeyVersions": {"order-7": expected},
+                    "messages": [{"key": key, "payload": payload} for key, payload in events]}
+            answer = client.post(path, json=body)
+            assert answer.status_code == 200, answer.text
+        assert client.get(f"{path}/keys/order-7").json()["version"] == 3
+    console.open("/topic/public/default/console-stream/messages")
+    console.type("streamKey", "order-7")
+    console.submit("streamKey")
+
+    def shown() -> list[tuple[str, str]]:
+        """(version, payload) of each card, read in one go (the list may be replaced meanwhile)."""
+        cards = console.driver.execute_script(
+            "return Array.from(document.querySelectorAll('article.message'), "
+            "(card) => [card.dataset.version || '', card.querySelector('pre').textContent]);")
+        return [(version, text) for version, text in cards]
+
+    stream = [("0", "opened"), ("1", "item added"), ("2", "item removed"), ("3", "paid")]
+    console.until(lambda: shown() == stream or None, "the stream of order-7 in version order")
+    assert "versions 0 \u2013 3 of 0 \u2013 3" in console.text(".list-summary")
+    console.type("count", "2")
+    console.type("fromVersion", "1")
+    console.submit("fromVersion")
+    console.until(lambda: shown() == stream[1:3] or None, "versions 1 and 2")
+    console.click("Later ▶")
+    console.until(lambda: shown() == stream[3:] or None, "the next page, version 3")
+    console.type("count", "20")
+    console.type("key", "order-7")
+    console.type("payload", "shipped")
+    console.submit("payload")
+    console.until(lambda: "version 4 of key order-7" in console.text(".notice-ok"), "the new event's version")
+    console.click("Show its stream")
+    console.until(lambda: shown() == [*stream, ("4", "shipped")] or None, "the stream with the new event")
+    assert console.one("article.message.highlight").get_attribute("data-version") == "4"
+    console.shoot("stream")
 
 
 def test_bad_input_shows_the_api_error_message(console: Console) -> None:

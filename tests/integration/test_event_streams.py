@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,15 @@ def read_all(client: httpx.Client, key: str, topic_url: str = TOPIC_URL, page: i
         version = body["nextVersion"]
 
 
+def run_two(writer: Callable[[int], None]) -> None:
+    """``writer(0)`` and ``writer(1)`` on two threads, until both end."""
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def test_two_rest_writers_race_on_one_key_and_exactly_one_wins_each_round(server: tuple[str, BrokerService]) -> None:
     url, _ = server
     barrier = threading.Barrier(2, timeout=BARRIER_TIMEOUT_S)
@@ -80,11 +89,7 @@ def test_two_rest_writers_race_on_one_key_and_exactly_one_wins_each_round(server
                 answers[index].append(client.post(TOPIC_URL, json=append_request(
                     "race", [f"w{index}-{round_index}"], round_index - 1, producer=f"w{index}")))
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_two(writer)
     winners = []
     for round_index, pair in enumerate(zip(*answers, strict=True)):
         won = [i for i, answer in enumerate(pair) if answer.status_code == 200]
@@ -114,11 +119,7 @@ def test_two_websocket_writers_race_on_one_key_and_exactly_one_wins_each_round(
                                 "expectedKeyVersion": round_index - 1, "context": str(round_index)})
                 answers[index].append(recv_frame(ws))
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_two(writer)
     winners = []
     for round_index, pair in enumerate(zip(*answers, strict=True)):
         won = [i for i, answer in enumerate(pair) if answer["result"] == "ok"]

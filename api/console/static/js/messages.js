@@ -1,10 +1,13 @@
 // A topic's messages: browse them through the range-read API (from an offset, or from a message
-// id resolved to its partition and offset), show payloads as text, pretty JSON or hex, and
-// produce a test message through REST produce.
+// id resolved to its partition and offset) or one key's event stream by version (the stream
+// read API: only that key's messages, in version order), show payloads as text, pretty JSON or
+// hex, and produce a test message through REST produce.
 //
 // Each way of finding where to start browsing is one entry of START_FINDERS: a form that ends
-// in go({partition, offset, highlight}). The list the read returns is shown the same way
-// whatever found its start.
+// in go(start), where start is {partition, offset, highlight} (a range read) or {key,
+// fromVersion, highlight} (a stream read; fromVersion null: the first version kept). The list a
+// read returns is shown the same way whatever found its start; paging and the oldest/newest
+// buttons move in offsets or in versions, as the list shown is one or the other.
 
 import { get, request } from "./api.js";
 import { button, errorBox, field, fmtTime, h, messageIdText, notice, panel, replace } from "./dom.js";
@@ -55,8 +58,12 @@ export function payloadView(base64, mode) {
 
 function messageCard(message, mode, highlight) {
   const properties = Object.entries(message.properties || {});
-  return h("article", { class: `message${highlight ? " highlight" : ""}`, dataset: { offset: message.offset } },
+  const versioned = message.keyVersion !== undefined;
+  const dataset = versioned ? { offset: message.offset, version: message.keyVersion } : { offset: message.offset };
+  return h("article", { class: `message${highlight ? " highlight" : ""}`, dataset },
     h("dl", { class: "message-head" },
+      versioned ? h("div", {}, h("dt", {}, "version"), h("dd", { class: "key-version" }, String(message.keyVersion)))
+        : null,
       h("div", {}, h("dt", {}, "offset"), h("dd", {}, String(message.offset))),
       h("div", {}, h("dt", {}, "message id"), h("dd", { class: "mono message-id" },
         messageIdText(message.messageId) || message.messageId)),
@@ -101,7 +108,23 @@ function messageIdFinder(ctx, go, slot) {
   };
 }
 
-const START_FINDERS = [offsetFinder, messageIdFinder];
+function keyStreamFinder(ctx, go) {
+  const key = h("input", { name: "streamKey", placeholder: "an aggregate's key", autocomplete: "off", required: true });
+  const fromVersion = h("input", { type: "number", name: "fromVersion", min: 0, step: 1, placeholder: "first kept" });
+  const submit = (event) => {
+    event.preventDefault();
+    go({ key: key.value, fromVersion: fromVersion.value === "" ? null : Number(fromVersion.value) });
+  };
+  return {
+    form: h("form", { class: "form-row", onsubmit: submit },
+      field("Key stream", key, ctx.partitions ? "in the partition the key routes to" : null),
+      field("From version", fromVersion), h("button", { type: "submit" }, "Read stream")),
+    key,
+    fromVersion,
+  };
+}
+
+const START_FINDERS = [offsetFinder, messageIdFinder, keyStreamFinder];
 
 function producePanel(ctx, browseTo) {
   const key = h("input", { name: "key", placeholder: "optional", autocomplete: "off" });
@@ -126,9 +149,16 @@ function producePanel(ctx, browseTo) {
         return;
       }
       const partition = Math.max(Number(String(result.messageId).split(":")[2]), 0);
-      replace(slot, notice(`Stored: message id ${result.messageId}, offset ${result.offset}.`),
+      const versioned = result.keyVersion !== undefined && result.keyVersion !== null;
+      const stored = `Stored: message id ${result.messageId}, offset ${result.offset}` +
+        (versioned ? `, version ${result.keyVersion} of key ${key.value}.` : ".");
+      const streamKey = key.value;
+      replace(slot, notice(stored),
         button("Show it", () => browseTo({ partition, offset: result.offset, highlight: result.offset }),
-          { class: "small" }), sent);
+          { class: "small" }),
+        versioned ? button("Show its stream", () => browseTo({ key: streamKey, fromVersion: null,
+          highlight: result.keyVersion, newest: true }), { class: "small" }) : null,
+        sent);
     } catch (error) {
       replace(slot, errorBox(error), sent);
     }
@@ -153,31 +183,67 @@ export function messagesTab(root, ctx) {
     h("option", { value: "json" }, "JSON (pretty)"), h("option", { value: "hex" }, "hex"));
   const partitionSelect = h("select", { name: "partition" },
     Array.from({ length: ctx.partitions }, (_, i) => h("option", { value: String(i) }, String(i))));
-  let shown = null; // {messages, highlight, partition, offset, nextOffset, firstOffset}
+  // A range read: {messages, highlight, partition, offset, nextOffset, firstOffset}; a stream
+  // read: {stream: key, messages, highlight, partition, fromVersion, nextVersion, firstVersion, version}.
+  let shown = null;
 
   const readPath = (partition) => (ctx.partitions ? `${ctx.paths.rest}/partitions/${partition}/messages`
     : `${ctx.paths.rest}/messages`);
+  const streamPath = (key) => `${ctx.paths.rest}/keys/${encodeURIComponent(key)}`;
+  const size = () => Math.min(Math.max(Number(count.value) || MESSAGES_SHOWN_DEFAULT, 1), MESSAGES_SHOWN_MAX);
+
+  function summary() {
+    const where = ctx.partitions ? `partition ${shown.partition}, ` : "";
+    const first = shown.messages[0];
+    const last = shown.messages[shown.messages.length - 1];
+    if (shown.stream === undefined) {
+      return shown.messages.length ? `${where}offsets ${first.offset} – ${last.offset} (first kept: ${shown.firstOffset})`
+        : `${where}no messages from offset ${shown.offset} on (first kept: ${shown.firstOffset}).`;
+    }
+    const stream = `Stream of key ${shown.stream}: ${where}`;
+    if (shown.version < 0) return `${stream}no messages yet (version -1).`;
+    return shown.messages.length
+      ? `${stream}versions ${first.keyVersion} – ${last.keyVersion} of 0 – ${shown.version} ` +
+        `(first kept: ${shown.firstVersion})`
+      : `${stream}no versions from ${shown.fromVersion} on (last: ${shown.version}).`;
+  }
 
   function render() {
     if (!shown) return;
-    const where = ctx.partitions ? `partition ${shown.partition}, ` : "";
-    replace(list,
-      h("p", { class: "muted" }, shown.messages.length
-        ? `${where}offsets ${shown.messages[0].offset} – ${shown.messages[shown.messages.length - 1].offset} ` +
-          `(first kept: ${shown.firstOffset})`
-        : `${where}no messages from offset ${shown.offset} on (first kept: ${shown.firstOffset}).`),
-      shown.messages.map((m) => messageCard(m, mode.value, m.offset === shown.highlight)));
+    const marked = (m) => (shown.stream === undefined ? m.offset : m.keyVersion) === shown.highlight;
+    replace(list, h("p", { class: "muted list-summary" }, summary()),
+      shown.messages.map((m) => messageCard(m, mode.value, marked(m))));
   }
 
-  async function go({ partition, offset, highlight }) {
+  async function goOffsets({ partition, offset, highlight }) {
     if (ctx.partitions) partitionSelect.value = String(partition);
     finders[0].offset.value = String(offset);
+    const answer = await get(readPath(partition), { offset, maxMessages: size(), maxBytes: READ_BYTES_MAX });
+    shown = { messages: answer.messages, highlight, partition, offset: Number(offset),
+      nextOffset: answer.nextOffset, firstOffset: answer.firstOffset };
+  }
+
+  /** A stream read from fromVersion (null: the first kept; with newest, the last page instead). */
+  async function goStream({ key, fromVersion, highlight, newest }) {
+    let from = fromVersion;
+    if (newest) {
+      const info = await get(streamPath(key));
+      from = Math.max(info.firstVersion, info.version - size() + 1, 0);
+    }
+    streamFinder.key.value = key;
+    streamFinder.fromVersion.value = from === null ? "" : String(from);
+    const query = { maxMessages: size(), maxBytes: READ_BYTES_MAX };
+    if (from !== null) query.fromVersion = from;
+    const answer = await get(`${streamPath(key)}/messages`, query);
+    shown = { stream: key, messages: answer.messages, highlight, partition: answer.partition,
+      fromVersion: from === null ? answer.firstVersion : from, nextVersion: answer.nextVersion,
+      firstVersion: answer.firstVersion, version: answer.version };
+  }
+
+  async function go(start) {
     replace(slot);
-    const max = Math.min(Math.max(Number(count.value) || MESSAGES_SHOWN_DEFAULT, 1), MESSAGES_SHOWN_MAX);
     try {
-      const answer = await get(readPath(partition), { offset, maxMessages: max, maxBytes: READ_BYTES_MAX });
-      shown = { messages: answer.messages, highlight, partition, offset: Number(offset),
-        nextOffset: answer.nextOffset, firstOffset: answer.firstOffset };
+      await ("key" in start ? goStream(start) : goOffsets(start));
       render();
     } catch (error) {
       replace(slot, errorBox(error));
@@ -193,10 +259,13 @@ export function messagesTab(root, ctx) {
   }
 
   const jump = (where) => async () => {
+    if (shown && shown.stream !== undefined) {
+      go({ key: shown.stream, fromVersion: null, newest: where === "last" });
+      return;
+    }
     try {
       const end = await ends();
-      const size = Math.min(Number(count.value) || MESSAGES_SHOWN_DEFAULT, MESSAGES_SHOWN_MAX);
-      const offset = where === "first" ? end.first : Math.max(end.first, end.next - size);
+      const offset = where === "first" ? end.first : Math.max(end.first, end.next - size());
       go({ partition: end.partition, offset });
     } catch (error) {
       replace(slot, errorBox(error));
@@ -205,12 +274,17 @@ export function messagesTab(root, ctx) {
 
   const page = (direction) => () => {
     if (!shown) return;
-    const size = Math.min(Number(count.value) || MESSAGES_SHOWN_DEFAULT, MESSAGES_SHOWN_MAX);
-    const offset = direction > 0 ? shown.nextOffset : Math.max(shown.firstOffset, shown.offset - size);
+    if (shown.stream !== undefined) {
+      const fromVersion = direction > 0 ? shown.nextVersion : Math.max(shown.firstVersion, shown.fromVersion - size());
+      go({ key: shown.stream, fromVersion: Math.max(fromVersion, 0) });
+      return;
+    }
+    const offset = direction > 0 ? shown.nextOffset : Math.max(shown.firstOffset, shown.offset - size());
     go({ partition: shown.partition, offset });
   };
 
   const finders = START_FINDERS.map((finder) => finder(ctx, go, finder === offsetFinder ? partitionSelect : slot));
+  const streamFinder = finders[START_FINDERS.indexOf(keyStreamFinder)];
   mode.addEventListener("change", render);
   replace(root,
     panel("Browse",
