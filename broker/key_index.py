@@ -211,8 +211,7 @@ class PartitionKeys:
     def _reserve(self, reservation: KeyReservation, first_offset: int) -> None:
         with self._lock:
             self._forget_failed_from(first_offset)
-            if reservation._expected:
-                self._check(reservation._expected)
+            current = self._check(reservation._expected) if reservation._expected else {}
             if not reservation.keyed:
                 return
             if self._pending_rows + len(reservation.keyed) > PENDING_ROWS_MAX:
@@ -225,8 +224,11 @@ class PartitionKeys:
                 if tail:
                     version = tail[-1][0] + 1
                 else:
-                    head = self._indexed_head(key)
-                    version = 0 if head is None else head[0] + 1
+                    latest = current.get(key)
+                    if latest is None:
+                        head = self._indexed_head(key)
+                        latest = -1 if head is None else head[0]
+                    version = latest + 1
                     if tail is None:
                         tail = self._tail[key] = deque()
                 tail.append((version, reservation, index))
@@ -234,14 +236,21 @@ class PartitionKeys:
             self._pending.append(reservation)
             self._pending_rows += len(versions)
 
-    def _check(self, expected: Mapping[str, ExpectedVersion]) -> None:
-        current = {key: self._assigned_version(key) for key in expected}
-        if any(not _meets(current[key], wanted) for key, wanted in expected.items()):
+    def _check(self, expected: Mapping[str, ExpectedVersion]) -> dict[str, int]:
+        """Each expected key's latest version (``KeyVersionMismatch`` unless all are as expected)."""
+        current: dict[str, int] = {}
+        met = True
+        for key, wanted in expected.items():  # one pass: this runs per key under the publish lock
+            version = current[key] = self._assigned_version(key)
+            if version != wanted and (wanted != EXISTS or version < 0):
+                met = False
+        if not met:
             self._index.mismatches += 1
             wrong = ", ".join(f"{k!r} is at {current[k]}, not {expected[k]}" for k in list(expected)[:5]
                               if not _meets(current[k], expected[k]))
             raise KeyVersionMismatch(f"key version mismatch on {self.ml.display_name}: {wrong}",
                                      current_key_versions=current)
+        return current
 
     def _assigned_version(self, key: str) -> int:
         """The key's latest version, counting appends still in flight (call with the lock)."""

@@ -113,8 +113,14 @@ def expected_key_versions_of(value: Any, field: str = "expectedKeyVersions") -> 
     """A request's ``{key: expected version}``: 1..``EXPECTED_KEYS_MAX`` keys, each a valid key."""
     if not isinstance(value, dict) or not 1 <= len(value) <= EXPECTED_KEYS_MAX:
         raise InvalidRequest(f"{field} must be an object of 1..{EXPECTED_KEYS_MAX} keys", field=field)
-    return {check_key(key, f"{field} key"): expected_version_of(version, f"{field}[{key[:64]!r}]")
-            for key, version in value.items()}
+    for key, version in value.items():  # the common case costs two type checks a key (it is per message)
+        if type(key) is not str or len(key) * 4 > KEY_BYTES_MAX:
+            if not isinstance(key, str):
+                raise InvalidRequest(f"{field} keys must be strings", field=field)
+            check_key(key, f"{field} key")
+        if type(version) is not int or not -1 <= version <= VERSION_MAX:
+            expected_version_of(version, f"{field}[{key[:64]!r}]")
+    return dict(value)
 
 
 def properties_of(value: Any, field: str = "properties") -> Mapping[str, str]:
