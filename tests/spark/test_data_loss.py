@@ -2,8 +2,9 @@
 
 For a deterministic trim the broker runs in this process (``running_server`` with
 ``BrokerConfig.test_min()``: a ledger rolls over every 5 entries) and the test trims through the
-service: no subscription and no retention on the namespace, then a maintenance pass deletes
-every closed ledger. The query then starts at offset 0, which is gone.
+service: no subscription and a retention of nothing on the namespace (Pulsar's default; the
+broker's own keeps everything), then a maintenance pass deletes every closed ledger. The query
+then starts at offset 0, which is gone.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ pytestmark = pytest.mark.slow
 
 TOPIC = "trimmed"
 ENTRIES = 12
+KEEP_NOTHING = {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
 
 
 @pytest.fixture(scope="module")
 def trimmed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """A broker whose topic lost its first ledgers: (url, first retained offset)."""
     with running_server(str(tmp_path_factory.mktemp("trim") / "data"), BrokerConfig.test_min()) as (url, service):
+        service.set_policy("public/default", "retention_policies", KEEP_NOTHING)
         produce_values(url, TOPIC, [f"m{i}".encode() for i in range(ENTRIES)], per_request=1)
         service.run_maintenance()
         first = service.topic(TopicName.parse(TOPIC)).ml.first_offset

@@ -5,9 +5,10 @@
 //
 // Each way of finding where to start browsing is one entry of START_FINDERS: a form that ends
 // in go(start), where start is {partition, offset, highlight} (a range read) or {key,
-// fromVersion, highlight} (a stream read; fromVersion null: the first version kept). The list a
-// read returns is shown the same way whatever found its start; paging and the oldest/newest
-// buttons move in offsets or in versions, as the list shown is one or the other.
+// fromVersion, highlight, newest} (a stream read; fromVersion null: the first version kept;
+// newest: the last page of the stream). The list a read returns is shown the same way whatever
+// found its start; paging and the oldest/newest buttons move in offsets or in versions, as the
+// list shown is one or the other.
 
 import { get, request } from "./api.js";
 import { button, errorBox, field, fmtTime, h, messageIdText, notice, panel, replace } from "./dom.js";
