@@ -23,7 +23,7 @@ import base64
 import binascii
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection
 
@@ -53,7 +53,8 @@ def _message_id_of(message: Message | str) -> str:
 
 
 class _Receiving:
-    """What consumers and readers share: the session, the bounded queue, message parsing."""
+    """What consumers and readers share: the session, the bounded queue, message parsing, and
+    ``async for`` / ``async with`` (until the session ends; closing it on the way out)."""
 
     def __init__(self, ws: ClientConnection, description: str, topics: list[Topic], receiver_queue_size: int) -> None:
         self._topics = topics
@@ -62,6 +63,28 @@ class _Receiving:
         self._control: asyncio.Future[dict[str, Any]] | None = None
         self._ended: ConnectionClosed | None = None
         self._session = Session(ws, description, self._on_frame, self._on_end)
+
+    async def _next_message(self) -> Message:
+        """What ``async for`` yields next (the subclass's receive or read)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self._next_message()
+        except ConnectionClosed:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
 
     async def _receive(self, timeout_ms: int | None) -> Message:
         if self._queue.empty() and self._ended is not None:
@@ -185,20 +208,8 @@ class AsyncConsumer(_Receiving):
         """Leave the subscription; unacknowledged messages go to other consumers or come back later."""
         await self._session.close()
 
-    def __aiter__(self) -> AsyncConsumer:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.receive()
-        except ConnectionClosed:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> AsyncConsumer:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.close()
+    async def _next_message(self) -> Message:
+        return await self.receive()
 
 
 class AsyncReader(_Receiving):
@@ -248,20 +259,5 @@ class AsyncReader(_Receiving):
         after_start = last_id is not None and MessageIdParts.from_base64(last_id) > MessageIdParts.parse(self._start)
         return found["next"] - 1 if after_start else found["next"]
 
-    async def close(self) -> None:
-        await self._session.close()
-
-    def __aiter__(self) -> AsyncReader:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.read_next()
-        except ConnectionClosed:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> AsyncReader:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.close()
+    async def _next_message(self) -> Message:
+        return await self.read_next()

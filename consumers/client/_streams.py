@@ -118,20 +118,5 @@ class AsyncStreamReader(_Receiving):
         """Whether ``read_next`` has an event now or the stream holds one past this reader."""
         return self._queued_messages > 0 or (await self._info()).version >= self.next_version
 
-    async def close(self) -> None:
-        await self._session.close()
-
-    def __aiter__(self) -> AsyncStreamReader:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.read_next()
-        except ConnectionClosed:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> AsyncStreamReader:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.close()
+    async def _next_message(self) -> Message:
+        return await self.read_next()
