@@ -21,6 +21,7 @@ condition with a deadline (``WAIT_S``), never a sleep. Screenshots of the main p
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver import Chrome as WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -42,6 +44,7 @@ from tests.standalone import standalone_process
 pytestmark = pytest.mark.browser
 
 WAIT_S = 30.0
+STALE_RETRIES = 5
 WIDE = (1280, 800)
 NARROW = (420, 900)
 PRODUCER_RUN_S_MAX = 60.0
@@ -118,9 +121,20 @@ class Console:
         assert element is not None, css
         return element
 
+    def read(self, css: str, read: Callable[[WebElement], str]) -> str:
+        """``read`` of the element ``css`` finds ("" when there is none), found again when the
+        page replaced it between finding and reading (the overview re-renders as it polls)."""
+        for _ in range(STALE_RETRIES - 1):
+            element = self.find(css)
+            if element is None:
+                return ""
+            with contextlib.suppress(StaleElementReferenceException):
+                return read(element)
+        element = self.find(css)  # the last try lets a stale element's error through
+        return read(element) if element is not None else ""
+
     def text(self, css: str) -> str:
-        element = self.find(css)
-        return element.text if element is not None else ""
+        return self.read(css, lambda element: element.text)
 
     def type(self, name: str, text: str) -> WebElement:
         element = self.visible(f"[name='{name}']")
@@ -141,8 +155,7 @@ class Console:
         self.until(enabled, f"button {text}").click()
 
     def stat(self, name: str) -> str:
-        element = self.find(f"[data-stat='{name}'] .stat-value")
-        return element.get_attribute("data-value") or "" if element is not None else ""
+        return self.read(f"[data-stat='{name}'] .stat-value", lambda element: element.get_attribute("data-value") or "")
 
     def shoot(self, name: str) -> None:
         """The page at 1280x800, and whole at 420 px wide."""
