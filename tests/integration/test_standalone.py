@@ -48,6 +48,17 @@ def test_standalone_reads_pulsar_style_config_with_token_auth(tmp_path: Path) ->
                           timeout=10).status_code == 200
 
 
+def test_standalone_warns_once_about_keys_it_does_not_use(tmp_path: Path) -> None:
+    conf = tmp_path / "standalone.conf"
+    conf.write_text("clusterName=standalone\nallowAutoTopicCreaton=false\nwebServicePort=1\n")
+    log_path = tmp_path / "broker.log"
+    with log_path.open("wb") as log, standalone_process(tmp_path / "data", "--config", str(conf), output=log):
+        pass
+    lines = [line for line in log_path.read_text().splitlines() if "does not use" in line]
+    assert len(lines) == 1, log_path.read_text()
+    assert " WARNING api.config: " in lines[0] and "allowAutoTopicCreaton, clusterName" in lines[0]
+
+
 def test_standalone_refuses_a_bad_config_with_a_clear_message(tmp_path: Path) -> None:
     conf = tmp_path / "standalone.conf"
     conf.write_text("authenticationEnabled=true\n")
