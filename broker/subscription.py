@@ -684,6 +684,11 @@ class Subscription:
         self.cursor.set_properties(props)
 
     # --- stats ---------------------------------------------------------------------------
+    def _delayed_unacked(self) -> int:
+        """Messages waiting for their nack delay or delivery time and not acknowledged meanwhile
+        (an ack leaves the entry in ``_later`` until it is due, and dispatch then skips it)."""
+        return sum(1 for _, offset, _ in self._later if not self.cursor.is_acked(offset))
+
     def statistics(self) -> SubscriptionStats:
         with self._lock:
             return SubscriptionStats(
@@ -692,7 +697,7 @@ class Subscription:
                 backlog_size_bytes=self.cursor.backlog_bytes(),
                 unacked_messages=sum(len(c.unacked) for c in self.consumers),
                 msg_out_counter=self.msg_out, bytes_out_counter=self.bytes_out,
-                msg_redeliver_counter=self.redelivered, delayed_messages=len(self._later),
+                msg_redeliver_counter=self.redelivered, delayed_messages=self._delayed_unacked(),
                 msg_rate_out=self._rates[0], msg_throughput_out=self._rates[1], msg_rate_redeliver=self._rates[2],
                 mark_delete_offset=self.cursor.mark_delete_offset, read_offset=self.cursor.read_offset,
                 consumers=tuple(c.statistics() for c in self.consumers))
