@@ -58,9 +58,6 @@ class _DenialLogFilter(logging.Filter):
 
 _DENIAL_LOG_FILTER = _DenialLogFilter()
 
-WS_FRAME_BYTES_MAX = 8 * 1024 * 1024  # a 5 MiB message, base64-encoded, inside its JSON frame
-
-
 def server_options(app: FastAPI) -> dict[str, Any]:
     """uvicorn settings for serving ``app``: its WebSocket protocol and the guarded HTTP
     protocol under the app's connection guard."""
@@ -69,7 +66,7 @@ def server_options(app: FastAPI) -> dict[str, Any]:
         "http": guarded_http_protocol(_http_protocol_base(), app.state.connection_guard),
         "timeout_keep_alive": limits.idle_timeout_s,
         "ws": MagnetarWebSocketProtocol,
-        "ws_max_size": WS_FRAME_BYTES_MAX,
+        "ws_max_size": limits.ws_frame_bytes_max,
         "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
     }
 

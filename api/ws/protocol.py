@@ -17,6 +17,13 @@ Invariants:
   peer reads slower than the session writes), never both at once.
 - What waits for a slow peer is bounded: ``FrameWriter.room()`` holds a session back while
   ``backlog_frames_max`` frames wait.
+- A frame larger than the listener's ``ws_frame_bytes_max`` (``webSocketMaxTextFrameSize``) is
+  never read, whatever size its header declares: the connection is closed with 1009 and the
+  reason, and logged once at warning. The close frame reaches the peer: the socket is
+  half-closed after it and the rest of the peer's data is read and dropped until the peer closes
+  (or ``close_timeout`` passes), instead of closing with unread data, which makes the kernel
+  answer with a reset that can overtake the close frame. Smaller frames reach the session,
+  which answers a message over the broker's size bound with ``send-error``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 from starlette.websockets import WebSocket
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.exceptions import InvalidState
+from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.http11 import Request
 
 from api.connection_guard import release_connection
@@ -47,9 +54,37 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
     """Pauses reading only when ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames are queued; offers the
     application a direct multi-frame write."""
 
+    closed_oversized = False
+    """The peer sent a frame over the bound: closed with 1009, its further data is dropped."""
+
     def connection_lost(self, exc: Exception | None) -> None:
         release_connection(self.transport)  # the listener's slot, taken when it was still HTTP
         super().connection_lost(exc)
+
+    def handle_parser_exception(self) -> None:
+        """An oversized frame: 1009 with its reason, then drop what the peer still sends (the
+        parser discards it) until it closes; any other protocol error as uvicorn handles it."""
+        if not isinstance(self.conn.parser_exc, PayloadTooBig):
+            super().handle_parser_exception()
+            return
+        if self.closed_oversized:
+            return  # a later chunk of the peer's data, already dropped by the parser
+        self.closed_oversized = True
+        close = self.conn.close_sent
+        code, reason = (close.code, close.reason) if close is not None else (1009, str(self.conn.parser_exc))
+        path = getattr(self, "scope", {}).get("path", "?")  # the path only: a ?token= stays out of the log
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+        log.warning("WebSocket %s from %s closed with %d: %s (webSocketMaxTextFrameSize)", path, peer, code, reason)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.close_sent = True
+        self.stop_keepalive()
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
