@@ -13,7 +13,10 @@ The commands and code are read from README.md itself, so the README and this tes
   started again, and the last block runs with the variables the earlier ones exported (``HOME``
   is a temporary directory holding the Spark example as ``clicks.py``, where the README says to
   save it). A comment line right after a command is its expected output (``...`` stands for
-  anything) and must appear in what the command printed.
+  anything) and must appear in what the command printed;
+- the table of REST pull parameters under "REST consumers" names every query parameter a pull
+  takes, with the defaults and bounds the broker applies (a new subscription at Latest, an
+  Exclusive one, a 60 s negative-ack delay, ...).
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
+from api.rest_consume import PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX, ConsumerSettings, PullParams
+from tests.integration.server import running_server
 from tests.standalone import REPO_ROOT, free_port, read_all, standalone_process, wait_healthy
-
-pytestmark = pytest.mark.slow
 
 README = REPO_ROOT / "README.md"
 FIRST_HOUR_PORT = "8081"
@@ -65,6 +69,20 @@ def spark_example() -> str:
     blocks = code_blocks(section("### Spark Structured Streaming"), "python")
     assert len(blocks) == 1, "the Spark section should hold exactly one Python example"
     return blocks[0]
+
+
+def rest_pull_table() -> dict[str, tuple[str, str]]:
+    """The README's table of REST pull parameters: each parameter named in a row's first cell,
+    with that row's default and note."""
+    rows = re.findall(r"^\| (`[^|]+) \| ([^|]+) \| ([^|]*) \|$", section("### REST consumers"), flags=re.MULTILINE)
+    return {name: (default, note) for names, default, note in rows for name in re.findall(r"`(\w+)`", names)}
+
+
+def number(text: str) -> int:
+    """The first number in ``text``, thousands separators and all (``60,000 ms``: 60000)."""
+    found = re.search(r"\d[\d,]*", text)
+    assert found is not None, text
+    return int(found.group().replace(",", ""))
 
 
 def commands_with_expected_output(block: str) -> list[tuple[str, str | None]]:
@@ -144,6 +162,7 @@ def started_as_written(line: str, env: dict[str, str], url: str, log: Path) -> I
 
 
 # --- the tests --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_spark_example_streams_when_run_as_a_file_without_environment(tmp_path: Path) -> None:
     job = tmp_path / "clicks.py"
     job.write_text(spark_example())
@@ -156,6 +175,7 @@ def test_the_spark_example_streams_when_run_as_a_file_without_environment(tmp_pa
     assert sorted((m["key"], m["payload"]) for m in copied) == [("u1", b"HOME"), ("u1", b"HOME"), ("u2", b"CART")]
 
 
+@pytest.mark.slow
 def test_the_first_hour_runs_as_written(tmp_path: Path) -> None:
     stale = subprocess.run(["make", "-q", ".venv/.installed-stamp"], cwd=REPO_ROOT, check=False)
     if stale.returncode != 0:
@@ -180,3 +200,24 @@ def test_the_first_hour_runs_as_written(tmp_path: Path) -> None:
         run_block(commands_with_expected_output(as_here(sessions[2])), variables, env)
     assert "Shutting down" in log.read_text()  # Ctrl-C stopped it gracefully, twice
     assert log.read_text().count("Application shutdown complete") == 2
+
+
+def test_the_readme_states_the_rest_pull_defaults_the_broker_applies(tmp_path: Path) -> None:
+    table = rest_pull_table()
+    assert sorted(table) == sorted(PullParams.model_json_schema(by_alias=True)["properties"])  # all, no others
+    params = PullParams.model_validate({})
+    config = ConsumerSettings.of(params).consumer_config("sub", 1)
+    assert (number(table["maxMessages"][0]), number(table["maxMessages"][1])) == (params.max_messages,
+                                                                                  PULL_MESSAGES_MAX)
+    assert (number(table["waitTimeMs"][0]), number(table["waitTimeMs"][1])) == (params.wait_time_ms, PULL_WAIT_MS_MAX)
+    assert table["subscriptionInitialPosition"][0] == f"`{params.initial_position}`"
+    assert number(table["ackTimeoutMillis"][0]) == config.ack_timeout_ms
+    assert number(table["negativeAckRedeliveryDelay"][0]) == config.negative_ack_redelivery_delay_ms
+    assert table["maxRedeliverCount"][0].startswith("off") and config.max_redeliver_count == 0
+    topic = "/topics/persistent/public/default/pull-defaults"
+    with running_server(str(tmp_path / "data")) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        assert client.post(topic, json={"messages": [{"payload": "before"}]}).status_code == 200
+        first = client.post(f"{topic}/subscription/newcomer/pull")  # no body, no parameters
+        assert first.status_code == 200 and first.json()["messages"] == []  # created at Latest
+        stats = client.get("/admin/v2/persistent/public/default/pull-defaults/stats").json()
+    assert f"`{stats['subscriptions']['newcomer']['type']}`" == table["subscriptionType"][0]
