@@ -270,7 +270,8 @@ def test_namespace_policies_and_permissions_set_in_the_console_reach_the_admin_a
     assert policies["auth_policies"]["namespace_auth"] == {"reporting": ["consume"]}
     console.type("retentionMinutes", "-2")
     console.submit("retentionMinutes")
-    console.until(lambda: "greater than or equal to -1" in console.text(".error-message"), "the API's refusal")
+    console.until(lambda: "retentionTimeInMinutes must be -1 (unlimited) or 0..2147483647 minutes, not -2"
+                  in console.text(".error-message"), "the API's refusal, stating the bound")
 
 
 def test_a_message_produced_in_the_console_reaches_a_websocket_consumer(console: Console) -> None:
