@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver import Chrome as WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -95,7 +96,9 @@ class Console:
         self.driver.get(f"{self.url}/console#{route}")
 
     def until(self, condition: Callable[[], T | None], what: str) -> T:
-        value = WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1).until(
+        # a refresh replaces the figures' elements: one found just before it is read after it is gone
+        value = WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1,
+                              ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda _: condition(), message=f"waiting for {what}")
         assert value is not None
         return value
