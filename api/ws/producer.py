@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -36,12 +35,13 @@ from api.ws.frames import (
     FrameError,
     frame_error,
     frame_text,
+    json_text,
     parse_frame,
     receive_text,
     send_error,
 )
 from api.ws.params import ProducerParams
-from api.ws.protocol import FrameWriter
+from api.ws.protocol import QUEUED_FRAMES_EXTENSION, FrameWriter
 from api.ws.session import supervise
 from broker import (
     MESSAGE_FIELDS,
@@ -77,8 +77,9 @@ class _Rejected:
     error: FrameError
 
 
-Outcome = Future[PublishResult] | MagnetarError | FrameError
-"""A publish's outcome: its future, the broker's refusal, or a frame that was never published."""
+Outcome = Future[PublishResult] | Future[list[PublishResult | MagnetarError]] | MagnetarError | FrameError
+"""A publish's outcome: its future (one entry, or one per frame from ``send_each``, with each
+frame's result or refusal), the broker's refusal, or a frame that was never published."""
 
 
 class ProducerSession:
@@ -98,6 +99,8 @@ class ProducerSession:
         self._room.set()
         self._answered = asyncio.Event()
         self._writer = FrameWriter(websocket, params.pending_messages_max)
+        self._take_queued: Callable[[int], list[str]] | None = \
+            (websocket.scope.get("extensions") or {}).get(QUEUED_FRAMES_EXTENSION)
         self._finished = LoopSignal(asyncio.get_running_loop(), self._send_results)
         clock = service.clock
         self._clock_ms: Callable[[], int] = lambda: int(clock() * 1000)
@@ -118,13 +121,43 @@ class ProducerSession:
                 await self._writer.flush()
 
     async def _receive_loop(self) -> None:
+        batching = self.params.batching
         while (text := await receive_text(self.ws)) is not None:
-            item = self._read_frame(text)
-            if self.params.batching:
-                await self._inbox.put(item)
-            else:
-                await self._wait_for_room()
-                self._track_alone(item)
+            if batching:
+                await self._inbox.put(self._read_frame(text))
+                continue
+            await self._wait_for_room()
+            texts = [text]
+            room = self.params.pending_messages_max - len(self._pending) - 1
+            if room > 0 and self._take_queued is not None:
+                texts += self._take_queued(room)  # the frames that arrived with it
+            self._publish_each([self._read_frame(t) for t in texts])
+
+    def _publish_each(self, items: list[_Send | _Rejected]) -> None:
+        """Frames without batching: each its own entry. The plain ones (no delivery time, no
+        expected offset) go to the broker in one call; the others, and refusals, alone, in
+        frame order."""
+        run: list[_Send] = []
+        for item in items:
+            if isinstance(item, _Send) and item.produced.deliver_at_ms is None \
+                    and item.produced.expected_offset is None:
+                run.append(item)
+                continue
+            if run:
+                self._track_each(run)
+                run = []
+            self._track_alone(item)
+        if run:
+            self._track_each(run)
+
+    def _track_each(self, sends: list[_Send]) -> None:
+        try:
+            future = self.producer.send_each([s.produced.message for s in sends], [s.sequence_id for s in sends])
+        except MagnetarError as exc:
+            self._track(sends, exc)
+            return
+        future.add_done_callback(self._finished.notify)
+        self._track(sends, future)
 
     def _read_frame(self, text: str) -> _Send | _Rejected:
         try:
@@ -258,9 +291,10 @@ class ProducerSession:
 class _EntryAnswer:
     """The result frames of one finished (or refused) entry, one per message."""
 
-    __slots__ = ("_duplicate", "_error", "_first_offset", "_ids")
+    __slots__ = ("_duplicate", "_each", "_error", "_first_offset", "_ids")
 
     def __init__(self, outcome: Outcome) -> None:
+        self._each: list[PublishResult | MagnetarError] | None = None
         self._error: tuple[int, str, str] | None = None
         """(result code, error code, message) of a refused or failed entry."""
         self._ids: Sequence[MessageId] = ()
@@ -278,12 +312,28 @@ class _EntryAnswer:
                 self._error = (UNKNOWN_ERROR, "internal_error", str(error))
         else:
             result = outcome.result()
-            self._ids, self._first_offset, self._duplicate = result.message_ids, result.first_offset, result.duplicate
+            if isinstance(result, list):  # one entry per frame (send_each)
+                self._each = result
+            else:
+                self._ids, self._first_offset, self._duplicate = (result.message_ids, result.first_offset,
+                                                                  result.duplicate)
 
     def frame(self, context: Any, index: int) -> str:
+        if self._each is not None:
+            return _each_frame(context, self._each[index])
         if self._error is not None:
             return send_error(context, *self._error)
         if self._duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
             return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
-        return (f'{{"result":"ok","messageId":"{self._ids[index].to_base64()}","context":{json.dumps(context)},'
+        return (f'{{"result":"ok","messageId":"{self._ids[index].to_base64()}","context":{json_text(context)},'
                 f'"offset":{self._first_offset + index}}}')
+
+
+def _each_frame(context: Any, outcome: PublishResult | MagnetarError) -> str:
+    """The result frame of a frame stored as its own entry by ``send_each``."""
+    if isinstance(outcome, MagnetarError):
+        return send_error(context, UNKNOWN_ERROR, outcome.code, str(outcome))
+    if outcome.duplicate:
+        return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
+    return (f'{{"result":"ok","messageId":"{outcome.message_ids[0].to_base64()}","context":{json_text(context)},'
+            f'"offset":{outcome.first_offset}}}')

@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 WS_RECEIVE_QUEUE_FRAMES_MAX = 256
 """Received frames queued for the application before the socket stops being read."""
 
+QUEUED_FRAMES_EXTENSION = "magnetar.websocket.queued_frames"
+"""ASGI scope extension: ``take(frames_max) -> list[str]`` hands over, without waiting, the text
+frames already received and queued for the application, in order, up to ``frames_max``; it stops
+at anything else (a binary frame, a disconnect), which the next ``receive`` returns."""
+
 DIRECT_WRITE_EXTENSION = "magnetar.websocket.write_frames"
 """ASGI scope extension: ``write(frames) -> bool`` writes text frames now, or returns False
 (nothing written) when the connection cannot take them without waiting."""
@@ -56,6 +61,25 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:  # the upgrade was accepted: the application task starts next
             scope["extensions"][DIRECT_WRITE_EXTENSION] = self.write_frames_now
+            scope["extensions"][QUEUED_FRAMES_EXTENSION] = self.take_queued_frames
+
+    def take_queued_frames(self, frames_max: int) -> list[str]:
+        """The queued text frames, up to ``frames_max`` (see ``QUEUED_FRAMES_EXTENSION``); reading
+        resumes, as after ``receive``, once the queue is empty."""
+        queue = self.queue
+        waiting = queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque: peeked, never changed here
+        texts: list[str] = []
+        while waiting and len(texts) < frames_max:
+            event = waiting[0]
+            text = event.get("text") if event["type"] == "websocket.receive" else None
+            if text is None:
+                break
+            queue.get_nowait()
+            texts.append(text)
+        if self.read_paused and queue.empty():
+            self.read_paused = False
+            self.transport.resume_reading()
+        return texts
 
     def write_frames_now(self, frames: Sequence[str]) -> bool:
         """All of ``frames`` in one socket write, if the connection is open and the transport is
