@@ -110,7 +110,7 @@ def ledger_path(ledger_id: int) -> str:
     return f"{LEDGERS_PATH}/{ledger_id}"
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingAdd:
     entry_id: int
     payload: bytes

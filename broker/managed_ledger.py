@@ -32,10 +32,16 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from broker.bookie import QuorumConfig
 from broker.entry_cache import CachedEntry, EntryCache
-from broker.entry_format import message_count, peek_broker_entry_metadata, with_broker_entry_metadata
+from broker.entry_format import (
+    message_count,
+    peek_broker_entry_metadata,
+    with_broker_entry_metadata,
+    with_broker_entry_metadata_each,
+)
 from broker.errors import (
     BadVersion,
     DataLost,
@@ -90,8 +96,7 @@ class ManagedLedgerConfig:
                    ledger_age_ms_min=0, index_interval_entries=2)
 
 
-@dataclass(frozen=True)
-class AddResult:
+class AddResult(NamedTuple):
     position: Position
     first_offset: int
     last_offset: int
@@ -358,14 +363,17 @@ class ManagedLedger:
             publish_ms = max(self._now_ms(), self._last_publish_ms)
             info = self._infos[-1]
             entry_id, offset = self._current_next_entry_id, self._next_offset
-            datas: list[bytes] = []
             added: list[AddResult] = []
             ledger_id = info.ledger_id
-            for payload, count in zip(payloads, message_counts, strict=True):
-                last_offset = offset + count - 1
-                data = with_broker_entry_metadata(payload, publish_ms, last_offset)
-                self._sample(info, entry_id, offset, publish_ms, len(data))
-                datas.append(data)
+            last_offsets: list[int] = []
+            for count in message_counts:
+                offset += count
+                last_offsets.append(offset - 1)
+            datas = with_broker_entry_metadata_each(payloads, publish_ms, last_offsets)
+            offset = self._next_offset
+            sample = self._sample
+            for data, last_offset in zip(datas, last_offsets, strict=True):
+                sample(info, entry_id, offset, publish_ms, len(data))
                 added.append(AddResult(Position(ledger_id, entry_id), offset, last_offset, publish_ms))
                 entry_id += 1
                 offset = last_offset + 1

@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import cached_property
 
 from broker.cursor import CursorManager
 from broker.dedup import Deduplication, DedupStatus
-from broker.entry_format import Compression, Message, decode_entry, encode_entry
+from broker.entry_format import Compression, Message, decode_entry, encode_entry, encode_single_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError, MessageTooLarge
 from broker.managed_ledger import AddResult, Entry, ManagedLedger
 from broker.message_id import MessageId, Position
@@ -34,11 +33,13 @@ SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
 REPLAY_BATCH_ENTRIES = 100
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PublishResult:
     """Where a publish went: ``count`` messages in the entry at ``position`` of partition
     ``partition``, with offsets from ``first_offset`` on. A duplicate stored nothing (``count``
-    0). Ids and offsets are built on first use: a 1000-message REST request needs none."""
+    0). Ids and offsets are built when asked for: a 1000-message REST request needs none.
+    Not frozen (a frozen dataclass costs a microsecond more per message to build); treat it as
+    a value: nothing changes one after its publish completed."""
 
     position: Position
     partition: int
@@ -47,11 +48,11 @@ class PublishResult:
     publish_time_ms: int
     duplicate: bool = False
 
-    @cached_property
+    @property
     def message_ids(self) -> tuple[MessageId, ...]:
         return message_ids_of(self.position, self.partition, self.count) if self.count else ()
 
-    @cached_property
+    @property
     def offsets(self) -> tuple[int, ...]:
         return tuple(range(self.first_offset, self.first_offset + self.count))
 
@@ -154,8 +155,13 @@ class PersistentTopic:
                         continue
                     seqs.append(seq)
                     try:
-                        entries.append(encode_entry((message,), producer_name=producer_name, sequence_id=seq,
-                                                    publish_time_ms=publish_ms, compression=compression))
+                        if compression is Compression.NONE:
+                            entry = encode_single_entry(message, producer_name=producer_name, sequence_id=seq,
+                                                        publish_time_ms=publish_ms)
+                        else:
+                            entry = encode_entry((message,), producer_name=producer_name, sequence_id=seq,
+                                                 publish_time_ms=publish_ms, compression=compression)
+                        entries.append(entry)
                     except MagnetarError as exc:
                         outcomes[position] = exc
                         self._rollback(producer_name, [seqs.pop()])

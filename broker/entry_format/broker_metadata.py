@@ -8,6 +8,8 @@ structurally instead; a prefix lacking either field is ``CorruptEntry``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from broker.entry_format.model import BrokerEntryMetadata
 from broker.entry_format.wire import (
     BROKER_HEADER,
@@ -16,6 +18,7 @@ from broker.entry_format.wire import (
     MAGIC_CRC32C,
     U16,
     U32,
+    UINT64_MAX,
     Buffer,
     check_uint64,
     encode_varint,
@@ -88,3 +91,24 @@ def with_broker_entry_metadata(data: Buffer, broker_timestamp_ms: int, index: in
     if len(data) - start < CHECKSUM_HEADER.size or U16.unpack_from(data, start)[0] != MAGIC_CRC32C:
         raise CorruptEntry("not an encoded entry: the 0x0e01 checksum magic is missing")
     return broker_prefix(broker_timestamp_ms, index) + bytes(data[start:])
+
+
+_CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
+
+
+def with_broker_entry_metadata_each(entries: Sequence[bytes], broker_timestamp_ms: int,
+                                    indexes: Sequence[int]) -> list[bytes]:
+    """:func:`with_broker_entry_metadata` of several entries stamped at one broker time (entry
+    ``i`` gets ``indexes[i]``): the same bytes, with the time's part of the prefix written once."""
+    check_uint64("broker_timestamp_ms", broker_timestamp_ms)
+    stamp = b"\x08" + encode_varint(broker_timestamp_ms) + b"\x10"
+    pack_header = BROKER_HEADER.pack
+    out: list[bytes] = []
+    for data, index in zip(entries, indexes, strict=True):
+        if type(data) is not bytes or data[:2] != _CHECKSUM_MAGIC or type(index) is not int \
+                or not 0 <= index <= UINT64_MAX or len(data) < CHECKSUM_HEADER.size:
+            out.append(with_broker_entry_metadata(data, broker_timestamp_ms, index))
+            continue
+        body = stamp + encode_varint(index)
+        out.append(pack_header(MAGIC_BROKER_ENTRY_METADATA, len(body)) + body + data)
+    return out

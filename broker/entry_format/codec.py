@@ -33,11 +33,14 @@ from broker.entry_format.wire import (
     UINT64_MOD,
     Buffer,
     check_uint64,
+    encode_key_value,
     encode_varint,
     length_delimited,
 )
 from broker.errors import CorruptEntry, InvalidRequest
 from broker.proto import pulsar_entry_pb2 as pb
+
+_CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
 
 
 def _check_message(position: int, message: Message) -> None:
@@ -188,6 +191,62 @@ def encode_entry(
     if broker_timestamp_ms is None or index is None:
         raise InvalidRequest("broker_timestamp_ms and index are given together or not at all")
     return broker_prefix(broker_timestamp_ms, index) + body
+
+def encode_single_entry(message: Message, *, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
+    """``encode_entry((message,), …)`` without compression, delivery time or schema version:
+    the same bytes, written in one pass for the common message (payload, key, properties, event
+    time). Anything else, including every argument ``encode_entry`` refuses, goes to
+    ``encode_entry``, which refuses it the same way."""
+    payload, key, properties, event_time_ms, own_sequence_id = message[:5]
+    if (type(payload) is not bytes or message[5] is not None or message[7] or message[8] or message[9]
+            or (key is not None and type(key) is not str) or type(sequence_id) is not int
+            or not 0 <= sequence_id <= UINT64_MAX or type(publish_time_ms) is not int
+            or not 0 <= publish_time_ms <= UINT64_MAX or type(producer_name) is not str
+            or (own_sequence_id is not None and own_sequence_id != sequence_id)
+            or (event_time_ms is not None and (type(event_time_ms) is not int or not 0 <= event_time_ms <= INT64_MAX))):
+        return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    varint = encode_varint
+    try:
+        single = b""
+        if properties:
+            for name, value in properties.items():
+                if type(name) is not str or type(value) is not str:
+                    return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+                pair = encode_key_value(name, value)
+                single += b"\x0a" + varint(len(pair)) + pair
+        key_field = b""
+        if key is not None:
+            key_bytes = key.encode()
+            key_field = varint(len(key_bytes)) + key_bytes
+            single += b"\x12" + key_field
+        single += b"\x18" + varint(len(payload))
+        if event_time_ms is not None:
+            single += b"\x28" + varint(event_time_ms)
+        if key is not None:
+            single += b"\x30\x01" if message[6] else b"\x30\x00"
+        sequence = varint(sequence_id)
+        single += b"\x40" + sequence
+        producer = producer_name.encode()
+    except UnicodeEncodeError:
+        return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    metadata = b"\x0a" + varint(len(producer)) + producer + b"\x10" + sequence + b"\x18" + varint(publish_time_ms)
+    if key is not None:
+        metadata += b"\x32" + key_field + b"\x58\x01" + (b"\x88\x01\x01" if message[6] else b"\x88\x01\x00")
+    else:
+        metadata += b"\x58\x01"
+    metadata += b"\xc0\x01" + sequence
+    head = U32.pack(len(metadata)) + metadata
+    batch_head = U32.pack(len(single)) + single
+    if len(batch_head) + len(payload) > MAX_UNCOMPRESSED_SIZE_BYTES:
+        return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    checksum = crc32c.crc32c(payload, crc32c.crc32c(batch_head, crc32c.crc32c(head)))
+    return _CHECKSUM_MAGIC + U32.pack(checksum) + head + batch_head + payload
+
+
+def _encode_general(message: Message, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
+    return encode_entry((message,), producer_name=producer_name, sequence_id=sequence_id,
+                        publish_time_ms=publish_time_ms)
+
 
 def _checksummed(metadata: bytes, payload: bytes) -> bytes:
     size = U32.pack(len(metadata))

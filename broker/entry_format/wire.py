@@ -48,6 +48,19 @@ def encode_varint(value: int) -> bytes:
     out.append(value)
     return bytes(out)
 
+_python_encode_varint = encode_varint
+
+try:
+    from broker.entry_format._varint import encode_varint as _native_encode_varint
+    from broker.entry_format._varint import set_fallback as _set_fallback
+except ImportError:  # built without a C compiler: the Python encoder above
+    NATIVE_VARINT = False
+else:
+    _set_fallback(_python_encode_varint)
+    encode_varint = _native_encode_varint  # type: ignore[assignment]  # the same bytes for every int (_varint.c)
+    NATIVE_VARINT = True
+"""Whether varints are written by the native encoder (``_varint.c``)."""
+
 def length_delimited(tag: bytes, data: bytes) -> bytes:
     return tag + encode_varint(len(data)) + data
 

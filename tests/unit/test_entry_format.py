@@ -31,10 +31,12 @@ from broker.entry_format import (
     Message,
     decode_entry,
     encode_entry,
+    encode_single_entry,
     message_count,
     peek_broker_entry_metadata,
     strip_broker_entry_metadata,
     with_broker_entry_metadata,
+    with_broker_entry_metadata_each,
 )
 from broker.errors import CorruptEntry, InvalidRequest
 from broker.message_id import MessageId, Position
@@ -683,3 +685,83 @@ def test_message_id_and_position_ordering() -> None:
     assert str(Position(3, -1)) == "3:-1"
     with pytest.raises(InvalidRequest):
         Position(-2, 0)
+
+
+plain_messages = st.builds(
+    lambda key_b64_encoded, **fields: Message(key_b64_encoded=key_b64_encoded and fields["key"] is not None, **fields),
+    payload=st.binary(max_size=300),
+    key=st.none() | st.text(max_size=40),
+    properties=st.dictionaries(st.text(max_size=40), st.text(max_size=200), max_size=4),
+    event_time_ms=st.none() | st.integers(min_value=0, max_value=(1 << 63) - 1),
+    key_b64_encoded=st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(message=plain_messages | messages_strategy, sequence_id=st.integers(min_value=0, max_value=UINT64_MAX),
+       publish_time_ms=st.integers(min_value=0, max_value=UINT64_MAX), producer=st.text(max_size=30),
+       own_sequence_id=st.booleans())
+def test_the_single_message_encoder_writes_encode_entrys_bytes(message: Message, sequence_id: int, publish_time_ms: int,
+                                                               producer: str, own_sequence_id: bool) -> None:
+    """``encode_single_entry`` is a faster ``encode_entry`` of one message: the same bytes for
+    every message, the same refusal for every argument ``encode_entry`` refuses."""
+    if own_sequence_id:
+        message = message._replace(sequence_id=sequence_id)
+    kwargs = {"producer_name": producer, "sequence_id": sequence_id, "publish_time_ms": publish_time_ms}
+    try:
+        expected = encode_entry((message,), **kwargs)  # type: ignore[arg-type]
+    except InvalidRequest as exc:
+        with pytest.raises(InvalidRequest) as refused:
+            encode_single_entry(message, **kwargs)  # type: ignore[arg-type]
+        assert str(refused.value) == str(exc)
+        return
+    assert encode_single_entry(message, **kwargs) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [
+    {"message": Message(b"x", key="\ud800")},  # a lone surrogate cannot be UTF-8
+    {"message": Message(b"x", properties={"k": "\udfff"})},
+    {"message": Message("text")},  # type: ignore[arg-type]
+    {"message": Message(b"x", event_time_ms=1 << 63)},
+    {"message": Message(b"x"), "sequence_id": -1},
+    {"message": Message(b"x"), "producer_name": "\ud800"},
+    {"message": Message(b"x", sequence_id=5)},  # its own sequence id differs from the entry's
+])
+def test_the_single_message_encoder_refuses_what_encode_entry_refuses(bad: dict[str, object]) -> None:
+    kwargs: dict[str, object] = {"producer_name": "p", "sequence_id": 3, "publish_time_ms": 1} | bad
+    message = kwargs.pop("message")
+    with pytest.raises(InvalidRequest) as expected:
+        encode_entry((message,), **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest) as refused:
+        encode_single_entry(message, **kwargs)  # type: ignore[arg-type]
+    assert str(refused.value) == str(expected.value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.integers(min_value=-(1 << 70), max_value=1 << 70))
+def test_the_native_varint_writes_the_python_encoders_bytes(value: int) -> None:
+    """Both encoders give the same bytes for every int, and refuse the same ones alike."""
+    from broker.entry_format import wire
+
+    assert wire.NATIVE_VARINT, "the native varint encoder was not built (setup.py needs a C compiler)"
+    try:
+        expected: bytes | type[BaseException] = wire._python_encode_varint(value)
+    except ValueError:
+        expected = ValueError
+    if expected is ValueError:
+        with pytest.raises(ValueError):
+            wire.encode_varint(value)
+    else:
+        assert wire.encode_varint(value) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(timestamp=st.integers(min_value=0, max_value=UINT64_MAX),
+       indexes=st.lists(st.integers(min_value=0, max_value=UINT64_MAX), min_size=1, max_size=5),
+       prefixed=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_stamping_entries_together_writes_what_stamping_each_writes(timestamp: int, indexes: list[int],
+                                                                    prefixed: list[bool]) -> None:
+    entries = [encode([Message(b"m%d" % i)], sequence_id=i) for i in range(len(indexes))]
+    entries = [with_broker_entry_metadata(e, 7, 7) if p else e for e, p in zip(entries, prefixed, strict=False)]
+    assert with_broker_entry_metadata_each(entries, timestamp, indexes) == [
+        with_broker_entry_metadata(e, timestamp, i) for e, i in zip(entries, indexes, strict=True)]

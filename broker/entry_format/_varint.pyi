@@ -1,0 +1,6 @@
+"""Types of the native varint encoder (``_varint.c``)."""
+
+from collections.abc import Callable
+
+def encode_varint(value: int, /) -> bytes: ...
+def set_fallback(encoder: Callable[[int], bytes], /) -> None: ...
