@@ -106,6 +106,10 @@ class Position:
         return f"{self.ledger_id}:{self.entry_id}"
 
 
+_new_message_id = object.__new__
+_set = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class MessageId:
     """The id of one message: its entry, the topic partition, and its index in the entry's batch."""
@@ -120,6 +124,17 @@ class MessageId:
         _check_long("entry_id", self.entry_id)
         _check_int("partition", self.partition)
         _check_int("batch_index", self.batch_index)
+
+    @classmethod
+    def of_stored(cls, ledger_id: int, entry_id: int, partition: int, batch_index: int) -> MessageId:
+        """The id of a message the broker read from its own storage, whose parts are in range
+        by construction: built without the checks of ``__init__`` (one id per message read)."""
+        message_id = _new_message_id(cls)
+        _set(message_id, "ledger_id", ledger_id)
+        _set(message_id, "entry_id", entry_id)
+        _set(message_id, "partition", partition)
+        _set(message_id, "batch_index", batch_index)
+        return message_id
 
     # -- ordering ---------------------------------------------------------------------------
 

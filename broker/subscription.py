@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 import mmh3
 
@@ -105,9 +106,8 @@ class SubscriptionLimits:
     unacked_messages_max: int = 200_000
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One message handed to one consumer."""
+class Delivery(NamedTuple):
+    """One message handed to one consumer (a named tuple: one is built per message delivered)."""
 
     message_id: MessageId
     offset: int
