@@ -765,3 +765,24 @@ def test_stamping_entries_together_writes_what_stamping_each_writes(timestamp: i
     entries = [with_broker_entry_metadata(e, 7, 7) if p else e for e, p in zip(entries, prefixed, strict=False)]
     assert with_broker_entry_metadata_each(entries, timestamp, indexes) == [
         with_broker_entry_metadata(e, timestamp, i) for e, i in zip(entries, indexes, strict=True)]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(buf=st.binary(max_size=24) | st.integers(min_value=0, max_value=(1 << 70)).map(
+           lambda v: __import__("broker.entry_format.wire", fromlist=["x"])._python_encode_varint(v) + b"\x01"),
+       pos=st.integers(min_value=-3, max_value=26), as_bytearray=st.booleans())
+def test_the_native_varint_reader_reads_what_the_python_reader_reads(buf: bytes, pos: int, as_bytearray: bool) -> None:
+    """The same value and next position for every buffer and position, the same error otherwise
+    (running past the end, longer than 10 bytes, wider than 64 bits)."""
+    from broker.entry_format import wire
+
+    assert wire.NATIVE_VARINT
+    data: bytes | bytearray = bytearray(buf) if as_bytearray else buf
+    try:
+        expected: object = wire._python_read_varint(data, pos)  # type: ignore[arg-type]
+    except (IndexError, CorruptEntry) as exc:
+        with pytest.raises(type(exc)) as raised:
+            wire.read_varint(data, pos)  # type: ignore[arg-type]
+        assert str(raised.value) == str(exc)
+        return
+    assert wire.read_varint(data, pos) == expected  # type: ignore[arg-type]
