@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from broker.compaction import Compactor
-from broker.entry_format import decode_entry
+from broker.entry_format import decode_messages
 from broker.errors import InvalidRequest, MagnetarError
 from broker.managed_ledger import Entry
 from broker.message_id import MessageId
@@ -133,10 +133,10 @@ class Reader:
         append = self._buffer.append
         stored_id = MessageId.of_stored
         for entry in entries:
-            decoded = decode_entry(entry.data)
-            single = len(decoded.messages) == 1
+            messages = decode_messages(entry.data)[0]
+            single = len(messages) == 1
             ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-            for message in decoded.messages:
+            for message in messages:
                 offset = message.offset
                 assert offset is not None
                 if offset < self.next_offset:

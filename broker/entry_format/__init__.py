@@ -67,6 +67,7 @@ from broker.entry_format.broker_metadata import (
 from broker.entry_format.codec import (
     decode_entry,
     decode_entry_payload,
+    decode_messages,
     encode_entry,
     encode_single_entry,
     message_count,
@@ -87,6 +88,7 @@ __all__ = [
     "EntryPayload",
     "Message",
     "decode_entry",
+    "decode_messages",
     "decode_entry_payload",
     "encode_entry",
     "encode_single_entry",

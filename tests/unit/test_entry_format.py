@@ -30,6 +30,7 @@ from broker.entry_format import (
     DecodedMessage,
     Message,
     decode_entry,
+    decode_messages,
     encode_entry,
     encode_single_entry,
     message_count,
@@ -786,3 +787,37 @@ def test_the_native_varint_reader_reads_what_the_python_reader_reads(buf: bytes,
         assert str(raised.value) == str(exc)
         return
     assert wire.read_varint(data, pos) == expected  # type: ignore[arg-type]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=st.lists(messages_strategy, min_size=1, max_size=6), compression=st.sampled_from(list(Compression)),
+       sequence_id=st.integers(min_value=0, max_value=1 << 40), index_room=st.integers(min_value=-2, max_value=1 << 40),
+       deliver_at=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+       schema_version=st.none() | st.binary(max_size=4), prefixed=st.booleans(),
+       corrupt=st.none() | st.tuples(st.integers(min_value=0, max_value=400), st.integers(min_value=1, max_value=255)))
+def test_decoding_messages_reads_what_decode_entry_reads(messages: list[Message], compression: Compression,
+                                                         sequence_id: int, index_room: int, deliver_at: int | None,
+                                                         schema_version: bytes | None, prefixed: bool,
+                                                         corrupt: tuple[int, int] | None) -> None:
+    """``decode_messages`` gives ``decode_entry``'s messages and delivery time for every entry,
+    and refuses every entry ``decode_entry`` refuses with the same error (corrupted ones too)."""
+    sequence_id = sequence_id if messages[0].sequence_id is None else messages[0].sequence_id
+    if any(m.sequence_id is None and sequence_id + i > UINT64_MAX for i, m in enumerate(messages)):
+        return
+    index = max(0, len(messages) - 1 + index_room)
+    data = encode_entry(messages, producer_name="p", sequence_id=sequence_id, publish_time_ms=5,
+                        compression=compression, deliver_at_time_ms=deliver_at, schema_version=schema_version,
+                        broker_timestamp_ms=9 if prefixed else None, index=index if prefixed else None)
+    if corrupt is not None:
+        position, flip = corrupt
+        corrupted = bytearray(data)
+        corrupted[position % len(corrupted)] ^= flip
+        data = bytes(corrupted)
+    try:
+        expected = decode_entry(data)
+    except (CorruptEntry, InvalidRequest) as exc:
+        with pytest.raises(type(exc)) as raised:
+            decode_messages(data)
+        assert str(raised.value) == str(exc)
+        return
+    assert decode_messages(data) == (expected.messages, expected.deliver_at_time_ms)
