@@ -27,6 +27,10 @@ from broker.entry_format.wire import (
 )
 from broker.errors import CorruptEntry
 
+_CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
+_PREFIX_MAGIC = U16.pack(MAGIC_BROKER_ENTRY_METADATA)
+_U32_FROM = U32.unpack_from
+
 
 def broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
     """The 0x0e02 prefix: ``BrokerEntryMetadata`` (written by hand, as protobuf would)."""
@@ -37,6 +41,20 @@ def broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
 
 def split_prefix(data: Buffer) -> tuple[BrokerEntryMetadata | None, int]:
     """Parse the optional 0x0e02 prefix; returns it and the offset of the 0x0e01 part."""
+    if type(data) is bytes and data[:2] == _PREFIX_MAGIC and data[6:7] == b"\x08":  # the usual shape
+        end = 6 + _U32_FROM(data, 2)[0]
+        try:
+            timestamp, pos = read_varint(data, 7)
+            if data[pos] == 0x10:
+                index, pos = read_varint(data, pos + 1)
+                if pos == end <= len(data):
+                    return BrokerEntryMetadata(timestamp, index), end
+        except (IndexError, CorruptEntry):
+            pass  # malformed: the general parser says how
+    return _split_prefix_general(data)
+
+
+def _split_prefix_general(data: Buffer) -> tuple[BrokerEntryMetadata | None, int]:
     if len(data) < 2 or U16.unpack_from(data, 0)[0] != MAGIC_BROKER_ENTRY_METADATA:
         return None, 0
     if len(data) < BROKER_HEADER.size:
@@ -93,7 +111,6 @@ def with_broker_entry_metadata(data: Buffer, broker_timestamp_ms: int, index: in
     return broker_prefix(broker_timestamp_ms, index) + bytes(data[start:])
 
 
-_CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
 
 
 def with_broker_entry_metadata_each(entries: Sequence[bytes], broker_timestamp_ms: int,

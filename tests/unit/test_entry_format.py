@@ -821,3 +821,25 @@ def test_decoding_messages_reads_what_decode_entry_reads(messages: list[Message]
         assert str(raised.value) == str(exc)
         return
     assert decode_messages(data) == (expected.messages, expected.deliver_at_time_ms)
+
+
+@settings(max_examples=500, deadline=None)
+@given(timestamp=st.integers(min_value=0, max_value=UINT64_MAX), index=st.integers(min_value=0, max_value=UINT64_MAX),
+       corrupt=st.none() | st.tuples(st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=255)),
+       cut=st.integers(min_value=0, max_value=40))
+def test_the_prefix_fast_path_reads_what_the_general_parser_reads(timestamp: int, index: int,
+                                                                  corrupt: tuple[int, int] | None, cut: int) -> None:
+    from broker.entry_format import broker_metadata
+
+    data = bytearray(broker_metadata.broker_prefix(timestamp, index) + b"\x0e\x01rest of the entry")
+    if corrupt is not None:
+        data[corrupt[0] % len(data)] ^= corrupt[1]
+    raw = bytes(data[: len(data) - cut % 8])
+    try:
+        expected = broker_metadata._split_prefix_general(raw)
+    except CorruptEntry as exc:
+        with pytest.raises(CorruptEntry) as raised:
+            broker_metadata.split_prefix(raw)
+        assert str(raised.value) == str(exc)
+        return
+    assert broker_metadata.split_prefix(raw) == expected
