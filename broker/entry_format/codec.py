@@ -393,6 +393,31 @@ def decode_messages(data: Buffer) -> tuple[list[DecodedMessage], int | None]:
 
 def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | None:
     """The messages of a common entry, or None for :func:`decode_entry` to decode (or refuse)."""
+    batch = _common_batch(data)
+    if batch is None:
+        return None
+    payload_start, count, first_offset, sequence_id, deliver_at = batch
+    return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
+
+
+def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
+    """The verified batch payload and message count of an entry :func:`decode_messages` reads on
+    its fast path, or None: then ``decode_entry_payload`` verifies it (or refuses it). The
+    payload is not split here (the range read's native columns split it)."""
+    if type(data) is not bytes or data[:2] != _PREFIX_MAGIC:
+        return None
+    try:
+        batch = _common_batch(data)
+    except (IndexError, ValueError, CorruptEntry, struct.error):
+        return None
+    if batch is None:
+        return None
+    return memoryview(data)[batch[0] :], batch[1]
+
+
+def _common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
+    """(payload start, message count, first offset, sequence id, delivery time) of a verified
+    common entry (see :func:`decode_messages`), or None."""
     read = read_varint
     end = 6 + U32.unpack_from(data, 2)[0]
     pos, timestamp, index = 6, None, None
@@ -454,4 +479,4 @@ def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | Non
     if pos != payload_start or producer is None or sequence_id is None or publish_time is None \
             or count is None or not 0 < count <= _INT32_MAX or index - count + 1 < 0:
         return None
-    return decode_batch(data[payload_start:], count, index - count + 1, sequence_id), deliver_at
+    return payload_start, count, index - count + 1, sequence_id, deliver_at

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from broker.entry_format.codec import decode_entry, decode_entry_payload, split_entry_payload
+from broker.entry_format.codec import common_batch_payload, decode_entry, decode_entry_payload
 from broker.entry_format.model import DecodedEntry
 from broker.entry_format.wire import encode_varint
 from broker.errors import CorruptEntry
@@ -215,18 +215,24 @@ class NativeColumns:
         return self._columns.value_bytes
 
     def add_entry(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
-        verified = decode_entry_payload(entry.data)
-        count = verified.num_messages
+        common = common_batch_payload(entry.data)  # the broker's usual entry, verified without protobuf
+        payload: bytes | memoryview
+        if common is not None:
+            payload, count = common
+            is_batched = True
+        else:
+            verified = decode_entry_payload(entry.data)
+            payload, count, is_batched = verified.payload, verified.num_messages, verified.is_batched
         skip = min(skip, count)
         take = min(take, count - skip)  # as slicing the decoded messages would
-        if verified.is_batched:
+        if is_batched:
             id_prefix = message_id_bytes(entry.position.ledger_id, entry.position.entry_id, partition)
             try:
-                if self._columns.add_batch(verified.payload, count, skip, take, entry.publish_time_ms, id_prefix):
+                if self._columns.add_batch(payload, count, skip, take, entry.publish_time_ms, id_prefix):
                     return
             except MalformedBatch as exc:
                 raise CorruptEntry(str(exc)) from None
-        self._add_decoded(entry, split_entry_payload(verified), partition, skip, take)
+        self._add_decoded(entry, decode_entry(entry.data), partition, skip, take)
 
     def _add_decoded(self, entry: StoredEntry, decoded: DecodedEntry, partition: int, skip: int, take: int) -> None:
         self.decoded_entries += 1
