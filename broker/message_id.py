@@ -71,6 +71,35 @@ def message_id_bytes(ledger_id: int, entry_id: int, partition: int = -1, batch_i
     return data
 
 
+_BATCH_INDEX_TAG = b"\x20"  # MessageIdData field 4 (batch_index), varint
+_BATCH_INDEX_SUFFIXES: list[bytes] = []
+"""``MessageIdData`` field 4 (batch_index) for index ``i``, built once per index ever needed."""
+
+
+def _batch_index_suffixes(stop: int) -> list[bytes]:
+    suffixes = _BATCH_INDEX_SUFFIXES
+    if len(suffixes) < stop:  # appends only: a concurrent reader sees a valid prefix of the table
+        suffixes.extend(_BATCH_INDEX_TAG + encode_varint(i) for i in range(len(suffixes), stop))
+    return suffixes
+
+
+def message_ids_of_entry(ledger_id: int, entry_id: int, partition: int, count: int, start: int = 0,
+                         stop: int | None = None) -> list[bytes]:
+    """Base64 ``MessageIdData`` (ASCII bytes) of messages ``start..stop`` of one entry of ``count``
+    messages, equal to ``MessageId.to_base64()``.
+
+    The entry's fields are serialized once; batch index is the last field written, so each
+    message's id is that prefix plus its batch index (a lone message has none, as in Pulsar).
+    """
+    prefix = message_id_bytes(ledger_id, entry_id, partition)
+    if count == 1:
+        return [binascii.b2a_base64(prefix, newline=False)]
+    stop = count if stop is None else stop
+    b2a = binascii.b2a_base64
+    return [b2a(prefix + suffix, newline=False) for suffix in _batch_index_suffixes(stop)[start:stop]]
+
+
+
 def _to_int64(value: int) -> int:
     return value - _UINT64_MOD if value > _INT64_MAX else value
 

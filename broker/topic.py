@@ -23,7 +23,7 @@ from broker.dedup import Deduplication, DedupStatus
 from broker.entry_format import Compression, Message, decode_entry, encode_entry, encode_single_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError, MessageTooLarge
 from broker.managed_ledger import AddResult, Entry, ManagedLedger
-from broker.message_id import MessageId, Position
+from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.metadata import MetadataStore
 from broker.topic_name import TopicName
 from storage import new_future
@@ -51,6 +51,15 @@ class PublishResult:
     @property
     def message_ids(self) -> tuple[MessageId, ...]:
         return message_ids_of(self.position, self.partition, self.count) if self.count else ()
+
+    def message_id_texts(self) -> list[str]:
+        """Pulsar's base64 ids of the messages (``message_ids`` as ``to_base64`` writes them),
+        built from the entry's serialized position once."""
+        if not self.count:
+            return []
+        position = self.position
+        return [b.decode("ascii") for b in message_ids_of_entry(position.ledger_id, position.entry_id,
+                                                                self.partition, self.count)]
 
     @property
     def offsets(self) -> tuple[int, ...]:

@@ -3,8 +3,10 @@
 Role: one connection bound to one broker ``Producer`` (``BrokerService.producer``). Each frame
 is read into a message by the broker's rules (``message_of``: payload in base64, event time in
 epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``); a
-field the frame shape does not know is a ``send-error`` naming it. Without batching every frame
-is its own entry; with ``batchingEnabled=true`` the frames that arrived together (up to
+field the frame shape does not know is a ``send-error`` naming it. The frames that arrived
+together (those queued when the session reads one) are handled at once. Without batching every
+frame is its own entry, and the plain ones of a burst go to the broker in one call
+(``Producer.send_each``); with ``batchingEnabled=true`` the frames that arrived together (up to
 ``batchingMaxMessages``) are batched per partition, as Pulsar's batching producers keep a batch
 per partition: a keyed frame joins its key's partition's batch, the keyless frames of the burst
 one partition's batch chosen once (round-robin advances once per burst), each batch is one
@@ -91,7 +93,6 @@ class ProducerSession:
         self.producer: Producer = service.producer(topic, params.producer_name, routing_mode=params.routing_mode,
                                                    compression=params.compression,
                                                    initial_sequence_id=params.initial_sequence_id)
-        self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
         self._pending: deque[tuple[Any, Outcome, int]] = deque()
         """Frames waiting for their answer, in frame order: context, the outcome of the entry that
         holds the frame, and the frame's index in that entry."""
@@ -106,15 +107,10 @@ class ProducerSession:
         self._clock_ms: Callable[[], int] = lambda: int(clock() * 1000)
 
     async def run(self) -> None:
-        """Without batching, frames are published as they are read; with it, a publish loop
-        takes them from an inbox so that frames which arrived together make one entry."""
-        workers = [asyncio.create_task(self._publish_loop())] if self.params.batching else []
-        if await supervise(self.ws, self._receive_loop(), workers):
+        """Frames are published as they are read, those that arrived together at once."""
+        if await supervise(self.ws, self._receive_loop(), []):
             # the client left: answer what it sent before it did
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                if self.params.batching:
-                    await self._inbox.put(None)
-                    await asyncio.gather(*workers)
                 while self._pending:
                     self._answered.clear()
                     await self._answered.wait()
@@ -123,15 +119,36 @@ class ProducerSession:
     async def _receive_loop(self) -> None:
         batching = self.params.batching
         while (text := await receive_text(self.ws)) is not None:
-            if batching:
-                await self._inbox.put(self._read_frame(text))
-                continue
             await self._wait_for_room()
             texts = [text]
             room = self.params.pending_messages_max - len(self._pending) - 1
             if room > 0 and self._take_queued is not None:
                 texts += self._take_queued(room)  # the frames that arrived with it
-            self._publish_each([self._read_frame(t) for t in texts])
+            items = [self._read_frame(t) for t in texts]
+            if batching:
+                self._publish_batched(items)
+            else:
+                self._publish_each(items)
+
+    def _publish_batched(self, items: list[_Send | _Rejected]) -> None:
+        """With batching: consecutive batchable frames make bursts of at most
+        ``batchingMaxMessages``, each stored as one entry per partition; the other frames, and
+        refusals, go alone, in frame order."""
+        burst: list[_Send] = []
+        batch_max = self.params.batch_messages_max
+        for item in items:
+            if isinstance(item, _Send) and self._batchable(item):
+                burst.append(item)
+                if len(burst) >= batch_max:
+                    self._publish_burst(burst)
+                    burst = []
+                continue
+            if burst:
+                self._publish_burst(burst)
+                burst = []
+            self._track_alone(item)
+        if burst:
+            self._publish_burst(burst)
 
     def _publish_each(self, items: list[_Send | _Rejected]) -> None:
         """Frames without batching: each its own entry. The plain ones (no delivery time, no
@@ -179,29 +196,6 @@ class ProducerSession:
             self._track([item], item.error)
         else:
             self._track([item], self._publish([item]))
-
-    async def _publish_loop(self) -> None:
-        """Take frames in order; with batching, the batchable frames already waiting make one
-        entry per partition (see the module docstring)."""
-        carried: list[_Send | _Rejected | None] = []
-        while True:
-            first = carried.pop() if carried else await self._inbox.get()
-            if first is None:
-                break
-            await self._wait_for_room()
-            if isinstance(first, _Rejected) or not self._batchable(first):
-                self._track_alone(first)
-                continue
-            burst = [first]
-            room = max(1, self.params.pending_messages_max - len(self._pending))  # frames left unanswered
-            while len(burst) < min(self.params.batch_messages_max, room) and not self._inbox.empty():
-                candidate = self._inbox.get_nowait()
-                if isinstance(candidate, _Send) and self._batchable(candidate):
-                    burst.append(candidate)
-                else:
-                    carried.append(candidate)
-                    break
-            self._publish_burst(burst)
 
     def _publish_burst(self, burst: list[_Send]) -> None:
         """One entry per partition the burst's frames go to; answers stay in frame order."""
@@ -297,7 +291,7 @@ class _EntryAnswer:
         self._each: list[PublishResult | MagnetarError] | None = None
         self._error: tuple[int, str, str] | None = None
         """(result code, error code, message) of a refused or failed entry."""
-        self._ids: Sequence[MessageId] = ()
+        self._ids: Sequence[str] = ()
         self._first_offset = 0
         self._duplicate = False
         if isinstance(outcome, FrameError):
@@ -315,7 +309,7 @@ class _EntryAnswer:
             if isinstance(result, list):  # one entry per frame (send_each)
                 self._each = result
             else:
-                self._ids, self._first_offset, self._duplicate = (result.message_ids, result.first_offset,
+                self._ids, self._first_offset, self._duplicate = (result.message_id_texts(), result.first_offset,
                                                                   result.duplicate)
 
     def frame(self, context: Any, index: int) -> str:
@@ -325,7 +319,7 @@ class _EntryAnswer:
             return send_error(context, *self._error)
         if self._duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
             return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
-        return (f'{{"result":"ok","messageId":"{self._ids[index].to_base64()}","context":{json_text(context)},'
+        return (f'{{"result":"ok","messageId":"{self._ids[index]}","context":{json_text(context)},'
                 f'"offset":{self._first_offset + index}}}')
 
 
@@ -335,5 +329,5 @@ def _each_frame(context: Any, outcome: PublishResult | MagnetarError) -> str:
         return send_error(context, UNKNOWN_ERROR, outcome.code, str(outcome))
     if outcome.duplicate:
         return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
-    return (f'{{"result":"ok","messageId":"{outcome.message_ids[0].to_base64()}","context":{json_text(context)},'
+    return (f'{{"result":"ok","messageId":"{outcome.message_id_texts()[0]}","context":{json_text(context)},'
             f'"offset":{outcome.first_offset}}}')

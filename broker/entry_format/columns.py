@@ -18,7 +18,6 @@ Invariant: offsets are gap-free, so the ``offset`` column is ``first_offset, fir
 from __future__ import annotations
 
 import base64
-import binascii
 import itertools
 import operator
 from collections.abc import Iterable
@@ -29,9 +28,8 @@ import pyarrow as pa
 
 from broker.entry_format.codec import common_batch_payload, decode_entry, decode_entry_payload
 from broker.entry_format.model import DecodedEntry
-from broker.entry_format.wire import encode_varint
 from broker.errors import CorruptEntry
-from broker.message_id import Position, message_id_bytes
+from broker.message_id import Position, message_id_bytes, message_ids_of_entry
 
 try:
     from broker.entry_format._range_columns import MalformedBatch, RangeColumns
@@ -72,7 +70,6 @@ ARROW_SCHEMA = pa.schema([
 ])
 """The columns of an Arrow range read; the Spark source's schema, with times in milliseconds."""
 
-_BATCH_INDEX_TAG = b"\x20"  # MessageIdData field 4 (batch_index), varint
 
 
 class Columns(Protocol):
@@ -93,33 +90,6 @@ class Columns(Protocol):
     def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
         """The columns as one ``ARROW_SCHEMA`` batch; call once, after the last ``add_entry``."""
         ...
-
-
-_BATCH_INDEX_SUFFIXES: list[bytes] = []
-"""``MessageIdData`` field 4 (batch_index) for index ``i``, built once per index ever needed."""
-
-
-def _batch_index_suffixes(stop: int) -> list[bytes]:
-    suffixes = _BATCH_INDEX_SUFFIXES
-    if len(suffixes) < stop:  # appends only: a concurrent reader sees a valid prefix of the table
-        suffixes.extend(_BATCH_INDEX_TAG + encode_varint(i) for i in range(len(suffixes), stop))
-    return suffixes
-
-
-def message_ids_of_entry(ledger_id: int, entry_id: int, partition: int, count: int, start: int = 0,
-                         stop: int | None = None) -> list[bytes]:
-    """Base64 ``MessageIdData`` (ASCII bytes) of messages ``start..stop`` of one entry of ``count``
-    messages, equal to ``MessageId.to_base64()``.
-
-    The entry's fields are serialized once; batch index is the last field written, so each
-    message's id is that prefix plus its batch index (a lone message has none, as in Pulsar).
-    """
-    prefix = message_id_bytes(ledger_id, entry_id, partition)
-    if count == 1:
-        return [binascii.b2a_base64(prefix, newline=False)]
-    stop = count if stop is None else stop
-    b2a = binascii.b2a_base64
-    return [b2a(prefix + suffix, newline=False) for suffix in _batch_index_suffixes(stop)[start:stop]]
 
 
 def _key_bytes(key: str | None, b64_encoded: bool) -> bytes | None:
