@@ -396,13 +396,22 @@ class ManagedLedger:
                         datas: list[bytes], added: list[AddResult]) -> None:
         error = ledger_future.exception()
         if error is not None:
-            with self._confirmed:
-                if self._failure is None and isinstance(error, MagnetarError):
-                    self._failure = error
-                self._in_flight -= 1
-                self._confirmed.notify_all()
+            self._add_failed(error)
             result.set_exception(error)
             return
+        self._confirm(info, datas, added)
+        result.set_result(added)
+
+    def _add_failed(self, error: BaseException) -> None:
+        with self._confirmed:
+            if self._failure is None and isinstance(error, MagnetarError):
+                self._failure = error
+            self._in_flight -= 1
+            self._confirmed.notify_all()
+
+    def _confirm(self, info: LedgerInfo, datas: Sequence[bytes], added: Sequence[AddResult]) -> None:
+        """Entries ``added`` (one add call's, in order) are durable: count them, cache them, tell
+        the listeners."""
         first, last = added[0], added[-1]
         size_bytes = sum(map(len, datas))
         with self._confirmed:
@@ -424,7 +433,6 @@ class ManagedLedger:
                    CachedEntry(data, add.first_offset, add.last_offset, add.publish_time_ms))
         for listener in list(self._listeners):
             listener()
-        result.set_result(added)
 
     def _check_writable(self) -> None:
         if self._terminated:
@@ -454,30 +462,10 @@ class ManagedLedger:
                   added: AddResult) -> None:
         error = ledger_future.exception()
         if error is not None:
-            with self._confirmed:
-                if self._failure is None and isinstance(error, MagnetarError):
-                    self._failure = error
-                self._in_flight -= 1
-                self._confirmed.notify_all()
+            self._add_failed(error)
             result.set_exception(error)
             return
-        with self._confirmed:
-            self._in_flight -= 1
-            info.entries = added.position.entry_id + 1
-            info.size_bytes += len(data)
-            info.messages = added.last_offset + 1 - info.first_offset
-            if added.position.entry_id == 0:
-                info.first_publish_ms = added.publish_time_ms
-            info.last_publish_ms = added.publish_time_ms
-            self._last_confirmed = added.position
-            self._entries_added += 1
-            self._bytes_added += len(data)
-            self._messages_added += added.last_offset - added.first_offset + 1
-            self._confirmed.notify_all()
-        self._cache.insert(added.position.ledger_id, added.position.entry_id,
-                           CachedEntry(data, added.first_offset, added.last_offset, added.publish_time_ms))
-        for listener in list(self._listeners):
-            listener()
+        self._confirm(info, (data,), (added,))
         result.set_result(added)
 
     def add_listener(self, listener: Callable[[], None]) -> None:

@@ -132,40 +132,36 @@ class ProducerSession:
 
     def _publish_batched(self, items: list[_Send | _Rejected]) -> None:
         """With batching: consecutive batchable frames make bursts of at most
-        ``batchingMaxMessages``, each stored as one entry per partition; the other frames, and
-        refusals, go alone, in frame order."""
-        burst: list[_Send] = []
-        batch_max = self.params.batch_messages_max
-        for item in items:
-            if isinstance(item, _Send) and self._batchable(item):
-                burst.append(item)
-                if len(burst) >= batch_max:
-                    self._publish_burst(burst)
-                    burst = []
-                continue
-            if burst:
-                self._publish_burst(burst)
-                burst = []
-            self._track_alone(item)
-        if burst:
-            self._publish_burst(burst)
+        ``batchingMaxMessages``, each stored as one entry per partition."""
+        self._in_runs(items, self._batchable, self._publish_burst, self.params.batch_messages_max)
 
     def _publish_each(self, items: list[_Send | _Rejected]) -> None:
-        """Frames without batching: each its own entry. The plain ones (no delivery time, no
-        expected offset) go to the broker in one call; the others, and refusals, alone, in
-        frame order."""
+        """Without batching: each frame its own entry, the plain ones (no delivery time, no
+        expected offset) in one broker call."""
+        self._in_runs(items, self._plain, self._track_each, len(items))
+
+    def _in_runs(self, items: list[_Send | _Rejected], joins: Callable[[_Send], bool],
+                 publish_run: Callable[[list[_Send]], None], run_max: int) -> None:
+        """Consecutive frames that ``joins`` accepts go to ``publish_run`` together (at most
+        ``run_max`` at a time); the others, and refusals, alone; all in frame order."""
         run: list[_Send] = []
         for item in items:
-            if isinstance(item, _Send) and item.produced.deliver_at_ms is None \
-                    and item.produced.expected_offset is None:
+            if isinstance(item, _Send) and joins(item):
                 run.append(item)
+                if len(run) >= run_max:
+                    publish_run(run)
+                    run = []
                 continue
             if run:
-                self._track_each(run)
+                publish_run(run)
                 run = []
             self._track_alone(item)
         if run:
-            self._track_each(run)
+            publish_run(run)
+
+    @staticmethod
+    def _plain(send: _Send) -> bool:
+        return send.produced.deliver_at_ms is None and send.produced.expected_offset is None
 
     def _track_each(self, sends: list[_Send]) -> None:
         try:
