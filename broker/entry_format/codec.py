@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import crc32c
 from google.protobuf.message import DecodeError
 
-from broker.entry_format.batch import decode_batch, encode_batch
+from broker.entry_format.batch import decode_batch, encode_batch, encode_checked_batch
 from broker.entry_format.broker_metadata import broker_prefix, split_prefix
 from broker.entry_format.compression import COMPRESSIONS, MAX_UNCOMPRESSED_SIZE_BYTES, Compression, compress, decompress
 from broker.entry_format.model import DecodedEntry, DecodedMessage, EntryPayload, Message
@@ -75,7 +75,10 @@ def _check_encode_arguments(
     compression: Compression,
     deliver_at_time_ms: int | None,
     schema_version: bytes | None,
+    messages_checked: bool = False,
 ) -> None:
+    """``InvalidRequest`` for the first bad argument; ``messages_checked``: each message already
+    passed :func:`_check_message`'s rules (the native batch encoder's checks)."""
     if not messages:
         raise InvalidRequest("an entry needs at least one message")
     if not isinstance(producer_name, str):
@@ -94,8 +97,9 @@ def _check_encode_arguments(
         raise InvalidRequest(f"deliver_at_time_ms must be a 64-bit integer, got {deliver_at_time_ms!r}")
     if schema_version is not None and not isinstance(schema_version, bytes):
         raise InvalidRequest("schema_version must be bytes")
-    for position, message in enumerate(messages):
-        _check_message(position, message)
+    if not messages_checked:
+        for position, message in enumerate(messages):
+            _check_message(position, message)
     first = messages[0].sequence_id
     if first is not None and first != sequence_id:
         raise InvalidRequest(f"the entry's sequence_id {sequence_id} must be its first message's ({first})")
@@ -159,35 +163,35 @@ def encode_entry(
     written when ``broker_timestamp_ms`` and ``index`` are given (both or neither). Raises
     ``InvalidRequest`` for bad arguments.
     """
-    _check_encode_arguments(
-        messages,
-        producer_name=producer_name,
-        sequence_id=sequence_id,
-        publish_time_ms=publish_time_ms,
-        compression=compression,
-        deliver_at_time_ms=deliver_at_time_ms,
-        schema_version=schema_version,
-    )
-    sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
-    if max(sequence_ids) > UINT64_MAX:
-        raise InvalidRequest(f"sequence ids from {sequence_id} on overflow 64 bits within this entry")
-    try:
-        batch = encode_batch(messages, sequence_ids)
-    except UnicodeEncodeError:
-        raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
-    if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
-        raise InvalidRequest(f"batch of {len(batch)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
+    checks = {"producer_name": producer_name, "sequence_id": sequence_id, "publish_time_ms": publish_time_ms,
+              "compression": compression, "deliver_at_time_ms": deliver_at_time_ms,
+              "schema_version": schema_version}
+    batch = _natively_checked_batch(messages, sequence_id)
+    if batch is not None:  # every message passed the native encoder's checks, which are _check_message's
+        sequence_ids, batch_bytes = batch
+        _check_encode_arguments(messages, **checks, messages_checked=True)  # type: ignore[arg-type]
+    else:
+        _check_encode_arguments(messages, **checks)  # type: ignore[arg-type]
+        sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
+        if max(sequence_ids) > UINT64_MAX:
+            raise InvalidRequest(f"sequence ids from {sequence_id} on overflow 64 bits within this entry")
+        try:
+            batch_bytes = encode_batch(messages, sequence_ids)
+        except UnicodeEncodeError:
+            raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
+    if len(batch_bytes) > MAX_UNCOMPRESSED_SIZE_BYTES:
+        raise InvalidRequest(f"batch of {len(batch_bytes)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
     metadata = _encode_metadata(
         messages,
         sequence_ids,
         producer_name=producer_name,
         publish_time_ms=publish_time_ms,
         compression=compression,
-        uncompressed_size=len(batch),
+        uncompressed_size=len(batch_bytes),
         deliver_at_time_ms=deliver_at_time_ms,
         schema_version=schema_version,
     )
-    body = _checksummed(metadata, compress(compression, batch))
+    body = _checksummed(metadata, compress(compression, batch_bytes))
     if broker_timestamp_ms is None and index is None:
         return body
     if broker_timestamp_ms is None or index is None:
@@ -199,7 +203,7 @@ def encode_single_entry(message: Message, *, producer_name: str, sequence_id: in
     the same bytes, written in one pass for the common message (payload, key, properties, event
     time). Anything else, including every argument ``encode_entry`` refuses, goes to
     ``encode_entry``, which refuses it the same way."""
-    payload, key, properties, event_time_ms, own_sequence_id = message[:5]
+    payload, key, _, event_time_ms, own_sequence_id = message[:5]
     if (type(payload) is not bytes or message[5] is not None or message[7] or message[8] or message[9]
             or (key is not None and type(key) is not str) or type(sequence_id) is not int
             or not 0 <= sequence_id <= UINT64_MAX or type(publish_time_ms) is not int
@@ -208,46 +212,76 @@ def encode_single_entry(message: Message, *, producer_name: str, sequence_id: in
             or (event_time_ms is not None and (type(event_time_ms) is not int or not 0 <= event_time_ms <= INT64_MAX))):
         return _encode_general(message, producer_name, sequence_id, publish_time_ms)
     varint = encode_varint
+    batch = encode_checked_batch((message,), [sequence_id])  # [size][SingleMessageMetadata][payload]
     try:
-        single = b""
-        if properties:
-            for name, value in properties.items():
-                if type(name) is not str or type(value) is not str:
-                    return _encode_general(message, producer_name, sequence_id, publish_time_ms)
-                pair = encode_key_value(name, value)
-                single += b"\x0a" + varint(len(pair)) + pair
+        if batch is None:
+            batch = _python_single_batch(message, sequence_id)
         key_field = b""
         if key is not None:
             key_bytes = key.encode()
             key_field = varint(len(key_bytes)) + key_bytes
-            single += b"\x12" + key_field
-        single += b"\x18" + varint(len(payload))
-        if event_time_ms is not None:
-            single += b"\x28" + varint(event_time_ms)
-        if key is not None:
-            single += b"\x30\x01" if message[6] else b"\x30\x00"
-        sequence = varint(sequence_id)
-        single += b"\x40" + sequence
         producer = producer_name.encode()
-    except UnicodeEncodeError:
+    except (UnicodeEncodeError, _NotPlain):
         return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    sequence = varint(sequence_id)
     metadata = b"\x0a" + varint(len(producer)) + producer + b"\x10" + sequence + b"\x18" + varint(publish_time_ms)
     if key is not None:
         metadata += b"\x32" + key_field + b"\x58\x01" + (b"\x88\x01\x01" if message[6] else b"\x88\x01\x00")
     else:
         metadata += b"\x58\x01"
     metadata += b"\xc0\x01" + sequence
-    head = U32.pack(len(metadata)) + metadata
-    batch_head = U32.pack(len(single)) + single
-    if len(batch_head) + len(payload) > MAX_UNCOMPRESSED_SIZE_BYTES:
+    if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
         return _encode_general(message, producer_name, sequence_id, publish_time_ms)
-    checksum = crc32c.crc32c(payload, crc32c.crc32c(batch_head, crc32c.crc32c(head)))
-    return _CHECKSUM_MAGIC + U32.pack(checksum) + head + batch_head + payload
+    head = U32.pack(len(metadata)) + metadata
+    checksum = crc32c.crc32c(batch, crc32c.crc32c(head))
+    return _CHECKSUM_MAGIC + U32.pack(checksum) + head + batch
+
+
+class _NotPlain(Exception):
+    """A message the one-pass encoder leaves to ``encode_entry``."""
+
+
+def _python_single_batch(message: Message, sequence_id: int) -> bytes:
+    """``encode_batch([message], [sequence_id])`` for a message already checked by
+    :func:`encode_single_entry`, without the native encoder; ``_NotPlain`` for properties that
+    are not all str."""
+    payload, key, properties, event_time_ms = message[:4]
+    varint = encode_varint
+    single = b""
+    if properties:
+        for name, value in properties.items():
+            if type(name) is not str or type(value) is not str:
+                raise _NotPlain
+            pair = encode_key_value(name, value)
+            single += b"\x0a" + varint(len(pair)) + pair
+    if key is not None:
+        key_bytes = key.encode()
+        single += b"\x12" + varint(len(key_bytes)) + key_bytes
+    single += b"\x18" + varint(len(payload))
+    if event_time_ms is not None:
+        single += b"\x28" + varint(event_time_ms)
+    if key is not None:
+        single += b"\x30\x01" if message[6] else b"\x30\x00"
+    single += b"\x40" + varint(sequence_id)
+    return U32.pack(len(single)) + single + payload
 
 
 def _encode_general(message: Message, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
     return encode_entry((message,), producer_name=producer_name, sequence_id=sequence_id,
                         publish_time_ms=publish_time_ms)
+
+
+def _natively_checked_batch(messages: Sequence[Message], sequence_id: int) -> tuple[list[int], bytes] | None:
+    """The sequence ids and batch payload of ``messages`` from the native encoder, when it takes
+    every one of them as it is (see ``_batch_encoder.c``); None otherwise."""
+    if type(sequence_id) is not int or not messages:
+        return None
+    try:
+        sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
+    except AttributeError:  # not Messages: the checks say so
+        return None
+    batch = encode_checked_batch(messages, sequence_ids)
+    return None if batch is None else (sequence_ids, batch)
 
 
 def _checksummed(metadata: bytes, payload: bytes) -> bytes:

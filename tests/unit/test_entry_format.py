@@ -717,6 +717,11 @@ def test_the_single_message_encoder_writes_encode_entrys_bytes(message: Message,
         assert str(refused.value) == str(exc)
         return
     assert encode_single_entry(message, **kwargs) == expected  # type: ignore[arg-type]
+    from broker.entry_format import batch
+
+    with pytest.MonkeyPatch.context() as patch:  # and without the native batch encoder
+        patch.setattr(batch, "NATIVE_BATCH_ENCODER", False)
+        assert encode_single_entry(message, **kwargs) == expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [
@@ -843,3 +848,45 @@ def test_the_prefix_fast_path_reads_what_the_general_parser_reads(timestamp: int
         assert str(raised.value) == str(exc)
         return
     assert broker_metadata.split_prefix(raw) == expected
+
+
+odd_messages = st.builds(
+    Message,
+    payload=st.binary(max_size=50) | st.text(max_size=5) | st.just(bytearray(b"ba")),
+    key=st.none() | st.text(max_size=8) | st.just("\ud800") | st.just(b"k"),
+    properties=st.dictionaries(st.text(max_size=6) | st.just("\udfff"), st.text(max_size=6) | st.just(7), max_size=3)
+    | st.just({}),
+    event_time_ms=st.none() | st.integers(min_value=-2, max_value=(1 << 64)) | st.just(True),
+    sequence_id=st.none() | st.integers(min_value=-1, max_value=(1 << 64) + 1),
+    ordering_key=st.none() | st.binary(max_size=4) | st.just("ok"),
+    key_b64_encoded=st.booleans() | st.just(1),
+    null_value=st.booleans(),
+    null_key=st.booleans() | st.just(0),
+    compacted_out=st.booleans(),
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=st.lists(messages_strategy | odd_messages, min_size=1, max_size=5),
+       sequence_id=st.integers(min_value=-1, max_value=UINT64_MAX) | st.just("3"),
+       compression=st.sampled_from(list(Compression)))
+def test_the_native_batch_encoder_writes_and_refuses_what_the_python_encoder_does(
+        messages: list[Message], sequence_id: int, compression: Compression) -> None:
+    """encode_entry gives the same bytes, or the same refusal, with the native batch encoder and
+    without it, for well-formed and odd messages alike."""
+    from broker.entry_format import batch
+
+    assert batch.NATIVE_BATCH_ENCODER, "the native batch encoder was not built (setup.py needs a C compiler)"
+
+    def encoded() -> bytes | str:
+        try:
+            return encode_entry(messages, producer_name="p", sequence_id=sequence_id, publish_time_ms=1,
+                                compression=compression)
+        except InvalidRequest as exc:
+            return f"refused: {exc}"
+
+    native = encoded()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch, "NATIVE_BATCH_ENCODER", False)
+        python = encoded()
+    assert native == python
