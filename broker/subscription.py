@@ -49,11 +49,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 import mmh3
 
 from broker.cursor import ManagedCursor
-from broker.entry_format import DecodedMessage, decode_entry
+from broker.entry_format import DecodedMessage, decode_messages
 from broker.errors import ConsumerBusy, InvalidRequest, NotAllowed
 from broker.message_id import MessageId
 
@@ -105,9 +106,8 @@ class SubscriptionLimits:
     unacked_messages_max: int = 200_000
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One message handed to one consumer."""
+class Delivery(NamedTuple):
+    """One message handed to one consumer (a named tuple: one is built per message delivered)."""
 
     message_id: MessageId
     offset: int
@@ -452,16 +452,16 @@ class Subscription:
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
         for entry in self.cursor.read_entries(self._entries_to_read()):
-            decoded = decode_entry(entry.data)
-            single = len(decoded.messages) == 1
-            for message in decoded.messages:
+            messages, deliver_at_ms = decode_messages(entry.data)
+            single = len(messages) == 1
+            deliver_at = deliver_at_ms or 0
+            for message in messages:
                 assert message.offset is not None
                 if self.cursor.is_acked(message.offset):
                     continue
-                mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.partition,
-                                -1 if single else message.batch_index)
+                mid = MessageId.of_stored(entry.position.ledger_id, entry.position.entry_id, self.partition,
+                                          -1 if single else message.batch_index)
                 item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message))
-                deliver_at = decoded.deliver_at_time_ms or 0
                 if deliver_at > now_ms and self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
                     item.deliver_at_ms = deliver_at
                     heapq.heappush(self._later, (deliver_at, message.offset, item))
