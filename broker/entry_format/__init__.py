@@ -62,11 +62,14 @@ from broker.entry_format.broker_metadata import (
     peek_broker_entry_metadata,
     strip_broker_entry_metadata,
     with_broker_entry_metadata,
+    with_broker_entry_metadata_each,
 )
 from broker.entry_format.codec import (
     decode_entry,
     decode_entry_payload,
+    decode_messages,
     encode_entry,
+    encode_single_entry,
     message_count,
     split_entry_payload,
 )
@@ -85,12 +88,15 @@ __all__ = [
     "EntryPayload",
     "Message",
     "decode_entry",
+    "decode_messages",
     "decode_entry_payload",
     "encode_entry",
+    "encode_single_entry",
     "encode_varint",
     "message_count",
     "peek_broker_entry_metadata",
     "split_entry_payload",
     "strip_broker_entry_metadata",
     "with_broker_entry_metadata",
+    "with_broker_entry_metadata_each",
 ]

@@ -135,6 +135,23 @@ def test_two_websocket_writers_race_on_one_key_and_exactly_one_wins_each_round(
     assert [base64.b64decode(m["payload"]).decode() for m in stored] == winners
 
 
+def test_a_burst_of_plain_keyed_websocket_frames_gets_dense_versions(server: tuple[str, BrokerService]) -> None:
+    url, _ = server
+    keys = [f"burst-{i % 3}" for i in range(30)]  # frames that arrive together go to the broker as one group
+    with open_ws(f"{ws_base(url)}/ws/v2/producer/persistent/{TOPIC}?producerName=burst") as producer:
+        for index, key in enumerate(keys):
+            send_frame(producer, {"payload": b64(f"{key}:{index}"), "key": key, "context": str(index)})
+        results = [recv_frame(producer) for _ in keys]
+    assert all(r["result"] == "ok" for r in results), results
+    assert [r["keyVersion"] for r in results] == [i // 3 for i in range(30)]
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for key in sorted(set(keys)):
+            stored = read_all(client, key)
+            assert [m["keyVersion"] for m in stored] == list(range(10))
+            assert [m["offset"] for m in stored] == [r["offset"] for r, k in zip(results, keys, strict=True)
+                                                     if k == key]
+
+
 def test_a_multi_key_request_is_all_or_nothing(server: tuple[str, BrokerService]) -> None:
     url, service = server
     with httpx.Client(base_url=url, timeout=30) as client:
