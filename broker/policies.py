@@ -6,9 +6,10 @@ Role: a namespace's policies document (``broker/namespaces.py``) is changed one 
 (400) with a message that states the bound. The bounds (the README's "Namespace policies" table):
 
 ========================== ==================================================================
-``retention_policies``     ``retentionTimeInMinutes`` -1 (unlimited) or 0..2^31-1 (Pulsar's
-                           ``int``); ``retentionSizeInMB`` -1 (unlimited) or 0..2^43-1 (so the
-                           size in bytes fits a signed 64-bit integer)
+``retention_policies``     null (the broker's default retention) or ``retentionTimeInMinutes``
+                           -1 (unlimited) or 0..2^31-1 (Pulsar's ``int``) and
+                           ``retentionSizeInMB`` -1 (unlimited) or 0..2^43-1 (so the size in
+                           bytes fits a signed 64-bit integer)
 ``message_ttl_in_seconds`` null (none) or 0..2^31-1 (0: none; Pulsar's ``Integer``, ~68 years)
 ``deduplicationEnabled``   null (the broker's default), true or false
 ``auth_policies``          ``namespace_auth``: at most ``GRANTED_ROLES_MAX`` roles of 1..256
@@ -45,7 +46,9 @@ def _bounded(name: str, value: Any, low: int, high: int, bound: str) -> int:
     return value
 
 
-def _retention(value: Any) -> dict[str, int]:
+def _retention(value: Any) -> dict[str, int] | None:
+    if value is None:  # no policy of its own: the broker's default retention applies
+        return None
     if not isinstance(value, Mapping):
         raise InvalidRequest("retention_policies must be an object with retentionTimeInMinutes and retentionSizeInMB")
     return {"retentionTimeInMinutes": _bounded(
