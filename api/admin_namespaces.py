@@ -29,6 +29,7 @@ CLUSTERS = frozenset({"standalone"})
 """The clusters a tenant may be allowed on: standalone runs one, named as in Pulsar."""
 ROLES_PER_LIST_MAX = 1000
 """Longest ``adminRoles`` / ``allowedClusters`` list a tenant may be given."""
+BUNDLES_MAX = 1024
 GRANTABLE_ACTIONS = frozenset(a.value for a in Action)
 """Pulsar also knows functions/sources/sinks/packages; Magnetar enforces only these."""
 
@@ -48,10 +49,18 @@ class RetentionPolicies(BaseModel):
     retentionSizeInMB: StrictInt = Field(ge=-1)  # noqa: N815
 
 
+class BundlesData(BaseModel):
+    """Pulsar's ``BundlesData`` at creation: how many equal hash ranges (cluster brokers own them)."""
+
+    model_config = ConfigDict(extra="ignore")
+    numBundles: StrictInt = Field(ge=1, le=BUNDLES_MAX)  # noqa: N815
+
+
 class NamespacePolicies(BaseModel):
     """The subset of Pulsar's ``Policies`` a namespace can be created with."""
 
     model_config = ConfigDict(extra="ignore")
+    bundles: BundlesData | None = None
     retention_policies: RetentionPolicies | None = None
     message_ttl_in_seconds: StrictInt | None = Field(default=None, ge=0)
     deduplicationEnabled: StrictBool | None = None  # noqa: N815

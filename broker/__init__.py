@@ -13,6 +13,8 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``);
+- where a topic is served (``lookup``, a ``LookupResult``; on a cluster broker a topic owned
+  elsewhere raises ``TopicNotOwned``, which each transport turns into its redirect);
 - the error hierarchy, mapped once per transport.
 """
 
@@ -32,9 +34,12 @@ from broker.errors import (
     NotFound,
     OffsetMismatch,
     PreconditionFailed,
+    ServiceUnitNotReady,
+    TopicNotOwned,
     TopicTerminated,
     Unauthorized,
 )
+from broker.lookup import BrokerAddress, LookupResult
 from broker.message_fields import (
     MESSAGE_FIELDS,
     OFFSET_MAX,
@@ -72,6 +77,7 @@ __all__ = [
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
     "AlreadyExists",
+    "BrokerAddress",
     "BrokerConfig",
     "BrokerService",
     "BrokerStats",
@@ -91,6 +97,7 @@ __all__ = [
     "InternalStats",
     "InvalidRequest",
     "LedgerView",
+    "LookupResult",
     "MagnetarError",
     "Message",
     "MessageId",
@@ -109,6 +116,7 @@ __all__ = [
     "QuorumConfig",
     "RangeRead",
     "Reader",
+    "ServiceUnitNotReady",
     "StartPosition",
     "StorageStats",
     "StoredMessage",
@@ -116,6 +124,7 @@ __all__ = [
     "SubscriptionStats",
     "TopicAdmin",
     "TopicName",
+    "TopicNotOwned",
     "TopicStats",
     "TopicTerminated",
     "Unauthorized",

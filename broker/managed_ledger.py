@@ -45,6 +45,7 @@ from broker.errors import (
     NoSuchEntry,
     NotFound,
     OffsetMismatch,
+    ServiceUnitNotReady,
     TopicTerminated,
 )
 from broker.ledger import LedgerHandle, LedgerManager
@@ -157,6 +158,8 @@ class ManagedLedger:
         """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
         self.properties: dict[str, str] = {}
         self._failure: MagnetarError | None = None
+        self._closed = False
+        """Closed or abandoned by this broker (its bundle went elsewhere): no more appends."""
         self._read_handles: dict[int, LedgerHandle] = {}
         self._position_hints = PositionHints()
         self._samples = SampleStore(self._store, self._path)
@@ -258,6 +261,7 @@ class ManagedLedger:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._current is not None:
                 self._close_current()
                 self._save()
@@ -338,7 +342,16 @@ class ManagedLedger:
                 Position(info.ledger_id, entry_id), first_offset, last_offset, publish_ms)))
         return result
 
+    def abandon(self) -> None:
+        """Stop appending without writing anything (this broker lost the topic's bundle with
+        its ZooKeeper session): whoever serves the topic next recovers the current ledger by
+        fencing it, which also fails any append still in flight here."""
+        with self._lock:
+            self._closed = True
+
     def _check_writable(self) -> None:
+        if self._closed:
+            raise ServiceUnitNotReady(f"topic {self.display_name} is no longer served by this broker")
         if self._terminated:
             raise TopicTerminated(f"topic {self.display_name} is terminated")
         if self._failure is not None:
