@@ -10,7 +10,14 @@ Invariants:
   calls; a result is matched to its future by ``context``, never by position.
 - No future waits forever: a publish without an answer after ``send_timeout_ms`` fails with
   ``SendTimeout``; when the connection ends every pending future fails with
-  ``ConnectionClosed``.
+  ``ConnectionClosed``, unless the producer reconnects.
+- A producer made with a ``connector`` (``AsyncClient.create_producer(reconnect=True)``) that
+  loses its connection without closing it (the broker died, or its topic moved
+  to another broker) connects again through a lookup, within the connector's bounded time, and
+  sends every unanswered publish again, in order, before any new one. With a producer name and
+  sequence ids (``initial_sequence_id`` makes the producer number its messages) the broker's
+  deduplication stores a resent publish once; without, a resent publish that had been stored
+  but not answered is stored again (at least once). ``reconnects`` counts the reconnections.
 """
 
 from __future__ import annotations
@@ -19,13 +26,14 @@ import asyncio
 import base64
 import contextlib
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
 from consumers.client._session import Session
-from consumers.client.errors import ConnectionClosed, SendError, SendTimeout
+from consumers.client.errors import ClientError, ConnectionClosed, SendError, SendTimeout
 from consumers.client.types import SendResult, iso_time
 
 PENDING_MESSAGES_DEFAULT = 1000
@@ -35,16 +43,22 @@ SEND_TIMEOUT_CHECK_S_MAX = 0.5
 UNKNOWN_ERROR_RESULT_CODE = 8
 
 
+Connector = Callable[[], Awaitable[ClientConnection]]
+"""Opens a new session on the same topic (a lookup first); raises ``ClientError`` when it gives up."""
+
+
 @dataclass
 class _Pending:
     future: asyncio.Future[SendResult]
     deadline_s: float
+    frame: dict[str, Any]
 
 
 class AsyncProducer:
     """Create with ``AsyncClient.create_producer``."""
 
-    def __init__(self, ws: ClientConnection, topic: str, *, max_pending_messages: int, send_timeout_ms: int) -> None:
+    def __init__(self, ws: ClientConnection, topic: str, *, max_pending_messages: int, send_timeout_ms: int,
+                 connector: Connector | None = None, first_sequence_id: int | None = None) -> None:
         if not 1 <= max_pending_messages <= PENDING_MESSAGES_MAX:
             raise ValueError(f"max_pending_messages must be in 1..{PENDING_MESSAGES_MAX}")
         self.topic = topic
@@ -54,6 +68,13 @@ class AsyncProducer:
         self._contexts = itertools.count()
         self._send_timeout_s = send_timeout_ms / 1000
         self._watchdog = self._loop.create_task(self._expire_loop()) if send_timeout_ms > 0 else None
+        self._connector = connector
+        self._sequence_ids = itertools.count(first_sequence_id) if first_sequence_id is not None else None
+        self._ready = asyncio.Event()
+        self._ready.set()
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._closing = False
+        self.reconnects = 0
         self._session = Session(ws, f"producer on {topic}", self._on_frame, self._on_end)
 
     @property
@@ -77,12 +98,16 @@ class AsyncProducer:
                          deliver_at_ms: int | None = None, sequence_id: int | None = None,
                          expected_offset: int | None = None) -> asyncio.Future[SendResult]:
         """Start a publish; waits only while ``max_pending_messages`` are already in flight."""
+        if sequence_id is None and self._sequence_ids is not None:
+            sequence_id = next(self._sequence_ids)
         frame = _send_frame(payload, key, properties, event_time_ms, deliver_after_ms, deliver_at_ms, sequence_id)
         if expected_offset is not None:
             frame["expectedOffset"] = expected_offset
+        await self._ready.wait()  # bounded: a reconnection ends within its connector's time
         self._session.check_open()
         await self._slots.acquire()
         try:
+            await self._ready.wait()
             self._session.check_open()
         except ConnectionClosed:
             self._slots.release()
@@ -90,10 +115,12 @@ class AsyncProducer:
         context = str(next(self._contexts))
         frame["context"] = context
         future: asyncio.Future[SendResult] = self._loop.create_future()
-        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s)
+        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s, frame)
         try:
             await self._session.send_json(frame)
         except ConnectionClosed:
+            if self._reconnecting is not None:
+                return future  # kept pending: the reconnection sends it again
             self._finish(context)
             if future.done():
                 future.exception()  # the caller gets the error raised here instead
@@ -108,9 +135,12 @@ class AsyncProducer:
 
     async def close(self) -> None:
         """Flush (bounded by the send timeout), then close the session."""
-        if not self._session.closed:
+        if not self._session.closed or self._reconnecting is not None:
             with contextlib.suppress(ConnectionClosed):
                 await self.flush()
+        self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
         if self._watchdog is not None:
             self._watchdog.cancel()
         await self._session.close()
@@ -148,6 +178,36 @@ class AsyncProducer:
         future.set_exception(SendError(message.removeprefix(prefix), code=code, result_code=result_code))
 
     def _on_end(self, error: ConnectionClosed) -> None:
+        if self._connector is not None and not error.by_client and not self._closing \
+                and self._session.may_reconnect:
+            self._ready.clear()
+            self._reconnecting = self._loop.create_task(self._reconnect(error))
+            return
+        self._fail_pending(error)
+
+    async def _reconnect(self, lost: ConnectionClosed) -> None:
+        """Open a new session and send every unanswered publish again, in order; on failure
+        fail them all with the error that ended the old session."""
+        assert self._connector is not None
+        try:
+            ws = await self._connector()
+        except ClientError as exc:
+            lost.__cause__ = exc
+            self._reconnecting = None
+            self._fail_pending(lost)
+            self._ready.set()
+            return
+        self._session = Session(ws, f"producer on {self.topic}", self._on_frame, self._on_end)
+        self.reconnects += 1
+        for pending in list(self._pending.values()):
+            try:
+                await self._session.send_json(pending.frame)
+            except ConnectionClosed:
+                return  # the new session ended too: its _on_end started another reconnection
+        self._reconnecting = None
+        self._ready.set()
+
+    def _fail_pending(self, error: ConnectionClosed) -> None:
         for context in list(self._pending):
             future = self._finish(context)
             if future is not None:

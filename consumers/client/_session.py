@@ -30,6 +30,14 @@ WS_FRAME_BYTES_MAX = 16 * 1024 * 1024  # a 5 MiB message is ~7 MiB of base64 JSO
 OPEN_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
 REFUSAL_TEXT_MAX = 500
+RECONNECT_CLOSE_CODES = frozenset({1001, 1006, 1011, 1012, 1013})
+"""Close codes after which a session may be opened again: going away, a broken connection,
+an internal error or missed keepalive, a service restart (the topic moved), try again later.
+A policy refusal (1008), a normal closure or a deleted topic are final."""
+PING_INTERVAL_S = 5.0
+PING_TIMEOUT_S = 10.0
+"""Keepalive: a broker that answers no ping for this long (stopped, partitioned) is given up,
+so a session on it can reconnect to the topic's next owner."""
 
 
 def ws_url(service_url: str, path: str, query: dict[str, Any]) -> str:
@@ -52,7 +60,8 @@ def auth_headers(token: str | None) -> dict[str, str]:
 async def open_connection(url: str, token: str | None) -> ClientConnection:
     try:
         return await connect(url, additional_headers=auth_headers(token) or None, max_size=WS_FRAME_BYTES_MAX,
-                             open_timeout=OPEN_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S, compression=None)
+                             open_timeout=OPEN_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S, compression=None,
+                             ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S)
     except InvalidStatus as exc:
         raise _refusal(exc) from None
     except (OSError, TimeoutError, InvalidHandshake) as exc:
@@ -93,6 +102,12 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._ended is not None or self._closing
+
+    @property
+    def may_reconnect(self) -> bool:
+        """The session ended in a way a new one may fix (``RECONNECT_CLOSE_CODES``)."""
+        code = self._ws.close_code
+        return code is None or code in RECONNECT_CLOSE_CODES
 
     def check_open(self) -> None:
         if self._ended is not None:
