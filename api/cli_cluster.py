@@ -77,6 +77,8 @@ def run_bookie(args: argparse.Namespace) -> int:
 
 
 def run_broker(args: argparse.Namespace) -> int:
+    import logging
+
     import uvicorn
 
     from api.app import create_app, server_options
@@ -109,6 +111,7 @@ def run_broker(args: argparse.Namespace) -> int:
         args.metadata_store, network=BookieNetworkConfig(request_timeout_ms=args.bookie_timeout_ms),
         autorecovery=autorecovery, session_timeout_s=args.zk_session_timeout_s,
         identifier=broker_id, ownership=ownership))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_file_limit()
     app = create_app(BrokerService(config.data_dir, broker_config, cluster=cluster), auth=config.auth,
                      limits=config.limits)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from broker.errors import (
     BadVersion,
     DataLost,
     InvalidRequest,
+    LedgerFenced,
     MagnetarError,
     MessageTooLarge,
     NoSuchEntry,
@@ -55,6 +57,8 @@ from broker.offset_index import LedgerInfo, PositionHints, SampleStore, ledger_h
 from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name
 from storage import new_future
+
+log = logging.getLogger(__name__)
 
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
@@ -379,6 +383,9 @@ class ManagedLedger:
                   added: AddResult) -> None:
         error = ledger_future.exception()
         if error is not None:
+            if isinstance(error, LedgerFenced) and self._failure is None:
+                log.warning("append to ledger %d of %s failed: fenced (another broker recovered it)",
+                            info.ledger_id, self.display_name)
             with self._confirmed:
                 if self._failure is None and isinstance(error, MagnetarError):
                     self._failure = error

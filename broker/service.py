@@ -358,11 +358,13 @@ class BrokerService:
             subscriptions = []
             for name in names:
                 self._compactors.pop(name, None)
+                self.factory.forget(name.managed_ledger_name)  # reloaded fresh if the bundle comes back
                 for sub_name, subscription in self._subscriptions_by_topic.pop(name, {}).items():
                     self._subscriptions.pop((name, sub_name), None)
                     subscriptions.append(subscription)
         for subscription in subscriptions:
             for consumer in list(subscription.consumers):
+                consumer.unloaded = True
                 consumer.close()
                 if consumer.listener is not None:
                     consumer.listener()

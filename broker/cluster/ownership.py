@@ -165,6 +165,7 @@ class OwnershipManager:
         self._clock = clock
         self._lock = threading.RLock()
         self._owned: dict[Bundle, str] = {}  # bundle -> ownership znode path
+        self._releasing: set[Bundle] = set()
         self._serving = False
         self._closed = False
         self._counters = _Counters()
@@ -328,23 +329,30 @@ class OwnershipManager:
         self._require_owned(bundle)
         with self._lock:
             path = self._owned.pop(bundle)
-        self._notify_lost(bundle, graceful=True)
-        for _ in range(POLICY_CAS_ATTEMPTS_MAX):
-            policies, version = self._store.get_json(f"{POLICIES}/{namespace}") or ({}, -1)
-            current = NamespaceBundles.from_policy(namespace, policies[POLICY_KEY])
-            divided = current.split(bundle)
-            try:
-                self._store.put_json(f"{POLICIES}/{namespace}", {**policies, POLICY_KEY: divided.to_policy()},
-                                     version)
-                break
-            except BadVersion:
-                continue
-        else:
-            raise ServiceUnitNotReady(f"the policies of {namespace} keep changing; retry")
-        self._delete_quietly(path)
+            self._releasing.add(bundle)
+        try:
+            self._disable(bundle)
+            self._notify_lost(bundle, graceful=True)
+            divided = self._write_split(namespace, bundle)
+            self._delete_quietly(path)
+        finally:
+            with self._lock:
+                self._releasing.discard(bundle)
         self._counters.released += 1
         self._publish_report()
         return [b for b in divided.bundles if bundle.lower <= b.lower and b.upper <= bundle.upper]
+
+    def _write_split(self, namespace: str, bundle: Bundle) -> NamespaceBundles:
+        for _ in range(POLICY_CAS_ATTEMPTS_MAX):
+            policies, version = self._store.get_json(f"{POLICIES}/{namespace}") or ({}, -1)
+            divided = NamespaceBundles.from_policy(namespace, policies[POLICY_KEY]).split(bundle)
+            try:
+                self._store.put_json(f"{POLICIES}/{namespace}", {**policies, POLICY_KEY: divided.to_policy()},
+                                     version)
+                return divided
+            except BadVersion:
+                continue
+        raise ServiceUnitNotReady(f"the policies of {namespace} keep changing; retry")
 
     def _require_owned(self, bundle: Bundle) -> None:
         with self._lock:
@@ -520,7 +528,9 @@ class OwnershipManager:
         """The node names this broker: keep it if this session created it (a suspended session
         that survived), else wait for the old session's node to go."""
         path = self._owner_path(bundle)
-        stat = self._client.exists(path)
+        with self._lock:
+            releasing = bundle in self._releasing
+        stat = None if releasing else self._client.exists(path)
         if stat is not None and stat.ephemeralOwner == self._client.client_id[0] and \
                 bundle in self.bundles(bundle.namespace).bundles:
             with self._lock:
@@ -529,10 +539,27 @@ class OwnershipManager:
         time.sleep(0.05)
         return False
 
+    def _disable(self, bundle: Bundle) -> None:
+        """Mark the ownership node ``disabled`` (Pulsar's flag for a bundle being unloaded):
+        lookups answer 'not ready' until the node is gone, instead of sending clients here."""
+        data = json.loads(self._ownership_data())
+        data["disabled"] = True
+        try:
+            self._client.set(self._owner_path(bundle), json.dumps(data, sort_keys=True).encode())
+        except KazooException:
+            log.warning("could not mark %s disabled", bundle.key)
+
     def _release(self, bundle: Bundle, *, graceful: bool) -> None:
         with self._lock:
             path = self._owned.pop(bundle, None)
-        self._notify_lost(bundle, graceful=graceful)
+            self._releasing.add(bundle)
+        try:
+            if path is not None:
+                self._disable(bundle)
+            self._notify_lost(bundle, graceful=graceful)
+        finally:
+            with self._lock:
+                self._releasing.discard(bundle)
         if path is not None:
             self._delete_quietly(path)
             self._counters.released += 1
