@@ -595,7 +595,7 @@ class OwnershipManager:
                 bundles = list(self._owned)
                 if state == KazooState.LOST:
                     self._owned.clear()
-            if was_serving or state == KazooState.LOST:
+            if was_serving:  # after a suspension, a loss finds the topics dropped already
                 log.warning("ZooKeeper session %s: stop serving %d bundles", state.lower(), len(bundles))
                 threading.Thread(target=self._drop_all, args=(bundles,), name="magnetar-ownership-drop",
                                  daemon=True).start()
