@@ -212,7 +212,8 @@ def send_clicks(client: Client, topic: str, shape: StreamShape, *, count: int | 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Send a bounded, seeded stream of click events to Magnetar.")
-    parser.add_argument("--service-url", default="http://127.0.0.1:8080", help="broker URL (http://host:port; a cluster: several, comma-separated)")
+    parser.add_argument("--service-url", default="http://127.0.0.1:8080",
+                        help="broker URL (http://host:port; a cluster: several, comma-separated)")
     parser.add_argument("--topic", default=DEFAULT_TOPIC)
     parser.add_argument("--count", type=int, help="clicks to send (the end marker is extra)")
     parser.add_argument("--duration-s", type=float, help="stop sending after this many seconds")
