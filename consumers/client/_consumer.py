@@ -33,7 +33,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from consumers.client._session import Session
+from consumers.client._session import Connector, Reconnection, Session
 from consumers.client.errors import ClientError, ConnectionClosed, ConsumerError, ReceiveTimeout
 from consumers.client.types import Message, MessageIdParts, Topic, epoch_ms
 
@@ -47,8 +47,6 @@ OffsetsFetcher = Callable[[], Awaitable[dict[str, dict[str, int]]]]
 """Per partition full name: ``{"first": first retained offset, "next": next offset}``."""
 IdProbe = Callable[[str, int], Awaitable[str | None]]
 """The message id stored at an offset of a partition, or None."""
-Connector = Callable[[], Awaitable[ClientConnection]]
-"""Opens the session again (a lookup first); raises ``ClientError`` when it gives up."""
 
 
 def _error_of(frame: dict[str, Any]) -> ConsumerError:
@@ -71,23 +69,20 @@ class _Receiving:
         self._control: asyncio.Future[dict[str, Any]] | None = None
         self._ended: ConnectionClosed | None = None
         self._description = description
-        self._connector = connector
-        self._ready = asyncio.Event()
-        self._ready.set()
-        self._reconnecting: asyncio.Task[None] | None = None
-        self._closing = False
-        self.reconnects = 0
+        self._reconnection = Reconnection(connector)
         self._session = Session(ws, description, self._on_frame, self._on_end)
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnection.count
 
     async def _send(self, frame: dict[str, Any]) -> None:
         """Send on the current session, waiting (bounded by the connector) for a reconnection."""
-        await self._ready.wait()
+        await self._reconnection.ready.wait()
         await self._session.send_json(frame)
 
     async def _close(self) -> None:
-        self._closing = True
-        if self._reconnecting is not None:
-            self._reconnecting.cancel()
+        self._reconnection.close()
         await self._session.close()
 
     async def _receive(self, timeout_ms: int | None) -> Message:
@@ -156,29 +151,18 @@ class _Receiving:
             await self._queue.put(_error_of(frame))
 
     def _on_end(self, error: ConnectionClosed) -> None:
-        if self._connector is not None and not error.by_client and not self._closing \
-                and self._session.may_reconnect:
-            self._ready.clear()
+        if self._reconnection.wanted(error, self._session):
             if self._control is not None:
                 self._control.cancel()
-            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect(error))
+            self._reconnection.start(lambda: self._reconnect(error))
             return
         self._finish(error)
 
     async def _reconnect(self, lost: ConnectionClosed) -> None:
-        assert self._connector is not None
-        try:
-            ws = await self._connector()
-        except ClientError as exc:
-            lost.__cause__ = exc
-            self._reconnecting = None
-            self._finish(lost)
-            self._ready.set()
-            return
-        self._session = Session(ws, self._description, self._on_frame, self._on_end)
-        self.reconnects += 1
-        self._reconnecting = None
-        self._ready.set()
+        ws = await self._reconnection.connect(lost, self._finish)
+        if ws is not None:
+            self._session = Session(ws, self._description, self._on_frame, self._on_end)
+            self._reconnection.finished()
 
     def _finish(self, error: ConnectionClosed) -> None:
         self._ended = error
@@ -231,7 +215,7 @@ class AsyncConsumer(_Receiving):
 
     async def unsubscribe(self) -> None:
         """Delete the subscription (refused while other consumers are attached); ends this consumer."""
-        self._closing = True
+        self._reconnection.closing = True
         await self._control_request({"type": "unsubscribe"}, ends_session=True)
         await self._close()
 

@@ -26,14 +26,13 @@ import asyncio
 import base64
 import contextlib
 import itertools
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from consumers.client._session import Session
-from consumers.client.errors import ClientError, ConnectionClosed, SendError, SendTimeout
+from consumers.client._session import Connector, Reconnection, Session
+from consumers.client.errors import ConnectionClosed, SendError, SendTimeout
 from consumers.client.types import SendResult, iso_time
 
 PENDING_MESSAGES_DEFAULT = 1000
@@ -41,10 +40,6 @@ PENDING_MESSAGES_MAX = 10_000  # the broker's own bound on maxPendingMessages
 SEND_TIMEOUT_MS_DEFAULT = 30_000
 SEND_TIMEOUT_CHECK_S_MAX = 0.5
 UNKNOWN_ERROR_RESULT_CODE = 8
-
-
-Connector = Callable[[], Awaitable[ClientConnection]]
-"""Opens a new session on the same topic (a lookup first); raises ``ClientError`` when it gives up."""
 
 
 @dataclass
@@ -68,14 +63,13 @@ class AsyncProducer:
         self._contexts = itertools.count()
         self._send_timeout_s = send_timeout_ms / 1000
         self._watchdog = self._loop.create_task(self._expire_loop()) if send_timeout_ms > 0 else None
-        self._connector = connector
         self._sequence_ids = itertools.count(first_sequence_id) if first_sequence_id is not None else None
-        self._ready = asyncio.Event()
-        self._ready.set()
-        self._reconnecting: asyncio.Task[None] | None = None
-        self._closing = False
-        self.reconnects = 0
+        self._reconnection = Reconnection(connector)
         self._session = Session(ws, f"producer on {topic}", self._on_frame, self._on_end)
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnection.count
 
     @property
     def pending_messages(self) -> int:
@@ -103,11 +97,11 @@ class AsyncProducer:
         frame = _send_frame(payload, key, properties, event_time_ms, deliver_after_ms, deliver_at_ms, sequence_id)
         if expected_offset is not None:
             frame["expectedOffset"] = expected_offset
-        await self._ready.wait()  # bounded: a reconnection ends within its connector's time
+        await self._reconnection.ready.wait()  # bounded: a reconnection ends within its connector's time
         self._session.check_open()
         await self._slots.acquire()
         try:
-            await self._ready.wait()
+            await self._reconnection.ready.wait()
             self._session.check_open()
         except ConnectionClosed:
             self._slots.release()
@@ -119,7 +113,7 @@ class AsyncProducer:
         try:
             await self._session.send_json(frame)
         except ConnectionClosed:
-            if self._reconnecting is not None:
+            if self._reconnection.task is not None:
                 return future  # kept pending: the reconnection sends it again
             self._finish(context)
             if future.done():
@@ -135,12 +129,10 @@ class AsyncProducer:
 
     async def close(self) -> None:
         """Flush (bounded by the send timeout), then close the session."""
-        if not self._session.closed or self._reconnecting is not None:
+        if not self._session.closed or self._reconnection.task is not None:
             with contextlib.suppress(ConnectionClosed):
                 await self.flush()
-        self._closing = True
-        if self._reconnecting is not None:
-            self._reconnecting.cancel()
+        self._reconnection.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
         await self._session.close()
@@ -178,34 +170,24 @@ class AsyncProducer:
         future.set_exception(SendError(message.removeprefix(prefix), code=code, result_code=result_code))
 
     def _on_end(self, error: ConnectionClosed) -> None:
-        if self._connector is not None and not error.by_client and not self._closing \
-                and self._session.may_reconnect:
-            self._ready.clear()
-            self._reconnecting = self._loop.create_task(self._reconnect(error))
+        if self._reconnection.wanted(error, self._session):
+            self._reconnection.start(lambda: self._reconnect(error))
             return
         self._fail_pending(error)
 
     async def _reconnect(self, lost: ConnectionClosed) -> None:
         """Open a new session and send every unanswered publish again, in order; on failure
         fail them all with the error that ended the old session."""
-        assert self._connector is not None
-        try:
-            ws = await self._connector()
-        except ClientError as exc:
-            lost.__cause__ = exc
-            self._reconnecting = None
-            self._fail_pending(lost)
-            self._ready.set()
+        ws = await self._reconnection.connect(lost, self._fail_pending)
+        if ws is None:
             return
         self._session = Session(ws, f"producer on {self.topic}", self._on_frame, self._on_end)
-        self.reconnects += 1
         for pending in list(self._pending.values()):
             try:
                 await self._session.send_json(pending.frame)
             except ConnectionClosed:
                 return  # the new session ended too: its _on_end started another reconnection
-        self._reconnecting = None
-        self._ready.set()
+        self._reconnection.finished()
 
     def _fail_pending(self, error: ConnectionClosed) -> None:
         for context in list(self._pending):

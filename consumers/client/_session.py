@@ -17,14 +17,14 @@ import asyncio
 import contextlib
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 
-from consumers.client.errors import ConnectError, ConnectionClosed
+from consumers.client.errors import ClientError, ConnectError, ConnectionClosed
 
 WS_FRAME_BYTES_MAX = 16 * 1024 * 1024  # a 5 MiB message is ~7 MiB of base64 JSON
 OPEN_TIMEOUT_S = 10.0
@@ -84,6 +84,52 @@ def _refusal(exc: InvalidStatus) -> ConnectError:
 
 FrameHandler = Callable[[Any], Awaitable[None]]
 EndHandler = Callable[[ConnectionClosed], None]
+Connector = Callable[[], Awaitable[ClientConnection]]
+"""Opens the session again (a lookup first); raises ``ClientError`` when it gives up."""
+
+
+class Reconnection:
+    """What a producer, consumer or reader made with a ``connector`` needs to open its session
+    again after losing it: whether to (:meth:`wanted`), a ``ready`` event that callers wait on
+    while it happens (bounded by the connector's own time), and the count of reconnections."""
+
+    def __init__(self, connector: Connector | None) -> None:
+        self._connector = connector
+        self.ready = asyncio.Event()
+        self.ready.set()
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False
+        self.count = 0
+
+    def wanted(self, error: ConnectionClosed, session: Session) -> bool:
+        return self._connector is not None and not error.by_client and not self.closing and session.may_reconnect
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.ready.clear()
+        self.task = asyncio.get_running_loop().create_task(run())
+
+    async def connect(self, lost: ConnectionClosed, give_up: EndHandler) -> ClientConnection | None:
+        """A new connection; None once the connector gave up (``give_up(lost)`` has run)."""
+        assert self._connector is not None
+        try:
+            ws = await self._connector()
+        except ClientError as exc:
+            lost.__cause__ = exc
+            self.task = None
+            give_up(lost)
+            self.ready.set()
+            return None
+        self.count += 1
+        return ws
+
+    def finished(self) -> None:
+        self.task = None
+        self.ready.set()
+
+    def close(self) -> None:
+        self.closing = True
+        if self.task is not None:
+            self.task.cancel()
 
 
 class Session:
