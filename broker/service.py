@@ -231,7 +231,9 @@ class BrokerService:
     def health(self) -> Health:
         if self.cluster is not None:
             bookies = self.cluster.bookies_available()
-            return Health("ok" if bookies else "degraded", False, 0, 0)
+            ownership = self.cluster.ownership
+            serving = ownership is None or ownership.serving
+            return Health("ok" if bookies and serving else "degraded", False, 0, 0)
         stats = self.storage.statistics()
         status = "degraded" if stats.read_only else "ok"
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,

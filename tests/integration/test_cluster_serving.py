@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,6 +154,10 @@ def test_brokers_bundles_split_and_unload(cluster: Cluster, namespace: str) -> N
                  if httpx.get(f"{url}/lookup/v2/topic/persistent/{namespace}/{t}").json()["bundle"].endswith(bundle))
     stats = httpx.get(f"{url}/admin/v2/persistent/{namespace}/{topic}/stats", follow_redirects=True).json()
     assert stats["ownerBroker"] != owner and stats["nextOffset"] == 1
+    metrics = httpx.get(f"http://{owner}/metrics").text
+    released = re.search(r"^magnetar_bundles_released_total (\S+)$", metrics, re.MULTILINE)
+    assert released is not None and float(released.group(1)) >= 1  # the split and the unload
+    assert re.search(r"^magnetar_serving 1\.0$", metrics, re.MULTILINE)
 
 
 def test_a_client_error_is_not_retried_as_a_failover(cluster: Cluster) -> None:
