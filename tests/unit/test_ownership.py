@@ -4,6 +4,8 @@ session expires loses every bundle (dropped without writes) while another takes 
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 import uuid
@@ -14,7 +16,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from broker.cluster.ownership import OwnershipConfig, OwnershipManager
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore
+from broker.cluster.zk_metadata import ZooKeeperMetadataStore, connect
 from broker.errors import NotFound, TopicNotOwned
 from broker.lookup import BrokerAddress
 from broker.namespaces import POLICIES
@@ -22,19 +24,24 @@ from broker.topic_name import TopicName
 
 NAMESPACE = "public/default"
 DEADLINE_S = 30.0
+SESSION_S = 3.0
 
 
 class Broker:
     """One broker's ownership manager on its own ZooKeeper session, and what it was told to drop."""
 
-    def __init__(self, spec: str, name: str) -> None:
-        self.store = ZooKeeperMetadataStore.open(spec)
+    def __init__(self, spec: str, name: str, store: ZooKeeperMetadataStore | None = None) -> None:
+        self.store = store or ZooKeeperMetadataStore.open(spec)
         address = BrokerAddress(name, f"http://{name}")
         self.ownership = OwnershipManager(self.store.client, self.store,
                                           OwnershipConfig(address, default_bundles=4, load_report_interval_ms=100))
         self.dropped: list[tuple[str, bool]] = []
         self.ownership.on_bundle_lost(lambda bundle, graceful: self.dropped.append((bundle.key, graceful)))
         self.ownership.start()
+
+    @classmethod
+    def over(cls, store: ZooKeeperMetadataStore, name: str) -> Broker:
+        return cls("", name, store)
 
     @property
     def name(self) -> str:
@@ -182,3 +189,97 @@ def test_concurrent_first_lookups_elect_one_owner(zookeeper: str) -> None:
         assert sum(1 for b in found if b.ownership.owns(topic)) == 1
         assert len(answers) == len(threads)  # every lookup answered (racing assignments may differ
         assert owner in answers              # for a moment; the ephemeral node elects one owner)
+
+
+class _Link:
+    """A TCP relay between one client and ZooKeeper that a test can cut (bytes stop flowing both
+    ways and nothing is closed, as in a network partition)."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.cut = threading.Event()
+        self._stop = threading.Event()
+        self._sockets: list[socket.socket] = [self._listener]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                continue
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        source.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                data = source.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            while self.cut.is_set() and not self._stop.is_set():
+                time.sleep(0.05)  # held, as a partition holds it
+            try:
+                sink.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._thread.join(5)
+
+
+def test_a_partitioned_broker_stops_serving_before_another_takes_over(zookeeper: str) -> None:
+    """Cut between one broker and ZooKeeper: kazoo reports the connection suspended after about
+    two thirds of the session timeout, and the broker drops its topics then; the server expires
+    the session only at the timeout, and only then can the other broker take the bundle."""
+    chroot = f"/partition-{uuid.uuid4().hex}"
+    link = _Link(zookeeper)
+    spec = f"zk:{zookeeper}{chroot}"
+    victim_store = ZooKeeperMetadataStore(connect(f"zk:{link.address}{chroot}", session_timeout_s=SESSION_S), None,
+                                          owns_client=True)
+    victim = Broker.over(victim_store, "127.0.0.1:9100")
+    survivor = Broker.over(ZooKeeperMetadataStore.open(spec), "127.0.0.1:9101")
+    try:
+        survivor.store.put_json(f"{POLICIES}/{NAMESPACE}", {"retention_policies": {}})
+        dropped_at: list[float] = []
+        victim.ownership.on_bundle_lost(lambda _bundle, _graceful: dropped_at.append(time.monotonic()))
+        topic = TopicName.parse(f"persistent://{NAMESPACE}/partitioned")
+        bundle = survivor.ownership.bundle_of(topic)
+        victim.ownership._acquire(bundle)  # the victim owns the topic's bundle
+        assert victim.ownership.owns(topic) and survivor.ownership.lookup(topic).owner.broker_id == victim.name
+        link.cut.set()
+        cut_at = time.monotonic()
+        deadline_s = cut_at + DEADLINE_S
+        while time.monotonic() < deadline_s:
+            answer = survivor.ownership.lookup(topic)
+            if answer.local:
+                taken_at = time.monotonic()
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the survivor never took the bundle")
+        assert dropped_at, "the partitioned broker never stopped serving"
+        print(f"cut at 0: the partitioned broker stopped serving at {dropped_at[0] - cut_at:.2f} s, "
+              f"the survivor took over at {taken_at - cut_at:.2f} s (session timeout {SESSION_S:g} s)")
+        assert dropped_at[0] < taken_at
+        assert not victim.ownership.owns(topic) and not victim.ownership.serving
+    finally:
+        link.close()
+        survivor.close()
+        victim.close()
