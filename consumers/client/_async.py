@@ -55,6 +55,9 @@ HTTP_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 60.0
 """How long a connection or request keeps trying while its topic changes owners."""
 REDIRECTS_MAX = 5
+LOOKUP_TIMEOUT_S = 5.0
+"""A lookup is small: a broker that does not answer one in this time (stopped, overloaded) is
+passed over for the next listed one."""
 RETRY_BACKOFF_S_MIN = 0.1
 RETRY_BACKOFF_S_MAX = 2.0
 NOT_READY_CODES = frozenset({"service_unit_not_ready", "metadata_store_unavailable", "coordination_unavailable"})
@@ -257,7 +260,8 @@ class AsyncClient:
         """The web service URL of the broker serving ``topic`` (Pulsar's lookup); None when the
         lookup is refused (the session's own handshake then says why)."""
         try:
-            response = await self.request("GET", f"/lookup/v2/topic/{topic.path}", retry=False)
+            response = await self.request("GET", f"/lookup/v2/topic/{topic.path}", retry=False,
+                                          timeout_s=LOOKUP_TIMEOUT_S)
         except HttpError as exc:
             if exc.status == 0 or _not_ready(exc):
                 raise ConnectError(exc.status, exc.code, exc.message) from exc
@@ -267,7 +271,7 @@ class AsyncClient:
 
     # --- HTTP ----------------------------------------------------------------------------
     async def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                      retry: bool = True) -> httpx.Response:
+                      retry: bool = True, timeout_s: float | None = None) -> httpx.Response:
         """One HTTP call; an error status raises ``HttpError``. A 307 is followed to the owner
         (``REDIRECTS_MAX`` hops); with ``retry``, a call that was not received (its broker
         unreachable after a redirect) or was refused as not ready (503) is made again, with
@@ -275,7 +279,7 @@ class AsyncClient:
         backoff = _Backoff(self._failover_timeout_s)
         while True:
             try:
-                response = await self._request_once(method, path, json_body, params)
+                response = await self._request_once(method, path, json_body, params, timeout_s)
             except HttpError as exc:
                 retriable = _not_ready(exc) or (exc.status == 0 and exc.code == "owner_unreachable")
                 if retry and retriable and await backoff.wait():
@@ -283,16 +287,19 @@ class AsyncClient:
                 raise
             return response
 
-    async def _request_once(self, method: str, path: str, json_body: Any,
-                            params: dict[str, Any] | None) -> httpx.Response:
+    async def _request_once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
+                            timeout_s: float | None) -> httpx.Response:
+        """One attempt: the listed brokers in turn (the next when one refuses the connection, or,
+        for a GET, which changes nothing, does not answer in time), 307s followed."""
         failure: Exception | None = None
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
         for base in self._service_urls:
             url, query = f"{base}{path}", params
             for hop in range(REDIRECTS_MAX + 1):
                 try:
-                    response = await self._http.request(method, url, json=json_body, params=query)
-                except httpx.ConnectError as exc:
-                    if hop == 0:
+                    response = await self._http.request(method, url, json=json_body, params=query, timeout=timeout)
+                except (httpx.ConnectError, httpx.TimeoutException) as exc:
+                    if hop == 0 and (isinstance(exc, httpx.ConnectError) or method == "GET"):
                         failure = exc
                         break  # this listed broker is down: the next one
                     raise HttpError(0, "owner_unreachable", f"{method} {url}: {exc}") from exc

@@ -257,8 +257,10 @@ class BrokerClient:
         for base in self._service_urls:
             try:
                 response = self._http.request(method, f"{base}{path}", **kwargs)
-            except httpx.ConnectError as exc:
-                failure = exc
+            except (httpx.ConnectError, httpx.TimeoutException) as exc:
+                if isinstance(exc, httpx.TimeoutException) and method != "GET":
+                    raise BrokerHttpError(0, "unreachable", f"{method} {base}{path}: {exc}") from exc
+                failure = exc  # this listed broker is down (or, for a read, stopped): the next one
                 continue
             except httpx.HTTPError as exc:
                 raise BrokerHttpError(0, "unreachable", f"{method} {base}{path}: {exc}") from exc

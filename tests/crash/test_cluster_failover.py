@@ -19,7 +19,8 @@ the Python client with every broker in its service URL (lookups, 307s, reconnect
    first phase ended is delivered again. Duplicated deliveries (of messages whose
    acknowledgement had not reached the broker) are counted and reported.
 
-``test_split_brain_sigstop``: the owner of a topic is stopped with SIGSTOP until its session
+``test_split_brain_sigstop``: the owner of a topic (the first broker the clients list) is stopped
+with SIGSTOP until its session
 expires and the other broker serves the topic; a REST publish sent to the stopped broker
 meanwhile is processed when it gets SIGCONT, and fails: its ledger was fenced by the new owner.
 The old owner then sends lookups to the new one; every acknowledged message is stored once.
@@ -219,6 +220,16 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
     first = cluster.broker_url
     _create_namespace(http, first)
     topic = "brain"
+    # The owner to stop is the first broker of the clients' service URL (the harder case: their
+    # lookups try it first, and a stopped broker accepts connections but never answers).
+    found = _lookup(http, first, topic)
+    if found["brokerId"] != cluster.brokers[0].address:
+        _lookup(http, urls[found["brokerId"]], topic)  # the assigned broker takes the bundle
+        range_name = str(found["bundle"]).rsplit("/", 1)[1]
+        moved = http.put(f"{first}/admin/v2/namespaces/{NAMESPACE}/{range_name}/unload",
+                         params={"destinationBroker": cluster.brokers[0].address})
+        assert moved.status_code == 204, moved.text
+    assert _owner(http, first, topic) == cluster.brokers[0].address
     load = ClusterLoad(cluster.service_url, [f"persistent://{NAMESPACE}/{topic}"])
     load.start()
     stopped = None
