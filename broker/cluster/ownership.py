@@ -42,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, OperationTimeoutError
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
 from broker.cluster.bundles import BUNDLES_DEFAULT, POLICY_KEY, Bundle, NamespaceBundles
@@ -61,6 +62,9 @@ LOOKUP_ATTEMPTS_MAX = 8
 """Rounds of read-owner / assign / acquire in one lookup before it answers 'not ready'."""
 POLICY_CAS_ATTEMPTS_MAX = 16
 RECENT_ASSIGNMENTS_MAX = 10_000
+ZK_CALL_TIMEOUT_S = 10.0
+"""Every ZooKeeper call here waits at most this long (kazoo would queue one forever while it
+cannot reach ZooKeeper): a broker cut off answers 'not ready' and still shuts down."""
 EPHEMERAL_WAIT_S_MAX = 60.0
 """How long a restarted broker waits for its previous session's load report node to expire."""
 
@@ -151,6 +155,38 @@ class _RecentAssignments:
         return sum(1 for at in self.by_broker.get(broker_id, {}).values() if at >= since_s)
 
 
+class _BoundedCalls:
+    """The kazoo calls this module makes, each bounded by ``ZK_CALL_TIMEOUT_S`` (a timeout is
+    kazoo's ``OperationTimeoutError``, a ``KazooException`` like every other failure)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def _wait(self, started: Any) -> Any:
+        try:
+            return started.get(timeout=ZK_CALL_TIMEOUT_S)
+        except KazooTimeoutError:
+            raise OperationTimeoutError(f"no answer from ZooKeeper within {ZK_CALL_TIMEOUT_S:g} s") from None
+
+    def get(self, path: str) -> Any:
+        return self._wait(self._client.get_async(path))
+
+    def get_children(self, path: str) -> Any:
+        return self._wait(self._client.get_children_async(path))
+
+    def exists(self, path: str) -> Any:
+        return self._wait(self._client.exists_async(path))
+
+    def set(self, path: str, data: bytes) -> Any:
+        return self._wait(self._client.set_async(path, data))
+
+    def delete(self, path: str) -> Any:
+        return self._wait(self._client.delete_async(path))
+
+    def create(self, path: str, data: bytes, *, ephemeral: bool = False, makepath: bool = False) -> Any:
+        return self._wait(self._client.create_async(path, data, ephemeral=ephemeral, makepath=makepath))
+
+
 BundleListener = Callable[[Bundle, bool], object]
 """``listener(bundle, graceful)``: stop serving the bundle's topics (graceful: close them,
 persisting what they hold; otherwise drop them without any write)."""
@@ -160,6 +196,7 @@ class OwnershipManager:
     def __init__(self, client: Any, store: MetadataStore, config: OwnershipConfig,
                  clock: Callable[[], float] = time.time) -> None:
         self._client = client
+        self._zk = _BoundedCalls(client)
         self._store = store
         self.config = config
         self._clock = clock
@@ -209,6 +246,8 @@ class OwnershipManager:
         with self._lock:
             owned, self._owned = dict(self._owned), {}
             self._serving = False
+        if not self._client.connected:
+            return  # the nodes are ephemeral: they go with the session
         for path in owned.values():
             self._delete_quietly(path)
         self._delete_quietly(self._report_path)
@@ -371,12 +410,12 @@ class OwnershipManager:
         """The live brokers' reports, sorted by broker id (one ZooKeeper read each)."""
         reports = []
         try:
-            names = self._client.get_children(BROKERS_PATH)
+            names = self._zk.get_children(BROKERS_PATH)
         except KazooException as exc:
             raise ServiceUnitNotReady(f"cannot list brokers: {exc!r}") from exc
         for name in sorted(names):
             try:
-                data, _ = self._client.get(f"{BROKERS_PATH}/{name}")
+                data, _ = self._zk.get(f"{BROKERS_PATH}/{name}")
                 reports.append(LoadReport.from_json(json.loads(data)))
             except NoNodeError:
                 continue
@@ -413,7 +452,7 @@ class OwnershipManager:
             if create:
                 self._create_ephemeral(self._report_path, data)
             else:
-                self._client.set(self._report_path, data)
+                self._zk.set(self._report_path, data)
         except NoNodeError:
             self._create_ephemeral(self._report_path, data)
         except KazooException:
@@ -425,12 +464,12 @@ class OwnershipManager:
         deadline_s = time.monotonic() + EPHEMERAL_WAIT_S_MAX
         while True:
             try:
-                self._client.create(path, data, ephemeral=True, makepath=True)
+                self._zk.create(path, data, ephemeral=True, makepath=True)
                 return
             except NodeExistsError:
-                stat = self._client.exists(path)
+                stat = self._zk.exists(path)
                 if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
-                    self._client.set(path, data)
+                    self._zk.set(path, data)
                     return
                 if time.monotonic() >= deadline_s:
                     raise
@@ -457,7 +496,7 @@ class OwnershipManager:
 
     def _read_owner(self, bundle: Bundle) -> BrokerAddress | None:
         try:
-            data, _ = self._client.get(self._owner_path(bundle))
+            data, _ = self._zk.get(self._owner_path(bundle))
         except NoNodeError:
             return None
         except KazooException as exc:
@@ -473,7 +512,7 @@ class OwnershipManager:
         reports = self.load_reports()
         live = {r.address.broker_id: r.address for r in reports}
         try:
-            data, _ = self._client.get(self._assignment_path(bundle))
+            data, _ = self._zk.get(self._assignment_path(bundle))
             obj = json.loads(data)
             fresh = self._clock() * 1000 - int(obj["assignedMs"]) < self.config.assignment_ttl_ms
             if fresh and obj["broker"] in live:
@@ -492,11 +531,11 @@ class OwnershipManager:
         path = self._assignment_path(bundle)
         try:
             try:
-                self._client.set(path, data)
+                self._zk.set(path, data)
             except NoNodeError:
-                self._client.create(path, data, makepath=True)
+                self._zk.create(path, data, makepath=True)
         except NodeExistsError:
-            self._client.set(path, data)
+            self._zk.set(path, data)
         except KazooException as exc:
             raise ServiceUnitNotReady(f"cannot assign {bundle.key}: {exc!r}") from exc
         self._counters.assignments += 1
@@ -509,7 +548,7 @@ class OwnershipManager:
         path = self._owner_path(bundle)
         with self._lock:
             try:
-                self._client.create(path, self._ownership_data(), ephemeral=True, makepath=True)
+                self._zk.create(path, self._ownership_data(), ephemeral=True, makepath=True)
             except NodeExistsError:
                 return False
             except KazooException as exc:
@@ -530,7 +569,7 @@ class OwnershipManager:
         path = self._owner_path(bundle)
         with self._lock:
             releasing = bundle in self._releasing
-        stat = None if releasing else self._client.exists(path)
+        stat = None if releasing else self._zk.exists(path)
         if stat is not None and stat.ephemeralOwner == self._client.client_id[0] and \
                 bundle in self.bundles(bundle.namespace).bundles:
             with self._lock:
@@ -545,7 +584,7 @@ class OwnershipManager:
         data = json.loads(self._ownership_data())
         data["disabled"] = True
         try:
-            self._client.set(self._owner_path(bundle), json.dumps(data, sort_keys=True).encode())
+            self._zk.set(self._owner_path(bundle), json.dumps(data, sort_keys=True).encode())
         except KazooException:
             log.warning("could not mark %s disabled", bundle.key)
 
@@ -574,7 +613,7 @@ class OwnershipManager:
 
     def _delete_quietly(self, path: str) -> None:
         try:
-            self._client.delete(path)
+            self._zk.delete(path)
         except NoNodeError:
             pass
         except KazooException:
@@ -613,7 +652,7 @@ class OwnershipManager:
             session = self._client.client_id[0]
             with self._lock:
                 for bundle, path in list(self._owned.items()):
-                    stat = self._client.exists(path)
+                    stat = self._zk.exists(path)
                     if stat is None or stat.ephemeralOwner != session:
                         del self._owned[bundle]
             self._publish_report(create=True)
