@@ -49,7 +49,10 @@ def _stats_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/{tenant}/{namespace}/{topic}/stats", summary="Topic statistics (Pulsar's TopicStats)")
     def stats(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        return topic_stats_json(service.admin.stats(topic_name(tenant, namespace, topic)))
+        name = topic_name(tenant, namespace, topic)
+        body = topic_stats_json(service.admin.stats(name))
+        body["ownerBroker"] = service.owner_of(name)  # a cluster broker's id (this one: it serves the topic)
+        return body
 
     @routes.get("/{tenant}/{namespace}/{topic}/partitioned-stats",
                 summary="Statistics summed over a partitioned topic's partitions (perPartition: each too)")

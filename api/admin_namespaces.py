@@ -39,6 +39,7 @@ CLUSTERS = frozenset({"standalone"})
 """The clusters a tenant may be allowed on: standalone runs one, named as in Pulsar."""
 ROLES_PER_LIST_MAX = 1000
 """Longest ``adminRoles`` / ``allowedClusters`` list a tenant may be given."""
+BUNDLES_MAX = 1024
 
 
 class TenantInfo(BaseModel):
@@ -61,10 +62,18 @@ class RetentionPolicies(BaseModel):
         description=f"-1 (unlimited) or 0..{RETENTION_SIZE_MB_MAX} MB")
 
 
+class BundlesData(BaseModel):
+    """Pulsar's ``BundlesData`` at creation: how many equal hash ranges (cluster brokers own them)."""
+
+    model_config = ConfigDict(extra="ignore")
+    numBundles: StrictInt = Field(ge=1, le=BUNDLES_MAX)  # noqa: N815
+
+
 class NamespacePolicies(BaseModel):
     """The subset of Pulsar's ``Policies`` a namespace can be created with."""
 
     model_config = ConfigDict(extra="ignore")
+    bundles: BundlesData | None = None
     retention_policies: RetentionPolicies | None = None
     message_ttl_in_seconds: StrictInt | None = Field(default=None, description=TTL_DESCRIPTION)
     deduplicationEnabled: StrictBool | None = None  # noqa: N815

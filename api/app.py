@@ -40,6 +40,7 @@ from api.connection_guard import (
 )
 from api.errors import install_error_handlers
 from api.limits import EdgeLimits
+from api.lookup import router as lookup_router
 from api.metrics import router as metrics_router
 from api.request_guard import RequestGuard
 from api.rest_consume import router as consume_router
@@ -131,6 +132,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(ws_router(service, authorizer, limits))
     app.include_router(broker_stats_router(service, authorizer))
     app.include_router(locate_router(service, authorizer))
+    app.include_router(lookup_router(service, authorizer))
     app.include_router(console.router())
 
     @app.get("/healthz", summary="Liveness and storage health")

@@ -8,6 +8,11 @@ same HTTP and WebSocket API as ``magnetar standalone`` with no local data: metad
 ZooKeeper, ledgers on the registered bookies (default quorum E=2 Qw=2 Qa=2, per namespace
 through the ``persistence`` policy), and a re-replication worker (``--no-autorecovery`` turns
 it off). ``--config`` reads the same Pulsar keys as standalone (authentication, auto-creation).
+Any number of brokers may share the ZooKeeper and the bookies: each owns namespace bundles
+(``--default-bundles`` per namespace without a bundles policy, Pulsar's
+``defaultNumberOfNamespaceBundles``) and sends clients to the owner of a topic it does not
+serve; it is known to the others as ``--advertised-address`` (default: the listen host, or
+127.0.0.1 when that is 0.0.0.0) and its port.
 
 Both shut down gracefully on SIGTERM or Ctrl-C. Server imports are loaded only when a command
 runs, so the client commands keep starting quickly.
@@ -41,6 +46,10 @@ def add_cluster_commands(commands: Any) -> None:
     broker.add_argument("--config", help="a broker configuration file (Pulsar's keys; see api/config.py)")
     broker.add_argument("--host", help="listen address (default 0.0.0.0)")
     broker.add_argument("--port", type=int, help="listen port (default 8080)")
+    broker.add_argument("--advertised-address", help="host name other brokers and clients use to reach this one")
+    broker.add_argument("--default-bundles", type=int, default=4,
+                        help="bundles of a namespace without a bundles policy (defaultNumberOfNamespaceBundles, 4)")
+    broker.add_argument("--load-report-interval-ms", type=int, default=2000)
     broker.add_argument("--ensemble-size", type=int, default=2, help="default bookkeeperEnsemble (2)")
     broker.add_argument("--write-quorum", type=int, default=2, help="default bookkeeperWriteQuorum (2)")
     broker.add_argument("--ack-quorum", type=int, default=2, help="default bookkeeperAckQuorum (2)")
@@ -67,14 +76,16 @@ def run_bookie(args: argparse.Namespace) -> int:
 
 
 def run_broker(args: argparse.Namespace) -> int:
+    import logging
+
     import uvicorn
 
     from api.app import create_app, server_options
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
     from api.server_process import exit_cleanly, tune_runtime
-    from broker import BrokerService, QuorumConfig
-    from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage
+    from broker import BrokerAddress, BrokerService, QuorumConfig
+    from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
     overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port))
                  if value is not None}
@@ -88,10 +99,18 @@ def run_broker(args: argparse.Namespace) -> int:
         config.broker, managed_ledger=dataclasses.replace(config.broker.managed_ledger, quorum=quorum))
     autorecovery = None if args.no_autorecovery else AutoRecoveryConfig(
         interval_ms=args.autorecovery_interval_ms, audit_interval_ms=args.audit_interval_ms)
+    host = args.advertised_address or ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
+    broker_id = f"{host}:{config.port}"
+    if not 1 <= args.default_bundles <= 1024:
+        print("magnetar broker: --default-bundles must be in 1..1024", file=sys.stderr)
+        return 2
+    ownership = OwnershipConfig(BrokerAddress(broker_id, f"http://{broker_id}"), default_bundles=args.default_bundles,
+                                load_report_interval_ms=args.load_report_interval_ms)
     cluster = ClusterStorage(ClusterConfig(
         args.metadata_store, network=BookieNetworkConfig(request_timeout_ms=args.bookie_timeout_ms),
         autorecovery=autorecovery, session_timeout_s=args.zk_session_timeout_s,
-        identifier=f"{config.host}:{config.port}"))
+        identifier=broker_id, ownership=ownership))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_file_limit()
     app = create_app(BrokerService(config.data_dir, broker_config, cluster=cluster), auth=config.auth,
                      limits=config.limits)

@@ -4,18 +4,24 @@ Every ``MagnetarError`` (storage and broker alike) maps to its class's ``http_st
 body ``{"code": ..., "message": ...}`` (plus what the error's ``details()`` adds); request
 validation failures (malformed JSON, missing or mistyped fields) are 400 ``invalid_request``.
 Routes never catch broker errors themselves.
+
+``TopicNotOwned`` (a cluster broker asked for a topic another broker serves) is the one error
+answered with a header: 307 with ``Location`` naming the same path and query on the owner, so
+HTTP clients resend the request there (a 307 keeps the method and body); a WebSocket upgrade
+gets the same 307 with a ``ws://`` location (``api/ws/frames.py``).
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from broker import BrokerError, MagnetarError
+from broker import BrokerError, MagnetarError, TopicNotOwned
 
 
 class UpgradeRequired(MagnetarError):
@@ -61,10 +67,24 @@ def error_bytes(error: MagnetarError) -> bytes:
     return json.dumps(error_of(error)).encode()
 
 
+def redirect_location(owner_url: str, path: str, query: str, *, websocket: bool = False) -> str:
+    """The URL of the same request on the owner (``owner_url`` is ``http(s)://host:port``)."""
+    owner = urllib.parse.urlsplit(owner_url)
+    scheme = owner.scheme if not websocket else ("wss" if owner.scheme == "https" else "ws")
+    return urllib.parse.urlunsplit((scheme, owner.netloc, path, query, ""))
+
+
+def redirect_headers(exc: TopicNotOwned, path: str, query: str, *, websocket: bool = False) -> dict[str, str]:
+    return {"Location": redirect_location(exc.owner_url, path, query, websocket=websocket),
+            "X-Magnetar-Owner": exc.owner_broker}
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MagnetarError)
-    async def magnetar_error(_: Request, exc: MagnetarError) -> JSONResponse:
-        return JSONResponse(error_of(exc), status_code=exc.http_status)
+    async def magnetar_error(request: Request, exc: MagnetarError) -> JSONResponse:
+        headers = redirect_headers(exc, request.url.path, request.url.query) \
+            if isinstance(exc, TopicNotOwned) else None
+        return JSONResponse(error_of(exc), status_code=exc.http_status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -140,6 +140,16 @@ def cluster_metrics(stats: ClusterStats) -> Iterator[Metric]:
                        recovery.ledgers_replicated)
         yield _gauge("magnetar_autorecovery_underreplicated_ledgers", "Ledgers marked under-replicated",
                      recovery.underreplicated)
+    ownership = stats.ownership
+    if ownership is not None:
+        yield _gauge("magnetar_bundles_owned", "Namespace bundles this broker owns", ownership.owned_bundles)
+        yield _gauge("magnetar_serving", "1 while its ZooKeeper session lets this broker serve", int(ownership.serving))
+        yield _counter("magnetar_lookups", "Topic lookups answered", ownership.lookups)
+        yield _counter("magnetar_lookup_redirects", "Lookups answered with another broker", ownership.redirects)
+        yield _counter("magnetar_bundles_acquired", "Bundles this broker took", ownership.acquired)
+        yield _counter("magnetar_bundles_released", "Bundles this broker gave up (unload, split)", ownership.released)
+        yield _counter("magnetar_zookeeper_sessions_lost", "ZooKeeper sessions this broker lost",
+                       ownership.sessions_lost)
 
 
 # --- broker ---------------------------------------------------------------------------------------

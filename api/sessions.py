@@ -8,6 +8,10 @@ the broker service tells the registry when policies change, and the registry che
 session again and closes the ones no longer allowed with code 1008 (policy violation) and a
 reason naming what was revoked.
 
+On a cluster broker, a session also ends when its topic stops being served here (its bundle was
+unloaded, split, or lost with the ZooKeeper session): code 1012 (service restart), so the
+client connects again through a lookup and reaches the topic's new owner.
+
 Invariants: a session is in the registry from its acceptance until it ends; a re-check reads
 the policies as they are after the change; closing happens on the session's own event loop.
 """
@@ -29,6 +33,7 @@ from broker import Forbidden, TopicName
 log = logging.getLogger(__name__)
 
 POLICY_VIOLATION = 1008
+SERVICE_RESTART = 1012
 CLOSE_REASON_BYTES_MAX = 120
 
 
@@ -76,6 +81,18 @@ class SessionRegistry:
             with contextlib.suppress(RuntimeError):  # the loop is gone: so is the session
                 asyncio.run_coroutine_threadsafe(_close(websocket, reason), loop)
 
+    def topics_unloaded(self, names: list[TopicName]) -> None:
+        """End (1012) every session on one of ``names`` (any thread)."""
+        gone = set(names)
+        with self._lock:
+            sessions = [(i, entry) for i, entry in self._sessions.items()
+                        if any(topic in gone for _, topic in entry[0].checks)]
+        for session_id, (_, websocket, loop) in sessions:
+            self.ended(session_id)
+            with contextlib.suppress(RuntimeError):
+                asyncio.run_coroutine_threadsafe(
+                    _close(websocket, "topic moved to another broker; look it up again", SERVICE_RESTART), loop)
+
     def _refusal(self, admission: Admission) -> str | None:
         try:
             for action, topic in admission.checks:
@@ -85,6 +102,6 @@ class SessionRegistry:
         return None
 
 
-async def _close(websocket: WebSocket, reason: str) -> None:
+async def _close(websocket: WebSocket, reason: str, code: int = POLICY_VIOLATION) -> None:
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-        await websocket.close(POLICY_VIOLATION, reason.encode()[:CLOSE_REASON_BYTES_MAX].decode(errors="ignore"))
+        await websocket.close(code, reason.encode()[:CLOSE_REASON_BYTES_MAX].decode(errors="ignore"))

@@ -14,12 +14,16 @@ on this shared 2-core machine falls on both alike. Measured:
    and WebSocket reader, after the broker's entry cache has aged out, so entries come from
    the bookies.
 
+With ``--serving`` (and after the measures above when run whole) a second broker joins the same
+cluster and ``bench/serving_bench.py`` compares aggregate publish over 20 topics with two brokers
+against one, in the same run, on the same bookies (its own section).
+
 Reported per measure: msg/s and the cluster/embedded ratio; the broker's CPU per message (the
 serving process: standalone holds the storage too, the cluster broker does not), the bookies'
 CPU per message summed; network round trips per entry (bookie requests counted by the cluster
 broker's ``/metrics``, divided by the entries its topic holds). Target: cluster publish >= 0.5x
 embedded. Every process is stopped by its PID. Run from the repository root:
-``.venv/bin/python bench/cluster_bench.py [--quick] [--out FILE]``.
+``.venv/bin/python bench/cluster_bench.py [--quick] [--serving] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ from pathlib import Path
 
 import httpx
 import magnetar_e2e
+import serving_bench
 from common import DEFAULT_WORK_ROOT, Row, machine_summary, render_table, report, scratch_dir
 from e2e_support import NORMAL_PLAN, QUICK_PLAN, Plan, ServerProcess, Throughput, free_port, process_cpu_s, started
 
 SECTION_HEADING = "## Cluster (bench/cluster_bench.py)"
+SERVING_HEADING = "## Cluster serving: two brokers against one (bench/cluster_bench.py --serving)"
 TARGET_PUBLISH_RATIO = 0.5
 PAYLOAD_BYTES = 100
 CACHE_AGE_WAIT_S = 2.5
@@ -58,6 +64,8 @@ class System:
     broker: ServerProcess
     helpers: list[ServerProcess] = field(default_factory=list)
     """The cluster's bookies (and ZooKeeper, last): their CPU is reported apart."""
+    store: str = ""
+    """The cluster's metadata store (``zk:...``), for brokers that join later."""
 
     def helpers_cpu_s(self) -> float:
         return sum(process_cpu_s(p.pid) for p in self.helpers[:BOOKIES])
@@ -107,14 +115,20 @@ def start_cluster(work_dir: Path, stack: ExitStack) -> System:
         stack.callback(bookie.stop)
         bookie.wait_for_port()
         bookies.append(bookie)
+    broker = start_broker(work_dir, stack, store, "broker")
+    return System("cluster", broker, [*bookies, zookeeper], store)
+
+
+def start_broker(work_dir: Path, stack: ExitStack, store: str, name: str) -> ServerProcess:
+    magnetar = str(Path(sys.executable).parent / "magnetar")
     port = free_port()
-    broker = started(ServerProcess("broker", [magnetar, "broker", "--metadata-store", store, "--host", "127.0.0.1",
-                                              "--port", str(port), "--log-level", "warning",
-                                              "--ensemble-size", QUORUM[0], "--write-quorum", QUORUM[1],
-                                              "--ack-quorum", QUORUM[2]], port, work_dir / "broker.log"),
+    broker = started(ServerProcess(name, [magnetar, "broker", "--metadata-store", store, "--host", "127.0.0.1",
+                                          "--port", str(port), "--log-level", "warning",
+                                          "--ensemble-size", QUORUM[0], "--write-quorum", QUORUM[1],
+                                          "--ack-quorum", QUORUM[2]], port, work_dir / f"{name}.log"),
                      magnetar_e2e.wait_for_health)
     stack.callback(broker.stop)
-    return System("cluster", broker, [*bookies, zookeeper])
+    return broker
 
 
 def start_embedded(work_dir: Path, stack: ExitStack) -> System:
@@ -215,20 +229,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short phases (a smoke run)")
     parser.add_argument("--out", type=Path, help="write the section into this markdown file")
     parser.add_argument("--work-root", type=Path, default=DEFAULT_WORK_ROOT)
+    parser.add_argument("--serving", action="store_true", help="only two brokers against one (bench/serving_bench.py)")
     args = parser.parse_args(argv)
     plan = QUICK_PLAN if args.quick else NORMAL_PLAN
     if not Path(ZOOKEEPER_CLASSPATH).exists():
         print("the cluster benchmark needs ZooKeeper: apt-get install zookeeper", file=sys.stderr)
         return 2
+    results: dict[tuple[str, str], Measured | str] = {}
     with scratch_dir(args.work_root, "cluster-bench-") as work_dir, ExitStack() as stack:
-        systems = {"embedded": start_embedded(work_dir / "embedded", stack),
-                   "cluster": start_cluster(work_dir / "cluster", stack)}
-        results = run_all(systems, plan)
+        cluster = start_cluster(work_dir / "cluster", stack)
+        if not args.serving:
+            systems = {"embedded": start_embedded(work_dir / "embedded", stack), "cluster": cluster}
+            results = run_all(systems, plan)
+        second = start_broker(work_dir / "cluster", stack, cluster.store, "broker-2")
+        serving = serving_bench.run_serving([cluster.broker, second], cluster.helpers[:BOOKIES], cluster.helpers[-1],
+                                            plan)
         machine = machine_summary(work_dir)
-    config = (f"{PAYLOAD_BYTES} B payloads; cluster: ZooKeeper + {BOOKIES} bookies + 1 broker on 127.0.0.1, "
-              f"E={QUORUM[0]} Qw={QUORUM[1]} Qa={QUORUM[2]}; embedded: magnetar standalone (E=Qw=Qa=1); "
-              f"publish phases {plan.publish_duration_s:.0f} s, WebSocket window {plan.publish_window_messages}")
-    report(SECTION_HEADING, machine, config, render_table(rows_of(results)), args.out)
+    if not args.serving:
+        config = (f"{PAYLOAD_BYTES} B payloads; cluster: ZooKeeper + {BOOKIES} bookies + 1 broker on 127.0.0.1, "
+                  f"E={QUORUM[0]} Qw={QUORUM[1]} Qa={QUORUM[2]}; embedded: magnetar standalone (E=Qw=Qa=1); "
+                  f"publish phases {plan.publish_duration_s:.0f} s, WebSocket window {plan.publish_window_messages}")
+        report(SECTION_HEADING, machine, config, render_table(rows_of(results)), args.out)
+    config = (f"{serving_bench.PAYLOAD_BYTES} B payloads, {serving_bench.TOPICS} topics, one WebSocket producer per "
+              f"topic on its owner, window {serving_bench.WINDOW}, one entry per message; ZooKeeper + {BOOKIES} "
+              f"bookies (E={QUORUM[0]} Qw={QUORUM[1]} Qa={QUORUM[2]}) + 2 brokers on 127.0.0.1; 'one broker': a "
+              f"namespace of 1 bundle, 'two brokers': {serving_bench.BUNDLES_SPREAD} bundles spread by the first "
+              f"lookups; {serving_bench.ROUNDS} alternating rounds of {plan.publish_duration_s:.0f} s")
+    report(SERVING_HEADING, machine, config, render_table(serving_bench.serving_rows(serving)), args.out)
     return 1 if any(isinstance(v, str) for v in results.values()) else 0
 
 

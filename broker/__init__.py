@@ -16,6 +16,8 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
   and friends, enforced by ``BrokerService.set_policy``);
+- where a topic is served (``lookup``, a ``LookupResult``; on a cluster broker a topic owned
+  elsewhere raises ``TopicNotOwned``, which each transport turns into its redirect);
 - the error hierarchy, mapped once per transport.
 """
 
@@ -37,11 +39,14 @@ from broker.errors import (
     NotFound,
     OffsetMismatch,
     PreconditionFailed,
+    ServiceUnitNotReady,
+    TopicNotOwned,
     TopicTerminated,
     Unauthorized,
 )
 from broker.event_streams import KEY_VERSION_COLUMN, KeyReader, StreamInfo, StreamRead
 from broker.key_index import KeyIndexStats
+from broker.lookup import BrokerAddress, LookupResult
 from broker.message_fields import (
     EXPECTED_KEYS_MAX,
     KEY_BYTES_MAX,
@@ -93,6 +98,7 @@ __all__ = [
     "TIME_MS_MAX",
     "VERSION_MAX",
     "AlreadyExists",
+    "BrokerAddress",
     "BrokerConfig",
     "BrokerError",
     "BrokerService",
@@ -117,6 +123,7 @@ __all__ = [
     "KeyReader",
     "KeyVersionMismatch",
     "LedgerView",
+    "LookupResult",
     "MagnetarError",
     "Message",
     "MessageId",
@@ -135,6 +142,7 @@ __all__ = [
     "QuorumConfig",
     "RangeRead",
     "Reader",
+    "ServiceUnitNotReady",
     "StartPosition",
     "StorageStats",
     "StoredMessage",
@@ -144,6 +152,7 @@ __all__ = [
     "SubscriptionStats",
     "TopicAdmin",
     "TopicName",
+    "TopicNotOwned",
     "TopicStats",
     "TopicTerminated",
     "Unauthorized",

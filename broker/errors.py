@@ -100,6 +100,33 @@ class KeyIndexBusy(BrokerError):
     retriable = True
 
 
+class TopicNotOwned(BrokerError):
+    """A cluster broker was asked for a topic whose bundle another broker owns (or is being
+    assigned to): the transport sends the client there (HTTP 307 with the owner's address, a
+    redirecting LOOKUP answer on the binary protocol). ``owner_url`` is the owner's web service
+    URL (``http://host:port``), ``owner_broker`` its broker id, ``pulsar_url`` its binary
+    protocol URL ('' when it has none)."""
+
+    code = "topic_redirect"
+    http_status = 307
+    retriable = True
+
+    def __init__(self, message: str, *, owner_url: str, owner_broker: str, pulsar_url: str = "") -> None:
+        super().__init__(message)
+        self.owner_url = owner_url
+        self.owner_broker = owner_broker
+        self.pulsar_url = pulsar_url
+
+
+class ServiceUnitNotReady(BrokerError):
+    """The topic's bundle is between owners (its broker lost its ZooKeeper session, or it is
+    being unloaded or split): retry after a short wait, through a lookup."""
+
+    code = "service_unit_not_ready"
+    http_status = 503
+    retriable = True
+
+
 class LedgerClosed(BrokerError):
     code = "ledger_closed"
     http_status = 409
@@ -236,4 +263,6 @@ __all__ = [
     "TopicTerminated",
     "Unauthorized",
     "WriteCacheFull",
+    "ServiceUnitNotReady",
+    "TopicNotOwned",
 ]

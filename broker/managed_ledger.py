@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,11 +47,13 @@ from broker.errors import (
     BadVersion,
     DataLost,
     InvalidRequest,
+    LedgerFenced,
     MagnetarError,
     MessageTooLarge,
     NoSuchEntry,
     NotFound,
     OffsetMismatch,
+    ServiceUnitNotReady,
     TopicTerminated,
 )
 from broker.ledger import LedgerHandle, LedgerManager
@@ -60,6 +63,8 @@ from broker.offset_index import LedgerInfo, PositionHints, SampleStore, ledger_h
 from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name
 from storage import new_future
+
+log = logging.getLogger(__name__)
 
 ML_ROOT = "/managed-ledgers"
 KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
@@ -162,6 +167,8 @@ class ManagedLedger:
         """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
         self.properties: dict[str, str] = {}
         self._failure: MagnetarError | None = None
+        self._closed = False
+        """Closed or abandoned by this broker (its bundle went elsewhere): no more appends."""
         self._read_handles: dict[int, LedgerHandle] = {}
         self._position_hints = PositionHints()
         self._samples = SampleStore(self._store, self._path)
@@ -263,6 +270,7 @@ class ManagedLedger:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._current is not None:
                 self._close_current()
                 self._save()
@@ -410,13 +418,16 @@ class ManagedLedger:
                         datas: list[bytes], added: list[AddResult]) -> None:
         error = ledger_future.exception()
         if error is not None:
-            self._add_failed(error)
+            self._add_failed(error, info)
             result.set_exception(error)
             return
         self._confirm(info, datas, added)
         result.set_result(added)
 
-    def _add_failed(self, error: BaseException) -> None:
+    def _add_failed(self, error: BaseException, info: LedgerInfo) -> None:
+        if isinstance(error, LedgerFenced) and self._failure is None:
+            log.warning("append to ledger %d of %s failed: fenced (another broker recovered it)",
+                        info.ledger_id, self.display_name)
         with self._confirmed:
             if self._failure is None and isinstance(error, MagnetarError):
                 self._failure = error
@@ -448,7 +459,16 @@ class ManagedLedger:
         for listener in list(self._listeners):
             listener()
 
+    def abandon(self) -> None:
+        """Stop appending without writing anything (this broker lost the topic's bundle with
+        its ZooKeeper session): whoever serves the topic next recovers the current ledger by
+        fencing it, which also fails any append still in flight here."""
+        with self._lock:
+            self._closed = True
+
     def _check_writable(self) -> None:
+        if self._closed:
+            raise ServiceUnitNotReady(f"topic {self.display_name} is no longer served by this broker")
         if self._terminated:
             raise TopicTerminated(f"topic {self.display_name} is terminated")
         if self._failure is not None:
@@ -476,7 +496,7 @@ class ManagedLedger:
                   added: AddResult) -> None:
         error = ledger_future.exception()
         if error is not None:
-            self._add_failed(error)
+            self._add_failed(error, info)
             result.set_exception(error)
             return
         self._confirm(info, (data,), (added,))

@@ -133,6 +133,13 @@ class MultiConsumer:
         return consumer
 
     @property
+    def unloaded(self) -> bool:
+        """Every underlying consumer was closed because its topic moved to another broker."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+        return bool(consumers) and all(c.unloaded for c in consumers)
+
+    @property
     def closed(self) -> bool:
         """Closed by this handle, or every underlying consumer was closed by the broker (e.g. a
         forced subscription delete)."""

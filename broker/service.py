@@ -55,10 +55,12 @@ from broker.errors import (
     NotAllowed,
     NotFound,
     PreconditionFailed,
+    ServiceUnitNotReady,
 )
 from broker.event_streams import KeyReader, StreamInfo, StreamRead, read_stream, stream_info
 from broker.key_index import KeyIndex, KeyIndexStats
 from broker.ledger import LedgerManager
+from broker.lookup import BrokerAddress, LookupResult
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore, MetadataStoreStats, RocksDBMetadataStore
 from broker.namespaces import Namespaces
@@ -78,6 +80,7 @@ from storage import FileIO, LedgerStorage, StorageConfig, StorageStats
 
 if TYPE_CHECKING:  # a cluster broker's storage pulls in kazoo; the embedded broker never loads it
     from broker.cluster import ClusterStats, ClusterStorage
+    from broker.cluster.ownership import OwnershipManager
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +169,7 @@ class BrokerService:
         self._key_index: KeyIndex | None = None
         self._maintenance_passes = 0
         self._policy_listeners: list[Callable[[], None]] = []
+        self._unload_listeners: list[Callable[[list[TopicName]], None]] = []
         self.admin = TopicAdmin(self)
         """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
 
@@ -192,6 +196,8 @@ class BrokerService:
         self._stop.clear()
         self._maintenance = threading.Thread(target=self._maintenance_loop, name="magnetar-maintenance", daemon=True)
         self._maintenance.start()
+        if self.cluster is not None:
+            self.cluster.start_serving(self.unload_topics, self._local_load)
 
     @property
     def storage(self) -> LedgerStorage:
@@ -218,6 +224,8 @@ class BrokerService:
         return self._store
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop_serving()  # gives the bundles back once their topics are closed below
         self._stop.set()
         if self._maintenance is not None:
             self._maintenance.join()
@@ -235,6 +243,8 @@ class BrokerService:
                 with contextlib.suppress(MagnetarError):
                     topic.close()
             self._topics.clear()
+        if self.cluster is not None:
+            self.cluster.release_bundles()
         if self._key_index is not None:
             self._key_index.close()
             self._key_index = None
@@ -250,7 +260,9 @@ class BrokerService:
     def health(self) -> Health:
         if self.cluster is not None:
             bookies = self.cluster.bookies_available()
-            return Health("ok" if bookies else "degraded", False, 0, 0)
+            ownership = self.cluster.ownership
+            serving = ownership is None or ownership.serving
+            return Health("ok" if bookies and serving else "degraded", False, 0, 0)
         stats = self.storage.statistics()
         status = "degraded" if stats.read_only else "ok"
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
@@ -341,10 +353,17 @@ class BrokerService:
     def topic(self, name: str | TopicName, *, create: bool | None = None) -> PersistentTopic:
         """The topic (or partition) ``name``; created on first use when auto-creation is on."""
         topic_name = name if isinstance(name, TopicName) else TopicName.parse(name)
+        topic = self._topics.get(topic_name)
+        if topic is not None:
+            return topic
+        if self.cluster is not None:
+            self.cluster.check_served_here(topic_name)  # TopicNotOwned names the owner; may take the bundle
         with self._lock:
             topic = self._topics.get(topic_name)
             if topic is not None:
                 return topic
+            if self.cluster is not None and not self.cluster.owns(topic_name):
+                raise ServiceUnitNotReady(f"the bundle of {topic_name} changed owners; retry")
             allowed = self.config.auto_create_topics if create is None else create
             if not self.factory.exists(topic_name.managed_ledger_name):
                 self._check_creatable(topic_name, allowed)
@@ -360,6 +379,107 @@ class BrokerService:
             self._topics[topic_name] = topic
             self._offer_to_patterns(topic_name)
             return topic
+
+    # --- ownership (cluster brokers) ----------------------------------------------------------
+    def add_unload_listener(self, listener: Callable[[list[TopicName]], None]) -> None:
+        """Call ``listener(names)`` when topics stop being served here (their bundle was unloaded,
+        split, or lost with the ZooKeeper session): transports end the sessions on them, and
+        their clients look the topics up again."""
+        self._unload_listeners.append(listener)
+
+    def unload_topics(self, contains: Callable[[TopicName], bool], graceful: bool) -> list[TopicName]:
+        """Stop serving every loaded topic ``contains`` accepts: their consumers are disconnected
+        and, when ``graceful``, the topics closed (cursors and ledgers persisted); otherwise
+        they are abandoned without a write (the next owner fences their ledgers)."""
+        with self._lock:
+            names = [name for name in self._topics if contains(name)]
+            topics = [self._topics.pop(name) for name in names]
+            subscriptions = []
+            for name in names:
+                self._compactors.pop(name, None)
+                self.factory.forget(name.managed_ledger_name)  # reloaded fresh if the bundle comes back
+                for sub_name, subscription in self._subscriptions_by_topic.pop(name, {}).items():
+                    self._subscriptions.pop((name, sub_name), None)
+                    subscriptions.append(subscription)
+        for subscription in subscriptions:
+            for consumer in list(subscription.consumers):
+                consumer.unloaded = True
+                consumer.close()
+                if consumer.listener is not None:
+                    consumer.listener()
+            subscription.detach()
+        if names:
+            for listener in list(self._unload_listeners):
+                try:
+                    listener(names)
+                except Exception:
+                    log.exception("an unload listener failed")
+        for topic in topics:
+            if graceful:
+                try:
+                    topic.close()
+                except MagnetarError:
+                    log.exception("closing unloaded topic %s failed; its next owner recovers it", topic.name)
+            else:
+                topic.ml.abandon()
+        if names:
+            log.info("stopped serving %d topics (%s)", len(names), "unloaded" if graceful else "session lost")
+        return names
+
+    def _local_load(self) -> tuple[int, float, float]:
+        """(topics, messages/s in, messages/s out) for this broker's load report."""
+        topics = self.open_topics()
+        rate_in = sum(topic.publish_rates()[0] for topic in topics)
+        return len(topics), rate_in, 0.0
+
+    def owner_of(self, name: TopicName) -> str | None:
+        """The broker id serving ``name`` (None: standalone, or not served by any broker now)."""
+        return None if self.cluster is None else self.cluster.owner_of(name)
+
+    def lookup(self, name: TopicName) -> LookupResult:
+        """Where ``name`` is served, taking its bundle when it is assigned to this broker (the
+        answer of every transport's lookup). Standalone: here, with empty addresses."""
+        if self.cluster is None:
+            return LookupResult(name.full_name, "", BrokerAddress("", ""), True)
+        return self.cluster.lookup(name)
+
+    def brokers(self) -> list[dict[str, Any]]:
+        """The live brokers' load reports (Pulsar's ``LocalBrokerData`` keys); [] standalone."""
+        ownership = self._ownership()
+        return [] if ownership is None else [r.to_json() for r in ownership.load_reports()]
+
+    def bundles(self, namespace: str) -> dict[str, Any]:
+        """The namespace's bundle boundaries (``{boundaries, numBundles}``)."""
+        ownership = self._ownership()
+        if ownership is None:
+            self.policies(namespace)
+            return {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1}
+        return ownership.bundles(namespace).to_policy()
+
+    def bundle_owners(self, namespace: str) -> dict[str, str | None]:
+        """Each bundle of the namespace and the broker id owning it (None: unowned)."""
+        ownership = self._required_ownership()
+        return {name: None if owner is None else owner.broker_id
+                for name, owner in ownership.bundle_owners(namespace).items()}
+
+    def unload_bundle(self, namespace: str, bundle: str, destination: str | None = None) -> str | None:
+        """Stop serving a bundle this broker owns and hand it to ``destination`` or the
+        least-loaded other broker; returns that broker's id."""
+        target = self._required_ownership().unload(namespace, bundle, destination)
+        return None if target is None else target.broker_id
+
+    def split_bundle(self, namespace: str, bundle: str) -> list[str]:
+        """Divide a bundle this broker owns in two; returns the new bundles' ranges."""
+        return [b.range_name for b in self._required_ownership().split(namespace, bundle)]
+
+    def _ownership(self) -> OwnershipManager | None:
+        return None if self.cluster is None else self.cluster.ownership
+
+    def _required_ownership(self) -> OwnershipManager:
+        ownership = self._ownership()
+        if ownership is None:
+            raise NotAllowed("bundles are owned by brokers only in a cluster (magnetar broker)")
+        return ownership
 
     def _check_creatable(self, name: TopicName, allowed: bool) -> None:
         self.policies(name.namespace_name)  # NotFound for an unknown namespace

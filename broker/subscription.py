@@ -230,6 +230,9 @@ class Consumer:
         self.unacked = UnackedMessages()
         self.offsets_by_id: dict[MessageId, int] = {}
         self.listener: Callable[[], None] | None = None
+        self.unloaded = False
+        """Closed because its topic stopped being served here (it moved to another broker): the
+        client should look the topic up again, rather than take the subscription as gone."""
         self.closed = False
         self.msg_out = self.bytes_out = self.redelivered = 0
         self.blocked = False

@@ -131,6 +131,11 @@ class Cluster:
     def broker_url(self) -> str:
         return f"http://{self.brokers[0].address}"
 
+    @property
+    def service_url(self) -> str:
+        """Every broker, comma-separated (the clients try them in turn)."""
+        return ",".join(f"http://{broker.address}" for broker in self.brokers)
+
     def start_bookie(self, bookie: Process) -> None:
         bookie.start(self.output)
         assert bookie.proc is not None
@@ -145,8 +150,8 @@ class Cluster:
 @contextmanager
 def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tuple[str, ...] = (),
                     chroot: str = "/magnetar", output: IO[bytes] | int = subprocess.DEVNULL,
-                    env: Mapping[str, str] | None = None) -> Iterator[Cluster]:
-    """ZooKeeper, ``bookies`` bookies and one broker, each stopped by PID on the way out."""
+                    env: Mapping[str, str] | None = None, brokers: int = 1) -> Iterator[Cluster]:
+    """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers, each stopped by PID on the way out."""
     base = Path(base_dir)
     with ExitStack() as stack:
         zookeeper = stack.enter_context(running_zookeeper(base / "zookeeper", output=output))
@@ -154,14 +159,18 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
         made = [Process(f"bookie-{i}", [], free_port(), env=dict(env or {})) for i in range(bookies)]
         for index, bookie in enumerate(made):
             bookie.command = bookie_command(store, base / f"bookie-{index}", bookie.port)
-        broker_port = free_port()
-        broker = Process("broker", broker_command(store, broker_port, *broker_args), broker_port, env=dict(env or {}))
-        cluster = Cluster(zookeeper, store, made, [broker], output)
-        for process in (*made, broker):
+        servers = []
+        for index in range(brokers):
+            port = free_port()
+            servers.append(Process("broker" if brokers == 1 else f"broker-{index}",
+                                   broker_command(store, port, *broker_args), port, env=dict(env or {})))
+        cluster = Cluster(zookeeper, store, made, servers, output)
+        for process in (*made, *servers):
             stack.callback(process.stop)
         for bookie in made:
             cluster.start_bookie(bookie)
-        cluster.start_broker(broker)
+        for broker in servers:
+            cluster.start_broker(broker)
         yield cluster
 
 

@@ -183,7 +183,7 @@ def send_clicks(client: Client, topic: str, shape: StreamShape, *, count: int | 
     in_flight = _InFlight()
     started_s = time.monotonic()
     next_progress_s = started_s + PROGRESS_INTERVAL_S
-    with client.create_producer(topic, max_pending_messages=PENDING_SENDS_MAX) as producer:
+    with client.create_producer(topic, max_pending_messages=PENDING_SENDS_MAX, reconnect=True) as producer:
         for index, click in enumerate(generate_clicks(shape)):
             now_s = time.monotonic()
             if (count is not None and index >= count) or (duration_s is not None and now_s - started_s >= duration_s):
@@ -212,7 +212,8 @@ def send_clicks(client: Client, topic: str, shape: StreamShape, *, count: int | 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Send a bounded, seeded stream of click events to Magnetar.")
-    parser.add_argument("--service-url", default="http://127.0.0.1:8080", help="broker URL (http://host:port)")
+    parser.add_argument("--service-url", default="http://127.0.0.1:8080",
+                        help="broker URL (http://host:port; a cluster: several, comma-separated)")
     parser.add_argument("--topic", default=DEFAULT_TOPIC)
     parser.add_argument("--count", type=int, help="clicks to send (the end marker is extra)")
     parser.add_argument("--duration-s", type=float, help="stop sending after this many seconds")

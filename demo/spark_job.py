@@ -247,7 +247,8 @@ def install_stop_signals(on_stop: Callable[[], None]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Count clicks per page per event-time window with Spark.")
-    parser.add_argument("--service-url", default="http://127.0.0.1:8080", help="broker URL (http://host:port)")
+    parser.add_argument("--service-url", default="http://127.0.0.1:8080",
+                        help="broker URL (http://host:port; a cluster: several, comma-separated)")
     parser.add_argument("--topic", default="clickstream")
     parser.add_argument("--results-topic", default="clickstream-page-counts")
     parser.add_argument("--output-dir", default="./demo-output/page-counts", help="Parquet output directory")

@@ -115,7 +115,10 @@ class ConsumerSession:
     async def _close_when_consumer_closes(self) -> None:
         await self._consumer_closed.wait()
         await self._writer.flush()
-        await self.ws.close(1000, "the broker closed this consumer (subscription deleted)")
+        if self.consumer.unloaded:  # 1012, service restart: reconnect through a lookup
+            await self.ws.close(1012, "topic moved to another broker; look it up again")
+        else:
+            await self.ws.close(1000, "the broker closed this consumer (subscription deleted)")
 
     async def _credit_loop(self) -> None:
         """Redelivery after an ack timeout frees credit without any frame arriving."""

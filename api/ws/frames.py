@@ -19,8 +19,8 @@ import orjson
 from fastapi import WebSocket
 from fastapi.responses import JSONResponse
 
-from api.errors import error_of
-from broker import Delivery, InvalidRequest, MagnetarError, iso_time
+from api.errors import error_of, redirect_headers
+from broker import Delivery, InvalidRequest, MagnetarError, TopicNotOwned, iso_time
 
 FRAME_ERROR_TEXT_MAX = 300
 
@@ -111,8 +111,10 @@ async def receive_text(websocket: WebSocket) -> str | None:
 
 async def deny(websocket: WebSocket, exc: MagnetarError) -> None:
     """Answer the upgrade with an HTTP error, as Pulsar does when it cannot create the session."""
+    headers = redirect_headers(exc, websocket.url.path, websocket.url.query, websocket=True) \
+        if isinstance(exc, TopicNotOwned) else None
     await websocket.send_denial_response(
-        JSONResponse(error_of(exc), status_code=exc.http_status))
+        JSONResponse(error_of(exc), status_code=exc.http_status, headers=headers))
 
 
 def send_error(context: Any, result_code: int, error_code: str, message: str, **extra: Any) -> str:

@@ -47,6 +47,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
     routes = APIRouter()
     sessions = SessionRegistry(authorizer)
     service.add_policy_listener(sessions.revalidate)
+    service.add_unload_listener(sessions.topics_unloaded)
 
     async def admit(websocket: WebSocket, action: Action, topics: list[TopicName],
                     dead_letter_topic: str | None = None) -> Admission | None:

@@ -6,7 +6,8 @@ remote bookies and re-replication worker, handed to ``BrokerService(cluster=…)
 configuration, and ``run_bookie``, the bookie process. Inside: ``zk_metadata.py`` (the metadata
 store over kazoo), ``coordination.py`` (bookie registration, leases, the ledger id counter, and
 their in-memory twin), ``bookie_network.py`` and ``remote_bookie.py`` (the bookie protocol's
-client), ``autorecovery.py`` (re-replication of under-replicated ledgers),
+client), ``autorecovery.py`` (re-replication of under-replicated ledgers), ``bundles.py`` and
+``ownership.py`` (namespace bundles, their ownership by brokers, lookups and load reports),
 ``cluster_storage.py`` and ``bookie_process.py``.
 
 Invariant: only cluster processes import this package (it loads kazoo); ``magnetar standalone``
@@ -17,6 +18,7 @@ from broker.cluster.autorecovery import AutoRecoveryConfig
 from broker.cluster.bookie_network import BookieNetworkConfig
 from broker.cluster.bookie_process import BookieProcessConfig, run_bookie
 from broker.cluster.cluster_storage import ClusterConfig, ClusterStats, ClusterStorage
+from broker.cluster.ownership import OwnershipConfig, OwnershipStats
 
 __all__ = [
     "AutoRecoveryConfig",
@@ -25,5 +27,7 @@ __all__ = [
     "ClusterConfig",
     "ClusterStats",
     "ClusterStorage",
+    "OwnershipConfig",
+    "OwnershipStats",
     "run_bookie",
 ]

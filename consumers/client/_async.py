@@ -6,9 +6,21 @@ with the same ``Authorization: Bearer`` token. Event streams (``_streams.py``): 
 expected version, ``read_stream``, ``stream_info`` and ``create_stream_reader``. ``consumers``
 reach the broker over the network only; nothing here imports the broker.
 
+A cluster is reached the way Pulsar's clients reach it: ``service_url`` may list several brokers
+(``http://b1:8080,http://b2:8080``), tried in turn; a WebSocket session on one topic starts with
+a lookup (``/lookup/v2/topic/...``) and connects to the owner it names; an HTTP call follows the
+broker's 307 to the owner (at most ``REDIRECTS_MAX`` hops, the same method and body, since a 307
+means nothing was done). While a topic changes owners (the owner died and its ZooKeeper session
+has not expired yet, or a bundle is being unloaded) a lookup may name a broker that cannot be
+reached or answer 503: connections and requests that were not sent are tried again, with
+backoff, for at most ``failover_timeout_s``. Only when no listed broker can be reached at all
+does a first connection fail at once.
+
 Invariants: every HTTP call has a timeout (``HTTP_TIMEOUT_S``); an HTTP error answer becomes
 ``HttpError`` with the broker's ``code`` and ``message``; options are checked before any
-connection is opened; ``close()`` closes every producer, consumer and reader the client made.
+connection is opened; ``close()`` closes every producer, consumer and reader the client made;
+a request is sent again only when it was not received (connection refused) or was redirected
+or refused as not ready (307, 503), never after a timeout.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
+from websockets.asyncio.client import ClientConnection
 
 from consumers.client._consumer import (
     RECEIVER_QUEUE_SIZE_DEFAULT,
@@ -45,7 +58,7 @@ from consumers.client._streams import (
     stream_batch_of,
     stream_info_of,
 )
-from consumers.client.errors import HttpError, SendError
+from consumers.client.errors import ConnectError, HttpError, SendError
 from consumers.client.types import (
     PARTITION_SUFFIX,
     AppendResult,
@@ -58,6 +71,15 @@ from consumers.client.types import (
 
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 60.0
+FAILOVER_TIMEOUT_S = 60.0
+"""How long a connection or request keeps trying while its topic changes owners."""
+REDIRECTS_MAX = 5
+LOOKUP_TIMEOUT_S = 5.0
+"""A lookup is small: a broker that does not answer one in this time (stopped, overloaded) is
+passed over for the next listed one."""
+RETRY_BACKOFF_S_MIN = 0.1
+RETRY_BACKOFF_S_MAX = 2.0
+NOT_READY_CODES = frozenset({"service_unit_not_ready", "metadata_store_unavailable", "coordination_unavailable"})
 REST_MESSAGES_PER_REQUEST_MAX = 10_000  # the broker's bound on one PIP-64 request
 HTTP_ERROR_TEXT_MAX = 500
 SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
@@ -81,14 +103,44 @@ def _check_range(name: str, value: int, low: int, high: int) -> None:
         raise ValueError(f"{name} must be in {low}..{high}, not {value}")
 
 
+def service_urls(service_url: str) -> list[str]:
+    """The brokers of a ``service_url`` (comma-separated; at least one)."""
+    urls = [u.strip().rstrip("/") for u in service_url.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("service_url names no broker")
+    return urls
+
+
+def _not_ready(exc: HttpError) -> bool:
+    return exc.status == 503 and exc.code in NOT_READY_CODES
+
+
+class _Backoff:
+    """Waits between attempts, doubling, until a deadline (then ``wait`` returns False)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._deadline_s = self._loop.time() + timeout_s
+        self._delay_s = RETRY_BACKOFF_S_MIN
+
+    async def wait(self) -> bool:
+        if self._loop.time() + self._delay_s > self._deadline_s:
+            return False
+        await asyncio.sleep(self._delay_s)
+        self._delay_s = min(self._delay_s * 2, RETRY_BACKOFF_S_MAX)
+        return True
+
+
 class AsyncClient:
     """``async with AsyncClient("http://127.0.0.1:8080", token=...) as client: ...``"""
 
     def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
-                 http_timeout_s: float = HTTP_TIMEOUT_S) -> None:
-        self.service_url = service_url.rstrip("/")
+                 http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
+        self._service_urls = service_urls(service_url)
+        self.service_url = self._service_urls[0]
         self._token = token
-        self._http = httpx.AsyncClient(base_url=self.service_url, timeout=http_timeout_s, headers=auth_headers(token))
+        self._failover_timeout_s = failover_timeout_s
+        self._http = httpx.AsyncClient(timeout=http_timeout_s, headers=auth_headers(token))
         self._children: weakref.WeakSet[_Closable] = weakref.WeakSet()
 
     async def __aenter__(self) -> AsyncClient:
@@ -107,10 +159,12 @@ class AsyncClient:
     async def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
                               batching_max_messages: int = 1000, max_pending_messages: int = PENDING_MESSAGES_DEFAULT,
                               send_timeout_ms: int = SEND_TIMEOUT_MS_DEFAULT, compression_type: str | None = None,
-                              initial_sequence_id: int | None = None) -> AsyncProducer:
+                              initial_sequence_id: int | None = None, reconnect: bool = False) -> AsyncProducer:
         """A producer on ``topic`` (``persistent://tenant/ns/topic``, ``tenant/ns/topic`` or a short
         name in ``public/default``). ``batching`` lets the broker store publishes that arrive
-        together as one entry."""
+        together as one entry. With ``producer_name`` and ``initial_sequence_id`` the producer
+        numbers its messages from ``initial_sequence_id + 1``, so what it sends again after a
+        reconnection (``reconnect``) is stored once."""
         name = Topic.parse(topic)
         _check_range("max_pending_messages", max_pending_messages, 1, PENDING_MESSAGES_MAX)
         _check_range("send_timeout_ms", send_timeout_ms, 0, 2**31 - 1)
@@ -118,15 +172,19 @@ class AsyncClient:
                  "batchingMaxMessages": batching_max_messages if batching else None,
                  "maxPendingMessages": max_pending_messages, "sendTimeoutMillis": send_timeout_ms,
                  "compressionType": compression_type, "initialSequenceId": initial_sequence_id}
-        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/producer/{name.path}", query), self._token)
+        path = f"/ws/v2/producer/{name.path}"
+        ws = await self._connect(path, query, name)
+        connector = (lambda: self._connect(path, query, name, reconnecting=True)) if reconnect else None
+        first = initial_sequence_id + 1 if initial_sequence_id is not None and producer_name is not None else None
         return self._adopt(AsyncProducer(ws, name.full_name, max_pending_messages=max_pending_messages,
-                                         send_timeout_ms=send_timeout_ms))
+                                         send_timeout_ms=send_timeout_ms, connector=connector,
+                                         first_sequence_id=first))
 
     async def subscribe(self, topic: str | Sequence[str], subscription: str, *, subscription_type: str = "Exclusive",
                         initial_position: str = "latest", receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
                         ack_timeout_ms: int | None = None, negative_ack_redelivery_delay_ms: int | None = None,
                         max_redeliver_count: int | None = None, dead_letter_topic: str | None = None,
-                        consumer_name: str | None = None) -> AsyncConsumer:
+                        consumer_name: str | None = None, reconnect: bool = False) -> AsyncConsumer:
         """A consumer of ``subscription`` on one topic or several (Pulsar's v3 multi-topic path)."""
         topics = [Topic.parse(t) for t in ([topic] if isinstance(topic, str) else topic)]
         if not topics:
@@ -143,24 +201,31 @@ class AsyncClient:
                  "maxRedeliverCount": max_redeliver_count, "deadLetterTopic": dead_letter_topic,
                  "consumerName": consumer_name}
         quoted = urllib.parse.quote(subscription, safe="")
-        if len(topics) == 1:
-            path = f"/ws/v2/consumer/{topics[0].path}/{quoted}"
+        single = topics[0] if len(topics) == 1 else None
+        if single is not None:
+            path = f"/ws/v2/consumer/{single.path}/{quoted}"
         else:
             path = f"/ws/v3/consumer/{quoted}"
             query["topics"] = ",".join(t.full_name for t in topics)
-        ws = await open_connection(ws_url(self.service_url, path, query), self._token)
-        return self._adopt(AsyncConsumer(ws, topics, subscription, receiver_queue_size))
+        ws = await self._connect(path, query, single)
+        connector = (lambda: self._connect(path, query, single, reconnecting=True)) if reconnect else None
+        return self._adopt(AsyncConsumer(ws, topics, subscription, receiver_queue_size, connector))
 
     async def create_reader(self, topic: str, start_message_id: str = "earliest", *,
                             receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
-                            reader_name: str | None = None) -> AsyncReader:
+                            reader_name: str | None = None, reconnect: bool = False) -> AsyncReader:
         """A reader from ``"earliest"``, ``"latest"`` or after a message id (base64 or ``l:e``)."""
         name = Topic.parse(topic)
         if start_message_id not in ("earliest", "latest"):
             MessageIdParts.parse(start_message_id)  # a bad id fails here, before connecting
         _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
         query = {"messageId": start_message_id, "receiverQueueSize": receiver_queue_size, "readerName": reader_name}
-        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/reader/{name.path}", query), self._token)
+        path = f"/ws/v2/reader/{name.path}"
+        ws = await self._connect(path, query, name)
+
+        async def reopen(after: str) -> ClientConnection:
+            return await self._connect(path, {**query, "messageId": after}, name, reconnecting=True)
+
         try:
             start_offsets = await self.offsets(name.full_name) if start_message_id == "latest" else {}
         except BaseException:
@@ -168,7 +233,7 @@ class AsyncClient:
             raise
         return self._adopt(AsyncReader(ws, name, receiver_queue_size, start=start_message_id,
                                        start_offsets=start_offsets, offsets=lambda: self.offsets(name.full_name),
-                                       probe=self._message_id_at))
+                                       probe=self._message_id_at, connector=reopen if reconnect else None))
 
     async def create_stream_reader(self, topic: str, key: str, from_version: int = 0, *,
                                    receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT) -> AsyncStreamReader:
@@ -186,17 +251,102 @@ class AsyncClient:
         self._children.add(child)
         return child
 
+    async def _connect(self, path: str, query: dict[str, Any], topic: Topic | None, *,
+                       reconnecting: bool = False) -> ClientConnection:
+        """A WebSocket session on ``path``: on the owner of ``topic`` (found by a lookup), or on
+        the first listed broker that answers. Tried again while the topic changes owners (the
+        owner unreachable, or 503) for at most ``failover_timeout_s``; a refusal (4xx) is final,
+        and so is finding no listed broker at all, unless ``reconnecting``."""
+        backoff = _Backoff(self._failover_timeout_s)
+        while True:
+            try:
+                base = await self._owner_url(topic) if topic is not None else None
+            except ConnectError as exc:
+                if ((exc.status == 0 and reconnecting) or _not_ready(exc)) and await backoff.wait():
+                    continue
+                raise
+            try:
+                if base is None:
+                    return await self._open_any(path, query)
+                return await open_connection(ws_url(base, path, query), self._token)
+            except ConnectError as exc:
+                owner_lost = exc.status == 0 and (base is not None or reconnecting)
+                if (owner_lost or _not_ready(exc)) and await backoff.wait():
+                    continue
+                raise
+
+    async def _open_any(self, path: str, query: dict[str, Any]) -> ClientConnection:
+        """Connect to the first listed broker that accepts a connection (it follows 307s)."""
+        failure: ConnectError | None = None
+        for base in self._service_urls:
+            try:
+                return await open_connection(ws_url(base, path, query), self._token)
+            except ConnectError as exc:
+                if exc.status != 0:
+                    raise
+                failure = exc
+        assert failure is not None
+        raise failure
+
+    async def _owner_url(self, topic: Topic) -> str | None:
+        """The web service URL of the broker serving ``topic`` (Pulsar's lookup); None when the
+        lookup is refused (the session's own handshake then says why)."""
+        try:
+            response = await self.request("GET", f"/lookup/v2/topic/{topic.path}", retry=False,
+                                          timeout_s=LOOKUP_TIMEOUT_S)
+        except HttpError as exc:
+            if exc.status == 0 or _not_ready(exc):
+                raise ConnectError(exc.status, exc.code, exc.message) from exc
+            return None
+        url = response.json().get("httpUrl")
+        return str(url).rstrip("/") if url else None
+
     # --- HTTP ----------------------------------------------------------------------------
     async def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                      ) -> httpx.Response:
-        """One HTTP call to the broker; an error status raises ``HttpError``."""
-        try:
-            response = await self._http.request(method, path, json=json_body, params=params)
-        except httpx.HTTPError as exc:
-            raise HttpError(0, "unreachable", f"{method} {self.service_url}{path}: {exc}") from exc
-        if response.status_code >= 400:
-            raise _error_of(response)
-        return response
+                      retry: bool = True, timeout_s: float | None = None) -> httpx.Response:
+        """One HTTP call; an error status raises ``HttpError``. A 307 is followed to the owner
+        (``REDIRECTS_MAX`` hops); with ``retry``, a call that was not received (its broker
+        unreachable after a redirect) or was refused as not ready (503) is made again, with
+        backoff, for at most ``failover_timeout_s``."""
+        backoff = _Backoff(self._failover_timeout_s)
+        while True:
+            try:
+                response = await self._request_once(method, path, json_body, params, timeout_s)
+            except HttpError as exc:
+                retriable = _not_ready(exc) or (exc.status == 0 and exc.code == "owner_unreachable")
+                if retry and retriable and await backoff.wait():
+                    continue
+                raise
+            return response
+
+    async def _request_once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
+                            timeout_s: float | None) -> httpx.Response:
+        """One attempt: the listed brokers in turn (the next when one refuses the connection, or,
+        for a GET, which changes nothing, does not answer in time), 307s followed."""
+        failure: Exception | None = None
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+        for base in self._service_urls:
+            url, query = f"{base}{path}", params
+            for hop in range(REDIRECTS_MAX + 1):
+                try:
+                    response = await self._http.request(method, url, json=json_body, params=query, timeout=timeout)
+                except (httpx.ConnectError, httpx.TimeoutException) as exc:
+                    if hop == 0 and (isinstance(exc, httpx.ConnectError) or method == "GET"):
+                        failure = exc
+                        break  # this listed broker is down: the next one
+                    raise HttpError(0, "owner_unreachable", f"{method} {url}: {exc}") from exc
+                except httpx.HTTPError as exc:
+                    raise HttpError(0, "unreachable", f"{method} {url}: {exc}") from exc
+                location = response.headers.get("location")
+                if response.status_code in (307, 308) and location:
+                    url, query = str(httpx.URL(url).join(location)), None  # the location carries the query
+                    continue
+                if response.status_code >= 400:
+                    raise _error_of(response)
+                return response
+            else:
+                raise HttpError(508, "too_many_redirects", f"{method} {path}: more than {REDIRECTS_MAX} redirects")
+        raise HttpError(0, "unreachable", f"{method} {','.join(self._service_urls)}{path}: {failure}")
 
     async def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
                             properties: dict[str, str] | None = None, producer_name: str | None = None,

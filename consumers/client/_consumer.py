@@ -14,6 +14,12 @@ Invariants:
 - An error frame from the broker (a refused ack or command) is raised by the next ``receive``
   (or by the pending ``unsubscribe``), never dropped. Commands that expect an answer wait at
   most ``CONTROL_TIMEOUT_S``.
+- Made with a ``connector`` (``reconnect=True`` of ``AsyncClient.subscribe`` and ``create_reader``), a
+  session lost without being closed (the broker died, or the topic moved to another broker) is
+  opened again through a lookup within the connector's bounded time: a consumer rejoins its
+  subscription, whose unacknowledged messages the broker delivers again (at least once;
+  acknowledgements wait for the new session); a reader starts after the last message it
+  returned. ``reconnects`` counts the reconnections.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection
 
-from consumers.client._session import Session
+from consumers.client._session import Connector, Reconnection, Session
 from consumers.client.errors import ClientError, ConnectionClosed, ConsumerError, ReceiveTimeout
 from consumers.client.types import Message, MessageIdParts, Topic, epoch_ms
 
@@ -56,20 +62,36 @@ class _Receiving:
     """What consumers and readers share: the session, the bounded queue, message parsing, and
     ``async for`` / ``async with`` (until the session ends; closing it on the way out)."""
 
-    def __init__(self, ws: ClientConnection, description: str, topics: list[Topic], receiver_queue_size: int) -> None:
+    def __init__(self, ws: ClientConnection, description: str, topics: list[Topic], receiver_queue_size: int,
+                 connector: Connector | None = None) -> None:
         self._topics = topics
         self._queue: asyncio.Queue[_Item] = asyncio.Queue(receiver_queue_size + QUEUE_SLACK)
         self._queued_messages = 0
         self._control: asyncio.Future[dict[str, Any]] | None = None
         self._ended: ConnectionClosed | None = None
+        self._description = description
+        self._reconnection = Reconnection(connector)
         self._session = Session(ws, description, self._on_frame, self._on_end)
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnection.count
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        """Send on the current session, waiting (bounded by the connector) for a reconnection."""
+        await self._reconnection.ready.wait()
+        await self._session.send_json(frame)
+
+    async def _close(self) -> None:
+        self._reconnection.close()
+        await self._session.close()
 
     async def _next_message(self) -> Message:
         """What ``async for`` yields next (the subclass's receive or read)."""
         raise NotImplementedError
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._close()
 
     def __aiter__(self) -> Self:
         return self
@@ -152,6 +174,20 @@ class _Receiving:
             await self._queue.put(_error_of(frame))
 
     def _on_end(self, error: ConnectionClosed) -> None:
+        if self._reconnection.wanted(error, self._session):
+            if self._control is not None:
+                self._control.cancel()
+            self._reconnection.start(lambda: self._reconnect(error))
+            return
+        self._finish(error)
+
+    async def _reconnect(self, lost: ConnectionClosed) -> None:
+        ws = await self._reconnection.connect(lost, self._finish)
+        if ws is not None:
+            self._session = Session(ws, self._description, self._on_frame, self._on_end)
+            self._reconnection.finished()
+
+    def _finish(self, error: ConnectionClosed) -> None:
         self._ended = error
         if self._control is not None:
             self._control.cancel()
@@ -183,30 +219,33 @@ class AsyncConsumer(_Receiving):
     """A subscription's consumer; create with ``AsyncClient.subscribe``. ``async for`` yields
     messages until the session ends."""
 
-    def __init__(self, ws: ClientConnection, topics: list[Topic], subscription: str, receiver_queue_size: int) -> None:
+    def __init__(self, ws: ClientConnection, topics: list[Topic], subscription: str, receiver_queue_size: int,
+                 connector: Connector | None = None) -> None:
         self.subscription = subscription
         self.topics = [t.full_name for t in topics]
-        super().__init__(ws, f"consumer {subscription} on {', '.join(self.topics)}", topics, receiver_queue_size)
+        super().__init__(ws, f"consumer {subscription} on {', '.join(self.topics)}", topics, receiver_queue_size,
+                         connector)
 
     async def receive(self, timeout_ms: int | None = None) -> Message:
         """The next message; ``ReceiveTimeout`` after ``timeout_ms`` (None: wait until one comes)."""
         return await self._receive(timeout_ms)
 
     async def acknowledge(self, message: Message | str) -> None:
-        await self._session.send_json({"messageId": _message_id_of(message)})
+        await self._send({"messageId": _message_id_of(message)})
 
     async def negative_acknowledge(self, message: Message | str) -> None:
         """Ask for redelivery (after the subscription's negative-ack delay); ``redelivery_count`` grows."""
-        await self._session.send_json({"type": "negativeAcknowledge", "messageId": _message_id_of(message)})
+        await self._send({"type": "negativeAcknowledge", "messageId": _message_id_of(message)})
 
     async def unsubscribe(self) -> None:
         """Delete the subscription (refused while other consumers are attached); ends this consumer."""
+        self._reconnection.closing = True
         await self._control_request({"type": "unsubscribe"}, ends_session=True)
-        await self._session.close()
+        await self._close()
 
     async def close(self) -> None:
         """Leave the subscription; unacknowledged messages go to other consumers or come back later."""
-        await self._session.close()
+        await self._close()
 
     async def _next_message(self) -> Message:
         return await self.receive()
@@ -217,22 +256,26 @@ class AsyncReader(_Receiving):
     ``AsyncClient.create_reader``."""
 
     def __init__(self, ws: ClientConnection, topic: Topic, receiver_queue_size: int, *, start: str,
-                 start_offsets: dict[str, dict[str, int]], offsets: OffsetsFetcher, probe: IdProbe) -> None:
+                 start_offsets: dict[str, dict[str, int]], offsets: OffsetsFetcher, probe: IdProbe,
+                 connector: Callable[[str], Awaitable[ClientConnection]] | None = None) -> None:
         self.topic = topic.full_name
         self._start = start
         self._start_offsets = start_offsets
         self._offsets = offsets
         self._probe = probe
         self._next_offsets: dict[str, int] = {}
-        super().__init__(ws, f"reader on {self.topic}", [topic], receiver_queue_size)
+        self._last_id: str | None = None
+        reopen = None if connector is None else (lambda: connector(self._last_id or start))
+        super().__init__(ws, f"reader on {self.topic}", [topic], receiver_queue_size, reopen)
 
     async def read_next(self, timeout_ms: int | None = None) -> Message:
         """The next message; ``ReceiveTimeout`` after ``timeout_ms`` (None: wait until one comes)."""
         message = await self._receive(timeout_ms)
         if message.topic is not None and message.offset is not None:
             self._next_offsets[message.topic] = message.offset + 1
+        self._last_id = message.message_id
         with contextlib.suppress(ConnectionClosed):  # the message is good; the next read reports the end
-            await self._session.send_json({"messageId": message.message_id})  # returns the flow credit
+            await self._send({"messageId": message.message_id})  # returns the flow credit
         return message
 
     async def has_message_available(self) -> bool:

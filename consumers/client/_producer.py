@@ -10,7 +10,14 @@ Invariants:
   calls; a result is matched to its future by ``context``, never by position.
 - No future waits forever: a publish without an answer after ``send_timeout_ms`` fails with
   ``SendTimeout``; when the connection ends every pending future fails with
-  ``ConnectionClosed``.
+  ``ConnectionClosed``, unless the producer reconnects.
+- A producer made with a ``connector`` (``AsyncClient.create_producer(reconnect=True)``) that
+  loses its connection without closing it (the broker died, or its topic moved
+  to another broker) connects again through a lookup, within the connector's bounded time, and
+  sends every unanswered publish again, in order, before any new one. With a producer name and
+  sequence ids (``initial_sequence_id`` makes the producer number its messages) the broker's
+  deduplication stores a resent publish once; without, a resent publish that had been stored
+  but not answered is stored again (at least once). ``reconnects`` counts the reconnections.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from consumers.client._session import Session
+from consumers.client._session import Connector, Reconnection, Session
 from consumers.client.errors import ConnectionClosed, KeyVersionMismatch, SendError, SendTimeout
 from consumers.client.types import SendResult, iso_time
 
@@ -40,6 +47,7 @@ UNKNOWN_ERROR_RESULT_CODE = 8
 class _Pending:
     future: asyncio.Future[SendResult]
     deadline_s: float
+    frame: dict[str, Any]
     key: str | None = None
 
 
@@ -66,7 +74,8 @@ def rest_produce_body(payloads: Sequence[bytes], keys: Sequence[str | None] | No
 class AsyncProducer:
     """Create with ``AsyncClient.create_producer``."""
 
-    def __init__(self, ws: ClientConnection, topic: str, *, max_pending_messages: int, send_timeout_ms: int) -> None:
+    def __init__(self, ws: ClientConnection, topic: str, *, max_pending_messages: int, send_timeout_ms: int,
+                 connector: Connector | None = None, first_sequence_id: int | None = None) -> None:
         if not 1 <= max_pending_messages <= PENDING_MESSAGES_MAX:
             raise ValueError(f"max_pending_messages must be in 1..{PENDING_MESSAGES_MAX}")
         self.topic = topic
@@ -76,7 +85,13 @@ class AsyncProducer:
         self._contexts = itertools.count()
         self._send_timeout_s = send_timeout_ms / 1000
         self._watchdog = self._loop.create_task(self._expire_loop()) if send_timeout_ms > 0 else None
+        self._sequence_ids = itertools.count(first_sequence_id) if first_sequence_id is not None else None
+        self._reconnection = Reconnection(connector)
         self._session = Session(ws, f"producer on {topic}", self._on_frame, self._on_end)
+
+    @property
+    def reconnects(self) -> int:
+        return self._reconnection.count
 
     @property
     def pending_messages(self) -> int:
@@ -102,6 +117,8 @@ class AsyncProducer:
                          expected_offset: int | None = None,
                          expected_key_version: int | str | None = None) -> asyncio.Future[SendResult]:
         """Start a publish; waits only while ``max_pending_messages`` are already in flight."""
+        if sequence_id is None and self._sequence_ids is not None:
+            sequence_id = next(self._sequence_ids)
         frame = _send_frame(payload, key, properties, event_time_ms, deliver_after_ms, deliver_at_ms, sequence_id)
         if expected_offset is not None:
             frame["expectedOffset"] = expected_offset
@@ -109,9 +126,11 @@ class AsyncProducer:
             if key is None:
                 raise ValueError("expected_key_version needs a key")
             frame["expectedKeyVersion"] = expected_key_version
+        await self._reconnection.ready.wait()  # bounded: a reconnection ends within its connector's time
         self._session.check_open()
         await self._slots.acquire()
         try:
+            await self._reconnection.ready.wait()
             self._session.check_open()
         except ConnectionClosed:
             self._slots.release()
@@ -119,10 +138,12 @@ class AsyncProducer:
         context = str(next(self._contexts))
         frame["context"] = context
         future: asyncio.Future[SendResult] = self._loop.create_future()
-        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s, key)
+        self._pending[context] = _Pending(future, self._loop.time() + self._send_timeout_s, frame, key)
         try:
             await self._session.send_json(frame)
         except ConnectionClosed:
+            if self._reconnection.task is not None:
+                return future  # kept pending: the reconnection sends it again
             self._finish(context)
             if future.done():
                 future.exception()  # the caller gets the error raised here instead
@@ -137,9 +158,10 @@ class AsyncProducer:
 
     async def close(self) -> None:
         """Flush (bounded by the send timeout), then close the session."""
-        if not self._session.closed:
+        if not self._session.closed or self._reconnection.task is not None:
             with contextlib.suppress(ConnectionClosed):
                 await self.flush()
+        self._reconnection.close()
         if self._watchdog is not None:
             self._watchdog.cancel()
         await self._session.close()
@@ -185,6 +207,26 @@ class AsyncProducer:
         future.set_exception(SendError(message.removeprefix(prefix), code=code, result_code=result_code))
 
     def _on_end(self, error: ConnectionClosed) -> None:
+        if self._reconnection.wanted(error, self._session):
+            self._reconnection.start(lambda: self._reconnect(error))
+            return
+        self._fail_pending(error)
+
+    async def _reconnect(self, lost: ConnectionClosed) -> None:
+        """Open a new session and send every unanswered publish again, in order; on failure
+        fail them all with the error that ended the old session."""
+        ws = await self._reconnection.connect(lost, self._fail_pending)
+        if ws is None:
+            return
+        self._session = Session(ws, f"producer on {self.topic}", self._on_frame, self._on_end)
+        for pending in list(self._pending.values()):
+            try:
+                await self._session.send_json(pending.frame)
+            except ConnectionClosed:
+                return  # the new session ended too: its _on_end started another reconnection
+        self._reconnection.finished()
+
+    def _fail_pending(self, error: ConnectionClosed) -> None:
         for context in list(self._pending):
             pending = self._finish(context)
             if pending is not None:

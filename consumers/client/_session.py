@@ -17,19 +17,27 @@ import asyncio
 import contextlib
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 
-from consumers.client.errors import ConnectError, ConnectionClosed
+from consumers.client.errors import ClientError, ConnectError, ConnectionClosed
 
 WS_FRAME_BYTES_MAX = 16 * 1024 * 1024  # a 5 MiB message is ~7 MiB of base64 JSON
 OPEN_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
 REFUSAL_TEXT_MAX = 500
+RECONNECT_CLOSE_CODES = frozenset({1001, 1006, 1011, 1012, 1013})
+"""Close codes after which a session may be opened again: going away, a broken connection,
+an internal error or missed keepalive, a service restart (the topic moved), try again later.
+A policy refusal (1008), a normal closure or a deleted topic are final."""
+PING_INTERVAL_S = 5.0
+PING_TIMEOUT_S = 10.0
+"""Keepalive: a broker that answers no ping for this long (stopped, partitioned) is given up,
+so a session on it can reconnect to the topic's next owner."""
 
 
 def ws_url(service_url: str, path: str, query: dict[str, Any]) -> str:
@@ -52,7 +60,8 @@ def auth_headers(token: str | None) -> dict[str, str]:
 async def open_connection(url: str, token: str | None) -> ClientConnection:
     try:
         return await connect(url, additional_headers=auth_headers(token) or None, max_size=WS_FRAME_BYTES_MAX,
-                             open_timeout=OPEN_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S, compression=None)
+                             open_timeout=OPEN_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S, compression=None,
+                             ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S)
     except InvalidStatus as exc:
         raise _refusal(exc) from None
     except (OSError, TimeoutError, InvalidHandshake) as exc:
@@ -75,6 +84,52 @@ def _refusal(exc: InvalidStatus) -> ConnectError:
 
 FrameHandler = Callable[[Any], Awaitable[None]]
 EndHandler = Callable[[ConnectionClosed], None]
+Connector = Callable[[], Awaitable[ClientConnection]]
+"""Opens the session again (a lookup first); raises ``ClientError`` when it gives up."""
+
+
+class Reconnection:
+    """What a producer, consumer or reader made with a ``connector`` needs to open its session
+    again after losing it: whether to (:meth:`wanted`), a ``ready`` event that callers wait on
+    while it happens (bounded by the connector's own time), and the count of reconnections."""
+
+    def __init__(self, connector: Connector | None) -> None:
+        self._connector = connector
+        self.ready = asyncio.Event()
+        self.ready.set()
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False
+        self.count = 0
+
+    def wanted(self, error: ConnectionClosed, session: Session) -> bool:
+        return self._connector is not None and not error.by_client and not self.closing and session.may_reconnect
+
+    def start(self, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.ready.clear()
+        self.task = asyncio.get_running_loop().create_task(run())
+
+    async def connect(self, lost: ConnectionClosed, give_up: EndHandler) -> ClientConnection | None:
+        """A new connection; None once the connector gave up (``give_up(lost)`` has run)."""
+        assert self._connector is not None
+        try:
+            ws = await self._connector()
+        except ClientError as exc:
+            lost.__cause__ = exc
+            self.task = None
+            give_up(lost)
+            self.ready.set()
+            return None
+        self.count += 1
+        return ws
+
+    def finished(self) -> None:
+        self.task = None
+        self.ready.set()
+
+    def close(self) -> None:
+        self.closing = True
+        if self.task is not None:
+            self.task.cancel()
 
 
 class Session:
@@ -93,6 +148,12 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._ended is not None or self._closing
+
+    @property
+    def may_reconnect(self) -> bool:
+        """The session ended in a way a new one may fix (``RECONNECT_CLOSE_CODES``)."""
+        code = self._ws.close_code
+        return code is None or code in RECONNECT_CLOSE_CODES
 
     def check_open(self) -> None:
         if self._ended is not None:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from consumers.client._async import DEFAULT_SERVICE_URL, HTTP_TIMEOUT_S, AsyncClient
+from consumers.client._async import DEFAULT_SERVICE_URL, FAILOVER_TIMEOUT_S, HTTP_TIMEOUT_S, AsyncClient
 from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
 from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
 from consumers.client._streams import AsyncStreamReader
@@ -198,40 +198,42 @@ class Client:
     """``with Client("http://127.0.0.1:8080", token=...) as client: ...``"""
 
     def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
-                 http_timeout_s: float = HTTP_TIMEOUT_S) -> None:
+                 http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
         self.service_url = service_url.rstrip("/")
         self._runner = _LoopThread()
 
         async def make() -> AsyncClient:
-            return AsyncClient(service_url, token, http_timeout_s=http_timeout_s)
+            return AsyncClient(service_url, token, http_timeout_s=http_timeout_s, failover_timeout_s=failover_timeout_s)
 
         self._client = self._runner.call(make())
 
     def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
                         batching_max_messages: int = 1000, max_pending_messages: int = PENDING_MESSAGES_DEFAULT,
                         send_timeout_ms: int = SEND_TIMEOUT_MS_DEFAULT, compression_type: str | None = None,
-                        initial_sequence_id: int | None = None) -> Producer:
+                        initial_sequence_id: int | None = None, reconnect: bool = False) -> Producer:
         return Producer(self._runner, self._runner.call(self._client.create_producer(
             topic, producer_name=producer_name, batching=batching, batching_max_messages=batching_max_messages,
             max_pending_messages=max_pending_messages, send_timeout_ms=send_timeout_ms,
-            compression_type=compression_type, initial_sequence_id=initial_sequence_id)))
+            compression_type=compression_type, initial_sequence_id=initial_sequence_id, reconnect=reconnect)))
 
     def subscribe(self, topic: str | Sequence[str], subscription: str, *, subscription_type: str = "Exclusive",
                   initial_position: str = "latest", receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
                   ack_timeout_ms: int | None = None, negative_ack_redelivery_delay_ms: int | None = None,
                   max_redeliver_count: int | None = None, dead_letter_topic: str | None = None,
-                  consumer_name: str | None = None) -> Consumer:
+                  consumer_name: str | None = None, reconnect: bool = False) -> Consumer:
         return Consumer(self._runner, self._runner.call(self._client.subscribe(
             topic, subscription, subscription_type=subscription_type, initial_position=initial_position,
             receiver_queue_size=receiver_queue_size, ack_timeout_ms=ack_timeout_ms,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
             max_redeliver_count=max_redeliver_count, dead_letter_topic=dead_letter_topic,
-            consumer_name=consumer_name)))
+            consumer_name=consumer_name, reconnect=reconnect)))
 
     def create_reader(self, topic: str, start_message_id: str = "earliest", *,
-                      receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, reader_name: str | None = None) -> Reader:
+                      receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, reader_name: str | None = None,
+                      reconnect: bool = False) -> Reader:
         return Reader(self._runner, self._runner.call(self._client.create_reader(
-            topic, start_message_id, receiver_queue_size=receiver_queue_size, reader_name=reader_name)))
+            topic, start_message_id, receiver_queue_size=receiver_queue_size, reader_name=reader_name,
+            reconnect=reconnect)))
 
     def create_stream_reader(self, topic: str, key: str, from_version: int = 0, *,
                              receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT) -> Reader:

@@ -7,9 +7,15 @@ namespace (Pulsar's admin v2 ``GET /admin/v2/persistent/{tenant}/{namespace}`` a
 /topics/persistent/...``, Pulsar's PIP-64 body).
 
 Invariants: every call has a timeout (``HTTP_TIMEOUT_S``); a broker error answer becomes
-``BrokerHttpError`` carrying the broker's ``code`` and ``message``; nothing here retries (the
-callers decide what is safe to repeat), except that a range read finding its idle keep-alive
+``BrokerHttpError`` carrying the broker's ``code`` and ``message``; a write (REST produce) is
+never repeated here (the sink decides, with dedup); a range read finding its idle keep-alive
 connection closed by the broker opens a new one and sends the read again (it changes nothing).
+
+A cluster: ``service.url`` may list several brokers (comma-separated, tried in turn); a broker's
+307 to a topic's owner is followed (at most ``REDIRECTS_MAX`` hops), and range reads remember
+each partition's owner and keep one connection per broker (at most ``OWNER_CONNECTIONS_MAX``).
+Reads, which change nothing, are tried again while a topic changes owners (its owner
+unreachable after a redirect, or 503), with backoff, for at most ``FAILOVER_TIMEOUT_S``.
 
 Transport: range reads go over one keep-alive connection of the standard library's
 ``http.client``, which reads an answer's body (megabytes of Arrow) with one call into one buffer;
@@ -23,14 +29,22 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pyarrow as pa
 
 HTTP_TIMEOUT_S = 60.0
+FAILOVER_TIMEOUT_S = 60.0
+REDIRECTS_MAX = 5
+OWNER_CONNECTIONS_MAX = 16
+OWNERS_REMEMBERED_MAX = 10_000
+RETRY_BACKOFF_S_MIN = 0.1
+RETRY_BACKOFF_S_MAX = 2.0
 ARROW_STREAM_MEDIA_TYPE = "application/vnd.apache.arrow.stream"
 NEXT_OFFSET_HEADER = "X-Magnetar-Next-Offset"
 FIRST_OFFSET_HEADER = "X-Magnetar-First-Offset"
@@ -50,6 +64,29 @@ class BrokerHttpError(Exception):
     @property
     def retriable(self) -> bool:
         return self.status in (0, 502, 503, 504) or self.code == "duplicate_in_flight"
+
+
+_R = TypeVar("_R")
+
+
+def _retrying_reads(read: Callable[[], _R]) -> _R:
+    """``read()`` again while it fails in a way a topic changing owners explains (the broker
+    unreachable, or 503 'not ready'), with backoff, for at most ``FAILOVER_TIMEOUT_S``."""
+    deadline_s = time.monotonic() + FAILOVER_TIMEOUT_S
+    delay_s = RETRY_BACKOFF_S_MIN
+    while True:
+        try:
+            return read()
+        except BrokerHttpError as exc:
+            if exc.status not in (0, 503) or time.monotonic() + delay_s > deadline_s:
+                raise
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, RETRY_BACKOFF_S_MAX)
+
+
+def _base_of(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 @dataclass(frozen=True)
@@ -175,11 +212,19 @@ class BrokerClient:
     ``token`` every request carries ``Authorization: Bearer <token>`` (brokers with auth on)."""
 
     def __init__(self, service_url: str, *, token: str | None = None, timeout_s: float = HTTP_TIMEOUT_S) -> None:
-        self.service_url = service_url.rstrip("/")
+        self._service_urls = [u.strip().rstrip("/") for u in service_url.split(",") if u.strip()]
+        if not self._service_urls:
+            raise ValueError("service.url names no broker")
+        self.service_url = self._service_urls[0]
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
         self._http: httpx.Client | None = None
         self._ranges = _RangeConnection(self.service_url, self._headers, timeout_s)
+        self._owner_ranges: dict[str, _RangeConnection] = {}
+        """Range-read connections to brokers other than the first listed, by base URL."""
+        self._owners: dict[str, str] = {}
+        """The base URL serving each partition read so far (a 307 names it)."""
+        self._owners_lock = threading.Lock()
 
     def __enter__(self) -> BrokerClient:
         return self
@@ -189,20 +234,40 @@ class BrokerClient:
 
     def close(self) -> None:
         self._ranges.close()
+        with self._owners_lock:
+            for connection in self._owner_ranges.values():
+                connection.close()
+            self._owner_ranges.clear()
         if self._http is not None:
             self._http.close()
             self._http = None
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call through the first listed broker that answers, following 307s; reads are
+        tried again while their topic changes owners."""
+        if method == "GET":
+            return _retrying_reads(lambda: self._request_once(method, path, **kwargs))
+        return self._request_once(method, path, **kwargs)
+
+    def _request_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         if self._http is None:
-            self._http = httpx.Client(base_url=self.service_url, timeout=self._timeout_s, headers=self._headers)
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise BrokerHttpError(0, "unreachable", f"{method} {self.service_url}{path}: {exc}") from exc
-        if response.status_code >= 400:
-            raise _error_of(response.status_code, response.content)
-        return response
+            self._http = httpx.Client(timeout=self._timeout_s, headers=self._headers, follow_redirects=True,
+                                      max_redirects=REDIRECTS_MAX)
+        failure: Exception | None = None
+        for base in self._service_urls:
+            try:
+                response = self._http.request(method, f"{base}{path}", **kwargs)
+            except (httpx.ConnectError, httpx.TimeoutException) as exc:
+                if isinstance(exc, httpx.TimeoutException) and method != "GET":
+                    raise BrokerHttpError(0, "unreachable", f"{method} {base}{path}: {exc}") from exc
+                failure = exc  # this listed broker is down (or, for a read, stopped): the next one
+                continue
+            except httpx.HTTPError as exc:
+                raise BrokerHttpError(0, "unreachable", f"{method} {base}{path}: {exc}") from exc
+            if response.status_code >= 400:
+                raise _error_of(response.status_code, response.content)
+            return response
+        raise BrokerHttpError(0, "unreachable", f"{method} {','.join(self._service_urls)}{path}: {failure}")
 
     def offsets(self, topic: str, *, timestamp_ms: int | None = None) -> tuple[int, dict[str, PartitionOffsets]]:
         """(partition count, 0 when unpartitioned; offsets of every partition by full name)."""
@@ -221,15 +286,50 @@ class BrokerClient:
         return [str(t) for t in topics], [str(t) for t in partitioned]
 
     def read_arrow(self, topic_partition: str, offset: int, max_messages: int) -> RangeRead:
-        """One Arrow range read (``GET .../messages``); the batches are views of the answer's body."""
-        response, body = self._ranges.get(topic_path(topic_partition) + "/messages",
-                                          {"offset": offset, "maxMessages": max_messages},
-                                          {"accept": ARROW_STREAM_MEDIA_TYPE})
+        """One Arrow range read (``GET .../messages``) on the partition's owner; the batches are
+        views of the answer's body."""
+        response, body = _retrying_reads(lambda: self._read_on_owner(topic_partition, offset, max_messages))
         if response.status >= 400:
             raise _error_of(response.status, body)
         reader = pa.ipc.open_stream(body)
         return RangeRead(list(reader), int(response.headers[NEXT_OFFSET_HEADER]),
                          int(response.headers[FIRST_OFFSET_HEADER]))
+
+    def _read_on_owner(self, topic_partition: str, offset: int,
+                       max_messages: int) -> tuple[http.client.HTTPResponse, bytes]:
+        path = topic_path(topic_partition) + "/messages"
+        with self._owners_lock:
+            owner = self._owners.get(topic_partition, self.service_url)
+        try:
+            for _ in range(REDIRECTS_MAX + 1):
+                response, body = self._ranges_of(owner).get(path, {"offset": offset, "maxMessages": max_messages},
+                                                            {"accept": ARROW_STREAM_MEDIA_TYPE})
+                location = response.getheader("location")
+                if response.status not in (307, 308) or not location:
+                    return response, body
+                owner = _base_of(location)
+                with self._owners_lock:
+                    if len(self._owners) >= OWNERS_REMEMBERED_MAX:
+                        self._owners.clear()
+                    self._owners[topic_partition] = owner
+        except BrokerHttpError:
+            with self._owners_lock:  # the owner may be gone: ask a listed broker again next time
+                self._owners.pop(topic_partition, None)
+            raise
+        raise BrokerHttpError(508, "too_many_redirects", f"GET {path}: more than {REDIRECTS_MAX} redirects")
+
+    def _ranges_of(self, base: str) -> _RangeConnection:
+        if base == self.service_url:
+            return self._ranges
+        with self._owners_lock:
+            connection = self._owner_ranges.get(base)
+            if connection is None:
+                if len(self._owner_ranges) >= OWNER_CONNECTIONS_MAX:
+                    for stale in self._owner_ranges.values():
+                        stale.close()
+                    self._owner_ranges.clear()
+                connection = self._owner_ranges[base] = _RangeConnection(base, self._headers, self._timeout_s)
+            return connection
 
     def produce(self, topic: str, body: dict[str, Any], *, partition: int | None = None) -> list[dict[str, Any]]:
         """REST produce (PIP-64) to ``topic``, or to one partition of it; the per-message results."""

@@ -5,8 +5,10 @@
 - Its wiring is the cluster's: every Magnetar service runs the one image the broker builds (the
   demo's); the bookies and the broker name the same ZooKeeper service and chroot; each bookie
   advertises its own service name and listening port, keeps its entry logs and its journal on
-  separate volumes where the Dockerfile lets its user write; the broker starts once every bookie
-  is healthy, the demo's producer and Spark job once the broker is, and they reach it by name.
+  separate volumes where the Dockerfile lets its user write; the two brokers start once every
+  bookie is healthy, each advertising its own service name (the address the other broker's 307s
+  and lookups name), the demo's producer and Spark job once both brokers are, and they list both
+  by name in their service URL.
 - Every Magnetar command parses with ``magnetar``'s own argument parser, so a renamed option
   fails here rather than in a container. (The same commands run natively, as processes, in
   ``tests/crash/test_cluster_kill9.py``.)
@@ -25,6 +27,7 @@ from tests.standalone import REPO_ROOT
 CLUSTER_FILE = REPO_ROOT / "docker-compose.cluster.yml"
 DEMO_FILE = REPO_ROOT / "docker-compose.yml"
 BOOKIES = ("bookie-1", "bookie-2", "bookie-3")
+BROKERS = ("broker-1", "broker-2")
 
 
 def cluster() -> dict[str, Any]:
@@ -41,13 +44,22 @@ def test_cluster_compose_follows_the_compose_specification() -> None:
 def test_cluster_services_are_wired_together() -> None:
     services = cluster()["services"]
     demo = yaml.safe_load(DEMO_FILE.read_text())["services"]
-    assert set(services) == {"zookeeper", *BOOKIES, "broker", "producer", "spark-job"}
-    broker = services["broker"]
+    assert set(services) == {"zookeeper", *BOOKIES, *BROKERS, "producer", "spark-job"}
+    broker = services["broker-1"]
     assert broker["build"] == "." and broker["image"] == demo["broker"]["image"]
-    assert "8080:8080" in broker["ports"] and "/healthz" in " ".join(broker["healthcheck"]["test"])
-    assert broker["depends_on"] == {b: {"condition": "service_healthy"} for b in BOOKIES}
     store = _option(broker["command"], "--metadata-store")
     assert store.startswith("zk:zookeeper:2181/")
+    host_ports = set()
+    for name in BROKERS:
+        service = services[name]
+        assert service["image"] == broker["image"]
+        assert service["depends_on"] == {b: {"condition": "service_healthy"} for b in BOOKIES}
+        assert "/healthz" in " ".join(service["healthcheck"]["test"])
+        assert _option(service["command"], "--metadata-store") == store
+        assert _option(service["command"], "--advertised-address") == name
+        assert _option(service["command"], "--port") == "8080"
+        host_ports |= {p.split(":")[0] for p in service["ports"] if p.endswith(":8080")}
+    assert host_ports == {"8080", "8081"}
     writable = _dockerfile_writable_dirs()
     for name in BOOKIES:
         bookie = services[name]
@@ -61,22 +73,23 @@ def test_cluster_services_are_wired_together() -> None:
         data, journal = _option(command, "--data-dir"), _option(command, "--journal-dir")
         assert data in mounts and journal in mounts and mounts[data] != mounts[journal]
         assert {data, journal} <= writable
+    both = ",".join(f"http://{b}:8080" for b in BROKERS)
     for name in ("producer", "spark-job"):
         service = services[name]
-        assert service["command"] == demo[name]["command"] and _option(service["command"], "--service-url") == \
-            CONTAINER_URL
-        assert service["depends_on"] == {"broker": {"condition": "service_healthy"}}
+        assert _option(service["command"], "--service-url") == both
+        assert [a if a != both else CONTAINER_URL for a in service["command"]] == demo[name]["command"]
+        assert service["depends_on"] == {b: {"condition": "service_healthy"} for b in BROKERS}
     assert services["zookeeper"]["image"].startswith("zookeeper:")
     assert "jute.maxbuffer" in services["zookeeper"]["environment"]["JVMFLAGS"]
 
 
 def test_cluster_commands_parse_with_magnetars_parser() -> None:
     services = cluster()["services"]
-    for name in (*BOOKIES, "broker"):
+    for name in (*BOOKIES, *BROKERS):
         command = services[name]["command"]
         assert command[0] == "magnetar"
         args = build_parser().parse_args(command[1:])
-        assert args.command == ("broker" if name == "broker" else "bookie")
+        assert args.command == ("broker" if name in BROKERS else "bookie")
         assert args.metadata_store == "zk:zookeeper:2181/magnetar"
 
 

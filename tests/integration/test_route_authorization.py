@@ -30,8 +30,9 @@ from tests.integration.ws_client import open_ws, refused_status, ws_base
 
 SECRET = b"route-walk-secret-route-walk-secret"
 PUBLIC, SUPERUSER, TENANT_ADMIN, PRODUCE, CONSUME = "public", "superuser", "tenant-admin", "produce", "consume"
-ALLOWED = {SUPERUSER: "admin", TENANT_ADMIN: "acme-admin", PRODUCE: "producer", CONSUME: "consumer"}
-DENIED = {SUPERUSER: "acme-admin", TENANT_ADMIN: "producer", PRODUCE: "consumer", CONSUME: "producer"}
+LOOKUP = "produce-or-consume"
+ALLOWED = {SUPERUSER: "admin", TENANT_ADMIN: "acme-admin", PRODUCE: "producer", CONSUME: "consumer", LOOKUP: "consumer"}
+DENIED = {SUPERUSER: "acme-admin", TENANT_ADMIN: "producer", PRODUCE: "consumer", CONSUME: "producer", LOOKUP: "nobody"}
 
 T = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 S = T + "/subscription/{subscription}"
@@ -83,10 +84,17 @@ GUARDS: dict[tuple[str, str], str] = {
     ("WEBSOCKET", "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v3/consumer/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"): CONSUME,
+    # where topics are served (api/lookup.py): a lookup is Pulsar's, allowed to producers and consumers
+    ("GET", "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
+    ("GET", "/admin/v2/brokers"): SUPERUSER, ("GET", "/admin/v2/brokers/{cluster}"): SUPERUSER,
+    ("GET", "/admin/v2/broker-stats/load-reports"): SUPERUSER,
+    ("GET", N + "/bundles"): TENANT_ADMIN, ("GET", N + "/bundles/owners"): TENANT_ADMIN,
+    ("PUT", N + "/{bundle}/unload"): TENANT_ADMIN, ("PUT", N + "/{bundle}/split"): TENANT_ADMIN,
 }
 VALUES = {"name:path": "index.html", "path:path": "swagger-ui.css", "key:path": "account-1", "tenant": "acme",
           "namespace": "apps", "topic": "events", "subscription": "sub", "partition": "0", "role": "someone",
-          "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1", "messagePosition": "1"}
+          "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1", "messagePosition": "1",
+          "bundle": "0x00000000_0xffffffff", "cluster": "standalone"}
 QUERY = {"offset": "0", "topics": "persistent://acme/apps/events", "messageId": "earliest",
          "initialPosition": "earliest"}
 BODIES: dict[tuple[str, str], Any] = {
@@ -199,3 +207,10 @@ def test_an_accepted_websocket_really_opens(served: tuple[str, FastAPI, BrokerSe
     with open_ws(f"{ws_base(url)}/ws/v2/reader/persistent/acme/apps/events?messageId=earliest",
                  **headers("consumer")):
         pass
+
+
+def test_a_lookup_is_allowed_to_producers_and_consumers_alike(served: tuple[str, FastAPI, BrokerService]) -> None:
+    url, _, _ = served
+    path = "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"
+    assert call(url, "GET", path, "producer") == 200
+    assert call(url, "GET", path, "consumer") == 200

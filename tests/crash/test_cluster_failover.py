@@ -1,0 +1,306 @@
+"""Two brokers share ZooKeeper and three bookies; topics move between them under load and nothing
+acknowledged is lost.
+
+Processes: one ZooKeeper (Debian's package), three ``magnetar bookie`` and two ``magnetar
+broker`` on 127.0.0.1, each started with a known PID and stopped by it whatever happens. The
+brokers' ZooKeeper sessions time out after ``SESSION_TIMEOUT_S``.
+
+``test_unload_then_kill9_under_load``: 20 topics of a namespace with 8 bundles, each with a named
+producer (numbered messages, so resends are deduplicated) and an Exclusive consumer, all through
+the Python client with every broker in its service URL (lookups, 307s, reconnection).
+
+1. The first lookups spread the topics over both brokers.
+2. A bundle is unloaded under load: its topics move to the other broker and keep being
+   produced and consumed there.
+3. The broker serving the most topics is killed with SIGKILL: within the session timeout plus
+   recovery its topics are served by the survivor, which fenced their last ledgers.
+4. Every acknowledged publish was delivered; no payload is stored twice in any topic (read back
+   whole); consumers resumed from their acknowledged positions: nothing acknowledged before the
+   first phase ended is delivered again. Duplicated deliveries (of messages whose
+   acknowledgement had not reached the broker) are counted and reported.
+
+``test_split_brain_sigstop``: the owner of a topic (the first broker the clients list) is stopped
+with SIGSTOP until its session
+expires and the other broker serves the topic; a REST publish sent to the stopped broker
+meanwhile is processed when it gets SIGCONT, and fails: its ledger was fenced by the new owner.
+The old owner then sends lookups to the new one; every acknowledged message is stored once.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+
+from consumers.cluster_launcher import Cluster, running_cluster
+from tests.crash.cluster_load import ClusterLoad
+
+pytestmark = pytest.mark.crash
+
+NAMESPACE = "public/failover"
+TOPICS = 20
+BUNDLES = 8
+SESSION_TIMEOUT_S = 4.0
+BROKER_ARGS = ("--zk-session-timeout-s", str(SESSION_TIMEOUT_S), "--load-report-interval-ms", "500",
+               "--bookie-timeout-ms", "3000", "--autorecovery-interval-ms", "500", "--audit-interval-ms", "2000",
+               "--log-level", "info")
+ACKS_PER_PHASE = 15
+PHASE_DEADLINE_S = 120.0
+RECOVERY_BOUND_S = 60.0
+"""A moved topic must be served again within the session timeout plus this (recovery, lookups)."""
+READ_BATCH = 1000
+
+
+def _http() -> httpx.Client:
+    return httpx.Client(timeout=30.0, follow_redirects=True, max_redirects=5)
+
+
+def _owner(http: httpx.Client, broker: str, topic: str) -> str:
+    response = http.get(f"{broker}/lookup/v2/topic/persistent/{NAMESPACE}/{topic}")
+    response.raise_for_status()
+    return str(response.json()["brokerId"])
+
+
+def _lookup(http: httpx.Client, broker: str, topic: str) -> dict[str, Any]:
+    response = http.get(f"{broker}/lookup/v2/topic/persistent/{NAMESPACE}/{topic}")
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _stored(http: httpx.Client, broker: str, topic: str) -> list[bytes]:
+    """Every payload of ``topic`` in offset order, read through ``broker`` (307s followed)."""
+    payloads: list[bytes] = []
+    offset = 0
+    for _ in range(10_000):
+        response = http.get(f"{broker}/topics/persistent/{NAMESPACE}/{topic}/messages",
+                            params={"offset": offset, "maxMessages": READ_BATCH})
+        response.raise_for_status()
+        messages = response.json()["messages"]
+        if not messages:
+            return payloads
+        payloads += [base64.b64decode(m["payload"]) for m in messages]
+        offset = int(response.headers["X-Magnetar-Next-Offset"])
+    raise AssertionError(f"{topic} did not end within 10,000 reads")
+
+
+def _create_namespace(http: httpx.Client, broker: str) -> None:
+    response = http.put(f"{broker}/admin/v2/namespaces/{NAMESPACE}", json={  # retention: every message is read back
+        "bundles": {"numBundles": BUNDLES},
+        "retention_policies": {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}})
+    assert response.status_code == 204, response.text
+
+
+def _broker_urls(cluster: Cluster) -> dict[str, str]:
+    return {broker.address: f"http://{broker.address}" for broker in cluster.brokers}
+
+
+def _check_stored_once(http: httpx.Client, broker: str, load: ClusterLoad) -> dict[str, int]:
+    """Every acknowledged payload is stored, none twice; returns the stored count per topic."""
+    counts = {}
+    for topic in load.topics:
+        short = topic.rsplit("/", 1)[1]
+        stored = _stored(http, broker, short)
+        assert len(stored) == len(set(stored)), f"{short}: a payload is stored twice"
+        acked = load.records[topic].acked
+        assert acked <= set(stored), f"{short}: {len(acked - set(stored))} acknowledged payloads are not stored"
+        counts[short] = len(stored)
+    return counts
+
+
+def test_unload_then_kill9_under_load(tmp_path: Path) -> None:
+    log = open(tmp_path / "cluster.log", "wb")  # noqa: SIM115 - closed at the end, after the processes
+    try:
+        with running_cluster(tmp_path, bookies=3, brokers=2, broker_args=BROKER_ARGS, output=log) as cluster, \
+                _http() as http:
+            urls = _broker_urls(cluster)
+            first = cluster.broker_url
+            _create_namespace(http, first)
+            topics = [f"persistent://{NAMESPACE}/t{i}" for i in range(TOPICS)]
+            load = ClusterLoad(cluster.service_url, topics)
+            load.start()
+            try:
+                _scenario(cluster, http, urls, load)
+            finally:
+                load.stop()
+    finally:
+        log.close()
+
+
+def _scenario(cluster: Cluster, http: httpx.Client, urls: dict[str, str], load: ClusterLoad) -> None:
+    first = cluster.broker_url
+    assert load.wait_acks(dict.fromkeys(load.topics, ACKS_PER_PHASE), time.monotonic() + PHASE_DEADLINE_S), \
+        f"phase 1 acks: {load.acked_counts()}"
+    # Phase 1 settles: producing pauses, every acknowledged message is delivered and acknowledged.
+    load.pause_producing()
+    assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
+    time.sleep(0.5)  # the consumers' acknowledgements of the last deliveries reach the broker
+    with load.lock:
+        settled = {t: set(r.delivered) for t, r in load.records.items()}
+    load.resume_producing()
+
+    # 1. The first lookups spread the topics over both brokers.
+    lookups = {t: _lookup(http, first, t.rsplit("/", 1)[1]) for t in load.topics}
+    owners = {t: str(found["brokerId"]) for t, found in lookups.items()}
+    per_broker = {b: sorted(t for t, o in owners.items() if o == b) for b in urls}
+    print(f"topics per broker after the first lookups: { {b: len(ts) for b, ts in per_broker.items()} }")
+    assert all(per_broker.values()), f"a broker serves no topic: {per_broker}"
+
+    # 2. Unload a bundle with topics under load: they move to the other broker.
+    bundle_of = {t: str(found["bundle"]) for t, found in lookups.items()}
+    moving_bundle = bundle_of[load.topics[0]]
+    moving = [t for t in load.topics if bundle_of[t] == moving_bundle]
+    old_owner = owners[load.topics[0]]
+    before = load.acked_counts()
+    range_name = moving_bundle.rsplit("/", 1)[1]
+    response = http.put(f"{first}/admin/v2/namespaces/{NAMESPACE}/{range_name}/unload")
+    assert response.status_code == 204, response.text
+    assert load.wait_acks({t: before[t] + ACKS_PER_PHASE for t in load.topics}, time.monotonic() + PHASE_DEADLINE_S), \
+        f"after the unload: {load.acked_counts()} (before {before})"
+    moved_to = {t: _owner(http, first, t.rsplit("/", 1)[1]) for t in moving}
+    print(f"unloaded {moving_bundle} ({len(moving)} topics) from {old_owner}: now on {set(moved_to.values())}")
+    assert all(o != old_owner for o in moved_to.values()), moved_to
+
+    # 3. kill -9 the broker serving the most topics, under load.
+    owners = {t: _owner(http, first, t.rsplit("/", 1)[1]) for t in load.topics}
+    victim_id = max(urls, key=lambda b: sum(1 for o in owners.values() if o == b))
+    survivor_id = next(b for b in urls if b != victim_id)
+    victims = [t for t, o in owners.items() if o == victim_id]
+    victim = next(b for b in cluster.brokers if b.address == victim_id)
+    before = load.acked_counts()
+    killed_s = time.monotonic()
+    victim.stop(kill=True)
+    assert load.wait_acks({t: before[t] + ACKS_PER_PHASE for t in load.topics}, time.monotonic() + PHASE_DEADLINE_S), \
+        f"after kill -9 of {victim_id}: {load.acked_counts()} (before {before}); errors: "\
+        f"{ {t: r.errors[-2:] for t, r in load.records.items() if r.errors} }"
+    with load.lock:
+        served_again_s = max(load.records[t].last_ack_s for t in victims) - killed_s
+    print(f"kill -9 {victim_id}: {len(victims)} topics moved to {survivor_id}; the last of them had "
+          f"{ACKS_PER_PHASE} new acknowledgements {served_again_s:.1f} s after the kill "
+          f"(session timeout {SESSION_TIMEOUT_S:g} s)")
+    assert served_again_s < SESSION_TIMEOUT_S + RECOVERY_BOUND_S
+    survivor = urls[survivor_id]
+    assert all(_owner(http, survivor, t.rsplit("/", 1)[1]) == survivor_id for t in victims)
+
+    # 4. Nothing acknowledged lost, nothing stored twice, consumers resumed where they acknowledged.
+    load.pause_producing()
+    assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
+    stored = _check_stored_once(http, survivor, load)
+    with load.lock:
+        redelivered_settled = {t: sum(1 for p in settled[t] if r.delivered[p] > 1) for t, r in load.records.items()}
+        errors = {t: r.errors[:3] for t, r in load.records.items() if r.errors}
+    duplicates = load.duplicates()
+    print(f"stored {sum(stored.values())} messages in {len(stored)} topics, each once; "
+          f"{sum(len(r.acked) for r in load.records.values())} acknowledged, all delivered; "
+          f"duplicate deliveries (unacknowledged at the move): {sum(duplicates.values())} {duplicates}; "
+          f"client errors seen and retried: {errors}")
+    assert not any(redelivered_settled.values()), f"acknowledged before the moves, delivered again: " \
+                                                  f"{redelivered_settled}"
+
+
+def test_split_brain_sigstop(tmp_path: Path) -> None:
+    log = open(tmp_path / "cluster.log", "wb")  # noqa: SIM115 - closed at the end, after the processes
+    try:
+        with running_cluster(tmp_path, bookies=3, brokers=2, broker_args=BROKER_ARGS, output=log) as cluster, \
+                _http() as http:
+            _split_brain(cluster, http, tmp_path, log)
+    finally:
+        log.close()
+
+
+def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[bytes]) -> None:
+    urls = _broker_urls(cluster)
+    first = cluster.broker_url
+    _create_namespace(http, first)
+    topic = "brain"
+    # The owner to stop is the first broker of the clients' service URL (the harder case: their
+    # lookups try it first, and a stopped broker accepts connections but never answers).
+    found = _lookup(http, first, topic)
+    if found["brokerId"] != cluster.brokers[0].address:
+        _lookup(http, urls[found["brokerId"]], topic)  # the assigned broker takes the bundle
+        range_name = str(found["bundle"]).rsplit("/", 1)[1]
+        moved = http.put(f"{first}/admin/v2/namespaces/{NAMESPACE}/{range_name}/unload",
+                         params={"destinationBroker": cluster.brokers[0].address})
+        assert moved.status_code == 204, moved.text
+    assert _owner(http, first, topic) == cluster.brokers[0].address
+    load = ClusterLoad(cluster.service_url, [f"persistent://{NAMESPACE}/{topic}"])
+    load.start()
+    stopped = None
+    try:
+        assert load.wait_acks({load.topics[0]: ACKS_PER_PHASE}, time.monotonic() + PHASE_DEADLINE_S)
+        owner_id = _owner(http, first, topic)
+        other_id = next(b for b in urls if b != owner_id)
+        stopped = next(b for b in cluster.brokers if b.address == owner_id)
+        assert stopped.proc is not None
+        os.kill(stopped.proc.pid, signal.SIGSTOP)
+        stopped_s = time.monotonic()
+        # A publish sent to the stopped owner waits in its socket; it is processed after SIGCONT.
+        late_answer: list[httpx.Response | BaseException] = []
+
+        def publish_late() -> None:
+            try:
+                with httpx.Client(timeout=120.0) as direct:  # no redirects: only the stopped broker's answer
+                    late_answer.append(direct.post(
+                        f"{urls[owner_id]}/topics/persistent/{NAMESPACE}/{topic}",
+                        json={"producerName": "late", "messages": [{"payload": "bGF0ZQ==", "sequenceId": 1}]}))
+            except BaseException as exc:
+                late_answer.append(exc)
+
+        late = threading.Thread(target=publish_late)
+        late.start()
+        # The other broker takes the topic once the stopped one's session expired.
+        deadline_s = time.monotonic() + PHASE_DEADLINE_S
+        while time.monotonic() < deadline_s:
+            try:
+                if _owner(http, urls[other_id], topic) == other_id:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"{other_id} did not take {topic} over")
+        taken_s = time.monotonic() - stopped_s
+        before = load.acked_counts()[load.topics[0]]
+        assert load.wait_acks({load.topics[0]: before + ACKS_PER_PHASE}, time.monotonic() + PHASE_DEADLINE_S)
+        os.kill(stopped.proc.pid, signal.SIGCONT)
+        late.join(130)
+        assert late_answer, "the publish sent to the stopped broker got no outcome"
+        outcome = late_answer[0]
+        shown = f"{outcome.status_code} {outcome.text[:200]}" if isinstance(outcome, httpx.Response) else repr(outcome)
+        print(f"SIGSTOP {owner_id}: {other_id} served {topic} {taken_s:.1f} s later; the publish the stopped "
+              f"broker received was answered after SIGCONT: {shown}")
+        assert not (isinstance(outcome, httpx.Response) and outcome.status_code == 200), \
+            "the stopped broker appended to a fenced ledger"
+        log.flush()
+        fenced = sum(1 for line in (tmp_path / "cluster.log").read_text(errors="replace").splitlines()
+                     if "failed: fenced" in line)
+        print(f"appends the stopped broker had in flight that failed as fenced: {fenced} ledger(s)")
+        # The old owner gave the bundle up: it now sends the topic's lookups to the new owner.
+        deadline_s = time.monotonic() + PHASE_DEADLINE_S
+        while time.monotonic() < deadline_s:
+            try:
+                if _lookup(http, urls[owner_id], topic)["brokerId"] == other_id:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"{owner_id} still claims {topic} after SIGCONT")
+        load.pause_producing()
+        assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
+        stored = _stored(http, urls[other_id], topic)
+        assert b"late" not in stored
+        assert len(stored) == len(set(stored)), "a payload is stored twice"
+        assert load.records[load.topics[0]].acked <= set(stored)
+        print(f"{len(stored)} messages stored once each; {load.duplicates()} duplicate deliveries")
+    finally:
+        if stopped is not None and stopped.proc is not None and stopped.proc.poll() is None:
+            os.kill(stopped.proc.pid, signal.SIGCONT)
+        load.stop()
