@@ -47,6 +47,8 @@ def add_cluster_commands(commands: Any) -> None:
     broker.add_argument("--host", help="listen address (default 0.0.0.0)")
     broker.add_argument("--port", type=int, help="listen port (default 8080)")
     broker.add_argument("--advertised-address", help="host name other brokers and clients use to reach this one")
+    broker.add_argument("--data-dir", help="this broker's local scratch: the key index of the topics it serves, "
+                                           "rebuilt from their entries (default ./data; one per broker)")
     broker.add_argument("--default-bundles", type=int, default=4,
                         help="bundles of a namespace without a bundles policy (defaultNumberOfNamespaceBundles, 4)")
     broker.add_argument("--load-report-interval-ms", type=int, default=2000)
@@ -87,7 +89,8 @@ def run_broker(args: argparse.Namespace) -> int:
     from broker import BrokerAddress, BrokerService, QuorumConfig
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
-    overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port))
+    overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port),
+                                                    ("dataDir", args.data_dir))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)

@@ -15,6 +15,9 @@ Role: a namespace's policies document (``broker/namespaces.py``) is changed one 
 ``auth_policies``          ``namespace_auth``: at most ``GRANTED_ROLES_MAX`` roles of 1..256
                            characters, each granted a subset of ``NAMESPACE_ACTIONS``
 ``persistence``            null or ``broker/persistence.py``'s quorum rule and bounds
+``bundles``                null or ``boundaries`` (hexadecimal, strictly increasing from
+                           0x00000000 to 0xffffffff) or ``numBundles``, at most 1024 bundles
+                           (``broker/cluster/bundles.py``)
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -111,12 +114,29 @@ def _persistence(value: Any) -> dict[str, Any] | None:
     return check_bounds(policy).to_json()
 
 
+BUNDLES_KEY = "bundles"
+"""Namespace bundles (``broker/cluster/bundles.py``, whose ``POLICY_KEY`` this is)."""
+
+
+def _bundles(value: Any) -> dict[str, Any] | None:
+    # imported here: the cluster package's face imports the namespaces, which import this module
+    from broker.cluster.bundles import BUNDLES_MAX, NamespaceBundles
+
+    if value is None:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("boundaries"), list) \
+            and len(value["boundaries"]) > BUNDLES_MAX + 1:
+        raise InvalidRequest(f"a namespace has at most {BUNDLES_MAX} bundles")
+    return NamespaceBundles.from_policy("the namespace", value).to_policy()
+
+
 POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "retention_policies": _retention,
     "message_ttl_in_seconds": _message_ttl,
     "deduplicationEnabled": _deduplication,
     "auth_policies": _auth,
     PERSISTENCE_KEY: _persistence,
+    BUNDLES_KEY: _bundles,
 }
 """Each policy key and the check its values pass."""
 

@@ -162,8 +162,9 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
         servers = []
         for index in range(brokers):
             port = free_port()
-            servers.append(Process("broker" if brokers == 1 else f"broker-{index}",
-                                   broker_command(store, port, *broker_args), port, env=dict(env or {})))
+            name = "broker" if brokers == 1 else f"broker-{index}"
+            servers.append(Process(name, broker_command(store, port, "--data-dir", str(base / name), *broker_args),
+                                   port, env=dict(env or {})))
         cluster = Cluster(zookeeper, store, made, servers, output)
         for process in (*made, *servers):
             stack.callback(process.stop)

@@ -103,3 +103,16 @@ def test_values_beyond_their_bound_are_refused_with_the_bound(
 
 def test_grants_name_exactly_the_actions_the_edge_authorizes() -> None:
     assert {action.value for action in Action} == NAMESPACE_ACTIONS
+
+
+def test_a_namespace_bundles_policy_is_checked_and_stored_as_boundaries() -> None:
+    from broker.policies import checked_policy
+
+    stored = checked_policy("bundles", {"numBundles": 4})
+    assert stored == {"boundaries": ["0x00000000", "0x40000000", "0x80000000", "0xc0000000", "0xffffffff"],
+                      "numBundles": 4}
+    assert checked_policy("bundles", None) is None
+    for bad in ({"numBundles": 5000}, {"numBundles": "4"}, {"boundaries": ["0x10", "0x00000000"]},
+                {"boundaries": [f"0x{i:08x}" for i in range(2000)]}, ["0x0"]):
+        with pytest.raises(InvalidRequest):
+            checked_policy("bundles", bad)
