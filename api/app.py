@@ -37,6 +37,7 @@ from api.connection_guard import (
 from api.errors import install_error_handlers
 from api.limits import EdgeLimits
 from api.metrics import router as metrics_router
+from api.pulsar import PulsarServer, PulsarSettings
 from api.request_guard import RequestGuard
 from api.rest_consume import router as consume_router
 from api.rest_locate import router as locate_router
@@ -86,7 +87,10 @@ def _http_protocol_base() -> type[Any]:
 
 
 def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
-               limits: EdgeLimits | None = None) -> FastAPI:
+               limits: EdgeLimits | None = None, pulsar: PulsarSettings | None = None) -> FastAPI:
+    """The application; with ``pulsar`` settings its lifespan also runs Pulsar's binary protocol
+    listeners (``api/pulsar/``) on the same event loop, started after the broker and closed
+    before it (``app.state.pulsar_server`` once running)."""
     limits = limits or EdgeLimits()
 
     @asynccontextmanager
@@ -96,9 +100,16 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
         # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
         # a burst of confirmations wakes the loop once for dispatch and publish results alike.
         service.use_dispatch_executor(loop_executor(asyncio.get_running_loop()))
+        binary: PulsarServer | None = None
         try:
+            if pulsar is not None and (pulsar.port or pulsar.tls_enabled):
+                binary = PulsarServer(service, authorizer, pulsar)
+                await binary.start()
+                app.state.pulsar_server = binary
             yield
         finally:
+            if binary is not None:
+                await binary.close()
             service.use_dispatch_executor(None)
             service.close()
 

@@ -6,7 +6,10 @@ Role: turn a configuration file (and command-line overrides) into the ``BrokerCo
 ``superUserRoles``, ``tokenSecretKey`` / ``tokenPublicKey`` (``file:///path``, ``data:;base64,…``
 or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
 ``authenticateMetricsEndpoint``, ``maxHttpServerConnections``, ``httpMaxRequestSize``,
-``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk); plus
+``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk), the
+binary protocol's ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651
+when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
+``advertisedAddress`` and ``maxMessageSize``; plus
 ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
 use are logged and ignored, so a full Pulsar ``standalone.conf`` loads.
 
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
+from api.pulsar import PulsarSettings
 from broker import BrokerConfig
 from consumers.cli.tokens import read_key
 
@@ -32,7 +36,12 @@ log = logging.getLogger(__name__)
 
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
-              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory", *CONFIG_KEYS)
+              "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory", "brokerServicePort",
+              "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
+              "advertisedAddress", "maxMessageSize", *CONFIG_KEYS)
+PULSAR_TLS_PORT = 6651
+MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
+"""``maxMessageSize``: the broker stores messages of at most 5 MiB (larger ones are chunked)."""
 
 
 class ConfigError(ValueError):
@@ -48,6 +57,7 @@ class StandaloneConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: EdgeLimits = field(default_factory=EdgeLimits)
+    pulsar: PulsarSettings = field(default_factory=PulsarSettings)
 
     @classmethod
     def load(cls, path: str | None = None, overrides: Mapping[str, str] | None = None) -> StandaloneConfig:
@@ -67,6 +77,7 @@ class StandaloneConfig:
                 dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True)),
             auth=_auth(values),
             limits=_limits(values),
+            pulsar=_pulsar(values, values.get("bindAddress", cls.host)),
         )
 
 
@@ -114,6 +125,31 @@ def _limits(values: Mapping[str, str]) -> EdgeLimits:
             raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
         settings[name] = value
     return EdgeLimits(**settings)
+
+
+def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
+    defaults = PulsarSettings()
+    cert = values.get("tlsCertificateFilePath") or None
+    key = values.get("tlsKeyFilePath") or None
+    if (cert is None) != (key is None):
+        raise ConfigError("TLS needs both tlsCertificateFilePath and tlsKeyFilePath")
+    for name, path in (("tlsCertificateFilePath", cert), ("tlsKeyFilePath", key),
+                       ("tlsTrustCertsFilePath", values.get("tlsTrustCertsFilePath") or None)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{name}: {path} is not a readable file")
+    size = _integer(values, "maxMessageSize", defaults.max_message_size_bytes)
+    if not MESSAGE_SIZE_BYTES_RANGE[0] <= size <= MESSAGE_SIZE_BYTES_RANGE[1]:
+        raise ConfigError(f"maxMessageSize must lie in {MESSAGE_SIZE_BYTES_RANGE[0]}..{MESSAGE_SIZE_BYTES_RANGE[1]}")
+    ports = {}
+    for name, default in (("brokerServicePort", defaults.port),
+                          ("brokerServicePortTls", PULSAR_TLS_PORT if cert else 0)):
+        ports[name] = _integer(values, name, default)
+        if not 0 <= ports[name] <= 65535:
+            raise ConfigError(f"{name} must lie in 0..65535, not {ports[name]}")
+    return PulsarSettings(host=host, port=ports["brokerServicePort"], tls_port=ports["brokerServicePortTls"],
+                          tls_cert_file=cert, tls_key_file=key,
+                          tls_trust_certs_file=values.get("tlsTrustCertsFilePath") or None,
+                          advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size)
 
 
 def _read_key(key: str, value: str) -> bytes:

@@ -10,6 +10,8 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   subscriptions, cursor moves, single messages, statistics and acknowledgements by id);
 - the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
   ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``;
+- entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
+  ``entry_frames`` to forward stored entries with Pulsar's ack sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``);
@@ -19,12 +21,14 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 from broker.bookie import QuorumConfig
 from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
+from broker.entry_frames import ClientEntry, EntryFrame, ack_set_of, check_client_entry, cleared_indexes, entry_frames
 from broker.errors import (
     AlreadyExists,
     ConsumerBusy,
     CorruptEntry,
     DataLost,
     Forbidden,
+    IncompatibleSchema,
     InvalidRequest,
     MagnetarError,
     NoSuchEntry,
@@ -32,6 +36,8 @@ from broker.errors import (
     NotFound,
     OffsetMismatch,
     PreconditionFailed,
+    ProducerBusy,
+    ProducerFenced,
     TopicTerminated,
     Unauthorized,
 )
@@ -72,6 +78,8 @@ __all__ = [
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
     "AlreadyExists",
+    "ClientEntry",
+    "EntryFrame",
     "BrokerConfig",
     "BrokerService",
     "BrokerStats",
@@ -87,6 +95,7 @@ __all__ = [
     "Delivery",
     "Forbidden",
     "Health",
+    "IncompatibleSchema",
     "InitialPosition",
     "InternalStats",
     "InvalidRequest",
@@ -105,6 +114,8 @@ __all__ = [
     "PreconditionFailed",
     "ProducedMessage",
     "Producer",
+    "ProducerBusy",
+    "ProducerFenced",
     "PublishResult",
     "QuorumConfig",
     "RangeRead",
@@ -119,11 +130,15 @@ __all__ = [
     "TopicStats",
     "TopicTerminated",
     "Unauthorized",
+    "ack_set_of",
     "build_message",
+    "check_client_entry",
     "check_fields",
     "check_namespace",
     "check_subscription_name",
+    "cleared_indexes",
     "deliver_at_ms",
+    "entry_frames",
     "integer_of",
     "iso_time",
     "latest_delivery",

@@ -138,5 +138,5 @@ class Reader:
                 mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.topic.partition,
                                 -1 if single else message.batch_index)
                 self._buffer.append(Delivery(mid, message.offset, message, entry.publish_time_ms, 0,
-                                             self.topic.name.full_name))
+                                             self.topic.name.full_name, entry.data))
             self.next_offset = max(self.next_offset, entry.last_offset + 1)

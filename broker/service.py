@@ -546,7 +546,8 @@ class BrokerService:
                 del of_topic[name]
                 if not of_topic:
                     del self._subscriptions_by_topic[topic_name]
-        topic.cursors.delete(name)
+        if subscription is None or subscription.cursor.durable:  # a non-durable cursor is nowhere else
+            topic.cursors.delete(name)
 
     def delete_subscription(self, topic_name: TopicName, name: str, *, force: bool = False) -> None:
         """Delete subscription ``name``: refused (``PreconditionFailed``) while consumers are
@@ -569,8 +570,10 @@ class BrokerService:
         ``name`` and wait until it is persisted. An active subscription applies it through
         :meth:`Subscription.reposition`, so its consumers follow the new position."""
         topic = self.topic(topic_name, create=False)
-        cursor = topic.cursors.get(name)
-        if cursor is None:
+        with self._lock:
+            subscription = self._subscriptions.get((topic_name, name))
+        cursor = topic.cursors.get(name) or (subscription.cursor if subscription is not None else None)
+        if cursor is None:  # a non-durable cursor (a reader's) lives only in its subscription
             raise NotFound(f"subscription {name} of {topic_name} does not exist")
         with self._lock:
             subscription = self._subscriptions.get((topic_name, name))

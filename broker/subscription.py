@@ -115,6 +115,10 @@ class Delivery:
     publish_time_ms: int
     redelivery_count: int
     topic: str
+    entry_data: bytes | None = None
+    """The stored entry the message came from, byte for byte (broker prefix included), so a
+    transport can forward the entry untouched (the binary protocol); None where there is no
+    such entry (a compacted view)."""
 
 
 @dataclass(order=True)
@@ -127,6 +131,7 @@ class _Item:
     publish_time_ms: int = field(compare=False)
     key_hash: int = field(compare=False)
     deliver_at_ms: int = field(compare=False, default=0)
+    entry_data: bytes | None = field(compare=False, default=None)
 
 
 @dataclass(frozen=True)
@@ -374,6 +379,14 @@ class Subscription:
         consumer.unacked.clear()
         consumer.outbox.clear()
 
+    def active_consumer(self) -> Consumer | None:
+        """The consumer an Exclusive or Failover subscription delivers to (None: nobody, or
+        another type)."""
+        if self.type not in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            return None
+        with self._lock:
+            return self._active()
+
     def _active(self) -> Consumer | None:
         live = [c for c in self.consumers if not c.closed]
         if not live:
@@ -460,7 +473,8 @@ class Subscription:
                     continue
                 mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.partition,
                                 -1 if single else message.batch_index)
-                item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message))
+                item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message),
+                             entry_data=entry.data)
                 deliver_at = decoded.deliver_at_time_ms or 0
                 if deliver_at > now_ms and self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
                     item.deliver_at_ms = deliver_at
@@ -501,7 +515,7 @@ class Subscription:
     def _deliver(self, consumer: Consumer, item: _Item) -> None:
         count = self._counts.get(item.offset, 0)
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms, count,
-                            self.topic_name)
+                            self.topic_name, item.entry_data)
         consumer.permits -= 1
         consumer.outbox.append(delivery)
         consumer.unacked.add(item.offset, delivery)
@@ -522,7 +536,7 @@ class Subscription:
     def _item_of(self, delivery: Delivery) -> _Item:
         """A delivered message as a dispatch item again (taken back, nacked or timed out)."""
         return _Item(delivery.offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                     self._hash_of(delivery.message))
+                     self._hash_of(delivery.message), entry_data=delivery.entry_data)
 
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
@@ -658,7 +672,7 @@ class Subscription:
         dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
         target = dlq or f"{self.topic_name}-{self.name}-DLQ"
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
-                            self._counts[item.offset], self.topic_name)
+                            self._counts[item.offset], self.topic_name, item.entry_data)
         self._dead_letter(target, delivery, self.name)
         self._counts.pop(item.offset, None)
         self.cursor.ack([item.offset]).result(timeout=60)

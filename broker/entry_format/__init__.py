@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from broker.entry_format.broker_metadata import (
     peek_broker_entry_metadata,
+    split_prefix,
     strip_broker_entry_metadata,
     with_broker_entry_metadata,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "message_count",
     "peek_broker_entry_metadata",
     "split_entry_payload",
+    "split_prefix",
     "strip_broker_entry_metadata",
     "with_broker_entry_metadata",
 ]
