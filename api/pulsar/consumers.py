@@ -125,6 +125,8 @@ class ConsumerHalf:
         self._context = context
         self._schemas = schemas
         self._consumers: dict[int, _ClientConsumer] = {}
+        self._moved_readers: set[tuple[TopicName, str]] = set()
+        """Reader subscriptions moved by a seek, kept for the client's subscribe that follows."""
 
     def __len__(self) -> int:
         return len(self._consumers)
@@ -146,6 +148,7 @@ class ConsumerHalf:
             out.write([commands.error(command.request_id, exc)])
             return
         self._consumers[command.consumer_id] = state
+        self._moved_readers.discard((state.topic, state.subscription))
         out.write([commands.success(command.request_id)])
         if state.sub_type is SubscriptionType.FAILOVER:
             self._announce_active(state)
@@ -179,8 +182,8 @@ class ConsumerHalf:
 
     def _initial(self, command: pb.CommandSubscribe, topic: TopicName) -> str | int:
         """Where a new subscription starts: its initial position, or for a reader (non-durable)
-        its start message id, as Pulsar's broker reads it: after that entry, or at it when the
-        id names a message inside a batch (the client skips the batch's earlier messages)."""
+        its start message id, as Pulsar's broker reads it: at that id's entry, whose messages
+        up to the start (or before it, for an inclusive reader) the client skips itself."""
         earliest = command.initialPosition == pb.CommandSubscribe.Earliest
         if command.durable or not command.HasField("start_message_id"):
             return "earliest" if earliest else "latest"
@@ -194,8 +197,7 @@ class ConsumerHalf:
         found = self._context.service.admin.entry_offsets(topic, start.ledgerId, start.entryId)
         if found is None:
             return "earliest"
-        first, last = found
-        return first if start.batch_index >= 0 else last + 1
+        return found[0]
 
     def _bind(self, state: _ClientConsumer) -> None:
         state.signal = LoopSignal(self._context.loop, lambda: self.deliver(state), direct_on_loop=True)
@@ -351,6 +353,9 @@ class ConsumerHalf:
 
     # --- seek, last message id ------------------------------------------------------------
     def seek(self, command: pb.CommandSeek) -> None:
+        """Move the subscription, as Pulsar's broker does: the consumer is closed first (what it
+        held comes back), the cursor moved, the client told with CLOSE_CONSUMER, then SUCCESS;
+        the client subscribes again and reads from the new position."""
         state = self._get(command.consumer_id)
         out = self._context.out
         if state is None:
@@ -358,21 +363,19 @@ class ConsumerHalf:
             return
         try:
             move = self._seek_move(state, command)
-            permits = state.consumer.permits
-            state.consumer.listener = None
-            state.consumer.close()  # what the client held comes back; it cleared its queue
-            state.sent.clear()
-            self._context.service.move_cursor(state.topic, state.subscription, move)
-            state.consumer = self._context.service.subscribe(state.topic, state.subscription, state.sub_type,
-                                                             state.config, durable=state.durable)
-            self._bind(state)
-            state.consumer.flow(permits)
         except MagnetarError as exc:
             out.write([commands.error(command.request_id, exc)])
             return
-        out.write([commands.success(command.request_id)])
-        assert state.signal is not None
-        state.signal.notify()
+        self._drop(state)
+        try:
+            self._context.service.move_cursor(state.topic, state.subscription, move)
+        except MagnetarError as exc:
+            out.write([commands.close_consumer(state.consumer_id, 0), commands.error(command.request_id, exc)])
+            self._end_non_durable(state)
+            return
+        if not state.durable:
+            self._moved_readers.add((state.topic, state.subscription))
+        out.write([commands.close_consumer(state.consumer_id, 0), commands.success(command.request_id)])
 
     def _seek_move(self, state: _ClientConsumer, command: pb.CommandSeek):  # type: ignore[no-untyped-def]
         if command.HasField("message_publish_time"):
@@ -473,3 +476,9 @@ class ConsumerHalf:
         for state in list(self._consumers.values()):
             self._drop(state)
             self._end_non_durable(state)
+        for topic, name in self._moved_readers:
+            try:
+                self._context.service.unsubscribe(topic, name)
+            except MagnetarError as exc:
+                log.debug("reader subscription %s of %s already gone: %s", name, topic, exc)
+        self._moved_readers.clear()
