@@ -43,6 +43,8 @@ T = pb.BaseCommand.Type
 PROTOCOL_VERSION_MAX = 19
 SERVER_VERSION = "Magnetar 0.1.0"
 TOKEN_METHOD = "token"
+NO_REQUEST_ID = (1 << 64) - 1
+"""The request id of an ERROR that answers no request (a refused CONNECT): Java's -1."""
 
 
 class State(enum.Enum):
@@ -135,7 +137,7 @@ class PulsarSession:
                 context.principal = self._authenticate(connect.auth_method_name, connect.auth_data)
             except (Unauthorized, Forbidden) as exc:
                 context.count("authentication_failures")
-                context.out.write([commands.error_of(0, pb.AuthenticationError, str(exc))])
+                context.out.write([commands.error_of(NO_REQUEST_ID, pb.AuthenticationError, str(exc))])
                 self.state = State.CLOSED
                 context.out.close()
                 return
