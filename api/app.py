@@ -41,6 +41,7 @@ from api.pulsar import PulsarServer, PulsarSettings
 from api.request_guard import RequestGuard
 from api.rest_consume import router as consume_router
 from api.rest_locate import router as locate_router
+from api.rest_lookup import lookup_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
 from api.wakeup import loop_executor
@@ -133,6 +134,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(ws_router(service, authorizer, limits))
     app.include_router(broker_stats_router(service, authorizer))
     app.include_router(locate_router(service, authorizer))
+    app.include_router(lookup_router(service, authorizer))
     app.include_router(console.router())
 
     @app.get("/healthz", summary="Liveness and storage health")

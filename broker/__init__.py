@@ -10,6 +10,8 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   subscriptions, cursor moves, single messages, statistics and acknowledgements by id);
 - the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
   ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``;
+- topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
+  strategies);
 - entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
   ``entry_frames`` to forward stored entries with Pulsar's ack sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
@@ -61,6 +63,9 @@ from broker.producer import ROUTING_MODES, Producer
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
+from broker.schema_registry import STRATEGIES as SCHEMA_STRATEGIES
+from broker.schema_registry import TYPES as SCHEMA_TYPES
+from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, version_of
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
 from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, Delivery, SubscriptionStats, SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
@@ -75,6 +80,8 @@ __all__ = [
     "OFFSET_MAX",
     "PAYLOAD_ENCODINGS",
     "ROUTING_MODES",
+    "SCHEMA_STRATEGIES",
+    "SCHEMA_TYPES",
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
     "AlreadyExists",
@@ -120,6 +127,8 @@ __all__ = [
     "QuorumConfig",
     "RangeRead",
     "Reader",
+    "SchemaInfo",
+    "SchemaRegistry",
     "StartPosition",
     "StorageStats",
     "StoredMessage",
@@ -145,4 +154,6 @@ __all__ = [
     "message_of",
     "parse_time_ms",
     "payload_of",
+    "version_bytes",
+    "version_of",
 ]

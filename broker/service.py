@@ -59,6 +59,7 @@ from broker.producer import Producer
 from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
+from broker.schema_registry import SchemaRegistry
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_admin import TopicAdmin
@@ -149,6 +150,8 @@ class BrokerService:
         self._policy_listeners: list[Callable[[], None]] = []
         self.admin = TopicAdmin(self)
         """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
+        self.schemas = SchemaRegistry(self, clock)
+        """Topics' schema versions and compatibility checks (``broker/schema_registry.py``)."""
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:

@@ -31,7 +31,7 @@ from api.auth import Action
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from api.pulsar.schemas import SchemaRegistry
+from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
 from broker import Consumer as BrokerConsumer
 from broker import (
@@ -121,7 +121,7 @@ class _ClientConsumer:
 class ConsumerHalf:
     """Every consumer of one connection."""
 
-    def __init__(self, context: ConnectionContext, schemas: SchemaRegistry) -> None:
+    def __init__(self, context: ConnectionContext, schemas: ProtocolSchemas) -> None:
         self._context = context
         self._schemas = schemas
         self._consumers: dict[int, _ClientConsumer] = {}

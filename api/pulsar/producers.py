@@ -31,7 +31,7 @@ from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from api.pulsar.schemas import SchemaRegistry
+from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
 from broker import (
     CorruptEntry,
@@ -138,7 +138,7 @@ class ProducerHalf:
 
     _names = itertools.count()
 
-    def __init__(self, context: ConnectionContext, access: ProducerAccess, schemas: SchemaRegistry) -> None:
+    def __init__(self, context: ConnectionContext, access: ProducerAccess, schemas: ProtocolSchemas) -> None:
         self._context = context
         self._access = access
         self._schemas = schemas

@@ -32,7 +32,7 @@ from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import FrameDecoder, ProtocolViolation
 from api.pulsar.producers import ProducerAccess
-from api.pulsar.schemas import SchemaRegistry
+from api.pulsar.schemas import ProtocolSchemas
 from api.pulsar.session import Listener, PulsarSession
 from api.pulsar.settings import PulsarSettings
 from broker import BrokerService, MagnetarError
@@ -62,7 +62,7 @@ class PulsarServer:
         self.authorizer = authorizer
         self.settings = settings
         self.access = ProducerAccess()
-        self.schemas = SchemaRegistry(service)
+        self.schemas = ProtocolSchemas(service.schemas)
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[PulsarProtocol] = set()
         self._ids = itertools.count(1)

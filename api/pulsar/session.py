@@ -34,7 +34,7 @@ from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
 from api.pulsar.producers import ProducerAccess, ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from api.pulsar.schemas import SchemaRegistry
+from api.pulsar.schemas import ProtocolSchemas
 from broker import Forbidden, MagnetarError, NotAllowed, TopicName, Unauthorized, check_namespace
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Listener:
 
 class PulsarSession:
     def __init__(self, context: ConnectionContext, listener: Listener, access: ProducerAccess,
-                 schemas: SchemaRegistry) -> None:
+                 schemas: ProtocolSchemas) -> None:
         self.context = context
         self.listener = listener
         self.state = State.AWAITING_CONNECT

@@ -408,3 +408,52 @@ def test_message_ids_are_pulsars_everywhere(pc: pulsar.Client, broker: tuple[str
     sent = producer.send(b"x")
     last = httpx.get(f"{broker[0]}/admin/v2/persistent/public/default/ids/lastMessageId", timeout=10).json()
     assert (last["ledgerId"], last["entryId"]) == (sent.ledger_id(), sent.entry_id())
+
+
+def _event_record(**fields: object) -> type:
+    """A ``Record`` class named ``Event`` (Avro compares record names) with ``fields``."""
+    from pulsar.schema import Integer, Record, String
+    return type("Event", (Record,), {"name": String(), "count": Integer(), **fields})
+
+
+def test_string_schema_round_trips_and_is_registered(pc: pulsar.Client, broker: tuple[str, str]) -> None:
+    import httpx
+    from pulsar.schema import StringSchema
+    producer = pc.create_producer("schema-string", schema=StringSchema())
+    consumer = pc.subscribe("schema-string", "s", schema=StringSchema())
+    producer.send("héllo")
+    assert consumer.receive(RECEIVE_TIMEOUT_MS).value() == "héllo"
+    schema = httpx.get(f"{broker[0]}/admin/v2/schemas/public/default/schema-string/schema", timeout=10).json()
+    assert (schema["type"], schema["version"]) == ("STRING", 0)
+
+
+def test_json_schema_round_trips(pc: pulsar.Client) -> None:
+    from pulsar.schema import JsonSchema
+    event = _event_record()
+    producer = pc.create_producer("schema-json", schema=JsonSchema(event))
+    consumer = pc.subscribe("schema-json", "s", schema=JsonSchema(event))
+    producer.send(event(name="a", count=1))
+    value = consumer.receive(RECEIVE_TIMEOUT_MS).value()
+    assert (value.name, value.count) == ("a", 1)
+
+
+def test_avro_schema_evolves_compatibly_and_an_incompatible_one_is_refused(pc: pulsar.Client,
+                                                                            broker: tuple[str, str]) -> None:
+    import httpx
+    from pulsar.schema import AvroSchema, String
+    v1 = _event_record()
+    producer = pc.create_producer("schema-avro", schema=AvroSchema(v1))
+    consumer = pc.subscribe("schema-avro", "s", schema=AvroSchema(v1), initial_position=Earliest)
+    producer.send(v1(name="first", count=1))
+    assert consumer.receive(RECEIVE_TIMEOUT_MS).value().name == "first"
+    v2 = _event_record(note=String(required_default=True))  # a field with a default: FULL-compatible
+    pc.create_producer("schema-avro", schema=AvroSchema(v2)).send(v2(name="second", count=2, note="n"))
+    assert consumer.receive(RECEIVE_TIMEOUT_MS).value().name == "second"
+    v3 = _event_record(extra=String(required=True))  # a required field without default: not compatible
+    with pytest.raises(pulsar.IncompatibleSchema):
+        pc.create_producer("schema-avro", schema=AvroSchema(v3))
+    with pytest.raises(pulsar.IncompatibleSchema):
+        pc.create_producer("schema-avro", schema=pulsar.schema.StringSchema())
+    versions = httpx.get(f"{broker[0]}/admin/v2/schemas/public/default/schema-avro/schemas", timeout=10).json()
+    assert [v["version"] for v in versions["getSchemaResponses"]] == [0, 1]
+    assert all(v["type"] == "AVRO" for v in versions["getSchemaResponses"])
