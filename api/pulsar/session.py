@@ -47,6 +47,15 @@ NO_REQUEST_ID = (1 << 64) - 1
 """The request id of an ERROR that answers no request (a refused CONNECT): Java's -1."""
 
 
+BROKER_ONLY = frozenset({
+    T.CONNECTED, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.SUCCESS, T.ERROR, T.PRODUCER_SUCCESS,
+    T.PARTITIONED_METADATA_RESPONSE, T.LOOKUP_RESPONSE, T.CONSUMER_STATS_RESPONSE, T.REACHED_END_OF_TOPIC,
+    T.GET_LAST_MESSAGE_ID_RESPONSE, T.ACTIVE_CONSUMER_CHANGE, T.GET_TOPICS_OF_NAMESPACE_RESPONSE,
+    T.GET_SCHEMA_RESPONSE, T.AUTH_CHALLENGE, T.ACK_RESPONSE, T.GET_OR_CREATE_SCHEMA_RESPONSE,
+    T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPIC_UPDATE, T.TOPIC_MIGRATED})
+"""Commands only a broker sends: from a client they are protocol violations."""
+
+
 class State(enum.Enum):
     AWAITING_CONNECT = "awaiting_connect"
     CONNECTED = "connected"
@@ -120,8 +129,9 @@ class PulsarSession:
 
     def _refuse(self, command: pb.BaseCommand) -> None:
         """A command Magnetar does not serve (transactions, topic-list watches): an ERROR when
-        it carries a request id the client waits on, else a protocol violation."""
-        request_id = _request_id_of(command)
+        it carries a request id the client waits on, else a protocol violation (so is a command
+        only a broker sends)."""
+        request_id = None if command.type in BROKER_ONLY else _request_id_of(command)
         if request_id is None:
             raise ProtocolViolation(f"{T.Name(command.type)} is not supported")
         self.context.out.write([commands.error(request_id, NotAllowed(f"{T.Name(command.type)} is not supported"))])
