@@ -47,7 +47,7 @@ def entry(payload: bytes, *, producer: str = "raw", sequence_id: int = 0, corrup
 
 
 def send_frame(producer_id: int, sequence_id: int, data: bytes) -> bytes:
-    body = command(T.SEND, send={"producer_id": producer_id, "sequence_id": sequence_id}).SerializeToString()
+    body: bytes = command(T.SEND, send={"producer_id": producer_id, "sequence_id": sequence_id}).SerializeToString()
     return struct.pack(">II", 4 + len(body) + len(data), len(body)) + body + data
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from tests.integration.pulsar_support import RECEIVE_TIMEOUT_MS, binary_broker, client
-from tests.integration.pulsar_wire import T, RawConnection, command, entry, send_frame
+from tests.integration.pulsar_wire import RawConnection, T, command, entry, send_frame
 
 FUZZ_CASES = int(os.environ.get("MAGNETAR_FUZZ_CASES", "150"))
 TOPIC = "persistent://public/default/fuzzed"
