@@ -23,11 +23,13 @@ from broker import BrokerService, Forbidden, NotFound, TopicName
 CLUSTER = "standalone"
 
 
-def _urls(request: Request) -> dict[str, Any]:
+def _urls(request: Request, topic: TopicName | None = None) -> dict[str, Any]:
+    """This broker's URLs, or with ``topic`` its owner's (the binary front end's ``owner_of``,
+    which binary LOOKUP asks too)."""
     host = request.url.hostname or "127.0.0.1"
     http_url = f"{request.url.scheme}://{request.url.netloc}"
     binary = getattr(request.app.state, "pulsar_server", None)
-    listener = binary.listener_for(host) if binary is not None else None
+    listener = None if binary is None else binary.listener_for(host) if topic is None else binary.owner_of(topic, host)
     plain = listener.service_url if listener is not None else None
     tls = listener.service_url_tls if listener is not None else None
     return {"brokerUrl": plain, "brokerUrlTls": tls, "httpUrl": http_url, "httpUrlTls": None, "nativeUrl": plain}
@@ -44,7 +46,7 @@ def lookup_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         except Forbidden:
             authorizer.require(caller, Action.CONSUME, name)
         service.policies(name.namespace_name)  # NotFound for an unknown namespace
-        return _urls(request)
+        return _urls(request, name)
 
     @routes.get("/admin/v2/clusters", summary="The clusters (standalone: one)")
     def clusters(caller: Caller) -> list[str]:

@@ -34,6 +34,7 @@ from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
 from broker import (
+    AlreadyExists,
     CorruptEntry,
     InvalidRequest,
     MagnetarError,
@@ -170,6 +171,8 @@ class ProducerHalf:
             name = command.producer_name or f"standalone-{context.connection_id}-{next(self._names)}"
             schema_version = self._schemas.for_producer(topic, command.schema if command.HasField("schema") else None)
             producer = context.service.producer(topic, name)
+            if command.initial_subscription_name:
+                self._initial_subscription(topic, command.initial_subscription_name)
             last_sequence_id = producer.last_sequence_id()
             holder = _Holder(name, command.producer_access_mode,
                              lambda: self._fenced(command.producer_id),
@@ -185,6 +188,16 @@ class ProducerHalf:
         out.write([commands.producer_success(command.request_id, name, last_sequence_id, schema_version,
                                              epoch if exclusive else None, ready=ready)])
         context.count("producers_opened")
+
+    def _initial_subscription(self, topic: TopicName, subscription: str) -> None:
+        """A producer may ask for a subscription to exist from the topic's start (the client's
+        dead-letter producer does, so moved messages are kept for their reader); as in Pulsar,
+        this needs the right to consume too, and an existing subscription is left as it is."""
+        self._context.authorize(Action.CONSUME, topic)
+        try:
+            self._context.service.admin.create_subscription(topic, subscription, "earliest")
+        except AlreadyExists:
+            pass
 
     def _now_ready(self, producer_id: int, request_id: int, epoch: int) -> None:
         state = self._producers.get(producer_id)

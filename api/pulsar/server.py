@@ -35,7 +35,7 @@ from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
 from api.pulsar.session import Listener, PulsarSession
 from api.pulsar.settings import PulsarSettings
-from broker import BrokerService, MagnetarError
+from broker import BrokerService, MagnetarError, TopicName
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,13 @@ class PulsarServer:
         return Listener(f"pulsar://{host}:{plain}" if plain else None,
                         f"pulsar+ssl://{host}:{tls}" if tls else None)
 
+    def owner_of(self, topic: TopicName, host: str) -> Listener:
+        """The one place that answers "which broker serves ``topic``" for a client that reached
+        this broker at ``host``: binary LOOKUP and HTTP lookup both ask here. A standalone
+        broker owns every topic, so this is always this broker's own listeners; a cluster's
+        broker would answer the owner's listeners (LOOKUP then says Redirect, not Connect)."""
+        return self.listener_for(host)
+
     def admit(self, connection: PulsarProtocol) -> bool:
         if len(self._connections) >= self.settings.connections_max:
             self.refused += 1
@@ -178,7 +185,8 @@ class PulsarProtocol(asyncio.Protocol):
         host = transport.get_extra_info("sockname")[0]
         self.context = ConnectionContext(server.service, server.authorizer, server.settings, self,
                                          asyncio.get_running_loop(), next(server._ids))
-        self.session = PulsarSession(self.context, server.listener_for(host), server.access, server.schemas)
+        self.session = PulsarSession(self.context, lambda topic: server.owner_of(topic, host), server.access,
+                                     server.schemas)
 
     def data_received(self, data: bytes) -> None:
         if self.session is None or self._closing:

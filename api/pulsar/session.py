@@ -64,17 +64,18 @@ class State(enum.Enum):
 
 @dataclass(frozen=True)
 class Listener:
-    """How lookups name this broker: the URLs of its plain and TLS listeners."""
+    """How lookups name a broker: the URLs of its plain and TLS listeners."""
 
     service_url: str | None
     service_url_tls: str | None
 
 
 class PulsarSession:
-    def __init__(self, context: ConnectionContext, listener: Listener, access: ProducerAccess,
-                 schemas: ProtocolSchemas) -> None:
+    def __init__(self, context: ConnectionContext, owner_of: Callable[[TopicName], Listener],
+                 access: ProducerAccess, schemas: ProtocolSchemas) -> None:
         self.context = context
-        self.listener = listener
+        self.owner_of = owner_of
+        """Which broker serves a topic (``PulsarServer.owner_of``): what LOOKUP answers."""
         self.state = State.AWAITING_CONNECT
         self.protocol_version = 0
         self.client_version = ""
@@ -195,13 +196,15 @@ class PulsarSession:
         self.context.out.write([commands.partitioned_metadata(request.request_id, partitions)])
 
     def _lookup(self, request: pb.CommandLookupTopic) -> None:
+        """LOOKUP: the owner's listeners (``owner_of``), after the caller's right to use the topic."""
         try:
             topic = TopicName.parse(request.topic)
             self._lookup_allowed(topic)
+            owner = self.owner_of(topic)
         except MagnetarError as exc:
             self.context.out.write([commands.lookup_failed(request.request_id, exc)])
             return
-        plain, tls = self.listener.service_url, self.listener.service_url_tls
+        plain, tls = owner.service_url, owner.service_url_tls
         self.context.out.write([commands.lookup(request.request_id, plain or tls or "", tls)])
 
     def _topics_of_namespace(self, request: pb.CommandGetTopicsOfNamespace) -> None:

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
+import httpx
 import pulsar
 import pytest
 
@@ -309,13 +310,16 @@ def test_ack_timeout_redelivers(pc: pulsar.Client) -> None:
     consumer.acknowledge(again)
 
 
-def test_dead_letter_policy_moves_a_message_after_its_redeliveries(pc: pulsar.Client) -> None:
+def test_dead_letter_policy_moves_a_message_after_its_redeliveries(pc: pulsar.Client,
+                                                                   broker: tuple[str, str]) -> None:
+    """The client's dead-letter producer asks for an initial subscription on the dead-letter
+    topic: a consumer subscribing there later (at the latest position) still finds the message."""
     producer = pc.create_producer("dlq-source", batching_enabled=False)
-    dlq = pc.subscribe("dlq-target", "check", initial_position=Earliest)
     consumer = pc.subscribe("dlq-source", "s", consumer_type=pulsar.ConsumerType.Shared,
                             negative_ack_redelivery_delay_ms=100,
                             dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
-                                max_redeliver_count=2, dead_letter_topic="dlq-target"))
+                                max_redeliver_count=2, dead_letter_topic="dlq-target",
+                                initial_subscription_name="kept"))
     producer.send(b"poison", properties={"p": "1"})
     counts = []
     for _ in range(3):
@@ -323,9 +327,17 @@ def test_dead_letter_policy_moves_a_message_after_its_redeliveries(pc: pulsar.Cl
         counts.append(message.redelivery_count())
         consumer.negative_acknowledge(message)
     assert counts == [0, 1, 2]
+    assert nothing_more(consumer, 500)
+    stats_url = f"{broker[0]}/admin/v2/persistent/public/default/dlq-target/stats"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the client moved the message
+        stats = httpx.get(stats_url, timeout=10)
+        if stats.status_code == 200 and stats.json()["subscriptions"].get("kept", {}).get("msgBacklog") == 1:
+            break
+        time.sleep(0.1)
+    dlq = pc.subscribe("dlq-target", "kept")  # at the latest position: only an existing subscription holds it
     moved = dlq.receive(RECEIVE_TIMEOUT_MS)
     assert moved.data() == b"poison" and moved.properties()["p"] == "1"
-    assert nothing_more(consumer, 500)
 
 
 def test_delayed_delivery_waits_for_its_time(pc: pulsar.Client) -> None:
