@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections import deque
@@ -194,10 +195,8 @@ class ProducerHalf:
         dead-letter producer does, so moved messages are kept for their reader); as in Pulsar,
         this needs the right to consume too, and an existing subscription is left as it is."""
         self._context.authorize(Action.CONSUME, topic)
-        try:
+        with contextlib.suppress(AlreadyExists):
             self._context.service.admin.create_subscription(topic, subscription, "earliest")
-        except AlreadyExists:
-            pass
 
     def _now_ready(self, producer_id: int, request_id: int, epoch: int) -> None:
         state = self._producers.get(producer_id)
