@@ -21,7 +21,9 @@ Flow control: a consumer receives only while it has permits (``receiverQueueSize
 mode, explicit in pull mode). Unacknowledged limits per consumer (messages, and payload bytes:
 ``unacked_bytes_max``, so large messages cannot pin gigabytes in one slow consumer) and per
 subscription pause delivery at the limit and resume at half; a consumer holding nothing
-always gets one message, however large. The dispatcher reads only as many entries as the
+always gets one message, however large. A consumer configured with ``whole_entries`` (the
+binary protocol's: Pulsar's clients acknowledge a batch as one) gets the rest of an entry with
+its first message, past its permits, as Pulsar's broker delivers. The dispatcher reads only as many entries as the
 consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
 the broker buffer without bound.
 
@@ -98,6 +100,10 @@ class ConsumerConfig:
     unacked_messages_max: int = 50_000
     unacked_bytes_max: int = 16 * 1024 * 1024
     """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
+    whole_entries: bool = False
+    """Deliver the rest of an entry with its first message, past the permits (which go negative),
+    as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
+    arrived, so a batch split between deliveries would never be acknowledged."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,10 @@ class Delivery:
     """The stored entry the message came from, byte for byte (broker prefix included), so a
     transport can forward the entry untouched (the binary protocol); None where there is no
     such entry (a compacted view)."""
+
+
+def _entry_of(item: _Item) -> tuple[int, int]:
+    return item.message_id.ledger_id, item.message_id.entry_id
 
 
 @dataclass(order=True)
@@ -372,10 +382,11 @@ class Subscription:
 
     def _take_back(self, consumer: Consumer) -> None:
         """Redeliver everything ``consumer`` holds unacknowledged (it left or lost activity)."""
-        for offset, delivery in sorted(consumer.unacked.items()):
+        taken = sorted(consumer.unacked.items())
+        for offset, delivery in taken:
             self._release(offset, consumer)
-            self._bump_count(offset)
             heapq.heappush(self._redeliver, self._item_of(delivery))
+        self._bump_counts([offset for offset, _ in taken])
         consumer.unacked.clear()
         consumer.outbox.clear()
 
@@ -429,11 +440,26 @@ class Subscription:
                     continue
                 self._deliver(consumer, item)
                 notify.add(consumer)
+                if consumer.config.whole_entries:
+                    self._deliver_rest_of_entry(consumer, item)
             for item in reversed(held):
                 self._pending.appendleft(item)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
+
+    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item) -> None:
+        """The messages of ``item``'s entry waiting right behind it go to the same consumer."""
+        entry = (item.message_id.ledger_id, item.message_id.entry_id)
+        while True:
+            if self._redeliver and _entry_of(self._redeliver[0]) == entry:
+                following = heapq.heappop(self._redeliver)
+            elif self._pending and _entry_of(self._pending[0]) == entry:
+                following = self._pending.popleft()
+            else:
+                return
+            if not self.cursor.is_acked(following.offset) and following.offset not in self._owner:
+                self._deliver(consumer, following)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
@@ -620,18 +646,25 @@ class Subscription:
     def _nack(self, consumer: Consumer, offsets: list[int]) -> None:
         due_ms = int(self._clock() * 1000) + consumer.config.negative_ack_redelivery_delay_ms
         with self._lock:
+            nacked = []
             for offset in offsets:
                 delivery = consumer.unacked.get(offset)
                 if delivery is None:
                     continue
                 self._release(offset, consumer)
                 consumer.unacked.pop(offset)
-                self._bump_count(offset)
+                nacked.append(offset)
                 heapq.heappush(self._later, (due_ms, offset, self._item_of(delivery)))
+            self._bump_counts(nacked)
         self.dispatch()
 
-    def _bump_count(self, offset: int) -> None:
-        self._counts[offset] = self._counts.get(offset, 0) + 1
+    def _bump_counts(self, offsets: list[int]) -> None:
+        """One more redelivery for each of ``offsets``, persisted once for them all (a consumer
+        leaving with many messages must not rewrite the counts once per message)."""
+        if not offsets:
+            return
+        for offset in offsets:
+            self._counts[offset] = self._counts.get(offset, 0) + 1
         self._persist_counts()
 
     # --- time-driven work ----------------------------------------------------------------
@@ -650,8 +683,8 @@ class Subscription:
                     delivery = consumer.unacked.pop(offset)
                     assert delivery is not None
                     self._release(offset, consumer)
-                    self._bump_count(offset)
                     heapq.heappush(self._redeliver, self._item_of(delivery))
+                self._bump_counts(expired)
         self.dispatch()
 
     def _release_due(self) -> None:

@@ -14,7 +14,10 @@ consumers here have no ack timeout, no nack delay and no dead-letter limit: the 
 REDELIVER_UNACKNOWLEDGED_MESSAGES is a nack due at once, and the broker supplies the
 (persisted) ``redelivery_count`` the client's dead-letter policy counts.
 
-Invariants: a consumer receives only against FLOW permits (one per message); nothing is written
+Invariants: a consumer receives only against FLOW permits (one per message, but an entry is
+never split between deliveries: its rest follows its first message past the permits, as
+Pulsar's broker sends whole batches, because the clients acknowledge a batch only once they
+hold all of it); nothing is written
 while the connection is congested (the broker consumer keeps the deliveries, within its
 permits); a consumer closed by the broker (a forced subscription delete) is told with
 CLOSE_CONSUMER; a non-durable subscription (a reader's) ends with its consumer.
@@ -169,7 +172,7 @@ class ConsumerHalf:
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
                                 receiver_queue_size=0, priority_level=command.priority_level,
-                                negative_ack_redelivery_delay_ms=0,
+                                negative_ack_redelivery_delay_ms=0, whole_entries=True,
                                 unacked_bytes_max=context.settings.write_buffer_bytes_max * 2)
         durable = command.durable
         initial = self._initial(command, topic)

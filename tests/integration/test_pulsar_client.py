@@ -72,6 +72,30 @@ def test_async_send_with_batching_arrives_as_one_entry(pc: pulsar.Client) -> Non
                   (m.message_id().ledger_id(), m.message_id().entry_id()) == min(entries))[0] == 0
 
 
+@pytest.mark.parametrize("sub_type", [pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Shared])
+def test_batches_larger_than_the_receiver_queue_are_consumed_and_acknowledged(
+        pc: pulsar.Client, broker: tuple[str, str], sub_type: pulsar.ConsumerType) -> None:
+    """Entries of 50 messages against a receiver queue of 20: each batch arrives whole (the
+    client acknowledges a batch only once it holds all of it), so every ack lands and the
+    backlog drains."""
+    topic = f"big-batches-{sub_type.name}"
+    producer = pc.create_producer(topic, batching_enabled=True, batching_max_messages=50,
+                                  batching_max_publish_delay_ms=1000, block_if_queue_full=True)
+    for i in range(200):
+        producer.send_async(f"{i}".encode(), None)
+    producer.flush()
+    consumer = pc.subscribe(topic, "s", initial_position=Earliest, receiver_queue_size=20, consumer_type=sub_type)
+    assert [m.data() for m in receive_all(consumer, 200)] == [f"{i}".encode() for i in range(200)]
+    stats_url = f"{broker[0]}/admin/v2/persistent/public/default/{topic}/stats"
+    deadline = time.monotonic() + 30
+    backlog = None
+    while backlog != 0 and time.monotonic() < deadline:  # the client sends its acks in groups
+        backlog = httpx.get(stats_url, timeout=10).json()["subscriptions"]["s"]["msgBacklog"]
+        time.sleep(0.05)
+    assert backlog == 0
+    consumer.close()
+
+
 @pytest.mark.parametrize("compression", [pulsar.CompressionType.LZ4, pulsar.CompressionType.ZLib,
                                          pulsar.CompressionType.ZSTD, pulsar.CompressionType.SNAPPY])
 def test_every_compression_type_round_trips(pc: pulsar.Client, compression: pulsar.CompressionType) -> None:
