@@ -133,6 +133,8 @@ class _ClientProducer:
     """(sequence id, highest sequence id, outcome) of each send, in send order."""
     ready: bool = True
     closed: bool = False
+    close_request_id: int | None = None
+    """A CLOSE_PRODUCER waiting for the receipts of the sends before it (then SUCCESS)."""
 
 
 class ProducerHalf:
@@ -263,6 +265,9 @@ class ProducerHalf:
                 buffers.append(self._receipt(state, sequence_id, highest, outcome))
             if state.closed and not pending:
                 self._producers.pop(state.producer_id, None)
+                if state.close_request_id is not None:
+                    buffers.append(commands.success(state.close_request_id))
+                    state.close_request_id = None
         if buffers:
             self._context.out.write(buffers)
         if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
@@ -281,11 +286,15 @@ class ProducerHalf:
 
     # --- CLOSE_PRODUCER, connection end --------------------------------------------------
     def close(self, command: pb.CommandCloseProducer) -> None:
+        """As Pulsar's broker: the producer's sends still being stored are answered first, then
+        the close (a receipt after the close would name a producer the client forgot)."""
         state = self._producers.get(command.producer_id)
         if state is not None:
             self._release(state)
-            if not state.pending:
-                del self._producers[command.producer_id]
+            if state.pending:
+                state.close_request_id = command.request_id
+                return
+            del self._producers[command.producer_id]
         self._context.out.write([commands.success(command.request_id)])
 
     def _release(self, state: _ClientProducer) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pulsar
 import pytest
 
+from api.pulsar.framing import command_frame
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from tests.integration.pulsar_support import RECEIVE_TIMEOUT_MS, binary_broker, client
 from tests.integration.pulsar_wire import RawConnection, T, command, entry, send_frame
@@ -106,6 +107,19 @@ def test_a_wrong_checksum_is_answered_with_send_error_and_stores_nothing(broker:
     assert len(messages) == 1
 
 
+def test_close_producer_is_answered_after_the_receipts_of_its_sends(broker: tuple[str, int]) -> None:
+    """As Pulsar's broker: sends still being stored are answered before the close's SUCCESS, so
+    no receipt names a producer the client already forgot."""
+    with RawConnection(broker[1]) as conn:
+        conn.connect()
+        open_producer(conn, topic="persistent://public/default/close-after-sends")
+        conn.send(b"".join(send_frame(1, i, entry(f"{i}".encode(), sequence_id=i)) for i in range(50)) +
+                  command_frame(command(T.CLOSE_PRODUCER, close_producer={"producer_id": 1, "request_id": 2})))
+        answers = [conn.expect(T.SEND_RECEIPT, T.SUCCESS) for _ in range(51)]
+    assert [a.type for a in answers] == [T.SEND_RECEIPT] * 50 + [T.SUCCESS]
+    assert [a.send_receipt.sequence_id for a in answers[:50]] == list(range(50))
+
+
 def test_garbage_with_a_correct_checksum_is_refused(broker: tuple[str, int]) -> None:
     import crc32c
     garbage = b"\xff" * 20
@@ -180,7 +194,6 @@ def test_a_lookup_of_a_bad_topic_name_fails_without_closing(broker: tuple[str, i
 # --- seeded fuzz ------------------------------------------------------------------------
 def _valid_session(rng: random.Random, case: int) -> list[bytes]:
     """A plausible session: connect, produce a few messages, subscribe, flow, ack."""
-    from api.pulsar.framing import command_frame
     frames = [command_frame(command(T.CONNECT, connect={"client_version": "fuzz", "protocol_version": 19})),
               command_frame(command(T.PRODUCER, producer={"topic": TOPIC, "producer_id": 1, "request_id": 1,
                                                           "producer_name": f"fuzz-{case}"}))]
