@@ -59,8 +59,8 @@ def binary_sample(pc: pulsar.Client, topic: str) -> list[tuple[bytes, str | None
     """One unbatched message with a key, properties and an event time, then three messages
     batched into one entry: (payload, key, properties, id) of each, as the client saw them."""
     single = pc.create_producer(topic, batching_enabled=False)
-    sent = [(b"single", "k1", {"p": "1"}, single.send(b"single", partition_key="k1", properties={"p": "1"},
-                                                        event_timestamp=EVENT_MS))]
+    first = single.send(b"single", partition_key="k1", properties={"p": "1"}, event_timestamp=EVENT_MS)
+    sent: list[tuple[bytes, str | None, dict[str, str], pulsar.MessageId]] = [(b"single", "k1", {"p": "1"}, first)]
     batched = pc.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=50,
                                  batching_max_messages=3)
     receipts: list[pulsar.MessageId] = []
