@@ -13,6 +13,12 @@ applies the bounds of ``api/limits.py`` that need to know the caller:
   ``connections_per_role_max`` (429 ``too_many_connections``; a WebSocket upgrade is refused
   the same way by its route, which answers every refusal of a handshake).
 
+A refused request's answer must reach the client: closing a connection whose peer is still
+sending makes the kernel reset it, and a reset can destroy the answer before the client reads
+it. So a refused body of at most ``REFUSED_BODY_DRAIN_BYTES_MAX`` declared bytes is read and
+dropped before the answer (within ``body_timeout_ms``); a larger one is answered at once, as
+other servers do.
+
 Invariants: the routes see a body only when it is complete and within its bound; a refused
 request reaches no route; a role's slot is released when its request or session ends, however
 it ends.
@@ -21,6 +27,7 @@ it ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -30,6 +37,10 @@ from api.auth import ANONYMOUS_ROLE, Authorizer, Principal, caller_outcome_key
 from api.errors import PayloadTooLarge, RequestTimeout, TooManyConnections, error_bytes
 from api.limits import EdgeLimits
 from broker import MagnetarError, Unauthorized
+
+REFUSED_BODY_DRAIN_BYTES_MAX = 64 * 1024
+"""A refused request's body up to this size is read and dropped before the answer, so that the
+connection closes cleanly instead of being reset under the answer."""
 
 
 class RequestGuard:
@@ -90,6 +101,10 @@ class RequestGuard:
         limit = self._limits.body_bytes_max if known else self._limits.unauthenticated_body_bytes_max
         declared = _content_length(scope)
         if (declared is not None and declared > limit) or (declared is None and limit == 0):
+            if declared is not None and declared <= REFUSED_BODY_DRAIN_BYTES_MAX:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._limits.body_timeout_s):
+                        await _drain_body(receive, REFUSED_BODY_DRAIN_BYTES_MAX)
             await _respond(send, outcome if isinstance(outcome, MagnetarError) else
                            PayloadTooLarge(f"the request body of {declared} bytes exceeds {limit} bytes"))
             return
@@ -141,6 +156,18 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+async def _drain_body(receive: Receive, limit: int) -> None:
+    """Read and drop the body (at most ``limit`` bytes of it)."""
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

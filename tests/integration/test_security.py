@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import base64
+import select
 import socket
 import sys
 import threading
@@ -117,6 +118,25 @@ def test_a_body_without_a_token_is_refused_from_its_headers(secured: tuple[str, 
         assert answer.startswith(b"HTTP/1.1 401") and b'"unauthorized"' in answer
     assert stored(service, "big") == [b"small"]
     assert "intruder" not in service.tenants()
+
+
+def test_a_refused_small_body_is_read_so_the_answer_is_not_reset(secured: tuple[str, BrokerService]) -> None:
+    """A client that sends its headers, then its body: refused, it still reads the whole 401 and
+    an orderly close (an answer sent before the body arrived would be reset under the client)."""
+    url, service = secured
+    host, port = url.removeprefix("http://").split(":")
+    body = b'{"messages": [{"payload": "eA=="}]}'
+    head = (f"POST /topics/persistent/public/default/late-body HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as raw:
+        raw.sendall(head)
+        readable, _, _ = select.select([raw], [], [], 0.3)
+        assert not readable  # no answer before the declared body: the broker waits for it
+        raw.sendall(body)
+        answer = _read_answer(raw)
+        assert raw.recv(4096) == b""  # then an orderly close, not a reset
+    assert answer.startswith(b"HTTP/1.1 401") and b'"unauthorized"' in answer
+    assert stored(service, "late-body") == []
 
 
 def _read_answer(raw: socket.socket) -> bytes:
