@@ -27,7 +27,8 @@ class PulsarSettings:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     tls_trust_certs_file: str | None = None
-    """CA bundle for client certificates; when set, clients must present one it signed."""
+    """CA bundle for client certificates; when set, a certificate a client presents must be
+    signed by it (presenting one stays optional, as Pulsar's default)."""
     advertised_host: str | None = None
     """The host lookups answer with; default: the address the client connected to."""
     max_message_size_bytes: int = 5 * MIB
