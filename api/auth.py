@@ -118,13 +118,16 @@ class Authorizer:
 
     def require(self, principal: Principal, action: Action, topic: TopicName) -> None:
         """``principal`` may ``action`` on ``topic``: superuser, tenant admin, or a namespace grant."""
+        if not self.allowed(principal, action, topic.namespace_name):
+            raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+
+    def allowed(self, principal: Principal, action: Action, namespace: str) -> bool:
+        """Whether ``principal`` may ``action`` on the topics of ``namespace`` (``tenant/ns``)."""
         if principal.superuser:
-            return
-        if principal.role in self._admin_roles(topic.tenant):
-            return
-        if action.value in self.granted(topic.namespace_name).get(principal.role, []):
-            return
-        raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+            return True
+        if principal.role in self._admin_roles(namespace.split("/", 1)[0]):
+            return True
+        return action.value in self.granted(namespace).get(principal.role, [])
 
     def _admin_roles(self, tenant: str) -> list[str]:
         try:

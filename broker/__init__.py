@@ -72,6 +72,7 @@ from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
 from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
+from broker.topic_pattern import TopicPattern
 from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import StorageStats
 
@@ -136,6 +137,7 @@ __all__ = [
     "SubscriptionStats",
     "TopicAdmin",
     "TopicName",
+    "TopicPattern",
     "TopicStats",
     "TopicTerminated",
     "Unauthorized",

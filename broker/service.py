@@ -79,6 +79,7 @@ PARTITIONS_MAX = 1024
 CURSOR_MOVE_WAIT_S_MAX = 60.0
 PUBLISH_WAIT_S_MAX = 60.0
 PARTITION_COUNTS_CACHED_MAX = 100_000
+TOPIC_WATCHERS_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ class BrokerService:
         self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
         self._subscriptions_by_topic: dict[TopicName, dict[str, Subscription]] = {}
         self._patterns: list[tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]] = []
+        self._topic_watchers: dict[str, list[Callable[[str, bool], None]]] = {}
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
         self._partition_counts: dict[TopicName, int] = {}
         self._dispatch = DispatchScheduler()
@@ -325,6 +327,7 @@ class BrokerService:
                                     clock=self.clock)
             self._topics[topic_name] = topic
             self._offer_to_patterns(topic_name)
+            self._tell_topic_watchers(topic_name, exists=True)
             return topic
 
     def _check_creatable(self, name: TopicName, allowed: bool) -> None:
@@ -359,6 +362,7 @@ class BrokerService:
             self._compactors.pop(name, None)
         topic.ml.delete()
         self.factory.forget(name.managed_ledger_name)
+        self._tell_topic_watchers(name, exists=False)
 
     def create_partitioned_topic(self, name: TopicName, partitions: int) -> None:
         if not 1 <= partitions <= PARTITIONS_MAX:
@@ -523,6 +527,36 @@ class BrokerService:
         with self._lock:
             if entry in self._patterns:
                 self._patterns.remove(entry)
+
+    def watch_topics(self, namespace: str, listener: Callable[[str, bool], None]) -> Callable[[], None]:
+        """Call ``listener(full_topic_name, exists)`` when a topic of ``namespace`` is opened by this
+        broker (created, or first used since the start: a listener may hear of a topic it already
+        listed) or deleted, on the thread that did it, until the returned function is called.
+        At most ``TOPIC_WATCHERS_MAX`` listeners in all (``InvalidRequest`` beyond)."""
+        key = "/".join(check_namespace(namespace))
+        with self._lock:
+            if sum(len(listeners) for listeners in self._topic_watchers.values()) >= TOPIC_WATCHERS_MAX:
+                raise InvalidRequest(f"this broker already follows {TOPIC_WATCHERS_MAX} topic lists")
+            self._topic_watchers.setdefault(key, []).append(listener)
+
+        def unwatch() -> None:
+            with self._lock:
+                listeners = self._topic_watchers.get(key, [])
+                if listener in listeners:
+                    listeners.remove(listener)
+                if not listeners:
+                    self._topic_watchers.pop(key, None)
+
+        return unwatch
+
+    def _tell_topic_watchers(self, topic_name: TopicName, *, exists: bool) -> None:
+        with self._lock:
+            listeners = list(self._topic_watchers.get(topic_name.namespace_name, ()))
+        for listener in listeners:
+            try:
+                listener(topic_name.full_name, exists)
+            except Exception:
+                log.exception("a topic-list listener failed")
 
     def _offer_to_patterns(self, topic_name: TopicName) -> None:
         with self._lock:

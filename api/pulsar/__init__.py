@@ -12,6 +12,7 @@ The package, from the bytes up (sans-I/O below the adapter, as h11 and wsproto a
   and the dispatch of commands to ``producers.py`` (PRODUCER, SEND, access modes) and
   ``consumers.py`` (SUBSCRIBE, FLOW, MESSAGE, ACK, redelivery, seek);
 - ``schemas.py``: the schema commands over the broker's schema registry;
+- ``topic_lists.py``: a namespace's topic list, filtered by pattern, and topic-list watches;
 - ``server.py``: the asyncio adapter (listeners, TLS, bounds, keep-alive, statistics).
 
 Everything reaches the broker through its face (``from broker import ...``), like the REST and

@@ -66,7 +66,7 @@ def connected(server_version: str, protocol_version: int, max_message_size: int)
     command.connected.server_version = server_version
     command.connected.protocol_version = protocol_version
     command.connected.max_message_size = max_message_size
-    command.connected.feature_flags.SetInParent()
+    command.connected.feature_flags.supports_topic_watchers = True
     return command_frame(command)
 
 
@@ -198,11 +198,36 @@ def last_message_id(request_id: int, ledger_id: int, entry_id: int, partition: i
     return command_frame(command)
 
 
-def topics_of_namespace(request_id: int, topics: Sequence[str]) -> bytes:
+def topics_of_namespace(request_id: int, topics: Sequence[str], *, filtered: bool, topics_hash: str,
+                        changed: bool) -> bytes:
     command = pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE)
     body = command.getTopicsOfNamespaceResponse
     body.request_id = request_id
     body.topics.extend(topics)
+    body.filtered = filtered
+    body.topics_hash = topics_hash
+    body.changed = changed
+    return command_frame(command)
+
+
+def watch_topic_list_success(request_id: int, watcher_id: int, topics: Sequence[str], topics_hash: str) -> bytes:
+    command = pb.BaseCommand(type=T.WATCH_TOPIC_LIST_SUCCESS)
+    body = command.watchTopicListSuccess
+    body.request_id = request_id
+    body.watcher_id = watcher_id
+    body.topic.extend(topics)
+    body.topics_hash = topics_hash
+    return command_frame(command)
+
+
+def watch_topic_update(watcher_id: int, new_topics: Sequence[str], deleted_topics: Sequence[str],
+                       topics_hash: str) -> bytes:
+    command = pb.BaseCommand(type=T.WATCH_TOPIC_UPDATE)
+    body = command.watchTopicUpdate
+    body.watcher_id = watcher_id
+    body.new_topics.extend(new_topics)
+    body.deleted_topics.extend(deleted_topics)
+    body.topics_hash = topics_hash
     return command_frame(command)
 
 

@@ -11,8 +11,8 @@ unknown kind, a SEND for a producer this connection did not open or without its 
 protocol violations: :class:`ProtocolViolation` propagates and the adapter closes the
 connection. Requests the broker refuses are answered with the command's error form (ERROR,
 SEND_ERROR, a failed lookup) and the connection goes on. The producer and consumer halves
-(``producers.py``, ``consumers.py``) hold the per-command logic; lookups and namespace listing
-are answered here.
+(``producers.py``, ``consumers.py``) and the topic lists (``topic_lists.py``) hold the
+per-command logic; lookups are answered here.
 
 Protocol version: the server speaks up to ``PROTOCOL_VERSION_MAX`` and answers CONNECT with
 the lower of that and the client's, as Pulsar's broker does.
@@ -35,7 +35,8 @@ from api.pulsar.framing import Frame, ProtocolViolation
 from api.pulsar.producers import ProducerAccess, ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
-from broker import Forbidden, MagnetarError, NotAllowed, TopicName, Unauthorized, check_namespace
+from api.pulsar.topic_lists import TopicLists
+from broker import Forbidden, MagnetarError, NotAllowed, TopicName, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class PulsarSession:
         self.client_version = ""
         self.producers = ProducerHalf(context, access, schemas)
         self.consumers = ConsumerHalf(context, schemas)
+        self.topic_lists = TopicLists(context)
         self._schemas = schemas
         self.last_frame_s = time.monotonic()
         self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
@@ -101,7 +103,9 @@ class PulsarSession:
             T.UNSUBSCRIBE: lambda c, f: self.consumers.unsubscribe(c.unsubscribe),
             T.CLOSE_CONSUMER: lambda c, f: self.consumers.close(c.close_consumer),
             T.CONSUMER_STATS: lambda c, f: self.consumers.stats(c.consumerStats),
-            T.GET_TOPICS_OF_NAMESPACE: lambda c, f: self._topics_of_namespace(c.getTopicsOfNamespace),
+            T.GET_TOPICS_OF_NAMESPACE: lambda c, f: self.topic_lists.get(c.getTopicsOfNamespace),
+            T.WATCH_TOPIC_LIST: lambda c, f: self.topic_lists.watch(c.watchTopicList),
+            T.WATCH_TOPIC_LIST_CLOSE: lambda c, f: self.topic_lists.close(c.watchTopicListClose),
             T.GET_SCHEMA: lambda c, f: self._get_schema(c.getSchema),
             T.GET_OR_CREATE_SCHEMA: lambda c, f: self._get_or_create_schema(c.getOrCreateSchema),
             T.AUTH_RESPONSE: lambda c, f: self._auth_response(c.authResponse),
@@ -129,7 +133,7 @@ class PulsarSession:
         handler(command, frame)
 
     def _refuse(self, command: pb.BaseCommand) -> None:
-        """A command Magnetar does not serve (transactions, topic-list watches): an ERROR when
+        """A command Magnetar does not serve (transactions): an ERROR when
         it carries a request id the client waits on, else a protocol violation (so is a command
         only a broker sends)."""
         request_id = None if command.type in BROKER_ONLY else _request_id_of(command)
@@ -207,23 +211,6 @@ class PulsarSession:
         plain, tls = owner.service_url, owner.service_url_tls
         self.context.out.write([commands.lookup(request.request_id, plain or tls or "", tls)])
 
-    def _topics_of_namespace(self, request: pb.CommandGetTopicsOfNamespace) -> None:
-        service = self.context.service
-        try:
-            namespace = "/".join(check_namespace(request.namespace))
-            if request.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
-                topics: list[str] = []
-            else:
-                found = set(service.topics(namespace))
-                for partitioned in service.partitioned_topics(namespace):
-                    name = TopicName.parse(partitioned)
-                    found.update(p.full_name for p in service.expand_partitions(name))
-                topics = sorted(found)
-        except MagnetarError as exc:
-            self.context.out.write([commands.error(request.request_id, exc)])
-            return
-        self.context.out.write([commands.topics_of_namespace(request.request_id, topics)])
-
     # --- schemas -------------------------------------------------------------------------
     def _get_schema(self, request: pb.CommandGetSchema) -> None:
         try:
@@ -251,6 +238,7 @@ class PulsarSession:
         self.state = State.CLOSED
         self.producers.close_all()
         self.consumers.close_all()
+        self.topic_lists.close_all()
 
 
 _BODIES: dict[int, str] = {
@@ -260,6 +248,7 @@ _BODIES: dict[int, str] = {
     T.GET_LAST_MESSAGE_ID: "getLastMessageId", T.UNSUBSCRIBE: "unsubscribe", T.CLOSE_CONSUMER: "close_consumer",
     T.CONSUMER_STATS: "consumerStats", T.GET_TOPICS_OF_NAMESPACE: "getTopicsOfNamespace", T.GET_SCHEMA: "getSchema",
     T.GET_OR_CREATE_SCHEMA: "getOrCreateSchema", T.AUTH_RESPONSE: "authResponse",
+    T.WATCH_TOPIC_LIST: "watchTopicList", T.WATCH_TOPIC_LIST_CLOSE: "watchTopicListClose",
 }
 
 

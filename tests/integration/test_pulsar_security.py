@@ -16,8 +16,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from api.pulsar.proto import pulsar_api_pb2 as pb
 from consumers.cli.tokens import create_token
 from tests.integration.pulsar_support import RECEIVE_TIMEOUT_MS, binary_broker, client
+from tests.integration.pulsar_wire import RawConnection, T, command
 from tests.standalone import free_port
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -130,3 +132,19 @@ def test_tls_with_an_untrusted_certificate_is_refused(secured: tuple[str, str, s
             c.create_producer("over-tls-untrusted")
     finally:
         c.close()
+
+
+def test_listing_a_namespace_needs_a_permission_there(secured: tuple[str, str, str, Path]) -> None:
+    port = int(secured[1].rsplit(":", 1)[1])
+    listing = {"request_id": 1, "namespace": "public/default"}
+    with RawConnection(port) as stranger:
+        stranger.connect(token=token("stranger"))
+        stranger.send_command(command(T.GET_TOPICS_OF_NAMESPACE, getTopicsOfNamespace=listing))
+        assert stranger.expect(T.ERROR).error.error == pb.AuthorizationError
+        stranger.send_command(command(T.WATCH_TOPIC_LIST, watchTopicList={
+            **listing, "request_id": 2, "watcher_id": 1, "topics_pattern": ".*"}))
+        assert stranger.expect(T.ERROR).error.error == pb.AuthorizationError
+    with RawConnection(port) as writer:
+        writer.connect(token=token("writer"))
+        writer.send_command(command(T.GET_TOPICS_OF_NAMESPACE, getTopicsOfNamespace=listing))
+        assert writer.expect(T.GET_TOPICS_OF_NAMESPACE_RESPONSE).getTopicsOfNamespaceResponse.request_id == 1
