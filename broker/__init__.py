@@ -13,7 +13,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
   strategies);
 - entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
-  ``entry_frames`` to forward stored entries with Pulsar's ack sets);
+  ``frames_of_deliveries`` to forward stored entries with Pulsar's ack sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``);
@@ -23,7 +23,14 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 from broker.bookie import QuorumConfig
 from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
-from broker.entry_frames import ClientEntry, EntryFrame, ack_set_of, check_client_entry, cleared_indexes, entry_frames
+from broker.entry_frames import (
+    ClientEntry,
+    EntryFrame,
+    ack_set_of,
+    check_client_entry,
+    cleared_indexes,
+    frames_of_deliveries,
+)
 from broker.errors import (
     AlreadyExists,
     ConsumerBusy,
@@ -149,7 +156,7 @@ __all__ = [
     "check_subscription_name",
     "cleared_indexes",
     "deliver_at_ms",
-    "entry_frames",
+    "frames_of_deliveries",
     "integer_of",
     "iso_time",
     "latest_delivery",

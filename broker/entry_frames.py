@@ -87,7 +87,7 @@ class EntryFrame:
     """The offset of the entry's first message (batch index 0)."""
 
 
-def entry_frames(deliveries: Iterable[Delivery]) -> list[EntryFrame]:
+def frames_of_deliveries(deliveries: Iterable[Delivery]) -> list[EntryFrame]:
     """Group deliveries (in the order a consumer received them) into entry frames."""
     frames: list[EntryFrame] = []
     group: list[Delivery] = []

@@ -3,7 +3,7 @@
 Role: each client consumer (one per topic partition; the client merges partitions itself) is
 one broker ``Consumer`` (``broker/subscription.py``), so dispatch, permits, Key_Shared order,
 redelivery counts and delayed delivery are the ones every transport shares. Deliveries leave
-as MESSAGE frames that forward the stored entries (``entry_frames``): consecutive messages of
+as MESSAGE frames that forward the stored entries (``frames_of_deliveries``): consecutive messages of
 one entry are one frame, with Pulsar's ``ack_set`` when the consumer holds only some of them.
 Acknowledgements name entries (and batch indexes through ack sets); they are turned back into
 offsets from what was sent (``_SentEntries``) or, for entries this consumer never received, from
@@ -48,7 +48,7 @@ from broker import (
     SubscriptionType,
     TopicName,
     cleared_indexes,
-    entry_frames,
+    frames_of_deliveries,
 )
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ class ConsumerHalf:
             deliveries.append(delivery)
         if deliveries:
             buffers: list[bytes | memoryview] = []
-            for frame in entry_frames(deliveries):
+            for frame in frames_of_deliveries(deliveries):
                 state.sent.add(frame)
                 buffers.extend(commands.message(state.consumer_id, frame.ledger_id, frame.entry_id, frame.partition,
                                                 frame.redelivery_count, frame.ack_set, frame.data))
