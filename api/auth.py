@@ -59,6 +59,8 @@ class AuthConfig:
 class Principal:
     role: str
     superuser: bool
+    expires_at_s: float | None = field(default=None, compare=False)
+    """When the token's ``exp`` claim ends it (epoch seconds); None: it does not expire."""
 
 
 ANONYMOUS_SUPERUSER = Principal(ANONYMOUS_ROLE, superuser=True)
@@ -103,7 +105,9 @@ class Authorizer:
         role = claims.get(self.config.role_claim)
         if not isinstance(role, str) or not role:
             raise Unauthorized(f"token has no '{self.config.role_claim}' claim")
-        return Principal(role, superuser=role in self.config.superuser_roles)
+        expiry = claims.get("exp")
+        return Principal(role, superuser=role in self.config.superuser_roles,
+                         expires_at_s=float(expiry) if isinstance(expiry, int | float) else None)
 
     # --- authorization ---------------------------------------------------------------------
     def require_superuser(self, principal: Principal) -> None:

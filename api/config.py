@@ -9,7 +9,7 @@ or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
 ``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk), the
 binary protocol's ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651
 when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
-``advertisedAddress`` and ``maxMessageSize``; plus
+``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; plus
 ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
 use are logged and ignored, so a full Pulsar ``standalone.conf`` loads.
 
@@ -38,9 +38,10 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
-              "advertisedAddress", "maxMessageSize", *CONFIG_KEYS)
+              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS)
 PULSAR_TLS_PORT = 6651
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
+AUTH_REFRESH_CHECK_S_RANGE = (1, 86_400)
 """``maxMessageSize``: the broker stores messages of at most 5 MiB (larger ones are chunked)."""
 
 
@@ -140,6 +141,10 @@ def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
     size = _integer(values, "maxMessageSize", defaults.max_message_size_bytes)
     if not MESSAGE_SIZE_BYTES_RANGE[0] <= size <= MESSAGE_SIZE_BYTES_RANGE[1]:
         raise ConfigError(f"maxMessageSize must lie in {MESSAGE_SIZE_BYTES_RANGE[0]}..{MESSAGE_SIZE_BYTES_RANGE[1]}")
+    refresh_s = _integer(values, "authenticationRefreshCheckSeconds", int(defaults.auth_refresh_check_s))
+    if not AUTH_REFRESH_CHECK_S_RANGE[0] <= refresh_s <= AUTH_REFRESH_CHECK_S_RANGE[1]:
+        raise ConfigError(f"authenticationRefreshCheckSeconds must lie in {AUTH_REFRESH_CHECK_S_RANGE[0]}.."
+                          f"{AUTH_REFRESH_CHECK_S_RANGE[1]}, not {refresh_s}")
     ports = {}
     for name, default in (("brokerServicePort", defaults.port),
                           ("brokerServicePortTls", PULSAR_TLS_PORT if cert else 0)):
@@ -149,7 +154,8 @@ def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
     return PulsarSettings(host=host, port=ports["brokerServicePort"], tls_port=ports["brokerServicePortTls"],
                           tls_cert_file=cert, tls_key_file=key,
                           tls_trust_certs_file=values.get("tlsTrustCertsFilePath") or None,
-                          advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size)
+                          advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size,
+                          auth_refresh_check_s=float(refresh_s))
 
 
 def _read_key(key: str, value: str) -> bytes:

@@ -70,6 +70,20 @@ def connected(server_version: str, protocol_version: int, max_message_size: int)
     return command_frame(command)
 
 
+REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
+"""What Pulsar's broker puts in an AUTH_CHALLENGE that asks for fresh credentials."""
+
+
+def auth_challenge(server_version: str, protocol_version: int, method: str) -> bytes:
+    command = pb.BaseCommand(type=T.AUTH_CHALLENGE)
+    body = command.authChallenge
+    body.server_version = server_version
+    body.protocol_version = protocol_version
+    body.challenge.auth_method_name = method
+    body.challenge.auth_data = REFRESH_AUTH_DATA
+    return command_frame(command)
+
+
 def ping() -> bytes:
     return _frame(T.PING, "ping")
 

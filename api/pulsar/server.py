@@ -13,7 +13,8 @@ Invariants:
 - A protocol violation or an unexpected failure closes that connection (logged once, counted
   in ``statistics()``); nothing a client sends reaches past its own connection.
 - A connection silent for two keep-alive intervals is closed; one quiet for one interval is
-  sent a PING.
+  sent a PING. With authentication on, every ``auth_refresh_check_s`` each session checks
+  whether its token expired (``PulsarSession.check_credentials``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class PulsarServer:
         self._connections: set[PulsarProtocol] = set()
         self._ids = itertools.count(1)
         self._keepalive: asyncio.Task[None] | None = None
+        self._auth_refresh: asyncio.Task[None] | None = None
         self.ports: dict[str, int] = {}
         self.accepted = self.refused = self.violations = self.frames = self.bytes_in = 0
         self.totals: dict[str, int] = {}
@@ -85,6 +87,8 @@ class PulsarServer:
             self._servers.append(server)
             self.ports["pulsar+ssl"] = server.sockets[0].getsockname()[1]
         self._keepalive = asyncio.create_task(self._keepalive_loop())
+        if self.authorizer.enabled:
+            self._auth_refresh = asyncio.create_task(self._auth_refresh_loop())
 
     def _ssl_context(self) -> ssl.SSLContext:
         settings = self.settings
@@ -97,8 +101,9 @@ class PulsarServer:
         return context
 
     async def close(self) -> None:
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        for task in (self._keepalive, self._auth_refresh):
+            if task is not None:
+                task.cancel()
         for server in self._servers:
             server.close()
         for connection in list(self._connections):
@@ -142,6 +147,13 @@ class PulsarServer:
             now = time.monotonic()
             for connection in list(self._connections):
                 connection.keepalive(now, interval_s)
+
+    async def _auth_refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.auth_refresh_check_s)
+            now_s = time.time()
+            for connection in list(self._connections):
+                connection.check_credentials(now_s)
 
     def statistics(self) -> PulsarServerStats:
         live: dict[str, int] = dict(self.totals)
@@ -250,6 +262,16 @@ class PulsarProtocol(asyncio.Protocol):
         if self.transport is not None and not self._closing:
             self._closing = True
             self.transport.close()
+
+    def check_credentials(self, now_s: float) -> None:
+        if self.session is None or self._closing:
+            return
+        try:
+            self.session.check_credentials(now_s)
+        except ProtocolViolation as exc:
+            self.server.violations += 1
+            log.info("closing a binary-protocol connection: %s", exc)
+            self.close()
 
     def keepalive(self, now_s: float, interval_s: float) -> None:
         if self.session is None or self._closing:

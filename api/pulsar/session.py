@@ -6,6 +6,10 @@ cut (``framing.py``); the session answers through ``Outbound``. States:
     AWAITING_CONNECT --CONNECT (token checked when authentication is on)--> CONNECTED
     any state --protocol violation, failed authentication, peer gone--> CLOSED
 
+Credentials expire: a CONNECTED session whose token's ``exp`` passed is challenged
+(AUTH_CHALLENGE) when the client said it can refresh, and closed otherwise or when no valid
+token of the same role answers (``check_credentials``), as Pulsar's broker does.
+
 Before CONNECTED only CONNECT (and PING/PONG) is allowed; a second CONNECT, a command of an
 unknown kind, a SEND for a producer this connection did not open or without its payload are
 protocol violations: :class:`ProtocolViolation` propagates and the adapter closes the
@@ -80,6 +84,9 @@ class PulsarSession:
         self.state = State.AWAITING_CONNECT
         self.protocol_version = 0
         self.client_version = ""
+        self.supports_auth_refresh = False
+        self._challenged_at_s: float | None = None
+        """When an AUTH_CHALLENGE asked for fresh credentials that have not come yet."""
         self.producers = ProducerHalf(context, access, schemas)
         self.consumers = ConsumerHalf(context, schemas)
         self.topic_lists = TopicLists(context)
@@ -146,6 +153,7 @@ class PulsarSession:
             raise ProtocolViolation("CONNECT without a client version")
         self.client_version = connect.client_version
         self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
+        self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
         context = self.context
         if context.authorizer.enabled:
             try:
@@ -170,15 +178,37 @@ class PulsarSession:
         return self.context.authorizer.principal_of(token.removeprefix("token:"))
 
     def _auth_response(self, response: pb.CommandAuthResponse) -> None:
-        """A client refreshing its credentials: the new token must be valid (else the connection
-        ends, as Pulsar's broker ends it)."""
+        """A client refreshing its credentials: the new token must be valid and name the same
+        role (else the connection ends, as Pulsar's broker ends it)."""
         if not self.context.authorizer.enabled:
             return
         try:
-            self.context.principal = self._authenticate(response.response.auth_method_name,
-                                                        response.response.auth_data)
+            principal = self._authenticate(response.response.auth_method_name, response.response.auth_data)
         except Unauthorized as exc:
             raise ProtocolViolation(f"refreshed credentials refused: {exc}") from None
+        previous = self.context.principal
+        if previous is not None and principal.role != previous.role:
+            raise ProtocolViolation(f"refreshed credentials name role {principal.role!r}, not {previous.role!r}")
+        self.context.principal = principal
+        self._challenged_at_s = None
+
+    def check_credentials(self, now_s: float) -> None:
+        """Pulsar's authentication refresh, run every ``auth_refresh_check_s``: once the token
+        expired, a client that can refresh is sent AUTH_CHALLENGE and must answer with a valid
+        token of the same role before the next check; any other client is disconnected
+        (``ProtocolViolation``). ``now_s`` is wall-clock time, as the token's ``exp``."""
+        principal = self.context.principal
+        if self.state is not State.CONNECTED or principal is None or principal.expires_at_s is None \
+                or now_s < principal.expires_at_s:
+            return
+        if not self.supports_auth_refresh:
+            raise ProtocolViolation("the token expired and the client cannot refresh it")
+        if self._challenged_at_s is not None:
+            if now_s - self._challenged_at_s >= self.context.settings.auth_refresh_check_s:
+                raise ProtocolViolation("the token expired and no fresh one came after the challenge")
+            return
+        self._challenged_at_s = now_s
+        self.context.out.write([commands.auth_challenge(SERVER_VERSION, self.protocol_version, TOKEN_METHOD)])
 
     # --- lookups -------------------------------------------------------------------------
     def _lookup_allowed(self, topic: TopicName) -> None:

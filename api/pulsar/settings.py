@@ -3,8 +3,8 @@
 Role: ``magnetar standalone`` builds one ``PulsarSettings`` from ``--pulsar-port`` and Pulsar's
 ``standalone.conf`` keys (``brokerServicePort``, ``brokerServicePortTls``,
 ``tlsCertificateFilePath``, ``tlsKeyFilePath``, ``tlsTrustCertsFilePath``,
-``maxMessageSize``); the server and every session read their bounds from it. Every bound is a
-named setting with its unit in the name.
+``maxMessageSize``, ``authenticationRefreshCheckSeconds``); the server and every session read
+their bounds from it. Every bound is a named setting with its unit in the name.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ class PulsarSettings:
     keepalive_interval_s: float = 30.0
     """A PING is sent after this long without traffic; a connection silent for two intervals
     is closed."""
+    auth_refresh_check_s: float = 60.0
+    """How often connections are checked for an expired token (Pulsar's
+    ``authenticationRefreshCheckSeconds``): a client that can refresh is sent AUTH_CHALLENGE and
+    must answer within one more period; one that cannot is disconnected."""
     connections_max: int = 10_000
     entries_remembered_max: int = 100_000
     """Entries per consumer whose delivered messages are remembered to map acks to offsets."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     tls_port = free_port()
     config = directory / "standalone.conf"
     config.write_text(f"authenticationEnabled=true\ntokenSecretKey=file://{secret}\nsuperUserRoles=admin\n"
-                      f"brokerServicePortTls={tls_port}\ntlsCertificateFilePath={cert}\ntlsKeyFilePath={key}\n")
+                      f"brokerServicePortTls={tls_port}\ntlsCertificateFilePath={cert}\ntlsKeyFilePath={key}\n"
+                      "authenticationRefreshCheckSeconds=1\n")
     with binary_broker(directory / "data", "--config", str(config)) as (http_url, pulsar_url, _):
         response = httpx.post(f"{http_url}/admin/v2/namespaces/public/default/permissions/writer",
                               json=["produce"], headers={"Authorization": f"Bearer {token('admin')}"}, timeout=30)
@@ -148,3 +150,43 @@ def test_listing_a_namespace_needs_a_permission_there(secured: tuple[str, str, s
         writer.connect(token=token("writer"))
         writer.send_command(command(T.GET_TOPICS_OF_NAMESPACE, getTopicsOfNamespace=listing))
         assert writer.expect(T.GET_TOPICS_OF_NAMESPACE_RESPONSE).getTopicsOfNamespaceResponse.request_id == 1
+
+
+def connect_expiring(conn: RawConnection, role: str, *, refresh: bool, expires_in_s: int = 2) -> None:
+    """CONNECT with a token that expires soon, saying whether this client can refresh it."""
+    body: dict[str, object] = {"client_version": "raw-test", "protocol_version": 19, "auth_method_name": "token",
+                               "auth_data": create_token(role, secret_key=SECRET, expires_in_s=expires_in_s).encode()}
+    if refresh:
+        body["feature_flags"] = {"supports_auth_refresh": True}
+    conn.send_command(command(T.CONNECT, connect=body))
+    assert conn.expect(T.CONNECTED).type == T.CONNECTED
+
+
+def refresh_with(conn: RawConnection, role: str) -> None:
+    conn.send_command(command(T.AUTH_RESPONSE, authResponse={"response": {
+        "auth_method_name": "token", "auth_data": create_token(role, secret_key=SECRET, expires_in_s=600).encode()}}))
+
+
+def test_an_expired_token_is_challenged_and_a_fresh_one_keeps_the_connection(
+        secured: tuple[str, str, str, Path]) -> None:
+    port = int(secured[1].rsplit(":", 1)[1])
+    with RawConnection(port) as conn:
+        connect_expiring(conn, "writer", refresh=True)
+        challenge = conn.expect(T.AUTH_CHALLENGE).authChallenge  # within a check or two of the expiry
+        assert challenge.challenge.auth_method_name == "token"
+        refresh_with(conn, "writer")
+        time.sleep(2.5)  # two more checks: a refused or missing refresh would have closed the connection
+        conn.send_command(command(T.PING, ping={}))
+        assert conn.expect(T.PONG).type == T.PONG
+
+
+@pytest.mark.parametrize("case", ["cannot refresh", "refreshes as another role"])
+def test_an_expired_token_ends_a_connection_that_does_not_refresh_it(
+        secured: tuple[str, str, str, Path], case: str) -> None:
+    port = int(secured[1].rsplit(":", 1)[1])
+    with RawConnection(port) as conn:
+        connect_expiring(conn, "writer", refresh=case != "cannot refresh")
+        if case == "refreshes as another role":
+            conn.expect(T.AUTH_CHALLENGE)
+            refresh_with(conn, "admin")
+        assert conn.closes()
