@@ -138,6 +138,13 @@ class ConsumerHalf:
         state = self._consumers.get(consumer_id)
         return None if state is None or state.closed else state
 
+    def _requested(self, consumer_id: int, request_id: int) -> _ClientConsumer | None:
+        """The open consumer a request names; None once the request was answered NotFound."""
+        state = self._get(consumer_id)
+        if state is None:
+            self._context.out.write([commands.error(request_id, NotFound(f"consumer {consumer_id} is not open"))])
+        return state
+
     # --- SUBSCRIBE ---------------------------------------------------------------------
     def subscribe(self, command: pb.CommandSubscribe) -> None:
         out = self._context.out
@@ -359,11 +366,10 @@ class ConsumerHalf:
         """Move the subscription, as Pulsar's broker does: the consumer is closed first (what it
         held comes back), the cursor moved, the client told with CLOSE_CONSUMER, then SUCCESS;
         the client subscribes again and reads from the new position."""
-        state = self._get(command.consumer_id)
-        out = self._context.out
+        state = self._requested(command.consumer_id, command.request_id)
         if state is None:
-            out.write([commands.error(command.request_id, NotFound(f"consumer {command.consumer_id} is not open"))])
             return
+        out = self._context.out
         try:
             move = self._seek_move(state, command)
         except MagnetarError as exc:
@@ -400,11 +406,10 @@ class ConsumerHalf:
         return lambda cursor: cursor.reset_to_offset(offset)
 
     def last_message_id(self, command: pb.CommandGetLastMessageId) -> None:
-        state = self._get(command.consumer_id)
-        out = self._context.out
+        state = self._requested(command.consumer_id, command.request_id)
         if state is None:
-            out.write([commands.error(command.request_id, NotFound(f"consumer {command.consumer_id} is not open"))])
             return
+        out = self._context.out
         try:
             message_id, _ = self._context.service.admin.last_message_id(state.topic)
         except MagnetarError as exc:
@@ -414,9 +419,8 @@ class ConsumerHalf:
                                             state.topic.partition_index, message_id.batch_index, None)])
 
     def stats(self, command: pb.CommandConsumerStats) -> None:
-        state = self._get(command.consumer_id)
+        state = self._requested(command.consumer_id, command.request_id)
         if state is None:
-            self._context.out.write([commands.error(command.request_id, NotFound("no such consumer"))])
             return
         stats = state.consumer.statistics()
         backlog = state.consumer.subscription.cursor.backlog_messages()
@@ -426,11 +430,10 @@ class ConsumerHalf:
 
     # --- UNSUBSCRIBE, CLOSE_CONSUMER, connection end ------------------------------------------
     def unsubscribe(self, command: pb.CommandUnsubscribe) -> None:
-        state = self._get(command.consumer_id)
-        out = self._context.out
+        state = self._requested(command.consumer_id, command.request_id)
         if state is None:
-            out.write([commands.error(command.request_id, NotFound(f"consumer {command.consumer_id} is not open"))])
             return
+        out = self._context.out
         subscription = state.consumer.subscription
         others = [c for c in subscription.consumers if c is not state.consumer]
         if others and not command.force:
