@@ -14,8 +14,12 @@ Invariants:
   (checksum, metadata, compression, batch structure, declared message count), so a client's
   bytes can never make a stored entry unreadable; it raises ``CorruptEntry`` or
   ``InvalidRequest`` (an encrypted entry, a wrong message count, a broker prefix).
-- An :class:`EntryFrame`'s ``data`` is a view of the stored bytes, never a copy or a re-encoding
-  (except for messages of a compacted view, which have no stored entry of their own).
+- An :class:`EntryFrame`'s ``data`` is a view of the stored bytes, never a copy or a re-encoding,
+  with two exceptions: messages of a compacted view, which have no stored entry of their own,
+  and a lone message stored in the batch format (Magnetar's own edges write every entry as a
+  batch), which goes out in Pulsar's unbatched form (``as_unbatched``), because Pulsar's
+  clients would number it batch index 0 where every other edge, and Pulsar itself for a message
+  sent alone, gives it none: so the same message has the same id everywhere.
 - ``ack_set`` words are Pulsar's: bit ``i`` of word ``i // 64`` is set for batch index ``i``
   delivered in this frame, as a signed 64-bit integer; empty when the frame holds the whole entry.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.entry_format import Message, decode_entry, encode_entry, split_prefix
+from broker.entry_format import Message, as_unbatched, decode_entry, encode_entry, split_prefix
 from broker.errors import InvalidRequest
 from broker.subscription import Delivery
 
@@ -113,11 +117,13 @@ def _frame_of(group: list[Delivery]) -> EntryFrame:
     message_id = first.message_id
     first_offset = first.offset - max(message_id.batch_index, 0)
     if first.entry_data is None:  # a compacted view's message: a one-message entry of its own
-        data, batch_size = memoryview(_single_entry(first)), 1
+        data, batch_size = memoryview(_unbatched(_single_entry(first))), 1
     else:
         prefix, start = split_prefix(first.entry_data)
         batch_size = 1 if prefix is None else prefix.index - first_offset + 1
         data = memoryview(first.entry_data)[start:]
+        if batch_size == 1 and first.message.batch_index == 0:  # a lone message in the batch format
+            data = memoryview(_unbatched(first.entry_data))
     offsets = tuple(d.offset for d in group)
     ack_set = () if len(group) >= batch_size or message_id.batch_index < 0 else \
         ack_set_of([o - first_offset for o in offsets], batch_size)
@@ -138,6 +144,12 @@ def cleared_indexes(ack_set: Iterable[int], batch_size: int) -> list[int]:
     words = [w % _UINT64_MOD for w in ack_set]
     return [i for i in range(batch_size)
             if i // ACK_SET_WORD_BITS >= len(words) or not words[i // ACK_SET_WORD_BITS] >> (i % ACK_SET_WORD_BITS) & 1]
+
+
+def _unbatched(data: bytes) -> bytes:
+    converted = as_unbatched(data)
+    assert converted is not None  # called for one-message batches only
+    return converted
 
 
 def _single_entry(delivery: Delivery) -> bytes:

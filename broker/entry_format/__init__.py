@@ -65,6 +65,7 @@ from broker.entry_format.broker_metadata import (
     with_broker_entry_metadata,
 )
 from broker.entry_format.codec import (
+    as_unbatched,
     decode_entry,
     decode_entry_payload,
     encode_entry,
@@ -85,6 +86,7 @@ __all__ = [
     "DecodedMessage",
     "EntryPayload",
     "Message",
+    "as_unbatched",
     "decode_entry",
     "decode_entry_payload",
     "encode_entry",
