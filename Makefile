@@ -10,8 +10,8 @@ PORT ?= 8080
 
 .PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper clean demo soak-cluster
 
-# setup.py builds the optional native accelerator broker/entry_format/_range_columns.c (skipped without a C compiler).
-$(STAMP): pyproject.toml constraints.txt setup.py broker/entry_format/_range_columns.c
+# setup.py builds the optional native accelerators broker/entry_format/*.c (skipped without a C compiler).
+$(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

@@ -9,6 +9,9 @@ bodies and per-role concurrency; ``server_options`` gives uvicorn the guarded HT
 ``api/connection_guard.py`` (connection count, header and idle timeouts) for this app's
 ``EdgeLimits``. Every Magnetar server (``magnetar standalone`` and the test servers) runs with
 ``server_options(app)``.
+
+``/docs`` (Swagger UI) and ``/redoc`` render without any network: their scripts, styles and icon
+come from the ``fastapi-offline`` package, served by the broker at ``DOCS_ASSETS_PATH``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from api import console, log_redaction
 from api.admin import router as admin_router
@@ -60,8 +64,10 @@ class _DenialLogFilter(logging.Filter):
 
 _DENIAL_LOG_FILTER = _DenialLogFilter()
 
-WS_FRAME_BYTES_MAX = 8 * 1024 * 1024  # a 5 MiB message, base64-encoded, inside its JSON frame
-
+DOCS_ASSETS_PATH = "/docs/assets"
+"""Where the API documentation pages' scripts, styles and icon are served (public, no data)."""
+SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
+"""No online validator badge: the page asks nothing of any host but this broker."""
 
 def server_options(app: FastAPI) -> dict[str, Any]:
     """uvicorn settings for serving ``app``: its WebSocket protocol and the guarded HTTP
@@ -71,7 +77,7 @@ def server_options(app: FastAPI) -> dict[str, Any]:
         "http": guarded_http_protocol(_http_protocol_base(), app.state.connection_guard),
         "timeout_keep_alive": limits.idle_timeout_s,
         "ws": MagnetarWebSocketProtocol,
-        "ws_max_size": WS_FRAME_BYTES_MAX,
+        "ws_max_size": limits.ws_frame_bytes_max,
         "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
     }
 
@@ -116,7 +122,8 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
 
     logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)
     log_redaction.install()
-    app = FastAPI(title="Magnetar", version="0.1.0", lifespan=lifespan)
+    app = FastAPIOffline(title="Magnetar", version="0.1.0", lifespan=lifespan, static_url=DOCS_ASSETS_PATH,
+                         swagger_ui_parameters=SWAGGER_UI_PARAMETERS)
     app.state.service = service
     app.state.limits = limits
     guard = ConnectionGuard(effective_connections_max(limits.connections_max), limits.header_timeout_s)

@@ -46,9 +46,10 @@ def run_standalone(args: argparse.Namespace) -> int:
     from api.app import create_app, server_options
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
-    from api.server_process import exit_cleanly, tune_runtime
+    from api.server_process import configure_logging, exit_cleanly, tune_runtime
     from broker import BrokerService
 
+    configure_logging(args.log_level)
     overrides = {key: str(value) for key, value in
                  (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port),
                   ("journalDirectory", args.journal_dir), ("brokerServicePort", args.pulsar_port))

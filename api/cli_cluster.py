@@ -57,11 +57,10 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
 
 def run_bookie(args: argparse.Namespace) -> int:
-    import logging
-
+    from api.server_process import configure_logging
     from broker.cluster import BookieProcessConfig, run_bookie
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     return run_bookie(BookieProcessConfig(
         data_dir=args.data_dir, metadata_store=args.metadata_store, port=args.port, journal_dir=args.journal_dir,
         host=args.host, advertised_address=args.advertised_address, session_timeout_s=args.zk_session_timeout_s))

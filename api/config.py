@@ -11,7 +11,8 @@ binary protocol's ``brokerServicePort`` (6650; 0 turns it off), ``brokerServiceP
 when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
 ``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; plus
 ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
-use are logged and ignored, so a full Pulsar ``standalone.conf`` loads.
+use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one warning, so a
+misspelt key does not go unnoticed.
 
 Invariant: a bad value (not a number, an unreadable key file, authentication on without a key)
 raises ``ConfigError`` naming the key, before anything starts.
@@ -65,8 +66,9 @@ class StandaloneConfig:
         """The file's settings (when given), then ``overrides`` (same keys) on top."""
         values = parse_properties(Path(path).read_text()) if path else {}
         values.update(overrides or {})
-        for key in sorted(set(values) - set(KNOWN_KEYS)):
-            log.info("configuration key %s is not used by Magnetar; ignored", key)
+        unused = sorted(set(values) - set(KNOWN_KEYS))
+        if unused:
+            log.warning("configuration keys Magnetar does not use, ignored: %s", ", ".join(unused))
         return cls(
             data_dir=values.get("dataDir", cls.data_dir),
             journal_dir=values.get("journalDirectory") or None,

@@ -49,6 +49,9 @@ class EdgeLimits:
     rest_consumers_per_namespace_max: int = 500
     topics_pattern_bytes_max: int = 512
     """Length of a ``topicsPattern`` regular expression."""
+    ws_frame_bytes_max: int = 8 * MIB
+    """One WebSocket frame as received (a 5 MiB message, base64-encoded inside its JSON frame,
+    fits): a larger one is not read, its connection is closed with 1009 (``api/ws/protocol.py``)."""
 
     def __post_init__(self) -> None:
         for item in dataclasses.fields(self):
@@ -85,6 +88,7 @@ LIMIT_RANGES: dict[str, tuple[int, int]] = {
     "rest_consumers_per_role_max": (1, 100_000),
     "rest_consumers_per_namespace_max": (1, 100_000),
     "topics_pattern_bytes_max": (1, 4096),
+    "ws_frame_bytes_max": (64 * 1024, 256 * MIB),
 }
 """Accepted range of each setting (inclusive)."""
 
@@ -103,6 +107,7 @@ CONFIG_KEYS: dict[str, str] = {
     "maxRestConsumersPerRole": "rest_consumers_per_role_max",
     "maxRestConsumersPerNamespace": "rest_consumers_per_namespace_max",
     "maxTopicsPatternLength": "topics_pattern_bytes_max",
+    "webSocketMaxTextFrameSize": "ws_frame_bytes_max",
 }
 """``standalone.conf`` key → setting (Pulsar's key where Pulsar has one: ``maxHttpServerConnections``,
-``httpMaxRequestSize``)."""
+``httpMaxRequestSize``, ``webSocketMaxTextFrameSize``)."""

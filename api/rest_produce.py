@@ -113,8 +113,32 @@ _RESULTS_EXAMPLE = {"messagePublishResults": [{"messageId": "2:0:-1", "errorCode
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "One result per message, in order", "content": {"application/json": {
         "example": _RESULTS_EXAMPLE}}}}
+_DEFINITION_REF = "#/$defs/"
+
+
+def inlined_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON schema with each reference to one of its own definitions replaced by the
+    definition: the schema sits inline in the operation (the route reads the raw body), where a
+    reference into ``$defs`` or ``components`` would point at nothing (ReDoc failed on it)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith(_DEFINITION_REF):
+                return inline(definitions[ref.removeprefix(_DEFINITION_REF)])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    inlined: dict[str, Any] = inline(schema)
+    return inlined
+
+
 _BODY_SCHEMA = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": ProduceRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+    "schema": inlined_schema(ProduceRequest)}}}}
 
 
 def _results_response(result: PublishResult, count: int, schema_version: int) -> Response:

@@ -7,12 +7,20 @@ Role: shared by ``magnetar standalone`` (``api/cli.py``) and the cluster's ``mag
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 
 GC_GEN0_ALLOCATIONS = 100_000
 GC_GEN1_COLLECTIONS = 50
 GC_GEN2_COLLECTIONS = 1000
 THREAD_SWITCH_INTERVAL_S = 0.001
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    """Magnetar's own loggers print at ``level`` and above on stderr (uvicorn's keep their own
+    handlers), from before the configuration is read, so its warnings are seen."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
 def tune_runtime() -> None:

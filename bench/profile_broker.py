@@ -8,7 +8,8 @@ Usage (from the repository root)::
 
 Loads: ``ws-publish`` (one message per WebSocket frame), ``ws-batching`` (``batchingEnabled``),
 ``rest-publish`` (1000 messages per request), ``ws-read`` (a WebSocket reader catching up on
-what the load wrote first). The collapsed stacks (py-spy's ``raw`` format, one line per stack
+what the load wrote first), ``latency`` (the latency measure's paced producer and acking
+consumer, for ``--seconds`` at its rate). The collapsed stacks (py-spy's ``raw`` format, one line per stack
 with its sample count) are kept with ``--out``, for a flame graph or a diff of two runs.
 The broker runs from this interpreter's environment (``PYTHONPATH`` picks another checkout).
 """
@@ -30,7 +31,7 @@ from e2e_support import NORMAL_PLAN, Plan, ServerProcess, running
 
 SAMPLE_RATE_HZ = 250
 TOP_FUNCTIONS = 30
-LOADS = ("ws-publish", "ws-batching", "rest-publish", "ws-read")
+LOADS = ("ws-publish", "ws-batching", "rest-publish", "ws-read", "latency")
 
 
 def py_spy() -> str:
@@ -47,6 +48,8 @@ async def drive(load: str, server: ServerProcess, plan: Plan) -> None:
         await magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True)
     elif load == "rest-publish":
         await magnetar_e2e.rest_publish(server, plan, 100, "profile")
+    elif load == "latency":  # the latency measure's load: paced producer, consumer acking each message
+        await magnetar_e2e.ws_latency(server, plan, "profile-latency")
     else:
         raise ValueError(load)
 
@@ -87,7 +90,8 @@ def main() -> int:
         work_dir = Path(scratch)
         collapsed = args.out or work_dir / "stacks.txt"
         with running(magnetar_e2e.start_magnetar(work_dir)) as server:
-            plan = Plan(**{**NORMAL_PLAN.__dict__, "publish_duration_s": args.seconds + 2.0})
+            plan = Plan(**{**NORMAL_PLAN.__dict__, "publish_duration_s": args.seconds + 2.0,
+                           "latency_messages": int((args.seconds + 2.0) * NORMAL_PLAN.latency_rate_per_s)})
             load = args.load
             if load == "ws-read":
                 asyncio.run(magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True))

@@ -16,7 +16,8 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ``frames_of_deliveries`` to forward stored entries with Pulsar's ack sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
-  (``iso_time``, ``parse_time_ms``);
+  (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
+  and friends, enforced by ``BrokerService.set_policy``);
 - the error hierarchy, mapped once per transport.
 """
 
@@ -66,6 +67,7 @@ from broker.message_fields import (
 )
 from broker.message_id import MessageId, Position
 from broker.persistence import PersistencePolicy
+from broker.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
 from broker.producer import ROUTING_MODES, Producer
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
@@ -85,8 +87,11 @@ from storage import StorageStats
 
 __all__ = [
     "MESSAGE_FIELDS",
+    "MESSAGE_TTL_SECONDS_MAX",
     "OFFSET_MAX",
     "PAYLOAD_ENCODINGS",
+    "RETENTION_SIZE_MB_MAX",
+    "RETENTION_TIME_MINUTES_MAX",
     "ROUTING_MODES",
     "SCHEMA_STRATEGIES",
     "SCHEMA_TYPES",

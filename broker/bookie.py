@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker.errors import BrokerError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
-from storage import LedgerStorage
+from storage import LedgerStorage, new_future
 
 _HEADER = struct.Struct(">qq")  # piggybacked LAC, ledger length through this entry
 
@@ -47,6 +47,8 @@ class Bookie(Protocol):
 
     def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
                   recovery: bool = False) -> Future[int]: ...
+    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+                    entries: Sequence[tuple[int, bytes]]) -> Future[int]: ...
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
     def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]: ...
     def read_last_add_confirmed(self, ledger_id: int) -> int: ...
@@ -59,6 +61,42 @@ class Bookie(Protocol):
 
 def pack_entry(lac: int, length_bytes: int, payload: bytes) -> bytes:
     return _HEADER.pack(lac, length_bytes) + payload
+
+
+def add_each(bookie: Bookie, ledger_id: int, first_entry_id: int, lac: int,
+             entries: Sequence[tuple[int, bytes]]) -> Future[int]:
+    """``Bookie.add_entries`` for a bookie without a group add: one ``add_entry`` per entry
+    (``entries`` are ``(ledger length through it, payload)``), one future for them all that
+    resolves to the last entry id, or to the first failure among them."""
+    done: Future[int] = new_future()
+    remaining = [len(entries)]
+    lock = threading.Lock()
+    last_entry_id = first_entry_id + len(entries) - 1
+
+    def one_done(future: Future[int]) -> None:
+        error = future.exception()
+        with lock:
+            if done.done():
+                return
+            remaining[0] -= 1
+            if error is None and remaining[0]:
+                return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(last_entry_id)
+
+    for index, (length_bytes, payload) in enumerate(entries):
+        try:
+            future = bookie.add_entry(ledger_id, first_entry_id + index, lac, length_bytes, payload)
+        except BaseException as exc:  # refused at once: the group fails, whatever was sent
+            with lock:
+                if done.done():
+                    return done
+            done.set_exception(exc)
+            return done
+        future.add_done_callback(one_done)
+    return done
 
 
 def unpack_entry(stored: bytes) -> StoredEntry:
@@ -90,6 +128,14 @@ class LocalBookie:
                   recovery: bool = False) -> Future[int]:
         self._check()
         return self.storage.add_entry(ledger_id, entry_id, pack_entry(lac, length_bytes, payload), recovery=recovery)
+
+    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+                    entries: Sequence[tuple[int, bytes]]) -> Future[int]:
+        """Consecutive entries in one storage call: one journal item, one future."""
+        self._check()
+        pack = _HEADER.pack
+        return self.storage.add_entries(ledger_id, first_entry_id,
+                                        [pack(lac, length_bytes) + payload for length_bytes, payload in entries])
 
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:
         self._check()

@@ -90,12 +90,13 @@ class Deduplication:
             if self._pushed.get(producer) == highest_sequence_id:
                 self._pushed[producer] = max(previous, self._persisted.get(producer, -1))
 
-    def persisted(self, producer: str, highest_sequence_id: int, next_offset: int) -> None:
-        """Record a durable entry; snapshot every ``snapshot_interval_entries`` entries."""
+    def persisted(self, producer: str, highest_sequence_id: int, next_offset: int, entries: int = 1) -> None:
+        """Record ``entries`` durable entries ending at ``highest_sequence_id``; snapshot every
+        ``snapshot_interval_entries`` entries."""
         with self._lock:
             if highest_sequence_id > self._persisted.get(producer, -1):
                 self._persisted[producer] = highest_sequence_id
-            self._entries_since_snapshot += 1
+            self._entries_since_snapshot += entries
             due = self._entries_since_snapshot >= self._interval
         if due:
             self.snapshot(next_offset)

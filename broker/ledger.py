@@ -24,7 +24,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -110,12 +110,12 @@ def ledger_path(ledger_id: int) -> str:
     return f"{LEDGERS_PATH}/{ledger_id}"
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingAdd:
     entry_id: int
     payload: bytes
     length_bytes: int  # ledger length including this entry, piggybacked for recovery
-    future: Future[int]
+    future: Future[int] | None  # None inside a group add: only the group's last entry has one
     acked_by: set[str] = field(default_factory=set)
     done: bool = False
 
@@ -244,13 +244,71 @@ class LedgerHandle:
             if self._failure is not None:
                 raise self._failure
             self._sent_length_bytes += len(payload)
-            pending = _PendingAdd(self._next_entry_id, payload, self._sent_length_bytes, new_future())
+            future: Future[int] = new_future()
+            pending = _PendingAdd(self._next_entry_id, payload, self._sent_length_bytes, future)
             self._next_entry_id += 1
             self._pending.append(pending)
             ensemble, lac = self.metadata.fragments[-1][1], self._lac
         for bookie_id in write_set(ensemble, pending.entry_id, self.metadata.quorum.write_quorum_size):
             self._send(pending, bookie_id, lac)
-        return pending.future
+        return future
+
+    def add_entries(self, payloads: Sequence[bytes]) -> Future[int]:
+        """Append consecutive entries at once; one Future resolves to the last entry id once
+        every one of them is acknowledged by ``Qa`` bookies (in entry order, as single adds
+        complete), or fails with the first failure. All of them are accepted or none.
+
+        With a one-bookie ensemble (E = Qw = 1, the embedded default) the group goes to the
+        bookie in one call (``Bookie.add_entries``); otherwise each entry goes to its write set
+        as :meth:`add_entry` sends it."""
+        if not payloads:
+            raise InvalidRequest("add_entries needs at least one entry")
+        with self._lock:
+            if not self.writable:
+                raise LedgerClosed(f"ledger {self.ledger_id} is not open for writing")
+            if self._failure is not None:
+                raise self._failure
+            group: list[_PendingAdd] = []
+            entry_id, length_bytes = self._next_entry_id, self._sent_length_bytes
+            for payload in payloads:
+                length_bytes += len(payload)
+                group.append(_PendingAdd(entry_id, payload, length_bytes, None))
+                entry_id += 1
+            future: Future[int] = new_future()
+            group[-1].future = future
+            self._next_entry_id, self._sent_length_bytes = entry_id, length_bytes
+            self._pending.extend(group)
+            ensemble, lac = self.metadata.fragments[-1][1], self._lac
+            write_quorum = self.metadata.quorum.write_quorum_size
+        if len(ensemble) == 1 and write_quorum == 1:
+            self._send_group(group, ensemble[0], lac)
+        else:
+            for pending in group:
+                for bookie_id in write_set(ensemble, pending.entry_id, write_quorum):
+                    self._send(pending, bookie_id, lac)
+        return future
+
+    def _send_group(self, group: list[_PendingAdd], bookie_id: str, lac: int) -> None:
+        try:
+            future = self._manager.client.bookie(bookie_id).add_entries(
+                self.ledger_id, group[0].entry_id, lac, [(p.length_bytes, p.payload) for p in group])
+        except MagnetarError as exc:
+            self._on_bookie_failure(group[0], bookie_id, exc)
+            return
+        future.add_done_callback(lambda f: self._on_group_result(group, bookie_id, f))
+
+    def _on_group_result(self, group: list[_PendingAdd], bookie_id: str, future: Future[int]) -> None:
+        error = future.exception()
+        if error is not None:
+            self._on_bookie_failure(group[0], bookie_id, error)
+            return
+        with self._lock:
+            changed = self._ensemble_changes
+            for pending in group:
+                if changed and bookie_id not in self._write_set(pending.entry_id):
+                    continue  # replaced by an ensemble change meanwhile: its copy does not count
+                pending.acked_by.add(bookie_id)
+        self._complete_in_order()
 
     def _send(self, pending: _PendingAdd, bookie_id: str, lac: int) -> None:
         try:
@@ -286,7 +344,8 @@ class LedgerHandle:
                 self._length_bytes += len(pending.payload)
                 completed.append(pending)
         for pending in completed:
-            pending.future.set_result(pending.entry_id)
+            if pending.future is not None:
+                pending.future.set_result(pending.entry_id)
 
     def _on_bookie_failure(self, pending: _PendingAdd, bookie_id: str, error: BaseException) -> None:
         if isinstance(error, LedgerFenced):
@@ -364,7 +423,7 @@ class LedgerHandle:
             self._pending.clear()
         for pending in failed:
             pending.done = True
-            if not pending.future.done():
+            if pending.future is not None and not pending.future.done():
                 pending.future.set_exception(error)
 
     def _store_metadata(self, *, change_from: int | None = None) -> None:
@@ -394,7 +453,7 @@ class LedgerHandle:
         if not self.writable:
             return
         with self._lock:
-            waiting = [p.future for p in self._pending]
+            waiting = [p.future for p in self._pending if p.future is not None]
         for future in waiting:
             try:
                 future.result(timeout=FUTURE_TIMEOUT_S)

@@ -29,13 +29,19 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from broker.bookie import QuorumConfig
 from broker.entry_cache import CachedEntry, EntryCache
-from broker.entry_format import message_count, peek_broker_entry_metadata, with_broker_entry_metadata
+from broker.entry_format import (
+    message_count,
+    peek_broker_entry_metadata,
+    with_broker_entry_metadata,
+    with_broker_entry_metadata_each,
+)
 from broker.errors import (
     BadVersion,
     DataLost,
@@ -90,8 +96,7 @@ class ManagedLedgerConfig:
                    ledger_age_ms_min=0, index_interval_entries=2)
 
 
-@dataclass(frozen=True)
-class AddResult:
+class AddResult(NamedTuple):
     position: Position
     first_offset: int
     last_offset: int
@@ -338,6 +343,97 @@ class ManagedLedger:
                 Position(info.ledger_id, entry_id), first_offset, last_offset, publish_ms)))
         return result
 
+    def add_entries(self, payloads: Sequence[bytes], message_counts: Sequence[int]) -> Future[list[AddResult]]:
+        """Append several entries at once (entry ``i`` holds ``message_counts[i]`` messages); one
+        Future resolves to their results, in order, once all are durable, or fails for all of
+        them. All are accepted or none (a refusal raises before anything is written). The group
+        stays in the current ledger: a rollover due happens before it."""
+        if not payloads or len(payloads) != len(message_counts):
+            raise InvalidRequest("add_entries needs one message count per entry, at least one entry")
+        size_max = self.config.entry_size_bytes_max
+        for payload, count in zip(payloads, message_counts, strict=True):
+            if count < 1:
+                raise InvalidRequest("an entry holds at least one message")
+            if len(payload) > size_max:
+                raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {size_max}")
+        with self._lock:
+            self._check_writable()
+            self._maybe_roll_over()
+            assert self._current is not None
+            publish_ms = max(self._now_ms(), self._last_publish_ms)
+            info = self._infos[-1]
+            entry_id, offset = self._current_next_entry_id, self._next_offset
+            added: list[AddResult] = []
+            ledger_id = info.ledger_id
+            last_offsets: list[int] = []
+            for count in message_counts:
+                offset += count
+                last_offsets.append(offset - 1)
+            datas = with_broker_entry_metadata_each(payloads, publish_ms, last_offsets)
+            offset = self._next_offset
+            sample = self._sample
+            for data, last_offset in zip(datas, last_offsets, strict=True):
+                sample(info, entry_id, offset, publish_ms, len(data))
+                added.append(AddResult(Position(ledger_id, entry_id), offset, last_offset, publish_ms))
+                entry_id += 1
+                offset = last_offset + 1
+            with self._confirmed:
+                self._in_flight += 1
+            try:
+                ledger_future = self._current.add_entries(datas)
+            except BaseException:
+                with self._confirmed:
+                    self._in_flight -= 1
+                raise
+            self._current_next_entry_id = entry_id
+            self._next_offset = offset
+            self._last_publish_ms = publish_ms
+        result: Future[list[AddResult]] = new_future()
+        ledger_future.add_done_callback(lambda f: self._on_group_added(f, result, info, datas, added))
+        return result
+
+    def _on_group_added(self, ledger_future: Future[int], result: Future[list[AddResult]], info: LedgerInfo,
+                        datas: list[bytes], added: list[AddResult]) -> None:
+        error = ledger_future.exception()
+        if error is not None:
+            self._add_failed(error)
+            result.set_exception(error)
+            return
+        self._confirm(info, datas, added)
+        result.set_result(added)
+
+    def _add_failed(self, error: BaseException) -> None:
+        with self._confirmed:
+            if self._failure is None and isinstance(error, MagnetarError):
+                self._failure = error
+            self._in_flight -= 1
+            self._confirmed.notify_all()
+
+    def _confirm(self, info: LedgerInfo, datas: Sequence[bytes], added: Sequence[AddResult]) -> None:
+        """Entries ``added`` (one add call's, in order) are durable: count them, cache them, tell
+        the listeners."""
+        first, last = added[0], added[-1]
+        size_bytes = sum(map(len, datas))
+        with self._confirmed:
+            self._in_flight -= 1
+            info.entries = last.position.entry_id + 1
+            info.size_bytes += size_bytes
+            info.messages = last.last_offset + 1 - info.first_offset
+            if first.position.entry_id == 0:
+                info.first_publish_ms = first.publish_time_ms
+            info.last_publish_ms = last.publish_time_ms
+            self._last_confirmed = last.position
+            self._entries_added += len(added)
+            self._bytes_added += size_bytes
+            self._messages_added += last.last_offset - first.first_offset + 1
+            self._confirmed.notify_all()
+        insert = self._cache.insert
+        for data, add in zip(datas, added, strict=True):
+            insert(add.position.ledger_id, add.position.entry_id,
+                   CachedEntry(data, add.first_offset, add.last_offset, add.publish_time_ms))
+        for listener in list(self._listeners):
+            listener()
+
     def _check_writable(self) -> None:
         if self._terminated:
             raise TopicTerminated(f"topic {self.display_name} is terminated")
@@ -366,30 +462,10 @@ class ManagedLedger:
                   added: AddResult) -> None:
         error = ledger_future.exception()
         if error is not None:
-            with self._confirmed:
-                if self._failure is None and isinstance(error, MagnetarError):
-                    self._failure = error
-                self._in_flight -= 1
-                self._confirmed.notify_all()
+            self._add_failed(error)
             result.set_exception(error)
             return
-        with self._confirmed:
-            self._in_flight -= 1
-            info.entries = added.position.entry_id + 1
-            info.size_bytes += len(data)
-            info.messages = added.last_offset + 1 - info.first_offset
-            if added.position.entry_id == 0:
-                info.first_publish_ms = added.publish_time_ms
-            info.last_publish_ms = added.publish_time_ms
-            self._last_confirmed = added.position
-            self._entries_added += 1
-            self._bytes_added += len(data)
-            self._messages_added += added.last_offset - added.first_offset + 1
-            self._confirmed.notify_all()
-        self._cache.insert(added.position.ledger_id, added.position.entry_id,
-                           CachedEntry(data, added.first_offset, added.last_offset, added.publish_time_ms))
-        for listener in list(self._listeners):
-            listener()
+        self._confirm(info, (data,), (added,))
         result.set_result(added)
 
     def add_listener(self, listener: Callable[[], None]) -> None:

@@ -71,6 +71,35 @@ def message_id_bytes(ledger_id: int, entry_id: int, partition: int = -1, batch_i
     return data
 
 
+_BATCH_INDEX_TAG = b"\x20"  # MessageIdData field 4 (batch_index), varint
+_BATCH_INDEX_SUFFIXES: list[bytes] = []
+"""``MessageIdData`` field 4 (batch_index) for index ``i``, built once per index ever needed."""
+
+
+def _batch_index_suffixes(stop: int) -> list[bytes]:
+    suffixes = _BATCH_INDEX_SUFFIXES
+    if len(suffixes) < stop:  # appends only: a concurrent reader sees a valid prefix of the table
+        suffixes.extend(_BATCH_INDEX_TAG + encode_varint(i) for i in range(len(suffixes), stop))
+    return suffixes
+
+
+def message_ids_of_entry(ledger_id: int, entry_id: int, partition: int, count: int, start: int = 0,
+                         stop: int | None = None) -> list[bytes]:
+    """Base64 ``MessageIdData`` (ASCII bytes) of messages ``start..stop`` of one entry of ``count``
+    messages, equal to ``MessageId.to_base64()``.
+
+    The entry's fields are serialized once; batch index is the last field written, so each
+    message's id is that prefix plus its batch index (a lone message has none, as in Pulsar).
+    """
+    prefix = message_id_bytes(ledger_id, entry_id, partition)
+    if count == 1:
+        return [binascii.b2a_base64(prefix, newline=False)]
+    stop = count if stop is None else stop
+    b2a = binascii.b2a_base64
+    return [b2a(prefix + suffix, newline=False) for suffix in _batch_index_suffixes(stop)[start:stop]]
+
+
+
 def _to_int64(value: int) -> int:
     return value - _UINT64_MOD if value > _INT64_MAX else value
 
@@ -106,6 +135,10 @@ class Position:
         return f"{self.ledger_id}:{self.entry_id}"
 
 
+_new_message_id = object.__new__
+_set = object.__setattr__
+
+
 @dataclass(frozen=True, slots=True)
 class MessageId:
     """The id of one message: its entry, the topic partition, and its index in the entry's batch."""
@@ -120,6 +153,17 @@ class MessageId:
         _check_long("entry_id", self.entry_id)
         _check_int("partition", self.partition)
         _check_int("batch_index", self.batch_index)
+
+    @classmethod
+    def of_stored(cls, ledger_id: int, entry_id: int, partition: int, batch_index: int) -> MessageId:
+        """The id of a message the broker read from its own storage, whose parts are in range
+        by construction: built without the checks of ``__init__`` (one id per message read)."""
+        message_id = _new_message_id(cls)
+        _set(message_id, "ledger_id", ledger_id)
+        _set(message_id, "entry_id", entry_id)
+        _set(message_id, "partition", partition)
+        _set(message_id, "batch_index", batch_index)
+        return message_id
 
     # -- ordering ---------------------------------------------------------------------------
 

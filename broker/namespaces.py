@@ -6,9 +6,10 @@ Role: the administrative state above topics. Tenants live at ``/admin/tenants/{t
 compare-and-set. ``BrokerService`` exposes these operations on its face; topics read their
 namespace's policies when they open and follow changes at once.
 
-Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path;
-a change is written whole (compare-and-set) and then announced (``on_change``: open topics
-follow new retention and TTL, open sessions re-check their permissions).
+Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path,
+every policy value by ``broker/policies.py`` (its bound, or 400) before it is stored; a change
+is written whole (compare-and-set) and then announced (``on_change``: open topics follow new
+retention and TTL, open sessions re-check their permissions).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from broker.errors import AlreadyExists, NotEmpty, NotFound
 from broker.metadata import MetadataStore
+from broker.policies import checked_policies, checked_policy
 from broker.topic_name import check_name, check_namespace
 
 TENANTS = "/admin/tenants"
@@ -77,7 +79,8 @@ class Namespaces:
         self.tenant_info(tenant)
         if self._store.exists(f"{POLICIES}/{namespace}"):
             raise AlreadyExists(f"namespace {namespace} already exists")
-        self._store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **(policies or {})}, -1)
+        given = checked_policies(policies or {})
+        self._store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **given}, -1)
 
     def namespaces(self, tenant: str) -> list[str]:
         self.tenant_info(tenant)
@@ -92,6 +95,7 @@ class Namespaces:
 
     def set_policy(self, namespace: str, key: str, value: Any) -> None:
         check_namespace(namespace)
+        value = checked_policy(key, value)
         found = self._store.get_json(f"{POLICIES}/{namespace}")
         if found is None:
             raise NotFound(f"namespace {namespace} does not exist")

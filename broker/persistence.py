@@ -22,6 +22,8 @@ from broker.errors import InvalidRequest
 
 POLICY_KEY = "persistence"
 ENSEMBLE_SIZE_MAX = 64
+MARK_DELETE_RATE_MAX = 1_000_000.0
+"""Highest ``managedLedgerMaxMarkDeleteRate`` (cursor positions persisted per second)."""
 
 
 @dataclass(frozen=True)
@@ -45,18 +47,25 @@ class PersistencePolicy:
                    int(obj["bookkeeperAckQuorum"]), float(obj.get("managedLedgerMaxMarkDeleteRate") or 0.0))
 
 
-def validated(policy: PersistencePolicy, bookies_available: int) -> PersistencePolicy:
-    """``policy`` if it can be used with ``bookies_available`` bookies, else ``InvalidRequest``
-    (400), with Pulsar's wording for the quorum rule."""
+def check_bounds(policy: PersistencePolicy) -> PersistencePolicy:
+    """``policy`` if its quorums and rate are within their bounds, else ``InvalidRequest`` (400),
+    with Pulsar's wording for the quorum rule."""
     e, qw, qa = policy.ensemble, policy.write_quorum, policy.ack_quorum
     if not (e >= qw >= qa >= 1):
         raise InvalidRequest(f"Bookkeeper Ensemble ({e}) >= WriteQuorum ({qw}) >= AckQuorum ({qa}) >= 1 must hold")
     if e > ENSEMBLE_SIZE_MAX:
         raise InvalidRequest(f"bookkeeperEnsemble {e} exceeds {ENSEMBLE_SIZE_MAX}")
-    if e > bookies_available:
-        raise InvalidRequest(f"bookkeeperEnsemble {e} exceeds the {bookies_available} bookies available")
-    if policy.max_mark_delete_rate < 0:
-        raise InvalidRequest("managedLedgerMaxMarkDeleteRate must not be negative")
+    if not 0 <= policy.max_mark_delete_rate <= MARK_DELETE_RATE_MAX:  # also refuses NaN
+        raise InvalidRequest(f"managedLedgerMaxMarkDeleteRate must be 0..{MARK_DELETE_RATE_MAX:g} per second, "
+                             f"not {policy.max_mark_delete_rate}")
+    return policy
+
+
+def validated(policy: PersistencePolicy, bookies_available: int) -> PersistencePolicy:
+    """``policy`` if it is within its bounds and ``bookies_available`` bookies can serve it, else
+    ``InvalidRequest`` (400)."""
+    if check_bounds(policy).ensemble > bookies_available:
+        raise InvalidRequest(f"bookkeeperEnsemble {policy.ensemble} exceeds the {bookies_available} bookies available")
     return policy
 
 

@@ -22,15 +22,17 @@ Invariant: one ``send`` is one entry on one partition, durable when its future c
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from broker.entry_format import Compression, Message
-from broker.errors import InvalidRequest
+from broker.errors import InvalidRequest, MagnetarError
 from broker.routing import PartitionRouter
 from broker.topic import PublishResult
 from broker.topic_name import TopicName
+from storage import new_future
 
 if TYPE_CHECKING:
     from broker.service import BrokerService
@@ -110,3 +112,52 @@ class Producer:
         return self._service.topic(target).publish(
             messages, producer_name=self.name, sequence_id=sequence_id, compression=self.compression,
             expected_offset=expected_offset, deliver_at_time_ms=deliver_at_ms)
+
+    def send_each(self, messages: Sequence[Message], sequence_ids: Sequence[int | None],
+                  ) -> Future[list[PublishResult | MagnetarError]]:
+        """Store each message as its own entry, routed as :meth:`send` routes one (a keyless
+        message advances round-robin), in one call per partition. The Future's list holds each
+        message's result or the broker's refusal of that message alone, in order; a failure to
+        store fails the Future."""
+        if not messages:
+            raise InvalidRequest("a publish needs at least one message")
+        if not self._partitions():
+            return self._service.topic(self.topic).publish_each(
+                messages, producer_name=self.name, sequence_ids=sequence_ids, compression=self.compression)
+        groups: dict[TopicName, list[int]] = {}
+        for position, message in enumerate(messages):
+            groups.setdefault(self.route(message.key), []).append(position)
+        parts = [(positions, self._service.topic(target).publish_each(
+            [messages[p] for p in positions], producer_name=self.name,
+            sequence_ids=[sequence_ids[p] for p in positions], compression=self.compression))
+            for target, positions in groups.items()]
+        return _gathered(parts, len(messages))
+
+
+def _gathered(parts: list[tuple[list[int], Future[list[PublishResult | MagnetarError]]]],
+              total: int) -> Future[list[PublishResult | MagnetarError]]:
+    """One Future for several partitions' ``publish_each``: their outcomes back in message order."""
+    result: Future[list[PublishResult | MagnetarError]] = new_future()
+    outcomes: list[PublishResult | MagnetarError | None] = [None] * total
+    remaining = [len(parts)]
+    lock = threading.Lock()
+
+    def one_done(future: Future[list[PublishResult | MagnetarError]], positions: list[int]) -> None:
+        error = future.exception()
+        with lock:
+            if result.done():
+                return
+            if error is None:
+                for position, outcome in zip(positions, future.result(), strict=True):
+                    outcomes[position] = outcome
+                remaining[0] -= 1
+                if remaining[0]:
+                    return
+        if error is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(outcomes)  # type: ignore[arg-type]  # every position is filled
+
+    for positions, future in parts:
+        future.add_done_callback(lambda f, p=positions: one_done(f, p))  # type: ignore[misc]
+    return result

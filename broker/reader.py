@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from broker.compaction import Compactor
-from broker.entry_format import decode_entry
+from broker.entry_format import decode_messages
 from broker.errors import InvalidRequest, MagnetarError
 from broker.managed_ledger import Entry
 from broker.message_id import MessageId
@@ -128,15 +128,19 @@ class Reader:
             return
 
     def _buffer_entries(self, entries: list[Entry]) -> None:
+        partition = self.topic.partition
+        topic = self.topic.name.full_name
+        append = self._buffer.append
+        stored_id = MessageId.of_stored
         for entry in entries:
-            decoded = decode_entry(entry.data)
-            single = len(decoded.messages) == 1
-            for message in decoded.messages:
-                assert message.offset is not None
-                if message.offset < self.next_offset:
+            messages = decode_messages(entry.data)[0]
+            single = len(messages) == 1
+            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+            for message in messages:
+                offset = message.offset
+                assert offset is not None
+                if offset < self.next_offset:
                     continue
-                mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.topic.partition,
-                                -1 if single else message.batch_index)
-                self._buffer.append(Delivery(mid, message.offset, message, entry.publish_time_ms, 0,
-                                             self.topic.name.full_name, entry.data))
+                append(Delivery(stored_id(ledger_id, entry_id, partition, -1 if single else message.batch_index),
+                                offset, message, entry.publish_time_ms, 0, topic, entry_data=entry.data))
             self.next_offset = max(self.next_offset, entry.last_offset + 1)

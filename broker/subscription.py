@@ -51,11 +51,12 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 import mmh3
 
 from broker.cursor import ManagedCursor
-from broker.entry_format import DecodedMessage, decode_entry
+from broker.entry_format import DecodedMessage, decode_messages
 from broker.errors import ConsumerBusy, InvalidRequest, NotAllowed
 from broker.message_id import MessageId
 
@@ -111,9 +112,8 @@ class SubscriptionLimits:
     unacked_messages_max: int = 200_000
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """One message handed to one consumer."""
+class Delivery(NamedTuple):
+    """One message handed to one consumer (a named tuple: one is built per message delivered)."""
 
     message_id: MessageId
     offset: int
@@ -491,17 +491,17 @@ class Subscription:
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
         for entry in self.cursor.read_entries(self._entries_to_read()):
-            decoded = decode_entry(entry.data)
-            single = len(decoded.messages) == 1
-            for message in decoded.messages:
+            messages, deliver_at_ms = decode_messages(entry.data)
+            single = len(messages) == 1
+            deliver_at = deliver_at_ms or 0
+            for message in messages:
                 assert message.offset is not None
                 if self.cursor.is_acked(message.offset):
                     continue
-                mid = MessageId(entry.position.ledger_id, entry.position.entry_id, self.partition,
-                                -1 if single else message.batch_index)
+                mid = MessageId.of_stored(entry.position.ledger_id, entry.position.entry_id, self.partition,
+                                          -1 if single else message.batch_index)
                 item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message),
                              entry_data=entry.data)
-                deliver_at = decoded.deliver_at_time_ms or 0
                 if deliver_at > now_ms and self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
                     item.deliver_at_ms = deliver_at
                     heapq.heappush(self._later, (deliver_at, message.offset, item))
@@ -731,6 +731,11 @@ class Subscription:
         self.cursor.set_properties(props)
 
     # --- stats ---------------------------------------------------------------------------
+    def _delayed_unacked(self) -> int:
+        """Messages waiting for their nack delay or delivery time and not acknowledged meanwhile
+        (an ack leaves the entry in ``_later`` until it is due, and dispatch then skips it)."""
+        return sum(1 for _, offset, _ in self._later if not self.cursor.is_acked(offset))
+
     def statistics(self) -> SubscriptionStats:
         with self._lock:
             return SubscriptionStats(
@@ -739,7 +744,7 @@ class Subscription:
                 backlog_size_bytes=self.cursor.backlog_bytes(),
                 unacked_messages=sum(len(c.unacked) for c in self.consumers),
                 msg_out_counter=self.msg_out, bytes_out_counter=self.bytes_out,
-                msg_redeliver_counter=self.redelivered, delayed_messages=len(self._later),
+                msg_redeliver_counter=self.redelivered, delayed_messages=self._delayed_unacked(),
                 msg_rate_out=self._rates[0], msg_throughput_out=self._rates[1], msg_rate_redeliver=self._rates[2],
                 mark_delete_offset=self.cursor.mark_delete_offset, read_offset=self.cursor.read_offset,
                 consumers=tuple(c.statistics() for c in self.consumers))

@@ -37,7 +37,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,8 @@ class Journal:
         self._group_bytes_max = group_bytes_max
         self._file_bytes_max = file_bytes_max
         self._preallocate_bytes = preallocate_bytes
-        self._queue: queue.SimpleQueue[tuple[bytes, bytes, Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Sequence[bytes], int, Any] | None] = queue.SimpleQueue()
+        """Items: (the buffers of one or more records, their size in bytes, the token)."""
         self._file: AppendFile | None = None
         self._file_id = 0
         self._written_mark = LogMark(0, 0)
@@ -255,7 +256,16 @@ class Journal:
         if self._failure is not None:
             self._complete([token], self._failure)
             return
-        self._queue.put((header, payload, token))
+        self._queue.put(((header, payload), len(header) + len(payload), token))
+
+    def append_many(self, buffers: Sequence[bytes], token: Any) -> None:
+        """Queue several records at once (``buffers``: each record's header then its payload, in
+        order) under one ``token``. They are written in one group, so the token is completed
+        once, when all of them are durable (or with the error that means none is)."""
+        if self._failure is not None:
+            self._complete([token], self._failure)
+            return
+        self._queue.put((buffers, sum(map(len, buffers)), token))
 
     def last_written_mark(self) -> LogMark:
         """The position just after the last record written to the journal file."""
@@ -274,13 +284,13 @@ class Journal:
             self._file.close()
             self._file = None
 
-    def _collect(self, first: tuple[bytes, bytes, Any]) -> tuple[list[tuple[bytes, bytes, Any]], bool]:
+    def _collect(self, first: tuple[Sequence[bytes], int, Any]) -> tuple[list[tuple[Sequence[bytes], int, Any]], bool]:
         """Gather a group: drain what is queued; while records keep arriving and the group is
         under its byte limit, nap in short slices (up to ``group_wait_ms`` in all) and drain
         again. Napping, not blocking per record, keeps producers from waking this thread for
         every add; a nap that brings nothing new ends the group at once (idle producers)."""
         group = [first]
-        size = len(first[0]) + len(first[1])
+        size = first[1]
         deadline = time.monotonic() + self._group_wait_s
         while True:
             drained, size, stop = self._drain_into(group, size)
@@ -293,7 +303,7 @@ class Journal:
                 return group, False
             time.sleep(min(remaining, GROUP_NAP_S))
 
-    def _drain_into(self, group: list[tuple[bytes, bytes, Any]], size: int) -> tuple[int, int, bool]:
+    def _drain_into(self, group: list[tuple[Sequence[bytes], int, Any]], size: int) -> tuple[int, int, bool]:
         drained = 0
         while size < self._group_bytes_max:
             try:
@@ -303,7 +313,7 @@ class Journal:
             if item is None:
                 return drained, size, True
             group.append(item)
-            size += len(item[0]) + len(item[1])
+            size += item[1]
             drained += 1
         return drained, size, False
 
@@ -335,13 +345,13 @@ class Journal:
             if item is not None:
                 self._complete([item[2]], self._failure or StorageClosed("journal closed"))
 
-    def _write_group(self, group: list[tuple[bytes, bytes, Any]]) -> None:
+    def _write_group(self, group: list[tuple[Sequence[bytes], int, Any]]) -> None:
         assert self._file is not None
         buffers: list[bytes] = []
-        for header, payload, _ in group:
-            buffers.append(header)
-            if payload:
-                buffers.append(payload)
+        records = 0
+        for parts, _, _ in group:
+            buffers.extend(part for part in parts if part)
+            records += len(parts) // 2
         self._fileio.failpoint("journal: before write")
         self._file.writev(buffers)
         self._fileio.failpoint("journal: before fdatasync")
@@ -352,10 +362,10 @@ class Journal:
         self._fileio.failpoint("journal: after fdatasync")
         written = self._file.size_bytes - self._written_mark.offset
         with self._stats_lock:
-            self._records_written += len(group)
+            self._records_written += records
             self._bytes_written += written
             self._groups += 1
-            self._largest_group = max(self._largest_group, len(group))
+            self._largest_group = max(self._largest_group, records)
         self._written_mark = LogMark(self._file_id, self._file.size_bytes)
 
     def statistics(self) -> JournalStats:

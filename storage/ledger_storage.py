@@ -37,6 +37,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -287,6 +288,41 @@ class LedgerStorage:
                              (meta, ledger_id, entry_id, future))
         return future
 
+    def add_entries(self, ledger_id: int, first_entry_id: int, datas: Sequence[bytes]) -> Future[int]:
+        """Store consecutive entries ``first_entry_id, first_entry_id + 1, …`` at once; the one
+        Future resolves to the last entry id once every one of them is durable (or fails for all
+        of them). What :meth:`add_entry` refuses at once is refused here before anything is stored.
+        """
+        if not datas:
+            raise InvalidArgument("add_entries needs at least one entry")
+        if self._closed or self._read_only_cause is not None:
+            self._check_writable()
+        last_entry_id = first_entry_id + len(datas) - 1
+        if not (0 <= ledger_id <= ENTRY_ID_MAX and first_entry_id >= 0 and last_entry_id <= ENTRY_ID_MAX):
+            raise InvalidArgument(
+                f"ledger and entry ids must be in [0, 2^63): {ledger_id}:{first_entry_id}..{last_entry_id}")
+        meta = self._ledgers.get(ledger_id) or self._ledger_for_write(ledger_id)
+        if meta.fenced:
+            raise LedgerFenced(f"ledger {ledger_id} is fenced")
+        buffers: list[bytes] = []
+        put = self._put_in_cache
+        entry_id = first_entry_id
+        try:
+            for given in datas:
+                data = given if type(given) is bytes else bytes(given)
+                put(ledger_id, entry_id, data)
+                buffers.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data))
+                buffers.append(data)
+                entry_id += 1
+        except BaseException:  # a write cache that stays full: nothing of this call is kept
+            for stored in range(first_entry_id, entry_id):
+                self._active.remove(ledger_id, stored)
+                self._flushing.remove(ledger_id, stored)
+            raise
+        future: LightFuture[int] = new_future()
+        self._journal.append_many(buffers, (meta, ledger_id, last_entry_id, future, first_entry_id))
+        return future
+
     def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         active = self._active
         outcome = active.put(ledger_id, entry_id, data)  # fast path: only the buffer's own lock
@@ -312,24 +348,28 @@ class LedgerStorage:
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
         """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
-        for adds and a bare future for fences; all of them are completed here, in order (a
+        for adds, ``(meta, ledger, last entry, future, first entry)`` for :meth:`add_entries`
+        and a bare future for fences; all of them are completed here, in order (a
         future its owner cancelled is skipped)."""
         if error is None:
+            added = 0
             for token in tokens:
                 if type(token) is tuple:
-                    meta, _, entry_id, future = token
+                    meta, _, entry_id, future = token[:4]
                     meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
                     future.try_finish(entry_id, None)
+                    added += 1 if len(token) == 4 else entry_id - token[4] + 1
                 else:
                     token.try_finish(None, None)
-            self._entries_added += len(tokens)
+            self._entries_added += added
             return
         failure = self._enter_read_only(error, "journal write")  # before removal: an ongoing flush then aborts
         for token in tokens:
             if type(token) is tuple:
-                _, ledger_id, entry_id, future = token
-                self._active.remove(ledger_id, entry_id)
-                self._flushing.remove(ledger_id, entry_id)
+                _, ledger_id, entry_id, future = token[:4]
+                for removed in range(token[4] if len(token) == 5 else entry_id, entry_id + 1):
+                    self._active.remove(ledger_id, removed)
+                    self._flushing.remove(ledger_id, removed)
                 future.try_finish(None, failure)
             else:
                 token.try_finish(None, failure)

@@ -15,6 +15,7 @@ import base64
 import json
 from typing import Any
 
+import orjson
 from fastapi import WebSocket
 from fastapi.responses import JSONResponse
 
@@ -64,9 +65,12 @@ def message_frame(delivery: Delivery, message_id_b64: str | None = None) -> str:
 
 def parse_frame(text: str) -> dict[str, Any]:
     try:
-        frame = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise FrameError(JSON_DESERIALIZE_ERROR, f"frame is not valid JSON: {exc}") from None
+        frame = orjson.loads(text)
+    except orjson.JSONDecodeError:  # also what orjson does not take: integers past 64 bits, NaN
+        try:
+            frame = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise FrameError(JSON_DESERIALIZE_ERROR, f"frame is not valid JSON: {exc}") from None
     if not isinstance(frame, dict):
         raise FrameError(JSON_DESERIALIZE_ERROR, "frame must be a JSON object")
     return frame
@@ -77,7 +81,16 @@ def short(text: str) -> str:
 
 
 def frame_text(data: dict[str, Any]) -> str:
-    return json.dumps(data, separators=(",", ":"))
+    return json_text(data)
+
+
+def json_text(value: Any) -> str:
+    """``value`` as compact JSON: orjson, or the standard library for what orjson does not write
+    (integers past 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"))
 
 
 async def receive_text(websocket: WebSocket) -> str | None:

@@ -3,8 +3,10 @@
 Role: one connection bound to one broker ``Producer`` (``BrokerService.producer``). Each frame
 is read into a message by the broker's rules (``message_of``: payload in base64, event time in
 epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``); a
-field the frame shape does not know is a ``send-error`` naming it. Without batching every frame
-is its own entry; with ``batchingEnabled=true`` the frames that arrived together (up to
+field the frame shape does not know is a ``send-error`` naming it. The frames that arrived
+together (those queued when the session reads one) are handled at once. Without batching every
+frame is its own entry, and the plain ones of a burst go to the broker in one call
+(``Producer.send_each``); with ``batchingEnabled=true`` the frames that arrived together (up to
 ``batchingMaxMessages``) are batched per partition, as Pulsar's batching producers keep a batch
 per partition: a keyed frame joins its key's partition's batch, the keyless frames of the burst
 one partition's batch chosen once (round-robin advances once per burst), each batch is one
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -36,12 +37,13 @@ from api.ws.frames import (
     FrameError,
     frame_error,
     frame_text,
+    json_text,
     parse_frame,
     receive_text,
     send_error,
 )
 from api.ws.params import ProducerParams
-from api.ws.protocol import FrameWriter
+from api.ws.protocol import QUEUED_FRAMES_EXTENSION, FrameWriter
 from api.ws.session import supervise
 from broker import (
     MESSAGE_FIELDS,
@@ -77,8 +79,9 @@ class _Rejected:
     error: FrameError
 
 
-Outcome = Future[PublishResult] | MagnetarError | FrameError
-"""A publish's outcome: its future, the broker's refusal, or a frame that was never published."""
+Outcome = Future[PublishResult] | Future[list[PublishResult | MagnetarError]] | MagnetarError | FrameError
+"""A publish's outcome: its future (one entry, or one per frame from ``send_each``, with each
+frame's result or refusal), the broker's refusal, or a frame that was never published."""
 
 
 class ProducerSession:
@@ -90,7 +93,6 @@ class ProducerSession:
         self.producer: Producer = service.producer(topic, params.producer_name, routing_mode=params.routing_mode,
                                                    compression=params.compression,
                                                    initial_sequence_id=params.initial_sequence_id)
-        self._inbox: asyncio.Queue[_Send | _Rejected | None] = asyncio.Queue(params.pending_messages_max)
         self._pending: deque[tuple[Any, Outcome, int]] = deque()
         """Frames waiting for their answer, in frame order: context, the outcome of the entry that
         holds the frame, and the frame's index in that entry."""
@@ -98,33 +100,77 @@ class ProducerSession:
         self._room.set()
         self._answered = asyncio.Event()
         self._writer = FrameWriter(websocket, params.pending_messages_max)
+        self._take_queued: Callable[[int], list[str]] | None = \
+            (websocket.scope.get("extensions") or {}).get(QUEUED_FRAMES_EXTENSION)
         self._finished = LoopSignal(asyncio.get_running_loop(), self._send_results)
         clock = service.clock
         self._clock_ms: Callable[[], int] = lambda: int(clock() * 1000)
 
     async def run(self) -> None:
-        """Without batching, frames are published as they are read; with it, a publish loop
-        takes them from an inbox so that frames which arrived together make one entry."""
-        workers = [asyncio.create_task(self._publish_loop())] if self.params.batching else []
-        if await supervise(self.ws, self._receive_loop(), workers):
+        """Frames are published as they are read, those that arrived together at once."""
+        if await supervise(self.ws, self._receive_loop(), []):
             # the client left: answer what it sent before it did
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                if self.params.batching:
-                    await self._inbox.put(None)
-                    await asyncio.gather(*workers)
                 while self._pending:
                     self._answered.clear()
                     await self._answered.wait()
                 await self._writer.flush()
 
     async def _receive_loop(self) -> None:
+        batching = self.params.batching
         while (text := await receive_text(self.ws)) is not None:
-            item = self._read_frame(text)
-            if self.params.batching:
-                await self._inbox.put(item)
+            await self._wait_for_room()
+            texts = [text]
+            room = self.params.pending_messages_max - len(self._pending) - 1
+            if room > 0 and self._take_queued is not None:
+                texts += self._take_queued(room)  # the frames that arrived with it
+            items = [self._read_frame(t) for t in texts]
+            if batching:
+                self._publish_batched(items)
             else:
-                await self._wait_for_room()
-                self._track_alone(item)
+                self._publish_each(items)
+
+    def _publish_batched(self, items: list[_Send | _Rejected]) -> None:
+        """With batching: consecutive batchable frames make bursts of at most
+        ``batchingMaxMessages``, each stored as one entry per partition."""
+        self._in_runs(items, self._batchable, self._publish_burst, self.params.batch_messages_max)
+
+    def _publish_each(self, items: list[_Send | _Rejected]) -> None:
+        """Without batching: each frame its own entry, the plain ones (no delivery time, no
+        expected offset) in one broker call."""
+        self._in_runs(items, self._plain, self._track_each, len(items))
+
+    def _in_runs(self, items: list[_Send | _Rejected], joins: Callable[[_Send], bool],
+                 publish_run: Callable[[list[_Send]], None], run_max: int) -> None:
+        """Consecutive frames that ``joins`` accepts go to ``publish_run`` together (at most
+        ``run_max`` at a time); the others, and refusals, alone; all in frame order."""
+        run: list[_Send] = []
+        for item in items:
+            if isinstance(item, _Send) and joins(item):
+                run.append(item)
+                if len(run) >= run_max:
+                    publish_run(run)
+                    run = []
+                continue
+            if run:
+                publish_run(run)
+                run = []
+            self._track_alone(item)
+        if run:
+            publish_run(run)
+
+    @staticmethod
+    def _plain(send: _Send) -> bool:
+        return send.produced.deliver_at_ms is None and send.produced.expected_offset is None
+
+    def _track_each(self, sends: list[_Send]) -> None:
+        try:
+            future = self.producer.send_each([s.produced.message for s in sends], [s.sequence_id for s in sends])
+        except MagnetarError as exc:
+            self._track(sends, exc)
+            return
+        future.add_done_callback(self._finished.notify)
+        self._track(sends, future)
 
     def _read_frame(self, text: str) -> _Send | _Rejected:
         try:
@@ -146,29 +192,6 @@ class ProducerSession:
             self._track([item], item.error)
         else:
             self._track([item], self._publish([item]))
-
-    async def _publish_loop(self) -> None:
-        """Take frames in order; with batching, the batchable frames already waiting make one
-        entry per partition (see the module docstring)."""
-        carried: list[_Send | _Rejected | None] = []
-        while True:
-            first = carried.pop() if carried else await self._inbox.get()
-            if first is None:
-                break
-            await self._wait_for_room()
-            if isinstance(first, _Rejected) or not self._batchable(first):
-                self._track_alone(first)
-                continue
-            burst = [first]
-            room = max(1, self.params.pending_messages_max - len(self._pending))  # frames left unanswered
-            while len(burst) < min(self.params.batch_messages_max, room) and not self._inbox.empty():
-                candidate = self._inbox.get_nowait()
-                if isinstance(candidate, _Send) and self._batchable(candidate):
-                    burst.append(candidate)
-                else:
-                    carried.append(candidate)
-                    break
-            self._publish_burst(burst)
 
     def _publish_burst(self, burst: list[_Send]) -> None:
         """One entry per partition the burst's frames go to; answers stay in frame order."""
@@ -258,12 +281,13 @@ class ProducerSession:
 class _EntryAnswer:
     """The result frames of one finished (or refused) entry, one per message."""
 
-    __slots__ = ("_duplicate", "_error", "_first_offset", "_ids")
+    __slots__ = ("_duplicate", "_each", "_error", "_first_offset", "_ids")
 
     def __init__(self, outcome: Outcome) -> None:
+        self._each: list[PublishResult | MagnetarError] | None = None
         self._error: tuple[int, str, str] | None = None
         """(result code, error code, message) of a refused or failed entry."""
-        self._ids: Sequence[MessageId] = ()
+        self._ids: Sequence[str] = ()
         self._first_offset = 0
         self._duplicate = False
         if isinstance(outcome, FrameError):
@@ -278,12 +302,28 @@ class _EntryAnswer:
                 self._error = (UNKNOWN_ERROR, "internal_error", str(error))
         else:
             result = outcome.result()
-            self._ids, self._first_offset, self._duplicate = result.message_ids, result.first_offset, result.duplicate
+            if isinstance(result, list):  # one entry per frame (send_each)
+                self._each = result
+            else:
+                self._ids, self._first_offset, self._duplicate = (result.message_id_texts(), result.first_offset,
+                                                                  result.duplicate)
 
     def frame(self, context: Any, index: int) -> str:
+        if self._each is not None:
+            return _each_frame(context, self._each[index])
         if self._error is not None:
             return send_error(context, *self._error)
         if self._duplicate:  # Pulsar acknowledges a deduplicated send with id -1:-1
             return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
-        return (f'{{"result":"ok","messageId":"{self._ids[index].to_base64()}","context":{json.dumps(context)},'
+        return (f'{{"result":"ok","messageId":"{self._ids[index]}","context":{json_text(context)},'
                 f'"offset":{self._first_offset + index}}}')
+
+
+def _each_frame(context: Any, outcome: PublishResult | MagnetarError) -> str:
+    """The result frame of a frame stored as its own entry by ``send_each``."""
+    if isinstance(outcome, MagnetarError):
+        return send_error(context, UNKNOWN_ERROR, outcome.code, str(outcome))
+    if outcome.duplicate:
+        return frame_text({"result": "ok", "messageId": _DUPLICATE_ID, "context": context, "duplicate": True})
+    return (f'{{"result":"ok","messageId":"{outcome.message_id_texts()[0]}","context":{json_text(context)},'
+            f'"offset":{outcome.first_offset}}}')

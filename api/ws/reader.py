@@ -6,7 +6,8 @@ are confirmed. Reader frames other than ``isEndOfTopic`` only free flow credit.
 
 Invariant: at most ``receiverQueueSize`` messages and ``maxUnackedBytesPerConsumer`` payload
 bytes (but always one message) are sent and not yet acknowledged; a message that does not fit
-waits in its reader.
+waits in its reader. Acknowledgements refill the window from half of it on (as Pulsar's clients
+refill their receiver queue), new messages whenever there is room.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class ReaderSession:
         self.service = service
         self.readers = readers
         self._limit = max(receiver_queue_size, 1)
+        self._refill_at = self._limit // 2
+        """Acknowledgements wake the sender once at most this many messages are outstanding, so
+        a catching-up reader reads in large batches (one thread hop each), not one per ack."""
         self._bytes_limit = outstanding_bytes_max
         self._sent: OrderedDict[str, int] = OrderedDict()  # message id -> payload bytes, oldest first
         self._outstanding_bytes = 0
@@ -111,15 +115,18 @@ class ReaderSession:
         if frame.get("type") == "isEndOfTopic":
             self._writer.send([frame_text({"endOfTopic": self._end_of_topic()})])
             return False
-        if not isinstance(frame.get("messageId"), str):
+        message_id = frame.get("messageId")
+        if not isinstance(message_id, str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
-        MessageId.from_base64(frame["messageId"])
-        size = self._sent.pop(frame["messageId"], None)
+        size = self._sent.pop(message_id, None)  # an id this session wrote is valid: no parse
+        if size is None:
+            MessageId.from_base64(message_id)  # refuses what is not a message id
         if size is None and self._sent:  # not an id it was sent: frees the oldest credit
             size = self._sent.popitem(last=False)[1]
         if size is not None:
             self._outstanding_bytes -= size
-            self._wake.set()
+            if len(self._sent) <= self._refill_at or self._outstanding_bytes <= self._bytes_limit // 2:
+                self._wake.set()
         return False
 
     def _end_of_topic(self) -> bool:

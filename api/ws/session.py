@@ -27,12 +27,15 @@ from api.ws.frames import (
     receive_text,
     short,
 )
-from api.ws.protocol import FrameWriter
+from api.ws.protocol import QUEUED_FRAMES_EXTENSION, FrameWriter
 from broker import MagnetarError
 
 log = logging.getLogger(__name__)
 
 PERMITS_PER_FRAME_MAX = 100_000
+COMMAND_FRAMES_PER_TURN_MAX = 1000
+"""Client frames (acknowledgements mostly) a consumer or reader session applies in one turn: those
+already received when it takes the first."""
 
 
 async def command_loop(websocket: WebSocket, handle: Callable[[dict[str, Any]], Awaitable[bool]],
@@ -40,15 +43,21 @@ async def command_loop(websocket: WebSocket, handle: Callable[[dict[str, Any]], 
     """Consumer and reader sessions: apply each client frame with ``handle`` (True ends the
     session); a bad frame is answered with ``{"result": "error:<n>", "errorMsg"}`` (after the
     frames already on their way) and the session goes on."""
+    take_queued: Callable[[int], list[str]] | None = (websocket.scope.get("extensions") or {}).get(
+        QUEUED_FRAMES_EXTENSION)
     while (text := await receive_text(websocket)) is not None:
-        try:
-            if await handle(parse_frame(text)):
-                return
-        except FrameError as exc:
-            writer.send([frame_text({"result": f"error:{exc.result_code}", "errorMsg": short(str(exc))})])
-        except MagnetarError as exc:
-            writer.send([frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
-                                      "errorMsg": short(str(exc))})])
+        texts = [text]
+        if take_queued is not None:
+            texts += take_queued(COMMAND_FRAMES_PER_TURN_MAX)  # the frames that arrived with it
+        for one in texts:
+            try:
+                if await handle(parse_frame(one)):
+                    return
+            except FrameError as exc:
+                writer.send([frame_text({"result": f"error:{exc.result_code}", "errorMsg": short(str(exc))})])
+            except MagnetarError as exc:
+                writer.send([frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
+                                          "errorMsg": short(str(exc))})])
 
 
 def permits_of(frame: dict[str, Any]) -> int:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, unpack_entry
+from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, add_each, unpack_entry
 from broker.cluster.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.cluster.coordination import Coordination
 from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
@@ -83,6 +83,11 @@ class RemoteBookie:
             raise
         self.counters["adds"] += 1
         return result
+
+    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+                    entries: Sequence[tuple[int, bytes]]) -> Future[int]:
+        """One pipelined add per entry (the wire has no group add); one future for them all."""
+        return add_each(self, ledger_id, first_entry_id, lac, entries)
 
     def fence(self, ledger_id: int) -> Future[None]:
         request_id = self._network.next_request_id()

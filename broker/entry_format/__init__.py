@@ -66,12 +66,15 @@ from broker.entry_format.broker_metadata import (
     split_prefix,
     strip_broker_entry_metadata,
     with_broker_entry_metadata,
+    with_broker_entry_metadata_each,
 )
 from broker.entry_format.codec import (
     as_unbatched,
     decode_entry,
     decode_entry_payload,
+    decode_messages,
     encode_entry,
+    encode_single_entry,
     message_count,
     split_entry_payload,
 )
@@ -91,8 +94,10 @@ __all__ = [
     "Message",
     "as_unbatched",
     "decode_entry",
+    "decode_messages",
     "decode_entry_payload",
     "encode_entry",
+    "encode_single_entry",
     "encode_varint",
     "message_count",
     "peek_broker_entry_metadata",
@@ -100,4 +105,5 @@ __all__ = [
     "split_prefix",
     "strip_broker_entry_metadata",
     "with_broker_entry_metadata",
+    "with_broker_entry_metadata_each",
 ]

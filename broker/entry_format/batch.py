@@ -64,6 +64,28 @@ def encode_batch(messages: Sequence[Message], sequence_ids: list[int]) -> bytes:
         parts.append(message.payload)
     return b"".join(parts)
 
+_python_encode_batch = encode_batch
+
+try:
+    from broker.entry_format._batch_encoder import encode_batch as _native_encode_batch
+    from broker.entry_format._batch_encoder import set_message_type as _set_message_type
+except ImportError:  # built without a C compiler: the Python encoder above
+    NATIVE_BATCH_ENCODER = False
+else:
+    _set_message_type(Message, Message._field_defaults["properties"])
+    NATIVE_BATCH_ENCODER = True
+"""Whether batch payloads are written by the native encoder (``_batch_encoder.c``)."""
+
+
+def encode_checked_batch(messages: Sequence[Message], sequence_ids: list[int]) -> bytes | None:
+    """The batch payload of ``messages``, natively, when every message is one codec.py's checks
+    accept as it is (then the bytes are :func:`encode_batch`'s); None when the checks and the
+    Python encoder must decide (see ``_batch_encoder.c``)."""
+    if not NATIVE_BATCH_ENCODER:
+        return None
+    return _native_encode_batch(messages, sequence_ids)
+
+
 def decode_batch(buf: bytes, count: int, first_offset: int | None, base_sequence_id: int) -> list[DecodedMessage]:
     """Split an uncompressed batch payload into ``count`` messages; it must be consumed exactly."""
     if count <= 0 or count * 6 > len(buf):

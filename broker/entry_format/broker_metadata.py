@@ -8,6 +8,8 @@ structurally instead; a prefix lacking either field is ``CorruptEntry``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from broker.entry_format.model import BrokerEntryMetadata
 from broker.entry_format.wire import (
     BROKER_HEADER,
@@ -16,6 +18,7 @@ from broker.entry_format.wire import (
     MAGIC_CRC32C,
     U16,
     U32,
+    UINT64_MAX,
     Buffer,
     check_uint64,
     encode_varint,
@@ -23,6 +26,10 @@ from broker.entry_format.wire import (
     skip_field,
 )
 from broker.errors import CorruptEntry
+
+_CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
+_PREFIX_MAGIC = U16.pack(MAGIC_BROKER_ENTRY_METADATA)
+_U32_FROM = U32.unpack_from
 
 
 def broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
@@ -34,6 +41,20 @@ def broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
 
 def split_prefix(data: Buffer) -> tuple[BrokerEntryMetadata | None, int]:
     """Parse the optional 0x0e02 prefix; returns it and the offset of the 0x0e01 part."""
+    if type(data) is bytes and data[:2] == _PREFIX_MAGIC and data[6:7] == b"\x08":  # the usual shape
+        end = 6 + _U32_FROM(data, 2)[0]
+        try:
+            timestamp, pos = read_varint(data, 7)
+            if data[pos] == 0x10:
+                index, pos = read_varint(data, pos + 1)
+                if pos == end <= len(data):
+                    return BrokerEntryMetadata(timestamp, index), end
+        except (IndexError, CorruptEntry):
+            pass  # malformed: the general parser says how
+    return _split_prefix_general(data)
+
+
+def _split_prefix_general(data: Buffer) -> tuple[BrokerEntryMetadata | None, int]:
     if len(data) < 2 or U16.unpack_from(data, 0)[0] != MAGIC_BROKER_ENTRY_METADATA:
         return None, 0
     if len(data) < BROKER_HEADER.size:
@@ -88,3 +109,23 @@ def with_broker_entry_metadata(data: Buffer, broker_timestamp_ms: int, index: in
     if len(data) - start < CHECKSUM_HEADER.size or U16.unpack_from(data, start)[0] != MAGIC_CRC32C:
         raise CorruptEntry("not an encoded entry: the 0x0e01 checksum magic is missing")
     return broker_prefix(broker_timestamp_ms, index) + bytes(data[start:])
+
+
+
+
+def with_broker_entry_metadata_each(entries: Sequence[bytes], broker_timestamp_ms: int,
+                                    indexes: Sequence[int]) -> list[bytes]:
+    """:func:`with_broker_entry_metadata` of several entries stamped at one broker time (entry
+    ``i`` gets ``indexes[i]``): the same bytes, with the time's part of the prefix written once."""
+    check_uint64("broker_timestamp_ms", broker_timestamp_ms)
+    stamp = b"\x08" + encode_varint(broker_timestamp_ms) + b"\x10"
+    pack_header = BROKER_HEADER.pack
+    out: list[bytes] = []
+    for data, index in zip(entries, indexes, strict=True):
+        if type(data) is not bytes or data[:2] != _CHECKSUM_MAGIC or type(index) is not int \
+                or not 0 <= index <= UINT64_MAX or len(data) < CHECKSUM_HEADER.size:
+            out.append(with_broker_entry_metadata(data, broker_timestamp_ms, index))
+            continue
+        body = stamp + encode_varint(index)
+        out.append(pack_header(MAGIC_BROKER_ENTRY_METADATA, len(body)) + body + data)
+    return out

@@ -13,12 +13,13 @@ arguments to the encoder raise ``InvalidRequest``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import crc32c
 from google.protobuf.message import DecodeError
 
-from broker.entry_format.batch import decode_batch, encode_batch
+from broker.entry_format.batch import decode_batch, encode_batch, encode_checked_batch
 from broker.entry_format.broker_metadata import broker_prefix, split_prefix
 from broker.entry_format.compression import COMPRESSIONS, MAX_UNCOMPRESSED_SIZE_BYTES, Compression, compress, decompress
 from broker.entry_format.model import DecodedEntry, DecodedMessage, EntryPayload, Message
@@ -33,11 +34,15 @@ from broker.entry_format.wire import (
     UINT64_MOD,
     Buffer,
     check_uint64,
+    encode_key_value,
     encode_varint,
     length_delimited,
+    read_varint,
 )
 from broker.errors import CorruptEntry, InvalidRequest
 from broker.proto import pulsar_entry_pb2 as pb
+
+_CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
 
 
 def _check_message(position: int, message: Message) -> None:
@@ -70,7 +75,10 @@ def _check_encode_arguments(
     compression: Compression,
     deliver_at_time_ms: int | None,
     schema_version: bytes | None,
+    messages_checked: bool = False,
 ) -> None:
+    """``InvalidRequest`` for the first bad argument; ``messages_checked``: each message already
+    passed :func:`_check_message`'s rules (the native batch encoder's checks)."""
     if not messages:
         raise InvalidRequest("an entry needs at least one message")
     if not isinstance(producer_name, str):
@@ -89,8 +97,9 @@ def _check_encode_arguments(
         raise InvalidRequest(f"deliver_at_time_ms must be a 64-bit integer, got {deliver_at_time_ms!r}")
     if schema_version is not None and not isinstance(schema_version, bytes):
         raise InvalidRequest("schema_version must be bytes")
-    for position, message in enumerate(messages):
-        _check_message(position, message)
+    if not messages_checked:
+        for position, message in enumerate(messages):
+            _check_message(position, message)
     first = messages[0].sequence_id
     if first is not None and first != sequence_id:
         raise InvalidRequest(f"the entry's sequence_id {sequence_id} must be its first message's ({first})")
@@ -154,35 +163,35 @@ def encode_entry(
     written when ``broker_timestamp_ms`` and ``index`` are given (both or neither). Raises
     ``InvalidRequest`` for bad arguments.
     """
-    _check_encode_arguments(
-        messages,
-        producer_name=producer_name,
-        sequence_id=sequence_id,
-        publish_time_ms=publish_time_ms,
-        compression=compression,
-        deliver_at_time_ms=deliver_at_time_ms,
-        schema_version=schema_version,
-    )
-    sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
-    if max(sequence_ids) > UINT64_MAX:
-        raise InvalidRequest(f"sequence ids from {sequence_id} on overflow 64 bits within this entry")
-    try:
-        batch = encode_batch(messages, sequence_ids)
-    except UnicodeEncodeError:
-        raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
-    if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
-        raise InvalidRequest(f"batch of {len(batch)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
+    checks = {"producer_name": producer_name, "sequence_id": sequence_id, "publish_time_ms": publish_time_ms,
+              "compression": compression, "deliver_at_time_ms": deliver_at_time_ms,
+              "schema_version": schema_version}
+    batch = _natively_checked_batch(messages, sequence_id)
+    if batch is not None:  # every message passed the native encoder's checks, which are _check_message's
+        sequence_ids, batch_bytes = batch
+        _check_encode_arguments(messages, **checks, messages_checked=True)  # type: ignore[arg-type]
+    else:
+        _check_encode_arguments(messages, **checks)  # type: ignore[arg-type]
+        sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
+        if max(sequence_ids) > UINT64_MAX:
+            raise InvalidRequest(f"sequence ids from {sequence_id} on overflow 64 bits within this entry")
+        try:
+            batch_bytes = encode_batch(messages, sequence_ids)
+        except UnicodeEncodeError:
+            raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
+    if len(batch_bytes) > MAX_UNCOMPRESSED_SIZE_BYTES:
+        raise InvalidRequest(f"batch of {len(batch_bytes)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
     metadata = _encode_metadata(
         messages,
         sequence_ids,
         producer_name=producer_name,
         publish_time_ms=publish_time_ms,
         compression=compression,
-        uncompressed_size=len(batch),
+        uncompressed_size=len(batch_bytes),
         deliver_at_time_ms=deliver_at_time_ms,
         schema_version=schema_version,
     )
-    body = _checksummed(metadata, compress(compression, batch))
+    body = _checksummed(metadata, compress(compression, batch_bytes))
     if broker_timestamp_ms is None and index is None:
         return body
     if broker_timestamp_ms is None or index is None:
@@ -225,6 +234,92 @@ def as_unbatched(data: Buffer) -> bytes | None:
     if message.null_key:
         metadata.null_partition_key = True
     return _checksummed(metadata.SerializeToString(), message.payload)
+
+
+def encode_single_entry(message: Message, *, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
+    """``encode_entry((message,), …)`` without compression, delivery time or schema version:
+    the same bytes, written in one pass for the common message (payload, key, properties, event
+    time). Anything else, including every argument ``encode_entry`` refuses, goes to
+    ``encode_entry``, which refuses it the same way."""
+    payload, key, _, event_time_ms, own_sequence_id = message[:5]
+    if (type(payload) is not bytes or message[5] is not None or message[7] or message[8] or message[9]
+            or (key is not None and type(key) is not str) or type(sequence_id) is not int
+            or not 0 <= sequence_id <= UINT64_MAX or type(publish_time_ms) is not int
+            or not 0 <= publish_time_ms <= UINT64_MAX or type(producer_name) is not str
+            or (own_sequence_id is not None and own_sequence_id != sequence_id)
+            or (event_time_ms is not None and (type(event_time_ms) is not int or not 0 <= event_time_ms <= INT64_MAX))):
+        return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    varint = encode_varint
+    batch = encode_checked_batch((message,), [sequence_id])  # [size][SingleMessageMetadata][payload]
+    try:
+        if batch is None:
+            batch = _python_single_batch(message, sequence_id)
+        key_field = b""
+        if key is not None:
+            key_bytes = key.encode()
+            key_field = varint(len(key_bytes)) + key_bytes
+        producer = producer_name.encode()
+    except (UnicodeEncodeError, _NotPlain):
+        return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    sequence = varint(sequence_id)
+    metadata = b"\x0a" + varint(len(producer)) + producer + b"\x10" + sequence + b"\x18" + varint(publish_time_ms)
+    if key is not None:
+        metadata += b"\x32" + key_field + b"\x58\x01" + (b"\x88\x01\x01" if message[6] else b"\x88\x01\x00")
+    else:
+        metadata += b"\x58\x01"
+    metadata += b"\xc0\x01" + sequence
+    if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
+        return _encode_general(message, producer_name, sequence_id, publish_time_ms)
+    head = U32.pack(len(metadata)) + metadata
+    checksum = crc32c.crc32c(batch, crc32c.crc32c(head))
+    return _CHECKSUM_MAGIC + U32.pack(checksum) + head + batch
+
+
+class _NotPlain(Exception):
+    """A message the one-pass encoder leaves to ``encode_entry``."""
+
+
+def _python_single_batch(message: Message, sequence_id: int) -> bytes:
+    """``encode_batch([message], [sequence_id])`` for a message already checked by
+    :func:`encode_single_entry`, without the native encoder; ``_NotPlain`` for properties that
+    are not all str."""
+    payload, key, properties, event_time_ms = message[:4]
+    varint = encode_varint
+    single = b""
+    if properties:
+        for name, value in properties.items():
+            if type(name) is not str or type(value) is not str:
+                raise _NotPlain
+            pair = encode_key_value(name, value)
+            single += b"\x0a" + varint(len(pair)) + pair
+    if key is not None:
+        key_bytes = key.encode()
+        single += b"\x12" + varint(len(key_bytes)) + key_bytes
+    single += b"\x18" + varint(len(payload))
+    if event_time_ms is not None:
+        single += b"\x28" + varint(event_time_ms)
+    if key is not None:
+        single += b"\x30\x01" if message[6] else b"\x30\x00"
+    single += b"\x40" + varint(sequence_id)
+    return U32.pack(len(single)) + single + payload
+
+
+def _encode_general(message: Message, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
+    return encode_entry((message,), producer_name=producer_name, sequence_id=sequence_id,
+                        publish_time_ms=publish_time_ms)
+
+
+def _natively_checked_batch(messages: Sequence[Message], sequence_id: int) -> tuple[list[int], bytes] | None:
+    """The sequence ids and batch payload of ``messages`` from the native encoder, when it takes
+    every one of them as it is (see ``_batch_encoder.c``); None otherwise."""
+    if type(sequence_id) is not int or not messages:
+        return None
+    try:
+        sequence_ids = [sequence_id + i if m.sequence_id is None else m.sequence_id for i, m in enumerate(messages)]
+    except AttributeError:  # not Messages: the checks say so
+        return None
+    batch = encode_checked_batch(messages, sequence_ids)
+    return None if batch is None else (sequence_ids, batch)
 
 
 def _checksummed(metadata: bytes, payload: bytes) -> bytes:
@@ -344,3 +439,116 @@ def split_entry_payload(entry: EntryPayload) -> DecodedEntry:
     else:
         messages = [_single_message(entry.metadata, payload, entry.first_offset)]
     return DecodedEntry(entry.broker_metadata, entry.metadata, entry.compression, len(payload), messages)
+
+
+_PREFIX_MAGIC = b"\x0e\x02"
+_INT32_MAX = (1 << 31) - 1
+_INT64_SIGN = 1 << 63
+
+
+def decode_messages(data: Buffer) -> tuple[list[DecodedMessage], int | None]:
+    """``decode_entry(data)``'s messages and ``deliver_at_time_ms``: what dispatchers and readers
+    need of an entry, read faster for the entries the broker writes (a broker prefix, a batch,
+    no compression, only the ``MessageMetadata`` fields Magnetar's producers set). Anything else,
+    and anything :func:`decode_entry` would refuse, goes to :func:`decode_entry`, so the result
+    and the errors are always its."""
+    if type(data) is bytes and data[:2] == _PREFIX_MAGIC:
+        try:
+            fast = _fast_messages(data)
+        except (IndexError, ValueError, CorruptEntry, struct.error):  # malformed: decode_entry says how
+            fast = None
+        if fast is not None:
+            return fast
+    decoded = decode_entry(data)
+    return decoded.messages, decoded.deliver_at_time_ms
+
+
+def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | None:
+    """The messages of a common entry, or None for :func:`decode_entry` to decode (or refuse)."""
+    batch = _common_batch(data)
+    if batch is None:
+        return None
+    payload_start, count, first_offset, sequence_id, deliver_at = batch
+    return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
+
+
+def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
+    """The verified batch payload and message count of an entry :func:`decode_messages` reads on
+    its fast path, or None: then ``decode_entry_payload`` verifies it (or refuses it). The
+    payload is not split here (the range read's native columns split it)."""
+    if type(data) is not bytes or data[:2] != _PREFIX_MAGIC:
+        return None
+    try:
+        batch = _common_batch(data)
+    except (IndexError, ValueError, CorruptEntry, struct.error):
+        return None
+    if batch is None:
+        return None
+    return memoryview(data)[batch[0] :], batch[1]
+
+
+def _common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
+    """(payload start, message count, first offset, sequence id, delivery time) of a verified
+    common entry (see :func:`decode_messages`), or None."""
+    read = read_varint
+    end = 6 + U32.unpack_from(data, 2)[0]
+    pos, timestamp, index = 6, None, None
+    while pos < end:
+        tag = data[pos]
+        if tag == 0x08:
+            timestamp, pos = read(data, pos + 1)
+        elif tag == 0x10:
+            index, pos = read(data, pos + 1)
+        else:
+            return None
+    if pos != end or timestamp is None or index is None:
+        return None
+    magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, end)
+    if magic != MAGIC_CRC32C or crc32c.crc32c(memoryview(data)[end + 6 :]) != stored_checksum:
+        return None
+    pos = end + CHECKSUM_HEADER.size
+    payload_start = pos + metadata_size
+    if payload_start > len(data):
+        return None
+    producer = sequence_id = publish_time = count = deliver_at = None
+    while pos < payload_start:
+        tag = data[pos]
+        if tag in (0x0A, 0x32):  # producer_name, partition_key: strings, UTF-8 as protobuf checks
+            length, pos = read(data, pos + 1)
+            text = data[pos : pos + length].decode()
+            pos += length
+            if tag == 0x0A:
+                producer = text
+        elif tag == 0x10:
+            sequence_id, pos = read(data, pos + 1)
+        elif tag == 0x18:
+            publish_time, pos = read(data, pos + 1)
+        elif tag == 0x58:
+            count, pos = read(data, pos + 1)
+        elif tag == 0x40:
+            code, pos = read(data, pos + 1)
+            if code:
+                return None  # compressed: decode_entry decompresses
+        elif tag in (0x48, 0x60):  # uncompressed_size, event_time
+            pos = read(data, pos + 1)[1]
+        elif tag in (0x82, 0x92):  # schema_version (16), ordering_key (18): bytes
+            if data[pos + 1] != 0x01:
+                return None
+            length, pos = read(data, pos + 2)
+            pos += length
+        elif tag in (0x88, 0xC0):  # partition_key_b64_encoded (17), highest_sequence_id (24)
+            if data[pos + 1] != 0x01:
+                return None
+            pos = read(data, pos + 2)[1]
+        elif tag == 0x98:  # deliver_at_time (19), int64
+            if data[pos + 1] != 0x01:
+                return None
+            deliver_at, pos = read(data, pos + 2)
+            if deliver_at >= _INT64_SIGN:
+                deliver_at -= UINT64_MOD
+        else:
+            return None  # properties, encryption, chunks, transactions, markers, replication: decode_entry
+    if pos != payload_start or producer is None or sequence_id is None or publish_time is None \
+            or count is None or not 0 < count <= _INT32_MAX or index - count + 1 < 0:
+        return None
+    return payload_start, count, index - count + 1, sequence_id, deliver_at

@@ -18,7 +18,6 @@ Invariant: offsets are gap-free, so the ``offset`` column is ``first_offset, fir
 from __future__ import annotations
 
 import base64
-import binascii
 import itertools
 import operator
 from collections.abc import Iterable
@@ -27,11 +26,10 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from broker.entry_format.codec import decode_entry, decode_entry_payload, split_entry_payload
+from broker.entry_format.codec import common_batch_payload, decode_entry, decode_entry_payload
 from broker.entry_format.model import DecodedEntry
-from broker.entry_format.wire import encode_varint
 from broker.errors import CorruptEntry
-from broker.message_id import Position, message_id_bytes
+from broker.message_id import Position, message_id_bytes, message_ids_of_entry
 
 try:
     from broker.entry_format._range_columns import MalformedBatch, RangeColumns
@@ -72,7 +70,6 @@ ARROW_SCHEMA = pa.schema([
 ])
 """The columns of an Arrow range read; the Spark source's schema, with times in milliseconds."""
 
-_BATCH_INDEX_TAG = b"\x20"  # MessageIdData field 4 (batch_index), varint
 
 
 class Columns(Protocol):
@@ -93,33 +90,6 @@ class Columns(Protocol):
     def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
         """The columns as one ``ARROW_SCHEMA`` batch; call once, after the last ``add_entry``."""
         ...
-
-
-_BATCH_INDEX_SUFFIXES: list[bytes] = []
-"""``MessageIdData`` field 4 (batch_index) for index ``i``, built once per index ever needed."""
-
-
-def _batch_index_suffixes(stop: int) -> list[bytes]:
-    suffixes = _BATCH_INDEX_SUFFIXES
-    if len(suffixes) < stop:  # appends only: a concurrent reader sees a valid prefix of the table
-        suffixes.extend(_BATCH_INDEX_TAG + encode_varint(i) for i in range(len(suffixes), stop))
-    return suffixes
-
-
-def message_ids_of_entry(ledger_id: int, entry_id: int, partition: int, count: int, start: int = 0,
-                         stop: int | None = None) -> list[bytes]:
-    """Base64 ``MessageIdData`` (ASCII bytes) of messages ``start..stop`` of one entry of ``count``
-    messages, equal to ``MessageId.to_base64()``.
-
-    The entry's fields are serialized once; batch index is the last field written, so each
-    message's id is that prefix plus its batch index (a lone message has none, as in Pulsar).
-    """
-    prefix = message_id_bytes(ledger_id, entry_id, partition)
-    if count == 1:
-        return [binascii.b2a_base64(prefix, newline=False)]
-    stop = count if stop is None else stop
-    b2a = binascii.b2a_base64
-    return [b2a(prefix + suffix, newline=False) for suffix in _batch_index_suffixes(stop)[start:stop]]
 
 
 def _key_bytes(key: str | None, b64_encoded: bool) -> bytes | None:
@@ -215,18 +185,24 @@ class NativeColumns:
         return self._columns.value_bytes
 
     def add_entry(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
-        verified = decode_entry_payload(entry.data)
-        count = verified.num_messages
+        common = common_batch_payload(entry.data)  # the broker's usual entry, verified without protobuf
+        payload: bytes | memoryview
+        if common is not None:
+            payload, count = common
+            is_batched = True
+        else:
+            verified = decode_entry_payload(entry.data)
+            payload, count, is_batched = verified.payload, verified.num_messages, verified.is_batched
         skip = min(skip, count)
         take = min(take, count - skip)  # as slicing the decoded messages would
-        if verified.is_batched:
+        if is_batched:
             id_prefix = message_id_bytes(entry.position.ledger_id, entry.position.entry_id, partition)
             try:
-                if self._columns.add_batch(verified.payload, count, skip, take, entry.publish_time_ms, id_prefix):
+                if self._columns.add_batch(payload, count, skip, take, entry.publish_time_ms, id_prefix):
                     return
             except MalformedBatch as exc:
                 raise CorruptEntry(str(exc)) from None
-        self._add_decoded(entry, split_entry_payload(verified), partition, skip, take)
+        self._add_decoded(entry, decode_entry(entry.data), partition, skip, take)
 
     def _add_decoded(self, entry: StoredEntry, decoded: DecodedEntry, partition: int, skip: int, take: int) -> None:
         self.decoded_entries += 1

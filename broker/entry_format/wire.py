@@ -48,6 +48,7 @@ def encode_varint(value: int) -> bytes:
     out.append(value)
     return bytes(out)
 
+
 def length_delimited(tag: bytes, data: bytes) -> bytes:
     return tag + encode_varint(len(data)) + data
 
@@ -73,6 +74,24 @@ def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise CorruptEntry("varint longer than 10 bytes")
+
+_python_encode_varint = encode_varint
+_python_read_varint = read_varint
+
+try:
+    from broker.entry_format._varint import encode_varint as _native_encode_varint
+    from broker.entry_format._varint import read_varint as _native_read_varint
+    from broker.entry_format._varint import set_fallback as _set_fallback
+    from broker.entry_format._varint import set_read_fallback as _set_read_fallback
+except ImportError:  # built without a C compiler: the Python encoder and reader above
+    NATIVE_VARINT = False
+else:
+    _set_fallback(_python_encode_varint)
+    _set_read_fallback(_python_read_varint)
+    encode_varint = _native_encode_varint  # type: ignore[assignment]  # the same bytes for every int (_varint.c)
+    read_varint = _native_read_varint  # type: ignore[assignment]  # the same results and errors (_varint.c)
+    NATIVE_VARINT = True
+"""Whether varints are written and read natively (``_varint.c``)."""
 
 def skip_field(buf: bytes, pos: int, wire_type: int) -> int:
     if wire_type == 0:

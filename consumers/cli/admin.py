@@ -196,6 +196,7 @@ def _add_namespaces(group: _Group) -> None:
     group.command("get-retention", "the retention policy",
                   lambda a: Call("GET", f"{base}/{a.namespace}/retention")).add_argument("namespace",
                                                                                        type=namespace_path)
+    _add_ttl_and_dedup(group, base)
     grant = group.command("grant-permission", "grant a role produce and/or consume", lambda a: Call(
         "POST", f"{base}/{a.namespace}/permissions/{_quote(a.role)}", [x for x in a.actions.split(",") if x]))
     grant.add_argument("namespace", type=namespace_path)
@@ -208,6 +209,32 @@ def _add_namespaces(group: _Group) -> None:
     group.command("permissions", "the roles' granted actions",
                   lambda a: Call("GET", f"{base}/{a.namespace}/permissions")).add_argument("namespace",
                                                                                           type=namespace_path)
+
+
+def _add_ttl_and_dedup(group: _Group, base: str) -> None:
+    """Pulsar's ``set-``, ``get-`` and ``remove-message-ttl`` and ``-deduplication``."""
+    ttl = group.command("set-message-ttl", "expire unconsumed messages older than a time", lambda a: Call(
+        "POST", f"{base}/{a.namespace}/messageTTL", a.message_ttl))
+    ttl.add_argument("namespace", type=namespace_path)
+    ttl.add_argument("-ttl", "--messageTTL", dest="message_ttl", type=duration_s, required=True,
+                     help="seconds, or e.g. 30m, 3h, 2d (0: none)")
+    _get_and_remove(group, base, "message-ttl", "messageTTL", "the message TTL in seconds (null: none)")
+    dedup = group.command("set-deduplication", "turn producer deduplication on or off", lambda a: Call(
+        "POST", f"{base}/{a.namespace}/deduplication", a.enable))
+    dedup.add_argument("namespace", type=namespace_path)
+    switch = dedup.add_mutually_exclusive_group(required=True)
+    switch.add_argument("-e", "--enable", dest="enable", action="store_true", help="store a resent message once")
+    switch.add_argument("-d", "--disable", dest="enable", action="store_false", help="store every message sent")
+    _get_and_remove(group, base, "deduplication", "deduplication",
+                    "whether deduplication is on (null: the broker's default)")
+
+
+def _get_and_remove(group: _Group, base: str, policy: str, path: str, what: str) -> None:
+    group.command(f"get-{policy}", what, lambda a: Call("GET", f"{base}/{a.namespace}/{path}")).add_argument(
+        "namespace", type=namespace_path)
+    group.command(f"remove-{policy}", f"remove the {policy} policy (back to the default)",
+                  lambda a: Call("DELETE", f"{base}/{a.namespace}/{path}")).add_argument(
+        "namespace", type=namespace_path)
 
 
 # --- topics ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from consumers.cli.options import EXIT_FAILURE, client_of, parse_properties
 from consumers.client import Message, ReceiveTimeout
 
 REST_PRODUCE_BATCH_MAX = 100
+TOPIC_HELP = "persistent://tenant/namespace/topic, or a short name in public/default"
 
 
 def add_message_commands(commands: Any, connection: argparse.ArgumentParser) -> None:
@@ -27,7 +28,7 @@ def add_message_commands(commands: Any, connection: argparse.ArgumentParser) -> 
 
 def _add_produce(commands: Any, connection: argparse.ArgumentParser) -> None:
     produce = commands.add_parser("produce", parents=[connection], help="produce messages (like pulsar-client produce)")
-    produce.add_argument("topic")
+    produce.add_argument("topic", help=TOPIC_HELP)
     produce.add_argument("-m", "--messages", action="append", default=[], metavar="MSG",
                          help="a message (UTF-8); repeat for several")
     produce.add_argument("-f", "--file", action="append", default=[], metavar="PATH",
@@ -66,17 +67,21 @@ def _produce(args: argparse.Namespace) -> int:
 # --- consume ---------------------------------------------------------------------------------
 def _add_consume(commands: Any, connection: argparse.ArgumentParser) -> None:
     consume = commands.add_parser("consume", parents=[connection], help="consume messages (like pulsar-client consume)")
-    consume.add_argument("topic")
-    consume.add_argument("-s", "--subscription-name", required=True, metavar="SUB")
+    consume.add_argument("topic", help=TOPIC_HELP)
+    consume.add_argument("-s", "--subscription-name", required=True, metavar="SUB",
+                         help="the durable subscription to read from; created at -p's position if it is new, "
+                              "resumed after its last acknowledged message if it exists")
     consume.add_argument("-t", "--subscription-type", default="Exclusive",
-                         choices=["Exclusive", "Shared", "Failover", "Key_Shared"])
+                         choices=["Exclusive", "Shared", "Failover", "Key_Shared"],
+                         help="how the subscription's consumers share messages (default Exclusive: one consumer)")
     consume.add_argument("-n", "--num-messages", type=int, default=1, metavar="COUNT",
                          help="how many messages to consume (0 = forever; default 1)")
     consume.add_argument("-p", "--subscription-position", default="latest", type=str.lower,
                          choices=["latest", "earliest"], help="where a new subscription starts (default latest)")
     consume.add_argument("--timeout-s", type=float, default=None,
                          help="give up when no message arrives for this long (default: wait)")
-    consume.add_argument("-q", "--receiver-queue-size", type=int, default=1000)
+    consume.add_argument("-q", "--receiver-queue-size", type=int, default=1000,
+                         help="messages the broker may send ahead of their acknowledgement (default 1000)")
     consume.set_defaults(handler=_consume)
 
 

@@ -24,6 +24,10 @@ full name of the topic partition and ``partition`` its index (-1 for an unpartit
 
 Sink options: ``service.url`` and ``topic`` (or a ``topic`` column); see ``sink.py`` for the
 columns and the exactly-once contract. Layering: this package talks to the broker over HTTP only.
+
+Spark's Python workers must be able to import this package: importing it sets ``PYSPARK_PYTHON``
+to this interpreter when it is unset, and registering the data source fails with what to set
+when the workers' interpreter cannot import it (``interpreter.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
+from consumers.spark.interpreter import WorkerInterpreterError, check_worker_interpreter, use_this_interpreter
 from consumers.spark.sink import MagnetarStreamWriter
 from consumers.spark.source import MagnetarStreamReader
+
+use_this_interpreter()
 
 SOURCE_SCHEMA = ("key binary, value binary, topic string, partition int, offset long, messageId string, "
                  "publishTime timestamp, eventTime timestamp, properties map<string,string>")
@@ -43,6 +50,9 @@ class MagnetarDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """``magnetar``; on the driver (``spark.dataSource.register`` asks for it) this first checks
+        that Spark's Python workers can import this package."""
+        check_worker_interpreter()
         return "magnetar"
 
     def schema(self) -> str:
@@ -55,4 +65,5 @@ class MagnetarDataSource(DataSource):
         return MagnetarStreamWriter(self.options, schema)
 
 
-__all__ = ["SOURCE_SCHEMA", "MagnetarDataSource", "MagnetarStreamReader", "MagnetarStreamWriter"]
+__all__ = ["SOURCE_SCHEMA", "MagnetarDataSource", "MagnetarStreamReader", "MagnetarStreamWriter",
+           "WorkerInterpreterError"]

@@ -1,4 +1,4 @@
-"""Headless Chromium driven by Selenium, for the web console's tests.
+"""Headless Chromium driven by Selenium, for the web console's and the API documentation's tests.
 
 Role: start Debian's ``chromium`` through ``chromium-driver`` (both at fixed paths: no driver is
 looked up or downloaded), with a fresh profile directory and the flags a closed network needs
@@ -32,7 +32,7 @@ FULL_PAGE_HEIGHT_PX_MAX = 6000
 """A full-page screenshot is cut at this height."""
 
 
-def chromium_driver(profile_dir: Path) -> webdriver.Chrome:
+def chromium_driver(profile_dir: Path, extra_flags: tuple[str, ...] = ()) -> webdriver.Chrome:
     for binary, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not Path(binary).exists() and shutil.which(Path(binary).name) is None:
             pytest.fail(f"{binary} is missing: install Debian's chromium and chromium-driver "
@@ -40,7 +40,7 @@ def chromium_driver(profile_dir: Path) -> webdriver.Chrome:
                         f"package {package} provides it")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS:
+    for flag in (*CHROMIUM_FLAGS, *extra_flags):
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile_dir}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver import Chrome as WebDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -95,7 +96,9 @@ class Console:
         self.driver.get(f"{self.url}/console#{route}")
 
     def until(self, condition: Callable[[], T | None], what: str) -> T:
-        value = WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1).until(
+        # a refresh replaces the figures' elements: one found just before it is read after it is gone
+        value = WebDriverWait(self.driver, WAIT_S, poll_frequency=0.1,
+                              ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda _: condition(), message=f"waiting for {what}")
         assert value is not None
         return value
@@ -270,7 +273,8 @@ def test_namespace_policies_and_permissions_set_in_the_console_reach_the_admin_a
     assert policies["auth_policies"]["namespace_auth"] == {"reporting": ["consume"]}
     console.type("retentionMinutes", "-2")
     console.submit("retentionMinutes")
-    console.until(lambda: "greater than or equal to -1" in console.text(".error-message"), "the API's refusal")
+    console.until(lambda: "retentionTimeInMinutes must be -1 (unlimited) or 0..2147483647 minutes, not -2"
+                  in console.text(".error-message"), "the API's refusal, stating the bound")
 
 
 def test_a_message_produced_in_the_console_reaches_a_websocket_consumer(console: Console) -> None:

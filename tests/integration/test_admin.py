@@ -435,6 +435,60 @@ def test_bad_input_gets_a_clear_4xx_and_changes_nothing(populated: Server, metho
     assert _state(client, service) == before
 
 
+# --- policy bounds -------------------------------------------------------------------------------
+NS_URL = f"{ADMIN}/namespaces/public/default"
+TOO_LARGE = 99999999999999999999
+POLICY_OUT_OF_BOUNDS = [
+    ("post", f"{NS_URL}/retention", {"retentionTimeInMinutes": TOO_LARGE, "retentionSizeInMB": 1},
+     "retentionTimeInMinutes must be -1 (unlimited) or 0..2147483647 minutes, not 99999999999999999999"),
+    ("post", f"{NS_URL}/retention", {"retentionTimeInMinutes": 1, "retentionSizeInMB": 2**43},
+     "retentionSizeInMB must be -1 (unlimited) or 0..8796093022207 MB, not 8796093022208"),
+    ("post", f"{NS_URL}/retention", {"retentionTimeInMinutes": -2, "retentionSizeInMB": 1},
+     "retentionTimeInMinutes must be -1 (unlimited) or 0..2147483647 minutes, not -2"),
+    ("post", f"{NS_URL}/messageTTL", TOO_LARGE, f"messageTTL must be 0..2147483647 seconds (0: none), not {TOO_LARGE}"),
+    ("post", f"{NS_URL}/messageTTL", -1, "messageTTL must be 0..2147483647 seconds (0: none), not -1"),
+    ("put", f"{ADMIN}/namespaces/public/bounded", {"message_ttl_in_seconds": 2**31},
+     "messageTTL must be 0..2147483647 seconds (0: none), not 2147483648"),
+    ("post", f"{NS_URL}/permissions/{'r' * 257}", ["consume"], "a role name must be 1..256 characters"),
+    ("post", f"{NS_URL}/persistence", {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1,
+                                       "managedLedgerMaxMarkDeleteRate": 1e7},
+     "managedLedgerMaxMarkDeleteRate must be 0..1e+06 per second"),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "body", "message"), POLICY_OUT_OF_BOUNDS)
+def test_policy_values_beyond_their_bound_get_a_400_that_states_it(populated: Server, method: str, url: str,
+                                                                     body: Any, message: str) -> None:
+    client, service = populated
+    before = _state(client, service)
+    response = client.request(method, url, json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == "invalid_request" and message in response.json()["message"]
+    assert _state(client, service) == before
+
+
+def test_a_mark_delete_rate_of_infinity_is_refused_not_stored(populated: Server) -> None:
+    client, _ = populated
+    body = b'{"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1, ' \
+           b'"managedLedgerMaxMarkDeleteRate": Infinity}'
+    response = client.post(f"{NS_URL}/persistence", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+    assert client.get(f"{NS_URL}/persistence").json() is None
+    assert client.get(NS_URL).status_code == 200
+
+
+def test_policy_values_at_their_bound_are_kept(server: Server) -> None:
+    client, service = server
+    at_bound = {"retentionTimeInMinutes": 2**31 - 1, "retentionSizeInMB": 2**43 - 1}
+    assert client.post(f"{NS_URL}/retention", json=at_bound).status_code == 204
+    assert client.post(f"{NS_URL}/messageTTL", json=2**31 - 1).status_code == 204
+    assert client.get(f"{NS_URL}/retention").json() == at_bound
+    assert client.get(f"{NS_URL}/messageTTL").json() == 2**31 - 1
+    config = service.topic(TOPIC).ml.config
+    assert (config.retention_time_ms, config.retention_size_bytes) == ((2**31 - 1) * 60_000, (2**43 - 1) * 2**20)
+    assert config.message_ttl_ms == (2**31 - 1) * 1000
+
+
 # --- authentication and authorization ----------------------------------------------------------
 def _bearer(role: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {create_token(role, secret_key=SECRET)}"}

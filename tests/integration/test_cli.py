@@ -11,6 +11,7 @@ on, and requests without them are refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import httpx
 import pytest
 
 from api.auth import AuthConfig
+from broker.service import BrokerConfig
 from consumers.client import Client
 from tests.integration.server import running_server
 from tests.standalone import REPO_ROOT, standalone_process
@@ -144,6 +146,60 @@ def test_admin_tenants_and_namespaces(url: str) -> None:
     ok(url, "admin", "namespaces", "delete", "acme/billing")
     ok(url, "admin", "tenants", "delete", "acme")
     assert httpx.get(f"{url}/admin/v2/tenants", timeout=HTTP_TIMEOUT_S).json() == ["public"]
+
+
+def test_admin_namespaces_message_ttl_and_deduplication(url: str) -> None:
+    ok(url, "admin", "namespaces", "create", "public/policies")
+    ok_all(url, ("admin", "namespaces", "set-message-ttl", "public/policies", "-ttl", "2h"),
+           ("admin", "namespaces", "set-deduplication", "public/policies", "--disable"))
+    ttl, dedup = ok_all(url, ("admin", "namespaces", "get-message-ttl", "public/policies"),
+                        ("admin", "namespaces", "get-deduplication", "public/policies"))
+    assert (json.loads(ttl), json.loads(dedup)) == (7200, False)
+    policies = httpx.get(f"{url}/admin/v2/namespaces/public/policies", timeout=HTTP_TIMEOUT_S).json()
+    assert (policies["message_ttl_in_seconds"], policies["deduplicationEnabled"]) == (7200, False)
+    ok_all(url, ("admin", "namespaces", "remove-message-ttl", "public/policies"),
+           ("admin", "namespaces", "set-deduplication", "public/policies", "-e"))
+    ttl, dedup = ok_all(url, ("admin", "namespaces", "get-message-ttl", "public/policies"),
+                        ("admin", "namespaces", "get-deduplication", "public/policies"))
+    assert (json.loads(ttl), json.loads(dedup)) == (None, True)
+    ok(url, "admin", "namespaces", "remove-deduplication", "public/policies")
+    assert json.loads(ok(url, "admin", "namespaces", "get-deduplication", "public/policies")) is None
+    neither = magnetar("--service-url", url, "admin", "namespaces", "set-deduplication", "public/policies")
+    assert neither.returncode == 2 and "-e/--enable" in neither.stderr
+
+
+def test_consume_explains_each_option() -> None:
+    helped = magnetar("consume", "--help")
+    assert helped.returncode == 0
+    options = helped.stdout.split("options:", 1)[1]
+    for flag in ("-s SUB, --subscription-name SUB", "--subscription-type", "--receiver-queue-size"):
+        described = options.split(flag, 1)[1].split("\n  -", 1)[0]
+        assert len(described.split()) >= 5, f"{flag} has no help text: {described!r}"
+
+
+def test_every_client_command_finds_the_broker_through_the_environment(url: str) -> None:
+    env = {"MAGNETAR_SERVICE_URL": url}
+    commands = [("produce", "env-topic", "-m", "one"),
+                ("admin", "topics", "create-subscription", "env-topic", "-s", "env", "-m", "earliest"),
+                ("perf", "produce", "env-perf", "-n", "5", "-s", "16")]
+    for done, args in zip(run_all(*commands, env=env), commands, strict=True):
+        assert done.returncode == 0, f"magnetar {' '.join(args)}: {done.stderr}"
+    consumed, stats = run_all(("consume", "env-topic", "-s", "env", "-n", "1", "--timeout-s", "20"),
+                              ("admin", "topics", "stats", "env-perf"), env=env)
+    assert consumed.returncode == 0 and "content:one" in consumed.stdout, consumed.stderr
+    assert stats.returncode == 0 and json.loads(stats.stdout)["msgInCounter"] == 5, stats.stderr
+
+
+def test_create_subscription_on_a_topic_nobody_wrote_to_yet(url: str, tmp_path: Path) -> None:
+    ok(url, "admin", "topics", "create-subscription", "not-written-yet", "-s", "early", "-m", "earliest")
+    assert ok_json(url, "admin", "topics", "subscriptions", "not-written-yet") == ["early"]
+    ok(url, "produce", "not-written-yet", "-m", "first")
+    assert "content:first" in ok(url, "consume", "not-written-yet", "-s", "early", "-n", "1", "--timeout-s", "20")
+    no_auto_create = dataclasses.replace(BrokerConfig.test_min(), auto_create_topics=False)
+    with running_server(str(tmp_path / "data"), no_auto_create) as (strict_url, _):
+        refused = magnetar("--service-url", strict_url, "admin", "topics", "create-subscription", "never", "-s", "s")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "not_found: topic persistent://public/default/never does not exist"
 
 
 def test_admin_topics_and_partitioned_topics(url: str) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 
 from api.auth import AuthConfig
 from broker.service import BrokerService
+from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from consumers.client import (
     AsyncClient,
@@ -249,6 +251,12 @@ def test_unsubscribe_deletes_the_subscription_and_ends_the_consumer(
         consumer.unsubscribe()
     assert busy.value.code == "consumer_busy"
     other.close()
+    # the client's close returns once the close handshake is done; the broker detaches that
+    # consumer as its session ends, a moment later: wait for it, bounded, before unsubscribing
+    subscription = next(s for s in server[1].subscriptions_of(TopicName.parse("gone")) if s.name == "sub")
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while len(subscription.consumers) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     consumer.unsubscribe()
     assert "sub" not in server[1].topic("gone").cursors.names()
     with pytest.raises(ConnectionClosed) as closed:

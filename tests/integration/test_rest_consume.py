@@ -166,6 +166,20 @@ def test_negative_acknowledge_redelivers_after_the_delay(server: tuple[httpx.Cli
     assert payloads(again) == ["retry-me"] and again[0]["redeliveryCount"] == 1
 
 
+def test_stats_stop_counting_a_nacked_message_as_delayed_once_it_is_acknowledged(
+        server: tuple[httpx.Client, BrokerService]) -> None:
+    client, _ = server
+    produce(client, ["nacked then acked"])
+    messages = pull(client, subscriptionInitialPosition="Earliest", subscriptionType="Shared")
+    message_id = messages[0]["messageId"]
+    stats_url = f"/admin/v2/persistent/{TOPIC}/stats"
+    assert client.post(f"{SUB_URL}/negativeAcknowledge", json={"messageIds": [message_id]}).status_code == 200
+    assert client.get(stats_url).json()["subscriptions"]["workers"]["msgDelayed"] == 1  # 60 s nack delay
+    assert ack(client, messageIds=[message_id]).json() == {"acknowledged": 1}
+    workers = client.get(stats_url).json()["subscriptions"]["workers"]
+    assert (workers["msgDelayed"], workers["msgBacklog"]) == (0, 0)
+
+
 def test_concurrent_pulls_on_a_shared_subscription_never_share_a_message(
         server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Mount
 
 from api.auth import AuthConfig
 from broker.service import BrokerService
@@ -41,7 +41,8 @@ P = "/topics/persistent/{tenant}/{namespace}/{topic}"
 SC = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
 GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/docs"): PUBLIC, ("GET", "/docs/oauth2-redirect"): PUBLIC, ("GET", "/openapi.json"): PUBLIC,
-    ("GET", "/redoc"): PUBLIC, ("GET", "/healthz"): PUBLIC, ("GET", "/metrics"): PUBLIC,
+    ("GET", "/redoc"): PUBLIC, ("GET", "/docs/assets/{path:path}"): PUBLIC,  # the docs' scripts and styles
+    ("GET", "/healthz"): PUBLIC, ("GET", "/metrics"): PUBLIC,
     ("GET", "/console"): PUBLIC, ("GET", "/console/{name:path}"): PUBLIC,  # static files; its calls are guarded
     ("GET", "/admin/v2/broker-stats/overview"): SUPERUSER,
     ("GET", "/admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics"): TENANT_ADMIN,
@@ -90,9 +91,10 @@ GUARDS: dict[tuple[str, str], str] = {
     ("WEBSOCKET", "/ws/v3/consumer/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"): CONSUME,
 }
-VALUES = {"name:path": "index.html", "tenant": "acme", "namespace": "apps", "topic": "events", "subscription": "sub",
-          "partition": "0", "role": "someone", "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1",
-          "messagePosition": "1", "version": "0", "cluster": "standalone"}
+VALUES = {"name:path": "index.html", "path:path": "swagger-ui.css", "tenant": "acme", "namespace": "apps",
+          "topic": "events", "subscription": "sub", "partition": "0", "role": "someone", "timestamp": "0",
+          "numMessages": "1", "expireTimeInSeconds": "1", "messagePosition": "1", "version": "0",
+          "cluster": "standalone"}
 QUERY = {"offset": "0", "topics": "persistent://acme/apps/events", "messageId": "earliest",
          "initialPosition": "earliest"}
 BODIES: dict[tuple[str, str], Any] = {
@@ -114,11 +116,14 @@ BODIES: dict[tuple[str, str], Any] = {
 
 def walk(routes: list[BaseRoute], prefix: str = "") -> Iterator[tuple[str, str]]:
     """Every (method, path) the app serves, through included routers and their prefixes
-    (WebSocket routes as method WEBSOCKET)."""
+    (WebSocket routes as method WEBSOCKET, a mounted static directory as one GET route)."""
     for route in routes:
         included = getattr(route, "include_context", None)
         if included is not None:
             yield from walk(included.included_router.routes, prefix + included.prefix)
+            continue
+        if isinstance(route, Mount):  # static files: everything under its path
+            yield "GET", f"{prefix}{route.path}/{{path:path}}"
             continue
         path: str = prefix + route.path  # type: ignore[attr-defined]
         methods = getattr(route, "methods", None)

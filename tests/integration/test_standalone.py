@@ -4,8 +4,10 @@ shuts down gracefully on SIGTERM (exit code 0, storage checkpointed)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import httpx
@@ -48,6 +50,17 @@ def test_standalone_reads_pulsar_style_config_with_token_auth(tmp_path: Path) ->
                           timeout=10).status_code == 200
 
 
+def test_standalone_warns_once_about_keys_it_does_not_use(tmp_path: Path) -> None:
+    conf = tmp_path / "standalone.conf"
+    conf.write_text("clusterName=standalone\nallowAutoTopicCreaton=false\nwebServicePort=1\n")
+    log_path = tmp_path / "broker.log"
+    with log_path.open("wb") as log, standalone_process(tmp_path / "data", "--config", str(conf), output=log):
+        pass
+    lines = [line for line in log_path.read_text().splitlines() if "does not use" in line]
+    assert len(lines) == 1, log_path.read_text()
+    assert " WARNING api.config: " in lines[0] and "allowAutoTopicCreaton, clusterName" in lines[0]
+
+
 def test_standalone_refuses_a_bad_config_with_a_clear_message(tmp_path: Path) -> None:
     conf = tmp_path / "standalone.conf"
     conf.write_text("authenticationEnabled=true\n")
@@ -83,3 +96,39 @@ def test_docs_list_every_family_of_endpoints(tmp_path: Path) -> None:
     missing = [p for p in expected if p not in paths]
     assert not missing, f"not in /docs: {missing}; documented: {sorted(paths)}"
     assert all(op.get("summary") for ops in paths.values() for op in ops.values() if isinstance(op, dict))
+
+
+class _References(HTMLParser):
+    """Every URL a page loads from its markup: ``src``, ``href`` and ReDoc's ``spec-url``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.urls += [value for name, value in attrs if name in ("src", "href", "spec-url") and value]
+
+
+def page_references(html: str) -> list[str]:
+    found = _References()
+    found.feed(html)
+    return found.urls + re.findall(r"\burl: '([^']+)'", html)  # Swagger UI's spec, set in its inline script
+
+
+def test_docs_render_from_assets_the_broker_serves_itself(tmp_path: Path) -> None:
+    """/docs and /redoc name nothing but this broker, and it serves every script, style, icon and
+    spec they load: they render on a machine without a network."""
+    expected_types = {".js": "javascript", ".css": "text/css", ".png": "image/png", ".json": "application/json"}
+    with standalone_process(tmp_path / "data") as (url, _):
+        for page in ("/docs", "/redoc"):
+            html = httpx.get(f"{url}{page}", timeout=10).text
+            assert "//" not in re.sub(r"<!--.*?-->", "", html, flags=re.DOTALL).replace("window.location.origin", ""), \
+                f"{page} names another host"
+            references = page_references(html)
+            assert len(references) >= 3 and "/openapi.json" in references, references
+            for reference in references:
+                assert reference.startswith("/"), reference
+                answer = httpx.get(f"{url}{reference}", timeout=30)
+                assert answer.status_code == 200, (page, reference, answer.status_code)
+                assert expected_types[Path(reference).suffix] in answer.headers["content-type"], reference
+                assert len(answer.content) > 1000, reference

@@ -324,3 +324,49 @@ def test_plain_http_on_websocket_paths_gets_426_and_the_paths_are_documented(
         operation = paths[path]["get"]
         assert "WebSocket" in operation["summary"] and "?" not in operation["summary"]
         assert "query" in operation["description"].lower() or "?topics=" in operation["description"]
+
+
+def test_a_burst_of_mixed_frames_is_answered_frame_by_frame_in_order(server: tuple[str, BrokerService]) -> None:
+    """Frames sent without waiting reach the broker in groups (each frame its own entry, at most
+    maxPendingMessages of them unanswered); bad frames, delayed messages and conditional appends
+    among them are answered in their place."""
+    url, service = server
+    frames: list[str] = []
+    expected: list[str] = []  # per frame: "ok", or the send-error code
+    stored_payloads: list[bytes] = []
+    for i in range(150):
+        context = f"c{i}"
+        if i % 19 == 5:
+            frames.append("not json")
+            expected.append("send-error:3")
+        elif i % 19 == 9:
+            frames.append(json.dumps({"payload": "%%%", "context": context}))
+            expected.append("send-error:7")
+        elif i % 19 == 13:  # a conditional append that holds: the offset it expects is the next one
+            frames.append(json.dumps({"payload": b64(context), "context": context,
+                                      "expectedOffset": len(stored_payloads)}))
+            expected.append("ok")
+            stored_payloads.append(context.encode())
+        elif i % 19 == 15:  # one that does not: an offset already taken
+            frames.append(json.dumps({"payload": b64(context), "context": context, "expectedOffset": 0}))
+            expected.append("send-error:8")
+        elif i % 19 == 17:
+            frames.append(json.dumps({"payload": b64(context), "context": context, "deliverAfterMs": 1}))
+            expected.append("ok")
+            stored_payloads.append(context.encode())
+        else:
+            frames.append(json.dumps({"payload": b64(context), "context": context}))
+            expected.append("ok")
+            stored_payloads.append(context.encode())
+    with open_ws(f"{url}/ws/v2/producer/{NS}/burst?maxPendingMessages=7") as ws:
+        for text in frames:
+            ws.send(text)
+        answers = [recv_frame(ws) for _ in frames]
+    assert [a["result"] for a in answers] == expected
+    contexts = [a.get("context") for a, e in zip(answers, frames, strict=True) if e != "not json"]
+    assert contexts == [json.loads(f)["context"] for f in frames if f != "not json"]
+    offsets = [a["offset"] for a in answers if a["result"] == "ok"]
+    assert offsets == list(range(len(stored_payloads)))
+    ids = [MessageId.from_base64(a["messageId"]) for a in answers if a["result"] == "ok"]
+    assert len({(i.ledger_id, i.entry_id) for i in ids}) == len(ids)  # each frame its own entry
+    assert stored(service, "burst") == stored_payloads

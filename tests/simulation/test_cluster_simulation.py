@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from broker.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, pack_entry, unpack_entry
+from broker.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, add_each, pack_entry, unpack_entry
 from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
 from broker.errors import LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
@@ -213,6 +213,10 @@ class SimBookie:
             return entry_id, None
 
         return self.network.request(self.broker, self.bookie_id, handle, sync=True)
+
+    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+                    entries: Sequence[tuple[int, bytes]]) -> Future[int]:
+        return add_each(self, ledger_id, first_entry_id, lac, entries)
 
     def fence(self, ledger_id: int) -> Future[None]:
         def handle(node: SimBookieNode) -> tuple[Any, Exception | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import logging
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,17 @@ def test_pulsar_keys_configure_auth_and_the_broker(tmp_path: Path) -> None:
     assert config.auth.enabled and config.auth.secret_key == b"s" * 31 + b"\n"
     assert config.auth.superuser_roles == frozenset({"admin", "ops"})
     assert not config.broker.auto_create_topics
+
+
+def test_keys_magnetar_does_not_use_are_named_in_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="api.config"):
+        config = StandaloneConfig.load(None, {"clusterName": "standalone", "webServicePort": "9090",
+                                              "managedLedgerDefaultEnsembleSize": "1"})
+    assert config.port == 9090
+    warnings = [r for r in caplog.records if r.name == "api.config" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "clusterName, managedLedgerDefaultEnsembleSize" in warnings[0].getMessage()
+    assert "webServicePort" not in warnings[0].getMessage()
 
 
 def test_data_urls_hold_keys_inline() -> None:

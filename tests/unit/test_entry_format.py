@@ -31,11 +31,14 @@ from broker.entry_format import (
     Message,
     as_unbatched,
     decode_entry,
+    decode_messages,
     encode_entry,
+    encode_single_entry,
     message_count,
     peek_broker_entry_metadata,
     strip_broker_entry_metadata,
     with_broker_entry_metadata,
+    with_broker_entry_metadata_each,
 )
 from broker.errors import CorruptEntry, InvalidRequest
 from broker.message_id import MessageId, Position
@@ -707,3 +710,207 @@ def test_a_lone_message_in_the_batch_format_has_pulsars_unbatched_form(compressi
     assert as_unbatched(converted) is None  # already unbatched
     two = encode_entry([Message(b"1"), Message(b"2")], producer_name="p", sequence_id=0, publish_time_ms=1)
     assert as_unbatched(two) is None
+
+
+plain_messages = st.builds(
+    lambda key_b64_encoded, **fields: Message(key_b64_encoded=key_b64_encoded and fields["key"] is not None, **fields),
+    payload=st.binary(max_size=300),
+    key=st.none() | st.text(max_size=40),
+    properties=st.dictionaries(st.text(max_size=40), st.text(max_size=200), max_size=4),
+    event_time_ms=st.none() | st.integers(min_value=0, max_value=(1 << 63) - 1),
+    key_b64_encoded=st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(message=plain_messages | messages_strategy, sequence_id=st.integers(min_value=0, max_value=UINT64_MAX),
+       publish_time_ms=st.integers(min_value=0, max_value=UINT64_MAX), producer=st.text(max_size=30),
+       own_sequence_id=st.booleans())
+def test_the_single_message_encoder_writes_encode_entrys_bytes(message: Message, sequence_id: int, publish_time_ms: int,
+                                                               producer: str, own_sequence_id: bool) -> None:
+    """``encode_single_entry`` is a faster ``encode_entry`` of one message: the same bytes for
+    every message, the same refusal for every argument ``encode_entry`` refuses."""
+    if own_sequence_id:
+        message = message._replace(sequence_id=sequence_id)
+    kwargs = {"producer_name": producer, "sequence_id": sequence_id, "publish_time_ms": publish_time_ms}
+    try:
+        expected = encode_entry((message,), **kwargs)  # type: ignore[arg-type]
+    except InvalidRequest as exc:
+        with pytest.raises(InvalidRequest) as refused:
+            encode_single_entry(message, **kwargs)  # type: ignore[arg-type]
+        assert str(refused.value) == str(exc)
+        return
+    assert encode_single_entry(message, **kwargs) == expected  # type: ignore[arg-type]
+    from broker.entry_format import batch
+
+    with pytest.MonkeyPatch.context() as patch:  # and without the native batch encoder
+        patch.setattr(batch, "NATIVE_BATCH_ENCODER", False)
+        assert encode_single_entry(message, **kwargs) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [
+    {"message": Message(b"x", key="\ud800")},  # a lone surrogate cannot be UTF-8
+    {"message": Message(b"x", properties={"k": "\udfff"})},
+    {"message": Message("text")},  # type: ignore[arg-type]
+    {"message": Message(b"x", event_time_ms=1 << 63)},
+    {"message": Message(b"x"), "sequence_id": -1},
+    {"message": Message(b"x"), "producer_name": "\ud800"},
+    {"message": Message(b"x", sequence_id=5)},  # its own sequence id differs from the entry's
+])
+def test_the_single_message_encoder_refuses_what_encode_entry_refuses(bad: dict[str, object]) -> None:
+    kwargs: dict[str, object] = {"producer_name": "p", "sequence_id": 3, "publish_time_ms": 1} | bad
+    message = kwargs.pop("message")
+    with pytest.raises(InvalidRequest) as expected:
+        encode_entry((message,), **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest) as refused:
+        encode_single_entry(message, **kwargs)  # type: ignore[arg-type]
+    assert str(refused.value) == str(expected.value)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.integers(min_value=-(1 << 70), max_value=1 << 70))
+def test_the_native_varint_writes_the_python_encoders_bytes(value: int) -> None:
+    """Both encoders give the same bytes for every int, and refuse the same ones alike."""
+    from broker.entry_format import wire
+
+    assert wire.NATIVE_VARINT, "the native varint encoder was not built (setup.py needs a C compiler)"
+    try:
+        expected: bytes | type[BaseException] = wire._python_encode_varint(value)
+    except ValueError:
+        expected = ValueError
+    if expected is ValueError:
+        with pytest.raises(ValueError):
+            wire.encode_varint(value)
+    else:
+        assert wire.encode_varint(value) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(timestamp=st.integers(min_value=0, max_value=UINT64_MAX),
+       indexes=st.lists(st.integers(min_value=0, max_value=UINT64_MAX), min_size=1, max_size=5),
+       prefixed=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_stamping_entries_together_writes_what_stamping_each_writes(timestamp: int, indexes: list[int],
+                                                                    prefixed: list[bool]) -> None:
+    entries = [encode([Message(b"m%d" % i)], sequence_id=i) for i in range(len(indexes))]
+    entries = [with_broker_entry_metadata(e, 7, 7) if p else e for e, p in zip(entries, prefixed, strict=False)]
+    assert with_broker_entry_metadata_each(entries, timestamp, indexes) == [
+        with_broker_entry_metadata(e, timestamp, i) for e, i in zip(entries, indexes, strict=True)]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(buf=st.binary(max_size=24) | st.integers(min_value=0, max_value=(1 << 70)).map(
+           lambda v: __import__("broker.entry_format.wire", fromlist=["x"])._python_encode_varint(v) + b"\x01"),
+       pos=st.integers(min_value=-3, max_value=26), as_bytearray=st.booleans())
+def test_the_native_varint_reader_reads_what_the_python_reader_reads(buf: bytes, pos: int, as_bytearray: bool) -> None:
+    """The same value and next position for every buffer and position, the same error otherwise
+    (running past the end, longer than 10 bytes, wider than 64 bits)."""
+    from broker.entry_format import wire
+
+    assert wire.NATIVE_VARINT
+    data: bytes | bytearray = bytearray(buf) if as_bytearray else buf
+    try:
+        expected: object = wire._python_read_varint(data, pos)  # type: ignore[arg-type]
+    except (IndexError, CorruptEntry) as exc:
+        with pytest.raises(type(exc)) as raised:
+            wire.read_varint(data, pos)  # type: ignore[arg-type]
+        assert str(raised.value) == str(exc)
+        return
+    assert wire.read_varint(data, pos) == expected  # type: ignore[arg-type]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=st.lists(messages_strategy, min_size=1, max_size=6), compression=st.sampled_from(list(Compression)),
+       sequence_id=st.integers(min_value=0, max_value=1 << 40), index_room=st.integers(min_value=-2, max_value=1 << 40),
+       deliver_at=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+       schema_version=st.none() | st.binary(max_size=4), prefixed=st.booleans(),
+       corrupt=st.none() | st.tuples(st.integers(min_value=0, max_value=400), st.integers(min_value=1, max_value=255)))
+def test_decoding_messages_reads_what_decode_entry_reads(messages: list[Message], compression: Compression,
+                                                         sequence_id: int, index_room: int, deliver_at: int | None,
+                                                         schema_version: bytes | None, prefixed: bool,
+                                                         corrupt: tuple[int, int] | None) -> None:
+    """``decode_messages`` gives ``decode_entry``'s messages and delivery time for every entry,
+    and refuses every entry ``decode_entry`` refuses with the same error (corrupted ones too)."""
+    sequence_id = sequence_id if messages[0].sequence_id is None else messages[0].sequence_id
+    if any(m.sequence_id is None and sequence_id + i > UINT64_MAX for i, m in enumerate(messages)):
+        return
+    index = max(0, len(messages) - 1 + index_room)
+    data = encode_entry(messages, producer_name="p", sequence_id=sequence_id, publish_time_ms=5,
+                        compression=compression, deliver_at_time_ms=deliver_at, schema_version=schema_version,
+                        broker_timestamp_ms=9 if prefixed else None, index=index if prefixed else None)
+    if corrupt is not None:
+        position, flip = corrupt
+        corrupted = bytearray(data)
+        corrupted[position % len(corrupted)] ^= flip
+        data = bytes(corrupted)
+    try:
+        expected = decode_entry(data)
+    except (CorruptEntry, InvalidRequest) as exc:
+        with pytest.raises(type(exc)) as raised:
+            decode_messages(data)
+        assert str(raised.value) == str(exc)
+        return
+    assert decode_messages(data) == (expected.messages, expected.deliver_at_time_ms)
+
+
+@settings(max_examples=500, deadline=None)
+@given(timestamp=st.integers(min_value=0, max_value=UINT64_MAX), index=st.integers(min_value=0, max_value=UINT64_MAX),
+       corrupt=st.none() | st.tuples(st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=255)),
+       cut=st.integers(min_value=0, max_value=40))
+def test_the_prefix_fast_path_reads_what_the_general_parser_reads(timestamp: int, index: int,
+                                                                  corrupt: tuple[int, int] | None, cut: int) -> None:
+    from broker.entry_format import broker_metadata
+
+    data = bytearray(broker_metadata.broker_prefix(timestamp, index) + b"\x0e\x01rest of the entry")
+    if corrupt is not None:
+        data[corrupt[0] % len(data)] ^= corrupt[1]
+    raw = bytes(data[: len(data) - cut % 8])
+    try:
+        expected = broker_metadata._split_prefix_general(raw)
+    except CorruptEntry as exc:
+        with pytest.raises(CorruptEntry) as raised:
+            broker_metadata.split_prefix(raw)
+        assert str(raised.value) == str(exc)
+        return
+    assert broker_metadata.split_prefix(raw) == expected
+
+
+odd_messages = st.builds(
+    Message,
+    payload=st.binary(max_size=50) | st.text(max_size=5) | st.just(bytearray(b"ba")),
+    key=st.none() | st.text(max_size=8) | st.just("\ud800") | st.just(b"k"),
+    properties=st.dictionaries(st.text(max_size=6) | st.just("\udfff"), st.text(max_size=6) | st.just(7), max_size=3)
+    | st.just({}),
+    event_time_ms=st.none() | st.integers(min_value=-2, max_value=(1 << 64)) | st.just(True),
+    sequence_id=st.none() | st.integers(min_value=-1, max_value=(1 << 64) + 1),
+    ordering_key=st.none() | st.binary(max_size=4) | st.just("ok"),
+    key_b64_encoded=st.booleans() | st.just(1),
+    null_value=st.booleans(),
+    null_key=st.booleans() | st.just(0),
+    compacted_out=st.booleans(),
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(messages=st.lists(messages_strategy | odd_messages, min_size=1, max_size=5),
+       sequence_id=st.integers(min_value=-1, max_value=UINT64_MAX) | st.just("3"),
+       compression=st.sampled_from(list(Compression)))
+def test_the_native_batch_encoder_writes_and_refuses_what_the_python_encoder_does(
+        messages: list[Message], sequence_id: int, compression: Compression) -> None:
+    """encode_entry gives the same bytes, or the same refusal, with the native batch encoder and
+    without it, for well-formed and odd messages alike."""
+    from broker.entry_format import batch
+
+    assert batch.NATIVE_BATCH_ENCODER, "the native batch encoder was not built (setup.py needs a C compiler)"
+
+    def encoded() -> bytes | str:
+        try:
+            return encode_entry(messages, producer_name="p", sequence_id=sequence_id, publish_time_ms=1,
+                                compression=compression)
+        except InvalidRequest as exc:
+            return f"refused: {exc}"
+
+    native = encoded()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(batch, "NATIVE_BATCH_ENCODER", False)
+        python = encoded()
+    assert native == python

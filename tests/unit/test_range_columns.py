@@ -32,11 +32,10 @@ from broker.entry_format.columns import (
     NATIVE_COLUMNS,
     NativeColumns,
     collect_entries,
-    message_ids_of_entry,
 )
 from broker.errors import CorruptEntry
 from broker.managed_ledger import Entry
-from broker.message_id import MessageId, Position
+from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.proto import pulsar_entry_pb2 as pb
 from broker.range_read import read_range
 from broker.topic import PersistentTopic

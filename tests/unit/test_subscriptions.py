@@ -240,6 +240,24 @@ def test_nack_and_ack_timeout_redeliver_then_dead_letter_once(stack: Stack) -> N
     assert sub.cursor.backlog_messages() == 0
 
 
+def test_a_nacked_message_acknowledged_before_its_delay_is_no_longer_counted_as_delayed(stack: Stack) -> None:
+    topic = make_topic(stack, "t/ns/nack-then-ack")
+    sub = subscribe(stack, topic, SubscriptionType.SHARED)
+    consumer = sub.add_consumer(ConsumerConfig("c", negative_ack_redelivery_delay_ms=60_000))
+    publish_n(topic, 2)
+    consumer.flow(10)
+    assert [d.offset for d in drain(consumer)] == [0, 1]
+    consumer.nack([0, 1])
+    assert sub.statistics().delayed_messages == 2  # both wait for their nack delay
+    consumer.ack([0])
+    assert sub.statistics().delayed_messages == 1
+    assert sub.statistics().msg_backlog == 1
+    stack.clock.advance(60.0)
+    sub.dispatch()
+    assert [(d.offset, d.redelivery_count) for d in drain(consumer)] == [(1, 1)]  # the acked one stays acked
+    assert sub.statistics().delayed_messages == 0
+
+
 def test_delayed_messages_wait_for_the_clock(stack: Stack) -> None:
     topic = make_topic(stack, "t/ns/delay")
     sub = subscribe(stack, topic, SubscriptionType.SHARED)

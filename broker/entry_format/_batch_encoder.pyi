@@ -1,0 +1,6 @@
+"""Types of the native batch encoder (``_batch_encoder.c``)."""
+
+from collections.abc import Mapping, Sequence
+
+def encode_batch(messages: Sequence[object], sequence_ids: list[int], /) -> bytes | None: ...
+def set_message_type(message_type: type, empty_properties: Mapping[str, str], /) -> None: ...

@@ -1,0 +1,131 @@
+"""Namespace policy values: what each may hold, and the one check every transport relies on.
+
+Role: a namespace's policies document (``broker/namespaces.py``) is changed one key at a time
+(``BrokerService.set_policy``) or given whole when the namespace is created; every value passes
+:func:`checked_policy` first, which returns it in its stored form or raises ``InvalidRequest``
+(400) with a message that states the bound. The bounds (the README's "Namespace policies" table):
+
+========================== ==================================================================
+``retention_policies``     ``retentionTimeInMinutes`` -1 (unlimited) or 0..2^31-1 (Pulsar's
+                           ``int``); ``retentionSizeInMB`` -1 (unlimited) or 0..2^43-1 (so the
+                           size in bytes fits a signed 64-bit integer)
+``message_ttl_in_seconds`` null (none) or 0..2^31-1 (0: none; Pulsar's ``Integer``, ~68 years)
+``deduplicationEnabled``   null (the broker's default), true or false
+``auth_policies``          ``namespace_auth``: at most ``GRANTED_ROLES_MAX`` roles of 1..256
+                           characters, each granted a subset of ``NAMESPACE_ACTIONS``
+``persistence``            null or ``broker/persistence.py``'s quorum rule and bounds
+========================== ==================================================================
+
+Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from broker.errors import InvalidRequest
+from broker.persistence import POLICY_KEY as PERSISTENCE_KEY
+from broker.persistence import PersistencePolicy, check_bounds
+
+RETENTION_TIME_MINUTES_MAX = 2**31 - 1
+RETENTION_SIZE_MB_MAX = 2**43 - 1
+MESSAGE_TTL_SECONDS_MAX = 2**31 - 1
+ROLE_NAME_CHARS_MAX = 256
+GRANTED_ROLES_MAX = 1000
+"""Roles a namespace grants actions to."""
+NAMESPACE_ACTIONS = frozenset({"produce", "consume"})
+"""What a namespace grant may allow (Pulsar also knows functions, sources, sinks and packages)."""
+UNLIMITED = -1
+
+
+def _bounded(name: str, value: Any, low: int, high: int, bound: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidRequest(f"{name} must be {bound}, not {value!r}", field=name)
+    return value
+
+
+def _retention(value: Any) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("retention_policies must be an object with retentionTimeInMinutes and retentionSizeInMB")
+    return {"retentionTimeInMinutes": _bounded(
+                "retentionTimeInMinutes", value.get("retentionTimeInMinutes"), UNLIMITED, RETENTION_TIME_MINUTES_MAX,
+                f"-1 (unlimited) or 0..{RETENTION_TIME_MINUTES_MAX} minutes"),
+            "retentionSizeInMB": _bounded(
+                "retentionSizeInMB", value.get("retentionSizeInMB"), UNLIMITED, RETENTION_SIZE_MB_MAX,
+                f"-1 (unlimited) or 0..{RETENTION_SIZE_MB_MAX} MB")}
+
+
+def _message_ttl(value: Any) -> int | None:
+    if value is None:
+        return None
+    return _bounded("messageTTL", value, 0, MESSAGE_TTL_SECONDS_MAX, f"0..{MESSAGE_TTL_SECONDS_MAX} seconds (0: none)")
+
+
+def _deduplication(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(f"deduplicationEnabled must be true, false or null, not {value!r}")
+    return value
+
+
+def check_role(role: Any) -> str:
+    if not isinstance(role, str) or not role.strip() or len(role) > ROLE_NAME_CHARS_MAX:
+        raise InvalidRequest(f"a role name must be 1..{ROLE_NAME_CHARS_MAX} characters and not blank", field="role")
+    return role
+
+
+def _actions(actions: Any) -> list[str]:
+    if not isinstance(actions, list | tuple) or not all(isinstance(a, str) for a in actions):
+        raise InvalidRequest(f"actions must be a list of names, not {actions!r}", field="actions")
+    unknown = sorted(set(actions) - NAMESPACE_ACTIONS)
+    if unknown:
+        raise InvalidRequest(f"unknown actions {unknown}: grant any of {sorted(NAMESPACE_ACTIONS)}", field="actions")
+    return sorted(set(actions))
+
+
+def _grants(value: Any) -> dict[str, list[str]]:
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("namespace_auth must map roles to lists of actions")
+    if len(value) > GRANTED_ROLES_MAX:
+        raise InvalidRequest(f"a namespace grants actions to at most {GRANTED_ROLES_MAX} roles, not {len(value)}")
+    return {check_role(role): _actions(actions) for role, actions in value.items()}
+
+
+def _auth(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping) or set(value) - {"namespace_auth"}:
+        raise InvalidRequest("auth_policies must be an object holding namespace_auth only")
+    return {"namespace_auth": _grants(value.get("namespace_auth", {}))}
+
+
+def _persistence(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    try:
+        policy = PersistencePolicy.from_json(value)
+    except (KeyError, TypeError, ValueError):
+        raise InvalidRequest("persistence must hold integer bookkeeperEnsemble, bookkeeperWriteQuorum and "
+                             "bookkeeperAckQuorum") from None
+    return check_bounds(policy).to_json()
+
+
+POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
+    "retention_policies": _retention,
+    "message_ttl_in_seconds": _message_ttl,
+    "deduplicationEnabled": _deduplication,
+    "auth_policies": _auth,
+    PERSISTENCE_KEY: _persistence,
+}
+"""Each policy key and the check its values pass."""
+
+
+def checked_policy(key: str, value: Any) -> Any:
+    """``value`` in its stored form, if ``key`` may hold it; otherwise ``InvalidRequest``."""
+    check = POLICY_KEYS.get(key)
+    if check is None:
+        raise InvalidRequest(f"unknown namespace policy {key!r}; known: {sorted(POLICY_KEYS)}")
+    return check(value)
+
+
+def checked_policies(policies: Mapping[str, Any]) -> dict[str, Any]:
+    """Every given policy, checked (a namespace created with some of them)."""
+    return {key: checked_policy(key, value) for key, value in policies.items()}

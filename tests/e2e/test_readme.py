@@ -1,0 +1,223 @@
+"""The README's newcomer path, run as written: the "Your first hour" section and the Spark example.
+
+The commands and code are read from README.md itself, so the README and this test cannot drift:
+
+- the Spark example, saved as a file and run with the project's interpreter
+  (``.venv/bin/python clicks.py``) with no ``PYSPARK_*`` variable and no virtualenv on ``PATH``
+  (Spark's default ``python3`` is then not the project's), streams the three clicks into
+  ``clicks-upper``, upper-cased;
+- "Your first hour" runs block by block in bash: the ``make run PORT=… DATA_DIR=…`` line starts
+  the broker (on a free port and a temporary directory instead of 8081 and
+  ``/tmp/magnetar-first-hour``, the only substitutions), the commands of the next blocks run in
+  one shell each, the broker is stopped as Ctrl-C stops it (SIGINT to its process group) and
+  started again, and the last block runs with the variables the earlier ones exported (``HOME``
+  is a temporary directory holding the Spark example as ``clicks.py``, where the README says to
+  save it). A comment line right after a command is its expected output (``...`` stands for
+  anything) and must appear in what the command printed;
+- the table of REST pull parameters under "REST consumers" names every query parameter a pull
+  takes, with the defaults and bounds the broker applies (a new subscription at Latest, an
+  Exclusive one, a 60 s negative-ack delay, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from api.rest_consume import PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX, ConsumerSettings, PullParams
+from tests.integration.server import running_server
+from tests.standalone import REPO_ROOT, free_port, read_all, standalone_process, wait_healthy
+
+README = REPO_ROOT / "README.md"
+FIRST_HOUR_PORT = "8081"
+FIRST_HOUR_DATA_DIR = "/tmp/magnetar-first-hour"
+SPARK_RUN_TIMEOUT_S = 300
+COMMAND_TIMEOUT_S = 600
+STOP_TIMEOUT_S = 60
+
+
+# --- reading the README -----------------------------------------------------------------------
+def section(heading: str) -> str:
+    """The README text under ``heading`` (a ``##`` or ``###`` line), up to the next heading of
+    the same or a higher level outside a code block."""
+    lines = README.read_text().splitlines(keepends=True)
+    start = lines.index(f"{heading}\n") + 1
+    level = len(heading.split(" ", 1)[0])
+    fenced = False
+    for end in range(start, len(lines)):
+        fenced ^= lines[end].startswith("```")
+        marks = len(lines[end]) - len(lines[end].lstrip("#"))
+        if not fenced and 0 < marks <= level and lines[end][marks:marks + 1] == " ":
+            return "".join(lines[start:end])
+    return "".join(lines[start:])
+
+
+def code_blocks(markdown: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", markdown, flags=re.MULTILINE | re.DOTALL)
+
+
+def spark_example() -> str:
+    blocks = code_blocks(section("### Spark Structured Streaming"), "python")
+    assert len(blocks) == 1, "the Spark section should hold exactly one Python example"
+    return blocks[0]
+
+
+def rest_pull_table() -> dict[str, tuple[str, str]]:
+    """The README's table of REST pull parameters: each parameter named in a row's first cell,
+    with that row's default and note."""
+    rows = re.findall(r"^\| (`[^|]+) \| ([^|]+) \| ([^|]*) \|$", section("### REST consumers"), flags=re.MULTILINE)
+    return {name: (default, note) for names, default, note in rows for name in re.findall(r"`(\w+)`", names)}
+
+
+def number(text: str) -> int:
+    """The first number in ``text``, thousands separators and all (``60,000 ms``: 60000)."""
+    found = re.search(r"\d[\d,]*", text)
+    assert found is not None, text
+    return int(found.group().replace(",", ""))
+
+
+def commands_with_expected_output(block: str) -> list[tuple[str, str | None]]:
+    """Each command line of a shell block with the comment line that follows it (its expected
+    output), if any."""
+    lines = [line for line in block.splitlines() if line.strip()]
+    pairs: list[tuple[str, str | None]] = []
+    for line in lines:
+        if line.startswith("#"):
+            assert pairs and pairs[-1][1] is None, f"a comment that follows no command: {line}"
+            pairs[-1] = (pairs[-1][0], line.removeprefix("#").strip())
+        else:
+            pairs.append((line, None))
+    return pairs
+
+
+def expected_pattern(expected: str) -> str:
+    return ".*".join(re.escape(part) for part in expected.split("..."))
+
+
+# --- running it -----------------------------------------------------------------------------
+def plain_environment(**extra: str) -> dict[str, str]:
+    """This process's environment as a newcomer's shell would have it: no ``PYSPARK_*`` (the
+    Spark tests set them in this process), no activated virtualenv, plus ``extra``."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+    kept = {k: v for k, v in os.environ.items()
+            if not k.startswith("PYSPARK_") and k not in ("VIRTUAL_ENV", "MAGNETAR_SERVICE_URL", "MAGNETAR_TOKEN")}
+    return {**kept, "PATH": path, **extra}
+
+
+def run(command: list[str], *, cwd: Path, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run to the end (killed by PID after ``timeout_s``); the outcome with its output."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def run_block(pairs: list[tuple[str, str | None]], setup: list[str], env: dict[str, str]) -> None:
+    """The commands in one bash (``set -e``) after ``setup``; each command's expected output
+    must appear in what it printed."""
+    script = ["set -euo pipefail", *setup]
+    for index, (command, _) in enumerate(pairs):
+        script += [f"printf '\\n::command {index}::\\n'", command]  # curl's answers end without a newline
+    done = run(["bash", "-c", "\n".join(script)], cwd=REPO_ROOT, env=env, timeout_s=COMMAND_TIMEOUT_S)
+    outputs = re.split(r"\n::command \d+::\n", done.stdout)[1:]
+    assert done.returncode == 0 and len(outputs) == len(pairs), \
+        f"exit {done.returncode} after {len(outputs)} of {len(pairs)} commands\n{done.stdout}\n{done.stderr[-4000:]}"
+    for (command, expected), output in zip(pairs, outputs, strict=True):
+        if expected is not None:
+            assert re.search(expected_pattern(expected), output, flags=re.DOTALL), \
+                f"{command}\nexpected: {expected}\nprinted: {output}"
+
+
+@contextmanager
+def started_as_written(line: str, env: dict[str, str], url: str, log: Path) -> Iterator[None]:
+    """The ``make run`` line in its own process group; stopped as Ctrl-C stops it, by the
+    group's id (the make process's PID), and killed if it has not ended in time."""
+    with log.open("ab") as output:
+        proc = subprocess.Popen(["bash", "-c", line], cwd=REPO_ROOT, env=env, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(f"{url}/healthz", proc)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# --- the tests --------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_spark_example_streams_when_run_as_a_file_without_environment(tmp_path: Path) -> None:
+    job = tmp_path / "clicks.py"
+    job.write_text(spark_example())
+    with standalone_process(tmp_path / "data") as (url, _):
+        done = run([sys.executable, str(job)], cwd=tmp_path, env=plain_environment(MAGNETAR_SERVICE_URL=url),
+                   timeout_s=SPARK_RUN_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert "3 clicks streamed into clicks-upper" in done.stdout
+        copied = read_all(url, "/topics/persistent/public/default/clicks-upper")
+    assert sorted((m["key"], m["payload"]) for m in copied) == [("u1", b"HOME"), ("u1", b"HOME"), ("u2", b"CART")]
+
+
+@pytest.mark.slow
+def test_the_first_hour_runs_as_written(tmp_path: Path) -> None:
+    stale = subprocess.run(["make", "-q", ".venv/.installed-stamp"], cwd=REPO_ROOT, check=False)
+    if stale.returncode != 0:
+        pytest.fail("the virtualenv is older than pyproject.toml or constraints.txt: run make first")
+    start, *sessions = code_blocks(section("## Your first hour"), "sh")
+    assert len(sessions) == 3, "Your first hour: the make run line, the session, REST, after the restart"
+    port, data_dir = str(free_port()), tmp_path / "first-hour-data"
+
+    def as_here(text: str) -> str:
+        return text.replace(FIRST_HOUR_PORT, port).replace(FIRST_HOUR_DATA_DIR, str(data_dir))
+
+    assert start.strip() == f"make run PORT={FIRST_HOUR_PORT} DATA_DIR={FIRST_HOUR_DATA_DIR}"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "clicks.py").write_text(spark_example())
+    env, url, log = plain_environment(HOME=str(home)), f"http://127.0.0.1:{port}", tmp_path / "broker.log"
+    before_restart = [pair for block in sessions[:2] for pair in commands_with_expected_output(as_here(block))]
+    variables = [command for command, _ in before_restart if re.match(r"(export )?\w+=", command)]
+    with started_as_written(as_here(start), env, url, log):
+        run_block(before_restart, [], env)
+    with started_as_written(as_here(start), env, url, log):
+        run_block(commands_with_expected_output(as_here(sessions[2])), variables, env)
+    assert "Shutting down" in log.read_text()  # Ctrl-C stopped it gracefully, twice
+    assert log.read_text().count("Application shutdown complete") == 2
+
+
+def test_the_readme_states_the_rest_pull_defaults_the_broker_applies(tmp_path: Path) -> None:
+    table = rest_pull_table()
+    assert sorted(table) == sorted(PullParams.model_json_schema(by_alias=True)["properties"])  # all, no others
+    params = PullParams.model_validate({})
+    config = ConsumerSettings.of(params).consumer_config("sub", 1)
+    assert (number(table["maxMessages"][0]), number(table["maxMessages"][1])) == (params.max_messages,
+                                                                                  PULL_MESSAGES_MAX)
+    assert (number(table["waitTimeMs"][0]), number(table["waitTimeMs"][1])) == (params.wait_time_ms, PULL_WAIT_MS_MAX)
+    assert table["subscriptionInitialPosition"][0] == f"`{params.initial_position}`"
+    assert number(table["ackTimeoutMillis"][0]) == config.ack_timeout_ms
+    assert number(table["negativeAckRedeliveryDelay"][0]) == config.negative_ack_redelivery_delay_ms
+    assert table["maxRedeliverCount"][0].startswith("off") and config.max_redeliver_count == 0
+    topic = "/topics/persistent/public/default/pull-defaults"
+    with running_server(str(tmp_path / "data")) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        assert client.post(topic, json={"messages": [{"payload": "before"}]}).status_code == 200
+        first = client.post(f"{topic}/subscription/newcomer/pull")  # no body, no parameters
+        assert first.status_code == 200 and first.json()["messages"] == []  # created at Latest
+        stats = client.get("/admin/v2/persistent/public/default/pull-defaults/stats").json()
+    assert f"`{stats['subscriptions']['newcomer']['type']}`" == table["subscriptionType"][0]

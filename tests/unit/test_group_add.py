@@ -1,0 +1,174 @@
+"""The grouped add path: many entries through every layer in one call, one future per group.
+
+Checks, layer by layer with real storage (RocksDB, files, fdatasync):
+- storage: group adds and single adds interleaved complete in entry order, each group's future
+  once, after its last entry is durable; the LAC follows;
+- a journal write that fails fails exactly the adds that were in it: every entry of a group is
+  refused together, entries acknowledged before stay readable, none of the failed ones is
+  readable, and after a restart a failed entry is absent or exact;
+- a write cache that stays full refuses a group before its future exists and keeps none of its
+  entries; the same entry ids are written once the flush drained;
+- ledger and managed ledger: a group's results carry consecutive positions and offsets, in order
+  with single adds around them;
+- topic: a burst where some messages are refused (too large, a duplicate, a sequence id out of
+  range) stores the others, each as its own entry, and answers each message in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+
+from broker.entry_format import Message, decode_entry
+from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
+from broker.topic import PersistentTopic, PublishResult
+from broker.topic_name import TopicName
+from storage import LedgerStorage, NoSuchEntry, StorageConfig, StorageIOError, WriteCacheFull
+from storage.fileio import FaultyFileIO, FileIO
+from tests.unit.broker_stack import Stack, open_stack, publish
+
+LEDGER = 9
+RESULT_TIMEOUT_S = 10.0
+JOURNAL_FILES = ".jnl"
+
+
+def data(entry_id: int) -> bytes:
+    return f"entry {entry_id} of {LEDGER}".encode() * 3
+
+
+def test_group_and_single_adds_complete_in_entry_order(data_dir: str) -> None:
+    completed: list[int] = []
+    lock = threading.Lock()
+
+    def record(future: object) -> None:
+        with lock:
+            completed.append(future.result())  # type: ignore[attr-defined]
+
+    with LedgerStorage.open(data_dir, StorageConfig.test_min()) as st:
+        futures = [st.add_entry(LEDGER, 0, data(0)),
+                   st.add_entries(LEDGER, 1, [data(e) for e in range(1, 51)]),
+                   st.add_entry(LEDGER, 51, data(51)),
+                   st.add_entries(LEDGER, 52, [data(e) for e in range(52, 61)])]
+        for future in futures:
+            future.add_done_callback(record)
+        assert [f.result(timeout=RESULT_TIMEOUT_S) for f in futures] == [0, 50, 51, 60]
+        assert completed == [0, 50, 51, 60]
+        assert st.get_last_add_confirmed(LEDGER) == 60
+        assert all(st.get_entry(LEDGER, e) == data(e) for e in range(61))
+        assert st.statistics().entries_added == 61
+        with pytest.raises(Exception, match="at least one"):
+            st.add_entries(LEDGER, 61, [])
+
+
+def test_a_failing_journal_write_fails_exactly_its_adds(data_dir: str) -> None:
+    fio = FaultyFileIO(seed=21)
+    config = StorageConfig.test_min()
+    st = LedgerStorage.open(data_dir, config, fileio=fio)
+    try:
+        assert st.add_entries(LEDGER, 0, [data(e) for e in range(10)]).result(timeout=RESULT_TIMEOUT_S) == 9
+        fio.inject("sync", "EIO", path_contains=JOURNAL_FILES)
+        failed = st.add_entries(LEDGER, 10, [data(e) for e in range(10, 30)])
+        with pytest.raises(StorageIOError):
+            failed.result(timeout=RESULT_TIMEOUT_S)
+        assert all(st.get_entry(LEDGER, e) == data(e) for e in range(10))
+        for entry_id in range(10, 30):
+            with pytest.raises(NoSuchEntry):
+                st.get_entry(LEDGER, entry_id)
+        assert st.get_last_add_confirmed(LEDGER) == 9
+    finally:
+        st.close()
+    with LedgerStorage.open(data_dir, config, fileio=FileIO()) as st:
+        assert all(st.get_entry(LEDGER, e) == data(e) for e in range(10))
+        for entry_id in range(10, 30):  # written before the failed fdatasync: absent or exact, never torn
+            with contextlib.suppress(NoSuchEntry):
+                assert st.get_entry(LEDGER, entry_id) == data(entry_id)
+        assert st.check_consistency().ok
+
+
+def test_a_full_write_cache_refuses_the_whole_group(data_dir: str) -> None:
+    config = StorageConfig.test_min().replace(write_cache_full_wait_ms=50, flush_interval_ms=600_000)
+    with LedgerStorage.open(data_dir, config) as st:
+        group = [b"x" * 1000] * (config.write_cache_bytes_max // 1000 + 10)  # more than the cache holds
+        with st._flush_lock:  # a stuck flush: the being-flushed buffer cannot drain
+            with pytest.raises(WriteCacheFull):
+                st.add_entries(LEDGER, 0, group)
+            assert st.statistics().write_cache.size_bytes <= config.write_cache_bytes_max
+            for entry_id in (0, len(group) // 2, len(group) - 1):
+                with pytest.raises(NoSuchEntry):
+                    st.get_entry(LEDGER, entry_id)
+        assert st.add_entries(LEDGER, 0, [data(0), data(1)]).result(timeout=RESULT_TIMEOUT_S) == 1
+        assert st.get_entry(LEDGER, 0) == data(0) and st.get_entry(LEDGER, 1) == data(1)
+
+
+def test_a_managed_ledger_group_has_consecutive_positions_and_offsets(data_dir: str) -> None:
+    stack = open_stack(data_dir)
+    try:
+        ml, _ = stack.open("t/ns/persistent/groups")
+        publish(ml, [b"a", b"b"])  # offsets 0-1 in entry 0
+        entries = [publish_entry(i) for i in range(5)]
+        results = ml.add_entries(entries, [1, 1, 1, 1, 1]).result(timeout=RESULT_TIMEOUT_S)
+        after = publish(ml, [b"z"])
+        assert [(r.position.entry_id, r.first_offset, r.last_offset) for r in results] == [
+            (1, 2, 2), (2, 3, 3), (3, 4, 4), (4, 5, 5), (5, 6, 6)]
+        assert len({r.publish_time_ms for r in results}) == 1
+        assert len({r.position.ledger_id for r in results}) == 1  # a group stays in one ledger
+        assert after.first_offset == 7  # the next add follows (in a new ledger once this one is full)
+        assert ml.next_offset == 8 and ml.statistics().entries_added == 7
+        for result, entry in zip(results, entries, strict=True):
+            stored = ml.read_entry(result.position)
+            assert decode_entry(stored.data).messages[0].payload == decode_entry(entry).messages[0].payload
+            assert stored.first_offset == result.first_offset
+        with pytest.raises(InvalidRequest):
+            ml.add_entries(entries, [1, 1])
+        with pytest.raises(MessageTooLarge):
+            ml.add_entries([entries[0], b"x" * (ml.config.entry_size_bytes_max + 1)], [1, 1])
+        assert ml.next_offset == 8  # a refused group wrote nothing
+    finally:
+        stack.close()
+
+
+def publish_entry(index: int) -> bytes:
+    from broker.entry_format import encode_entry
+
+    return encode_entry([Message(f"g{index}".encode())], producer_name="test", sequence_id=index, publish_time_ms=0)
+
+
+def open_topic(stack: Stack, name: str, *, message_size_bytes_max: int = 1000) -> PersistentTopic:
+    topic_name = TopicName.parse(name)
+    ml, cursors = stack.open(topic_name.managed_ledger_name)
+    return PersistentTopic(topic_name, ml, cursors, stack.store, clock=stack.clock,
+                           message_size_bytes_max=message_size_bytes_max)
+
+
+def test_a_partly_refused_burst_stores_the_rest_and_answers_each_in_order(data_dir: str) -> None:
+    stack = open_stack(data_dir)
+    try:
+        topic = open_topic(stack, "t/ns/burst")
+        topic.publish([Message(b"first")], producer_name="p", sequence_id=0).result(timeout=RESULT_TIMEOUT_S)
+        burst = [Message(b"one"), Message(b"x" * 1001), Message(b"dup", sequence_id=0), Message(b"two"),
+                 Message(b"three")]
+        sequence_ids: list[int | None] = [None, None, None, None, 2**63]
+        outcomes = topic.publish_each(burst, producer_name="p", sequence_ids=sequence_ids).result(
+            timeout=RESULT_TIMEOUT_S)
+        assert len(outcomes) == 5
+        one, too_large, duplicate, two, out_of_range = outcomes
+        assert isinstance(one, PublishResult) and isinstance(two, PublishResult)
+        assert (one.first_offset, one.count, two.first_offset, two.count) == (1, 1, 2, 1)
+        assert one.position.entry_id + 1 == two.position.entry_id  # each its own entry
+        assert isinstance(too_large, MessageTooLarge)
+        assert isinstance(duplicate, PublishResult) and duplicate.duplicate
+        assert isinstance(out_of_range, MagnetarError) and "sequence ids" in str(out_of_range)
+        assert topic.ml.next_offset == 3
+        assert [m.payload for e in topic.entries_from(0) for m in decode_entry(e.data).messages] == [
+            b"first", b"one", b"two"]
+        assert topic.last_sequence_id("p") == 2  # "one" took 1, "two" took 2
+        again = topic.publish_each([Message(b"two again")], producer_name="p", sequence_ids=[2]).result(
+            timeout=RESULT_TIMEOUT_S)
+        assert isinstance(again[0], PublishResult) and again[0].duplicate and topic.ml.next_offset == 3
+        refused = topic.publish_each([Message(b"y" * 2000)], producer_name="p", sequence_ids=[None]).result(
+            timeout=RESULT_TIMEOUT_S)
+        assert isinstance(refused[0], MessageTooLarge) and topic.ml.next_offset == 3
+    finally:
+        stack.close()
