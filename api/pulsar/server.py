@@ -27,6 +27,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from api.auth import Authorizer
 from api.pulsar import commands
@@ -187,8 +188,8 @@ class PulsarProtocol(asyncio.Protocol):
 
     # --- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (uvloop's are not subclasses of asyncio.Transport, only alike)
+        self.transport = transport = cast(asyncio.Transport, transport)
         if not self.server.admit(self):
             transport.abort()
             return
