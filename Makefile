@@ -71,6 +71,7 @@ bench: $(STAMP) check-zookeeper
 	$(BIN)/python bench/spark_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/cluster_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/event_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/binary_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

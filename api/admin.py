@@ -22,6 +22,7 @@ from fastapi import APIRouter
 
 from api.admin_namespaces import namespaces_router, tenants_router
 from api.admin_persistence import persistence_router
+from api.admin_schemas import schemas_router
 from api.admin_topics import topic_name, topics_router
 from api.auth import Authorizer, Caller
 from broker import BrokerService, CursorView, InternalStats, SubscriptionStats, TopicStats, iso_time
@@ -38,6 +39,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes.include_router(tenants_router(service, authorizer))
     routes.include_router(namespaces_router(service, authorizer))
     routes.include_router(persistence_router(service, authorizer))
+    routes.include_router(schemas_router(service, authorizer))
     routes.include_router(_stats_router(service, authorizer))
     routes.include_router(topics_router(service, authorizer))
     return routes

@@ -42,9 +42,11 @@ from api.errors import install_error_handlers
 from api.limits import EdgeLimits
 from api.lookup import router as lookup_router
 from api.metrics import router as metrics_router
+from api.pulsar import PulsarServer, PulsarSettings
 from api.request_guard import RequestGuard
 from api.rest_consume import router as consume_router
 from api.rest_locate import router as locate_router
+from api.rest_lookup import router as clusters_router
 from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
 from api.rest_streams import router as streams_router
@@ -94,7 +96,10 @@ def _http_protocol_base() -> type[Any]:
 
 
 def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
-               limits: EdgeLimits | None = None) -> FastAPI:
+               limits: EdgeLimits | None = None, pulsar: PulsarSettings | None = None) -> FastAPI:
+    """The application; with ``pulsar`` settings its lifespan also runs Pulsar's binary protocol
+    listeners (``api/pulsar/``) on the same event loop, started after the broker and closed
+    before it (``app.state.pulsar_server`` once running)."""
     limits = limits or EdgeLimits()
 
     @asynccontextmanager
@@ -104,9 +109,16 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
         # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
         # a burst of confirmations wakes the loop once for dispatch and publish results alike.
         service.use_dispatch_executor(loop_executor(asyncio.get_running_loop()))
+        binary: PulsarServer | None = None
         try:
+            if pulsar is not None and (pulsar.port or pulsar.tls_enabled):
+                binary = PulsarServer(service, authorizer, pulsar)
+                await binary.start()
+                app.state.pulsar_server = binary
             yield
         finally:
+            if binary is not None:
+                await binary.close()
             service.use_dispatch_executor(None)
             service.close()
 
@@ -133,6 +145,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(broker_stats_router(service, authorizer))
     app.include_router(locate_router(service, authorizer))
     app.include_router(lookup_router(service, authorizer))
+    app.include_router(clusters_router(service, authorizer))
     app.include_router(console.router())
 
     @app.get("/healthz", summary="Liveness and storage health")

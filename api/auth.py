@@ -59,6 +59,8 @@ class AuthConfig:
 class Principal:
     role: str
     superuser: bool
+    expires_at_s: float | None = field(default=None, compare=False)
+    """When the token's ``exp`` claim ends it (epoch seconds); None: it does not expire."""
 
 
 ANONYMOUS_SUPERUSER = Principal(ANONYMOUS_ROLE, superuser=True)
@@ -103,7 +105,9 @@ class Authorizer:
         role = claims.get(self.config.role_claim)
         if not isinstance(role, str) or not role:
             raise Unauthorized(f"token has no '{self.config.role_claim}' claim")
-        return Principal(role, superuser=role in self.config.superuser_roles)
+        expiry = claims.get("exp")
+        return Principal(role, superuser=role in self.config.superuser_roles,
+                         expires_at_s=float(expiry) if isinstance(expiry, int | float) else None)
 
     # --- authorization ---------------------------------------------------------------------
     def require_superuser(self, principal: Principal) -> None:
@@ -118,13 +122,16 @@ class Authorizer:
 
     def require(self, principal: Principal, action: Action, topic: TopicName) -> None:
         """``principal`` may ``action`` on ``topic``: superuser, tenant admin, or a namespace grant."""
+        if not self.allowed(principal, action, topic.namespace_name):
+            raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+
+    def allowed(self, principal: Principal, action: Action, namespace: str) -> bool:
+        """Whether ``principal`` may ``action`` on the topics of ``namespace`` (``tenant/ns``)."""
         if principal.superuser:
-            return
-        if principal.role in self._admin_roles(topic.tenant):
-            return
-        if action.value in self.granted(topic.namespace_name).get(principal.role, []):
-            return
-        raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+            return True
+        if principal.role in self._admin_roles(namespace.split("/", 1)[0]):
+            return True
+        return action.value in self.granted(namespace).get(principal.role, [])
 
     def _admin_roles(self, tenant: str) -> list[str]:
         try:

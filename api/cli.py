@@ -8,7 +8,9 @@ it down gracefully: flush, checkpoint, close. The client commands (``produce``, 
 ``read-stream``, ``admin``, ``perf``, ``tokens``) live with the clients, in ``consumers/cli/``; the cluster's
 ``bookie`` and ``broker`` in ``api/cli_cluster.py``. The server's imports are loaded only by the
 server commands so that client commands start quickly. ``--journal-dir`` puts the embedded
-bookie's journal on another disk (Pulsar's ``journalDirectory``).
+bookie's journal on another disk (Pulsar's ``journalDirectory``). ``--pulsar-port`` is where
+Pulsar's binary protocol listens (``pulsar://``, 6650 by default, 0 = off; ``pulsar+ssl://`` on
+6651 when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are configured).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     standalone.add_argument("--journal-dir", help="journal directory (default DATA_DIR/bookie/journal)")
     standalone.add_argument("--host", help="listen address (default 0.0.0.0)")
     standalone.add_argument("--port", type=int, help="listen port (default 8080)")
+    standalone.add_argument("--pulsar-port", type=int,
+                            help="Pulsar binary protocol port (default 6650; 0 = off; brokerServicePort)")
     standalone.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_client_commands(parser, commands)
     add_cluster_commands(commands)
@@ -48,7 +52,7 @@ def run_standalone(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     overrides = {key: str(value) for key, value in
                  (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port),
-                  ("journalDirectory", args.journal_dir))
+                  ("journalDirectory", args.journal_dir), ("brokerServicePort", args.pulsar_port))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
@@ -57,7 +61,7 @@ def run_standalone(args: argparse.Namespace) -> int:
         return 2
     raise_file_limit()  # before the app sizes its connection bound under the descriptor limit
     app = create_app(BrokerService(config.data_dir, config.broker, journal_dir=config.journal_dir),
-                     auth=config.auth, limits=config.limits)
+                     auth=config.auth, limits=config.limits, pulsar=config.pulsar)
     tune_runtime()
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.

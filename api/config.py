@@ -9,7 +9,10 @@ or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
 ``journalDirectory`` (BookKeeper's key: the embedded bookie's journal on its own disk),
 ``defaultRetentionTimeInMinutes`` / ``defaultRetentionSizeInMB`` (the retention of a namespace
 without a policy: -1 by default, keep everything, as an event store must; 0 and 0 are Pulsar's
-defaults, which keep nothing that no subscription holds); plus
+defaults, which keep nothing that no subscription holds), the binary protocol's
+``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
+``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
+``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; plus
 ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
 use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one warning, so a
 misspelt key does not go unnoticed.
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
+from api.pulsar import PulsarSettings
 from broker import BrokerConfig
 from consumers.cli.tokens import read_key
 
@@ -37,8 +41,14 @@ log = logging.getLogger(__name__)
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
-              "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", *CONFIG_KEYS)
+              "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
+              "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
+              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS)
 RETENTION_LIMIT_MAX = 2**31 - 1
+PULSAR_TLS_PORT = 6651
+MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
+AUTH_REFRESH_CHECK_S_RANGE = (1, 86_400)
+"""``maxMessageSize``: the broker stores messages of at most 5 MiB (larger ones are chunked)."""
 
 
 class ConfigError(ValueError):
@@ -54,6 +64,7 @@ class StandaloneConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: EdgeLimits = field(default_factory=EdgeLimits)
+    pulsar: PulsarSettings = field(default_factory=PulsarSettings)
 
     @classmethod
     def load(cls, path: str | None = None, overrides: Mapping[str, str] | None = None) -> StandaloneConfig:
@@ -76,6 +87,7 @@ class StandaloneConfig:
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB")),
             auth=_auth(values),
             limits=_limits(values),
+            pulsar=_pulsar(values, values.get("bindAddress", cls.host)),
         )
 
 
@@ -131,6 +143,36 @@ def _limits(values: Mapping[str, str]) -> EdgeLimits:
             raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
         settings[name] = value
     return EdgeLimits(**settings)
+
+
+def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
+    defaults = PulsarSettings()
+    cert = values.get("tlsCertificateFilePath") or None
+    key = values.get("tlsKeyFilePath") or None
+    if (cert is None) != (key is None):
+        raise ConfigError("TLS needs both tlsCertificateFilePath and tlsKeyFilePath")
+    for name, path in (("tlsCertificateFilePath", cert), ("tlsKeyFilePath", key),
+                       ("tlsTrustCertsFilePath", values.get("tlsTrustCertsFilePath") or None)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{name}: {path} is not a readable file")
+    size = _integer(values, "maxMessageSize", defaults.max_message_size_bytes)
+    if not MESSAGE_SIZE_BYTES_RANGE[0] <= size <= MESSAGE_SIZE_BYTES_RANGE[1]:
+        raise ConfigError(f"maxMessageSize must lie in {MESSAGE_SIZE_BYTES_RANGE[0]}..{MESSAGE_SIZE_BYTES_RANGE[1]}")
+    refresh_s = _integer(values, "authenticationRefreshCheckSeconds", int(defaults.auth_refresh_check_s))
+    if not AUTH_REFRESH_CHECK_S_RANGE[0] <= refresh_s <= AUTH_REFRESH_CHECK_S_RANGE[1]:
+        raise ConfigError(f"authenticationRefreshCheckSeconds must lie in {AUTH_REFRESH_CHECK_S_RANGE[0]}.."
+                          f"{AUTH_REFRESH_CHECK_S_RANGE[1]}, not {refresh_s}")
+    ports = {}
+    for name, default in (("brokerServicePort", defaults.port),
+                          ("brokerServicePortTls", PULSAR_TLS_PORT if cert else 0)):
+        ports[name] = _integer(values, name, default)
+        if not 0 <= ports[name] <= 65535:
+            raise ConfigError(f"{name} must lie in 0..65535, not {ports[name]}")
+    return PulsarSettings(host=host, port=ports["brokerServicePort"], tls_port=ports["brokerServicePortTls"],
+                          tls_cert_file=cert, tls_key_file=key,
+                          tls_trust_certs_file=values.get("tlsTrustCertsFilePath") or None,
+                          advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size,
+                          auth_refresh_check_s=float(refresh_s))
 
 
 def _read_key(key: str, value: str) -> bytes:

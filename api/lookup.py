@@ -26,6 +26,7 @@ from fastapi import APIRouter, Query, Request
 
 from api.admin_namespaces import namespace_name
 from api.auth import Action, Authorizer, Caller
+from api.rest_lookup import local_urls
 from broker import BrokerService, Forbidden, TopicName
 
 BROKER_ID_TEXT_MAX = 300
@@ -43,6 +44,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         except Forbidden:
             authorizer.require(caller, Action.CONSUME, name)
         found = service.lookup(name)
+        if found.local:  # this broker's own listeners, as the host the request came to sees them
+            return {**local_urls(request, name), "brokerId": found.owner.broker_id, "bundle": found.bundle}
         http_url = found.owner.web_service_url or str(request.base_url).rstrip("/")
         return {"brokerUrl": found.owner.pulsar_service_url, "brokerUrlTls": "", "httpUrl": http_url,
                 "httpUrlTls": "", "nativeUrl": found.owner.pulsar_service_url,

@@ -12,6 +12,10 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``; for event
   streams ``StreamInfo``, ``StreamRead`` and ``KeyReader`` (``stream_info``, ``read_stream``,
   ``stream_reader``);
+- topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
+  strategies);
+- entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
+  ``frames_of_deliveries`` to forward stored entries with Pulsar's ack sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
@@ -24,6 +28,14 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 from broker.bookie import QuorumConfig
 from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
+from broker.entry_frames import (
+    ClientEntry,
+    EntryFrame,
+    ack_set_of,
+    check_client_entry,
+    cleared_indexes,
+    frames_of_deliveries,
+)
 from broker.errors import (
     AlreadyExists,
     BrokerError,
@@ -31,6 +43,7 @@ from broker.errors import (
     CorruptEntry,
     DataLost,
     Forbidden,
+    IncompatibleSchema,
     InvalidRequest,
     KeyVersionMismatch,
     MagnetarError,
@@ -41,6 +54,8 @@ from broker.errors import (
     PreconditionFailed,
     ServiceUnitNotReady,
     TopicNotOwned,
+    ProducerBusy,
+    ProducerFenced,
     TopicTerminated,
     Unauthorized,
 )
@@ -74,12 +89,16 @@ from broker.producer import ROUTING_MODES, Producer
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
+from broker.schema_registry import STRATEGIES as SCHEMA_STRATEGIES
+from broker.schema_registry import TYPES as SCHEMA_TYPES
+from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, version_of
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
 from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, Delivery, SubscriptionStats, SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
 from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
+from broker.topic_pattern import TopicPattern
 from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import StorageStats
 
@@ -94,11 +113,15 @@ __all__ = [
     "RETENTION_SIZE_MB_MAX",
     "RETENTION_TIME_MINUTES_MAX",
     "ROUTING_MODES",
+    "SCHEMA_STRATEGIES",
+    "SCHEMA_TYPES",
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
     "VERSION_MAX",
     "AlreadyExists",
     "BrokerAddress",
+    "ClientEntry",
+    "EntryFrame",
     "BrokerConfig",
     "BrokerError",
     "BrokerService",
@@ -116,6 +139,7 @@ __all__ = [
     "ExpectedVersion",
     "Forbidden",
     "Health",
+    "IncompatibleSchema",
     "InitialPosition",
     "InternalStats",
     "InvalidRequest",
@@ -138,11 +162,15 @@ __all__ = [
     "PreconditionFailed",
     "ProducedMessage",
     "Producer",
+    "ProducerBusy",
+    "ProducerFenced",
     "PublishResult",
     "QuorumConfig",
     "RangeRead",
     "Reader",
     "ServiceUnitNotReady",
+    "SchemaInfo",
+    "SchemaRegistry",
     "StartPosition",
     "StorageStats",
     "StoredMessage",
@@ -153,20 +181,27 @@ __all__ = [
     "TopicAdmin",
     "TopicName",
     "TopicNotOwned",
+    "TopicPattern",
     "TopicStats",
     "TopicTerminated",
     "Unauthorized",
+    "ack_set_of",
     "build_message",
+    "check_client_entry",
     "check_fields",
     "check_key",
     "check_namespace",
     "check_subscription_name",
+    "cleared_indexes",
     "deliver_at_ms",
     "expected_key_versions_of",
+    "frames_of_deliveries",
     "integer_of",
     "iso_time",
     "latest_delivery",
     "message_of",
     "parse_time_ms",
     "payload_of",
+    "version_bytes",
+    "version_of",
 ]

@@ -161,6 +161,19 @@ class ProducerBusy(BrokerError):
     http_status = 409
 
 
+class ProducerFenced(ProducerBusy):
+    """An exclusive producer took the topic; this producer may not send (Pulsar's ProducerFenced)."""
+
+    code = "producer_fenced"
+
+
+class IncompatibleSchema(BrokerError):
+    """A schema the topic's compatibility strategy refuses."""
+
+    code = "incompatible_schema"
+    http_status = 409
+
+
 class ConsumerBusy(BrokerError):
     code = "consumer_busy"
     http_status = 409
@@ -254,6 +267,8 @@ __all__ = [
     "OffsetMismatch",
     "PreconditionFailed",
     "ProducerBusy",
+    "ProducerFenced",
+    "IncompatibleSchema",
     "StorageBusy",
     "StorageClosed",
     "StorageError",

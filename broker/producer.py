@@ -86,6 +86,24 @@ class Producer:
         """The sequence id of this producer's next message, when it numbers them itself."""
         return next(self._sequence_ids) if self._sequence_ids is not None else None
 
+    def last_sequence_id(self) -> int:
+        """The highest durable sequence id of this producer's name on its topic (every partition
+        of a partitioned one), -1 if none: where a reconnecting producer resumes."""
+        partitions = self._partitions()
+        targets = [self.topic.partition(i) for i in range(partitions)] if partitions else [self.topic]
+        return max(self._service.topic(target).last_sequence_id(self.name) for target in targets)
+
+    def send_entry(self, data: bytes, message_count: int, *, sequence_id: int, highest_sequence_id: int,
+                   partial_chunk: bool = False) -> Future[PublishResult]:
+        """Store an entry the client encoded (checked by ``check_client_entry``) untouched on
+        this producer's topic, which must be one partition or an unpartitioned topic (a binary
+        client routes itself); see ``PersistentTopic.publish_entry``."""
+        if self._partitions():
+            raise InvalidRequest(f"{self.topic} is partitioned: produce to one of its partitions")
+        return self._service.topic(self.topic).publish_entry(
+            data, message_count, producer_name=self.name, sequence_id=sequence_id,
+            highest_sequence_id=highest_sequence_id, partial_chunk=partial_chunk)
+
     def send(self, messages: Sequence[Message], *, partition: TopicName | None = None,
              sequence_id: int | None = None, expected_offset: int | None = None,
              deliver_at_ms: int | None = None,

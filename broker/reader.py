@@ -142,5 +142,5 @@ class Reader:
                 if offset < self.next_offset:
                     continue
                 append(Delivery(stored_id(ledger_id, entry_id, partition, -1 if single else message.batch_index),
-                                offset, message, entry.publish_time_ms, 0, topic))
+                                offset, message, entry.publish_time_ms, 0, topic, entry_data=entry.data))
             self.next_offset = max(self.next_offset, entry.last_offset + 1)

@@ -70,6 +70,7 @@ from broker.producer import Producer
 from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
+from broker.schema_registry import SchemaRegistry
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_admin import TopicAdmin
@@ -90,6 +91,7 @@ PARTITIONS_MAX = 1024
 CURSOR_MOVE_WAIT_S_MAX = 60.0
 PUBLISH_WAIT_S_MAX = 60.0
 PARTITION_COUNTS_CACHED_MAX = 100_000
+TOPIC_WATCHERS_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,7 @@ class BrokerService:
         self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
         self._subscriptions_by_topic: dict[TopicName, dict[str, Subscription]] = {}
         self._patterns: list[tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]] = []
+        self._topic_watchers: dict[str, list[Callable[[str, bool], None]]] = {}
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
         self._partition_counts: dict[TopicName, int] = {}
         self._dispatch = DispatchScheduler()
@@ -172,6 +175,8 @@ class BrokerService:
         self._unload_listeners: list[Callable[[list[TopicName]], None]] = []
         self.admin = TopicAdmin(self)
         """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
+        self.schemas = SchemaRegistry(self, clock)
+        """Topics' schema versions and compatibility checks (``broker/schema_registry.py``)."""
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -378,6 +383,7 @@ class BrokerService:
             ml.cursor_positions = lambda: [*cursors.durable_mark_delete_offsets(), streams.durable_watermark]
             self._topics[topic_name] = topic
             self._offer_to_patterns(topic_name)
+            self._tell_topic_watchers(topic_name, exists=True)
             return topic
 
     # --- ownership (cluster brokers) ----------------------------------------------------------
@@ -514,6 +520,7 @@ class BrokerService:
         topic.ml.delete()
         self.key_index.drop(name.managed_ledger_name)
         self.factory.forget(name.managed_ledger_name)
+        self._tell_topic_watchers(name, exists=False)
 
     def create_partitioned_topic(self, name: TopicName, partitions: int) -> None:
         if not 1 <= partitions <= PARTITIONS_MAX:
@@ -679,6 +686,36 @@ class BrokerService:
             if entry in self._patterns:
                 self._patterns.remove(entry)
 
+    def watch_topics(self, namespace: str, listener: Callable[[str, bool], None]) -> Callable[[], None]:
+        """Call ``listener(full_topic_name, exists)`` when a topic of ``namespace`` is opened by this
+        broker (created, or first used since the start: a listener may hear of a topic it already
+        listed) or deleted, on the thread that did it, until the returned function is called.
+        At most ``TOPIC_WATCHERS_MAX`` listeners in all (``InvalidRequest`` beyond)."""
+        key = "/".join(check_namespace(namespace))
+        with self._lock:
+            if sum(len(listeners) for listeners in self._topic_watchers.values()) >= TOPIC_WATCHERS_MAX:
+                raise InvalidRequest(f"this broker already follows {TOPIC_WATCHERS_MAX} topic lists")
+            self._topic_watchers.setdefault(key, []).append(listener)
+
+        def unwatch() -> None:
+            with self._lock:
+                listeners = self._topic_watchers.get(key, [])
+                if listener in listeners:
+                    listeners.remove(listener)
+                if not listeners:
+                    self._topic_watchers.pop(key, None)
+
+        return unwatch
+
+    def _tell_topic_watchers(self, topic_name: TopicName, *, exists: bool) -> None:
+        with self._lock:
+            listeners = list(self._topic_watchers.get(topic_name.namespace_name, ()))
+        for listener in listeners:
+            try:
+                listener(topic_name.full_name, exists)
+            except Exception:
+                log.exception("a topic-list listener failed")
+
     def _offer_to_patterns(self, topic_name: TopicName) -> None:
         with self._lock:
             patterns = list(self._patterns)
@@ -704,7 +741,8 @@ class BrokerService:
                 del of_topic[name]
                 if not of_topic:
                     del self._subscriptions_by_topic[topic_name]
-        topic.cursors.delete(name)
+        if subscription is None or subscription.cursor.durable:  # a non-durable cursor is nowhere else
+            topic.cursors.delete(name)
 
     def delete_subscription(self, topic_name: TopicName, name: str, *, force: bool = False) -> None:
         """Delete subscription ``name``: refused (``PreconditionFailed``) while consumers are
@@ -727,8 +765,10 @@ class BrokerService:
         ``name`` and wait until it is persisted. An active subscription applies it through
         :meth:`Subscription.reposition`, so its consumers follow the new position."""
         topic = self.topic(topic_name, create=False)
-        cursor = topic.cursors.get(name)
-        if cursor is None:
+        with self._lock:
+            subscription = self._subscriptions.get((topic_name, name))
+        cursor = topic.cursors.get(name) or (subscription.cursor if subscription is not None else None)
+        if cursor is None:  # a non-durable cursor (a reader's) lives only in its subscription
             raise NotFound(f"subscription {name} of {topic_name} does not exist")
         with self._lock:
             subscription = self._subscriptions.get((topic_name, name))

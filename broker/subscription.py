@@ -21,7 +21,9 @@ Flow control: a consumer receives only while it has permits (``receiverQueueSize
 mode, explicit in pull mode). Unacknowledged limits per consumer (messages, and payload bytes:
 ``unacked_bytes_max``, so large messages cannot pin gigabytes in one slow consumer) and per
 subscription pause delivery at the limit and resume at half; a consumer holding nothing
-always gets one message, however large. The dispatcher reads only as many entries as the
+always gets one message, however large. A consumer configured with ``whole_entries`` (the
+binary protocol's: Pulsar's clients acknowledge a batch as one) gets the rest of an entry with
+its first message, past its permits, as Pulsar's broker delivers. The dispatcher reads only as many entries as the
 consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
 the broker buffer without bound.
 
@@ -99,6 +101,10 @@ class ConsumerConfig:
     unacked_messages_max: int = 50_000
     unacked_bytes_max: int = 16 * 1024 * 1024
     """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
+    whole_entries: bool = False
+    """Deliver the rest of an entry with its first message, past the permits (which go negative),
+    as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
+    arrived, so a batch split between deliveries would never be acknowledged."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,14 @@ class Delivery(NamedTuple):
     topic: str
     key_version: int | None = None
     """The message's version in its key's stream, when a key reader delivers it."""
+    entry_data: bytes | None = None
+    """The stored entry the message came from, byte for byte (broker prefix included), so a
+    transport can forward the entry untouched (the binary protocol); None where there is no
+    such entry (a compacted view)."""
+
+
+def _entry_of(item: _Item) -> tuple[int, int]:
+    return item.message_id.ledger_id, item.message_id.entry_id
 
 
 @dataclass(order=True)
@@ -129,6 +143,7 @@ class _Item:
     publish_time_ms: int = field(compare=False)
     key_hash: int = field(compare=False)
     deliver_at_ms: int = field(compare=False, default=0)
+    entry_data: bytes | None = field(compare=False, default=None)
 
 
 @dataclass(frozen=True)
@@ -372,12 +387,21 @@ class Subscription:
 
     def _take_back(self, consumer: Consumer) -> None:
         """Redeliver everything ``consumer`` holds unacknowledged (it left or lost activity)."""
-        for offset, delivery in sorted(consumer.unacked.items()):
+        taken = sorted(consumer.unacked.items())
+        for offset, delivery in taken:
             self._release(offset, consumer)
-            self._bump_count(offset)
             heapq.heappush(self._redeliver, self._item_of(delivery))
+        self._bump_counts([offset for offset, _ in taken])
         consumer.unacked.clear()
         consumer.outbox.clear()
+
+    def active_consumer(self) -> Consumer | None:
+        """The consumer an Exclusive or Failover subscription delivers to (None: nobody, or
+        another type)."""
+        if self.type not in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            return None
+        with self._lock:
+            return self._active()
 
     def _active(self) -> Consumer | None:
         live = [c for c in self.consumers if not c.closed]
@@ -421,11 +445,26 @@ class Subscription:
                     continue
                 self._deliver(consumer, item)
                 notify.add(consumer)
+                if consumer.config.whole_entries:
+                    self._deliver_rest_of_entry(consumer, item)
             for item in reversed(held):
                 self._pending.appendleft(item)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
+
+    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item) -> None:
+        """The messages of ``item``'s entry waiting right behind it go to the same consumer."""
+        entry = (item.message_id.ledger_id, item.message_id.entry_id)
+        while True:
+            if self._redeliver and _entry_of(self._redeliver[0]) == entry:
+                following = heapq.heappop(self._redeliver)
+            elif self._pending and _entry_of(self._pending[0]) == entry:
+                following = self._pending.popleft()
+            else:
+                return
+            if not self.cursor.is_acked(following.offset) and following.offset not in self._owner:
+                self._deliver(consumer, following)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
@@ -466,7 +505,8 @@ class Subscription:
                     continue
                 mid = MessageId.of_stored(entry.position.ledger_id, entry.position.entry_id, self.partition,
                                           -1 if single else message.batch_index)
-                item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message))
+                item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message),
+                             entry_data=entry.data)
                 if deliver_at > now_ms and self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
                     item.deliver_at_ms = deliver_at
                     heapq.heappush(self._later, (deliver_at, message.offset, item))
@@ -506,7 +546,7 @@ class Subscription:
     def _deliver(self, consumer: Consumer, item: _Item) -> None:
         count = self._counts.get(item.offset, 0)
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms, count,
-                            self.topic_name)
+                            self.topic_name, entry_data=item.entry_data)
         consumer.permits -= 1
         consumer.outbox.append(delivery)
         consumer.unacked.add(item.offset, delivery)
@@ -527,7 +567,7 @@ class Subscription:
     def _item_of(self, delivery: Delivery) -> _Item:
         """A delivered message as a dispatch item again (taken back, nacked or timed out)."""
         return _Item(delivery.offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                     self._hash_of(delivery.message))
+                     self._hash_of(delivery.message), entry_data=delivery.entry_data)
 
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
@@ -611,18 +651,25 @@ class Subscription:
     def _nack(self, consumer: Consumer, offsets: list[int]) -> None:
         due_ms = int(self._clock() * 1000) + consumer.config.negative_ack_redelivery_delay_ms
         with self._lock:
+            nacked = []
             for offset in offsets:
                 delivery = consumer.unacked.get(offset)
                 if delivery is None:
                     continue
                 self._release(offset, consumer)
                 consumer.unacked.pop(offset)
-                self._bump_count(offset)
+                nacked.append(offset)
                 heapq.heappush(self._later, (due_ms, offset, self._item_of(delivery)))
+            self._bump_counts(nacked)
         self.dispatch()
 
-    def _bump_count(self, offset: int) -> None:
-        self._counts[offset] = self._counts.get(offset, 0) + 1
+    def _bump_counts(self, offsets: list[int]) -> None:
+        """One more redelivery for each of ``offsets``, persisted once for them all (a consumer
+        leaving with many messages must not rewrite the counts once per message)."""
+        if not offsets:
+            return
+        for offset in offsets:
+            self._counts[offset] = self._counts.get(offset, 0) + 1
         self._persist_counts()
 
     # --- time-driven work ----------------------------------------------------------------
@@ -641,8 +688,8 @@ class Subscription:
                     delivery = consumer.unacked.pop(offset)
                     assert delivery is not None
                     self._release(offset, consumer)
-                    self._bump_count(offset)
                     heapq.heappush(self._redeliver, self._item_of(delivery))
+                self._bump_counts(expired)
         self.dispatch()
 
     def _release_due(self) -> None:
@@ -663,7 +710,7 @@ class Subscription:
         dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
         target = dlq or f"{self.topic_name}-{self.name}-DLQ"
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
-                            self._counts[item.offset], self.topic_name)
+                            self._counts[item.offset], self.topic_name, entry_data=item.entry_data)
         self._dead_letter(target, delivery, self.name)
         self._counts.pop(item.offset, None)
         self.cursor.ack([item.offset]).result(timeout=60)

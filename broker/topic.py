@@ -34,6 +34,8 @@ from broker.topic_name import TopicName
 from storage import new_future
 
 MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
+CLIENT_ENTRY_OVERHEAD_BYTES_MAX = 64 * 1024
+"""What a client's own entry may hold beyond its messages' bytes (metadata, batch headers)."""
 SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
 REPLAY_BATCH_ENTRIES = 100
 
@@ -78,6 +80,13 @@ def message_ids_of(position: Position, partition: int, count: int) -> tuple[Mess
     if count == 1:
         return (MessageId(position.ledger_id, position.entry_id, partition, -1),)
     return tuple(MessageId(position.ledger_id, position.entry_id, partition, i) for i in range(count))
+
+
+def _duplicate(partition: int) -> Future[PublishResult]:
+    """The result of a publish deduplication dropped: nothing stored, id -1:-1."""
+    done: Future[PublishResult] = new_future()
+    done.set_result(PublishResult(Position(-1, -1), partition, -1, 0, 0, duplicate=True))
+    return done
 
 
 class PersistentTopic:
@@ -142,6 +151,48 @@ class PersistentTopic:
                 raise
         result: Future[PublishResult] = new_future()
         added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq, keys))
+        return result
+
+    def publish_entry(self, data: bytes, message_count: int, *, producer_name: str, sequence_id: int,
+                      highest_sequence_id: int, partial_chunk: bool = False) -> Future[PublishResult]:
+        """Store an entry a client encoded itself (the binary protocol's SEND payload, checked by
+        ``check_client_entry``) byte for byte. Deduplication keys on ``highest_sequence_id``; a
+        chunk other than the last of its message (``partial_chunk``: every chunk carries the
+        message's sequence id) is refused as a duplicate when its message was stored already,
+        and otherwise stored without claiming the sequence id, which its last chunk does."""
+        if len(data) > self._message_size_bytes_max + CLIENT_ENTRY_OVERHEAD_BYTES_MAX:
+            raise MessageTooLarge(f"entry of {len(data)} bytes exceeds {self._message_size_bytes_max} bytes")
+        if not 0 <= sequence_id <= highest_sequence_id <= SEQUENCE_ID_MAX:
+            raise InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX} and the highest must not be "
+                                 f"below the first, not {sequence_id}..{highest_sequence_id}")
+        with self._publish_lock:
+            reserved = False
+            if partial_chunk:
+                if self.dedup is not None and highest_sequence_id <= self.dedup.pushed_sequence_id(producer_name):
+                    duplicate = self._check_duplicate(producer_name, highest_sequence_id, message_count,
+                                                      conditional=False)
+                    assert duplicate is not None  # at or below the reserved id: never new
+                    return duplicate
+            else:
+                duplicate = self._check_duplicate(producer_name, highest_sequence_id, message_count,
+                                                  conditional=False)
+                if duplicate is not None:
+                    return duplicate
+                reserved = self.dedup is not None
+            keys: KeyReservation | None = None
+            try:  # keyed messages get their stream versions, as from any producer
+                if self.streams is not None:  # the index needs only each message's key
+                    keys = self._key_reservation([Message(b"", key=m.key) for m in decode_entry(data).messages], None)
+                added = self.ml.add_entry(data, message_count, on_offsets=keys)
+            except BaseException:
+                if keys is not None:
+                    keys.failed()
+                if reserved and self.dedup is not None:
+                    self.dedup.rollback(producer_name, highest_sequence_id, sequence_id - 1)
+                raise
+        result: Future[PublishResult] = new_future()
+        owner = producer_name if reserved else None
+        added.add_done_callback(lambda f: self._published(f, result, owner, highest_sequence_id, keys))
         return result
 
     def publish_each(self, messages: Sequence[Message], *, producer_name: str,
@@ -260,9 +311,11 @@ class PersistentTopic:
             return None
         if status is DedupStatus.IN_FLIGHT:
             raise DuplicateInFlight(f"sequence id {highest_seq} of {producer} is still being stored; retry")
-        done: Future[PublishResult] = new_future()
         original = self._original(producer, highest_seq, count) if conditional else None
-        done.set_result(original or PublishResult(Position(-1, -1), self.partition, -1, 0, 0, duplicate=True))
+        if original is None:
+            return _duplicate(self.partition)
+        done: Future[PublishResult] = new_future()
+        done.set_result(original)
         return done
 
     def _original(self, producer: str, highest_seq: int, count: int) -> PublishResult | None:
@@ -275,7 +328,7 @@ class PersistentTopic:
         return PublishResult(position, self.partition, first_offset, count, publish_ms, duplicate=True,
                              key_versions=versions)
 
-    def _published(self, added: Future[AddResult], result: Future[PublishResult], producer: str,
+    def _published(self, added: Future[AddResult], result: Future[PublishResult], producer: str | None,
                    highest_seq: int, keys: KeyReservation | None) -> None:
         error = added.exception()
         if error is not None:
@@ -288,7 +341,7 @@ class PersistentTopic:
         if keys is not None:
             keys.confirmed(add.position)
             versions = keys.message_versions()
-        if self.dedup is not None:
+        if self.dedup is not None and producer is not None:
             self.dedup.persisted(producer, highest_seq, add.last_offset + 1)
         count = add.last_offset - add.first_offset + 1
         result.set_result(PublishResult(add.position, self.partition, add.first_offset, count, add.publish_time_ms,

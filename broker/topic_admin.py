@@ -323,6 +323,16 @@ class TopicAdmin:
                                  f"no batch index {message_id.batch_index}")
         return target, entry.first_offset + max(message_id.batch_index, 0)
 
+    def entry_offsets(self, name: TopicName, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
+        """The first and last offsets of the stored entry ``ledger_id:entry_id`` of one topic
+        partition, or None when it holds no such entry (a binary client's acks and start ids
+        name entries)."""
+        topic = self._service.topic(name, create=False)
+        if not any(info.ledger_id == ledger_id and 0 <= entry_id < info.entries for info in topic.ml.ledger_infos()):
+            return None
+        entry = topic.ml.read_entry(Position(ledger_id, entry_id))
+        return entry.first_offset, entry.last_offset
+
     def acknowledgeable(self, name: TopicName, message_ids: Sequence[tuple[str, MessageId]], offsets: Sequence[int],
                         holder: Consumer | None) -> list[int]:
         """Every offset the ids (each with the text the client gave) and offsets name, checked

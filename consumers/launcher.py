@@ -32,8 +32,10 @@ def free_port() -> int:
 
 
 def standalone_command(data_dir: str | Path, port: int, *extra: str) -> list[str]:
+    """The command line of a broker on 127.0.0.1:``port``; its binary-protocol listener is off
+    unless ``extra`` names a ``--pulsar-port`` (several brokers share one machine here)."""
     return [sys.executable, "-m", "api.cli", "standalone", "--data-dir", str(data_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--pulsar-port", "0", *extra]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = HEALTH_TIMEOUT_S) -> httpx.Response:

@@ -10,8 +10,9 @@ Role: the topic layer turns a batch of produced messages into one entry with
 :func:`encode_entry`; readers (dispatchers, REST/WebSocket consumers, compaction) turn an entry
 back into messages with :func:`decode_entry`; a reader that splits the batch itself (the range
 read's native columns, ``_range_columns.c``) takes the verified, decompressed payload from
-:func:`decode_entry_payload`. Because the bytes are Pulsar's, a future binary protocol front end
-can forward stored entries to Pulsar clients untouched.
+:func:`decode_entry_payload`. Because the bytes are Pulsar's, the binary protocol front end
+(``api/pulsar/``) forwards stored entries to Pulsar clients untouched, except a lone message,
+which :func:`as_unbatched` gives in Pulsar's unbatched form (see the decision below).
 
 Layout (all integers big-endian)::
 
@@ -29,9 +30,11 @@ Layout (all integers big-endian)::
 
 Decisions:
 - We always write the batch format, even for one message: one decoding path for our own
-  entries, per-message sequence ids and event times, and ids that always carry a batch index.
-  :func:`decode_entry` accepts both forms (a non-batched entry yields one message with
-  ``batch_index == -1``).
+  entries, per-message sequence ids and event times. :func:`decode_entry` accepts both forms
+  (a non-batched entry yields one message with ``batch_index == -1``). Message ids give a lone
+  message no batch index, as Pulsar does for a message sent alone; Pulsar's clients would
+  number the message of a one-message batch 0, so :func:`as_unbatched` rewrites such an entry
+  into the unbatched form for them.
 - Every entry we write carries the ``0x0e01`` checksum; entries without it (Pulsar clients
   may omit the checksum) are refused as corrupt, so a damaged magic can never make a corrupt
   entry parse as a checksum-less one.
@@ -60,11 +63,13 @@ from __future__ import annotations
 
 from broker.entry_format.broker_metadata import (
     peek_broker_entry_metadata,
+    split_prefix,
     strip_broker_entry_metadata,
     with_broker_entry_metadata,
     with_broker_entry_metadata_each,
 )
 from broker.entry_format.codec import (
+    as_unbatched,
     decode_entry,
     decode_entry_payload,
     decode_messages,
@@ -87,6 +92,7 @@ __all__ = [
     "DecodedMessage",
     "EntryPayload",
     "Message",
+    "as_unbatched",
     "decode_entry",
     "decode_messages",
     "decode_entry_payload",
@@ -96,6 +102,7 @@ __all__ = [
     "message_count",
     "peek_broker_entry_metadata",
     "split_entry_payload",
+    "split_prefix",
     "strip_broker_entry_metadata",
     "with_broker_entry_metadata",
     "with_broker_entry_metadata_each",

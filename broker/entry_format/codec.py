@@ -198,6 +198,44 @@ def encode_entry(
         raise InvalidRequest("broker_timestamp_ms and index are given together or not at all")
     return broker_prefix(broker_timestamp_ms, index) + body
 
+def as_unbatched(data: Buffer) -> bytes | None:
+    """A stored entry holding one message in the batch format, as Pulsar stores a message sent
+    without batching (the message's fields in the ``MessageMetadata`` itself, no
+    ``num_messages_in_batch``, the payload uncompressed), from the ``0x0e01`` magic on, without
+    the broker prefix; None for any other entry (several messages, or not batched already).
+
+    Pulsar's clients number the message of a one-message batch with batch index 0 and an
+    unbatched message with none; Magnetar writes even a lone message as a batch, so a binary
+    consumer is given this form, whose id (no batch index) is the one every other edge gives.
+    Raises ``CorruptEntry`` for a malformed entry."""
+    decoded = decode_entry(data)
+    if not decoded.metadata.HasField("num_messages_in_batch") or len(decoded.messages) != 1:
+        return None
+    message = decoded.messages[0]
+    metadata = pb.MessageMetadata()
+    metadata.CopyFrom(decoded.metadata)
+    for name in ("num_messages_in_batch", "compression", "uncompressed_size", "partition_key",
+                 "partition_key_b64_encoded", "ordering_key", "event_time", "null_value", "null_partition_key"):
+        metadata.ClearField(name)
+    del metadata.properties[:]
+    if message.sequence_id is not None:
+        metadata.sequence_id = message.sequence_id
+    if message.key is not None:
+        metadata.partition_key = message.key
+        metadata.partition_key_b64_encoded = message.key_b64_encoded
+    for key, value in message.properties.items():
+        metadata.properties.add(key=key, value=value)
+    if message.event_time_ms is not None:
+        metadata.event_time = message.event_time_ms
+    if message.ordering_key is not None:
+        metadata.ordering_key = message.ordering_key
+    if message.null_value:
+        metadata.null_value = True
+    if message.null_key:
+        metadata.null_partition_key = True
+    return _checksummed(metadata.SerializeToString(), message.payload)
+
+
 def encode_single_entry(message: Message, *, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
     """``encode_entry((message,), …)`` without compression, delivery time or schema version:
     the same bytes, written in one pass for the common message (payload, key, properties, event

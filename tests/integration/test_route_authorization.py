@@ -38,6 +38,7 @@ T = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 S = T + "/subscription/{subscription}"
 N = "/admin/v2/namespaces/{tenant}/{namespace}"
 P = "/topics/persistent/{tenant}/{namespace}/{topic}"
+SC = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
 GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/docs"): PUBLIC, ("GET", "/docs/oauth2-redirect"): PUBLIC, ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/redoc"): PUBLIC, ("GET", "/docs/assets/{path:path}"): PUBLIC,  # the docs' scripts and styles
@@ -75,6 +76,11 @@ GUARDS: dict[tuple[str, str], str] = {
                       "expireMessages/{expireTimeInSeconds}")},
     ("POST", T + "/all_subscription/expireMessages/{expireTimeInSeconds}"): TENANT_ADMIN,
     ("GET", S + "/position/{messagePosition}"): TENANT_ADMIN,
+    **{("GET", SC + what): LOOKUP for what in ("/schema", "/schema/{version}", "/schemas")},
+    **{(m, SC + what): TENANT_ADMIN for m, what in (("POST", "/schema"), ("DELETE", "/schema"),
+                                                    ("POST", "/compatibility"))},
+    **{(m, N + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT")},
+    ("GET", "/admin/v2/clusters"): SUPERUSER, ("GET", "/admin/v2/clusters/{cluster}"): SUPERUSER,
     # WebSocket endpoints: a plain GET only explains that they need an upgrade (426)
     **{("GET", path): PUBLIC for path in (
         "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
@@ -94,7 +100,7 @@ GUARDS: dict[tuple[str, str], str] = {
 VALUES = {"name:path": "index.html", "path:path": "swagger-ui.css", "key:path": "account-1", "tenant": "acme",
           "namespace": "apps", "topic": "events", "subscription": "sub", "partition": "0", "role": "someone",
           "timestamp": "0", "numMessages": "1", "expireTimeInSeconds": "1", "messagePosition": "1",
-          "bundle": "0x00000000_0xffffffff", "cluster": "standalone"}
+          "bundle": "0x00000000_0xffffffff", "cluster": "standalone", "version": "0"}
 QUERY = {"offset": "0", "topics": "persistent://acme/apps/events", "messageId": "earliest",
          "initialPosition": "earliest"}
 BODIES: dict[tuple[str, str], Any] = {
@@ -107,6 +113,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", N + "/persistence"): {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1},
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
+    **{("POST", SC + what): {"type": "STRING", "schema": ""} for what in ("/schema", "/compatibility")},
+    ("PUT", N + "/schemaCompatibilityStrategy"): "FULL",
     **{("POST", P + prefix + "/subscription/{subscription}/" + action): {"offsets": [0]}
        for prefix in ("", "/partitions/{partition}") for action in ("ack", "negativeAcknowledge")},
 }

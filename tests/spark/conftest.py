@@ -2,7 +2,7 @@
 
 Both are session-scoped because a SparkSession costs seconds to start: ``local[2]``, two shuffle
 partitions, no UI, UTC session time. The broker is ``magnetar standalone`` in a child process on
-127.0.0.1 and a free port (stopped by PID at the end). Executors run ``consumers.spark`` from
+127.0.0.1 and free ports, HTTP and binary protocol (stopped by PID at the end). Executors run ``consumers.spark`` from
 the editable install, under this interpreter (``PYSPARK_PYTHON``).
 """
 
@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests.spark.support import spark_session
-from tests.standalone import standalone_process
+from tests.standalone import free_port, standalone_process
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +29,13 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def broker_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with standalone_process(tmp_path_factory.mktemp("spark-broker") / "data") as (url, _):
-        yield url
+def spark_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(HTTP URL, ``pulsar://`` URL) of the broker the Spark tests share."""
+    port = free_port()
+    with standalone_process(tmp_path_factory.mktemp("spark-broker") / "data", "--pulsar-port", str(port)) as (url, _):
+        yield url, f"pulsar://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def broker_url(spark_broker: tuple[str, str]) -> str:
+    return spark_broker[0]

@@ -1,6 +1,7 @@
 """The Magnetar streaming source in a real local Spark against a real broker process.
 
-Checks: a query reads exactly the produced messages with every column right;
+Checks: a query reads exactly the produced messages with every column right, also those the
+official ``pulsar-client`` produced over the binary protocol (with the ids it was given);
 ``maxOffsetsPerTrigger`` bounds every micro-batch; ``Trigger.AvailableNow`` drains the backlog
 and stops, and a restart from the checkpoint reads only what came later; ``startingOffsets``
 (latest, JSON) and ``startingTime`` start where asked; a running query picks up partitions added
@@ -68,6 +69,37 @@ def test_reads_exactly_the_produced_messages_with_every_column(spark: SparkSessi
         assert row.messageId == message["messageId"]
         assert epoch_ms(row.publishTime) == message["publishTimeMs"]
         assert epoch_ms(row.eventTime) == message.get("eventTimeMs")
+
+
+def test_binary_produced_messages_read_through_the_source_with_the_same_ids(
+        spark: SparkSession, spark_broker: tuple[str, str], tmp_path: Path) -> None:
+    """Messages the official ``pulsar-client`` produced (one alone, three in one batch) are the
+    rows the source reads, with the ids the client was given."""
+    import pulsar
+
+    from broker.message_id import MessageId
+    broker_url, pulsar_url = spark_broker
+    topic = "spark-from-binary"
+    client = pulsar.Client(pulsar_url, operation_timeout_seconds=30,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        alone = client.create_producer(topic, batching_enabled=False)
+        ids = [alone.send(b"alone", partition_key="k", properties={"p": "1"}, event_timestamp=1_700_000_000_000)]
+        batched = client.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                         batching_max_publish_delay_ms=50)
+        receipts: list[pulsar.MessageId] = []
+        for i in range(3):
+            batched.send_async(f"b{i}".encode(), lambda result, mid: receipts.append(mid))
+        batched.flush()
+        ids += sorted(receipts, key=lambda m: m.batch_index())
+    finally:
+        client.close()
+    frame = source(spark, broker_url, topic=topic, startingOffsets="earliest")
+    rows = sorted(collect_available_now(frame, str(tmp_path / "ck")).rows, key=lambda r: r.offset)
+    assert [r.value for r in rows] == [b"alone", b"b0", b"b1", b"b2"]
+    assert (rows[0].key, rows[0].properties, epoch_ms(rows[0].eventTime)) == (b"k", {"p": "1"}, 1_700_000_000_000)
+    assert [MessageId.from_base64(r.messageId) for r in rows] == [
+        MessageId(m.ledger_id(), m.entry_id(), m.partition(), m.batch_index()) for m in ids]
 
 
 def test_max_offsets_per_trigger_bounds_every_micro_batch(spark: SparkSession, broker_url: str,

@@ -29,6 +29,7 @@ from broker.entry_format import (
     Compression,
     DecodedMessage,
     Message,
+    as_unbatched,
     decode_entry,
     decode_messages,
     encode_entry,
@@ -686,6 +687,29 @@ def test_message_id_and_position_ordering() -> None:
     assert str(Position(3, -1)) == "3:-1"
     with pytest.raises(InvalidRequest):
         Position(-2, 0)
+
+
+@pytest.mark.parametrize("compression", [Compression.NONE, Compression.LZ4])
+def test_a_lone_message_in_the_batch_format_has_pulsars_unbatched_form(compression: Compression) -> None:
+    """``as_unbatched``: the same message and entry fields, without the batch (so Pulsar's
+    clients give it no batch index), uncompressed; None for entries it does not apply to."""
+    message = Message(b"payload", "k", {"a": "1", "b": "2"}, 1_700_000_000_123, 41, b"ok", False)
+    stored = with_broker_entry_metadata(
+        encode_entry([message], producer_name="p", sequence_id=41, publish_time_ms=1_700_000_000_456,
+                     compression=compression, schema_version=b"\x00" * 8), 1_700_000_000_789, 7)
+    converted = as_unbatched(stored)
+    assert converted is not None and converted[:2] == struct.pack(">H", MAGIC_CRC32C)  # no broker prefix
+    decoded = decode_entry(converted)
+    assert not decoded.metadata.HasField("num_messages_in_batch") and decoded.compression is Compression.NONE
+    (alone,) = decoded.messages
+    assert alone.batch_index == -1
+    assert (alone.payload, alone.key, alone.properties, alone.event_time_ms, alone.sequence_id, alone.ordering_key) \
+        == (b"payload", "k", {"a": "1", "b": "2"}, 1_700_000_000_123, 41, b"ok")
+    assert (decoded.metadata.producer_name, decoded.metadata.publish_time, decoded.metadata.schema_version) == (
+        "p", 1_700_000_000_456, b"\x00" * 8)
+    assert as_unbatched(converted) is None  # already unbatched
+    two = encode_entry([Message(b"1"), Message(b"2")], producer_name="p", sequence_id=0, publish_time_ms=1)
+    assert as_unbatched(two) is None
 
 
 plain_messages = st.builds(

@@ -5,7 +5,8 @@ load and redelivers a departed consumer's unacked messages; Key_Shared keeps per
 thousands of keyed messages while consumers join and leave; a consumer without permits gets
 nothing and unacked limits pause and resume delivery; negative acks and ack timeouts redeliver
 with increasing redelivery counts and the dead-letter topic gets a message exactly once;
-delayed messages wait for the (injected) clock.
+delayed messages wait for the (injected) clock; a ``whole_entries`` consumer never gets part of
+an entry.
 """
 
 from __future__ import annotations
@@ -183,6 +184,29 @@ def test_flow_control_and_unacked_limits(stack: Stack) -> None:
     consumer.ack([first[4].offset])
     assert len(drain(consumer)) == 5  # resumed at half, up to the limit again
     assert consumer.statistics().unacked_messages == 10
+
+
+def test_whole_entries_are_never_split_between_deliveries(stack: Stack) -> None:
+    """A ``whole_entries`` consumer (the binary protocol's) gets an entry's rest with its first
+    message past its permits, also when the entry comes back after its consumer left; a plain
+    consumer stops at its permits."""
+    topic = make_topic(stack, "t/ns/whole")
+    for batch in range(3):
+        topic.publish([Message(f"e{batch}-{i}".encode()) for i in range(4)], producer_name="p").result(timeout=10)
+    sub = subscribe(stack, topic, SubscriptionType.SHARED)
+    plain = sub.add_consumer(ConsumerConfig("plain"))
+    plain.flow(3)
+    assert [d.message.payload for d in drain(plain)] == [b"e0-0", b"e0-1", b"e0-2"]
+    plain.close()
+    whole = sub.add_consumer(ConsumerConfig("whole", whole_entries=True))
+    whole.flow(1)
+    first = drain(whole)
+    assert [d.message.payload for d in first] == [b"e0-0", b"e0-1", b"e0-2", b"e0-3"]
+    assert whole.statistics().available_permits == -3  # as Pulsar: the batch counts against the permits
+    whole.flow(3)
+    assert drain(whole) == []  # back at zero permits
+    whole.flow(1)
+    assert [d.message.payload for d in drain(whole)] == [f"e1-{i}".encode() for i in range(4)]
 
 
 def test_nack_and_ack_timeout_redeliver_then_dead_letter_once(stack: Stack) -> None:

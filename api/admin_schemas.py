@@ -1,0 +1,129 @@
+"""Admin v2 schemas: ``/admin/v2/schemas/{tenant}/{namespace}/{topic}/...`` and a namespace's
+``schemaCompatibilityStrategy``, in Pulsar's shapes, over the broker's ``SchemaRegistry``.
+
+Role: the same registry the binary protocol's producers and consumers go through, so a schema
+uploaded here is the one a Pulsar client is checked against and vice versa. Shapes:
+``GetSchemaResponse`` ``{"version", "type", "timestamp", "data", "properties"}`` (``data`` is the
+definition as text), ``PostSchemaPayload`` ``{"type", "schema", "properties"}`` answered with
+``{"version"}``, ``/compatibility`` answered with ``{"isCompatible", "schemaCompatibilityStrategy"}``.
+
+Authorization: reading a schema needs the right to produce or consume on the topic; uploading,
+deleting and the namespace's strategy need its tenant's administration.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from api.admin_namespaces import namespace_name
+from api.auth import Action, Authorizer, Caller, Principal
+from broker import (
+    SCHEMA_STRATEGIES,
+    SCHEMA_TYPES,
+    BrokerService,
+    Forbidden,
+    IncompatibleSchema,
+    InvalidRequest,
+    SchemaInfo,
+    TopicName,
+)
+
+STRATEGY_KEY = "schema_compatibility_strategy"
+
+
+class PostSchemaPayload(BaseModel):
+    """Pulsar's ``PostSchemaPayload``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: StrictStr
+    schema_: StrictStr = Field(alias="schema")
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    def info(self) -> SchemaInfo:
+        kind = self.type.upper()
+        if kind not in SCHEMA_TYPES:
+            raise InvalidRequest(f"unknown schema type {self.type!r}", field="type")
+        return SchemaInfo(kind, self.schema_.encode(), dict(self.properties))
+
+
+def _response(info: SchemaInfo, version: int) -> dict[str, Any]:
+    return {"version": version, "type": info.type, "timestamp": info.timestamp_ms,
+            "data": info.data.decode(errors="replace"), "properties": info.properties}
+
+
+def schemas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    routes = APIRouter()
+    registry = service.schemas
+    base = "/schemas/{tenant}/{namespace}/{topic}"
+
+    def topic_of(tenant: str, namespace: str, topic: str) -> TopicName:
+        return TopicName.parse(f"persistent://{tenant}/{namespace}/{topic}")
+
+    def may_read(caller: Principal, name: TopicName) -> None:
+        try:
+            authorizer.require(caller, Action.CONSUME, name)
+        except Forbidden:
+            authorizer.require(caller, Action.PRODUCE, name)
+
+    @routes.get(base + "/schema", summary="The topic's latest schema")
+    def latest(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
+        name = topic_of(tenant, namespace, topic)
+        may_read(caller, name)
+        return _response(*registry.get(name))
+
+    @routes.get(base + "/schema/{version}", summary="One version of the topic's schema")
+    def one(tenant: str, namespace: str, topic: str, version: int, caller: Caller) -> dict[str, Any]:
+        name = topic_of(tenant, namespace, topic)
+        may_read(caller, name)
+        return _response(*registry.get(name, version))
+
+    @routes.get(base + "/schemas", summary="Every version of the topic's schema")
+    def every(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
+        name = topic_of(tenant, namespace, topic)
+        may_read(caller, name)
+        return {"getSchemaResponses": [_response(info, index) for index, info in enumerate(registry.versions(name))]}
+
+    @routes.post(base + "/schema", summary="Upload a schema (a new version when compatible)")
+    def upload(tenant: str, namespace: str, topic: str, body: Annotated[PostSchemaPayload, Body()],
+               caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        return {"version": registry.admit(topic_of(tenant, namespace, topic), body.info())}
+
+    @routes.delete(base + "/schema", summary="Delete every version of the topic's schema")
+    def delete(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = topic_of(tenant, namespace, topic)
+        count = len(registry.versions(name))
+        registry.delete(name)
+        return {"version": count}
+
+    @routes.post(base + "/compatibility", summary="Whether a schema may follow the topic's")
+    def compatibility(tenant: str, namespace: str, topic: str, body: Annotated[PostSchemaPayload, Body()],
+                      caller: Caller) -> dict[str, Any]:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = topic_of(tenant, namespace, topic)
+        try:
+            registry.check_compatible(name, body.info())
+            compatible = True
+        except IncompatibleSchema:
+            compatible = False
+        return {"isCompatible": compatible, "schemaCompatibilityStrategy": registry.strategy(name)}
+
+    strategy_path = "/namespaces/{tenant}/{namespace}/schemaCompatibilityStrategy"
+
+    @routes.get(strategy_path, summary="The namespace's schema compatibility strategy")
+    def get_strategy(tenant: str, namespace: str, caller: Caller) -> str:
+        authorizer.require_tenant_admin(caller, tenant)
+        return str(service.policies(namespace_name(tenant, namespace)).get(STRATEGY_KEY) or "UNDEFINED")
+
+    @routes.put(strategy_path, status_code=204, summary="Set the namespace's schema compatibility strategy")
+    def set_strategy(tenant: str, namespace: str, body: Annotated[StrictStr, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        if body.upper() not in SCHEMA_STRATEGIES:
+            raise InvalidRequest(f"unknown strategy {body!r}: use one of {', '.join(SCHEMA_STRATEGIES)}")
+        service.set_policy(namespace_name(tenant, namespace), STRATEGY_KEY, body.upper())
+
+    return routes

@@ -1,0 +1,282 @@
+"""The commands the broker sends, built once here, and the one mapping of errors onto them.
+
+Role: the session decides what to answer; this module knows how each answer is spelled in
+Pulsar's protocol (which ``BaseCommand`` field, which ``ServerError``). ``server_error`` is the
+only place where the broker's error hierarchy (``MagnetarError.code``, storage errors included)
+becomes a Pulsar ``ServerError``: a request is answered with ``ERROR``, a send with
+``SEND_ERROR``, a lookup with its own ``Failed`` response, all from the same table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from api.pulsar.framing import command_frame, payload_frame
+from api.pulsar.proto import pulsar_api_pb2 as pb
+from broker import MagnetarError
+
+T = pb.BaseCommand.Type
+E = pb.ServerError
+
+_ERRORS: dict[str, int] = {
+    "not_found": E.TopicNotFound,
+    "invalid_request": E.UnknownError,
+    "invalid_topic_name": E.InvalidTopicName,
+    "consumer_busy": E.ConsumerBusy,
+    "producer_busy": E.ProducerBusy,
+    "producer_fenced": E.ProducerFenced,
+    "topic_terminated": E.TopicTerminatedError,
+    "unauthorized": E.AuthenticationError,
+    "forbidden": E.AuthorizationError,
+    "not_allowed": E.NotAllowedError,
+    "incompatible_schema": E.IncompatibleSchema,
+    "corrupt_entry": E.ChecksumError,
+    "message_too_large": E.NotAllowedError,
+    "duplicate_in_flight": E.ServiceNotReady,
+    "too_many_requests": E.TooManyRequests,
+}
+"""``MagnetarError.code`` → ``ServerError``; anything else with a 5xx status is a persistence
+error (the client retries), anything else at all ``UnknownError``."""
+
+MESSAGE_TEXT_BYTES_MAX = 1000
+
+
+def server_error(error: BaseException) -> tuple[int, str]:
+    """The ``ServerError`` and message text for ``error``."""
+    text = str(error)[:MESSAGE_TEXT_BYTES_MAX]
+    if isinstance(error, MagnetarError):
+        code = _ERRORS.get(error.code)
+        if code is None:
+            code = E.PersistenceError if error.http_status >= 500 else E.UnknownError
+        return code, text or error.code
+    return E.UnknownError, text or type(error).__name__
+
+
+def _frame(kind: int, field: str, **values: object) -> bytes:
+    command = pb.BaseCommand(type=kind)  # type: ignore[arg-type]
+    getattr(command, field).SetInParent()
+    for name, value in values.items():
+        if value is not None:
+            setattr(getattr(command, field), name, value)
+    return command_frame(command)
+
+
+def connected(server_version: str, protocol_version: int, max_message_size: int) -> bytes:
+    command = pb.BaseCommand(type=T.CONNECTED)
+    command.connected.server_version = server_version
+    command.connected.protocol_version = protocol_version
+    command.connected.max_message_size = max_message_size
+    command.connected.feature_flags.supports_topic_watchers = True
+    return command_frame(command)
+
+
+REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
+"""What Pulsar's broker puts in an AUTH_CHALLENGE that asks for fresh credentials."""
+
+
+def auth_challenge(server_version: str, protocol_version: int, method: str) -> bytes:
+    command = pb.BaseCommand(type=T.AUTH_CHALLENGE)
+    body = command.authChallenge
+    body.server_version = server_version
+    body.protocol_version = protocol_version
+    body.challenge.auth_method_name = method
+    body.challenge.auth_data = REFRESH_AUTH_DATA
+    return command_frame(command)
+
+
+def ping() -> bytes:
+    return _frame(T.PING, "ping")
+
+
+def pong() -> bytes:
+    return _frame(T.PONG, "pong")
+
+
+def success(request_id: int) -> bytes:
+    return _frame(T.SUCCESS, "success", request_id=request_id)
+
+
+def error(request_id: int, failure: BaseException) -> bytes:
+    code, text = server_error(failure)
+    return error_of(request_id, code, text)
+
+
+def error_of(request_id: int, code: int, text: str) -> bytes:
+    return _frame(T.ERROR, "error", request_id=request_id, error=code, message=text)
+
+
+def partitioned_metadata(request_id: int, partitions: int) -> bytes:
+    return _frame(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse", request_id=request_id,
+                  partitions=partitions, response=pb.CommandPartitionedTopicMetadataResponse.Success)
+
+
+def partitioned_metadata_failed(request_id: int, failure: BaseException) -> bytes:
+    code, text = server_error(failure)
+    return _frame(T.PARTITIONED_METADATA_RESPONSE, "partitionMetadataResponse", request_id=request_id,
+                  response=pb.CommandPartitionedTopicMetadataResponse.Failed, error=code, message=text)
+
+
+def lookup(request_id: int, service_url: str, service_url_tls: str | None) -> bytes:
+    return _frame(T.LOOKUP_RESPONSE, "lookupTopicResponse", request_id=request_id, brokerServiceUrl=service_url,
+                  brokerServiceUrlTls=service_url_tls, response=pb.CommandLookupTopicResponse.Connect,
+                  authoritative=True)
+
+
+def lookup_failed(request_id: int, failure: BaseException) -> bytes:
+    code, text = server_error(failure)
+    return _frame(T.LOOKUP_RESPONSE, "lookupTopicResponse", request_id=request_id,
+                  response=pb.CommandLookupTopicResponse.Failed, error=code, message=text)
+
+
+def producer_success(request_id: int, producer_name: str, last_sequence_id: int,
+                     schema_version: bytes | None, topic_epoch: int | None, *, ready: bool = True) -> bytes:
+    return _frame(T.PRODUCER_SUCCESS, "producer_success", request_id=request_id, producer_name=producer_name,
+                  last_sequence_id=last_sequence_id, schema_version=schema_version, topic_epoch=topic_epoch,
+                  producer_ready=ready)
+
+
+def send_receipt(producer_id: int, sequence_id: int, highest_sequence_id: int, ledger_id: int,
+                 entry_id: int, partition: int) -> bytes:
+    command = pb.BaseCommand(type=T.SEND_RECEIPT)
+    receipt = command.send_receipt
+    receipt.producer_id = producer_id
+    receipt.sequence_id = sequence_id
+    receipt.highest_sequence_id = highest_sequence_id
+    receipt.message_id.ledgerId = ledger_id % (1 << 64)
+    receipt.message_id.entryId = entry_id % (1 << 64)
+    if partition >= 0:
+        receipt.message_id.partition = partition
+    return command_frame(command)
+
+
+def send_error(producer_id: int, sequence_id: int, failure: BaseException) -> bytes:
+    code, text = server_error(failure)
+    return _frame(T.SEND_ERROR, "send_error", producer_id=producer_id, sequence_id=sequence_id, error=code,
+                  message=text)
+
+
+def message(consumer_id: int, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
+            ack_set: Sequence[int], payload: memoryview) -> tuple[bytes, bytes | memoryview]:
+    command = pb.BaseCommand(type=T.MESSAGE)
+    body = command.message
+    body.consumer_id = consumer_id
+    body.message_id.ledgerId = ledger_id
+    body.message_id.entryId = entry_id
+    if partition >= 0:
+        body.message_id.partition = partition
+    if redelivery_count:
+        body.redelivery_count = redelivery_count
+    if ack_set:
+        body.ack_set.extend(ack_set)
+    return payload_frame(command, payload)
+
+
+def ack_response(consumer_id: int, request_id: int, failure: BaseException | None = None) -> bytes:
+    if failure is None:
+        return _frame(T.ACK_RESPONSE, "ackResponse", consumer_id=consumer_id, request_id=request_id)
+    code, text = server_error(failure)
+    return _frame(T.ACK_RESPONSE, "ackResponse", consumer_id=consumer_id, request_id=request_id, error=code,
+                  message=text)
+
+
+def close_producer(producer_id: int, request_id: int) -> bytes:
+    return _frame(T.CLOSE_PRODUCER, "close_producer", producer_id=producer_id, request_id=request_id)
+
+
+def close_consumer(consumer_id: int, request_id: int) -> bytes:
+    return _frame(T.CLOSE_CONSUMER, "close_consumer", consumer_id=consumer_id, request_id=request_id)
+
+
+def reached_end_of_topic(consumer_id: int) -> bytes:
+    return _frame(T.REACHED_END_OF_TOPIC, "reachedEndOfTopic", consumer_id=consumer_id)
+
+
+def active_consumer_change(consumer_id: int, is_active: bool) -> bytes:
+    return _frame(T.ACTIVE_CONSUMER_CHANGE, "active_consumer_change", consumer_id=consumer_id, is_active=is_active)
+
+
+def last_message_id(request_id: int, ledger_id: int, entry_id: int, partition: int, batch_index: int,
+                    mark_delete: tuple[int, int] | None) -> bytes:
+    command = pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE)
+    body = command.getLastMessageIdResponse
+    body.request_id = request_id
+    body.last_message_id.ledgerId = ledger_id % (1 << 64)
+    body.last_message_id.entryId = entry_id % (1 << 64)
+    if partition >= 0:
+        body.last_message_id.partition = partition
+    if batch_index >= 0:
+        body.last_message_id.batch_index = batch_index
+    if mark_delete is not None:
+        body.consumer_mark_delete_position.ledgerId = mark_delete[0] % (1 << 64)
+        body.consumer_mark_delete_position.entryId = mark_delete[1] % (1 << 64)
+    return command_frame(command)
+
+
+def topics_of_namespace(request_id: int, topics: Sequence[str], *, filtered: bool, topics_hash: str,
+                        changed: bool) -> bytes:
+    command = pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE)
+    body = command.getTopicsOfNamespaceResponse
+    body.request_id = request_id
+    body.topics.extend(topics)
+    body.filtered = filtered
+    body.topics_hash = topics_hash
+    body.changed = changed
+    return command_frame(command)
+
+
+def watch_topic_list_success(request_id: int, watcher_id: int, topics: Sequence[str], topics_hash: str) -> bytes:
+    command = pb.BaseCommand(type=T.WATCH_TOPIC_LIST_SUCCESS)
+    body = command.watchTopicListSuccess
+    body.request_id = request_id
+    body.watcher_id = watcher_id
+    body.topic.extend(topics)
+    body.topics_hash = topics_hash
+    return command_frame(command)
+
+
+def watch_topic_update(watcher_id: int, new_topics: Sequence[str], deleted_topics: Sequence[str],
+                       topics_hash: str) -> bytes:
+    command = pb.BaseCommand(type=T.WATCH_TOPIC_UPDATE)
+    body = command.watchTopicUpdate
+    body.watcher_id = watcher_id
+    body.new_topics.extend(new_topics)
+    body.deleted_topics.extend(deleted_topics)
+    body.topics_hash = topics_hash
+    return command_frame(command)
+
+
+def schema_response(request_id: int, schema: pb.Schema | None, version: bytes | None,
+                    failure: BaseException | None = None) -> bytes:
+    command = pb.BaseCommand(type=T.GET_SCHEMA_RESPONSE)
+    body = command.getSchemaResponse
+    body.request_id = request_id
+    if failure is not None:
+        code, text = server_error(failure)
+        body.error_code = code  # type: ignore[assignment]
+        body.error_message = text
+    if schema is not None:
+        body.schema.CopyFrom(schema)
+    if version is not None:
+        body.schema_version = version
+    return command_frame(command)
+
+
+def get_or_create_schema_response(request_id: int, version: bytes | None,
+                                  failure: BaseException | None = None) -> bytes:
+    command = pb.BaseCommand(type=T.GET_OR_CREATE_SCHEMA_RESPONSE)
+    body = command.getOrCreateSchemaResponse
+    body.request_id = request_id
+    if failure is not None:
+        code, text = server_error(failure)
+        body.error_code = code  # type: ignore[assignment]
+        body.error_message = text
+    if version is not None:
+        body.schema_version = version
+    return command_frame(command)
+
+
+def consumer_stats(request_id: int, name: str, permits: int, unacked: int, blocked: bool, sub_type: str,
+                   backlog: int) -> bytes:
+    return _frame(T.CONSUMER_STATS_RESPONSE, "consumerStatsResponse", request_id=request_id, consumerName=name,
+                  availablePermits=max(permits, 0), unackedMessages=unacked, blockedConsumerOnUnackedMsgs=blocked,
+                  type=sub_type, msgBacklog=backlog)

@@ -1,0 +1,57 @@
+"""What the parts of one binary-protocol connection share: the broker, the caller, the way out.
+
+Role: a session (``session.py``) owns one ``ConnectionContext`` and hands it to its producer and
+consumer halves (``producers.py``, ``consumers.py``). ``Outbound`` is the only thing they know
+of the socket: the asyncio adapter (``server.py``) implements it, a test can implement it with
+a list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from api.auth import Action, Authorizer, Principal
+from api.pulsar.settings import PulsarSettings
+from broker import BrokerService, TopicName
+
+
+class Outbound(Protocol):
+    """The connection as the session sees it."""
+
+    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """Queue ``buffers`` for the peer, in order, in one write."""
+
+    @property
+    def congested(self) -> bool:
+        """More than the bound is queued for a slow peer: produce nothing more until it drains."""
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        """Close the connection (after what is queued)."""
+
+
+@dataclass
+class ConnectionContext:
+    service: BrokerService
+    authorizer: Authorizer
+    settings: PulsarSettings
+    out: Outbound
+    loop: asyncio.AbstractEventLoop
+    connection_id: int
+    principal: Principal | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def authorize(self, action: Action, topic: TopicName) -> None:
+        """``Forbidden`` unless the connection's role may ``action`` on ``topic``."""
+        if self.authorizer.enabled:
+            assert self.principal is not None
+            self.authorizer.require(self.principal, action, topic)
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + amount

@@ -1,0 +1,114 @@
+"""Pulsar's binary framing, sans I/O: bytes in, commands out; commands in, bytes out.
+
+Role: the lowest layer of the binary front end. A frame is ``[total u32][command size u32]
+[BaseCommand]`` (big-endian), optionally followed by a payload, which for SEND and MESSAGE is a
+whole entry in Pulsar's format (``[0x0e01 u16][crc32c u32][metadata size u32][MessageMetadata]
+[messages]``). :class:`FrameDecoder` cuts a byte stream into :class:`Frame`\\ s; the
+``*_frame`` functions build outgoing frames. Nothing here touches a socket or an event loop:
+the tests feed plain byte strings.
+
+Invariants:
+- A frame larger than ``frame_bytes_max`` is refused from its header alone, before its bytes
+  are buffered, so a client can never make the decoder hold more than one frame's bound.
+- Malformed input (a command size that does not fit its frame, a command protobuf cannot parse,
+  a command without its ``type``, an unknown type) raises :class:`ProtocolViolation`; the caller
+  closes the connection. The decoder is then unusable, by design: a byte stream whose framing
+  was lost cannot be resynchronised.
+- A payload is a view into the received bytes, not a copy; checksums are the session's business
+  (a bad checksum is answered, not a reason to drop the connection).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from api.pulsar.proto import pulsar_api_pb2 as pb
+
+FRAME_HEADER = struct.Struct(">II")
+SIZE = struct.Struct(">I")
+FRAME_HEADER_BYTES = FRAME_HEADER.size
+COMMAND_BYTES_MAX = 1024 * 1024
+"""A command without its payload (topic names, ids, schemas) is never larger than this."""
+
+KNOWN_TYPES = frozenset(pb.BaseCommand.Type.values())
+
+
+class ProtocolViolation(Exception):
+    """The peer broke the framing or the command grammar; the connection must be closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    command: pb.BaseCommand
+    payload: memoryview | None
+    """Everything after the command (an entry for SEND), None when the frame has none."""
+
+
+class FrameDecoder:
+    """Cuts a byte stream into frames; ``feed`` as bytes arrive."""
+
+    def __init__(self, frame_bytes_max: int) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+        self.frames_decoded = 0
+        self.bytes_received = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """The frames completed by ``data`` (possibly none); ``ProtocolViolation`` on bad input."""
+        self.bytes_received += len(data)
+        if self._buffer:
+            self._buffer += data
+            view = memoryview(bytes(self._buffer))
+        else:
+            view = memoryview(data)
+        frames: list[Frame] = []
+        position = 0
+        end = len(view)
+        while end - position >= SIZE.size:
+            total = SIZE.unpack_from(view, position)[0]
+            if total > self.frame_bytes_max:
+                raise ProtocolViolation(f"frame of {total} bytes exceeds the {self.frame_bytes_max}-byte bound")
+            if total < SIZE.size:
+                raise ProtocolViolation(f"frame of {total} bytes cannot hold its command size")
+            if end - position - SIZE.size < total:
+                break
+            frames.append(_frame_of(view[position + SIZE.size: position + SIZE.size + total]))
+            position += SIZE.size + total
+        self._buffer = bytearray(view[position:]) if position < end else bytearray()
+        self.frames_decoded += len(frames)
+        return frames
+
+
+def _frame_of(body: memoryview) -> Frame:
+    command_size = SIZE.unpack_from(body, 0)[0]
+    if command_size > len(body) - SIZE.size or command_size > COMMAND_BYTES_MAX:
+        raise ProtocolViolation(f"command of {command_size} bytes does not fit its {len(body)}-byte frame")
+    command = pb.BaseCommand()
+    try:
+        command.ParseFromString(body[SIZE.size: SIZE.size + command_size])
+    except (DecodeError, ValueError) as exc:
+        raise ProtocolViolation(f"unparsable command: {exc}") from None
+    if not command.HasField("type") or command.type not in KNOWN_TYPES:
+        raise ProtocolViolation("command without a known type")
+    rest = body[SIZE.size + command_size:]
+    return Frame(command, rest if len(rest) else None)
+
+
+def command_frame(command: pb.BaseCommand) -> bytes:
+    """A frame holding ``command`` alone."""
+    body: bytes = command.SerializeToString()
+    return FRAME_HEADER.pack(SIZE.size + len(body), len(body)) + body
+
+
+def payload_frame(command: pb.BaseCommand, payload: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """A frame holding ``command`` and ``payload``, as two buffers for one ``writelines`` (the
+    payload is not copied)."""
+    body = command.SerializeToString()
+    return FRAME_HEADER.pack(SIZE.size + len(body) + len(payload), len(body)) + body, payload

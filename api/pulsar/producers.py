@@ -1,0 +1,308 @@
+"""The producer half of a binary-protocol connection: PRODUCER, SEND, CLOSE_PRODUCER.
+
+Role: each client producer (one per topic partition; the client routes) is one broker
+``Producer``. A SEND's payload is the client's own entry: checked in full
+(``check_client_entry``) and stored byte for byte (``Producer.send_entry``), deduplicated by
+producer name and sequence id; its receipt carries the entry's ledger and entry id.
+``ProducerAccess`` is the broker-wide table of who produces where, for Pulsar's access modes
+(Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) and unique producer names.
+
+Invariants:
+- Receipts (and send errors) of one producer leave in the order of its sends; Pulsar's clients
+  match them to their pending queue by sequence id and drop the connection on a mismatch.
+- A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
+  read until half of them are answered.
+- A client entry the broker would not be able to read back is answered ``ChecksumError`` (the
+  client drops that message) and never stored; a storage failure is a ``PersistenceError``
+  (the client reconnects and resends, deduplication keeps that exactly-once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from api.auth import Action
+from api.pulsar import commands
+from api.pulsar.context import ConnectionContext
+from api.pulsar.framing import Frame, ProtocolViolation
+from api.pulsar.proto import pulsar_api_pb2 as pb
+from api.pulsar.schemas import ProtocolSchemas
+from api.wakeup import LoopSignal
+from broker import (
+    AlreadyExists,
+    CorruptEntry,
+    InvalidRequest,
+    MagnetarError,
+    Producer,
+    ProducerBusy,
+    ProducerFenced,
+    PublishResult,
+    TopicName,
+    check_client_entry,
+)
+
+log = logging.getLogger(__name__)
+
+Mode = pb.ProducerAccessMode
+
+
+@dataclass(eq=False)
+class _Holder:
+    name: str
+    mode: int
+    fence: Callable[[], None]
+    ready: Callable[[int], None]
+
+
+@dataclass
+class _TopicProducers:
+    holders: list[_Holder] = field(default_factory=list)
+    waiting: deque[_Holder] = field(default_factory=deque)
+    epoch: int = 0
+
+
+class ProducerAccess:
+    """Who produces to each topic, across connections (all on the server's event loop)."""
+
+    def __init__(self) -> None:
+        self._topics: dict[str, _TopicProducers] = {}
+
+    def acquire(self, topic: str, holder: _Holder) -> tuple[bool, int]:
+        """(ready now, topic epoch); ``ProducerBusy`` when refused. A ``WaitForExclusive``
+        producer that must wait is ready later, through its ``ready`` callback."""
+        state = self._topics.setdefault(topic, _TopicProducers())
+        if any(h.name == holder.name for h in state.holders):
+            raise ProducerBusy(f"a producer named {holder.name} is already connected to {topic}")
+        exclusive = [h for h in state.holders if h.mode != Mode.Shared]
+        if holder.mode == Mode.Shared:
+            if exclusive:
+                raise ProducerBusy(f"{topic} has an exclusive producer ({exclusive[0].name})")
+        elif holder.mode == Mode.ExclusiveWithFencing:
+            for fenced in list(state.holders):
+                state.holders.remove(fenced)
+                fenced.fence()
+            state.epoch += 1
+        elif state.holders:
+            if holder.mode == Mode.WaitForExclusive:
+                state.waiting.append(holder)
+                return False, state.epoch
+            raise ProducerBusy(f"{topic} already has a producer ({state.holders[0].name}); "
+                               "an Exclusive producer needs it to itself")
+        else:
+            state.epoch += 1
+        state.holders.append(holder)
+        return True, state.epoch
+
+    def release(self, topic: str, holder: _Holder) -> None:
+        state = self._topics.get(topic)
+        if state is None:
+            return
+        if holder in state.waiting:
+            state.waiting.remove(holder)
+        if holder in state.holders:
+            state.holders.remove(holder)
+        if not state.holders and state.waiting:
+            nxt = state.waiting.popleft()
+            state.epoch += 1
+            state.holders.append(nxt)
+            nxt.ready(state.epoch)
+        if not state.holders and not state.waiting:
+            del self._topics[topic]
+
+    def producers(self) -> int:
+        return sum(len(s.holders) for s in self._topics.values())
+
+
+_Outcome = Future[PublishResult] | BaseException
+
+
+@dataclass
+class _ClientProducer:
+    producer_id: int
+    topic: TopicName
+    producer: Producer
+    holder: _Holder
+    schema_version: bytes | None
+    pending: deque[tuple[int, int, _Outcome]] = field(default_factory=deque)
+    """(sequence id, highest sequence id, outcome) of each send, in send order."""
+    ready: bool = True
+    closed: bool = False
+    close_request_id: int | None = None
+    """A CLOSE_PRODUCER waiting for the receipts of the sends before it (then SUCCESS)."""
+
+
+class ProducerHalf:
+    """Every producer of one connection."""
+
+    _names = itertools.count()
+
+    def __init__(self, context: ConnectionContext, access: ProducerAccess, schemas: ProtocolSchemas) -> None:
+        self._context = context
+        self._access = access
+        self._schemas = schemas
+        self._producers: dict[int, _ClientProducer] = {}
+        self._pending_sends = 0
+        self._reading_paused = False
+        self._answer = LoopSignal(context.loop, self._send_receipts)
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    @property
+    def pending_sends(self) -> int:
+        return self._pending_sends
+
+    # --- PRODUCER ----------------------------------------------------------------------
+    def open(self, command: pb.CommandProducer) -> None:
+        context = self._context
+        out = context.out
+        if command.producer_id in self._producers:
+            out.write([commands.error(command.request_id, ProducerBusy(
+                f"producer id {command.producer_id} is already in use on this connection"))])
+            return
+        try:
+            topic = TopicName.parse(command.topic)
+            context.authorize(Action.PRODUCE, topic)
+            if command.encrypted:
+                raise InvalidRequest("end-to-end encrypted producers are not supported")
+            name = command.producer_name or f"standalone-{context.connection_id}-{next(self._names)}"
+            schema_version = self._schemas.for_producer(topic, command.schema if command.HasField("schema") else None)
+            producer = context.service.producer(topic, name)
+            if command.initial_subscription_name:
+                self._initial_subscription(topic, command.initial_subscription_name)
+            last_sequence_id = producer.last_sequence_id()
+            holder = _Holder(name, command.producer_access_mode,
+                             lambda: self._fenced(command.producer_id),
+                             lambda epoch: self._now_ready(command.producer_id, command.request_id, epoch))
+            state = _ClientProducer(command.producer_id, topic, producer, holder, schema_version)
+            ready, epoch = self._access.acquire(topic.full_name, holder)
+        except MagnetarError as exc:
+            out.write([commands.error(command.request_id, exc)])
+            return
+        state.ready = ready
+        self._producers[command.producer_id] = state
+        exclusive = command.producer_access_mode != Mode.Shared
+        out.write([commands.producer_success(command.request_id, name, last_sequence_id, schema_version,
+                                             epoch if exclusive else None, ready=ready)])
+        context.count("producers_opened")
+
+    def _initial_subscription(self, topic: TopicName, subscription: str) -> None:
+        """A producer may ask for a subscription to exist from the topic's start (the client's
+        dead-letter producer does, so moved messages are kept for their reader); as in Pulsar,
+        this needs the right to consume too, and an existing subscription is left as it is."""
+        self._context.authorize(Action.CONSUME, topic)
+        with contextlib.suppress(AlreadyExists):
+            self._context.service.admin.create_subscription(topic, subscription, "earliest")
+
+    def _now_ready(self, producer_id: int, request_id: int, epoch: int) -> None:
+        state = self._producers.get(producer_id)
+        if state is None or state.closed:
+            return
+        state.ready = True
+        self._context.out.write([commands.producer_success(
+            request_id, state.holder.name, state.producer.last_sequence_id(), state.schema_version, epoch)])
+
+    def _fenced(self, producer_id: int) -> None:
+        """Another producer took the topic with ExclusiveWithFencing: this one is closed."""
+        state = self._producers.pop(producer_id, None)
+        if state is not None:
+            state.closed = True
+            self._context.out.write([commands.close_producer(producer_id, 0)])
+
+    # --- SEND --------------------------------------------------------------------------
+    def send(self, command: pb.CommandSend, frame: Frame) -> None:
+        state = self._producers.get(command.producer_id)
+        if state is None or state.closed or frame.payload is None:
+            raise ProtocolViolation("SEND without a payload" if state is not None and not state.closed else
+                                    f"SEND for producer {command.producer_id}, which is not open here")
+        sequence_id = command.sequence_id
+        count = command.num_messages
+        highest = command.highest_sequence_id if command.highest_sequence_id >= sequence_id else \
+            sequence_id + max(count, 1) - 1
+        outcome: _Outcome
+        try:
+            if not state.ready:
+                raise ProducerFenced("the producer is waiting for exclusive access and may not send yet")
+            data = bytes(frame.payload)
+            entry = check_client_entry(data, count)
+            outcome = state.producer.send_entry(data, entry.message_count, sequence_id=sequence_id,
+                                                highest_sequence_id=highest, partial_chunk=entry.partial_chunk)
+        except InvalidRequest as exc:  # the client drops the message on ChecksumError
+            outcome = CorruptEntry(str(exc))
+        except MagnetarError as exc:
+            outcome = exc
+        state.pending.append((sequence_id, highest, outcome))
+        self._pending_sends += 1
+        self._context.count("sends")
+        if isinstance(outcome, Future):
+            outcome.add_done_callback(self._answer.notify)
+        else:
+            self._answer.notify()
+        if self._pending_sends >= self._context.settings.pending_sends_max and not self._reading_paused:
+            self._reading_paused = True
+            self._context.out.pause_reading()
+
+    def _send_receipts(self) -> None:
+        """Answer, per producer and in order, every send at the head of its queue that finished."""
+        buffers: list[bytes | memoryview] = []
+        for state in list(self._producers.values()):
+            pending = state.pending
+            while pending:
+                sequence_id, highest, outcome = pending[0]
+                if isinstance(outcome, Future):
+                    if not outcome.done():
+                        break
+                    error = outcome.exception()
+                    outcome = error if error is not None else outcome
+                pending.popleft()
+                self._pending_sends -= 1
+                buffers.append(self._receipt(state, sequence_id, highest, outcome))
+            if state.closed and not pending:
+                self._producers.pop(state.producer_id, None)
+                if state.close_request_id is not None:
+                    buffers.append(commands.success(state.close_request_id))
+                    state.close_request_id = None
+        if buffers:
+            self._context.out.write(buffers)
+        if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
+            self._reading_paused = False
+            self._context.out.resume_reading()
+
+    def _receipt(self, state: _ClientProducer, sequence_id: int, highest: int, outcome: _Outcome) -> bytes:
+        if isinstance(outcome, Future):
+            result = outcome.result()
+            return commands.send_receipt(state.producer_id, sequence_id, highest, result.position.ledger_id,
+                                         result.position.entry_id, state.topic.partition_index)
+        if not isinstance(outcome, MagnetarError):
+            log.error("a send failed", exc_info=outcome)
+        self._context.count("send_errors")
+        return commands.send_error(state.producer_id, sequence_id, outcome)
+
+    # --- CLOSE_PRODUCER, connection end --------------------------------------------------
+    def close(self, command: pb.CommandCloseProducer) -> None:
+        """As Pulsar's broker: the producer's sends still being stored are answered first, then
+        the close (a receipt after the close would name a producer the client forgot)."""
+        state = self._producers.get(command.producer_id)
+        if state is not None:
+            self._release(state)
+            if state.pending:
+                state.close_request_id = command.request_id
+                return
+            del self._producers[command.producer_id]
+        self._context.out.write([commands.success(command.request_id)])
+
+    def _release(self, state: _ClientProducer) -> None:
+        if not state.closed:
+            state.closed = True
+            self._access.release(state.topic.full_name, state.holder)
+
+    def close_all(self) -> None:
+        for state in self._producers.values():
+            self._release(state)
+        self._producers.clear()

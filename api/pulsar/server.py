@@ -1,0 +1,285 @@
+"""The binary front end's asyncio adapter: listeners on :6650 (and :6651 with TLS), bytes to frames.
+
+Role: ``PulsarServer`` listens on the API's event loop (the broker's dispatch runs there too, so
+deliveries leave inside the dispatch that made them). Each accepted connection is a
+``PulsarProtocol``: it feeds received bytes to a ``FrameDecoder`` and the frames to a
+``PulsarSession``, and is the session's ``Outbound`` (writes, read pausing, congestion).
+
+Invariants:
+- Bounded: at most ``connections_max`` connections (more are closed at once); one frame in
+  the decoder; at most ``pending_sends_max`` sends unanswered per connection (reading pauses);
+  outgoing bytes above ``write_buffer_bytes_max`` make the session congested (deliveries stop
+  until the transport drained, and resume then).
+- A protocol violation or an unexpected failure closes that connection (logged once, counted
+  in ``statistics()``); nothing a client sends reaches past its own connection.
+- A connection silent for two keep-alive intervals is closed; one quiet for one interval is
+  sent a PING. With authentication on, every ``auth_refresh_check_s`` each session checks
+  whether its token expired (``PulsarSession.check_credentials``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from api.auth import Authorizer
+from api.pulsar import commands
+from api.pulsar.context import ConnectionContext
+from api.pulsar.framing import FrameDecoder, ProtocolViolation
+from api.pulsar.producers import ProducerAccess
+from api.pulsar.schemas import ProtocolSchemas
+from api.pulsar.session import Listener, PulsarSession
+from api.pulsar.settings import PulsarSettings
+from broker import BrokerService, MagnetarError, TopicName
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PulsarServerStats:
+    connections_open: int
+    connections_accepted: int
+    connections_refused: int
+    protocol_violations: int
+    frames_received: int
+    bytes_received: int
+    producers: int
+    consumers: int
+    sends: int
+    send_errors: int
+    messages_out: int
+    authentication_failures: int
+
+
+class PulsarServer:
+    def __init__(self, service: BrokerService, authorizer: Authorizer, settings: PulsarSettings) -> None:
+        self.service = service
+        self.authorizer = authorizer
+        self.settings = settings
+        self.access = ProducerAccess()
+        self.schemas = ProtocolSchemas(service.schemas)
+        self._servers: list[asyncio.AbstractServer] = []
+        self._connections: set[PulsarProtocol] = set()
+        self._ids = itertools.count(1)
+        self._keepalive: asyncio.Task[None] | None = None
+        self._auth_refresh: asyncio.Task[None] | None = None
+        self.ports: dict[str, int] = {}
+        self.accepted = self.refused = self.violations = self.frames = self.bytes_in = 0
+        self.totals: dict[str, int] = {}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        settings = self.settings
+        host = settings.host
+        if settings.port:
+            server = await loop.create_server(lambda: PulsarProtocol(self, tls=False), host, settings.port)
+            self._servers.append(server)
+            self.ports["pulsar"] = server.sockets[0].getsockname()[1]
+        if settings.tls_enabled:
+            server = await loop.create_server(lambda: PulsarProtocol(self, tls=True), host, settings.tls_port,
+                                              ssl=self._ssl_context())
+            self._servers.append(server)
+            self.ports["pulsar+ssl"] = server.sockets[0].getsockname()[1]
+        self._keepalive = asyncio.create_task(self._keepalive_loop())
+        if self.authorizer.enabled:
+            self._auth_refresh = asyncio.create_task(self._auth_refresh_loop())
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        settings = self.settings
+        assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        if settings.tls_trust_certs_file:
+            context.load_verify_locations(settings.tls_trust_certs_file)
+            context.verify_mode = ssl.CERT_OPTIONAL
+        return context
+
+    async def close(self) -> None:
+        for task in (self._keepalive, self._auth_refresh):
+            if task is not None:
+                task.cancel()
+        for server in self._servers:
+            server.close()
+        for connection in list(self._connections):
+            connection.close()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self._servers.clear()
+
+    def listener_for(self, host: str) -> Listener:
+        host = self.settings.advertised_host or host
+        plain = self.ports.get("pulsar")
+        tls = self.ports.get("pulsar+ssl")
+        return Listener(f"pulsar://{host}:{plain}" if plain else None,
+                        f"pulsar+ssl://{host}:{tls}" if tls else None)
+
+    def owner_of(self, topic: TopicName, host: str) -> Listener:
+        """The one place that answers "which broker serves ``topic``" for a client that reached
+        this broker at ``host``: binary LOOKUP and HTTP lookup both ask here. A standalone
+        broker owns every topic, so this is always this broker's own listeners; a cluster's
+        broker would answer the owner's listeners (LOOKUP then says Redirect, not Connect)."""
+        return self.listener_for(host)
+
+    def admit(self, connection: PulsarProtocol) -> bool:
+        if len(self._connections) >= self.settings.connections_max:
+            self.refused += 1
+            return False
+        self._connections.add(connection)
+        self.accepted += 1
+        return True
+
+    def forget(self, connection: PulsarProtocol) -> None:
+        self._connections.discard(connection)
+        for name, value in connection.context.counters.items() if connection.context else ():
+            self.totals[name] = self.totals.get(name, 0) + value
+
+    async def _keepalive_loop(self) -> None:
+        interval_s = self.settings.keepalive_interval_s
+        while True:
+            await asyncio.sleep(interval_s / 2)
+            now = time.monotonic()
+            for connection in list(self._connections):
+                connection.keepalive(now, interval_s)
+
+    async def _auth_refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.auth_refresh_check_s)
+            now_s = time.time()
+            for connection in list(self._connections):
+                connection.check_credentials(now_s)
+
+    def statistics(self) -> PulsarServerStats:
+        live: dict[str, int] = dict(self.totals)
+        producers = consumers = 0
+        for connection in self._connections:
+            if connection.context is not None:
+                for name, value in connection.context.counters.items():
+                    live[name] = live.get(name, 0) + value
+            if connection.session is not None:
+                producers += len(connection.session.producers)
+                consumers += len(connection.session.consumers)
+        return PulsarServerStats(len(self._connections), self.accepted, self.refused, self.violations,
+                                 self.frames, self.bytes_in, producers, consumers, live.get("sends", 0),
+                                 live.get("send_errors", 0), live.get("messages_out", 0),
+                                 live.get("authentication_failures", 0))
+
+
+class PulsarProtocol(asyncio.Protocol):
+    """One connection: bytes in through the decoder to the session; the session's ``Outbound``."""
+
+    def __init__(self, server: PulsarServer, *, tls: bool) -> None:
+        self.server = server
+        self.tls = tls
+        self.transport: asyncio.Transport | None = None
+        self.decoder = FrameDecoder(server.settings.frame_bytes_max)
+        self.context: ConnectionContext | None = None
+        self.session: PulsarSession | None = None
+        self._writing_paused = False
+        self._reading_paused = False
+        self._closing = False
+
+    # --- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream transport (uvloop's are not subclasses of asyncio.Transport, only alike)
+        self.transport = transport = cast(asyncio.Transport, transport)
+        if not self.server.admit(self):
+            transport.abort()
+            return
+        server = self.server
+        transport.set_write_buffer_limits(high=server.settings.write_buffer_bytes_max)
+        host = transport.get_extra_info("sockname")[0]
+        self.context = ConnectionContext(server.service, server.authorizer, server.settings, self,
+                                         asyncio.get_running_loop(), next(server._ids))
+        self.session = PulsarSession(self.context, lambda topic: server.owner_of(topic, host), server.access,
+                                     server.schemas)
+
+    def data_received(self, data: bytes) -> None:
+        if self.session is None or self._closing:
+            return
+        try:
+            frames = self.decoder.feed(data)
+            self.server.bytes_in += len(data)
+            for frame in frames:
+                self.server.frames += 1
+                self.session.handle(frame)
+                if self._closing:
+                    return
+        except ProtocolViolation as exc:
+            self.server.violations += 1
+            log.info("closing a binary-protocol connection: %s", exc)
+            self.close()
+        except MagnetarError as exc:
+            log.warning("closing a binary-protocol connection after a broker error: %s", exc)
+            self.close()
+        except Exception:
+            log.exception("closing a binary-protocol connection after an unexpected failure")
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self.session is not None:
+            try:
+                self.session.connection_lost()
+            except Exception:
+                log.exception("releasing a binary-protocol connection's producers and consumers failed")
+        self.server.forget(self)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self.session is not None and not self._closing:
+            self.session.writable_again()
+
+    # --- Outbound ------------------------------------------------------------------------
+    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+        if self.transport is not None and not self._closing and buffers:
+            self.transport.writelines(buffers)
+
+    @property
+    def congested(self) -> bool:
+        return self._writing_paused
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._reading_paused and not self._closing:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if self.transport is not None and not self._closing:
+            self._closing = True
+            self.transport.close()
+
+    def check_credentials(self, now_s: float) -> None:
+        if self.session is None or self._closing:
+            return
+        try:
+            self.session.check_credentials(now_s)
+        except ProtocolViolation as exc:
+            self.server.violations += 1
+            log.info("closing a binary-protocol connection: %s", exc)
+            self.close()
+
+    def keepalive(self, now_s: float, interval_s: float) -> None:
+        if self.session is None or self._closing:
+            return
+        silent_s = now_s - self.session.last_frame_s
+        if silent_s >= 2 * interval_s:
+            log.info("closing a binary-protocol connection silent for %.0f s", silent_s)
+            self.close()
+        elif silent_s >= interval_s:
+            self.write([commands.ping()])

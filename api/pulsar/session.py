@@ -1,0 +1,301 @@
+"""One binary-protocol connection's state machine: handshake, then commands onto the broker.
+
+Role: the server's asyncio adapter (``server.py``) feeds this session the frames its decoder
+cut (``framing.py``); the session answers through ``Outbound``. States:
+
+    AWAITING_CONNECT --CONNECT (token checked when authentication is on)--> CONNECTED
+    any state --protocol violation, failed authentication, peer gone--> CLOSED
+
+Credentials expire: a CONNECTED session whose token's ``exp`` passed is challenged
+(AUTH_CHALLENGE) when the client said it can refresh, and closed otherwise or when no valid
+token of the same role answers (``check_credentials``), as Pulsar's broker does.
+
+Before CONNECTED only CONNECT (and PING/PONG) is allowed; a second CONNECT, a command of an
+unknown kind, a SEND for a producer this connection did not open or without its payload are
+protocol violations: :class:`ProtocolViolation` propagates and the adapter closes the
+connection. Requests the broker refuses are answered with the command's error form (ERROR,
+SEND_ERROR, a failed lookup) and the connection goes on. The producer and consumer halves
+(``producers.py``, ``consumers.py``) and the topic lists (``topic_lists.py``) hold the
+per-command logic; lookups are answered here.
+
+Protocol version: the server speaks up to ``PROTOCOL_VERSION_MAX`` and answers CONNECT with
+the lower of that and the client's, as Pulsar's broker does.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from api.auth import Action
+from api.pulsar import commands
+from api.pulsar.consumers import ConsumerHalf
+from api.pulsar.context import ConnectionContext
+from api.pulsar.framing import Frame, ProtocolViolation
+from api.pulsar.producers import ProducerAccess, ProducerHalf
+from api.pulsar.proto import pulsar_api_pb2 as pb
+from api.pulsar.schemas import ProtocolSchemas
+from api.pulsar.topic_lists import TopicLists
+from broker import Forbidden, MagnetarError, NotAllowed, TopicName, Unauthorized
+
+log = logging.getLogger(__name__)
+
+T = pb.BaseCommand.Type
+PROTOCOL_VERSION_MAX = 19
+SERVER_VERSION = "Magnetar 0.1.0"
+TOKEN_METHOD = "token"
+NO_REQUEST_ID = (1 << 64) - 1
+"""The request id of an ERROR that answers no request (a refused CONNECT): Java's -1."""
+
+
+BROKER_ONLY = frozenset({
+    T.CONNECTED, T.SEND_RECEIPT, T.SEND_ERROR, T.MESSAGE, T.SUCCESS, T.ERROR, T.PRODUCER_SUCCESS,
+    T.PARTITIONED_METADATA_RESPONSE, T.LOOKUP_RESPONSE, T.CONSUMER_STATS_RESPONSE, T.REACHED_END_OF_TOPIC,
+    T.GET_LAST_MESSAGE_ID_RESPONSE, T.ACTIVE_CONSUMER_CHANGE, T.GET_TOPICS_OF_NAMESPACE_RESPONSE,
+    T.GET_SCHEMA_RESPONSE, T.AUTH_CHALLENGE, T.ACK_RESPONSE, T.GET_OR_CREATE_SCHEMA_RESPONSE,
+    T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPIC_UPDATE, T.TOPIC_MIGRATED})
+"""Commands only a broker sends: from a client they are protocol violations."""
+
+
+class State(enum.Enum):
+    AWAITING_CONNECT = "awaiting_connect"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """How lookups name a broker: the URLs of its plain and TLS listeners."""
+
+    service_url: str | None
+    service_url_tls: str | None
+
+
+class PulsarSession:
+    def __init__(self, context: ConnectionContext, owner_of: Callable[[TopicName], Listener],
+                 access: ProducerAccess, schemas: ProtocolSchemas) -> None:
+        self.context = context
+        self.owner_of = owner_of
+        """Which broker serves a topic (``PulsarServer.owner_of``): what LOOKUP answers."""
+        self.state = State.AWAITING_CONNECT
+        self.protocol_version = 0
+        self.client_version = ""
+        self.supports_auth_refresh = False
+        self._challenged_at_s: float | None = None
+        """When an AUTH_CHALLENGE asked for fresh credentials that have not come yet."""
+        self.producers = ProducerHalf(context, access, schemas)
+        self.consumers = ConsumerHalf(context, schemas)
+        self.topic_lists = TopicLists(context)
+        self._schemas = schemas
+        self.last_frame_s = time.monotonic()
+        self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
+            T.PING: lambda c, f: context.out.write([commands.pong()]),
+            T.PONG: lambda c, f: None,
+            T.PARTITIONED_METADATA: lambda c, f: self._partitioned_metadata(c.partitionMetadata),
+            T.LOOKUP: lambda c, f: self._lookup(c.lookupTopic),
+            T.PRODUCER: lambda c, f: self.producers.open(c.producer),
+            T.SEND: lambda c, f: self.producers.send(c.send, f),
+            T.CLOSE_PRODUCER: lambda c, f: self.producers.close(c.close_producer),
+            T.SUBSCRIBE: lambda c, f: self.consumers.subscribe(c.subscribe),
+            T.FLOW: lambda c, f: self.consumers.flow(c.flow),
+            T.ACK: lambda c, f: self.consumers.ack(c.ack),
+            T.REDELIVER_UNACKNOWLEDGED_MESSAGES: lambda c, f: self.consumers.redeliver(
+                c.redeliverUnacknowledgedMessages),
+            T.SEEK: lambda c, f: self.consumers.seek(c.seek),
+            T.GET_LAST_MESSAGE_ID: lambda c, f: self.consumers.last_message_id(c.getLastMessageId),
+            T.UNSUBSCRIBE: lambda c, f: self.consumers.unsubscribe(c.unsubscribe),
+            T.CLOSE_CONSUMER: lambda c, f: self.consumers.close(c.close_consumer),
+            T.CONSUMER_STATS: lambda c, f: self.consumers.stats(c.consumerStats),
+            T.GET_TOPICS_OF_NAMESPACE: lambda c, f: self.topic_lists.get(c.getTopicsOfNamespace),
+            T.WATCH_TOPIC_LIST: lambda c, f: self.topic_lists.watch(c.watchTopicList),
+            T.WATCH_TOPIC_LIST_CLOSE: lambda c, f: self.topic_lists.close(c.watchTopicListClose),
+            T.GET_SCHEMA: lambda c, f: self._get_schema(c.getSchema),
+            T.GET_OR_CREATE_SCHEMA: lambda c, f: self._get_or_create_schema(c.getOrCreateSchema),
+            T.AUTH_RESPONSE: lambda c, f: self._auth_response(c.authResponse),
+        }
+
+    # --- the state machine ---------------------------------------------------------------
+    def handle(self, frame: Frame) -> None:
+        """Apply one frame; ``ProtocolViolation`` when the connection must be closed."""
+        self.last_frame_s = time.monotonic()
+        command = frame.command
+        if self.state is State.CLOSED:
+            return
+        if command.type == T.CONNECT:
+            if self.state is not State.AWAITING_CONNECT:
+                raise ProtocolViolation("CONNECT on a connected connection")
+            self._connect(command.connect)
+            return
+        if self.state is State.AWAITING_CONNECT and command.type not in (T.PING, T.PONG):
+            raise ProtocolViolation(f"{T.Name(command.type)} before CONNECT")
+        handler = self._handlers.get(command.type)
+        if handler is None:
+            self._refuse(command)
+            return
+        _require_body(command)
+        handler(command, frame)
+
+    def _refuse(self, command: pb.BaseCommand) -> None:
+        """A command Magnetar does not serve (transactions): an ERROR when
+        it carries a request id the client waits on, else a protocol violation (so is a command
+        only a broker sends)."""
+        request_id = None if command.type in BROKER_ONLY else _request_id_of(command)
+        if request_id is None:
+            raise ProtocolViolation(f"{T.Name(command.type)} is not supported")
+        self.context.out.write([commands.error(request_id, NotAllowed(f"{T.Name(command.type)} is not supported"))])
+
+    def _connect(self, connect: pb.CommandConnect) -> None:
+        if not connect.HasField("client_version"):
+            raise ProtocolViolation("CONNECT without a client version")
+        self.client_version = connect.client_version
+        self.protocol_version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
+        self.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
+        context = self.context
+        if context.authorizer.enabled:
+            try:
+                context.principal = self._authenticate(connect.auth_method_name, connect.auth_data)
+            except (Unauthorized, Forbidden) as exc:
+                context.count("authentication_failures")
+                context.out.write([commands.error_of(NO_REQUEST_ID, pb.AuthenticationError, str(exc))])
+                self.state = State.CLOSED
+                context.out.close()
+                return
+        self.state = State.CONNECTED
+        context.out.write([commands.connected(SERVER_VERSION, self.protocol_version,
+                                              context.settings.max_message_size_bytes)])
+
+    def _authenticate(self, method: str, data: bytes) -> Any:
+        if method != TOKEN_METHOD:
+            raise Unauthorized(f"authentication method {method or 'none'!r} is not accepted: use token")
+        try:
+            token = data.decode()
+        except UnicodeDecodeError:
+            raise Unauthorized("the token is not text") from None
+        return self.context.authorizer.principal_of(token.removeprefix("token:"))
+
+    def _auth_response(self, response: pb.CommandAuthResponse) -> None:
+        """A client refreshing its credentials: the new token must be valid and name the same
+        role (else the connection ends, as Pulsar's broker ends it)."""
+        if not self.context.authorizer.enabled:
+            return
+        try:
+            principal = self._authenticate(response.response.auth_method_name, response.response.auth_data)
+        except Unauthorized as exc:
+            raise ProtocolViolation(f"refreshed credentials refused: {exc}") from None
+        previous = self.context.principal
+        if previous is not None and principal.role != previous.role:
+            raise ProtocolViolation(f"refreshed credentials name role {principal.role!r}, not {previous.role!r}")
+        self.context.principal = principal
+        self._challenged_at_s = None
+
+    def check_credentials(self, now_s: float) -> None:
+        """Pulsar's authentication refresh, run every ``auth_refresh_check_s``: once the token
+        expired, a client that can refresh is sent AUTH_CHALLENGE and must answer with a valid
+        token of the same role before the next check; any other client is disconnected
+        (``ProtocolViolation``). ``now_s`` is wall-clock time, as the token's ``exp``."""
+        principal = self.context.principal
+        if self.state is not State.CONNECTED or principal is None or principal.expires_at_s is None \
+                or now_s < principal.expires_at_s:
+            return
+        if not self.supports_auth_refresh:
+            raise ProtocolViolation("the token expired and the client cannot refresh it")
+        if self._challenged_at_s is not None:
+            if now_s - self._challenged_at_s >= self.context.settings.auth_refresh_check_s:
+                raise ProtocolViolation("the token expired and no fresh one came after the challenge")
+            return
+        self._challenged_at_s = now_s
+        self.context.out.write([commands.auth_challenge(SERVER_VERSION, self.protocol_version, TOKEN_METHOD)])
+
+    # --- lookups -------------------------------------------------------------------------
+    def _lookup_allowed(self, topic: TopicName) -> None:
+        """A lookup needs the right to produce or to consume there."""
+        try:
+            self.context.authorize(Action.PRODUCE, topic)
+        except Forbidden:
+            self.context.authorize(Action.CONSUME, topic)
+
+    def _partitioned_metadata(self, request: pb.CommandPartitionedTopicMetadata) -> None:
+        try:
+            topic = TopicName.parse(request.topic)
+            self._lookup_allowed(topic)
+            self.context.service.policies(topic.namespace_name)  # NotFound for an unknown namespace
+            partitions = self.context.service.partitions(topic) if topic.partition_index < 0 else 0
+        except MagnetarError as exc:
+            self.context.out.write([commands.partitioned_metadata_failed(request.request_id, exc)])
+            return
+        self.context.out.write([commands.partitioned_metadata(request.request_id, partitions)])
+
+    def _lookup(self, request: pb.CommandLookupTopic) -> None:
+        """LOOKUP: the owner's listeners (``owner_of``), after the caller's right to use the topic."""
+        try:
+            topic = TopicName.parse(request.topic)
+            self._lookup_allowed(topic)
+            owner = self.owner_of(topic)
+        except MagnetarError as exc:
+            self.context.out.write([commands.lookup_failed(request.request_id, exc)])
+            return
+        plain, tls = owner.service_url, owner.service_url_tls
+        self.context.out.write([commands.lookup(request.request_id, plain or tls or "", tls)])
+
+    # --- schemas -------------------------------------------------------------------------
+    def _get_schema(self, request: pb.CommandGetSchema) -> None:
+        try:
+            schema, version = self._schemas.get(TopicName.parse(request.topic), request.schema_version or None)
+        except MagnetarError as exc:
+            self.context.out.write([commands.schema_response(request.request_id, None, None, exc)])
+            return
+        self.context.out.write([commands.schema_response(request.request_id, schema, version)])
+
+    def _get_or_create_schema(self, request: pb.CommandGetOrCreateSchema) -> None:
+        try:
+            topic = TopicName.parse(request.topic)
+            self.context.authorize(Action.PRODUCE, topic)
+            version = self._schemas.for_producer(topic, request.schema)
+        except MagnetarError as exc:
+            self.context.out.write([commands.get_or_create_schema_response(request.request_id, None, exc)])
+            return
+        self.context.out.write([commands.get_or_create_schema_response(request.request_id, version)])
+
+    # --- the end -------------------------------------------------------------------------
+    def writable_again(self) -> None:
+        self.consumers.deliver_all()
+
+    def connection_lost(self) -> None:
+        self.state = State.CLOSED
+        self.producers.close_all()
+        self.consumers.close_all()
+        self.topic_lists.close_all()
+
+
+_BODIES: dict[int, str] = {
+    T.PARTITIONED_METADATA: "partitionMetadata", T.LOOKUP: "lookupTopic", T.PRODUCER: "producer",
+    T.SEND: "send", T.CLOSE_PRODUCER: "close_producer", T.SUBSCRIBE: "subscribe", T.FLOW: "flow",
+    T.ACK: "ack", T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "redeliverUnacknowledgedMessages", T.SEEK: "seek",
+    T.GET_LAST_MESSAGE_ID: "getLastMessageId", T.UNSUBSCRIBE: "unsubscribe", T.CLOSE_CONSUMER: "close_consumer",
+    T.CONSUMER_STATS: "consumerStats", T.GET_TOPICS_OF_NAMESPACE: "getTopicsOfNamespace", T.GET_SCHEMA: "getSchema",
+    T.GET_OR_CREATE_SCHEMA: "getOrCreateSchema", T.AUTH_RESPONSE: "authResponse",
+    T.WATCH_TOPIC_LIST: "watchTopicList", T.WATCH_TOPIC_LIST_CLOSE: "watchTopicListClose",
+}
+
+
+def _require_body(command: pb.BaseCommand) -> None:
+    """The command's body must be present and complete (required fields set)."""
+    field = _BODIES.get(command.type)
+    if field is None:
+        return
+    if not command.HasField(field):
+        raise ProtocolViolation(f"{T.Name(command.type)} without its body")
+    body = getattr(command, field)
+    if not body.IsInitialized():
+        raise ProtocolViolation(f"{T.Name(command.type)} lacks {', '.join(body.FindInitializationErrors())}")
+
+
+def _request_id_of(command: pb.BaseCommand) -> int | None:
+    for descriptor, value in command.ListFields():
+        if descriptor.name != "type" and hasattr(value, "request_id") and value.HasField("request_id"):
+            return int(value.request_id)
+    return None

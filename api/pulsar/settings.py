@@ -1,0 +1,59 @@
+"""The binary front end's settings: ports, TLS files and the bounds of a connection.
+
+Role: ``magnetar standalone`` builds one ``PulsarSettings`` from ``--pulsar-port`` and Pulsar's
+``standalone.conf`` keys (``brokerServicePort``, ``brokerServicePortTls``,
+``tlsCertificateFilePath``, ``tlsKeyFilePath``, ``tlsTrustCertsFilePath``,
+``maxMessageSize``, ``authenticationRefreshCheckSeconds``); the server and every session read
+their bounds from it. Every bound is a named setting with its unit in the name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+FRAME_OVERHEAD_BYTES = 64 * 1024
+"""What a frame may hold beyond its message: the command, metadata, batch headers (Pulsar
+allows 10 KiB of padding; schemas in commands need more)."""
+
+
+@dataclass(frozen=True)
+class PulsarSettings:
+    host: str = "0.0.0.0"
+    port: int = 6650
+    """``pulsar://`` listener port; 0 turns the plain listener off."""
+    tls_port: int = 0
+    """``pulsar+ssl://`` listener port (6651 when certificates are configured); 0 = off."""
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_trust_certs_file: str | None = None
+    """CA bundle for client certificates; when set, a certificate a client presents must be
+    signed by it (presenting one stays optional, as Pulsar's default)."""
+    advertised_host: str | None = None
+    """The host lookups answer with; default: the address the client connected to."""
+    max_message_size_bytes: int = 5 * MIB
+    """Told to clients in CONNECTED; larger messages are chunked by the client or refused."""
+    pending_sends_max: int = 10_000
+    """Sends of one connection stored or waiting for their receipt before the connection stops
+    being read (TCP then holds the client back)."""
+    write_buffer_bytes_max: int = 8 * MIB
+    """Outgoing bytes queued for a slow client before deliveries stop (they wait, in the
+    broker's flow control, until the buffer drained)."""
+    keepalive_interval_s: float = 30.0
+    """A PING is sent after this long without traffic; a connection silent for two intervals
+    is closed."""
+    auth_refresh_check_s: float = 60.0
+    """How often connections are checked for an expired token (Pulsar's
+    ``authenticationRefreshCheckSeconds``): a client that can refresh is sent AUTH_CHALLENGE and
+    must answer within one more period; one that cannot is disconnected."""
+    connections_max: int = 10_000
+    entries_remembered_max: int = 100_000
+    """Entries per consumer whose delivered messages are remembered to map acks to offsets."""
+
+    @property
+    def frame_bytes_max(self) -> int:
+        return self.max_message_size_bytes + FRAME_OVERHEAD_BYTES
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_port > 0 and self.tls_cert_file is not None and self.tls_key_file is not None

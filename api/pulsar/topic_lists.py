@@ -1,0 +1,158 @@
+"""A namespace's topic list on the binary protocol: GET_TOPICS_OF_NAMESPACE and topic-list watches.
+
+Role: pattern (regex) consumers find their topics here. GET_TOPICS_OF_NAMESPACE lists the
+namespace's persistent topics (a partitioned topic as its partitions); with a
+``topics_pattern`` the list is filtered and says so, with Pulsar's ``topics_hash``.
+WATCH_TOPIC_LIST (clients use it when CONNECTED advertises ``supports_topic_watchers``)
+answers the matching topics, then sends WATCH_TOPIC_UPDATE whenever a matching topic is
+created or deleted, until WATCH_TOPIC_LIST_CLOSE or the end of the connection. Updates come
+from the broker (``BrokerService.watch_topics``) on whatever thread created the topic and are
+handed to the event loop.
+
+Matching is Pulsar's: the pattern and the topic name are compared without their
+``persistent://`` scheme, the whole name must match (RE2, so no pattern can stall the broker).
+The hash is Pulsar's too (CRC32C of the sorted names, concatenated, as Guava prints it), so a
+client comparing the hash of its list with the broker's sees the same value.
+
+Invariants: listing needs the right to produce or consume in the namespace (or tenant admin);
+at most ``WATCHERS_PER_CONNECTION_MAX`` watches per connection (more are refused with an
+error); a watch sends only changes to the set it announced, each topic once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import crc32c
+
+from api.auth import Action
+from api.pulsar import commands
+from api.pulsar.context import ConnectionContext
+from api.pulsar.proto import pulsar_api_pb2 as pb
+from broker import Forbidden, InvalidRequest, MagnetarError, NotFound, TopicName, TopicPattern, check_namespace
+
+WATCHERS_PER_CONNECTION_MAX = 100
+SCHEME = "persistent://"
+
+
+def topics_hash(topics: Iterable[str]) -> str:
+    """Pulsar's ``TopicList.calculateHash``: CRC32C of the sorted names joined, as Guava's
+    ``HashCode.toString`` prints it (the checksum's bytes little-endian, in hex)."""
+    return crc32c.crc32c("".join(sorted(topics)).encode()).to_bytes(4, "little").hex()
+
+
+def _pattern(namespace: str, text: str) -> TopicPattern:
+    return TopicPattern(namespace, text.removeprefix(SCHEME))
+
+
+def _matching(pattern: TopicPattern, namespace: str, topics: Iterable[str]) -> list[str]:
+    return sorted(t for t in topics if pattern.matches(namespace, t.removeprefix(SCHEME)))
+
+
+@dataclass
+class _Watch:
+    pattern: TopicPattern
+    namespace: str
+    topics: set[str] = field(default_factory=set)
+    unwatch: Callable[[], None] | None = None
+
+
+class TopicLists:
+    """The topic-list requests and watches of one connection."""
+
+    def __init__(self, context: ConnectionContext) -> None:
+        self._context = context
+        self._watches: dict[int, _Watch] = {}
+
+    def __len__(self) -> int:
+        return len(self._watches)
+
+    def _namespace(self, text: str) -> str:
+        namespace = "/".join(check_namespace(text))
+        context = self._context
+        context.service.policies(namespace)  # NotFound for an unknown namespace
+        if context.authorizer.enabled:
+            assert context.principal is not None
+            if not any(context.authorizer.allowed(context.principal, action, namespace)
+                       for action in (Action.PRODUCE, Action.CONSUME)):
+                raise Forbidden(f"role {context.principal.role!r} may not list the topics of {namespace}")
+        return namespace
+
+    def _topics(self, namespace: str) -> list[str]:
+        service = self._context.service
+        found = set(service.topics(namespace))
+        for partitioned in service.partitioned_topics(namespace):
+            found.update(p.full_name for p in service.expand_partitions(TopicName.parse(partitioned)))
+        return sorted(found)
+
+    # --- GET_TOPICS_OF_NAMESPACE -------------------------------------------------------------
+    def get(self, request: pb.CommandGetTopicsOfNamespace) -> None:
+        out = self._context.out
+        try:
+            namespace = self._namespace(request.namespace)
+            topics = [] if request.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT else self._topics(namespace)
+            filtered = request.HasField("topics_pattern")
+            if filtered:
+                topics = _matching(_pattern(namespace, request.topics_pattern), namespace, topics)
+        except MagnetarError as exc:
+            out.write([commands.error(request.request_id, exc)])
+            return
+        digest = topics_hash(topics)
+        changed = not request.HasField("topics_hash") or request.topics_hash != digest
+        out.write([commands.topics_of_namespace(request.request_id, topics if changed else [], filtered=filtered,
+                                                topics_hash=digest, changed=changed)])
+
+    # --- WATCH_TOPIC_LIST ----------------------------------------------------------------
+    def watch(self, request: pb.CommandWatchTopicList) -> None:
+        out = self._context.out
+        try:
+            if request.watcher_id in self._watches:
+                raise InvalidRequest(f"watcher id {request.watcher_id} is already in use on this connection")
+            if len(self._watches) >= WATCHERS_PER_CONNECTION_MAX:
+                raise InvalidRequest(f"a connection may watch at most {WATCHERS_PER_CONNECTION_MAX} topic lists")
+            namespace = self._namespace(request.namespace)
+            watch = _Watch(_pattern(namespace, request.topics_pattern), namespace)
+            watch.topics.update(_matching(watch.pattern, namespace, self._topics(namespace)))
+            loop = self._context.loop
+            watcher_id = request.watcher_id
+
+            def changed(topic: str, exists: bool) -> None:  # on the thread that created or deleted it
+                loop.call_soon_threadsafe(self._changed, watcher_id, topic, exists)
+
+            watch.unwatch = self._context.service.watch_topics(namespace, changed)
+        except MagnetarError as exc:
+            out.write([commands.error(request.request_id, exc)])
+            return
+        self._watches[request.watcher_id] = watch
+        out.write([commands.watch_topic_list_success(request.request_id, request.watcher_id, sorted(watch.topics),
+                                                     topics_hash(watch.topics))])
+
+    def _changed(self, watcher_id: int, topic: str, exists: bool) -> None:
+        watch = self._watches.get(watcher_id)
+        if watch is None or exists == (topic in watch.topics):
+            return
+        if not watch.pattern.matches(watch.namespace, topic.removeprefix(SCHEME)):
+            return
+        if exists:
+            watch.topics.add(topic)
+        else:
+            watch.topics.discard(topic)
+        self._context.out.write([commands.watch_topic_update(watcher_id, [topic] if exists else [],
+                                                             [] if exists else [topic], topics_hash(watch.topics))])
+
+    def close(self, request: pb.CommandWatchTopicListClose) -> None:
+        watch = self._watches.pop(request.watcher_id, None)
+        if watch is None:
+            self._context.out.write([commands.error(request.request_id, NotFound(
+                f"watcher {request.watcher_id} is not open on this connection"))])
+            return
+        if watch.unwatch is not None:
+            watch.unwatch()
+        self._context.out.write([commands.success(request.request_id)])
+
+    def close_all(self) -> None:
+        for watch in self._watches.values():
+            if watch.unwatch is not None:
+                watch.unwatch()
+        self._watches.clear()

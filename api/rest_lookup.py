@@ -1,0 +1,53 @@
+"""Clusters, and this broker's own service URLs: where Pulsar's clients and tools find it.
+
+Role: :func:`local_urls` gives Pulsar's ``LookupData`` fields (``brokerUrl``, ``brokerUrlTls``,
+``httpUrl``, ``nativeUrl``) for this broker, naming its binary-protocol listeners as the host the
+request came to sees them; the lookup endpoint (``api/lookup.py``) answers with them for a topic
+this broker serves. ``/admin/v2/clusters`` lists the one cluster, ``standalone``, and
+``/admin/v2/clusters/standalone`` gives its URLs, as Pulsar's standalone does.
+
+Authorization: clusters are for superusers, as in Pulsar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from api.auth import Action, Authorizer, Caller
+from broker import BrokerService, Forbidden, NotFound, TopicName
+
+CLUSTER = "standalone"
+
+
+def local_urls(request: Request, topic: TopicName | None = None) -> dict[str, Any]:
+    """This broker's URLs, or with ``topic`` its owner's (the binary front end's ``owner_of``,
+    which binary LOOKUP asks too)."""
+    host = request.url.hostname or "127.0.0.1"
+    http_url = f"{request.url.scheme}://{request.url.netloc}"
+    binary = getattr(request.app.state, "pulsar_server", None)
+    listener = None if binary is None else binary.listener_for(host) if topic is None else binary.owner_of(topic, host)
+    plain = listener.service_url if listener is not None else None
+    tls = listener.service_url_tls if listener is not None else None
+    return {"brokerUrl": plain, "brokerUrlTls": tls, "httpUrl": http_url, "httpUrlTls": None, "nativeUrl": plain}
+
+
+def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.get("/admin/v2/clusters", summary="The clusters (standalone: one)")
+    def clusters(caller: Caller) -> list[str]:
+        authorizer.require_superuser(caller)
+        return [CLUSTER]
+
+    @routes.get("/admin/v2/clusters/{cluster}", summary="A cluster's service URLs")
+    def cluster(cluster: str, request: Request, caller: Caller) -> dict[str, Any]:
+        authorizer.require_superuser(caller)
+        if cluster != CLUSTER:
+            raise NotFound(f"cluster {cluster} does not exist")
+        urls = local_urls(request)
+        return {"serviceUrl": urls["httpUrl"], "serviceUrlTls": None, "brokerServiceUrl": urls["brokerUrl"],
+                "brokerServiceUrlTls": urls["brokerUrlTls"]}
+
+    return routes
