@@ -15,8 +15,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from api.auth import Action, Authorizer, Caller
-from broker import BrokerService, Forbidden, NotFound, TopicName
+from api.auth import Authorizer, Caller
+from broker import BrokerService, NotFound, TopicName
 
 CLUSTER = "standalone"
 

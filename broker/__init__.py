@@ -52,10 +52,10 @@ from broker.errors import (
     NotFound,
     OffsetMismatch,
     PreconditionFailed,
-    ServiceUnitNotReady,
-    TopicNotOwned,
     ProducerBusy,
     ProducerFenced,
+    ServiceUnitNotReady,
+    TopicNotOwned,
     TopicTerminated,
     Unauthorized,
 )
