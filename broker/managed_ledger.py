@@ -40,7 +40,6 @@ from broker.entry_cache import CachedEntry, EntryCache
 from broker.entry_format import (
     message_count,
     peek_broker_entry_metadata,
-    with_broker_entry_metadata,
     with_broker_entry_metadata_each,
 )
 from broker.errors import (
@@ -317,43 +316,10 @@ class ManagedLedger:
         ``OffsetMismatch`` and nothing is written). ``on_offsets(first_offset)`` runs under the
         lock that assigns offsets, before anything is written (the key index numbers the
         entry's keyed messages there); if it raises, nothing is written."""
-        if message_count < 1:
-            raise InvalidRequest("an entry holds at least one message")
-        if len(payload) > self.config.entry_size_bytes_max:
-            raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {self.config.entry_size_bytes_max}")
-        with self._lock:
-            self._check_writable()
-            if expected_offset is not None and expected_offset != self._next_offset:
-                raise OffsetMismatch(
-                    f"expected offset {expected_offset} but the next offset of {self.display_name} is "
-                    f"{self._next_offset}",
-                    expected_offset=expected_offset, next_offset=self._next_offset)
-            if on_offsets is not None:
-                on_offsets(self._next_offset)
-            self._maybe_roll_over()
-            assert self._current is not None
-            first_offset = self._next_offset
-            last_offset = first_offset + message_count - 1
-            publish_ms = max(self._now_ms(), self._last_publish_ms)
-            data = with_broker_entry_metadata(payload, publish_ms, last_offset)
-            info = self._infos[-1]
-            entry_id = self._current_next_entry_id
-            self._sample(info, entry_id, first_offset, publish_ms, len(data))
-            with self._confirmed:
-                self._in_flight += 1
-            try:
-                ledger_future = self._current.add_entry(data)
-            except BaseException:
-                with self._confirmed:
-                    self._in_flight -= 1
-                raise
-            self._current_next_entry_id += 1
-            self._next_offset = last_offset + 1
-            self._last_publish_ms = publish_ms
+        ledger_future, info, datas, added = self._append(
+            [payload], [message_count], expected_offset, None if on_offsets is None else [on_offsets])
         result: Future[AddResult] = new_future()
-        ledger_future.add_done_callback(
-            lambda f: self._on_added(f, result, info, data, AddResult(
-                Position(info.ledger_id, entry_id), first_offset, last_offset, publish_ms)))
+        ledger_future.add_done_callback(lambda f: self._on_added(f, result, info, datas[0], added[0]))
         return result
 
     def add_entries(self, payloads: Sequence[bytes], message_counts: Sequence[int], *,
@@ -366,6 +332,17 @@ class ManagedLedger:
         if not payloads or len(payloads) != len(message_counts) or \
                 (on_offsets is not None and len(on_offsets) != len(payloads)):
             raise InvalidRequest("add_entries needs one message count per entry, at least one entry")
+        ledger_future, info, datas, added = self._append(payloads, message_counts, None, on_offsets)
+        result: Future[list[AddResult]] = new_future()
+        ledger_future.add_done_callback(lambda f: self._on_group_added(f, result, info, datas, added))
+        return result
+
+    def _append(self, payloads: Sequence[bytes], message_counts: Sequence[int], expected_offset: int | None,
+                on_offsets: Sequence[Callable[[int], None] | None] | None,
+                ) -> tuple[Future[int], LedgerInfo, list[bytes], list[AddResult]]:
+        """Stamp and send entries to the current ledger (one or several, see :meth:`add_entry`
+        and :meth:`add_entries`): the ledger's future, the ledger's info, the stamped entries and
+        their results to be."""
         size_max = self.config.entry_size_bytes_max
         for payload, count in zip(payloads, message_counts, strict=True):
             if count < 1:
@@ -374,6 +351,11 @@ class ManagedLedger:
                 raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {size_max}")
         with self._lock:
             self._check_writable()
+            if expected_offset is not None and expected_offset != self._next_offset:
+                raise OffsetMismatch(
+                    f"expected offset {expected_offset} but the next offset of {self.display_name} is "
+                    f"{self._next_offset}",
+                    expected_offset=expected_offset, next_offset=self._next_offset)
             if on_offsets is not None:
                 offset = self._next_offset
                 for reserve, count in zip(on_offsets, message_counts, strict=True):
@@ -410,9 +392,7 @@ class ManagedLedger:
             self._current_next_entry_id = entry_id
             self._next_offset = offset
             self._last_publish_ms = publish_ms
-        result: Future[list[AddResult]] = new_future()
-        ledger_future.add_done_callback(lambda f: self._on_group_added(f, result, info, datas, added))
-        return result
+        return ledger_future, info, datas, added
 
     def _on_group_added(self, ledger_future: Future[int], result: Future[list[AddResult]], info: LedgerInfo,
                         datas: list[bytes], added: list[AddResult]) -> None:

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from storage.bookie_protocol import (
     RANGE_BYTES_MAX,
@@ -132,8 +132,7 @@ class _BookieConnection(asyncio.Protocol):
         self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
         self._server._connections.add(self)
         self._server.counters["connections_total"] += 1
 

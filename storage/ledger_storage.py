@@ -296,7 +296,7 @@ class LedgerStorage:
         self._put_in_cache(ledger_id, entry_id, data)
         future: LightFuture[int] = new_future()
         self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
-                             (meta, ledger_id, entry_id, future))
+                             (meta, ledger_id, entry_id, future, entry_id))
         return future
 
     def add_entries(self, ledger_id: int, first_entry_id: int, datas: Sequence[bytes]) -> Future[int]:
@@ -358,18 +358,18 @@ class LedgerStorage:
                 self._check_writable()
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
-        """Journal writer thread, once per group: tokens are ``(meta, ledger, entry, future)``
-        for adds, ``(meta, ledger, last entry, future, first entry)`` for :meth:`add_entries`
-        and a bare future for fences; all of them are completed here, in order (a
-        future its owner cancelled is skipped)."""
+        """Journal writer thread, once per group: tokens are ``(meta, ledger, last entry, future,
+        first entry)`` for adds (one entry, or the run of :meth:`add_entries`) and a bare future
+        for fences; all of them are completed here, in order (a future its owner cancelled is
+        skipped)."""
         if error is None:
             added = 0
             for token in tokens:
                 if type(token) is tuple:
-                    meta, _, entry_id, future = token[:4]
+                    meta, _, entry_id, future, first_entry_id = token
                     meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
                     future.try_finish(entry_id, None)
-                    added += 1 if len(token) == 4 else entry_id - token[4] + 1
+                    added += entry_id - first_entry_id + 1
                 else:
                     token.try_finish(None, None)
             self._entries_added += added
@@ -377,8 +377,8 @@ class LedgerStorage:
         failure = self._enter_read_only(error, "journal write")  # before removal: an ongoing flush then aborts
         for token in tokens:
             if type(token) is tuple:
-                _, ledger_id, entry_id, future = token[:4]
-                for removed in range(token[4] if len(token) == 5 else entry_id, entry_id + 1):
+                _, ledger_id, entry_id, future, first_entry_id = token
+                for removed in range(first_entry_id, entry_id + 1):
                     self._active.remove(ledger_id, removed)
                     self._flushing.remove(ledger_id, removed)
                 future.try_finish(None, failure)

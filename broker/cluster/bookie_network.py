@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from broker.bookie import BookieUnavailable
 from broker.errors import BrokerError
@@ -297,8 +297,7 @@ class BookieConnection(asyncio.Protocol):
             self._broken(BookieUnavailable(f"cannot connect to bookie {self.address}: {exc}"))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
         self._state = _State.CONNECTED
         self._decoder = FrameDecoder()
         self._backoff_s = self.network.config.reconnect_backoff_ms_min / 1000.0

@@ -452,13 +452,9 @@ def decode_messages(data: Buffer) -> tuple[list[DecodedMessage], int | None]:
     no compression, only the ``MessageMetadata`` fields Magnetar's producers set). Anything else,
     and anything :func:`decode_entry` would refuse, goes to :func:`decode_entry`, so the result
     and the errors are always its."""
-    if type(data) is bytes and data[:2] == _PREFIX_MAGIC:
-        try:
-            fast = _fast_messages(data)
-        except (IndexError, ValueError, CorruptEntry, struct.error):  # malformed: decode_entry says how
-            fast = None
-        if fast is not None:
-            return fast
+    fast = _fast_messages(data) if type(data) is bytes else None
+    if fast is not None:
+        return fast
     decoded = decode_entry(data)
     return decoded.messages, decoded.deliver_at_time_ms
 
@@ -469,27 +465,33 @@ def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | Non
     if batch is None:
         return None
     payload_start, count, first_offset, sequence_id, deliver_at = batch
-    return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
+    try:
+        return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
+    except CorruptEntry:
+        return None  # decode_entry refuses it, in its own words
 
 
 def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
     """The verified batch payload and message count of an entry :func:`decode_messages` reads on
     its fast path, or None: then ``decode_entry_payload`` verifies it (or refuses it). The
     payload is not split here (the range read's native columns split it)."""
-    if type(data) is not bytes or data[:2] != _PREFIX_MAGIC:
-        return None
-    try:
-        batch = _common_batch(data)
-    except (IndexError, ValueError, CorruptEntry, struct.error):
-        return None
-    if batch is None:
-        return None
-    return memoryview(data)[batch[0] :], batch[1]
+    batch = _common_batch(data) if type(data) is bytes else None
+    return None if batch is None else (memoryview(data)[batch[0] :], batch[1])
 
 
 def _common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
     """(payload start, message count, first offset, sequence id, delivery time) of a verified
-    common entry (see :func:`decode_messages`), or None."""
+    common entry (see :func:`decode_messages`), or None, also for a malformed one (then
+    ``decode_entry`` says how)."""
+    if data[:2] != _PREFIX_MAGIC:
+        return None
+    try:
+        return _parse_common_batch(data)
+    except (IndexError, ValueError, CorruptEntry, struct.error):
+        return None
+
+
+def _parse_common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
     read = read_varint
     end = 6 + U32.unpack_from(data, 2)[0]
     pos, timestamp, index = 6, None, None
