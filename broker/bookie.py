@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from broker.errors import BrokerError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
@@ -47,7 +48,7 @@ class Bookie(Protocol):
 
     def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
                   recovery: bool = False) -> Future[int]: ...
-    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]]) -> Future[int]: ...
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
     def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]: ...
@@ -63,15 +64,21 @@ def pack_entry(lac: int, length_bytes: int, payload: bytes) -> bytes:
     return _HEADER.pack(lac, length_bytes) + payload
 
 
-def add_each(bookie: Bookie, ledger_id: int, first_entry_id: int, lac: int,
+def add_each(bookie: Bookie, ledger_id: int, entry_ids: Sequence[int], lac: int,
              entries: Sequence[tuple[int, bytes]]) -> Future[int]:
     """``Bookie.add_entries`` for a bookie without a group add: one ``add_entry`` per entry
-    (``entries`` are ``(ledger length through it, payload)``), one future for them all that
-    resolves to the last entry id, or to the first failure among them."""
+    (``entries`` are ``(ledger length through it, payload)``, ``entry_ids`` theirs)."""
+    return all_added([partial(bookie.add_entry, ledger_id, entry_id, lac, length_bytes, payload)
+                      for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True)],
+                     entry_ids[-1])
+
+
+def all_added(adds: Sequence[Callable[[], Future[int]]], last_entry_id: int) -> Future[int]:
+    """Start ``adds`` in order; one future for them all that resolves to ``last_entry_id``, or
+    to the first failure among them (an add refused at once stops the rest from starting)."""
     done: Future[int] = new_future()
-    remaining = [len(entries)]
+    remaining = [len(adds)]
     lock = threading.Lock()
-    last_entry_id = first_entry_id + len(entries) - 1
 
     def one_done(future: Future[int]) -> None:
         error = future.exception()
@@ -86,9 +93,9 @@ def add_each(bookie: Bookie, ledger_id: int, first_entry_id: int, lac: int,
         else:
             done.set_result(last_entry_id)
 
-    for index, (length_bytes, payload) in enumerate(entries):
+    for add in adds:
         try:
-            future = bookie.add_entry(ledger_id, first_entry_id + index, lac, length_bytes, payload)
+            future = add()
         except BaseException as exc:  # refused at once: the group fails, whatever was sent
             with lock:
                 if done.done():
@@ -129,12 +136,12 @@ class LocalBookie:
         self._check()
         return self.storage.add_entry(ledger_id, entry_id, pack_entry(lac, length_bytes, payload), recovery=recovery)
 
-    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        """Consecutive entries in one storage call: one journal item, one future."""
+        """Several entries in one storage call: one journal item, one future."""
         self._check()
         pack = _HEADER.pack
-        return self.storage.add_entries(ledger_id, first_entry_id,
+        return self.storage.add_entries(ledger_id, entry_ids,
                                         [pack(lac, length_bytes) + payload for length_bytes, payload in entries])
 
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:

@@ -258,9 +258,9 @@ class LedgerHandle:
         every one of them is acknowledged by ``Qa`` bookies (in entry order, as single adds
         complete), or fails with the first failure. All of them are accepted or none.
 
-        With a one-bookie ensemble (E = Qw = 1, the embedded default) the group goes to the
-        bookie in one call (``Bookie.add_entries``); otherwise each entry goes to its write set
-        as :meth:`add_entry` sends it."""
+        Each bookie of the ensemble gets the entries of the group whose write set holds it in
+        one call (``Bookie.add_entries``: one journal item in process, one request on the
+        wire), so a group costs a call per bookie, not one per entry and copy."""
         if not payloads:
             raise InvalidRequest("add_entries needs at least one entry")
         with self._lock:
@@ -280,18 +280,22 @@ class LedgerHandle:
             self._pending.extend(group)
             ensemble, lac = self.metadata.fragments[-1][1], self._lac
             write_quorum = self.metadata.quorum.write_quorum_size
-        if len(ensemble) == 1 and write_quorum == 1:
-            self._send_group(group, ensemble[0], lac)
-        else:
-            for pending in group:
-                for bookie_id in write_set(ensemble, pending.entry_id, write_quorum):
-                    self._send(pending, bookie_id, lac)
+        if write_quorum == len(ensemble):  # every bookie holds every entry (E = Qw, e.g. 1/1/1 or 2/2/2)
+            for bookie_id in ensemble:
+                self._send_group(group, bookie_id, lac)
+            return future
+        per_bookie: dict[str, list[_PendingAdd]] = {}
+        for pending in group:
+            for bookie_id in write_set(ensemble, pending.entry_id, write_quorum):
+                per_bookie.setdefault(bookie_id, []).append(pending)
+        for bookie_id, entries in per_bookie.items():
+            self._send_group(entries, bookie_id, lac)
         return future
 
     def _send_group(self, group: list[_PendingAdd], bookie_id: str, lac: int) -> None:
         try:
             future = self._manager.client.bookie(bookie_id).add_entries(
-                self.ledger_id, group[0].entry_id, lac, [(p.length_bytes, p.payload) for p in group])
+                self.ledger_id, [p.entry_id for p in group], lac, [(p.length_bytes, p.payload) for p in group])
         except MagnetarError as exc:
             self._on_bookie_failure(group[0], bookie_id, exc)
             return

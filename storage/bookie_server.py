@@ -1,10 +1,11 @@
 """The bookie's network face: one ``LedgerStorage`` served over TCP with the bookie protocol.
 
 Role: ``magnetar bookie`` runs this on an asyncio loop. Each connection decodes request frames
-(``storage/bookie_protocol.py``) and calls the storage's front door: adds and fences go to the
-journal and are answered when their group is synced (the journal writer hands the completions
-to the loop, one wake-up per burst, and each connection writes a burst of answers in one
-``writelines``); reads, range reads and deletes are answered at once.
+(``storage/bookie_protocol.py``) and calls the storage's front door: adds (one entry, or a
+writer's group of them as one journal item) and fences go to the journal and are answered when
+their group is synced (the journal writer hands the completions to the loop, one wake-up per
+burst, and each connection writes a burst of answers in one ``writelines``); reads, range reads
+and deletes are answered at once.
 
 Invariants:
 - An ADD is answered OK only after the storage's Future resolved, i.e. its journal record is
@@ -186,6 +187,12 @@ class _BookieConnection(asyncio.Protocol):
                 future: Future[Any] = storage.add_entry(request.ledger_id, request.entry_id, request.data,
                                                         recovery=request.recovery)
                 self._answer_later(request, future, lambda entry_id: encode_ok(Kind.ADD, request.request_id,
+                                                                               entry_id=entry_id))
+                return []
+            if request.kind is Kind.ADD_MANY:
+                self._server.counters["adds"] += len(request.datas)
+                future = storage.add_entries(request.ledger_id, request.entry_ids, request.datas)
+                self._answer_later(request, future, lambda entry_id: encode_ok(Kind.ADD_MANY, request.request_id,
                                                                                entry_id=entry_id))
                 return []
             if request.kind is Kind.FENCE:

@@ -37,6 +37,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -296,42 +297,47 @@ class LedgerStorage:
         self._put_in_cache(ledger_id, entry_id, data)
         future: LightFuture[int] = new_future()
         self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
-                             (meta, ledger_id, entry_id, future, entry_id))
+                             (meta, ledger_id, entry_id, future, (entry_id,)))
         return future
 
-    def add_entries(self, ledger_id: int, first_entry_id: int, datas: Sequence[bytes]) -> Future[int]:
-        """Store consecutive entries ``first_entry_id, first_entry_id + 1, …`` at once; the one
-        Future resolves to the last entry id once every one of them is durable (or fails for all
-        of them). What :meth:`add_entry` refuses at once is refused here before anything is stored.
+    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], datas: Sequence[bytes]) -> Future[int]:
+        """Store several entries of one ledger at once (``entry_ids`` strictly increasing, one per
+        data: a run such as ``range(first, last + 1)``, or the entries of a striped ledger that
+        land on this bookie); the one Future resolves to the last entry id once every one of them
+        is durable (or fails for all of them). What :meth:`add_entry` refuses at once is refused
+        here before anything is stored.
         """
-        if not datas:
-            raise InvalidArgument("add_entries needs at least one entry")
+        if not datas or len(entry_ids) != len(datas):
+            raise InvalidArgument(f"add_entries needs one entry id per entry, at least one: "
+                                  f"{len(entry_ids)} ids for {len(datas)} entries")
         if self._closed or self._read_only_cause is not None:
             self._check_writable()
-        last_entry_id = first_entry_id + len(datas) - 1
+        first_entry_id, last_entry_id = entry_ids[0], entry_ids[-1]
         if not (0 <= ledger_id <= ENTRY_ID_MAX and first_entry_id >= 0 and last_entry_id <= ENTRY_ID_MAX):
             raise InvalidArgument(
                 f"ledger and entry ids must be in [0, 2^63): {ledger_id}:{first_entry_id}..{last_entry_id}")
+        if type(entry_ids) is not range and any(a >= b for a, b in itertools.pairwise(entry_ids)):
+            raise InvalidArgument(f"entry ids of one add must be strictly increasing: {list(entry_ids)[:16]}")
         meta = self._ledgers.get(ledger_id) or self._ledger_for_write(ledger_id)
         if meta.fenced:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
         buffers: list[bytes] = []
         put = self._put_in_cache
-        entry_id = first_entry_id
+        stored = 0
         try:
-            for given in datas:
+            for entry_id, given in zip(entry_ids, datas, strict=True):
                 data = given if type(given) is bytes else bytes(given)
                 put(ledger_id, entry_id, data)
+                stored += 1
                 buffers.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data))
                 buffers.append(data)
-                entry_id += 1
         except BaseException:  # a write cache that stays full: nothing of this call is kept
-            for stored in range(first_entry_id, entry_id):
-                self._active.remove(ledger_id, stored)
-                self._flushing.remove(ledger_id, stored)
+            for entry_id in entry_ids[:stored]:
+                self._active.remove(ledger_id, entry_id)
+                self._flushing.remove(ledger_id, entry_id)
             raise
         future: LightFuture[int] = new_future()
-        self._journal.append_many(buffers, (meta, ledger_id, last_entry_id, future, first_entry_id))
+        self._journal.append_many(buffers, (meta, ledger_id, last_entry_id, future, entry_ids))
         return future
 
     def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
@@ -359,17 +365,17 @@ class LedgerStorage:
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
         """Journal writer thread, once per group: tokens are ``(meta, ledger, last entry, future,
-        first entry)`` for adds (one entry, or the run of :meth:`add_entries`) and a bare future
+        entry ids)`` for adds (one entry, or the entries of :meth:`add_entries`) and a bare future
         for fences; all of them are completed here, in order (a future its owner cancelled is
         skipped)."""
         if error is None:
             added = 0
             for token in tokens:
                 if type(token) is tuple:
-                    meta, _, entry_id, future, first_entry_id = token
+                    meta, _, entry_id, future, entry_ids = token
                     meta.last_add_confirmed = max(meta.last_add_confirmed, entry_id)
                     future.try_finish(entry_id, None)
-                    added += entry_id - first_entry_id + 1
+                    added += len(entry_ids)
                 else:
                     token.try_finish(None, None)
             self._entries_added += added
@@ -377,8 +383,8 @@ class LedgerStorage:
         failure = self._enter_read_only(error, "journal write")  # before removal: an ongoing flush then aborts
         for token in tokens:
             if type(token) is tuple:
-                _, ledger_id, entry_id, future, first_entry_id = token
-                for removed in range(first_entry_id, entry_id + 1):
+                _, ledger_id, _, future, entry_ids = token
+                for removed in entry_ids:
                     self._active.remove(ledger_id, removed)
                     self._flushing.remove(ledger_id, removed)
                 future.try_finish(None, failure)

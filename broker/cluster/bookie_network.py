@@ -7,7 +7,8 @@ of one burst reach the loop with one wake-up and each connection writes them in 
 bookie answers (request ids match them up, so adds pipeline).
 
 Bounds and failure handling (every bound a named setting of ``BookieNetworkConfig``):
-- at most ``inflight_adds_max`` adds unanswered per bookie: a caller waits up to
+- at most ``inflight_adds_max`` entries added and unanswered per bookie (a group add counts
+  each of its entries): a caller waits up to
   ``add_wait_ms_max`` for room, then gets the retriable ``BookieBusy``;
 - every request has a deadline (``request_timeout_ms``); the first request that misses it closes
   its connection, which fails everything in flight on it with ``BookieUnavailable`` (a bookie
@@ -96,7 +97,8 @@ class _State(Enum):
 class _Pending:
     future: LightFuture[Any]
     deadline_s: float
-    is_add: bool
+    adds: int
+    """How many entries this request adds (0: not an add): released from the bound when it ends."""
     value: Callable[[Response], Any] | None
     """Turns an OK response into the future's result (None: the response itself); a non-OK
     response completes the future with the storage error it carries."""
@@ -162,12 +164,12 @@ class BookieNetwork:
 
     # --- submitting ------------------------------------------------------------------------------
     def submit(self, connection: BookieConnection, request_id: int, parts: list[bytes], *,
-               is_add: bool = False, value: Callable[[Response], Any] | None = None) -> Future[Any]:
+               adds: int = 0, value: Callable[[Response], Any] | None = None) -> Future[Any]:
         """Send a request (its encoded frame ``parts``). The future gets ``value(response)`` for
         an OK answer (the response itself without ``value``), the bookie's error otherwise, or
         ``BookieUnavailable`` when no answer comes."""
         future: LightFuture[Any] = new_future()
-        pending = _Pending(future, time.monotonic() + self.config.request_timeout_ms / 1000.0, is_add, value)
+        pending = _Pending(future, time.monotonic() + self.config.request_timeout_ms / 1000.0, adds, value)
         with self._lock:
             if self._closed:
                 raise BookieUnavailable("the broker's bookie client is closed")
@@ -242,29 +244,33 @@ class BookieConnection(asyncio.Protocol):
                                      c["requests"], c["responses"], c["timeouts"], c["connects"], c["failures"])
 
     # --- the add bound (any thread) ----------------------------------------------------------------
-    def reserve_add(self) -> None:
-        """Take room for one add, waiting up to ``add_wait_ms_max``. On the loop thread itself
-        (a ledger resending its pending entries after an ensemble change) it never waits: those
-        resends replace requests already counted against some bookie's bound."""
+    def reserve_add(self, entries: int = 1) -> None:
+        """Take room for ``entries`` adds, waiting up to ``add_wait_ms_max`` (a group larger
+        than the whole bound waits for an idle connection). On the loop thread itself (a ledger
+        resending its pending entries after an ensemble change) it never waits: those resends
+        replace requests already counted against some bookie's bound."""
         config = self.network.config
+
+        def room() -> bool:
+            return self._adds + entries <= config.inflight_adds_max or self._adds == 0
+
         with self._adds_cv:
-            if self._adds < config.inflight_adds_max or threading.current_thread() is self.network.loop_thread:
-                self._adds += 1
+            if room() or threading.current_thread() is self.network.loop_thread:
+                self._adds += entries
                 return
             self._adds_waiting += 1
             try:
-                if not self._adds_cv.wait_for(lambda: self._adds < config.inflight_adds_max,
-                                              config.add_wait_ms_max / 1000.0):
+                if not self._adds_cv.wait_for(room, config.add_wait_ms_max / 1000.0):
                     raise BookieBusy(f"bookie {self.address} has {self._adds} adds unanswered")
-                self._adds += 1
+                self._adds += entries
             finally:
                 self._adds_waiting -= 1
 
-    def release_add(self) -> None:
+    def release_add(self, entries: int = 1) -> None:
         with self._adds_cv:
-            self._adds -= 1
+            self._adds -= entries
             if self._adds_waiting:
-                self._adds_cv.notify()
+                self._adds_cv.notify_all()
 
     # --- the loop thread -------------------------------------------------------------------------
     def accept(self, request_id: int, pending: _Pending) -> bool:
@@ -369,8 +375,8 @@ class BookieConnection(asyncio.Protocol):
 
     def _finish(self, pending: _Pending, *, response: Response | None = None,
                 error: BaseException | None = None) -> None:
-        if pending.is_add:
-            self.release_add()
+        if pending.adds:
+            self.release_add(pending.adds)
         if response is None or pending.value is None:
             pending.future.try_finish(response, error)
             return

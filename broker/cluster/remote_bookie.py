@@ -25,14 +25,17 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 
-from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, add_each, unpack_entry
+from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, all_added, unpack_entry
 from broker.cluster.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.cluster.coordination import Coordination
 from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
-from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
+from storage import Kind, Response, encode_add, encode_add_many, encode_ledger_op, encode_read, encode_read_range
 
 _STORED_HEADER = struct.Struct(">qq")  # as broker/bookie.py packs it: piggybacked LAC, ledger length
+GROUP_BYTES_MAX = 1024 * 1024
+"""Payload bytes of one ADD_MANY request at most (an entry larger than this goes alone)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class RemoteBookie:
         parts = encode_add(request_id, ledger_id, entry_id, _STORED_HEADER.pack(lac, length_bytes), payload,
                            recovery=recovery)
         try:
-            result: Future[int] = self._network.submit(self._connection, request_id, parts, is_add=True,
+            result: Future[int] = self._network.submit(self._connection, request_id, parts, adds=1,
                                                        value=_entry_id)
         except BaseException:
             self._connection.release_add()
@@ -84,10 +87,35 @@ class RemoteBookie:
         self.counters["adds"] += 1
         return result
 
-    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        """One pipelined add per entry (the wire has no group add); one future for them all."""
-        return add_each(self, ledger_id, first_entry_id, lac, entries)
+        """The entries in ADD_MANY requests of at most ``GROUP_BYTES_MAX`` bytes each (one
+        request for a usual group; a larger entry alone in its own); one future for them all."""
+        chunks: list[list[tuple[int, list[bytes]]]] = [[]]
+        size = 0
+        pack = _STORED_HEADER.pack
+        for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True):
+            if chunks[-1] and size + len(payload) > GROUP_BYTES_MAX:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((entry_id, [pack(lac, length_bytes), payload]))
+            size += len(payload)
+        if len(chunks) == 1:
+            return self._add_many(ledger_id, chunks[0])
+        return all_added([partial(self._add_many, ledger_id, chunk) for chunk in chunks], entry_ids[-1])
+
+    def _add_many(self, ledger_id: int, chunk: list[tuple[int, list[bytes]]]) -> Future[int]:
+        self._connection.reserve_add(len(chunk))
+        request_id = self._network.next_request_id()
+        try:
+            result: Future[int] = self._network.submit(self._connection, request_id,
+                                                       encode_add_many(request_id, ledger_id, chunk),
+                                                       adds=len(chunk), value=_entry_id)
+        except BaseException:
+            self._connection.release_add(len(chunk))
+            raise
+        self.counters["adds"] += len(chunk)
+        return result
 
     def fence(self, ledger_id: int) -> Future[None]:
         request_id = self._network.next_request_id()

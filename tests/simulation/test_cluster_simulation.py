@@ -214,9 +214,9 @@ class SimBookie:
 
         return self.network.request(self.broker, self.bookie_id, handle, sync=True)
 
-    def add_entries(self, ledger_id: int, first_entry_id: int, lac: int,
+    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        return add_each(self, ledger_id, first_entry_id, lac, entries)
+        return add_each(self, ledger_id, entry_ids, lac, entries)
 
     def fence(self, ledger_id: int) -> Future[None]:
         def handle(node: SimBookieNode) -> tuple[Any, Exception | None]:

@@ -20,6 +20,7 @@ from storage.bookie_protocol import (
     decode_request,
     decode_response,
     encode_add,
+    encode_add_many,
     encode_error,
     encode_ledger_op,
     encode_ok,
@@ -50,6 +51,9 @@ def test_requests_round_trip() -> None:
     add = decode_request(one_frame(encode_add(7, 3, 42, b"head", b"payload", recovery=True)))
     assert (add.kind, add.request_id, add.ledger_id, add.entry_id, add.recovery, add.data) == \
         (Kind.ADD, 7, 3, 42, True, b"headpayload")
+    many = decode_request(one_frame(encode_add_many(11, 3, [(4, [b"h", b"four"]), (6, [b"six"]), (7, [b""])])))
+    assert (many.kind, many.request_id, many.ledger_id, many.entry_ids, many.datas) == \
+        (Kind.ADD_MANY, 11, 3, (4, 6, 7), (b"hfour", b"six", b""))
     read = decode_request(one_frame(encode_read(8, 3, -1)))
     assert (read.kind, read.ledger_id, read.entry_id) == (Kind.READ, 3, -1)
     ranged = decode_request(one_frame(encode_read_range(9, 3, 10, 20, entries_max=5, bytes_max=1000)))
@@ -62,6 +66,8 @@ def test_requests_round_trip() -> None:
 def test_responses_round_trip() -> None:
     added = decode_response(one_frame(encode_ok(Kind.ADD, 1, entry_id=5)))
     assert (added.kind, added.status, added.entry_id, added.error()) == (Kind.ADD, Status.OK, 5, None)
+    group = decode_response(one_frame(encode_ok(Kind.ADD_MANY, 1, entry_id=9)))
+    assert (group.kind, group.status, group.entry_id) == (Kind.ADD_MANY, Status.OK, 9)
     read = decode_response(one_frame(encode_ok(Kind.READ, 2, entry_id=6, data=b"bytes")))
     assert (read.entry_id, read.data) == (6, b"bytes")
     empty = decode_response(one_frame(encode_ok(Kind.READ, 2, entry_id=6, data=b"")))
@@ -113,3 +119,23 @@ def test_malformed_frames_are_refused() -> None:
         decode_response(memoryview(truncated_range))
     with pytest.raises(InvalidArgument):
         encode_add(1, 1, 1, b"x" * FRAME_BYTES_MAX)
+
+
+@pytest.mark.parametrize("entries, cut, why", [
+    ([(5, [b"a"]), (5, [b"b"])], 0, "ids not increasing"),
+    ([(6, [b"a"]), (5, [b"b"])], 0, "ids decreasing"),
+    ([(1, [b"abcd"])], 2, "an entry runs past the frame"),
+    ([], 0, "no entries"),
+])
+def test_malformed_group_adds_are_refused(entries: list[tuple[int, list[bytes]]], cut: int, why: str) -> None:
+    frame = bytes(one_frame(encode_add_many(1, 2, entries)))
+    with pytest.raises(ProtocolError):
+        decode_request(memoryview(frame[: len(frame) - cut]))
+
+
+def test_a_group_add_with_bytes_after_its_entries_is_refused() -> None:
+    frame = bytes(one_frame(encode_add_many(1, 2, [(1, [b"abc"])])))
+    with pytest.raises(ProtocolError):
+        decode_request(memoryview(frame + b"zz"))
+    with pytest.raises(InvalidArgument):
+        encode_add_many(1, 1, [(1, [b"x" * FRAME_BYTES_MAX])])

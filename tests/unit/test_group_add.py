@@ -25,7 +25,7 @@ from broker.entry_format import Message, decode_entry
 from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
-from storage import LedgerStorage, NoSuchEntry, StorageConfig, StorageIOError, WriteCacheFull
+from storage import InvalidArgument, LedgerStorage, NoSuchEntry, StorageConfig, StorageIOError, WriteCacheFull
 from storage.fileio import FaultyFileIO, FileIO
 from tests.unit.broker_stack import Stack, open_stack, publish
 
@@ -48,9 +48,9 @@ def test_group_and_single_adds_complete_in_entry_order(data_dir: str) -> None:
 
     with LedgerStorage.open(data_dir, StorageConfig.test_min()) as st:
         futures = [st.add_entry(LEDGER, 0, data(0)),
-                   st.add_entries(LEDGER, 1, [data(e) for e in range(1, 51)]),
+                   st.add_entries(LEDGER, range(1, 51), [data(e) for e in range(1, 51)]),
                    st.add_entry(LEDGER, 51, data(51)),
-                   st.add_entries(LEDGER, 52, [data(e) for e in range(52, 61)])]
+                   st.add_entries(LEDGER, range(52, 61), [data(e) for e in range(52, 61)])]
         for future in futures:
             future.add_done_callback(record)
         assert [f.result(timeout=RESULT_TIMEOUT_S) for f in futures] == [0, 50, 51, 60]
@@ -59,7 +59,28 @@ def test_group_and_single_adds_complete_in_entry_order(data_dir: str) -> None:
         assert all(st.get_entry(LEDGER, e) == data(e) for e in range(61))
         assert st.statistics().entries_added == 61
         with pytest.raises(Exception, match="at least one"):
-            st.add_entries(LEDGER, 61, [])
+            st.add_entries(LEDGER, range(61, 61), [])
+
+
+def test_a_striped_share_of_entries_is_one_add(data_dir: str) -> None:
+    """A bookie of a striped ledger (E=3, Qw=2) holds two entries of every three: one group add
+    stores exactly those, in one journal item; ids out of order or unpaired are refused whole."""
+    share = [e for e in range(30) if e % 3 != 1]
+    with LedgerStorage.open(data_dir, StorageConfig.test_min()) as st:
+        assert st.add_entries(LEDGER, share, [data(e) for e in share]).result(timeout=RESULT_TIMEOUT_S) == 29
+        assert all(st.get_entry(LEDGER, e) == data(e) for e in share)
+        for entry_id in (1, 4, 28):
+            with pytest.raises(NoSuchEntry):
+                st.get_entry(LEDGER, entry_id)
+        assert st.get_last_add_confirmed(LEDGER) == 29
+        assert st.statistics().entries_added == len(share)
+        for ids, datas in (([31, 30], [data(31), data(30)]), ([32, 32], [data(32), data(32)]),
+                           ([33, 34], [data(33)])):
+            with pytest.raises(InvalidArgument):
+                st.add_entries(LEDGER, ids, datas)
+        for entry_id in (30, 31, 32, 33):
+            with pytest.raises(NoSuchEntry):
+                st.get_entry(LEDGER, entry_id)
 
 
 def test_a_failing_journal_write_fails_exactly_its_adds(data_dir: str) -> None:
@@ -67,9 +88,9 @@ def test_a_failing_journal_write_fails_exactly_its_adds(data_dir: str) -> None:
     config = StorageConfig.test_min()
     st = LedgerStorage.open(data_dir, config, fileio=fio)
     try:
-        assert st.add_entries(LEDGER, 0, [data(e) for e in range(10)]).result(timeout=RESULT_TIMEOUT_S) == 9
+        assert st.add_entries(LEDGER, range(10), [data(e) for e in range(10)]).result(timeout=RESULT_TIMEOUT_S) == 9
         fio.inject("sync", "EIO", path_contains=JOURNAL_FILES)
-        failed = st.add_entries(LEDGER, 10, [data(e) for e in range(10, 30)])
+        failed = st.add_entries(LEDGER, range(10, 30), [data(e) for e in range(10, 30)])
         with pytest.raises(StorageIOError):
             failed.result(timeout=RESULT_TIMEOUT_S)
         assert all(st.get_entry(LEDGER, e) == data(e) for e in range(10))
@@ -93,12 +114,12 @@ def test_a_full_write_cache_refuses_the_whole_group(data_dir: str) -> None:
         group = [b"x" * 1000] * (config.write_cache_bytes_max // 1000 + 10)  # more than the cache holds
         with st._flush_lock:  # a stuck flush: the being-flushed buffer cannot drain
             with pytest.raises(WriteCacheFull):
-                st.add_entries(LEDGER, 0, group)
+                st.add_entries(LEDGER, range(len(group)), group)
             assert st.statistics().write_cache.size_bytes <= config.write_cache_bytes_max
             for entry_id in (0, len(group) // 2, len(group) - 1):
                 with pytest.raises(NoSuchEntry):
                     st.get_entry(LEDGER, entry_id)
-        assert st.add_entries(LEDGER, 0, [data(0), data(1)]).result(timeout=RESULT_TIMEOUT_S) == 1
+        assert st.add_entries(LEDGER, range(2), [data(0), data(1)]).result(timeout=RESULT_TIMEOUT_S) == 1
         assert st.get_entry(LEDGER, 0) == data(0) and st.get_entry(LEDGER, 1) == data(1)
 
 

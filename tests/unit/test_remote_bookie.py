@@ -22,7 +22,7 @@ import pytest
 from broker.bookie import BookieUnavailable, QuorumConfig
 from broker.cluster.bookie_network import BookieBusy, BookieNetwork, BookieNetworkConfig, BookieTimeout
 from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
-from broker.cluster.remote_bookie import RemoteBookie, RemoteBookieClient
+from broker.cluster.remote_bookie import GROUP_BYTES_MAX, RemoteBookie, RemoteBookieClient
 from broker.errors import LedgerFenced, NoSuchEntry, NoSuchLedger
 from broker.ledger import LedgerManager
 from broker.metadata import InMemoryMetadataStore
@@ -89,6 +89,34 @@ def test_pipelined_adds_reads_and_read_ahead(served: list[ServedBookie], network
         bookie.read_entry(1, 40)
     assert bookie.last_entry_id(2) == -1 and bookie.read_last_add_confirmed(2) == -1
     assert served[0].server.statistics().adds == 40
+
+
+def test_group_adds_are_one_request_each_and_fail_together(served: list[ServedBookie],
+                                                           network: BookieNetwork) -> None:
+    """A striped share of entries (E=3, Qw=2: two of every three) goes as one ADD_MANY, is
+    durable and readable entry by entry; a group larger than ``GROUP_BYTES_MAX`` goes as several
+    requests under one future; a fenced ledger refuses a whole group."""
+    bookie = RemoteBookie(served[0].address, network)
+    share = [e for e in range(60) if e % 3 != 1]
+    entries = [(10 * (e + 1), f"entry-{e}".encode()) for e in share]
+    requests_before = network.connection(served[0].address).statistics().requests
+    assert bookie.add_entries(3, share, 5, entries).result(WAIT_S) == 59
+    assert network.connection(served[0].address).statistics().requests == requests_before + 1
+    assert served[0].server.statistics().adds == len(share)
+    assert [bookie.read_entry(3, e).payload for e in share] == [payload for _, payload in entries]
+    assert bookie.read_entry(3, 2).lac == 5 and bookie.read_entry(3, 2).length_bytes == 30
+    with pytest.raises(NoSuchEntry):
+        bookie.read_entry(3, 1)
+    large = [(i + 1, bytes([i]) * (GROUP_BYTES_MAX // 2 + 1)) for i in range(5)]
+    requests_before = network.connection(served[0].address).statistics().requests
+    assert bookie.add_entries(4, range(5), -1, large).result(WAIT_S) == 4
+    assert network.connection(served[0].address).statistics().requests == requests_before + 5
+    assert [bookie.read_entry(4, e).payload for e in range(5)] == [payload for _, payload in large]
+    bookie.fence(3).result(WAIT_S)
+    with pytest.raises(LedgerFenced):
+        bookie.add_entries(3, [60, 62], 59, [(1, b"x"), (2, b"y")]).result(WAIT_S)
+    with pytest.raises(NoSuchEntry):
+        bookie.read_entry(3, 60)
 
 
 def test_fence_recovery_adds_and_delete(served: list[ServedBookie], network: BookieNetwork) -> None:
@@ -175,12 +203,14 @@ def test_ledger_survives_a_bookie_dying_mid_stream(served: list[ServedBookie]) -
     try:
         manager = LedgerManager(InMemoryMetadataStore(), client)
         handle = manager.create(QuorumConfig(3, 2, 2))
-        acked = [handle.add_entry(f"m{i}".encode()).result(WAIT_S) for i in range(30)]
+        acked = [handle.add_entry(f"m{i}".encode()).result(WAIT_S) for i in range(20)]
+        acked.append(handle.add_entries([f"m{i}".encode() for i in range(20, 30)]).result(WAIT_S))
         victim = handle.metadata.fragments[0][1][1]
         next(b for b in served if b.address == victim).stop()
         sessions[victim].unregister()
-        acked += [handle.add_entry(f"m{i}".encode()).result(WAIT_S) for i in range(30, 60)]
-        assert acked == list(range(60))
+        acked.append(handle.add_entries([f"m{i}".encode() for i in range(30, 40)]).result(WAIT_S))
+        acked += [handle.add_entry(f"m{i}".encode()).result(WAIT_S) for i in range(40, 60)]
+        assert acked == [*range(20), 29, 39, *range(40, 60)]
         assert len(handle.metadata.fragments) == 2
         assert victim not in handle.metadata.fragments[-1][1] and len(handle.metadata.fragments[-1][1]) == 2
         handle.close()
