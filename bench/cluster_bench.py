@@ -255,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
               f"topic on its owner, window {serving_bench.WINDOW}, one entry per message; ZooKeeper + {BOOKIES} "
               f"bookies (E={QUORUM[0]} Qw={QUORUM[1]} Qa={QUORUM[2]}) + 2 brokers on 127.0.0.1; 'one broker': a "
               f"namespace of 1 bundle, 'two brokers': {serving_bench.BUNDLES_SPREAD} bundles spread by the first "
-              f"lookups; {serving_bench.ROUNDS} alternating rounds of {plan.publish_duration_s:.0f} s")
+              f"lookups; {serving_bench.ROUNDS} alternating rounds of {plan.publish_duration_s:.0f} s; 'paced': "
+              f"{serving_bench.PACED_RATE_PER_TOPIC} msg/s offered per topic, 'half the topics': "
+              f"{serving_bench.TOPICS // 2} topics on one broker, the load each of two brokers carries")
     report(SERVING_HEADING, machine, config, render_table(serving_bench.serving_rows(serving)), args.out)
     return 1 if any(isinstance(v, str) for v in results.values()) else 0
 
