@@ -56,7 +56,7 @@ RUN useradd --create-home --uid 1000 magnetar \
 USER magnetar
 
 VOLUME ["/data"]
-EXPOSE 8080
+EXPOSE 8080 6650
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=5 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
 CMD ["magnetar", "standalone", "--data-dir", "/data", "--host", "0.0.0.0", "--port", "8080"]

@@ -11,8 +11,14 @@ it off). ``--config`` reads the same Pulsar keys as standalone (authentication, 
 Any number of brokers may share the ZooKeeper and the bookies: each owns namespace bundles
 (``--default-bundles`` per namespace without a bundles policy, Pulsar's
 ``defaultNumberOfNamespaceBundles``) and sends clients to the owner of a topic it does not
-serve; it is known to the others as ``--advertised-address`` (default: the listen host, or
-127.0.0.1 when that is 0.0.0.0) and its port.
+serve; it is known to the others as ``--advertised-address`` (default: ``advertisedAddress``
+of ``--config``, else the listen host, or 127.0.0.1 when that is 0.0.0.0) and its port.
+
+Like Pulsar's brokers, each also speaks Pulsar's binary protocol on ``--pulsar-port`` (6650 by
+default, ``brokerServicePort``; 0 = off; ``pulsar+ssl://`` too when the TLS keys are
+configured): its ``pulsar://advertised-address:port`` URL is in its ownership nodes and load
+reports, so any broker answers a binary LOOKUP for a topic another one serves with a Redirect to
+the owner's URL (``api/pulsar/lookups.py``). Brokers sharing one host need a port each.
 
 Both shut down gracefully on SIGTERM or Ctrl-C. Server imports are loaded only when a command
 runs, so the client commands keep starting quickly.
@@ -46,7 +52,10 @@ def add_cluster_commands(commands: Any) -> None:
     broker.add_argument("--config", help="a broker configuration file (Pulsar's keys; see api/config.py)")
     broker.add_argument("--host", help="listen address (default 0.0.0.0)")
     broker.add_argument("--port", type=int, help="listen port (default 8080)")
-    broker.add_argument("--advertised-address", help="host name other brokers and clients use to reach this one")
+    broker.add_argument("--pulsar-port", type=int,
+                        help="Pulsar binary protocol port (default 6650, Pulsar's brokerServicePort; 0 = off)")
+    broker.add_argument("--advertised-address",
+                        help="host name other brokers and clients use to reach this one (advertisedAddress)")
     broker.add_argument("--data-dir", help="this broker's local scratch: the key index of the topics it serves, "
                                            "rebuilt from their entries (default ./data; one per broker)")
     broker.add_argument("--default-bundles", type=int, default=4,
@@ -90,7 +99,7 @@ def run_broker(args: argparse.Namespace) -> int:
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
     overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port),
-                                                    ("dataDir", args.data_dir))
+                                                    ("dataDir", args.data_dir), ("brokerServicePort", args.pulsar_port))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
@@ -102,12 +111,19 @@ def run_broker(args: argparse.Namespace) -> int:
         config.broker, managed_ledger=dataclasses.replace(config.broker.managed_ledger, quorum=quorum))
     autorecovery = None if args.no_autorecovery else AutoRecoveryConfig(
         interval_ms=args.autorecovery_interval_ms, audit_interval_ms=args.audit_interval_ms)
-    host = args.advertised_address or ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
+    host = args.advertised_address or config.pulsar.advertised_host or \
+        ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
     broker_id = f"{host}:{config.port}"
     if not 1 <= args.default_bundles <= 1024:
         print("magnetar broker: --default-bundles must be in 1..1024", file=sys.stderr)
         return 2
-    ownership = OwnershipConfig(BrokerAddress(broker_id, f"http://{broker_id}"), default_bundles=args.default_bundles,
+    # the binary listeners are named by the advertised host, in Connect answers and in the
+    # Redirects other brokers give (through the ownership nodes and load reports)
+    pulsar = dataclasses.replace(config.pulsar, advertised_host=host)
+    address = BrokerAddress(broker_id, f"http://{broker_id}",
+                            f"pulsar://{host}:{pulsar.port}" if pulsar.port else "",
+                            f"pulsar+ssl://{host}:{pulsar.tls_port}" if pulsar.tls_enabled else "")
+    ownership = OwnershipConfig(address, default_bundles=args.default_bundles,
                                 load_report_interval_ms=args.load_report_interval_ms)
     cluster = ClusterStorage(ClusterConfig(
         args.metadata_store, network=BookieNetworkConfig(request_timeout_ms=args.bookie_timeout_ms),
@@ -116,7 +132,7 @@ def run_broker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_file_limit()
     app = create_app(BrokerService(config.data_dir, broker_config, cluster=cluster), auth=config.auth,
-                     limits=config.limits)
+                     limits=config.limits, pulsar=pulsar)
     tune_runtime()
     signal.signal(signal.SIGTERM, exit_cleanly)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))

@@ -39,6 +39,15 @@ class TooManyConnections(MagnetarError):
     retriable = True
 
 
+class TooManyRequests(MagnetarError):
+    """An edge holds as many requests of one kind in flight as it may (the binary protocol's
+    lookups, ``api/pulsar/lookups.py``): retry shortly."""
+
+    code = "too_many_requests"
+    http_status = 429
+    retriable = True
+
+
 class PayloadTooLarge(MagnetarError):
     code = "request_too_large"
     http_status = 413

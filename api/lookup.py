@@ -45,10 +45,10 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             authorizer.require(caller, Action.CONSUME, name)
         found = service.lookup(name)
         if found.local:  # this broker's own listeners, as the host the request came to sees them
-            return {**local_urls(request, name), "brokerId": found.owner.broker_id, "bundle": found.bundle}
+            return {**local_urls(request), "brokerId": found.owner.broker_id, "bundle": found.bundle}
         http_url = found.owner.web_service_url or str(request.base_url).rstrip("/")
-        return {"brokerUrl": found.owner.pulsar_service_url, "brokerUrlTls": "", "httpUrl": http_url,
-                "httpUrlTls": "", "nativeUrl": found.owner.pulsar_service_url,
+        return {"brokerUrl": found.owner.pulsar_service_url, "brokerUrlTls": found.owner.pulsar_service_url_tls,
+                "httpUrl": http_url, "httpUrlTls": "", "nativeUrl": found.owner.pulsar_service_url,
                 "brokerId": found.owner.broker_id, "bundle": found.bundle}
 
     @routes.get("/admin/v2/brokers", summary="The live brokers of the cluster")

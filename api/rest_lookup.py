@@ -16,18 +16,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from api.auth import Authorizer, Caller
-from broker import BrokerService, NotFound, TopicName
+from broker import BrokerService, NotFound
 
 CLUSTER = "standalone"
 
 
-def local_urls(request: Request, topic: TopicName | None = None) -> dict[str, Any]:
-    """This broker's URLs, or with ``topic`` its owner's (the binary front end's ``owner_of``,
-    which binary LOOKUP asks too)."""
+def local_urls(request: Request) -> dict[str, Any]:
+    """This broker's URLs: its binary-protocol listeners as ``PulsarServer.listener_for`` names
+    them to a client that reached this broker at the request's host (binary LOOKUP answers
+    Connect with the same URLs)."""
     host = request.url.hostname or "127.0.0.1"
     http_url = f"{request.url.scheme}://{request.url.netloc}"
     binary = getattr(request.app.state, "pulsar_server", None)
-    listener = None if binary is None else binary.listener_for(host) if topic is None else binary.owner_of(topic, host)
+    listener = None if binary is None else binary.listener_for(host)
     plain = listener.service_url if listener is not None else None
     tls = listener.service_url_tls if listener is not None else None
     return {"brokerUrl": plain, "brokerUrlTls": tls, "httpUrl": http_url, "httpUrlTls": None, "nativeUrl": plain}

@@ -123,7 +123,8 @@ def start_broker(work_dir: Path, stack: ExitStack, store: str, name: str) -> Ser
     magnetar = str(Path(sys.executable).parent / "magnetar")
     port = free_port()
     broker = started(ServerProcess(name, [magnetar, "broker", "--metadata-store", store, "--host", "127.0.0.1",
-                                          "--port", str(port), "--log-level", "warning",
+                                          "--port", str(port), "--pulsar-port", str(free_port()),
+                                          "--log-level", "warning",
                                           "--data-dir", str(work_dir / name),
                                           "--ensemble-size", QUORUM[0], "--write-quorum", QUORUM[1],
                                           "--ack-quorum", QUORUM[2]], port, work_dir / f"{name}.log"),

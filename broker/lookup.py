@@ -20,6 +20,8 @@ class BrokerAddress:
     """``http://host:port``."""
     pulsar_service_url: str = ""
     """``pulsar://host:port`` when the broker speaks the binary protocol, else ''."""
+    pulsar_service_url_tls: str = ""
+    """``pulsar+ssl://host:port`` when it also listens with TLS, else ''."""
 
 
 @dataclass(frozen=True)

@@ -442,6 +442,20 @@ class BrokerService:
         """The broker id serving ``name`` (None: standalone, or not served by any broker now)."""
         return None if self.cluster is None else self.cluster.owner_of(name)
 
+    @property
+    def clustered(self) -> bool:
+        """Whether this is a cluster broker: topics may be served by others, and a lookup may
+        need ZooKeeper (transports then look up off their event loops)."""
+        return self.cluster is not None
+
+    def check_served_here(self, name: TopicName) -> None:
+        """Return when this broker serves ``name`` (always, standalone), taking its bundle when
+        it is assigned here; else ``TopicNotOwned`` naming the owner, or ``ServiceUnitNotReady``
+        while the bundle is between owners. Transports ask before anything a non-owner must not
+        do (register a producer's schema, open a consumer)."""
+        if self.cluster is not None:
+            self.cluster.check_served_here(name)
+
     def lookup(self, name: TopicName) -> LookupResult:
         """Where ``name`` is served, taking its bundle when it is assigned to this broker (the
         answer of every transport's lookup). Standalone: here, with empty addresses."""

@@ -86,9 +86,11 @@ def bookie_command(metadata_store: str, data_dir: str | Path, port: int, *extra:
             "--metadata-store", metadata_store, "--zk-session-timeout-s", "2", *extra]
 
 
-def broker_command(metadata_store: str, port: int, *extra: str) -> list[str]:
+def broker_command(metadata_store: str, port: int, pulsar_port: int, *extra: str) -> list[str]:
+    """A broker on 127.0.0.1: HTTP on ``port``, Pulsar's binary protocol on ``pulsar_port`` (0 = off;
+    every broker on one machine needs its own)."""
     return [sys.executable, "-m", "api.cli", "broker", "--metadata-store", metadata_store, "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warning", *extra]
+            "--port", str(port), "--pulsar-port", str(pulsar_port), "--log-level", "warning", *extra]
 
 
 @dataclass
@@ -100,10 +102,18 @@ class Process:
     port: int
     proc: subprocess.Popen[bytes] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    pulsar_port: int = 0
+    """A broker's binary-protocol port (0: none)."""
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def pulsar_url(self) -> str:
+        """``pulsar://127.0.0.1:port`` of a broker's binary-protocol listener."""
+        assert self.pulsar_port, f"{self.name} has no binary-protocol listener"
+        return f"pulsar://127.0.0.1:{self.pulsar_port}"
 
     @property
     def running(self) -> bool:
@@ -151,7 +161,8 @@ class Cluster:
 def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tuple[str, ...] = (),
                     chroot: str = "/magnetar", output: IO[bytes] | int = subprocess.DEVNULL,
                     env: Mapping[str, str] | None = None, brokers: int = 1) -> Iterator[Cluster]:
-    """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers, each stopped by PID on the way out."""
+    """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers (each with HTTP and a binary-protocol
+    listener on free ports), each stopped by PID on the way out."""
     base = Path(base_dir)
     with ExitStack() as stack:
         zookeeper = stack.enter_context(running_zookeeper(base / "zookeeper", output=output))
@@ -161,10 +172,11 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
             bookie.command = bookie_command(store, base / f"bookie-{index}", bookie.port)
         servers = []
         for index in range(brokers):
-            port = free_port()
+            port, pulsar_port = free_port(), free_port()
             name = "broker" if brokers == 1 else f"broker-{index}"
-            servers.append(Process(name, broker_command(store, port, "--data-dir", str(base / name), *broker_args),
-                                   port, env=dict(env or {})))
+            servers.append(Process(name, broker_command(store, port, pulsar_port, "--data-dir", str(base / name),
+                                                        *broker_args),
+                                   port, env=dict(env or {}), pulsar_port=pulsar_port))
         cluster = Cluster(zookeeper, store, made, servers, output)
         for process in (*made, *servers):
             stack.callback(process.stop)

@@ -8,9 +8,11 @@ The package, from the bytes up (sans-I/O below the adapter, as h11 and wsproto a
   plain bytes;
 - ``commands.py``: every command the broker sends, and the one mapping of the broker's error
   hierarchy onto Pulsar's ``ServerError``;
-- ``session.py``: one connection's state machine (handshake, authentication, version), lookups,
-  and the dispatch of commands to ``producers.py`` (PRODUCER, SEND, access modes) and
+- ``session.py``: one connection's state machine (handshake, authentication, version), and
+  the dispatch of commands to ``producers.py`` (PRODUCER, SEND, access modes) and
   ``consumers.py`` (SUBSCRIBE, FLOW, MESSAGE, ACK, redelivery, seek);
+- ``lookups.py``: LOOKUP (Connect here, or Redirect to the owning broker of a cluster) and
+  PARTITIONED_METADATA, over the broker's one lookup;
 - ``schemas.py``: the schema commands over the broker's schema registry;
 - ``topic_lists.py``: a namespace's topic list, filtered by pattern, and topic-list watches;
 - ``server.py``: the asyncio adapter (listeners, TLS, bounds, keep-alive, statistics).

@@ -33,10 +33,14 @@ _ERRORS: dict[str, int] = {
     "corrupt_entry": E.ChecksumError,
     "message_too_large": E.NotAllowedError,
     "duplicate_in_flight": E.ServiceNotReady,
+    "topic_redirect": E.ServiceNotReady,
+    "service_unit_not_ready": E.ServiceNotReady,
     "too_many_requests": E.TooManyRequests,
 }
 """``MagnetarError.code`` → ``ServerError``; anything else with a 5xx status is a persistence
-error (the client retries), anything else at all ``UnknownError``."""
+error (the client retries), anything else at all ``UnknownError``. A topic this broker does not
+serve (``TopicNotOwned``) or whose bundle is between owners is ``ServiceNotReady``, as Pulsar's
+broker answers it: the client looks the topic up again and goes to the owner."""
 
 MESSAGE_TEXT_BYTES_MAX = 1000
 
@@ -116,10 +120,14 @@ def partitioned_metadata_failed(request_id: int, failure: BaseException) -> byte
                   response=pb.CommandPartitionedTopicMetadataResponse.Failed, error=code, message=text)
 
 
-def lookup(request_id: int, service_url: str, service_url_tls: str | None) -> bytes:
+def lookup(request_id: int, service_url: str, service_url_tls: str | None, *, redirect: bool,
+           authoritative: bool) -> bytes:
+    """Connect (this broker serves the topic: produce and consume here) or Redirect (ask the
+    named broker, which will answer Connect); never through the service URL (no proxy)."""
+    kind = pb.CommandLookupTopicResponse.Redirect if redirect else pb.CommandLookupTopicResponse.Connect
     return _frame(T.LOOKUP_RESPONSE, "lookupTopicResponse", request_id=request_id, brokerServiceUrl=service_url,
-                  brokerServiceUrlTls=service_url_tls, response=pb.CommandLookupTopicResponse.Connect,
-                  authoritative=True)
+                  brokerServiceUrlTls=service_url_tls or None, response=kind, authoritative=authoritative,
+                  proxy_through_service_url=False)
 
 
 def lookup_failed(request_id: int, failure: BaseException) -> bytes:

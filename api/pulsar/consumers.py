@@ -19,8 +19,10 @@ never split between deliveries: its rest follows its first message past the perm
 Pulsar's broker sends whole batches, because the clients acknowledge a batch only once they
 hold all of it); nothing is written
 while the connection is congested (the broker consumer keeps the deliveries, within its
-permits); a consumer closed by the broker (a forced subscription delete) is told with
-CLOSE_CONSUMER; a non-durable subscription (a reader's) ends with its consumer.
+permits); a consumer closed by the broker (a forced subscription delete, or its topic moving
+to another broker) is told with CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not
+serve is refused with ServiceNotReady before anything is created; a non-durable subscription
+(a reader's) ends with its consumer.
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ class ConsumerHalf:
         service = context.service
         topic = TopicName.parse(command.topic)
         context.authorize(Action.CONSUME, topic)
+        service.check_served_here(topic)  # ServiceNotReady elsewhere: the client looks it up again
         sub_type = SUB_TYPES.get(command.subType)
         if sub_type is None:
             raise InvalidRequest(f"unknown subscription type {command.subType}")
@@ -461,6 +464,16 @@ class ConsumerHalf:
             self._drop(state)
             self._end_non_durable(state)
         self._context.out.write([commands.success(command.request_id)])
+
+    def unloaded(self, names: set[TopicName]) -> None:
+        """The topics stopped being served here: their consumers are closed (the broker's
+        already are) and the client told with CLOSE_CONSUMER, so it looks the topic up again and
+        subscribes at the new owner, where the subscription resumes from its acknowledged
+        position."""
+        for state in list(self._consumers.values()):
+            if state.topic in names and not state.closed:
+                self._drop(state)
+                self._context.out.write([commands.close_consumer(state.consumer_id, 0)])
 
     def _drop(self, state: _ClientConsumer) -> None:
         self._consumers.pop(state.consumer_id, None)

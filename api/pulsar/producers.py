@@ -12,6 +12,11 @@ Invariants:
   match them to their pending queue by sequence id and drop the connection on a mismatch.
 - A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
   read until half of them are answered.
+- A producer whose topic moved to another broker (an unload) is closed with CLOSE_PRODUCER
+  after the receipts of its stored sends; its sends after that are dropped unanswered, as
+  Pulsar's broker drops sends for a producer it closed: the client resends them to the new
+  owner through a new lookup, and deduplication stores each once. A PRODUCER for a topic this
+  broker does not serve is refused with ServiceNotReady before anything is registered.
 - A client entry the broker would not be able to read back is answered ``ChecksumError`` (the
   client drops that message) and never stored; a storage failure is a ``PersistenceError``
   (the client reconnects and resends, deduplication keeps that exactly-once).
@@ -22,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -50,6 +55,8 @@ from broker import (
 log = logging.getLogger(__name__)
 
 Mode = pb.ProducerAccessMode
+UNLOADED_PRODUCERS_REMEMBERED_MAX = 10_000
+"""Producer ids of one connection closed by an unload whose late sends are dropped quietly."""
 
 
 @dataclass(eq=False)
@@ -135,6 +142,13 @@ class _ClientProducer:
     closed: bool = False
     close_request_id: int | None = None
     """A CLOSE_PRODUCER waiting for the receipts of the sends before it (then SUCCESS)."""
+    unloaded: bool = False
+    """Its topic moved to another broker: CLOSE_PRODUCER goes to the client once the sends
+    before are answered; sends after it are dropped unanswered (the client resends them to the
+    new owner, where deduplication keeps what was stored here once)."""
+    silenced: bool = False
+    """An unloaded producer's send failed: it and every later send stay unanswered (an error
+    would make the client drop the connection, and a later receipt would skip one)."""
 
 
 class ProducerHalf:
@@ -147,6 +161,8 @@ class ProducerHalf:
         self._access = access
         self._schemas = schemas
         self._producers: dict[int, _ClientProducer] = {}
+        self._unloaded: OrderedDict[int, None] = OrderedDict()
+        """Producer ids closed by an unload, until the client opens them again (bounded)."""
         self._pending_sends = 0
         self._reading_paused = False
         self._answer = LoopSignal(context.loop, self._send_receipts)
@@ -162,6 +178,7 @@ class ProducerHalf:
     def open(self, command: pb.CommandProducer) -> None:
         context = self._context
         out = context.out
+        self._unloaded.pop(command.producer_id, None)
         if command.producer_id in self._producers:
             out.write([commands.error(command.request_id, ProducerBusy(
                 f"producer id {command.producer_id} is already in use on this connection"))])
@@ -169,6 +186,7 @@ class ProducerHalf:
         try:
             topic = TopicName.parse(command.topic)
             context.authorize(Action.PRODUCE, topic)
+            context.service.check_served_here(topic)  # ServiceNotReady elsewhere: the client looks it up again
             if command.encrypted:
                 raise InvalidRequest("end-to-end encrypted producers are not supported")
             name = command.producer_name or f"standalone-{context.connection_id}-{next(self._names)}"
@@ -218,6 +236,9 @@ class ProducerHalf:
     # --- SEND --------------------------------------------------------------------------
     def send(self, command: pb.CommandSend, frame: Frame) -> None:
         state = self._producers.get(command.producer_id)
+        if (state is not None and state.unloaded) or (state is None and command.producer_id in self._unloaded):
+            self._context.count("sends_dropped")
+            return  # sent before the client heard of the unload: it resends them to the new owner
         if state is None or state.closed or frame.payload is None:
             raise ProtocolViolation("SEND without a payload" if state is not None and not state.closed else
                                     f"SEND for producer {command.producer_id}, which is not open here")
@@ -262,12 +283,18 @@ class ProducerHalf:
                     outcome = error if error is not None else outcome
                 pending.popleft()
                 self._pending_sends -= 1
-                buffers.append(self._receipt(state, sequence_id, highest, outcome))
+                if state.unloaded and not isinstance(outcome, Future):
+                    state.silenced = True
+                if not state.silenced:
+                    buffers.append(self._receipt(state, sequence_id, highest, outcome))
             if state.closed and not pending:
                 self._producers.pop(state.producer_id, None)
                 if state.close_request_id is not None:
                     buffers.append(commands.success(state.close_request_id))
                     state.close_request_id = None
+                elif state.unloaded:
+                    buffers.append(commands.close_producer(state.producer_id, 0))
+                    self._remember_unloaded(state.producer_id)
         if buffers:
             self._context.out.write(buffers)
         if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
@@ -301,6 +328,24 @@ class ProducerHalf:
         if not state.closed:
             state.closed = True
             self._access.release(state.topic.full_name, state.holder)
+
+    def unloaded(self, names: set[TopicName]) -> None:
+        """The topics stopped being served here: their producers are closed and the client told
+        with CLOSE_PRODUCER once the sends already taken are answered (as Pulsar's broker waits
+        for the pending acknowledgements); it looks the topic up again and resends the rest."""
+        closing = False
+        for state in list(self._producers.values()):
+            if state.topic in names and not state.closed:
+                self._release(state)
+                state.unloaded = True
+                closing = True
+        if closing:
+            self._answer.notify()
+
+    def _remember_unloaded(self, producer_id: int) -> None:
+        self._unloaded[producer_id] = None
+        if len(self._unloaded) > UNLOADED_PRODUCERS_REMEMBERED_MAX:
+            self._unloaded.popitem(last=False)
 
     def close_all(self) -> None:
         for state in self._producers.values():

@@ -12,6 +12,9 @@ Invariants:
   until the transport drained, and resume then).
 - A protocol violation or an unexpected failure closes that connection (logged once, counted
   in ``statistics()``); nothing a client sends reaches past its own connection.
+- Lookups are answered by ``lookups.py`` (on lookup threads in a cluster, never blocking the
+  loop); on a cluster broker, topics that stop being served here (unload, split, lost session)
+  have their producers and consumers closed on every connection (``_topics_unloaded``).
 - A connection silent for two keep-alive intervals is closed; one quiet for one interval is
   sent a PING. With authentication on, every ``auth_refresh_check_s`` each session checks
   whether its token expired (``PulsarSession.check_credentials``).
@@ -33,9 +36,10 @@ from api.auth import Authorizer
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import FrameDecoder, ProtocolViolation
+from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
-from api.pulsar.session import Listener, PulsarSession
+from api.pulsar.session import PulsarSession
 from api.pulsar.settings import PulsarSettings
 from broker import BrokerService, MagnetarError, TopicName
 
@@ -71,12 +75,19 @@ class PulsarServer:
         self._keepalive: asyncio.Task[None] | None = None
         self._auth_refresh: asyncio.Task[None] | None = None
         self.ports: dict[str, int] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.lookups: LookupRunner | None = None
         self.accepted = self.refused = self.violations = self.frames = self.bytes_in = 0
         self.totals: dict[str, int] = {}
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         settings = self.settings
+        self.lookups = LookupRunner(loop, threads=settings.lookup_threads, pending_max=settings.lookups_pending_max,
+                                    inline=not self.service.clustered)
+        if self.service.clustered:
+            self.service.add_unload_listener(self._topics_unloaded)
         host = settings.host
         if settings.port:
             server = await loop.create_server(lambda: PulsarProtocol(self, tls=False), host, settings.port)
@@ -102,6 +113,9 @@ class PulsarServer:
         return context
 
     async def close(self) -> None:
+        self._closed = True
+        if self.lookups is not None:
+            self.lookups.close()
         for task in (self._keepalive, self._auth_refresh):
             if task is not None:
                 task.cancel()
@@ -121,12 +135,27 @@ class PulsarServer:
         return Listener(f"pulsar://{host}:{plain}" if plain else None,
                         f"pulsar+ssl://{host}:{tls}" if tls else None)
 
-    def owner_of(self, topic: TopicName, host: str) -> Listener:
-        """The one place that answers "which broker serves ``topic``" for a client that reached
-        this broker at ``host``: binary LOOKUP and HTTP lookup both ask here. A standalone
-        broker owns every topic, so this is always this broker's own listeners; a cluster's
-        broker would answer the owner's listeners (LOOKUP then says Redirect, not Connect)."""
-        return self.listener_for(host)
+    def lookup_answer(self, topic: TopicName, host: str, *, tls: bool) -> LookupAnswer:
+        """What LOOKUP answers a client that reached this broker at ``host``: the broker's one
+        lookup (``BrokerService.lookup``, as HTTP's) in Pulsar's terms, Connect with this
+        broker's listeners or Redirect to the owner's (``lookups.lookup_answer``). In a cluster
+        it reads ZooKeeper: called on the lookup threads, never on the event loop."""
+        return lookup_answer(self.service.lookup(topic), self.listener_for(host), tls=tls)
+
+    def _topics_unloaded(self, names: list[TopicName]) -> None:
+        """The broker's unload listener (any thread): the sessions on these topics close their
+        producers and consumers on the loop."""
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+        gone = set(names)
+
+        def on_loop() -> None:
+            for connection in list(self._connections):
+                connection.topics_unloaded(gone)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: so are the connections
+            loop.call_soon_threadsafe(on_loop)
 
     def admit(self, connection: PulsarProtocol) -> bool:
         if len(self._connections) >= self.settings.connections_max:
@@ -198,7 +227,10 @@ class PulsarProtocol(asyncio.Protocol):
         host = transport.get_extra_info("sockname")[0]
         self.context = ConnectionContext(server.service, server.authorizer, server.settings, self,
                                          asyncio.get_running_loop(), next(server._ids))
-        self.session = PulsarSession(self.context, lambda topic: server.owner_of(topic, host), server.access,
+        assert server.lookups is not None, "connections are accepted only once the server started"
+        tls = self.tls
+        self.session = PulsarSession(self.context, server.lookups,
+                                     lambda topic: server.lookup_answer(topic, host, tls=tls), server.access,
                                      server.schemas)
 
     def data_received(self, data: bytes) -> None:
@@ -263,6 +295,15 @@ class PulsarProtocol(asyncio.Protocol):
         if self.transport is not None and not self._closing:
             self._closing = True
             self.transport.close()
+
+    def topics_unloaded(self, names: set[TopicName]) -> None:
+        if self.session is None or self._closing:
+            return
+        try:
+            self.session.topics_unloaded(names)
+        except Exception:
+            log.exception("closing a binary-protocol connection after a failure to close its moved topics")
+            self.close()
 
     def check_credentials(self, now_s: float) -> None:
         if self.session is None or self._closing:

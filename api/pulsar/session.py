@@ -15,8 +15,10 @@ unknown kind, a SEND for a producer this connection did not open or without its 
 protocol violations: :class:`ProtocolViolation` propagates and the adapter closes the
 connection. Requests the broker refuses are answered with the command's error form (ERROR,
 SEND_ERROR, a failed lookup) and the connection goes on. The producer and consumer halves
-(``producers.py``, ``consumers.py``) and the topic lists (``topic_lists.py``) hold the
-per-command logic; lookups are answered here.
+(``producers.py``, ``consumers.py``), the lookups (``lookups.py``) and the topic lists
+(``topic_lists.py``) hold the per-command logic. When topics stop being served here (their
+bundle moved to another broker), ``topics_unloaded`` closes their producers and consumers with
+CLOSE_PRODUCER and CLOSE_CONSUMER: the client looks them up again and reaches the new owner.
 
 Protocol version: the server speaks up to ``PROTOCOL_VERSION_MAX`` and answers CONNECT with
 the lower of that and the client's, as Pulsar's broker does.
@@ -28,7 +30,6 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from api.auth import Action
@@ -36,6 +37,7 @@ from api.pulsar import commands
 from api.pulsar.consumers import ConsumerHalf
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
+from api.pulsar.lookups import LookupAnswer, LookupRunner, Lookups
 from api.pulsar.producers import ProducerAccess, ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
@@ -67,20 +69,11 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(frozen=True)
-class Listener:
-    """How lookups name a broker: the URLs of its plain and TLS listeners."""
-
-    service_url: str | None
-    service_url_tls: str | None
-
-
 class PulsarSession:
-    def __init__(self, context: ConnectionContext, owner_of: Callable[[TopicName], Listener],
-                 access: ProducerAccess, schemas: ProtocolSchemas) -> None:
+    def __init__(self, context: ConnectionContext, lookups: LookupRunner,
+                 lookup_answer: Callable[[TopicName], LookupAnswer], access: ProducerAccess,
+                 schemas: ProtocolSchemas) -> None:
         self.context = context
-        self.owner_of = owner_of
-        """Which broker serves a topic (``PulsarServer.owner_of``): what LOOKUP answers."""
         self.state = State.AWAITING_CONNECT
         self.protocol_version = 0
         self.client_version = ""
@@ -90,13 +83,14 @@ class PulsarSession:
         self.producers = ProducerHalf(context, access, schemas)
         self.consumers = ConsumerHalf(context, schemas)
         self.topic_lists = TopicLists(context)
+        self.lookups = Lookups(context, lookups, lookup_answer)
         self._schemas = schemas
         self.last_frame_s = time.monotonic()
         self._handlers: dict[int, Callable[[pb.BaseCommand, Frame], None]] = {
             T.PING: lambda c, f: context.out.write([commands.pong()]),
             T.PONG: lambda c, f: None,
-            T.PARTITIONED_METADATA: lambda c, f: self._partitioned_metadata(c.partitionMetadata),
-            T.LOOKUP: lambda c, f: self._lookup(c.lookupTopic),
+            T.PARTITIONED_METADATA: lambda c, f: self.lookups.partitioned_metadata(c.partitionMetadata),
+            T.LOOKUP: lambda c, f: self.lookups.lookup(c.lookupTopic),
             T.PRODUCER: lambda c, f: self.producers.open(c.producer),
             T.SEND: lambda c, f: self.producers.send(c.send, f),
             T.CLOSE_PRODUCER: lambda c, f: self.producers.close(c.close_producer),
@@ -210,37 +204,6 @@ class PulsarSession:
         self._challenged_at_s = now_s
         self.context.out.write([commands.auth_challenge(SERVER_VERSION, self.protocol_version, TOKEN_METHOD)])
 
-    # --- lookups -------------------------------------------------------------------------
-    def _lookup_allowed(self, topic: TopicName) -> None:
-        """A lookup needs the right to produce or to consume there."""
-        try:
-            self.context.authorize(Action.PRODUCE, topic)
-        except Forbidden:
-            self.context.authorize(Action.CONSUME, topic)
-
-    def _partitioned_metadata(self, request: pb.CommandPartitionedTopicMetadata) -> None:
-        try:
-            topic = TopicName.parse(request.topic)
-            self._lookup_allowed(topic)
-            self.context.service.policies(topic.namespace_name)  # NotFound for an unknown namespace
-            partitions = self.context.service.partitions(topic) if topic.partition_index < 0 else 0
-        except MagnetarError as exc:
-            self.context.out.write([commands.partitioned_metadata_failed(request.request_id, exc)])
-            return
-        self.context.out.write([commands.partitioned_metadata(request.request_id, partitions)])
-
-    def _lookup(self, request: pb.CommandLookupTopic) -> None:
-        """LOOKUP: the owner's listeners (``owner_of``), after the caller's right to use the topic."""
-        try:
-            topic = TopicName.parse(request.topic)
-            self._lookup_allowed(topic)
-            owner = self.owner_of(topic)
-        except MagnetarError as exc:
-            self.context.out.write([commands.lookup_failed(request.request_id, exc)])
-            return
-        plain, tls = owner.service_url, owner.service_url_tls
-        self.context.out.write([commands.lookup(request.request_id, plain or tls or "", tls)])
-
     # --- schemas -------------------------------------------------------------------------
     def _get_schema(self, request: pb.CommandGetSchema) -> None:
         try:
@@ -263,6 +226,16 @@ class PulsarSession:
     # --- the end -------------------------------------------------------------------------
     def writable_again(self) -> None:
         self.consumers.deliver_all()
+
+    def topics_unloaded(self, names: set[TopicName]) -> None:
+        """These topics are no longer served by this broker: close their producers (after the
+        receipts of the sends already stored) and consumers, telling the client, as Pulsar's
+        broker does on an unload. The broker already closed its consumers of them; this sends
+        CLOSE_CONSUMER at once rather than at their next delivery."""
+        if self.state is not State.CONNECTED:
+            return
+        self.producers.unloaded(names)
+        self.consumers.unloaded(names)
 
     def connection_lost(self) -> None:
         self.state = State.CLOSED

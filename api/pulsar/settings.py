@@ -1,10 +1,11 @@
 """The binary front end's settings: ports, TLS files and the bounds of a connection.
 
-Role: ``magnetar standalone`` builds one ``PulsarSettings`` from ``--pulsar-port`` and Pulsar's
-``standalone.conf`` keys (``brokerServicePort``, ``brokerServicePortTls``,
-``tlsCertificateFilePath``, ``tlsKeyFilePath``, ``tlsTrustCertsFilePath``,
-``maxMessageSize``, ``authenticationRefreshCheckSeconds``); the server and every session read
-their bounds from it. Every bound is a named setting with its unit in the name.
+Role: ``magnetar standalone`` and ``magnetar broker`` build one ``PulsarSettings`` from
+``--pulsar-port`` and Pulsar's configuration keys (``brokerServicePort``,
+``brokerServicePortTls``, ``tlsCertificateFilePath``, ``tlsKeyFilePath``,
+``tlsTrustCertsFilePath``, ``advertisedAddress``, ``maxMessageSize``,
+``authenticationRefreshCheckSeconds``); the server and every session read their bounds from it.
+Every bound is a named setting with its unit in the name.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class PulsarSettings:
     ``authenticationRefreshCheckSeconds``): a client that can refresh is sent AUTH_CHALLENGE and
     must answer within one more period; one that cannot is disconnected."""
     connections_max: int = 10_000
+    lookup_threads: int = 4
+    """Threads working out lookups on a cluster broker (they read ZooKeeper, so never on the loop)."""
+    lookups_pending_max: int = 10_000
+    """Lookups in flight on the server before more are refused with TooManyRequests (Pulsar's
+    ``maxConcurrentLookupRequest``)."""
     entries_remembered_max: int = 100_000
     """Entries per consumer whose delivered messages are remembered to map acks to offsets."""
 

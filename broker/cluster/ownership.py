@@ -83,14 +83,16 @@ class LoadReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"brokerId": self.address.broker_id, "webServiceUrl": self.address.web_service_url,
-                "pulsarServiceUrl": self.address.pulsar_service_url, "numBundles": self.bundles,
+                "pulsarServiceUrl": self.address.pulsar_service_url,
+                "pulsarServiceUrlTls": self.address.pulsar_service_url_tls, "numBundles": self.bundles,
                 "numTopics": self.topics, "msgRateIn": self.msg_rate_in, "msgRateOut": self.msg_rate_out,
                 "cpu": {"usage": self.cpu_percent, "limit": 100.0 * (os.cpu_count() or 1)},
                 "lastUpdate": self.last_update_ms}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LoadReport:
-        address = BrokerAddress(str(obj["brokerId"]), str(obj["webServiceUrl"]), str(obj.get("pulsarServiceUrl", "")))
+        address = BrokerAddress(str(obj["brokerId"]), str(obj["webServiceUrl"]), str(obj.get("pulsarServiceUrl") or ""),
+                                str(obj.get("pulsarServiceUrlTls") or ""))
         return cls(address, int(obj.get("numBundles", 0)), int(obj.get("numTopics", 0)),
                    float(obj.get("msgRateIn", 0.0)), float(obj.get("msgRateOut", 0.0)),
                    float(obj.get("cpu", {}).get("usage", 0.0)), int(obj.get("lastUpdate", 0)))
@@ -491,7 +493,8 @@ class OwnershipManager:
 
     def _ownership_data(self) -> bytes:
         return json.dumps({"brokerId": self.address.broker_id, "httpUrl": self.address.web_service_url,
-                           "nativeUrl": self.address.pulsar_service_url, "httpUrlTls": None, "nativeUrlTls": None,
+                           "nativeUrl": self.address.pulsar_service_url, "httpUrlTls": None,
+                           "nativeUrlTls": self.address.pulsar_service_url_tls or None,
                            "disabled": False}, sort_keys=True).encode()
 
     def _read_owner(self, bundle: Bundle) -> BrokerAddress | None:
@@ -504,7 +507,8 @@ class OwnershipManager:
         obj = json.loads(data)
         if obj.get("disabled"):
             raise ServiceUnitNotReady(f"bundle {bundle.key} is being unloaded")
-        return BrokerAddress(str(obj["brokerId"]), str(obj["httpUrl"]), str(obj.get("nativeUrl") or ""))
+        return BrokerAddress(str(obj["brokerId"]), str(obj["httpUrl"]), str(obj.get("nativeUrl") or ""),
+                             str(obj.get("nativeUrlTls") or ""))
 
     def _assigned_broker(self, bundle: Bundle) -> BrokerAddress:
         """The live broker the bundle is assigned to, assigning it now when it is not (or to a

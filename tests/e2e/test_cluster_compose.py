@@ -50,6 +50,7 @@ def test_cluster_services_are_wired_together() -> None:
     store = _option(broker["command"], "--metadata-store")
     assert store.startswith("zk:zookeeper:2181/")
     host_ports = set()
+    pulsar_ports = set()
     for name in BROKERS:
         service = services[name]
         assert service["image"] == broker["image"]
@@ -59,7 +60,11 @@ def test_cluster_services_are_wired_together() -> None:
         assert _option(service["command"], "--advertised-address") == name
         assert _option(service["command"], "--port") == "8080"
         host_ports |= {p.split(":")[0] for p in service["ports"] if p.endswith(":8080")}
+        pulsar_port = _option(service["command"], "--pulsar-port")  # advertised as pulsar://{name}:{port}
+        assert f"{pulsar_port}:{pulsar_port}" in service["ports"]
+        pulsar_ports.add(pulsar_port)
     assert host_ports == {"8080", "8081"}
+    assert pulsar_ports == {"6650", "6651"}
     writable = _dockerfile_writable_dirs()
     for name in BOOKIES:
         bookie = services[name]

@@ -1,9 +1,11 @@
 """Two ``magnetar broker`` processes over one ZooKeeper and three bookies: lookups, redirects,
-and bundle administration, seen by plain HTTP, WebSocket and the Spark connector's client.
+and bundle administration, seen by plain HTTP, WebSocket, the Spark connector's client, and
+Pulsar's binary protocol (the official ``pulsar-client`` and raw frames).
 
 One cluster serves the module (ZooKeeper, bookies and brokers are real processes on
-127.0.0.1, stopped by PID at the end). Each test uses its own namespace, created with
-``BUNDLES`` bundles, so the first lookups spread its topics over both brokers.
+127.0.0.1, stopped by PID at the end; every broker has an HTTP and a binary-protocol port).
+Each test uses its own namespace, created with ``BUNDLES`` bundles, so the first lookups spread
+its topics over both brokers.
 """
 
 from __future__ import annotations
@@ -11,19 +13,31 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pulsar
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from api.pulsar.proto import pulsar_api_pb2 as pb
 from consumers.client import Client, HttpError
-from consumers.cluster_launcher import Cluster, running_cluster
+from consumers.cluster_launcher import Cluster, Process, running_cluster
 from consumers.spark.client import BrokerClient
+from tests.integration.pulsar_support import client, receive_all
+from tests.integration.pulsar_wire import RawConnection, T, command, entry, send_frame
 
 BUNDLES = 8
+READ_PAGES_MAX = 100
+MOVE_DEADLINE_S = 120.0
+"""The whole produce-and-consume-across-an-unload scenario ends within this (a bound, not a timing claim)."""
+ACKED_BEFORE_MOVE = 15
+ACKED_AFTER_MOVE = 15
+SEND_PACE_S = 0.02
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +125,197 @@ def test_python_client_and_spark_client_reach_owners_through_any_broker(cluster:
         assert chunk.next_offset == 6 and sum(b.num_rows for b in chunk.batches) == 6
         assert spark.offsets(full)[1][full].next == 6
         assert spark.produce(full, {"messages": [{"payload": base64.b64encode(b"spark").decode()}]})[0]["offset"] == 6
+
+
+def _broker(cluster: Cluster, broker_id: str) -> Process:
+    return next(b for b in cluster.brokers if b.address == broker_id)
+
+
+def _other(cluster: Cluster, broker_id: str) -> Process:
+    return next(b for b in cluster.brokers if b.address != broker_id)
+
+
+def _stored(http_url: str, namespace: str, topic: str) -> list[bytes]:
+    """Every payload of ``topic`` in offset order, read through REST on ``http_url`` (no redirects)."""
+    payloads: list[bytes] = []
+    for _ in range(READ_PAGES_MAX):
+        response = httpx.get(f"{http_url}/topics/persistent/{namespace}/{topic}/messages",
+                             params={"offset": len(payloads)}, timeout=30)
+        assert response.status_code == 200, response.text
+        page = [base64.b64decode(m["payload"]) for m in response.json()["messages"]]
+        if not page:
+            return payloads
+        payloads += page
+    raise AssertionError(f"{topic} holds more than {READ_PAGES_MAX} pages")
+
+
+def _bundle_of(cluster: Cluster, namespace: str, topic: str) -> tuple[str, str]:
+    """(bundle range, owner broker id) of ``topic``."""
+    found = httpx.get(f"{cluster.broker_url}/lookup/v2/topic/persistent/{namespace}/{topic}").json()
+    return found["bundle"].rsplit("/", 1)[1], found["brokerId"]
+
+
+def test_the_pulsar_client_follows_redirects_from_any_broker_to_the_owner(cluster: Cluster, namespace: str) -> None:
+    owners = _owners(cluster, namespace, 8)
+    topic, owner, _ = _elsewhere(cluster, owners)
+    full = f"persistent://{namespace}/{topic}"
+    pc = client(_other(cluster, owner).pulsar_url)  # the broker that does not serve the topic
+    try:
+        producer = pc.create_producer(full, batching_enabled=False)
+        for i in range(5):
+            producer.send(f"p{i}".encode())
+        consumer = pc.subscribe(full, "sub", initial_position=pulsar.InitialPosition.Earliest)
+        assert [m.data() for m in receive_all(consumer, 5)] == [f"p{i}".encode() for i in range(5)]
+        # what the binary client produced is on the owner, readable through its REST API
+        assert _stored(f"http://{owner}", namespace, topic) == [f"p{i}".encode() for i in range(5)]
+        stats = httpx.get(f"http://{owner}/admin/v2/persistent/{namespace}/{topic}/stats").json()
+        assert stats["ownerBroker"] == owner and stats["msgInCounter"] == 5
+        # topics nobody looked up yet: the binary lookup assigns their bundles, as HTTP's first lookup
+        fresh = [f"fresh{i}" for i in range(8)]
+        for name in fresh:
+            pc.create_producer(f"persistent://{namespace}/{name}", batching_enabled=False).send(name.encode())
+        for name in fresh:
+            _, serving = _bundle_of(cluster, namespace, name)
+            assert _stored(f"http://{serving}", namespace, name) == [name.encode()]
+        # a partitioned topic: metadata from any broker, each partition from its own owner
+        created = httpx.put(f"{cluster.broker_url}/admin/v2/persistent/{namespace}/parted/partitions", json=6,
+                            follow_redirects=True, timeout=30)
+        assert created.status_code in (200, 204), created.text
+        parted = f"persistent://{namespace}/parted"
+        multi = pc.subscribe(parted, "all", initial_position=pulsar.InitialPosition.Earliest)
+        spread = pc.create_producer(parted, batching_enabled=False)
+        for i in range(12):
+            spread.send(f"q{i}".encode(), partition_key=f"k{i}")
+        assert sorted(m.data() for m in receive_all(multi, 12)) == sorted(f"q{i}".encode() for i in range(12))
+    finally:
+        pc.close()
+
+
+def test_binary_lookups_redirect_to_the_owner_and_non_owners_refuse_producers_and_consumers(
+        cluster: Cluster, namespace: str) -> None:
+    owners = _owners(cluster, namespace, 8)
+    topic, owner, _ = _elsewhere(cluster, owners)
+    full = f"persistent://{namespace}/{topic}"
+    serving, elsewhere = _broker(cluster, owner), _other(cluster, owner)
+    with RawConnection(elsewhere.pulsar_port) as conn:
+        conn.connect()
+        conn.send_command(command(T.LOOKUP, lookupTopic={"topic": full, "request_id": 1}))
+        redirect = conn.expect(T.LOOKUP_RESPONSE).lookupTopicResponse
+        assert redirect.response == pb.CommandLookupTopicResponse.Redirect
+        assert redirect.brokerServiceUrl == serving.pulsar_url and redirect.authoritative
+        assert not redirect.proxy_through_service_url
+        conn.send_command(command(T.PARTITIONED_METADATA, partitionMetadata={"topic": full, "request_id": 2}))
+        metadata = conn.expect(T.PARTITIONED_METADATA_RESPONSE).partitionMetadataResponse
+        assert metadata.response == pb.CommandPartitionedTopicMetadataResponse.Success and metadata.partitions == 0
+        conn.send_command(command(T.PRODUCER, producer={"topic": full, "producer_id": 1, "request_id": 3}))
+        refused = conn.expect(T.ERROR).error
+        assert refused.request_id == 3 and refused.error == pb.ServiceNotReady and owner in refused.message
+        conn.send_command(command(T.SUBSCRIBE, subscribe={"topic": full, "subscription": "never", "subType": 0,
+                                                          "consumer_id": 1, "request_id": 4}))
+        refused = conn.expect(T.ERROR).error
+        assert refused.request_id == 4 and refused.error == pb.ServiceNotReady
+    with RawConnection(serving.pulsar_port) as conn:
+        conn.connect()
+        conn.send_command(command(T.LOOKUP, lookupTopic={"topic": full, "request_id": 1, "authoritative": True}))
+        connect = conn.expect(T.LOOKUP_RESPONSE).lookupTopicResponse
+        assert connect.response == pb.CommandLookupTopicResponse.Connect
+        assert connect.brokerServiceUrl == serving.pulsar_url
+    produced = httpx.post(f"http://{owner}/topics/persistent/{namespace}/{topic}",
+                          json={"messages": [{"payload": base64.b64encode(b"x").decode()}]})
+    assert produced.status_code == 200, produced.text
+    stats = httpx.get(f"http://{owner}/admin/v2/persistent/{namespace}/{topic}/stats").json()
+    assert stats["subscriptions"] == {} and stats["msgInCounter"] == 1  # the refusals created nothing
+
+
+def test_an_unload_closes_binary_producers_and_consumers_on_the_old_owner(cluster: Cluster, namespace: str) -> None:
+    owners = _owners(cluster, namespace, 8)
+    topic, owner, _ = _elsewhere(cluster, owners)
+    full = f"persistent://{namespace}/{topic}"
+    bundle, _ = _bundle_of(cluster, namespace, topic)
+    with RawConnection(_broker(cluster, owner).pulsar_port) as conn:
+        conn.connect()
+        conn.send_command(command(T.PRODUCER, producer={"topic": full, "producer_id": 1, "request_id": 1}))
+        assert conn.expect(T.PRODUCER_SUCCESS).producer_success.request_id == 1
+        conn.send_command(command(T.SUBSCRIBE, subscribe={"topic": full, "subscription": "s", "subType": 0,
+                                                          "consumer_id": 2, "request_id": 2}))
+        assert conn.expect(T.SUCCESS).success.request_id == 2
+        conn.send(send_frame(1, 0, entry(b"before", sequence_id=0)))
+        assert conn.expect(T.SEND_RECEIPT).send_receipt.sequence_id == 0
+        moved = httpx.put(f"http://{owner}/admin/v2/namespaces/{namespace}/{bundle}/unload", timeout=60)
+        assert moved.status_code == 204, moved.text
+        closed = [conn.expect(T.CLOSE_PRODUCER, T.CLOSE_CONSUMER) for _ in range(2)]
+        assert {(c.type, c.close_producer.producer_id if c.type == T.CLOSE_PRODUCER else c.close_consumer.consumer_id)
+                for c in closed} == {(T.CLOSE_PRODUCER, 1), (T.CLOSE_CONSUMER, 2)}
+        # a send the client had on the wire before it heard of the close is dropped, not a violation
+        conn.send(send_frame(1, 1, entry(b"late", sequence_id=1)))
+        conn.send_command(command(T.LOOKUP, lookupTopic={"topic": full, "request_id": 3}))
+        answer = conn.expect(T.LOOKUP_RESPONSE).lookupTopicResponse
+        assert answer.response == pb.CommandLookupTopicResponse.Redirect
+        assert answer.brokerServiceUrl == _other(cluster, owner).pulsar_url
+    assert _stored(f"http://{_other(cluster, owner).address}", namespace, topic) == [b"before"]
+
+
+def test_pulsar_clients_go_on_when_an_unload_moves_their_topic(cluster: Cluster, namespace: str) -> None:
+    """A producer and a consumer of the official client, reaching the topic through the broker
+    that does not serve it, keep working while its bundle is unloaded to that other broker:
+    every acknowledged send is delivered and stored once on the new owner."""
+    owners = _owners(cluster, namespace, 8)
+    topic, owner, _ = _elsewhere(cluster, owners)
+    full = f"persistent://{namespace}/{topic}"
+    bundle, _ = _bundle_of(cluster, namespace, topic)
+    pc = client(_other(cluster, owner).pulsar_url)
+    acknowledged: list[bytes] = []
+    failures: list[BaseException] = []
+    moved = threading.Event()
+    deadline_s = time.monotonic() + MOVE_DEADLINE_S
+
+    def produce(producer: pulsar.Producer) -> None:
+        after_move = 0
+        for i in range(100_000):
+            if time.monotonic() >= deadline_s or after_move >= ACKED_AFTER_MOVE:
+                return
+            was_moved = moved.is_set()
+            try:
+                producer.send(f"m{i}".encode())
+            except Exception as exc:  # not acknowledged: it may or may not be stored
+                failures.append(exc)
+                continue
+            acknowledged.append(f"m{i}".encode())
+            after_move += was_moved
+            time.sleep(SEND_PACE_S)
+
+    try:
+        producer = pc.create_producer(full, producer_name="mover", batching_enabled=False)
+        consumer = pc.subscribe(full, "moving", initial_position=pulsar.InitialPosition.Earliest)
+        producing = threading.Thread(target=produce, args=(producer,), name="producer")
+        producing.start()
+        received: list[bytes] = []
+        received_after_move = 0
+        while time.monotonic() < deadline_s:
+            if not moved.is_set() and len(acknowledged) >= ACKED_BEFORE_MOVE:
+                unloaded = httpx.put(f"http://{owner}/admin/v2/namespaces/{namespace}/{bundle}/unload", timeout=60)
+                assert unloaded.status_code == 204, unloaded.text
+                moved.set()
+            try:
+                message = consumer.receive(500)
+            except pulsar.Timeout:
+                if not producing.is_alive() and set(acknowledged) <= set(received):
+                    break
+                continue
+            received.append(message.data())
+            received_after_move += moved.is_set()
+            consumer.acknowledge(message)
+        producing.join(timeout=max(deadline_s - time.monotonic(), 1.0))
+        assert not producing.is_alive(), "the producer did not finish within the deadline"
+        assert moved.is_set() and not failures, failures
+        assert len(acknowledged) >= ACKED_BEFORE_MOVE + ACKED_AFTER_MOVE and received_after_move > 0
+        assert set(acknowledged) <= set(received), "an acknowledged message was never delivered"
+    finally:
+        pc.close()
+    _, new_owner = _bundle_of(cluster, namespace, topic)
+    assert new_owner != owner
+    stored = _stored(f"http://{new_owner}", namespace, topic)
+    assert set(acknowledged) <= set(stored) and len(stored) == len(set(stored))  # every send stored once
 
 
 def test_brokers_bundles_split_and_unload(cluster: Cluster, namespace: str) -> None:
