@@ -8,7 +8,8 @@ topic ``stats`` are: nothing is counted here.
   (journal with fsync latency percentiles, write and read caches with hit ratios, entry logs,
   the RocksDB index, GC, read-only state), or on a cluster broker (``storage`` null) its
   bookies and re-replication (``cluster``); the broker's entry cache and key index, and how
-  many maintenance passes ran (``maintenancePasses``); how many topics,
+  many maintenance passes ran (``maintenancePasses``) and how many appends were refused
+  because another broker recovered their topic (``appendsFenced``); how many topics,
   subscriptions and consumers are loaded; and the message and byte rates and counters in and
   out, summed over the loaded topics.
 - ``GET /admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics`` (tenant admin): every
@@ -191,6 +192,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             "entryCache": _entry_cache(stats),
             "keyIndex": None if stats.key_index is None else _key_index(stats),
             "maintenancePasses": stats.maintenance_passes,
+            "appendsFenced": stats.appends_fenced,
             **traffic_overview(stats),
         }
 

@@ -163,6 +163,8 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
     yield _labelled(CounterMetricFamily, "magnetar_metadata_store_operations", "Metadata store operations", "op",
                     {"get": store.gets, "put": store.puts, "delete": store.deletes})
     yield _counter("magnetar_metadata_store_cas_failures", "Metadata compare-and-set conflicts", store.cas_failures)
+    yield _counter("magnetar_appends_fenced", "Appends refused because another broker recovered their topic "
+                   "(fenced its ledger or rewrote its ledger list)", broker.appends_fenced)
     keys = broker.key_index
     if keys is not None:
         yield _gauge("magnetar_key_index_pending_rows", "Key versions assigned and not yet written to the key index",

@@ -168,6 +168,9 @@ class ManagedLedger:
         self._failure: MagnetarError | None = None
         self._closed = False
         """Closed or abandoned by this broker (its bundle went elsewhere): no more appends."""
+        self._taken_over = False
+        """Another writer changed the stored ledger list under this one (another broker
+        recovered the topic): no more appends."""
         self._read_handles: dict[int, LedgerHandle] = {}
         self._position_hints = PositionHints()
         self._samples = SampleStore(self._store, self._path)
@@ -252,11 +255,27 @@ class ManagedLedger:
                     interval_bytes=self.config.index_interval_bytes)
 
     def _open_new_ledger(self) -> None:
+        """Create the next ledger and make it current once the ledger list naming it is saved:
+        a ledger missing from the stored list is one no later owner reads, so nothing may be
+        appended to it. If the save fails, no append goes to the ledger (the next append tries
+        anew). If it failed because another writer changed the list (another broker recovered
+        the topic), the ledger is deleted again and this managed ledger takes no more appends;
+        after any other failure the save may have been applied, so the ledger stays (empty)."""
         handle = self._ledgers.create(self.config.quorum, {"managed-ledger": self.name})
         info = LedgerInfo(handle.ledger_id, first_offset=self._next_offset, created_ms=self._now_ms())
         self._infos.append(info)
+        try:
+            self._save()
+        except BaseException as exc:
+            self._infos.pop()
+            if not isinstance(exc, BadVersion):
+                raise
+            self._taken_over = True
+            with contextlib.suppress(MagnetarError):  # a failed delete leaves it behind, empty and unlisted
+                self._ledgers.delete(handle.ledger_id)
+            raise LedgerFenced(f"the ledger list of {self.display_name} was changed by another writer: "
+                               "another broker serves the topic") from exc
         self._current, self._current_next_entry_id = handle, 0
-        self._save()
 
     def _save(self) -> None:
         confirmed = [i for i in self._infos if i.entries > 0]
@@ -350,7 +369,11 @@ class ManagedLedger:
             if len(payload) > size_max:
                 raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {size_max}")
         with self._lock:
-            self._check_writable()
+            try:
+                self._check_writable()
+            except LedgerFenced:
+                self._factory.count_fenced_append()
+                raise
             if expected_offset is not None and expected_offset != self._next_offset:
                 raise OffsetMismatch(
                     f"expected offset {expected_offset} but the next offset of {self.display_name} is "
@@ -405,9 +428,11 @@ class ManagedLedger:
         result.set_result(added)
 
     def _add_failed(self, error: BaseException, info: LedgerInfo) -> None:
-        if isinstance(error, LedgerFenced) and self._failure is None:
-            log.warning("append to ledger %d of %s failed: fenced (another broker recovered it)",
-                        info.ledger_id, self.display_name)
+        if isinstance(error, LedgerFenced):
+            self._factory.count_fenced_append()
+            if self._failure is None:
+                log.warning("append to ledger %d of %s failed: fenced (another broker recovered it)",
+                            info.ledger_id, self.display_name)
         with self._confirmed:
             if self._failure is None and isinstance(error, MagnetarError):
                 self._failure = error
@@ -451,8 +476,13 @@ class ManagedLedger:
             raise ServiceUnitNotReady(f"topic {self.display_name} is no longer served by this broker")
         if self._terminated:
             raise TopicTerminated(f"topic {self.display_name} is terminated")
+        if self._taken_over:
+            raise LedgerFenced(f"the ledger list of {self.display_name} was changed by another writer: "
+                               "another broker serves the topic")
         if self._failure is not None:
             self._recover_from_failure()
+        elif self._current is None:
+            self._open_new_ledger()  # the last attempt could not save the ledger list
 
     def _recover_from_failure(self) -> None:
         """After a failed add: abandon the ledger at its LAC and continue in a new one."""
@@ -715,6 +745,7 @@ class ManagedLedger:
 
     def delete(self) -> None:
         with self._lock:
+            self._closed = True  # no append may open a ledger for the deleted topic
             if self._current is not None:
                 self._close_current()
             for info in self._infos:
@@ -751,6 +782,19 @@ class ManagedLedgerFactory:
         self.clock = clock
         self._open: dict[str, ManagedLedger] = {}
         self._lock = threading.Lock()
+        self._appends_fenced = 0
+        self._counters_lock = threading.Lock()
+
+    @property
+    def appends_fenced(self) -> int:
+        """Appends (add calls) of this broker's managed ledgers that failed because another
+        broker recovered the topic (fenced its ledger, or rewrote its ledger list): each one was
+        refused, never acknowledged."""
+        return self._appends_fenced
+
+    def count_fenced_append(self) -> None:
+        with self._counters_lock:
+            self._appends_fenced += 1
 
     def open(self, name: str, config: ManagedLedgerConfig | None = None) -> ManagedLedger:
         with self._lock:
@@ -761,7 +805,7 @@ class ManagedLedgerFactory:
                     try:
                         ml._load()
                         break
-                    except BadVersion:
+                    except (BadVersion, LedgerFenced):  # another writer changed the list meanwhile: read it again
                         ml = ManagedLedger(self, name, config or ManagedLedgerConfig())
                 self._open[name] = ml
             return ml

@@ -130,6 +130,9 @@ class BrokerStats:
     key_index: KeyIndexStats | None = None
     maintenance_passes: int = 0
     """Maintenance passes (TTL, trimming, key index sync) completed since the broker started."""
+    appends_fenced: int = 0
+    """Appends refused because another broker recovered their topic (fenced its ledger or
+    rewrote its ledger list): a cluster broker that lost a topic while still appending to it."""
 
 
 @dataclass(frozen=True)
@@ -834,9 +837,11 @@ class BrokerService:
         key_index = self.key_index.statistics()
         if self.cluster is not None:
             return BrokerStats(None, self.cache.statistics(), self.store.statistics(), tuple(topics),
-                               self.cluster.statistics(), key_index, self._maintenance_passes)
+                               self.cluster.statistics(), key_index, self._maintenance_passes,
+                               self.factory.appends_fenced)
         return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics),
-                           key_index=key_index, maintenance_passes=self._maintenance_passes)
+                           key_index=key_index, maintenance_passes=self._maintenance_passes,
+                           appends_fenced=self.factory.appends_fenced)
 
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
                 sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",

@@ -20,26 +20,50 @@ the Python client with every broker in its service URL (lookups, 307s, reconnect
    acknowledgement had not reached the broker) are counted and reported.
 
 ``test_split_brain_sigstop``: the owner of a topic (the first broker the clients list) is stopped
-with SIGSTOP until its session
-expires and the other broker serves the topic; a REST publish sent to the stopped broker
-meanwhile is processed when it gets SIGCONT, and fails: its ledger was fenced by the new owner.
-The old owner then sends lookups to the new one; every acknowledged message is stored once.
+with SIGSTOP until its session expires and the other broker serves the topic, then gets SIGCONT.
+
+1. An append in flight: with the load paused, the three bookies are stopped, a REST publish is
+   sent to the owner, and once the bookies' kernels hold the owner's bytes for it (unread
+   receive queues, ``/proc/net/tcp``) the owner is stopped and the bookies resumed. A bookie
+   reads its sockets in order, so it stores that entry before the new owner's fence can reach
+   it: the entry is part of the ledger the new owner recovers and is stored exactly once,
+   whatever the stopped broker answers after SIGCONT (200 when the bookies' acknowledgements
+   reach it first, an error when its own bookie timeouts fire first: a client does not know).
+2. A REST publish sent to the stopped broker waits in its socket and is processed after
+   SIGCONT. It is never answered 200 and never stored. Whether it is refused as fenced (it
+   reached the ledger before the broker noticed the expired session: the bookies or the ledger
+   list the new owner rewrote refuse it) or as no longer served here (the session's end was
+   noticed first) is a race between kazoo's thread and the broker's loop, both woken by
+   SIGCONT; the test reports which, and when the answer is ``ledger_fenced`` the broker's
+   ``magnetar_appends_fenced_total`` must count it.
+3. The old owner then sends lookups to the new one; every acknowledged message is stored once.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
 import signal
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 import pytest
 
-from consumers.cluster_launcher import Cluster, running_cluster
+from broker.cluster.bookie_network import BookieNetwork
+from broker.cluster.remote_bookie import RemoteBookie
+from broker.cluster.zk_metadata import ZooKeeperMetadataStore
+from broker.errors import MagnetarError
+from broker.ledger import LedgerMetadata, ledger_path
+from broker.managed_ledger import ML_ROOT
+from broker.offset_index import LedgerInfo
+from broker.topic_name import TopicName
+from consumers.cluster_launcher import Cluster, Process, running_cluster
 from tests.crash.cluster_load import ClusterLoad
 
 pytestmark = pytest.mark.crash
@@ -56,6 +80,9 @@ PHASE_DEADLINE_S = 120.0
 RECOVERY_BOUND_S = 60.0
 """A moved topic must be served again within the session timeout plus this (recovery, lookups)."""
 READ_BATCH = 1000
+IN_FLIGHT_PAD_BYTES = 8192
+"""The in-flight append's size: far more than anything else the owner sends its bookies while
+the load is paused, so the bookies' unread bytes from the owner show that the append left it."""
 
 
 def _http() -> httpx.Client:
@@ -233,29 +260,49 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
     load = ClusterLoad(cluster.service_url, [f"persistent://{NAMESPACE}/{topic}"])
     load.start()
     stopped = None
+    paused: list[Process] = []
     try:
         assert load.wait_acks({load.topics[0]: ACKS_PER_PHASE}, time.monotonic() + PHASE_DEADLINE_S)
         owner_id = _owner(http, first, topic)
         other_id = next(b for b in urls if b != owner_id)
         stopped = next(b for b in cluster.brokers if b.address == owner_id)
         assert stopped.proc is not None
+        owner_url = urls[owner_id]
+        load.pause_producing()
+        assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
+        ledger_id, ensemble = _current_ledger(cluster, topic)
+
+        # 1. An append in flight: the bookies are stopped, the owner sends them an entry (it waits
+        # unread in their sockets, the owner waits for the answers), and the owner is stopped.
+        marker = f"in-flight {os.urandom(8).hex()} "
+        in_flight_payload = marker + "x" * IN_FLIGHT_PAD_BYTES
+        for bookie in cluster.bookies:
+            assert bookie.proc is not None
+            os.kill(bookie.proc.pid, signal.SIGSTOP)
+            paused.append(bookie)
+        in_flight_answer = _publish_in_thread(owner_url, topic, "in-flight", in_flight_payload)
+        deadline_s = time.monotonic() + PHASE_DEADLINE_S
+        while time.monotonic() < deadline_s:
+            unread = {b: _unread_from(b, stopped.proc.pid) for b in ensemble}
+            if all(n >= len(in_flight_payload) for n in unread.values()):
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"the owner's append did not reach the stopped bookies {ensemble}: {unread}")
         os.kill(stopped.proc.pid, signal.SIGSTOP)
         stopped_s = time.monotonic()
-        # A publish sent to the stopped owner waits in its socket; it is processed after SIGCONT.
-        late_answer: list[httpx.Response | BaseException] = []
+        # 2. A publish sent to the stopped owner waits in its socket; it is processed after SIGCONT.
+        late_answer = _publish_in_thread(owner_url, topic, "late", "late")
+        for bookie in paused:
+            assert bookie.proc is not None
+            os.kill(bookie.proc.pid, signal.SIGCONT)
+        paused.clear()
+        # The bookies read the append before anything the other broker sends later (the fence):
+        # they store it, so it belongs to the ledger the other broker recovers.
+        holders = _bookies_holding(ensemble, ledger_id, marker.encode(), time.monotonic() + PHASE_DEADLINE_S)
+        assert holders == set(ensemble), f"the in-flight entry is on {holders}, not on all of {ensemble}"
 
-        def publish_late() -> None:
-            try:
-                with httpx.Client(timeout=120.0) as direct:  # no redirects: only the stopped broker's answer
-                    late_answer.append(direct.post(
-                        f"{urls[owner_id]}/topics/persistent/{NAMESPACE}/{topic}",
-                        json={"producerName": "late", "messages": [{"payload": "bGF0ZQ==", "sequenceId": 1}]}))
-            except BaseException as exc:
-                late_answer.append(exc)
-
-        late = threading.Thread(target=publish_late)
-        late.start()
-        # The other broker takes the topic once the stopped one's session expired.
+        # 3. The other broker takes the topic once the stopped one's session expired.
         deadline_s = time.monotonic() + PHASE_DEADLINE_S
         while time.monotonic() < deadline_s:
             try:
@@ -267,22 +314,27 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
         else:
             raise AssertionError(f"{other_id} did not take {topic} over")
         taken_s = time.monotonic() - stopped_s
+        load.resume_producing()
         before = load.acked_counts()[load.topics[0]]
         assert load.wait_acks({load.topics[0]: before + ACKS_PER_PHASE}, time.monotonic() + PHASE_DEADLINE_S)
         os.kill(stopped.proc.pid, signal.SIGCONT)
-        late.join(130)
-        assert late_answer, "the publish sent to the stopped broker got no outcome"
-        outcome = late_answer[0]
-        shown = f"{outcome.status_code} {outcome.text[:200]}" if isinstance(outcome, httpx.Response) else repr(outcome)
-        print(f"SIGSTOP {owner_id}: {other_id} served {topic} {taken_s:.1f} s later; the publish the stopped "
-              f"broker received was answered after SIGCONT: {shown}")
-        assert not (isinstance(outcome, httpx.Response) and outcome.status_code == 200), \
+        in_flight, late = in_flight_answer.result(130), late_answer.result(130)
+        fenced_appends = _metric(http, owner_url, "magnetar_appends_fenced_total")
+        print(f"SIGSTOP {owner_id}: {other_id} served {topic} {taken_s:.1f} s later; after SIGCONT the stopped "
+              f"broker answered the append it had in flight (stored by the bookies before the fence) with "
+              f"{_shown(in_flight)} and the publish waiting in its socket with {_shown(late)}; "
+              f"it counts {fenced_appends:g} appends refused as fenced")
+        assert not (isinstance(late, httpx.Response) and late.status_code == 200), \
             "the stopped broker appended to a fenced ledger"
+        for outcome in (in_flight, late):
+            if isinstance(outcome, httpx.Response) and outcome.status_code == 409:
+                assert outcome.json()["code"] == "ledger_fenced", outcome.text
+                assert fenced_appends >= 1, "a publish was refused as fenced, and the broker did not count it"
         log.flush()
-        fenced = sum(1 for line in (tmp_path / "cluster.log").read_text(errors="replace").splitlines()
+        logged = sum(1 for line in (tmp_path / "cluster.log").read_text(errors="replace").splitlines()
                      if "failed: fenced" in line)
-        print(f"appends the stopped broker had in flight that failed as fenced: {fenced} ledger(s)")
-        # The old owner gave the bundle up: it now sends the topic's lookups to the new owner.
+        print(f"fenced ledgers the stopped broker logged: {logged}")
+        # 4. The old owner gave the bundle up: it now sends the topic's lookups to the new owner.
         deadline_s = time.monotonic() + PHASE_DEADLINE_S
         while time.monotonic() < deadline_s:
             try:
@@ -293,14 +345,112 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
             time.sleep(0.2)
         else:
             raise AssertionError(f"{owner_id} still claims {topic} after SIGCONT")
+        # 5. Nothing stored twice, nothing acknowledged lost; the in-flight entry is stored once
+        # (whatever the stopped broker answered), the late publish not at all.
         load.pause_producing()
         assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
         stored = _stored(http, urls[other_id], topic)
         assert b"late" not in stored
+        assert stored.count(in_flight_payload.encode()) == 1, "the in-flight entry is not stored exactly once"
         assert len(stored) == len(set(stored)), "a payload is stored twice"
         assert load.records[load.topics[0]].acked <= set(stored)
         print(f"{len(stored)} messages stored once each; {load.duplicates()} duplicate deliveries")
     finally:
-        if stopped is not None and stopped.proc is not None and stopped.proc.poll() is None:
-            os.kill(stopped.proc.pid, signal.SIGCONT)
+        for process in (*paused, stopped):
+            if process is not None and process.proc is not None and process.proc.poll() is None:
+                os.kill(process.proc.pid, signal.SIGCONT)
         load.stop()
+
+
+def _publish_in_thread(broker_url: str, topic: str, producer: str, payload: str) -> Future[httpx.Response | Exception]:
+    """POST one message to ``broker_url`` from a thread; the future holds the answer (redirects
+    not followed: only that broker's own answer) or the exception."""
+    answer: Future[httpx.Response | Exception] = Future()
+
+    def publish() -> None:
+        try:
+            with httpx.Client(timeout=120.0) as direct:
+                answer.set_result(direct.post(f"{broker_url}/topics/persistent/{NAMESPACE}/{topic}", json={
+                    "producerName": producer, "messages": [{"payload": payload, "sequenceId": 1}]}))
+        except Exception as exc:
+            answer.set_result(exc)
+
+    threading.Thread(target=publish, daemon=True).start()
+    return answer
+
+
+def _shown(outcome: httpx.Response | Exception) -> str:
+    return f"{outcome.status_code} {outcome.text[:160]}" if isinstance(outcome, httpx.Response) else repr(outcome)
+
+
+def _metric(http: httpx.Client, broker_url: str, name: str) -> float:
+    """One counter of the broker's ``/metrics`` (asked again while it answers 503: a broker
+    getting its new ZooKeeper session)."""
+    deadline_s = time.monotonic() + PHASE_DEADLINE_S
+    response = http.get(f"{broker_url}/metrics")
+    while response.status_code == 503 and time.monotonic() < deadline_s:
+        time.sleep(0.2)
+        response = http.get(f"{broker_url}/metrics")
+    response.raise_for_status()
+    for line in response.text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{broker_url}/metrics has no {name}")
+
+
+def _current_ledger(cluster: Cluster, topic: str) -> tuple[int, list[str]]:
+    """The topic's current ledger and the bookies of its last fragment, from ZooKeeper."""
+    store = ZooKeeperMetadataStore.open(cluster.metadata_store)
+    try:
+        name = TopicName.parse(f"persistent://{NAMESPACE}/{topic}").managed_ledger_name
+        listed = store.get(f"{ML_ROOT}/{name}")
+        assert listed is not None, f"{name} has no ledger list"
+        ledger_id = LedgerInfo.from_json(json.loads(listed.value)["ledgers"][-1]).ledger_id
+        meta = store.get(ledger_path(ledger_id))
+        assert meta is not None, f"ledger {ledger_id} has no metadata"
+        return ledger_id, LedgerMetadata.from_json(meta.value).fragments[-1][1]
+    finally:
+        store.close()
+
+
+def _unread_from(bookie_id: str, sender_pid: int) -> int:
+    """Bytes the bookie at ``bookie_id`` has not read yet from the connections of process
+    ``sender_pid`` (the kernel's receive queues, from ``/proc/net/tcp``)."""
+    port = int(bookie_id.rsplit(":", 1)[1])
+    inodes = set()
+    for fd in Path(f"/proc/{sender_pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    rows = []  # (local port, remote port, receive queue, inode) of every TCP socket
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                rows.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16),
+                             int(fields[4].split(":")[1], 16), int(fields[9])))
+    sender_ports = {local for local, remote, _, inode in rows if inode in inodes and remote == port}
+    return sum(queued for local, remote, queued, _ in rows if local == port and remote in sender_ports)
+
+
+def _bookies_holding(ensemble: list[str], ledger_id: int, marker: bytes, deadline_s: float) -> set[str]:
+    """The bookies of ``ensemble`` that hold an entry of ``ledger_id`` containing ``marker``
+    (asked over the bookie protocol until all do or the deadline passes)."""
+    network = BookieNetwork()
+    holders: set[str] = set()
+    try:
+        while time.monotonic() < deadline_s and len(holders) < len(ensemble):
+            for bookie_id in ensemble:
+                if bookie_id in holders:
+                    continue
+                bookie = RemoteBookie(bookie_id, network)
+                with contextlib.suppress(MagnetarError):
+                    last = bookie.last_entry_id(ledger_id)
+                    if last >= 0 and any(marker in e.payload for e in
+                                         bookie.read_entries(ledger_id, max(0, last - 20), last)):
+                        holders.add(bookie_id)
+            time.sleep(0.1)
+    finally:
+        network.close()
+    return holders

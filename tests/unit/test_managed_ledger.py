@@ -4,7 +4,10 @@ Checks: offsets are gap-free across frequent ledger rollovers (``test_min``); of
 and time → offset lookups are exact at ledger boundaries; conditional append refuses a stale
 ``expected_offset`` and writes nothing; cursor state (mark-delete, holes, batch-message acks)
 survives a restart; trimming deletes only ledgers every durable cursor has consumed and that
-retention lets go, and storage GC then gives the disk back; terminate refuses later writes.
+retention lets go, and storage GC then gives the disk back; terminate refuses later writes; an
+append to a ledger another writer recovered fails as fenced and the factory counts it; once
+another broker recovered the topic and rewrote its ledger list, every later append of the old
+writer fails as fenced (none goes to a ledger the list does not name).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry
-from broker.errors import DataLost, OffsetMismatch, TopicTerminated
-from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig
+from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
+from broker.ledger import LedgerManager
+from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from tests.unit.broker_stack import Stack, open_stack, publish
 
 
@@ -165,6 +170,20 @@ def test_terminate_refuses_writes(stack: Stack) -> None:
     stack.close()
 
 
+def test_an_append_to_a_ledger_another_writer_recovered_fails_fenced_and_is_counted(stack: Stack) -> None:
+    ml, _ = stack.open("t/ns/persistent/fenced", ManagedLedgerConfig())
+    first = publish(ml, [b"before"])
+    assert stack.factory.appends_fenced == 0
+    other_broker = LedgerManager(stack.store, stack.ledgers.client, stack.clock)
+    other_broker.open(first.position.ledger_id, recovery=True)  # fences the ledger, as a new owner does
+    entry = encode_entry([Message(b"after")], producer_name="test", sequence_id=1, publish_time_ms=0)
+    with pytest.raises(LedgerFenced):
+        ml.add_entry(entry, 1).result(timeout=10)
+    assert stack.factory.appends_fenced == 1
+    assert other_broker.open(first.position.ledger_id).last_add_confirmed == first.position.entry_id
+    stack.close()
+
+
 def test_offsets_continue_after_every_ledger_was_trimmed(data_dir: str) -> None:
     stack = open_stack(data_dir)
     ml, cursors = stack.open("t/ns/persistent/emptied")
@@ -213,4 +232,24 @@ def test_an_offset_lookup_reads_forward_a_bounded_number_of_bytes(data_dir: str)
     stack = open_stack(data_dir)
     ml, _ = stack.open("large-entries", config)
     assert max(entries_read_by_lookups(stack, ml)) <= 5
+    stack.close()
+
+
+def test_after_another_broker_took_the_topic_over_no_append_of_the_old_owner_is_acknowledged(stack: Stack) -> None:
+    """The old owner's first append fails on the fenced ledger; its next ones must fail too, as fenced:
+    the ledger it would open instead cannot enter the ledger list the new owner rewrote, so
+    anything acknowledged in it would be lost."""
+    old, _ = stack.open("t/ns/persistent/taken", ManagedLedgerConfig())
+    publish(old, [b"before"])
+    new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
+                                     EntryCache(1 << 20, clock=stack.clock), stack.clock)
+    taken = new_owner.open("t/ns/persistent/taken", ManagedLedgerConfig())  # recovers (fences) the last ledger
+    for i in range(3):  # the add to the fenced ledger; the ledger list; then refused at once
+        with pytest.raises(LedgerFenced):
+            publish(old, [f"late {i}".encode()])
+    assert stack.factory.appends_fenced == 3
+    publish(taken, [b"on the new owner"])
+    stored = [decode_entry(e.data).messages[0].payload for e in taken.read_entries(taken.first_position(), 100)]
+    assert stored == [b"before", b"on the new owner"]
+    new_owner.close_all()
     stack.close()
