@@ -82,11 +82,12 @@ def message_ids_of(position: Position, partition: int, count: int) -> tuple[Mess
     return tuple(MessageId(position.ledger_id, position.entry_id, partition, i) for i in range(count))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ClientEntrySend:
     """One entry a client encoded itself, as ``publish_entries`` stores it: the bytes (checked by
     ``check_client_entry``), how many messages they hold and each one's key, and the sequence
-    ids the client gave it."""
+    ids the client gave it. Not frozen (built once per SEND, see ``PublishResult``); treat it
+    as a value."""
 
     data: bytes
     message_count: int
