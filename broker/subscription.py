@@ -430,6 +430,7 @@ class Subscription:
         notify: set[Consumer] = set()
         with self._lock:
             self._release_due()
+            now = self._clock()  # one reading per round: when this round's deliveries were sent
             held: list[_Item] = []
             while self._any_can_take():
                 item = self._next_item()
@@ -443,17 +444,17 @@ class Subscription:
                     if len(held) >= PENDING_MESSAGES_MAX:
                         break
                     continue
-                self._deliver(consumer, item)
+                self._deliver(consumer, item, now)
                 notify.add(consumer)
                 if consumer.config.whole_entries:
-                    self._deliver_rest_of_entry(consumer, item)
+                    self._deliver_rest_of_entry(consumer, item, now)
             for item in reversed(held):
                 self._pending.appendleft(item)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
 
-    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item) -> None:
+    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item, now: float) -> None:
         """The messages of ``item``'s entry waiting right behind it go to the same consumer."""
         entry = (item.message_id.ledger_id, item.message_id.entry_id)
         while True:
@@ -464,7 +465,7 @@ class Subscription:
             else:
                 return
             if not self.cursor.is_acked(following.offset) and following.offset not in self._owner:
-                self._deliver(consumer, following)
+                self._deliver(consumer, following, now)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
@@ -543,7 +544,7 @@ class Subscription:
             return None  # an earlier message of this key is still unacked elsewhere: keep order
         return target if target._can_take() else None
 
-    def _deliver(self, consumer: Consumer, item: _Item) -> None:
+    def _deliver(self, consumer: Consumer, item: _Item, now: float) -> None:
         count = self._counts.get(item.offset, 0)
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms, count,
                             self.topic_name, entry_data=item.entry_data)
@@ -559,7 +560,7 @@ class Subscription:
         self.msg_out += 1
         self.bytes_out += len(item.message.payload)
         self._owner[item.offset] = consumer
-        self._sent_at[item.offset] = self._clock()
+        self._sent_at[item.offset] = now
         if item.key_hash >= 0 and self.type is SubscriptionType.KEY_SHARED:
             holder = self._key_owner.get(item.key_hash)
             self._key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
