@@ -5,7 +5,11 @@ Publish path: messages → producer dedup check (``broker/dedup.py``) → one Pu
 conditional on ``expected_offset``; keyed messages get their stream versions from the key index,
 ``broker/key_index.py``, under the offset lock, conditional on ``expected_key_versions``) →
 ``PublishResult`` with a Pulsar ``MessageId``, the gap-free offset and the key version of every
-message.
+message. Two grouped forms store many entries with one ``ManagedLedger.add_entries`` call (one
+journal write, one future): ``publish_each`` (each message its own entry, encoded here: the
+WebSocket front end) and ``publish_entries`` (entries a binary-protocol client encoded itself,
+stored byte for byte); both answer each entry on its own (a refusal of one, a duplicate) and
+deduplicate each as a single publish would.
 
 Invariants: a duplicate (producer name, sequence id) is acknowledged but never stored twice,
 also across restarts (a conditional one answers its first publish's results when it resends

@@ -16,6 +16,11 @@ Invariants:
   was lost cannot be resynchronised.
 - A payload is a view into the received bytes, not a copy; checksums are the session's business
   (a bad checksum is answered, not a reason to drop the connection).
+- SEND, FLOW and ACK in their common shape are read by hand (``hot_commands.py``: ``Frame.hot``),
+  without protobuf; that reader accepts only what protobuf parses to the same values with every
+  required field present, and leaves anything else to protobuf, so the two rules above hold
+  whichever path read a command. ``Frame.command`` is protobuf's view, parsed on first use for
+  a hand-read frame.
 """
 
 from __future__ import annotations
