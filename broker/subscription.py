@@ -266,6 +266,13 @@ class Consumer:
         with self.subscription._lock:
             return self.outbox.popleft() if self.outbox else None
 
+    def poll_all(self) -> list[Delivery]:
+        """Everything :meth:`poll` would return one by one, in order, taken at once."""
+        with self.subscription._lock:
+            taken = list(self.outbox)
+            self.outbox.clear()
+            return taken
+
     def peek(self) -> Delivery | None:
         """The delivery :meth:`poll` would return next, left in the outbox."""
         with self.subscription._lock:
@@ -457,15 +464,18 @@ class Subscription:
     def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item, now: float) -> None:
         """The messages of ``item``'s entry waiting right behind it go to the same consumer."""
         entry = (item.message_id.ledger_id, item.message_id.entry_id)
+        redeliver, pending, owner = self._redeliver, self._pending, self._owner
+        cursor = self.cursor
         while True:
-            if self._redeliver and _entry_of(self._redeliver[0]) == entry:
-                following = heapq.heappop(self._redeliver)
-            elif self._pending and _entry_of(self._pending[0]) == entry:
-                following = self._pending.popleft()
+            if redeliver and _entry_of(redeliver[0]) == entry:
+                following = heapq.heappop(redeliver)
+            elif pending and _entry_of(pending[0]) == entry:
+                following = pending.popleft()
             else:
                 return
-            if not self.cursor.is_acked(following.offset) and following.offset not in self._owner:
-                self._deliver(consumer, following, now)
+            offset = following.offset
+            if offset >= cursor.mark_delete_offset and offset not in cursor.acked and offset not in owner:
+                self._deliver(consumer, following, now)  # (cursor.is_acked, inline: once per message)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
@@ -630,10 +640,21 @@ class Subscription:
     # --- acknowledgement -------------------------------------------------------------------
     def _ack(self, consumer: Consumer, offsets: list[int]) -> None:
         with self._lock:
-            for offset in offsets:
-                self._release(offset, consumer)
-                consumer.unacked.pop(offset, None)
-                self._counts.pop(offset, None)
+            if self.type is SubscriptionType.KEY_SHARED:
+                for offset in offsets:
+                    self._release(offset, consumer)
+                    consumer.unacked.pop(offset, None)
+                    self._counts.pop(offset, None)
+            else:  # what _release does without a key owner to update, inline: once per message
+                owner_pop, sent_pop, counts_pop = self._owner.pop, self._sent_at.pop, self._counts.pop
+                by_id_pop, unacked_pop = consumer.offsets_by_id.pop, consumer.unacked.pop
+                for offset in offsets:
+                    owner_pop(offset, None)
+                    sent_pop(offset, None)
+                    counts_pop(offset, None)
+                    delivery = unacked_pop(offset, None)
+                    if delivery is not None:
+                        by_id_pop(delivery.message_id, None)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)
         self.dispatch()

@@ -236,9 +236,7 @@ class ConsumerHalf:
             return
         if self._context.out.congested:
             return
-        deliveries = []
-        while (delivery := state.consumer.poll()) is not None:
-            deliveries.append(delivery)
+        deliveries = state.consumer.poll_all()
         if deliveries:
             buffers: list[bytes | memoryview] = []
             for frame in frames_of_deliveries(deliveries):
