@@ -22,7 +22,10 @@ other processes used (the machine is shared). Targets (from the issue): batched 
 consume >= 1.0x pulsar-lite, unbatched publish >= 0.3x, Magnetar's p50 latency <= 1 ms.
 
 Invariants: every loop is bounded by a duration, a count and a deadline; both brokers are
-stopped by their PIDs. ``--out bench/RESULTS.md`` writes the table into its own section.
+stopped by their PIDs. ``--out bench/RESULTS.md`` writes the table into its own section (a
+full run only). ``--measures`` and ``--brokers`` pick a subset for an A/B while working (e.g.
+``--measures unbatched,latency --brokers magnetar``); ``PYTHONPATH`` picks another checkout of
+the broker for the Magnetar child, as in ``profile_broker.py``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ LATENCY_TARGET_US = 1000.0
 RECEIVE_TIMEOUT_MS = 1000
 OPERATION_TIMEOUT_S = 30
 TARGETS = {"publish batched": 1.0, "publish unbatched": 0.3, "consume": 1.0}
+ANCHOR = "pulsar-lite"
+BROKERS = (ANCHOR, "magnetar")
 
 
 @dataclass(frozen=True)
@@ -253,9 +258,12 @@ def latency(broker: Broker, topic: str, plan: BinaryPlan) -> Latency:
 # --- the run ------------------------------------------------------------------------------
 
 
-def throughput_row(measure: str, broker: Broker, result: Throughput, anchor: Throughput | None) -> Row:
+def throughput_row(measure: str, broker: Broker, result: Throughput, anchor: Throughput | None, *,
+                   anchored: bool = True) -> Row:
     value = f"{result.messages_per_s:,.0f} msg/s, {result.mb_per_s:.1f} MB/s"
-    if anchor is None:
+    if not anchored:
+        ratio = "- (pulsar-lite not run)"
+    elif anchor is None:
         ratio = "1.00x (anchor)"
     else:
         factor = result.messages_per_s / max(anchor.messages_per_s, 1e-9)
@@ -274,31 +282,56 @@ def latency_row(broker: Broker, result: Latency, judged: bool) -> Row:
                f"the broker used {server_share:.0%} of a core; {load_note(result.cpu)}")
 
 
-def run(brokers: list[Broker], plan: BinaryPlan) -> list[Row]:
-    anchor, magnetar = brokers
+MEASURES = ("batched", "unbatched", "consume", "latency")
+"""What ``--measures`` may pick (all by default); ``consume`` reads what ``batched`` wrote."""
+
+
+def throughput_rows(measure: str, brokers: list[Broker], results: dict[str, Throughput]) -> list[Row]:
+    """Rows of one throughput measure; the anchor's ratio only when pulsar-lite ran too."""
+    anchor = next((b for b in brokers if b.name == ANCHOR), None)
+    rows = []
+    for broker in brokers:
+        if broker is anchor:
+            rows.append(throughput_row(measure, broker, results[broker.name], None))
+        else:
+            anchor_result = results[anchor.name] if anchor is not None else None
+            rows.append(throughput_row(measure, broker, results[broker.name], anchor_result,
+                                       anchored=anchor is not None))
+    return rows
+
+
+def run(brokers: list[Broker], plan: BinaryPlan, measures: tuple[str, ...] = MEASURES) -> list[Row]:
     rows: list[Row] = []
     batched: dict[str, Throughput] = {}
     for measure, batching in (("publish batched", True), ("publish unbatched", False)):
+        if measure.split()[1] not in measures:
+            continue
         results = {b.name: publish(b, f"bench-{measure.split()[1]}", batching=batching, plan=plan) for b in brokers}
         if batching:
             batched = results
-        rows.append(throughput_row(measure, anchor, results[anchor.name], None))
-        rows.append(throughput_row(measure, magnetar, results[magnetar.name], results[anchor.name]))
-    consumed = {b.name: consume(b, "bench-batched", batched[b.name].messages, plan) for b in brokers}
-    rows.append(throughput_row("consume", anchor, consumed[anchor.name], None))
-    rows.append(throughput_row("consume", magnetar, consumed[magnetar.name], consumed[anchor.name]))
-    slow = dataclasses.replace(plan, latency_rate_per_s=plan.slow_latency_rate_per_s,
-                               latency_messages=plan.latency_messages // 4)
-    for rate_plan, topic in ((plan, "bench-latency"), (slow, "bench-latency-slow")):
-        for broker in brokers:
-            judged = broker is magnetar and rate_plan is plan
-            rows.append(latency_row(broker, latency(broker, topic, rate_plan), judged))
+        rows += throughput_rows(measure, brokers, results)
+    if "consume" in measures:
+        if not batched:
+            raise SystemExit("--measures consume needs batched: it reads what the batched publish wrote")
+        consumed = {b.name: consume(b, "bench-batched", batched[b.name].messages, plan) for b in brokers}
+        rows += throughput_rows("consume", brokers, consumed)
+    if "latency" in measures:
+        slow = dataclasses.replace(plan, latency_rate_per_s=plan.slow_latency_rate_per_s,
+                                   latency_messages=plan.latency_messages // 4)
+        for rate_plan, topic in ((plan, "bench-latency"), (slow, "bench-latency-slow")):
+            for broker in brokers:
+                judged = broker.name == "magnetar" and rate_plan is plan
+                rows.append(latency_row(broker, latency(broker, topic, rate_plan), judged))
     return rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short smoke run (about 20 s)")
+    parser.add_argument("--measures", default=",".join(MEASURES),
+                        help=f"comma-separated subset of {','.join(MEASURES)} (default: all)")
+    parser.add_argument("--brokers", default=",".join(BROKERS),
+                        help=f"comma-separated subset of {','.join(BROKERS)} (default: both)")
     parser.add_argument("--out", type=Path, help="write the table into this markdown file's binary-protocol section")
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_ROOT,
                         help="where both brokers keep their data (a scratch directory is made inside)")
@@ -308,15 +341,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK_PLAN if args.quick else NORMAL_PLAN
+    measures = tuple(m for m in args.measures.split(",") if m)
+    chosen = tuple(b for b in args.brokers.split(",") if b)
+    if not set(measures) <= set(MEASURES) or not set(chosen) <= set(BROKERS) or not chosen:
+        raise SystemExit(f"--measures takes {','.join(MEASURES)}, --brokers {','.join(BROKERS)}")
+    if args.out is not None and (measures != MEASURES or len(chosen) != len(BROKERS)):
+        raise SystemExit("--out writes the full table only: run every measure on both brokers")
     versions = {name: importlib.metadata.version(name) for name in ("pulsar-client", "pulsar-lite")}
     with scratch_dir(args.work_dir, "binary-bench-") as work_dir, ExitStack() as stack:
         starters: list[tuple[str, Callable[[Path], ServerProcess]]] = [
             ("pulsar-lite", start_pulsar_lite), ("magnetar", start_magnetar)]
         brokers = []
         for name, start in starters:
+            if name not in chosen:
+                continue
             server = stack.enter_context(running(start(work_dir)))
             brokers.append(Broker(name, server, f"pulsar://127.0.0.1:{server.port}"))
-        rows = run(brokers, plan)
+        rows = run(brokers, plan, measures)
         machine = machine_summary(work_dir)
     config = (f"payload {PAYLOAD_BYTES} B; publish {plan.publish_duration_s:.0f} s per case, at most "
               f"{plan.window_messages} pending; consume up to {plan.consume_deadline_s:.0f} s; latency "

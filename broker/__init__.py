@@ -15,6 +15,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
   strategies);
 - entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
+  ``ClientEntrySend`` to store a group of them with ``Producer.send_entries``,
   ``frames_of_deliveries`` to forward stored entries with Pulsar's ack sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
@@ -95,7 +96,7 @@ from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, ve
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
 from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, Delivery, SubscriptionStats, SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
-from broker.topic import PublishResult
+from broker.topic import ClientEntrySend, PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_pattern import TopicPattern
@@ -121,6 +122,7 @@ __all__ = [
     "AlreadyExists",
     "BrokerAddress",
     "ClientEntry",
+    "ClientEntrySend",
     "EntryFrame",
     "BrokerConfig",
     "BrokerError",

@@ -138,10 +138,21 @@ class ManagedCursor:
     def ack(self, offsets: Iterable[int]) -> Future[None]:
         """Acknowledge individual messages by offset; resolves once persisted."""
         with self._lock:
+            floor = self.mark_delete_offset
+            acked = self.acked
+            start = end = -1  # a run of consecutive offsets, added as one range
             for offset in offsets:
-                if offset >= self.mark_delete_offset:
-                    self.acked.add(offset, offset + 1)
-                    self._consumed += 1
+                if offset < floor:
+                    continue
+                self._consumed += 1
+                if offset == end:
+                    end += 1
+                    continue
+                if end > start:
+                    acked.add(start, end)
+                start, end = offset, offset + 1
+            if end > start:
+                acked.add(start, end)
             self._normalize()
             return self._changed()
 

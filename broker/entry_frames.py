@@ -13,7 +13,10 @@ Invariants:
 - :func:`check_client_entry` accepts only what every reader of the topic can decode later
   (checksum, metadata, compression, batch structure, declared message count), so a client's
   bytes can never make a stored entry unreadable; it raises ``CorruptEntry`` or
-  ``InvalidRequest`` (an encrypted entry, a wrong message count, a broker prefix).
+  ``InvalidRequest`` (an encrypted entry, a wrong message count, a broker prefix). It checks
+  exactly what ``decode_entry`` checks, without building what a reader needs: an entry that is
+  not a batch is its ``MessageMetadata`` and its bytes, both verified by
+  ``decode_entry_payload`` (splitting such an entry cannot fail), so only a batch is split.
 - An :class:`EntryFrame`'s ``data`` is a view of the stored bytes, never a copy or a re-encoding,
   with two exceptions: messages of a compacted view, which have no stored entry of their own,
   and a lone message stored in the batch format (Magnetar's own edges write every entry as a
@@ -29,7 +32,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.entry_format import Message, as_unbatched, decode_entry, encode_entry, split_prefix
+from broker.entry_format import (
+    Message,
+    as_unbatched,
+    decode_entry_payload,
+    encode_entry,
+    split_entry_payload,
+    split_prefix,
+)
 from broker.errors import InvalidRequest
 from broker.subscription import Delivery
 
@@ -38,9 +48,10 @@ _UINT64_MOD = 1 << 64
 _INT64_MAX = (1 << 63) - 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class ClientEntry:
-    """What the broker needs to know of a client's entry before storing it."""
+    """What the broker needs to know of a client's entry before storing it. Not frozen (a frozen
+    dataclass costs a microsecond more to build, once per SEND); treat it as a value."""
 
     message_count: int
     producer_name: str
@@ -48,6 +59,8 @@ class ClientEntry:
     """The chunk's index when the entry is one chunk of a larger message, else None."""
     chunks: int
     """How many chunks the message has (1 when it is not chunked)."""
+    keys: tuple[str | None, ...]
+    """Each message's partition key (None: no key), in batch order: what the key index needs."""
 
     @property
     def partial_chunk(self) -> bool:
@@ -57,19 +70,25 @@ class ClientEntry:
 
 def check_client_entry(data: bytes, declared_messages: int) -> ClientEntry:
     """Verify a client's entry in full (see the module's invariants)."""
-    decoded = decode_entry(data)
-    if decoded.broker_metadata is not None:
+    entry = decode_entry_payload(data)
+    if entry.broker_metadata is not None:
         raise InvalidRequest("a client's entry must not carry broker entry metadata")
-    count = len(decoded.messages)
+    metadata = entry.metadata
+    keys: tuple[str | None, ...]
+    if entry.is_batched:
+        messages = split_entry_payload(entry).messages
+        keys = tuple(m.key for m in messages)
+    else:
+        keys = (metadata.partition_key if metadata.HasField("partition_key") else None,)
+    count = len(keys)
     if count != declared_messages:
         raise InvalidRequest(f"the entry holds {count} messages, the command declares {declared_messages}")
-    metadata = decoded.metadata
     chunked = metadata.HasField("chunk_id") and metadata.HasField("num_chunks_from_msg")
     chunks = int(metadata.num_chunks_from_msg) if chunked else 1
     chunk_id = int(metadata.chunk_id) if chunked else None
     if chunk_id is not None and not 0 <= chunk_id < chunks:
         raise InvalidRequest(f"chunk {chunk_id} of a message of {chunks} chunks")
-    return ClientEntry(count, decoded.producer_name, chunk_id, chunks)
+    return ClientEntry(count, metadata.producer_name, chunk_id, chunks, keys)
 
 
 @dataclass(frozen=True, slots=True)

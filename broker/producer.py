@@ -33,7 +33,7 @@ from broker.entry_format import Compression, Message
 from broker.errors import InvalidRequest, MagnetarError
 from broker.message_fields import ExpectedVersion
 from broker.routing import PartitionRouter
-from broker.topic import PublishResult
+from broker.topic import ClientEntrySend, PublishResult
 from broker.topic_name import TopicName
 from storage import new_future
 
@@ -93,16 +93,13 @@ class Producer:
         targets = [self.topic.partition(i) for i in range(partitions)] if partitions else [self.topic]
         return max(self._service.topic(target).last_sequence_id(self.name) for target in targets)
 
-    def send_entry(self, data: bytes, message_count: int, *, sequence_id: int, highest_sequence_id: int,
-                   partial_chunk: bool = False) -> Future[PublishResult]:
-        """Store an entry the client encoded (checked by ``check_client_entry``) untouched on
-        this producer's topic, which must be one partition or an unpartitioned topic (a binary
-        client routes itself); see ``PersistentTopic.publish_entry``."""
+    def send_entries(self, entries: Sequence[ClientEntrySend]) -> Future[list[PublishResult | MagnetarError]]:
+        """Store entries the client encoded (checked by ``check_client_entry``) untouched, each
+        its own entry, on this producer's topic, which must be one partition or an unpartitioned
+        topic (a binary client routes itself); see ``PersistentTopic.publish_entries``."""
         if self._partitions():
             raise InvalidRequest(f"{self.topic} is partitioned: produce to one of its partitions")
-        return self._service.topic(self.topic).publish_entry(
-            data, message_count, producer_name=self.name, sequence_id=sequence_id,
-            highest_sequence_id=highest_sequence_id, partial_chunk=partial_chunk)
+        return self._service.topic(self.topic).publish_entries(entries, producer_name=self.name)
 
     def send(self, messages: Sequence[Message], *, partition: TopicName | None = None,
              sequence_id: int | None = None, expected_offset: int | None = None,

@@ -266,6 +266,13 @@ class Consumer:
         with self.subscription._lock:
             return self.outbox.popleft() if self.outbox else None
 
+    def poll_all(self) -> list[Delivery]:
+        """Everything :meth:`poll` would return one by one, in order, taken at once."""
+        with self.subscription._lock:
+            taken = list(self.outbox)
+            self.outbox.clear()
+            return taken
+
     def peek(self) -> Delivery | None:
         """The delivery :meth:`poll` would return next, left in the outbox."""
         with self.subscription._lock:
@@ -430,6 +437,7 @@ class Subscription:
         notify: set[Consumer] = set()
         with self._lock:
             self._release_due()
+            now = self._clock()  # one reading per round: when this round's deliveries were sent
             held: list[_Item] = []
             while self._any_can_take():
                 item = self._next_item()
@@ -443,28 +451,31 @@ class Subscription:
                     if len(held) >= PENDING_MESSAGES_MAX:
                         break
                     continue
-                self._deliver(consumer, item)
+                self._deliver(consumer, item, now)
                 notify.add(consumer)
                 if consumer.config.whole_entries:
-                    self._deliver_rest_of_entry(consumer, item)
+                    self._deliver_rest_of_entry(consumer, item, now)
             for item in reversed(held):
                 self._pending.appendleft(item)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
 
-    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item) -> None:
+    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item, now: float) -> None:
         """The messages of ``item``'s entry waiting right behind it go to the same consumer."""
         entry = (item.message_id.ledger_id, item.message_id.entry_id)
+        redeliver, pending, owner = self._redeliver, self._pending, self._owner
+        cursor = self.cursor
         while True:
-            if self._redeliver and _entry_of(self._redeliver[0]) == entry:
-                following = heapq.heappop(self._redeliver)
-            elif self._pending and _entry_of(self._pending[0]) == entry:
-                following = self._pending.popleft()
+            if redeliver and _entry_of(redeliver[0]) == entry:
+                following = heapq.heappop(redeliver)
+            elif pending and _entry_of(pending[0]) == entry:
+                following = pending.popleft()
             else:
                 return
-            if not self.cursor.is_acked(following.offset) and following.offset not in self._owner:
-                self._deliver(consumer, following)
+            offset = following.offset
+            if offset >= cursor.mark_delete_offset and offset not in cursor.acked and offset not in owner:
+                self._deliver(consumer, following, now)  # (cursor.is_acked, inline: once per message)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
@@ -543,7 +554,7 @@ class Subscription:
             return None  # an earlier message of this key is still unacked elsewhere: keep order
         return target if target._can_take() else None
 
-    def _deliver(self, consumer: Consumer, item: _Item) -> None:
+    def _deliver(self, consumer: Consumer, item: _Item, now: float) -> None:
         count = self._counts.get(item.offset, 0)
         delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms, count,
                             self.topic_name, entry_data=item.entry_data)
@@ -559,7 +570,7 @@ class Subscription:
         self.msg_out += 1
         self.bytes_out += len(item.message.payload)
         self._owner[item.offset] = consumer
-        self._sent_at[item.offset] = self._clock()
+        self._sent_at[item.offset] = now
         if item.key_hash >= 0 and self.type is SubscriptionType.KEY_SHARED:
             holder = self._key_owner.get(item.key_hash)
             self._key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
@@ -629,10 +640,21 @@ class Subscription:
     # --- acknowledgement -------------------------------------------------------------------
     def _ack(self, consumer: Consumer, offsets: list[int]) -> None:
         with self._lock:
-            for offset in offsets:
-                self._release(offset, consumer)
-                consumer.unacked.pop(offset, None)
-                self._counts.pop(offset, None)
+            if self.type is SubscriptionType.KEY_SHARED:
+                for offset in offsets:
+                    self._release(offset, consumer)
+                    consumer.unacked.pop(offset, None)
+                    self._counts.pop(offset, None)
+            else:  # what _release does without a key owner to update, inline: once per message
+                owner_pop, sent_pop, counts_pop = self._owner.pop, self._sent_at.pop, self._counts.pop
+                by_id_pop, unacked_pop = consumer.offsets_by_id.pop, consumer.unacked.pop
+                for offset in offsets:
+                    owner_pop(offset, None)
+                    sent_pop(offset, None)
+                    counts_pop(offset, None)
+                    delivery = unacked_pop(offset, None)
+                    if delivery is not None:
+                        by_id_pop(delivery.message_id, None)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)
         self.dispatch()

@@ -5,7 +5,11 @@ Publish path: messages → producer dedup check (``broker/dedup.py``) → one Pu
 conditional on ``expected_offset``; keyed messages get their stream versions from the key index,
 ``broker/key_index.py``, under the offset lock, conditional on ``expected_key_versions``) →
 ``PublishResult`` with a Pulsar ``MessageId``, the gap-free offset and the key version of every
-message.
+message. Two grouped forms store many entries with one ``ManagedLedger.add_entries`` call (one
+journal write, one future): ``publish_each`` (each message its own entry, encoded here: the
+WebSocket front end) and ``publish_entries`` (entries a binary-protocol client encoded itself,
+stored byte for byte); both answer each entry on its own (a refusal of one, a duplicate) and
+deduplicate each as a single publish would.
 
 Invariants: a duplicate (producer name, sequence id) is acknowledged but never stored twice,
 also across restarts (a conditional one answers its first publish's results when it resends
@@ -82,6 +86,33 @@ def message_ids_of(position: Position, partition: int, count: int) -> tuple[Mess
     return tuple(MessageId(position.ledger_id, position.entry_id, partition, i) for i in range(count))
 
 
+@dataclass(slots=True, eq=False)
+class ClientEntrySend:
+    """One entry a client encoded itself, as ``publish_entries`` stores it: the bytes (checked by
+    ``check_client_entry``), how many messages they hold and each one's key, and the sequence
+    ids the client gave it. Not frozen (built once per SEND, see ``PublishResult``); treat it
+    as a value."""
+
+    data: bytes
+    message_count: int
+    keys: tuple[str | None, ...]
+    sequence_id: int
+    highest_sequence_id: int
+    partial_chunk: bool = False
+    """A chunk other than the last of its message."""
+
+
+def _client_entry_refusal(entry: ClientEntrySend, size_bytes_max: int) -> MagnetarError | None:
+    """Why ``publish_entries`` refuses ``entry`` before storing anything, or None."""
+    if len(entry.data) > size_bytes_max:
+        return MessageTooLarge(f"entry of {len(entry.data)} bytes exceeds "
+                               f"{size_bytes_max - CLIENT_ENTRY_OVERHEAD_BYTES_MAX} bytes")
+    if not 0 <= entry.sequence_id <= entry.highest_sequence_id <= SEQUENCE_ID_MAX:
+        return InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX} and the highest must not be below "
+                              f"the first, not {entry.sequence_id}..{entry.highest_sequence_id}")
+    return None
+
+
 def _duplicate(partition: int) -> Future[PublishResult]:
     """The result of a publish deduplication dropped: nothing stored, id -1:-1."""
     done: Future[PublishResult] = new_future()
@@ -153,47 +184,106 @@ class PersistentTopic:
         added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq, keys))
         return result
 
-    def publish_entry(self, data: bytes, message_count: int, *, producer_name: str, sequence_id: int,
-                      highest_sequence_id: int, partial_chunk: bool = False) -> Future[PublishResult]:
-        """Store an entry a client encoded itself (the binary protocol's SEND payload, checked by
-        ``check_client_entry``) byte for byte. Deduplication keys on ``highest_sequence_id``; a
-        chunk other than the last of its message (``partial_chunk``: every chunk carries the
-        message's sequence id) is refused as a duplicate when its message was stored already,
-        and otherwise stored without claiming the sequence id, which its last chunk does."""
-        if len(data) > self._message_size_bytes_max + CLIENT_ENTRY_OVERHEAD_BYTES_MAX:
-            raise MessageTooLarge(f"entry of {len(data)} bytes exceeds {self._message_size_bytes_max} bytes")
-        if not 0 <= sequence_id <= highest_sequence_id <= SEQUENCE_ID_MAX:
-            raise InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX} and the highest must not be "
-                                 f"below the first, not {sequence_id}..{highest_sequence_id}")
+    def publish_entries(self, entries: Sequence[ClientEntrySend], *, producer_name: str,
+                        ) -> Future[list[PublishResult | MagnetarError]]:
+        """Store entries a client encoded itself (the binary protocol's SEND payloads, checked by
+        ``check_client_entry``) byte for byte, each its own entry, with one managed-ledger call
+        and one Future for the group; the Future's list holds, in order, each entry's result or
+        the broker's refusal of that entry alone (too large, sequence ids out of range, a
+        duplicate still being stored); a failure to store fails the whole Future.
+
+        Deduplication keys on each entry's ``highest_sequence_id``; a chunk other than the last
+        of its message (``partial_chunk``: every chunk carries the message's sequence id) is
+        acknowledged as a duplicate when its message was stored already, and otherwise stored
+        without claiming the sequence id, which its last chunk does."""
+        outcomes: list[PublishResult | MagnetarError | None] = [None] * len(entries)
+        stored: list[int] = []  # positions of the entries that are written
+        datas: list[bytes] = []
+        counts: list[int] = []
+        reserved: list[ClientEntrySend] = []  # the written entries that claimed their sequence id
+        claimed: list[bool] = []  # per written entry: it claimed its sequence id
+        keys: list[KeyReservation | None] = []
+        size_max = self._message_size_bytes_max + CLIENT_ENTRY_OVERHEAD_BYTES_MAX
+        dedup = self.dedup
         with self._publish_lock:
-            reserved = False
-            if partial_chunk:
-                if self.dedup is not None and highest_sequence_id <= self.dedup.pushed_sequence_id(producer_name):
-                    duplicate = self._check_duplicate(producer_name, highest_sequence_id, message_count,
-                                                      conditional=False)
-                    assert duplicate is not None  # at or below the reserved id: never new
-                    return duplicate
-            else:
-                duplicate = self._check_duplicate(producer_name, highest_sequence_id, message_count,
-                                                  conditional=False)
-                if duplicate is not None:
-                    return duplicate
-                reserved = self.dedup is not None
-            keys: KeyReservation | None = None
-            try:  # keyed messages get their stream versions, as from any producer
-                if self.streams is not None:  # the index needs only each message's key
-                    keys = self._key_reservation([Message(b"", key=m.key) for m in decode_entry(data).messages], None)
-                added = self.ml.add_entry(data, message_count, on_offsets=keys)
+            try:
+                for position, entry in enumerate(entries):
+                    refusal = _client_entry_refusal(entry, size_max)
+                    if refusal is not None:
+                        outcomes[position] = refusal
+                        continue
+                    highest = entry.highest_sequence_id
+                    claims = not entry.partial_chunk
+                    if dedup is not None and (claims or highest <= dedup.pushed_sequence_id(producer_name)):
+                        try:
+                            duplicate = self._check_duplicate(producer_name, highest, entry.message_count,
+                                                              conditional=False)
+                        except DuplicateInFlight as exc:
+                            outcomes[position] = exc
+                            continue
+                        if duplicate is not None:
+                            outcomes[position] = duplicate.result()
+                            continue
+                        assert claims  # a partial chunk at or below the reserved id is never new
+                        reserved.append(entry)
+                    claimed.append(claims and dedup is not None)
+                    stored.append(position)
+                    datas.append(entry.data)
+                    counts.append(entry.message_count)
+                    keys.append(self._client_keys(entry.keys))
+                added = self.ml.add_entries(datas, counts, on_offsets=keys) if datas else None
             except BaseException:
-                if keys is not None:
-                    keys.failed()
-                if reserved and self.dedup is not None:
-                    self.dedup.rollback(producer_name, highest_sequence_id, sequence_id - 1)
+                for reservation in keys:
+                    if reservation is not None:
+                        reservation.failed()
+                if dedup is not None:
+                    for entry in reversed(reserved):
+                        dedup.rollback(producer_name, entry.highest_sequence_id, entry.sequence_id - 1)
                 raise
-        result: Future[PublishResult] = new_future()
-        owner = producer_name if reserved else None
-        added.add_done_callback(lambda f: self._published(f, result, owner, highest_sequence_id, keys))
+        result: Future[list[PublishResult | MagnetarError]] = new_future()
+        if added is None:
+            result.set_result(outcomes)  # type: ignore[arg-type]  # every position is filled
+        else:
+            added.add_done_callback(lambda f: self._published_entries(
+                f, result, producer_name, outcomes, stored, claimed, [entries[p] for p in stored], keys))
         return result
+
+    def _client_keys(self, keys: Sequence[str | None]) -> KeyReservation | None:
+        """The key index's reservation for a client entry whose messages have ``keys``."""
+        if self.streams is None:
+            return None
+        return self.streams.reservation([Message(b"", key=key) for key in keys], None)
+
+    def _published_entries(self, added: Future[list[AddResult]],
+                           result: Future[list[PublishResult | MagnetarError]], producer: str,
+                           outcomes: list[PublishResult | MagnetarError | None], stored: list[int],
+                           claimed: list[bool], entries: list[ClientEntrySend],
+                           keys: list[KeyReservation | None]) -> None:
+        error = added.exception()
+        if error is not None:
+            for reservation in keys:
+                if reservation is not None:
+                    reservation.failed()
+            result.set_exception(error)
+            return
+        adds = added.result()
+        if self.dedup is not None:
+            last_claim = None
+            for add, entry, claims in zip(adds, entries, claimed, strict=True):
+                if claims:
+                    last_claim = (entry.highest_sequence_id, add.last_offset + 1)
+            if last_claim is not None:
+                self.dedup.persisted(producer, last_claim[0], last_claim[1], sum(claimed))
+        partition = self.partition
+        for position, add, reservation in zip(stored, adds, keys, strict=True):
+            versions: tuple[int | None, ...] = ()
+            if reservation is not None:
+                reservation.confirmed(add.position)
+                versions = reservation.message_versions()
+            outcomes[position] = PublishResult(add.position, partition, add.first_offset,
+                                               add.last_offset - add.first_offset + 1, add.publish_time_ms,
+                                               key_versions=versions)
+        result.set_result(outcomes)  # type: ignore[arg-type]
 
     def publish_each(self, messages: Sequence[Message], *, producer_name: str,
                      sequence_ids: Sequence[int | None], compression: Compression = Compression.NONE,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from api.pulsar.framing import command_frame, payload_frame
+from api.pulsar.hot_commands import send_receipt_command
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from broker import MagnetarError
 
@@ -145,16 +146,8 @@ def producer_success(request_id: int, producer_name: str, last_sequence_id: int,
 
 def send_receipt(producer_id: int, sequence_id: int, highest_sequence_id: int, ledger_id: int,
                  entry_id: int, partition: int) -> bytes:
-    command = pb.BaseCommand(type=T.SEND_RECEIPT)
-    receipt = command.send_receipt
-    receipt.producer_id = producer_id
-    receipt.sequence_id = sequence_id
-    receipt.highest_sequence_id = highest_sequence_id
-    receipt.message_id.ledgerId = ledger_id % (1 << 64)
-    receipt.message_id.entryId = entry_id % (1 << 64)
-    if partition >= 0:
-        receipt.message_id.partition = partition
-    return command_frame(command)
+    """Spelled by hand (one per message): the bytes protobuf would write."""
+    return send_receipt_command(producer_id, sequence_id, highest_sequence_id, ledger_id, entry_id, partition)
 
 
 def send_error(producer_id: int, sequence_id: int, failure: BaseException) -> bytes:

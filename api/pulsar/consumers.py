@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from api.auth import Action
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
+from api.pulsar.hot_commands import AckCommand, AckedId, FlowCommand
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
@@ -63,6 +64,8 @@ EARLIEST_ID = (1 << 64) - 1
 """``MessageId.earliest`` on the wire: ledger and entry -1 as uint64."""
 LATEST_ID = (1 << 63) - 1
 PERMITS_MAX = 1 << 20
+MessageIdLike = pb.MessageIdData | AckedId
+"""An acknowledged id as protobuf read it or as ``hot_commands`` did (the same fields)."""
 
 
 @dataclass
@@ -236,9 +239,7 @@ class ConsumerHalf:
             return
         if self._context.out.congested:
             return
-        deliveries = []
-        while (delivery := state.consumer.poll()) is not None:
-            deliveries.append(delivery)
+        deliveries = state.consumer.poll_all()
         if deliveries:
             buffers: list[bytes | memoryview] = []
             for frame in frames_of_deliveries(deliveries):
@@ -260,14 +261,14 @@ class ConsumerHalf:
             state.end_of_topic_sent = True
             self._context.out.write([commands.reached_end_of_topic(state.consumer_id)])
 
-    def flow(self, command: pb.CommandFlow) -> None:
+    def flow(self, command: pb.CommandFlow | FlowCommand) -> None:
         state = self._get(command.consumer_id)
         if state is None:
             return  # a flow racing a close: Pulsar ignores it too
         state.consumer.flow(min(command.messagePermits, PERMITS_MAX))
 
     # --- acknowledgement ---------------------------------------------------------------
-    def ack(self, command: pb.CommandAck) -> None:
+    def ack(self, command: pb.CommandAck | AckCommand) -> None:
         state = self._get(command.consumer_id)
         failure: BaseException | None = None
         if state is None:
@@ -280,12 +281,14 @@ class ConsumerHalf:
                     self._ack_individual(state, command.message_id)
             except MagnetarError as exc:
                 failure = exc
-        if command.HasField("request_id"):
-            self._context.out.write([commands.ack_response(command.consumer_id, command.request_id, failure)])
+        request_id = command.request_id if isinstance(command, AckCommand) or command.HasField("request_id") \
+            else None
+        if request_id is not None:
+            self._context.out.write([commands.ack_response(command.consumer_id, request_id, failure)])
         elif failure is not None and state is not None:
             log.warning("acknowledgement on %s refused: %s", state.topic, failure)
 
-    def _ack_individual(self, state: _ClientConsumer, ids: Iterable[pb.MessageIdData]) -> None:
+    def _ack_individual(self, state: _ClientConsumer, ids: Iterable[MessageIdLike]) -> None:
         offsets: list[int] = []
         for mid in ids:
             found = self._offsets_of(state, mid)
@@ -296,7 +299,7 @@ class ConsumerHalf:
             self._context.count("acks", len(offsets))
             self._check_end_of_topic(state)
 
-    def _offsets_of(self, state: _ClientConsumer, mid: pb.MessageIdData) -> list[int]:
+    def _offsets_of(self, state: _ClientConsumer, mid: MessageIdLike) -> list[int]:
         """The offsets an acknowledged (or redelivered) id names: with an ack set the batch
         indexes whose bits are clear, else every message of the entry this consumer received
         (or, for an entry it never received, the whole entry)."""
@@ -318,7 +321,7 @@ class ConsumerHalf:
             return None
         return self._context.service.admin.entry_offsets(state.topic, ledger_id, entry_id)
 
-    def _ack_cumulative(self, state: _ClientConsumer, ids: Iterable[pb.MessageIdData]) -> None:
+    def _ack_cumulative(self, state: _ClientConsumer, ids: Iterable[MessageIdLike]) -> None:
         for mid in ids:
             offset = self._cumulative_offset(state, mid)
             if offset is None or offset < 0:
@@ -328,7 +331,7 @@ class ConsumerHalf:
             self._context.count("acks")
         self._check_end_of_topic(state)
 
-    def _cumulative_offset(self, state: _ClientConsumer, mid: pb.MessageIdData) -> int | None:
+    def _cumulative_offset(self, state: _ClientConsumer, mid: MessageIdLike) -> int | None:
         """The last offset a cumulative ack covers. Clients that cannot ack part of a batch ack
         the entry before it, which may be ``ledger:-1``: then everything before the next entry."""
         sent = state.sent.get(mid.ledgerId, mid.entryId)

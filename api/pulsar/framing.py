@@ -16,15 +16,20 @@ Invariants:
   was lost cannot be resynchronised.
 - A payload is a view into the received bytes, not a copy; checksums are the session's business
   (a bad checksum is answered, not a reason to drop the connection).
+- SEND, FLOW and ACK in their common shape are read by hand (``hot_commands.py``: ``Frame.hot``),
+  without protobuf; that reader accepts only what protobuf parses to the same values with every
+  required field present, and leaves anything else to protobuf, so the two rules above hold
+  whichever path read a command. ``Frame.command`` is protobuf's view, parsed on first use for
+  a hand-read frame.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from api.pulsar.hot_commands import ACK, FLOW, SEND, AckCommand, FlowCommand, HotCommand, SendCommand, parse_hot
 from api.pulsar.proto import pulsar_api_pb2 as pb
 
 FRAME_HEADER = struct.Struct(">II")
@@ -34,17 +39,37 @@ COMMAND_BYTES_MAX = 1024 * 1024
 """A command without its payload (topic names, ids, schemas) is never larger than this."""
 
 KNOWN_TYPES = frozenset(pb.BaseCommand.Type.values())
+HOT_KINDS: dict[type, int] = {SendCommand: SEND, FlowCommand: FLOW, AckCommand: ACK}
 
 
 class ProtocolViolation(Exception):
     """The peer broke the framing or the command grammar; the connection must be closed."""
 
 
-@dataclass(frozen=True, slots=True)
 class Frame:
-    command: pb.BaseCommand
-    payload: memoryview | None
-    """Everything after the command (an entry for SEND), None when the frame has none."""
+    """One command and its payload. The hot commands (SEND, FLOW, ACK in their common shape) are
+    read by hand (``hot_commands.py``) into ``hot``; ``command`` is protobuf's view, parsed
+    on first use for those (it reads the same values, see ``hot_commands.py``)."""
+
+    __slots__ = ("_command", "_raw", "hot", "kind", "payload")
+
+    def __init__(self, kind: int, command: pb.BaseCommand | None, hot: HotCommand | None, raw: bytes,
+                 payload: memoryview | None) -> None:
+        self.kind = kind
+        """The command's ``BaseCommand.Type``."""
+        self.hot = hot
+        self.payload = payload
+        """Everything after the command (an entry for SEND), None when the frame has none."""
+        self._raw = raw
+        self._command = command
+
+    @property
+    def command(self) -> pb.BaseCommand:
+        command = self._command
+        if command is None:
+            command = self._command = pb.BaseCommand()
+            command.ParseFromString(self._raw)
+        return command
 
 
 class FrameDecoder:
@@ -90,15 +115,20 @@ def _frame_of(body: memoryview) -> Frame:
     command_size = SIZE.unpack_from(body, 0)[0]
     if command_size > len(body) - SIZE.size or command_size > COMMAND_BYTES_MAX:
         raise ProtocolViolation(f"command of {command_size} bytes does not fit its {len(body)}-byte frame")
+    raw = bytes(body[SIZE.size: SIZE.size + command_size])
+    rest = body[SIZE.size + command_size:]
+    payload = rest if len(rest) else None
+    hot = parse_hot(raw)
+    if hot is not None:
+        return Frame(HOT_KINDS[type(hot)], None, hot, raw, payload)
     command = pb.BaseCommand()
     try:
-        command.ParseFromString(body[SIZE.size: SIZE.size + command_size])
+        command.ParseFromString(raw)
     except (DecodeError, ValueError) as exc:
         raise ProtocolViolation(f"unparsable command: {exc}") from None
     if not command.HasField("type") or command.type not in KNOWN_TYPES:
         raise ProtocolViolation("command without a known type")
-    rest = body[SIZE.size + command_size:]
-    return Frame(command, rest if len(rest) else None)
+    return Frame(command.type, command, None, raw, payload)
 
 
 def command_frame(command: pb.BaseCommand) -> bytes:

@@ -2,8 +2,11 @@
 
 Role: each client producer (one per topic partition; the client routes) is one broker
 ``Producer``. A SEND's payload is the client's own entry: checked in full
-(``check_client_entry``) and stored byte for byte (``Producer.send_entry``), deduplicated by
-producer name and sequence id; its receipt carries the entry's ledger and entry id.
+(``check_client_entry``) and stored byte for byte, deduplicated by producer name and sequence
+id; its receipt carries the entry's ledger and entry id. The SENDs of one socket read reach
+``send_group`` together and each producer's share goes to the broker as one group
+(``Producer.send_entries``: one managed-ledger add, one journal write and one future for all of
+them), each SEND still its own entry with its own message id.
 ``ProducerAccess`` is the broker-wide table of who produces where, for Pulsar's access modes
 (Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) and unique producer names.
 
@@ -11,7 +14,8 @@ Invariants:
 - Receipts (and send errors) of one producer leave in the order of its sends; Pulsar's clients
   match them to their pending queue by sequence id and drop the connection on a mismatch.
 - A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
-  read until half of them are answered.
+  read until half of them are answered (one read's group may pass the bound by what it holds,
+  at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``).
 - A producer whose topic moved to another broker (an unload) is closed with CLOSE_PRODUCER
   after the receipts of its stored sends; its sends after that are dropped unanswered, as
   Pulsar's broker drops sends for a producer it closed: the client resends them to the new
@@ -28,7 +32,7 @@ import contextlib
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -36,11 +40,13 @@ from api.auth import Action
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
+from api.pulsar.hot_commands import SendCommand
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
 from broker import (
     AlreadyExists,
+    ClientEntrySend,
     CorruptEntry,
     InvalidRequest,
     MagnetarError,
@@ -126,7 +132,31 @@ class ProducerAccess:
         return sum(len(s.holders) for s in self._topics.values())
 
 
-_Outcome = Future[PublishResult] | BaseException
+_Outcome = Future[list[PublishResult | MagnetarError]] | BaseException
+"""A send's answer to be: its group's Future (its result at the send's index) or its refusal."""
+
+
+def _checked_send(state: _ClientProducer, sequence_id: int, num_messages: int, highest_sequence_id: int,
+                  payload: memoryview) -> tuple[int, int, ClientEntrySend | MagnetarError]:
+    """(sequence id, highest sequence id, the entry to store or why it is refused) of one SEND."""
+    highest = highest_sequence_id if highest_sequence_id >= sequence_id else sequence_id + max(num_messages, 1) - 1
+    try:
+        if not state.ready:
+            raise ProducerFenced("the producer is waiting for exclusive access and may not send yet")
+        data = bytes(payload)
+        entry = check_client_entry(data, num_messages)
+    except InvalidRequest as exc:  # the client drops the message on ChecksumError
+        return sequence_id, highest, CorruptEntry(str(exc))
+    except MagnetarError as exc:
+        return sequence_id, highest, exc
+    return sequence_id, highest, ClientEntrySend(data, entry.message_count, entry.keys, sequence_id, highest,
+                                                 entry.partial_chunk)
+
+
+def _client_outcome(outcome: PublishResult | MagnetarError) -> PublishResult | MagnetarError:
+    """A stored send's answer: a refusal of the entry's bytes or ids is a ``ChecksumError`` (the
+    client drops that message rather than resending it forever)."""
+    return CorruptEntry(str(outcome)) if isinstance(outcome, InvalidRequest) else outcome
 
 
 @dataclass
@@ -136,8 +166,8 @@ class _ClientProducer:
     producer: Producer
     holder: _Holder
     schema_version: bytes | None
-    pending: deque[tuple[int, int, _Outcome]] = field(default_factory=deque)
-    """(sequence id, highest sequence id, outcome) of each send, in send order."""
+    pending: deque[tuple[int, int, _Outcome, int]] = field(default_factory=deque)
+    """(sequence id, highest sequence id, outcome, index in its group) of each send, in send order."""
     ready: bool = True
     closed: bool = False
     close_request_id: int | None = None
@@ -234,40 +264,61 @@ class ProducerHalf:
             self._context.out.write([commands.close_producer(producer_id, 0)])
 
     # --- SEND --------------------------------------------------------------------------
-    def send(self, command: pb.CommandSend, frame: Frame) -> None:
-        state = self._producers.get(command.producer_id)
-        if (state is not None and state.unloaded) or (state is None and command.producer_id in self._unloaded):
-            self._context.count("sends_dropped")
-            return  # sent before the client heard of the unload: it resends them to the new owner
-        if state is None or state.closed or frame.payload is None:
-            raise ProtocolViolation("SEND without a payload" if state is not None and not state.closed else
-                                    f"SEND for producer {command.producer_id}, which is not open here")
-        sequence_id = command.sequence_id
-        count = command.num_messages
-        highest = command.highest_sequence_id if command.highest_sequence_id >= sequence_id else \
-            sequence_id + max(count, 1) - 1
-        outcome: _Outcome
-        try:
-            if not state.ready:
-                raise ProducerFenced("the producer is waiting for exclusive access and may not send yet")
-            data = bytes(frame.payload)
-            entry = check_client_entry(data, count)
-            outcome = state.producer.send_entry(data, entry.message_count, sequence_id=sequence_id,
-                                                highest_sequence_id=highest, partial_chunk=entry.partial_chunk)
-        except InvalidRequest as exc:  # the client drops the message on ChecksumError
-            outcome = CorruptEntry(str(exc))
-        except MagnetarError as exc:
-            outcome = exc
-        state.pending.append((sequence_id, highest, outcome))
-        self._pending_sends += 1
-        self._context.count("sends")
-        if isinstance(outcome, Future):
-            outcome.add_done_callback(self._answer.notify)
-        else:
-            self._answer.notify()
+    def send_group(self, frames: Sequence[Frame]) -> None:
+        """SENDs read together (one socket read's, in order): each producer's checked entries go
+        to the broker as one group (``Producer.send_entries``), each still its own entry with its
+        own receipt, in send order. A SEND for a producer not open here, or without a payload,
+        is a protocol violation: the SENDs before it are taken, then it raises."""
+        groups: dict[int, list[tuple[int, int, ClientEntrySend | MagnetarError]]] = {}
+        violation: ProtocolViolation | None = None
+        for frame in frames:
+            hot = frame.hot
+            command = hot if isinstance(hot, SendCommand) else frame.command.send
+            state = self._producers.get(command.producer_id)
+            if (state is not None and state.unloaded) or (state is None and command.producer_id in self._unloaded):
+                self._context.count("sends_dropped")
+                continue  # sent before the client heard of the unload: it resends them to the new owner
+            if state is None or state.closed or frame.payload is None:
+                violation = ProtocolViolation(
+                    "SEND without a payload" if state is not None and not state.closed else
+                    f"SEND for producer {command.producer_id}, which is not open here")
+                break
+            groups.setdefault(command.producer_id, []).append(
+                _checked_send(state, command.sequence_id, command.num_messages, command.highest_sequence_id,
+                              frame.payload))
+        for producer_id, sends in groups.items():
+            self._store(self._producers[producer_id], sends)
+        if violation is not None:
+            raise violation
         if self._pending_sends >= self._context.settings.pending_sends_max and not self._reading_paused:
             self._reading_paused = True
             self._context.out.pause_reading()
+
+    def _store(self, state: _ClientProducer, sends: list[tuple[int, int, ClientEntrySend | MagnetarError]]) -> None:
+        """One producer's sends of a group: the checked ones stored together, every one queued
+        for its answer in send order."""
+        entries = [entry for _, _, entry in sends if isinstance(entry, ClientEntrySend)]
+        group: Future[list[PublishResult | MagnetarError]] | MagnetarError | None = None
+        if entries:
+            try:
+                group = state.producer.send_entries(entries)
+            except MagnetarError as exc:
+                group = exc
+        pending = state.pending
+        index = 0
+        for sequence_id, highest, entry in sends:
+            if isinstance(entry, ClientEntrySend):
+                assert group is not None
+                pending.append((sequence_id, highest, group, index))
+                index += 1
+            else:
+                pending.append((sequence_id, highest, entry, 0))
+        self._pending_sends += len(sends)
+        self._context.count("sends", len(sends))
+        if isinstance(group, Future):
+            group.add_done_callback(self._answer.notify)
+        if not isinstance(group, Future) or len(entries) < len(sends):
+            self._answer.notify()
 
     def _send_receipts(self) -> None:
         """Answer, per producer and in order, every send at the head of its queue that finished."""
@@ -275,18 +326,20 @@ class ProducerHalf:
         for state in list(self._producers.values()):
             pending = state.pending
             while pending:
-                sequence_id, highest, outcome = pending[0]
+                sequence_id, highest, outcome, index = pending[0]
                 if isinstance(outcome, Future):
                     if not outcome.done():
                         break
                     error = outcome.exception()
-                    outcome = error if error is not None else outcome
+                    answer = error if error is not None else _client_outcome(outcome.result()[index])
+                else:
+                    answer = outcome
                 pending.popleft()
                 self._pending_sends -= 1
-                if state.unloaded and not isinstance(outcome, Future):
+                if state.unloaded and not isinstance(answer, PublishResult):
                     state.silenced = True
                 if not state.silenced:
-                    buffers.append(self._receipt(state, sequence_id, highest, outcome))
+                    buffers.append(self._receipt(state, sequence_id, highest, answer))
             if state.closed and not pending:
                 self._producers.pop(state.producer_id, None)
                 if state.close_request_id is not None:
@@ -301,11 +354,11 @@ class ProducerHalf:
             self._reading_paused = False
             self._context.out.resume_reading()
 
-    def _receipt(self, state: _ClientProducer, sequence_id: int, highest: int, outcome: _Outcome) -> bytes:
-        if isinstance(outcome, Future):
-            result = outcome.result()
-            return commands.send_receipt(state.producer_id, sequence_id, highest, result.position.ledger_id,
-                                         result.position.entry_id, state.topic.partition_index)
+    def _receipt(self, state: _ClientProducer, sequence_id: int, highest: int,
+                 outcome: PublishResult | BaseException) -> bytes:
+        if isinstance(outcome, PublishResult):
+            return commands.send_receipt(state.producer_id, sequence_id, highest, outcome.position.ledger_id,
+                                         outcome.position.entry_id, state.topic.partition_index)
         if not isinstance(outcome, MagnetarError):
             log.error("a send failed", exc_info=outcome)
         self._context.count("send_errors")

@@ -239,11 +239,8 @@ class PulsarProtocol(asyncio.Protocol):
         try:
             frames = self.decoder.feed(data)
             self.server.bytes_in += len(data)
-            for frame in frames:
-                self.server.frames += 1
-                self.session.handle(frame)
-                if self._closing:
-                    return
+            self.server.frames += len(frames)
+            self.session.handle_all(frames)
         except ProtocolViolation as exc:
             self.server.violations += 1
             log.info("closing a binary-protocol connection: %s", exc)

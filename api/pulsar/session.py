@@ -29,7 +29,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from api.auth import Action
@@ -37,6 +37,7 @@ from api.pulsar import commands
 from api.pulsar.consumers import ConsumerHalf
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
+from api.pulsar.hot_commands import FlowCommand, SendCommand
 from api.pulsar.lookups import LookupAnswer, LookupRunner, Lookups
 from api.pulsar.producers import ProducerAccess, ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
@@ -50,6 +51,8 @@ T = pb.BaseCommand.Type
 PROTOCOL_VERSION_MAX = 19
 SERVER_VERSION = "Magnetar 0.1.0"
 TOKEN_METHOD = "token"
+SEND_GROUP_MAX = 1000
+"""At most this many consecutive SENDs of one read go to the producers as one group."""
 NO_REQUEST_ID = (1 << 64) - 1
 """The request id of an ERROR that answers no request (a refused CONNECT): Java's -1."""
 
@@ -92,7 +95,7 @@ class PulsarSession:
             T.PARTITIONED_METADATA: lambda c, f: self.lookups.partitioned_metadata(c.partitionMetadata),
             T.LOOKUP: lambda c, f: self.lookups.lookup(c.lookupTopic),
             T.PRODUCER: lambda c, f: self.producers.open(c.producer),
-            T.SEND: lambda c, f: self.producers.send(c.send, f),
+            T.SEND: lambda c, f: self.producers.send_group([f]),
             T.CLOSE_PRODUCER: lambda c, f: self.producers.close(c.close_producer),
             T.SUBSCRIBE: lambda c, f: self.consumers.subscribe(c.subscribe),
             T.FLOW: lambda c, f: self.consumers.flow(c.flow),
@@ -113,12 +116,50 @@ class PulsarSession:
         }
 
     # --- the state machine ---------------------------------------------------------------
+    def handle_all(self, frames: Sequence[Frame]) -> None:
+        """Apply the frames of one read, in order; consecutive SENDs (at most ``SEND_GROUP_MAX``)
+        go to the producers as one group. ``ProtocolViolation`` as :meth:`handle`, after the
+        SENDs before the offending frame were taken."""
+        run: list[Frame] = []
+        try:
+            for frame in frames:
+                if frame.kind == T.SEND and self.state is State.CONNECTED:
+                    if frame.hot is None:
+                        _require_body(frame.command)
+                    run.append(frame)
+                    if len(run) >= SEND_GROUP_MAX:
+                        group, run = run, []
+                        self._send_group(group)
+                    continue
+                if run:
+                    group, run = run, []
+                    self._send_group(group)
+                self.handle(frame)
+        finally:
+            if run:
+                self._send_group(run)
+
+    def _send_group(self, frames: list[Frame]) -> None:
+        self.last_frame_s = time.monotonic()
+        self.producers.send_group(frames)
+
     def handle(self, frame: Frame) -> None:
         """Apply one frame; ``ProtocolViolation`` when the connection must be closed."""
         self.last_frame_s = time.monotonic()
-        command = frame.command
         if self.state is State.CLOSED:
             return
+        hot = frame.hot
+        if hot is not None:  # SEND, FLOW, ACK read by hand, with every required field
+            if self.state is not State.CONNECTED:
+                raise ProtocolViolation(f"{T.Name(frame.kind)} before CONNECT")
+            if isinstance(hot, SendCommand):
+                self.producers.send_group([frame])
+            elif isinstance(hot, FlowCommand):
+                self.consumers.flow(hot)
+            else:
+                self.consumers.ack(hot)
+            return
+        command = frame.command
         if command.type == T.CONNECT:
             if self.state is not State.AWAITING_CONNECT:
                 raise ProtocolViolation("CONNECT on a connected connection")

@@ -65,9 +65,11 @@ class BrokerEntryMetadata:
     broker_timestamp_ms: int
     index: int
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class EntryPayload:
-    """A verified entry whose payload is decompressed but not split into messages.
+    """A verified entry whose payload is decompressed but not split into messages. Not frozen
+    (a frozen dataclass costs a microsecond more to build, once per entry read or received);
+    treat it as a value.
 
     ``payload`` is the uncompressed payload: for a batched entry the messages in the batch
     format, else the one message's bytes (a view into the entry when it was not compressed).

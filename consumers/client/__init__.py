@@ -5,7 +5,9 @@ produce (PIP-64) and admin calls over HTTP, with token authentication.
 it from a background event-loop thread. Every wait is bounded or explicitly asked for
 (``receive(timeout_ms=None)``), every buffer is bounded, and every broker error arrives as a
 ``ClientError`` carrying the broker's ``code`` and ``message``. Reconnection is not attempted:
-a lost connection fails pending calls with ``ConnectionClosed``.
+a lost connection fails pending calls with ``ConnectionClosed``. A consumer subscribed with
+``retry_enable=True`` hands messages back for a later try with ``reconsume_later`` (Pulsar's
+retry-letter topic policy, ``_retry.py``).
 
     with Client("http://127.0.0.1:8080") as client:
         producer = client.create_producer("orders")

@@ -47,6 +47,7 @@ from consumers.client._producer import (
     AsyncProducer,
     rest_produce_body,
 )
+from consumers.client._retry import RetryLetter, RetryLetterPolicy
 from consumers.client._session import auth_headers, open_connection, ws_url
 from consumers.client._streams import (
     STREAM_READ_MESSAGES_MAX,
@@ -184,11 +185,26 @@ class AsyncClient:
                         initial_position: str = "latest", receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
                         ack_timeout_ms: int | None = None, negative_ack_redelivery_delay_ms: int | None = None,
                         max_redeliver_count: int | None = None, dead_letter_topic: str | None = None,
-                        consumer_name: str | None = None, reconnect: bool = False) -> AsyncConsumer:
-        """A consumer of ``subscription`` on one topic or several (Pulsar's v3 multi-topic path)."""
+                        consumer_name: str | None = None, reconnect: bool = False, retry_enable: bool = False,
+                        retry_letter_topic: str | None = None) -> AsyncConsumer:
+        """A consumer of ``subscription`` on one topic or several (Pulsar's v3 multi-topic path).
+        With ``retry_enable`` (one topic) it also consumes the retry-letter topic and
+        ``reconsume_later`` works (``_retry.py``: ``retry_letter_topic``, ``dead_letter_topic``
+        and ``max_redeliver_count`` shape the policy, Pulsar's defaults otherwise)."""
         topics = [Topic.parse(t) for t in ([topic] if isinstance(topic, str) else topic)]
         if not topics:
             raise ValueError("subscribe needs at least one topic")
+        retry: RetryLetterPolicy | None = None
+        if retry_enable:
+            if len(topics) != 1:
+                raise ValueError("retry_enable takes one topic")
+            retry = RetryLetterPolicy.of(
+                topics[0].full_name, subscription, max_redeliver_count=max_redeliver_count,
+                retry_letter_topic=Topic.parse(retry_letter_topic).full_name if retry_letter_topic else None,
+                dead_letter_topic=Topic.parse(dead_letter_topic).full_name if dead_letter_topic else None)
+            topics.append(Topic.parse(retry.retry_letter_topic))
+        elif retry_letter_topic is not None:
+            raise ValueError("retry_letter_topic needs retry_enable")
         if subscription_type not in SUBSCRIPTION_TYPES:
             raise ValueError(f"subscription_type must be one of {', '.join(SUBSCRIPTION_TYPES)}")
         if initial_position not in INITIAL_POSITIONS:
@@ -209,7 +225,8 @@ class AsyncClient:
             query["topics"] = ",".join(t.full_name for t in topics)
         ws = await self._connect(path, query, single)
         connector = (lambda: self._connect(path, query, single, reconnecting=True)) if reconnect else None
-        return self._adopt(AsyncConsumer(ws, topics, subscription, receiver_queue_size, connector))
+        letters = None if retry is None else RetryLetter(retry, self.create_producer)
+        return self._adopt(AsyncConsumer(ws, topics, subscription, receiver_queue_size, connector, retry=letters))
 
     async def create_reader(self, topic: str, start_message_id: str = "earliest", *,
                             receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,

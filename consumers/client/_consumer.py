@@ -33,6 +33,7 @@ from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection
 
+from consumers.client._retry import RetryLetter
 from consumers.client._session import Connector, Reconnection, Session
 from consumers.client.errors import ClientError, ConnectionClosed, ConsumerError, ReceiveTimeout
 from consumers.client.types import Message, MessageIdParts, Topic, epoch_ms
@@ -220,8 +221,9 @@ class AsyncConsumer(_Receiving):
     messages until the session ends."""
 
     def __init__(self, ws: ClientConnection, topics: list[Topic], subscription: str, receiver_queue_size: int,
-                 connector: Connector | None = None) -> None:
+                 connector: Connector | None = None, *, retry: RetryLetter | None = None) -> None:
         self.subscription = subscription
+        self._retry = retry
         self.topics = [t.full_name for t in topics]
         super().__init__(ws, f"consumer {subscription} on {', '.join(self.topics)}", topics, receiver_queue_size,
                          connector)
@@ -237,6 +239,17 @@ class AsyncConsumer(_Receiving):
         """Ask for redelivery (after the subscription's negative-ack delay); ``redelivery_count`` grows."""
         await self._send({"type": "negativeAcknowledge", "messageId": _message_id_of(message)})
 
+    async def reconsume_later(self, message: Message, delay_ms: int) -> str:
+        """Hand ``message`` back to be delivered again after ``delay_ms``: a copy goes to the
+        retry-letter topic (to the dead-letter topic once it was reconsumed
+        ``max_redeliver_count`` times) and the original is acknowledged (see ``_retry.py``).
+        The topic the copy went to; ``ClientError`` without ``retry_enable``."""
+        if self._retry is None:
+            raise ClientError("reconsume_later needs a consumer subscribed with retry_enable=True")
+        target = await self._retry.publish(message, delay_ms)
+        await self.acknowledge(message)
+        return target
+
     async def unsubscribe(self) -> None:
         """Delete the subscription (refused while other consumers are attached); ends this consumer."""
         self._reconnection.closing = True
@@ -245,6 +258,8 @@ class AsyncConsumer(_Receiving):
 
     async def close(self) -> None:
         """Leave the subscription; unacknowledged messages go to other consumers or come back later."""
+        if self._retry is not None:
+            await self._retry.close()
         await self._close()
 
     async def _next_message(self) -> Message:

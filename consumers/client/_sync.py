@@ -142,6 +142,10 @@ class Consumer:
     def negative_acknowledge(self, message: Message | str) -> None:
         self._runner.call(self._consumer.negative_acknowledge(message))
 
+    def reconsume_later(self, message: Message, delay_ms: int) -> str:
+        """See ``AsyncConsumer.reconsume_later``."""
+        return self._runner.call(self._consumer.reconsume_later(message, delay_ms))
+
     def unsubscribe(self) -> None:
         self._runner.call(self._consumer.unsubscribe())
 
@@ -220,13 +224,15 @@ class Client:
                   initial_position: str = "latest", receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT,
                   ack_timeout_ms: int | None = None, negative_ack_redelivery_delay_ms: int | None = None,
                   max_redeliver_count: int | None = None, dead_letter_topic: str | None = None,
-                  consumer_name: str | None = None, reconnect: bool = False) -> Consumer:
+                  consumer_name: str | None = None, reconnect: bool = False, retry_enable: bool = False,
+                  retry_letter_topic: str | None = None) -> Consumer:
         return Consumer(self._runner, self._runner.call(self._client.subscribe(
             topic, subscription, subscription_type=subscription_type, initial_position=initial_position,
             receiver_queue_size=receiver_queue_size, ack_timeout_ms=ack_timeout_ms,
             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
             max_redeliver_count=max_redeliver_count, dead_letter_topic=dead_letter_topic,
-            consumer_name=consumer_name, reconnect=reconnect)))
+            consumer_name=consumer_name, reconnect=reconnect, retry_enable=retry_enable,
+            retry_letter_topic=retry_letter_topic)))
 
     def create_reader(self, topic: str, start_message_id: str = "earliest", *,
                       receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, reader_name: str | None = None,

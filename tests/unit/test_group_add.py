@@ -11,7 +11,9 @@ Checks, layer by layer with real storage (RocksDB, files, fdatasync):
 - ledger and managed ledger: a group's results carry consecutive positions and offsets, in order
   with single adds around them;
 - topic: a burst where some messages are refused (too large, a duplicate, a sequence id out of
-  range) stores the others, each as its own entry, and answers each message in order.
+  range) stores the others, each as its own entry, and answers each message in order; so does a
+  group of entries binary clients encoded, stored byte for byte (a partial chunk claims no
+  sequence id, and is a duplicate once its message was stored).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 
 from broker.entry_format import Message, decode_entry
 from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
-from broker.topic import PersistentTopic, PublishResult
+from broker.topic import CLIENT_ENTRY_OVERHEAD_BYTES_MAX, ClientEntrySend, PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import InvalidArgument, LedgerStorage, NoSuchEntry, StorageConfig, StorageIOError, WriteCacheFull
 from storage.fileio import FaultyFileIO, FileIO
@@ -191,5 +193,56 @@ def test_a_partly_refused_burst_stores_the_rest_and_answers_each_in_order(data_d
         refused = topic.publish_each([Message(b"y" * 2000)], producer_name="p", sequence_ids=[None]).result(
             timeout=RESULT_TIMEOUT_S)
         assert isinstance(refused[0], MessageTooLarge) and topic.ml.next_offset == 3
+    finally:
+        stack.close()
+
+
+def client_entry(payloads: list[bytes], sequence_id: int) -> ClientEntrySend:
+    """An entry as a binary client sends it (checked as the front end checks it)."""
+    from broker.entry_format import encode_entry
+    from broker.entry_frames import check_client_entry
+
+    data = encode_entry([Message(p) for p in payloads], producer_name="p", sequence_id=sequence_id,
+                        publish_time_ms=0)
+    checked = check_client_entry(data, len(payloads))
+    return ClientEntrySend(data, checked.message_count, checked.keys, sequence_id, sequence_id + len(payloads) - 1)
+
+
+def test_client_entries_are_stored_byte_for_byte_as_one_group_and_answered_each(data_dir: str) -> None:
+    from broker.entry_format import split_prefix
+
+    stack = open_stack(data_dir)
+    try:
+        topic = open_topic(stack, "t/ns/client-entries", message_size_bytes_max=1000)
+        first = topic.publish_entries([client_entry([b"first"], 0)], producer_name="p").result(
+            timeout=RESULT_TIMEOUT_S)[0]
+        assert isinstance(first, PublishResult) and first.first_offset == 0
+        adds_before = topic.ml.statistics().entries_added
+        one, batch = client_entry([b"one"], 1), client_entry([b"two", b"three"], 2)
+        too_large = client_entry([b"x" * 1001 + b"y" * CLIENT_ENTRY_OVERHEAD_BYTES_MAX], 4)
+        duplicate = client_entry([b"again"], 0)
+        out_of_range = ClientEntrySend(one.data, 1, (None,), 7, 6)  # highest below the first
+        partial = ClientEntrySend(client_entry([b"chunk"], 9).data, 1, (None,), 9, 9, partial_chunk=True)
+        group = [one, too_large, duplicate, batch, out_of_range, partial]
+        outcomes = topic.publish_entries(group, producer_name="p").result(timeout=RESULT_TIMEOUT_S)
+        stored_one, refused_large, dup, stored_batch, refused_ids, stored_chunk = outcomes
+        assert isinstance(stored_one, PublishResult) and isinstance(stored_batch, PublishResult)
+        assert isinstance(stored_chunk, PublishResult)
+        assert (stored_one.first_offset, stored_one.count) == (1, 1)
+        assert (stored_batch.first_offset, stored_batch.count) == (2, 2)
+        assert stored_batch.position.entry_id == stored_one.position.entry_id + 1  # each its own entry
+        assert isinstance(refused_large, MessageTooLarge)
+        assert isinstance(dup, PublishResult) and dup.duplicate and dup.count == 0
+        assert isinstance(refused_ids, InvalidRequest)
+        assert topic.ml.statistics().entries_added == adds_before + 3
+        for result, sent in ((stored_one, one), (stored_batch, batch)):
+            data = topic.ml.read_entry(result.position).data
+            assert data[split_prefix(data)[1]:] == sent.data  # the client's bytes, untouched
+        assert topic.last_sequence_id("p") == 3  # the partial chunk claimed no sequence id
+        chunk_again = ClientEntrySend(partial.data, 1, (None,), 3, 3, partial_chunk=True)
+        resent = topic.publish_entries([chunk_again, client_entry([b"two", b"three"], 2)],
+                                       producer_name="p").result(timeout=RESULT_TIMEOUT_S)
+        assert all(isinstance(r, PublishResult) and r.duplicate for r in resent)  # its message was stored
+        assert topic.ml.next_offset == 5
     finally:
         stack.close()
