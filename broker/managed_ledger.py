@@ -10,7 +10,9 @@ Ledger list: kept in the metadata store at ``/managed-ledgers/{name}`` (compare-
 every change). The current ledger rolls over when it holds ``ledger_entries_max`` entries,
 ``ledger_size_bytes_max`` bytes or is ``ledger_age_ms_max`` old (never before
 ``ledger_age_ms_min``, never when empty). After a crash the last ledger is recovered (fenced
-and closed at its last durable entry) and a new one is opened.
+and closed at its last durable entry) and a new one is opened. A load that loses its
+compare-and-set to another writer ``LOAD_ATTEMPTS`` times in a row fails with
+``ServiceUnitNotReady`` and leaves nothing loaded: the factory keeps only fully loaded ledgers.
 
 Offsets and times are found through the sparse index of ``broker/offset_index.py`` (bisect the
 ledgers, then their samples, then read forward a bounded number of entries); trimming and TTL
@@ -71,6 +73,8 @@ READ_HANDLES_MAX = 64
 READ_RUN_ENTRIES_MAX = 64
 """Entries fetched from the bookies in one range read."""
 ADD_TIMEOUT_S = 60.0
+LOAD_ATTEMPTS = 3
+"""Loads of one managed ledger tried in a row while another writer changes its ledger list."""
 EARLIEST = Position(-1, -1)
 
 
@@ -797,18 +801,31 @@ class ManagedLedgerFactory:
             self._appends_fenced += 1
 
     def open(self, name: str, config: ManagedLedgerConfig | None = None) -> ManagedLedger:
+        """The managed ledger ``name``, loaded on first use. Only a fully loaded one is kept:
+        a load that fails leaves nothing behind, so the next call loads afresh."""
         with self._lock:
             ml = self._open.get(name)
             if ml is None:
-                ml = ManagedLedger(self, name, config or ManagedLedgerConfig())
-                for _ in range(3):
-                    try:
-                        ml._load()
-                        break
-                    except (BadVersion, LedgerFenced):  # another writer changed the list meanwhile: read it again
-                        ml = ManagedLedger(self, name, config or ManagedLedgerConfig())
+                ml = self._load(name, config or ManagedLedgerConfig())
                 self._open[name] = ml
             return ml
+
+    def _load(self, name: str, config: ManagedLedgerConfig) -> ManagedLedger:
+        """Load ``name`` anew up to ``LOAD_ATTEMPTS`` times while another writer changes its
+        ledger list meanwhile (``BadVersion``, ``LedgerFenced``); then ``ServiceUnitNotReady``
+        (retriable: the caller looks the topic up and tries again). Other errors propagate."""
+        failure: MagnetarError | None = None
+        for _ in range(LOAD_ATTEMPTS):
+            ml = ManagedLedger(self, name, config)
+            try:
+                ml._load()
+                return ml
+            except (BadVersion, LedgerFenced) as exc:  # another writer changed the list meanwhile: read it again
+                ml.abandon()
+                failure = exc
+        raise ServiceUnitNotReady(
+            f"topic {display_name(name)} could not be loaded: its ledger list changed during each of "
+            f"{LOAD_ATTEMPTS} attempts (another broker is loading it); retry") from failure
 
     def exists(self, name: str) -> bool:
         return self.store.exists(f"{ML_ROOT}/{name}")
