@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from broker.bookie import QuorumConfig
 from broker.entry_cache import CachedEntry, EntryCache
@@ -173,6 +173,9 @@ class ManagedLedger:
         self._closed = False
         """Closed or abandoned by this broker (its bundle went elsewhere): no more appends."""
         self._taken_over = False
+        self._uncertain: list[dict[str, Any]] | None = None
+        """The ledgers of the last list save that failed without an answer (it may have been
+        applied); None when the last save was answered."""
         """Another writer changed the stored ledger list under this one (another broker
         recovered the topic): no more appends."""
         self._read_handles: dict[int, LedgerHandle] = {}
@@ -234,9 +237,9 @@ class ManagedLedger:
         info.sparse_index, info.messages, info.unsampled_bytes = [], 0, 0
         for entry_id in range(info.entries):
             self._index_entry(info, entry_id, handle.read_entry(entry_id))
-        if info.entries == 0:
+        if info.entries == 0:  # dropped from the list; deleted once a list without it is saved
             self._infos.pop()
-            self._ledgers.delete(info.ledger_id)
+            self._pending_deletes.append(info.ledger_id)
         else:
             self._samples.save(info)
             self._read_handles[info.ledger_id] = handle
@@ -273,7 +276,7 @@ class ManagedLedger:
         except BaseException as exc:
             self._infos.pop()
             if not isinstance(exc, BadVersion):
-                raise
+                raise  # the save may have been applied: the next save finds out
             self._taken_over = True
             with contextlib.suppress(MagnetarError):  # a failed delete leaves it behind, empty and unlisted
                 self._ledgers.delete(handle.ledger_id)
@@ -282,10 +285,37 @@ class ManagedLedger:
         self._current, self._current_next_entry_id = handle, 0
 
     def _save(self) -> None:
+        """Compare-and-set the ledger list. A save that failed without an answer (the metadata
+        store was cut off) may have been applied: the next save first takes the stored version
+        if the stored list is exactly the one that save wrote, so a lost answer is not mistaken
+        for another writer's change (a ledger that list named and this writer has dropped since,
+        empty, is then deleted with the next pending deletions)."""
+        if self._uncertain is not None:
+            self._adopt_own_list(self._uncertain)
+        ledgers = [i.to_json() for i in self._infos]
+        try:
+            self._put_list(ledgers)
+        except BadVersion:
+            raise
+        except BaseException:
+            self._uncertain = ledgers
+            raise
+        self._uncertain = None
+
+    def _adopt_own_list(self, written: list[dict[str, Any]]) -> None:
+        stat = self._store.get(self._path)
+        if stat is None or json.loads(stat.value)["ledgers"] != written:
+            return  # not applied (the version is still right), or another writer's: the put decides
+        self._version = stat.version
+        ours = {i.ledger_id for i in self._infos}
+        self._pending_deletes.extend(ledger_id for ledger_id in (int(i["ledgerId"]) for i in written)
+                                     if ledger_id not in ours and ledger_id not in self._pending_deletes)
+
+    def _put_list(self, ledgers: list[dict[str, Any]]) -> None:
         confirmed = [i for i in self._infos if i.entries > 0]
         if confirmed:
             self._offset_floor = max(self._offset_floor, confirmed[-1].next_offset)
-        body = json.dumps({"ledgers": [i.to_json() for i in self._infos], "terminated": self._terminated,
+        body = json.dumps({"ledgers": ledgers, "terminated": self._terminated,
                            "properties": self.properties, "pendingDeletes": self._pending_deletes,
                            "offsetFloor": self._offset_floor}, sort_keys=True).encode()
         self._version = self._store.put(self._path, body, self._version).version
@@ -310,9 +340,9 @@ class ManagedLedger:
         info = self._infos[-1]
         info.closed_ms = self._now_ms()
         info.drop_samples_past_end()
-        if info.entries == 0:  # an empty ledger never stays in the list
+        if info.entries == 0:  # an empty ledger never stays in the list: deleted once it is out of it
             self._infos.pop()
-            self._ledgers.delete(handle.ledger_id)
+            self._pending_deletes.append(handle.ledger_id)
         else:
             self._samples.save(info)
             self._read_handles[handle.ledger_id] = handle
@@ -710,29 +740,35 @@ class ManagedLedger:
 
     # --- trimming ------------------------------------------------------------------------
     def trim(self) -> list[int]:
-        """Delete ledgers every durable cursor has consumed, as far as retention allows."""
+        """Delete ledgers every durable cursor has consumed, as far as retention allows (and
+        the empty ledgers already dropped from the list)."""
         with self._lock:
+            if self._closed:  # closed or no longer served here: the list is not this writer's to change
+                return []
             slowest = min(self.cursor_positions(), default=self._next_offset)
             deletable = deletable_ledgers(self._infos, slowest, self._now_ms(),
                                           time_limit_ms=self.config.retention_time_ms,
                                           size_limit_bytes=self.config.retention_size_bytes)
-            if not deletable:
-                return []
-            self._infos = self._infos[len(deletable):]
-            self._pending_deletes.extend(i.ledger_id for i in deletable)
-            self._save()  # the list and the pending deletions change together
+            if deletable:
+                self._infos = self._infos[len(deletable):]
+                self._pending_deletes.extend(i.ledger_id for i in deletable)
+                self._save()  # the list and the pending deletions change together
+            pending = bool(self._pending_deletes)
         for info in deletable:
             self._read_handles.pop(info.ledger_id, None)
             self._cache.invalidate_ledger(info.ledger_id)
-        self._delete_pending()
+        if pending:
+            self._delete_pending()
         return [i.ledger_id for i in deletable]
 
     def _delete_pending(self) -> None:
-        """Delete ledgers dropped from the list (idempotent: a crash midway retries on open)."""
+        """Delete ledgers dropped from the list (idempotent: a crash midway retries on open),
+        once a saved list no longer names them: a stored list never names a deleted ledger."""
         with self._lock:
             pending = list(self._pending_deletes)
-        if not pending:
-            return
+            if not pending:
+                return
+            self._save()
         for ledger_id in pending:
             with contextlib.suppress(NotFound):
                 self._ledgers.delete(ledger_id)
