@@ -97,6 +97,12 @@ class Deduplication:
             if self._pushed.get(producer) == highest_sequence_id:
                 self._pushed[producer] = max(previous, self._persisted.get(producer, -1))
 
+    def reset_pushed(self, producer: str) -> None:
+        """A store of ``producer``'s failed: what it reserved and did not store is free again."""
+        with self._lock:
+            if producer in self._pushed:
+                self._pushed[producer] = self._persisted.get(producer, -1)
+
     def persisted(self, producer: str, highest_sequence_id: int, next_offset: int, entries: int = 1) -> None:
         """Record ``entries`` durable entries ending at ``highest_sequence_id``; snapshot every
         ``snapshot_interval_entries`` entries."""

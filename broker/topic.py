@@ -264,6 +264,7 @@ class PersistentTopic:
             for reservation in keys:
                 if reservation is not None:
                     reservation.failed()
+            self._store_failed(producer)
             result.set_exception(error)
             return
         adds = added.result()
@@ -362,6 +363,7 @@ class PersistentTopic:
             for reservation in keys:
                 if reservation is not None:
                     reservation.failed()
+            self._store_failed(producer)
             result.set_exception(error)
             return
         adds = added.result()
@@ -424,6 +426,7 @@ class PersistentTopic:
         if error is not None:
             if keys is not None:
                 keys.failed()
+            self._store_failed(producer)
             result.set_exception(error)
             return
         add = added.result()
@@ -436,6 +439,13 @@ class PersistentTopic:
         count = add.last_offset - add.first_offset + 1
         result.set_result(PublishResult(add.position, self.partition, add.first_offset, count, add.publish_time_ms,
                                         key_versions=versions))
+
+    def _store_failed(self, producer: str | None) -> None:
+        """A failed store releases the producer's reserved sequence ids (Pulsar's
+        ``resetHighestSequenceIdPushed``): its resends are new again, not duplicates in flight.
+        A failed add fails every later one of the ledger, so nothing after it was stored."""
+        if self.dedup is not None and producer is not None:
+            self.dedup.reset_pushed(producer)
 
     def last_sequence_id(self, producer: str) -> int:
         return self.dedup.last_sequence_id(producer) if self.dedup is not None else -1

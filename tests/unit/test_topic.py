@@ -1,20 +1,25 @@
 """Topics: producer dedup (also after restart), message ids, topic names, and compaction.
 
 Checks: a resent (producerName, sequenceId) is acknowledged but stored once, before and after
-a restart, and the producer's last sequence id survives; topic names parse as Pulsar's; the
+a restart, and the producer's last sequence id survives; a store that failed frees the
+producer's sequence ids, so the resend is stored (one message or a group) instead of being
+refused as a duplicate in flight forever; topic names parse as Pulsar's; the
 compacted view holds the latest value per key, drops keyless messages and tombstoned keys, and
 is followed by the topic's newer messages.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pytest
 
 from broker.compaction import Compactor
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
-from broker.topic import PersistentTopic
+from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
+from storage import StorageIOError
 from tests.unit.broker_stack import Stack, open_stack
 
 
@@ -54,6 +59,40 @@ def test_duplicates_are_acknowledged_but_stored_once_across_restarts(data_dir: s
     assert topic.publish([Message(b"other producer")], producer_name="p2", sequence_id=0).result(
         timeout=10).offsets == (1500,)
     assert topic.ml.next_offset == 1501
+    stack.close()
+
+
+def fail_next_add(stack: Stack) -> None:
+    """The bookie refuses the next add (or group add) with an I/O error, once."""
+    bookie = stack.ledgers.client.bookie("local")
+    real_add, real_add_entries = bookie.add_entry, bookie.add_entries
+
+    def refused() -> Future[int]:
+        bookie.add_entry, bookie.add_entries = real_add, real_add_entries  # type: ignore[method-assign]
+        failed: Future[int] = Future()
+        failed.set_exception(StorageIOError("injected: the journal write failed"))
+        return failed
+
+    bookie.add_entry = lambda *args, **kwargs: refused()  # type: ignore[method-assign]
+    bookie.add_entries = lambda *args, **kwargs: refused()  # type: ignore[method-assign]
+
+
+def test_a_failed_store_frees_the_sequence_ids_for_the_resend(data_dir: str) -> None:
+    stack = open_stack(data_dir)
+    topic = open_topic(stack, "t/ns/resend")
+    topic.publish([Message(b"a")], producer_name="p", sequence_id=0).result(timeout=10)
+    fail_next_add(stack)
+    with pytest.raises(StorageIOError):
+        topic.publish([Message(b"b")], producer_name="p", sequence_id=1).result(timeout=10)
+    resent = topic.publish([Message(b"b")], producer_name="p", sequence_id=1).result(timeout=10)
+    assert not resent.duplicate and resent.offsets == (1,)
+    fail_next_add(stack)
+    with pytest.raises(StorageIOError):
+        topic.publish_each([Message(b"c"), Message(b"d")], producer_name="p", sequence_ids=[2, 3]).result(timeout=10)
+    again = topic.publish_each([Message(b"c"), Message(b"d")], producer_name="p", sequence_ids=[2, 3]).result(
+        timeout=10)
+    assert [r.offsets for r in again if isinstance(r, PublishResult)] == [(2,), (3,)]
+    assert topic.last_sequence_id("p") == 3 and topic.ml.next_offset == 4
     stack.close()
 
 
