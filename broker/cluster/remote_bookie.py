@@ -89,13 +89,16 @@ class RemoteBookie:
 
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        """The entries in ADD_MANY requests of at most ``GROUP_BYTES_MAX`` bytes each (one
-        request for a usual group; a larger entry alone in its own); one future for them all."""
+        """The entries in ADD_MANY requests of at most ``GROUP_BYTES_MAX`` bytes (a larger entry
+        alone in its own) and at most half the connection's bound on adds in flight each, so a
+        request never waits for an idle connection; one request for a usual group, one future
+        for them all."""
         chunks: list[list[tuple[int, list[bytes]]]] = [[]]
         size = 0
         pack = _STORED_HEADER.pack
+        entries_max = max(1, self._network.config.inflight_adds_max // 2)
         for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True):
-            if chunks[-1] and size + len(payload) > GROUP_BYTES_MAX:
+            if chunks[-1] and (size + len(payload) > GROUP_BYTES_MAX or len(chunks[-1]) >= entries_max):
                 chunks.append([])
                 size = 0
             chunks[-1].append((entry_id, [pack(lac, length_bytes), payload]))

@@ -94,13 +94,14 @@ def test_pipelined_adds_reads_and_read_ahead(served: list[ServedBookie], network
 def test_group_adds_are_one_request_each_and_fail_together(served: list[ServedBookie],
                                                            network: BookieNetwork) -> None:
     """A striped share of entries (E=3, Qw=2: two of every three) goes as one ADD_MANY, is
-    durable and readable entry by entry; a group larger than ``GROUP_BYTES_MAX`` goes as several
-    requests under one future; a fenced ledger refuses a whole group."""
+    durable and readable entry by entry; a group larger than ``GROUP_BYTES_MAX``, or holding more
+    than half the bound on adds in flight, goes as several requests under one future; a fenced
+    ledger refuses a whole group."""
     bookie = RemoteBookie(served[0].address, network)
-    share = [e for e in range(60) if e % 3 != 1]
+    share = [e for e in range(45) if e % 3 != 1]  # 30 entries: under half the bound of test_min
     entries = [(10 * (e + 1), f"entry-{e}".encode()) for e in share]
     requests_before = network.connection(served[0].address).statistics().requests
-    assert bookie.add_entries(3, share, 5, entries).result(WAIT_S) == 59
+    assert bookie.add_entries(3, share, 5, entries).result(WAIT_S) == 44
     assert network.connection(served[0].address).statistics().requests == requests_before + 1
     assert served[0].server.statistics().adds == len(share)
     assert [bookie.read_entry(3, e).payload for e in share] == [payload for _, payload in entries]
@@ -112,6 +113,10 @@ def test_group_adds_are_one_request_each_and_fail_together(served: list[ServedBo
     assert bookie.add_entries(4, range(5), -1, large).result(WAIT_S) == 4
     assert network.connection(served[0].address).statistics().requests == requests_before + 5
     assert [bookie.read_entry(4, e).payload for e in range(5)] == [payload for _, payload in large]
+    many = network.config.inflight_adds_max  # test_min: 64; requests hold half of it at most
+    requests_before = network.connection(served[0].address).statistics().requests
+    assert bookie.add_entries(5, range(many), -1, [(e + 1, b"z") for e in range(many)]).result(WAIT_S) == many - 1
+    assert network.connection(served[0].address).statistics().requests == requests_before + 2
     bookie.fence(3).result(WAIT_S)
     with pytest.raises(LedgerFenced):
         bookie.add_entries(3, [60, 62], 59, [(1, b"x"), (2, b"y")]).result(WAIT_S)
