@@ -27,6 +27,7 @@ Pulsar.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -98,6 +99,7 @@ class RetryLetter:
         self.policy = policy
         self._make_producer = make_producer
         self._producers: dict[str, AsyncProducer] = {}
+        self._creating = asyncio.Lock()
 
     async def publish(self, message: Message, delay_ms: int) -> str:
         """Publish ``message``'s copy where it goes next (durable on return); the topic it went to."""
@@ -117,10 +119,11 @@ class RetryLetter:
         return target
 
     async def _producer(self, topic: str) -> AsyncProducer:
-        producer = self._producers.get(topic)
-        if producer is None:
-            producer = self._producers[topic] = await self._make_producer(topic)
-        return producer
+        async with self._creating:  # two first calls at once make one producer, not two
+            producer = self._producers.get(topic)
+            if producer is None:
+                producer = self._producers[topic] = await self._make_producer(topic)
+            return producer
 
     async def close(self) -> None:
         producers = list(self._producers.values())
