@@ -33,3 +33,6 @@ class LookupResult:
     """``tenant/ns/0xLLLLLLLL_0xUUUUUUUU`` ('' standalone)."""
     owner: BrokerAddress
     local: bool
+    assigned: bool = False
+    """``owner`` was just chosen to take the unowned bundle and does not own it yet: a client
+    must ask it (it takes the bundle on that lookup), as Pulsar's Redirect says."""

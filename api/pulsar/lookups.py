@@ -6,9 +6,10 @@ to the least-loaded live broker, and takes the bundle when it is assigned here).
 broker answers ``CommandLookupTopic``:
 
 - this broker serves the topic: Connect, with this broker's own listeners;
-- another broker does: Redirect to that broker's ``brokerServiceUrl``, authoritative (the answer
-  is the cluster's ownership or assignment, not a guess); the client sends its LOOKUP there and
-  gets Connect;
+- another broker owns it: Connect, with the owner's listeners (the client connects there);
+- nobody owns it and another broker was just chosen to take it: Redirect to that broker's
+  ``brokerServiceUrl``, authoritative (the assignment is the cluster's, not a guess); the client
+  sends its LOOKUP there, which takes the bundle and answers Connect;
 - nobody can serve it from here now (this broker is cut off from ZooKeeper, the bundle is
   between owners, the owner runs no binary listener of the kind the client uses): Failed with
   ServiceNotReady and a message saying why; the client retries its lookup.
@@ -78,7 +79,7 @@ def lookup_answer(found: LookupResult, own: Listener, *, tls: bool) -> LookupAns
         kind = "pulsar+ssl://" if tls else "pulsar://"
         raise ServiceUnitNotReady(f"{found.topic} is served by {broker}, which has no {kind} listener "
                                   f"(started without a binary protocol port of that kind)")
-    return LookupAnswer(plain or secure, secure, redirect=not found.local)
+    return LookupAnswer(plain or secure, secure, redirect=found.assigned and not found.local)
 
 
 class LookupRunner:

@@ -286,7 +286,7 @@ class OwnershipManager:
             target = self._assigned_broker(bundle)
             if target.broker_id != self.address.broker_id:
                 self._counters.redirects += 1
-                return LookupResult(topic.full_name, bundle.key, target, False)
+                return LookupResult(topic.full_name, bundle.key, target, False, assigned=True)
             if self._acquire(bundle):
                 return LookupResult(topic.full_name, bundle.key, self.address, True)
         raise ServiceUnitNotReady(f"the bundle of {topic.full_name} is changing owners; retry")

@@ -5,8 +5,8 @@ broker`` on 127.0.0.1 (``consumers/cluster_launcher.py``), each started with a k
 stopped by it whatever happens. The brokers' ZooKeeper sessions time out after
 ``SESSION_TIMEOUT_S``. The client is Pulsar's own (``import pulsar``) with both brokers in its
 service URL, Pulsar's multi-host form ``pulsar://127.0.0.1:P1,127.0.0.1:P2``: it looks topics up
-through either broker, follows Redirects to the owner, and reconnects through lookups (with
-its own backoff) when its broker goes away.
+through either broker, connects to the owner each lookup names, and reconnects through lookups
+(with its own backoff) when its broker goes away.
 
 ``test_pulsar_client_goes_on_after_kill9_of_a_broker``: ``TOPICS`` topics of a namespace with
 ``BUNDLES`` bundles, half of them served by each broker. Every topic has a named producer
@@ -20,10 +20,11 @@ receives.
    state is persisted, which includes every earlier acknowledgement) makes that durable.
 2. Producing resumes and the first broker of the service URL (the one the client tries first,
    owner of half the topics) is killed with SIGKILL. Until its session expires, lookups of its
-   topics on the survivor answer an authoritative Redirect to it (ZooKeeper still names it, as
-   Pulsar's brokers answer); the client's connections to it fail and it looks up again with
-   backoff. A LOOKUP repeated on the survivor (raw frames) answers only that Redirect, or a
-   failure with ServiceNotReady (retriable), until it answers Connect.
+   topics on the survivor answer Connect with the dead owner's URL (ZooKeeper still names it,
+   and Pulsar's brokers answer an owned bundle with its owner); the client's connections there
+   fail and it looks up again with backoff. A LOOKUP repeated on the survivor (raw frames)
+   answers only that, or a failure with ServiceNotReady (retriable), until it answers Connect
+   with its own URL.
    Within the session timeout plus ``RECOVERY_BOUND_S`` every topic has ``ACKS_PER_PHASE`` new
    acknowledged sends and new deliveries, all on the survivor.
 3. Producing pauses, every send settles, every acknowledged send is delivered. Everything is
@@ -251,11 +252,11 @@ def _subscription(http: httpx.Client, broker_url: str, topic: str) -> tuple[int,
 
 
 def _lookups_until_connect(broker: Process, topic: str, dead_url: str, deadline_s: float) -> collections.Counter[str]:
-    """LOOKUP ``topic`` on ``broker`` over the binary protocol until it answers Connect; the
-    answers seen, counted. While ZooKeeper still names the dead owner (its session has not
-    expired) the answer is an authoritative Redirect to it, as Pulsar's brokers answer (the
-    client's connection there fails, and it looks up again); a failed lookup may only be
-    ServiceNotReady, which the client retries. Nothing else is acceptable."""
+    """LOOKUP ``topic`` on ``broker`` over the binary protocol until it answers Connect with its
+    own URL; the answers seen, counted. While ZooKeeper still names the dead owner (its session
+    has not expired) the answer is Connect with the dead owner's URL, as Pulsar's brokers answer
+    an owned bundle (the client's connection there fails, and it looks up again); a failed
+    lookup may only be ServiceNotReady, which the client retries. Nothing else is acceptable."""
     answers = collections.Counter[str]()
     with RawConnection(broker.pulsar_port) as conn:
         conn.connect()
@@ -265,12 +266,11 @@ def _lookups_until_connect(broker: Process, topic: str, dead_url: str, deadline_
             found = conn.expect(T.LOOKUP_RESPONSE).lookupTopicResponse
             assert found.request_id == request_id
             if found.response == pb.CommandLookupTopicResponse.Connect:
-                assert found.brokerServiceUrl == broker.pulsar_url, found
-                answers["Connect"] += 1
-                return answers
-            if found.response == pb.CommandLookupTopicResponse.Redirect:
-                assert found.brokerServiceUrl == dead_url and found.authoritative, found
-                answers["Redirect to the killed broker"] += 1
+                if found.brokerServiceUrl == broker.pulsar_url:
+                    answers["Connect here"] += 1
+                    return answers
+                assert found.brokerServiceUrl == dead_url, found
+                answers["Connect to the killed broker"] += 1
             else:
                 assert found.error == pb.ServiceNotReady, found
                 answers["Failed: ServiceNotReady"] += 1

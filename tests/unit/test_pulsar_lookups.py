@@ -32,12 +32,17 @@ def test_a_topic_served_here_is_answered_connect_with_this_brokers_listeners() -
         LookupAnswer("pulsar://10.0.0.1:6650", "pulsar+ssl://10.0.0.1:6651", redirect=False)
 
 
-def test_a_topic_served_elsewhere_is_an_authoritative_redirect_to_the_owners_binary_url() -> None:
-    answer = lookup_answer(_found(OTHER, local=False), HERE, tls=False)
-    assert answer == LookupAnswer("pulsar://10.0.0.2:6650", "", redirect=True, authoritative=True)
+def test_a_topic_owned_elsewhere_is_connect_to_the_owner_and_a_fresh_assignment_a_redirect() -> None:
+    """As Pulsar's broker: an owned bundle is answered with its owner's URLs (Connect); only a
+    broker just chosen to take an unowned bundle is a Redirect (the client asks it, it takes it)."""
+    owned = lookup_answer(_found(OTHER, local=False), HERE, tls=False)
+    assert owned == LookupAnswer("pulsar://10.0.0.2:6650", "", redirect=False)
+    assigned = LookupResult(TOPIC, BUNDLE, OTHER, False, assigned=True)
+    assert lookup_answer(assigned, HERE, tls=False) == \
+        LookupAnswer("pulsar://10.0.0.2:6650", "", redirect=True, authoritative=True)
     secure = BrokerAddress("b:8080", "http://b:8080", "pulsar://b:6650", "pulsar+ssl://b:6651")
     assert lookup_answer(_found(secure, local=False), HERE, tls=True) == \
-        LookupAnswer("pulsar://b:6650", "pulsar+ssl://b:6651", redirect=True)
+        LookupAnswer("pulsar://b:6650", "pulsar+ssl://b:6651", redirect=False)
 
 
 def test_an_owner_without_a_binary_listener_of_the_clients_kind_is_not_ready() -> None:
