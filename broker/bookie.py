@@ -21,7 +21,6 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from functools import partial
 from typing import Protocol
 
 from broker.errors import BrokerError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
@@ -62,15 +61,6 @@ class Bookie(Protocol):
 
 def pack_entry(lac: int, length_bytes: int, payload: bytes) -> bytes:
     return _HEADER.pack(lac, length_bytes) + payload
-
-
-def add_each(bookie: Bookie, ledger_id: int, entry_ids: Sequence[int], lac: int,
-             entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-    """``Bookie.add_entries`` for a bookie without a group add: one ``add_entry`` per entry
-    (``entries`` are ``(ledger length through it, payload)``, ``entry_ids`` theirs)."""
-    return all_added([partial(bookie.add_entry, ledger_id, entry_id, lac, length_bytes, payload)
-                      for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True)],
-                     entry_ids[-1])
 
 
 def all_added(adds: Sequence[Callable[[], Future[int]]], last_entry_id: int) -> Future[int]:

@@ -36,12 +36,14 @@ _ERRORS: dict[str, int] = {
     "duplicate_in_flight": E.ServiceNotReady,
     "topic_redirect": E.ServiceNotReady,
     "service_unit_not_ready": E.ServiceNotReady,
+    "ledger_fenced": E.ServiceNotReady,  # another broker recovered the topic: look it up again
     "too_many_requests": E.TooManyRequests,
 }
 """``MagnetarError.code`` → ``ServerError``; anything else with a 5xx status is a persistence
 error (the client retries), anything else at all ``UnknownError``. A topic this broker does not
-serve (``TopicNotOwned``) or whose bundle is between owners is ``ServiceNotReady``, as Pulsar's
-broker answers it: the client looks the topic up again and goes to the owner."""
+serve (``TopicNotOwned``), whose bundle is between owners, or whose ledger another broker fenced
+while recovering it is ``ServiceNotReady``, as Pulsar's broker answers it: the client looks the
+topic up again and goes to the owner."""
 
 MESSAGE_TEXT_BYTES_MAX = 1000
 

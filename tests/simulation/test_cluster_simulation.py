@@ -49,7 +49,15 @@ from typing import Any
 
 import pytest
 
-from broker.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, add_each, pack_entry, unpack_entry
+from broker.bookie import (
+    BookieClient,
+    BookieUnavailable,
+    QuorumConfig,
+    StoredEntry,
+    all_added,
+    pack_entry,
+    unpack_entry,
+)
 from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
 from broker.errors import LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
@@ -216,7 +224,10 @@ class SimBookie:
 
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        return add_each(self, ledger_id, entry_ids, lac, entries)
+        # one add per entry: the simulated network delivers, delays or drops each on its own
+        return all_added([partial(self.add_entry, ledger_id, entry_id, lac, length_bytes, payload)
+                          for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True)],
+                         entry_ids[-1])
 
     def fence(self, ledger_id: int) -> Future[None]:
         def handle(node: SimBookieNode) -> tuple[Any, Exception | None]:

@@ -12,6 +12,7 @@ from api.pulsar.framing import FrameDecoder
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from broker import BrokerAddress, LookupResult, ServiceUnitNotReady, TopicNotOwned
+from broker.errors import LedgerFenced
 
 TOPIC = "persistent://public/default/t"
 BUNDLE = "public/default/0x00000000_0x40000000"
@@ -72,10 +73,11 @@ def test_lookup_answers_on_the_wire() -> None:
     assert connect.response == LookupType.Connect and connect.brokerServiceUrlTls == "pulsar+ssl://a:6651"
 
 
-def test_not_owned_and_not_ready_are_service_not_ready_so_clients_look_up_again() -> None:
+def test_not_owned_not_ready_and_fenced_are_service_not_ready_so_clients_look_up_again() -> None:
     not_owned = TopicNotOwned(f"{TOPIC} is served by b:8080", owner_url="http://b:8080", owner_broker="b:8080")
     assert commands.server_error(not_owned) == (pb.ServiceNotReady, f"{TOPIC} is served by b:8080")
     assert commands.server_error(ServiceUnitNotReady("moving"))[0] == pb.ServiceNotReady
+    assert commands.server_error(LedgerFenced("another broker recovered the topic"))[0] == pb.ServiceNotReady
     failed = _decoded(commands.lookup_failed(9, ServiceUnitNotReady("no listener"))).lookupTopicResponse
     assert failed.response == LookupType.Failed and failed.error == pb.ServiceNotReady
     assert failed.message == "no listener"
