@@ -261,11 +261,7 @@ class PersistentTopic:
                            keys: list[KeyReservation | None]) -> None:
         error = added.exception()
         if error is not None:
-            for reservation in keys:
-                if reservation is not None:
-                    reservation.failed()
-            self._store_failed(producer)
-            result.set_exception(error)
+            self._group_failed(error, result, producer, keys)
             return
         adds = added.result()
         if self.dedup is not None:
@@ -275,6 +271,21 @@ class PersistentTopic:
                     last_claim = (entry.highest_sequence_id, add.last_offset + 1)
             if last_claim is not None:
                 self.dedup.persisted(producer, last_claim[0], last_claim[1], sum(claimed))
+        self._group_stored(adds, result, outcomes, stored, keys)
+
+    def _group_failed(self, error: BaseException, result: Future[list[PublishResult | MagnetarError]],
+                      producer: str, keys: list[KeyReservation | None]) -> None:
+        """A group's store failed: every key reservation and sequence id it took is released."""
+        for reservation in keys:
+            if reservation is not None:
+                reservation.failed()
+        self._store_failed(producer)
+        result.set_exception(error)
+
+    def _group_stored(self, adds: list[AddResult], result: Future[list[PublishResult | MagnetarError]],
+                      outcomes: list[PublishResult | MagnetarError | None], stored: list[int],
+                      keys: list[KeyReservation | None]) -> None:
+        """A group is durable: each stored entry's result takes its place among the outcomes."""
         partition = self.partition
         for position, add, reservation in zip(stored, adds, keys, strict=True):
             versions: tuple[int | None, ...] = ()
@@ -360,24 +371,12 @@ class PersistentTopic:
                         seqs: list[int], keys: list[KeyReservation | None]) -> None:
         error = added.exception()
         if error is not None:
-            for reservation in keys:
-                if reservation is not None:
-                    reservation.failed()
-            self._store_failed(producer)
-            result.set_exception(error)
+            self._group_failed(error, result, producer, keys)
             return
         adds = added.result()
         if self.dedup is not None:
             self.dedup.persisted(producer, seqs[-1], adds[-1].last_offset + 1, len(adds))
-        partition = self.partition
-        for position, add, reservation in zip(stored, adds, keys, strict=True):
-            versions: tuple[int | None, ...] = ()
-            if reservation is not None:
-                reservation.confirmed(add.position)
-                versions = reservation.message_versions()
-            outcomes[position] = PublishResult(add.position, partition, add.first_offset, 1, add.publish_time_ms,
-                                               key_versions=versions)
-        result.set_result(outcomes)  # type: ignore[arg-type]
+        self._group_stored(adds, result, outcomes, stored, keys)
 
     def _key_reservation(self, messages: Sequence[Message],
                          expected: Mapping[str, ExpectedVersion] | None) -> KeyReservation | None:

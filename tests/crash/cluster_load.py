@@ -14,11 +14,14 @@ bounded by a deadline.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
+
+import httpx
 
 from consumers.client import AsyncClient, AsyncConsumer, AsyncProducer, ClientError, ReceiveTimeout, SendResult
 
@@ -29,6 +32,25 @@ RATE_PER_TOPIC_S = 25.0
 SEND_TIMEOUT_MS = 90_000
 FAILOVER_TIMEOUT_S = 60.0
 RECEIVE_TIMEOUT_MS = 500
+READ_BATCH = 1000
+READS_MAX = 10_000
+
+
+def stored_payloads(http: httpx.Client, broker_url: str, namespace: str, topic: str) -> list[bytes]:
+    """Every payload of ``namespace/topic`` in offset order, read over REST through
+    ``broker_url`` (``http`` follows 307s to the owner)."""
+    payloads: list[bytes] = []
+    offset = 0
+    for _ in range(READS_MAX):
+        response = http.get(f"{broker_url}/topics/persistent/{namespace}/{topic}/messages",
+                            params={"offset": offset, "maxMessages": READ_BATCH})
+        response.raise_for_status()
+        messages = response.json()["messages"]
+        if not messages:
+            return payloads
+        payloads += [base64.b64decode(m["payload"]) for m in messages]
+        offset = int(response.headers["X-Magnetar-Next-Offset"])
+    raise AssertionError(f"{topic} did not end within {READS_MAX} reads")
 
 
 @dataclass

@@ -41,7 +41,6 @@ with SIGSTOP until its session expires and the other broker serves the topic, th
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -64,7 +63,7 @@ from broker.managed_ledger import ML_ROOT
 from broker.offset_index import LedgerInfo
 from broker.topic_name import TopicName
 from consumers.cluster_launcher import Cluster, Process, running_cluster
-from tests.crash.cluster_load import ClusterLoad
+from tests.crash.cluster_load import ClusterLoad, stored_payloads
 
 pytestmark = pytest.mark.crash
 
@@ -79,7 +78,6 @@ ACKS_PER_PHASE = 15
 PHASE_DEADLINE_S = 120.0
 RECOVERY_BOUND_S = 60.0
 """A moved topic must be served again within the session timeout plus this (recovery, lookups)."""
-READ_BATCH = 1000
 IN_FLIGHT_PAD_BYTES = 8192
 """The in-flight append's size: far more than anything else the owner sends its bookies while
 the load is paused, so the bookies' unread bytes from the owner show that the append left it."""
@@ -102,22 +100,6 @@ def _lookup(http: httpx.Client, broker: str, topic: str) -> dict[str, Any]:
     return body
 
 
-def _stored(http: httpx.Client, broker: str, topic: str) -> list[bytes]:
-    """Every payload of ``topic`` in offset order, read through ``broker`` (307s followed)."""
-    payloads: list[bytes] = []
-    offset = 0
-    for _ in range(10_000):
-        response = http.get(f"{broker}/topics/persistent/{NAMESPACE}/{topic}/messages",
-                            params={"offset": offset, "maxMessages": READ_BATCH})
-        response.raise_for_status()
-        messages = response.json()["messages"]
-        if not messages:
-            return payloads
-        payloads += [base64.b64decode(m["payload"]) for m in messages]
-        offset = int(response.headers["X-Magnetar-Next-Offset"])
-    raise AssertionError(f"{topic} did not end within 10,000 reads")
-
-
 def _create_namespace(http: httpx.Client, broker: str) -> None:
     response = http.put(f"{broker}/admin/v2/namespaces/{NAMESPACE}", json={  # retention: every message is read back
         "bundles": {"numBundles": BUNDLES},
@@ -134,7 +116,7 @@ def _check_stored_once(http: httpx.Client, broker: str, load: ClusterLoad) -> di
     counts = {}
     for topic in load.topics:
         short = topic.rsplit("/", 1)[1]
-        stored = _stored(http, broker, short)
+        stored = stored_payloads(http, broker, NAMESPACE, short)
         assert len(stored) == len(set(stored)), f"{short}: a payload is stored twice"
         acked = load.records[topic].acked
         assert acked <= set(stored), f"{short}: {len(acked - set(stored))} acknowledged payloads are not stored"
@@ -349,7 +331,7 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
         # (whatever the stopped broker answered), the late publish not at all.
         load.pause_producing()
         assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
-        stored = _stored(http, urls[other_id], topic)
+        stored = stored_payloads(http, urls[other_id], NAMESPACE, topic)
         assert b"late" not in stored
         assert stored.count(in_flight_payload.encode()) == 1, "the in-flight entry is not stored exactly once"
         assert len(stored) == len(set(stored)), "a payload is stored twice"

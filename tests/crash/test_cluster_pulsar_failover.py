@@ -38,7 +38,6 @@ Every wait is a bounded loop with a deadline; nothing depends on how fast the ma
 
 from __future__ import annotations
 
-import base64
 import collections
 import threading
 import time
@@ -52,6 +51,7 @@ import pytest
 
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from consumers.cluster_launcher import Cluster, Process, running_cluster
+from tests.crash.cluster_load import stored_payloads
 from tests.crash.test_cluster_failover import BROKER_ARGS, SESSION_TIMEOUT_S
 from tests.integration.pulsar_wire import RawConnection, T, command
 
@@ -77,8 +77,6 @@ SEND_PACE_S = 0.05
 SEND_TIMEOUT_MS = 120_000
 OPERATION_TIMEOUT_S = 30
 RECEIVE_TIMEOUT_MS = 500
-READ_BATCH = 1000
-READS_MAX = 10_000
 
 
 @dataclass
@@ -278,22 +276,6 @@ def _lookups_until_connect(broker: Process, topic: str, dead_url: str, deadline_
     raise AssertionError(f"no Connect for {topic} from {broker.address}: {answers}")
 
 
-def _stored(http: httpx.Client, broker_url: str, topic: str) -> list[bytes]:
-    """Every payload of ``topic`` in offset order, read over REST through ``broker_url``."""
-    payloads: list[bytes] = []
-    offset = 0
-    for _ in range(READS_MAX):
-        response = http.get(f"{broker_url}/topics/persistent/{NAMESPACE}/{_short(topic)}/messages",
-                            params={"offset": offset, "maxMessages": READ_BATCH})
-        response.raise_for_status()
-        messages = response.json()["messages"]
-        if not messages:
-            return payloads
-        payloads += [base64.b64decode(m["payload"]) for m in messages]
-        offset = int(response.headers["X-Magnetar-Next-Offset"])
-    raise AssertionError(f"{topic} did not end within {READS_MAX} reads")
-
-
 @pytest.mark.timeout(900)
 def test_pulsar_client_goes_on_after_kill9_of_a_broker(tmp_path: Path) -> None:
     with open(tmp_path / "cluster.log", "wb") as log, \
@@ -386,7 +368,7 @@ def _scenario(cluster: Cluster, http: httpx.Client, owners: dict[str, str], load
     load.stop()
     figures = {}
     for topic in topics:
-        stored = _stored(http, f"http://{survivor.address}", topic)
+        stored = stored_payloads(http, f"http://{survivor.address}", NAMESPACE, _short(topic))
         record = load.topics[topic]
         assert len(stored) == len(set(stored)), f"{topic}: a payload is stored twice"
         missing = record.acked - set(stored)
