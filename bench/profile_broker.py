@@ -15,6 +15,12 @@ client (``binary_bench.py``'s measures): ``bin-unbatched`` and ``bin-batched`` (
 ``bin-latency`` (paced unbatched probes at 2,000 msg/s). The collapsed stacks (py-spy's ``raw``
 format, one line per stack with its sample count) are kept with ``--out``, for a flame graph or a diff of two runs.
 The broker runs from this interpreter's environment (``PYTHONPATH`` picks another checkout).
+
+``--threads`` measures instead of sampling: the CPU time each of the broker's threads spent in
+the load (user and system, from ``/proc/<pid>/task``), divided by the messages the load moved,
+with the threads named as Python names them (from ``py-spy dump``; a pool thread started and
+gone during the load keeps its number). This shows where a message's CPU goes between the event
+loop, the journal, the flusher and the pools, which sampling does not (it counts waiting threads).
 """
 
 from __future__ import annotations
@@ -48,17 +54,17 @@ def py_spy() -> str:
     raise SystemExit("py-spy is not installed: pip install py-spy (it is in the dev extras)")
 
 
-async def drive(load: str, server: ServerProcess, plan: Plan) -> None:
+async def drive(load: str, server: ServerProcess, plan: Plan) -> int:
+    """Run ``load``; the messages it moved."""
     if load == "ws-publish":
-        await magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=False)
-    elif load == "ws-batching":
-        await magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True)
-    elif load == "rest-publish":
-        await magnetar_e2e.rest_publish(server, plan, 100, "profile")
-    elif load == "latency":  # the latency measure's load: paced producer, consumer acking each message
-        await magnetar_e2e.ws_latency(server, plan, "profile-latency")
-    else:
-        raise ValueError(load)
+        return (await magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=False)).messages
+    if load == "ws-batching":
+        return (await magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True)).messages
+    if load == "rest-publish":
+        return (await magnetar_e2e.rest_publish(server, plan, 100, "profile")).messages
+    if load == "latency":  # the latency measure's load: paced producer, consumer acking each message
+        return (await magnetar_e2e.ws_latency(server, plan, "profile-latency")).received
+    raise ValueError(load)
 
 
 def binary_plan(seconds: float) -> binary_bench.BinaryPlan:
@@ -68,17 +74,58 @@ def binary_plan(seconds: float) -> binary_bench.BinaryPlan:
                                latency_warmup_messages=0)
 
 
-def drive_binary(load: str, broker: binary_bench.Broker, plan: binary_bench.BinaryPlan, written: int) -> None:
+def drive_binary(load: str, broker: binary_bench.Broker, plan: binary_bench.BinaryPlan, written: int) -> int:
+    """Run ``load``; the messages it moved."""
     if load == "bin-unbatched":
-        binary_bench.publish(broker, "profile-unbatched", batching=False, plan=plan)
-    elif load == "bin-batched":
-        binary_bench.publish(broker, "profile-batched", batching=True, plan=plan)
-    elif load == "bin-consume":
-        binary_bench.consume(broker, "profile-batched", written, plan)
-    elif load == "bin-latency":
-        binary_bench.latency(broker, "profile-latency", plan)
-    else:
-        raise ValueError(load)
+        return binary_bench.publish(broker, "profile-unbatched", batching=False, plan=plan).messages
+    if load == "bin-batched":
+        return binary_bench.publish(broker, "profile-batched", batching=True, plan=plan).messages
+    if load == "bin-consume":
+        return binary_bench.consume(broker, "profile-batched", written, plan).messages
+    if load == "bin-latency":
+        return binary_bench.latency(broker, "profile-latency", plan).received
+    raise ValueError(load)
+
+
+def thread_cpu_s(pid: int) -> dict[str, tuple[float, float]]:
+    """Each thread of ``pid`` (by thread id): user and system CPU seconds so far."""
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    found: dict[str, tuple[float, float]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        found[tid] = (int(fields[11]) * tick_s, int(fields[12]) * tick_s)
+    return found
+
+
+def thread_names(pid: int) -> dict[str, str]:
+    """Thread id -> the name Python gave the thread, from ``py-spy dump``."""
+    dump = subprocess.run([py_spy(), "dump", "--pid", str(pid)], check=False, capture_output=True, text=True,
+                          timeout=60).stdout
+    names = {}
+    for line in dump.splitlines():
+        if line.startswith("Thread ") and '"' in line:
+            tid = line.split()[1]
+            names[tid] = line.split('"')[1]
+    return names
+
+
+def thread_table(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]],
+                 names: dict[str, str], messages: int) -> str:
+    rows = []
+    for tid, (user_s, system_s) in after.items():
+        was_user_s, was_system_s = before.get(tid, (0.0, 0.0))
+        spent = (user_s - was_user_s, system_s - was_system_s)
+        if sum(spent) > 0:
+            rows.append((sum(spent), names.get(tid, f"thread {tid}"), spent))
+    lines = [f"{messages:,} messages; broker CPU per message by thread (user + system µs):"]
+    for total_s, name, (user_s, system_s) in sorted(rows, reverse=True):
+        lines.append(f"  {name:32s} {total_s / messages * 1e6:7.1f}  ({user_s / messages * 1e6:.1f} + "
+                     f"{system_s / messages * 1e6:.1f})")
+    lines.append(f"  {'all threads':32s} {sum(r[0] for r in rows) / messages * 1e6:7.1f}")
+    return "\n".join(lines)
 
 
 def summarize(collapsed: Path, top: int) -> str:
@@ -106,12 +153,24 @@ def summarize(collapsed: Path, top: int) -> str:
     return "\n".join(lines)
 
 
+def _run_load(load: str, server: ServerProcess, broker: binary_bench.Broker, plan: Plan, seconds: float,
+              written: int) -> int:
+    if load in BINARY_LOADS:
+        return drive_binary(load, broker, binary_plan(seconds), written)
+    if load == "ws-read":
+        reader_plan = Plan(**{**NORMAL_PLAN.__dict__, "catch_up_duration_s_max": seconds})
+        return asyncio.run(magnetar_e2e.ws_catch_up(server, reader_plan, "profile", 10**9)).messages
+    return asyncio.run(drive(load, server, plan))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--load", choices=LOADS, default="ws-publish")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
     parser.add_argument("--top", type=int, default=TOP_FUNCTIONS)
+    parser.add_argument("--threads", action="store_true",
+                        help="CPU per message of each broker thread (from /proc) instead of py-spy samples")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="magnetar-profile-") as scratch:
         work_dir = Path(scratch)
@@ -129,18 +188,17 @@ def main() -> int:
             load = args.load
             if load == "ws-read":
                 asyncio.run(magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True))
+            if args.threads:
+                before = thread_cpu_s(server.pid)
+                messages = _run_load(load, server, broker, plan, args.seconds, written)
+                print(thread_table(before, thread_cpu_s(server.pid), thread_names(server.pid), max(messages, 1)))
+                return 0
             recorder = subprocess.Popen([py_spy(), "record", "--pid", str(server.pid), "--rate",
                                          str(SAMPLE_RATE_HZ), "--duration", str(int(args.seconds)), "--format",
                                          "raw", "--output", str(collapsed), "--nonblocking"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(0.5)
-            if binary:
-                drive_binary(load, broker, binary_plan(args.seconds), written)
-            elif load == "ws-read":
-                reader_plan = Plan(**{**NORMAL_PLAN.__dict__, "catch_up_duration_s_max": args.seconds})
-                asyncio.run(magnetar_e2e.ws_catch_up(server, reader_plan, "profile", 10**9))
-            else:
-                asyncio.run(drive(load, server, plan))
+            _run_load(load, server, broker, plan, args.seconds, written)
             _, errors = recorder.communicate(timeout=args.seconds + 60)
             if recorder.returncode != 0:
                 print(errors.decode(errors="replace"), file=sys.stderr)
