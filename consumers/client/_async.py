@@ -203,6 +203,9 @@ class AsyncClient:
                 retry_letter_topic=Topic.parse(retry_letter_topic).full_name if retry_letter_topic else None,
                 dead_letter_topic=Topic.parse(dead_letter_topic).full_name if dead_letter_topic else None)
             topics.append(Topic.parse(retry.retry_letter_topic))
+            # as Pulsar's clients: the policy's dead-letter topic and count also apply to nacked
+            # and timed-out messages (by default 16 redeliveries, then <topic>-<subscription>-DLQ)
+            max_redeliver_count, dead_letter_topic = retry.max_redeliver_count, retry.dead_letter_topic
         elif retry_letter_topic is not None:
             raise ValueError("retry_letter_topic needs retry_enable")
         if subscription_type not in SUBSCRIPTION_TYPES:

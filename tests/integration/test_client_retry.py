@@ -7,8 +7,10 @@ hands back with ``reconsume_later`` again, from the retry-letter topic (default
 consumption, ``DELAY_TIME``), its data, key and own properties intact; after
 ``max_redeliver_count`` reconsumes the next one sends it to the dead-letter topic (default
 ``<topic>-<subscription>-DLQ``) instead, and nothing comes back on the consumer; the original is
-acknowledged each time (a new consumer of the subscription gets nothing); and
-``reconsume_later`` without the policy is refused.
+acknowledged each time (a new consumer of the subscription gets nothing); with the policy on
+and no count given, a message negatively acknowledged goes to the same dead-letter topic after
+Pulsar's default of 16 redeliveries, as a reconsumed one would; and ``reconsume_later`` without
+the policy is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ DELAY_MS = 700
 TOPIC = "persistent://public/default/orders"
 SUBSCRIPTION = "billing"
 MAX_RECONSUMES = 2
+RECONSUMES_DEFAULT = 16
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +75,23 @@ def test_reconsume_later_redelivers_after_the_delay_then_dead_letters(url: str) 
                                  max_redeliver_count=MAX_RECONSUMES)
         with pytest.raises(ReceiveTimeout):
             again.receive(QUIET_MS)  # every copy and the original were acknowledged
+
+
+def test_the_retry_policy_dead_letters_nacked_messages_after_pulsars_default_count(url: str) -> None:
+    topic = "persistent://public/default/nacked"
+    with Client(url) as client:
+        dead = client.subscribe(f"{topic}-{SUBSCRIPTION}-DLQ", "audit", initial_position="earliest")
+        consumer = client.subscribe(topic, SUBSCRIPTION, subscription_type="Shared", retry_enable=True,
+                                    negative_ack_redelivery_delay_ms=10)
+        client.create_producer(topic).send(b"poison")
+        for _ in range(RECONSUMES_DEFAULT + 1):  # the first delivery and 16 redeliveries
+            message = consumer.receive(WAIT_MS)
+            assert message.data == b"poison"
+            consumer.negative_acknowledge(message)
+        moved = dead.receive(WAIT_MS)
+        assert moved.data == b"poison" and moved.properties["REAL_TOPIC"] == topic
+        with pytest.raises(ReceiveTimeout):
+            consumer.receive(QUIET_MS)
 
 
 def test_reconsume_later_needs_the_policy(url: str) -> None:
