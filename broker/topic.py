@@ -215,14 +215,9 @@ class PersistentTopic:
                     highest = entry.highest_sequence_id
                     claims = not entry.partial_chunk
                     if dedup is not None and (claims or highest <= dedup.pushed_sequence_id(producer_name)):
-                        try:
-                            duplicate = self._check_duplicate(producer_name, highest, entry.message_count,
-                                                              conditional=False)
-                        except DuplicateInFlight as exc:
-                            outcomes[position] = exc
-                            continue
-                        if duplicate is not None:
-                            outcomes[position] = duplicate.result()
+                        repeated = self._repeated(producer_name, highest, entry.message_count)
+                        if repeated is not None:
+                            outcomes[position] = repeated
                             continue
                         assert claims  # a partial chunk at or below the reserved id is never new
                         reserved.append(entry)
@@ -323,13 +318,9 @@ class PersistentTopic:
                     if seq < 0 or seq > SEQUENCE_ID_MAX:
                         outcomes[position] = InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX}, not {seq}")
                         continue
-                    try:
-                        duplicate = self._check_duplicate(producer_name, seq, 1, conditional=False)
-                    except DuplicateInFlight as exc:
-                        outcomes[position] = exc
-                        continue
-                    if duplicate is not None:
-                        outcomes[position] = duplicate.result()
+                    repeated = self._repeated(producer_name, seq, 1)
+                    if repeated is not None:
+                        outcomes[position] = repeated
                         continue
                     seqs.append(seq)
                     try:
@@ -392,6 +383,15 @@ class PersistentTopic:
         if sequence_id is not None:
             return sequence_id
         return (self.dedup.pushed_sequence_id(producer) if self.dedup is not None else -1) + 1
+
+    def _repeated(self, producer: str, highest_seq: int, count: int) -> PublishResult | MagnetarError | None:
+        """One message or entry of a group: its answer when it repeats one stored (acknowledged
+        as a duplicate) or still being stored (refused), None when it is new (its id reserved)."""
+        try:
+            duplicate = self._check_duplicate(producer, highest_seq, count, conditional=False)
+        except DuplicateInFlight as exc:
+            return exc
+        return None if duplicate is None else duplicate.result()
 
     def _check_duplicate(self, producer: str, highest_seq: int, count: int, *,
                          conditional: bool) -> Future[PublishResult] | None:
