@@ -215,7 +215,7 @@ class ManagedLedger:
             self._open_new_ledger()
         else:
             self._save()
-        self._delete_pending()
+        self._delete_pending(saved=list(self._pending_deletes))
 
     def _reset_tail_state(self) -> None:
         """Continue from the confirmed end: offsets of adds that never confirmed are reused."""
@@ -753,22 +753,26 @@ class ManagedLedger:
                 self._infos = self._infos[len(deletable):]
                 self._pending_deletes.extend(i.ledger_id for i in deletable)
                 self._save()  # the list and the pending deletions change together
+            saved = list(self._pending_deletes) if deletable else None
             pending = bool(self._pending_deletes)
         for info in deletable:
             self._read_handles.pop(info.ledger_id, None)
             self._cache.invalidate_ledger(info.ledger_id)
         if pending:
-            self._delete_pending()
+            self._delete_pending(saved=saved)
         return [i.ledger_id for i in deletable]
 
-    def _delete_pending(self) -> None:
+    def _delete_pending(self, *, saved: list[int] | None = None) -> None:
         """Delete ledgers dropped from the list (idempotent: a crash midway retries on open),
-        once a saved list no longer names them: a stored list never names a deleted ledger."""
+        once a saved list no longer names them: a stored list never names a deleted ledger.
+        ``saved``: the pending deletions as the caller has just saved them (no second save
+        when nothing was added since)."""
         with self._lock:
             pending = list(self._pending_deletes)
             if not pending:
                 return
-            self._save()
+            if pending != saved:
+                self._save()
         for ledger_id in pending:
             with contextlib.suppress(NotFound):
                 self._ledgers.delete(ledger_id)

@@ -253,10 +253,7 @@ def schema_response(request_id: int, schema: pb.Schema | None, version: bytes | 
     command = pb.BaseCommand(type=T.GET_SCHEMA_RESPONSE)
     body = command.getSchemaResponse
     body.request_id = request_id
-    if failure is not None:
-        code, text = server_error(failure)
-        body.error_code = code  # type: ignore[assignment]
-        body.error_message = text
+    _schema_failure(body, failure)
     if schema is not None:
         body.schema.CopyFrom(schema)
     if version is not None:
@@ -269,13 +266,19 @@ def get_or_create_schema_response(request_id: int, version: bytes | None,
     command = pb.BaseCommand(type=T.GET_OR_CREATE_SCHEMA_RESPONSE)
     body = command.getOrCreateSchemaResponse
     body.request_id = request_id
+    _schema_failure(body, failure)
+    if version is not None:
+        body.schema_version = version
+    return command_frame(command)
+
+
+def _schema_failure(body: pb.CommandGetSchemaResponse | pb.CommandGetOrCreateSchemaResponse,
+                    failure: BaseException | None) -> None:
+    """A schema answer's error code and message, when it failed."""
     if failure is not None:
         code, text = server_error(failure)
         body.error_code = code  # type: ignore[assignment]
         body.error_message = text
-    if version is not None:
-        body.schema_version = version
-    return command_frame(command)
 
 
 def consumer_stats(request_id: int, name: str, permits: int, unacked: int, blocked: bool, sub_type: str,

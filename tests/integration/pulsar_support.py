@@ -50,6 +50,23 @@ def receive_all(consumer: pulsar.Consumer, count: int, *, ack: bool = True) -> l
     return received
 
 
+DRAINED_MESSAGES_MAX = 10_000
+
+
+def drain(consumer: pulsar.Consumer, timeout_ms: int = 1000) -> list[pulsar.Message]:
+    """Every message until none arrives within ``timeout_ms``, each acknowledged (at most
+    ``DRAINED_MESSAGES_MAX``: more fails the test rather than looping on)."""
+    received: list[pulsar.Message] = []
+    for _ in range(DRAINED_MESSAGES_MAX):
+        try:
+            message = consumer.receive(timeout_ms)
+        except pulsar.Timeout:
+            return received
+        consumer.acknowledge(message)
+        received.append(message)
+    raise AssertionError(f"more than {DRAINED_MESSAGES_MAX} messages")
+
+
 def nothing_more(consumer: pulsar.Consumer, timeout_ms: int = 300) -> bool:
     """True when no message arrives within ``timeout_ms`` (a bounded wait, for "nothing else")."""
     try:

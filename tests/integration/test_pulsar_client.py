@@ -20,6 +20,7 @@ from tests.integration.pulsar_support import (
     binary_broker,
     client,
     create_partitioned,
+    drain,
     nothing_more,
     receive_all,
 )
@@ -153,14 +154,7 @@ def test_shared_subscription_splits_messages_between_consumers(pc: pulsar.Client
     got: list[bytes] = []
     counts = []
     for consumer in (first, second):
-        mine = []
-        while True:
-            try:
-                message = consumer.receive(1000)
-            except pulsar.Timeout:
-                break
-            consumer.acknowledge(message)
-            mine.append(message.data())
+        mine = [message.data() for message in drain(consumer)]
         counts.append(len(mine))
         got += mine
     assert sorted(got, key=int) == [f"{i}".encode() for i in range(40)]
@@ -190,12 +184,7 @@ def test_key_shared_keeps_each_key_on_one_consumer(pc: pulsar.Client) -> None:
     order: dict[str, list[int]] = {}
     total = 0
     for index, consumer in enumerate(consumers):
-        while True:
-            try:
-                message = consumer.receive(1000)
-            except pulsar.Timeout:
-                break
-            consumer.acknowledge(message)
+        for message in drain(consumer):
             total += 1
             key = message.partition_key()
             assert owner.setdefault(key, index) == index
