@@ -111,24 +111,25 @@ class EntryFrame:
 
 
 def frames_of_deliveries(deliveries: Iterable[Delivery]) -> list[EntryFrame]:
-    """Group deliveries (in the order a consumer received them) into entry frames."""
+    """Group deliveries (in the order a consumer received them) into entry frames: a run of
+    messages of one stored entry (the same bytes object, so the same ledger and entry), one
+    topic and one redelivery count is one frame; a message without an entry is a frame alone."""
     frames: list[EntryFrame] = []
     group: list[Delivery] = []
+    data: bytes | None = None
+    count = 0
+    topic = ""
     for delivery in deliveries:
-        if group and not _same_frame(group[0], delivery):
+        if group and (delivery.entry_data is not data or data is None or delivery.redelivery_count != count
+                      or delivery.topic != topic):
             frames.append(_frame_of(group))
             group = []
+        if not group:
+            data, count, topic = delivery.entry_data, delivery.redelivery_count, delivery.topic
         group.append(delivery)
     if group:
         frames.append(_frame_of(group))
     return frames
-
-
-def _same_frame(first: Delivery, other: Delivery) -> bool:
-    return (first.message_id.ledger_id == other.message_id.ledger_id
-            and first.message_id.entry_id == other.message_id.entry_id
-            and first.topic == other.topic and first.redelivery_count == other.redelivery_count
-            and first.entry_data is not None and other.entry_data is first.entry_data)
 
 
 def _frame_of(group: list[Delivery]) -> EntryFrame:

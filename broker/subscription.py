@@ -51,7 +51,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from itertools import repeat
+from typing import Any, NamedTuple
 
 import mmh3
 
@@ -102,6 +103,9 @@ class ConsumerConfig:
     unacked_bytes_max: int = 16 * 1024 * 1024
     """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
     whole_entries: bool = False
+    track_ids: bool = True
+    """Keep each delivered message's id for :meth:`Consumer.offset_of`; off for a transport that
+    maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
     """Deliver the rest of an entry with its first message, past the permits (which go negative),
     as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
     arrived, so a batch split between deliveries would never be acknowledged."""
@@ -129,11 +133,7 @@ class Delivery(NamedTuple):
     such entry (a compacted view)."""
 
 
-def _entry_of(item: _Item) -> tuple[int, int]:
-    return item.message_id.ledger_id, item.message_id.entry_id
-
-
-@dataclass(order=True)
+@dataclass(order=True, slots=True)
 class _Item:
     """A message waiting for dispatch (ordered by offset)."""
 
@@ -144,6 +144,22 @@ class _Item:
     key_hash: int = field(compare=False)
     deliver_at_ms: int = field(compare=False, default=0)
     entry_data: bytes | None = field(compare=False, default=None)
+
+
+def _hash_of(message: DecodedMessage) -> int:
+    """The sticky-key hash of a message's ordering key (else its key), -1 for neither."""
+    key = message.ordering_key if message.ordering_key is not None else message.key
+    return key_hash(key) if key is not None else -1
+
+
+def _pop_each(held: dict[int, Any], offsets: list[int]) -> None:
+    """``held.pop(offset, None)`` for each offset, the loop run by the interpreter's C code."""
+    deque(map(held.pop, offsets, repeat(None)), maxlen=0)
+
+
+_new_delivery = tuple.__new__
+"""``Delivery(...)`` without the named tuple's Python-level ``__new__``: one is built per message
+delivered, from values that are already a delivery's."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +216,22 @@ class UnackedMessages:
             self.bytes -= len(previous.message.payload)
         self._by_offset[offset] = delivery
         self.bytes += len(delivery.message.payload)
+
+    def add_run(self, offsets: list[int], deliveries: list[Delivery], payload_bytes: int) -> None:
+        """``add`` for each pair, with ``payload_bytes`` the deliveries' payloads together."""
+        by_offset = self._by_offset
+        if not by_offset.keys().isdisjoint(offsets):  # redelivered to the holder itself: rare
+            for offset, delivery in zip(offsets, deliveries, strict=True):
+                self.add(offset, delivery)
+            return
+        by_offset.update(zip(offsets, deliveries, strict=True))
+        self.bytes += payload_bytes
+
+    def pop_all(self, offsets: list[int]) -> list[Delivery]:
+        """``pop`` each of ``offsets``; the deliveries that were held, in order."""
+        popped = [d for d in map(self._by_offset.pop, offsets, repeat(None)) if d is not None]
+        self.bytes -= sum(len(d.message.payload) for d in popped)
+        return popped
 
     def pop(self, offset: int, default: Delivery | None = None) -> Delivery | None:
         delivery = self._by_offset.pop(offset, None)
@@ -451,31 +483,36 @@ class Subscription:
                     if len(held) >= PENDING_MESSAGES_MAX:
                         break
                     continue
-                self._deliver(consumer, item, now)
+                run = self._rest_of_entry(item) if consumer.config.whole_entries else None
+                self._deliver(consumer, [item, *run] if run else [item], now)
                 notify.add(consumer)
-                if consumer.config.whole_entries:
-                    self._deliver_rest_of_entry(consumer, item, now)
             for item in reversed(held):
                 self._pending.appendleft(item)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
 
-    def _deliver_rest_of_entry(self, consumer: Consumer, item: _Item, now: float) -> None:
-        """The messages of ``item``'s entry waiting right behind it go to the same consumer."""
-        entry = (item.message_id.ledger_id, item.message_id.entry_id)
+    def _rest_of_entry(self, item: _Item) -> list[_Item]:
+        """The messages of ``item``'s entry waiting right behind it, taken from the queues
+        (acknowledged or held ones dropped): they go to the same consumer with it."""
+        entry_id, ledger_id = item.message_id.entry_id, item.message_id.ledger_id
         redeliver, pending, owner = self._redeliver, self._pending, self._owner
         cursor = self.cursor
+        acked, mark_delete = cursor.acked, cursor.mark_delete_offset
+        any_acked = len(acked) > 0
+        run: list[_Item] = []
         while True:
-            if redeliver and _entry_of(redeliver[0]) == entry:
+            if redeliver and redeliver[0].message_id.entry_id == entry_id \
+                    and redeliver[0].message_id.ledger_id == ledger_id:
                 following = heapq.heappop(redeliver)
-            elif pending and _entry_of(pending[0]) == entry:
+            elif pending and pending[0].message_id.entry_id == entry_id \
+                    and pending[0].message_id.ledger_id == ledger_id:
                 following = pending.popleft()
             else:
-                return
+                return run
             offset = following.offset
-            if offset >= cursor.mark_delete_offset and offset not in cursor.acked and offset not in owner:
-                self._deliver(consumer, following, now)  # (cursor.is_acked, inline: once per message)
+            if offset >= mark_delete and offset not in owner and not (any_acked and offset in acked):
+                run.append(following)  # (cursor.is_acked, inline: once per message)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
@@ -506,28 +543,29 @@ class Subscription:
 
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
-        for entry in self.cursor.read_entries(self._entries_to_read()):
+        cursor = self.cursor
+        partition, pending = self.partition, self._pending
+        delayable = self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        of_stored = MessageId.of_stored
+        for entry in cursor.read_entries(self._entries_to_read()):
             messages, deliver_at_ms = decode_messages(entry.data)
-            single = len(messages) == 1
-            deliver_at = deliver_at_ms or 0
-            for message in messages:
-                assert message.offset is not None
-                if self.cursor.is_acked(message.offset):
-                    continue
-                mid = MessageId.of_stored(entry.position.ledger_id, entry.position.entry_id, self.partition,
-                                          -1 if single else message.batch_index)
-                item = _Item(message.offset, mid, message, entry.publish_time_ms, self._hash_of(message),
-                             entry_data=entry.data)
-                if deliver_at > now_ms and self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
-                    item.deliver_at_ms = deliver_at
-                    heapq.heappush(self._later, (deliver_at, message.offset, item))
-                else:
-                    self._pending.append(item)
-
-    @staticmethod
-    def _hash_of(message: DecodedMessage) -> int:
-        key = message.ordering_key if message.ordering_key is not None else message.key
-        return key_hash(key) if key is not None else -1
+            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+            data, publish_ms = entry.data, entry.publish_time_ms
+            if cursor.acked.count_in(entry.first_offset, entry.last_offset + 1) or \
+                    entry.first_offset < cursor.mark_delete_offset:
+                messages = [m for m in messages if not cursor.is_acked(m.offset)]  # type: ignore[arg-type]
+            due = deliver_at_ms if delayable and deliver_at_ms is not None and deliver_at_ms > now_ms else 0
+            if len(messages) == 1 and entry.first_offset == entry.last_offset:
+                items = [_Item(messages[0].offset, of_stored(ledger_id, entry_id, partition, -1),  # type: ignore[arg-type]
+                               messages[0], publish_ms, _hash_of(messages[0]), due, data)]
+            else:
+                items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, m.batch_index),  # type: ignore[arg-type]
+                               m, publish_ms, _hash_of(m), due, data) for m in messages]
+            if due:
+                for item in items:
+                    heapq.heappush(self._later, (due, item.offset, item))
+            else:
+                pending.extend(items)
 
     def _choose(self, item: _Item) -> Consumer | None:
         if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
@@ -554,31 +592,45 @@ class Subscription:
             return None  # an earlier message of this key is still unacked elsewhere: keep order
         return target if target._can_take() else None
 
-    def _deliver(self, consumer: Consumer, item: _Item, now: float) -> None:
-        count = self._counts.get(item.offset, 0)
-        delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms, count,
-                            self.topic_name, entry_data=item.entry_data)
-        consumer.permits -= 1
-        consumer.outbox.append(delivery)
-        consumer.unacked.add(item.offset, delivery)
-        consumer.offsets_by_id[item.message_id] = item.offset
-        consumer.msg_out += 1
-        consumer.bytes_out += len(item.message.payload)
-        if count:
-            consumer.redelivered += 1
-            self.redelivered += 1
-        self.msg_out += 1
-        self.bytes_out += len(item.message.payload)
-        self._owner[item.offset] = consumer
-        self._sent_at[item.offset] = now
-        if item.key_hash >= 0 and self.type is SubscriptionType.KEY_SHARED:
-            holder = self._key_owner.get(item.key_hash)
-            self._key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
+    def _deliver(self, consumer: Consumer, items: list[_Item], now: float) -> None:
+        """Hand ``items`` to ``consumer`` (one message, or the run of one entry): one bookkeeping
+        step per collection, not per message."""
+        counts, topic = self._counts, self.topic_name
+        if counts:
+            deliveries = [_new_delivery(Delivery, (i.message_id, i.offset, i.message, i.publish_time_ms,
+                                                   counts.get(i.offset, 0), topic, None, i.entry_data))
+                          for i in items]
+            redelivered = sum(1 for d in deliveries if d.redelivery_count)
+            consumer.redelivered += redelivered
+            self.redelivered += redelivered
+        else:
+            deliveries = [_new_delivery(Delivery, (i.message_id, i.offset, i.message, i.publish_time_ms, 0, topic,
+                                                   None, i.entry_data)) for i in items]
+        offsets = [i.offset for i in items]
+        payload_bytes = sum(len(i.message.payload) for i in items)
+        count = len(items)
+        consumer.permits -= count
+        consumer.outbox.extend(deliveries)
+        consumer.unacked.add_run(offsets, deliveries, payload_bytes)
+        if consumer.config.track_ids:
+            consumer.offsets_by_id.update(zip([i.message_id for i in items], offsets, strict=True))
+        consumer.msg_out += count
+        consumer.bytes_out += payload_bytes
+        self.msg_out += count
+        self.bytes_out += payload_bytes
+        self._owner.update(zip(offsets, repeat(consumer)))
+        self._sent_at.update(zip(offsets, repeat(now)))
+        if self.type is SubscriptionType.KEY_SHARED:
+            key_owner = self._key_owner
+            for item in items:
+                if item.key_hash >= 0:
+                    holder = key_owner.get(item.key_hash)
+                    key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
 
     def _item_of(self, delivery: Delivery) -> _Item:
         """A delivered message as a dispatch item again (taken back, nacked or timed out)."""
         return _Item(delivery.offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                     self._hash_of(delivery.message), entry_data=delivery.entry_data)
+                     _hash_of(delivery.message), entry_data=delivery.entry_data)
 
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
@@ -589,7 +641,7 @@ class Subscription:
             consumer.offsets_by_id.pop(delivery.message_id, None)
         if delivery is None or self.type is not SubscriptionType.KEY_SHARED:
             return
-        hashed = self._hash_of(delivery.message)
+        hashed = _hash_of(delivery.message)
         holder = self._key_owner.get(hashed)
         if holder is not None:
             if holder[1] <= 1:
@@ -645,15 +697,14 @@ class Subscription:
                     self._release(offset, consumer)
                     consumer.unacked.pop(offset, None)
                     self._counts.pop(offset, None)
-            else:  # what _release does without a key owner to update, inline: once per message
-                owner_pop, sent_pop, counts_pop = self._owner.pop, self._sent_at.pop, self._counts.pop
-                by_id_pop, unacked_pop = consumer.offsets_by_id.pop, consumer.unacked.pop
-                for offset in offsets:
-                    owner_pop(offset, None)
-                    sent_pop(offset, None)
-                    counts_pop(offset, None)
-                    delivery = unacked_pop(offset, None)
-                    if delivery is not None:
+            else:  # what _release does without a key owner to update, a collection at a time
+                for held in (self._owner, self._sent_at, self._counts):
+                    if held:
+                        _pop_each(held, offsets)
+                popped = consumer.unacked.pop_all(offsets)
+                if consumer.offsets_by_id:
+                    by_id_pop = consumer.offsets_by_id.pop
+                    for delivery in popped:
                         by_id_pop(delivery.message_id, None)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)

@@ -185,7 +185,7 @@ class ConsumerHalf:
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
                                 receiver_queue_size=0, priority_level=command.priority_level,
-                                negative_ack_redelivery_delay_ms=0, whole_entries=True,
+                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False,
                                 unacked_bytes_max=context.settings.write_buffer_bytes_max * 2)
         durable = command.durable
         initial = self._initial(command, topic)
