@@ -203,10 +203,15 @@ class PartitionKeys:
         """What the entry of ``messages`` needs from the index (None: nothing, it has no key,
         expects nothing, and no earlier reservation can be outstanding). Call with the topic's
         publish lock held, so reservations are made in append order."""
-        keyed = [(i, check_key(m.key)) for i, m in enumerate(messages) if m.key is not None]
-        if not keyed and not expected and not self._pending:
+        return self.reservation_of_keys([m.key for m in messages], expected)
+
+    def reservation_of_keys(self, keys: Sequence[str | None],
+                            expected: Mapping[str, ExpectedVersion] | None = None) -> KeyReservation | None:
+        """:meth:`reservation` for an entry whose messages have ``keys`` (None: no key)."""
+        if not expected and not self._pending and keys.count(None) == len(keys):
             return None
-        return KeyReservation(self, keyed, len(messages), expected)
+        keyed = [(i, check_key(key)) for i, key in enumerate(keys) if key is not None]
+        return KeyReservation(self, keyed, len(keys), expected)
 
     def _reserve(self, reservation: KeyReservation, first_offset: int) -> None:
         with self._lock:

@@ -247,7 +247,7 @@ class PersistentTopic:
         """The key index's reservation for a client entry whose messages have ``keys``."""
         if self.streams is None:
             return None
-        return self.streams.reservation([Message(b"", key=key) for key in keys], None)
+        return self.streams.reservation_of_keys(keys)
 
     def _published_entries(self, added: Future[list[AddResult]],
                            result: Future[list[PublishResult | MagnetarError]], producer: str,
