@@ -14,9 +14,11 @@ Invariants:
   (checksum, metadata, compression, batch structure, declared message count), so a client's
   bytes can never make a stored entry unreadable; it raises ``CorruptEntry`` or
   ``InvalidRequest`` (an encrypted entry, a wrong message count, a broker prefix). It checks
-  exactly what ``decode_entry`` checks, without building what a reader needs: an entry that is
-  not a batch is its ``MessageMetadata`` and its bytes, both verified by
-  ``decode_entry_payload`` (splitting such an entry cannot fail), so only a batch is split.
+  exactly what ``decode_entry`` checks, without building what a reader needs: the common entry
+  (uncompressed, only the metadata fields Pulsar's clients set by default) through
+  ``common_client_entry``, which never accepts what ``decode_entry`` refuses, anything else
+  through ``decode_entry_payload``; an entry that is not a batch is its ``MessageMetadata`` and
+  its bytes (splitting such an entry cannot fail), so only a batch is split.
 - An :class:`EntryFrame`'s ``data`` is a view of the stored bytes, never a copy or a re-encoding,
   with two exceptions: messages of a compacted view, which have no stored entry of their own,
   and a lone message stored in the batch format (Magnetar's own edges write every entry as a
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from broker.entry_format import (
     Message,
     as_unbatched,
+    common_client_entry,
     decode_entry_payload,
     encode_entry,
     split_entry_payload,
@@ -70,6 +73,19 @@ class ClientEntry:
 
 def check_client_entry(data: bytes, declared_messages: int) -> ClientEntry:
     """Verify a client's entry in full (see the module's invariants)."""
+    common = common_client_entry(data)
+    if common is not None:  # the usual entry, verified without the general parser
+        producer, keys = common
+        checked = ClientEntry(len(keys), producer, None, 1, keys)
+    else:
+        checked = _check_any_client_entry(data)
+    if checked.message_count != declared_messages:
+        raise InvalidRequest(f"the entry holds {checked.message_count} messages, the command declares "
+                             f"{declared_messages}")
+    return checked
+
+
+def _check_any_client_entry(data: bytes) -> ClientEntry:
     entry = decode_entry_payload(data)
     if entry.broker_metadata is not None:
         raise InvalidRequest("a client's entry must not carry broker entry metadata")
@@ -80,15 +96,12 @@ def check_client_entry(data: bytes, declared_messages: int) -> ClientEntry:
         keys = tuple(m.key for m in messages)
     else:
         keys = (metadata.partition_key if metadata.HasField("partition_key") else None,)
-    count = len(keys)
-    if count != declared_messages:
-        raise InvalidRequest(f"the entry holds {count} messages, the command declares {declared_messages}")
     chunked = metadata.HasField("chunk_id") and metadata.HasField("num_chunks_from_msg")
     chunks = int(metadata.num_chunks_from_msg) if chunked else 1
     chunk_id = int(metadata.chunk_id) if chunked else None
     if chunk_id is not None and not 0 <= chunk_id < chunks:
         raise InvalidRequest(f"chunk {chunk_id} of a message of {chunks} chunks")
-    return ClientEntry(count, metadata.producer_name, chunk_id, chunks, keys)
+    return ClientEntry(len(keys), metadata.producer_name, chunk_id, chunks, keys)
 
 
 @dataclass(frozen=True, slots=True)

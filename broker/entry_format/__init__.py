@@ -70,6 +70,7 @@ from broker.entry_format.broker_metadata import (
 )
 from broker.entry_format.codec import (
     as_unbatched,
+    common_client_entry,
     decode_entry,
     decode_entry_payload,
     decode_messages,
@@ -93,6 +94,7 @@ __all__ = [
     "EntryPayload",
     "Message",
     "as_unbatched",
+    "common_client_entry",
     "decode_entry",
     "decode_messages",
     "decode_entry_payload",

@@ -464,7 +464,11 @@ def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | Non
     batch = _common_batch(data)
     if batch is None:
         return None
-    payload_start, count, first_offset, sequence_id, deliver_at = batch
+    payload_start, count, first_offset, sequence_id, deliver_at, lone = batch
+    if lone is not None:  # not a batch: the metadata's fields are the message's
+        key, event_time, ordering_key, key_b64 = lone
+        return [DecodedMessage(-1, first_offset, data[payload_start:], key, {}, event_time, sequence_id,
+                               ordering_key, key_b64, False, False, False)], deliver_at
     try:
         return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
     except CorruptEntry:
@@ -476,13 +480,20 @@ def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
     its fast path, or None: then ``decode_entry_payload`` verifies it (or refuses it). The
     payload is not split here (the range read's native columns split it)."""
     batch = _common_batch(data) if type(data) is bytes else None
-    return None if batch is None else (memoryview(data)[batch[0] :], batch[1])
+    return None if batch is None or batch[5] is not None else (memoryview(data)[batch[0] :], batch[1])
 
 
-def _common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
-    """(payload start, message count, first offset, sequence id, delivery time) of a verified
-    common entry (see :func:`decode_messages`), or None, also for a malformed one (then
-    ``decode_entry`` says how)."""
+_LoneFields = tuple[str | None, int | None, bytes | None, bool]
+"""A non-batched entry's message fields kept in its ``MessageMetadata``: partition key, event
+time, ordering key, whether the key is base64 of binary."""
+_CommonEntry = tuple[int, int, int, int, int | None, _LoneFields | None]
+
+
+def _common_batch(data: bytes) -> _CommonEntry | None:
+    """(payload start, message count, first offset, sequence id, delivery time, and for an entry
+    that is not a batch its message's fields) of a verified common entry (see
+    :func:`decode_messages`), or None, also for a malformed one (then ``decode_entry`` says
+    how)."""
     if data[:2] != _PREFIX_MAGIC:
         return None
     try:
@@ -491,7 +502,7 @@ def _common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
         return None
 
 
-def _parse_common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | None:
+def _parse_common_batch(data: bytes) -> _CommonEntry | None:
     read = read_varint
     end = 6 + U32.unpack_from(data, 2)[0]
     pos, timestamp, index = 6, None, None
@@ -505,14 +516,27 @@ def _parse_common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | 
             return None
     if pos != end or timestamp is None or index is None:
         return None
-    magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, end)
-    if magic != MAGIC_CRC32C or crc32c.crc32c(memoryview(data)[end + 6 :]) != stored_checksum:
+    parsed = _parse_common_metadata(data, end)
+    if parsed is None or index - parsed[1] + 1 < 0:
         return None
-    pos = end + CHECKSUM_HEADER.size
+    payload_start, count, sequence_id, deliver_at, lone, _producer = parsed
+    return payload_start, count, index - count + 1, sequence_id, deliver_at, lone
+
+
+def _parse_common_metadata(data: bytes, start: int) -> tuple[int, int, int, int | None, _LoneFields | None, str] | None:
+    """(payload start, message count, sequence id, delivery time, a lone message's fields,
+    producer name) of the verified checksum and ``MessageMetadata`` at ``start`` of a common
+    entry, or None (see :func:`_common_batch`)."""
+    read = read_varint
+    magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
+    if magic != MAGIC_CRC32C or crc32c.crc32c(memoryview(data)[start + 6 :]) != stored_checksum:
+        return None
+    pos = start + CHECKSUM_HEADER.size
     payload_start = pos + metadata_size
     if payload_start > len(data):
         return None
-    producer = sequence_id = publish_time = count = deliver_at = None
+    producer = sequence_id = publish_time = count = deliver_at = key = event_time = ordering_key = None
+    key_b64 = False
     while pos < payload_start:
         tag = data[pos]
         if tag in (0x0A, 0x32):  # producer_name, partition_key: strings, UTF-8 as protobuf checks
@@ -521,6 +545,8 @@ def _parse_common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | 
             pos += length
             if tag == 0x0A:
                 producer = text
+            else:
+                key = text
         elif tag == 0x10:
             sequence_id, pos = read(data, pos + 1)
         elif tag == 0x18:
@@ -531,17 +557,23 @@ def _parse_common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | 
             code, pos = read(data, pos + 1)
             if code:
                 return None  # compressed: decode_entry decompresses
-        elif tag in (0x48, 0x60):  # uncompressed_size, event_time
+        elif tag == 0x48:  # uncompressed_size
             pos = read(data, pos + 1)[1]
+        elif tag == 0x60:  # event_time
+            event_time, pos = read(data, pos + 1)
         elif tag in (0x82, 0x92):  # schema_version (16), ordering_key (18): bytes
             if data[pos + 1] != 0x01:
                 return None
             length, pos = read(data, pos + 2)
+            if tag == 0x92:
+                ordering_key = data[pos : pos + length]
             pos += length
         elif tag in (0x88, 0xC0):  # partition_key_b64_encoded (17), highest_sequence_id (24)
             if data[pos + 1] != 0x01:
                 return None
-            pos = read(data, pos + 2)[1]
+            value, pos = read(data, pos + 2)
+            if tag == 0x88:
+                key_b64 = value != 0
         elif tag == 0x98:  # deliver_at_time (19), int64
             if data[pos + 1] != 0x01:
                 return None
@@ -550,7 +582,28 @@ def _parse_common_batch(data: bytes) -> tuple[int, int, int, int, int | None] | 
                 deliver_at -= UINT64_MOD
         else:
             return None  # properties, encryption, chunks, transactions, markers, replication: decode_entry
+    lone: _LoneFields | None = None
+    if count is None:  # not a batch: one message, described by the metadata itself
+        count, lone = 1, (key, event_time, ordering_key, key_b64)
     if pos != payload_start or producer is None or sequence_id is None or publish_time is None \
-            or count is None or not 0 < count <= _INT32_MAX or index - count + 1 < 0:
+            or not 0 < count <= _INT32_MAX:
         return None
-    return payload_start, count, index - count + 1, sequence_id, deliver_at
+    return payload_start, count, sequence_id, deliver_at, lone, producer
+
+
+def common_client_entry(data: Buffer) -> tuple[str, tuple[str | None, ...]] | None:
+    """(producer name, each message's partition key) of a client's entry (no broker prefix) of
+    the common kind :func:`decode_messages` reads on its fast path, verified as
+    :func:`decode_entry` verifies it; None for any other entry: ask ``decode_entry_payload``."""
+    if type(data) is not bytes or data[:2] != _CHECKSUM_MAGIC:
+        return None
+    try:
+        parsed = _parse_common_metadata(data, 0)
+        if parsed is None:
+            return None
+        payload_start, count, sequence_id, _deliver_at, lone, producer = parsed
+        if lone is not None:
+            return producer, (lone[0],)
+        return producer, tuple([m.key for m in decode_batch(data[payload_start:], count, None, sequence_id)])
+    except (IndexError, ValueError, CorruptEntry, struct.error):
+        return None

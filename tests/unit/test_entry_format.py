@@ -30,6 +30,7 @@ from broker.entry_format import (
     DecodedMessage,
     Message,
     as_unbatched,
+    common_client_entry,
     decode_entry,
     decode_messages,
     encode_entry,
@@ -822,13 +823,14 @@ def test_the_native_varint_reader_reads_what_the_python_reader_reads(buf: bytes,
 @given(messages=st.lists(messages_strategy, min_size=1, max_size=6), compression=st.sampled_from(list(Compression)),
        sequence_id=st.integers(min_value=0, max_value=1 << 40), index_room=st.integers(min_value=-2, max_value=1 << 40),
        deliver_at=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
-       schema_version=st.none() | st.binary(max_size=4), prefixed=st.booleans(),
+       schema_version=st.none() | st.binary(max_size=4), prefixed=st.booleans(), lone=st.booleans(),
        corrupt=st.none() | st.tuples(st.integers(min_value=0, max_value=400), st.integers(min_value=1, max_value=255)))
 def test_decoding_messages_reads_what_decode_entry_reads(messages: list[Message], compression: Compression,
                                                          sequence_id: int, index_room: int, deliver_at: int | None,
-                                                         schema_version: bytes | None, prefixed: bool,
+                                                         schema_version: bytes | None, prefixed: bool, lone: bool,
                                                          corrupt: tuple[int, int] | None) -> None:
     """``decode_messages`` gives ``decode_entry``'s messages and delivery time for every entry,
+    batched or (``lone``: one message sent without batching, as Pulsar's clients write it) not,
     and refuses every entry ``decode_entry`` refuses with the same error (corrupted ones too)."""
     sequence_id = sequence_id if messages[0].sequence_id is None else messages[0].sequence_id
     if any(m.sequence_id is None and sequence_id + i > UINT64_MAX for i, m in enumerate(messages)):
@@ -837,11 +839,19 @@ def test_decoding_messages_reads_what_decode_entry_reads(messages: list[Message]
     data = encode_entry(messages, producer_name="p", sequence_id=sequence_id, publish_time_ms=5,
                         compression=compression, deliver_at_time_ms=deliver_at, schema_version=schema_version,
                         broker_timestamp_ms=9 if prefixed else None, index=index if prefixed else None)
+    if lone and len(messages) == 1:
+        unbatched = as_unbatched(data)
+        assert unbatched is not None
+        data = with_broker_entry_metadata(unbatched, 9, index) if prefixed else unbatched
     if corrupt is not None:
         position, flip = corrupt
         corrupted = bytearray(data)
         corrupted[position % len(corrupted)] ^= flip
         data = bytes(corrupted)
+    client = common_client_entry(data)
+    if client is not None:  # a client's entry checked without the general parser: never one it refuses
+        decoded = decode_entry(data)
+        assert client == (decoded.metadata.producer_name, tuple(m.key for m in decoded.messages))
     try:
         expected = decode_entry(data)
     except (CorruptEntry, InvalidRequest) as exc:
@@ -849,6 +859,31 @@ def test_decoding_messages_reads_what_decode_entry_reads(messages: list[Message]
             decode_messages(data)
         assert str(raised.value) == str(exc)
         return
+    assert decode_messages(data) == (expected.messages, expected.deliver_at_time_ms)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(payload=st.binary(max_size=64), key=st.none() | texts, key_b64=st.booleans(),
+       event_time=st.none() | st.integers(min_value=0, max_value=(1 << 63) - 1),
+       ordering_key=st.none() | st.binary(max_size=6), sequence_id=st.integers(min_value=0, max_value=UINT64_MAX),
+       deliver_at=st.none() | st.integers(min_value=0, max_value=(1 << 63) - 1),
+       index=st.integers(min_value=0, max_value=1 << 40))
+def test_a_message_sent_without_batching_is_read_on_the_fast_path(payload: bytes, key: str | None, key_b64: bool,
+                                                                   event_time: int | None, ordering_key: bytes | None,
+                                                                   sequence_id: int, deliver_at: int | None,
+                                                                   index: int) -> None:
+    """A stored message that Pulsar's clients sent without batching, with the fields they set
+    (no properties), is read without the general parser, into exactly what it reads."""
+    from broker.entry_format import codec
+
+    message = Message(payload, key=key, key_b64_encoded=key_b64 and key is not None, event_time_ms=event_time,
+                      ordering_key=ordering_key)
+    unbatched = as_unbatched(encode([message], sequence_id=sequence_id, deliver_at_time_ms=deliver_at))
+    assert unbatched is not None
+    data = with_broker_entry_metadata(unbatched, 9, index)
+    assert codec._common_batch(data) is not None
+    assert common_client_entry(unbatched) == ("producer-1", (key,))
+    expected = decode_entry(data)
     assert decode_messages(data) == (expected.messages, expected.deliver_at_time_ms)
 
 
