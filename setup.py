@@ -1,11 +1,13 @@
 """Build configuration of the optional native accelerator; the project itself is in pyproject.toml.
 
 ``broker/entry_format/_range_columns.c`` (range reads: batch payloads to Arrow buffers),
-``broker/entry_format/_varint.c`` (protobuf varints) and ``broker/entry_format/_batch_encoder.c``
-(batch payloads on the write path) are built when a C compiler is at hand. They are optional:
-without a compiler the install still succeeds, ``columns.py`` builds the columns in Python
+``broker/entry_format/_varint.c`` (protobuf varints), ``broker/entry_format/_batch_encoder.c``
+(batch payloads on the write path) and ``broker/entry_format/_batch_decoder.c`` (batch payloads
+split on every read) are built when a C compiler is at hand. They are optional: without a
+compiler the install still succeeds, ``columns.py`` builds the columns in Python
 (``NATIVE_COLUMNS`` is False), ``wire.py`` reads and writes varints in Python (``NATIVE_VARINT``
-is False) and ``batch.py`` encodes batches in Python (``NATIVE_BATCH_ENCODER`` is False).
+is False) and ``batch.py`` encodes and splits batches in Python (``NATIVE_BATCH_ENCODER`` and
+``NATIVE_BATCH_DECODER`` are False).
 """
 
 from setuptools import Extension, setup
@@ -14,4 +16,5 @@ setup(ext_modules=[
     Extension("broker.entry_format._range_columns", sources=["broker/entry_format/_range_columns.c"], optional=True),
     Extension("broker.entry_format._varint", sources=["broker/entry_format/_varint.c"], optional=True),
     Extension("broker.entry_format._batch_encoder", sources=["broker/entry_format/_batch_encoder.c"], optional=True),
+    Extension("broker.entry_format._batch_decoder", sources=["broker/entry_format/_batch_decoder.c"], optional=True),
 ])

@@ -376,7 +376,7 @@ class Subscription:
         self._owner: dict[int, Consumer] = {}  # offset -> consumer holding it unacked
         self._key_owner: dict[int, tuple[Consumer, int]] = {}  # key hash -> (consumer, unacked count)
         self._counts: dict[int, int] = self._load_counts()
-        self._sent_at: dict[int, float] = {}
+        self._sent_at: dict[int, float] = {}  # offset -> when sent, to consumers with an ack timeout
         self._ring: list[tuple[int, Consumer]] = []
         self._rr = 0
         self._blocked = False
@@ -619,7 +619,8 @@ class Subscription:
         self.msg_out += count
         self.bytes_out += payload_bytes
         self._owner.update(zip(offsets, repeat(consumer)))
-        self._sent_at.update(zip(offsets, repeat(now)))
+        if consumer.config.ack_timeout_ms > 0:  # only an ack timeout asks when a message was sent
+            self._sent_at.update(zip(offsets, repeat(now)))
         if self.type is SubscriptionType.KEY_SHARED:
             key_owner = self._key_owner
             for item in items:

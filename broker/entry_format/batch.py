@@ -2,7 +2,8 @@
 
 Role: ``codec.py`` writes every entry in the batch format (one message or many) and splits it
 on read. ``SingleMessageMetadata`` is written and parsed by hand, in field-number order, exactly
-as protobuf would serialize it; the split is the hot loop of every read.
+as protobuf would serialize it; the split is the hot loop of every read, done by the optional
+native decoder (``_batch_decoder.c``) where it can vouch for the result, else here.
 
 Invariant: a batch must be consumed exactly: ``count`` messages and no trailing byte, else
 ``CorruptEntry``.
@@ -86,10 +87,26 @@ def encode_checked_batch(messages: Sequence[Message], sequence_ids: list[int]) -
     return _native_encode_batch(messages, sequence_ids)
 
 
+try:
+    from broker.entry_format._batch_decoder import decode_batch as _native_decode_batch
+    from broker.entry_format._batch_decoder import set_message_type as _set_decoded_type
+except ImportError:  # built without a C compiler: the Python decoder below
+    NATIVE_BATCH_DECODER = False
+else:
+    _set_decoded_type(DecodedMessage)
+    NATIVE_BATCH_DECODER = True
+"""Whether batch payloads are split by the native decoder (``_batch_decoder.c``), which hands
+anything it cannot vouch for to the Python decoder, so the result is always the Python one's."""
+
+
 def decode_batch(buf: bytes, count: int, first_offset: int | None, base_sequence_id: int) -> list[DecodedMessage]:
     """Split an uncompressed batch payload into ``count`` messages; it must be consumed exactly."""
     if count <= 0 or count * 6 > len(buf):
         raise CorruptEntry(f"batch of {len(buf)} bytes cannot hold {count} messages")
+    if NATIVE_BATCH_DECODER:
+        native = _native_decode_batch(buf, count, first_offset, base_sequence_id)
+        if native is not None:
+            return native
     try:
         messages = _decode_batch_items(buf, count, first_offset, base_sequence_id)
     except (IndexError, ValueError, struct.error) as exc:
