@@ -4,7 +4,7 @@ Role: a binary-protocol client encodes each entry itself (one message, a batch, 
 of a large message: ``0x0e01``, CRC32C, ``MessageMetadata``, payload), and the broker stores
 exactly those bytes; a consumer receives stored entries exactly as they were stored, minus the
 broker's ``0x0e02`` prefix. Between the two, delivery is per message (``broker/subscription.py``
-hands single messages to consumers), so this module turns a consumer's deliveries back into
+hands each message to a consumer as its own delivery), so this module turns a consumer's deliveries back into
 entry frames: the consecutive deliveries of one stored entry with one redelivery count become
 one :class:`EntryFrame`, with Pulsar's ``ack_set`` marking the messages of the entry that are
 this consumer's when it holds only some of them (the client skips the others).
