@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.pulsar.framing import command_frame, payload_frame
-from api.pulsar.hot_commands import send_receipt_command
+from api.pulsar.framing import command_frame
+from api.pulsar.hot_commands import message_command, send_receipt_command
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from broker import MagnetarError
 
@@ -160,18 +160,7 @@ def send_error(producer_id: int, sequence_id: int, failure: BaseException) -> by
 
 def message(consumer_id: int, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
             ack_set: Sequence[int], payload: memoryview) -> tuple[bytes, bytes | memoryview]:
-    command = pb.BaseCommand(type=T.MESSAGE)
-    body = command.message
-    body.consumer_id = consumer_id
-    body.message_id.ledgerId = ledger_id
-    body.message_id.entryId = entry_id
-    if partition >= 0:
-        body.message_id.partition = partition
-    if redelivery_count:
-        body.redelivery_count = redelivery_count
-    if ack_set:
-        body.ack_set.extend(ack_set)
-    return payload_frame(command, payload)
+    return message_command(consumer_id, ledger_id, entry_id, partition, redelivery_count, ack_set, payload)
 
 
 def ack_response(consumer_id: int, request_id: int, failure: BaseException | None = None) -> bytes:

@@ -136,9 +136,3 @@ def command_frame(command: pb.BaseCommand) -> bytes:
     body: bytes = command.SerializeToString()
     return FRAME_HEADER.pack(SIZE.size + len(body), len(body)) + body
 
-
-def payload_frame(command: pb.BaseCommand, payload: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
-    """A frame holding ``command`` and ``payload``, as two buffers for one ``writelines`` (the
-    payload is not copied)."""
-    body = command.SerializeToString()
-    return FRAME_HEADER.pack(SIZE.size + len(body) + len(payload), len(body)) + body, payload

@@ -1,21 +1,23 @@
-"""The few commands of every message, spelled by hand: SEND, FLOW and ACK read, SEND_RECEIPT written.
+"""The few commands of every message, spelled by hand: SEND, FLOW and ACK read, SEND_RECEIPT and MESSAGE written.
 
 Role: protobuf's runtime costs microseconds per command, which at one SEND and one receipt per
 message is a large share of a message's cost. ``framing.py`` asks :func:`parse_hot` first; it
 reads the common shape of these commands and answers None for anything else (a field it does
 not know, a repeated sub-message, a wire type it does not expect, a varint it cannot read),
-which protobuf then parses as before. :func:`send_receipt_command` writes the bytes protobuf
-would write (``commands.send_receipt`` uses it).
+which protobuf then parses as before. :func:`send_receipt_command` and :func:`message_command`
+write the bytes protobuf would write (``commands.send_receipt`` and ``commands.message`` use them).
 
 Invariants (checked against protobuf by ``tests/unit/test_hot_commands.py``, a seeded
 round-trip and mutation fuzz):
 - whatever :func:`parse_hot` accepts, protobuf parses to the same values, with every required
   field present; it never accepts what protobuf refuses;
-- :func:`send_receipt_command` is byte for byte ``BaseCommand.SerializeToString()``.
+- :func:`send_receipt_command` and :func:`message_command` are byte for byte
+  ``BaseCommand.SerializeToString()`` (in the frame protobuf's command would make).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from api.pulsar.proto import pulsar_api_pb2 as pb
@@ -25,6 +27,7 @@ SEND = int(T.SEND)
 FLOW = int(T.FLOW)
 ACK = int(T.ACK)
 SEND_RECEIPT = int(T.SEND_RECEIPT)
+MESSAGE = int(T.MESSAGE)
 _UINT64 = (1 << 64) - 1
 _UINT32 = (1 << 32) - 1
 _VARINT_BYTES_MAX = 10
@@ -269,3 +272,35 @@ def send_receipt_command(producer_id: int, sequence_id: int, highest_sequence_id
     command += body
     size = len(command)
     return (size + 4).to_bytes(4, "big") + size.to_bytes(4, "big") + bytes(command)
+
+
+def message_command(consumer_id: int, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
+                    ack_set: Sequence[int], payload: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """A MESSAGE frame (``partition`` < 0: none; ``redelivery_count`` 0 and an empty ``ack_set``
+    left out) as protobuf would write it, as two buffers for one ``writelines``: the header and
+    command, then ``payload`` (the stored entry from its ``0x0e01`` magic on), not copied."""
+    message_id = bytearray(b"\x08")
+    _put_varint(message_id, ledger_id & _UINT64)
+    message_id.append(0x10)
+    _put_varint(message_id, entry_id & _UINT64)
+    if partition >= 0:
+        message_id.append(0x18)
+        _put_varint(message_id, partition)
+    body = bytearray(b"\x08")
+    _put_varint(body, consumer_id)
+    body.append(0x12)
+    _put_varint(body, len(message_id))
+    body += message_id
+    if redelivery_count:
+        body.append(0x18)
+        _put_varint(body, redelivery_count)
+    for word in ack_set:
+        body.append(0x20)
+        _put_varint(body, word & _UINT64)
+    command = bytearray(b"\x08")
+    command.append(MESSAGE)
+    command.append(0x4A)  # BaseCommand.message, field 9
+    _put_varint(command, len(body))
+    command += body
+    size = len(command)
+    return (size + 4 + len(payload)).to_bytes(4, "big") + size.to_bytes(4, "big") + bytes(command), payload

@@ -37,7 +37,7 @@ from api.pulsar import commands
 from api.pulsar.consumers import ConsumerHalf
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
-from api.pulsar.hot_commands import FlowCommand, SendCommand
+from api.pulsar.hot_commands import SEND, FlowCommand, SendCommand
 from api.pulsar.lookups import LookupAnswer, LookupRunner, Lookups
 from api.pulsar.producers import ProducerAccess, ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
@@ -123,7 +123,7 @@ class PulsarSession:
         run: list[Frame] = []
         try:
             for frame in frames:
-                if frame.kind == T.SEND and self.state is State.CONNECTED:
+                if frame.kind == SEND and self.state is State.CONNECTED:
                     if frame.hot is None:
                         _require_body(frame.command)
                     run.append(frame)

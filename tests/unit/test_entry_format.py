@@ -981,6 +981,7 @@ def test_the_native_batch_decoder_splits_what_the_python_decoder_splits(
     from broker.entry_format.wire import U32
 
     assert batch.NATIVE_BATCH_DECODER, "the native batch decoder was not built (setup.py needs a C compiler)"
+    from broker.entry_format._batch_decoder import decode_batch as native_decode_batch
     parts = []
     for message, sequence_id in zip(messages, sequence_ids, strict=False):
         single = encode_single_metadata(message, 0 if sequence_id is None else sequence_id)
@@ -996,7 +997,7 @@ def test_the_native_batch_decoder_splits_what_the_python_decoder_splits(
     elif isinstance(damage, int):
         buf = buf[: max(0, len(buf) - damage)]
     expected = _python_split(buf, count, first_offset, base)
-    native = batch._native_decode_batch(buf, count, first_offset, base)
+    native = native_decode_batch(buf, count, first_offset, base)
     if native is not None:
         assert native == expected
         assert all(type(m) is DecodedMessage for m in native)
