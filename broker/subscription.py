@@ -103,12 +103,12 @@ class ConsumerConfig:
     unacked_bytes_max: int = 16 * 1024 * 1024
     """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
     whole_entries: bool = False
-    track_ids: bool = True
-    """Keep each delivered message's id for :meth:`Consumer.offset_of`; off for a transport that
-    maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
     """Deliver the rest of an entry with its first message, past the permits (which go negative),
     as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
     arrived, so a batch split between deliveries would never be acknowledged."""
+    track_ids: bool = True
+    """Keep each delivered message's id for :meth:`Consumer.offset_of`; off for a transport that
+    maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
 
 
 @dataclass(frozen=True)
@@ -494,13 +494,16 @@ class Subscription:
 
     def _rest_of_entry(self, item: _Item) -> list[_Item]:
         """The messages of ``item``'s entry waiting right behind it, taken from the queues
-        (acknowledged or held ones dropped): they go to the same consumer with it."""
+        (acknowledged or held ones dropped, and a message waiting in both queues taken once:
+        after a reposition, one read ahead again can also come back from a departed holder):
+        they go to the same consumer with it."""
         entry_id, ledger_id = item.message_id.entry_id, item.message_id.ledger_id
         redeliver, pending, owner = self._redeliver, self._pending, self._owner
         cursor = self.cursor
         acked, mark_delete = cursor.acked, cursor.mark_delete_offset
         any_acked = len(acked) > 0
         run: list[_Item] = []
+        taken = {item.offset}
         while True:
             if redeliver and redeliver[0].message_id.entry_id == entry_id \
                     and redeliver[0].message_id.ledger_id == ledger_id:
@@ -511,8 +514,10 @@ class Subscription:
             else:
                 return run
             offset = following.offset
-            if offset >= mark_delete and offset not in owner and not (any_acked and offset in acked):
-                run.append(following)  # (cursor.is_acked, inline: once per message)
+            if offset >= mark_delete and offset not in owner and offset not in taken \
+                    and not (any_acked and offset in acked):  # (cursor.is_acked, inline: once per message)
+                run.append(following)
+                taken.add(offset)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)

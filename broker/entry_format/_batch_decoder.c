@@ -10,8 +10,8 @@
  * Invariants: decode_batch(buf, count, first_offset, base_sequence_id) returns exactly the list
  * batch.py's Python decoder returns, or None when it cannot vouch for that: anything it does not
  * read itself (a buffer that is not bytes, a field it does not know, a multi-byte tag, a
- * property not in protobuf's short form, a varint past 64 bits, text that is not UTF-8) and
- * anything malformed. The Python decoder then decides, so the two never disagree, also in what
+ * property not in protobuf's short form, a repeated key, a varint past 64 bits, text that is not
+ * UTF-8) and anything malformed. The Python decoder then decides, so the two never disagree, also in what
  * they raise. Nothing is read outside the buffer: every read is checked against the end of the
  * message's metadata or of the batch before it is made.
  */
@@ -122,8 +122,8 @@ static PyObject *decode_one(const unsigned char *p, Py_ssize_t total, Py_ssize_t
                 if (!read_varint(p, end, &at, &event_time)) goto fallback;
                 has_event_time = 1;
                 break;
-            case 0x12: /* partition_key */
-                if (!read_span(p, end, &at, &key_start, &key_stop)) goto fallback;
+            case 0x12: /* partition_key (the Python decoder decodes every occurrence: leave a repeat to it) */
+                if (key_start >= 0 || !read_span(p, end, &at, &key_start, &key_stop)) goto fallback;
                 break;
             case 0x3A: /* ordering_key */
                 if (!read_span(p, end, &at, &ordering_start, &ordering_stop)) goto fallback;

@@ -1005,3 +1005,22 @@ def test_the_native_batch_decoder_splits_what_the_python_decoder_splits(
     if clean and all(len(k.encode()) < 0x80 and len(v.encode()) < 0x80 for m in messages
                      for k, v in m.properties.items()):
         assert native is not None, "a clean batch was left to the Python decoder"
+
+
+def test_the_native_batch_decoder_leaves_a_repeated_key_to_the_python_decoder() -> None:
+    """A message whose key appears twice, the first not UTF-8: the Python decoder refuses it
+    (it decodes every occurrence), so the native one must not answer for it."""
+    from broker.entry_format import batch
+    from broker.entry_format.wire import U32
+
+    assert batch.NATIVE_BATCH_DECODER, "the native batch decoder was not built (setup.py needs a C compiler)"
+    from broker.entry_format._batch_decoder import decode_batch as native_decode_batch
+
+    metadata = b"\x12\x01\xff\x12\x01a\x18\x01"
+    buf = U32.pack(len(metadata)) + metadata + b"x"
+    assert native_decode_batch(buf, 1, 0, 0) is None
+    with pytest.raises(CorruptEntry):
+        batch.decode_batch(buf, 1, 0, 0)
+    valid = b"\x12\x01b\x12\x01a\x18\x01"  # both UTF-8: the last key wins, whoever decodes
+    buf = U32.pack(len(valid)) + valid + b"x"
+    assert batch.decode_batch(buf, 1, 0, 0)[0].key == "a"

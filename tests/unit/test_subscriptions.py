@@ -209,6 +209,34 @@ def test_whole_entries_are_never_split_between_deliveries(stack: Stack) -> None:
     assert [d.message.payload for d in drain(whole)] == [f"e1-{i}".encode() for i in range(4)]
 
 
+def test_a_message_waiting_twice_goes_once_in_a_whole_entry(stack: Stack) -> None:
+    """After a reposition, an entry read ahead again while its holder still has it unacknowledged
+    waits twice once the holder leaves (read ahead, and taken back): a ``whole_entries``
+    consumer gets each of its messages once, and its unacknowledged bytes return to zero."""
+    topic = make_topic(stack, "t/ns/twice")
+    topic.publish([Message(b"d0"), Message(b"d1")], producer_name="p").result(timeout=10)  # offsets 0, 1
+    topic.publish([Message(b"e0"), Message(b"e1"), Message(b"e2")], producer_name="p").result(timeout=10)  # 2-4
+    sub = subscribe(stack, topic, SubscriptionType.SHARED)
+    holder = sub.add_consumer(ConsumerConfig("holder", unacked_messages_max=3))
+    holder.flow(2)
+    assert [d.offset for d in drain(holder)] == [0, 1]
+    holder.ack([0, 1])
+    holder.flow(3)
+    assert [d.offset for d in drain(holder)] == [2, 3, 4]
+    sub.reposition(lambda: sub.cursor.reset_to_offset(0))  # the holder keeps 2-4
+    holder.flow(10)  # blocked at its unacked limit, but its permits make dispatch read ahead
+    whole = sub.add_consumer(ConsumerConfig("whole", whole_entries=True))
+    whole.flow(1)
+    first = drain(whole)
+    assert [d.offset for d in first] == [0, 1]
+    holder.close()  # 2-4 come back for redelivery while they also wait read ahead
+    whole.flow(2)
+    second = drain(whole)
+    assert sorted(d.offset for d in second) == [2, 3, 4]
+    whole.ack([d.offset for d in first + second])
+    assert len(whole.unacked) == 0 and whole.unacked.bytes == 0
+
+
 def test_nack_and_ack_timeout_redeliver_then_dead_letter_once(stack: Stack) -> None:
     topic = make_topic(stack, "t/ns/nack")
     dead: list[tuple[str, Delivery]] = []
