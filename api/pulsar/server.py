@@ -10,6 +10,10 @@ Invariants:
   the decoder; at most ``pending_sends_max`` sends unanswered per connection (reading pauses);
   outgoing bytes above ``write_buffer_bytes_max`` make the session congested (deliveries stop
   until the transport drained, and resume then).
+- What one turn of the loop writes to a connection, and what the callbacks that turn schedules
+  write (a producer's receipts after the dispatch that delivered its messages), leaves in one
+  system call, in the order written, at the end of that turn; at once when
+  ``write_buffer_bytes_max`` bytes wait; before the connection closes.
 - A protocol violation or an unexpected failure closes that connection (logged once, counted
   in ``statistics()``); nothing a client sends reaches past its own connection.
 - Lookups are answered by ``lookups.py`` (on lookup threads in a cluster, never blocking the
@@ -214,6 +218,10 @@ class PulsarProtocol(asyncio.Protocol):
         self._writing_paused = False
         self._reading_paused = False
         self._closing = False
+        self._unsent: list[bytes | memoryview] | None = None
+        """Frames written during this turn of the loop, sent together at its end (None: none)."""
+        self._unsent_bytes = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -225,8 +233,9 @@ class PulsarProtocol(asyncio.Protocol):
         server = self.server
         transport.set_write_buffer_limits(high=server.settings.write_buffer_bytes_max)
         host = transport.get_extra_info("sockname")[0]
-        self.context = ConnectionContext(server.service, server.authorizer, server.settings, self,
-                                         asyncio.get_running_loop(), next(server._ids))
+        self._loop = loop = asyncio.get_running_loop()
+        self.context = ConnectionContext(server.service, server.authorizer, server.settings, self, loop,
+                                         next(server._ids))
         assert server.lookups is not None, "connections are accepted only once the server started"
         tls = self.tls
         self.session = PulsarSession(self.context, server.lookups,
@@ -271,8 +280,24 @@ class PulsarProtocol(asyncio.Protocol):
 
     # --- Outbound ------------------------------------------------------------------------
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:
-        if self.transport is not None and not self._closing and buffers:
-            self.transport.writelines(buffers)
+        """Queue ``buffers`` for the socket: what one turn of the event loop writes (a receipt and
+        a delivery, say, for a client whose producer and consumer share the connection) leaves
+        in one system call, at the end of the turn, or at once past the write-buffer bound."""
+        if self.transport is None or self._loop is None or self._closing or not buffers:
+            return
+        if self._unsent is None:
+            self._unsent = list(buffers)
+            self._loop.call_soon(self._loop.call_soon, self._send_unsent)  # after what this turn schedules
+        else:
+            self._unsent.extend(buffers)
+        self._unsent_bytes += sum(map(len, buffers))
+        if self._unsent_bytes >= self.server.settings.write_buffer_bytes_max:
+            self._send_unsent()
+
+    def _send_unsent(self) -> None:
+        unsent, self._unsent, self._unsent_bytes = self._unsent, None, 0
+        if unsent and self.transport is not None and not self._closing:
+            self.transport.writelines(unsent)
 
     @property
     def congested(self) -> bool:
@@ -290,6 +315,7 @@ class PulsarProtocol(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self._closing:
+            self._send_unsent()  # what was written goes out before the connection closes
             self._closing = True
             self.transport.close()
 
