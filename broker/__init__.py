@@ -83,7 +83,7 @@ from broker.message_fields import (
     message_of,
     payload_of,
 )
-from broker.message_id import MessageId, Position
+from broker.message_id import MessageId, Position, message_id_bytes
 from broker.persistence import PersistencePolicy
 from broker.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
 from broker.producer import ROUTING_MODES, Producer
@@ -201,6 +201,7 @@ __all__ = [
     "integer_of",
     "iso_time",
     "latest_delivery",
+    "message_id_bytes",
     "message_of",
     "parse_time_ms",
     "payload_of",

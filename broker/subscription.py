@@ -560,12 +560,9 @@ class Subscription:
                     entry.first_offset < cursor.mark_delete_offset:
                 messages = [m for m in messages if not cursor.is_acked(m.offset)]  # type: ignore[arg-type]
             due = deliver_at_ms if delayable and deliver_at_ms is not None and deliver_at_ms > now_ms else 0
-            if len(messages) == 1 and entry.first_offset == entry.last_offset:
-                items = [_Item(messages[0].offset, of_stored(ledger_id, entry_id, partition, -1),  # type: ignore[arg-type]
-                               messages[0], publish_ms, _hash_of(messages[0]), due, data)]
-            else:
-                items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, m.batch_index),  # type: ignore[arg-type]
-                               m, publish_ms, _hash_of(m), due, data) for m in messages]
+            lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
+            items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
+                           m, publish_ms, _hash_of(m), due, data) for m in messages]
             if due:
                 for item in items:
                     heapq.heappush(self._later, (due, item.offset, item))
@@ -601,16 +598,12 @@ class Subscription:
         """Hand ``items`` to ``consumer`` (one message, or the run of one entry): one bookkeeping
         step per collection, not per message."""
         counts, topic = self._counts, self.topic_name
+        deliveries = [_new_delivery(Delivery, (i.message_id, i.offset, i.message, i.publish_time_ms,
+                                               counts.get(i.offset, 0), topic, None, i.entry_data)) for i in items]
         if counts:
-            deliveries = [_new_delivery(Delivery, (i.message_id, i.offset, i.message, i.publish_time_ms,
-                                                   counts.get(i.offset, 0), topic, None, i.entry_data))
-                          for i in items]
             redelivered = sum(1 for d in deliveries if d.redelivery_count)
             consumer.redelivered += redelivered
             self.redelivered += redelivered
-        else:
-            deliveries = [_new_delivery(Delivery, (i.message_id, i.offset, i.message, i.publish_time_ms, 0, topic,
-                                                   None, i.entry_data)) for i in items]
         offsets = [i.offset for i in items]
         payload_bytes = sum(len(i.message.payload) for i in items)
         count = len(items)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from api.pulsar.proto import pulsar_api_pb2 as pb
+from broker import message_id_bytes
 
 T = pb.BaseCommand.Type
 SEND = int(T.SEND)
@@ -248,16 +249,20 @@ def _put_varint(out: bytearray, value: int) -> None:
     out.append(value)
 
 
+def _command_frame(command_type: int, body_tag: int, body: bytearray, payload_bytes: int = 0) -> bytes:
+    """A frame's size fields and ``BaseCommand`` (its type, then ``body`` as the field of
+    ``body_tag``), as protobuf would write them; ``payload_bytes`` follow it in the frame."""
+    command = bytearray((0x08, command_type, body_tag))  # both types are one-byte varints
+    _put_varint(command, len(body))
+    command += body
+    size = len(command)
+    return (size + 4 + payload_bytes).to_bytes(4, "big") + size.to_bytes(4, "big") + bytes(command)
+
+
 def send_receipt_command(producer_id: int, sequence_id: int, highest_sequence_id: int, ledger_id: int,
                          entry_id: int, partition: int) -> bytes:
     """The frame of a SEND_RECEIPT (``partition`` < 0: none), as protobuf would write it."""
-    message_id = bytearray(b"\x08")
-    _put_varint(message_id, ledger_id & _UINT64)
-    message_id.append(0x10)
-    _put_varint(message_id, entry_id & _UINT64)
-    if partition >= 0:
-        message_id.append(0x18)
-        _put_varint(message_id, partition)
+    message_id = message_id_bytes(ledger_id, entry_id, partition)
     body = bytearray(b"\x08")
     _put_varint(body, producer_id)
     body.append(0x10)
@@ -267,11 +272,7 @@ def send_receipt_command(producer_id: int, sequence_id: int, highest_sequence_id
     body += message_id
     body.append(0x20)
     _put_varint(body, highest_sequence_id)
-    command = bytearray(b"\x08\x07\x3a")
-    _put_varint(command, len(body))
-    command += body
-    size = len(command)
-    return (size + 4).to_bytes(4, "big") + size.to_bytes(4, "big") + bytes(command)
+    return _command_frame(SEND_RECEIPT, 0x3A, body)  # BaseCommand.send_receipt, field 7
 
 
 def message_command(consumer_id: int, ledger_id: int, entry_id: int, partition: int, redelivery_count: int,
@@ -279,13 +280,7 @@ def message_command(consumer_id: int, ledger_id: int, entry_id: int, partition: 
     """A MESSAGE frame (``partition`` < 0: none; ``redelivery_count`` 0 and an empty ``ack_set``
     left out) as protobuf would write it, as two buffers for one ``writelines``: the header and
     command, then ``payload`` (the stored entry from its ``0x0e01`` magic on), not copied."""
-    message_id = bytearray(b"\x08")
-    _put_varint(message_id, ledger_id & _UINT64)
-    message_id.append(0x10)
-    _put_varint(message_id, entry_id & _UINT64)
-    if partition >= 0:
-        message_id.append(0x18)
-        _put_varint(message_id, partition)
+    message_id = message_id_bytes(ledger_id, entry_id, partition)
     body = bytearray(b"\x08")
     _put_varint(body, consumer_id)
     body.append(0x12)
@@ -297,10 +292,4 @@ def message_command(consumer_id: int, ledger_id: int, entry_id: int, partition: 
     for word in ack_set:
         body.append(0x20)
         _put_varint(body, word & _UINT64)
-    command = bytearray(b"\x08")
-    command.append(MESSAGE)
-    command.append(0x4A)  # BaseCommand.message, field 9
-    _put_varint(command, len(body))
-    command += body
-    size = len(command)
-    return (size + 4 + len(payload)).to_bytes(4, "big") + size.to_bytes(4, "big") + bytes(command), payload
+    return _command_frame(MESSAGE, 0x4A, body, len(payload)), payload  # BaseCommand.message, field 9

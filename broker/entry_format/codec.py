@@ -595,10 +595,10 @@ def common_client_entry(data: Buffer) -> tuple[str, tuple[str | None, ...]] | No
     """(producer name, each message's partition key) of a client's entry (no broker prefix) of
     the common kind :func:`decode_messages` reads on its fast path, verified as
     :func:`decode_entry` verifies it; None for any other entry: ask ``decode_entry_payload``."""
-    if type(data) is not bytes or data[:2] != _CHECKSUM_MAGIC:
+    if type(data) is not bytes:
         return None
     try:
-        parsed = _parse_common_metadata(data, 0)
+        parsed = _parse_common_metadata(data, 0)  # a broker prefix fails its magic check
         if parsed is None:
             return None
         payload_start, count, sequence_id, _deliver_at, lone, producer = parsed
