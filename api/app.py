@@ -109,6 +109,8 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
         # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
         # a burst of confirmations wakes the loop once for dispatch and publish results alike.
         service.use_dispatch_executor(loop_executor(asyncio.get_running_loop()))
+        # Idle journal: this loop writes and syncs its own publishes (no hand-over and back).
+        service.write_journal_on_this_thread(asyncio.get_running_loop().call_soon)
         binary: PulsarServer | None = None
         try:
             if pulsar is not None and (pulsar.port or pulsar.tls_enabled):
@@ -119,6 +121,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
         finally:
             if binary is not None:
                 await binary.close()
+            service.write_journal_on_this_thread(None)
             service.use_dispatch_executor(None)
             service.close()
 

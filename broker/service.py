@@ -646,6 +646,14 @@ class BrokerService:
         instead of the dispatch thread; ``None`` goes back to it (``broker/dispatch_scheduling.py``)."""
         self._dispatch.use_executor(executor)
 
+    def write_journal_on_this_thread(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
+        """Publishes made on the calling thread (the event loop's) while the embedded bookie's
+        journal is idle are made durable by that thread, in a call ``schedule`` (``call_soon``)
+        runs after the current work: at low rates this saves the hand-over to the journal thread
+        and back. ``None`` turns it off. A cluster broker's bookies are other processes: no-op."""
+        if self._storage is not None:
+            self._storage.write_journal_on_caller_thread(schedule)
+
     def subscription(self, topic_name: TopicName, name: str, sub_type: SubscriptionType, *,
                      initial: str | int = "latest", durable: bool = True) -> Subscription:
         topic = self.topic(topic_name)

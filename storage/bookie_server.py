@@ -4,7 +4,8 @@ Role: ``magnetar bookie`` runs this on an asyncio loop. Each connection decodes 
 (``storage/bookie_protocol.py``) and calls the storage's front door: adds (one entry, or a
 writer's group of them as one journal item) and fences go to the journal and are answered when
 their group is synced (the journal writer hands the completions to the loop, one wake-up per
-burst, and each connection writes a burst of answers in one ``writelines``); reads, range reads
+burst, and each connection writes a burst of answers in one ``writelines``; while the journal is
+idle the loop writes and syncs the adds it received itself, with no hand-over); reads, range reads
 and deletes are answered at once.
 
 Invariants:
@@ -72,6 +73,7 @@ class BookieServer:
         self.inflight_requests_max = inflight_requests_max
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._connections: set[_BookieConnection] = set()
         self._done: deque[tuple[_BookieConnection, list[bytes]]] = deque()
         self._done_lock = threading.Lock()
@@ -81,10 +83,14 @@ class BookieServer:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        # An idle journal is written by this loop: no hand-over to the journal thread and back.
+        self.storage.write_journal_on_caller_thread(self._loop.call_soon)
         self._server = await self._loop.create_server(lambda: _BookieConnection(self), self.host, self.port)
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
+        self.storage.write_journal_on_caller_thread(None)
         if self._server is not None:
             self._server.close()
             for connection in list(self._connections):
@@ -99,7 +105,8 @@ class BookieServer:
         return BookieServerStats(len(self._connections), c["connections_total"], c["requests"], c["adds"], c["reads"],
                                  c["range_reads"], c["errors"], c["bytes_in"], c["bytes_out"])
 
-    # Completions arrive on the journal thread; the loop writes them.
+    # Completions arrive on the journal thread (or on the loop, which wrote an idle journal
+    # itself); the loop writes them.
     def completed(self, connection: _BookieConnection, parts: list[bytes]) -> None:
         with self._done_lock:
             self._done.append((connection, parts))
@@ -108,7 +115,10 @@ class BookieServer:
             self._drain_scheduled = True
         assert self._loop is not None
         try:
-            self._loop.call_soon_threadsafe(self._drain)
+            if threading.get_ident() == self._loop_thread:
+                self._loop.call_soon(self._drain)
+            else:
+                self._loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: the bookie is shutting down
             return
 

@@ -25,6 +25,14 @@ Invariants:
 - The queue needs no bound of its own: every queued add already holds room in the bounded
   write cache, so queued bytes never exceed the write cache's two buffers.
 - After a write or sync error the journal fails every pending and later record (read-only).
+- Written on the caller's thread when idle (:meth:`Journal.write_on_caller_thread`): records
+  appended on that thread while nothing is queued for the writer thread wait in a list that the
+  caller's scheduler drains with one group write and fdatasync, saving two thread hand-overs
+  per group at low rates. Whoever writes holds the write lock; the writer thread takes such
+  records first, so records still reach disk in append order. The writer thread polls every
+  ``backstop_ms`` while the caller appends (not once it has been idle for ``CALLER_IDLE_S``; its
+  next record wakes the writer thread once): records the caller's thread leaves undrained (it
+  blocks waiting on them, or stays busy) are written by the writer thread, late but never lost.
 - Rotation opens the next file before it lets the current one go, after the group it follows
   is completed: a rotation that fails transiently (out of file descriptors) leaves the journal
   writing to its current file and is tried again after the next group (logged once).
@@ -59,6 +67,15 @@ SUFFIX = ".jnl"
 RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 GROUP_NAP_S = 0.0002
+_NOTHING_QUEUED: tuple[Sequence[bytes], int, Any] = ((), 0, "backstop")
+"""The writer thread's backstop woke with nothing queued."""
+_WAKE: tuple[Sequence[bytes], int, Any] = ((), 0, "wake")
+"""Queued to make the writer thread take up a new backstop period; not a record."""
+CALLER_IDLE_S = 1.0
+"""The writer thread stops its backstop polling after this long without records at the caller."""
+CALLER_FSYNC_US_MAX = 2_000
+"""Groups go back to the writer thread while the last fdatasync took longer than this: a slow
+disk must not stall the caller's thread (an event loop)."""
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +103,8 @@ class JournalStats:
     """The same histogram with its count and sum, taken together (for ``/metrics``)."""
     groups_committed: int
     largest_group_records: int
+    groups_on_caller_thread: int
+    """Groups written by the appending thread itself (see :meth:`Journal.write_on_caller_thread`)."""
     queue_depth: int
     current_file_id: int
     files: int
@@ -173,6 +192,22 @@ class Journal:
         self._fsync_latency = LatencyHistogram(FSYNC_BUCKETS_US)
         self._groups = 0
         self._largest_group = 0
+        self._caller_groups = 0
+        self._write_lock = threading.Lock()
+        """Held by whoever writes a group: the writer thread or the caller's thread."""
+        self._state_lock = threading.Lock()
+        self._queued = 0
+        """Items in the queue or in the writer thread's hands, not yet completed."""
+        self._at_caller: list[tuple[Sequence[bytes], int, Any]] = []
+        """Items appended on the caller's thread, waiting for its scheduled write (or the writer
+        thread's backstop)."""
+        self._caller_thread: int | None = None
+        self._caller_schedule: Callable[[Callable[[], None]], object] | None = None
+        self._caller_backstop_s: float | None = None
+        self._last_fsync_us = 0.0
+        self._caller_added_at = 0.0
+        self._writer_asleep = False
+        """The writer thread waits without a backstop (the caller's thread was idle)."""
         fileio.make_dirs(directory)
 
     # --- files and marks ---------------------------------------------------------------
@@ -249,23 +284,87 @@ class Journal:
             return
         self._rotation_trouble.succeeded()
 
+    def write_on_caller_thread(self, schedule: Callable[[Callable[[], None]], object] | None, *,
+                               backstop_ms: float = 5.0) -> None:
+        """From now on, records appended on the calling thread while the writer thread has nothing
+        queued are written by that thread: ``schedule`` (an event loop's ``call_soon``) is handed
+        the drain once per group, to run after the caller's current work, with no lock held. The
+        writer thread then wakes every ``backstop_ms`` to write what stays undrained. ``None``
+        turns this off (pending records are drained first, on this thread)."""
+        if schedule is None:
+            self._caller_thread = None
+            self._caller_schedule = None
+            self._drain_at_caller()
+            return
+        if backstop_ms <= 0:
+            raise ValueError("backstop_ms must be positive")
+        self._caller_backstop_s = backstop_ms / 1000.0
+        self._caller_schedule = schedule
+        self._caller_thread = threading.get_ident()
+        self._queue.put(_WAKE)  # the writer thread may be waiting without a timeout
+
     def append(self, header: bytes, payload: bytes, token: Any) -> None:
         """Queue one record (``header`` from :func:`encode_header`). Its ``token`` is handed to
         the completion callback with the rest of its group once the group is durable (error
         None), or with the error that means it never will be."""
-        if self._failure is not None:
-            self._complete([token], self._failure)
-            return
-        self._queue.put(((header, payload), len(header) + len(payload), token))
+        self._add(((header, payload), len(header) + len(payload), token))
 
     def append_many(self, buffers: Sequence[bytes], token: Any) -> None:
         """Queue several records at once (``buffers``: each record's header then its payload, in
         order) under one ``token``. They are written in one group, so the token is completed
         once, when all of them are durable (or with the error that means none is)."""
+        self._add((buffers, sum(map(len, buffers)), token))
+
+    def _add(self, item: tuple[Sequence[bytes], int, Any]) -> None:
         if self._failure is not None:
-            self._complete([token], self._failure)
+            self._complete([item[2]], self._failure)
             return
-        self._queue.put((buffers, sum(map(len, buffers)), token))
+        if self._caller_thread == threading.get_ident() and self._last_fsync_us <= CALLER_FSYNC_US_MAX:
+            with self._state_lock:
+                at_caller = self._queued == 0
+                if at_caller:
+                    first = not self._at_caller
+                    self._at_caller.append(item)
+                    self._caller_added_at = time.monotonic()
+                    wake_writer, self._writer_asleep = self._writer_asleep, False
+            if at_caller:
+                if wake_writer:  # back from idle: the writer thread takes up its backstop
+                    self._queue.put(_WAKE)
+                schedule = self._caller_schedule
+                if first and schedule is not None:
+                    schedule(self._drain_at_caller)
+                return
+        with self._state_lock:
+            self._queued += 1
+        self._queue.put(item)
+
+    def _drain_at_caller(self) -> None:
+        """Write what waits for the caller's thread, as one group (unless the writer thread has
+        the write lock: it takes those records first)."""
+        if not self._write_lock.acquire(blocking=False):  # the writer thread's backstop is writing
+            schedule = self._caller_schedule
+            if schedule is not None and self._at_caller:
+                schedule(self._drain_at_caller)
+            return
+        try:
+            with self._state_lock:
+                group, self._at_caller = self._at_caller, []
+            if group:
+                self._caller_groups += 1
+                self._commit(group)
+        finally:
+            self._write_lock.release()
+
+    def _commit(self, group: list[tuple[Sequence[bytes], int, Any]]) -> None:
+        """Write one group, make it durable, complete it (write lock held)."""
+        if self._failure is None:
+            try:
+                self._write_group(group)
+            except OSError as exc:
+                self._failure = exc
+        self._complete([token for _, _, token in group], self._failure)
+        if self._failure is None:
+            self._rotate_if_full()
 
     def last_written_mark(self) -> LogMark:
         """The position just after the last record written to the journal file."""
@@ -280,6 +379,13 @@ class Journal:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        self._caller_thread = None
+        with self._write_lock, self._state_lock:
+            left, self._at_caller = self._at_caller, []
+        if left:
+            from storage.errors import StorageClosed
+
+            self._complete([token for _, _, token in left], self._failure or StorageClosed("journal closed"))
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -312,6 +418,8 @@ class Journal:
                 break
             if item is None:
                 return drained, size, True
+            if item is _WAKE:
+                continue
             group.append(item)
             size += item[1]
             drained += 1
@@ -320,19 +428,42 @@ class Journal:
     def _run(self) -> None:
         stop = False
         while not stop:
-            first = self._queue.get()
+            try:
+                first = self._queue.get(timeout=self._backstop_wait_s())
+            except queue.Empty:
+                if not self._at_caller:
+                    continue
+                first = _NOTHING_QUEUED
             if first is None:
                 break
-            group, stop = self._collect(first)
-            if self._failure is None:
-                try:
-                    self._write_group(group)
-                except OSError as exc:
-                    self._failure = exc
-            self._complete([token for _, _, token in group], self._failure)
-            if self._failure is None:
-                self._rotate_if_full()
+            if first is _WAKE:
+                continue
+            with self._write_lock:
+                with self._state_lock:  # records the caller's thread left undrained go first
+                    group, self._at_caller = self._at_caller, []
+                taken = 0
+                if first is not _NOTHING_QUEUED:
+                    collected, stop = self._collect(first)
+                    group += collected
+                    taken = len(collected)
+                if group:
+                    self._commit(group)
+            if taken:
+                with self._state_lock:
+                    self._queued -= taken
         self._drain_after_stop()
+
+    def _backstop_wait_s(self) -> float | None:
+        """How long the writer thread may wait for the queue: the backstop period while the
+        caller's thread appends, else without limit (after ``CALLER_IDLE_S`` without its records;
+        the caller's next record then wakes this thread once, see :meth:`_add`)."""
+        if self._caller_thread is None:
+            return None
+        with self._state_lock:
+            if self._at_caller or time.monotonic() - self._caller_added_at < CALLER_IDLE_S:
+                return self._caller_backstop_s
+            self._writer_asleep = True
+            return None
 
     def _drain_after_stop(self) -> None:
         from storage.errors import StorageClosed
@@ -342,7 +473,7 @@ class Journal:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None:
+            if item is not None and item is not _WAKE:
                 self._complete([item[2]], self._failure or StorageClosed("journal closed"))
 
     def _write_group(self, group: list[tuple[Sequence[bytes], int, Any]]) -> None:
@@ -358,7 +489,9 @@ class Journal:
         if self._sync:
             started = time.perf_counter()
             self._file.sync()
-            self._fsync_latency.record(time.perf_counter() - started)
+            spent_s = time.perf_counter() - started
+            self._fsync_latency.record(spent_s)
+            self._last_fsync_us = spent_s * 1e6
         self._fileio.failpoint("journal: after fdatasync")
         written = self._file.size_bytes - self._written_mark.offset
         with self._stats_lock:
@@ -380,7 +513,8 @@ class Journal:
                 fsync_latency=fsync,
                 groups_committed=self._groups,
                 largest_group_records=self._largest_group,
-                queue_depth=self._queue.qsize(),
+                groups_on_caller_thread=self._caller_groups,
+                queue_depth=self._queue.qsize() + len(self._at_caller),
                 current_file_id=self._file_id,
                 files=len(self.file_ids()),
                 failed=self._failure is not None,

@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -339,6 +339,12 @@ class LedgerStorage:
         future: LightFuture[int] = new_future()
         self._journal.append_many(buffers, (meta, ledger_id, last_entry_id, future, entry_ids))
         return future
+
+    def write_journal_on_caller_thread(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
+        """Adds made on the calling thread (an event loop's) while the journal is idle are written
+        and synced by that thread, in a call ``schedule`` runs later (``loop.call_soon``); see
+        ``Journal.write_on_caller_thread``. ``None`` turns it off."""
+        self._journal.write_on_caller_thread(schedule)
 
     def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         active = self._active

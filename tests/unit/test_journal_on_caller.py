@@ -1,0 +1,221 @@
+"""The journal written by the appending thread while idle (``Journal.write_on_caller_thread``).
+
+Checks with real files and fdatasync:
+- records appended on the caller's thread while the writer thread has nothing are written, synced
+  and completed by the caller's scheduled drain, as one group per burst, and survive a reopen;
+- records reach disk and complete in append order when both writers are involved (records the
+  caller has not drained yet are taken first by the writer thread);
+- a caller that never drains (it blocks waiting on its own record) is covered by the writer
+  thread's backstop, whether the writer was polling or asleep after an idle spell: late, never
+  lost, no deadlock;
+- a slow fdatasync sends later groups back to the writer thread;
+- a failing fdatasync fails exactly the caller's group and every later record;
+- records still waiting for the caller at close are failed as closed, not dropped silently;
+- an event loop that writes its own publishes through ``LedgerStorage`` completes them on itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import storage.journal as journal_module
+from storage import LedgerStorage, StorageConfig
+from storage.errors import StorageClosed
+from storage.fileio import FaultyFileIO, FileIO
+from storage.journal import RECORD_ADD_ENTRY, Journal, encode_header
+
+WAIT_S = 10.0
+LONG_BACKSTOP_MS = 60_000.0
+"""Long enough that only an explicit drain (or a queued record) writes what the caller left."""
+
+
+class Completions:
+    """The journal's completion callback: records each group's tokens, error and thread."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[list[Any], BaseException | None, int]] = []
+        self._cv = threading.Condition()
+
+    def __call__(self, tokens: list[Any], error: BaseException | None) -> None:
+        with self._cv:
+            self.groups.append((list(tokens), error, threading.get_ident()))
+            self._cv.notify_all()
+
+    def tokens(self) -> list[Any]:
+        with self._cv:
+            return [token for tokens, _, _ in self.groups for token in tokens]
+
+    def wait_for(self, count: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        with self._cv:
+            while sum(len(tokens) for tokens, _, _ in self.groups) < count:
+                remaining = deadline - time.monotonic()
+                assert remaining > 0, f"only {self.groups} completed"
+                self._cv.wait(remaining)
+
+
+def open_journal(directory: Path, completions: Completions, fileio: FileIO | None = None) -> Journal:
+    journal = Journal(str(directory), fileio or FileIO(), completions, sync=True, group_wait_ms=0.0,
+                      group_bytes_max=1 << 20, file_bytes_max=1 << 20, preallocate_bytes=4096)
+    journal.start()
+    return journal
+
+
+def append(journal: Journal, entry_id: int) -> None:
+    payload = f"record {entry_id}".encode()
+    journal.append(encode_header(RECORD_ADD_ENTRY, 1, entry_id, payload), payload, entry_id)
+
+
+def replayed(directory: Path) -> list[int]:
+    reader = Journal(str(directory), FileIO(), Completions(), sync=True, group_wait_ms=0.0,
+                     group_bytes_max=1 << 20, file_bytes_max=1 << 20, preallocate_bytes=4096)
+    return [record.entry_id for record in reader.replay(reader.read_mark())]
+
+
+def test_an_idle_journal_is_written_by_the_caller_in_one_group(tmp_path: Path) -> None:
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        for entry_id in range(3):
+            append(journal, entry_id)
+        assert len(scheduled) == 1  # one drain per burst
+        assert completions.tokens() == []  # nothing written before the drain runs
+        scheduled.pop()()
+        assert completions.groups == [([0, 1, 2], None, threading.get_ident())]
+        stats = journal.statistics()
+        assert (stats.groups_on_caller_thread, stats.fsync_count, stats.records_written) == (1, 1, 3)
+    finally:
+        journal.close()
+    assert replayed(tmp_path) == [0, 1, 2]
+
+
+def test_both_writers_keep_append_order(tmp_path: Path) -> None:
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        append(journal, 0)  # waits for the caller's drain
+        other = threading.Thread(target=append, args=(journal, 1))  # queued: the writer thread wakes
+        other.start()
+        other.join(WAIT_S)
+        completions.wait_for(2)
+        assert completions.groups[0][:2] == ([0, 1], None)  # the caller's record first, in one group
+        assert completions.groups[0][2] != threading.get_ident()
+        scheduled.pop()()  # the drain finds nothing left
+        append(journal, 2)  # idle again: the caller's
+        scheduled.pop()()
+        assert completions.tokens() == [0, 1, 2]
+        assert completions.groups[-1][2] == threading.get_ident()
+    finally:
+        journal.close()
+    assert replayed(tmp_path) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("caller_idle_s", [journal_module.CALLER_IDLE_S, 0.0],
+                         ids=["writer-polling", "writer-asleep"])
+def test_a_caller_that_waits_on_its_own_record_is_covered_by_the_backstop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller_idle_s: float) -> None:
+    """Polling, or asleep after the caller's idle time (then the record wakes it once)."""
+    monkeypatch.setattr(journal_module, "CALLER_IDLE_S", caller_idle_s)
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=5.0)
+        if caller_idle_s == 0.0:  # let the writer thread go to sleep first
+            deadline = time.monotonic() + WAIT_S
+            while not journal._writer_asleep:
+                assert time.monotonic() < deadline, "the writer thread never went idle"
+                time.sleep(0.001)
+        append(journal, 0)
+        completions.wait_for(1)  # the caller blocks here instead of running its drain
+        assert completions.groups == [([0], None, completions.groups[0][2])]
+        assert completions.groups[0][2] != threading.get_ident()
+        assert journal.statistics().groups_on_caller_thread == 0
+        scheduled.pop()()  # a late drain finds nothing: the record is not written twice
+        assert journal.statistics().records_written == 1
+    finally:
+        journal.close()
+    assert replayed(tmp_path) == [0]
+
+
+def test_a_slow_fdatasync_sends_groups_back_to_the_writer_thread(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    monkeypatch.setattr(journal_module, "CALLER_FSYNC_US_MAX", 0)  # every real fdatasync is "slow"
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        append(journal, 0)  # no fdatasync measured yet: the caller's
+        scheduled.pop()()
+        append(journal, 1)  # the last one took longer than 0 µs: the writer thread's
+        completions.wait_for(2)
+        assert scheduled == []
+        assert [thread == threading.get_ident() for _, _, thread in completions.groups] == [True, False]
+    finally:
+        journal.close()
+
+
+def test_a_failing_fdatasync_fails_the_callers_group_and_later_records(tmp_path: Path) -> None:
+    completions = Completions()
+    fileio = FaultyFileIO(seed=7)
+    journal = open_journal(tmp_path, completions, fileio)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        append(journal, 0)
+        scheduled.pop()()
+        fileio.inject("sync", "EIO", path_contains=".jnl")
+        append(journal, 1)
+        append(journal, 2)
+        scheduled.pop()()
+        append(journal, 3)  # after the failure: refused at once
+        assert [(tokens, error is None) for tokens, error, _ in completions.groups] == [
+            ([0], True), ([1, 2], False), ([3], False)]
+        assert isinstance(completions.groups[1][1], OSError)
+        assert journal.failure is completions.groups[1][1]
+    finally:
+        journal.close()
+
+
+def test_records_left_for_the_caller_at_close_fail_as_closed(tmp_path: Path) -> None:
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    journal.write_on_caller_thread(lambda drain: None, backstop_ms=LONG_BACKSTOP_MS)
+    append(journal, 0)
+    journal.close()
+    assert [(tokens, type(error)) for tokens, error, _ in completions.groups] == [([0], StorageClosed)]
+
+
+def test_an_event_loop_completes_its_own_adds(tmp_path: Path) -> None:
+    config = StorageConfig.test_min()
+
+    async def add_all(st: LedgerStorage) -> tuple[list[int], set[int]]:
+        loop = asyncio.get_running_loop()
+        st.write_journal_on_caller_thread(loop.call_soon)
+        threads: set[int] = set()
+        futures = [st.add_entry(5, entry_id, b"x%d" % entry_id) for entry_id in range(4)]
+        for future in futures:
+            future.add_done_callback(lambda _: threads.add(threading.get_ident()))
+        results = [await asyncio.wrap_future(future) for future in futures]
+        st.write_journal_on_caller_thread(None)
+        return results, threads
+
+    with LedgerStorage.open(str(tmp_path), config) as st:
+        results, threads = asyncio.run(add_all(st))
+        assert results == [0, 1, 2, 3]
+        assert threads == {threading.get_ident()}  # completed on the loop, no hand-over
+        assert st.statistics().journal.groups_on_caller_thread == 1
+    with LedgerStorage.open(str(tmp_path), config) as st:
+        assert [st.get_entry(5, entry_id) for entry_id in range(4)] == [b"x%d" % e for e in range(4)]
