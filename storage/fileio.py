@@ -28,7 +28,7 @@ _ZEROS = bytes(1024 * 1024)
 
 
 class AppendFile:
-    """An append-only file opened for writing by exactly one thread.
+    """An append-only file written by one thread at a time (its owner serializes the writes).
 
     ``size_bytes`` is the logical size: where the next write goes. With ``preallocate_bytes``
     the file is extended with zeros ahead of the writes, that many bytes at a time, and writes
@@ -69,6 +69,14 @@ class AppendFile:
             self.size_bytes += written
             if written != expected:  # a short write: finish the remainder byte-exactly
                 self.write(b"".join(chunk)[written:])
+
+    def preallocate(self) -> None:
+        """Put ``preallocate_bytes`` of zeros ahead of the logical size now (a new file)."""
+        self._reserve(self._preallocate_bytes)
+
+    def fits_preallocated(self, size_bytes: int) -> bool:
+        """Whether ``size_bytes`` more go over zeros already there (no growth, no preallocation)."""
+        return not self._preallocate_bytes or self.size_bytes + size_bytes <= self._allocated_bytes
 
     def _reserve(self, size_bytes: int) -> None:
         """With preallocation, make sure zeros already cover the next ``size_bytes``."""

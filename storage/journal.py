@@ -17,7 +17,8 @@ record, so the scan stops at the zeros after the last record. A ``LogMark`` (fil
 offset) names a position; the checkpoint persists one in ``lastMark`` and replay starts there.
 
 Invariants:
-- The writer thread is the only writer of journal files; records reach disk in queue order.
+- Whoever holds the write lock (the writer thread, or the caller's thread below) is the only
+  writer of journal files; records reach disk in append order.
 - A waiter is completed only after the ``fdatasync`` that covers its record (unless
   ``journal_sync`` is off, an explicit opt-out).
 - Replay stops at the first torn or garbled record of a file and truncates the file there, so
@@ -28,8 +29,10 @@ Invariants:
 - Written on the caller's thread when idle (:meth:`Journal.write_on_caller_thread`): records
   appended on that thread while nothing is queued for the writer thread wait in a list that the
   caller's scheduler drains with one group write and fdatasync, saving two thread hand-overs
-  per group at low rates. Whoever writes holds the write lock; the writer thread takes such
-  records first, so records still reach disk in append order. The writer thread polls every
+  per group at low rates. The writer thread takes such records first, and takes what arrives
+  while it holds the write lock before it lets go, so records still reach disk in append order.
+  A group that would grow the file (preallocation) or that follows a full file is left to the
+  writer thread, so the caller's thread never pays for zeros or a rotation. The writer thread polls every
   ``backstop_ms`` while the caller appends (not once it has been idle for ``CALLER_IDLE_S``; its
   next record wakes the writer thread once): records the caller's thread leaves undrained (it
   blocks waiting on them, or stays busy) are written by the writer thread, late but never lost.
@@ -40,6 +43,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import struct
@@ -71,6 +75,8 @@ _NOTHING_QUEUED: tuple[Sequence[bytes], int, Any] = ((), 0, "backstop")
 """The writer thread's backstop woke with nothing queued."""
 _WAKE: tuple[Sequence[bytes], int, Any] = ((), 0, "wake")
 """Queued to make the writer thread take up a new backstop period; not a record."""
+CALLER_BACKSTOP_MS = 5.0
+"""How often the writer thread looks for records the caller's thread left undrained."""
 CALLER_IDLE_S = 1.0
 """The writer thread stops its backstop polling after this long without records at the caller."""
 CALLER_FSYNC_US_MAX = 2_000
@@ -80,7 +86,8 @@ disk must not stall the caller's thread (an event loop)."""
 log = logging.getLogger(__name__)
 
 GroupCompletion = Callable[[list[Any], BaseException | None], None]
-"""Called on the writer thread once per group: the group's tokens, and None or the error."""
+"""Called once per group by whoever wrote it (the writer thread, or the caller's thread of
+:meth:`Journal.write_on_caller_thread`), under the write lock: the tokens, and None or the error."""
 
 FSYNC_BUCKETS_US = (50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000)
 
@@ -109,6 +116,12 @@ class JournalStats:
     current_file_id: int
     files: int
     failed: bool
+
+
+def _closed_error() -> BaseException:
+    from storage.errors import StorageClosed
+
+    return StorageClosed("journal closed")
 
 
 def encode_header(record_type: int, ledger_id: int, entry_id: int, payload: bytes) -> bytes:
@@ -206,6 +219,10 @@ class Journal:
         self._caller_backstop_s: float | None = None
         self._last_fsync_us = 0.0
         self._caller_added_at = 0.0
+        self._closing = False
+        self._handover = False
+        """Records at the caller are the writer thread's to write (set before it is woken, or
+        while it holds the write lock)."""
         self._writer_asleep = False
         """The writer thread waits without a backstop (the caller's thread was idle)."""
         fileio.make_dirs(directory)
@@ -264,6 +281,8 @@ class Journal:
 
     def _open_file(self, file_id: int) -> None:
         opened = self._fileio.open_append(self._path(file_id), preallocate_bytes=self._preallocate_bytes)
+        with contextlib.suppress(OSError):  # else the first write reserves them, and fails there
+            opened.preallocate()  # zeros ahead from the start: a caller's thread can write the first group
         if self._file is not None:
             self._file.close()
         self._file = opened
@@ -285,7 +304,7 @@ class Journal:
         self._rotation_trouble.succeeded()
 
     def write_on_caller_thread(self, schedule: Callable[[Callable[[], None]], object] | None, *,
-                               backstop_ms: float = 5.0) -> None:
+                               backstop_ms: float = CALLER_BACKSTOP_MS) -> None:
         """From now on, records appended on the calling thread while the writer thread has nothing
         queued are written by that thread: ``schedule`` (an event loop's ``call_soon``) is handed
         the drain once per group, to run after the caller's current work, with no lock held. The
@@ -295,6 +314,8 @@ class Journal:
             self._caller_thread = None
             self._caller_schedule = None
             self._drain_at_caller()
+            if self._at_caller:  # the writer thread holds the write lock: it takes them
+                self._hand_over()
             return
         if backstop_ms <= 0:
             raise ValueError("backstop_ms must be positive")
@@ -316,23 +337,33 @@ class Journal:
         self._add((buffers, sum(map(len, buffers)), token))
 
     def _add(self, item: tuple[Sequence[bytes], int, Any]) -> None:
-        if self._failure is not None:
-            self._complete([item[2]], self._failure)
+        if self._failure is not None or self._closing:
+            self._complete([item[2]], self._failure or _closed_error())
             return
         if self._caller_thread == threading.get_ident() and self._last_fsync_us <= CALLER_FSYNC_US_MAX:
             with self._state_lock:
-                at_caller = self._queued == 0
+                if self._closing:
+                    closed: BaseException | None = self._failure or _closed_error()
+                else:
+                    closed = None
+                at_caller = self._queued == 0 and closed is None
                 if at_caller:
                     first = not self._at_caller
                     self._at_caller.append(item)
                     self._caller_added_at = time.monotonic()
                     wake_writer, self._writer_asleep = self._writer_asleep, False
+            if closed is not None:
+                self._complete([item[2]], closed)
+                return
             if at_caller:
                 if wake_writer:  # back from idle: the writer thread takes up its backstop
                     self._queue.put(_WAKE)
                 schedule = self._caller_schedule
                 if first and schedule is not None:
-                    schedule(self._drain_at_caller)
+                    try:
+                        schedule(self._drain_at_caller)
+                    except RuntimeError:  # the caller's loop is closed: the writer thread takes it
+                        self._hand_over()
                 return
         with self._state_lock:
             self._queued += 1
@@ -341,29 +372,47 @@ class Journal:
     def _drain_at_caller(self) -> None:
         """Write what waits for the caller's thread, as one group (unless the writer thread has
         the write lock: it takes those records first)."""
-        if not self._write_lock.acquire(blocking=False):  # the writer thread's backstop is writing
-            schedule = self._caller_schedule
-            if schedule is not None and self._at_caller:
-                schedule(self._drain_at_caller)
+        if not self._write_lock.acquire(blocking=False):
+            self._handover = True  # the writer thread is writing: it looks again once done
             return
         try:
             with self._state_lock:
-                group, self._at_caller = self._at_caller, []
-            if group:
-                self._caller_groups += 1
-                self._commit(group)
+                if not self._at_caller:
+                    return
+                size = sum(item[1] for item in self._at_caller)
+                if self._file is not None and (self._file.size_bytes >= self._file_bytes_max
+                                               or not self._file.fits_preallocated(size)):
+                    leave_to_writer = True  # zeros to write or a file to start: not on this thread
+                else:
+                    leave_to_writer = False
+                    group, self._at_caller = self._at_caller, []
+            if leave_to_writer:
+                self._hand_over()
+                return
+            self._caller_groups += 1
+            self._commit(group, rotate=False)
         finally:
             self._write_lock.release()
 
-    def _commit(self, group: list[tuple[Sequence[bytes], int, Any]]) -> None:
-        """Write one group, make it durable, complete it (write lock held)."""
+    def _hand_over(self) -> None:
+        """Leave what waits for the caller's thread to the writer thread, and wake it."""
+        self._handover = True
+        self._queue.put(_WAKE)
+
+    def _commit(self, group: list[tuple[Sequence[bytes], int, Any]], *, rotate: bool = True) -> None:
+        """Write one group, make it durable, complete it (write lock held); then start the next
+        file if this one is full (``rotate``: the writer thread's part)."""
+        tokens = [token for _, _, token in group]
+        if self._file is None:  # closed meanwhile
+            self._complete(tokens, self._failure or _closed_error())
+            return
         if self._failure is None:
             try:
                 self._write_group(group)
             except OSError as exc:
                 self._failure = exc
-        self._complete([token for _, _, token in group], self._failure)
-        if self._failure is None:
+        self._complete(tokens, self._failure)
+        if self._failure is None and rotate:
             self._rotate_if_full()
 
     def last_written_mark(self) -> LogMark:
@@ -375,6 +424,8 @@ class Journal:
         return self._failure
 
     def close(self) -> None:
+        with self._state_lock:
+            self._closing = True
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
@@ -382,10 +433,8 @@ class Journal:
         self._caller_thread = None
         with self._write_lock, self._state_lock:
             left, self._at_caller = self._at_caller, []
-        if left:
-            from storage.errors import StorageClosed
-
-            self._complete([token for _, _, token in left], self._failure or StorageClosed("journal closed"))
+        if left:  # appended after the writer thread's last look (it writes what waits at stop)
+            self._complete([token for _, _, token in left], self._failure or _closed_error())
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -428,16 +477,22 @@ class Journal:
     def _run(self) -> None:
         stop = False
         while not stop:
-            try:
-                first = self._queue.get(timeout=self._backstop_wait_s())
-            except queue.Empty:
-                if not self._at_caller:
-                    continue
+            first: tuple[Sequence[bytes], int, Any] | None
+            if self._handover:  # the caller's thread left its records to this thread
+                self._handover = False
                 first = _NOTHING_QUEUED
+            else:
+                try:
+                    first = self._queue.get(timeout=self._backstop_wait_s())
+                except queue.Empty:
+                    if not self._at_caller:
+                        continue
+                    first = _NOTHING_QUEUED
             if first is None:
-                break
-            if first is _WAKE:
-                continue
+                stop = True
+                first = _NOTHING_QUEUED
+            elif first is _WAKE:
+                continue  # a new wait (backstop period), or a hand-over to look at
             with self._write_lock:
                 with self._state_lock:  # records the caller's thread left undrained go first
                     group, self._at_caller = self._at_caller, []
@@ -446,8 +501,12 @@ class Journal:
                     collected, stop = self._collect(first)
                     group += collected
                     taken = len(collected)
-                if group:
+                while group:  # then what the caller's thread appended meanwhile, before letting go
                     self._commit(group)
+                    with self._state_lock:
+                        group, self._at_caller = self._at_caller, []
+                if self._failure is None and self._file is not None:
+                    self._rotate_if_full()  # a full file the caller's thread left
             if taken:
                 with self._state_lock:
                     self._queued -= taken
@@ -457,24 +516,22 @@ class Journal:
         """How long the writer thread may wait for the queue: the backstop period while the
         caller's thread appends, else without limit (after ``CALLER_IDLE_S`` without its records;
         the caller's next record then wakes this thread once, see :meth:`_add`)."""
-        if self._caller_thread is None:
-            return None
         with self._state_lock:
+            if self._caller_thread is None:
+                return self._caller_backstop_s if self._at_caller else None
             if self._at_caller or time.monotonic() - self._caller_added_at < CALLER_IDLE_S:
                 return self._caller_backstop_s
             self._writer_asleep = True
             return None
 
     def _drain_after_stop(self) -> None:
-        from storage.errors import StorageClosed
-
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
             if item is not None and item is not _WAKE:
-                self._complete([item[2]], self._failure or StorageClosed("journal closed"))
+                self._complete([item[2]], self._failure or _closed_error())
 
     def _write_group(self, group: list[tuple[Sequence[bytes], int, Any]]) -> None:
         assert self._file is not None

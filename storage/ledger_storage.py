@@ -71,6 +71,7 @@ from storage.futures import LightFuture, new_future
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
 from storage.io_errors import OnceLog, describe, is_disk_full, is_transient
 from storage.journal import (
+    CALLER_BACKSTOP_MS,
     RECORD_ADD_ENTRY,
     RECORD_FENCE,
     Journal,
@@ -340,11 +341,12 @@ class LedgerStorage:
         self._journal.append_many(buffers, (meta, ledger_id, last_entry_id, future, entry_ids))
         return future
 
-    def write_journal_on_caller_thread(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
+    def write_journal_on_caller_thread(self, schedule: Callable[[Callable[[], None]], object] | None, *,
+                                       backstop_ms: float = CALLER_BACKSTOP_MS) -> None:
         """Adds made on the calling thread (an event loop's) while the journal is idle are written
         and synced by that thread, in a call ``schedule`` runs later (``loop.call_soon``); see
         ``Journal.write_on_caller_thread``. ``None`` turns it off."""
-        self._journal.write_on_caller_thread(schedule)
+        self._journal.write_on_caller_thread(schedule, backstop_ms=backstop_ms)
 
     def _put_in_cache(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         active = self._active
@@ -370,7 +372,8 @@ class LedgerStorage:
                 self._check_writable()
 
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
-        """Journal writer thread, once per group: tokens are ``(meta, ledger, last entry, future,
+        """Whoever wrote the group (the journal's writer thread, or an event loop that wrote an
+        idle journal itself), once per group: tokens are ``(meta, ledger, last entry, future,
         entry ids)`` for adds (one entry, or the entries of :meth:`add_entries`) and a bare future
         for fences; all of them are completed here, in order (a future its owner cancelled is
         skipped)."""

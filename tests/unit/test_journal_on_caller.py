@@ -10,13 +10,17 @@ Checks with real files and fdatasync:
   lost, no deadlock;
 - a slow fdatasync sends later groups back to the writer thread;
 - a failing fdatasync fails exactly the caller's group and every later record;
-- records still waiting for the caller at close are failed as closed, not dropped silently;
+- records still waiting for the caller at close are written; later ones are refused as closed;
+- turning the path off while the writer thread holds the write lock strands nothing;
+- a group that would grow the file (preallocation) is left to the writer thread;
+- a caller whose loop is closed still gets its record written;
 - an event loop that writes its own publishes through ``LedgerStorage`` completes them on itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -28,12 +32,19 @@ import pytest
 import storage.journal as journal_module
 from storage import LedgerStorage, StorageConfig
 from storage.errors import StorageClosed
-from storage.fileio import FaultyFileIO, FileIO
+from storage.fileio import AppendFile, FaultyFileIO, FileIO
 from storage.journal import RECORD_ADD_ENTRY, Journal, encode_header
 
 WAIT_S = 10.0
 LONG_BACKSTOP_MS = 60_000.0
 """Long enough that only an explicit drain (or a queued record) writes what the caller left."""
+
+
+@pytest.fixture(autouse=True)
+def fsyncs_never_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which thread writes must not hang on how long this disk's fdatasync took (a new file's
+    first one commits its preallocated size); the slow case has its own test."""
+    monkeypatch.setattr(journal_module, "CALLER_FSYNC_US_MAX", 10**12)
 
 
 class Completions:
@@ -109,8 +120,8 @@ def test_both_writers_keep_append_order(tmp_path: Path) -> None:
         other.start()
         other.join(WAIT_S)
         completions.wait_for(2)
-        assert completions.groups[0][:2] == ([0, 1], None)  # the caller's record first, in one group
-        assert completions.groups[0][2] != threading.get_ident()
+        assert completions.tokens() == [0, 1]  # the caller's record first
+        assert all(error is None and thread != threading.get_ident() for _, error, thread in completions.groups)
         scheduled.pop()()  # the drain finds nothing left
         append(journal, 2)  # idle again: the caller's
         scheduled.pop()()
@@ -180,6 +191,7 @@ def test_a_failing_fdatasync_fails_the_callers_group_and_later_records(tmp_path:
         append(journal, 1)
         append(journal, 2)
         scheduled.pop()()
+        completions.wait_for(3)  # by this drain, or by the writer thread if it held the lock then
         append(journal, 3)  # after the failure: refused at once
         assert [(tokens, error is None) for tokens, error, _ in completions.groups] == [
             ([0], True), ([1, 2], False), ([3], False)]
@@ -189,13 +201,167 @@ def test_a_failing_fdatasync_fails_the_callers_group_and_later_records(tmp_path:
         journal.close()
 
 
-def test_records_left_for_the_caller_at_close_fail_as_closed(tmp_path: Path) -> None:
+def test_records_left_for_the_caller_at_close_are_written(tmp_path: Path) -> None:
     completions = Completions()
     journal = open_journal(tmp_path, completions)
     journal.write_on_caller_thread(lambda drain: None, backstop_ms=LONG_BACKSTOP_MS)
     append(journal, 0)
-    journal.close()
-    assert [(tokens, type(error)) for tokens, error, _ in completions.groups] == [([0], StorageClosed)]
+    journal.close()  # the writer thread writes what waits for the caller before it stops
+    assert [(tokens, error) for tokens, error, _ in completions.groups] == [([0], None)]
+    append(journal, 1)  # after close: refused, not left waiting
+    assert [(tokens, type(error)) for tokens, error, _ in completions.groups[1:]] == [([1], StorageClosed)]
+    assert replayed(tmp_path) == [0]
+
+
+def test_turning_the_caller_path_off_while_the_writer_writes_strands_nothing(tmp_path: Path) -> None:
+    """The caller's last drain finds the write lock taken (held here, as the writer thread holds
+    it during a backstop commit) and the path is turned off meanwhile: the writer thread still
+    writes the record once the lock is free."""
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        with journal._write_lock:
+            append(journal, 0)
+            journal.write_on_caller_thread(None)  # its drain cannot take the lock
+            scheduled.pop()()  # nor can the one scheduled before
+            assert completions.tokens() == []
+        completions.wait_for(1)
+        assert completions.groups[0][:2] == ([0], None)
+        assert completions.groups[0][2] != threading.get_ident()
+    finally:
+        journal.close()
+
+
+def test_a_group_that_would_grow_the_file_is_left_to_the_writer_thread(tmp_path: Path) -> None:
+    """The caller's thread never writes preallocation zeros (here 4 KiB at a time)."""
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        append(journal, 0)
+        scheduled.pop()()  # fits in the zeros the file started with: the caller's
+        payload = b"p" * 10_000  # more than the zeros ahead (at most two steps of 4 KiB)
+        journal.append(encode_header(RECORD_ADD_ENTRY, 1, 1, payload), payload, 1)
+        scheduled.pop()()  # would grow the file: handed over
+        completions.wait_for(2)
+        assert [(tokens, thread == threading.get_ident()) for tokens, _, thread in completions.groups] == [
+            ([0], True), ([1], False)]
+    finally:
+        journal.close()
+    assert replayed(tmp_path) == [0, 1]
+
+
+class GatedSyncFileIO(FileIO):
+    """Real files whose journal fdatasync waits for the test once ``gate`` is set (``entered`` says
+    a sync is waiting), to hold the writer thread inside a commit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
+        opened = super().open_append(path, preallocate_bytes=preallocate_bytes)
+        real_sync = opened.sync
+
+        def sync() -> None:
+            if self.gate:
+                self.entered.set()
+                assert self.release.wait(WAIT_S)
+            real_sync()
+
+        opened.sync = sync  # type: ignore[method-assign]
+        return opened
+
+
+def test_a_drain_that_finds_the_writer_busy_leaves_its_records_to_it(tmp_path: Path) -> None:
+    """The writer thread commits a group the caller handed over (too big for the zeros ahead)
+    while the caller appends again: the caller's drain cannot take the write lock, and the writer
+    thread writes that record as soon as it is done, not a backstop period later."""
+    completions = Completions()
+    fileio = GatedSyncFileIO()
+    journal = open_journal(tmp_path, completions, fileio)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+        fileio.gate = True
+        payload = b"p" * 10_000
+        journal.append(encode_header(RECORD_ADD_ENTRY, 1, 0, payload), payload, 0)
+        scheduled.pop()()  # handed over: the writer thread commits it and waits in its sync
+        assert fileio.entered.wait(WAIT_S)
+        append(journal, 1)  # nothing queued: waits for the caller
+        scheduled.pop()()  # the write lock is the writer thread's
+        fileio.gate = False
+        fileio.release.set()
+        completions.wait_for(2)
+        assert completions.tokens() == [0, 1]
+        assert all(thread != threading.get_ident() for _, _, thread in completions.groups)
+    finally:
+        fileio.release.set()
+        journal.close()
+
+
+def test_a_caller_whose_loop_is_closed_still_gets_its_record_written(tmp_path: Path) -> None:
+    def closed_loop(drain: Callable[[], None]) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    try:
+        journal.write_on_caller_thread(closed_loop, backstop_ms=LONG_BACKSTOP_MS)
+        append(journal, 0)  # accepted: no exception reaches the appender
+        completions.wait_for(1)
+        assert completions.groups[0][:2] == ([0], None)
+    finally:
+        journal.close()
+
+
+def test_concurrent_writers_keep_each_threads_order_and_complete_each_record_once(tmp_path: Path) -> None:
+    """The caller's thread appends and drains at seeded random points while three other threads
+    append: every record completes once, without error, and each thread's records complete and
+    replay in the order that thread appended them."""
+    rng = random.Random(17)
+    completions = Completions()
+    journal = open_journal(tmp_path, completions)
+    scheduled: list[Callable[[], None]] = []
+    per_thread = 200
+
+    def appender(thread_index: int) -> None:
+        for n in range(per_thread):
+            append(journal, thread_index * 10_000 + n)
+            if n % 20 == 0:
+                time.sleep(0.001)  # gaps, so the journal goes idle and the caller's path is taken too
+
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=1.0)
+        others = [threading.Thread(target=appender, args=(index,)) for index in (1, 2, 3)]
+        for thread in others:
+            thread.start()
+        for n in range(per_thread):
+            append(journal, n)
+            if scheduled and rng.random() < 0.3:
+                scheduled.pop(0)()
+            if n % 10 == 0:
+                time.sleep(rng.random() * 0.002)
+        for thread in others:
+            thread.join(WAIT_S)
+        while scheduled:
+            scheduled.pop(0)()
+        completions.wait_for(4 * per_thread)
+        assert all(error is None for _, error, _ in completions.groups)
+        done = completions.tokens()
+        assert sorted(done) == sorted(i * 10_000 + n for i in range(4) for n in range(per_thread))
+    finally:
+        journal.close()
+    on_disk = replayed(tmp_path)
+    for order in (done, on_disk):
+        for index in range(4):
+            mine = [token for token in order if token // 10_000 == index]
+            assert mine == sorted(mine)
 
 
 def test_an_event_loop_completes_its_own_adds(tmp_path: Path) -> None:
@@ -203,7 +369,7 @@ def test_an_event_loop_completes_its_own_adds(tmp_path: Path) -> None:
 
     async def add_all(st: LedgerStorage) -> tuple[list[int], set[int]]:
         loop = asyncio.get_running_loop()
-        st.write_journal_on_caller_thread(loop.call_soon)
+        st.write_journal_on_caller_thread(loop.call_soon, backstop_ms=LONG_BACKSTOP_MS)
         threads: set[int] = set()
         futures = [st.add_entry(5, entry_id, b"x%d" % entry_id) for entry_id in range(4)]
         for future in futures:
