@@ -110,6 +110,8 @@ def test_storage_counters_and_the_fsync_histogram_grow_with_writes(client: httpx
         assert value(after, name) > value(before, name), name
     assert value(after, "magnetar_journal_fsyncs_total") >= value(before, "magnetar_journal_fsyncs_total") + 5
     assert value(after, "magnetar_storage_ledgers") >= 1 and value(after, "magnetar_journal_files") >= 1
+    on_loop = value(after, "magnetar_journal_groups_on_caller_thread_total")  # a share of the groups
+    assert 0 <= on_loop <= value(after, "magnetar_journal_groups_committed_total")
     count = value(after, "magnetar_journal_fsync_latency_seconds_count")
     assert count == value(after, "magnetar_journal_fsyncs_total")
     assert count >= value(before, "magnetar_journal_fsync_latency_seconds_count") + 5
