@@ -173,11 +173,11 @@ class ManagedLedger:
         self._closed = False
         """Closed or abandoned by this broker (its bundle went elsewhere): no more appends."""
         self._taken_over = False
+        """Another broker recovered the topic (fenced its current ledger, or changed the stored
+        ledger list under this one): no more appends, and nothing more written for them."""
         self._uncertain: list[dict[str, Any]] | None = None
         """The ledgers of the last list save that failed without an answer (it may have been
         applied); None when the last save was answered."""
-        """Another writer changed the stored ledger list under this one (another broker
-        recovered the topic): no more appends."""
         self._read_handles: dict[int, LedgerHandle] = {}
         self._position_hints = PositionHints()
         self._samples = SampleStore(self._store, self._path)
@@ -323,7 +323,7 @@ class ManagedLedger:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._current is not None:
+            if self._current is not None and not self._taken_over:
                 self._close_current()
                 self._save()
 
@@ -462,12 +462,19 @@ class ManagedLedger:
         result.set_result(added)
 
     def _add_failed(self, error: BaseException, info: LedgerInfo) -> None:
-        if isinstance(error, LedgerFenced):
+        """An add failed. After most failures the next append continues in a new ledger; after
+        a fence, whoever fenced the ledger serves the topic now: the next appends are refused
+        at once, without closing the ledger, saving its samples or opening another (each a
+        write to metadata that belongs to the new owner)."""
+        fenced = isinstance(error, LedgerFenced)
+        if fenced:
             self._factory.count_fenced_append()
-            if self._failure is None:
+            if self._failure is None and not self._taken_over:
                 log.warning("append to ledger %d of %s failed: fenced (another broker recovered it)",
                             info.ledger_id, self.display_name)
         with self._confirmed:
+            if fenced:
+                self._taken_over = True
             if self._failure is None and isinstance(error, MagnetarError):
                 self._failure = error
             self._in_flight -= 1
@@ -511,8 +518,8 @@ class ManagedLedger:
         if self._terminated:
             raise TopicTerminated(f"topic {self.display_name} is terminated")
         if self._taken_over:
-            raise LedgerFenced(f"the ledger list of {self.display_name} was changed by another writer: "
-                               "another broker serves the topic")
+            raise LedgerFenced(f"another broker recovered {self.display_name} (fenced its ledger or rewrote its "
+                               "ledger list) and serves it now")
         if self._failure is not None:
             self._recover_from_failure()
         elif self._current is None:

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,9 +160,11 @@ class Cluster:
 @contextmanager
 def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tuple[str, ...] = (),
                     chroot: str = "/magnetar", output: IO[bytes] | int = subprocess.DEVNULL,
-                    env: Mapping[str, str] | None = None, brokers: int = 1) -> Iterator[Cluster]:
+                    env: Mapping[str, str] | None = None, brokers: int = 1,
+                    zookeeper_via: Callable[[int, str], str] | None = None) -> Iterator[Cluster]:
     """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers (each with HTTP and a binary-protocol
-    listener on free ports), each stopped by PID on the way out."""
+    listener on free ports), each stopped by PID on the way out. ``zookeeper_via(index, address)``
+    gives the ZooKeeper address broker ``index`` connects to (something a test put in between)."""
     base = Path(base_dir)
     with ExitStack() as stack:
         zookeeper = stack.enter_context(running_zookeeper(base / "zookeeper", output=output))
@@ -174,8 +176,9 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
         for index in range(brokers):
             port, pulsar_port = free_port(), free_port()
             name = "broker" if brokers == 1 else f"broker-{index}"
-            servers.append(Process(name, broker_command(store, port, pulsar_port, "--data-dir", str(base / name),
-                                                        *broker_args),
+            reached = zookeeper_via(index, zookeeper) if zookeeper_via is not None else zookeeper
+            servers.append(Process(name, broker_command(f"zk:{reached}{chroot}", port, pulsar_port,
+                                                        "--data-dir", str(base / name), *broker_args),
                                    port, env=dict(env or {}), pulsar_port=pulsar_port))
         cluster = Cluster(zookeeper, store, made, servers, output)
         for process in (*made, *servers):

@@ -21,21 +21,28 @@ the Python client with every broker in its service URL (lookups, 307s, reconnect
 
 ``test_split_brain_sigstop``: the owner of a topic (the first broker the clients list) is stopped
 with SIGSTOP until its session expires and the other broker serves the topic, then gets SIGCONT.
+It runs twice: ``expiry-seen``, where ZooKeeper's end of the session reaches the stopped broker
+(ZooKeeper closes the connection, so the broker learns it at once after SIGCONT), and
+``expiry-hidden``, where the broker's ZooKeeper connection goes through a ``TcpLink`` that holds
+it silent from the SIGSTOP on, as a partition would: after SIGCONT the broker still believes it
+owns the topic until its own heartbeat times out.
 
-1. An append in flight: with the load paused, the three bookies are stopped, a REST publish is
-   sent to the owner, and once the bookies' kernels hold the owner's bytes for it (unread
-   receive queues, ``/proc/net/tcp``) the owner is stopped and the bookies resumed. A bookie
-   reads its sockets in order, so it stores that entry before the new owner's fence can reach
-   it: the entry is part of the ledger the new owner recovers and is stored exactly once,
-   whatever the stopped broker answers after SIGCONT (200 when the bookies' acknowledgements
-   reach it first, an error when its own bookie timeouts fire first: a client does not know).
+1. ``expiry-seen``, an append in flight: with the load paused, the three bookies are stopped, a
+   REST publish is sent to the owner, and once the bookies' kernels hold the owner's bytes for
+   it (unread receive queues, ``/proc/net/tcp``) the owner is stopped and the bookies resumed.
+   A bookie reads its sockets in order, so it stores that entry before the new owner's fence
+   can reach it: the entry is part of the ledger the new owner recovers and is stored exactly
+   once, whatever the stopped broker answers after SIGCONT (200 when the bookies'
+   acknowledgements reach it first, an error when its own bookie timeouts fire first: a client
+   does not know). ``expiry-hidden`` stops the owner with nothing in flight, at a moment when
+   none of its ZooKeeper requests waits for an answer (a heartbeat would time out at once).
 2. A REST publish sent to the stopped broker waits in its socket and is processed after
-   SIGCONT. It is never answered 200 and never stored. Whether it is refused as fenced (it
-   reached the ledger before the broker noticed the expired session: the bookies or the ledger
-   list the new owner rewrote refuse it) or as no longer served here (the session's end was
-   noticed first) is a race between kazoo's thread and the broker's loop, both woken by
-   SIGCONT; the test reports which, and when the answer is ``ledger_fenced`` the broker's
-   ``magnetar_appends_fenced_total`` must count it.
+   SIGCONT. It is never answered 200 and never stored. With the expiry seen, whether it is
+   refused as fenced or as no longer served here is a race between kazoo's thread and the
+   broker's loop, both woken by SIGCONT: the test reports which, and when the answer is
+   ``ledger_fenced`` the broker's ``magnetar_appends_fenced_total`` must count it. With the
+   expiry hidden the broker appends to its old ledger: the bookies refuse it as fenced (the
+   broker logs it), the publish is answered 409 ``ledger_fenced``, and the counter counts it.
 3. The old owner then sends lookups to the new one; every acknowledged message is stored once.
 """
 
@@ -64,6 +71,7 @@ from broker.offset_index import LedgerInfo
 from broker.topic_name import TopicName
 from consumers.cluster_launcher import Cluster, Process, running_cluster
 from tests.crash.cluster_load import ClusterLoad, stored_payloads
+from tests.tcp_link import TcpLink
 
 pytestmark = pytest.mark.crash
 
@@ -214,17 +222,28 @@ def _scenario(cluster: Cluster, http: httpx.Client, urls: dict[str, str], load: 
                                                   f"{redelivered_settled}"
 
 
-def test_split_brain_sigstop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("expiry_seen", [True, False], ids=["expiry-seen", "expiry-hidden"])
+def test_split_brain_sigstop(tmp_path: Path, expiry_seen: bool) -> None:
     log = open(tmp_path / "cluster.log", "wb")  # noqa: SIM115 - closed at the end, after the processes
     try:
-        with running_cluster(tmp_path, bookies=3, brokers=2, broker_args=BROKER_ARGS, output=log) as cluster, \
-                _http() as http:
-            _split_brain(cluster, http, tmp_path, log)
+        with contextlib.ExitStack() as stack:
+            links: list[TcpLink] = []
+
+            def via(index: int, zookeeper: str) -> str:
+                if index != 0 or expiry_seen:
+                    return zookeeper
+                links.append(stack.enter_context(TcpLink(zookeeper)))
+                return links[0].address
+
+            cluster = stack.enter_context(running_cluster(tmp_path, bookies=3, brokers=2, broker_args=BROKER_ARGS,
+                                                          output=log, zookeeper_via=via))
+            http = stack.enter_context(_http())
+            _split_brain(cluster, http, tmp_path, log, links[0] if links else None)
     finally:
         log.close()
 
 
-def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[bytes]) -> None:
+def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[bytes], link: TcpLink | None) -> None:
     urls = _broker_urls(cluster)
     first = cluster.broker_url
     _create_namespace(http, first)
@@ -254,35 +273,47 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
         assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
         ledger_id, ensemble = _current_ledger(cluster, topic)
 
-        # 1. An append in flight: the bookies are stopped, the owner sends them an entry (it waits
-        # unread in their sockets, the owner waits for the answers), and the owner is stopped.
-        marker = f"in-flight {os.urandom(8).hex()} "
-        in_flight_payload = marker + "x" * IN_FLIGHT_PAD_BYTES
-        for bookie in cluster.bookies:
-            assert bookie.proc is not None
-            os.kill(bookie.proc.pid, signal.SIGSTOP)
-            paused.append(bookie)
-        in_flight_answer = _publish_in_thread(owner_url, topic, "in-flight", in_flight_payload)
-        deadline_s = time.monotonic() + PHASE_DEADLINE_S
-        while time.monotonic() < deadline_s:
-            unread = {b: _unread_from(b, stopped.proc.pid) for b in ensemble}
-            if all(n >= len(in_flight_payload) for n in unread.values()):
-                break
-            time.sleep(0.01)
+        marker, in_flight_payload, in_flight_answer = "", "", None
+        if link is None:
+            # 1. An append in flight: the bookies are stopped, the owner sends them an entry (it
+            # waits unread in their sockets, the owner waits for the answers), and the owner is stopped.
+            marker = f"in-flight {os.urandom(8).hex()} "
+            in_flight_payload = marker + "x" * IN_FLIGHT_PAD_BYTES
+            for bookie in cluster.bookies:
+                assert bookie.proc is not None
+                os.kill(bookie.proc.pid, signal.SIGSTOP)
+                paused.append(bookie)
+            in_flight_answer = _publish_in_thread(owner_url, topic, "in-flight", in_flight_payload)
+            deadline_s = time.monotonic() + PHASE_DEADLINE_S
+            while time.monotonic() < deadline_s:
+                unread = {b: _unread_from(b, stopped.proc.pid) for b in ensemble}
+                if all(n >= len(in_flight_payload) for n in unread.values()):
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError(f"the owner's append did not reach the stopped bookies {ensemble}: {unread}")
         else:
-            raise AssertionError(f"the owner's append did not reach the stopped bookies {ensemble}: {unread}")
+            # 1. The owner is stopped while none of its ZooKeeper requests (a heartbeat) waits for
+            # an answer, and the link then hides ZooKeeper's end of the session from it.
+            deadline_s = time.monotonic() + PHASE_DEADLINE_S
+            while not link.answered():
+                assert time.monotonic() < deadline_s, "the owner's ZooKeeper requests are never all answered"
+                time.sleep(0.001)
         os.kill(stopped.proc.pid, signal.SIGSTOP)
         stopped_s = time.monotonic()
+        if link is not None:
+            assert link.hold() == 1, "the owner does not have one ZooKeeper connection through the link"
         # 2. A publish sent to the stopped owner waits in its socket; it is processed after SIGCONT.
         late_answer = _publish_in_thread(owner_url, topic, "late", "late")
-        for bookie in paused:
-            assert bookie.proc is not None
-            os.kill(bookie.proc.pid, signal.SIGCONT)
-        paused.clear()
-        # The bookies read the append before anything the other broker sends later (the fence):
-        # they store it, so it belongs to the ledger the other broker recovers.
-        holders = _bookies_holding(ensemble, ledger_id, marker.encode(), time.monotonic() + PHASE_DEADLINE_S)
-        assert holders == set(ensemble), f"the in-flight entry is on {holders}, not on all of {ensemble}"
+        if paused:
+            for bookie in paused:
+                assert bookie.proc is not None
+                os.kill(bookie.proc.pid, signal.SIGCONT)
+            paused.clear()
+            # The bookies read the append before anything the other broker sends later (the
+            # fence): they store it, so it belongs to the ledger the other broker recovers.
+            holders = _bookies_holding(ensemble, ledger_id, marker.encode(), time.monotonic() + PHASE_DEADLINE_S)
+            assert holders == set(ensemble), f"the in-flight entry is on {holders}, not on all of {ensemble}"
 
         # 3. The other broker takes the topic once the stopped one's session expired.
         deadline_s = time.monotonic() + PHASE_DEADLINE_S
@@ -300,14 +331,19 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
         before = load.acked_counts()[load.topics[0]]
         assert load.wait_acks({load.topics[0]: before + ACKS_PER_PHASE}, time.monotonic() + PHASE_DEADLINE_S)
         os.kill(stopped.proc.pid, signal.SIGCONT)
-        in_flight, late = in_flight_answer.result(130), late_answer.result(130)
+        late = late_answer.result(130)
+        in_flight = in_flight_answer.result(130) if in_flight_answer is not None else None
         fenced_appends = _metric(http, owner_url, "magnetar_appends_fenced_total")
-        print(f"SIGSTOP {owner_id}: {other_id} served {topic} {taken_s:.1f} s later; after SIGCONT the stopped "
-              f"broker answered the append it had in flight (stored by the bookies before the fence) with "
-              f"{_shown(in_flight)} and the publish waiting in its socket with {_shown(late)}; "
+        print(f"SIGSTOP {owner_id} (ZooKeeper's end of its session {'hidden' if link else 'seen'}): {other_id} "
+              f"served {topic} {taken_s:.1f} s later; after SIGCONT the stopped broker answered "
+              + (f"the append it had in flight (stored by the bookies before the fence) with {_shown(in_flight)} "
+                 "and " if in_flight is not None else "")
+              + f"the publish waiting in its socket with {_shown(late)}; "
               f"it counts {fenced_appends:g} appends refused as fenced")
         assert not (isinstance(late, httpx.Response) and late.status_code == 200), \
             "the stopped broker appended to a fenced ledger"
+        if link is not None:  # it believed it still owned the topic: the bookies refused its append
+            assert isinstance(late, httpx.Response) and late.status_code == 409, _shown(late)
         for outcome in (in_flight, late):
             if isinstance(outcome, httpx.Response) and outcome.status_code == 409:
                 assert outcome.json()["code"] == "ledger_fenced", outcome.text
@@ -316,6 +352,8 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
         logged = sum(1 for line in (tmp_path / "cluster.log").read_text(errors="replace").splitlines()
                      if "failed: fenced" in line)
         print(f"fenced ledgers the stopped broker logged: {logged}")
+        if link is not None:
+            assert logged >= 1, "the bookies refused none of the stopped broker's appends as fenced"
         # 4. The old owner gave the bundle up: it now sends the topic's lookups to the new owner.
         deadline_s = time.monotonic() + PHASE_DEADLINE_S
         while time.monotonic() < deadline_s:
@@ -333,7 +371,8 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
         assert load.wait_all_delivered(time.monotonic() + PHASE_DEADLINE_S), f"undelivered: {load.missing()}"
         stored = stored_payloads(http, urls[other_id], NAMESPACE, topic)
         assert b"late" not in stored
-        assert stored.count(in_flight_payload.encode()) == 1, "the in-flight entry is not stored exactly once"
+        if in_flight_payload:
+            assert stored.count(in_flight_payload.encode()) == 1, "the in-flight entry is not stored exactly once"
         assert len(stored) == len(set(stored)), "a payload is stored twice"
         assert load.records[load.topics[0]].acked <= set(stored)
         print(f"{len(stored)} messages stored once each; {load.duplicates()} duplicate deliveries")

@@ -25,6 +25,7 @@ from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
 from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
+from broker.metadata import MetadataStore
 from tests.unit.broker_stack import Stack, open_stack, publish
 
 
@@ -235,19 +236,34 @@ def test_an_offset_lookup_reads_forward_a_bounded_number_of_bytes(data_dir: str)
     stack.close()
 
 
+def _nodes(store: MetadataStore, path: str = "/") -> dict[str, int]:
+    """Every node under ``path`` with its version."""
+    found = {}
+    stat = store.get(path)
+    if stat is not None:
+        found[path] = stat.version
+    for child in store.children(path):
+        found.update(_nodes(store, f"{path.rstrip('/')}/{child}"))
+    return found
+
+
 def test_after_another_broker_took_the_topic_over_no_append_of_the_old_owner_is_acknowledged(stack: Stack) -> None:
-    """The old owner's first append fails on the fenced ledger; its next ones must fail too, as fenced:
-    the ledger it would open instead cannot enter the ledger list the new owner rewrote, so
-    anything acknowledged in it would be lost."""
+    """The old owner's first append fails on the fenced ledger; its next ones fail too, as fenced
+    and at once: a ledger it opened instead could not enter the ledger list the new owner
+    rewrote (anything acknowledged in it would be lost), and the old owner writes nothing to
+    the metadata the new owner now keeps (no samples of the fenced ledger, no new ledger)."""
     old, _ = stack.open("t/ns/persistent/taken", ManagedLedgerConfig())
     publish(old, [b"before"])
     new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
                                      EntryCache(1 << 20, clock=stack.clock), stack.clock)
     taken = new_owner.open("t/ns/persistent/taken", ManagedLedgerConfig())  # recovers (fences) the last ledger
-    for i in range(3):  # the add to the fenced ledger; the ledger list; then refused at once
+    metadata = _nodes(stack.store)
+    for i in range(3):  # the add to the fenced ledger; then refused at once
         with pytest.raises(LedgerFenced):
             publish(old, [f"late {i}".encode()])
     assert stack.factory.appends_fenced == 3
+    old.close()
+    assert _nodes(stack.store) == metadata
     publish(taken, [b"on the new owner"])
     stored = [decode_entry(e.data).messages[0].payload for e in taken.read_entries(taken.first_position(), 100)]
     assert stored == [b"before", b"on the new owner"]

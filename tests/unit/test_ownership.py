@@ -4,8 +4,6 @@ session expires loses every bundle (dropped without writes) while another takes 
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 import uuid
@@ -21,6 +19,7 @@ from broker.errors import NotFound, TopicNotOwned
 from broker.lookup import BrokerAddress
 from broker.namespaces import POLICIES
 from broker.topic_name import TopicName
+from tests.tcp_link import TcpLink
 
 NAMESPACE = "public/default"
 DEADLINE_S = 30.0
@@ -191,65 +190,12 @@ def test_concurrent_first_lookups_elect_one_owner(zookeeper: str) -> None:
         assert owner in answers              # for a moment; the ephemeral node elects one owner)
 
 
-class _Link:
-    """A TCP relay between one client and ZooKeeper that a test can cut (bytes stop flowing both
-    ways and nothing is closed, as in a network partition)."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self._target = (host, int(port))
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self.cut = threading.Event()
-        self._stop = threading.Event()
-        self._sockets: list[socket.socket] = [self._listener]
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        self._listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                continue
-            upstream = socket.create_connection(self._target)
-            self._sockets += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        source.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                data = source.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            while self.cut.is_set() and not self._stop.is_set():
-                time.sleep(0.05)  # held, as a partition holds it
-            try:
-                sink.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.close()
-        self._thread.join(5)
-
-
 def test_a_partitioned_broker_stops_serving_before_another_takes_over(zookeeper: str) -> None:
     """Cut between one broker and ZooKeeper: kazoo reports the connection suspended after about
     two thirds of the session timeout, and the broker drops its topics then; the server expires
     the session only at the timeout, and only then can the other broker take the bundle."""
     chroot = f"/partition-{uuid.uuid4().hex}"
-    link = _Link(zookeeper)
+    link = TcpLink(zookeeper).start()
     spec = f"zk:{zookeeper}{chroot}"
     victim_store = ZooKeeperMetadataStore(connect(f"zk:{link.address}{chroot}", session_timeout_s=SESSION_S), None,
                                           owns_client=True)
@@ -263,7 +209,7 @@ def test_a_partitioned_broker_stops_serving_before_another_takes_over(zookeeper:
         bundle = survivor.ownership.bundle_of(topic)
         victim.ownership._acquire(bundle)  # the victim owns the topic's bundle
         assert victim.ownership.owns(topic) and survivor.ownership.lookup(topic).owner.broker_id == victim.name
-        link.cut.set()
+        link.cut()
         cut_at = time.monotonic()
         deadline_s = cut_at + DEADLINE_S
         while time.monotonic() < deadline_s:
