@@ -142,8 +142,7 @@ class LocalBookie:
         """Entries ``first..last`` of a ledger (the storage's read-ahead fills its read cache
         with the entries that follow the first it reads from an entry log)."""
         self._check()
-        get = self.storage.get_entry
-        return [unpack_entry(get(ledger_id, entry_id)) for entry_id in range(first_entry_id, last_entry_id + 1)]
+        return [unpack_entry(data) for data in self.storage.get_entries(ledger_id, first_entry_id, last_entry_id)]
 
     def last_entry_id(self, ledger_id: int) -> int:
         self._check()

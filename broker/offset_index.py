@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +121,7 @@ class PositionHints:
     oldest forgotten first)."""
 
     def __init__(self, hints_max: int = POSITION_HINTS_MAX) -> None:
-        self._hints: dict[int, Position] = {}  # insertion order is age order
+        self._hints: OrderedDict[int, Position] = OrderedDict()  # insertion order is age order
         self._max = hints_max
         self._lock = threading.Lock()
 
@@ -133,9 +134,9 @@ class PositionHints:
         last = entries[-1]
         with self._lock:
             hints = self._hints
-            for entry in entries[1:]:
+            for entry in entries[max(1, len(entries) - self._max):]:  # older ones would go at once
                 hints[entry.first_offset] = entry.position
             if last.position.entry_id + 1 < info.entries:
                 hints[last.last_offset + 1] = Position(info.ledger_id, last.position.entry_id + 1)
             while len(hints) > self._max:
-                del hints[next(iter(hints))]
+                hints.popitem(last=False)  # O(1), where deleting a dict's first key is not

@@ -128,6 +128,34 @@ def test_read_path_levels_and_read_ahead(data_dir: str) -> None:
         assert stats.read_path.random_reads == 0
 
 
+def test_a_range_read_takes_its_entries_from_each_level_and_caches_only_what_it_read_past_its_end(
+        data_dir: str) -> None:
+    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
+                                               read_ahead_entries_max=100)
+    with LedgerStorage.open(data_dir, config) as st:
+        for future in [st.add_entry(1, e, entry_bytes(1, e)) for e in range(300)]:
+            future.result(timeout=10)
+        st.flush()
+        st.add_entry(1, 300, entry_bytes(1, 300)).result(timeout=10)  # still in the write cache
+        assert st.get_entries(1, 0, 9) == [entry_bytes(1, e) for e in range(10)]
+        stats = st.statistics()
+        assert stats.read_path.entry_log_reads == 1  # the rest of the range came with the first read
+        assert stats.read_cache.entries > 0  # what that read found past entry 9
+        assert stats.read_cache.misses == 1
+        assert st.get_entry(1, 10) == entry_bytes(1, 10)
+        assert st.statistics().read_path.entry_log_reads == 1  # from the cache
+        assert st.get_entries(1, 11, 300) == [entry_bytes(1, e) for e in range(11, 301)]
+        stats = st.statistics()
+        assert stats.read_path.write_cache_hits == 1
+        assert stats.read_path.random_reads == 0
+        assert stats.read_path.entry_log_reads <= 1 + 300 // 20  # every log read serves a run
+        assert st.get_entries(1, 5, 4) == []
+        with pytest.raises(NoSuchEntry):
+            st.get_entries(1, 299, 301)
+        with pytest.raises(NoSuchLedger):
+            st.get_entries(7, 0, 0)
+
+
 def test_reads_that_jump_about_a_ledger_read_no_ahead_and_sequential_ones_do_again(data_dir: str) -> None:
     config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
                                                read_ahead_entries_max=100)
