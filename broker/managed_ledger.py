@@ -750,7 +750,7 @@ class ManagedLedger:
         """Delete ledgers every durable cursor has consumed, as far as retention allows (and
         the empty ledgers already dropped from the list)."""
         with self._lock:
-            if self._closed:  # closed or no longer served here: the list is not this writer's to change
+            if self._closed or self._taken_over:  # no longer served here: the list is not this writer's to change
                 return []
             slowest = min(self.cursor_positions(), default=self._next_offset)
             deletable = deletable_ledgers(self._infos, slowest, self._now_ms(),
