@@ -325,7 +325,8 @@ class ManagedLedger:
             self._closed = True
             if self._current is not None and not self._taken_over:
                 self._close_current()
-                self._save()
+                if not self._taken_over:
+                    self._save()
 
     def _close_current(self) -> None:
         """Retire the current ledger: close it at its LAC, wait until every add sent to it has
@@ -333,10 +334,19 @@ class ManagedLedger:
         from the confirmed end (a failed add's offsets are given out again, so no gap)."""
         assert self._current is not None
         handle, self._current = self._current, None
-        with contextlib.suppress(MagnetarError):  # a fenced ledger is closed by whoever fenced it
+        fenced = False
+        try:
             handle.close()
+        except LedgerFenced:  # another broker recovered (and closed) it: the topic is its now
+            fenced = True
+        except MagnetarError:
+            pass  # after a failed add: whoever recovers the ledger closes it
         with self._confirmed:
+            if fenced:
+                self._taken_over = True
             self._confirmed.wait_for(lambda: self._in_flight == 0, ADD_TIMEOUT_S)
+        if self._taken_over:
+            return  # its samples and the list are the new owner's to write
         info = self._infos[-1]
         info.closed_ms = self._now_ms()
         info.drop_samples_past_end()
@@ -351,9 +361,13 @@ class ManagedLedger:
     def terminate(self) -> Position:
         """No more writes, ever; returns the last position."""
         with self._lock:
+            self._refuse_if_taken_over()
             self._terminated = True
             if self._current is not None:
                 self._close_current()
+            if self._taken_over:
+                self._terminated = False
+                self._refuse_if_taken_over()
             self._save()
             return self._last_confirmed
 
@@ -405,6 +419,7 @@ class ManagedLedger:
         with self._lock:
             try:
                 self._check_writable()
+                self._maybe_roll_over()
             except LedgerFenced:
                 self._factory.count_fenced_append()
                 raise
@@ -419,7 +434,6 @@ class ManagedLedger:
                     if reserve is not None:
                         reserve(offset)
                     offset += count
-            self._maybe_roll_over()
             assert self._current is not None
             publish_ms = max(self._now_ms(), self._last_publish_ms)
             info = self._infos[-1]
@@ -442,9 +456,13 @@ class ManagedLedger:
                 self._in_flight += 1
             try:
                 ledger_future = self._current.add_entries(datas)
-            except BaseException:
+            except BaseException as exc:
                 with self._confirmed:
                     self._in_flight -= 1
+                    if isinstance(exc, LedgerFenced):
+                        self._taken_over = True
+                if isinstance(exc, LedgerFenced):
+                    self._factory.count_fenced_append()
                 raise
             self._current_next_entry_id = entry_id
             self._next_offset = offset
@@ -517,18 +535,24 @@ class ManagedLedger:
             raise ServiceUnitNotReady(f"topic {self.display_name} is no longer served by this broker")
         if self._terminated:
             raise TopicTerminated(f"topic {self.display_name} is terminated")
-        if self._taken_over:
-            raise LedgerFenced(f"another broker recovered {self.display_name} (fenced its ledger or rewrote its "
-                               "ledger list) and serves it now")
+        if isinstance(self._failure, LedgerFenced):  # its add failed while the flag was being set
+            self._taken_over = True
+        self._refuse_if_taken_over()
         if self._failure is not None:
             self._recover_from_failure()
         elif self._current is None:
             self._open_new_ledger()  # the last attempt could not save the ledger list
 
+    def _refuse_if_taken_over(self) -> None:
+        if self._taken_over:
+            raise LedgerFenced(f"another broker recovered {self.display_name} (fenced its ledger or rewrote its "
+                               "ledger list) and serves it now")
+
     def _recover_from_failure(self) -> None:
         """After a failed add: abandon the ledger at its LAC and continue in a new one."""
         if self._current is not None:
             self._close_current()
+            self._refuse_if_taken_over()
         self._failure = None
         self._open_new_ledger()
 
@@ -541,6 +565,7 @@ class ManagedLedger:
                 or info.size_bytes >= self.config.ledger_size_bytes_max
                 or age_ms >= self.config.ledger_age_ms_max):
             self._close_current()
+            self._refuse_if_taken_over()
             self._open_new_ledger()
 
     def _on_added(self, ledger_future: Future[int], result: Future[AddResult], info: LedgerInfo, data: bytes,
@@ -796,9 +821,11 @@ class ManagedLedger:
 
     def delete(self) -> None:
         with self._lock:
+            self._refuse_if_taken_over()  # its ledgers and list are another broker's now
             self._closed = True  # no append may open a ledger for the deleted topic
             if self._current is not None:
                 self._close_current()
+                self._refuse_if_taken_over()
             for info in self._infos:
                 self._ledgers.delete(info.ledger_id)
             self._infos = []

@@ -543,6 +543,7 @@ class LedgerStorage:
                     entry_id += 1
                     used += 1
                 hits[2] += used
+                self._read_cache.count_hits(used)
                 for ahead_entry, ahead_data in ahead[used:]:
                     self._read_cache.put(ledger_id, ahead_entry, ahead_data)
                 continue

@@ -47,6 +47,12 @@ class ReadCache:
             self.hits += 1
             return data
 
+    def count_hits(self, hits: int) -> None:
+        """Entries served as cached without a lookup (a range read took them from a log read's
+        read-ahead, which would have gone through the cache)."""
+        with self._lock:
+            self.hits += hits
+
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         if len(data) > self.capacity_bytes:
             return

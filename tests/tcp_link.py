@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import socket
 import threading
@@ -212,6 +213,9 @@ class TcpLink:
                 return
             pipe.ended = True
             self._pipes.remove(pipe)
-        for sock in (pipe.client, pipe.server):
+        for sock, pending in ((pipe.client, pipe.to_client), (pipe.server, pipe.to_server)):
             self._selector.unregister(sock)
+            if pending:  # best effort: what the other side sent before it closed
+                with contextlib.suppress(OSError):
+                    sock.send(pending)
             sock.close()

@@ -140,8 +140,12 @@ def test_a_range_read_takes_its_entries_from_each_level_and_caches_only_what_it_
         assert st.get_entries(1, 0, 9) == [entry_bytes(1, e) for e in range(10)]
         stats = st.statistics()
         assert stats.read_path.entry_log_reads == 1  # the rest of the range came with the first read
-        assert stats.read_cache.entries > 0  # what that read found past entry 9
         assert stats.read_cache.misses == 1
+        assert stats.read_cache.hits == stats.read_path.read_cache_hits == 9  # counted, not looked up
+        ahead = stats.read_cache.entries
+        assert ahead > 0  # what that read found past entry 9, and only that
+        assert st.get_entries(1, 10, 9 + ahead) == [entry_bytes(1, e) for e in range(10, 10 + ahead)]
+        assert st.statistics().read_cache.misses == 1
         assert st.get_entry(1, 10) == entry_bytes(1, 10)
         assert st.statistics().read_path.entry_log_reads == 1  # from the cache
         assert st.get_entries(1, 11, 300) == [entry_bytes(1, e) for e in range(11, 301)]

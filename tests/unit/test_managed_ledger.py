@@ -269,3 +269,30 @@ def test_after_another_broker_took_the_topic_over_no_append_of_the_old_owner_is_
     assert stored == [b"before", b"on the new owner"]
     new_owner.close_all()
     stack.close()
+
+
+def test_an_old_owner_whose_next_append_is_due_to_roll_over_writes_nothing_and_deletes_nothing(stack: Stack) -> None:
+    """The first append after the fence finds a rollover due: closing the fenced ledger fails as
+    fenced, so the old owner neither saves that ledger's samples nor opens another, and a
+    terminate or delete sent to it is refused instead of touching the new owner's topic."""
+    config = ManagedLedgerConfig.test_min()
+    old, _ = stack.open("t/ns/persistent/rolled", config)
+    for i in range(config.ledger_entries_max):  # the next append rolls over
+        publish(old, [f"m{i}".encode()])
+    new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
+                                     EntryCache(1 << 20, clock=stack.clock), stack.clock)
+    taken = new_owner.open("t/ns/persistent/rolled", config)
+    metadata = _nodes(stack.store)
+    with pytest.raises(LedgerFenced):
+        publish(old, [b"late"])
+    assert stack.factory.appends_fenced == 1
+    with pytest.raises(LedgerFenced):
+        old.terminate()
+    with pytest.raises(LedgerFenced):
+        old.delete()
+    old.close()
+    assert _nodes(stack.store) == metadata
+    assert not taken.terminated
+    publish(taken, [b"on the new owner"])
+    new_owner.close_all()
+    stack.close()
