@@ -13,6 +13,12 @@ the cursor ledger; when that ledger grows past ``cursor_ledger_entries_max`` a n
 started, the snapshot is swapped by compare-and-set, and the old ledger deleted. At most
 ``acked_ranges_persisted_max`` ranges are persisted (the oldest holes win).
 
+Ownership: the broker that restores a cursor (loading its topic) fences the cursor ledger and
+writes the snapshot back at once, so a broker that served the topic before can no longer swap
+it (its compare-and-set expects the older version). A cursor whose persist failed as fenced, or
+lost that compare-and-set, or whose managed ledger was taken over, persists nothing more: its
+later acks fail as fenced, and the broker now serving the topic delivers them again.
+
 Invariants: ``mark_delete_offset`` never moves backwards except by an explicit seek/reset;
 after a crash the cursor is restored from its last persisted state, so an acknowledged message
 (whose ack Future resolved) is never redelivered and an unacknowledged one is never skipped.
@@ -32,7 +38,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from broker.errors import BadVersion, InvalidRequest, MagnetarError, NoSuchEntry, NotFound
+from broker.errors import (
+    BadVersion,
+    InvalidRequest,
+    LedgerFenced,
+    MagnetarError,
+    NoSuchEntry,
+    NotFound,
+    ServiceUnitNotReady,
+)
 from broker.ledger import LedgerHandle, LedgerManager
 from broker.managed_ledger import Entry, ManagedLedger
 from broker.message_id import Position
@@ -81,6 +95,10 @@ class _DelayedSubmits:
 _DELAYED = _DelayedSubmits()
 
 
+RESTORE_ATTEMPTS_MAX = 3
+"""Restores of a cursor whose snapshot another broker changed between the read and the claim."""
+
+
 def _persist_executor() -> ThreadPoolExecutor:
     """One thread persists every cursor's state (each cursor has at most one job queued)."""
     global _EXECUTOR
@@ -124,6 +142,8 @@ class ManagedCursor:
         self._retired_ledger_id = -1
         """A cursor ledger recovered on restore: deleted once a new one is in the snapshot."""
         self._snapshot_version = -1
+        self._taken_over = False
+        """Another broker restored this cursor (see the module docstring): nothing more is persisted."""
         self._change_seq = 0
         self._persisted_seq = 0
         self._persisted_md = mark_delete_offset
@@ -346,6 +366,11 @@ class ManagedCursor:
         self._persist_started_s = time.monotonic()
         with self._lock:
             seq, state, md = self._change_seq, self._state_json(), self.mark_delete_offset
+        if self._taken_over or self.ml.taken_over:
+            self._taken_over = True
+            self._persisted(seq, md, LedgerFenced(f"cursor {self.name} of {self.ml.display_name}: another broker "
+                                                  "serves the topic"))
+            return
         try:
             if self._ledger is None or self._ledger.last_add_confirmed + 1 >= CURSOR_LEDGER_ENTRIES_MAX:
                 self._switch_ledger(state)
@@ -383,6 +408,8 @@ class ManagedCursor:
                 self._persisted_states += 1
             else:
                 self._ledger = None  # the next persist starts a fresh cursor ledger
+                if isinstance(error, (LedgerFenced, BadVersion)):
+                    self._taken_over = True
             self._persist_in_flight = bool(self._waiters)
             if self._persist_in_flight:  # acks that came meanwhile: one write for all of them
                 due_s = self._persist_started_s + CURSOR_PERSIST_INTERVAL_S_MIN
@@ -446,7 +473,17 @@ class CursorManager:
                 for c in list(self._cursors.values()) if c.durable]
 
     def _restore(self, name: str) -> ManagedCursor:
-        stat = self._store.get(f"{self.ml._path}/cursors/{name}")
+        for _ in range(RESTORE_ATTEMPTS_MAX):
+            try:
+                return self._restore_once(name)
+            except BadVersion:  # another broker wrote the snapshot meanwhile: read it again
+                continue
+        raise ServiceUnitNotReady(f"subscription {name} of {self.ml.display_name} kept changing while it was "
+                                  "restored; retry")
+
+    def _restore_once(self, name: str) -> ManagedCursor:
+        path = f"{self.ml._path}/cursors/{name}"
+        stat = self._store.get(path)
         if stat is None:
             raise NotFound(f"subscription {name} of {self.ml.display_name} does not exist")
         snapshot: dict[str, Any] = json.loads(stat.value)
@@ -462,7 +499,9 @@ class CursorManager:
         cursor = ManagedCursor(self.ml, name, durable=True, mark_delete_offset=int(state["md"]),
                                acked=RangeSet([(int(s), int(e)) for s, e in state["ranges"]]),
                                properties=state.get("props", {}), ledgers=self._ledgers, store=self._store)
-        cursor._snapshot_version = stat.version
+        # Written back unchanged: a broker that served the topic before, whose compare-and-set
+        # expects this version, can no longer swap the snapshot (its cursor ledger is fenced).
+        cursor._snapshot_version = self._store.put(path, stat.value, stat.version).version
         cursor._ledger = None  # a recovered ledger is closed; the next persist starts a new one
         cursor._retired_ledger_id = handle.ledger_id if handle is not None else -1
         self._cursors[name] = cursor

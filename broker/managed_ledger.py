@@ -523,6 +523,11 @@ class ManagedLedger:
         for listener in list(self._listeners):
             listener()
 
+    @property
+    def taken_over(self) -> bool:
+        """Another broker recovered the topic: this managed ledger writes nothing more."""
+        return self._taken_over
+
     def abandon(self) -> None:
         """Stop appending without writing anything (this broker lost the topic's bundle with
         its ZooKeeper session): whoever serves the topic next recovers the current ledger by

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
@@ -294,5 +295,35 @@ def test_an_old_owner_whose_next_append_is_due_to_roll_over_writes_nothing_and_d
     assert _nodes(stack.store) == metadata
     assert not taken.terminated
     publish(taken, [b"on the new owner"])
+    new_owner.close_all()
+    stack.close()
+
+
+def test_after_a_takeover_the_old_owners_cursor_persists_nothing_and_the_new_owners_goes_on(stack: Stack) -> None:
+    """The new owner restores the cursor (fencing its ledger) and writes its snapshot back: the
+    old owner's acks then fail as fenced, whether its next persist appends to the fenced cursor
+    ledger or starts a new one (a compare-and-set on the old version), and nothing it does
+    changes the metadata; the new owner's acks persist, and a restore after it finds them."""
+    old, old_cursors = stack.open("t/ns/persistent/acks", ManagedLedgerConfig())
+    for i in range(6):
+        publish(old, [f"m{i}".encode()])
+    sub = old_cursors.open("sub", initial="earliest")
+    sub.ack_cumulative(0).result(timeout=10)  # the old owner's cursor has a ledger
+    new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
+                                     EntryCache(1 << 20, clock=stack.clock), stack.clock)
+    taken = new_owner.open("t/ns/persistent/acks", ManagedLedgerConfig())
+    new_cursors = CursorManager(taken, new_owner.ledgers, stack.store)
+    restored = new_cursors.get("sub")
+    assert restored is not None and restored.mark_delete_offset == 1
+    metadata = _nodes(stack.store)
+    with pytest.raises(LedgerFenced):  # appended to the cursor ledger the new owner fenced
+        sub.ack_cumulative(2).result(timeout=10)
+    with pytest.raises(LedgerFenced):  # refused at once: no new cursor ledger, no snapshot swap
+        sub.ack_cumulative(3).result(timeout=10)
+    assert _nodes(stack.store) == metadata
+    restored.ack_cumulative(4).result(timeout=10)
+    restored.ack_cumulative(5).result(timeout=10)
+    again = CursorManager(taken, new_owner.ledgers, stack.store).get("sub")
+    assert again is not None and again.mark_delete_offset == 6
     new_owner.close_all()
     stack.close()
