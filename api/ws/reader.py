@@ -30,6 +30,15 @@ from broker import BrokerService, Delivery, KeyReader, MessageId, Reader
 READER_FILL_MESSAGES_MAX = 1000
 
 
+def refill_due(outstanding: int, outstanding_bytes: int, limit: int, bytes_limit: int) -> bool:
+    """Whether an acknowledgement should wake the sender: once half the window is free by both
+    bounds, so a catching-up reader reads in large batches (one thread hop each), not one per
+    ack. Small messages fill the window by count (their bytes stay far below the bound), large
+    ones by bytes (their count stays far below); waking while either bound still has its window
+    nearly full would read a message or two per acknowledgement."""
+    return outstanding <= limit // 2 and outstanding_bytes <= bytes_limit // 2
+
+
 class ReaderSession:
     """Readers (one per partition) from a start position; acks only free flow credit: at most
     ``receiverQueueSize`` messages and ``outstanding_bytes_max`` payload bytes (but always one
@@ -41,9 +50,6 @@ class ReaderSession:
         self.service = service
         self.readers = readers
         self._limit = max(receiver_queue_size, 1)
-        self._refill_at = self._limit // 2
-        """Acknowledgements wake the sender once at most this many messages are outstanding, so
-        a catching-up reader reads in large batches (one thread hop each), not one per ack."""
         self._bytes_limit = outstanding_bytes_max
         self._sent: OrderedDict[str, int] = OrderedDict()  # message id -> payload bytes, oldest first
         self._outstanding_bytes = 0
@@ -127,7 +133,7 @@ class ReaderSession:
             size = self._sent.popitem(last=False)[1]
         if size is not None:
             self._outstanding_bytes -= size
-            if len(self._sent) <= self._refill_at or self._outstanding_bytes <= self._bytes_limit // 2:
+            if refill_due(len(self._sent), self._outstanding_bytes, self._limit, self._bytes_limit):
                 self._wake.set()
         return False
 
