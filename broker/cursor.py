@@ -501,7 +501,9 @@ class CursorManager:
                                properties=state.get("props", {}), ledgers=self._ledgers, store=self._store)
         # Written back unchanged: a broker that served the topic before, whose compare-and-set
         # expects this version, can no longer swap the snapshot (its cursor ledger is fenced).
-        cursor._snapshot_version = self._store.put(path, stat.value, stat.version).version
+        # Only the version matters, so the write need not be synced: on one machine there is no
+        # other broker, and a cluster's metadata store (ZooKeeper) makes every write durable.
+        cursor._snapshot_version = self._store.put(path, stat.value, stat.version, durable=False).version
         cursor._ledger = None  # a recovered ledger is closed; the next persist starts a new one
         cursor._retired_ledger_id = handle.ledger_id if handle is not None else -1
         self._cursors[name] = cursor

@@ -334,16 +334,12 @@ class ManagedLedger:
         from the confirmed end (a failed add's offsets are given out again, so no gap)."""
         assert self._current is not None
         handle, self._current = self._current, None
-        fenced = False
-        try:
-            handle.close()
-        except LedgerFenced:  # another broker recovered (and closed) it: the topic is its now
-            fenced = True
-        except MagnetarError:
-            pass  # after a failed add: whoever recovers the ledger closes it
-        with self._confirmed:
-            if fenced:
+        with contextlib.suppress(MagnetarError):  # after a failed add, whoever recovers the ledger closes it
+            try:
+                handle.close()
+            except LedgerFenced:  # another broker recovered (and closed) it: the topic is its now
                 self._taken_over = True
+        with self._confirmed:
             self._confirmed.wait_for(lambda: self._in_flight == 0, ADD_TIMEOUT_S)
         if self._taken_over:
             return  # its samples and the list are the new owner's to write
@@ -418,55 +414,57 @@ class ManagedLedger:
                 raise MessageTooLarge(f"entry of {len(payload)} bytes exceeds {size_max}")
         with self._lock:
             try:
-                self._check_writable()
-                self._maybe_roll_over()
-            except LedgerFenced:
+                return self._append_locked(payloads, message_counts, expected_offset, on_offsets)
+            except LedgerFenced:  # refused, or the ledger was fenced: another broker serves the topic
+                self._taken_over = True
                 self._factory.count_fenced_append()
                 raise
-            if expected_offset is not None and expected_offset != self._next_offset:
-                raise OffsetMismatch(
-                    f"expected offset {expected_offset} but the next offset of {self.display_name} is "
-                    f"{self._next_offset}",
-                    expected_offset=expected_offset, next_offset=self._next_offset)
-            if on_offsets is not None:
-                offset = self._next_offset
-                for reserve, count in zip(on_offsets, message_counts, strict=True):
-                    if reserve is not None:
-                        reserve(offset)
-                    offset += count
-            assert self._current is not None
-            publish_ms = max(self._now_ms(), self._last_publish_ms)
-            info = self._infos[-1]
-            entry_id, offset = self._current_next_entry_id, self._next_offset
-            added: list[AddResult] = []
-            ledger_id = info.ledger_id
-            last_offsets: list[int] = []
-            for count in message_counts:
-                offset += count
-                last_offsets.append(offset - 1)
-            datas = with_broker_entry_metadata_each(payloads, publish_ms, last_offsets)
+
+    def _append_locked(self, payloads: Sequence[bytes], message_counts: Sequence[int], expected_offset: int | None,
+                       on_offsets: Sequence[Callable[[int], None] | None] | None,
+                       ) -> tuple[Future[int], LedgerInfo, list[bytes], list[AddResult]]:
+        self._check_writable()
+        self._maybe_roll_over()
+        if expected_offset is not None and expected_offset != self._next_offset:
+            raise OffsetMismatch(
+                f"expected offset {expected_offset} but the next offset of {self.display_name} is "
+                f"{self._next_offset}",
+                expected_offset=expected_offset, next_offset=self._next_offset)
+        if on_offsets is not None:
             offset = self._next_offset
-            sample = self._sample
-            for data, last_offset in zip(datas, last_offsets, strict=True):
-                sample(info, entry_id, offset, publish_ms, len(data))
-                added.append(AddResult(Position(ledger_id, entry_id), offset, last_offset, publish_ms))
-                entry_id += 1
-                offset = last_offset + 1
+            for reserve, count in zip(on_offsets, message_counts, strict=True):
+                if reserve is not None:
+                    reserve(offset)
+                offset += count
+        assert self._current is not None
+        publish_ms = max(self._now_ms(), self._last_publish_ms)
+        info = self._infos[-1]
+        entry_id, offset = self._current_next_entry_id, self._next_offset
+        added: list[AddResult] = []
+        ledger_id = info.ledger_id
+        last_offsets: list[int] = []
+        for count in message_counts:
+            offset += count
+            last_offsets.append(offset - 1)
+        datas = with_broker_entry_metadata_each(payloads, publish_ms, last_offsets)
+        offset = self._next_offset
+        sample = self._sample
+        for data, last_offset in zip(datas, last_offsets, strict=True):
+            sample(info, entry_id, offset, publish_ms, len(data))
+            added.append(AddResult(Position(ledger_id, entry_id), offset, last_offset, publish_ms))
+            entry_id += 1
+            offset = last_offset + 1
+        with self._confirmed:
+            self._in_flight += 1
+        try:
+            ledger_future = self._current.add_entries(datas)
+        except BaseException:
             with self._confirmed:
-                self._in_flight += 1
-            try:
-                ledger_future = self._current.add_entries(datas)
-            except BaseException as exc:
-                with self._confirmed:
-                    self._in_flight -= 1
-                    if isinstance(exc, LedgerFenced):
-                        self._taken_over = True
-                if isinstance(exc, LedgerFenced):
-                    self._factory.count_fenced_append()
-                raise
-            self._current_next_entry_id = entry_id
-            self._next_offset = offset
-            self._last_publish_ms = publish_ms
+                self._in_flight -= 1
+            raise
+        self._current_next_entry_id = entry_id
+        self._next_offset = offset
+        self._last_publish_ms = publish_ms
         return ledger_future, info, datas, added
 
     def _on_group_added(self, ledger_future: Future[int], result: Future[list[AddResult]], info: LedgerInfo,

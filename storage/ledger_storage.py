@@ -500,6 +500,11 @@ class LedgerStorage:
             entry_id = meta.last_add_confirmed
             if entry_id < 0:
                 raise NoSuchEntry(f"ledger {ledger_id} has no confirmed entry")
+        data = self._cached(ledger_id, entry_id)
+        return data if data is not None else self._read_from_log(ledger_id, entry_id)
+
+    def _cached(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry from the write cache, the buffer being flushed or the read cache (counted)."""
         data = self._active.get(ledger_id, entry_id)
         if data is not None:
             self._hits[0] += 1
@@ -511,8 +516,7 @@ class LedgerStorage:
         data = self._read_cache.get(ledger_id, entry_id)
         if data is not None:
             self._hits[2] += 1
-            return data
-        return self._read_from_log(ledger_id, entry_id)
+        return data
 
     def get_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
         """Entries ``first..last`` of a ledger in order, each as :meth:`get_entry` returns it
@@ -521,34 +525,27 @@ class LedgerStorage:
         hits, which they would have been); what it read past ``last_entry_id`` goes to the cache."""
         self._meta(ledger_id)
         found: list[bytes] = []
-        hits = self._hits
         entry_id = first_entry_id
         while entry_id <= last_entry_id:
-            data = self._active.get(ledger_id, entry_id)
+            data = self._cached(ledger_id, entry_id)
             if data is not None:
-                hits[0] += 1
-            elif (data := self._flushing.get(ledger_id, entry_id)) is not None:
-                hits[1] += 1
-            elif (data := self._read_cache.get(ledger_id, entry_id)) is not None:
-                hits[2] += 1
-            else:
-                data, ahead = self._read_log_run(ledger_id, entry_id)
                 found.append(data)
                 entry_id += 1
-                used = 0
-                for ahead_entry, ahead_data in ahead:
-                    if ahead_entry != entry_id or entry_id > last_entry_id:
-                        break
-                    found.append(ahead_data)
-                    entry_id += 1
-                    used += 1
-                hits[2] += used
-                self._read_cache.count_hits(used)
-                for ahead_entry, ahead_data in ahead[used:]:
-                    self._read_cache.put(ledger_id, ahead_entry, ahead_data)
                 continue
+            data, ahead = self._read_log_run(ledger_id, entry_id)
             found.append(data)
             entry_id += 1
+            used = 0
+            for ahead_entry, ahead_data in ahead:
+                if ahead_entry != entry_id or entry_id > last_entry_id:
+                    break
+                found.append(ahead_data)
+                entry_id += 1
+                used += 1
+            self._hits[2] += used
+            self._read_cache.count_hits(used)
+            for ahead_entry, ahead_data in ahead[used:]:
+                self._read_cache.put(ledger_id, ahead_entry, ahead_data)
         return found
 
     def _read_from_log(self, ledger_id: int, entry_id: int) -> bytes:

@@ -23,7 +23,8 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,21 @@ class Completions:
                 self._cv.wait(remaining)
 
 
+@contextmanager
+def on_caller(directory: Path, *, fileio: FileIO | None = None, backstop_ms: float = LONG_BACKSTOP_MS,
+              ) -> Iterator[tuple[Journal, Completions, list[Callable[[], None]]]]:
+    """A started journal written on this thread when idle: its drains are collected in the
+    list (run one to act as the caller's event loop); closed on the way out."""
+    completions = Completions()
+    journal = open_journal(directory, completions, fileio)
+    scheduled: list[Callable[[], None]] = []
+    try:
+        journal.write_on_caller_thread(scheduled.append, backstop_ms=backstop_ms)
+        yield journal, completions, scheduled
+    finally:
+        journal.close()
+
+
 def open_journal(directory: Path, completions: Completions, fileio: FileIO | None = None) -> Journal:
     journal = Journal(str(directory), fileio or FileIO(), completions, sync=True, group_wait_ms=0.0,
                       group_bytes_max=1 << 20, file_bytes_max=1 << 20, preallocate_bytes=4096)
@@ -91,11 +107,7 @@ def replayed(directory: Path) -> list[int]:
 
 
 def test_an_idle_journal_is_written_by_the_caller_in_one_group(tmp_path: Path) -> None:
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+    with on_caller(tmp_path) as (journal, completions, scheduled):
         for entry_id in range(3):
             append(journal, entry_id)
         assert len(scheduled) == 1  # one drain per burst
@@ -104,17 +116,11 @@ def test_an_idle_journal_is_written_by_the_caller_in_one_group(tmp_path: Path) -
         assert completions.groups == [([0, 1, 2], None, threading.get_ident())]
         stats = journal.statistics()
         assert (stats.groups_on_caller_thread, stats.fsync_count, stats.records_written) == (1, 1, 3)
-    finally:
-        journal.close()
     assert replayed(tmp_path) == [0, 1, 2]
 
 
 def test_both_writers_keep_append_order(tmp_path: Path) -> None:
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+    with on_caller(tmp_path) as (journal, completions, scheduled):
         append(journal, 0)  # waits for the caller's drain
         other = threading.Thread(target=append, args=(journal, 1))  # queued: the writer thread wakes
         other.start()
@@ -127,8 +133,6 @@ def test_both_writers_keep_append_order(tmp_path: Path) -> None:
         scheduled.pop()()
         assert completions.tokens() == [0, 1, 2]
         assert completions.groups[-1][2] == threading.get_ident()
-    finally:
-        journal.close()
     assert replayed(tmp_path) == [0, 1, 2]
 
 
@@ -138,11 +142,7 @@ def test_a_caller_that_waits_on_its_own_record_is_covered_by_the_backstop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller_idle_s: float) -> None:
     """Polling, or asleep after the caller's idle time (then the record wakes it once)."""
     monkeypatch.setattr(journal_module, "CALLER_IDLE_S", caller_idle_s)
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=5.0)
+    with on_caller(tmp_path, backstop_ms=5.0) as (journal, completions, scheduled):
         if caller_idle_s == 0.0:  # let the writer thread go to sleep first
             deadline = time.monotonic() + WAIT_S
             while not journal._writer_asleep:
@@ -155,36 +155,24 @@ def test_a_caller_that_waits_on_its_own_record_is_covered_by_the_backstop(
         assert journal.statistics().groups_on_caller_thread == 0
         scheduled.pop()()  # a late drain finds nothing: the record is not written twice
         assert journal.statistics().records_written == 1
-    finally:
-        journal.close()
     assert replayed(tmp_path) == [0]
 
 
 def test_a_slow_fdatasync_sends_groups_back_to_the_writer_thread(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
     monkeypatch.setattr(journal_module, "CALLER_FSYNC_US_MAX", 0)  # every real fdatasync is "slow"
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+    with on_caller(tmp_path) as (journal, completions, scheduled):
         append(journal, 0)  # no fdatasync measured yet: the caller's
         scheduled.pop()()
         append(journal, 1)  # the last one took longer than 0 µs: the writer thread's
         completions.wait_for(2)
         assert scheduled == []
         assert [thread == threading.get_ident() for _, _, thread in completions.groups] == [True, False]
-    finally:
-        journal.close()
 
 
 def test_a_failing_fdatasync_fails_the_callers_group_and_later_records(tmp_path: Path) -> None:
-    completions = Completions()
     fileio = FaultyFileIO(seed=7)
-    journal = open_journal(tmp_path, completions, fileio)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+    with on_caller(tmp_path, fileio=fileio) as (journal, completions, scheduled):
         append(journal, 0)
         scheduled.pop()()
         fileio.inject("sync", "EIO", path_contains=".jnl")
@@ -197,8 +185,6 @@ def test_a_failing_fdatasync_fails_the_callers_group_and_later_records(tmp_path:
             ([0], True), ([1, 2], False), ([3], False)]
         assert isinstance(completions.groups[1][1], OSError)
         assert journal.failure is completions.groups[1][1]
-    finally:
-        journal.close()
 
 
 def test_records_left_for_the_caller_at_close_are_written(tmp_path: Path) -> None:
@@ -217,11 +203,7 @@ def test_turning_the_caller_path_off_while_the_writer_writes_strands_nothing(tmp
     """The caller's last drain finds the write lock taken (held here, as the writer thread holds
     it during a backstop commit) and the path is turned off meanwhile: the writer thread still
     writes the record once the lock is free."""
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+    with on_caller(tmp_path) as (journal, completions, scheduled):
         with journal._write_lock:
             append(journal, 0)
             journal.write_on_caller_thread(None)  # its drain cannot take the lock
@@ -230,17 +212,11 @@ def test_turning_the_caller_path_off_while_the_writer_writes_strands_nothing(tmp
         completions.wait_for(1)
         assert completions.groups[0][:2] == ([0], None)
         assert completions.groups[0][2] != threading.get_ident()
-    finally:
-        journal.close()
 
 
 def test_a_group_that_would_grow_the_file_is_left_to_the_writer_thread(tmp_path: Path) -> None:
     """The caller's thread never writes preallocation zeros (here 4 KiB at a time)."""
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
+    with on_caller(tmp_path) as (journal, completions, scheduled):
         append(journal, 0)
         scheduled.pop()()  # fits in the zeros the file started with: the caller's
         payload = b"p" * 10_000  # more than the zeros ahead (at most two steps of 4 KiB)
@@ -249,8 +225,6 @@ def test_a_group_that_would_grow_the_file_is_left_to_the_writer_thread(tmp_path:
         completions.wait_for(2)
         assert [(tokens, thread == threading.get_ident()) for tokens, _, thread in completions.groups] == [
             ([0], True), ([1], False)]
-    finally:
-        journal.close()
     assert replayed(tmp_path) == [0, 1]
 
 
@@ -282,27 +256,23 @@ def test_a_drain_that_finds_the_writer_busy_leaves_its_records_to_it(tmp_path: P
     """The writer thread commits a group the caller handed over (too big for the zeros ahead)
     while the caller appends again: the caller's drain cannot take the write lock, and the writer
     thread writes that record as soon as it is done, not a backstop period later."""
-    completions = Completions()
     fileio = GatedSyncFileIO()
-    journal = open_journal(tmp_path, completions, fileio)
-    scheduled: list[Callable[[], None]] = []
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=LONG_BACKSTOP_MS)
-        fileio.gate = True
-        payload = b"p" * 10_000
-        journal.append(encode_header(RECORD_ADD_ENTRY, 1, 0, payload), payload, 0)
-        scheduled.pop()()  # handed over: the writer thread commits it and waits in its sync
-        assert fileio.entered.wait(WAIT_S)
-        append(journal, 1)  # nothing queued: waits for the caller
-        scheduled.pop()()  # the write lock is the writer thread's
-        fileio.gate = False
-        fileio.release.set()
-        completions.wait_for(2)
-        assert completions.tokens() == [0, 1]
-        assert all(thread != threading.get_ident() for _, _, thread in completions.groups)
-    finally:
-        fileio.release.set()
-        journal.close()
+    with on_caller(tmp_path, fileio=fileio) as (journal, completions, scheduled):
+        try:
+            fileio.gate = True
+            payload = b"p" * 10_000
+            journal.append(encode_header(RECORD_ADD_ENTRY, 1, 0, payload), payload, 0)
+            scheduled.pop()()  # handed over: the writer thread commits it and waits in its sync
+            assert fileio.entered.wait(WAIT_S)
+            append(journal, 1)  # nothing queued: waits for the caller
+            scheduled.pop()()  # the write lock is the writer thread's
+            fileio.gate = False
+            fileio.release.set()
+            completions.wait_for(2)
+            assert completions.tokens() == [0, 1]
+            assert all(thread != threading.get_ident() for _, _, thread in completions.groups)
+        finally:
+            fileio.release.set()
 
 
 def test_a_caller_whose_loop_is_closed_still_gets_its_record_written(tmp_path: Path) -> None:
@@ -325,9 +295,6 @@ def test_concurrent_writers_keep_each_threads_order_and_complete_each_record_onc
     append: every record completes once, without error, and each thread's records complete and
     replay in the order that thread appended them."""
     rng = random.Random(17)
-    completions = Completions()
-    journal = open_journal(tmp_path, completions)
-    scheduled: list[Callable[[], None]] = []
     per_thread = 200
 
     def appender(thread_index: int) -> None:
@@ -336,8 +303,7 @@ def test_concurrent_writers_keep_each_threads_order_and_complete_each_record_onc
             if n % 20 == 0:
                 time.sleep(0.001)  # gaps, so the journal goes idle and the caller's path is taken too
 
-    try:
-        journal.write_on_caller_thread(scheduled.append, backstop_ms=1.0)
+    with on_caller(tmp_path, backstop_ms=1.0) as (journal, completions, scheduled):
         others = [threading.Thread(target=appender, args=(index,)) for index in (1, 2, 3)]
         for thread in others:
             thread.start()
@@ -355,8 +321,6 @@ def test_concurrent_writers_keep_each_threads_order_and_complete_each_record_onc
         assert all(error is None for _, error, _ in completions.groups)
         done = completions.tokens()
         assert sorted(done) == sorted(i * 10_000 + n for i in range(4) for n in range(per_thread))
-    finally:
-        journal.close()
     on_disk = replayed(tmp_path)
     for order in (done, on_disk):
         for index in range(4):
