@@ -277,9 +277,11 @@ def latency_row(broker: Broker, result: Latency, judged: bool) -> Row:
     ratio = "-" if not judged else f"p50 {p50 / LATENCY_TARGET_US:.2f}x of 1 ms (target <= 1.0x: " \
         f"{'met' if p50 <= LATENCY_TARGET_US else 'missed'})"
     server_share = result.cpu.server_s / max(result.cpu.wall_s, 1e-9)
+    server_us_per_message = result.cpu.server_s / max(result.received, 1) * 1e6
     return Row(f"{broker.name} latency at {result.sent_per_s:,.0f} msg/s", percentile_label(result), ratio,
                f"{result.detail}; max {max(result.latencies_us, default=float('nan')):,.0f} µs; "
-               f"the broker used {server_share:.0%} of a core; {load_note(result.cpu)}")
+               f"the broker used {server_share:.0%} of a core, {server_us_per_message:,.0f} µs of CPU per message "
+               f"(to compare with the unbatched publish's CPU per message); {load_note(result.cpu)}")
 
 
 MEASURES = ("batched", "unbatched", "consume", "latency")
