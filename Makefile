@@ -72,6 +72,7 @@ bench: $(STAMP) check-zookeeper
 	$(BIN)/python bench/cluster_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/event_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/binary_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/ws_edge_floor.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
