@@ -127,23 +127,29 @@ class ConsumerSession:
             self._credit.top_up()
 
     async def _receive_loop(self) -> None:
-        await command_loop(self.ws, self._handle, self._writer)
+        await command_loop(self.ws, self._handle, self._writer, self._apply)
 
     async def _handle(self, frame: dict[str, Any]) -> bool:
         """Apply one client frame; True when the session is over (unsubscribed)."""
+        if self._apply(frame):
+            return False
+        self.consumer.close()  # unsubscribe, the one frame that waits
+        for name in self.topics:
+            for partition in self.service.expand_partitions(name):
+                self.service.unsubscribe(partition, self.subscription)
+        await self._writer.flush()
+        await self.ws.close(1000, "unsubscribed")
+        return True
+
+    def _apply(self, frame: dict[str, Any]) -> bool:
+        """Apply a client frame that needs no waiting; False for ``unsubscribe``, which does."""
         kind = frame.get("type")
         if kind == "permit":
             self.consumer.flow(permits_of(frame))
         elif kind == "isEndOfTopic":
             self._writer.send([frame_text({"endOfTopic": self._end_of_topic()})])
         elif kind == "unsubscribe":
-            self.consumer.close()
-            for name in self.topics:
-                for partition in self.service.expand_partitions(name):
-                    self.service.unsubscribe(partition, self.subscription)
-            await self._writer.flush()
-            await self.ws.close(1000, "unsubscribed")
-            return True
+            return False
         elif kind == "negativeAcknowledge":
             topic, offset = self._locate(frame)
             self.consumer.nack(topic, [offset])
@@ -151,7 +157,7 @@ class ConsumerSession:
         else:  # Pulsar: a frame with no (or an unknown) type is an acknowledgement
             topic, offset = self._locate(frame)
             self._queue_ack(topic, offset)
-        return False
+        return True
 
     def _queue_ack(self, topic: str, offset: int) -> None:
         """Acks of one burst of frames reach the subscription together: one cursor update and

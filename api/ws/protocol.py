@@ -66,6 +66,13 @@ QUEUED_FRAMES_EXTENSION = "magnetar.websocket.queued_frames"
 frames already received and queued for the application, in order, up to ``frames_max``; it stops
 at anything else (a binary frame, a disconnect), which the next ``receive`` returns."""
 
+TEXT_HANDLER_EXTENSION = "magnetar.websocket.text_handler"
+"""ASGI scope extension: ``install(handler | None)``. While a handler is installed, the text frames
+of a socket read that finds the receive queue empty go to ``handler(texts)`` at once, on the event
+loop, instead of through the queue and ``receive``; the handler returns how many of them it
+applied, in order, and the rest are queued as before (and so is everything after them until the
+application has drained the queue), so frames are applied in the order they arrived."""
+
 DIRECT_WRITE_EXTENSION = "magnetar.websocket.write_frames"
 """ASGI scope extension: ``write(frames) -> bool`` writes text frames now, or returns False
 (nothing written) when the connection cannot take them without waiting."""
@@ -78,9 +85,11 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
     The frames a client sends on an open connection are nearly all whole, masked, uncompressed
     text frames (one per message or acknowledgement). Those are split, unmasked (websockets' C
     ``apply_mask``) and queued here, several per read, at a fraction of what the websockets parser
-    costs per frame. Every other whole frame (ping, pong, close, binary) is handed to the
-    websockets connection as it is, at a frame boundary, so the connection's parser and state
-    stay exactly as if it had read everything. Anything else (a fragment, reserved bits set by a
+    costs per frame; a consumer or reader session that installed a text handler gets them at
+    once instead, while nothing waits in the queue (``TEXT_HANDLER_EXTENSION``). Every other
+    whole frame (ping, pong, close, binary) is handed to the websockets connection as it is, at a
+    frame boundary, so the connection's parser and state stay exactly as if it had read
+    everything. Anything else (a fragment, reserved bits set by a
     negotiated extension, an unmasked frame, a frame over the size bound) hands that frame and
     everything after it to the websockets parser for the rest of the connection, which answers it
     as it always does; text that is not UTF-8 closes the connection with 1007. At most one
@@ -89,6 +98,7 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
 
     _fast_frames = True
     _partial = b""
+    _text_handler: Callable[[list[str]], int] | None = None
 
     closed_oversized = False
     """The peer sent a frame over the bound: closed with 1009, its further data is dropped."""
@@ -128,6 +138,11 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
         if scope is not None:  # the upgrade was accepted: the application task starts next
             scope["extensions"][DIRECT_WRITE_EXTENSION] = self.write_frames_now
             scope["extensions"][QUEUED_FRAMES_EXTENSION] = self.take_queued_frames
+            scope["extensions"][TEXT_HANDLER_EXTENSION] = self.install_text_handler
+
+    def install_text_handler(self, handler: Callable[[list[str]], int] | None) -> None:
+        """See ``TEXT_HANDLER_EXTENSION``; None goes back to queueing every frame."""
+        self._text_handler = handler
 
     def take_queued_frames(self, frames_max: int) -> list[str]:
         """The queued text frames, up to ``frames_max`` (see ``QUEUED_FRAMES_EXTENSION``); reading
@@ -222,6 +237,12 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
     def _deliver(self, texts: list[str]) -> None:
         if not texts or self.close_sent:  # past websocket.close: discarded, as uvicorn does
             return
+        handler = self._text_handler
+        if handler is not None and self.queue.empty():
+            applied = handler(texts)
+            if applied >= len(texts):
+                return
+            texts = texts[applied:]
         put = self.queue.put_nowait
         for text in texts:
             put({"type": "websocket.receive", "text": text})

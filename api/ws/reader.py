@@ -117,12 +117,18 @@ class ReaderSession:
         return out
 
     async def _receive_loop(self) -> None:
-        await command_loop(self.ws, self._handle, self._writer)
+        await command_loop(self.ws, self._handle, self._writer, self._apply)
 
     async def _handle(self, frame: dict[str, Any]) -> bool:
+        self._apply(frame)
+        return False
+
+    def _apply(self, frame: dict[str, Any]) -> bool:
+        """Apply one client frame (nothing a reader does waits): an acknowledgement or
+        ``isEndOfTopic``."""
         if frame.get("type") == "isEndOfTopic":
             self._writer.send([frame_text({"endOfTopic": self._end_of_topic()})])
-            return False
+            return True
         message_id = frame.get("messageId")
         if not isinstance(message_id, str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
@@ -135,7 +141,7 @@ class ReaderSession:
             self._outstanding_bytes -= size
             if refill_due(len(self._sent), self._outstanding_bytes, self._limit, self._bytes_limit):
                 self._wake.set()
-        return False
+        return True
 
     def _end_of_topic(self) -> bool:
         return all(r.end_of_topic() for r in self.readers)

@@ -27,7 +27,7 @@ from api.ws.frames import (
     receive_text,
     short,
 )
-from api.ws.protocol import QUEUED_FRAMES_EXTENSION, FrameWriter
+from api.ws.protocol import QUEUED_FRAMES_EXTENSION, TEXT_HANDLER_EXTENSION, FrameWriter
 from broker import MagnetarError
 
 log = logging.getLogger(__name__)
@@ -39,25 +39,61 @@ already received when it takes the first."""
 
 
 async def command_loop(websocket: WebSocket, handle: Callable[[dict[str, Any]], Awaitable[bool]],
-                        writer: FrameWriter) -> None:
+                        writer: FrameWriter, handle_now: Callable[[dict[str, Any]], bool] | None = None) -> None:
     """Consumer and reader sessions: apply each client frame with ``handle`` (True ends the
     session); a bad frame is answered with ``{"result": "error:<n>", "errorMsg"}`` (after the
-    frames already on their way) and the session goes on."""
-    take_queued: Callable[[int], list[str]] | None = (websocket.scope.get("extensions") or {}).get(
-        QUEUED_FRAMES_EXTENSION)
-    while (text := await receive_text(websocket)) is not None:
-        texts = [text]
-        if take_queued is not None:
-            texts += take_queued(COMMAND_FRAMES_PER_TURN_MAX)  # the frames that arrived with it
-        for one in texts:
+    frames already on their way) and the session goes on.
+
+    With ``handle_now`` (and a server that offers ``TEXT_HANDLER_EXTENSION``), frames that arrive
+    while this loop has nothing in hand are applied at once on the protocol's callback, without
+    the receive queue, a task switch and ASGI's ``receive`` per socket read: ``handle_now``
+    returns False for a frame that needs ``handle`` (one that awaits), which then takes that
+    frame and every later one, in order. An error other than a refusal leaves the frame to
+    ``handle`` too, where it ends the session as it always did."""
+    extensions = websocket.scope.get("extensions") or {}
+    take_queued: Callable[[int], list[str]] | None = extensions.get(QUEUED_FRAMES_EXTENSION)
+    install: Callable[[Callable[[list[str]], int] | None], None] | None = \
+        extensions.get(TEXT_HANDLER_EXTENSION) if handle_now is not None else None
+    in_hand = False
+
+    def apply_now(texts: list[str]) -> int:
+        if in_hand or handle_now is None:
+            return 0  # frames taken from the queue are still being applied: these wait their turn
+        for index, one in enumerate(texts):
             try:
-                if await handle(parse_frame(one)):
-                    return
-            except FrameError as exc:
-                writer.send([frame_text({"result": f"error:{exc.result_code}", "errorMsg": short(str(exc))})])
-            except MagnetarError as exc:
-                writer.send([frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code,
-                                          "errorMsg": short(str(exc))})])
+                if not handle_now(parse_frame(one)):
+                    return index
+            except (FrameError, MagnetarError) as exc:
+                writer.send([error_frame(exc)])
+            except Exception:  # applied again by ``handle``, where it ends the session
+                return index
+        return len(texts)
+
+    if install is not None:
+        install(apply_now)
+    try:
+        while (text := await receive_text(websocket)) is not None:
+            in_hand = True
+            texts = [text]
+            if take_queued is not None:
+                texts += take_queued(COMMAND_FRAMES_PER_TURN_MAX)  # the frames that arrived with it
+            for one in texts:
+                try:
+                    if await handle(parse_frame(one)):
+                        return
+                except (FrameError, MagnetarError) as exc:
+                    writer.send([error_frame(exc)])
+            in_hand = False
+    finally:
+        if install is not None:
+            install(None)
+
+
+def error_frame(exc: FrameError | MagnetarError) -> str:
+    """A consumer's or reader's answer to a frame it cannot apply."""
+    if isinstance(exc, FrameError):
+        return frame_text({"result": f"error:{exc.result_code}", "errorMsg": short(str(exc))})
+    return frame_text({"result": f"error:{UNKNOWN_ERROR}", "errorCode": exc.code, "errorMsg": short(str(exc))})
 
 
 def permits_of(frame: dict[str, Any]) -> int:
