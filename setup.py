@@ -2,12 +2,14 @@
 
 ``broker/entry_format/_range_columns.c`` (range reads: batch payloads to Arrow buffers),
 ``broker/entry_format/_varint.c`` (protobuf varints), ``broker/entry_format/_batch_encoder.c``
-(batch payloads on the write path) and ``broker/entry_format/_batch_decoder.c`` (batch payloads
-split on every read) are built when a C compiler is at hand. They are optional: without a
+(batch payloads on the write path), ``broker/entry_format/_batch_decoder.c`` (batch payloads
+split on every read) and ``broker/entry_format/_common_entry.c`` (the check of a common stored
+entry on every read) are built when a C compiler is at hand. They are optional: without a
 compiler the install still succeeds, ``columns.py`` builds the columns in Python
 (``NATIVE_COLUMNS`` is False), ``wire.py`` reads and writes varints in Python (``NATIVE_VARINT``
 is False) and ``batch.py`` encodes and splits batches in Python (``NATIVE_BATCH_ENCODER`` and
-``NATIVE_BATCH_DECODER`` are False).
+``NATIVE_BATCH_DECODER`` are False) and ``codec.py`` checks common entries in Python
+(``NATIVE_COMMON_ENTRY`` is False).
 """
 
 from setuptools import Extension, setup
@@ -17,4 +19,5 @@ setup(ext_modules=[
     Extension("broker.entry_format._varint", sources=["broker/entry_format/_varint.c"], optional=True),
     Extension("broker.entry_format._batch_encoder", sources=["broker/entry_format/_batch_encoder.c"], optional=True),
     Extension("broker.entry_format._batch_decoder", sources=["broker/entry_format/_batch_decoder.c"], optional=True),
+    Extension("broker.entry_format._common_entry", sources=["broker/entry_format/_common_entry.c"], optional=True),
 ])

@@ -483,6 +483,14 @@ def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
     return None if batch is None or batch[5] is not None else (memoryview(data)[batch[0] :], batch[1])
 
 
+try:
+    from broker.entry_format._common_entry import common_batch as _native_common_batch
+except ImportError:  # built without a C compiler (see setup.py)
+    NATIVE_COMMON_ENTRY = False
+else:
+    NATIVE_COMMON_ENTRY = True
+"""Whether common entries are checked by ``_common_entry.c`` rather than in Python."""
+
 _LoneFields = tuple[str | None, int | None, bytes | None, bool]
 """A non-batched entry's message fields kept in its ``MessageMetadata``: partition key, event
 time, ordering key, whether the key is base64 of binary."""
@@ -493,7 +501,14 @@ def _common_batch(data: bytes) -> _CommonEntry | None:
     """(payload start, message count, first offset, sequence id, delivery time, and for an entry
     that is not a batch its message's fields) of a verified common entry (see
     :func:`decode_messages`), or None, also for a malformed one (then ``decode_entry`` says
-    how)."""
+    how). Read by ``_common_entry.c`` when it was built, which returns exactly what
+    :func:`_python_common_batch` does (property-tested against it)."""
+    if NATIVE_COMMON_ENTRY and type(data) is bytes:
+        return _native_common_batch(data)
+    return _python_common_batch(data)
+
+
+def _python_common_batch(data: bytes) -> _CommonEntry | None:
     if data[:2] != _PREFIX_MAGIC:
         return None
     try:

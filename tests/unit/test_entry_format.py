@@ -13,6 +13,7 @@ import base64
 import contextlib
 import struct
 import zlib
+from typing import Any
 
 import cramjam
 import crc32c
@@ -1024,3 +1025,96 @@ def test_the_native_batch_decoder_leaves_a_repeated_key_to_the_python_decoder() 
     valid = b"\x12\x01b\x12\x01a\x18\x01"  # both UTF-8: the last key wins, whoever decodes
     buf = U32.pack(len(valid)) + valid + b"x"
     assert batch.decode_batch(buf, 1, 0, 0)[0].key == "a"
+
+
+def _with_fixed_checksum(data: bytearray) -> bytearray:
+    """``data`` with its 0x0e01 checksum recomputed (when its headers are still readable), so a
+    change inside the metadata reaches the field parser instead of failing the checksum."""
+    if len(data) >= 6 and data[:2] == b"\x0e\x02":
+        start = 6 + struct.unpack_from(">I", data, 2)[0]
+        if start + 10 <= len(data) and data[start:start + 2] == b"\x0e\x01":
+            struct.pack_into(">I", data, start + 2, crc32c.crc32c(bytes(data[start + 6:])))
+    return data
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(keys=st.lists(st.none() | texts, min_size=1, max_size=3), batched=st.booleans(),
+       properties=st.booleans(), compressed=st.booleans(), key_b64=st.booleans(),
+       event_time=st.none() | st.integers(min_value=0, max_value=UINT64_MAX),
+       ordering_key=st.none() | st.binary(max_size=4),
+       deliver_at=st.none() | st.integers(min_value=0, max_value=(1 << 63) - 1),
+       sequence_id=st.integers(min_value=0, max_value=UINT64_MAX - 3),
+       index=st.integers(min_value=0, max_value=UINT64_MAX),
+       edits=st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.integers(min_value=0, max_value=255)),
+                      max_size=3),
+       cut=st.none() | st.integers(min_value=0, max_value=400), fix_checksum=st.booleans())
+def test_the_native_common_entry_check_returns_what_the_python_check_returns(
+        keys: list[str | None], batched: bool, properties: bool, compressed: bool, key_b64: bool,
+        event_time: int | None, ordering_key: bytes | None, deliver_at: int | None, sequence_id: int, index: int,
+        edits: list[tuple[int, int]], cut: int | None, fix_checksum: bool) -> None:
+    """``_common_entry.c`` against ``_python_common_batch`` on the entries the broker stores (batched
+    or as Pulsar's clients send one message, with and without the fields that leave an entry to
+    the general decoder) and on those entries changed byte by byte and cut short, with the
+    checksum recomputed or not: the same tuple, or None for both."""
+    from broker.entry_format import codec
+
+    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    from broker.entry_format._common_entry import common_batch as native_common_batch
+
+    messages = [Message(b"payload-%d" % i, key=key, properties={"p": "v"} if properties else {},
+                        key_b64_encoded=key_b64 and key is not None, event_time_ms=event_time,
+                        ordering_key=ordering_key) for i, key in enumerate(keys)]
+    if event_time is not None and event_time >= 1 << 63:
+        messages = [m._replace(event_time_ms=None) for m in messages]
+    entry = encode(messages, sequence_id=sequence_id, deliver_at_time_ms=deliver_at,
+                   compression=Compression.ZLIB if compressed else Compression.NONE)
+    if not batched and len(messages) == 1:
+        entry = as_unbatched(entry) or entry
+    data = bytearray(with_broker_entry_metadata(entry, 9, index))
+    for position, value in edits:
+        data[position % len(data)] = value
+    if cut is not None:
+        del data[cut:]
+    if fix_checksum:
+        data = _with_fixed_checksum(data)
+    stored = bytes(data)
+    assert native_common_batch(stored) == codec._python_common_batch(stored)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(body=st.binary(max_size=80), fix_checksum=st.booleans())
+def test_the_native_common_entry_check_refuses_what_the_python_check_refuses(body: bytes, fix_checksum: bool) -> None:
+    """Arbitrary bytes after a broker prefix's magic: both checks agree on each."""
+    from broker.entry_format import codec
+
+    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    from broker.entry_format._common_entry import common_batch as native_common_batch
+
+    data = bytes(_with_fixed_checksum(bytearray(b"\x0e\x02" + body))) if fix_checksum else b"\x0e\x02" + body
+    assert native_common_batch(data) == codec._python_common_batch(data)
+
+
+@pytest.mark.parametrize(("fields", "index"), [
+    ({"deliver_at_time": -5}, 9),  # int64 below zero: ten bytes on the wire, read back signed
+    ({"deliver_at_time": (1 << 62) + 7}, 9),
+    ({"num_messages_in_batch": -1}, UINT64_MAX),  # a count past int32 (as its varint says)
+    ({"num_messages_in_batch": 3}, 1),  # more messages than the index allows
+    ({"event_time": UINT64_MAX, "partition_key": "k", "ordering_key": b"o", "partition_key_b64_encoded": True}, 9),
+    ({"schema_version": b"\x00\x01", "highest_sequence_id": 12}, 9),
+])
+def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict[str, Any], index: int) -> None:
+    """Metadata no encoder here writes, made with protobuf itself: both checks agree, field by field."""
+    from broker.entry_format import codec
+
+    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    from broker.entry_format._common_entry import common_batch as native_common_batch
+
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=4, publish_time=PUBLISH_MS, **fields)
+    body = metadata.SerializeToString()
+    rest = struct.pack(">I", len(body)) + body + b"payload"
+    entry = struct.pack(">HI", MAGIC_CRC32C, crc32c.crc32c(rest)) + rest
+    data = with_broker_entry_metadata(entry, 9, index)
+    expected = codec._python_common_batch(data)
+    assert native_common_batch(data) == expected
+    if fields.get("deliver_at_time") == -5:
+        assert expected is not None and expected[4] == -5

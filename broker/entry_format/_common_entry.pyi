@@ -1,0 +1,5 @@
+"""Types of the native common-entry check (``_common_entry.c``)."""
+
+from typing import Any
+
+def common_batch(data: bytes, /) -> tuple[int, int, int, int, int | None, tuple[Any, ...] | None] | None: ...
