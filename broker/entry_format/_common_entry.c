@@ -6,14 +6,16 @@
  * prefix (broker timestamp and index), a verified CRC32C, and a ``MessageMetadata`` with only the
  * fields Magnetar's producers and Pulsar's clients set without batching' extras, uncompressed.
  * In Python that check reads a dozen varints and tags one bytecode at a time, a large share of a
- * one-message entry's read. ``common_batch(data)`` does the same here.
+ * one-message entry's read. ``common_batch(data)`` does the same here, and
+ * ``common_metadata(data, start)`` what ``_parse_common_metadata`` does for the checksum and
+ * metadata alone (``common_client_entry``: an entry as a Pulsar client sends it).
  *
  * Invariants: for every bytes object, ``common_batch`` returns exactly what the Python
  * ``_common_batch`` returns, a tuple ``(payload start, message count, first offset, sequence id,
  * delivery time or None, lone fields or None)`` where the lone fields are ``(partition key or
  * None, event time or None, ordering key or None, key is base64)``, or None for every entry the
  * Python code would refuse or leave to the general decoder (property-tested against it, with
- * corruption). Varints follow wire.py's reader: at most ten bytes, at most 64 bits. The checksum
+ * corruption); likewise ``common_metadata`` and ``_python_parse_common_metadata``. Varints follow wire.py's reader: at most ten bytes, at most 64 bits. The checksum
  * is the ``crc32c`` package's, called once per entry over a view of the entry's bytes. Nothing
  * is raised but MemoryError.
  */
@@ -21,6 +23,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MAGIC_BROKER_ENTRY_METADATA 0x0E02
 #define MAGIC_CRC32C 0x0E01
@@ -74,18 +77,208 @@ static int checksum_matches(const unsigned char *p, Py_ssize_t n, uint32_t expec
     return value == expected;
 }
 
-static PyObject *common_batch(PyObject *self, PyObject *data) {
+/* A common MessageMetadata, as codec.py's ``_parse_common_metadata`` reads it. */
+typedef struct {
+    Py_ssize_t payload_start;
+    uint64_t count, sequence_id, deliver_at, event_time;
+    int lone, have_deliver, have_event, key_b64;
+    PyObject *producer, *key, *ordering_key; /* owned; key and ordering key may be NULL */
+} Metadata;
+
+static void metadata_clear(Metadata *m) {
+    Py_CLEAR(m->producer);
+    Py_CLEAR(m->key);
+    Py_CLEAR(m->ordering_key);
+}
+
+/* The checksum header at ``start`` and the MessageMetadata after it: 1 when they are of the
+ * common kind (``m`` filled), 0 when not (``m`` holds nothing), -1 on an error (raised). */
+static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, Metadata *m) {
+    memset(m, 0, sizeof(*m));
+    if (start < 0 || n - start < CHECKSUM_HEADER_BYTES) {
+        return 0;
+    }
+    if ((((uint32_t)p[start] << 8) | p[start + 1]) != MAGIC_CRC32C) {
+        return 0;
+    }
+    int matches = checksum_matches(p + start + 6, n - start - 6, be32(p + start + 2));
+    if (matches <= 0) {
+        return matches;
+    }
+    Py_ssize_t pos = start + CHECKSUM_HEADER_BYTES;
+    uint64_t metadata_size = be32(p + start + 6);
+    if (metadata_size > (uint64_t)(n - pos)) {
+        return 0;
+    }
+    Py_ssize_t payload_start = pos + (Py_ssize_t)metadata_size;
+    int have_sequence = 0, have_publish = 0, have_count = 0;
+    uint64_t value = 0, length = 0;
+    while (pos < payload_start) {
+        unsigned char tag = p[pos];
+        if (tag == 0x0A || tag == 0x32) { /* producer_name (1), partition_key (6): UTF-8 strings */
+            pos += 1;
+            if (read_varint(p, n, &pos, &length) < 0 || length > (uint64_t)(payload_start - pos)) {
+                goto refuse;
+            }
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)length, NULL);
+            if (text == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    goto fail;
+                }
+                PyErr_Clear();
+                goto refuse;
+            }
+            if (tag == 0x0A) {
+                Py_XSETREF(m->producer, text);
+            } else {
+                Py_XSETREF(m->key, text);
+            }
+            pos += (Py_ssize_t)length;
+        } else if (tag == 0x10 || tag == 0x18 || tag == 0x58 || tag == 0x40 || tag == 0x48 || tag == 0x60) {
+            pos += 1;
+            if (read_varint(p, n, &pos, &value) < 0) {
+                goto refuse;
+            }
+            switch (tag) {
+            case 0x10: m->sequence_id = value; have_sequence = 1; break;
+            case 0x18: have_publish = 1; break;
+            case 0x58: m->count = value; have_count = 1; break;
+            case 0x40:
+                if (value != 0) {
+                    goto refuse; /* compressed: decode_entry decompresses */
+                }
+                break;
+            case 0x60: m->event_time = value; m->have_event = 1; break;
+            default: break; /* uncompressed_size */
+            }
+        } else if (tag == 0x82 || tag == 0x92 || tag == 0x88 || tag == 0xC0 || tag == 0x98) {
+            /* fields 16-19 and 24: a two-byte tag */
+            if (pos + 1 >= n || p[pos + 1] != 0x01) {
+                goto refuse;
+            }
+            pos += 2;
+            if (read_varint(p, n, &pos, &value) < 0) {
+                goto refuse;
+            }
+            if (tag == 0x82 || tag == 0x92) { /* schema_version, ordering_key: bytes */
+                if (value > (uint64_t)(payload_start - pos)) {
+                    goto refuse;
+                }
+                if (tag == 0x92) {
+                    PyObject *bytes = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)value);
+                    if (bytes == NULL) {
+                        goto fail;
+                    }
+                    Py_XSETREF(m->ordering_key, bytes);
+                }
+                pos += (Py_ssize_t)value;
+            } else if (tag == 0x88) {
+                m->key_b64 = value != 0;
+            } else if (tag == 0x98) {
+                m->deliver_at = value;
+                m->have_deliver = 1;
+            }
+        } else {
+            goto refuse; /* properties, encryption, chunks, transactions, markers, replication */
+        }
+    }
+    m->lone = !have_count;
+    if (m->lone) {
+        m->count = 1;
+    }
+    if (pos != payload_start || m->producer == NULL || !have_sequence || !have_publish || m->count == 0 ||
+        m->count > INT32_MAX_VALUE) {
+        goto refuse;
+    }
+    m->payload_start = payload_start;
+    return 1;
+
+refuse:
+    metadata_clear(m);
+    return 0;
+
+fail:
+    metadata_clear(m);
+    return -1;
+}
+
+/* (delivery time or None, lone fields or None) as new references, or -1 on an error. */
+static int metadata_extras(const Metadata *m, PyObject **deliver, PyObject **lone) {
+    if (m->lone) {
+        PyObject *event = m->have_event ? PyLong_FromUnsignedLongLong(m->event_time) : Py_NewRef(Py_None);
+        if (event == NULL) {
+            return -1;
+        }
+        *lone = PyTuple_Pack(4, m->key != NULL ? m->key : Py_None, event,
+                             m->ordering_key != NULL ? m->ordering_key : Py_None, m->key_b64 ? Py_True : Py_False);
+        Py_DECREF(event);
+    } else {
+        *lone = Py_NewRef(Py_None);
+    }
+    if (*lone == NULL) {
+        return -1;
+    }
+    /* int64 on the wire: two's complement, as wire.py reads it */
+    *deliver = m->have_deliver ? PyLong_FromLongLong((long long)m->deliver_at) : Py_NewRef(Py_None);
+    if (*deliver == NULL) {
+        Py_CLEAR(*lone);
+        return -1;
+    }
+    return 0;
+}
+
+static int ready(PyObject *data) {
     if (crc32c_function == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "_common_entry: the crc32c package could not be imported");
-        return NULL;
+        return 0;
     }
     if (!PyBytes_CheckExact(data)) {
-        PyErr_SetString(PyExc_TypeError, "common_batch takes a bytes object");
+        PyErr_SetString(PyExc_TypeError, "_common_entry takes a bytes object");
+        return 0;
+    }
+    return 1;
+}
+
+/* common_metadata(data, start): codec._parse_common_metadata. */
+static PyObject *common_metadata(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "common_metadata takes a bytes object and a position");
+        return NULL;
+    }
+    if (!ready(args[0])) {
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Metadata m;
+    int parsed = parse_metadata((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
+                                start, &m);
+    if (parsed <= 0) {
+        if (parsed < 0) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    PyObject *deliver, *lone;
+    if (metadata_extras(&m, &deliver, &lone) < 0) {
+        metadata_clear(&m);
+        return NULL;
+    }
+    PyObject *result = Py_BuildValue("(nKKNNO)", m.payload_start, (unsigned long long)m.count,
+                                     (unsigned long long)m.sequence_id, deliver, lone, m.producer);
+    metadata_clear(&m);
+    return result;
+}
+
+/* common_batch(data): codec._common_batch. */
+static PyObject *common_batch(PyObject *self, PyObject *data) {
+    if (!ready(data)) {
         return NULL;
     }
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t n = PyBytes_GET_SIZE(data);
-    PyObject *producer = NULL, *key = NULL, *ordering_key = NULL, *result = NULL;
 
     /* the broker prefix: broker timestamp (1) and index (2), nothing else */
     if (n < 6 || p[0] != 0x0E || p[1] != 0x02) {
@@ -117,155 +310,35 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
         Py_RETURN_NONE;
     }
 
-    /* the checksum header and the MessageMetadata */
-    Py_ssize_t start = end;
-    if (n - start < CHECKSUM_HEADER_BYTES) {
+    Metadata m;
+    int parsed = parse_metadata(p, n, end, &m);
+    if (parsed <= 0) {
+        if (parsed < 0) {
+            return NULL;
+        }
         Py_RETURN_NONE;
     }
-    if ((((uint32_t)p[start] << 8) | p[start + 1]) != MAGIC_CRC32C) {
+    if (index < m.count - 1) {
+        metadata_clear(&m);
         Py_RETURN_NONE;
     }
-    int matches = checksum_matches(p + start + 6, n - start - 6, be32(p + start + 2));
-    if (matches < 0) {
+    PyObject *deliver, *lone;
+    if (metadata_extras(&m, &deliver, &lone) < 0) {
+        metadata_clear(&m);
         return NULL;
     }
-    if (!matches) {
-        Py_RETURN_NONE;
-    }
-    pos = start + CHECKSUM_HEADER_BYTES;
-    uint64_t metadata_size = be32(p + start + 6);
-    if (metadata_size > (uint64_t)(n - pos)) {
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t payload_start = pos + (Py_ssize_t)metadata_size;
-    int have_sequence = 0, have_publish = 0, have_count = 0, have_deliver = 0, have_event = 0, key_b64 = 0;
-    uint64_t sequence_id = 0, count = 0, deliver_at = 0, event_time = 0, length = 0;
-    while (pos < payload_start) {
-        unsigned char tag = p[pos];
-        if (tag == 0x0A || tag == 0x32) { /* producer_name (1), partition_key (6): UTF-8 strings */
-            pos += 1;
-            if (read_varint(p, n, &pos, &length) < 0 || length > (uint64_t)(payload_start - pos)) {
-                goto refuse;
-            }
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)length, NULL);
-            if (text == NULL) {
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                    goto fail;
-                }
-                PyErr_Clear();
-                goto refuse;
-            }
-            if (tag == 0x0A) {
-                Py_XSETREF(producer, text);
-            } else {
-                Py_XSETREF(key, text);
-            }
-            pos += (Py_ssize_t)length;
-        } else if (tag == 0x10 || tag == 0x18 || tag == 0x58 || tag == 0x40 || tag == 0x48 || tag == 0x60) {
-            pos += 1;
-            if (read_varint(p, n, &pos, &value) < 0) {
-                goto refuse;
-            }
-            switch (tag) {
-            case 0x10: sequence_id = value; have_sequence = 1; break;
-            case 0x18: have_publish = 1; break;
-            case 0x58: count = value; have_count = 1; break;
-            case 0x40:
-                if (value != 0) {
-                    goto refuse; /* compressed: decode_entry decompresses */
-                }
-                break;
-            case 0x60: event_time = value; have_event = 1; break;
-            default: break; /* uncompressed_size */
-            }
-        } else if (tag == 0x82 || tag == 0x92 || tag == 0x88 || tag == 0xC0 || tag == 0x98) {
-            /* fields 16-19 and 24: a two-byte tag */
-            if (pos + 1 >= n || p[pos + 1] != 0x01) {
-                goto refuse;
-            }
-            pos += 2;
-            if (read_varint(p, n, &pos, &value) < 0) {
-                goto refuse;
-            }
-            if (tag == 0x82 || tag == 0x92) { /* schema_version, ordering_key: bytes */
-                if (value > (uint64_t)(payload_start - pos)) {
-                    goto refuse;
-                }
-                if (tag == 0x92) {
-                    PyObject *bytes = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)value);
-                    if (bytes == NULL) {
-                        goto fail;
-                    }
-                    Py_XSETREF(ordering_key, bytes);
-                }
-                pos += (Py_ssize_t)value;
-            } else if (tag == 0x88) {
-                key_b64 = value != 0;
-            } else if (tag == 0x98) {
-                deliver_at = value;
-                have_deliver = 1;
-            }
-        } else {
-            goto refuse; /* properties, encryption, chunks, transactions, markers, replication */
-        }
-    }
-    int lone = !have_count;
-    if (lone) {
-        count = 1;
-    }
-    if (pos != payload_start || producer == NULL || !have_sequence || !have_publish || count == 0 ||
-        count > INT32_MAX_VALUE || index < count - 1) {
-        goto refuse;
-    }
-    PyObject *lone_fields;
-    if (lone) {
-        PyObject *event = have_event ? PyLong_FromUnsignedLongLong(event_time) : Py_NewRef(Py_None);
-        if (event == NULL) {
-            goto fail;
-        }
-        lone_fields = PyTuple_Pack(4, key != NULL ? key : Py_None, event,
-                                   ordering_key != NULL ? ordering_key : Py_None, key_b64 ? Py_True : Py_False);
-        Py_DECREF(event);
-    } else {
-        lone_fields = Py_NewRef(Py_None);
-    }
-    if (lone_fields == NULL) {
-        goto fail;
-    }
-    PyObject *deliver;
-    if (have_deliver) {
-        deliver = PyLong_FromLongLong((long long)deliver_at); /* int64: two's complement, as wire.py */
-        if (deliver == NULL) {
-            Py_DECREF(lone_fields);
-            goto fail;
-        }
-    } else {
-        deliver = Py_NewRef(Py_None);
-    }
-    result = Py_BuildValue("(nKKKNN)", payload_start, (unsigned long long)count,
-                           (unsigned long long)(index - (count - 1)), (unsigned long long)sequence_id, deliver,
-                           lone_fields);
-    Py_XDECREF(producer);
-    Py_XDECREF(key);
-    Py_XDECREF(ordering_key);
+    PyObject *result = Py_BuildValue("(nKKKNN)", m.payload_start, (unsigned long long)m.count,
+                                     (unsigned long long)(index - (m.count - 1)), (unsigned long long)m.sequence_id,
+                                     deliver, lone);
+    metadata_clear(&m);
     return result;
-
-refuse:
-    Py_XDECREF(producer);
-    Py_XDECREF(key);
-    Py_XDECREF(ordering_key);
-    Py_RETURN_NONE;
-
-fail:
-    Py_XDECREF(producer);
-    Py_XDECREF(key);
-    Py_XDECREF(ordering_key);
-    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"common_batch", common_batch, METH_O,
      "codec._common_batch of a bytes object: the common entry's fields, or None."},
+    {"common_metadata", (PyCFunction)(void (*)(void))common_metadata, METH_FASTCALL,
+     "codec._parse_common_metadata of a bytes object at a position: the metadata's fields, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,3 +3,6 @@
 from typing import Any
 
 def common_batch(data: bytes, /) -> tuple[int, int, int, int, int | None, tuple[Any, ...] | None] | None: ...
+def common_metadata(
+    data: bytes, start: int, /
+) -> tuple[int, int, int, int | None, tuple[Any, ...] | None, str] | None: ...

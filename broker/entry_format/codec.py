@@ -485,6 +485,7 @@ def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
 
 try:
     from broker.entry_format._common_entry import common_batch as _native_common_batch
+    from broker.entry_format._common_entry import common_metadata as _native_common_metadata
 except ImportError:  # built without a C compiler (see setup.py)
     NATIVE_COMMON_ENTRY = False
 else:
@@ -531,17 +532,26 @@ def _parse_common_batch(data: bytes) -> _CommonEntry | None:
             return None
     if pos != end or timestamp is None or index is None:
         return None
-    parsed = _parse_common_metadata(data, end)
+    parsed = _python_parse_common_metadata(data, end)
     if parsed is None or index - parsed[1] + 1 < 0:
         return None
     payload_start, count, sequence_id, deliver_at, lone, _producer = parsed
     return payload_start, count, index - count + 1, sequence_id, deliver_at, lone
 
 
-def _parse_common_metadata(data: bytes, start: int) -> tuple[int, int, int, int | None, _LoneFields | None, str] | None:
+_CommonMetadata = tuple[int, int, int, int | None, _LoneFields | None, str]
+
+
+def _parse_common_metadata(data: bytes, start: int) -> _CommonMetadata | None:
     """(payload start, message count, sequence id, delivery time, a lone message's fields,
     producer name) of the verified checksum and ``MessageMetadata`` at ``start`` of a common
-    entry, or None (see :func:`_common_batch`)."""
+    entry, or None (see :func:`_common_batch`); ``_common_entry.c`` reads it when it was built."""
+    if NATIVE_COMMON_ENTRY and type(data) is bytes:
+        return _native_common_metadata(data, start)
+    return _python_parse_common_metadata(data, start)
+
+
+def _python_parse_common_metadata(data: bytes, start: int) -> _CommonMetadata | None:
     read = read_varint
     magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
     if magic != MAGIC_CRC32C or crc32c.crc32c(memoryview(data)[start + 6 :]) != stored_checksum:

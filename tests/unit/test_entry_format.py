@@ -1047,19 +1047,22 @@ def _with_fixed_checksum(data: bytearray) -> bytearray:
        index=st.integers(min_value=0, max_value=UINT64_MAX),
        edits=st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.integers(min_value=0, max_value=255)),
                       max_size=3),
-       cut=st.none() | st.integers(min_value=0, max_value=400), fix_checksum=st.booleans())
+       cut=st.none() | st.integers(min_value=0, max_value=400), fix_checksum=st.booleans(),
+       client_form=st.booleans())
 def test_the_native_common_entry_check_returns_what_the_python_check_returns(
         keys: list[str | None], batched: bool, properties: bool, compressed: bool, key_b64: bool,
         event_time: int | None, ordering_key: bytes | None, deliver_at: int | None, sequence_id: int, index: int,
-        edits: list[tuple[int, int]], cut: int | None, fix_checksum: bool) -> None:
-    """``_common_entry.c`` against ``_python_common_batch`` on the entries the broker stores (batched
-    or as Pulsar's clients send one message, with and without the fields that leave an entry to
-    the general decoder) and on those entries changed byte by byte and cut short, with the
+        edits: list[tuple[int, int]], cut: int | None, fix_checksum: bool, client_form: bool) -> None:
+    """``_common_entry.c`` against ``_python_common_batch`` and ``_python_parse_common_metadata`` on
+    the entries the broker stores (batched or as Pulsar's clients send one message, with and
+    without the fields that leave an entry to the general decoder), stored or as a client sends
+    them (no broker prefix), and on those entries changed byte by byte and cut short, with the
     checksum recomputed or not: the same tuple, or None for both."""
     from broker.entry_format import codec
 
     assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_batch as native_common_batch
+    from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
     messages = [Message(b"payload-%d" % i, key=key, properties={"p": "v"} if properties else {},
                         key_b64_encoded=key_b64 and key is not None, event_time_ms=event_time,
@@ -1070,7 +1073,7 @@ def test_the_native_common_entry_check_returns_what_the_python_check_returns(
                    compression=Compression.ZLIB if compressed else Compression.NONE)
     if not batched and len(messages) == 1:
         entry = as_unbatched(entry) or entry
-    data = bytearray(with_broker_entry_metadata(entry, 9, index))
+    data = bytearray(entry if client_form else with_broker_entry_metadata(entry, 9, index))
     for position, value in edits:
         data[position % len(data)] = value
     if cut is not None:
@@ -1079,6 +1082,19 @@ def test_the_native_common_entry_check_returns_what_the_python_check_returns(
         data = _with_fixed_checksum(data)
     stored = bytes(data)
     assert native_common_batch(stored) == codec._python_common_batch(stored)
+    metadata_at = 0 if client_form or len(stored) < 6 else 6 + struct.unpack_from(">I", stored, 2)[0]
+    assert native_common_metadata(stored, metadata_at) == _python_metadata_or_none(stored, metadata_at)
+
+
+def _python_metadata_or_none(data: bytes, start: int) -> object:
+    """``_python_parse_common_metadata``, with what it raises for a malformed entry as None (what
+    its callers make of it)."""
+    from broker.entry_format import codec
+
+    try:
+        return codec._python_parse_common_metadata(data, start)
+    except (IndexError, ValueError, CorruptEntry, struct.error):
+        return None
 
 
 @settings(max_examples=1000, deadline=None)
@@ -1089,9 +1105,14 @@ def test_the_native_common_entry_check_refuses_what_the_python_check_refuses(bod
 
     assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_batch as native_common_batch
+    from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
     data = bytes(_with_fixed_checksum(bytearray(b"\x0e\x02" + body))) if fix_checksum else b"\x0e\x02" + body
     assert native_common_batch(data) == codec._python_common_batch(data)
+    client = bytearray(b"\x0e\x01" + body)
+    if fix_checksum and len(client) >= 10:
+        struct.pack_into(">I", client, 2, crc32c.crc32c(bytes(client[6:])))
+    assert native_common_metadata(bytes(client), 0) == _python_metadata_or_none(bytes(client), 0)
 
 
 @pytest.mark.parametrize(("fields", "index"), [
@@ -1108,6 +1129,7 @@ def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict
 
     assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_batch as native_common_batch
+    from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
     metadata = pb.MessageMetadata(producer_name="p", sequence_id=4, publish_time=PUBLISH_MS, **fields)
     body = metadata.SerializeToString()
@@ -1116,5 +1138,6 @@ def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict
     data = with_broker_entry_metadata(entry, 9, index)
     expected = codec._python_common_batch(data)
     assert native_common_batch(data) == expected
+    assert native_common_metadata(entry, 0) == _python_metadata_or_none(entry, 0)
     if fields.get("deliver_at_time") == -5:
         assert expected is not None and expected[4] == -5
