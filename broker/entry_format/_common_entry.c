@@ -3,9 +3,9 @@
  *
  * Role: every read of an entry the broker wrote (a dispatch, a WebSocket reader, a range read)
  * first asks codec.py's ``_common_batch`` whether the entry is of the common kind: a broker
- * prefix (broker timestamp and index), a verified CRC32C, and a ``MessageMetadata`` with only the
- * fields Magnetar's producers and Pulsar's clients set without batching' extras, uncompressed.
- * In Python that check reads a dozen varints and tags one bytecode at a time, a large share of a
+ * prefix (broker timestamp and index), a verified CRC32C, and an uncompressed
+ * ``MessageMetadata`` with only the fields Magnetar's producers and Pulsar's clients set. In
+ * Python that check reads a dozen varints and tags one bytecode at a time, a large share of a
  * one-message entry's read. ``common_batch(data)`` does the same here, and
  * ``common_metadata(data, start)`` what ``_parse_common_metadata`` does for the checksum and
  * metadata alone (``common_client_entry``: an entry as a Pulsar client sends it).
@@ -15,9 +15,10 @@
  * delivery time or None, lone fields or None)`` where the lone fields are ``(partition key or
  * None, event time or None, ordering key or None, key is base64)``, or None for every entry the
  * Python code would refuse or leave to the general decoder (property-tested against it, with
- * corruption); likewise ``common_metadata`` and ``_python_parse_common_metadata``. Varints follow wire.py's reader: at most ten bytes, at most 64 bits. The checksum
- * is the ``crc32c`` package's, called once per entry over a view of the entry's bytes. Nothing
- * is raised but MemoryError.
+ * corruption); likewise ``common_metadata`` and ``_python_parse_common_metadata``. Varints
+ * follow wire.py's reader: at most ten bytes, at most 64 bits. The checksum is the ``crc32c``
+ * package's, called once per entry over a view of the entry's bytes. Nothing is raised but
+ * MemoryError.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -281,7 +282,7 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
     Py_ssize_t n = PyBytes_GET_SIZE(data);
 
     /* the broker prefix: broker timestamp (1) and index (2), nothing else */
-    if (n < 6 || p[0] != 0x0E || p[1] != 0x02) {
+    if (n < 6 || (((uint32_t)p[0] << 8) | p[1]) != MAGIC_BROKER_ENTRY_METADATA) {
         Py_RETURN_NONE;
     }
     Py_ssize_t end = 6 + (Py_ssize_t)be32(p + 2);
