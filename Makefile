@@ -11,7 +11,7 @@ PORT ?= 8080
 .PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper clean demo soak-cluster
 
 # setup.py builds the optional native accelerators broker/entry_format/*.c (skipped without a C compiler).
-$(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c)
+$(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c broker/entry_format/*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

@@ -18,6 +18,8 @@ setup(ext_modules=[
     Extension("broker.entry_format._range_columns", sources=["broker/entry_format/_range_columns.c"], optional=True),
     Extension("broker.entry_format._varint", sources=["broker/entry_format/_varint.c"], optional=True),
     Extension("broker.entry_format._batch_encoder", sources=["broker/entry_format/_batch_encoder.c"], optional=True),
-    Extension("broker.entry_format._batch_decoder", sources=["broker/entry_format/_batch_decoder.c"], optional=True),
-    Extension("broker.entry_format._common_entry", sources=["broker/entry_format/_common_entry.c"], optional=True),
+    Extension("broker.entry_format._batch_decoder", sources=["broker/entry_format/_batch_decoder.c"],
+              depends=["broker/entry_format/_wire.h"], optional=True),
+    Extension("broker.entry_format._common_entry", sources=["broker/entry_format/_common_entry.c"],
+              depends=["broker/entry_format/_wire.h"], optional=True),
 ])

@@ -358,12 +358,9 @@ class ManagedLedger:
         """No more writes, ever; returns the last position."""
         with self._lock:
             self._refuse_if_taken_over()
-            self._terminated = True
             if self._current is not None:
-                self._close_current()
-            if self._taken_over:
-                self._terminated = False
-                self._refuse_if_taken_over()
+                self._retire_current()
+            self._terminated = True
             self._save()
             return self._last_confirmed
 
@@ -546,6 +543,12 @@ class ManagedLedger:
         elif self._current is None:
             self._open_new_ledger()  # the last attempt could not save the ledger list
 
+    def _retire_current(self) -> None:
+        """``_close_current``, then ``LedgerFenced`` if closing found the topic taken over (the
+        caller must not go on to write anything: the ledger list is the new owner's)."""
+        self._close_current()
+        self._refuse_if_taken_over()
+
     def _refuse_if_taken_over(self) -> None:
         if self._taken_over:
             raise LedgerFenced(f"another broker recovered {self.display_name} (fenced its ledger or rewrote its "
@@ -554,8 +557,7 @@ class ManagedLedger:
     def _recover_from_failure(self) -> None:
         """After a failed add: abandon the ledger at its LAC and continue in a new one."""
         if self._current is not None:
-            self._close_current()
-            self._refuse_if_taken_over()
+            self._retire_current()
         self._failure = None
         self._open_new_ledger()
 
@@ -567,8 +569,7 @@ class ManagedLedger:
         if (self._current_next_entry_id >= self.config.ledger_entries_max
                 or info.size_bytes >= self.config.ledger_size_bytes_max
                 or age_ms >= self.config.ledger_age_ms_max):
-            self._close_current()
-            self._refuse_if_taken_over()
+            self._retire_current()
             self._open_new_ledger()
 
     def _on_added(self, ledger_future: Future[int], result: Future[AddResult], info: LedgerInfo, data: bytes,
@@ -827,8 +828,7 @@ class ManagedLedger:
             self._refuse_if_taken_over()  # its ledgers and list are another broker's now
             self._closed = True  # no append may open a ledger for the deleted topic
             if self._current is not None:
-                self._close_current()
-                self._refuse_if_taken_over()
+                self._retire_current()
             for info in self._infos:
                 self._ledgers.delete(info.ledger_id)
             self._infos = []

@@ -21,36 +21,17 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_wire.h"
+
 static PyTypeObject *message_type = NULL; /* DecodedMessage: a tuple subclass of 12 fields */
 
 #define FIELDS 12
-
-/* One varint at *pos, before end; 0 when it runs past end or past 64 bits. */
-static int read_varint(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, uint64_t *out) {
-    uint64_t value = 0;
-    int shift = 0;
-    Py_ssize_t i = *pos;
-    while (i < end && shift <= 63) {
-        unsigned char b = p[i++];
-        if (shift == 63 && (b & 0x7F) > 1) {
-            return 0;
-        }
-        value |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            *pos = i;
-            *out = value;
-            return 1;
-        }
-        shift += 7;
-    }
-    return 0;
-}
 
 /* A length-delimited field's bounds at *pos (after its tag), within end. */
 static int read_span(const unsigned char *p, Py_ssize_t end, Py_ssize_t *pos, Py_ssize_t *start,
                      Py_ssize_t *stop) {
     uint64_t length;
-    if (!read_varint(p, end, pos, &length) || length > (uint64_t)(end - *pos)) {
+    if (!wire_read_varint(p, end, pos, &length) || length > (uint64_t)(end - *pos)) {
         return 0;
     }
     *start = *pos;
@@ -111,15 +92,15 @@ static PyObject *decode_one(const unsigned char *p, Py_ssize_t total, Py_ssize_t
         Py_ssize_t start, stop;
         switch (tag) {
             case 0x18: /* payload_size */
-                if (!read_varint(p, end, &at, &payload_size)) goto fallback;
+                if (!wire_read_varint(p, end, &at, &payload_size)) goto fallback;
                 has_payload_size = 1;
                 break;
             case 0x40: /* sequence_id */
-                if (!read_varint(p, end, &at, &sequence_id)) goto fallback;
+                if (!wire_read_varint(p, end, &at, &sequence_id)) goto fallback;
                 has_sequence_id = 1;
                 break;
             case 0x28: /* event_time */
-                if (!read_varint(p, end, &at, &event_time)) goto fallback;
+                if (!wire_read_varint(p, end, &at, &event_time)) goto fallback;
                 has_event_time = 1;
                 break;
             case 0x12: /* partition_key (the Python decoder decodes every occurrence: leave a repeat to it) */
@@ -132,7 +113,7 @@ static PyObject *decode_one(const unsigned char *p, Py_ssize_t total, Py_ssize_t
                 if (!read_span(p, end, &at, &start, &stop) || !add_property(props, p, start, stop)) goto fallback;
                 break;
             case 0x30: case 0x20: case 0x48: case 0x50: /* the bools */
-                if (!read_varint(p, end, &at, &value)) goto fallback;
+                if (!wire_read_varint(p, end, &at, &value)) goto fallback;
                 if (tag == 0x30) key_b64 = value != 0;
                 else if (tag == 0x20) compacted_out = value != 0;
                 else if (tag == 0x48) null_value = value != 0;

@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_wire.h"
+
 #define MAGIC_BROKER_ENTRY_METADATA 0x0E02
 #define MAGIC_CRC32C 0x0E01
 #define CHECKSUM_HEADER_BYTES 10
@@ -35,28 +37,6 @@ static PyObject *crc32c_function = NULL;
 
 static uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-
-/* The varint at *pos (bounded by n): 0 and the value with *pos past it, or -1 for one that runs
- * past n, is longer than ten bytes or wider than 64 bits (wire.py's reader raises for those). */
-static int read_varint(const unsigned char *p, Py_ssize_t n, Py_ssize_t *pos, uint64_t *out) {
-    uint64_t value = 0;
-    int shift = 0;
-    Py_ssize_t i = *pos;
-    while (i < n && shift <= 63) {
-        unsigned char b = p[i++];
-        if (shift == 63 && (b & 0x7F) > 1) {
-            return -1;
-        }
-        value |= (uint64_t)(b & 0x7F) << shift;
-        if (b < 0x80) {
-            *pos = i;
-            *out = value;
-            return 0;
-        }
-        shift += 7;
-    }
-    return -1;
 }
 
 /* 1 when the CRC32C of p[0:n] is ``expected``, 0 when not, -1 on an error (raised). */
@@ -118,7 +98,7 @@ static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start
         unsigned char tag = p[pos];
         if (tag == 0x0A || tag == 0x32) { /* producer_name (1), partition_key (6): UTF-8 strings */
             pos += 1;
-            if (read_varint(p, n, &pos, &length) < 0 || length > (uint64_t)(payload_start - pos)) {
+            if (!wire_read_varint(p, n, &pos, &length) || length > (uint64_t)(payload_start - pos)) {
                 goto refuse;
             }
             PyObject *text = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)length, NULL);
@@ -137,7 +117,7 @@ static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start
             pos += (Py_ssize_t)length;
         } else if (tag == 0x10 || tag == 0x18 || tag == 0x58 || tag == 0x40 || tag == 0x48 || tag == 0x60) {
             pos += 1;
-            if (read_varint(p, n, &pos, &value) < 0) {
+            if (!wire_read_varint(p, n, &pos, &value)) {
                 goto refuse;
             }
             switch (tag) {
@@ -158,7 +138,7 @@ static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start
                 goto refuse;
             }
             pos += 2;
-            if (read_varint(p, n, &pos, &value) < 0) {
+            if (!wire_read_varint(p, n, &pos, &value)) {
                 goto refuse;
             }
             if (tag == 0x82 || tag == 0x92) { /* schema_version, ordering_key: bytes */
@@ -228,11 +208,19 @@ static int metadata_extras(const Metadata *m, PyObject **deliver, PyObject **lon
     return 0;
 }
 
-static int ready(PyObject *data) {
-    if (crc32c_function == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_common_entry: the crc32c package could not be imported");
-        return 0;
+/* parse_metadata, with the delivery time and lone fields built when it is of the common kind
+ * (both new references, and ``m`` to clear). */
+static int parse_with_extras(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, Metadata *m,
+                             PyObject **deliver, PyObject **lone) {
+    int parsed = parse_metadata(p, n, start, m);
+    if (parsed > 0 && metadata_extras(m, deliver, lone) < 0) {
+        metadata_clear(m);
+        return -1;
     }
+    return parsed;
+}
+
+static int ready(PyObject *data) { /* crc32c_function is set: the module does not load without it */
     if (!PyBytes_CheckExact(data)) {
         PyErr_SetString(PyExc_TypeError, "_common_entry takes a bytes object");
         return 0;
@@ -254,18 +242,11 @@ static PyObject *common_metadata(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Metadata m;
-    int parsed = parse_metadata((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
-                                start, &m);
-    if (parsed <= 0) {
-        if (parsed < 0) {
-            return NULL;
-        }
-        Py_RETURN_NONE;
-    }
     PyObject *deliver, *lone;
-    if (metadata_extras(&m, &deliver, &lone) < 0) {
-        metadata_clear(&m);
-        return NULL;
+    int parsed = parse_with_extras((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
+                                   start, &m, &deliver, &lone);
+    if (parsed <= 0) {
+        return parsed < 0 ? NULL : Py_NewRef(Py_None);
     }
     PyObject *result = Py_BuildValue("(nKKNNO)", m.payload_start, (unsigned long long)m.count,
                                      (unsigned long long)m.sequence_id, deliver, lone, m.producer);
@@ -297,7 +278,7 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
         if (tag != 0x08 && tag != 0x10) {
             Py_RETURN_NONE;
         }
-        if (read_varint(p, n, &pos, &value) < 0) {
+        if (!wire_read_varint(p, n, &pos, &value)) {
             Py_RETURN_NONE;
         }
         if (tag == 0x08) {
@@ -312,21 +293,16 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
     }
 
     Metadata m;
-    int parsed = parse_metadata(p, n, end, &m);
-    if (parsed <= 0) {
-        if (parsed < 0) {
-            return NULL;
-        }
-        Py_RETURN_NONE;
-    }
-    if (index < m.count - 1) {
-        metadata_clear(&m);
-        Py_RETURN_NONE;
-    }
     PyObject *deliver, *lone;
-    if (metadata_extras(&m, &deliver, &lone) < 0) {
+    int parsed = parse_with_extras(p, n, end, &m, &deliver, &lone);
+    if (parsed <= 0) {
+        return parsed < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (index < m.count - 1) { /* more messages than offsets up to the index */
+        Py_DECREF(deliver);
+        Py_DECREF(lone);
         metadata_clear(&m);
-        return NULL;
+        Py_RETURN_NONE;
     }
     PyObject *result = Py_BuildValue("(nKKKNN)", m.payload_start, (unsigned long long)m.count,
                                      (unsigned long long)(index - (m.count - 1)), (unsigned long long)m.sequence_id,

@@ -292,12 +292,11 @@ def _split_brain(cluster: Cluster, http: httpx.Client, tmp_path: Path, log: IO[b
                 time.sleep(0.01)
             else:
                 raise AssertionError(f"the owner's append did not reach the stopped bookies {ensemble}: {unread}")
+            os.kill(stopped.proc.pid, signal.SIGSTOP)
         else:
             # 1. The owner is stopped while none of its ZooKeeper requests (a heartbeat) waits for
             # an answer, and the link then hides ZooKeeper's end of the session from it.
             _stop_with_nothing_asked(stopped.proc.pid, link)
-        if link is None:
-            os.kill(stopped.proc.pid, signal.SIGSTOP)
         stopped_s = time.monotonic()
         if link is not None:
             assert link.hold() == 1, "the owner does not have one ZooKeeper connection through the link"

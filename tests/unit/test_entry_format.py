@@ -1141,3 +1141,20 @@ def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict
     assert native_common_metadata(entry, 0) == _python_metadata_or_none(entry, 0)
     if fields.get("deliver_at_time") == -5:
         assert expected is not None and expected[4] == -5
+
+
+@pytest.mark.parametrize("last_byte", [0x00, 0x01, 0x02, 0x7F, 0x81])
+def test_the_native_readers_take_a_ten_byte_varint_as_the_python_reader_does(last_byte: int) -> None:
+    """A sequence id written in ten bytes: up to 2^64 - 1 it is read, wider (or longer) it is
+    refused, by the native check (``_wire.h``) exactly as by wire.py's reader."""
+    from broker.entry_format import codec
+
+    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    from broker.entry_format._common_entry import common_metadata as native_common_metadata
+
+    body = b"\x0a\x01p" + b"\x10" + b"\xff" * 9 + bytes([last_byte]) + b"\x18\x01"
+    rest = struct.pack(">I", len(body)) + body + b"payload"
+    entry = struct.pack(">HI", MAGIC_CRC32C, crc32c.crc32c(rest)) + rest
+    expected = _python_metadata_or_none(entry, 0)
+    assert native_common_metadata(entry, 0) == expected
+    assert (expected is not None) == (last_byte <= 0x01)

@@ -1,4 +1,5 @@
-"""The WebSocket protocol pauses socket reads by queue depth: never per frame, always at the bound.
+"""The WebSocket protocol pauses socket reads by queue depth: never per frame, always at the bound;
+a session's text handler takes a read's frames only while nothing waits in the queue.
 
 A recording transport stands in for the socket (the protocol's own code is what is tested);
 the real protocol runs under every WebSocket integration test.
@@ -74,3 +75,40 @@ def test_reading_pauses_at_the_queue_bound_and_resumes_once_drained(loop: asynci
     assert transport.resumes == 1 and not protocol.read_paused
     _receive_frame(protocol, "after the resume")
     assert transport.pauses == 1 and protocol.queue.qsize() == 1
+
+
+def _queued(protocol: MagnetarWebSocketProtocol) -> list[str]:
+    return [event["text"] for event in protocol.queue._queue]  # type: ignore[attr-defined]
+
+
+def test_the_handler_takes_a_read_only_while_the_queue_is_empty(loop: asyncio.AbstractEventLoop) -> None:
+    protocol = _protocol(loop, RecordingTransport())
+    applied: list[str] = []
+
+    def handler(texts: list[str]) -> int:
+        for index, text in enumerate(texts):
+            if text.startswith("wait"):
+                return index  # a frame the session must apply on its task
+            applied.append(text)
+        return len(texts)
+
+    protocol.install_text_handler(handler)
+    protocol._deliver(["ack 1", "ack 2"])  # the fast frame path's hand-over of one socket read
+    assert applied == ["ack 1", "ack 2"] and protocol.queue.empty()
+
+    protocol._deliver(["ack 3", "wait", "ack 4"])
+    assert applied == ["ack 1", "ack 2", "ack 3"]
+    assert _queued(protocol) == ["wait", "ack 4"]
+
+    protocol._deliver(["ack 5"])  # the queue is not empty: behind it, not to the handler
+    assert applied == ["ack 1", "ack 2", "ack 3"]
+    assert _queued(protocol) == ["wait", "ack 4", "ack 5"]
+
+    for _ in range(3):
+        protocol.queue.get_nowait()
+    protocol._deliver(["ack 6"])
+    assert applied[-1] == "ack 6" and protocol.queue.empty()
+
+    protocol.install_text_handler(None)
+    protocol._deliver(["ack 7"])
+    assert applied[-1] == "ack 6" and _queued(protocol) == ["ack 7"]

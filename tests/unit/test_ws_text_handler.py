@@ -2,93 +2,23 @@
 
 Consumer and reader sessions apply acknowledgements straight from the socket read that brought
 them (``TEXT_HANDLER_EXTENSION``), and through the receive queue and ``command_loop`` otherwise.
-These tests hold the two ways to one order: the protocol hands a read's frames to the handler
-only while its queue is empty, and ``command_loop`` refuses them while it still applies frames
-it took from the queue. The protocol is uvicorn's real one over a recording transport; the
-session side runs ``command_loop`` over a small stand-in for Starlette's ``WebSocket`` (its
-scope and ``receive``), since the order is decided there and not in the socket.
+The protocol hands a read's frames to the handler only while its queue is empty (tested in
+``test_ws_protocol.py``); ``command_loop`` refuses them while it still applies frames it took from
+the queue, tested here over a small stand-in for Starlette's ``WebSocket`` (its scope and
+``receive``), since the order is decided there and not in the socket.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
-import pytest
-import uvicorn
 from fastapi import WebSocket
-from uvicorn.server import ServerState
 
-from api.ws.protocol import (
-    QUEUED_FRAMES_EXTENSION,
-    TEXT_HANDLER_EXTENSION,
-    FrameWriter,
-    MagnetarWebSocketProtocol,
-)
+from api.ws.protocol import QUEUED_FRAMES_EXTENSION, TEXT_HANDLER_EXTENSION, FrameWriter
 from api.ws.session import command_loop
-
-
-class _Transport(asyncio.Transport):
-    def is_closing(self) -> bool:
-        return False
-
-
-async def _app(scope: Any, receive: Any, send: Any) -> None:
-    """Never called: the tests hand the protocol frames directly."""
-
-
-@pytest.fixture
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    event_loop = asyncio.new_event_loop()
-    yield event_loop
-    event_loop.close()
-
-
-def _protocol(loop: asyncio.AbstractEventLoop) -> MagnetarWebSocketProtocol:
-    config = uvicorn.Config(_app, ws=MagnetarWebSocketProtocol, log_config=None)
-    config.load()
-    protocol = MagnetarWebSocketProtocol(config, ServerState(), {}, _loop=loop)
-    protocol.transport = _Transport()
-    return protocol
-
-
-def _queued(protocol: MagnetarWebSocketProtocol) -> list[str]:
-    return [event["text"] for event in protocol.queue._queue]  # type: ignore[attr-defined]
-
-
-def test_the_handler_takes_a_read_only_while_the_queue_is_empty(loop: asyncio.AbstractEventLoop) -> None:
-    protocol = _protocol(loop)
-    applied: list[str] = []
-
-    def handler(texts: list[str]) -> int:
-        for index, text in enumerate(texts):
-            if text.startswith("wait"):
-                return index  # a frame the session must apply on its task
-            applied.append(text)
-        return len(texts)
-
-    protocol.install_text_handler(handler)
-    protocol._deliver(["ack 1", "ack 2"])  # the fast frame path's hand-over of one socket read
-    assert applied == ["ack 1", "ack 2"] and protocol.queue.empty()
-
-    protocol._deliver(["ack 3", "wait", "ack 4"])
-    assert applied == ["ack 1", "ack 2", "ack 3"]
-    assert _queued(protocol) == ["wait", "ack 4"]
-
-    protocol._deliver(["ack 5"])  # the queue is not empty: behind it, not to the handler
-    assert applied == ["ack 1", "ack 2", "ack 3"]
-    assert _queued(protocol) == ["wait", "ack 4", "ack 5"]
-
-    for _ in range(3):
-        protocol.queue.get_nowait()
-    protocol._deliver(["ack 6"])
-    assert applied[-1] == "ack 6" and protocol.queue.empty()
-
-    protocol.install_text_handler(None)
-    protocol._deliver(["ack 7"])
-    assert applied[-1] == "ack 6" and _queued(protocol) == ["ack 7"]
 
 
 class _Session:
