@@ -20,7 +20,9 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
-  and friends, enforced by ``BrokerService.set_policy``);
+  and friends, enforced by ``BrokerService.set_policy``), topic quotas and rate limits
+  (``QuotaDefaults`` and its standalone.conf keys ``QUOTA_CONFIG_KEYS``; the policies are set
+  with ``set_policy`` and ``set_topic_policy``, ``TOPIC_POLICY_KEYS``);
 - where a topic is served (``lookup``, a ``LookupResult``; on a cluster broker a topic owned
   elsewhere raises ``TopicNotOwned``, which each transport turns into its redirect);
 - the error hierarchy, mapped once per transport.
@@ -55,6 +57,7 @@ from broker.errors import (
     PreconditionFailed,
     ProducerBusy,
     ProducerFenced,
+    QuotaExceeded,
     ServiceUnitNotReady,
     TopicNotOwned,
     TopicTerminated,
@@ -87,6 +90,9 @@ from broker.message_id import MessageId, Position, message_id_bytes
 from broker.persistence import PersistencePolicy
 from broker.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
 from broker.producer import ROUTING_MODES, Producer
+from broker.quotas import CONFIG_KEYS as QUOTA_CONFIG_KEYS
+from broker.quotas import CONFIG_VALUE_MAX as QUOTA_CONFIG_VALUE_MAX
+from broker.quotas import QuotaDefaults
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
@@ -100,6 +106,7 @@ from broker.topic import ClientEntrySend, PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_pattern import TopicPattern
+from broker.topic_policies import TOPIC_POLICY_KEYS
 from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import StorageStats
 
@@ -162,6 +169,11 @@ __all__ = [
     "PersistencePolicy",
     "Position",
     "PreconditionFailed",
+    "QuotaExceeded",
+    "QUOTA_CONFIG_KEYS",
+    "QUOTA_CONFIG_VALUE_MAX",
+    "QuotaDefaults",
+    "TOPIC_POLICY_KEYS",
     "ProducedMessage",
     "Producer",
     "ProducerBusy",

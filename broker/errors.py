@@ -212,6 +212,13 @@ class PreconditionFailed(BrokerError):
     http_status = 412
 
 
+class QuotaExceeded(PreconditionFailed):
+    """A namespace or topic quota refused a new topic or subscription (``broker/quotas.py``):
+    Pulsar's 412 over HTTP and ``NotAllowedError`` on the binary protocol."""
+
+    code = "quota_exceeded"
+
+
 class DataLost(BrokerError):
     """The requested position was trimmed by retention. For a key's stream, ``first_version``
     is the first version retention kept (the answer names it as ``firstVersion``)."""
@@ -266,6 +273,7 @@ __all__ = [
     "NotFound",
     "OffsetMismatch",
     "PreconditionFailed",
+    "QuotaExceeded",
     "ProducerBusy",
     "ProducerFenced",
     "IncompatibleSchema",

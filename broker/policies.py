@@ -18,6 +18,16 @@ Role: a namespace's policies document (``broker/namespaces.py``) is changed one 
 ``bundles``                null or ``boundaries`` (hexadecimal, strictly increasing from
                            0x00000000 to 0xffffffff) or ``numBundles``, at most 1024 bundles
                            (``broker/cluster/bundles.py``)
+``max_producers_per_topic`` null (the broker's default) or 0..2^31-1 (0: unlimited); likewise
+                           ``max_consumers_per_topic``, ``max_subscriptions_per_topic`` and
+                           ``max_topics_per_namespace`` (``broker/quotas.py``)
+``publishMaxMessageRate``  null or Pulsar's ``PublishRate`` of each topic:
+                           ``publishThrottlingRateInMsg`` and ``publishThrottlingRateInByte``,
+                           each -1 (unlimited) or 0..2^31-1 messages / 0..2^63-1 bytes per second
+``topicDispatchRate``      null or Pulsar's ``DispatchRate`` of each topic:
+                           ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte`` (as
+                           above, per period), ``ratePeriodInSecond`` 1..86400,
+                           ``relativeToPublishRate``
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -31,6 +41,7 @@ from typing import Any
 from broker.errors import InvalidRequest
 from broker.persistence import POLICY_KEY as PERSISTENCE_KEY
 from broker.persistence import PersistencePolicy, check_bounds
+from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
 
 RETENTION_TIME_MINUTES_MAX = 2**31 - 1
 RETENTION_SIZE_MB_MAX = 2**43 - 1
@@ -137,6 +148,12 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "auth_policies": _auth,
     PERSISTENCE_KEY: _persistence,
     BUNDLES_KEY: _bundles,
+    "max_producers_per_topic": count_limit("maxProducersPerTopic"),
+    "max_consumers_per_topic": count_limit("maxConsumersPerTopic"),
+    "max_subscriptions_per_topic": count_limit("maxSubscriptionsPerTopic"),
+    "max_topics_per_namespace": count_limit("maxTopicsPerNamespace"),
+    "publishMaxMessageRate": checked_publish_rate,
+    "topicDispatchRate": checked_dispatch_rate,
 }
 """Each policy key and the check its values pass."""
 

@@ -18,7 +18,12 @@ The producer:
   ``expected_key_versions``: the versions its keys' streams must be at, all of them keys of the
   partition the entry goes to).
 
-Invariant: one ``send`` is one entry on one partition, durable when its future completes.
+It holds a producer slot on each partition it was opened on (``broker/quotas.py``: a topic's
+``maxProducers``), given back by :meth:`close`, and tells its transport how long to stop
+reading from its client when a partition's publish rate is exceeded (:meth:`publish_delay_s`).
+
+Invariants: one ``send`` is one entry on one partition, durable when its future completes; a
+producer's slots are given back once, however often it is closed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING
 from broker.entry_format import Compression, Message
 from broker.errors import InvalidRequest, MagnetarError
 from broker.message_fields import ExpectedVersion
+from broker.quotas import TopicQuotas
 from broker.routing import PartitionRouter
 from broker.topic import ClientEntrySend, PublishResult
 from broker.topic_name import TopicName
@@ -46,7 +52,8 @@ ROUTING_MODES = ("RoundRobinPartition", "SinglePartition")
 class Producer:
     def __init__(self, service: BrokerService, topic: TopicName, name: str, *,
                  routing_mode: str = "RoundRobinPartition", compression: Compression = Compression.NONE,
-                 initial_sequence_id: int | None = None) -> None:
+                 initial_sequence_id: int | None = None, slots: Sequence[TopicQuotas] = ()) -> None:
+        """``slots``: the partitions' quotas this producer holds a producer slot of."""
         if routing_mode not in ROUTING_MODES:
             raise InvalidRequest(f"unknown messageRoutingMode {routing_mode!r}: use {' or '.join(ROUTING_MODES)}",
                                  field="messageRoutingMode")
@@ -57,6 +64,18 @@ class Producer:
         self.compression = compression
         self._sequence_ids = itertools.count(initial_sequence_id + 1) if initial_sequence_id is not None else None
         self._router: PartitionRouter | None = None
+        self._slots = list(slots)
+
+    def close(self) -> None:
+        """Give back the producer slots (the transport's producer went away)."""
+        slots, self._slots = self._slots, []
+        for quotas in slots:
+            quotas.remove_producer()
+
+    def publish_delay_s(self) -> float:
+        """How long the transport should stop reading from this producer's client: the longest
+        wait of a partition whose publish rate was exceeded (0: go on)."""
+        return max((quotas.publish_delay_s() for quotas in self._slots if quotas.publish is not None), default=0.0)
 
     def _partitions(self) -> int:
         return self._service.partitions(self.topic) if self.topic.partition_index < 0 else 0

@@ -67,6 +67,7 @@ from broker.namespaces import Namespaces
 from broker.persistence import POLICY_KEY as PERSISTENCE_POLICY_KEY
 from broker.persistence import PersistencePolicy, quorum_for, validated
 from broker.producer import Producer
+from broker.quotas import QuotaDefaults, TopicLimits, TopicQuotas, check_topics_room, resolve_limits, topics_max
 from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
@@ -76,6 +77,7 @@ from broker.topic import PersistentTopic, PublishResult
 from broker.topic_admin import TopicAdmin
 from broker.topic_name import TopicName, check_namespace
 from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
+from broker.topic_policies import TopicPolicies
 from broker.topic_stats import TopicStats, topic_stats
 from storage import FileIO, LedgerStorage, StorageConfig, StorageStats
 
@@ -108,6 +110,8 @@ class BrokerConfig:
     -1: forever, 0: consumed ledgers go at once, Pulsar's own default)."""
     default_retention_size_mb: int = -1
     """Likewise for size (``defaultRetentionSizeInMB``; -1: unlimited)."""
+    quotas: QuotaDefaults = field(default_factory=QuotaDefaults)
+    """Topic quotas and rate limits where neither topic nor namespace sets one (``broker/quotas.py``)."""
 
     @classmethod
     def test_min(cls) -> BrokerConfig:
@@ -172,6 +176,7 @@ class BrokerService:
         self._compaction_pool: ThreadPoolExecutor | None = None
         self._compactions: dict[TopicName, Future[None]] = {}
         self._namespaces_of: Namespaces | None = None
+        self._topic_policies_of: TopicPolicies | None = None
         self._key_index: KeyIndex | None = None
         self._maintenance_passes = 0
         self._policy_listeners: list[Callable[[], None]] = []
@@ -195,6 +200,7 @@ class BrokerService:
         self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
         self._key_index = KeyIndex(os.path.join(self.data_dir, "key-index"))
         self._namespaces_of = Namespaces(self._store, self._namespace_changed)
+        self._topic_policies_of = TopicPolicies(self._store, self._topic_policy_changed)
         if "public" not in self.tenants():
             self.create_tenant("public", {})
         if "public/default" not in self.namespaces("public"):
@@ -320,6 +326,7 @@ class BrokerService:
                 for name, topic in self._topics.items():
                     if name.namespace_name == namespace:
                         topic.ml.config = self._ml_config(name)
+                        topic.quotas.apply(self._limits_of(name), topic.publish_rates())
         for listener in list(self._policy_listeners):
             try:
                 listener()
@@ -357,6 +364,57 @@ class BrokerService:
         value = None if policy is None else validated(policy, self.bookies_available()).to_json()
         self.set_policy(namespace, PERSISTENCE_POLICY_KEY, value)
 
+    # --- quotas and topic policies (broker/quotas.py, broker/topic_policies.py) ----------------
+    @property
+    def _topic_policies(self) -> TopicPolicies:
+        if self._topic_policies_of is None:
+            raise RuntimeError("broker service is not started")
+        return self._topic_policies_of
+
+    def topic_policies(self, name: TopicName) -> dict[str, Any]:
+        """The topic's own policies ({} when it sets none; a partition's are its topic's)."""
+        return self._topic_policies.policies(name)
+
+    def set_topic_policy(self, name: TopicName, key: str, value: Any) -> None:
+        """Set (None: remove) one of the topic's policies; ``NotFound`` for a missing topic."""
+        if not self.topic_exists(name) and not self.partitions(name.base):
+            raise NotFound(f"topic {name} does not exist")
+        self._topic_policies.set_policy(name, key, value)
+
+    def _topic_policy_changed(self, base: TopicName) -> None:
+        with self._lock:
+            for name, topic in self._topics.items():
+                if name.base == base:
+                    topic.quotas.apply(self._limits_of(name), topic.publish_rates())
+
+    def _limits_of(self, name: TopicName) -> TopicLimits:
+        return resolve_limits(self.config.quotas, self.policies(name.namespace_name), self.topic_policies(name))
+
+    def _topic_count(self, namespace: str) -> int:
+        """Topics in ``namespace`` as ``maxTopicsPerNamespace`` counts them: a partitioned topic
+        counts its partitions, any other topic one."""
+        partitioned = [TopicName.parse(t) for t in self.partitioned_topics(namespace)]
+        bases = {t.local_name for t in partitioned}
+        plain = sum(1 for t in self.topics(namespace) if TopicName.parse(t).base.local_name not in bases)
+        return plain + sum(self.partitions(t) for t in partitioned)
+
+    def _check_topics_room(self, name: TopicName, adding: int) -> None:
+        namespace = name.namespace_name
+        limit = topics_max(self.config.quotas, self.policies(namespace))
+        if limit > 0:
+            check_topics_room(namespace, limit, self._topic_count(namespace), adding)
+
+    def check_subscription_room(self, name: TopicName, subscription: str) -> None:
+        """``QuotaExceeded`` when ``subscription`` would be a new one beyond the topic's
+        ``maxSubscriptionsPerTopic`` (durable ones and active non-durable ones count)."""
+        topic = self.topic(name, create=False)
+        if topic.quotas.limits.subscriptions_max <= 0 or topic.cursors.get(subscription) is not None:
+            return
+        with self._lock:
+            names = set(topic.cursors.names()) | set(self._subscriptions_by_topic.get(name, {}))
+        if subscription not in names:
+            topic.quotas.check_subscription_room(len(names))
+
     # --- topics --------------------------------------------------------------------------
     def topic(self, name: str | TopicName, *, create: bool | None = None) -> PersistentTopic:
         """The topic (or partition) ``name``; created on first use when auto-creation is on."""
@@ -381,6 +439,7 @@ class BrokerService:
             topic = PersistentTopic(topic_name, ml, cursors, self.store,
                                     dedup_enabled=self.config.dedup_enabled if dedup is None else bool(dedup),
                                     clock=self.clock)
+            topic.quotas.apply(self._limits_of(topic_name))
             streams = topic.streams = self.key_index.partition(topic_name.managed_ledger_name, ml, topic.entries_from)
             # trimming also keeps what the key index has not made durable yet
             ml.cursor_positions = lambda: [*cursors.durable_mark_delete_offsets(), streams.durable_watermark]
@@ -513,6 +572,8 @@ class BrokerService:
             raise NotAllowed(f"{name} is a partitioned topic; use its -partition-N topics")
         if name.partition_index >= 0 and partitions and name.partition_index >= partitions:
             raise NotFound(f"{name}: partition {name.partition_index} of {partitions} does not exist")
+        if not partitions:  # a partition of a partitioned topic was counted with its topic
+            self._check_topics_room(name, 1)
 
     def topic_exists(self, name: TopicName) -> bool:
         return self.factory.exists(name.managed_ledger_name)
@@ -537,6 +598,8 @@ class BrokerService:
         topic.ml.delete()
         self.key_index.drop(name.managed_ledger_name)
         self.factory.forget(name.managed_ledger_name)
+        if name.partition_index < 0:
+            self._topic_policies.delete(name)
         self._tell_topic_watchers(name, exists=False)
 
     def create_partitioned_topic(self, name: TopicName, partitions: int) -> None:
@@ -547,6 +610,7 @@ class BrokerService:
         self.policies(name.namespace_name)
         if self.partitions(name) > 0 or self.topic_exists(name):
             raise AlreadyExists(f"topic {name} already exists")
+        self._check_topics_room(name, partitions)
         self._write_partitions(name, partitions, -1)
 
     def update_partitioned_topic(self, name: TopicName, partitions: int) -> None:
@@ -555,6 +619,7 @@ class BrokerService:
             raise NotFound(f"partitioned topic {name} does not exist")
         if partitions <= current or partitions > PARTITIONS_MAX:
             raise InvalidRequest(f"partitions can only grow: {current} -> {partitions}")
+        self._check_topics_room(name, partitions - current)
         self._write_partitions(name, partitions)
 
     def partitions(self, name: TopicName) -> int:
@@ -594,6 +659,7 @@ class BrokerService:
             if self.topic_exists(partition):
                 self.delete_topic(partition, force=force)
         self._write_partitions(name, None)
+        self._topic_policies.delete(name)
 
     @staticmethod
     def _partitioned_path(name: TopicName) -> str:
@@ -665,9 +731,11 @@ class BrokerService:
                     raise ConsumerBusy(f"subscription {name} is {existing.type.value}, not {sub_type.value}")
                 existing.type = sub_type
                 return existing
+            self.check_subscription_room(topic_name, name)
             cursor = topic.cursors.open(name, initial=initial, durable=durable)
             created = Subscription(topic_name.full_name, topic_name.partition_index, cursor, sub_type,
-                                   clock=self.clock, dead_letter=self._dead_letter, schedule=self._dispatch.schedule)
+                                   clock=self.clock, dead_letter=self._dead_letter, schedule=self._dispatch.schedule,
+                                   quotas=topic.quotas, schedule_after=self._dispatch.schedule_after)
             self._subscriptions[key] = created
             self._subscriptions_by_topic.setdefault(topic_name, {})[name] = created
             return created
@@ -816,12 +884,22 @@ class BrokerService:
     def producer(self, topic: str | TopicName, name: str, *, routing_mode: str = "RoundRobinPartition",
                  compression: Compression = Compression.NONE, initial_sequence_id: int | None = None) -> Producer:
         """A producer on ``topic`` (partitioned or not; auto-created on first use when allowed):
-        the topic or every partition is made to exist now, so a refusal comes before any send."""
+        the topic or every partition is made to exist now, so a refusal comes before any send.
+        It holds a producer slot of each (``ProducerBusy`` beyond a partition's limit) until
+        the transport closes it (``Producer.close``)."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        for partition in self.expand_partitions(topic_name):
-            self.topic(partition)
+        slots: list[TopicQuotas] = []
+        try:
+            for partition in self.expand_partitions(topic_name):
+                quotas = self.topic(partition).quotas
+                quotas.add_producer()  # ProducerBusy at the topic's maxProducers
+                slots.append(quotas)
+        except BaseException:
+            for quotas in slots:
+                quotas.remove_producer()
+            raise
         return Producer(self, topic_name, name, routing_mode=routing_mode, compression=compression,
-                        initial_sequence_id=initial_sequence_id)
+                        initial_sequence_id=initial_sequence_id, slots=slots)
 
     def read_range(self, name: TopicName, offset: int, max_messages: int, max_bytes: int, *,
                    message_overhead_bytes: int = 0) -> RangeRead:

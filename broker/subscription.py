@@ -27,6 +27,11 @@ its first message, past its permits, as Pulsar's broker delivers. The dispatcher
 consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
 the broker buffer without bound.
 
+Quotas (``broker/quotas.py``): each consumer holds a consumer slot of its topic partition from
+``add_consumer`` to its removal (``ConsumerBusy`` beyond ``maxConsumers``), and a dispatch round
+delivers while the topic's dispatch rate has tokens left; when it has none it stops and asks
+for another round once it will have (``schedule_after``), as Pulsar's dispatcher backs off.
+
 Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
 consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
 Counts are persisted with the cursor state (Pulsar loses them on restart). After
@@ -60,6 +65,7 @@ from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_messages
 from broker.errors import ConsumerBusy, InvalidRequest, NotAllowed
 from broker.message_id import MessageId
+from broker.quotas import TopicQuotas
 
 KEY_HASH_RANGE = 65536
 POINTS_PER_CONSUMER = 100
@@ -359,7 +365,11 @@ class Subscription:
     def __init__(self, topic_name: str, partition: int, cursor: ManagedCursor, sub_type: SubscriptionType, *,
                  clock: Callable[[], float] = time.time, limits: SubscriptionLimits | None = None,
                  dead_letter: Callable[[str, Delivery, str], None] | None = None,
-                 schedule: Callable[[Callable[[], None]], None] | None = None) -> None:
+                 schedule: Callable[[Callable[[], None]], None] | None = None,
+                 quotas: TopicQuotas | None = None,
+                 schedule_after: Callable[[float, Callable[[], None]], None] | None = None) -> None:
+        """``quotas``: the topic partition's (consumer slots, dispatch rate); ``schedule_after``
+        runs a dispatch later, once a throttled one may go on (without it, the next ``tick``)."""
         self.topic_name = topic_name
         self.partition = partition
         self.cursor = cursor
@@ -384,6 +394,8 @@ class Subscription:
         self._rates = (0.0, 0.0, 0.0)  # messages/s out, bytes/s out, redeliveries/s
         self._rate_base = (self._clock(), 0, 0, 0)
         self._schedule = schedule or (lambda work: work())
+        self._quotas = quotas or TopicQuotas(topic_name, clock)
+        self._schedule_after = schedule_after
         self._on_publish = lambda: self._schedule(self.dispatch)
         cursor.ml.add_listener(self._on_publish)
 
@@ -402,6 +414,7 @@ class Subscription:
         with self._lock:
             if self.type is SubscriptionType.EXCLUSIVE and self.consumers:
                 raise ConsumerBusy(f"subscription {self.name} is Exclusive and already has a consumer")
+            self._quotas.add_consumer()  # ConsumerBusy at the topic's maxConsumers
             consumer = Consumer(self, config)
             previous_active = self._active()
             self.consumers.append(consumer)
@@ -418,6 +431,7 @@ class Subscription:
                 return
             consumer.closed = True
             self.consumers.remove(consumer)
+            self._quotas.remove_consumer()
             consumer.outbox.clear()
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
@@ -471,7 +485,10 @@ class Subscription:
             self._release_due()
             now = self._clock()  # one reading per round: when this round's deliveries were sent
             held: list[_Item] = []
+            quotas = self._quotas
             while self._any_can_take():
+                if quotas.dispatch is not None and self._throttled(now):
+                    break
                 item = self._next_item()
                 if item is None:
                     break
@@ -484,13 +501,25 @@ class Subscription:
                         break
                     continue
                 run = self._rest_of_entry(item) if consumer.config.whole_entries else None
-                self._deliver(consumer, [item, *run] if run else [item], now)
+                items = [item, *run] if run else [item]
+                self._deliver(consumer, items, now)
+                if quotas.dispatch is not None:
+                    quotas.dispatched(len(items), sum(len(i.message.payload) for i in items))
                 notify.add(consumer)
             for item in reversed(held):
                 self._pending.appendleft(item)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
+
+    def _throttled(self, now: float) -> bool:
+        """The topic's dispatch rate has no token left: another round is asked for once it will."""
+        delay_s = self._quotas.dispatch_delay_s(now)
+        if delay_s <= 0:
+            return False
+        if self._schedule_after is not None:
+            self._schedule_after(delay_s, self.dispatch)
+        return True
 
     def _rest_of_entry(self, item: _Item) -> list[_Item]:
         """The messages of ``item``'s entry waiting right behind it, taken from the queues

@@ -11,6 +11,9 @@ WebSocket front end) and ``publish_entries`` (entries a binary-protocol client e
 stored byte for byte); both answer each entry on its own (a refusal of one, a duplicate) and
 deduplicate each as a single publish would.
 
+Every publish counts against the topic's publish rate (``quotas``, ``broker/quotas.py``): it is
+never refused for it; the transport asks ``quotas.publish_delay_s`` how long to stop reading.
+
 Invariants: a duplicate (producer name, sequence id) is acknowledged but never stored twice,
 also across restarts (a conditional one answers its first publish's results when it resends
 the producer's last entry); a refused conditional append writes nothing; a message larger than
@@ -34,6 +37,7 @@ from broker.managed_ledger import AddResult, Entry, ManagedLedger
 from broker.message_fields import ExpectedVersion
 from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.metadata import MetadataStore
+from broker.quotas import TopicQuotas
 from broker.topic_name import TopicName
 from storage import new_future
 
@@ -135,6 +139,9 @@ class PersistentTopic:
         self._rate_in_base = (clock(), opened.messages_added, opened.bytes_added)
         self.streams: PartitionKeys | None = None
         """The partition's event streams (``broker/key_index.py``), set by the service."""
+        self.quotas = TopicQuotas(name.full_name, clock)
+        """Its producer and consumer counts, limits and rate limiters (``broker/quotas.py``),
+        whose limits the service sets; every publish here counts against its publish rate."""
         self.dedup: Deduplication | None = None
         if dedup_enabled:
             self.dedup = Deduplication(store, f"/managed-ledgers/{ml.name}/dedup")
@@ -174,6 +181,7 @@ class PersistentTopic:
                                      publish_time_ms=int(self._clock() * 1000), compression=compression,
                                      deliver_at_time_ms=deliver_at_time_ms)
                 added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset, on_offsets=keys)
+                self.quotas.published(len(messages), len(entry))
             except BaseException:
                 if keys is not None:
                     keys.failed()
@@ -227,6 +235,8 @@ class PersistentTopic:
                     counts.append(entry.message_count)
                     keys.append(self._client_keys(entry.keys))
                 added = self.ml.add_entries(datas, counts, on_offsets=keys) if datas else None
+                if self.quotas.publish is not None:
+                    self.quotas.published(sum(counts), sum(map(len, datas)))
             except BaseException:
                 for reservation in keys:
                     if reservation is not None:
@@ -338,6 +348,8 @@ class PersistentTopic:
                     stored.append(position)
                     keys.append(self._key_reservation((message,), None))
                 added = self.ml.add_entries(entries, [1] * len(entries), on_offsets=keys) if entries else None
+                if self.quotas.publish is not None:
+                    self.quotas.published(len(entries), sum(map(len, entries)))
             except BaseException:
                 for reservation in keys:
                     if reservation is not None:
@@ -460,6 +472,8 @@ class PersistentTopic:
             self._rates_in = ((stats.messages_added - messages) / elapsed_s,
                               (stats.bytes_added - size_bytes) / elapsed_s)
             self._rate_in_base = (now, stats.messages_added, stats.bytes_added)
+            if self.quotas.limits.dispatch.relative_to_publish_rate:
+                self.quotas.apply(self.quotas.limits, self._rates_in)
 
     def publish_rates(self) -> tuple[float, float]:
         """(messages/s, bytes/s) published over the last interval between two :meth:`tick` calls."""

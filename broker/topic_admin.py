@@ -186,6 +186,8 @@ class TopicAdmin:
         if any(t.cursors.get(subscription) is not None for t in targets):
             raise AlreadyExists(f"subscription {subscription} already exists on {name}")
         for target in targets:
+            service.check_subscription_room(target.name, subscription)  # QuotaExceeded: maxSubscriptionsPerTopic
+        for target in targets:
             initial = position if isinstance(position, str) else _offset_of(target, position)
             target.cursors.open(subscription, initial=initial)
 
