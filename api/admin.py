@@ -1,15 +1,16 @@
 """Admin v2 REST API (Pulsar's ``/admin/v2``): the router, and the topic statistics documents.
 
 Role: ``router(service, authorizer)`` assembles the admin API: tenants and namespaces
-(``api/admin_namespaces.py``), topics, subscriptions, cursor moves, messages, compaction and
-termination (``api/admin_topics.py``), and, here, ``stats``, ``partitioned-stats`` and
+(``api/admin_namespaces.py``), quotas and rate limits (``api/admin_quotas.py``), topics,
+subscriptions, cursor moves, messages, compaction and termination (``api/admin_topics.py``),
+and, here, ``stats``, ``partitioned-stats`` and
 ``internalStats``: the broker's statistics views (``BrokerService.admin``) rendered in Pulsar's
 ``TopicStats``, ``PartitionedTopicStats`` and ``PersistentTopicInternalStats`` shapes, plus
 Magnetar's offsets.
 
 Invariants: every route checks that the caller administers the tenant before any broker call;
-statistics only read. Magnetar tracks no long-lived producers (REST produce is stateless), so
-``publishers`` is empty. ``individuallyDeletedMessages`` lists whole entries acknowledged above
+statistics only read. ``publishers`` is empty (producers are counted per topic for
+``maxProducers``, not listed). ``individuallyDeletedMessages`` lists whole entries acknowledged above
 the mark-delete position (a partly acknowledged batch is not shown; Pulsar shows those as batch
 ack sets).
 """
@@ -22,6 +23,7 @@ from fastapi import APIRouter
 
 from api.admin_namespaces import namespaces_router, tenants_router
 from api.admin_persistence import persistence_router
+from api.admin_quotas import quotas_router
 from api.admin_schemas import schemas_router
 from api.admin_topics import topic_name, topics_router
 from api.auth import Authorizer, Caller
@@ -39,6 +41,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes.include_router(tenants_router(service, authorizer))
     routes.include_router(namespaces_router(service, authorizer))
     routes.include_router(persistence_router(service, authorizer))
+    routes.include_router(quotas_router(service, authorizer))
     routes.include_router(schemas_router(service, authorizer))
     routes.include_router(_stats_router(service, authorizer))
     routes.include_router(topics_router(service, authorizer))

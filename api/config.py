@@ -12,8 +12,11 @@ without a policy: -1 by default, keep everything, as an event store must; 0 and 
 defaults, which keep nothing that no subscription holds), the binary protocol's
 ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
 ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
-``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; plus
-``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
+``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; the topic
+quotas and rate limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic``,
+``maxSubscriptionsPerTopic``, ``maxTopicsPerNamespace``, ``maxPublishRatePerTopicInMessages`` /
+``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
+unlimited); plus ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
 use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one warning, so a
 misspelt key does not go unnoticed.
 
@@ -33,7 +36,7 @@ from pathlib import Path
 from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from api.pulsar import PulsarSettings
-from broker import BrokerConfig
+from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
 from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,8 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
-              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS)
+              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
+              *QUOTA_CONFIG_KEYS)
 RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
@@ -84,7 +88,8 @@ class StandaloneConfig:
                 auto_create_topics=_flag(values, "allowAutoTopicCreation", True),
                 dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True),
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
-                default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB")),
+                default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
+                quotas=_quotas(values)),
             auth=_auth(values),
             limits=_limits(values),
             pulsar=_pulsar(values, values.get("bindAddress", cls.host)),
@@ -130,6 +135,17 @@ def _retention(values: Mapping[str, str], key: str) -> int:
     if not -1 <= value <= RETENTION_LIMIT_MAX:
         raise ConfigError(f"{key} must be -1 (unlimited) or in 0..{RETENTION_LIMIT_MAX}, not {value}")
     return value
+
+
+def _quotas(values: Mapping[str, str]) -> QuotaDefaults:
+    """The broker's default topic quotas and rate limits (each 0..2^31-1, 0: unlimited)."""
+    given = {}
+    for key, name in QUOTA_CONFIG_KEYS.items():
+        value = _integer(values, key, 0)
+        if not 0 <= value <= QUOTA_CONFIG_VALUE_MAX:
+            raise ConfigError(f"{key} must lie in 0..{QUOTA_CONFIG_VALUE_MAX} (0: unlimited), not {value}")
+        given[name] = value
+    return QuotaDefaults(**given)
 
 
 def _limits(values: Mapping[str, str]) -> EdgeLimits:

@@ -14,6 +14,11 @@ entry's results, so a client that timed out can retry. What each
 field may hold is the broker's rule (``message_of`` and friends in ``broker/message_fields.py``);
 a field this request shape does not know is a 400 naming it.
 
+Quotas: a request is one of its partition's producers while it lasts (409 ``producer_busy``
+beyond the topic's ``maxProducers``), and waits before storing while the partition is over its
+publish rate (``Producer.publish_delay_s``), as a throttled producer waits for its connection to
+be read again.
+
 Invariant: one request is one entry, so it is written whole or not at all; when an entry holds
 several messages their ids carry a fourth part, the batch index (``ledger:entry:partition:i``).
 """
@@ -179,10 +184,18 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         first_sequence_id = request.messages[0].get("sequenceId")
         conditional = request.expectedKeyVersions
         expected = None if conditional is None else expected_key_versions_of(conditional)
-        result = await asyncio.wrap_future(service.publish_async(
-            topic, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
-            expected_offset=request.expectedOffset, expected_key_versions=expected,
-            deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000))))
+        target = service.route(topic, messages[0].key)
+        producer = service.producer(target, request.producerName)  # ProducerBusy beyond maxProducers
+        try:
+            delay_s = producer.publish_delay_s()
+            if delay_s > 0:  # the partition is over its publish rate: the request waits, as a throttled client does
+                await asyncio.sleep(delay_s)
+            result = await asyncio.wrap_future(service.publish_async(
+                target, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
+                expected_offset=request.expectedOffset, expected_key_versions=expected,
+                deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000))))
+        finally:
+            producer.close()
         return _results_response(result, len(messages), request.schemaVersion or 0)
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)",

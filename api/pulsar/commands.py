@@ -30,6 +30,7 @@ _ERRORS: dict[str, int] = {
     "unauthorized": E.AuthenticationError,
     "forbidden": E.AuthorizationError,
     "not_allowed": E.NotAllowedError,
+    "quota_exceeded": E.NotAllowedError,  # maxTopicsPerNamespace, maxSubscriptionsPerTopic, as Pulsar answers
     "incompatible_schema": E.IncompatibleSchema,
     "corrupt_entry": E.ChecksumError,
     "message_too_large": E.NotAllowedError,

@@ -16,6 +16,10 @@ Invariants:
 - A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
   read until half of them are answered (one read's group may pass the bound by what it holds,
   at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``).
+- A producer whose topic's publish rate is exceeded stops the connection being read for as long
+  as the broker says (``Producer.publish_delay_s``), as Pulsar throttles: its sends are never
+  refused for it. Each broker ``Producer`` is closed when its client producer goes (its slot
+  of the topic's ``maxProducers`` given back).
 - A producer whose topic moved to another broker (an unload) is closed with CLOSE_PRODUCER
   after the receipts of its stored sends; its sends after that are dropped unanswered, as
   Pulsar's broker drops sends for a producer it closed: the client resends them to the new
@@ -195,6 +199,8 @@ class ProducerHalf:
         """Producer ids closed by an unload, until the client opens them again (bounded)."""
         self._pending_sends = 0
         self._reading_paused = False
+        self._throttled = False
+        """Reading stopped for a publish rate (``_throttle``), apart from ``_reading_paused``."""
         self._answer = LoopSignal(context.loop, self._send_receipts)
 
     def __len__(self) -> int:
@@ -213,6 +219,7 @@ class ProducerHalf:
             out.write([commands.error(command.request_id, ProducerBusy(
                 f"producer id {command.producer_id} is already in use on this connection"))])
             return
+        producer: Producer | None = None
         try:
             topic = TopicName.parse(command.topic)
             context.authorize(Action.PRODUCE, topic)
@@ -231,6 +238,8 @@ class ProducerHalf:
             state = _ClientProducer(command.producer_id, topic, producer, holder, schema_version)
             ready, epoch = self._access.acquire(topic.full_name, holder)
         except MagnetarError as exc:
+            if producer is not None:
+                producer.close()
             out.write([commands.error(command.request_id, exc)])
             return
         state.ready = ready
@@ -261,6 +270,7 @@ class ProducerHalf:
         state = self._producers.pop(producer_id, None)
         if state is not None:
             state.closed = True
+            state.producer.close()
             self._context.out.write([commands.close_producer(producer_id, 0)])
 
     # --- SEND --------------------------------------------------------------------------
@@ -288,11 +298,28 @@ class ProducerHalf:
                               frame.payload))
         for producer_id, sends in groups.items():
             self._store(self._producers[producer_id], sends)
+        self._throttle([self._producers[producer_id].producer for producer_id in groups])
         if violation is not None:
             raise violation
         if self._pending_sends >= self._context.settings.pending_sends_max and not self._reading_paused:
             self._reading_paused = True
             self._context.out.pause_reading()
+
+    def _throttle(self, producers: list[Producer]) -> None:
+        """Stop reading while a producer's topic is over its publish rate (resumed by a timer)."""
+        if self._throttled:
+            return
+        delay_s = max((p.publish_delay_s() for p in producers), default=0.0)
+        if delay_s > 0:
+            self._throttled = True
+            self._context.out.pause_reading()
+            self._context.loop.call_later(delay_s, self._throttle_over, producers)
+
+    def _throttle_over(self, producers: list[Producer]) -> None:
+        self._throttled = False
+        self._throttle(producers)  # still over (another connection published meanwhile): wait again
+        if not self._throttled and not self._reading_paused:
+            self._context.out.resume_reading()
 
     def _store(self, state: _ClientProducer, sends: list[tuple[int, int, ClientEntrySend | MagnetarError]]) -> None:
         """One producer's sends of a group: the checked ones stored together, every one queued
@@ -352,7 +379,8 @@ class ProducerHalf:
             self._context.out.write(buffers)
         if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
             self._reading_paused = False
-            self._context.out.resume_reading()
+            if not self._throttled:
+                self._context.out.resume_reading()
 
     def _receipt(self, state: _ClientProducer, sequence_id: int, highest: int,
                  outcome: PublishResult | BaseException) -> bytes:
@@ -380,6 +408,7 @@ class ProducerHalf:
     def _release(self, state: _ClientProducer) -> None:
         if not state.closed:
             state.closed = True
+            state.producer.close()
             self._access.release(state.topic.full_name, state.holder)
 
     def unloaded(self, names: set[TopicName]) -> None:

@@ -15,6 +15,10 @@ one partition's batch chosen once (round-robin advances once per burst), each ba
 entry; frames with their own sequence id, delivery time, expected offset or expected key version
 go alone.
 
+Over the topic's publish rate (``Producer.publish_delay_s``) the session reads no frame for as
+long as the broker says, as Pulsar's broker stops reading a throttled producer's connection; the
+broker producer (one of the topic's ``maxProducers``) is closed when the session ends.
+
 Invariants: at most ``maxPendingMessages`` frames are unanswered (the session stops reading
 frames until results are written); results are written in frame order, once each frame's entry is
 durable, by the event-loop callback that learns it finished (one socket write per burst); a bad
@@ -111,7 +115,14 @@ class ProducerSession:
         self._clock_ms: Callable[[], int] = lambda: int(clock() * 1000)
 
     async def run(self) -> None:
-        """Frames are published as they are read, those that arrived together at once."""
+        """Frames are published as they are read, those that arrived together at once; the
+        broker producer is closed when the session ends."""
+        try:
+            await self._serve()
+        finally:
+            self.producer.close()
+
+    async def _serve(self) -> None:
         if await supervise(self.ws, self._receive_loop(), []):
             # the client left: answer what it sent before it did
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -133,6 +144,9 @@ class ProducerSession:
                 self._publish_batched(items)
             else:
                 self._publish_each(items)
+            delay_s = self.producer.publish_delay_s()
+            if delay_s > 0:  # over the topic's publish rate: read no frame for a while, as Pulsar throttles
+                await asyncio.sleep(delay_s)
 
     def _publish_batched(self, items: list[_Send | _Rejected]) -> None:
         """With batching: consecutive batchable frames make bursts of at most

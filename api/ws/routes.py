@@ -95,8 +95,11 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         except MagnetarError as exc:
             await deny(websocket, exc)
             return
-        await open_session(websocket, Action.PRODUCE, [name],
-                           lambda: (ProducerSession(websocket, service, name, params).run, None))
+        def start_producing() -> Started:
+            session = ProducerSession(websocket, service, name, params)
+            return session.run, session.producer.close
+
+        await open_session(websocket, Action.PRODUCE, [name], start_producing)
 
     async def consume(websocket: WebSocket, topics: list[TopicName], subscription: str,
                       pattern: tuple[str, str] | None = None) -> None:
