@@ -77,9 +77,11 @@ def _namespace_routes(routes: APIRouter, service: BrokerService, authorizer: Aut
         authorizer.require_tenant_admin(caller, tenant)
         return service.policies(namespace_name(tenant, namespace)).get(key)
 
-    def post(tenant: str, namespace: str, value: body, caller: Caller) -> None:  # type: ignore[valid-type]
+    def post(tenant: str, namespace: str, value: Any, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         service.set_policy(namespace_name(tenant, namespace), key, value)
+
+    post.__annotations__["value"] = body  # the body's shape is the policy's
 
     def delete(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
@@ -96,9 +98,11 @@ def _topic_routes(routes: APIRouter, service: BrokerService, authorizer: Authori
         authorizer.require_tenant_admin(caller, tenant)
         return service.topic_policies(topic_name(tenant, namespace, topic)).get(key)
 
-    def post(tenant: str, namespace: str, topic: str, value: body, caller: Caller) -> None:  # type: ignore[valid-type]
+    def post(tenant: str, namespace: str, topic: str, value: Any, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         service.set_topic_policy(topic_name(tenant, namespace, topic), key, value)
+
+    post.__annotations__["value"] = body
 
     def delete(tenant: str, namespace: str, topic: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)

@@ -39,6 +39,9 @@ S = T + "/subscription/{subscription}"
 N = "/admin/v2/namespaces/{tenant}/{namespace}"
 P = "/topics/persistent/{tenant}/{namespace}/{topic}"
 SC = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
+NAMESPACE_QUOTA_PATHS = ("maxProducersPerTopic", "maxConsumersPerTopic", "maxSubscriptionsPerTopic",
+                         "maxTopicsPerNamespace", "publishRate", "dispatchRate")
+TOPIC_QUOTA_PATHS = ("maxProducers", "maxConsumers", "maxSubscriptionsPerTopic", "publishRate", "dispatchRate")
 GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/docs"): PUBLIC, ("GET", "/docs/oauth2-redirect"): PUBLIC, ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/redoc"): PUBLIC, ("GET", "/docs/assets/{path:path}"): PUBLIC,  # the docs' scripts and styles
@@ -58,7 +61,8 @@ GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/admin/v2/namespaces/{tenant}"): TENANT_ADMIN,
     **{(m, N): TENANT_ADMIN for m in ("GET", "PUT", "DELETE")},
     **{(m, N + "/" + policy): TENANT_ADMIN for m in ("GET", "POST", "DELETE")
-       for policy in ("retention", "messageTTL", "deduplication", "persistence")},
+       for policy in ("retention", "messageTTL", "deduplication", "persistence", *NAMESPACE_QUOTA_PATHS)},
+    **{(m, T + "/" + policy): TENANT_ADMIN for m in ("GET", "POST", "DELETE") for policy in TOPIC_QUOTA_PATHS},
     ("GET", N + "/permissions"): TENANT_ADMIN,
     **{(m, N + "/permissions/{role}"): TENANT_ADMIN for m in ("POST", "DELETE")},
     ("GET", "/admin/v2/persistent/{tenant}/{namespace}"): TENANT_ADMIN,
@@ -115,6 +119,9 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
     **{("POST", SC + what): {"type": "STRING", "schema": ""} for what in ("/schema", "/compatibility")},
     ("PUT", N + "/schemaCompatibilityStrategy"): "FULL",
+    **{("POST", level + "/" + policy): {"publishThrottlingRateInMsg": 100} if policy == "publishRate" else
+       {"dispatchThrottlingRateInMsg": 100} if policy == "dispatchRate" else 100
+       for level, policies in ((N, NAMESPACE_QUOTA_PATHS), (T, TOPIC_QUOTA_PATHS)) for policy in policies},
     **{("POST", P + prefix + "/subscription/{subscription}/" + action): {"offsets": [0]}
        for prefix in ("", "/partitions/{partition}") for action in ("ack", "negativeAcknowledge")},
 }

@@ -217,7 +217,7 @@ def test_publishing_over_the_rate_is_stored_and_asks_for_a_pause(data_dir: str) 
         name = TopicName.parse("throttled")
         producer = service.producer(name, "p")
         service.set_policy("public/default", "publishMaxMessageRate", {"publishThrottlingRateInMsg": 10})
-        for i in range(15):
+        for _ in range(15):
             producer.send([Message(payload=b"x")]).result(timeout=WAIT_S)  # never refused for the rate
         assert producer.publish_delay_s() == pytest.approx(0.6)  # 5 over, and one token: 6 / 10 per s
         clock.advance(0.6)
