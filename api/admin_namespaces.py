@@ -13,7 +13,8 @@ tenant. The check runs before any broker call. Names are validated before use (4
 values are checked by the broker against their documented bounds (``broker/policies.py``: 400
 with a message stating the bound), so every transport meets the same rule.
 
-Policy changes apply at once to open topics for retention and TTL; ``deduplicationEnabled`` is
+Quotas and rate limits, namespace and topic policies too, have their routes in
+``api/admin_quotas.py``. Policy changes apply at once to open topics for retention and TTL; ``deduplicationEnabled`` is
 read when a topic is loaded, so it applies to topics loaded after the change.
 """
 

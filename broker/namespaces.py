@@ -2,14 +2,14 @@
 
 Role: the administrative state above topics. Tenants live at ``/admin/tenants/{tenant}``
 (``adminRoles``, ``allowedClusters``), namespace policies at ``/admin/policies/{tenant}/{ns}``
-(retention, message TTL, deduplication, permissions), both as JSON written with
+(retention, message TTL, deduplication, permissions, quotas and rate limits), both as JSON written with
 compare-and-set. ``BrokerService`` exposes these operations on its face; topics read their
 namespace's policies when they open and follow changes at once.
 
 Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path,
 every policy value by ``broker/policies.py`` (its bound, or 400) before it is stored; a change
 is written whole (compare-and-set) and then announced (``on_change``: open topics follow new
-retention and TTL, open sessions re-check their permissions).
+retention, TTL, quotas and rates, open sessions re-check their permissions).
 """
 
 from __future__ import annotations

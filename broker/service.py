@@ -5,8 +5,10 @@ embedded bookie (``storage``), the metadata store (RocksDB), the ledger manager,
 entry cache and the managed-ledger factory, and serves topics to the API layer (``api`` never
 touches ``storage``). Everything it knows lives in the metadata store or in ledgers:
 
-- tenants at ``/admin/tenants/{tenant}``, namespace policies (retention, TTL, dedup) at
-  ``/admin/policies/{tenant}/{namespace}``, partitioned-topic metadata at
+- tenants at ``/admin/tenants/{tenant}``, namespace policies (retention, TTL, dedup, quotas) at
+  ``/admin/policies/{tenant}/{namespace}``, a topic's own quotas and rates at
+  ``/admin/topic-policies/{tenant}/{namespace}/{topic}`` (``broker/topic_policies.py``; each open
+  topic lives by the limits ``broker/quotas.py`` resolves), partitioned-topic metadata at
   ``/admin/partitioned-topics/{tenant}/{namespace}/persistent/{topic}``;
 - topics are managed ledgers at ``/managed-ledgers/{tenant}/{namespace}/persistent/{topic}``.
 
