@@ -197,6 +197,7 @@ def _add_namespaces(group: _Group) -> None:
                   lambda a: Call("GET", f"{base}/{a.namespace}/retention")).add_argument("namespace",
                                                                                        type=namespace_path)
     _add_ttl_and_dedup(group, base)
+    _add_quotas(group, base)
     grant = group.command("grant-permission", "grant a role produce and/or consume", lambda a: Call(
         "POST", f"{base}/{a.namespace}/permissions/{_quote(a.role)}", [x for x in a.actions.split(",") if x]))
     grant.add_argument("namespace", type=namespace_path)
@@ -227,6 +228,42 @@ def _add_ttl_and_dedup(group: _Group, base: str) -> None:
     switch.add_argument("-d", "--disable", dest="enable", action="store_false", help="store every message sent")
     _get_and_remove(group, base, "deduplication", "deduplication",
                     "whether deduplication is on (null: the broker's default)")
+
+
+QUOTA_COMMANDS = (("max-producers-per-topic", "maxProducersPerTopic", "-p", "producers of one topic"),
+                  ("max-consumers-per-topic", "maxConsumersPerTopic", "-c", "consumers of one topic"),
+                  ("max-subscriptions-per-topic", "maxSubscriptionsPerTopic", "-s", "subscriptions of one topic"),
+                  ("max-topics-per-namespace", "maxTopicsPerNamespace", "-t", "topics of the namespace"))
+"""pulsar-admin's name, the admin v2 path, its short option and what the limit counts."""
+
+
+def _add_quotas(group: _Group, base: str) -> None:
+    """pulsar-admin's ``set-``, ``get-`` and ``remove-`` of the quotas and rate limits."""
+    def setter(path: str) -> Build:
+        return lambda a: Call("POST", f"{base}/{a.namespace}/{path}", a.limit)
+
+    for name, path, short, what in QUOTA_COMMANDS:
+        command = group.command(f"set-{name}", f"limit the {what} (0: unlimited)", setter(path))
+        command.add_argument("namespace", type=namespace_path)
+        command.add_argument(short, f"--{name}", dest="limit", type=int, required=True)
+        _get_and_remove(group, base, name, path, f"the limit of {what} (null: the broker's default)")
+    publish = group.command("set-publish-rate", "throttle publishing to each topic", lambda a: Call(
+        "POST", f"{base}/{a.namespace}/publishRate",
+        {"publishThrottlingRateInMsg": a.messages, "publishThrottlingRateInByte": a.bytes}))
+    publish.add_argument("namespace", type=namespace_path)
+    publish.add_argument("-m", "--msg-publish-rate", dest="messages", type=int, default=-1, help="-1: unlimited")
+    publish.add_argument("-b", "--byte-publish-rate", dest="bytes", type=int, default=-1, help="-1: unlimited")
+    _get_and_remove(group, base, "publish-rate", "publishRate", "the publish rate of each topic (null: none)")
+    dispatch = group.command("set-dispatch-rate", "throttle dispatch from each topic", lambda a: Call(
+        "POST", f"{base}/{a.namespace}/dispatchRate",
+        {"dispatchThrottlingRateInMsg": a.messages, "dispatchThrottlingRateInByte": a.bytes,
+         "ratePeriodInSecond": a.period, "relativeToPublishRate": a.relative}))
+    dispatch.add_argument("namespace", type=namespace_path)
+    dispatch.add_argument("-md", "--msg-dispatch-rate", dest="messages", type=int, default=-1, help="-1: unlimited")
+    dispatch.add_argument("-bd", "--byte-dispatch-rate", dest="bytes", type=int, default=-1, help="-1: unlimited")
+    dispatch.add_argument("-dt", "--dispatch-rate-period", dest="period", type=int, default=1, help="seconds")
+    dispatch.add_argument("-rp", "--relative-to-publish-rate", dest="relative", action="store_true")
+    _get_and_remove(group, base, "dispatch-rate", "dispatchRate", "the dispatch rate of each topic (null: none)")
 
 
 def _get_and_remove(group: _Group, base: str, policy: str, path: str, what: str) -> None:

@@ -168,6 +168,29 @@ def test_admin_namespaces_message_ttl_and_deduplication(url: str) -> None:
     assert neither.returncode == 2 and "-e/--enable" in neither.stderr
 
 
+def test_admin_namespaces_quotas_and_rates_as_pulsar_admin_names_them(url: str) -> None:
+    ok(url, "admin", "namespaces", "create", "public/quotas")
+    for command in (("set-max-producers-per-topic", "-p", "3"),  # one after another: one policy document
+                    ("set-max-consumers-per-topic", "--max-consumers-per-topic", "4"),
+                    ("set-max-subscriptions-per-topic", "-s", "5"), ("set-max-topics-per-namespace", "-t", "6"),
+                    ("set-publish-rate", "-m", "100"), ("set-dispatch-rate", "-bd", "1024", "-dt", "2")):
+        ok(url, "admin", "namespaces", command[0], "public/quotas", *command[1:])
+    got = ok_all(url, *[("admin", "namespaces", f"get-{what}", "public/quotas") for what in (
+        "max-producers-per-topic", "max-consumers-per-topic", "max-subscriptions-per-topic",
+        "max-topics-per-namespace", "publish-rate", "dispatch-rate")])
+    assert [json.loads(g) for g in got] == [
+        3, 4, 5, 6, {"publishThrottlingRateInMsg": 100, "publishThrottlingRateInByte": -1},
+        {"dispatchThrottlingRateInMsg": -1, "dispatchThrottlingRateInByte": 1024, "ratePeriodInSecond": 2,
+         "relativeToPublishRate": False}]
+    ok(url, "admin", "namespaces", "remove-max-producers-per-topic", "public/quotas")
+    ok(url, "admin", "namespaces", "remove-publish-rate", "public/quotas")
+    policies = httpx.get(f"{url}/admin/v2/namespaces/public/quotas", timeout=HTTP_TIMEOUT_S).json()
+    assert (policies["max_producers_per_topic"], policies["publishMaxMessageRate"]) == (None, None)
+    refused = magnetar("--service-url", url, "admin", "namespaces", "set-max-topics-per-namespace", "public/quotas",
+                       "-t", "-1")
+    assert refused.returncode != 0 and "maxTopicsPerNamespace" in refused.stdout + refused.stderr
+
+
 def test_consume_explains_each_option() -> None:
     helped = magnetar("consume", "--help")
     assert helped.returncode == 0
