@@ -66,3 +66,15 @@ def test_lines_without_equals_are_errors() -> None:
     assert parse_properties("a=1\n! comment\n\nb = two words\n") == {"a": "1", "b": "two words"}
     with pytest.raises(ConfigError, match="line 2"):
         parse_properties("a=1\njust-a-word\n")
+
+
+def test_quota_keys_set_the_brokers_default_quotas() -> None:
+    config = StandaloneConfig.load(overrides={"maxProducersPerTopic": "2", "maxTopicsPerNamespace": "100",
+                                              "maxPublishRatePerTopicInMessages": "1000",
+                                              "dispatchThrottlingRatePerTopicInByte": "1048576"})
+    quotas = config.broker.quotas
+    assert (quotas.max_producers_per_topic, quotas.max_topics_per_namespace) == (2, 100)
+    assert (quotas.publish_rate_messages, quotas.dispatch_rate_bytes) == (1000, 1 << 20)
+    assert quotas.max_consumers_per_topic == quotas.max_subscriptions_per_topic == 0  # unlimited by default
+    with pytest.raises(ConfigError, match="maxConsumersPerTopic"):
+        StandaloneConfig.load(overrides={"maxConsumersPerTopic": "-1"})
