@@ -10,7 +10,9 @@ latencies are measured by a second, authenticated client.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import socket
 import struct
@@ -233,3 +235,68 @@ def test_a_connected_session_outlives_the_handshake_timeout(broker: Broker) -> N
         conn.send_command(command(T.PING, ping={}))
         assert conn.expect(T.PONG).type == T.PONG
 
+
+# --- HTTP: what a request may send before its caller is known ---------------------------
+HEADER_FLOOD_BYTES = 64 * MIB
+HEADER_FLOOD_S_MAX = 8.0
+HEADER_FLOOD_RSS_BYTES_MAX = 16 * MIB
+HEADER_BYTES_MAX = 8192
+"""``httpMaxRequestHeaderSize``'s default, as Pulsar's."""
+
+
+def flood_head(broker: Broker, start: bytes, unit: bytes) -> tuple[bytes, int]:
+    """Send ``start`` and then ``unit`` over and over (up to ``HEADER_FLOOD_BYTES`` or
+    ``HEADER_FLOOD_S_MAX``) as a request head that never ends: what the broker answered, and
+    its RSS once the flood was sent."""
+    port = int(broker.http_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=HEADER_FLOOD_S_MAX) as sock:
+        chunk = unit * (MIB // len(unit))
+        started = time.monotonic()
+        with contextlib.suppress(OSError):  # the broker closed: a refusal
+            sock.sendall(start)
+            for _ in range(HEADER_FLOOD_BYTES // len(chunk)):
+                if time.monotonic() - started > HEADER_FLOOD_S_MAX:
+                    break
+                sock.sendall(chunk)
+        rss = broker.rss_bytes()
+        try:
+            return sock.recv(4096), rss
+        except OSError:
+            return b"", rss
+
+
+@pytest.mark.parametrize(("start", "unit"), [
+    (b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n", b"X-A: b\r\n"),
+    (b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nX-Long: ", b"a"),
+    (b"GET /admin/v2/clusters?", b"a"),
+], ids=["many header lines", "one endless header", "endless url"])
+def test_a_request_head_without_end_is_refused_at_its_bound(broker: Broker, start: bytes, unit: bytes) -> None:
+    baseline = settle_rss(broker)
+    answer, rss = flood_head(broker, start, unit)
+    held = rss - baseline
+    print(f"endless request head: answer {answer[:40]!r}, RSS +{held / MIB:.1f} MiB")
+    assert held < HEADER_FLOOD_RSS_BYTES_MAX, f"+{held / MIB:.0f} MiB"
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+    assert b'"code":"headers_too_large"' in answer
+
+
+def test_a_head_within_the_bound_is_served_with_its_body_in_the_same_read(broker: Broker) -> None:
+    """A head of exactly ``httpMaxRequestHeaderSize`` bytes, sent in one write with a 200 KB
+    body, is read and answered; one byte more is refused with 431."""
+    port = int(broker.http_url.rsplit(":", 1)[1])
+    body = json.dumps({"messages": [{"payload": base64.b64encode(bytes(150_000)).decode()}]}).encode()
+    bearer = token("admin")
+
+    def post(head_bytes: int) -> bytes:
+        head = (f"POST /topics/persistent/public/default/head-bound HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {bearer}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\nX-Pad: ").encode()
+        head += b"p" * (head_bytes - len(head) - 4) + b"\r\n\r\n"
+        assert len(head) == head_bytes
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            with contextlib.suppress(OSError):
+                sock.sendall(head + body)
+            return sock.recv(4096)
+
+    assert post(HEADER_BYTES_MAX).startswith(b"HTTP/1.1 200 ")
+    assert post(HEADER_BYTES_MAX + 1).startswith(b"HTTP/1.1 431 ")
