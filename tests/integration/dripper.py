@@ -22,9 +22,9 @@ FRAME_BYTES = 5 * 1024 * 1024
 DRIPPED_BYTES = 200_000
 """The tail of the frame sent a few bytes at a time; the rest goes at once."""
 DRIP_BYTES = 3
-DRIP_ROUND_S = 0.002
+DRIP_ROUND_S = 0.01
 """Between two rounds of sends over the connections."""
-REOPEN_AFTER_S = 0.05
+REOPEN_AFTER_S = 0.1
 """A connection the broker closed is opened again this much later."""
 BULK = struct.pack(">II", FRAME_BYTES - 4, 64) + bytes(FRAME_BYTES - 8 - DRIPPED_BYTES)
 CHUNK = bytes(DRIP_BYTES)

@@ -46,7 +46,7 @@ HANDSHAKE_FRAME_BYTES = 64 * 1024
 """The default bound on a frame before the handshake."""
 PING_ROUNDS = 400
 ROUND_TRIP_S_MAX = 0.050
-DRIPPERS = 8
+DRIPPERS = 16
 DRIP_WARMUP_S = 1.0
 DRIP_SECONDS = 6.0
 """Longer than the warm-up and the PING rounds (400 x about 5 ms)."""
