@@ -4,8 +4,10 @@
 Before CONNECT a connection may buffer only a small frame, the sum over all such connections
 is bounded, and a connection that has not completed its handshake in time is closed; the frame
 decoder's work is linear in the bytes it receives, so a frame dripped a few bytes at a time
-costs no more than one sent at once. RSS is read from the broker's ``/proc/PID/status``;
-latencies are measured by a second, authenticated client.
+costs no more than one sent at once. Over HTTP, a request's line and headers are bounded
+before the caller is known (``httpMaxRequestHeaderSize``): an endless head is answered 431.
+RSS is read from the broker's ``/proc/PID/status``; latencies are measured by a second,
+authenticated client.
 """
 
 from __future__ import annotations
