@@ -78,6 +78,7 @@ def server_options(app: FastAPI) -> dict[str, Any]:
     return {
         "http": guarded_http_protocol(_http_protocol_base(), app.state.connection_guard),
         "timeout_keep_alive": limits.idle_timeout_s,
+        "h11_max_incomplete_event_size": limits.header_bytes_max,  # the guard bounds httptools' heads
         "ws": MagnetarWebSocketProtocol,
         "ws_max_size": limits.ws_frame_bytes_max,
         "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
@@ -131,7 +132,8 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
                          swagger_ui_parameters=SWAGGER_UI_PARAMETERS)
     app.state.service = service
     app.state.limits = limits
-    guard = ConnectionGuard(effective_connections_max(limits.connections_max), limits.header_timeout_s)
+    guard = ConnectionGuard(effective_connections_max(limits.connections_max), limits.header_timeout_s,
+                            limits.header_bytes_max)
     register(guard)
     app.state.connection_guard = guard
     authorizer = Authorizer(auth or AuthConfig(), service)

@@ -12,7 +12,8 @@ without a policy: -1 by default, keep everything, as an event store must; 0 and 
 defaults, which keep nothing that no subscription holds), the binary protocol's
 ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
 ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
-``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; the topic
+``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``, and its
+bounds before a connection's handshake (``HANDSHAKE_KEYS``: Pulsar has none of its own); the topic
 quotas and rate limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic``,
 ``maxSubscriptionsPerTopic``, ``maxTopicsPerNamespace``, ``maxPublishRatePerTopicInMessages`` /
 ``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
@@ -47,12 +48,18 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
               "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
-              *QUOTA_CONFIG_KEYS)
+              *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis")
 RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
 AUTH_REFRESH_CHECK_S_RANGE = (1, 86_400)
 """``maxMessageSize``: the broker stores messages of at most 5 MiB (larger ones are chunked)."""
+HANDSHAKE_KEYS: dict[str, tuple[int, int]] = {
+    "maxHandshakeFrameBytes": (1024, 1024 * 1024),
+    "maxHandshakeBufferBytes": (64 * 1024, 1024 * 1024 * 1024),
+    "handshakeTimeoutMillis": (100, 600_000),
+}
+"""The binary protocol's bounds before a connection's handshake completed, and their ranges."""
 
 
 class ConfigError(ValueError):
@@ -178,6 +185,7 @@ def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
     if not AUTH_REFRESH_CHECK_S_RANGE[0] <= refresh_s <= AUTH_REFRESH_CHECK_S_RANGE[1]:
         raise ConfigError(f"authenticationRefreshCheckSeconds must lie in {AUTH_REFRESH_CHECK_S_RANGE[0]}.."
                           f"{AUTH_REFRESH_CHECK_S_RANGE[1]}, not {refresh_s}")
+    frame_bytes, buffer_bytes, timeout_ms = _handshake(values, defaults)
     ports = {}
     for name, default in (("brokerServicePort", defaults.port),
                           ("brokerServicePortTls", PULSAR_TLS_PORT if cert else 0)):
@@ -188,7 +196,19 @@ def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
                           tls_cert_file=cert, tls_key_file=key,
                           tls_trust_certs_file=values.get("tlsTrustCertsFilePath") or None,
                           advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size,
-                          auth_refresh_check_s=float(refresh_s))
+                          auth_refresh_check_s=float(refresh_s), handshake_frame_bytes_max=frame_bytes,
+                          handshake_buffer_bytes_max=buffer_bytes, handshake_timeout_s=timeout_ms / 1000)
+
+
+def _handshake(values: Mapping[str, str], defaults: PulsarSettings) -> tuple[int, int, int]:
+    """``HANDSHAKE_KEYS``' values (frame bytes, buffer bytes, timeout ms), each within its range."""
+    given = (_integer(values, "maxHandshakeFrameBytes", defaults.handshake_frame_bytes_max),
+             _integer(values, "maxHandshakeBufferBytes", defaults.handshake_buffer_bytes_max),
+             _integer(values, "handshakeTimeoutMillis", round(defaults.handshake_timeout_s * 1000)))
+    for (key, (low, high)), value in zip(HANDSHAKE_KEYS.items(), given, strict=True):
+        if not low <= value <= high:
+            raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
+    return given
 
 
 def _read_key(key: str, value: str) -> bytes:

@@ -10,6 +10,12 @@ opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with 
   they upgrade to); one more is answered ``503 too_many_connections`` and closed at once;
 - a request's headers must be complete within ``header_timeout_ms`` of the connection opening
   or of the previous response; otherwise the connection is closed;
+- a request's line and headers may take ``header_bytes_max`` bytes: the parser is fed no more
+  of a head than that, and a head that has not ended by then is answered
+  ``431 headers_too_large`` and its connection closed (uvicorn's httptools parser keeps an
+  unfinished head whole, however long, and grows it by copying: unbounded memory and
+  quadratic time for a client that has not even been authenticated yet); bodies are fed as
+  they come (``api/request_guard.py`` bounds them);
 - idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer).
 
 ``effective_connections_max`` keeps the bound under the process's file-descriptor limit, with
@@ -24,6 +30,7 @@ application.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
 import threading
@@ -39,10 +46,16 @@ FD_RESERVE_MIN = 64
 ACCEPT_ERROR_QUIET_S = 60.0
 """A failed ``accept()`` is logged once per this many seconds."""
 
-_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: 81\r\n\r\n"
-            b'{"code":"too_many_connections","message":"the broker holds its connection limit"}')
-assert len(_REFUSAL.split(b"\r\n\r\n", 1)[1]) == 81
+
+
+def _refusal(status_line: str, code: str, message: str) -> bytes:
+    """A complete HTTP answer with the JSON error body ``{code, message}``, closing the connection."""
+    body = json.dumps({"code": code, "message": message}, separators=(",", ":")).encode()
+    return (f"HTTP/1.1 {status_line}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+_REFUSAL = _refusal("503 Service Unavailable", "too_many_connections", "the broker holds its connection limit")
 
 
 @dataclass(frozen=True)
@@ -52,17 +65,21 @@ class ConnectionGuardStats:
     admitted: int
     refused: int
     header_timeouts: int
+    heads_too_large: int
 
 
 class ConnectionGuard:
     """Counts a listener's open connections; thread-safe (several servers may share a process)."""
 
-    def __init__(self, connections_max: int, header_timeout_s: float) -> None:
+    def __init__(self, connections_max: int, header_timeout_s: float, header_bytes_max: int) -> None:
         self.connections_max = connections_max
         self.header_timeout_s = header_timeout_s
+        self.header_bytes_max = header_bytes_max
+        self.head_refusal = _refusal("431 Request Header Fields Too Large", "headers_too_large",
+                                     f"the request line and headers exceed {header_bytes_max} bytes")
         self._open: set[object] = set()
         self._lock = threading.Lock()
-        self._admitted = self._refused = self._header_timeouts = 0
+        self._admitted = self._refused = self._header_timeouts = self._heads_too_large = 0
 
     def admit(self, transport: object) -> bool:
         with self._lock:
@@ -81,10 +98,14 @@ class ConnectionGuard:
         with self._lock:
             self._header_timeouts += 1
 
+    def head_too_large(self) -> None:
+        with self._lock:
+            self._heads_too_large += 1
+
     def statistics(self) -> ConnectionGuardStats:
         with self._lock:
             return ConnectionGuardStats(len(self._open), self.connections_max, self._admitted, self._refused,
-                                        self._header_timeouts)
+                                        self._header_timeouts, self._heads_too_large)
 
 
 _GUARDS: list[ConnectionGuard] = []
@@ -127,12 +148,20 @@ def raise_file_limit() -> int:
 
 
 def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[..., asyncio.Protocol]:
-    """A subclass of uvicorn's HTTP protocol ``base`` (h11 or httptools) under ``guard``."""
+    """A subclass of uvicorn's HTTP protocol ``base`` (h11 or httptools) under ``guard``. The
+    head bound is applied here for httptools, whose parser has none; h11 applies its own
+    (``server_options`` sets it to the same bound)."""
+    bounds_heads = hasattr(base, "on_headers_complete")
 
     class GuardedHttpProtocol(base):  # type: ignore[misc]
         _admitted = False
         _header_timer: asyncio.TimerHandle | None = None
         _cycle_at_arm: object = None
+        _head_bytes = 0
+        """Bytes fed to the parser since the last head ended, outside request bodies."""
+        _heads_ended = 0
+        _in_body = False
+        """Between a head's end and its message's end, as the parser sees it."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             if not guard.admit(transport):
@@ -146,10 +175,49 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[.
         def data_received(self, data: bytes) -> None:
             if not self._admitted:
                 return
-            super().data_received(data)
+            if self._in_body or not bounds_heads:
+                super().data_received(data)
+            else:
+                self._receive_head(data)
             if self._header_timer is not None and (
                     self.cycle is not self._cycle_at_arm or self.transport.get_protocol() is not self):
                 self._disarm_header_timer()  # headers complete (or upgraded to a WebSocket)
+
+        def _receive_head(self, data: bytes) -> None:
+            """Feed ``data`` while a head is awaited: never more of a head than the bound; what
+            follows the head's end (a body, the next request) is fed as the parser's state says."""
+            while data:
+                if self._in_body:
+                    super().data_received(data)
+                    return
+                heads_ended = self._heads_ended
+                room = guard.header_bytes_max - self._head_bytes
+                head, data = (data, b"") if len(data) <= room else (data[:room], data[room:])
+                self._head_bytes += len(head)
+                if head:
+                    super().data_received(head)
+                if self.transport.get_protocol() is not self or self.transport.is_closing():
+                    return  # upgraded to a WebSocket (it reads from here on), or refused by the parser
+                if data and self._heads_ended == heads_ended:
+                    self._refuse_head()
+                    return
+
+        def on_headers_complete(self) -> None:  # httptools' callback
+            self._heads_ended += 1
+            self._head_bytes = 0
+            self._in_body = True
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:  # httptools' callback, also when uvicorn ignores the rest
+            self._in_body = False
+            super().on_message_complete()
+
+        def _refuse_head(self) -> None:
+            """431 for a head over the bound (unless an answer is under way: then only the close)."""
+            guard.head_too_large()
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.write(guard.head_refusal)
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

@@ -28,6 +28,9 @@ class EdgeLimits:
     header_timeout_ms: int = 10_000
     """A connection must deliver a request's complete headers this soon after it opens or after
     its previous response; otherwise it is closed (slow or silent clients)."""
+    header_bytes_max: int = 8 * 1024
+    """A request's line and headers: a longer head is answered 431 ``headers_too_large`` and its
+    connection closed, before more of it is read (Pulsar's ``httpMaxRequestHeaderSize``)."""
     idle_timeout_ms: int = 30_000
     """A keep-alive HTTP connection with no request in flight is closed after this long."""
     body_timeout_ms: int = 60_000
@@ -77,6 +80,7 @@ LIMIT_RANGES: dict[str, tuple[int, int]] = {
     "connections_max": (1, 1_000_000),
     "connections_per_role_max": (1, 1_000_000),
     "header_timeout_ms": (100, 600_000),
+    "header_bytes_max": (1024, MIB),
     "idle_timeout_ms": (100, 3_600_000),
     "body_timeout_ms": (100, 3_600_000),
     "body_bytes_max": (1024, 1024 * MIB),
@@ -96,6 +100,7 @@ CONFIG_KEYS: dict[str, str] = {
     "maxHttpServerConnections": "connections_max",
     "maxConnectionsPerRole": "connections_per_role_max",
     "httpHeaderTimeoutMillis": "header_timeout_ms",
+    "httpMaxRequestHeaderSize": "header_bytes_max",
     "httpIdleTimeoutMillis": "idle_timeout_ms",
     "httpBodyTimeoutMillis": "body_timeout_ms",
     "httpMaxRequestSize": "body_bytes_max",
@@ -110,4 +115,4 @@ CONFIG_KEYS: dict[str, str] = {
     "webSocketMaxTextFrameSize": "ws_frame_bytes_max",
 }
 """``standalone.conf`` key → setting (Pulsar's key where Pulsar has one: ``maxHttpServerConnections``,
-``httpMaxRequestSize``, ``webSocketMaxTextFrameSize``)."""
+``httpMaxRequestSize``, ``httpMaxRequestHeaderSize``, ``webSocketMaxTextFrameSize``)."""

@@ -15,7 +15,8 @@ The package, from the bytes up (sans-I/O below the adapter, as h11 and wsproto a
   PARTITIONED_METADATA, over the broker's one lookup;
 - ``schemas.py``: the schema commands over the broker's schema registry;
 - ``topic_lists.py``: a namespace's topic list, filtered by pattern, and topic-list watches;
-- ``server.py``: the asyncio adapter (listeners, TLS, bounds, keep-alive, statistics).
+- ``server.py``: the asyncio adapter (listeners, TLS, bounds, keep-alive, statistics), with
+  ``handshakes.py``: the budget and the timeout of connections not yet CONNECTED.
 
 Everything reaches the broker through its face (``from broker import ...``), like the REST and
 WebSocket edges: a binary session is one more translation of frames into the same producers,

@@ -7,9 +7,11 @@ deliveries leave inside the dispatch that made them). Each accepted connection i
 
 Invariants:
 - Bounded: at most ``connections_max`` connections (more are closed at once); one frame in
-  the decoder; at most ``pending_sends_max`` sends unanswered per connection (reading pauses);
-  outgoing bytes above ``write_buffer_bytes_max`` make the session congested (deliveries stop
-  until the transport drained, and resume then).
+  the decoder, and before the handshake completed only a small one, within a budget shared by
+  all such connections and for a limited time (``handshakes.py``); at most
+  ``pending_sends_max`` sends unanswered per connection (reading pauses); outgoing bytes
+  above ``write_buffer_bytes_max`` make the session congested (deliveries stop until the
+  transport drained, and resume then).
 - What one turn of the loop writes to a connection, and what the callbacks that turn schedules
   write (a producer's receipts after the dispatch that delivered its messages), leaves in one
   system call, in the order written, at the end of that turn; at once when
@@ -19,6 +21,8 @@ Invariants:
 - Lookups are answered by ``lookups.py`` (on lookup threads in a cluster, never blocking the
   loop); on a cluster broker, topics that stop being served here (unload, split, lost session)
   have their producers and consumers closed on every connection (``_topics_unloaded``).
+- A closed connection's partial frame is dropped at once (its memory does not wait for the
+  cycle collector).
 - A connection silent for two keep-alive intervals is closed; one quiet for one interval is
   sent a PING. With authentication on, every ``auth_refresh_check_s`` each session checks
   whether its token expired (``PulsarSession.check_credentials``).
@@ -40,10 +44,11 @@ from api.auth import Authorizer
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import FrameDecoder, ProtocolViolation
+from api.pulsar.handshakes import PendingHandshakes
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
-from api.pulsar.session import PulsarSession
+from api.pulsar.session import PulsarSession, State
 from api.pulsar.settings import PulsarSettings
 from broker import BrokerService, MagnetarError, TopicName
 
@@ -82,6 +87,7 @@ class PulsarServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.lookups: LookupRunner | None = None
+        self.handshakes = PendingHandshakes(settings.handshake_buffer_bytes_max, settings.handshake_timeout_s)
         self.accepted = self.refused = self.violations = self.frames = self.bytes_in = 0
         self.totals: dict[str, int] = {}
 
@@ -212,7 +218,8 @@ class PulsarProtocol(asyncio.Protocol):
         self.server = server
         self.tls = tls
         self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(server.settings.frame_bytes_max)
+        self.decoder = FrameDecoder(server.settings.handshake_frame_bytes_max)
+        self._handshaking = True
         self.context: ConnectionContext | None = None
         self.session: PulsarSession | None = None
         self._writing_paused = False
@@ -241,6 +248,7 @@ class PulsarProtocol(asyncio.Protocol):
         self.session = PulsarSession(self.context, server.lookups,
                                      lambda topic: server.lookup_answer(topic, host, tls=tls), server.access,
                                      server.schemas)
+        server.handshakes.open(self, loop, self._handshake_timed_out)
 
     def data_received(self, data: bytes) -> None:
         if self.session is None or self._closing:
@@ -250,6 +258,8 @@ class PulsarProtocol(asyncio.Protocol):
             self.server.bytes_in += len(data)
             self.server.frames += len(frames)
             self.session.handle_all(frames)
+            if self._handshaking:
+                self._handshake_progress()
         except ProtocolViolation as exc:
             self.server.violations += 1
             log.info("closing a binary-protocol connection: %s", exc)
@@ -263,12 +273,32 @@ class PulsarProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self.decoder.release()
+        self.server.handshakes.finish(self)
         if self.session is not None:
             try:
                 self.session.connection_lost()
             except Exception:
                 log.exception("releasing a binary-protocol connection's producers and consumers failed")
         self.server.forget(self)
+
+    def _handshake_progress(self) -> None:
+        """After a read before the handshake completed: once CONNECTED, frames up to the maximum
+        message size are read; until then, what the decoder holds must fit the budget."""
+        assert self.session is not None
+        if self.session.state is State.CONNECTED:
+            self._handshaking = False
+            self.server.handshakes.finish(self)
+            self.decoder.frame_bytes_max = self.server.settings.frame_bytes_max
+        elif not self.server.handshakes.hold(self, self.decoder.buffered_bytes):
+            log.info("closing a binary-protocol connection: its handshake's partial frame does not fit the %d bytes "
+                     "all handshakes may hold", self.server.handshakes.buffer_bytes_max)
+            self.close()
+
+    def _handshake_timed_out(self) -> None:
+        log.info("closing a binary-protocol connection whose handshake did not complete within %.1f s",
+                 self.server.handshakes.timeout_s)
+        self.close()
 
     def pause_writing(self) -> None:
         self._writing_paused = True

@@ -4,7 +4,9 @@ Role: ``magnetar standalone`` and ``magnetar broker`` build one ``PulsarSettings
 ``--pulsar-port`` and Pulsar's configuration keys (``brokerServicePort``,
 ``brokerServicePortTls``, ``tlsCertificateFilePath``, ``tlsKeyFilePath``,
 ``tlsTrustCertsFilePath``, ``advertisedAddress``, ``maxMessageSize``,
-``authenticationRefreshCheckSeconds``); the server and every session read their bounds from it.
+``authenticationRefreshCheckSeconds``) and Magnetar's bounds on a connection before its
+handshake (``maxHandshakeFrameBytes``, ``maxHandshakeBufferBytes``, ``handshakeTimeoutMillis``);
+the server and every session read their bounds from it.
 Every bound is a named setting with its unit in the name.
 """
 
@@ -48,6 +50,16 @@ class PulsarSettings:
     ``authenticationRefreshCheckSeconds``): a client that can refresh is sent AUTH_CHALLENGE and
     must answer within one more period; one that cannot is disconnected."""
     connections_max: int = 10_000
+    handshake_frame_bytes_max: int = 64 * 1024
+    """A frame received before the connection's handshake completed (``maxHandshakeFrameBytes``):
+    a CONNECT with a token or another credential fits; a larger frame closes the connection
+    from its header, before its bytes are read."""
+    handshake_buffer_bytes_max: int = 16 * MIB
+    """Bytes held in partial frames by all connections whose handshake has not completed
+    (``maxHandshakeBufferBytes``); a connection that would take the sum past it is closed."""
+    handshake_timeout_s: float = 10.0
+    """A connection is closed unless its handshake completed this soon after it was accepted
+    (``handshakeTimeoutMillis``)."""
     lookup_threads: int = 4
     """Threads working out lookups on a cluster broker (they read ZooKeeper, so never on the loop)."""
     lookups_pending_max: int = 10_000

@@ -44,6 +44,16 @@ def test_keys_magnetar_does_not_use_are_named_in_one_warning(caplog: pytest.LogC
     assert "webServicePort" not in warnings[0].getMessage()
 
 
+def test_bounds_before_authentication_have_keys() -> None:
+    default = StandaloneConfig.load()
+    assert (default.pulsar.handshake_frame_bytes_max, default.pulsar.handshake_buffer_bytes_max,
+            default.pulsar.handshake_timeout_s, default.limits.header_bytes_max) == (65536, 16 << 20, 10.0, 8192)
+    config = StandaloneConfig.load(None, {"maxHandshakeFrameBytes": "32768", "maxHandshakeBufferBytes": "1048576",
+                                          "handshakeTimeoutMillis": "2500", "httpMaxRequestHeaderSize": "16384"})
+    assert (config.pulsar.handshake_frame_bytes_max, config.pulsar.handshake_buffer_bytes_max,
+            config.pulsar.handshake_timeout_s, config.limits.header_bytes_max) == (32768, 1048576, 2.5, 16384)
+
+
 def test_data_urls_hold_keys_inline() -> None:
     key = base64.b64encode(b"k" * 32).decode()
     config = StandaloneConfig.load(None, {"authenticationEnabled": "true", "tokenSecretKey": f"data:;base64,{key}"})
@@ -56,6 +66,9 @@ def test_data_urls_hold_keys_inline() -> None:
     ({"authenticationEnabled": "true"}, "tokenSecretKey"),
     ({"authenticationEnabled": "true", "tokenSecretKey": "file:///nonexistent/key"}, "cannot read"),
     ({"authenticationEnabled": "true", "tokenSecretKey": "data:;base64,@@@"}, "base64"),
+    ({"maxHandshakeFrameBytes": "100"}, "maxHandshakeFrameBytes must lie in"),
+    ({"handshakeTimeoutMillis": "0"}, "handshakeTimeoutMillis must lie in"),
+    ({"httpMaxRequestHeaderSize": "10"}, "httpMaxRequestHeaderSize must lie in"),
 ])
 def test_bad_values_name_the_key(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
