@@ -13,7 +13,8 @@ defaults, which keep nothing that no subscription holds), the binary protocol's
 ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
 ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
 ``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; plus
-``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
+``dataDir``, the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``) and the binary protocol's
+per-role shares (``brokerMaxConnectionsPerRole``, ``maxTopicListWatchersPerRole``). Keys Magnetar does not
 use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one warning, so a
 misspelt key does not go unnoticed.
 
@@ -33,6 +34,7 @@ from pathlib import Path
 from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from api.pulsar import PulsarSettings
+from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from broker import BrokerConfig
 from consumers.cli.tokens import read_key
 
@@ -43,7 +45,8 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
-              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS)
+              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
+              *ROLE_SHARE_KEYS)
 RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
@@ -87,7 +90,7 @@ class StandaloneConfig:
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB")),
             auth=_auth(values),
             limits=_limits(values),
-            pulsar=_pulsar(values, values.get("bindAddress", cls.host)),
+            pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host))),
         )
 
 
@@ -173,6 +176,18 @@ def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
                           tls_trust_certs_file=values.get("tlsTrustCertsFilePath") or None,
                           advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size,
                           auth_refresh_check_s=float(refresh_s))
+
+
+def _role_shares(values: Mapping[str, str], settings: PulsarSettings) -> PulsarSettings:
+    """``settings`` with the per-role shares the file sets (``ROLE_SHARE_KEYS``)."""
+    shares: dict[str, int] = {}
+    for key, name in ROLE_SHARE_KEYS.items():
+        if values.get(key) in (None, ""):
+            continue
+        shares[name] = _integer(values, key, 0)
+        if not ROLE_SHARE_RANGE[0] <= shares[name] <= ROLE_SHARE_RANGE[1]:
+            raise ConfigError(f"{key} must lie in {ROLE_SHARE_RANGE[0]}..{ROLE_SHARE_RANGE[1]}, not {shares[name]}")
+    return dataclasses.replace(settings, **shares)  # type: ignore[arg-type]
 
 
 def _read_key(key: str, value: str) -> bytes:
