@@ -19,6 +19,7 @@ Roles: ``admin`` is a superuser; tenant ``secret`` (namespace ``secret/ns``) is 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import struct
@@ -363,6 +364,66 @@ def test_the_5000th_producer_costs_what_the_first_does(broker: Broker) -> None:
     costs = [cpu for cpu, _ in measured]
     print(f"open, send and close, per batch of {2 * PRODUCER_BATCH}: broker CPU {[round(c, 2) for c in costs]} s, "
           f"wall {[round(w, 2) for _, w in measured]} s")
+    assert costs[-1] < LAST_TO_FIRST_BATCH_RATIO_MAX * costs[0], costs
+
+
+FEEDER_SEQUENCE = itertools.count()
+
+
+def ack(message: pb.CommandMessage) -> pb.BaseCommand:
+    built = command(T.ACK, ack={"consumer_id": message.consumer_id, "ack_type": pb.CommandAck.Individual})
+    built.ack.message_id.add(ledgerId=message.message_id.ledgerId, entryId=message.message_id.entryId)
+    return built
+
+
+def consumer_batch(broker: Broker, conn: RawConnection, topic: str, kept: range, churned: range,
+                   ) -> tuple[float, float]:
+    """(broker CPU seconds, wall seconds) to subscribe the consumers ``kept`` and ``churned`` to
+    one Shared subscription, give each a permit, deliver one message to each and have it
+    acknowledged, then close the ``churned`` ones, pipelined over the one connection."""
+    ids = [*kept, *churned]
+    started, started_cpu = time.perf_counter(), broker.cpu_s()
+    conn.send(b"".join(_frame(command(T.SUBSCRIBE, subscribe={
+        "topic": topic, "subscription": "many", "subType": pb.CommandSubscribe.Shared, "consumer_id": i,
+        "request_id": i})) for i in ids))
+    answers(conn, T.SUCCESS, len(ids))
+    conn.send(b"".join(_frame(command(T.FLOW, flow={"consumer_id": i, "messagePermits": 1})) for i in ids))
+    sequence_ids = [next(FEEDER_SEQUENCE) for _ in ids]
+    conn.send(b"".join(send_frame(0, n, entry(b"m", producer="feeder", sequence_id=n)) for n in sequence_ids))
+    delivered: list[pb.CommandMessage] = []
+    receipts = 0
+    while len(delivered) < len(ids) or receipts < len(ids):
+        got = conn.next(BATCH_ANSWER_WAIT_S)
+        assert got is not None and got.type in (T.SEND_RECEIPT, T.MESSAGE), got
+        if got.type == T.MESSAGE:
+            delivered.append(got.message)
+        else:
+            receipts += 1
+    assert len({m.consumer_id for m in delivered}) == len(ids)  # one each: the permits held
+    conn.send(b"".join(_frame(ack(m)) for m in delivered))
+    conn.send(b"".join(_frame(command(T.CLOSE_CONSUMER, close_consumer={"consumer_id": i, "request_id": i}))
+                       for i in churned))
+    answers(conn, T.SUCCESS, len(churned))
+    return broker.cpu_s() - started_cpu, time.perf_counter() - started
+
+
+def test_the_5000th_consumer_costs_what_the_first_does(broker: Broker) -> None:
+    """As for producers: batch k subscribes 1,000 consumers that stay and 1,000 it closes again,
+    each receiving and acknowledging one message, next to (k-1),000 consumers of the subscription."""
+    topic = "persistent://public/default/many-consumers"
+    with connected(broker, "mallory") as conn:
+        conn.send_command(command(T.PRODUCER, producer={"topic": topic, "producer_id": 0, "request_id": 0,
+                                                        "producer_name": "feeder"}))
+        conn.expect(T.PRODUCER_SUCCESS)
+        consumer_batch(broker, conn, topic, range(0), range(1_000_000, 1_000_000 + PRODUCER_BATCH))  # warm-up
+        measured = []
+        for batch in range(PRODUCER_BATCHES):
+            first = 1 + 2 * batch * PRODUCER_BATCH
+            measured.append(consumer_batch(broker, conn, topic, range(first, first + PRODUCER_BATCH),
+                                           range(first + PRODUCER_BATCH, first + 2 * PRODUCER_BATCH)))
+    costs = [cpu for cpu, _ in measured]
+    print(f"subscribe, deliver, ack and close, per batch of {2 * PRODUCER_BATCH}: broker CPU "
+          f"{[round(c, 2) for c in costs]} s, wall {[round(w, 2) for _, w in measured]} s")
     assert costs[-1] < LAST_TO_FIRST_BATCH_RATIO_MAX * costs[0], costs
 
 
