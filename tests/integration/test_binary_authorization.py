@@ -11,7 +11,9 @@ Roles: ``admin`` is a superuser; tenant ``secret`` (namespace ``secret/ns``) is 
   served to one with it (a new command without a decision fails the walk);
 - revoking a grant closes the role's binary producers (CLOSE_PRODUCER, later sends refused)
   and consumers (CLOSE_CONSUMER, nothing more delivered), raw and with the official client;
-- the 5,000th producer of a topic costs what the first does (create, send, close);
+- the 5,000th producer of a topic costs what the first does (create, send, close), and the
+  5,000th consumer of a subscription what the first does (subscribe, deliver, ack, close),
+  in the broker's CPU time per batch;
 - per-role shares: one role filling its share of the topic-list watches does not keep another
   from watching; binary connections per role are bounded.
 """
@@ -480,12 +482,3 @@ def test_binary_connections_per_role_are_bounded(broker: Broker) -> None:
                 break
         assert time.monotonic() < deadline, "eve's slots were not released"
         time.sleep(0.1)
-
-
-def test_the_per_role_keys_are_read_from_standalone_conf(tmp_path: Path) -> None:
-    from api.config import StandaloneConfig
-
-    config = tmp_path / "standalone.conf"
-    config.write_text("brokerMaxConnectionsPerRole=7\nmaxTopicListWatchersPerRole=9\n")
-    settings = StandaloneConfig.load(str(config)).pulsar
-    assert (settings.connections_per_role_max, settings.topic_list_watchers_per_role_max) == (7, 9)

@@ -66,3 +66,13 @@ def test_lines_without_equals_are_errors() -> None:
     assert parse_properties("a=1\n! comment\n\nb = two words\n") == {"a": "1", "b": "two words"}
     with pytest.raises(ConfigError, match="line 2"):
         parse_properties("a=1\njust-a-word\n")
+
+
+def test_the_binary_protocols_per_role_shares_are_read_and_checked() -> None:
+    defaults = StandaloneConfig.load(None).pulsar
+    assert (defaults.connections_per_role_max, defaults.topic_list_watchers_per_role_max) == (1000, 1000)
+    settings = StandaloneConfig.load(None, {"brokerMaxConnectionsPerRole": "7", "maxTopicListWatchersPerRole": "9"})
+    assert (settings.pulsar.connections_per_role_max, settings.pulsar.topic_list_watchers_per_role_max) == (7, 9)
+    for key in ("brokerMaxConnectionsPerRole", "maxTopicListWatchersPerRole"):
+        with pytest.raises(ConfigError, match=key):
+            StandaloneConfig.load(None, {key: "0"})
