@@ -47,7 +47,7 @@ from api.pulsar.framing import FrameDecoder, ProtocolViolation
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
-from api.pulsar.session import PulsarSession
+from api.pulsar.session import PulsarSession, Verdicts
 from api.pulsar.settings import PulsarSettings
 from api.pulsar.shares import RolePools
 from broker import BrokerService, MagnetarError, TopicName
@@ -177,8 +177,9 @@ class PulsarServer:
             return
 
         def on_loop() -> None:
+            verdicts: Verdicts = {}
             for connection in list(self._connections):
-                connection.revalidate()
+                connection.revalidate(verdicts)
 
         with contextlib.suppress(RuntimeError):  # the loop is closed: so are the connections
             loop.call_soon_threadsafe(on_loop)
@@ -350,11 +351,11 @@ class PulsarProtocol(asyncio.Protocol):
             log.exception("closing a binary-protocol connection after a failure to close its moved topics")
             self.close()
 
-    def revalidate(self) -> None:
+    def revalidate(self, verdicts: Verdicts) -> None:
         if self.session is None or self._closing:
             return
         try:
-            self.session.revalidate()
+            self.session.revalidate(verdicts)
         except Exception:
             log.exception("closing a binary-protocol connection after a failure to re-check its permissions")
             self.close()

@@ -78,6 +78,10 @@ BROKER_ONLY = frozenset({
 command is in ``permissions.COMMANDS``."""
 
 
+Verdicts = dict[tuple[str, Action, str], bool]
+"""(role, action, namespace) → allowed, as found after one change of the policies."""
+
+
 class State(enum.Enum):
     AWAITING_CONNECT = "awaiting_connect"
     CONNECTED = "connected"
@@ -334,22 +338,25 @@ class PulsarSession:
         self.producers.unloaded(names)
         self.consumers.unloaded(names)
 
-    def revalidate(self) -> None:
+    def revalidate(self, verdicts: Verdicts | None = None) -> None:
         """The policies changed: close what this connection holds and its role may no longer
         use, as the WebSocket sessions are closed (``api/sessions.py``). Producers get
         CLOSE_PRODUCER once their stored sends are answered and their later sends are refused;
         consumers get CLOSE_CONSUMER (what they held unacknowledged goes to the others); a
-        topic-list watch ends (no more updates; Pulsar has no command to tell the client)."""
+        topic-list watch ends (no more updates; Pulsar has no command to tell the client).
+        ``verdicts`` remembers each (role, action, namespace) answer for the other sessions
+        checked after the same change."""
         context = self.context
         principal = context.principal
         if self.state is not State.CONNECTED or not context.authorizer.enabled or principal is None:
             return
-        verdicts: dict[tuple[Action, str], bool] = {}
+        known: Verdicts = {} if verdicts is None else verdicts
 
         def may(action: Action, namespace: str) -> bool:
-            verdict = verdicts.get((action, namespace))
+            key = (principal.role, action, namespace)
+            verdict = known.get(key)
             if verdict is None:
-                verdict = verdicts[(action, namespace)] = context.authorizer.allowed(principal, action, namespace)
+                verdict = known[key] = context.authorizer.allowed(principal, action, namespace)
             return verdict
 
         producing = {t for t in self.producers.topics() if not may(Action.PRODUCE, t.namespace_name)}
