@@ -268,8 +268,14 @@ def publish_as_admin(broker: Broker, topic_path: str, payload: str) -> None:
 def test_revoking_a_grant_closes_binary_producers_and_consumers(broker: Broker) -> None:
     admin("PUT", f"{broker.http_url}/admin/v2/namespaces/public/revocable")
     grant(broker, "public/revocable", "mallory", ["produce", "consume"])
+    grant(broker, "public/revocable", "bob", ["consume"])
     topic = "persistent://public/revocable/raw"
-    with connected(broker, "mallory") as mallory:
+    with connected(broker, "mallory") as mallory, connected(broker, "bob") as bob:
+        bob.send_command(command(T.SUBSCRIBE, subscribe={
+            "topic": topic, "subscription": "bob", "subType": pb.CommandSubscribe.Shared, "consumer_id": 1,
+            "request_id": 1, "force_topic_creation": True}))
+        bob.expect(T.SUCCESS)
+        bob.send_command(command(T.FLOW, flow={"consumer_id": 1, "messagePermits": 100}))
         mallory.send_command(command(T.PRODUCER, producer={"topic": topic, "producer_id": 1, "request_id": 1}))
         mallory.expect(T.PRODUCER_SUCCESS)
         mallory.send_command(command(T.SUBSCRIBE, subscribe={
@@ -290,6 +296,8 @@ def test_revoking_a_grant_closes_binary_producers_and_consumers(broker: Broker) 
             mallory.next(QUIET_S)  # no MESSAGE to the closed consumer
         mallory.send_command(command(T.PRODUCER, producer={"topic": topic, "producer_id": 2, "request_id": 3}))
         assert mallory.expect(T.ERROR).error.error == pb.AuthorizationError
+        delivered = [bob.expect(T.MESSAGE).message for _ in range(2)]  # bob kept his grant: still served
+        assert [m.message_id.entryId for m in delivered] == sorted(m.message_id.entryId for m in delivered)
 
 
 def test_revoking_a_grant_ends_the_official_clients_producer_and_consumer(broker: Broker) -> None:
