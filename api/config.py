@@ -12,8 +12,9 @@ without a policy: -1 by default, keep everything, as an event store must; 0 and 
 defaults, which keep nothing that no subscription holds), the binary protocol's
 ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
 ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
-``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``, and its
-bounds before a connection's handshake (``HANDSHAKE_KEYS``: Pulsar has none of its own); the topic
+``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``, its bounds
+before a connection's handshake (``HANDSHAKE_KEYS``: Pulsar has none of its own) and its per-role
+shares (``brokerMaxConnectionsPerRole``, ``maxTopicListWatchersPerRole``); the topic
 quotas and rate limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic``,
 ``maxSubscriptionsPerTopic``, ``maxTopicsPerNamespace``, ``maxPublishRatePerTopicInMessages`` /
 ``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
@@ -37,6 +38,7 @@ from pathlib import Path
 from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from api.pulsar import PulsarSettings
+from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
 from consumers.cli.tokens import read_key
 
@@ -48,7 +50,8 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
               "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
-              *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis")
+              *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
+              *ROLE_SHARE_KEYS)
 RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
@@ -99,7 +102,7 @@ class StandaloneConfig:
                 quotas=_quotas(values)),
             auth=_auth(values),
             limits=_limits(values),
-            pulsar=_pulsar(values, values.get("bindAddress", cls.host)),
+            pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host))),
         )
 
 
@@ -209,6 +212,18 @@ def _handshake(values: Mapping[str, str], defaults: PulsarSettings) -> tuple[int
         if not low <= value <= high:
             raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
     return given
+
+
+def _role_shares(values: Mapping[str, str], settings: PulsarSettings) -> PulsarSettings:
+    """``settings`` with the per-role shares the file sets (``ROLE_SHARE_KEYS``)."""
+    shares: dict[str, int] = {}
+    for key, name in ROLE_SHARE_KEYS.items():
+        if values.get(key) in (None, ""):
+            continue
+        shares[name] = _integer(values, key, 0)
+        if not ROLE_SHARE_RANGE[0] <= shares[name] <= ROLE_SHARE_RANGE[1]:
+            raise ConfigError(f"{key} must lie in {ROLE_SHARE_RANGE[0]}..{ROLE_SHARE_RANGE[1]}, not {shares[name]}")
+    return dataclasses.replace(settings, **shares)  # type: ignore[arg-type]
 
 
 def _read_key(key: str, value: str) -> bytes:

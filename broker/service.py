@@ -171,7 +171,8 @@ class BrokerService:
         self._subscriptions: dict[tuple[TopicName, str], Subscription] = {}
         self._subscriptions_by_topic: dict[TopicName, dict[str, Subscription]] = {}
         self._patterns: list[tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]] = []
-        self._topic_watchers: dict[str, list[Callable[[str, bool], None]]] = {}
+        self._topic_watchers: dict[str, dict[Callable[[str, bool], None], None]] = {}
+        self._topic_watcher_count = 0
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
         self._partition_counts: dict[TopicName, int] = {}
         self._dispatch = DispatchScheduler()
@@ -785,18 +786,23 @@ class BrokerService:
         """Call ``listener(full_topic_name, exists)`` when a topic of ``namespace`` is opened by this
         broker (created, or first used since the start: a listener may hear of a topic it already
         listed) or deleted, on the thread that did it, until the returned function is called.
-        At most ``TOPIC_WATCHERS_MAX`` listeners in all (``InvalidRequest`` beyond)."""
+        At most ``TOPIC_WATCHERS_MAX`` listeners in all (``InvalidRequest`` beyond); watching and
+        unwatching cost the same however many there are."""
         key = "/".join(check_namespace(namespace))
         with self._lock:
-            if sum(len(listeners) for listeners in self._topic_watchers.values()) >= TOPIC_WATCHERS_MAX:
+            if self._topic_watcher_count >= TOPIC_WATCHERS_MAX:
                 raise InvalidRequest(f"this broker already follows {TOPIC_WATCHERS_MAX} topic lists")
-            self._topic_watchers.setdefault(key, []).append(listener)
+            listeners = self._topic_watchers.setdefault(key, {})
+            if listener not in listeners:
+                listeners[listener] = None
+                self._topic_watcher_count += 1
 
         def unwatch() -> None:
             with self._lock:
-                listeners = self._topic_watchers.get(key, [])
+                listeners = self._topic_watchers.get(key, {})
                 if listener in listeners:
-                    listeners.remove(listener)
+                    del listeners[listener]
+                    self._topic_watcher_count -= 1
                 if not listeners:
                     self._topic_watchers.pop(key, None)
 

@@ -38,6 +38,13 @@ Counts are persisted with the cursor state (Pulsar loses them on restart). After
 ``max_redeliver_count`` a message goes to the dead-letter topic exactly once and is acked on
 the source. Delayed messages (``deliverAt``/``deliverAfterMs``) wait for the injected clock.
 
+Cost: a consumer joining or leaving, a flow, a delivery and an acknowledgement cost the same
+however many consumers the subscription has: the unacknowledged count (``UnackedTally``), the
+permits and who holds them are kept as they change (the Shared round-robin walks only the
+consumers with permits: the one served goes to the end of the turn), the active consumer is
+worked out once per change of the consumers, and a Key_Shared consumer's points go in and out
+of the sorted ring without rebuilding it.
+
 Administrative cursor moves (reset by time or message id, skip, expiry) go through
 :meth:`Subscription.reposition`, so connected consumers get everything unacknowledged from the
 new position and never a message the move acknowledged (Pulsar's "clear backlog still
@@ -51,7 +58,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -152,6 +159,20 @@ class _Item:
     entry_data: bytes | None = field(compare=False, default=None)
 
 
+def _failover_rank(consumer: Consumer) -> tuple[int, str, int]:
+    """A Failover subscription's active consumer is the first by this."""
+    return consumer.config.priority_level, consumer.name, consumer.id
+
+
+def _ring_points(consumer: Consumer) -> list[int]:
+    """Where a Key_Shared consumer sits on the hash ring (``POINTS_PER_CONSUMER`` points)."""
+    return [key_hash(f"{consumer.name}{consumer.id}-{point}") for point in range(POINTS_PER_CONSUMER)]
+
+
+def _ring_hash(pair: tuple[int, Consumer]) -> int:
+    return pair[0]
+
+
 def _hash_of(message: DecodedMessage) -> int:
     """The sticky-key hash of a message's ordering key (else its key), -1 for neither."""
     key = message.ordering_key if message.ordering_key is not None else message.key
@@ -207,19 +228,33 @@ class SubscriptionStats:
                    0, 0, 0, 0, 0, 0.0, 0.0, 0.0, cursor.mark_delete_offset, cursor.read_offset, ())
 
 
-class UnackedMessages:
-    """A consumer's deliveries not yet acknowledged, by offset, with their payload bytes."""
+class UnackedTally:
+    """Messages delivered and not acknowledged across a subscription's consumers (kept by their
+    ``UnackedMessages``, so the subscription's limit costs one read, not a sum)."""
 
-    __slots__ = ("_by_offset", "bytes")
+    __slots__ = ("messages",)
 
     def __init__(self) -> None:
+        self.messages = 0
+
+
+class UnackedMessages:
+    """A consumer's deliveries not yet acknowledged, by offset, with their payload bytes; its
+    count is also in its subscription's ``tally``."""
+
+    __slots__ = ("_by_offset", "_tally", "bytes")
+
+    def __init__(self, tally: UnackedTally | None = None) -> None:
         self._by_offset: dict[int, Delivery] = {}
         self.bytes = 0
+        self._tally = tally or UnackedTally()
 
     def add(self, offset: int, delivery: Delivery) -> None:
         previous = self._by_offset.get(offset)
         if previous is not None:
             self.bytes -= len(previous.message.payload)
+        else:
+            self._tally.messages += 1
         self._by_offset[offset] = delivery
         self.bytes += len(delivery.message.payload)
 
@@ -232,11 +267,13 @@ class UnackedMessages:
             return
         by_offset.update(zip(offsets, deliveries, strict=True))
         self.bytes += payload_bytes
+        self._tally.messages += len(offsets)
 
     def pop_all(self, offsets: list[int]) -> list[Delivery]:
         """``pop`` each of ``offsets``; the deliveries that were held, in order."""
         popped = [d for d in map(self._by_offset.pop, offsets, repeat(None)) if d is not None]
         self.bytes -= sum(len(d.message.payload) for d in popped)
+        self._tally.messages -= len(popped)
         return popped
 
     def pop(self, offset: int, default: Delivery | None = None) -> Delivery | None:
@@ -244,9 +281,11 @@ class UnackedMessages:
         if delivery is None:
             return default
         self.bytes -= len(delivery.message.payload)
+        self._tally.messages -= 1
         return delivery
 
     def clear(self) -> None:
+        self._tally.messages -= len(self._by_offset)
         self._by_offset.clear()
         self.bytes = 0
 
@@ -278,9 +317,9 @@ class Consumer:
         self.id = next(self._ids)
         self.subscription = subscription
         self.config = config
-        self.permits = 0
+        self._permits = 0
         self.outbox: deque[Delivery] = deque()
-        self.unacked = UnackedMessages()
+        self.unacked = UnackedMessages(subscription.unacked_tally)
         self.offsets_by_id: dict[MessageId, int] = {}
         self.listener: Callable[[], None] | None = None
         self.unloaded = False
@@ -293,6 +332,16 @@ class Consumer:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def permits(self) -> int:
+        return self._permits
+
+    @permits.setter
+    def permits(self, value: int) -> None:
+        """(Under the subscription's lock.) The subscription follows who has permits."""
+        self.subscription._permits_changed(self, self._permits, value)
+        self._permits = value
 
     def flow(self, permits: int) -> None:
         """Allow ``permits`` more messages to be delivered (Pulsar's flow command)."""
@@ -379,7 +428,20 @@ class Subscription:
         self._limits = limits or SubscriptionLimits()
         self._dead_letter = dead_letter
         self._lock = threading.RLock()
-        self.consumers: list[Consumer] = []
+        self.consumers: dict[Consumer, None] = {}
+        """In the order they joined (a dict: one leaves at the cost of one joining)."""
+        self._timed: dict[Consumer, None] = {}
+        """The consumers with an ack timeout, which ``tick`` visits."""
+        self._redeliver_limits: Counter[int] = Counter()
+        """Each consumer's ``max_redeliver_count``: the subscription dead-letters past the highest."""
+        self.unacked_tally = UnackedTally()
+        self._with_permits: dict[Consumer, None] = {}
+        """Open consumers with permits, in the order they are served next (round-robin: the one
+        served moves to the end), so dispatch never walks the consumers that have none."""
+        self._permits_total = 0
+        """The positive permits of the open consumers, together."""
+        self._active_cached: tuple[Consumer | None] | None = None
+        """The Exclusive or Failover subscription's active consumer, until the consumers change."""
         self._pending: deque[_Item] = deque()
         self._redeliver: list[_Item] = []  # heap by offset: due for redelivery
         self._later: list[tuple[int, int, _Item]] = []  # heap (due ms, offset): nacked / delayed
@@ -388,7 +450,6 @@ class Subscription:
         self._counts: dict[int, int] = self._load_counts()
         self._sent_at: dict[int, float] = {}  # offset -> when sent, to consumers with an ack timeout
         self._ring: list[tuple[int, Consumer]] = []
-        self._rr = 0
         self._blocked = False
         self.msg_out = self.bytes_out = self.redelivered = 0
         self._rates = (0.0, 0.0, 0.0)  # messages/s out, bytes/s out, redeliveries/s
@@ -416,26 +477,41 @@ class Subscription:
                 raise ConsumerBusy(f"subscription {self.name} is Exclusive and already has a consumer")
             self._quotas.add_consumer()  # ConsumerBusy at the topic's maxConsumers
             consumer = Consumer(self, config)
-            previous_active = self._active()
-            self.consumers.append(consumer)
+            self.consumers[consumer] = None
+            if config.ack_timeout_ms > 0:
+                self._timed[consumer] = None
+            self._redeliver_limits[config.max_redeliver_count] += 1
             if self.type is SubscriptionType.KEY_SHARED:
-                self._rebuild_ring()
-            if self.type is SubscriptionType.FAILOVER and previous_active not in (None, self._active()):
-                assert previous_active is not None
-                self._take_back(previous_active)
+                self._join_ring(consumer)
+            if self.type is SubscriptionType.FAILOVER:
+                previous_active = self._active()
+                active = consumer if previous_active is None else min(previous_active, consumer, key=_failover_rank)
+                self._active_cached = (active,)
+                if previous_active not in (None, active):
+                    assert previous_active is not None
+                    self._take_back(previous_active)
+            else:
+                self._active_cached = None
         return consumer
 
     def remove_consumer(self, consumer: Consumer) -> None:
         with self._lock:
             if consumer not in self.consumers:
                 return
+            consumer.permits = 0
             consumer.closed = True
-            self.consumers.remove(consumer)
+            del self.consumers[consumer]
             self._quotas.remove_consumer()
+            self._timed.pop(consumer, None)
+            self._redeliver_limits[consumer.config.max_redeliver_count] -= 1
+            if not self._redeliver_limits[consumer.config.max_redeliver_count]:
+                del self._redeliver_limits[consumer.config.max_redeliver_count]
+            if self._active_cached is not None and self._active_cached[0] is consumer:
+                self._active_cached = None
             consumer.outbox.clear()
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
-                self._rebuild_ring()
+                self._leave_ring(consumer)
         self.dispatch()
 
     def _take_back(self, consumer: Consumer) -> None:
@@ -457,20 +533,45 @@ class Subscription:
             return self._active()
 
     def _active(self) -> Consumer | None:
+        """(Worked out once per change of the consumers: dispatch asks for it per message.)"""
+        cached = self._active_cached
+        if cached is not None:
+            return cached[0]
         live = [c for c in self.consumers if not c.closed]
         if not live:
-            return None
-        if self.type is SubscriptionType.FAILOVER:
-            return min(live, key=lambda c: (c.config.priority_level, c.name, c.id))
-        return live[0]
+            active = None
+        elif self.type is SubscriptionType.FAILOVER:
+            active = min(live, key=_failover_rank)
+        else:
+            active = live[0]
+        self._active_cached = (active,)
+        return active
 
-    def _rebuild_ring(self) -> None:
-        ring = []
-        for consumer in self.consumers:
-            for point in range(POINTS_PER_CONSUMER):
-                ring.append((key_hash(f"{consumer.name}{consumer.id}-{point}"), consumer))
-        ring.sort(key=lambda pair: pair[0])
-        self._ring = ring
+    def _permits_changed(self, consumer: Consumer, old: int, new: int) -> None:
+        """Follow a change of an open consumer's permits (a closed one's count for nothing: it
+        loses its permits before it closes)."""
+        if consumer.closed:
+            return
+        self._permits_total += max(new, 0) - max(old, 0)
+        if new > 0:
+            if old <= 0:
+                self._with_permits[consumer] = None
+        elif old > 0:
+            self._with_permits.pop(consumer, None)
+
+    def _join_ring(self, consumer: Consumer) -> None:
+        """Put ``consumer``'s points on the hash ring (after the points of equal hash already
+        there: the ring stays sorted by hash, ties in the order consumers joined)."""
+        for point in _ring_points(consumer):
+            bisect.insort_right(self._ring, (point, consumer), key=_ring_hash)
+
+    def _leave_ring(self, consumer: Consumer) -> None:
+        ring = self._ring
+        for point in _ring_points(consumer):
+            index = bisect.bisect_left(ring, point, key=_ring_hash)
+            while ring[index][1] is not consumer:
+                index += 1
+            del ring[index]
 
     # --- flow and delivery ---------------------------------------------------------------
     def _flow(self, consumer: Consumer, permits: int) -> None:
@@ -549,7 +650,7 @@ class Subscription:
                 taken.add(offset)
 
     def _any_can_take(self) -> bool:
-        total = sum(len(c.unacked) for c in self.consumers)
+        total = self.unacked_tally.messages
         limit = self._limits.unacked_messages_max
         if total >= limit:
             self._blocked = True
@@ -560,7 +661,7 @@ class Subscription:
         if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
             active = self._active()
             return active is not None and active._can_take()
-        return any(c._can_take() for c in self.consumers)
+        return any(c._can_take() for c in self._with_permits)
 
     def _next_item(self) -> _Item | None:
         if self._redeliver:
@@ -572,7 +673,7 @@ class Subscription:
     def _entries_to_read(self) -> int:
         """Enough entries for the permits consumers have left, at the topic's average entry
         size in messages: the dispatcher decodes at most one entry beyond what it can send."""
-        wanted = min(PENDING_MESSAGES_MAX, sum(max(c.permits, 0) for c in self.consumers if not c.closed))
+        wanted = min(PENDING_MESSAGES_MAX, self._permits_total)
         return max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
 
     def _read_more(self) -> None:
@@ -603,20 +704,24 @@ class Subscription:
             active = self._active()
             return active if active is not None and active._can_take() else None
         if self.type is SubscriptionType.SHARED:
-            live = self.consumers
-            for step in range(len(live)):
-                consumer = live[(self._rr + step) % len(live)]
-                if consumer._can_take():
-                    self._rr = (self._rr + step + 1) % len(live)
-                    return consumer
-            return None
+            return self._next_in_turn()
         return self._choose_by_key(item)
+
+    def _next_in_turn(self) -> Consumer | None:
+        """Round-robin among the consumers with permits: the first that can take, which then
+        goes to the end of the turn."""
+        with_permits = self._with_permits
+        consumer = next((c for c in with_permits if c._can_take()), None)
+        if consumer is not None:
+            del with_permits[consumer]
+            with_permits[consumer] = None
+        return consumer
 
     def _choose_by_key(self, item: _Item) -> Consumer | None:
         if not self._ring:
             return None
         if item.key_hash < 0:  # keyless messages spread like Shared
-            return next((c for c in self.consumers if c._can_take()), None)
+            return self._next_in_turn()
         owner = self._key_owner.get(item.key_hash)
         target = self._ring[bisect.bisect_left(self._ring, item.key_hash, key=lambda p: p[0]) % len(self._ring)][1]
         if owner is not None and owner[0] is not target:
@@ -780,10 +885,8 @@ class Subscription:
         now = self._clock()
         with self._lock:
             self._update_rates(now)
-            for consumer in list(self.consumers):
+            for consumer in list(self._timed):
                 timeout_ms = consumer.config.ack_timeout_ms
-                if timeout_ms <= 0:
-                    continue
                 expired = [o for o in consumer.unacked if now - self._sent_at.get(o, now) >= timeout_ms / 1000.0]
                 for offset in expired:
                     delivery = consumer.unacked.pop(offset)
@@ -805,7 +908,7 @@ class Subscription:
 
     def _dead_lettered(self, item: _Item) -> bool:
         """Send an over-redelivered message to its dead-letter topic (once) and ack it."""
-        limit = max((c.config.max_redeliver_count for c in self.consumers), default=0)
+        limit = max(self._redeliver_limits, default=0)
         if limit <= 0 or self._dead_letter is None or self._counts.get(item.offset, 0) <= limit:
             return False
         dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)

@@ -11,6 +11,8 @@ The package, from the bytes up (sans-I/O below the adapter, as h11 and wsproto a
 - ``session.py``: one connection's state machine (handshake, authentication, version), and
   the dispatch of commands to ``producers.py`` (PRODUCER, SEND, access modes) and
   ``consumers.py`` (SUBSCRIBE, FLOW, MESSAGE, ACK, redelivery, seek);
+- ``permissions.py``: what each command a client may send needs, checked before its handler
+  runs, every time; ``shares.py``: a role's share of the connections and topic-list watches;
 - ``lookups.py``: LOOKUP (Connect here, or Redirect to the owning broker of a cluster) and
   PARTITIONED_METADATA, over the broker's one lookup;
 - ``schemas.py``: the schema commands over the broker's schema registry;

@@ -19,10 +19,11 @@ never split between deliveries: its rest follows its first message past the perm
 Pulsar's broker sends whole batches, because the clients acknowledge a batch only once they
 hold all of it); nothing is written
 while the connection is congested (the broker consumer keeps the deliveries, within its
-permits); a consumer closed by the broker (a forced subscription delete, or its topic moving
-to another broker) is told with CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not
-serve is refused with ServiceNotReady before anything is created; a non-durable subscription
-(a reader's) ends with its consumer.
+permits); a consumer closed by the broker (a forced subscription delete, its topic moving
+to another broker, or its role losing the right to consume there) is told with
+CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not serve is refused with
+ServiceNotReady before anything is created; a non-durable subscription (a reader's) ends with
+its consumer.
 """
 
 from __future__ import annotations
@@ -477,6 +478,25 @@ class ConsumerHalf:
             if state.topic in names and not state.closed:
                 self._drop(state)
                 self._context.out.write([commands.close_consumer(state.consumer_id, 0)])
+
+    def revoked(self, names: set[TopicName]) -> None:
+        """The role may no longer consume from these topics: their consumers are closed (what
+        they held unacknowledged goes back to the subscription) and the client told with
+        CLOSE_CONSUMER; a reader's subscription ends with its consumer."""
+        for state in [s for s in self._consumers.values() if s.topic in names and not s.closed]:
+            self._drop(state)
+            self._end_non_durable(state)
+            self._context.out.write([commands.close_consumer(state.consumer_id, 0)])
+            self._context.count("consumers_revoked")
+
+    def topics(self) -> set[TopicName]:
+        """The topics of the consumers open here."""
+        return {state.topic for state in self._consumers.values() if not state.closed}
+
+    def topic_of(self, consumer_id: int) -> TopicName | None:
+        """The topic of the open consumer ``consumer_id`` (None: none is open under that id)."""
+        state = self._get(consumer_id)
+        return None if state is None else state.topic
 
     def _drop(self, state: _ClientConsumer) -> None:
         self._consumers.pop(state.consumer_id, None)

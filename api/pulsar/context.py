@@ -3,7 +3,7 @@
 Role: a session (``session.py``) owns one ``ConnectionContext`` and hands it to its producer and
 consumer halves (``producers.py``, ``consumers.py``). ``Outbound`` is the only thing they know
 of the socket: the asyncio adapter (``server.py``) implements it, a test can implement it with
-a list.
+a list. ``RolePools`` are the server's per-role shares (``shares.py``) every connection draws on.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from api.auth import Action, Authorizer, Principal
+from api.auth import ANONYMOUS_ROLE, Action, Authorizer, Principal
 from api.pulsar.settings import PulsarSettings
+from api.pulsar.shares import RolePools
 from broker import BrokerService, TopicName
 
 
@@ -44,6 +45,8 @@ class ConnectionContext:
     out: Outbound
     loop: asyncio.AbstractEventLoop
     connection_id: int
+    pools: RolePools
+    """The server's per-role shares (connections, topic-list watches)."""
     principal: Principal | None = None
     counters: dict[str, int] = field(default_factory=dict)
 
@@ -52,6 +55,13 @@ class ConnectionContext:
         if self.authorizer.enabled:
             assert self.principal is not None
             self.authorizer.require(self.principal, action, topic)
+
+    @property
+    def counted_role(self) -> str | None:
+        """The role whose shares this connection draws on: None with authentication off."""
+        if not self.authorizer.enabled or self.principal is None or self.principal.role == ANONYMOUS_ROLE:
+            return None
+        return self.principal.role
 
     def count(self, name: str, amount: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + amount

@@ -37,14 +37,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from api.auth import Action
 from api.errors import TooManyRequests
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
+from api.pulsar.permissions import require_for
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from broker import Forbidden, LookupResult, MagnetarError, ServiceUnitNotReady, TopicName
+from broker import LookupResult, MagnetarError, ServiceUnitNotReady, TopicName
 
 log = logging.getLogger(__name__)
+T = pb.BaseCommand.Type
 
 
 @dataclass(frozen=True)
@@ -135,12 +136,10 @@ class Lookups:
         self._answer = answer
         """The server's answer for ``topic`` to this connection (``PulsarServer.lookup_answer``)."""
 
-    def _allowed(self, topic: TopicName) -> None:
-        """A lookup needs the right to produce or to consume there."""
-        try:
-            self._context.authorize(Action.PRODUCE, topic)
-        except Forbidden:
-            self._context.authorize(Action.CONSUME, topic)
+    def _allowed(self, kind: int, topic: TopicName) -> None:
+        """A lookup needs the right to produce or to consume there (``permissions.COMMANDS``),
+        checked here, on the thread the lookup works on."""
+        require_for(self._context, kind, topic.full_name)
 
     def lookup(self, request: pb.CommandLookupTopic) -> None:
         request_id = request.request_id
@@ -148,7 +147,7 @@ class Lookups:
         def work() -> bytes:
             try:
                 topic = TopicName.parse(request.topic)
-                self._allowed(topic)
+                self._allowed(T.LOOKUP, topic)
                 found = self._answer(topic)
             except Exception as exc:
                 return commands.lookup_failed(request_id, _logged(exc, "a lookup"))
@@ -164,7 +163,7 @@ class Lookups:
         def work() -> bytes:
             try:
                 topic = TopicName.parse(request.topic)
-                self._allowed(topic)
+                self._allowed(T.PARTITIONED_METADATA, topic)
                 service.policies(topic.namespace_name)  # NotFound for an unknown namespace
                 partitions = service.partitions(topic) if topic.partition_index < 0 else 0
             except Exception as exc:

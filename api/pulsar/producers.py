@@ -25,6 +25,11 @@ Invariants:
   Pulsar's broker drops sends for a producer it closed: the client resends them to the new
   owner through a new lookup, and deduplication stores each once. A PRODUCER for a topic this
   broker does not serve is refused with ServiceNotReady before anything is registered.
+- A producer whose role lost the right to produce there (a revocation, ``revoked``) is closed
+  the same way; its sends after that are refused (SEND_ERROR, AuthorizationError), never stored.
+- Opening, sending with and closing a producer cost the same however many producers its topic
+  and its connection hold: ``ProducerAccess`` keeps each topic's producers by name, and the
+  receipts visit only the producers with something to answer.
 - A client entry the broker would not be able to read back is answered ``ChecksumError`` (the
   client drops that message) and never stored; a storage failure is a ``PersistenceError``
   (the client reconnects and resends, deduplication keeps that exactly-once).
@@ -39,6 +44,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from api.auth import Action
 from api.pulsar import commands
@@ -52,6 +58,7 @@ from broker import (
     AlreadyExists,
     ClientEntrySend,
     CorruptEntry,
+    Forbidden,
     InvalidRequest,
     MagnetarError,
     Producer,
@@ -65,8 +72,10 @@ from broker import (
 log = logging.getLogger(__name__)
 
 Mode = pb.ProducerAccessMode
-UNLOADED_PRODUCERS_REMEMBERED_MAX = 10_000
-"""Producer ids of one connection closed by an unload whose late sends are dropped quietly."""
+_Why = TypeVar("_Why")
+CLOSED_PRODUCERS_REMEMBERED_MAX = 10_000
+"""Producer ids of one connection closed by an unload (whose late sends are dropped quietly) or
+by a revocation (whose late sends are refused), each."""
 
 
 @dataclass(eq=False)
@@ -79,61 +88,72 @@ class _Holder:
 
 @dataclass
 class _TopicProducers:
-    holders: list[_Holder] = field(default_factory=list)
-    waiting: deque[_Holder] = field(default_factory=deque)
+    holders: dict[str, _Holder] = field(default_factory=dict)
+    """By producer name, in arrival order. An exclusive holder is always alone."""
+    waiting: dict[_Holder, None] = field(default_factory=dict)
+    """WaitForExclusive producers, in arrival order."""
     epoch: int = 0
 
 
 class ProducerAccess:
-    """Who produces to each topic, across connections (all on the server's event loop)."""
+    """Who produces to each topic, across connections (all on the server's event loop). Each
+    operation costs the same however many producers a topic has (fencing aside, which closes
+    every one of them)."""
 
     def __init__(self) -> None:
         self._topics: dict[str, _TopicProducers] = {}
+        self._count = 0
 
     def acquire(self, topic: str, holder: _Holder) -> tuple[bool, int]:
         """(ready now, topic epoch); ``ProducerBusy`` when refused. A ``WaitForExclusive``
         producer that must wait is ready later, through its ``ready`` callback."""
         state = self._topics.setdefault(topic, _TopicProducers())
-        if any(h.name == holder.name for h in state.holders):
+        holders = state.holders
+        if holder.name in holders:
             raise ProducerBusy(f"a producer named {holder.name} is already connected to {topic}")
-        exclusive = [h for h in state.holders if h.mode != Mode.Shared]
+        first = next(iter(holders.values()), None)
         if holder.mode == Mode.Shared:
-            if exclusive:
-                raise ProducerBusy(f"{topic} has an exclusive producer ({exclusive[0].name})")
+            if first is not None and first.mode != Mode.Shared:
+                raise ProducerBusy(f"{topic} has an exclusive producer ({first.name})")
         elif holder.mode == Mode.ExclusiveWithFencing:
-            for fenced in list(state.holders):
-                state.holders.remove(fenced)
-                fenced.fence()
+            fenced = list(holders.values())
+            holders.clear()
+            self._count -= len(fenced)
+            for other in fenced:
+                other.fence()
             state.epoch += 1
-        elif state.holders:
+        elif first is not None:
             if holder.mode == Mode.WaitForExclusive:
-                state.waiting.append(holder)
+                state.waiting[holder] = None
                 return False, state.epoch
-            raise ProducerBusy(f"{topic} already has a producer ({state.holders[0].name}); "
+            raise ProducerBusy(f"{topic} already has a producer ({first.name}); "
                                "an Exclusive producer needs it to itself")
         else:
             state.epoch += 1
-        state.holders.append(holder)
+        holders[holder.name] = holder
+        self._count += 1
         return True, state.epoch
 
     def release(self, topic: str, holder: _Holder) -> None:
         state = self._topics.get(topic)
         if state is None:
             return
-        if holder in state.waiting:
-            state.waiting.remove(holder)
-        if holder in state.holders:
-            state.holders.remove(holder)
+        state.waiting.pop(holder, None)
+        if state.holders.get(holder.name) is holder:
+            del state.holders[holder.name]
+            self._count -= 1
         if not state.holders and state.waiting:
-            nxt = state.waiting.popleft()
+            nxt = next(iter(state.waiting))
+            del state.waiting[nxt]
             state.epoch += 1
-            state.holders.append(nxt)
+            state.holders[nxt.name] = nxt
+            self._count += 1
             nxt.ready(state.epoch)
         if not state.holders and not state.waiting:
             del self._topics[topic]
 
     def producers(self) -> int:
-        return sum(len(s.holders) for s in self._topics.values())
+        return self._count
 
 
 _Outcome = Future[list[PublishResult | MagnetarError]] | BaseException
@@ -183,6 +203,9 @@ class _ClientProducer:
     silenced: bool = False
     """An unloaded producer's send failed: it and every later send stay unanswered (an error
     would make the client drop the connection, and a later receipt would skip one)."""
+    revoked: Forbidden | None = None
+    """Its role lost the right to produce here: CLOSE_PRODUCER goes to the client once the sends
+    before are answered; sends after it are refused with this error, never stored."""
 
 
 class ProducerHalf:
@@ -197,6 +220,11 @@ class ProducerHalf:
         self._producers: dict[int, _ClientProducer] = {}
         self._unloaded: OrderedDict[int, None] = OrderedDict()
         """Producer ids closed by an unload, until the client opens them again (bounded)."""
+        self._revoked: OrderedDict[int, Forbidden] = OrderedDict()
+        """Producer ids closed by a revocation, and why (bounded, as ``_unloaded``)."""
+        self._answering: dict[int, _ClientProducer] = {}
+        """The producers (by ``id()``) with sends to answer or a close to tell: the receipts
+        visit only these, so a send costs the same however many producers are open."""
         self._pending_sends = 0
         self._reading_paused = False
         self._throttled = False
@@ -215,14 +243,14 @@ class ProducerHalf:
         context = self._context
         out = context.out
         self._unloaded.pop(command.producer_id, None)
+        self._revoked.pop(command.producer_id, None)
         if command.producer_id in self._producers:
             out.write([commands.error(command.request_id, ProducerBusy(
                 f"producer id {command.producer_id} is already in use on this connection"))])
             return
         producer: Producer | None = None
         try:
-            topic = TopicName.parse(command.topic)
-            context.authorize(Action.PRODUCE, topic)
+            topic = TopicName.parse(command.topic)  # the right to produce there: see permissions.py
             context.service.check_served_here(topic)  # ServiceNotReady elsewhere: the client looks it up again
             if command.encrypted:
                 raise InvalidRequest("end-to-end encrypted producers are not supported")
@@ -271,6 +299,9 @@ class ProducerHalf:
         if state is not None:
             state.closed = True
             state.producer.close()
+            self._answering.pop(id(state), None)  # its sends in flight go unanswered
+            self._pending_sends -= len(state.pending)
+            state.pending.clear()
             self._context.out.write([commands.close_producer(producer_id, 0)])
 
     # --- SEND --------------------------------------------------------------------------
@@ -288,6 +319,10 @@ class ProducerHalf:
             if (state is not None and state.unloaded) or (state is None and command.producer_id in self._unloaded):
                 self._context.count("sends_dropped")
                 continue  # sent before the client heard of the unload: it resends them to the new owner
+            refusal = state.revoked if state is not None else self._revoked.get(command.producer_id)
+            if refusal is not None:
+                self._refuse_send(state, command.producer_id, command.sequence_id, refusal)
+                continue
             if state is None or state.closed or frame.payload is None:
                 violation = ProtocolViolation(
                     "SEND without a payload" if state is not None and not state.closed else
@@ -341,16 +376,27 @@ class ProducerHalf:
             else:
                 pending.append((sequence_id, highest, entry, 0))
         self._pending_sends += len(sends)
+        self._answering[id(state)] = state
         self._context.count("sends", len(sends))
         if isinstance(group, Future):
             group.add_done_callback(self._answer.notify)
         if not isinstance(group, Future) or len(entries) < len(sends):
             self._answer.notify()
 
+    def _refuse_send(self, state: _ClientProducer | None, producer_id: int, sequence_id: int,
+                     refusal: Forbidden) -> None:
+        """A send of a revoked producer: refused, after the answers its earlier sends wait for."""
+        self._context.count("send_errors")
+        if state is None or not state.pending:
+            self._context.out.write([commands.send_error(producer_id, sequence_id, refusal)])
+            return
+        state.pending.append((sequence_id, sequence_id, refusal, 0))
+        self._pending_sends += 1
+
     def _send_receipts(self) -> None:
         """Answer, per producer and in order, every send at the head of its queue that finished."""
         buffers: list[bytes | memoryview] = []
-        for state in list(self._producers.values()):
+        for state in list(self._answering.values()):
             pending = state.pending
             while pending:
                 sequence_id, highest, outcome, index = pending[0]
@@ -367,20 +413,33 @@ class ProducerHalf:
                     state.silenced = True
                 if not state.silenced:
                     buffers.append(self._receipt(state, sequence_id, highest, answer))
-            if state.closed and not pending:
-                self._producers.pop(state.producer_id, None)
-                if state.close_request_id is not None:
-                    buffers.append(commands.success(state.close_request_id))
-                    state.close_request_id = None
-                elif state.unloaded:
-                    buffers.append(commands.close_producer(state.producer_id, 0))
-                    self._remember_unloaded(state.producer_id)
+            if pending:
+                continue
+            del self._answering[id(state)]
+            if state.closed:
+                if self._producers.get(state.producer_id) is state:
+                    del self._producers[state.producer_id]
+                buffers.extend(self._closed(state))
         if buffers:
             self._context.out.write(buffers)
         if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
             self._reading_paused = False
             if not self._throttled:
                 self._context.out.resume_reading()
+
+    def _closed(self, state: _ClientProducer) -> list[bytes]:
+        """What tells the client a producer closed once its sends are answered: SUCCESS for its
+        own CLOSE_PRODUCER, else CLOSE_PRODUCER when the broker closed it (unload, revocation)."""
+        if state.close_request_id is not None:
+            request_id, state.close_request_id = state.close_request_id, None
+            return [commands.success(request_id)]
+        if state.unloaded:
+            _remember(self._unloaded, state.producer_id, None)
+        elif state.revoked is not None:
+            _remember(self._revoked, state.producer_id, state.revoked)
+        else:
+            return []
+        return [commands.close_producer(state.producer_id, 0)]
 
     def _receipt(self, state: _ClientProducer, sequence_id: int, highest: int,
                  outcome: PublishResult | BaseException) -> bytes:
@@ -403,6 +462,7 @@ class ProducerHalf:
                 state.close_request_id = command.request_id
                 return
             del self._producers[command.producer_id]
+            self._answering.pop(id(state), None)  # closed by the client: nothing more to tell it
         self._context.out.write([commands.success(command.request_id)])
 
     def _release(self, state: _ClientProducer) -> None:
@@ -415,21 +475,41 @@ class ProducerHalf:
         """The topics stopped being served here: their producers are closed and the client told
         with CLOSE_PRODUCER once the sends already taken are answered (as Pulsar's broker waits
         for the pending acknowledgements); it looks the topic up again and resends the rest."""
-        closing = False
-        for state in list(self._producers.values()):
-            if state.topic in names and not state.closed:
-                self._release(state)
-                state.unloaded = True
-                closing = True
+        for state in self._producers_of(names):
+            state.unloaded = True
+
+    def revoked(self, names: set[TopicName], refusal: Forbidden) -> None:
+        """The role may no longer produce to these topics: their producers are closed as on an
+        unload (CLOSE_PRODUCER once the sends already taken are answered), and every later send
+        of theirs is refused with ``refusal`` (SEND_ERROR, AuthorizationError), never stored."""
+        for state in self._producers_of(names):
+            state.revoked = refusal
+            self._context.count("producers_revoked")
+
+    def _producers_of(self, names: set[TopicName]) -> list[_ClientProducer]:
+        """The open producers of ``names``, released and queued to be closed."""
+        closing = [state for state in self._producers.values() if state.topic in names and not state.closed]
+        for state in closing:
+            self._release(state)
+            self._answering[id(state)] = state
         if closing:
             self._answer.notify()
+        return closing
 
-    def _remember_unloaded(self, producer_id: int) -> None:
-        self._unloaded[producer_id] = None
-        if len(self._unloaded) > UNLOADED_PRODUCERS_REMEMBERED_MAX:
-            self._unloaded.popitem(last=False)
+    def topics(self) -> set[TopicName]:
+        """The topics of the producers open here."""
+        return {state.topic for state in self._producers.values() if not state.closed}
 
     def close_all(self) -> None:
         for state in self._producers.values():
             self._release(state)
         self._producers.clear()
+        self._answering.clear()
+
+
+def _remember(closed: OrderedDict[int, _Why], producer_id: int, why: _Why) -> None:
+    """Keep ``producer_id`` among the producers closed by the broker (the oldest forgotten past
+    ``CLOSED_PRODUCERS_REMEMBERED_MAX``)."""
+    closed[producer_id] = why
+    if len(closed) > CLOSED_PRODUCERS_REMEMBERED_MAX:
+        closed.popitem(last=False)

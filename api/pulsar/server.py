@@ -23,6 +23,10 @@ Invariants:
   have their producers and consumers closed on every connection (``_topics_unloaded``).
 - A closed connection's partial frame is dropped at once (its memory does not wait for the
   cycle collector).
+- With authentication on, every change of policies makes each session check again what its
+  role may do and close the producers, consumers and watches it no longer may hold
+  (``_policies_changed``); a role holds at most its share of the connections and topic-list
+  watches (``shares.py``).
 - A connection silent for two keep-alive intervals is closed; one quiet for one interval is
   sent a PING. With authentication on, every ``auth_refresh_check_s`` each session checks
   whether its token expired (``PulsarSession.check_credentials``).
@@ -48,8 +52,9 @@ from api.pulsar.handshakes import PendingHandshakes
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
-from api.pulsar.session import PulsarSession, State
+from api.pulsar.session import PulsarSession, State, Verdicts
 from api.pulsar.settings import PulsarSettings
+from api.pulsar.shares import RolePools
 from broker import BrokerService, MagnetarError, TopicName
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,7 @@ class PulsarServer:
         self.settings = settings
         self.access = ProducerAccess()
         self.schemas = ProtocolSchemas(service.schemas)
+        self.pools = RolePools.of(settings.connections_per_role_max, settings.topic_list_watchers_per_role_max)
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[PulsarProtocol] = set()
         self._ids = itertools.count(1)
@@ -98,6 +104,8 @@ class PulsarServer:
                                     inline=not self.service.clustered)
         if self.service.clustered:
             self.service.add_unload_listener(self._topics_unloaded)
+        if self.authorizer.enabled:
+            self.service.add_policy_listener(self._policies_changed)
         host = settings.host
         if settings.port:
             server = await loop.create_server(lambda: PulsarProtocol(self, tls=False), host, settings.port)
@@ -163,6 +171,21 @@ class PulsarServer:
         def on_loop() -> None:
             for connection in list(self._connections):
                 connection.topics_unloaded(gone)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: so are the connections
+            loop.call_soon_threadsafe(on_loop)
+
+    def _policies_changed(self) -> None:
+        """The broker's policy listener (any thread): every session checks again what its role
+        may still do, on the loop, and closes the rest (``PulsarSession.revalidate``)."""
+        loop = self._loop
+        if loop is None or self._closed:
+            return
+
+        def on_loop() -> None:
+            verdicts: Verdicts = {}
+            for connection in list(self._connections):
+                connection.revalidate(verdicts)
 
         with contextlib.suppress(RuntimeError):  # the loop is closed: so are the connections
             loop.call_soon_threadsafe(on_loop)
@@ -242,7 +265,7 @@ class PulsarProtocol(asyncio.Protocol):
         host = transport.get_extra_info("sockname")[0]
         self._loop = loop = asyncio.get_running_loop()
         self.context = ConnectionContext(server.service, server.authorizer, server.settings, self, loop,
-                                         next(server._ids))
+                                         next(server._ids), server.pools)
         assert server.lookups is not None, "connections are accepted only once the server started"
         tls = self.tls
         self.session = PulsarSession(self.context, server.lookups,
@@ -356,6 +379,15 @@ class PulsarProtocol(asyncio.Protocol):
             self.session.topics_unloaded(names)
         except Exception:
             log.exception("closing a binary-protocol connection after a failure to close its moved topics")
+            self.close()
+
+    def revalidate(self, verdicts: Verdicts) -> None:
+        if self.session is None or self._closing:
+            return
+        try:
+            self.session.revalidate(verdicts)
+        except Exception:
+            log.exception("closing a binary-protocol connection after a failure to re-check its permissions")
             self.close()
 
     def check_credentials(self, now_s: float) -> None:

@@ -20,6 +20,14 @@ SEND_ERROR, a failed lookup) and the connection goes on. The producer and consum
 bundle moved to another broker), ``topics_unloaded`` closes their producers and consumers with
 CLOSE_PRODUCER and CLOSE_CONSUMER: the client looks them up again and reaches the new owner.
 
+Authorization: every command is looked up in ``permissions.COMMANDS`` before its handler runs
+(a command not there is refused) and checked against what it needs there, every time: a
+command naming a topic or namespace needs its HTTP twin's permission, refused before anything
+is looked up, so a missing name answers as a forbidden one. When the policies change,
+``revalidate`` closes what the role may no longer hold (CLOSE_PRODUCER, its later sends refused;
+CLOSE_CONSUMER; topic-list watches). A role holds at most its share of the server's connections
+(``shares.py``): a CONNECT beyond it is answered TooManyRequests.
+
 Protocol version: the server speaks up to ``PROTOCOL_VERSION_MAX`` and answers CONNECT with
 the lower of that and the client's, as Pulsar's broker does.
 """
@@ -39,6 +47,7 @@ from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
 from api.pulsar.hot_commands import SEND, FlowCommand, SendCommand
 from api.pulsar.lookups import LookupAnswer, LookupRunner, Lookups
+from api.pulsar.permissions import COMMANDS, Needs, Rule, require
 from api.pulsar.producers import ProducerAccess, ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
@@ -62,8 +71,15 @@ BROKER_ONLY = frozenset({
     T.PARTITIONED_METADATA_RESPONSE, T.LOOKUP_RESPONSE, T.CONSUMER_STATS_RESPONSE, T.REACHED_END_OF_TOPIC,
     T.GET_LAST_MESSAGE_ID_RESPONSE, T.ACTIVE_CONSUMER_CHANGE, T.GET_TOPICS_OF_NAMESPACE_RESPONSE,
     T.GET_SCHEMA_RESPONSE, T.AUTH_CHALLENGE, T.ACK_RESPONSE, T.GET_OR_CREATE_SCHEMA_RESPONSE,
-    T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPIC_UPDATE, T.TOPIC_MIGRATED})
-"""Commands only a broker sends: from a client they are protocol violations."""
+    T.WATCH_TOPIC_LIST_SUCCESS, T.WATCH_TOPIC_UPDATE, T.TOPIC_MIGRATED, T.NEW_TXN_RESPONSE,
+    T.ADD_PARTITION_TO_TXN_RESPONSE, T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, T.END_TXN_RESPONSE,
+    T.END_TXN_ON_PARTITION_RESPONSE, T.END_TXN_ON_SUBSCRIPTION_RESPONSE, T.TC_CLIENT_CONNECT_RESPONSE})
+"""Commands only a broker sends: from a client they are protocol violations. Every other
+command is in ``permissions.COMMANDS``."""
+
+
+Verdicts = dict[tuple[str, Action, str], bool]
+"""(role, action, namespace) → allowed, as found after one change of the policies."""
 
 
 class State(enum.Enum):
@@ -83,6 +99,8 @@ class PulsarSession:
         self.supports_auth_refresh = False
         self._challenged_at_s: float | None = None
         """When an AUTH_CHALLENGE asked for fresh credentials that have not come yet."""
+        self._connection_share: str | None = None
+        """The role whose share of the connections this one holds."""
         self.producers = ProducerHalf(context, access, schemas)
         self.consumers = ConsumerHalf(context, schemas)
         self.topic_lists = TopicLists(context)
@@ -125,7 +143,7 @@ class PulsarSession:
             for frame in frames:
                 if frame.kind == SEND and self.state is State.CONNECTED:
                     if frame.hot is None:
-                        _require_body(frame.command)
+                        _require_body(frame.command, COMMANDS[SEND])
                     run.append(frame)
                     if len(run) >= SEND_GROUP_MAX:
                         group, run = run, []
@@ -167,12 +185,37 @@ class PulsarSession:
             return
         if self.state is State.AWAITING_CONNECT and command.type not in (T.PING, T.PONG):
             raise ProtocolViolation(f"{T.Name(command.type)} before CONNECT")
+        rule = COMMANDS.get(command.type)
         handler = self._handlers.get(command.type)
-        if handler is None:
+        if rule is None or handler is None:
             self._refuse(command)
             return
-        _require_body(command)
-        handler(command, frame)
+        _require_body(command, rule)
+        if self._permitted(command, rule):
+            handler(command, frame)
+
+    def _permitted(self, command: pb.BaseCommand, rule: Rule) -> bool:
+        """Whether the connection's role may run ``command`` now (``permissions.py``); a refusal
+        is answered in the command's own form. A request about a consumer whose topic the role
+        may no longer read first closes what the connection may no longer hold."""
+        if not self.context.authorizer.enabled or rule.off_loop or not rule.actions:
+            return True
+        body = getattr(command, rule.body or "")
+        try:
+            if rule.name_field is not None:
+                require(self.context, rule.actions, getattr(body, rule.name_field), rule.needs)
+            else:
+                topic = self.consumers.topic_of(body.consumer_id)
+                if topic is not None:
+                    require(self.context, rule.actions, topic.full_name, Needs.TOPIC)
+        except MagnetarError as exc:
+            if isinstance(exc, Forbidden) and rule.needs is Needs.CONSUMER:
+                self.revalidate()
+            request_id = _request_id_in(body)
+            if request_id is not None:
+                self.context.out.write([rule.refuse(request_id, exc)])
+            return False
+        return True
 
     def _refuse(self, command: pb.BaseCommand) -> None:
         """A command Magnetar does not serve (transactions): an ERROR when
@@ -199,9 +242,28 @@ class PulsarSession:
                 self.state = State.CLOSED
                 context.out.close()
                 return
+            if not self._take_connection_share():
+                return
         self.state = State.CONNECTED
         context.out.write([commands.connected(SERVER_VERSION, self.protocol_version,
                                               context.settings.max_message_size_bytes)])
+
+    def _take_connection_share(self) -> bool:
+        """The role's share of the connections (``shares.py``): beyond it the CONNECT is answered
+        TooManyRequests and the connection closed."""
+        context = self.context
+        role = context.counted_role
+        if role is None:
+            return True
+        try:
+            context.pools.connections.take(role)
+        except MagnetarError as exc:
+            context.out.write([commands.error(NO_REQUEST_ID, exc)])
+            self.state = State.CLOSED
+            context.out.close()
+            return False
+        self._connection_share = role
+        return True
 
     def _authenticate(self, method: str, data: bytes) -> Any:
         if method != TOKEN_METHOD:
@@ -256,9 +318,7 @@ class PulsarSession:
 
     def _get_or_create_schema(self, request: pb.CommandGetOrCreateSchema) -> None:
         try:
-            topic = TopicName.parse(request.topic)
-            self.context.authorize(Action.PRODUCE, topic)
-            version = self._schemas.for_producer(topic, request.schema)
+            version = self._schemas.for_producer(TopicName.parse(request.topic), request.schema)
         except MagnetarError as exc:
             self.context.out.write([commands.get_or_create_schema_response(request.request_id, None, exc)])
             return
@@ -278,27 +338,54 @@ class PulsarSession:
         self.producers.unloaded(names)
         self.consumers.unloaded(names)
 
+    def revalidate(self, verdicts: Verdicts | None = None) -> None:
+        """The policies changed: close what this connection holds and its role may no longer
+        use, as the WebSocket sessions are closed (``api/sessions.py``). Producers get
+        CLOSE_PRODUCER once their stored sends are answered and their later sends are refused;
+        consumers get CLOSE_CONSUMER (what they held unacknowledged goes to the others); a
+        topic-list watch ends (no more updates; Pulsar has no command to tell the client).
+        ``verdicts`` remembers each (role, action, namespace) answer for the other sessions
+        checked after the same change."""
+        context = self.context
+        principal = context.principal
+        if self.state is not State.CONNECTED or not context.authorizer.enabled or principal is None:
+            return
+        known: Verdicts = {} if verdicts is None else verdicts
+
+        def may(action: Action, namespace: str) -> bool:
+            key = (principal.role, action, namespace)
+            verdict = known.get(key)
+            if verdict is None:
+                verdict = known[key] = context.authorizer.allowed(principal, action, namespace)
+            return verdict
+
+        producing = {t for t in self.producers.topics() if not may(Action.PRODUCE, t.namespace_name)}
+        if producing:
+            self.producers.revoked(producing, Forbidden(f"role {principal.role!r} may no longer produce there"))
+        consuming = {t for t in self.consumers.topics() if not may(Action.CONSUME, t.namespace_name)}
+        if consuming:
+            self.consumers.revoked(consuming)
+        listing = {n for n in self.topic_lists.namespaces()
+                   if not (may(Action.PRODUCE, n) or may(Action.CONSUME, n))}
+        if listing:
+            self.topic_lists.revoked(listing)
+        if producing or consuming or listing:
+            log.info("role %r lost permissions: closed its producers on %d topics, consumers on %d, watches of "
+                     "%d namespaces", principal.role, len(producing), len(consuming), len(listing))
+
     def connection_lost(self) -> None:
         self.state = State.CLOSED
+        if self._connection_share is not None:
+            self.context.pools.connections.give_back(self._connection_share)
+            self._connection_share = None
         self.producers.close_all()
         self.consumers.close_all()
         self.topic_lists.close_all()
 
 
-_BODIES: dict[int, str] = {
-    T.PARTITIONED_METADATA: "partitionMetadata", T.LOOKUP: "lookupTopic", T.PRODUCER: "producer",
-    T.SEND: "send", T.CLOSE_PRODUCER: "close_producer", T.SUBSCRIBE: "subscribe", T.FLOW: "flow",
-    T.ACK: "ack", T.REDELIVER_UNACKNOWLEDGED_MESSAGES: "redeliverUnacknowledgedMessages", T.SEEK: "seek",
-    T.GET_LAST_MESSAGE_ID: "getLastMessageId", T.UNSUBSCRIBE: "unsubscribe", T.CLOSE_CONSUMER: "close_consumer",
-    T.CONSUMER_STATS: "consumerStats", T.GET_TOPICS_OF_NAMESPACE: "getTopicsOfNamespace", T.GET_SCHEMA: "getSchema",
-    T.GET_OR_CREATE_SCHEMA: "getOrCreateSchema", T.AUTH_RESPONSE: "authResponse",
-    T.WATCH_TOPIC_LIST: "watchTopicList", T.WATCH_TOPIC_LIST_CLOSE: "watchTopicListClose",
-}
-
-
-def _require_body(command: pb.BaseCommand) -> None:
+def _require_body(command: pb.BaseCommand, rule: Rule) -> None:
     """The command's body must be present and complete (required fields set)."""
-    field = _BODIES.get(command.type)
+    field = rule.body
     if field is None:
         return
     if not command.HasField(field):
@@ -306,6 +393,13 @@ def _require_body(command: pb.BaseCommand) -> None:
     body = getattr(command, field)
     if not body.IsInitialized():
         raise ProtocolViolation(f"{T.Name(command.type)} lacks {', '.join(body.FindInitializationErrors())}")
+
+
+def _request_id_in(body: Any) -> int | None:
+    """The request id of a command's body, None when it has none."""
+    if "request_id" in body.DESCRIPTOR.fields_by_name and body.HasField("request_id"):
+        return int(body.request_id)
+    return None
 
 
 def _request_id_of(command: pb.BaseCommand) -> int | None:

@@ -4,10 +4,10 @@ Role: ``magnetar standalone`` and ``magnetar broker`` build one ``PulsarSettings
 ``--pulsar-port`` and Pulsar's configuration keys (``brokerServicePort``,
 ``brokerServicePortTls``, ``tlsCertificateFilePath``, ``tlsKeyFilePath``,
 ``tlsTrustCertsFilePath``, ``advertisedAddress``, ``maxMessageSize``,
-``authenticationRefreshCheckSeconds``) and Magnetar's bounds on a connection before its
-handshake (``maxHandshakeFrameBytes``, ``maxHandshakeBufferBytes``, ``handshakeTimeoutMillis``);
-the server and every session read their bounds from it.
-Every bound is a named setting with its unit in the name.
+``authenticationRefreshCheckSeconds``), Magnetar's bounds on a connection before its
+handshake (``maxHandshakeFrameBytes``, ``maxHandshakeBufferBytes``, ``handshakeTimeoutMillis``)
+and the per-role shares of ``ROLE_SHARE_KEYS``; the server and every session read their bounds
+from it. Every bound is a named setting with its unit in the name.
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ MIB = 1024 * 1024
 FRAME_OVERHEAD_BYTES = 64 * 1024
 """What a frame may hold beyond its message: the command, metadata, batch headers (Pulsar
 allows 10 KiB of padding; schemas in commands need more)."""
+
+
+ROLE_SHARE_KEYS: dict[str, str] = {
+    "brokerMaxConnectionsPerRole": "connections_per_role_max",
+    "maxTopicListWatchersPerRole": "topic_list_watchers_per_role_max",
+}
+"""``standalone.conf`` key → per-role share (Pulsar has none: it bounds connections per IP)."""
+ROLE_SHARE_RANGE = (1, 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,12 @@ class PulsarSettings:
     handshake_timeout_s: float = 10.0
     """A connection is closed unless its handshake completed this soon after it was accepted
     (``handshakeTimeoutMillis``)."""
+    connections_per_role_max: int = 1_000
+    """Connections one role may hold, with authentication on (``brokerMaxConnectionsPerRole``):
+    a CONNECT beyond it is answered TooManyRequests and the connection closed."""
+    topic_list_watchers_per_role_max: int = 1_000
+    """Topic-list watches one role may hold on the server (``maxTopicListWatchersPerRole``), its
+    share of the broker's pool of 10,000: more are refused with TooManyRequests."""
     lookup_threads: int = 4
     """Threads working out lookups on a cluster broker (they read ZooKeeper, so never on the loop)."""
     lookups_pending_max: int = 10_000

@@ -14,9 +14,12 @@ Matching is Pulsar's: the pattern and the topic name are compared without their
 The hash is Pulsar's too (CRC32C of the sorted names, concatenated, as Guava prints it), so a
 client comparing the hash of its list with the broker's sees the same value.
 
-Invariants: listing needs the right to produce or consume in the namespace (or tenant admin);
-at most ``WATCHERS_PER_CONNECTION_MAX`` watches per connection (more are refused with an
-error); a watch sends only changes to the set it announced, each topic once.
+Invariants: listing and watching need the right to produce or consume in the namespace (or
+tenant admin), checked before the namespace is looked up (``permissions.py``), and a watch ends
+when its role loses that right (``revoked``); at most ``WATCHERS_PER_CONNECTION_MAX`` watches
+per connection and ``topic_list_watchers_per_role_max`` per role on the server (its share of
+the broker's pool, ``shares.py``; more are refused with an error); a watch sends only changes
+to the set it announced, each topic once.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from api.auth import Action
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from broker import Forbidden, InvalidRequest, MagnetarError, NotFound, TopicName, TopicPattern, check_namespace
+from broker import InvalidRequest, MagnetarError, NotFound, TopicName, TopicPattern, check_namespace
 
 WATCHERS_PER_CONNECTION_MAX = 100
 SCHEME = "persistent://"
@@ -69,14 +71,9 @@ class TopicLists:
         return len(self._watches)
 
     def _namespace(self, text: str) -> str:
+        """The namespace's name (its role's right to list it was checked: ``permissions.py``)."""
         namespace = "/".join(check_namespace(text))
-        context = self._context
-        context.service.policies(namespace)  # NotFound for an unknown namespace
-        if context.authorizer.enabled:
-            assert context.principal is not None
-            if not any(context.authorizer.allowed(context.principal, action, namespace)
-                       for action in (Action.PRODUCE, Action.CONSUME)):
-                raise Forbidden(f"role {context.principal.role!r} may not list the topics of {namespace}")
+        self._context.service.policies(namespace)  # NotFound for an unknown namespace
         return namespace
 
     def _topics(self, namespace: str) -> list[str]:
@@ -114,19 +111,38 @@ class TopicLists:
             namespace = self._namespace(request.namespace)
             watch = _Watch(_pattern(namespace, request.topics_pattern), namespace)
             watch.topics.update(_matching(watch.pattern, namespace, self._topics(namespace)))
-            loop = self._context.loop
-            watcher_id = request.watcher_id
-
-            def changed(topic: str, exists: bool) -> None:  # on the thread that created or deleted it
-                loop.call_soon_threadsafe(self._changed, watcher_id, topic, exists)
-
-            watch.unwatch = self._context.service.watch_topics(namespace, changed)
+            self._follow(watch, request.watcher_id)
         except MagnetarError as exc:
             out.write([commands.error(request.request_id, exc)])
             return
         self._watches[request.watcher_id] = watch
         out.write([commands.watch_topic_list_success(request.request_id, request.watcher_id, sorted(watch.topics),
                                                      topics_hash(watch.topics))])
+
+    def _follow(self, watch: _Watch, watcher_id: int) -> None:
+        """Take the role's share of the pool, then follow the namespace's topics."""
+        loop = self._context.loop
+        role = self._context.counted_role
+        shares = self._context.pools.topic_list_watches
+        if role is not None:
+            shares.take(role)
+
+        def changed(topic: str, exists: bool) -> None:  # on the thread that created or deleted it
+            loop.call_soon_threadsafe(self._changed, watcher_id, topic, exists)
+
+        try:
+            unwatch = self._context.service.watch_topics(watch.namespace, changed)
+        except MagnetarError:
+            if role is not None:
+                shares.give_back(role)
+            raise
+
+        def end() -> None:
+            unwatch()
+            if role is not None:
+                shares.give_back(role)
+
+        watch.unwatch = end
 
     def _changed(self, watcher_id: int, topic: str, exists: bool) -> None:
         watch = self._watches.get(watcher_id)
@@ -150,6 +166,18 @@ class TopicLists:
         if watch.unwatch is not None:
             watch.unwatch()
         self._context.out.write([commands.success(request.request_id)])
+
+    def namespaces(self) -> set[str]:
+        """The namespaces this connection watches."""
+        return {watch.namespace for watch in self._watches.values()}
+
+    def revoked(self, namespaces: set[str]) -> None:
+        """The role may no longer list these namespaces: their watches end (no more updates;
+        the protocol has no command telling the client)."""
+        for watcher_id in [i for i, w in self._watches.items() if w.namespace in namespaces]:
+            watch = self._watches.pop(watcher_id)
+            if watch.unwatch is not None:
+                watch.unwatch()
 
     def close_all(self) -> None:
         for watch in self._watches.values():

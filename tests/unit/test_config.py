@@ -91,3 +91,13 @@ def test_quota_keys_set_the_brokers_default_quotas() -> None:
     assert quotas.max_consumers_per_topic == quotas.max_subscriptions_per_topic == 0  # unlimited by default
     with pytest.raises(ConfigError, match="maxConsumersPerTopic"):
         StandaloneConfig.load(overrides={"maxConsumersPerTopic": "-1"})
+
+
+def test_the_binary_protocols_per_role_shares_are_read_and_checked() -> None:
+    defaults = StandaloneConfig.load(None).pulsar
+    assert (defaults.connections_per_role_max, defaults.topic_list_watchers_per_role_max) == (1000, 1000)
+    settings = StandaloneConfig.load(None, {"brokerMaxConnectionsPerRole": "7", "maxTopicListWatchersPerRole": "9"})
+    assert (settings.pulsar.connections_per_role_max, settings.pulsar.topic_list_watchers_per_role_max) == (7, 9)
+    for key in ("brokerMaxConnectionsPerRole", "maxTopicListWatchersPerRole"):
+        with pytest.raises(ConfigError, match=key):
+            StandaloneConfig.load(None, {key: "0"})
