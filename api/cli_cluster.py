@@ -89,12 +89,11 @@ def run_bookie(args: argparse.Namespace) -> int:
 def run_broker(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
-    from api.app import create_app, server_options
+    from api.app import create_app
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
     from api.server_process import exit_cleanly, tune_runtime
+    from api.web_server import serve
     from broker import BrokerAddress, BrokerService, QuorumConfig
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
@@ -113,14 +112,15 @@ def run_broker(args: argparse.Namespace) -> int:
         interval_ms=args.autorecovery_interval_ms, audit_interval_ms=args.audit_interval_ms)
     host = args.advertised_address or config.pulsar.advertised_host or \
         ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
-    broker_id = f"{host}:{config.port}"
+    web_scheme, web_port = ("http", config.port) if config.port else ("https", config.tls_port)
+    broker_id = f"{host}:{web_port}"
     if not 1 <= args.default_bundles <= 1024:
         print("magnetar broker: --default-bundles must be in 1..1024", file=sys.stderr)
         return 2
     # the binary listeners are named by the advertised host, in Connect answers and in the
     # Redirects other brokers give (through the ownership nodes and load reports)
     pulsar = dataclasses.replace(config.pulsar, advertised_host=host)
-    address = BrokerAddress(broker_id, f"http://{broker_id}",
+    address = BrokerAddress(broker_id, f"{web_scheme}://{broker_id}",
                             f"pulsar://{host}:{pulsar.port}" if pulsar.port else "",
                             f"pulsar+ssl://{host}:{pulsar.tls_port}" if pulsar.tls_enabled else "")
     ownership = OwnershipConfig(address, default_bundles=args.default_bundles,
@@ -135,5 +135,5 @@ def run_broker(args: argparse.Namespace) -> int:
                      limits=config.limits, pulsar=pulsar)
     tune_runtime()
     signal.signal(signal.SIGTERM, exit_cleanly)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))
+    serve(app, config, args.log_level)
     return 0

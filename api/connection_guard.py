@@ -10,7 +10,9 @@ opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with 
   they upgrade to); one more is answered ``503 too_many_connections`` and closed at once;
 - a request's headers must be complete within ``header_timeout_ms`` of the connection opening
   or of the previous response; otherwise the connection is closed;
-- idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer).
+- idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer);
+- on a TLS listener, the client certificate the handshake verified reaches every request of the
+  connection in its ASGI scope (``api/tls.py``), for ``AuthenticationProviderTls``.
 
 ``effective_connections_max`` keeps the bound under the process's file-descriptor limit, with
 room for the storage's files. ``quiet_accept_errors`` makes a failed ``accept()`` (out of file
@@ -31,6 +33,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from api.tls import tls_peer_of, with_tls_peer
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +145,9 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[.
                 return
             self._admitted = True
             super().connection_made(transport)
+            peer = tls_peer_of(transport)
+            if peer is not None:
+                self.app: Any = with_tls_peer(self.app, peer)
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from api.auth import Action, Authorizer, Principal
 from api.pulsar.settings import PulsarSettings
+from api.tls import TlsPeer
 from broker import BrokerService, TopicName
 
 
@@ -45,6 +46,8 @@ class ConnectionContext:
     loop: asyncio.AbstractEventLoop
     connection_id: int
     principal: Principal | None = None
+    tls_peer: TlsPeer | None = None
+    """The client certificate the connection's TLS handshake verified (``AuthenticationProviderTls``)."""
     counters: dict[str, int] = field(default_factory=dict)
 
     def authorize(self, action: Action, topic: TopicName) -> None:
