@@ -434,3 +434,15 @@ def test_the_lookup_names_the_https_url(broker: Broker) -> None:
         found = http.get("/lookup/v2/topic/persistent/public/default/lookup-tls", headers=bearer("admin")).json()
     assert found["httpUrl"] == found["httpUrlTls"] == broker.web_url
     assert found["brokerUrl"] is None and found["brokerUrlTls"] == broker.pulsar_url
+
+
+def test_no_session_ticket_follows_the_handshake(broker: Broker) -> None:
+    """A TLS 1.3 ticket arriving after the handshake stalled threaded WebSocket clients' first
+    request (see api/tls.py): the broker sends none, on either port."""
+    for port, probe in ((broker.web_port, HTTP_PROBE), (broker.pulsar_port, CONNECT_PROBE)):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                broker.material.context("reader").wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(probe)
+            assert sock.recv(1)  # the answer came: any ticket would have come before it
+            assert sock.version() == "TLSv1.3"
+            assert sock.session is not None and not sock.session.has_ticket
