@@ -1,4 +1,4 @@
-"""Connections of one listener: how many, how slow, and what happens when there are too many.
+"""Connections of the web service's listeners: how many, how slow, and what happens when there are too many.
 
 Role: the TCP edge. uvicorn accepts every connection and waits for a request for as long as the
 client likes; a client that opens many connections and sends nothing (or a byte at a time)
@@ -6,8 +6,9 @@ would hold file descriptors until the process has none left, and then every file
 opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with a
 ``ConnectionGuard``:
 
-- at most ``connections_max`` open connections per listener (HTTP, and the WebSocket sessions
-  they upgrade to); one more is answered ``503 too_many_connections`` and closed at once;
+- at most ``connections_max`` open connections per web service, its plain and TLS listeners
+  together (HTTP, and the WebSocket sessions they upgrade to); one more is answered
+  ``503 too_many_connections`` and closed at once;
 - a request's headers must be complete within ``header_timeout_ms`` of the connection opening
   or of the previous response; otherwise the connection is closed;
 - idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer);
@@ -59,7 +60,7 @@ class ConnectionGuardStats:
 
 
 class ConnectionGuard:
-    """Counts a listener's open connections; thread-safe (several servers may share a process)."""
+    """Counts the web service's open connections (every listener); thread-safe (several servers may share a process)."""
 
     def __init__(self, connections_max: int, header_timeout_s: float) -> None:
         self.connections_max = connections_max
