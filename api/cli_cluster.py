@@ -4,7 +4,8 @@
 serves one storage over the network and registers it in ZooKeeper (``broker/cluster/bookie_process.py``).
 
 ``magnetar broker --metadata-store zk:HOST:PORT[/chroot] --port P [--config FILE]`` serves the
-same HTTP and WebSocket API as ``magnetar standalone`` with no local data: metadata in
+same HTTP and WebSocket API as ``magnetar standalone`` (HTTPS and WSS too, on ``--tls-port``,
+with the TLS keys of ``--config``) with no local data: metadata in
 ZooKeeper, ledgers on the registered bookies (default quorum E=2 Qw=2 Qa=2, per namespace
 through the ``persistence`` policy), and a re-replication worker (``--no-autorecovery`` turns
 it off). ``--config`` reads the same Pulsar keys as standalone (authentication, auto-creation).
@@ -51,7 +52,10 @@ def add_cluster_commands(commands: Any) -> None:
     broker.add_argument("--metadata-store", required=True, help="zk:HOST:PORT[/chroot]")
     broker.add_argument("--config", help="a broker configuration file (Pulsar's keys; see api/config.py)")
     broker.add_argument("--host", help="listen address (default 0.0.0.0)")
-    broker.add_argument("--port", type=int, help="listen port (default 8080)")
+    broker.add_argument("--port", type=int, help="HTTP and WebSocket port (default 8080; 0 = off; webServicePort)")
+    broker.add_argument("--tls-port", type=int,
+                        help="HTTPS and WSS port (default 8443 with the TLS keys configured; 0 = off; "
+                             "webServicePortTls)")
     broker.add_argument("--pulsar-port", type=int,
                         help="Pulsar binary protocol port (default 6650, Pulsar's brokerServicePort; 0 = off)")
     broker.add_argument("--advertised-address",
@@ -98,7 +102,8 @@ def run_broker(args: argparse.Namespace) -> int:
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
     overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port),
-                                                    ("dataDir", args.data_dir), ("brokerServicePort", args.pulsar_port))
+                                                    ("webServicePortTls", args.tls_port), ("dataDir", args.data_dir),
+                                                    ("brokerServicePort", args.pulsar_port))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)

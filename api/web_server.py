@@ -42,8 +42,6 @@ class WebListener:
     """0: any free port (``WebServer.urls`` tells which)."""
     ssl_context: ssl.SSLContext | None = None
     """None: plain HTTP and WS; else HTTPS and WSS."""
-    sock: socket.socket | None = None
-    """An already bound socket to listen on instead of ``host`` and ``port`` (tests)."""
 
     @property
     def scheme(self) -> str:
@@ -80,12 +78,8 @@ class WebServer(uvicorn.Server):
         log.info("Magnetar's web service listening on %s", ", ".join(self.urls))
 
     async def _listen(self, loop: asyncio.AbstractEventLoop, listener: WebListener) -> asyncio.Server:
-        backlog = self.config.backlog
-        if listener.sock is not None:
-            return await loop.create_server(self._new_connection, sock=listener.sock, ssl=listener.ssl_context,
-                                            backlog=backlog)
         return await loop.create_server(self._new_connection, listener.host, listener.port, ssl=listener.ssl_context,
-                                        backlog=backlog)
+                                        backlog=self.config.backlog)
 
     def _new_connection(self) -> asyncio.Protocol:
         """A connection's protocol, made as uvicorn makes it for its own listeners."""
