@@ -7,8 +7,8 @@ shutdown (uvicorn turns SIGTERM into a graceful shutdown, so a SIGTERM flushes a
 In front of the routes, ``api/request_guard.py`` authenticates each request once and bounds
 bodies and per-role concurrency; ``server_options`` gives uvicorn the guarded HTTP protocol of
 ``api/connection_guard.py`` (connection count, header and idle timeouts) for this app's
-``EdgeLimits``. Every Magnetar server (``magnetar standalone`` and the test servers) runs with
-``server_options(app)``.
+``EdgeLimits``. Every Magnetar server (``magnetar standalone``, ``magnetar broker`` and the
+test servers) runs with ``server_options(app)``, on the listeners of ``api/web_server.py``.
 
 ``/docs`` (Swagger UI) and ``/redoc`` render without any network: their scripts, styles and icon
 come from the ``fastapi-offline`` package, served by the broker at ``DOCS_ASSETS_PATH``.

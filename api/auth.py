@@ -1,17 +1,20 @@
-"""Token authentication and namespace permissions, in Pulsar's model.
+"""Authentication and namespace permissions, in Pulsar's model.
 
 Role: decide who a request is (authentication) and whether it may do what it asks
-(authorization). A client presents a JWT (HS256 with a secret key, or RS256 with a public key)
-as ``Authorization: Bearer <token>``; WebSocket clients may pass ``?token=<token>`` instead. The
-token's ``sub`` claim is the role. Superuser roles may do everything; a tenant's ``adminRoles``
-may administer that tenant's namespaces and topics; other roles need a namespace grant of
-``produce`` or ``consume``, kept in the namespace's policies (``auth_policies.namespace_auth``,
-managed by ``/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}``).
+(authorization). Who a caller is comes from the providers ``authenticationProviders`` names
+(``api/authentication.py``): a JWT (``token``: HS256 with a secret key, or RS256 with a public
+key) as ``Authorization: Bearer <token>``, ``?token=<token>`` for WebSocket clients, or a
+CONNECT of method ``token``; a trusted client certificate on a TLS port (``tls``, its CN is the
+role). Without ``authenticationProviders`` the token provider alone is used. Superuser roles may
+do everything; a tenant's ``adminRoles`` may administer that tenant's namespaces and topics;
+other roles need a namespace grant of ``produce`` or ``consume``, kept in the namespace's
+policies (``auth_policies.namespace_auth``, managed by
+``/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}``).
 
 Invariants: with authentication off (standalone's default) every request is the anonymous
-superuser and nothing is checked. With it on, a missing or invalid token is ``Unauthorized``
-(401) and a valid token without the permission is ``Forbidden`` (403); the checks run before
-any broker call, so a refused request never writes anything.
+superuser and nothing is checked. With it on, missing or invalid credentials are
+``Unauthorized`` (401) and valid ones without the permission are ``Forbidden`` (403); the checks
+run before any broker call, so a refused request never writes anything.
 """
 
 from __future__ import annotations
@@ -20,10 +23,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated
 
-import jwt
 from fastapi import Depends
 from starlette.requests import HTTPConnection
 
+from api.authentication import (
+    TLS_METHOD,
+    TOKEN_METHOD,
+    AuthenticationProvider,
+    Credentials,
+    Identity,
+    TlsProvider,
+    TokenProvider,
+)
+from api.tls import TlsPeer, tls_peer_in
 from broker import BrokerService, Forbidden, NotFound, TopicName, Unauthorized
 
 ANONYMOUS_ROLE = "anonymous"
@@ -36,9 +48,11 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class AuthConfig:
-    """``enabled`` turns token checks on; then exactly one of the keys must be set."""
+    """``enabled`` turns authentication on, with the ``providers`` named (Pulsar's method
+    names, in the order they are tried on HTTP); the token provider needs exactly one key."""
 
     enabled: bool = False
+    providers: tuple[str, ...] = (TOKEN_METHOD,)
     secret_key: bytes | None = None  # HS256
     public_key: bytes | None = None  # RS256 (PEM)
     superuser_roles: frozenset[str] = field(default_factory=frozenset)
@@ -47,7 +61,12 @@ class AuthConfig:
     """``/metrics`` needs a superuser's token (Pulsar's ``authenticateMetricsEndpoint``)."""
 
     def __post_init__(self) -> None:
-        if self.enabled and (self.secret_key is None) == (self.public_key is None):
+        unknown = set(self.providers) - {TOKEN_METHOD, TLS_METHOD}
+        if unknown:
+            raise ValueError(f"unknown authentication methods: {', '.join(sorted(unknown))}")
+        if self.enabled and not self.providers:
+            raise ValueError("authentication needs at least one provider")
+        if self.enabled and TOKEN_METHOD in self.providers and (self.secret_key is None) == (self.public_key is None):
             raise ValueError("token authentication needs exactly one of secret_key or public_key")
 
     @property
@@ -70,6 +89,7 @@ class Authorizer:
     def __init__(self, config: AuthConfig, service: BrokerService) -> None:
         self.config = config
         self._service = service
+        self._providers = _providers(config) if config.enabled else []
 
     @property
     def enabled(self) -> bool:
@@ -88,26 +108,38 @@ class Authorizer:
         return outcome
 
     def authenticate_headers(self, connection: HTTPConnection) -> Principal:
-        """Verify the caller's token (``Authorization: Bearer`` or ``?token=``)."""
+        """Verify the caller of an HTTP request or WebSocket handshake: the first provider that
+        finds valid credentials (a token, the TLS connection's client certificate) names it."""
         if not self.config.enabled:
             return ANONYMOUS_SUPERUSER
-        return self.principal_of(_token_of(connection))
+        credentials = Credentials(http=connection, tls_peer=tls_peer_in(connection.scope))
+        refusal: Unauthorized | None = None
+        for provider in self._providers:
+            try:
+                identity = provider.authenticate(credentials)
+            except Unauthorized as exc:
+                refusal = refusal or exc
+                continue
+            if identity is not None:
+                return self._principal(identity)
+        raise refusal or Unauthorized(
+            "authentication required: send " + " or ".join(p.wanted for p in self._providers))
 
-    def principal_of(self, token: str | None) -> Principal:
-        if not token:
-            raise Unauthorized("authentication required: send 'Authorization: Bearer <token>'")
-        key = self.config.secret_key if self.config.secret_key is not None else self.config.public_key
-        assert key is not None
-        try:
-            claims = jwt.decode(token, key, algorithms=[self.config.algorithm])
-        except jwt.PyJWTError as exc:
-            raise Unauthorized(f"invalid token: {exc}") from exc
-        role = claims.get(self.config.role_claim)
-        if not isinstance(role, str) or not role:
-            raise Unauthorized(f"token has no '{self.config.role_claim}' claim")
-        expiry = claims.get("exp")
-        return Principal(role, superuser=role in self.config.superuser_roles,
-                         expires_at_s=float(expiry) if isinstance(expiry, int | float) else None)
+    def authenticate_command(self, method: str, data: bytes | None, tls_peer: TlsPeer | None) -> Principal:
+        """Verify a binary-protocol caller: the provider of the ``method`` CONNECT (or
+        AUTH_RESPONSE) names decides, from its ``auth_data`` and the connection's certificate."""
+        provider = next((p for p in self._providers if p.method_name == method), None)
+        if provider is None:
+            accepted = ", ".join(p.method_name for p in self._providers)
+            raise Unauthorized(f"authentication method {method or 'none'!r} is not accepted: use {accepted}")
+        identity = provider.authenticate(Credentials(command_data=data, tls_peer=tls_peer))
+        if identity is None:
+            raise Unauthorized(f"authentication method {method!r} needs {provider.wanted}")
+        return self._principal(identity)
+
+    def _principal(self, identity: Identity) -> Principal:
+        return Principal(identity.role, superuser=identity.role in self.config.superuser_roles,
+                         expires_at_s=identity.expires_at_s)
 
     # --- authorization ---------------------------------------------------------------------
     def require_superuser(self, principal: Principal) -> None:
@@ -149,14 +181,15 @@ class Authorizer:
         return grants
 
 
-def _token_of(connection: HTTPConnection) -> str | None:
-    header = connection.headers.get("authorization")
-    if header:
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise Unauthorized("the Authorization header must be 'Bearer <token>'")
-        return value.strip()
-    return connection.query_params.get("token")
+def _providers(config: AuthConfig) -> list[AuthenticationProvider]:
+    """The configured providers, in the configured order."""
+    def token() -> AuthenticationProvider:
+        key = config.secret_key if config.secret_key is not None else config.public_key
+        assert key is not None, "checked by AuthConfig"
+        return TokenProvider(key, config.algorithm, config.role_claim)
+
+    made = {TOKEN_METHOD: token, TLS_METHOD: TlsProvider}
+    return [made[method]() for method in config.providers]
 
 
 _CALLER_OUTCOME = "magnetar.caller"

@@ -10,7 +10,9 @@ it down gracefully: flush, checkpoint, close. The client commands (``produce``, 
 server commands so that client commands start quickly. ``--journal-dir`` puts the embedded
 bookie's journal on another disk (Pulsar's ``journalDirectory``). ``--pulsar-port`` is where
 Pulsar's binary protocol listens (``pulsar://``, 6650 by default, 0 = off; ``pulsar+ssl://`` on
-6651 when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are configured).
+6651 when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are configured). With those keys the
+web service also serves HTTPS and WSS on ``--tls-port`` (8443, ``webServicePortTls``); ``--port
+0`` turns plain HTTP off (``api/web_server.py`` runs the listeners).
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     standalone.add_argument("--data-dir", help="data directory (default ./data)")
     standalone.add_argument("--journal-dir", help="journal directory (default DATA_DIR/bookie/journal)")
     standalone.add_argument("--host", help="listen address (default 0.0.0.0)")
-    standalone.add_argument("--port", type=int, help="listen port (default 8080)")
+    standalone.add_argument("--port", type=int, help="HTTP and WebSocket port (default 8080; 0 = off; webServicePort)")
+    standalone.add_argument("--tls-port", type=int,
+                            help="HTTPS and WSS port (default 8443 with the TLS keys configured; 0 = off; "
+                                 "webServicePortTls)")
     standalone.add_argument("--pulsar-port", type=int,
                             help="Pulsar binary protocol port (default 6650; 0 = off; brokerServicePort)")
     standalone.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -41,18 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_standalone(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from api.app import create_app, server_options
+    from api.app import create_app
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
     from api.server_process import configure_logging, exit_cleanly, tune_runtime
+    from api.web_server import serve
     from broker import BrokerService
 
     configure_logging(args.log_level)
     overrides = {key: str(value) for key, value in
                  (("dataDir", args.data_dir), ("bindAddress", args.host), ("webServicePort", args.port),
-                  ("journalDirectory", args.journal_dir), ("brokerServicePort", args.pulsar_port))
+                  ("webServicePortTls", args.tls_port), ("journalDirectory", args.journal_dir),
+                  ("brokerServicePort", args.pulsar_port))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
@@ -66,7 +71,7 @@ def run_standalone(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal to the handler that
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
     signal.signal(signal.SIGTERM, exit_cleanly)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))
+    serve(app, config, args.log_level)
     return 0
 
 

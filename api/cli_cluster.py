@@ -4,7 +4,8 @@
 serves one storage over the network and registers it in ZooKeeper (``broker/cluster/bookie_process.py``).
 
 ``magnetar broker --metadata-store zk:HOST:PORT[/chroot] --port P [--config FILE]`` serves the
-same HTTP and WebSocket API as ``magnetar standalone`` with no local data: metadata in
+same HTTP and WebSocket API as ``magnetar standalone`` (HTTPS and WSS too, on ``--tls-port``,
+with the TLS keys of ``--config``) with no local data: metadata in
 ZooKeeper, ledgers on the registered bookies (default quorum E=2 Qw=2 Qa=2, per namespace
 through the ``persistence`` policy), and a re-replication worker (``--no-autorecovery`` turns
 it off). ``--config`` reads the same Pulsar keys as standalone (authentication, auto-creation).
@@ -51,7 +52,10 @@ def add_cluster_commands(commands: Any) -> None:
     broker.add_argument("--metadata-store", required=True, help="zk:HOST:PORT[/chroot]")
     broker.add_argument("--config", help="a broker configuration file (Pulsar's keys; see api/config.py)")
     broker.add_argument("--host", help="listen address (default 0.0.0.0)")
-    broker.add_argument("--port", type=int, help="listen port (default 8080)")
+    broker.add_argument("--port", type=int, help="HTTP and WebSocket port (default 8080; 0 = off; webServicePort)")
+    broker.add_argument("--tls-port", type=int,
+                        help="HTTPS and WSS port (default 8443 with the TLS keys configured; 0 = off; "
+                             "webServicePortTls)")
     broker.add_argument("--pulsar-port", type=int,
                         help="Pulsar binary protocol port (default 6650, Pulsar's brokerServicePort; 0 = off)")
     broker.add_argument("--advertised-address",
@@ -89,17 +93,17 @@ def run_bookie(args: argparse.Namespace) -> int:
 def run_broker(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
-    from api.app import create_app, server_options
+    from api.app import create_app
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
     from api.server_process import exit_cleanly, tune_runtime
+    from api.web_server import serve
     from broker import BrokerAddress, BrokerService, QuorumConfig
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
     overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port),
-                                                    ("dataDir", args.data_dir), ("brokerServicePort", args.pulsar_port))
+                                                    ("webServicePortTls", args.tls_port), ("dataDir", args.data_dir),
+                                                    ("brokerServicePort", args.pulsar_port))
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
@@ -113,14 +117,15 @@ def run_broker(args: argparse.Namespace) -> int:
         interval_ms=args.autorecovery_interval_ms, audit_interval_ms=args.audit_interval_ms)
     host = args.advertised_address or config.pulsar.advertised_host or \
         ("127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host)
-    broker_id = f"{host}:{config.port}"
+    web_scheme, web_port = ("http", config.port) if config.port else ("https", config.tls_port)
+    broker_id = f"{host}:{web_port}"
     if not 1 <= args.default_bundles <= 1024:
         print("magnetar broker: --default-bundles must be in 1..1024", file=sys.stderr)
         return 2
     # the binary listeners are named by the advertised host, in Connect answers and in the
     # Redirects other brokers give (through the ownership nodes and load reports)
     pulsar = dataclasses.replace(config.pulsar, advertised_host=host)
-    address = BrokerAddress(broker_id, f"http://{broker_id}",
+    address = BrokerAddress(broker_id, f"{web_scheme}://{broker_id}",
                             f"pulsar://{host}:{pulsar.port}" if pulsar.port else "",
                             f"pulsar+ssl://{host}:{pulsar.tls_port}" if pulsar.tls_enabled else "")
     ownership = OwnershipConfig(address, default_bundles=args.default_bundles,
@@ -135,5 +140,5 @@ def run_broker(args: argparse.Namespace) -> int:
                      limits=config.limits, pulsar=pulsar)
     tune_runtime()
     signal.signal(signal.SIGTERM, exit_cleanly)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, **server_options(app))
+    serve(app, config, args.log_level)
     return 0

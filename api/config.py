@@ -10,20 +10,28 @@ or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
 ``defaultRetentionTimeInMinutes`` / ``defaultRetentionSizeInMB`` (the retention of a namespace
 without a policy: -1 by default, keep everything, as an event store must; 0 and 0 are Pulsar's
 defaults, which keep nothing that no subscription holds), the binary protocol's
-``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
-``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
-``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``, its bounds
-before a connection's handshake (``HANDSHAKE_KEYS``: Pulsar has none of its own) and its per-role
-shares (``brokerMaxConnectionsPerRole``, ``maxTopicListWatchersPerRole``); the topic
-quotas and rate limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic``,
+``brokerServicePort`` (6650), ``advertisedAddress``, ``maxMessageSize`` and
+``authenticationRefreshCheckSeconds``, its bounds before a connection's handshake
+(``HANDSHAKE_KEYS``: Pulsar has none of its own) and its per-role shares
+(``brokerMaxConnectionsPerRole``, ``maxTopicListWatchersPerRole``); the topic quotas and rate
+limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic``,
 ``maxSubscriptionsPerTopic``, ``maxTopicsPerNamespace``, ``maxPublishRatePerTopicInMessages`` /
 ``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
-unlimited); plus ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
-use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one warning, so a
-misspelt key does not go unnoticed.
+unlimited); plus ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys
+Magnetar does not use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one
+warning, so a misspelt key does not go unnoticed.
 
-Invariant: a bad value (not a number, an unreadable key file, authentication on without a key)
-raises ``ConfigError`` naming the key, before anything starts.
+TLS (``TLS_KEYS``, ``api/tls.py``): with ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` the
+web service also listens with TLS on ``webServicePortTls`` (8443: HTTPS and WSS) and the binary
+protocol on ``brokerServicePortTls`` (6651: ``pulsar+ssl://``); ``tlsTrustCertsFilePath``,
+``tlsRequireTrustedClientCertOnConnect``, ``tlsAllowInsecureConnection`` and ``tlsProtocols``
+shape the handshake, ``authenticationProviders`` (Pulsar's class names) adds mutual TLS to the
+tokens. A listener's port key left empty (or 0) turns that listener off, as in Pulsar: with
+``webServicePort=`` and ``brokerServicePort=`` only the TLS listeners remain.
+
+Invariant: a bad value (not a number, an unreadable key file, authentication on without a key,
+a TLS port without a certificate, no web listener at all) raises ``ConfigError`` naming the key,
+before anything starts.
 """
 
 from __future__ import annotations
@@ -31,14 +39,17 @@ from __future__ import annotations
 import binascii
 import dataclasses
 import logging
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.auth import AuthConfig
+from api.authentication import PROVIDER_CLASSES, TLS_METHOD, TOKEN_METHOD
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from api.pulsar import PulsarSettings
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
+from api.tls import TLS_PROTOCOLS, TlsConfig
 from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
 from consumers.cli.tokens import read_key
 
@@ -52,8 +63,11 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
               *ROLE_SHARE_KEYS)
+TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
+            "tlsProtocols", "authenticationProviders")
 RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
+WEB_TLS_PORT = 8443
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
 AUTH_REFRESH_CHECK_S_RANGE = (1, 86_400)
 """``maxMessageSize``: the broker stores messages of at most 5 MiB (larger ones are chunked)."""
@@ -75,6 +89,10 @@ class StandaloneConfig:
     journal_dir: str | None = None
     host: str = "0.0.0.0"
     port: int = 8080
+    """``webServicePort``: plain HTTP and WebSocket; 0 = off."""
+    tls_port: int = 0
+    """``webServicePortTls``: HTTPS and WSS (8443 when the TLS keys are set); 0 = off."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: EdgeLimits = field(default_factory=EdgeLimits)
@@ -85,14 +103,18 @@ class StandaloneConfig:
         """The file's settings (when given), then ``overrides`` (same keys) on top."""
         values = parse_properties(Path(path).read_text()) if path else {}
         values.update(overrides or {})
-        unused = sorted(set(values) - set(KNOWN_KEYS))
+        unused = sorted(set(values) - set(KNOWN_KEYS) - set(TLS_KEYS))
         if unused:
             log.warning("configuration keys Magnetar does not use, ignored: %s", ", ".join(unused))
+        tls = _tls(values)
+        port, tls_port = _web_ports(values, tls)
         return cls(
             data_dir=values.get("dataDir", cls.data_dir),
             journal_dir=values.get("journalDirectory") or None,
             host=values.get("bindAddress", cls.host),
-            port=_integer(values, "webServicePort", cls.port),
+            port=port,
+            tls_port=tls_port,
+            tls=tls,
             broker=dataclasses.replace(
                 BrokerConfig(),
                 auto_create_topics=_flag(values, "allowAutoTopicCreation", True),
@@ -100,9 +122,9 @@ class StandaloneConfig:
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
                 quotas=_quotas(values)),
-            auth=_auth(values),
+            auth=_auth(values, tls),
             limits=_limits(values),
-            pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host))),
+            pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host), tls)),
         )
 
 
@@ -171,16 +193,8 @@ def _limits(values: Mapping[str, str]) -> EdgeLimits:
     return EdgeLimits(**settings)
 
 
-def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
+def _pulsar(values: Mapping[str, str], host: str, tls: TlsConfig) -> PulsarSettings:
     defaults = PulsarSettings()
-    cert = values.get("tlsCertificateFilePath") or None
-    key = values.get("tlsKeyFilePath") or None
-    if (cert is None) != (key is None):
-        raise ConfigError("TLS needs both tlsCertificateFilePath and tlsKeyFilePath")
-    for name, path in (("tlsCertificateFilePath", cert), ("tlsKeyFilePath", key),
-                       ("tlsTrustCertsFilePath", values.get("tlsTrustCertsFilePath") or None)):
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"{name}: {path} is not a readable file")
     size = _integer(values, "maxMessageSize", defaults.max_message_size_bytes)
     if not MESSAGE_SIZE_BYTES_RANGE[0] <= size <= MESSAGE_SIZE_BYTES_RANGE[1]:
         raise ConfigError(f"maxMessageSize must lie in {MESSAGE_SIZE_BYTES_RANGE[0]}..{MESSAGE_SIZE_BYTES_RANGE[1]}")
@@ -189,15 +203,9 @@ def _pulsar(values: Mapping[str, str], host: str) -> PulsarSettings:
         raise ConfigError(f"authenticationRefreshCheckSeconds must lie in {AUTH_REFRESH_CHECK_S_RANGE[0]}.."
                           f"{AUTH_REFRESH_CHECK_S_RANGE[1]}, not {refresh_s}")
     frame_bytes, buffer_bytes, timeout_ms = _handshake(values, defaults)
-    ports = {}
-    for name, default in (("brokerServicePort", defaults.port),
-                          ("brokerServicePortTls", PULSAR_TLS_PORT if cert else 0)):
-        ports[name] = _integer(values, name, default)
-        if not 0 <= ports[name] <= 65535:
-            raise ConfigError(f"{name} must lie in 0..65535, not {ports[name]}")
-    return PulsarSettings(host=host, port=ports["brokerServicePort"], tls_port=ports["brokerServicePortTls"],
-                          tls_cert_file=cert, tls_key_file=key,
-                          tls_trust_certs_file=values.get("tlsTrustCertsFilePath") or None,
+    port = _port(values, "brokerServicePort", defaults.port)
+    tls_port = _tls_port(values, "brokerServicePortTls", PULSAR_TLS_PORT, tls)
+    return PulsarSettings(host=host, port=port, tls_port=tls_port, tls=tls,
                           advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size,
                           auth_refresh_check_s=float(refresh_s), handshake_frame_bytes_max=frame_bytes,
                           handshake_buffer_bytes_max=buffer_bytes, handshake_timeout_s=timeout_ms / 1000)
@@ -226,6 +234,80 @@ def _role_shares(values: Mapping[str, str], settings: PulsarSettings) -> PulsarS
     return dataclasses.replace(settings, **shares)  # type: ignore[arg-type]
 
 
+# --- listeners and TLS -------------------------------------------------------------------------
+def _port(values: Mapping[str, str], key: str, default: int) -> int:
+    """A listener's port: ``default`` when the key is absent; 0 (off) when it is empty or 0."""
+    if key not in values:
+        return default
+    if values[key] == "":
+        return 0
+    port = _integer(values, key, default)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{key} must lie in 0..65535, not {port}")
+    return port
+
+
+def _tls_port(values: Mapping[str, str], key: str, default: int, tls: TlsConfig) -> int:
+    """A TLS listener's port: ``default`` when certificates are configured and the key is absent."""
+    port = _port(values, key, default if tls.configured else 0)
+    if port and not tls.configured:
+        raise ConfigError(f"{key} needs tlsCertificateFilePath and tlsKeyFilePath")
+    return port
+
+
+def _web_ports(values: Mapping[str, str], tls: TlsConfig) -> tuple[int, int]:
+    """(``webServicePort``, ``webServicePortTls``): at least one of them must be on."""
+    port = _port(values, "webServicePort", StandaloneConfig.port)
+    tls_port = _tls_port(values, "webServicePortTls", WEB_TLS_PORT, tls)
+    if not port and not tls_port:
+        raise ConfigError("webServicePort and webServicePortTls are both off: nothing would serve HTTP")
+    if port and port == tls_port:
+        raise ConfigError(f"webServicePort and webServicePortTls are both {port}")
+    return port, tls_port
+
+
+def _tls(values: Mapping[str, str]) -> TlsConfig:
+    cert = values.get("tlsCertificateFilePath") or None
+    key = values.get("tlsKeyFilePath") or None
+    trust = values.get("tlsTrustCertsFilePath") or None
+    if (cert is None) != (key is None):
+        raise ConfigError("TLS needs both tlsCertificateFilePath and tlsKeyFilePath")
+    for name, path in (("tlsCertificateFilePath", cert), ("tlsKeyFilePath", key), ("tlsTrustCertsFilePath", trust)):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"{name}: {path} is not a readable file")
+    protocols = tuple(p.strip() for p in values.get("tlsProtocols", "").split(",") if p.strip())
+    wrong = [p for p in protocols if p not in TLS_PROTOCOLS]
+    if wrong:
+        raise ConfigError(f"tlsProtocols may name {' and '.join(TLS_PROTOCOLS)} (older versions are refused), "
+                          f"not {', '.join(wrong)}")
+    tls = TlsConfig(cert, key, trust, require_trusted_client_cert=_flag(values, "tlsRequireTrustedClientCertOnConnect",
+                                                                          False),
+                    allow_insecure_connection=_flag(values, "tlsAllowInsecureConnection", False),
+                    protocols=protocols or TlsConfig.protocols)
+    if tls.require_trusted_client_cert and not tls.verifies_clients:
+        raise ConfigError("tlsRequireTrustedClientCertOnConnect=true needs tlsTrustCertsFilePath "
+                          "and tlsAllowInsecureConnection=false")
+    if tls.configured:
+        try:
+            tls.server_context()
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"tlsCertificateFilePath, tlsKeyFilePath or tlsTrustCertsFilePath: {exc}") from None
+    return tls
+
+
+def _providers(values: Mapping[str, str], tls: TlsConfig) -> tuple[str, ...]:
+    """The methods ``authenticationProviders`` names (Pulsar's class names); the token alone by default."""
+    names = [n.strip() for n in values.get("authenticationProviders", "").split(",") if n.strip()]
+    wrong = [n for n in names if n not in PROVIDER_CLASSES]
+    if wrong:
+        raise ConfigError(f"authenticationProviders may name {', '.join(PROVIDER_CLASSES)}, not {', '.join(wrong)}")
+    methods = tuple(dict.fromkeys(PROVIDER_CLASSES[n] for n in names)) or (TOKEN_METHOD,)
+    if TLS_METHOD in methods and not (tls.configured and tls.verifies_clients):
+        raise ConfigError("AuthenticationProviderTls needs the TLS keys and tlsTrustCertsFilePath (the authorities "
+                          "that sign client certificates), with tlsAllowInsecureConnection=false")
+    return methods
+
+
 def _read_key(key: str, value: str) -> bytes:
     """A key given as ``file:///path``, ``data:;base64,<b64>`` or a plain file path."""
     try:
@@ -236,7 +318,7 @@ def _read_key(key: str, value: str) -> bytes:
         raise ConfigError(f"{key}: cannot read {value.removeprefix('file://')}: {exc.strerror}") from None
 
 
-def _auth(values: Mapping[str, str]) -> AuthConfig:
+def _auth(values: Mapping[str, str], tls: TlsConfig) -> AuthConfig:
     enabled = _flag(values, "authenticationEnabled", False) or _flag(values, "authorizationEnabled", False)
     secret = values.get("tokenSecretKey") or None
     public = values.get("tokenPublicKey") or None
@@ -244,8 +326,11 @@ def _auth(values: Mapping[str, str]) -> AuthConfig:
     metrics = _flag(values, "authenticateMetricsEndpoint", False)
     if not enabled:
         return AuthConfig(superuser_roles=roles)
-    if (secret is None) == (public is None):
+    providers = _providers(values, tls)
+    if TOKEN_METHOD not in providers:
+        secret = public = None
+    elif (secret is None) == (public is None):
         raise ConfigError("authenticationEnabled=true needs exactly one of tokenSecretKey or tokenPublicKey")
-    return AuthConfig(enabled=True, superuser_roles=roles, authenticate_metrics=metrics,
+    return AuthConfig(enabled=True, providers=providers, superuser_roles=roles, authenticate_metrics=metrics,
                       secret_key=_read_key("tokenSecretKey", secret) if secret else None,
                       public_key=_read_key("tokenPublicKey", public) if public else None)

@@ -1,4 +1,4 @@
-"""Connections of one listener: how many, how slow, and what happens when there are too many.
+"""Connections of the web service's listeners: how many, how slow, and what happens when there are too many.
 
 Role: the TCP edge. uvicorn accepts every connection and waits for a request for as long as the
 client likes; a client that opens many connections and sends nothing (or a byte at a time)
@@ -6,8 +6,9 @@ would hold file descriptors until the process has none left, and then every file
 opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with a
 ``ConnectionGuard``:
 
-- at most ``connections_max`` open connections per listener (HTTP, and the WebSocket sessions
-  they upgrade to); one more is answered ``503 too_many_connections`` and closed at once;
+- at most ``connections_max`` open connections per web service, its plain and TLS listeners
+  together (HTTP, and the WebSocket sessions they upgrade to); one more is answered
+  ``503 too_many_connections`` and closed at once;
 - a request's headers must be complete within ``header_timeout_ms`` of the connection opening
   or of the previous response; otherwise the connection is closed;
 - a request's line and headers may take ``header_bytes_max`` bytes: the parser is fed no more
@@ -16,7 +17,9 @@ opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with 
   unfinished head whole, however long, and grows it by copying: unbounded memory and
   quadratic time for a client that has not even been authenticated yet); bodies are fed as
   they come (``api/request_guard.py`` bounds them);
-- idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer).
+- idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer);
+- on a TLS listener, the client certificate the handshake verified reaches every request of the
+  connection in its ASGI scope (``api/tls.py``), for ``AuthenticationProviderTls``.
 
 ``effective_connections_max`` keeps the bound under the process's file-descriptor limit, with
 room for the storage's files. ``quiet_accept_errors`` makes a failed ``accept()`` (out of file
@@ -38,6 +41,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from api.tls import tls_peer_of, with_tls_peer
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ class ConnectionGuardStats:
 
 
 class ConnectionGuard:
-    """Counts a listener's open connections; thread-safe (several servers may share a process)."""
+    """Counts the web service's open connections (every listener); thread-safe (several servers may share a process)."""
 
     def __init__(self, connections_max: int, header_timeout_s: float, header_bytes_max: int) -> None:
         self.connections_max = connections_max
@@ -170,6 +175,9 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[.
                 return
             self._admitted = True
             super().connection_made(transport)
+            peer = tls_peer_of(transport)
+            if peer is not None:
+                self.app: Any = with_tls_peer(self.app, peer)
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:

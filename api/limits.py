@@ -22,7 +22,7 @@ MIB = 1024 * 1024
 @dataclass(frozen=True)
 class EdgeLimits:
     connections_max: int = 10_000
-    """Open TCP connections per listener (HTTP and WebSocket); more are answered 503 and closed."""
+    """Open TCP connections of the web service, all listeners (HTTP and WebSocket); more are answered 503."""
     connections_per_role_max: int = 1_000
     """In-flight HTTP requests plus open WebSocket sessions of one role (with authentication on)."""
     header_timeout_ms: int = 10_000

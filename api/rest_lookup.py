@@ -1,8 +1,9 @@
 """Clusters, and this broker's own service URLs: where Pulsar's clients and tools find it.
 
 Role: :func:`local_urls` gives Pulsar's ``LookupData`` fields (``brokerUrl``, ``brokerUrlTls``,
-``httpUrl``, ``nativeUrl``) for this broker, naming its binary-protocol listeners as the host the
-request came to sees them; the lookup endpoint (``api/lookup.py``) answers with them for a topic
+``httpUrl``, ``httpUrlTls``, ``nativeUrl``) for this broker, naming its listeners as the host the
+request came to sees them (the web URL is the one the request came in by: over HTTPS it is also
+``httpUrlTls``); the lookup endpoint (``api/lookup.py``) answers with them for a topic
 this broker serves. ``/admin/v2/clusters`` lists the one cluster, ``standalone``, and
 ``/admin/v2/clusters/standalone`` gives its URLs, as Pulsar's standalone does.
 
@@ -31,7 +32,9 @@ def local_urls(request: Request) -> dict[str, Any]:
     listener = None if binary is None else binary.listener_for(host)
     plain = listener.service_url if listener is not None else None
     tls = listener.service_url_tls if listener is not None else None
-    return {"brokerUrl": plain, "brokerUrlTls": tls, "httpUrl": http_url, "httpUrlTls": None, "nativeUrl": plain}
+    http_url_tls = http_url if request.url.scheme == "https" else None
+    return {"brokerUrl": plain, "brokerUrlTls": tls, "httpUrl": http_url, "httpUrlTls": http_url_tls,
+            "nativeUrl": plain}
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
@@ -48,7 +51,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         if cluster != CLUSTER:
             raise NotFound(f"cluster {cluster} does not exist")
         urls = local_urls(request)
-        return {"serviceUrl": urls["httpUrl"], "serviceUrlTls": None, "brokerServiceUrl": urls["brokerUrl"],
-                "brokerServiceUrlTls": urls["brokerUrlTls"]}
+        return {"serviceUrl": urls["httpUrl"], "serviceUrlTls": urls["httpUrlTls"],
+                "brokerServiceUrl": urls["brokerUrl"], "brokerServiceUrlTls": urls["brokerUrlTls"]}
 
     return routes

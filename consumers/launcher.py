@@ -2,7 +2,10 @@
 
 Role: start the broker on 127.0.0.1 and a free port, wait (bounded) until ``/healthz`` answers,
 and whatever happens stop it by PID: SIGTERM for a graceful shutdown, SIGKILL if it has not
-exited in time.
+exited in time. With ``https`` (the client's ``ssl`` context: the broker's authorities, and a
+client certificate when the broker requires one) the free port is the web service's TLS port
+(``--tls-port``), plain HTTP is off, and the health check and the URL are ``https://``; the
+broker's certificate and key come from the ``--config`` among the arguments.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -38,15 +42,16 @@ def standalone_command(data_dir: str | Path, port: int, *extra: str) -> list[str
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--pulsar-port", "0", *extra]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = HEALTH_TIMEOUT_S) -> httpx.Response:
-    """The first answer of ``url`` (the broker's ``/healthz``); fails if the process exits first
-    or nothing answers within ``timeout_s``."""
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = HEALTH_TIMEOUT_S, *,
+                 verify: ssl.SSLContext | bool = True) -> httpx.Response:
+    """The first answer of ``url`` (the broker's ``/healthz``; ``verify``: how an ``https://``
+    one is trusted); fails if the process exits first or nothing answers within ``timeout_s``."""
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
         if proc.poll() is not None:
             raise RuntimeError(f"magnetar standalone exited early with code {proc.returncode}")
         try:
-            return httpx.get(url, timeout=1.0)
+            return httpx.get(url, timeout=1.0, verify=verify)
         except httpx.TransportError:
             time.sleep(HEALTH_POLL_S)
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
@@ -68,18 +73,23 @@ def stop_process(proc: subprocess.Popen[bytes], *, kill: bool = False) -> int:
 @contextmanager
 def running_standalone(data_dir: str | Path, *extra: str, cwd: str | Path | None = None,
                        env: Mapping[str, str] | None = None, output: IO[bytes] | int = subprocess.DEVNULL,
-                       file_limit: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+                       file_limit: int | None = None,
+                       https: ssl.SSLContext | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``(url, process)`` of a healthy broker; stopped by PID on the way out. ``file_limit``
-    caps the child's open file descriptors (soft and hard) from its start."""
+    caps the child's open file descriptors (soft and hard) from its start; ``https`` serves only
+    HTTPS (see the module's docstring)."""
     port = free_port()
-    command = standalone_command(data_dir, port, *extra)
+    if https is None:
+        command = standalone_command(data_dir, port, *extra)
+    else:
+        command = standalone_command(data_dir, 0, "--tls-port", str(port), *extra)
     if file_limit is not None:  # util-linux's prlimit sets the limit and execs: the PID is the broker's
         command = ["prlimit", f"--nofile={file_limit}:{file_limit}", *command]
     proc = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=output,
                             stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(f"{url}/healthz", proc)
+        url = f"{'http' if https is None else 'https'}://127.0.0.1:{port}"
+        wait_healthy(f"{url}/healthz", proc, verify=https or True)
         yield url, proc
     finally:
         stop_process(proc)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import ssl
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,10 +29,10 @@ def stop(proc: subprocess.Popen[bytes], *, kill: bool = False) -> int:
 
 @contextmanager
 def standalone_process(data_dir: str | Path, *extra: str, env: dict[str, str] | None = None,
-                       output: IO[bytes] | int = subprocess.DEVNULL,
-                       file_limit: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    with running_standalone(data_dir, *extra, cwd=REPO_ROOT, env=env, output=output,
-                            file_limit=file_limit) as running:
+                       output: IO[bytes] | int = subprocess.DEVNULL, file_limit: int | None = None,
+                       https: ssl.SSLContext | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with running_standalone(data_dir, *extra, cwd=REPO_ROOT, env=env, output=output, file_limit=file_limit,
+                            https=https) as running:
         yield running
 
 

@@ -16,6 +16,7 @@ from typing import Protocol
 from api.auth import ANONYMOUS_ROLE, Action, Authorizer, Principal
 from api.pulsar.settings import PulsarSettings
 from api.pulsar.shares import RolePools
+from api.tls import TlsPeer
 from broker import BrokerService, TopicName
 
 
@@ -48,6 +49,8 @@ class ConnectionContext:
     pools: RolePools
     """The server's per-role shares (connections, topic-list watches)."""
     principal: Principal | None = None
+    tls_peer: TlsPeer | None = None
+    """The client certificate the connection's TLS handshake verified (``AuthenticationProviderTls``)."""
     counters: dict[str, int] = field(default_factory=dict)
 
     def authorize(self, action: Action, topic: TopicName) -> None:

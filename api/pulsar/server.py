@@ -1,9 +1,12 @@
-"""The binary front end's asyncio adapter: listeners on :6650 (and :6651 with TLS), bytes to frames.
+"""The binary front end's asyncio adapter: listeners on :6650 and/or :6651 (TLS), bytes to frames.
 
 Role: ``PulsarServer`` listens on the API's event loop (the broker's dispatch runs there too, so
 deliveries leave inside the dispatch that made them). Each accepted connection is a
 ``PulsarProtocol``: it feeds received bytes to a ``FrameDecoder`` and the frames to a
-``PulsarSession``, and is the session's ``Outbound`` (writes, read pausing, congestion).
+``PulsarSession``, and is the session's ``Outbound`` (writes, read pausing, congestion). The TLS
+listener's context comes from ``api/tls.py`` (TLS 1.2+, client certificates verified against
+``tlsTrustCertsFilePath``); a connection's verified client certificate goes to its session for
+``AuthenticationProviderTls``.
 
 Invariants:
 - Bounded: at most ``connections_max`` connections (more are closed at once); one frame in
@@ -38,7 +41,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ from api.pulsar.schemas import ProtocolSchemas
 from api.pulsar.session import PulsarSession, State, Verdicts
 from api.pulsar.settings import PulsarSettings
 from api.pulsar.shares import RolePools
+from api.tls import tls_peer_of
 from broker import BrokerService, MagnetarError, TopicName
 
 log = logging.getLogger(__name__)
@@ -113,22 +116,13 @@ class PulsarServer:
             self.ports["pulsar"] = server.sockets[0].getsockname()[1]
         if settings.tls_enabled:
             server = await loop.create_server(lambda: PulsarProtocol(self, tls=True), host, settings.tls_port,
-                                              ssl=self._ssl_context())
+                                              ssl=settings.tls.server_context(),
+                                              ssl_handshake_timeout=settings.handshake_timeout_s)
             self._servers.append(server)
             self.ports["pulsar+ssl"] = server.sockets[0].getsockname()[1]
         self._keepalive = asyncio.create_task(self._keepalive_loop())
         if self.authorizer.enabled:
             self._auth_refresh = asyncio.create_task(self._auth_refresh_loop())
-
-    def _ssl_context(self) -> ssl.SSLContext:
-        settings = self.settings
-        assert settings.tls_cert_file is not None and settings.tls_key_file is not None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
-        if settings.tls_trust_certs_file:
-            context.load_verify_locations(settings.tls_trust_certs_file)
-            context.verify_mode = ssl.CERT_OPTIONAL
-        return context
 
     async def close(self) -> None:
         self._closed = True
@@ -265,7 +259,7 @@ class PulsarProtocol(asyncio.Protocol):
         host = transport.get_extra_info("sockname")[0]
         self._loop = loop = asyncio.get_running_loop()
         self.context = ConnectionContext(server.service, server.authorizer, server.settings, self, loop,
-                                         next(server._ids), server.pools)
+                                         next(server._ids), server.pools, tls_peer=tls_peer_of(transport))
         assert server.lookups is not None, "connections are accepted only once the server started"
         tls = self.tls
         self.session = PulsarSession(self.context, server.lookups,

@@ -3,7 +3,7 @@
 Role: the server's asyncio adapter (``server.py``) feeds this session the frames its decoder
 cut (``framing.py``); the session answers through ``Outbound``. States:
 
-    AWAITING_CONNECT --CONNECT (token checked when authentication is on)--> CONNECTED
+    AWAITING_CONNECT --CONNECT (credentials checked when authentication is on)--> CONNECTED
     any state --protocol violation, failed authentication, peer gone--> CLOSED
 
 Credentials expire: a CONNECTED session whose token's ``exp`` passed is challenged
@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from api.auth import Action
+from api.authentication import TOKEN_METHOD
 from api.pulsar import commands
 from api.pulsar.consumers import ConsumerHalf
 from api.pulsar.context import ConnectionContext
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand.Type
 PROTOCOL_VERSION_MAX = 19
 SERVER_VERSION = "Magnetar 0.1.0"
-TOKEN_METHOD = "token"
 SEND_GROUP_MAX = 1000
 """At most this many consecutive SENDs of one read go to the producers as one group."""
 NO_REQUEST_ID = (1 << 64) - 1
@@ -266,13 +266,8 @@ class PulsarSession:
         return True
 
     def _authenticate(self, method: str, data: bytes) -> Any:
-        if method != TOKEN_METHOD:
-            raise Unauthorized(f"authentication method {method or 'none'!r} is not accepted: use token")
-        try:
-            token = data.decode()
-        except UnicodeDecodeError:
-            raise Unauthorized("the token is not text") from None
-        return self.context.authorizer.principal_of(token.removeprefix("token:"))
+        """The provider of ``method`` decides, from ``data`` and the connection's client certificate."""
+        return self.context.authorizer.authenticate_command(method, data, self.context.tls_peer)
 
     def _auth_response(self, response: pb.CommandAuthResponse) -> None:
         """A client refreshing its credentials: the new token must be valid and name the same

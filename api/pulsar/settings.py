@@ -2,17 +2,18 @@
 
 Role: ``magnetar standalone`` and ``magnetar broker`` build one ``PulsarSettings`` from
 ``--pulsar-port`` and Pulsar's configuration keys (``brokerServicePort``,
-``brokerServicePortTls``, ``tlsCertificateFilePath``, ``tlsKeyFilePath``,
-``tlsTrustCertsFilePath``, ``advertisedAddress``, ``maxMessageSize``,
-``authenticationRefreshCheckSeconds``), Magnetar's bounds on a connection before its
-handshake (``maxHandshakeFrameBytes``, ``maxHandshakeBufferBytes``, ``handshakeTimeoutMillis``)
-and the per-role shares of ``ROLE_SHARE_KEYS``; the server and every session read their bounds
-from it. Every bound is a named setting with its unit in the name.
+``brokerServicePortTls``, the TLS keys of ``api/tls.py``, ``advertisedAddress``,
+``maxMessageSize``, ``authenticationRefreshCheckSeconds``), Magnetar's bounds on a connection
+before its handshake (``maxHandshakeFrameBytes``, ``maxHandshakeBufferBytes``,
+``handshakeTimeoutMillis``) and the per-role shares of ``ROLE_SHARE_KEYS``; the server and every
+session read their bounds from it. Every bound is a named setting with its unit in the name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from api.tls import TlsConfig
 
 MIB = 1024 * 1024
 FRAME_OVERHEAD_BYTES = 64 * 1024
@@ -35,11 +36,8 @@ class PulsarSettings:
     """``pulsar://`` listener port; 0 turns the plain listener off."""
     tls_port: int = 0
     """``pulsar+ssl://`` listener port (6651 when certificates are configured); 0 = off."""
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_trust_certs_file: str | None = None
-    """CA bundle for client certificates; when set, a certificate a client presents must be
-    signed by it (presenting one stays optional, as Pulsar's default)."""
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    """The certificate, the authorities client certificates must be signed by, the versions."""
     advertised_host: str | None = None
     """The host lookups answer with; default: the address the client connected to."""
     max_message_size_bytes: int = 5 * MIB
@@ -88,4 +86,4 @@ class PulsarSettings:
 
     @property
     def tls_enabled(self) -> bool:
-        return self.tls_port > 0 and self.tls_cert_file is not None and self.tls_key_file is not None
+        return self.tls_port > 0 and self.tls.configured

@@ -6,7 +6,9 @@ system calls per received frame. A Pulsar WebSocket client sends a frame per mes
 acknowledgement, so that was a measurable share of the event loop's time per message. Sending
 goes through an awaited ASGI ``send`` per frame, one socket write each; the protocol here also
 offers the application a synchronous write of several frames at once (the ASGI scope's
-``extensions`` carry it), which :class:`FrameWriter` uses whenever the peer keeps up.
+``extensions`` carry it), which :class:`FrameWriter` uses whenever the peer keeps up. On a WSS
+connection whose client certificate verified, the extensions also carry that certificate's
+``TlsPeer`` (``api/tls.py``), for ``AuthenticationProviderTls``.
 
 Invariants:
 - The receive queue stays bounded. Reading pauses once ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames
@@ -41,6 +43,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 
 from api.connection_guard import release_connection
+from api.tls import TLS_PEER_EXTENSION, tls_peer_of
 
 try:
     from websockets.speedups import apply_mask
@@ -139,6 +142,9 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
             scope["extensions"][DIRECT_WRITE_EXTENSION] = self.write_frames_now
             scope["extensions"][QUEUED_FRAMES_EXTENSION] = self.take_queued_frames
             scope["extensions"][TEXT_HANDLER_EXTENSION] = self.install_text_handler
+            peer = tls_peer_of(self.transport)
+            if peer is not None:  # a WSS handshake with a verified client certificate
+                scope["extensions"][TLS_PEER_EXTENSION] = peer
 
     def install_text_handler(self, handler: Callable[[list[str]], int] | None) -> None:
         """See ``TEXT_HANDLER_EXTENSION``; None goes back to queueing every frame."""

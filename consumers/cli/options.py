@@ -1,8 +1,11 @@
 """What every ``magnetar`` client command shares: the broker to talk to, and how a failure ends.
 
-``--service-url`` (default ``$MAGNETAR_SERVICE_URL`` or ``http://127.0.0.1:8080``) and ``--token``
-(default ``$MAGNETAR_TOKEN``) on the top level and on every subcommand; a broker error prints
-the broker's ``code: message`` on stderr and exits 1.
+``--service-url`` (default ``$MAGNETAR_SERVICE_URL`` or ``http://127.0.0.1:8080``; ``https://``
+for a broker's TLS port), ``--token`` (default ``$MAGNETAR_TOKEN``) and the TLS options of
+Pulsar's tools (``--tls-trust-certs-file-path``, pulsar-admin's ``--tls-trust-cert-path``: the
+authorities that signed the broker's certificate; ``--tls-certificate-file-path`` and
+``--tls-private-key-file-path``: a client certificate for mutual TLS) on the top level and on
+every subcommand; a broker error prints the broker's ``code: message`` on stderr and exits 1.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import TypedDict
 
 from consumers.client import DEFAULT_SERVICE_URL, Client, ClientError, HttpError
 
@@ -23,12 +27,21 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def add_connection_options(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
-    """``--service-url`` and ``--token``; on subcommands they default to the top level's value."""
+    """``--service-url``, ``--token`` and the TLS options; on subcommands they default to the top
+    level's value."""
     url_default = os.environ.get(ENV_SERVICE_URL, DEFAULT_SERVICE_URL) if top_level else argparse.SUPPRESS
     token_default = os.environ.get(ENV_TOKEN) if top_level else argparse.SUPPRESS
     parser.add_argument("--service-url", default=url_default,
                         help=f"broker URL (default ${ENV_SERVICE_URL} or {DEFAULT_SERVICE_URL})")
     parser.add_argument("--token", default=token_default, help=f"auth token (default ${ENV_TOKEN})")
+    tls_default = None if top_level else argparse.SUPPRESS
+    parser.add_argument("--tls-trust-certs-file-path", "--tls-trust-cert-path", dest="tls_trust_certs_file_path",
+                        default=tls_default, metavar="FILE",
+                        help="the authorities (PEM) that signed the broker's certificate (https:// URLs)")
+    parser.add_argument("--tls-certificate-file-path", default=tls_default, metavar="FILE",
+                        help="a client certificate (PEM) for mutual TLS: the broker takes the role from its CN")
+    parser.add_argument("--tls-private-key-file-path", default=tls_default, metavar="FILE",
+                        help="the client certificate's private key (PEM)")
 
 
 def connection_parent() -> argparse.ArgumentParser:
@@ -38,7 +51,20 @@ def connection_parent() -> argparse.ArgumentParser:
 
 
 def client_of(args: argparse.Namespace) -> Client:
-    return Client(args.service_url, args.token or None)
+    return Client(args.service_url, args.token or None, **tls_options(args))
+
+
+class TlsOptions(TypedDict):
+    tls_trust_certs_file_path: str | None
+    tls_certificate_file_path: str | None
+    tls_private_key_file_path: str | None
+
+
+def tls_options(args: argparse.Namespace) -> TlsOptions:
+    """The client's TLS keyword arguments from the command line."""
+    return TlsOptions(tls_trust_certs_file_path=args.tls_trust_certs_file_path,
+                      tls_certificate_file_path=args.tls_certificate_file_path,
+                      tls_private_key_file_path=args.tls_private_key_file_path)
 
 
 def run_client_command(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.cli.options import EXIT_FAILURE
+from consumers.cli.options import EXIT_FAILURE, tls_options
 from consumers.client import AsyncClient, ClientError, Message, ReceiveTimeout, SendResult
 
 PAYLOAD_MAGIC = b"MGPF"
@@ -195,7 +195,7 @@ async def _pace(run: _Run, index: int, start_s: float, rate: float) -> None:
 
 
 async def _produce_main(args: argparse.Namespace, meter: Meter, histogram: LatencyHistogram) -> None:
-    async with AsyncClient(args.service_url, args.token or None) as client:
+    async with AsyncClient(args.service_url, args.token or None, **tls_options(args)) as client:
         if args.rest:
             run = _Run(args, meter, histogram)
             await run.run(_produce_rest(client, args, run, meter, histogram))
@@ -279,7 +279,7 @@ def _perf_consume(args: argparse.Namespace) -> int:
 async def _consume_main(args: argparse.Namespace, meter: Meter, histogram: LatencyHistogram) -> bool:
     """Consume until a stop condition; True when it ended because no message came in time."""
     idle_timed_out = False
-    async with AsyncClient(args.service_url, args.token or None) as client:
+    async with AsyncClient(args.service_url, args.token or None, **tls_options(args)) as client:
         consumer = await client.subscribe(args.topic, args.subscription, subscription_type=args.subscription_type,
                                           initial_position=args.subscription_position,
                                           receiver_queue_size=args.receiver_queue_size)

@@ -1,5 +1,8 @@
 """Magnetar's Python client: producers, consumers and readers over Pulsar's WebSocket API, REST
-produce (PIP-64) and admin calls over HTTP, with token authentication.
+produce (PIP-64) and admin calls over HTTP, with token authentication; an ``https://`` service
+URL goes over TLS (HTTPS and WSS) with Pulsar's client options ``tls_trust_certs_file_path`` and,
+for mutual TLS, ``tls_certificate_file_path`` and ``tls_private_key_file_path``
+(``consumers/tls.py``).
 
 ``AsyncClient`` (asyncio) holds the one implementation; ``Client`` is its blocking face, driving
 it from a background event-loop thread. Every wait is bounded or explicitly asked for

@@ -69,6 +69,7 @@ from consumers.client.types import (
     StreamInfo,
     Topic,
 )
+from consumers.tls import ClientTls
 
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 60.0
@@ -133,15 +134,23 @@ class _Backoff:
 
 
 class AsyncClient:
-    """``async with AsyncClient("http://127.0.0.1:8080", token=...) as client: ...``"""
+    """``async with AsyncClient("http://127.0.0.1:8080", token=...) as client: ...``
+
+    An ``https://`` service URL is reached over TLS (HTTPS, and WSS for the sessions), trusting
+    ``tls_trust_certs_file_path`` (else the system's authorities) and presenting
+    ``tls_certificate_file_path`` with ``tls_private_key_file_path`` when given (mutual TLS: a
+    broker with ``AuthenticationProviderTls`` takes the role from its CN, no token needed)."""
 
     def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
-                 http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
+                 http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S,
+                 tls_trust_certs_file_path: str | None = None, tls_certificate_file_path: str | None = None,
+                 tls_private_key_file_path: str | None = None) -> None:
         self._service_urls = service_urls(service_url)
         self.service_url = self._service_urls[0]
         self._token = token
         self._failover_timeout_s = failover_timeout_s
-        self._http = httpx.AsyncClient(timeout=http_timeout_s, headers=auth_headers(token))
+        self._ssl = ClientTls(tls_trust_certs_file_path, tls_certificate_file_path, tls_private_key_file_path).context()
+        self._http = httpx.AsyncClient(timeout=http_timeout_s, headers=auth_headers(token), verify=self._ssl)
         self._children: weakref.WeakSet[_Closable] = weakref.WeakSet()
 
     async def __aenter__(self) -> AsyncClient:
@@ -263,7 +272,8 @@ class AsyncClient:
         _check_range("from_version", from_version, 0, 2**63 - 1)
         _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
         query = {"key": key, "fromKeyVersion": from_version, "receiverQueueSize": receiver_queue_size}
-        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/reader/{name.path}", query), self._token)
+        ws = await open_connection(ws_url(self.service_url, f"/ws/v2/reader/{name.path}", query), self._token,
+                                   self._ssl)
         return self._adopt(AsyncStreamReader(ws, name, key, from_version, receiver_queue_size,
                                              lambda: self.stream_info(name.full_name, key)))
 
@@ -288,7 +298,7 @@ class AsyncClient:
             try:
                 if base is None:
                     return await self._open_any(path, query)
-                return await open_connection(ws_url(base, path, query), self._token)
+                return await open_connection(ws_url(base, path, query), self._token, self._ssl)
             except ConnectError as exc:
                 owner_lost = exc.status == 0 and (base is not None or reconnecting)
                 if (owner_lost or _not_ready(exc)) and await backoff.wait():
@@ -300,7 +310,7 @@ class AsyncClient:
         failure: ConnectError | None = None
         for base in self._service_urls:
             try:
-                return await open_connection(ws_url(base, path, query), self._token)
+                return await open_connection(ws_url(base, path, query), self._token, self._ssl)
             except ConnectError as exc:
                 if exc.status != 0:
                     raise

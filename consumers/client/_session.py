@@ -1,6 +1,7 @@
 """One WebSocket session (producer, consumer or reader) of the asyncio client.
 
-Role: open the connection (with the ``Authorization: Bearer`` header), turn a refused upgrade
+Role: open the connection (with the ``Authorization: Bearer`` header; ``wss://`` with the
+client's TLS context), turn a refused upgrade
 into ``ConnectError`` carrying the broker's ``{code, message}``, run one task that reads every
 frame and hands it to the owner's ``on_frame``, and remember why the session ended.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -57,11 +59,13 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-async def open_connection(url: str, token: str | None) -> ClientConnection:
+async def open_connection(url: str, token: str | None, ssl_context: ssl.SSLContext | None = None) -> ClientConnection:
+    """A session on ``url``; a ``wss://`` one is reached with ``ssl_context`` (``consumers/tls.py``)."""
     try:
         return await connect(url, additional_headers=auth_headers(token) or None, max_size=WS_FRAME_BYTES_MAX,
                              open_timeout=OPEN_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S, compression=None,
-                             ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S)
+                             ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S,
+                             ssl=ssl_context if url.startswith("wss://") else None)
     except InvalidStatus as exc:
         raise _refusal(exc) from None
     except (OSError, TimeoutError, InvalidHandshake) as exc:

@@ -202,14 +202,24 @@ class Client:
     """``with Client("http://127.0.0.1:8080", token=...) as client: ...``"""
 
     def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
-                 http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S) -> None:
+                 http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S,
+                 tls_trust_certs_file_path: str | None = None, tls_certificate_file_path: str | None = None,
+                 tls_private_key_file_path: str | None = None) -> None:
+        """See ``AsyncClient`` (``https://`` URLs and the TLS options among them)."""
         self.service_url = service_url.rstrip("/")
         self._runner = _LoopThread()
 
         async def make() -> AsyncClient:
-            return AsyncClient(service_url, token, http_timeout_s=http_timeout_s, failover_timeout_s=failover_timeout_s)
+            return AsyncClient(service_url, token, http_timeout_s=http_timeout_s, failover_timeout_s=failover_timeout_s,
+                               tls_trust_certs_file_path=tls_trust_certs_file_path,
+                               tls_certificate_file_path=tls_certificate_file_path,
+                               tls_private_key_file_path=tls_private_key_file_path)
 
-        self._client = self._runner.call(make())
+        try:
+            self._client = self._runner.call(make())
+        except BaseException:
+            self._runner.stop()
+            raise
 
     def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
                         batching_max_messages: int = 1000, max_pending_messages: int = PENDING_MESSAGES_DEFAULT,

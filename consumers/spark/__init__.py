@@ -17,7 +17,10 @@ Source options (as Spark's Kafka source): ``service.url``; exactly one of ``topi
 earliest, -1 latest, and unnamed partitions start at earliest); ``startingTime`` (epoch ms,
 takes precedence over ``startingOffsets``); ``maxOffsetsPerTrigger``; ``failOnDataLoss``
 (default true); ``readChunkMessages`` (messages per range request, default 20,000); ``token``
-(a JWT sent as ``Authorization: Bearer``, for brokers with authentication on; source and sink).
+(a JWT sent as ``Authorization: Bearer``, for brokers with authentication on; source and sink);
+for an ``https://`` ``service.url``, ``tls.trust.certs.file.path`` (the authorities that signed
+the broker's certificate) and, for mutual TLS, ``tls.certificate.file.path`` and
+``tls.private.key.file.path`` (source and sink).
 Columns: ``key binary, value binary, topic string, partition int, offset long, messageId string,
 publishTime timestamp, eventTime timestamp, properties map<string,string>``; ``topic`` is the
 full name of the topic partition and ``partition`` its index (-1 for an unpartitioned topic).

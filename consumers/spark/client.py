@@ -21,22 +21,28 @@ Transport: range reads go over one keep-alive connection of the standard library
 ``http.client``, which reads an answer's body (megabytes of Arrow) with one call into one buffer;
 httpx receives it in 64 KiB pieces through its HTTP/1.1 parser and costs about five times the CPU
 per row, CPU that an executor needs for Spark itself. Everything else uses httpx, created on first
-use (an executor that only reads ranges never builds its TLS context).
+use. An ``https://`` broker is reached over TLS with the options ``tls.trust.certs.file.path``
+(the authorities that signed the broker's certificate) and, for mutual TLS,
+``tls.certificate.file.path`` and ``tls.private.key.file.path`` (``tls_of``; one context per
+``BrokerClient``, built on first use, so a plain-HTTP executor never builds one).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 import pyarrow as pa
+
+from consumers.tls import ClientTls
 
 HTTP_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 60.0
@@ -50,6 +56,13 @@ NEXT_OFFSET_HEADER = "X-Magnetar-Next-Offset"
 FIRST_OFFSET_HEADER = "X-Magnetar-First-Offset"
 DEFAULT_NAMESPACE = "public/default"
 PARTITION_SUFFIX = "-partition-"
+TLS_OPTIONS = ("tls.trust.certs.file.path", "tls.certificate.file.path", "tls.private.key.file.path")
+"""The source's and the sink's TLS options, in ``ClientTls``'s order."""
+
+
+def tls_of(options: Mapping[str, str]) -> ClientTls:
+    """The TLS options of a source or sink (``TLS_OPTIONS``; each may be absent)."""
+    return ClientTls(*(options.get(name) or None for name in TLS_OPTIONS))
 
 
 class BrokerHttpError(Exception):
@@ -149,7 +162,8 @@ class _RangeConnection:
 
     Calls must not overlap (a lock makes them wait for each other)."""
 
-    def __init__(self, service_url: str, headers: dict[str, str], timeout_s: float) -> None:
+    def __init__(self, service_url: str, headers: dict[str, str], timeout_s: float,
+                 ssl_context: Callable[[], ssl.SSLContext]) -> None:
         parts = urllib.parse.urlsplit(service_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"service.url {service_url!r} must be http://host:port or https://host:port")
@@ -159,13 +173,17 @@ class _RangeConnection:
         self._base_path = parts.path.rstrip("/")
         self._headers = headers
         self._timeout_s = timeout_s
+        self._ssl_context = ssl_context
         self._connection: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._connection is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._connection = kind(self._host, self._port, timeout=self._timeout_s)
+            if self._https:
+                self._connection = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout_s,
+                                                               context=self._ssl_context())
+            else:
+                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
         return self._connection
 
     def close(self) -> None:
@@ -209,17 +227,21 @@ class _RangeConnection:
 
 class BrokerClient:
     """One HTTP connection pool to a broker's ``service.url``; use as a context manager. With
-    ``token`` every request carries ``Authorization: Bearer <token>`` (brokers with auth on)."""
+    ``token`` every request carries ``Authorization: Bearer <token>`` (brokers with auth on);
+    ``tls`` says how an ``https://`` broker is trusted (and which certificate to present)."""
 
-    def __init__(self, service_url: str, *, token: str | None = None, timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    def __init__(self, service_url: str, *, token: str | None = None, timeout_s: float = HTTP_TIMEOUT_S,
+                 tls: ClientTls | None = None) -> None:
         self._service_urls = [u.strip().rstrip("/") for u in service_url.split(",") if u.strip()]
         if not self._service_urls:
             raise ValueError("service.url names no broker")
         self.service_url = self._service_urls[0]
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
+        self._tls = tls or ClientTls()
+        self._ssl: ssl.SSLContext | None = None
         self._http: httpx.Client | None = None
-        self._ranges = _RangeConnection(self.service_url, self._headers, timeout_s)
+        self._ranges = _RangeConnection(self.service_url, self._headers, timeout_s, self._ssl_context)
         self._owner_ranges: dict[str, _RangeConnection] = {}
         """Range-read connections to brokers other than the first listed, by base URL."""
         self._owners: dict[str, str] = {}
@@ -228,6 +250,12 @@ class BrokerClient:
 
     def __enter__(self) -> BrokerClient:
         return self
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        """The TLS context of this client's ``https://`` connections, built on first use."""
+        if self._ssl is None:
+            self._ssl = self._tls.context()
+        return self._ssl
 
     def __exit__(self, *_: object) -> None:
         self.close()
@@ -251,8 +279,9 @@ class BrokerClient:
 
     def _request_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         if self._http is None:
+            verify = self._ssl_context() if self._tls.given else True
             self._http = httpx.Client(timeout=self._timeout_s, headers=self._headers, follow_redirects=True,
-                                      max_redirects=REDIRECTS_MAX)
+                                      max_redirects=REDIRECTS_MAX, verify=verify)
         failure: Exception | None = None
         for base in self._service_urls:
             try:
@@ -328,7 +357,8 @@ class BrokerClient:
                     for stale in self._owner_ranges.values():
                         stale.close()
                     self._owner_ranges.clear()
-                connection = self._owner_ranges[base] = _RangeConnection(base, self._headers, self._timeout_s)
+                connection = self._owner_ranges[base] = _RangeConnection(base, self._headers, self._timeout_s,
+                                                                         self._ssl_context)
             return connection
 
     def produce(self, topic: str, body: dict[str, Any], *, partition: int | None = None) -> list[dict[str, Any]]:

@@ -47,7 +47,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, DataType, MapType, StringType, StructType, TimestampType
 
-from consumers.spark.client import BrokerClient, BrokerHttpError, full_topic_name
+from consumers.spark.client import BrokerClient, BrokerHttpError, full_topic_name, tls_of
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class MagnetarStreamWriter(DataSourceStreamArrowWriter):
             raise ValueError("the magnetar sink needs option 'service.url' (http://host:port)")
         self.service_url = service_url
         self.token = options.get("token") or None
+        self.tls = tls_of(options)
         topic = options.get("topic")
         self.default_topic = full_topic_name(topic) if topic else None
         check_sink_schema(schema, self.default_topic)
@@ -133,7 +134,7 @@ class MagnetarStreamWriter(DataSourceStreamArrowWriter):
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY)
         if batch_id is None or query_id is None:
             raise RuntimeError("the magnetar sink needs a streaming query (no micro-batch id in the task)")
-        task = _TaskWriter(BrokerClient(self.service_url, token=self.token), self.default_topic, query_id,
+        task = _TaskWriter(BrokerClient(self.service_url, token=self.token, tls=self.tls), self.default_topic, query_id,
                            int(batch_id), context.partitionId())
         with task:
             for batch in iterator:

@@ -33,7 +33,7 @@ import logging
 import re
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -47,7 +47,9 @@ from consumers.spark.client import (
     RangeRead,
     full_topic_name,
     partition_index,
+    tls_of,
 )
+from consumers.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,7 @@ class SourceOptions:
     max_offsets_per_trigger: int | None
     fail_on_data_loss: bool
     read_chunk_messages: int
+    tls: ClientTls
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -118,7 +121,7 @@ class SourceOptions:
                    fail_on_data_loss=_bool(options, "failOnDataLoss", default=True),
                    read_chunk_messages=_optional_int(options, "readChunkMessages", minimum=1,
                                                      maximum=READ_CHUNK_MESSAGES_MAX)
-                   or READ_CHUNK_MESSAGES_DEFAULT)
+                   or READ_CHUNK_MESSAGES_DEFAULT, tls=tls_of(options))
 
 
 def _parse_pattern(text: str) -> tuple[re.Pattern[str], str]:
@@ -191,6 +194,7 @@ class OffsetRange(InputPartition):
     until_offset: int
     fail_on_data_loss: bool
     read_chunk_messages: int
+    tls: ClientTls = field(default_factory=ClientTls)
 
 
 # --- the driver side --------------------------------------------------------------------------
@@ -207,7 +211,7 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _broker(self) -> BrokerClient:
         if self._client is None:
-            self._client = BrokerClient(self.options.service_url, token=self.options.token)
+            self._client = BrokerClient(self.options.service_url, token=self.options.token, tls=self.options.tls)
         return self._client
 
     def discover(self, *, timestamp_ms: int | None = None) -> dict[str, PartitionOffsets]:
@@ -298,7 +302,8 @@ class MagnetarStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 from_offset = 0
             if until > from_offset:
                 ranges.append(OffsetRange(self.options.service_url, self.options.token, name, from_offset, until,
-                                          self.options.fail_on_data_loss, self.options.read_chunk_messages))
+                                          self.options.fail_on_data_loss, self.options.read_chunk_messages,
+                                          self.options.tls))
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -356,7 +361,8 @@ def read_range(task: OffsetRange) -> Iterator[pa.RecordBatch]:
     while Spark consumes the current one, so the broker's work overlaps Spark's. Each chunk
     advances the offset, so the loop is bounded."""
     offset = task.from_offset
-    with BrokerClient(task.service_url, token=task.token) as broker, ThreadPoolExecutor(READ_AHEAD_CHUNKS) as fetcher:
+    with BrokerClient(task.service_url, token=task.token, tls=task.tls) as broker, \
+            ThreadPoolExecutor(READ_AHEAD_CHUNKS) as fetcher:
 
         def fetch(at: int) -> Future[RangeRead]:
             return fetcher.submit(broker.read_arrow, task.topic_partition, at,

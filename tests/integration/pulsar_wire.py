@@ -8,6 +8,7 @@ answers, with bounded waits.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 
@@ -62,8 +63,10 @@ def _varint(value: int) -> bytes:
 
 
 class RawConnection:
-    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection((host, port), timeout=READ_TIMEOUT_S)
+    def __init__(self, port: int, host: str = "127.0.0.1", *, ssl_context: ssl.SSLContext | None = None) -> None:
+        """A connection to ``host:port``; over TLS (``pulsar+ssl://``) with ``ssl_context``."""
+        sock = socket.create_connection((host, port), timeout=READ_TIMEOUT_S)
+        self.sock = sock if ssl_context is None else ssl_context.wrap_socket(sock, server_hostname=host)
         self.decoder = FrameDecoder(FRAME_BYTES_MAX)
         self.pending: list[pb.BaseCommand] = []
         self.closed_by_peer = False
@@ -80,10 +83,14 @@ class RawConnection:
     def send_command(self, built: pb.BaseCommand) -> None:
         self.send(command_frame(built))
 
-    def connect(self, protocol_version: int = 19, token: str | None = None) -> pb.BaseCommand:
+    def connect(self, protocol_version: int = 19, token: str | None = None, *,
+                method: str | None = None) -> pb.BaseCommand:
+        """CONNECT (with ``token``, or naming only the authentication ``method``, as ``tls``)."""
         body: dict[str, object] = {"client_version": "raw-test", "protocol_version": protocol_version}
         if token is not None:
             body.update(auth_method_name="token", auth_data=token.encode())
+        elif method is not None:
+            body.update(auth_method_name=method)
         self.send_command(command(T.CONNECT, connect=body))
         return self.expect(T.CONNECTED, T.ERROR)
 

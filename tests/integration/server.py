@@ -1,19 +1,20 @@
-"""A real uvicorn server on 127.0.0.1 with an ephemeral port, in a thread of the test process."""
+"""A real uvicorn server on 127.0.0.1 with an ephemeral port, in a thread of the test process:
+plain HTTP, or HTTPS only (``tls``) as a broker with ``webServicePort=`` empty serves it."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import uvicorn
 from fastapi import FastAPI
 
-from api.app import create_app, server_options
+from api.app import create_app
 from api.auth import AuthConfig
 from api.limits import EdgeLimits
+from api.tls import TlsConfig
+from api.web_server import WebListener, web_server
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Delivery
@@ -24,14 +25,15 @@ START_TIMEOUT_S = 30.0
 
 @contextmanager
 def running_app(data_dir: str, config: BrokerConfig | None = None, *, auth: AuthConfig | None = None,
-                limits: EdgeLimits | None = None) -> Iterator[tuple[str, FastAPI, BrokerService]]:
-    """``(url, app, service)`` of a server answering on an ephemeral port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+                limits: EdgeLimits | None = None,
+                tls: TlsConfig | None = None) -> Iterator[tuple[str, FastAPI, BrokerService]]:
+    """``(url, app, service)`` of a server answering on an ephemeral port; with ``tls`` only on
+    HTTPS (the URL says ``https://``)."""
     service = BrokerService(data_dir, config or BrokerConfig.test_min())
     app = create_app(service, auth=auth, limits=limits)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **server_options(app)))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    listener = WebListener("127.0.0.1", 0, None if tls is None else tls.server_context())
+    server = web_server(app, [listener], log_level="warning")
+    thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
     while not server.started:
@@ -39,17 +41,17 @@ def running_app(data_dir: str, config: BrokerConfig | None = None, *, auth: Auth
             raise AssertionError("uvicorn did not start")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, service
+        yield server.urls[0], app, service
     finally:
         server.should_exit = True
         thread.join(START_TIMEOUT_S)
-        sock.close()
 
 
 @contextmanager
 def running_server(data_dir: str, config: BrokerConfig | None = None, *, auth: AuthConfig | None = None,
-                   limits: EdgeLimits | None = None) -> Iterator[tuple[str, BrokerService]]:
-    with running_app(data_dir, config, auth=auth, limits=limits) as (url, _, service):
+                   limits: EdgeLimits | None = None,
+                   tls: TlsConfig | None = None) -> Iterator[tuple[str, BrokerService]]:
+    with running_app(data_dir, config, auth=auth, limits=limits, tls=tls) as (url, _, service):
         yield url, service
 
 

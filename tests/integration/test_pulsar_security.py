@@ -56,6 +56,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     config = directory / "standalone.conf"
     config.write_text(f"authenticationEnabled=true\ntokenSecretKey=file://{secret}\nsuperUserRoles=admin\n"
                       f"brokerServicePortTls={tls_port}\ntlsCertificateFilePath={cert}\ntlsKeyFilePath={key}\n"
+                      "webServicePortTls=0\n"  # the web service's TLS port is tested in test_tls.py
                       "authenticationRefreshCheckSeconds=1\n")
     with binary_broker(directory / "data", "--config", str(config)) as (http_url, pulsar_url, _):
         response = httpx.post(f"{http_url}/admin/v2/namespaces/public/default/permissions/writer",

@@ -9,12 +9,18 @@ the call may still fail on its merits, e.g. 404 for a missing topic).
 
 Roles: ``admin`` is a superuser; ``acme-admin`` administers tenant ``acme``; ``producer`` and
 ``consumer`` hold those grants on ``acme/apps``; ``nobody`` holds nothing.
+
+The walk runs once per listener kind (``LISTENERS``): plain HTTP, and HTTPS/WSS alone (plain off),
+as a broker with ``webServicePort=`` empty serves it.
 """
 
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,10 +29,12 @@ from fastapi import FastAPI
 from starlette.routing import BaseRoute, Mount
 
 from api.auth import AuthConfig
+from api.tls import TlsConfig
 from broker.service import BrokerService
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_app
 from tests.integration.ws_client import open_ws, refused_status, ws_base
+from tests.tls_material import make_material
 
 SECRET = b"route-walk-secret-route-walk-secret"
 PUBLIC, SUPERUSER, TENANT_ADMIN, PRODUCE, CONSUME = "public", "superuser", "tenant-admin", "produce", "consume"
@@ -146,18 +154,37 @@ def walk(routes: list[BaseRoute], prefix: str = "") -> Iterator[tuple[str, str]]
             yield from ((method, path) for method in sorted(methods) if method != "HEAD")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, FastAPI, BrokerService]]:
+LISTENERS = ["http", "https"]
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    app: FastAPI
+    service: BrokerService
+    ssl_context: ssl.SSLContext | None
+    """How a client trusts an ``https://`` server (None for ``http://``)."""
+
+
+@pytest.fixture(scope="module", params=LISTENERS)
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     auth = AuthConfig(enabled=True, secret_key=SECRET, superuser_roles=frozenset({"admin"}))
-    with running_app(str(tmp_path_factory.mktemp("routes") / "data"), auth=auth) as (url, app, service):
-        yield url, app, service
+    directory = tmp_path_factory.mktemp("routes")
+    tls, context = _tls(directory) if request.param == "https" else (None, None)
+    with running_app(str(directory / "data"), auth=auth, tls=tls) as (url, app, service):
+        yield Served(url, app, service, context)
+
+
+def _tls(directory: Path) -> tuple[TlsConfig, ssl.SSLContext]:
+    material = make_material(directory / "certs")
+    return TlsConfig(str(material.server.cert), str(material.server.key)), material.context()
 
 
 @pytest.fixture(autouse=True)
-def roles(served: tuple[str, FastAPI, BrokerService]) -> None:
+def roles(served: Served) -> None:
     """Tenant, namespace and grants as the roles need them (a destructive call before may have
     deleted them)."""
-    _, _, service = served
+    service = served.service
     if "acme" not in service.tenants():
         service.create_tenant("acme", {"adminRoles": ["acme-admin"]})
     service.update_tenant("acme", {"adminRoles": ["acme-admin"]})
@@ -175,38 +202,36 @@ def concrete(path: str) -> str:
     return re.sub(r"\{([\w:]+)\}", lambda m: VALUES[m.group(1)], path)
 
 
-def test_every_route_has_a_guard(served: tuple[str, FastAPI, BrokerService]) -> None:
-    _, app, _ = served
-    routes = set(walk(app.routes))
+def test_every_route_has_a_guard(served: Served) -> None:
+    routes = set(walk(served.app.routes))
     unguarded = sorted(routes - set(GUARDS))
     assert not unguarded, f"routes without an authorization decision in GUARDS: {unguarded}"
     assert not sorted(set(GUARDS) - routes), "GUARDS names routes the app no longer has"
 
 
-def call(url: str, method: str, path: str, role: str | None) -> int:
+def call(served: Served, method: str, path: str, role: str | None) -> int:
     body = BODIES.get((method, path))
-    with httpx.Client(base_url=url, timeout=30) as http:
+    with httpx.Client(base_url=served.url, timeout=30, verify=served.ssl_context or True) as http:
         answer = http.request(method, concrete(path), params=QUERY, headers=headers(role),
                               json=body if role is not None else None)
     return answer.status_code
 
 
-def ws_status(url: str, path: str, role: str | None) -> int:
-    target = f"{ws_base(url)}{concrete(path)}?" + "&".join(f"{k}={v}" for k, v in QUERY.items())
+def ws_status(served: Served, path: str, role: str | None) -> int:
+    target = f"{ws_base(served.url)}{concrete(path)}?" + "&".join(f"{k}={v}" for k, v in QUERY.items())
     try:
-        status, _ = refused_status(target, **headers(role))
+        status, _ = refused_status(target, served.ssl_context, **headers(role))
     except AssertionError:  # the upgrade was accepted
         return 101
     return status
 
 
 @pytest.mark.parametrize(("method", "path"), sorted(GUARDS))
-def test_the_route_demands_its_permission(served: tuple[str, FastAPI, BrokerService], method: str, path: str) -> None:
-    url, _, _ = served
+def test_the_route_demands_its_permission(served: Served, method: str, path: str) -> None:
     guard = GUARDS[(method, path)]
 
     def status(role: str | None) -> int:
-        return ws_status(url, path, role) if method == "WEBSOCKET" else call(url, method, path, role)
+        return ws_status(served, path, role) if method == "WEBSOCKET" else call(served, method, path, role)
 
     if guard == PUBLIC:
         assert status(None) not in (401, 403)
@@ -217,15 +242,13 @@ def test_the_route_demands_its_permission(served: tuple[str, FastAPI, BrokerServ
     assert status(ALLOWED[guard]) not in (401, 403), f"{ALLOWED[guard]} has {guard}"
 
 
-def test_an_accepted_websocket_really_opens(served: tuple[str, FastAPI, BrokerService]) -> None:
-    url, _, _ = served
-    with open_ws(f"{ws_base(url)}/ws/v2/reader/persistent/acme/apps/events?messageId=earliest",
-                 **headers("consumer")):
+def test_an_accepted_websocket_really_opens(served: Served) -> None:
+    with open_ws(f"{ws_base(served.url)}/ws/v2/reader/persistent/acme/apps/events?messageId=earliest",
+                 served.ssl_context, **headers("consumer")):
         pass
 
 
-def test_a_lookup_is_allowed_to_producers_and_consumers_alike(served: tuple[str, FastAPI, BrokerService]) -> None:
-    url, _, _ = served
+def test_a_lookup_is_allowed_to_producers_and_consumers_alike(served: Served) -> None:
     path = "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"
-    assert call(url, "GET", path, "producer") == 200
-    assert call(url, "GET", path, "consumer") == 200
+    assert call(served, "GET", path, "producer") == 200
+    assert call(served, "GET", path, "consumer") == 200

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 from typing import Any
 
 from websockets.exceptions import InvalidStatus
@@ -18,11 +19,14 @@ QUIET_TIMEOUT_S = 0.5
 
 
 def ws_base(http_url: str) -> str:
-    return http_url.replace("http://", "ws://", 1)
+    """``ws://`` for an ``http://`` URL, ``wss://`` for an ``https://`` one."""
+    return "ws" + http_url.removeprefix("http")
 
 
-def open_ws(url: str, **headers: str) -> ClientConnection:
-    return connect(url, additional_headers=headers or None, open_timeout=RECV_TIMEOUT_S, max_size=16 * 1024 * 1024)
+def open_ws(url: str, ssl_context: ssl.SSLContext | None = None, /, **headers: str) -> ClientConnection:
+    """A session on ``url`` (``wss://`` ones trusting ``ssl_context``), with ``headers``."""
+    return connect(url, additional_headers=headers or None, open_timeout=RECV_TIMEOUT_S, max_size=16 * 1024 * 1024,
+                   ssl=ssl_context if url.startswith("wss://") else None)
 
 
 def send_frame(ws: ClientConnection, frame: dict[str, Any]) -> None:
@@ -68,10 +72,11 @@ def receive(ws: ClientConnection, count: int, *, ack: bool = True) -> list[dict[
     return messages
 
 
-def refused_status(url: str, **headers: str) -> tuple[int, dict[str, Any]]:
+def refused_status(url: str, ssl_context: ssl.SSLContext | None = None, /,
+                   **headers: str) -> tuple[int, dict[str, Any]]:
     """The HTTP status and JSON body with which the server refuses a WebSocket upgrade."""
     try:
-        with open_ws(url, **headers):
+        with open_ws(url, ssl_context, **headers):
             pass
     except InvalidStatus as exc:
         body: dict[str, Any] = json.loads(bytes(exc.response.body or b"{}") or b"{}")

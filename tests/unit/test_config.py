@@ -1,4 +1,4 @@
-"""Standalone configuration from Pulsar-style ``key=value`` files (api/config.py)."""
+"""Standalone configuration from Pulsar-style ``key=value`` files (api/config.py), TLS keys included."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from api.config import ConfigError, StandaloneConfig, parse_properties
+from tests.tls_material import TlsMaterial, make_material
 
 
 def test_defaults_run_without_auth_on_port_8080() -> None:
@@ -101,3 +102,68 @@ def test_the_binary_protocols_per_role_shares_are_read_and_checked() -> None:
     for key in ("brokerMaxConnectionsPerRole", "maxTopicListWatchersPerRole"):
         with pytest.raises(ConfigError, match=key):
             StandaloneConfig.load(None, {key: "0"})
+
+
+# --- listeners and TLS -------------------------------------------------------------------------------
+TOKEN_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+TLS_PROVIDER = "org.apache.pulsar.broker.authentication.AuthenticationProviderTls"
+
+
+@pytest.fixture(scope="module")
+def material(tmp_path_factory: pytest.TempPathFactory) -> TlsMaterial:
+    return make_material(tmp_path_factory.mktemp("certs"))
+
+
+def tls_keys(material: TlsMaterial, **more: str) -> dict[str, str]:
+    return {"tlsCertificateFilePath": str(material.server.cert), "tlsKeyFilePath": str(material.server.key),
+            "tlsTrustCertsFilePath": str(material.ca.cert), **more}
+
+
+def test_certificates_turn_the_tls_listeners_on_beside_the_plain_ones(material: TlsMaterial) -> None:
+    config = StandaloneConfig.load(None, tls_keys(material))
+    assert (config.port, config.tls_port, config.pulsar.port, config.pulsar.tls_port) == (8080, 8443, 6650, 6651)
+    assert config.pulsar.tls_enabled and config.tls.protocols == ("TLSv1.3", "TLSv1.2")
+    assert not config.tls.require_trusted_client_cert and config.tls.verifies_clients
+
+
+def test_an_empty_port_key_turns_its_listener_off(material: TlsMaterial) -> None:
+    config = StandaloneConfig.load(None, tls_keys(material, webServicePort="", brokerServicePort="",
+                                                  webServicePortTls="9443", brokerServicePortTls="0"))
+    assert (config.port, config.tls_port, config.pulsar.port, config.pulsar.tls_port) == (0, 9443, 0, 0)
+    assert StandaloneConfig.load(None, {}).tls_port == 0  # no certificate, no TLS listener
+
+
+def test_providers_and_handshake_keys(material: TlsMaterial) -> None:
+    config = StandaloneConfig.load(None, tls_keys(
+        material, authenticationEnabled="true", authenticationProviders=f" {TLS_PROVIDER} ",
+        tlsRequireTrustedClientCertOnConnect="true", tlsProtocols="TLSv1.3"))
+    assert config.auth.providers == ("tls",) and config.auth.secret_key is None  # no token key needed
+    assert config.tls.require_trusted_client_cert and config.tls.protocols == ("TLSv1.3",)
+    both = StandaloneConfig.load(None, tls_keys(material, authenticationEnabled="true", tokenSecretKey="data:;base64,"
+                                                + base64.b64encode(b"k" * 32).decode(),
+                                                authenticationProviders=f"{TOKEN_PROVIDER},{TLS_PROVIDER}"))
+    assert both.auth.providers == ("token", "tls")
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"webServicePort": "", "webServicePortTls": ""}, "nothing would serve HTTP"),
+    ({"webServicePort": "0"}, "nothing would serve HTTP"),
+    ({"webServicePortTls": "8443"}, "webServicePortTls needs tlsCertificateFilePath"),
+    ({"brokerServicePortTls": "6651"}, "brokerServicePortTls needs tlsCertificateFilePath"),
+    ({"tlsCertificateFilePath": "CERT"}, "both tlsCertificateFilePath and tlsKeyFilePath"),
+    ({"tls": "yes", "tlsProtocols": "TLSv1.1"}, "tlsProtocols .*not TLSv1.1"),
+    ({"tls": "yes", "tlsTrustCertsFilePath": "", "tlsRequireTrustedClientCertOnConnect": "true"},
+     "tlsRequireTrustedClientCertOnConnect=true needs tlsTrustCertsFilePath"),
+    ({"tls": "yes", "tlsAllowInsecureConnection": "true", "tlsRequireTrustedClientCertOnConnect": "true"},
+     "tlsAllowInsecureConnection=false"),
+    ({"tls": "yes", "tlsKeyFilePath": "CA_KEY"}, "tlsCertificateFilePath, tlsKeyFilePath or tlsTrustCertsFilePath"),
+    ({"authenticationEnabled": "true", "authenticationProviders": TLS_PROVIDER}, "AuthenticationProviderTls needs"),
+    ({"authenticationEnabled": "true", "authenticationProviders": "org.example.Basic"}, "not org.example.Basic"),
+    ({"tls": "yes", "webServicePortTls": "8080"}, "are both 8080"),
+])
+def test_bad_listener_and_tls_values_name_the_key(material: TlsMaterial, keys: dict[str, str], message: str) -> None:
+    values = tls_keys(material) if keys.pop("tls", None) else {}
+    replacements = {"CERT": str(material.server.cert), "CA_KEY": str(material.ca.key)}
+    values.update({k: replacements.get(v, v) for k, v in keys.items()})
+    with pytest.raises(ConfigError, match=message):
+        StandaloneConfig.load(None, values)
