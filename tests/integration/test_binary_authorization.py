@@ -8,7 +8,9 @@ Roles: ``admin`` is a superuser; tenant ``secret`` (namespace ``secret/ns``) is 
 - the command walk: every ``BaseCommand`` type a client may send is in the broker's table of
   permissions (``api/pulsar/permissions.py``), and each command naming a topic or a namespace
   is refused to a role without the permission, alike for an existing and a missing name, and
-  served to one with it (a new command without a decision fails the walk);
+  served to one with it (a new command without a decision fails the walk); the walk and the
+  GET_SCHEMA check run once on the plain listener and once on a broker with TLS on and the
+  plain ports off (``webServicePort=``, ``brokerServicePort=``);
 - revoking a grant closes the role's binary producers (CLOSE_PRODUCER, later sends refused)
   and consumers (CLOSE_CONSUMER, nothing more delivered), raw and with the official client;
 - the 5,000th producer of a topic costs what the first does (create, send, close), and the
@@ -24,7 +26,10 @@ import contextlib
 import itertools
 import json
 import os
+import ssl
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +45,8 @@ from api.pulsar.session import BROKER_ONLY
 from consumers.cli.tokens import create_token
 from tests.integration.pulsar_support import binary_broker, client
 from tests.integration.pulsar_wire import RawConnection, T, command, entry, send_frame
+from tests.standalone import REPO_ROOT, free_port, stop, wait_healthy
+from tests.tls_material import make_material
 
 SECRET = b"binary-authorization-secret-0123456789"
 SCHEMA_DEFINITION = json.dumps({"type": "record", "name": "Salary", "fields": [
@@ -59,6 +66,8 @@ class Broker:
     port: int
     pulsar_url: str
     pid: int
+    ssl_context: ssl.SSLContext | None = None
+    """How a client trusts the broker when it serves TLS only (None: plain listeners)."""
 
     def cpu_s(self) -> float:
         """CPU seconds the broker process used so far (every thread), from ``/proc/PID/stat``."""
@@ -70,9 +79,9 @@ def token(role: str) -> str:
     return create_token(role, secret_key=SECRET)
 
 
-def admin(method: str, url: str, body: object = None) -> None:
+def admin(method: str, url: str, body: object = None, verify: ssl.SSLContext | bool = True) -> None:
     response = httpx.request(method, url, json=body, headers={"Authorization": f"Bearer {token('admin')}"},
-                             timeout=30)
+                             verify=verify, timeout=30)
     assert response.status_code in (200, 204), f"{method} {url}: {response.status_code} {response.text}"
 
 
@@ -84,29 +93,68 @@ def revoke(broker: Broker, namespace: str, role: str) -> None:
     admin("DELETE", f"{broker.http_url}/admin/v2/namespaces/{namespace}/permissions/{role}")
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    directory = tmp_path_factory.mktemp("binary-authorization")
+def _configuration(directory: Path, **keys: str) -> Path:
     secret = directory / "secret.key"
     secret.write_bytes(SECRET)
     config = directory / "standalone.conf"
     config.write_text(f"authenticationEnabled=true\ntokenSecretKey=file://{secret}\nsuperUserRoles=admin\n"
-                      f"brokerMaxConnectionsPerRole={CONNECTIONS_PER_ROLE}\n")
+                      f"brokerMaxConnectionsPerRole={CONNECTIONS_PER_ROLE}\n"
+                      + "".join(f"{key}={value}\n" for key, value in keys.items()))
+    return config
+
+
+def _prepare(found: Broker) -> Broker:
+    """Tenant ``secret`` with its schema'd topic, and the grants the roles need."""
+    url, verify = found.http_url, found.ssl_context or True
+    admin("PUT", f"{url}/admin/v2/tenants/secret", {"adminRoles": [], "allowedClusters": ["standalone"]}, verify)
+    admin("PUT", f"{url}/admin/v2/namespaces/secret/ns", verify=verify)
+    admin("POST", f"{url}/admin/v2/namespaces/secret/ns/permissions/alice", ["produce", "consume"], verify)
+    admin("POST", f"{url}/admin/v2/namespaces/public/default/permissions/mallory", ["produce", "consume"], verify)
+    admin("PUT", f"{url}/admin/v2/persistent/secret/ns/payroll", verify=verify)
+    admin("POST", f"{url}/admin/v2/schemas/secret/ns/payroll/schema",
+          {"type": "JSON", "schema": SCHEMA_DEFINITION, "properties": {"owner": "payroll-team"}}, verify)
+    return found
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    directory = tmp_path_factory.mktemp("binary-authorization")
+    config = _configuration(directory)
     with binary_broker(directory / "data", "--config", str(config)) as (http_url, pulsar_url, proc):
-        found = Broker(http_url, int(pulsar_url.rsplit(":", 1)[1]), pulsar_url, proc.pid)
-        admin("PUT", f"{http_url}/admin/v2/tenants/secret", {"adminRoles": [], "allowedClusters": ["standalone"]})
-        admin("PUT", f"{http_url}/admin/v2/namespaces/secret/ns")
-        grant(found, "secret/ns", "alice", ["produce", "consume"])
-        grant(found, "public/default", "mallory", ["produce", "consume"])
-        admin("PUT", f"{http_url}/admin/v2/persistent/secret/ns/payroll")
-        admin("POST", f"{http_url}/admin/v2/schemas/secret/ns/payroll/schema",
-              {"type": "JSON", "schema": SCHEMA_DEFINITION, "properties": {"owner": "payroll-team"}})
-        yield found
+        yield _prepare(Broker(http_url, int(pulsar_url.rsplit(":", 1)[1]), pulsar_url, proc.pid))
+
+
+@pytest.fixture(scope="module")
+def tls_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """The same broker with TLS on and the plain listeners off, started by its configuration alone."""
+    directory = tmp_path_factory.mktemp("binary-authorization-tls")
+    material = make_material(directory / "certs")
+    web_port, pulsar_port = free_port(), free_port()
+    config = _configuration(directory, webServicePort="", brokerServicePort="", webServicePortTls=str(web_port),
+                            brokerServicePortTls=str(pulsar_port), tlsCertificateFilePath=str(material.server.cert),
+                            tlsKeyFilePath=str(material.server.key), tlsTrustCertsFilePath=str(material.ca.cert))
+    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "standalone", "--data-dir", str(directory / "data"),
+                             "--host", "127.0.0.1", "--config", str(config), "--log-level", "warning"],
+                            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        web_url = f"https://127.0.0.1:{web_port}"
+        wait_healthy(f"{web_url}/healthz", proc, verify=material.context())
+        yield _prepare(Broker(web_url, pulsar_port, f"pulsar+ssl://127.0.0.1:{pulsar_port}", proc.pid,
+                              material.context()))
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(params=["plain", "tls-only"])
+def walked(request: pytest.FixtureRequest) -> Broker:
+    """The broker a walk runs against: each walk runs on both listener kinds."""
+    found: Broker = request.getfixturevalue("broker" if request.param == "plain" else "tls_only")
+    return found
 
 
 @contextlib.contextmanager
 def connected(broker: Broker, role: str) -> Iterator[RawConnection]:
-    with RawConnection(broker.port) as conn:
+    with RawConnection(broker.port, ssl_context=broker.ssl_context) as conn:
         assert conn.connect(token=token(role)).type == T.CONNECTED
         yield conn
 
@@ -117,11 +165,11 @@ def get_schema(conn: RawConnection, topic: str, request_id: int) -> pb.CommandGe
     return conn.expect(T.GET_SCHEMA_RESPONSE).getSchemaResponse
 
 
-def test_get_schema_is_refused_alike_for_a_forbidden_and_a_missing_topic(broker: Broker) -> None:
-    with connected(broker, "alice") as alice:
+def test_get_schema_is_refused_alike_for_a_forbidden_and_a_missing_topic(walked: Broker) -> None:
+    with connected(walked, "alice") as alice:
         allowed = get_schema(alice, SECRET_TOPIC, 1)
         assert allowed.schema.schema_data == SCHEMA_DEFINITION.encode()  # the control: alice reads it
-    with connected(broker, "mallory") as mallory:
+    with connected(walked, "mallory") as mallory:
         forbidden = get_schema(mallory, SECRET_TOPIC, 1)
         missing = get_schema(mallory, MISSING_TOPIC, 1)
     assert forbidden.error_code == pb.AuthorizationError, forbidden
@@ -129,8 +177,9 @@ def test_get_schema_is_refused_alike_for_a_forbidden_and_a_missing_topic(broker:
     assert (missing.error_code, missing.HasField("schema")) == (forbidden.error_code, False)
     assert missing.error_message.replace(MISSING_TOPIC, "<topic>") == \
         forbidden.error_message.replace(SECRET_TOPIC, "<topic>")
-    http = httpx.get(f"{broker.http_url}/admin/v2/schemas/secret/ns/payroll/schema",
-                     headers={"Authorization": f"Bearer {token('mallory')}"}, timeout=30)
+    http = httpx.get(f"{walked.http_url}/admin/v2/schemas/secret/ns/payroll/schema",
+                     headers={"Authorization": f"Bearer {token('mallory')}"}, verify=walked.ssl_context or True,
+                     timeout=30)
     assert http.status_code == 403  # the HTTP twin's answer
 
 
@@ -207,9 +256,9 @@ def named(kind: int, topic: str) -> str:
 
 
 @pytest.mark.parametrize("kind", [k for k in CLIENT_COMMANDS if k in NAMED_REQUESTS], ids=T.Name)
-def test_a_command_naming_a_topic_demands_its_permission(broker: Broker, kind: int) -> None:
+def test_a_command_naming_a_topic_demands_its_permission(walked: Broker, kind: int) -> None:
     build = NAMED_REQUESTS[kind]
-    with connected(broker, "mallory") as mallory:
+    with connected(walked, "mallory") as mallory:
         mallory.send_command(build(named(kind, SECRET_TOPIC), 1))
         forbidden = answer_of(mallory)
         mallory.send_command(build(named(kind, MISSING_TOPIC) if COMMANDS[kind].needs is Needs.TOPIC
@@ -217,16 +266,16 @@ def test_a_command_naming_a_topic_demands_its_permission(broker: Broker, kind: i
         missing = answer_of(mallory)
     assert forbidden[1] == pb.AuthorizationError, f"{T.Name(kind)} for mallory answered {forbidden}"
     assert missing[:2] == forbidden[:2], f"a missing name answered {missing}, a forbidden one {forbidden}"
-    with connected(broker, "alice") as alice:
+    with connected(walked, "alice") as alice:
         alice.send_command(build(named(kind, SECRET_TOPIC), 1))
         allowed = answer_of(alice)
     assert allowed[1] not in (pb.AuthorizationError, pb.AuthenticationError), f"alice was refused: {allowed}"
 
 
 @pytest.mark.parametrize("kind", [k for k in CLIENT_COMMANDS if k in OWNED_REQUESTS], ids=T.Name)
-def test_a_command_naming_another_connections_id_reaches_nothing(broker: Broker, kind: int) -> None:
+def test_a_command_naming_another_connections_id_reaches_nothing(walked: Broker, kind: int) -> None:
     """Ids are per connection: alice's producer, consumer and watch 7 are not mallory's 7."""
-    with connected(broker, "alice") as alice, connected(broker, "mallory") as mallory:
+    with connected(walked, "alice") as alice, connected(walked, "mallory") as mallory:
         alice.send_command(command(T.PRODUCER, producer={"topic": SECRET_TOPIC, "producer_id": 7, "request_id": 1}))
         alice.expect(T.PRODUCER_SUCCESS)
         alice.send_command(command(T.SUBSCRIBE, subscribe={
@@ -250,8 +299,8 @@ def test_a_command_naming_another_connections_id_reaches_nothing(broker: Broker,
 
 
 @pytest.mark.parametrize("kind", sorted(k for k, r in COMMANDS.items() if r.needs is Needs.UNSUPPORTED), ids=T.Name)
-def test_an_unsupported_command_is_refused_to_everyone(broker: Broker, kind: int) -> None:
-    with connected(broker, "admin") as conn:
+def test_an_unsupported_command_is_refused_to_everyone(walked: Broker, kind: int) -> None:
+    with connected(walked, "admin") as conn:
         conn.send_command(pb.BaseCommand(type=kind))  # type: ignore[arg-type]
         got = conn.next()
         assert got is None or (got.type == T.ERROR and got.error.error == pb.NotAllowedError), got
