@@ -62,8 +62,16 @@ def _varint(value: int) -> bytes:
 
 
 class RawConnection:
-    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection((host, port), timeout=READ_TIMEOUT_S)
+    def __init__(self, port: int, host: str = "127.0.0.1", *, receive_buffer_bytes: int | None = None) -> None:
+        """``receive_buffer_bytes`` sets the socket's receive buffer before it connects (a small
+        one makes a client that stops reading hold the broker back at once)."""
+        if receive_buffer_bytes is None:
+            self.sock = socket.create_connection((host, port), timeout=READ_TIMEOUT_S)
+        else:
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+            self.sock.settimeout(READ_TIMEOUT_S)
+            self.sock.connect((host, port))
         self.decoder = FrameDecoder(FRAME_BYTES_MAX)
         self.pending: list[pb.BaseCommand] = []
         self.closed_by_peer = False
