@@ -13,9 +13,11 @@ defaults, which keep nothing that no subscription holds), the binary protocol's
 ``brokerServicePort`` (6650; 0 turns it off), ``brokerServicePortTls`` (6651 when
 ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are set), ``tlsTrustCertsFilePath``,
 ``advertisedAddress``, ``maxMessageSize`` and ``authenticationRefreshCheckSeconds``; plus
-``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys Magnetar does not
-use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one warning, so a
-misspelt key does not go unnoticed.
+``dataDir``, the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``) and the broker's memory
+bounds (``BROKER_BOUNDS``: ``dispatcherMaxReadSizeBytes``,
+``dispatcherMaxPendingBytesPerConsumer``, ``managedLedgerMaxReadsInFlightSizeInMB``,
+``maxMessagePublishBufferSizeInMB``). Keys Magnetar does not use are ignored, so a full Pulsar
+``standalone.conf`` loads, and named in one warning, so a misspelt key does not go unnoticed.
 
 Invariant: a bad value (not a number, an unreadable key file, authentication on without a key)
 raises ``ConfigError`` naming the key, before anything starts.
@@ -29,6 +31,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from api.auth import AuthConfig
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
@@ -38,12 +41,22 @@ from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)
 
+MIB = 1024 * 1024
+BROKER_BOUNDS = (  # standalone.conf key, BrokerConfig field, unit in bytes, accepted range in that unit
+    ("dispatcherMaxReadSizeBytes", "dispatch_read_bytes_max", 1, (4096, 256 * MIB)),
+    ("dispatcherMaxPendingBytesPerConsumer", "consumer_pending_bytes_max", 1, (4096, 256 * MIB)),
+    ("managedLedgerMaxReadsInFlightSizeInMB", "reads_in_flight_bytes_max", MIB, (0, 1024 * 1024)),
+    ("maxMessagePublishBufferSizeInMB", "publish_buffer_bytes_max", MIB, (0, 1024 * 1024)),
+)
+"""The broker's memory bounds: Pulsar's keys where Pulsar has them
+(``dispatcherMaxPendingBytesPerConsumer`` is Magnetar's); 0 turns a broker-wide budget off."""
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
-              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS)
+              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
+              *(bound[0] for bound in BROKER_BOUNDS))
 RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
@@ -84,7 +97,8 @@ class StandaloneConfig:
                 auto_create_topics=_flag(values, "allowAutoTopicCreation", True),
                 dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True),
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
-                default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB")),
+                default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
+                **_broker_bounds(values)),
             auth=_auth(values),
             limits=_limits(values),
             pulsar=_pulsar(values, values.get("bindAddress", cls.host)),
@@ -130,6 +144,19 @@ def _retention(values: Mapping[str, str], key: str) -> int:
     if not -1 <= value <= RETENTION_LIMIT_MAX:
         raise ConfigError(f"{key} must be -1 (unlimited) or in 0..{RETENTION_LIMIT_MAX}, not {value}")
     return value
+
+
+def _broker_bounds(values: Mapping[str, str]) -> dict[str, Any]:
+    """The ``BrokerConfig`` fields ``BROKER_BOUNDS`` keys set (Any: ``dataclasses.replace`` takes them by name)."""
+    settings: dict[str, Any] = {}
+    for key, name, unit, (low, high) in BROKER_BOUNDS:
+        if values.get(key) in (None, ""):
+            continue
+        value = _integer(values, key, 0)
+        if not low <= value <= high:
+            raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
+        settings[name] = value * unit
+    return settings
 
 
 def _limits(values: Mapping[str, str]) -> EdgeLimits:

@@ -19,13 +19,29 @@ messages are waiting.
 
 Flow control: a consumer receives only while it has permits (``receiverQueueSize`` in push
 mode, explicit in pull mode). Unacknowledged limits per consumer (messages, and payload bytes:
-``unacked_bytes_max``, so large messages cannot pin gigabytes in one slow consumer) and per
-subscription pause delivery at the limit and resume at half; a consumer holding nothing
-always gets one message, however large. A consumer configured with ``whole_entries`` (the
-binary protocol's: Pulsar's clients acknowledge a batch as one) gets the rest of an entry with
-its first message, past its permits, as Pulsar's broker delivers. The dispatcher reads only as many entries as the
-consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
-the broker buffer without bound.
+``unacked_bytes_max``) and per subscription pause delivery at the limit and resume at half; a
+consumer holding nothing always gets one message, however large. A consumer configured with
+``whole_entries`` (the binary protocol's: Pulsar's clients acknowledge a batch as one) gets the
+rest of an entry with its first message, past its permits, as Pulsar's broker delivers.
+
+Memory, in bytes (``footprint``: a decoded message costs its payload twice, as stored entry and
+as copy, plus ``DECODED_MESSAGE_BYTES`` of objects, so a batch of many small messages counts
+truly):
+
+- A read takes as many entries as the consumers' permits need, at most ``READ_BATCH_ENTRIES``
+  and ``SubscriptionLimits.read_bytes_max`` of entry bytes, and no more than the consumers that
+  can take have room for; it always takes one entry, however large.
+- Deliveries wait in a consumer's outbox until its transport takes them (``poll``/``poll_all``);
+  a consumer whose outbox holds ``consumer_pending_bytes_max`` gets nothing more until the
+  transport took them, which it does only while its connection drains: a client that stops
+  reading is held back by TCP, never buffered. Taking from a full outbox asks for a dispatch.
+- What a consumer holds unacknowledged, and what waits for redelivery or for its delay, is kept
+  as positions only (its ``_Item`` without message or entry bytes); it is read again from the
+  managed ledger when it is delivered again, so a consumer that never acknowledges pins no
+  payloads.
+- What the dispatcher holds decoded (read ahead, or in outboxes) is added to the broker-wide
+  reads-in-flight budget (``broker/byte_budget.py``) at the end of each dispatch round and each
+  take; while the budget refuses, no read starts and the subscription waits for a wake-up.
 
 Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
 consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
@@ -52,18 +68,27 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
 import mmh3
 
+from broker.byte_budget import ByteBudget
 from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_messages
-from broker.errors import ConsumerBusy, InvalidRequest, NotAllowed
+from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NoSuchEntry, NotAllowed, NotFound
+from broker.managed_ledger import Entry
 from broker.message_id import MessageId
 
 KEY_HASH_RANGE = 65536
 POINTS_PER_CONSUMER = 100
 READ_BATCH_ENTRIES = 100
+DECODED_MESSAGE_BYTES = 640
+"""What one decoded message holds beside its payload: its ``DecodedMessage``, dispatch item,
+delivery and message id (about 600 bytes measured with tracemalloc)."""
+_PAYLOAD = itemgetter(2)
+"""``DecodedMessage.payload`` (a named tuple's third field), for ``map``."""
+_SIZE = attrgetter("size")
 PENDING_MESSAGES_MAX = 10_000
 REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
 REDELIVERY_PROPERTY_PREFIX = "rc:"
@@ -111,9 +136,27 @@ class ConsumerConfig:
     maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
 
 
+def footprint(messages: int, payload_bytes: int) -> int:
+    """The memory ``messages`` decoded messages with ``payload_bytes`` of payloads hold: each
+    payload twice (in the stored entry and as the message's copy) and each message's objects.
+    Linear, so a run's footprint is the sum of its messages'."""
+    return 2 * payload_bytes + messages * DECODED_MESSAGE_BYTES
+
+
+def footprint_of(messages: list[DecodedMessage]) -> int:
+    """:func:`footprint` of decoded ``messages`` (one entry's, say)."""
+    return footprint(len(messages), sum(map(len, map(_PAYLOAD, messages))))
+
+
 @dataclass(frozen=True)
 class SubscriptionLimits:
     unacked_messages_max: int = 200_000
+    read_bytes_max: int = 1024 * 1024
+    """Entry bytes one read takes at most (Pulsar's ``dispatcherMaxReadSizeBytes``); one entry
+    is always read, however large."""
+    consumer_pending_bytes_max: int = 1024 * 1024
+    """Footprint of deliveries waiting in one consumer's outbox for its transport; at the bound
+    the consumer gets nothing more until the transport took them (one run always goes)."""
 
 
 class Delivery(NamedTuple):
@@ -135,15 +178,19 @@ class Delivery(NamedTuple):
 
 @dataclass(order=True, slots=True)
 class _Item:
-    """A message waiting for dispatch (ordered by offset)."""
+    """A message of the subscription (ordered by offset): decoded while it waits for dispatch;
+    a position only (``message`` and ``entry_data`` None) while a consumer holds it
+    unacknowledged or it waits for redelivery or its delay, read again when delivered again."""
 
     offset: int
     message_id: MessageId = field(compare=False)
-    message: DecodedMessage = field(compare=False)
+    message: DecodedMessage | None = field(compare=False)
     publish_time_ms: int = field(compare=False)
     key_hash: int = field(compare=False)
     deliver_at_ms: int = field(compare=False, default=0)
     entry_data: bytes | None = field(compare=False, default=None)
+    size: int = field(compare=False, default=0)
+    """The payload's length in bytes."""
 
 
 def _hash_of(message: DecodedMessage) -> int:
@@ -201,57 +248,73 @@ class SubscriptionStats:
                    0, 0, 0, 0, 0, 0.0, 0.0, 0.0, cursor.mark_delete_offset, cursor.read_offset, ())
 
 
+@dataclass(slots=True, eq=False)
+class _Held:
+    """Messages of one entry delivered together to one consumer and not yet acknowledged, as a
+    position: one record shared by their offsets in ``UnackedMessages``, so a batch of many
+    messages costs a dict slot per message, not an object."""
+
+    ledger_id: int
+    entry_id: int
+    partition: int
+    entry_first_offset: int
+    """The offset of the entry's batch index 0; -1 for a lone message (its id has no batch index)."""
+    publish_time_ms: int
+    size_each: int
+    """Payload bytes counted for each message: the run's average (so that ``UnackedMessages.bytes``
+    goes back to exactly zero)."""
+
+    def message_id(self, offset: int) -> MessageId:
+        first = self.entry_first_offset
+        return MessageId.of_stored(self.ledger_id, self.entry_id, self.partition, -1 if first < 0 else offset - first)
+
+    def item(self, offset: int) -> _Item:
+        """The message at ``offset`` as a dispatch item again, a position: read again (and its
+        key hashed again) when it is delivered again."""
+        return _Item(offset, self.message_id(offset), None, self.publish_time_ms, -1, 0, None, self.size_each)
+
+
 class UnackedMessages:
-    """A consumer's deliveries not yet acknowledged, by offset, with their payload bytes."""
+    """A consumer's messages delivered and not yet acknowledged: offset -> the ``_Held`` run it
+    came in, with the payload bytes counted for them."""
 
     __slots__ = ("_by_offset", "bytes")
 
     def __init__(self) -> None:
-        self._by_offset: dict[int, Delivery] = {}
+        self._by_offset: dict[int, _Held] = {}
         self.bytes = 0
 
-    def add(self, offset: int, delivery: Delivery) -> None:
-        previous = self._by_offset.get(offset)
-        if previous is not None:
-            self.bytes -= len(previous.message.payload)
-        self._by_offset[offset] = delivery
-        self.bytes += len(delivery.message.payload)
-
-    def add_run(self, offsets: list[int], deliveries: list[Delivery], payload_bytes: int) -> None:
-        """``add`` for each pair, with ``payload_bytes`` the deliveries' payloads together."""
+    def add_run(self, offsets: list[int], held: _Held) -> None:
         by_offset = self._by_offset
         if not by_offset.keys().isdisjoint(offsets):  # redelivered to the holder itself: rare
-            for offset, delivery in zip(offsets, deliveries, strict=True):
-                self.add(offset, delivery)
-            return
-        by_offset.update(zip(offsets, deliveries, strict=True))
-        self.bytes += payload_bytes
+            for offset in offsets:
+                previous = by_offset.get(offset)
+                if previous is not None:
+                    self.bytes -= previous.size_each
+        by_offset.update(zip(offsets, repeat(held)))
+        self.bytes += held.size_each * len(offsets)
 
-    def pop_all(self, offsets: list[int]) -> list[Delivery]:
-        """``pop`` each of ``offsets``; the deliveries that were held, in order."""
-        popped = [d for d in map(self._by_offset.pop, offsets, repeat(None)) if d is not None]
-        self.bytes -= sum(len(d.message.payload) for d in popped)
+    def pop_all(self, offsets: list[int]) -> list[_Held | None]:
+        """``pop`` each of ``offsets``: what was held of each (None: nothing), in order."""
+        popped = list(map(self._by_offset.pop, offsets, repeat(None)))
+        self.bytes -= sum(h.size_each for h in popped if h is not None)
         return popped
 
-    def pop(self, offset: int, default: Delivery | None = None) -> Delivery | None:
-        delivery = self._by_offset.pop(offset, None)
-        if delivery is None:
-            return default
-        self.bytes -= len(delivery.message.payload)
-        return delivery
+    def pop(self, offset: int) -> _Held | None:
+        held = self._by_offset.pop(offset, None)
+        if held is not None:
+            self.bytes -= held.size_each
+        return held
 
     def clear(self) -> None:
         self._by_offset.clear()
         self.bytes = 0
 
-    def get(self, offset: int) -> Delivery | None:
+    def get(self, offset: int) -> _Held | None:
         return self._by_offset.get(offset)
 
-    def items(self) -> Iterable[tuple[int, Delivery]]:
+    def items(self) -> Iterable[tuple[int, _Held]]:
         return self._by_offset.items()
-
-    def values(self) -> Iterable[Delivery]:
-        return self._by_offset.values()
 
     def __contains__(self, offset: object) -> bool:
         return offset in self._by_offset
@@ -274,6 +337,9 @@ class Consumer:
         self.config = config
         self.permits = 0
         self.outbox: deque[Delivery] = deque()
+        self.outbox_bytes = 0
+        """The footprint of the deliveries in ``outbox``."""
+        self._outbox_bytes_max = subscription.limits.consumer_pending_bytes_max
         self.unacked = UnackedMessages()
         self.offsets_by_id: dict[MessageId, int] = {}
         self.listener: Callable[[], None] | None = None
@@ -295,15 +361,35 @@ class Consumer:
         self.subscription._flow(self, permits)
 
     def poll(self) -> Delivery | None:
-        with self.subscription._lock:
-            return self.outbox.popleft() if self.outbox else None
+        subscription = self.subscription
+        with subscription._lock:
+            if not self.outbox:
+                return None
+            delivery = self.outbox.popleft()
+            taken = footprint(1, len(delivery.message.payload)) if self.outbox else self.outbox_bytes
+            full = self.outbox_bytes >= self._outbox_bytes_max
+            self.outbox_bytes -= taken
+        subscription._taken(taken, full)
+        return delivery
 
     def poll_all(self) -> list[Delivery]:
         """Everything :meth:`poll` would return one by one, in order, taken at once."""
-        with self.subscription._lock:
+        subscription = self.subscription
+        with subscription._lock:
             taken = list(self.outbox)
             self.outbox.clear()
-            return taken
+            freed, self.outbox_bytes = self.outbox_bytes, 0
+        if freed:
+            subscription._taken(freed, freed >= self._outbox_bytes_max)
+        return taken
+
+    def holds(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` is still this consumer's to hand over: not acknowledged, timed
+        out, nacked or taken back since it was dispatched (a redelivery is a new delivery)."""
+        subscription = self.subscription
+        with subscription._lock:
+            return delivery.offset in self.unacked and \
+                subscription._counts.get(delivery.offset, 0) == delivery.redelivery_count
 
     def peek(self) -> Delivery | None:
         """The delivery :meth:`poll` would return next, left in the outbox."""
@@ -340,7 +426,7 @@ class Consumer:
         self.subscription.remove_consumer(self)
 
     def _can_take(self) -> bool:
-        if self.closed or self.permits <= 0:
+        if self.closed or self.permits <= 0 or self.outbox_bytes >= self._outbox_bytes_max:
             return False
         held, held_bytes = len(self.unacked), self.unacked.bytes
         limit, bytes_limit = self.config.unacked_messages_max, self.config.unacked_bytes_max
@@ -359,14 +445,28 @@ class Subscription:
     def __init__(self, topic_name: str, partition: int, cursor: ManagedCursor, sub_type: SubscriptionType, *,
                  clock: Callable[[], float] = time.time, limits: SubscriptionLimits | None = None,
                  dead_letter: Callable[[str, Delivery, str], None] | None = None,
-                 schedule: Callable[[Callable[[], None]], None] | None = None) -> None:
+                 schedule: Callable[[Callable[[], None]], None] | None = None,
+                 budget: ByteBudget | None = None) -> None:
         self.topic_name = topic_name
         self.partition = partition
         self.cursor = cursor
         self.type = sub_type
         self.name = cursor.name
         self._clock = clock
-        self._limits = limits or SubscriptionLimits()
+        self.limits = limits or SubscriptionLimits()
+        self._budget = budget
+        """The broker-wide reads-in-flight budget (None: unbounded)."""
+        self._waiting_for_budget = False
+        self._pending_bytes = 0
+        """Footprint of what was read or read again and not yet delivered (``_pending``, and a
+        redelivery being delivered); zero once ``_pending`` is empty at the end of a round."""
+        self._outbox_bytes = 0
+        """The consumers' ``outbox_bytes`` together."""
+        self._budgeted = 0
+        """What the budget was last told this subscription holds."""
+        self._loaded: tuple[tuple[int, int], int, bytes, list[DecodedMessage]] | None = None
+        """The entry last read again for a redelivery (its position, first offset, bytes and
+        messages), kept for the round, so the messages of one entry are read once."""
         self._dead_letter = dead_letter
         self._lock = threading.RLock()
         self.consumers: list[Consumer] = []
@@ -375,6 +475,7 @@ class Subscription:
         self._later: list[tuple[int, int, _Item]] = []  # heap (due ms, offset): nacked / delayed
         self._owner: dict[int, Consumer] = {}  # offset -> consumer holding it unacked
         self._key_owner: dict[int, tuple[Consumer, int]] = {}  # key hash -> (consumer, unacked count)
+        self._held_keys: dict[int, int] = {}  # Key_Shared: offset held unacked -> its key hash
         self._counts: dict[int, int] = self._load_counts()
         self._sent_at: dict[int, float] = {}  # offset -> when sent, to consumers with an ack timeout
         self._ring: list[tuple[int, Consumer]] = []
@@ -392,8 +493,15 @@ class Subscription:
         return self.cursor.ml.terminated and self.cursor.backlog_messages() == 0
 
     def detach(self) -> None:
-        """Stop following the topic (the subscription is being removed)."""
+        """Stop following the topic (the subscription is being removed) and give back what it
+        holds of the reads-in-flight budget."""
         self.cursor.ml.remove_listener(self._on_publish)
+        with self._lock:
+            self._pending.clear()
+            self._pending_bytes = 0
+            for consumer in self.consumers:
+                self._clear_outbox(consumer)
+        self._settle()
 
     # --- consumers -----------------------------------------------------------------------
     def add_consumer(self, config: ConsumerConfig) -> Consumer:
@@ -418,7 +526,6 @@ class Subscription:
                 return
             consumer.closed = True
             self.consumers.remove(consumer)
-            consumer.outbox.clear()
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
                 self._rebuild_ring()
@@ -427,12 +534,17 @@ class Subscription:
     def _take_back(self, consumer: Consumer) -> None:
         """Redeliver everything ``consumer`` holds unacknowledged (it left or lost activity)."""
         taken = sorted(consumer.unacked.items())
-        for offset, delivery in taken:
+        for offset, held in taken:
             self._release(offset, consumer)
-            heapq.heappush(self._redeliver, self._item_of(delivery))
+            heapq.heappush(self._redeliver, held.item(offset))
         self._bump_counts([offset for offset, _ in taken])
         consumer.unacked.clear()
+        self._clear_outbox(consumer)
+
+    def _clear_outbox(self, consumer: Consumer) -> None:
         consumer.outbox.clear()
+        self._outbox_bytes -= consumer.outbox_bytes
+        consumer.outbox_bytes = 0
 
     def active_consumer(self) -> Consumer | None:
         """The consumer an Exclusive or Failover subscription delivers to (None: nobody, or
@@ -465,7 +577,7 @@ class Subscription:
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Deliver as much as permits, limits and ordering allow."""
+        """Deliver as much as permits, limits, ordering and the reads-in-flight budget allow."""
         notify: set[Consumer] = set()
         with self._lock:
             self._release_due()
@@ -488,9 +600,61 @@ class Subscription:
                 notify.add(consumer)
             for item in reversed(held):
                 self._pending.appendleft(item)
+            self._loaded = None
+            if not self._pending:
+                self._pending_bytes = 0
+            delta = self._budget_delta()
+        self._tell_budget(delta)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
+
+    # --- what dispatch holds, in bytes ---------------------------------------------------
+    def _budget_delta(self) -> int:
+        """(Under the lock.) How much more (or less) this subscription holds than the budget was
+        last told, now taken as told."""
+        if self._budget is None:
+            return 0
+        held = max(self._pending_bytes, 0) + self._outbox_bytes
+        delta, self._budgeted = held - self._budgeted, held
+        return delta
+
+    def _tell_budget(self, delta: int) -> None:
+        """(Outside the lock: a release may run other subscriptions' wake-ups.)"""
+        if delta and self._budget is not None:
+            self._budget.adjust(delta)
+
+    def _settle(self) -> None:
+        with self._lock:
+            delta = self._budget_delta()
+        self._tell_budget(delta)
+
+    def _taken(self, freed: int, was_full: bool) -> None:
+        """A transport took ``freed`` bytes of deliveries from a consumer's outbox: they leave
+        the budget, and an outbox that was full lets dispatch go on."""
+        with self._lock:
+            self._outbox_bytes -= freed
+            delta = self._budget_delta()
+        self._tell_budget(delta)
+        if was_full:
+            self._schedule(self.dispatch)
+
+    def _must_wait_for_budget(self) -> bool:
+        """Whether a read has to wait for the reads-in-flight budget (a wake-up is left then)."""
+        budget = self._budget
+        if budget is None or self._waiting_for_budget:
+            return self._waiting_for_budget
+        if budget.admits():
+            return False
+        self._waiting_for_budget = True  # before the wake-up is left: it may run at once
+        if budget.wait(self._budget_freed):
+            return True
+        self._waiting_for_budget = False
+        return False
+
+    def _budget_freed(self) -> None:
+        self._waiting_for_budget = False
+        self._schedule(self.dispatch)
 
     def _rest_of_entry(self, item: _Item) -> list[_Item]:
         """The messages of ``item``'s entry waiting right behind it, taken from the queues
@@ -515,13 +679,14 @@ class Subscription:
                 return run
             offset = following.offset
             if offset >= mark_delete and offset not in owner and offset not in taken \
-                    and not (any_acked and offset in acked):  # (cursor.is_acked, inline: once per message)
+                    and not (any_acked and offset in acked) \
+                    and (following.message is not None or self._load(following)):  # (is_acked, inline)
                 run.append(following)
                 taken.add(offset)
 
     def _any_can_take(self) -> bool:
         total = sum(len(c.unacked) for c in self.consumers)
-        limit = self._limits.unacked_messages_max
+        limit = self.limits.unacked_messages_max
         if total >= limit:
             self._blocked = True
         elif self._blocked and total <= limit // 2:
@@ -534,40 +699,78 @@ class Subscription:
         return any(c._can_take() for c in self.consumers)
 
     def _next_item(self) -> _Item | None:
-        if self._redeliver:
-            return heapq.heappop(self._redeliver)
-        if not self._pending:
+        redeliver = self._redeliver
+        while redeliver:
+            item = heapq.heappop(redeliver)
+            if item.message is not None or self.cursor.is_acked(item.offset) or self._load(item):
+                return item
+        if not self._pending and not self._must_wait_for_budget():
             self._read_more()
         return self._pending.popleft() if self._pending else None
 
-    def _entries_to_read(self) -> int:
-        """Enough entries for the permits consumers have left, at the topic's average entry
-        size in messages: the dispatcher decodes at most one entry beyond what it can send."""
-        wanted = min(PENDING_MESSAGES_MAX, sum(max(c.permits, 0) for c in self.consumers if not c.closed))
-        return max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
+    def _load(self, item: _Item) -> bool:
+        """Read ``item``'s message again (it was held as a position): False when its entry is
+        gone (trimmed, its ledger deleted), so there is nothing to deliver. Any other failure
+        puts the item back for redelivery and propagates."""
+        message_id = item.message_id
+        key = (message_id.ledger_id, message_id.entry_id)
+        loaded = self._loaded
+        if loaded is None or loaded[0] != key:
+            try:
+                entry = self.cursor.ml.read_entry(message_id.position)
+            except (NoSuchEntry, NotFound):
+                return False
+            except MagnetarError:
+                heapq.heappush(self._redeliver, item)
+                raise
+            loaded = self._loaded = (key, entry.first_offset, entry.data, decode_messages(entry.data)[0])
+        _, first_offset, data, messages = loaded
+        index = item.offset - first_offset
+        if not 0 <= index < len(messages):
+            return False
+        message = messages[index]
+        item.message, item.entry_data, item.key_hash = message, data, _hash_of(message)
+        self._pending_bytes += footprint(1, item.size)
+        return True
+
+    def _read_size(self) -> tuple[int, int]:
+        """(entries, entry bytes) for the next read: enough entries for the permits consumers
+        have left, at the topic's average entry size in messages, and no more bytes than
+        ``read_bytes_max`` nor than the outboxes of the consumers that can take have room for
+        (a decoded entry holds about twice its bytes): the dispatcher decodes at most one entry
+        beyond what it can send."""
+        live = [c for c in self.consumers if not c.closed and c.permits > 0]
+        wanted = min(PENDING_MESSAGES_MAX, sum(c.permits for c in live))
+        room = sum(max(c._outbox_bytes_max - c.outbox_bytes, 0) for c in live)
+        entries = max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
+        return entries, max(1, min(self.limits.read_bytes_max, room // 2))
 
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
         cursor = self.cursor
-        partition, pending = self.partition, self._pending
         delayable = self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
-        of_stored = MessageId.of_stored
-        for entry in cursor.read_entries(self._entries_to_read()):
+        for entry in cursor.read_entries(*self._read_size()):
             messages, deliver_at_ms = decode_messages(entry.data)
-            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-            data, publish_ms = entry.data, entry.publish_time_ms
             if cursor.acked.count_in(entry.first_offset, entry.last_offset + 1) or \
                     entry.first_offset < cursor.mark_delete_offset:
                 messages = [m for m in messages if not cursor.is_acked(m.offset)]  # type: ignore[arg-type]
             due = deliver_at_ms if delayable and deliver_at_ms is not None and deliver_at_ms > now_ms else 0
-            lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
-            items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
-                           m, publish_ms, _hash_of(m), due, data) for m in messages]
-            if due:
+            sizes = list(map(len, map(_PAYLOAD, messages)))
+            self._pending_bytes += footprint(len(sizes), sum(sizes))
+            items = self._items_of(entry, messages, sizes, due)
+            if due:  # held as positions until due, then read again
                 for item in items:
+                    item.message = item.entry_data = None
                     heapq.heappush(self._later, (due, item.offset, item))
             else:
-                pending.extend(items)
+                self._pending.extend(items)
+
+    def _items_of(self, entry: Entry, messages: list[DecodedMessage], sizes: list[int], due: int) -> list[_Item]:
+        ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+        data, publish_ms, partition, of_stored = entry.data, entry.publish_time_ms, self.partition, MessageId.of_stored
+        lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
+        return [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
+                      m, publish_ms, _hash_of(m), due, data, size) for m, size in zip(messages, sizes, strict=True)]
 
     def _choose(self, item: _Item) -> Consumer | None:
         if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
@@ -605,11 +808,19 @@ class Subscription:
             consumer.redelivered += redelivered
             self.redelivered += redelivered
         offsets = [i.offset for i in items]
-        payload_bytes = sum(len(i.message.payload) for i in items)
         count = len(items)
+        payload_bytes = sum(map(_SIZE, items))
+        run_bytes = footprint(count, payload_bytes)
+        self._pending_bytes -= run_bytes
+        self._outbox_bytes += run_bytes
+        consumer.outbox_bytes += run_bytes
         consumer.permits -= count
         consumer.outbox.extend(deliveries)
-        consumer.unacked.add_run(offsets, deliveries, payload_bytes)
+        first_id = items[0].message_id  # from here on the consumer holds them as a position
+        batch_index = first_id.batch_index
+        consumer.unacked.add_run(offsets, _Held(first_id.ledger_id, first_id.entry_id, self.partition,
+                                                -1 if batch_index < 0 else offsets[0] - batch_index,
+                                                items[0].publish_time_ms, payload_bytes // count))
         if consumer.config.track_ids:
             consumer.offsets_by_id.update(zip([i.message_id for i in items], offsets, strict=True))
         consumer.msg_out += count
@@ -620,27 +831,25 @@ class Subscription:
         if consumer.config.ack_timeout_ms > 0:  # only an ack timeout asks when a message was sent
             self._sent_at.update(zip(offsets, repeat(now)))
         if self.type is SubscriptionType.KEY_SHARED:
-            key_owner = self._key_owner
+            key_owner, held_keys = self._key_owner, self._held_keys
             for item in items:
                 if item.key_hash >= 0:
                     holder = key_owner.get(item.key_hash)
                     key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
-
-    def _item_of(self, delivery: Delivery) -> _Item:
-        """A delivered message as a dispatch item again (taken back, nacked or timed out)."""
-        return _Item(delivery.offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                     _hash_of(delivery.message), entry_data=delivery.entry_data)
+                    held_keys[item.offset] = item.key_hash
 
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
         self._owner.pop(offset, None)
         self._sent_at.pop(offset, None)
-        delivery = consumer.unacked.get(offset)
-        if delivery is not None:
-            consumer.offsets_by_id.pop(delivery.message_id, None)
-        if delivery is None or self.type is not SubscriptionType.KEY_SHARED:
+        held = consumer.unacked.get(offset)
+        if held is None:
             return
-        hashed = _hash_of(delivery.message)
+        if consumer.offsets_by_id:
+            consumer.offsets_by_id.pop(held.message_id(offset), None)
+        hashed = self._held_keys.pop(offset, None) if self._held_keys else None
+        if hashed is None:
+            return
         holder = self._key_owner.get(hashed)
         if holder is not None:
             if holder[1] <= 1:
@@ -665,13 +874,14 @@ class Subscription:
             for consumer in self.consumers:
                 for delivery in consumer.outbox:
                     self._release(delivery.offset, consumer)
-                    consumer.unacked.pop(delivery.offset, None)
+                    consumer.unacked.pop(delivery.offset)
                     consumer.permits += 1
-                consumer.outbox.clear()
+                self._clear_outbox(consumer)
                 for offset in [o for o in consumer.unacked if self.cursor.is_acked(o)]:
                     self._release(offset, consumer)
                     consumer.unacked.pop(offset)
             self._pending.clear()
+            self._pending_bytes = 0
             self._redeliver.clear()
             self._later.clear()
             self.cursor.rewind()
@@ -683,9 +893,10 @@ class Subscription:
             consumer.permits = 0
             for delivery in consumer.outbox:
                 self._release(delivery.offset, consumer)
-                consumer.unacked.pop(delivery.offset, None)
-                heapq.heappush(self._redeliver, self._item_of(delivery))
-            consumer.outbox.clear()
+                held = consumer.unacked.pop(delivery.offset)
+                if held is not None:
+                    heapq.heappush(self._redeliver, held.item(delivery.offset))
+            self._clear_outbox(consumer)
         self.dispatch()
 
     # --- acknowledgement -------------------------------------------------------------------
@@ -694,7 +905,7 @@ class Subscription:
             if self.type is SubscriptionType.KEY_SHARED:
                 for offset in offsets:
                     self._release(offset, consumer)
-                    consumer.unacked.pop(offset, None)
+                    consumer.unacked.pop(offset)
                     self._counts.pop(offset, None)
             else:  # what _release does without a key owner to update, a collection at a time
                 for held in (self._owner, self._sent_at, self._counts):
@@ -703,8 +914,9 @@ class Subscription:
                 popped = consumer.unacked.pop_all(offsets)
                 if consumer.offsets_by_id:
                     by_id_pop = consumer.offsets_by_id.pop
-                    for delivery in popped:
-                        by_id_pop(delivery.message_id, None)
+                    for offset, run in zip(offsets, popped, strict=True):
+                        if run is not None:
+                            by_id_pop(run.message_id(offset), None)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)
         self.dispatch()
@@ -715,7 +927,7 @@ class Subscription:
         with self._lock:
             for held in [o for o in consumer.unacked if o <= offset]:
                 self._release(held, consumer)
-                consumer.unacked.pop(held, None)
+                consumer.unacked.pop(held)
                 self._counts.pop(held, None)
             self.cursor.ack_cumulative(offset)
         self.dispatch()
@@ -725,13 +937,13 @@ class Subscription:
         with self._lock:
             nacked = []
             for offset in offsets:
-                delivery = consumer.unacked.get(offset)
-                if delivery is None:
+                held = consumer.unacked.get(offset)
+                if held is None:
                     continue
                 self._release(offset, consumer)
                 consumer.unacked.pop(offset)
                 nacked.append(offset)
-                heapq.heappush(self._later, (due_ms, offset, self._item_of(delivery)))
+                heapq.heappush(self._later, (due_ms, offset, held.item(offset)))
             self._bump_counts(nacked)
         self.dispatch()
 
@@ -757,10 +969,10 @@ class Subscription:
                     continue
                 expired = [o for o in consumer.unacked if now - self._sent_at.get(o, now) >= timeout_ms / 1000.0]
                 for offset in expired:
-                    delivery = consumer.unacked.pop(offset)
-                    assert delivery is not None
                     self._release(offset, consumer)
-                    heapq.heappush(self._redeliver, self._item_of(delivery))
+                    held = consumer.unacked.pop(offset)
+                    assert held is not None
+                    heapq.heappush(self._redeliver, held.item(offset))
                 self._bump_counts(expired)
         self.dispatch()
 
@@ -779,11 +991,13 @@ class Subscription:
         limit = max((c.config.max_redeliver_count for c in self.consumers), default=0)
         if limit <= 0 or self._dead_letter is None or self._counts.get(item.offset, 0) <= limit:
             return False
-        dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
-        target = dlq or f"{self.topic_name}-{self.name}-DLQ"
-        delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
-                            self._counts[item.offset], self.topic_name, entry_data=item.entry_data)
-        self._dead_letter(target, delivery, self.name)
+        if item.message is not None or self._load(item):  # else its entry is gone: nothing to move
+            assert item.message is not None
+            dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
+            target = dlq or f"{self.topic_name}-{self.name}-DLQ"
+            delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
+                                self._counts[item.offset], self.topic_name, entry_data=item.entry_data)
+            self._dead_letter(target, delivery, self.name)
         self._counts.pop(item.offset, None)
         self.cursor.ack([item.offset]).result(timeout=60)
         return True

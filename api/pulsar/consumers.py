@@ -18,8 +18,10 @@ Invariants: a consumer receives only against FLOW permits (one per message, but 
 never split between deliveries: its rest follows its first message past the permits, as
 Pulsar's broker sends whole batches, because the clients acknowledge a batch only once they
 hold all of it); nothing is written
-while the connection is congested (the broker consumer keeps the deliveries, within its
-permits); a consumer closed by the broker (a forced subscription delete, or its topic moving
+while the connection is congested: the deliveries wait in the broker consumer's outbox, which
+takes no more than ``dispatcherMaxPendingBytesPerConsumer`` (so a client that stops reading is
+held back by TCP and costs the broker that and its connection's ``write_buffer_bytes_max``, at
+most one entry beyond each); a consumer closed by the broker (a forced subscription delete, or its topic moving
 to another broker) is told with CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not
 serve is refused with ServiceNotReady before anything is created; a non-durable subscription
 (a reader's) ends with its consumer.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from api.auth import Action
@@ -72,7 +74,9 @@ MessageIdLike = pb.MessageIdData | AckedId
 class _Sent:
     first_offset: int
     batch_size: int
-    offsets: set[int]
+    offsets: tuple[int, ...]
+    """Delivered and not yet acknowledged, ascending (a tuple: a slot per message, where a set
+    would cost a hash table per entry)."""
 
 
 class _SentEntries:
@@ -86,11 +90,11 @@ class _SentEntries:
         key = (frame.ledger_id, frame.entry_id)
         sent = self._entries.get(key)
         if sent is None:
-            self._entries[key] = _Sent(frame.first_offset, frame.batch_size, set(frame.offsets))
+            self._entries[key] = _Sent(frame.first_offset, frame.batch_size, tuple(sorted(frame.offsets)))
             if len(self._entries) > self._bound:
                 self._entries.popitem(last=False)
-        else:
-            sent.offsets.update(frame.offsets)
+        else:  # the rest of an entry, or part of it again (redelivered)
+            sent.offsets = tuple(sorted({*sent.offsets, *frame.offsets}))
 
     def get(self, ledger_id: int, entry_id: int) -> _Sent | None:
         return self._entries.get((ledger_id, entry_id))
@@ -98,7 +102,8 @@ class _SentEntries:
     def forget(self, ledger_id: int, entry_id: int, offsets: Iterable[int]) -> None:
         sent = self._entries.get((ledger_id, entry_id))
         if sent is not None:
-            sent.offsets.difference_update(offsets)
+            gone = set(offsets)
+            sent.offsets = tuple(o for o in sent.offsets if o not in gone)
             if not sent.offsets:
                 del self._entries[(ledger_id, entry_id)]
 
@@ -185,8 +190,7 @@ class ConsumerHalf:
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
                                 receiver_queue_size=0, priority_level=command.priority_level,
-                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False,
-                                unacked_bytes_max=context.settings.write_buffer_bytes_max * 2)
+                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False)
         durable = command.durable
         initial = self._initial(command, topic)
         consumer = service.subscribe(topic, command.subscription, sub_type, config, initial=initial,
@@ -304,6 +308,7 @@ class ConsumerHalf:
         indexes whose bits are clear, else every message of the entry this consumer received
         (or, for an entry it never received, the whole entry)."""
         sent = state.sent.get(mid.ledgerId, mid.entryId)
+        held: Sequence[int]
         if sent is not None:
             first, size, held = sent.first_offset, sent.batch_size, sent.offsets
         else:
@@ -311,10 +316,11 @@ class ConsumerHalf:
             if found is None:
                 return []
             first, size = found[0], found[1] - found[0] + 1
-            held = set(range(found[0], found[1] + 1))
+            held = range(found[0], found[1] + 1)
         if len(mid.ack_set):
-            return sorted(first + i for i in cleared_indexes(mid.ack_set, size) if first + i in held)
-        return sorted(held)
+            holding = set(held)
+            return [first + i for i in cleared_indexes(mid.ack_set, size) if first + i in holding]
+        return list(held)
 
     def _entry_offsets(self, state: _ClientConsumer, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
         if ledger_id >= LATEST_ID or entry_id >= LATEST_ID:

@@ -15,7 +15,9 @@ Invariants:
   match them to their pending queue by sequence id and drop the connection on a mismatch.
 - A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
   read until half of them are answered (one read's group may pass the bound by what it holds,
-  at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``).
+  at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``). It also stops being read while the
+  broker's publish buffer (``maxMessagePublishBufferSizeInMB``) refuses, until it admits again;
+  it is read again only once neither holds it back.
 - A producer whose topic moved to another broker (an unload) is closed with CLOSE_PRODUCER
   after the receipts of its stored sends; its sends after that are dropped unanswered, as
   Pulsar's broker drops sends for a producer it closed: the client resends them to the new
@@ -195,7 +197,10 @@ class ProducerHalf:
         """Producer ids closed by an unload, until the client opens them again (bounded)."""
         self._pending_sends = 0
         self._reading_paused = False
+        self._buffer_full = False
+        """Reading paused because the broker's publish buffer refused."""
         self._answer = LoopSignal(context.loop, self._send_receipts)
+        self._buffer_room = LoopSignal(context.loop, self._resume_after_buffer)
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -293,6 +298,17 @@ class ProducerHalf:
         if self._pending_sends >= self._context.settings.pending_sends_max and not self._reading_paused:
             self._reading_paused = True
             self._context.out.pause_reading()
+        buffer = self._context.service.publish_buffer
+        if not self._buffer_full and not buffer.admits():
+            self._buffer_full = True
+            self._context.out.pause_reading()
+            if not buffer.wait(self._buffer_room.notify):
+                self._resume_after_buffer()
+
+    def _resume_after_buffer(self) -> None:
+        self._buffer_full = False
+        if not self._reading_paused:
+            self._context.out.resume_reading()
 
     def _store(self, state: _ClientProducer, sends: list[tuple[int, int, ClientEntrySend | MagnetarError]]) -> None:
         """One producer's sends of a group: the checked ones stored together, every one queued
@@ -352,7 +368,8 @@ class ProducerHalf:
             self._context.out.write(buffers)
         if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
             self._reading_paused = False
-            self._context.out.resume_reading()
+            if not self._buffer_full:
+                self._context.out.resume_reading()
 
     def _receipt(self, state: _ClientProducer, sequence_id: int, highest: int,
                  outcome: PublishResult | BaseException) -> bytes:

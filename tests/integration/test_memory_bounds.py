@@ -66,24 +66,30 @@ and two arenas (not sixteen) hold what threads free."""
 
 @dataclass(frozen=True)
 class Backlog:
+    """A topic of ``messages`` messages of ``payload_bytes``, sent alone or ``per_batch`` in
+    each of the official client's batches (then entries are batches of about the same size as
+    the unbatched backlog's: many small messages each)."""
+
     topic: str
     payload_bytes: int
     messages: int
-    batched: bool
+    per_batch: int = 1
+
+    @property
+    def batched(self) -> bool:
+        return self.per_batch > 1
 
     @property
     def full_name(self) -> str:
         return f"persistent://{NAMESPACE}/{self.topic}"
 
 
-BACKLOGS = {
-    "4KiB": Backlog("small", 4096, 10_000, False),
-    "4KiB-batched": Backlog("small-batched", 4096, 10_000, True),
-    "1MiB": Backlog("large", MIB, 64, False),
-    "1MiB-batched": Backlog("large-batched", MIB, 64, True),
+BACKLOGS = {  # entries of 4 KiB and of 1 MiB, one message each or a batch of many
+    "4KiB": Backlog("small", 4096, 10_000),
+    "4KiB-batched": Backlog("small-batched", 128, 320_000, per_batch=32),
+    "1MiB": Backlog("large", MIB, 64),
+    "1MiB-batched": Backlog("large-batched", 4096, 64 * 256, per_batch=256),
 }
-BATCH_MESSAGES_MAX = 100
-BATCH_BYTES_MAX = 4 * MIB
 
 
 def token(role: str) -> str:
@@ -140,10 +146,11 @@ def produce_backlogs(pulsar_url: str) -> None:
     try:
         for backlog in BACKLOGS.values():
             producer = c.create_producer(backlog.full_name, batching_enabled=backlog.batched,
-                                         batching_max_messages=BATCH_MESSAGES_MAX,
-                                         batching_max_allowed_size_in_bytes=BATCH_BYTES_MAX,
+                                         batching_max_messages=max(backlog.per_batch, 2),
+                                         batching_max_allowed_size_in_bytes=2 * backlog.per_batch
+                                         * backlog.payload_bytes,
                                          batching_max_publish_delay_ms=50, block_if_queue_full=True,
-                                         max_pending_messages=1000)
+                                         max_pending_messages=10_000)
             payload = os.urandom(backlog.payload_bytes)
             for _ in range(backlog.messages):
                 producer.send_async(payload, None)
@@ -303,7 +310,7 @@ def test_one_consumer_that_never_reads_costs_a_few_mib(data: Data, transport: st
 
 def read_frames(conn: RawConnection, quiet_s: float = 1.0) -> list[pb.BaseCommand]:
     """Every MESSAGE until none arrives for ``quiet_s`` (bounded by the read timeout overall)."""
-    messages = []
+    messages: list[pb.BaseCommand] = []
     while True:
         try:
             got = conn.next(quiet_s)
@@ -315,7 +322,11 @@ def read_frames(conn: RawConnection, quiet_s: float = 1.0) -> list[pb.BaseComman
 
 
 def test_a_consumer_that_never_acknowledges_pins_no_payloads_and_its_messages_come_back(data: Data) -> None:
-    backlog = BACKLOGS["4KiB"]
+    """It reads what it is sent (as many as its unacknowledged bytes allow) and acknowledges
+    nothing; then it leaves and its messages wait for redelivery. 1 MiB entries: their buffers
+    are mapped and unmapped whole, so RSS shows what is held, not what the heap kept of the
+    traffic."""
+    backlog = BACKLOGS["1MiB"]
     with broker(data) as b:
         warm_up(b, backlog)
         before = baseline(b)
@@ -323,7 +334,7 @@ def test_a_consumer_that_never_acknowledges_pins_no_payloads_and_its_messages_co
                              receive_buffer_bytes=None) as greedy:
             received = read_frames(greedy)
             held = b.rss() - before
-        assert len(received) > 1000, "the consumer was sent too little to prove anything"
+        assert len(received) >= 8, "the consumer was sent too little to prove anything"
         time.sleep(SETTLE_S)  # it left: what it held waits for redelivery
         waiting = b.rss() - before
         print(f"received {len(received)} unacknowledged: held {held / MIB:+.1f} MiB, "
