@@ -2,12 +2,12 @@
 
 Against a real ``magnetar standalone`` with token authentication on, as ``alice``: a role that
 is not a superuser, granted produce and consume on her namespace only. Each case starts the
-broker afresh on data produced beforehand (4 KiB and 1 MiB messages, sent alone or in the
-official client's batches), reads one message through each transport (warm-up: code paths,
-caches), lets the entry cache age out, takes the broker's RSS from ``/proc/PID/status`` as the
-baseline, then opens one consumer that never reads (a socket receive buffer of 4 KiB, the most
-permits or receiver queue the transport allows) and watches RSS for a few seconds: the highest
-figure, less the baseline, is what that consumer cost.
+broker afresh on data produced beforehand (entries of 4 KiB and of 1 MiB, one message each or
+a batch of many small ones, sent by the official client), reads one message through each
+transport (warm-up: code paths, caches), lets the entry cache age out, takes the broker's RSS
+from ``/proc/PID/status`` as the baseline, then opens one consumer that never reads (a socket
+receive buffer of 4 KiB, the most permits or receiver queue the transport allows) and watches
+RSS for a few seconds: the highest figure, less the baseline, is what that consumer cost.
 
 Honest figures: the broker runs with glibc's ``mmap`` threshold fixed and its trim threshold
 low (``MALLOC_ENV``), so memory freed by the warm-up goes back to the system instead of being
@@ -18,15 +18,19 @@ makes the broker read, so they count in the figure.
 
 Checks: one never-reading consumer (binary protocol, any subscription type or a reader;
 WebSocket consumer or reader) adds less than ``RSS_ONE_CONSUMER_BYTES_MAX``; a consumer that
-reads everything and acknowledges nothing pins no payloads, and its messages come back to the
-next consumer after it leaves; ten never-reading consumers stay within the broker-wide
+reads what it is sent and acknowledges nothing pins no payloads, and its messages come back to
+the next consumer after it leaves; ten never-reading consumers stay within the broker-wide
 reads-in-flight budget (``managedLedgerMaxReadsInFlightSizeInMB``) plus each connection's own
-bounded buffer, their reads wait for the budget, and everything is delivered once they are gone.
+bounded buffer, their reads wait for the budget, and everything is delivered once they are
+gone; producers on both transports are paused while the publish buffer
+(``maxMessagePublishBufferSizeInMB``) is full and every message is stored (the WebSocket pause
+also in process, where the test holds the buffer full itself).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import socket
 import time
@@ -40,10 +44,13 @@ import pulsar
 import pytest
 
 from api.pulsar.proto import pulsar_api_pb2 as pb
+from broker.service import BrokerConfig
 from consumers.cli.tokens import create_token
 from tests.integration.pulsar_support import RECEIVE_TIMEOUT_MS, binary_broker, client
 from tests.integration.pulsar_wire import RawConnection, T, command
-from tests.integration.ws_client import open_ws, recv_frame
+from tests.integration.server import running_server
+from tests.integration.ws_client import open_ws, recv_frame, recv_nothing, send_frame
+from tests.integration.ws_client import produce as ws_produce
 
 MIB = 1024 * 1024
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -381,3 +388,60 @@ def test_many_never_reading_consumers_stay_within_the_broker_wide_budget(data: D
                 consumer.acknowledge(consumer.receive(RECEIVE_TIMEOUT_MS))
         finally:
             c.close()
+
+
+PUBLISH_BUFFER_MIB = 1
+PUBLISHED_MESSAGES = 48
+PUBLISH_GROUP_BYTES = 4 * MIB
+"""What one producer connection may add past a full publish buffer before it is paused: the
+SENDs (or WebSocket frames) it had read already, a few 1 MiB messages here."""
+
+
+def test_producers_are_paused_while_the_publish_buffer_is_full_and_every_message_is_stored(
+        data: Data, tmp_path: Path) -> None:
+    config = data.with_settings(tmp_path, f"maxMessagePublishBufferSizeInMB={PUBLISH_BUFFER_MIB}\n")
+    payload = os.urandom(MIB)
+    topic = f"persistent://{NAMESPACE}/published"
+    with broker(data, config) as b:
+        c = client(f"pulsar://127.0.0.1:{b.port}", authentication=pulsar.AuthenticationToken(token(ROLE)))
+        try:
+            producer = c.create_producer(topic, batching_enabled=False, max_pending_messages=PUBLISHED_MESSAGES,
+                                         block_if_queue_full=True)
+            results: list[pulsar.Result] = []
+            for _ in range(PUBLISHED_MESSAGES):
+                producer.send_async(payload, lambda result, _id: results.append(result))
+            producer.flush()
+        finally:
+            c.close()
+        binary_waits = b.metric("magnetar_publish_buffer_waits_total")
+        ws_url = f"{b.http_url.replace('http://', 'ws://')}/ws/v2/producer/persistent/{NAMESPACE}/published"
+        with open_ws(f"{ws_url}?token={token(ROLE)}") as ws:
+            answers = ws_produce(ws, [payload] * (PUBLISHED_MESSAGES // 4))
+        peak = b.metric("magnetar_publish_buffer_peak_bytes")
+        waits = b.metric("magnetar_publish_buffer_waits_total")
+        stats = httpx.get(f"{b.http_url}/admin/v2/persistent/{NAMESPACE}/published/stats", headers=admin_headers(),
+                          timeout=HTTP_TIMEOUT_S).json()
+    print(f"publish buffer of {PUBLISH_BUFFER_MIB} MiB: peak {peak / MIB:.1f} MiB, connections paused "
+          f"{binary_waits:.0f} times (binary), {waits - binary_waits:.0f} (WebSocket)")
+    assert results == [pulsar.Result.Ok] * PUBLISHED_MESSAGES
+    assert [a["result"] for a in answers] == ["ok"] * (PUBLISHED_MESSAGES // 4)
+    assert stats["msgInCounter"] == PUBLISHED_MESSAGES + PUBLISHED_MESSAGES // 4
+    assert binary_waits > 0, "no producer connection was paused: the case proves nothing"
+    assert peak <= PUBLISH_BUFFER_MIB * MIB + PUBLISH_GROUP_BYTES
+
+
+def test_a_websocket_producer_reads_no_frame_while_the_publish_buffer_is_full(tmp_path: Path) -> None:
+    """In process, so the test holds the buffer full itself: a frame sent meanwhile is not
+    published (no answer) until the buffer has room again, then it is."""
+    config = dataclasses.replace(BrokerConfig.test_min(), publish_buffer_bytes_max=MIB)
+    with running_server(str(tmp_path / "data"), config) as (url, service):
+        held = service.publish_buffer
+        with open_ws(f"{url.replace('http://', 'ws://')}/ws/v2/producer/persistent/public/default/held") as ws:
+            assert ws_produce(ws, [b"before"])[0]["result"] == "ok"
+            held.adjust(2 * MIB)  # full: the session stops reading frames
+            send_frame(ws, {"payload": base64.b64encode(b"while full").decode(), "context": "held"})
+            assert recv_nothing(ws, 1.0), "a frame was published while the publish buffer was full"
+            held.adjust(-2 * MIB)
+            answer = recv_frame(ws)
+        assert answer["result"] == "ok" and answer["context"] == "held"
+        assert held.statistics().waits >= 1
