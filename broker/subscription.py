@@ -45,6 +45,10 @@ truly):
 
 Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
 consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
+When the last consumer leaves, nothing stays decoded: what was read ahead, or waits for
+redelivery or a delay, is dropped and the cursor rewound, so the next consumer reads again from
+the oldest unacknowledged message (a nack's delay ends with its consumer, as Pulsar's clients
+keep it).
 Counts are persisted with the cursor state (Pulsar loses them on restart). After
 ``max_redeliver_count`` a message goes to the dead-letter topic exactly once and is acked on
 the source. Delayed messages (``deliverAt``/``deliverAfterMs``) wait for the injected clock.
@@ -68,7 +72,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import mmh3
@@ -77,7 +81,6 @@ from broker.byte_budget import ByteBudget
 from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_messages
 from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NoSuchEntry, NotAllowed, NotFound
-from broker.managed_ledger import Entry
 from broker.message_id import MessageId
 
 KEY_HASH_RANGE = 65536
@@ -88,7 +91,6 @@ DECODED_MESSAGE_BYTES = 640
 delivery and message id (about 600 bytes measured with tracemalloc)."""
 _PAYLOAD = itemgetter(2)
 """``DecodedMessage.payload`` (a named tuple's third field), for ``map``."""
-_SIZE = attrgetter("size")
 PENDING_MESSAGES_MAX = 10_000
 REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
 REDELIVERY_PROPERTY_PREFIX = "rc:"
@@ -190,7 +192,8 @@ class _Item:
     deliver_at_ms: int = field(compare=False, default=0)
     entry_data: bytes | None = field(compare=False, default=None)
     size: int = field(compare=False, default=0)
-    """The payload's length in bytes."""
+    """The payload's length in bytes; for a message of a batch, the batch's average (counted once
+    per entry, not per message)."""
 
 
 def _hash_of(message: DecodedMessage) -> int:
@@ -204,7 +207,7 @@ def _pop_each(held: dict[int, Any], offsets: list[int]) -> None:
     deque(map(held.pop, offsets, repeat(None)), maxlen=0)
 
 
-_new_delivery = tuple.__new__
+_new_delivery = _new_held = tuple.__new__
 """``Delivery(...)`` without the named tuple's Python-level ``__new__``: one is built per message
 delivered, from values that are already a delivery's."""
 
@@ -248,11 +251,15 @@ class SubscriptionStats:
                    0, 0, 0, 0, 0, 0.0, 0.0, 0.0, cursor.mark_delete_offset, cursor.read_offset, ())
 
 
-@dataclass(slots=True, eq=False)
-class _Held:
+class _Held(NamedTuple):
     """Messages of one entry delivered together to one consumer and not yet acknowledged, as a
     position: one record shared by their offsets in ``UnackedMessages``, so a batch of many
-    messages costs a dict slot per message, not an object."""
+    messages costs a dict slot per message, not an object (a named tuple: one is built per
+    delivered run, without ``__init__``)."""
+
+    first_id: MessageId
+    """The id of the run's first message (kept: a run of one is most runs, and its id is asked
+    for by every acknowledgement of a consumer that tracks ids)."""
 
     ledger_id: int
     entry_id: int
@@ -266,7 +273,9 @@ class _Held:
 
     def message_id(self, offset: int) -> MessageId:
         first = self.entry_first_offset
-        return MessageId.of_stored(self.ledger_id, self.entry_id, self.partition, -1 if first < 0 else offset - first)
+        if first < 0 or offset - first == self.first_id.batch_index:
+            return self.first_id
+        return MessageId.of_stored(self.ledger_id, self.entry_id, self.partition, offset - first)
 
     def item(self, offset: int) -> _Item:
         """The message at ``offset`` as a dispatch item again, a position: read again (and its
@@ -529,6 +538,12 @@ class Subscription:
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
                 self._rebuild_ring()
+            if not self.consumers:  # nobody to read for: nothing stays decoded, all is read again
+                self._pending.clear()
+                self._redeliver.clear()
+                self._later.clear()
+                self._pending_bytes = 0
+                self.cursor.rewind()
         self.dispatch()
 
     def _take_back(self, consumer: Consumer) -> None:
@@ -748,29 +763,31 @@ class Subscription:
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
         cursor = self.cursor
+        partition, pending, of_stored = self.partition, self._pending, MessageId.of_stored
         delayable = self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        read_bytes = 0
         for entry in cursor.read_entries(*self._read_size()):
             messages, deliver_at_ms = decode_messages(entry.data)
             if cursor.acked.count_in(entry.first_offset, entry.last_offset + 1) or \
                     entry.first_offset < cursor.mark_delete_offset:
                 messages = [m for m in messages if not cursor.is_acked(m.offset)]  # type: ignore[arg-type]
             due = deliver_at_ms if delayable and deliver_at_ms is not None and deliver_at_ms > now_ms else 0
-            sizes = list(map(len, map(_PAYLOAD, messages)))
-            self._pending_bytes += footprint(len(sizes), sum(sizes))
-            items = self._items_of(entry, messages, sizes, due)
+            count = len(messages)
+            payload_bytes = len(messages[0].payload) if count == 1 else sum(map(len, map(_PAYLOAD, messages)))
+            read_bytes += 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline
+            size = payload_bytes // max(count, 1)  # a batch's messages count its average: no list per entry
+            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+            data, publish_ms = entry.data, entry.publish_time_ms
+            lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
+            items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
+                           m, publish_ms, _hash_of(m), due, data, size) for m in messages]
             if due:  # held as positions until due, then read again
                 for item in items:
                     item.message = item.entry_data = None
                     heapq.heappush(self._later, (due, item.offset, item))
             else:
-                self._pending.extend(items)
-
-    def _items_of(self, entry: Entry, messages: list[DecodedMessage], sizes: list[int], due: int) -> list[_Item]:
-        ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-        data, publish_ms, partition, of_stored = entry.data, entry.publish_time_ms, self.partition, MessageId.of_stored
-        lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
-        return [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
-                      m, publish_ms, _hash_of(m), due, data, size) for m, size in zip(messages, sizes, strict=True)]
+                pending.extend(items)
+        self._pending_bytes += read_bytes
 
     def _choose(self, item: _Item) -> Consumer | None:
         if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
@@ -809,18 +826,19 @@ class Subscription:
             self.redelivered += redelivered
         offsets = [i.offset for i in items]
         count = len(items)
-        payload_bytes = sum(map(_SIZE, items))
-        run_bytes = footprint(count, payload_bytes)
+        first = items[0]
+        payload_bytes = first.size * count  # the items of one entry: each counts the entry's average
+        run_bytes = 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline: once per run
         self._pending_bytes -= run_bytes
         self._outbox_bytes += run_bytes
         consumer.outbox_bytes += run_bytes
         consumer.permits -= count
         consumer.outbox.extend(deliveries)
-        first_id = items[0].message_id  # from here on the consumer holds them as a position
+        first_id = first.message_id  # from here on the consumer holds them as a position
         batch_index = first_id.batch_index
-        consumer.unacked.add_run(offsets, _Held(first_id.ledger_id, first_id.entry_id, self.partition,
-                                                -1 if batch_index < 0 else offsets[0] - batch_index,
-                                                items[0].publish_time_ms, payload_bytes // count))
+        consumer.unacked.add_run(offsets, _new_held(_Held, (
+            first_id, first_id.ledger_id, first_id.entry_id, self.partition,
+            -1 if batch_index < 0 else first.offset - batch_index, first.publish_time_ms, payload_bytes // count)))
         if consumer.config.track_ids:
             consumer.offsets_by_id.update(zip([i.message_id for i in items], offsets, strict=True))
         consumer.msg_out += count

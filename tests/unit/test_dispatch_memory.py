@@ -5,7 +5,8 @@ Checks, over a real topic: a consumer whose transport takes nothing gets no more
 pending bytes (one entry always), whatever its permits, and gets more once its transport took
 them; batches of many small messages count their messages' objects, not only their payloads;
 what a consumer holds unacknowledged, and what waits for redelivery, is positions only, read
-again (bytes and key intact) when delivered again; a subscription whose read the budget refuses
+again (bytes and key intact) when delivered again; once the last consumer left nothing stays
+decoded and the next reads everything unacknowledged again; a subscription whose read the budget refuses
 delivers nothing until another's transport takes its deliveries, then goes on; a reader's read
 ahead is counted in the budget until handed out, and given back when it is closed.
 """
@@ -82,7 +83,8 @@ def test_a_batch_of_many_small_messages_counts_their_objects(stack: Stack) -> No
 
 def test_what_a_consumer_holds_is_positions_read_again_when_delivered_again(stack: Stack) -> None:
     topic = make_topic(stack, "t/ns/again", entries=6, messages=3, payload_bytes=1000, key="k")
-    sub = subscribe(stack, topic, sub_type=SubscriptionType.KEY_SHARED)
+    sub = subscribe(stack, topic, sub_type=SubscriptionType.SHARED)
+    sub.add_consumer(ConsumerConfig("without-permits"))  # stays: what the first leaves waits for redelivery
     first = sub.add_consumer(ConsumerConfig("first", whole_entries=True))
     first.flow(100)
     delivered = first.poll_all()
@@ -129,3 +131,22 @@ def test_a_reader_counts_its_read_ahead_until_handed_out_and_gives_it_back_when_
     while drained.read_next() is not None:
         pass
     assert budget.used_bytes == 0
+
+
+def test_when_the_last_consumer_leaves_nothing_stays_decoded_and_the_next_reads_it_all_again(stack: Stack) -> None:
+    topic = make_topic(stack, "t/ns/last", entries=10, payload_bytes=1000)
+    budget = ByteBudget(1 << 40)
+    sub = subscribe(stack, topic, budget=budget)
+    first = sub.add_consumer(ConsumerConfig("first", unacked_bytes_max=1 << 40))
+    first.flow(3)  # three delivered, more read ahead
+    assert len(first.poll_all()) == 3
+    first.ack([0])
+    first.close()
+    assert budget.used_bytes == 0 and not sub._pending and not sub._redeliver
+    second = sub.add_consumer(ConsumerConfig("second", unacked_bytes_max=1 << 40))
+    got = []
+    for _ in range(20):
+        second.flow(10)
+        got += second.poll_all()
+    assert [d.offset for d in got] == list(range(1, 10))
+    assert [d.redelivery_count for d in got[:2]] == [1, 1] and {d.redelivery_count for d in got[2:]} == {0}
