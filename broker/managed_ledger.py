@@ -742,9 +742,9 @@ class ManagedLedger:
         """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
         ends the range early): from the broker's cache where it has them, the rest through the
         ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (fewer when the ledger's
-        average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a time. Every entry after the first is
-        remembered as where the offset after its predecessor lives, and so is the entry after
-        the last one read."""
+        average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a time. Every entry
+        after the first is remembered as where the offset after its predecessor lives, and so is
+        the entry after the last one read."""
         handle = self._handle_for(info.ledger_id)
         entries: list[Entry] = []
         size = 0

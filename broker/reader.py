@@ -64,6 +64,8 @@ class Reader:
         self._buffered_bytes = 0
         """The footprint of the read ``_buffer`` holds, counted in the budget until it is empty."""
         self._listeners: list[Callable[[], None]] = []
+        self._waiting = False
+        """A wake-up is left with the budget."""
         self.next_offset = self._resolve(start)
         self._compacted: Iterator[Delivery] | None = None
         if compactor is not None:
@@ -145,11 +147,21 @@ class Reader:
         self._buffered_bytes = 0
 
     def _budget_refuses(self) -> bool:
-        """Whether the budget puts this read off (then the listeners are called once it admits)."""
+        """Whether the budget puts this read off (then the listeners are called once it admits;
+        one wake-up is left at a time)."""
         budget = self._budget
-        return budget is not None and not budget.admits() and budget.wait(self._budget_freed)
+        if budget is None or self._waiting:
+            return self._waiting
+        if budget.admits():
+            return False
+        self._waiting = True  # before the wake-up is left: it may run at once
+        if budget.wait(self._budget_freed):
+            return True
+        self._waiting = False
+        return False
 
     def _budget_freed(self) -> None:
+        self._waiting = False
         for listener in list(self._listeners):
             listener()
 

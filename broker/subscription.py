@@ -35,10 +35,10 @@ truly):
   a consumer whose outbox holds ``consumer_pending_bytes_max`` gets nothing more until the
   transport took them, which it does only while its connection drains: a client that stops
   reading is held back by TCP, never buffered. Taking from a full outbox asks for a dispatch.
-- What a consumer holds unacknowledged, and what waits for redelivery or for its delay, is kept
-  as positions only (its ``_Item`` without message or entry bytes); it is read again from the
-  managed ledger when it is delivered again, so a consumer that never acknowledges pins no
-  payloads.
+- What a consumer holds unacknowledged is kept as positions only (one ``_Held`` record per
+  delivered run, shared by its offsets), and so is what waits for redelivery or for its delay
+  (an ``_Item`` without message or entry bytes); it is read again from the managed ledger when it
+  is delivered again, so a consumer that never acknowledges pins no payloads.
 - What the dispatcher holds decoded (read ahead, or in outboxes) is added to the broker-wide
   reads-in-flight budget (``broker/byte_budget.py``) at the end of each dispatch round and each
   take; while the budget refuses, no read starts and the subscription waits for a wake-up.
@@ -260,7 +260,6 @@ class _Held(NamedTuple):
     first_id: MessageId
     """The id of the run's first message (kept: a run of one is most runs, and its id is asked
     for by every acknowledgement of a consumer that tracks ids)."""
-
     ledger_id: int
     entry_id: int
     partition: int

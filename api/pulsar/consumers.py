@@ -17,14 +17,14 @@ REDELIVER_UNACKNOWLEDGED_MESSAGES is a nack due at once, and the broker supplies
 Invariants: a consumer receives only against FLOW permits (one per message, but an entry is
 never split between deliveries: its rest follows its first message past the permits, as
 Pulsar's broker sends whole batches, because the clients acknowledge a batch only once they
-hold all of it); nothing is written
-while the connection is congested: the deliveries wait in the broker consumer's outbox, which
-takes no more than ``dispatcherMaxPendingBytesPerConsumer`` (so a client that stops reading is
-held back by TCP and costs the broker that and its connection's ``write_buffer_bytes_max``, at
-most one entry beyond each); a consumer closed by the broker (a forced subscription delete, or its topic moving
-to another broker) is told with CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not
-serve is refused with ServiceNotReady before anything is created; a non-durable subscription
-(a reader's) ends with its consumer.
+hold all of it); nothing is written while the connection is congested: the deliveries wait in
+the broker consumer's outbox, which takes no more than ``dispatcherMaxPendingBytesPerConsumer``
+(so a client that stops reading is held back by TCP and costs the broker that and its
+connection's ``write_buffer_bytes_max``, at most one entry beyond each); a consumer closed by
+the broker (a forced subscription delete, or its topic moving to another broker) is told with
+CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not serve is refused with
+ServiceNotReady before anything is created; a non-durable subscription (a reader's) ends with
+its consumer.
 """
 
 from __future__ import annotations

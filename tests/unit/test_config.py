@@ -56,6 +56,8 @@ def test_data_urls_hold_keys_inline() -> None:
     ({"authenticationEnabled": "true"}, "tokenSecretKey"),
     ({"authenticationEnabled": "true", "tokenSecretKey": "file:///nonexistent/key"}, "cannot read"),
     ({"authenticationEnabled": "true", "tokenSecretKey": "data:;base64,@@@"}, "base64"),
+    ({"managedLedgerMaxReadsInFlightSizeInMB": "-1"}, "managedLedgerMaxReadsInFlightSizeInMB"),
+    ({"dispatcherMaxPendingBytesPerConsumer": "100"}, "dispatcherMaxPendingBytesPerConsumer"),
 ])
 def test_bad_values_name_the_key(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -66,3 +68,13 @@ def test_lines_without_equals_are_errors() -> None:
     assert parse_properties("a=1\n! comment\n\nb = two words\n") == {"a": "1", "b": "two words"}
     with pytest.raises(ConfigError, match="line 2"):
         parse_properties("a=1\njust-a-word\n")
+
+
+def test_memory_bounds_are_pulsar_keys_in_their_units() -> None:
+    config = StandaloneConfig.load(None, {"managedLedgerMaxReadsInFlightSizeInMB": "64",
+                                          "maxMessagePublishBufferSizeInMB": "0",
+                                          "dispatcherMaxReadSizeBytes": "524288",
+                                          "dispatcherMaxPendingBytesPerConsumer": "2097152"})
+    broker = config.broker
+    assert broker.reads_in_flight_bytes_max == 64 * 1024 * 1024 and broker.publish_buffer_bytes_max == 0
+    assert (broker.dispatch_read_bytes_max, broker.consumer_pending_bytes_max) == (524288, 2097152)

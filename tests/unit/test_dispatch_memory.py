@@ -8,7 +8,9 @@ what a consumer holds unacknowledged, and what waits for redelivery, is position
 again (bytes and key intact) when delivered again; once the last consumer left nothing stays
 decoded and the next reads everything unacknowledged again; a subscription whose read the budget refuses
 delivers nothing until another's transport takes its deliveries, then goes on; a reader's read
-ahead is counted in the budget until handed out, and given back when it is closed.
+ahead is counted in the budget until handed out, and given back when it is closed; a reader the
+budget refuses reads nothing, leaves one wake-up however often it is asked, and is called back
+once the budget admits.
 """
 
 from __future__ import annotations
@@ -150,3 +152,18 @@ def test_when_the_last_consumer_leaves_nothing_stays_decoded_and_the_next_reads_
         got += second.poll_all()
     assert [d.offset for d in got] == list(range(1, 10))
     assert [d.redelivery_count for d in got[:2]] == [1, 1] and {d.redelivery_count for d in got[2:]} == {0}
+
+
+def test_a_reader_refused_by_the_budget_reads_nothing_and_is_called_back_once_it_admits(stack: Stack) -> None:
+    topic = make_topic(stack, "t/ns/refused", entries=3, payload_bytes=1000)
+    budget = ByteBudget(PENDING_BYTES_MAX)
+    budget.adjust(PENDING_BYTES_MAX)  # held by others
+    reader = Reader(topic, StartPosition.earliest(), budget=budget)
+    called: list[int] = []
+    reader.add_listener(lambda: called.append(1))
+    for _ in range(5):  # asked again and again while refused: one wake-up is left, not five
+        assert reader.read_next() is None
+    assert budget.statistics().waiting == 1
+    budget.adjust(-PENDING_BYTES_MAX)
+    assert called == [1]
+    assert [d.offset for d in iter(reader.read_next, None)] == [0, 1, 2]
