@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from broker.errors import (
@@ -57,6 +58,7 @@ CURSOR_LEDGER_ENTRIES_MAX = 50_000  # as Pulsar's managedLedgerCursorMaxEntriesP
 ACKED_RANGES_PERSISTED_MAX = 10_000
 READ_BATCH_ENTRIES_MAX = 100
 READ_BATCH_BYTES_MAX = 5 * 1024 * 1024
+_DATA = attrgetter("data")
 CURSOR_PERSIST_INTERVAL_S_MIN = 0.01
 """A cursor writes its state at most this often; acknowledgements in between share the next
 write (Pulsar's default limit is one write a second; a short interval keeps acks durable soon)."""
@@ -232,7 +234,7 @@ class ManagedCursor:
             entries = self.ml.read_entries(position, max_entries - len(result), max_bytes=max_bytes - size)
             if not entries:
                 break
-            size += sum(len(entry.data) for entry in entries)
+            size += sum(map(len, map(_DATA, entries)))
             with self._lock:
                 for entry in entries:
                     if not self.acked.covers(max(entry.first_offset, self.mark_delete_offset),

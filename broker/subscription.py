@@ -195,6 +195,13 @@ class _Item:
     """The payload's length in bytes; for a message of a batch, the batch's average (counted once
     per entry, not per message)."""
 
+    def id_of(self, offset: int) -> MessageId:
+        """Its id (the ``_Held`` interface: a consumer holding one message holds its item)."""
+        return self.message_id
+
+    def item(self, offset: int) -> _Item:
+        return self
+
 
 def _hash_of(message: DecodedMessage) -> int:
     """The sticky-key hash of a message's ordering key (else its key), -1 for neither."""
@@ -255,7 +262,8 @@ class _Held(NamedTuple):
     """Messages of one entry delivered together to one consumer and not yet acknowledged, as a
     position: one record shared by their offsets in ``UnackedMessages``, so a batch of many
     messages costs a dict slot per message, not an object (a named tuple: one is built per
-    delivered run, without ``__init__``)."""
+    delivered run, without ``__init__``). A consumer holding a single message holds its
+    ``_Item`` instead, without its bytes (it has the same interface)."""
 
     first_id: MessageId
     """The id of the run's first message (kept: a run of one is most runs, and its id is asked
@@ -266,11 +274,11 @@ class _Held(NamedTuple):
     entry_first_offset: int
     """The offset of the entry's batch index 0; -1 for a lone message (its id has no batch index)."""
     publish_time_ms: int
-    size_each: int
+    size: int
     """Payload bytes counted for each message: the run's average (so that ``UnackedMessages.bytes``
     goes back to exactly zero)."""
 
-    def message_id(self, offset: int) -> MessageId:
+    def id_of(self, offset: int) -> MessageId:
         first = self.entry_first_offset
         if first < 0 or offset - first == self.first_id.batch_index:
             return self.first_id
@@ -279,49 +287,53 @@ class _Held(NamedTuple):
     def item(self, offset: int) -> _Item:
         """The message at ``offset`` as a dispatch item again, a position: read again (and its
         key hashed again) when it is delivered again."""
-        return _Item(offset, self.message_id(offset), None, self.publish_time_ms, -1, 0, None, self.size_each)
+        return _Item(offset, self.id_of(offset), None, self.publish_time_ms, -1, 0, None, self.size)
+
+
+_HeldMessages = _Held | _Item
+"""What a consumer holds of a delivered run: a ``_Held`` record, or the one message's ``_Item``."""
 
 
 class UnackedMessages:
-    """A consumer's messages delivered and not yet acknowledged: offset -> the ``_Held`` run it
-    came in, with the payload bytes counted for them."""
+    """A consumer's messages delivered and not yet acknowledged: offset -> what it holds of the
+    run it came in, with the payload bytes counted for them."""
 
     __slots__ = ("_by_offset", "bytes")
 
     def __init__(self) -> None:
-        self._by_offset: dict[int, _Held] = {}
+        self._by_offset: dict[int, _HeldMessages] = {}
         self.bytes = 0
 
-    def add_run(self, offsets: list[int], held: _Held) -> None:
+    def add_run(self, offsets: list[int], held: _HeldMessages) -> None:
         by_offset = self._by_offset
         if not by_offset.keys().isdisjoint(offsets):  # redelivered to the holder itself: rare
             for offset in offsets:
                 previous = by_offset.get(offset)
                 if previous is not None:
-                    self.bytes -= previous.size_each
+                    self.bytes -= previous.size
         by_offset.update(zip(offsets, repeat(held)))
-        self.bytes += held.size_each * len(offsets)
+        self.bytes += held.size * len(offsets)
 
-    def pop_all(self, offsets: list[int]) -> list[_Held | None]:
+    def pop_all(self, offsets: list[int]) -> list[_HeldMessages | None]:
         """``pop`` each of ``offsets``: what was held of each (None: nothing), in order."""
         popped = list(map(self._by_offset.pop, offsets, repeat(None)))
-        self.bytes -= sum(h.size_each for h in popped if h is not None)
+        self.bytes -= sum(h.size for h in popped if h is not None)
         return popped
 
-    def pop(self, offset: int) -> _Held | None:
+    def pop(self, offset: int) -> _HeldMessages | None:
         held = self._by_offset.pop(offset, None)
         if held is not None:
-            self.bytes -= held.size_each
+            self.bytes -= held.size
         return held
 
     def clear(self) -> None:
         self._by_offset.clear()
         self.bytes = 0
 
-    def get(self, offset: int) -> _Held | None:
+    def get(self, offset: int) -> _HeldMessages | None:
         return self._by_offset.get(offset)
 
-    def items(self) -> Iterable[tuple[int, _Held]]:
+    def items(self) -> Iterable[tuple[int, _HeldMessages]]:
         return self._by_offset.items()
 
     def __contains__(self, offset: object) -> bool:
@@ -374,10 +386,9 @@ class Consumer:
             if not self.outbox:
                 return None
             delivery = self.outbox.popleft()
-            taken = footprint(1, len(delivery.message.payload)) if self.outbox else self.outbox_bytes
             full = self.outbox_bytes >= self._outbox_bytes_max
-            self.outbox_bytes -= taken
-        subscription._taken(taken, full)
+            self.outbox_bytes = self.outbox_bytes - footprint(1, len(delivery.message.payload)) if self.outbox else 0
+        subscription._taken(full)
         return delivery
 
     def poll_all(self) -> list[Delivery]:
@@ -388,7 +399,7 @@ class Consumer:
             self.outbox.clear()
             freed, self.outbox_bytes = self.outbox_bytes, 0
         if freed:
-            subscription._taken(freed, freed >= self._outbox_bytes_max)
+            subscription._taken(freed >= self._outbox_bytes_max)
         return taken
 
     def holds(self, delivery: Delivery) -> bool:
@@ -468,8 +479,6 @@ class Subscription:
         self._pending_bytes = 0
         """Footprint of what was read or read again and not yet delivered (``_pending``, and a
         redelivery being delivered); zero once ``_pending`` is empty at the end of a round."""
-        self._outbox_bytes = 0
-        """The consumers' ``outbox_bytes`` together."""
         self._budgeted = 0
         """What the budget was last told this subscription holds."""
         self._loaded: tuple[tuple[int, int], int, bytes, list[DecodedMessage]] | None = None
@@ -557,7 +566,6 @@ class Subscription:
 
     def _clear_outbox(self, consumer: Consumer) -> None:
         consumer.outbox.clear()
-        self._outbox_bytes -= consumer.outbox_bytes
         consumer.outbox_bytes = 0
 
     def active_consumer(self) -> Consumer | None:
@@ -629,7 +637,7 @@ class Subscription:
         last told, now taken as told."""
         if self._budget is None:
             return 0
-        held = max(self._pending_bytes, 0) + self._outbox_bytes
+        held = max(self._pending_bytes, 0) + sum(c.outbox_bytes for c in self.consumers)
         delta, self._budgeted = held - self._budgeted, held
         return delta
 
@@ -643,13 +651,10 @@ class Subscription:
             delta = self._budget_delta()
         self._tell_budget(delta)
 
-    def _taken(self, freed: int, was_full: bool) -> None:
-        """A transport took ``freed`` bytes of deliveries from a consumer's outbox: they leave
-        the budget, and an outbox that was full lets dispatch go on."""
-        with self._lock:
-            self._outbox_bytes -= freed
-            delta = self._budget_delta()
-        self._tell_budget(delta)
+    def _taken(self, was_full: bool) -> None:
+        """A transport took deliveries from a consumer's outbox: they leave the budget, and an
+        outbox that was full lets dispatch go on."""
+        self._settle()
         if was_full:
             self._schedule(self.dispatch)
 
@@ -774,7 +779,7 @@ class Subscription:
             count = len(messages)
             payload_bytes = len(messages[0].payload) if count == 1 else sum(map(len, map(_PAYLOAD, messages)))
             read_bytes += 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline
-            size = payload_bytes // max(count, 1)  # a batch's messages count its average: no list per entry
+            size = payload_bytes // (count or 1)  # a batch's messages count its average: no list per entry
             ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
             data, publish_ms = entry.data, entry.publish_time_ms
             lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
@@ -829,15 +834,18 @@ class Subscription:
         payload_bytes = first.size * count  # the items of one entry: each counts the entry's average
         run_bytes = 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline: once per run
         self._pending_bytes -= run_bytes
-        self._outbox_bytes += run_bytes
         consumer.outbox_bytes += run_bytes
         consumer.permits -= count
         consumer.outbox.extend(deliveries)
-        first_id = first.message_id  # from here on the consumer holds them as a position
-        batch_index = first_id.batch_index
-        consumer.unacked.add_run(offsets, _new_held(_Held, (
-            first_id, first_id.ledger_id, first_id.entry_id, self.partition,
-            -1 if batch_index < 0 else first.offset - batch_index, first.publish_time_ms, payload_bytes // count)))
+        if count == 1:  # from here on the consumer holds them as a position: one message, its item
+            first.message = first.entry_data = None
+            consumer.unacked.add_run(offsets, first)
+        else:
+            first_id = first.message_id
+            batch_index = first_id.batch_index
+            consumer.unacked.add_run(offsets, _new_held(_Held, (
+                first_id, first_id.ledger_id, first_id.entry_id, self.partition,
+                -1 if batch_index < 0 else first.offset - batch_index, first.publish_time_ms, first.size)))
         if consumer.config.track_ids:
             consumer.offsets_by_id.update(zip([i.message_id for i in items], offsets, strict=True))
         consumer.msg_out += count
@@ -863,7 +871,7 @@ class Subscription:
         if held is None:
             return
         if consumer.offsets_by_id:
-            consumer.offsets_by_id.pop(held.message_id(offset), None)
+            consumer.offsets_by_id.pop(held.id_of(offset), None)
         hashed = self._held_keys.pop(offset, None) if self._held_keys else None
         if hashed is None:
             return
@@ -933,7 +941,7 @@ class Subscription:
                     by_id_pop = consumer.offsets_by_id.pop
                     for offset, run in zip(offsets, popped, strict=True):
                         if run is not None:
-                            by_id_pop(run.message_id(offset), None)
+                            by_id_pop(run.id_of(offset), None)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)
         self.dispatch()
