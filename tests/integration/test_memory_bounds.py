@@ -62,7 +62,7 @@ BINARY_PERMITS = 1_000_000
 WS_RECEIVER_QUEUE = 1_000_000
 SETTLE_S = 1.5
 """Longer than the entry cache keeps an entry (``entry_cache_age_ms_max``, 1 s)."""
-WATCH_S = 5.0
+WATCH_S = 3.0
 SAMPLE_S = 0.1
 HTTP_TIMEOUT_S = 30.0
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072", "MALLOC_ARENA_MAX": "2"}
