@@ -36,7 +36,16 @@ from fastapi import APIRouter
 
 from api.admin_namespaces import namespace_name
 from api.auth import Authorizer, Caller
-from broker import BrokerService, BrokerStats, MagnetarError, StorageStats, TopicName, TopicStats, iso_time
+from broker import (
+    BrokerService,
+    BrokerStats,
+    ByteBudgetStats,
+    MagnetarError,
+    StorageStats,
+    TopicName,
+    TopicStats,
+    iso_time,
+)
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterStats
@@ -193,6 +202,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             "keyIndex": None if stats.key_index is None else _key_index(stats),
             "maintenancePasses": stats.maintenance_passes,
             "appendsFenced": stats.appends_fenced,
+            "readsInFlight": _budget(stats.reads_in_flight),
+            "publishBuffer": _budget(stats.publish_buffer),
             **traffic_overview(stats),
         }
 
@@ -211,6 +222,13 @@ def _key_index(broker: BrokerStats) -> dict[str, Any]:
     return {"partitions": keys.partitions, "pendingRows": keys.pending_rows, "rowsIndexed": keys.rows_indexed,
             "batchesWritten": keys.batches_written, "entriesRebuilt": keys.entries_rebuilt,
             "versionMismatches": keys.version_mismatches, "rowsCleaned": keys.rows_cleaned, "syncs": keys.syncs}
+
+
+def _budget(budget: ByteBudgetStats | None) -> dict[str, Any] | None:
+    if budget is None:
+        return None
+    return {"usedBytes": budget.used_bytes, "maxBytes": budget.bytes_max, "peakBytes": budget.peak_bytes,
+            "waits": budget.waits, "waiting": budget.waiting}
 
 
 def _entry_cache(broker: BrokerStats) -> dict[str, Any]:

@@ -17,9 +17,11 @@ defaults, which keep nothing that no subscription holds), the binary protocol's
 limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic``,
 ``maxSubscriptionsPerTopic``, ``maxTopicsPerNamespace``, ``maxPublishRatePerTopicInMessages`` /
 ``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
-unlimited); plus ``dataDir`` and the edge bounds of ``api/limits.py`` (``CONFIG_KEYS``). Keys
-Magnetar does not use are ignored, so a full Pulsar ``standalone.conf`` loads, and named in one
-warning, so a misspelt key does not go unnoticed.
+unlimited); the broker's memory bounds (``BROKER_BOUNDS``: ``dispatcherMaxReadSizeBytes``,
+``dispatcherMaxPendingBytesPerConsumer``, ``managedLedgerMaxReadsInFlightSizeInMB``,
+``maxMessagePublishBufferSizeInMB``); plus ``dataDir`` and the edge bounds of ``api/limits.py``
+(``CONFIG_KEYS``). Keys Magnetar does not use are ignored, so a full Pulsar ``standalone.conf``
+loads, and named in one warning, so a misspelt key does not go unnoticed.
 
 TLS (``TLS_KEYS``, ``api/tls.py``): with ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` the
 web service also listens with TLS on ``webServicePortTls`` (8443: HTTPS and WSS) and the binary
@@ -43,6 +45,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from api.auth import AuthConfig
 from api.authentication import PROVIDER_CLASSES, TLS_METHOD, TOKEN_METHOD
@@ -50,11 +53,20 @@ from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from api.pulsar import PulsarSettings
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
-from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
+from broker import BROKER_BOUNDS, QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
 from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)
 
+MIB = 1024 * 1024
+BROKER_BOUNDS = (  # standalone.conf key, BrokerConfig field, unit in bytes, accepted range in that unit
+    ("dispatcherMaxReadSizeBytes", "dispatch_read_bytes_max", 1, (4096, 256 * MIB)),
+    ("dispatcherMaxPendingBytesPerConsumer", "consumer_pending_bytes_max", 1, (4096, 256 * MIB)),
+    ("managedLedgerMaxReadsInFlightSizeInMB", "reads_in_flight_bytes_max", MIB, (0, 1024 * 1024)),
+    ("maxMessagePublishBufferSizeInMB", "publish_buffer_bytes_max", MIB, (0, 1024 * 1024)),
+)
+"""The broker's memory bounds: Pulsar's keys where Pulsar has them
+(``dispatcherMaxPendingBytesPerConsumer`` is Magnetar's); 0 turns a broker-wide budget off."""
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
@@ -62,7 +74,7 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
               "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
-              *ROLE_SHARE_KEYS)
+              *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
 TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
             "tlsProtocols", "authenticationProviders")
 RETENTION_LIMIT_MAX = 2**31 - 1
@@ -121,7 +133,7 @@ class StandaloneConfig:
                 dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True),
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
-                quotas=_quotas(values)),
+                quotas=_quotas(values), **_broker_bounds(values)),
             auth=_auth(values, tls),
             limits=_limits(values),
             pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host), tls)),
@@ -178,6 +190,19 @@ def _quotas(values: Mapping[str, str]) -> QuotaDefaults:
             raise ConfigError(f"{key} must lie in 0..{QUOTA_CONFIG_VALUE_MAX} (0: unlimited), not {value}")
         given[name] = value
     return QuotaDefaults(**given)
+
+
+def _broker_bounds(values: Mapping[str, str]) -> dict[str, Any]:
+    """The ``BrokerConfig`` fields ``BROKER_BOUNDS`` keys set (Any: ``dataclasses.replace`` takes them by name)."""
+    settings: dict[str, Any] = {}
+    for key, name, unit, (low, high) in BROKER_BOUNDS:
+        if values.get(key) in (None, ""):
+            continue
+        value = _integer(values, key, 0)
+        if not low <= value <= high:
+            raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
+        settings[name] = value * unit
+    return settings
 
 
 def _limits(values: Mapping[str, str]) -> EdgeLimits:

@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
-from broker import BrokerService, BrokerStats, StorageStats, SubscriptionStats, TopicStats
+from broker import BrokerService, BrokerStats, ByteBudgetStats, StorageStats, SubscriptionStats, TopicStats
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterStats
@@ -168,6 +168,12 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
     yield _counter("magnetar_metadata_store_cas_failures", "Metadata compare-and-set conflicts", store.cas_failures)
     yield _counter("magnetar_appends_fenced", "Appends refused because another broker recovered their topic "
                    "(fenced its ledger or rewrote its ledger list)", broker.appends_fenced)
+    yield from _budget_metrics("magnetar_reads_in_flight", "read and decoded by dispatch and not yet taken by a "
+                               "connection (managedLedgerMaxReadsInFlightSizeInMB)", "Reads that waited for the budget",
+                               broker.reads_in_flight)
+    yield from _budget_metrics("magnetar_publish_buffer", "of publishes sent to the managed ledgers and not yet "
+                               "stored (maxMessagePublishBufferSizeInMB)", "Times producers' connections stopped "
+                               "being read because the buffer was full", broker.publish_buffer)
     keys = broker.key_index
     if keys is not None:
         yield _gauge("magnetar_key_index_pending_rows", "Key versions assigned and not yet written to the key index",
@@ -175,6 +181,15 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
         yield _counter("magnetar_key_index_rows_indexed", "Key versions written to the key index", keys.rows_indexed)
         yield _counter("magnetar_key_index_version_mismatches", "Conditional appends refused on a key version",
                        keys.version_mismatches)
+
+
+def _budget_metrics(name: str, what: str, waits_help: str, budget: ByteBudgetStats | None) -> Iterator[Metric]:
+    if budget is None:
+        return
+    yield _gauge(f"{name}_bytes", f"Bytes {what}", budget.used_bytes)
+    yield _gauge(f"{name}_bytes_max", f"The bound on bytes {what}; 0: none", budget.bytes_max)
+    yield _gauge(f"{name}_peak_bytes", f"The most bytes {what} since the broker started", budget.peak_bytes)
+    yield _counter(f"{name}_waits", waits_help, budget.waits)
 
 
 def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:

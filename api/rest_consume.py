@@ -32,7 +32,7 @@ Invariants:
 - A consumer closed under the registry (e.g. its subscription was deleted by force) is
   replaced by the next pull.
 - An outbox delivery no longer held by the consumer (its ack timeout fired and it went back for
-  redelivery) is never handed out: only ``Consumer.unacked``'s current delivery is.
+  redelivery) is never handed out: only one the consumer still holds (``Consumer.holds``) is.
 - An ack answers after the cursor has persisted it, so a restarted broker does not redeliver
   it. Every id is checked before anything is acknowledged: an id that names no message of this
   topic (or a malformed one) is a 400 and nothing is acknowledged.
@@ -224,7 +224,7 @@ class RestConsumer:
             if (taken or taken_any) and size + payload_bytes > bytes_max:
                 break  # left in the outbox for the next pull
             self.consumer.poll()
-            if self.consumer.unacked.get(delivery.offset) is delivery:  # else timed out and requeued
+            if self.consumer.holds(delivery):  # else timed out and requeued
                 taken.append(delivery)
                 size += payload_bytes
         with self._lock:

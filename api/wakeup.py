@@ -10,7 +10,8 @@ burst brings, and from however many sources (dispatch, publish completions, deli
 loop is woken once and runs them in submission order. A :class:`LoopSignal` runs its callback
 on the loop at most once per burst of notifications (deferred with ``call_soon`` when notified on
 the loop itself, so it never re-enters its caller). A :class:`LoopWakeup` notified on the loop's
-own thread sets its event directly, with no hand-over at all.
+own thread sets its event directly, with no hand-over at all. :func:`budget_room` waits on the
+loop for a broker byte budget that any thread releases.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
+
+from broker import ByteBudget
 
 log = logging.getLogger(__name__)
 
@@ -128,3 +131,13 @@ class LoopWakeup(LoopSignal):
     async def wait(self) -> None:
         await self.event.wait()
         self.event.clear()
+
+
+async def budget_room(budget: ByteBudget) -> None:
+    """Return once ``budget`` admits (at once while it does). A producer session that awaits this
+    before it reads its next frame leaves its connection unread meanwhile, so TCP holds the
+    client back while the broker's publish buffer is full (``maxMessagePublishBufferSizeInMB``)."""
+    while not budget.admits():
+        wakeup = LoopWakeup(asyncio.get_running_loop())
+        if budget.wait(wakeup.notify):
+            await wakeup.wait()

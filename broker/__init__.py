@@ -9,9 +9,10 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ``subscribe_pattern`` and ``reader``; ``read_range`` and ``admin``, a ``TopicAdmin`` for
   subscriptions, cursor moves, single messages, statistics and acknowledgements by id);
 - the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
-  ``Delivery``s, ``Reader``, statistics views, ``StoredMessage``, ``RangeRead``; for event
-  streams ``StreamInfo``, ``StreamRead`` and ``KeyReader`` (``stream_info``, ``read_stream``,
-  ``stream_reader``);
+  ``Delivery``s, ``Reader``, statistics views, the broker-wide byte budgets
+  (``service.reads_in_flight``, ``service.publish_buffer``: a ``ByteBudget`` each),
+  ``StoredMessage``, ``RangeRead``; for event streams ``StreamInfo``, ``StreamRead`` and
+  ``KeyReader`` (``stream_info``, ``read_stream``, ``stream_reader``);
 - topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
   strategies);
 - entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
@@ -29,6 +30,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 """
 
 from broker.bookie import QuorumConfig
+from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
 from broker.entry_frames import (
@@ -135,6 +137,8 @@ __all__ = [
     "BrokerError",
     "BrokerService",
     "BrokerStats",
+    "ByteBudget",
+    "ByteBudgetStats",
     "CompactionStatus",
     "Compression",
     "Consumer",

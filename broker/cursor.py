@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from broker.errors import (
@@ -56,6 +57,8 @@ from broker.range_set import RangeSet
 CURSOR_LEDGER_ENTRIES_MAX = 50_000  # as Pulsar's managedLedgerCursorMaxEntriesPerLedger
 ACKED_RANGES_PERSISTED_MAX = 10_000
 READ_BATCH_ENTRIES_MAX = 100
+READ_BATCH_BYTES_MAX = 5 * 1024 * 1024
+_DATA = attrgetter("data")
 CURSOR_PERSIST_INTERVAL_S_MIN = 0.01
 """A cursor writes its state at most this often; acknowledgements in between share the next
 write (Pulsar's default limit is one write a second; a short interval keeps acks durable soon)."""
@@ -211,8 +214,11 @@ class ManagedCursor:
         self.read_offset = max(self.read_offset, self.mark_delete_offset)
 
     # --- reading -------------------------------------------------------------------------
-    def read_entries(self, max_entries: int = READ_BATCH_ENTRIES_MAX) -> list[Entry]:
-        """Entries from the read position on, skipping wholly acknowledged ones; advances it."""
+    def read_entries(self, max_entries: int = READ_BATCH_ENTRIES_MAX,
+                     max_bytes: int = READ_BATCH_BYTES_MAX) -> list[Entry]:
+        """Entries from the read position on, skipping wholly acknowledged ones; advances it.
+        At most ``max_entries`` entries and, past the first, ``max_bytes`` of them (counting
+        those skipped: they were read too)."""
         with self._lock:
             start = self.read_offset
             cached = self._read_position
@@ -223,10 +229,12 @@ class ManagedCursor:
         else:
             position, _ = self.ml.offset_to_position(start)
         result: list[Entry] = []
-        while len(result) < max_entries:
-            entries = self.ml.read_entries(position, max_entries - len(result))
+        size = 0
+        while len(result) < max_entries and size < max_bytes:
+            entries = self.ml.read_entries(position, max_entries - len(result), max_bytes=max_bytes - size)
             if not entries:
                 break
+            size += sum(map(len, map(_DATA, entries)))
             with self._lock:
                 for entry in entries:
                     if not self.acked.covers(max(entry.first_offset, self.mark_delete_offset),

@@ -41,6 +41,8 @@ STREAM_SCHEMA = ARROW_SCHEMA.append(pa.field(KEY_VERSION_COLUMN, pa.int64()))
 """A stream read's columns: the range reads' and each message's version."""
 LIVE_READ_VERSIONS_MAX = 100
 """Versions a live key reader reads ahead at a time."""
+LIVE_READ_BYTES_MAX = 1024 * 1024
+"""Payload bytes a live key reader reads ahead at most (one message always)."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,11 @@ class KeyReader:
             self._fill()
         return self._buffer.popleft() if self._buffer else None
 
+    def close(self) -> None:
+        """Drop what was read ahead (the reader is abandoned)."""
+        self._buffer.clear()
+        self._decoded = None
+
     def _fill(self) -> None:
         rows = self._keys.rows(self.key, self.next_version, self.next_version + LIVE_READ_VERSIONS_MAX - 1)
         ml = self.topic.ml
@@ -201,7 +208,10 @@ class KeyReader:
             first = self._keys.first_row_at_or_after(self.key, ml.first_offset)  # trimmed while it waited
             self.next_version = first.version if first is not None else rows[-1].version + 1
             rows = [r for r in rows if r.version >= self.next_version]
+        buffered = 0
         for row in rows:
+            if buffered >= LIVE_READ_BYTES_MAX:
+                break
             try:
                 entry, decoded = self._entry(row)
             except DataLost:
@@ -213,6 +223,7 @@ class KeyReader:
             self._buffer.append(Delivery(message_id, row.offset, message, entry.publish_time_ms, 0,
                                          self.topic.name.full_name, key_version=row.version))
             self.next_version = row.version + 1
+            buffered += len(message.payload)
 
     def _entry(self, row: StreamRow) -> tuple[Entry, DecodedEntry]:
         cached = self._decoded

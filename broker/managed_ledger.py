@@ -4,7 +4,8 @@ Write path: ``add_entry(payload, message_count)`` stamps the entry with Pulsar's
 BrokerEntryMetadata (broker timestamp, ``index`` = offset of the entry's last message) and
 appends it to the current ledger. Offsets are per partition, gap-free and increasing across
 ledgers. Acknowledgements complete in order; each confirmed entry goes to the broker-side
-``EntryCache`` and wakes tailing readers.
+``EntryCache`` and wakes tailing readers. Every append's bytes count in the factory's publish
+buffer (``broker/byte_budget.py``) from the moment it is sent until it is stored or failed.
 
 Ledger list: kept in the metadata store at ``/managed-ledgers/{name}`` (compare-and-set on
 every change). The current ledger rolls over when it holds ``ledger_entries_max`` entries,
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from broker.bookie import QuorumConfig
+from broker.byte_budget import ByteBudget
 from broker.entry_cache import CachedEntry, EntryCache
 from broker.entry_format import (
     message_count,
@@ -72,6 +74,9 @@ KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 READ_HANDLES_MAX = 64
 READ_RUN_ENTRIES_MAX = 64
 """Entries fetched from the bookies in one range read."""
+READ_RUN_BYTES_MAX = 1 * MiB
+"""Bytes one range read fetches at most, at the ledger's average entry size (one entry always):
+a lookup that reads forward to an offset or a time holds no more than this at once."""
 ADD_TIMEOUT_S = 60.0
 LOAD_ATTEMPTS = 3
 """Loads of one managed ledger tried in a row while another writer changes its ledger list."""
@@ -151,6 +156,7 @@ class ManagedLedger:
         self._ledgers = factory.ledgers
         self._store = factory.store
         self._cache = factory.cache
+        self._publish_buffer = factory.publish_buffer
         self._clock = factory.clock
         self._path = f"{ML_ROOT}/{name}"
         self._lock = threading.RLock()
@@ -379,7 +385,8 @@ class ManagedLedger:
         ledger_future, info, datas, added = self._append(
             [payload], [message_count], expected_offset, None if on_offsets is None else [on_offsets])
         result: Future[AddResult] = new_future()
-        ledger_future.add_done_callback(lambda f: self._on_added(f, result, info, datas[0], added[0]))
+        buffered = self._buffer(datas)
+        ledger_future.add_done_callback(lambda f: self._on_added(f, result, info, datas[0], added[0], buffered))
         return result
 
     def add_entries(self, payloads: Sequence[bytes], message_counts: Sequence[int], *,
@@ -394,8 +401,16 @@ class ManagedLedger:
             raise InvalidRequest("add_entries needs one message count per entry, at least one entry")
         ledger_future, info, datas, added = self._append(payloads, message_counts, None, on_offsets)
         result: Future[list[AddResult]] = new_future()
-        ledger_future.add_done_callback(lambda f: self._on_group_added(f, result, info, datas, added))
+        buffered = self._buffer(datas)
+        ledger_future.add_done_callback(lambda f: self._on_group_added(f, result, info, datas, added, buffered))
         return result
+
+    def _buffer(self, datas: list[bytes]) -> int:
+        """Count ``datas`` in the broker's publish buffer until they are stored; their bytes."""
+        size = sum(map(len, datas))
+        if self._publish_buffer is not None:
+            self._publish_buffer.adjust(size)
+        return size
 
     def _append(self, payloads: Sequence[bytes], message_counts: Sequence[int], expected_offset: int | None,
                 on_offsets: Sequence[Callable[[int], None] | None] | None,
@@ -465,7 +480,9 @@ class ManagedLedger:
         return ledger_future, info, datas, added
 
     def _on_group_added(self, ledger_future: Future[int], result: Future[list[AddResult]], info: LedgerInfo,
-                        datas: list[bytes], added: list[AddResult]) -> None:
+                        datas: list[bytes], added: list[AddResult], buffered: int) -> None:
+        if self._publish_buffer is not None:
+            self._publish_buffer.adjust(-buffered)
         error = ledger_future.exception()
         if error is not None:
             self._add_failed(error, info)
@@ -573,7 +590,9 @@ class ManagedLedger:
             self._open_new_ledger()
 
     def _on_added(self, ledger_future: Future[int], result: Future[AddResult], info: LedgerInfo, data: bytes,
-                  added: AddResult) -> None:
+                  added: AddResult, buffered: int) -> None:
+        if self._publish_buffer is not None:
+            self._publish_buffer.adjust(-buffered)
         error = ledger_future.exception()
         if error is not None:
             self._add_failed(error, info)
@@ -723,9 +742,9 @@ class ManagedLedger:
         """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
         ends the range early): from the broker's cache where it has them, the rest through the
         ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (fewer when the ledger's
-        average entry would pass ``max_bytes``) at a time. Every entry after the first is
-        remembered as where the offset after its predecessor lives, and so is the entry after
-        the last one read."""
+        average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a time. Every entry
+        after the first is remembered as where the offset after its predecessor lives, and so is
+        the entry after the last one read."""
         handle = self._handle_for(info.ledger_id)
         entries: list[Entry] = []
         size = 0
@@ -755,9 +774,10 @@ class ManagedLedger:
         when the caller knows it, spares parsing the first entry's ``MessageMetadata``; every
         later entry's first offset follows from the one before (offsets have no gaps)."""
         count = min(last - first + 1, READ_RUN_ENTRIES_MAX)
-        if bytes_left is not None and info.entries:
+        if info.entries:
             average = max(1, info.size_bytes // info.entries)
-            count = max(1, min(count, -(-bytes_left // average)))
+            run_bytes = READ_RUN_BYTES_MAX if bytes_left is None else min(bytes_left, READ_RUN_BYTES_MAX)
+            count = max(1, min(count, -(-run_bytes // average)))
         run: list[Entry] = []
         for entry_id, data in enumerate(handle.read(first, first + count - 1), start=first):
             meta = peek_broker_entry_metadata(data)
@@ -856,11 +876,13 @@ class ManagedLedgerFactory:
     """Opens managed ledgers by name; owns the shared entry cache."""
 
     def __init__(self, store: MetadataStore, ledgers: LedgerManager, cache: EntryCache,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, publish_buffer: ByteBudget | None = None) -> None:
         self.store = store
         self.ledgers = ledgers
         self.cache = cache
         self.clock = clock
+        self.publish_buffer = publish_buffer
+        """Counts the bytes of every append until it is stored (``maxMessagePublishBufferSizeInMB``)."""
         self._open: dict[str, ManagedLedger] = {}
         self._lock = threading.Lock()
         self._appends_fenced = 0

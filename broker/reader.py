@@ -5,6 +5,13 @@ exclusive, an offset, or a publish timestamp) and reads forward, keeping its pos
 memory (Pulsar's readers are non-durable cursors). With ``compacted=True`` it first reads the
 topic's compacted view (latest message per key) below the compaction horizon, then the topic's
 messages after it.
+
+Memory: a reader reads ahead at most ``READ_BATCH_ENTRIES`` entries and ``read_bytes_max`` of
+entry bytes (one entry always), and holds that read decoded until it has handed out its last
+message; the read's footprint counts in the broker-wide reads-in-flight budget meanwhile
+(``broker/byte_budget.py``). While the budget refuses, a reader reads nothing (it has caught up,
+as far as its caller sees) and its listeners are called once the budget admits again.
+:meth:`Reader.close` gives back what an abandoned reader still holds.
 """
 
 from __future__ import annotations
@@ -13,15 +20,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from broker.byte_budget import ByteBudget
 from broker.compaction import Compactor
 from broker.entry_format import decode_messages
 from broker.errors import InvalidRequest, MagnetarError
 from broker.managed_ledger import Entry
 from broker.message_id import MessageId
-from broker.subscription import Delivery
+from broker.subscription import Delivery, footprint_of
 from broker.topic import PersistentTopic
 
 READ_BATCH_ENTRIES = 100
+READ_BATCH_BYTES_MAX = 1024 * 1024
 TRIM_RETRIES_MAX = 3
 
 
@@ -45,10 +54,18 @@ class StartPosition:
 
 
 class Reader:
-    def __init__(self, topic: PersistentTopic, start: StartPosition, *, compactor: Compactor | None = None) -> None:
+    def __init__(self, topic: PersistentTopic, start: StartPosition, *, compactor: Compactor | None = None,
+                 budget: ByteBudget | None = None, read_bytes_max: int = READ_BATCH_BYTES_MAX) -> None:
         self.topic = topic
         self._buffer: deque[Delivery] = deque()
         self._peeked: Delivery | None = None
+        self._budget = budget
+        self._read_bytes_max = read_bytes_max
+        self._buffered_bytes = 0
+        """The footprint of the read ``_buffer`` holds, counted in the budget until it is empty."""
+        self._listeners: list[Callable[[], None]] = []
+        self._waiting = False
+        """A wake-up is left with the budget."""
         self.next_offset = self._resolve(start)
         self._compacted: Iterator[Delivery] | None = None
         if compactor is not None:
@@ -78,11 +95,21 @@ class Reader:
             self.next_offset < self.topic.ml.confirmed_next_offset()
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (from any thread) whenever the topic confirms an entry."""
+        """Call ``listener`` (from any thread) whenever the topic confirms an entry, or the
+        reads-in-flight budget admits a read this reader had to put off."""
+        self._listeners.append(listener)
         self.topic.ml.add_listener(listener)
 
     def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
         self.topic.ml.remove_listener(listener)
+
+    def close(self) -> None:
+        """Give back the budget the messages read ahead hold (the reader is abandoned)."""
+        self._buffer.clear()
+        self._peeked = None
+        self._release()
 
     def end_of_topic(self) -> bool:
         """The topic is terminated and this reader has read all of it."""
@@ -107,19 +134,50 @@ class Reader:
             self._compacted = None
         if not self._buffer:
             self._fill()
-        return self._buffer.popleft() if self._buffer else None
+        if not self._buffer:
+            return None
+        delivery = self._buffer.popleft()
+        if not self._buffer:
+            self._release()
+        return delivery
+
+    def _release(self) -> None:
+        if self._buffered_bytes and self._budget is not None:
+            self._budget.adjust(-self._buffered_bytes)
+        self._buffered_bytes = 0
+
+    def _budget_refuses(self) -> bool:
+        """Whether the budget puts this read off (then the listeners are called once it admits;
+        one wake-up is left at a time)."""
+        budget = self._budget
+        if budget is None or self._waiting:
+            return self._waiting
+        if budget.admits():
+            return False
+        self._waiting = True  # before the wake-up is left: it may run at once
+        if budget.wait(self._budget_freed):
+            return True
+        self._waiting = False
+        return False
+
+    def _budget_freed(self) -> None:
+        self._waiting = False
+        for listener in list(self._listeners):
+            listener()
 
     def _fill(self) -> None:
         """Buffer the next entries' messages. Retention may trim what a reader has not read yet
         (a reader holds no durable cursor): it then goes on from the first message still kept."""
         ml = self.topic.ml
+        if self._budget_refuses():
+            return
         for _ in range(TRIM_RETRIES_MAX):
             self.next_offset = max(self.next_offset, ml.first_offset)
             if self.next_offset >= ml.confirmed_next_offset():
                 return
             try:
                 position, _ = ml.offset_to_position(self.next_offset)
-                entries = ml.read_entries(position, READ_BATCH_ENTRIES)
+                entries = ml.read_entries(position, READ_BATCH_ENTRIES, max_bytes=self._read_bytes_max)
             except MagnetarError:
                 if self.next_offset >= ml.first_offset:
                     raise
@@ -132,8 +190,10 @@ class Reader:
         topic = self.topic.name.full_name
         append = self._buffer.append
         stored_id = MessageId.of_stored
+        read = 0
         for entry in entries:
             messages = decode_messages(entry.data)[0]
+            read += footprint_of(messages)
             single = len(messages) == 1
             ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
             for message in messages:
@@ -144,3 +204,7 @@ class Reader:
                 append(Delivery(stored_id(ledger_id, entry_id, partition, -1 if single else message.batch_index),
                                 offset, message, entry.publish_time_ms, 0, topic, entry_data=entry.data))
             self.next_offset = max(self.next_offset, entry.last_offset + 1)
+        if self._buffer:
+            self._buffered_bytes += read
+            if self._budget is not None:
+                self._budget.adjust(read)

@@ -110,6 +110,19 @@ class MultiConsumer:
                 return delivery
         return None
 
+    def poll_all(self) -> list[Delivery]:
+        """Everything waiting, topic by topic from the next one's turn on (each topic's messages
+        in their order)."""
+        with self._lock:
+            order = list(self._order)
+            start = self._turn
+            if order:
+                self._turn = (start + 1) % len(order)
+        taken: list[Delivery] = []
+        for step in range(len(order)):
+            taken.extend(self._consumers[order[(start + step) % len(order)]].poll_all())
+        return taken
+
     def locate(self, message_id: MessageId) -> tuple[str, int]:
         """The (partition topic, offset) of a message of this consumer's topics, by its id."""
         with self._lock:

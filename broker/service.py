@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from broker.bookie import BookieClient, LocalBookie
+from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus, Compactor
 from broker.cursor import CursorManager, ManagedCursor
 from broker.dispatch_scheduling import DispatchScheduler, Executor
@@ -74,7 +75,7 @@ from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
 from broker.schema_registry import SchemaRegistry
-from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionLimits, SubscriptionType
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_admin import TopicAdmin
 from broker.topic_name import TopicName, check_namespace
@@ -114,6 +115,20 @@ class BrokerConfig:
     """Likewise for size (``defaultRetentionSizeInMB``; -1: unlimited)."""
     quotas: QuotaDefaults = field(default_factory=QuotaDefaults)
     """Topic quotas and rate limits where neither topic nor namespace sets one (``broker/quotas.py``)."""
+    dispatch_read_bytes_max: int = 1024 * 1024
+    """Entry bytes one subscription or reader reads at a time (``dispatcherMaxReadSizeBytes``;
+    one entry is always read, however large)."""
+    consumer_pending_bytes_max: int = 1024 * 1024
+    """Footprint of deliveries waiting for one consumer's connection to take them
+    (``dispatcherMaxPendingBytesPerConsumer``): a consumer whose client stops reading holds this
+    much, and its connection's own outgoing buffer, and no more."""
+    reads_in_flight_bytes_max: int = 256 * 1024 * 1024
+    """Broker-wide: bytes read and decoded by dispatch and not yet taken by a connection
+    (``managedLedgerMaxReadsInFlightSizeInMB``); past it, new reads wait. 0: no bound."""
+    publish_buffer_bytes_max: int = 256 * 1024 * 1024
+    """Broker-wide: bytes of publishes sent to the managed ledgers and not yet stored
+    (``maxMessagePublishBufferSizeInMB``); past it, transports stop reading producers until it
+    has fallen to half. 0: no bound."""
 
     @classmethod
     def test_min(cls) -> BrokerConfig:
@@ -139,6 +154,10 @@ class BrokerStats:
     appends_fenced: int = 0
     """Appends refused because another broker recovered their topic (fenced its ledger or
     rewrote its ledger list): a cluster broker that lost a topic while still appending to it."""
+    reads_in_flight: ByteBudgetStats | None = None
+    """The broker-wide reads-in-flight budget (``managedLedgerMaxReadsInFlightSizeInMB``)."""
+    publish_buffer: ByteBudgetStats | None = None
+    """The broker-wide publish buffer (``maxMessagePublishBufferSizeInMB``)."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +207,13 @@ class BrokerService:
         """Topic administration, statistics and acknowledgements by id (``broker/topic_admin.py``)."""
         self.schemas = SchemaRegistry(self, clock)
         """Topics' schema versions and compatibility checks (``broker/schema_registry.py``)."""
+        self.reads_in_flight = ByteBudget(self.config.reads_in_flight_bytes_max)
+        """What dispatch holds between storage and the connections (``broker/byte_budget.py``)."""
+        self.publish_buffer = ByteBudget(self.config.publish_buffer_bytes_max, resume_fraction=0.5)
+        """What producers sent and the managed ledgers have not stored yet: a transport stops
+        reading its producers while it refuses (``admits()`` False), and resumes on its wake-up."""
+        self._subscription_limits = SubscriptionLimits(read_bytes_max=self.config.dispatch_read_bytes_max,
+                                                       consumer_pending_bytes_max=self.config.consumer_pending_bytes_max)
 
     # --- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -200,7 +226,8 @@ class BrokerService:
             self._store = RocksDBMetadataStore(os.path.join(self.data_dir, "metadata"), clock=self.clock)
             self.ledgers = LedgerManager(self._store, BookieClient([LocalBookie("local", self._storage)]), self.clock)
         self.cache = EntryCache(self.config.entry_cache_bytes_max, entry_age_ms_max=self.config.entry_cache_age_ms_max)
-        self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock)
+        self.factory = ManagedLedgerFactory(self._store, self.ledgers, self.cache, self.clock,
+                                            publish_buffer=self.publish_buffer)
         self._key_index = KeyIndex(os.path.join(self.data_dir, "key-index"))
         self._namespaces_of = Namespaces(self._store, self._namespace_changed)
         self._topic_policies_of = TopicPolicies(self._store, self._topic_policy_changed)
@@ -737,7 +764,8 @@ class BrokerService:
             self.check_subscription_room(topic_name, name)
             cursor = topic.cursors.open(name, initial=initial, durable=durable)
             created = Subscription(topic_name.full_name, topic_name.partition_index, cursor, sub_type,
-                                   clock=self.clock, dead_letter=self._dead_letter, schedule=self._dispatch.schedule,
+                                   clock=self.clock, limits=self._subscription_limits, dead_letter=self._dead_letter,
+                                   schedule=self._dispatch.schedule, budget=self.reads_in_flight,
                                    quotas=topic.quotas, schedule_after=self._dispatch.schedule_after)
             self._subscriptions[key] = created
             self._subscriptions_by_topic.setdefault(topic_name, {})[name] = created
@@ -887,7 +915,8 @@ class BrokerService:
     def reader(self, topic: str | TopicName, start: StartPosition, *, compacted: bool = False) -> Reader:
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
         compactor = self.compactor(topic_name) if compacted else None
-        return Reader(self.topic(topic_name), start, compactor=compactor)
+        return Reader(self.topic(topic_name), start, compactor=compactor, budget=self.reads_in_flight,
+                      read_bytes_max=self.config.dispatch_read_bytes_max)
 
     def producer(self, topic: str | TopicName, name: str, *, routing_mode: str = "RoundRobinPartition",
                  compression: Compression = Compression.NONE, initial_sequence_id: int | None = None) -> Producer:
@@ -929,13 +958,14 @@ class BrokerService:
             with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
                 topics.append(topic_stats(topic, self.subscriptions_of(topic.name)))
         key_index = self.key_index.statistics()
+        reads, publishes = self.reads_in_flight.statistics(), self.publish_buffer.statistics()
         if self.cluster is not None:
             return BrokerStats(None, self.cache.statistics(), self.store.statistics(), tuple(topics),
                                self.cluster.statistics(), key_index, self._maintenance_passes,
-                               self.factory.appends_fenced)
+                               self.factory.appends_fenced, reads, publishes)
         return BrokerStats(self.storage.statistics(), self.cache.statistics(), self.store.statistics(), tuple(topics),
                            key_index=key_index, maintenance_passes=self._maintenance_passes,
-                           appends_fenced=self.factory.appends_fenced)
+                           appends_fenced=self.factory.appends_fenced, reads_in_flight=reads, publish_buffer=publishes)
 
     def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
                 sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",

@@ -19,13 +19,29 @@ messages are waiting.
 
 Flow control: a consumer receives only while it has permits (``receiverQueueSize`` in push
 mode, explicit in pull mode). Unacknowledged limits per consumer (messages, and payload bytes:
-``unacked_bytes_max``, so large messages cannot pin gigabytes in one slow consumer) and per
-subscription pause delivery at the limit and resume at half; a consumer holding nothing
-always gets one message, however large. A consumer configured with ``whole_entries`` (the
-binary protocol's: Pulsar's clients acknowledge a batch as one) gets the rest of an entry with
-its first message, past its permits, as Pulsar's broker delivers. The dispatcher reads only as many entries as the
-consumers' permits need and holds at most one entry beyond them, so a slow consumer never makes
-the broker buffer without bound.
+``unacked_bytes_max``) and per subscription pause delivery at the limit and resume at half; a
+consumer holding nothing always gets one message, however large. A consumer configured with
+``whole_entries`` (the binary protocol's: Pulsar's clients acknowledge a batch as one) gets the
+rest of an entry with its first message, past its permits, as Pulsar's broker delivers.
+
+Memory, in bytes (``footprint``: a decoded message costs its payload twice, as stored entry and
+as copy, plus ``DECODED_MESSAGE_BYTES`` of objects, so a batch of many small messages counts
+truly):
+
+- A read takes as many entries as the consumers' permits need, at most ``READ_BATCH_ENTRIES``
+  and ``SubscriptionLimits.read_bytes_max`` of entry bytes, and no more than the consumers that
+  can take have room for; it always takes one entry, however large.
+- Deliveries wait in a consumer's outbox until its transport takes them (``poll``/``poll_all``);
+  a consumer whose outbox holds ``consumer_pending_bytes_max`` gets nothing more until the
+  transport took them, which it does only while its connection drains: a client that stops
+  reading is held back by TCP, never buffered. Taking from a full outbox asks for a dispatch.
+- What a consumer holds unacknowledged is kept as positions only (one ``_Held`` record per
+  delivered run, shared by its offsets), and so is what waits for redelivery or for its delay
+  (an ``_Item`` without message or entry bytes); it is read again from the managed ledger when it
+  is delivered again, so a consumer that never acknowledges pins no payloads.
+- What the dispatcher holds decoded (read ahead, or in outboxes) is added to the broker-wide
+  reads-in-flight budget (``broker/byte_budget.py``) at the end of each dispatch round and each
+  take; while the budget refuses, no read starts and the subscription waits for a wake-up.
 
 Quotas (``broker/quotas.py``): each consumer holds a consumer slot of its topic partition from
 ``add_consumer`` to its removal (``ConsumerBusy`` beyond ``maxConsumers``), and a dispatch round
@@ -34,6 +50,10 @@ for another round once it will have (``schedule_after``), as Pulsar's dispatcher
 
 Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
 consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
+When the last consumer leaves, nothing stays decoded: what was read ahead, or waits for
+redelivery or a delay, is dropped and the cursor rewound, so the next consumer reads again from
+the oldest unacknowledged message (a nack's delay ends with its consumer, as Pulsar's clients
+keep it).
 Counts are persisted with the cursor state (Pulsar loses them on restart). After
 ``max_redeliver_count`` a message goes to the dead-letter topic exactly once and is acked on
 the source. Delayed messages (``deliverAt``/``deliverAfterMs``) wait for the injected clock.
@@ -64,19 +84,26 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import mmh3
 
+from broker.byte_budget import ByteBudget
 from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_messages
-from broker.errors import ConsumerBusy, InvalidRequest, NotAllowed
+from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NoSuchEntry, NotAllowed, NotFound
 from broker.message_id import MessageId
 from broker.quotas import TopicQuotas
 
 KEY_HASH_RANGE = 65536
 POINTS_PER_CONSUMER = 100
 READ_BATCH_ENTRIES = 100
+DECODED_MESSAGE_BYTES = 640
+"""What one decoded message holds beside its payload: its ``DecodedMessage``, dispatch item,
+delivery and message id (about 600 bytes measured with tracemalloc)."""
+_PAYLOAD = itemgetter(2)
+"""``DecodedMessage.payload`` (a named tuple's third field), for ``map``."""
 PENDING_MESSAGES_MAX = 10_000
 REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
 REDELIVERY_PROPERTY_PREFIX = "rc:"
@@ -124,9 +151,27 @@ class ConsumerConfig:
     maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
 
 
+def footprint(messages: int, payload_bytes: int) -> int:
+    """The memory ``messages`` decoded messages with ``payload_bytes`` of payloads hold: each
+    payload twice (in the stored entry and as the message's copy) and each message's objects.
+    Linear, so a run's footprint is the sum of its messages'."""
+    return 2 * payload_bytes + messages * DECODED_MESSAGE_BYTES
+
+
+def footprint_of(messages: list[DecodedMessage]) -> int:
+    """:func:`footprint` of decoded ``messages`` (one entry's, say)."""
+    return footprint(len(messages), sum(map(len, map(_PAYLOAD, messages))))
+
+
 @dataclass(frozen=True)
 class SubscriptionLimits:
     unacked_messages_max: int = 200_000
+    read_bytes_max: int = 1024 * 1024
+    """Entry bytes one read takes at most (Pulsar's ``dispatcherMaxReadSizeBytes``); one entry
+    is always read, however large."""
+    consumer_pending_bytes_max: int = 1024 * 1024
+    """Footprint of deliveries waiting in one consumer's outbox for its transport; at the bound
+    the consumer gets nothing more until the transport took them (one run always goes)."""
 
 
 class Delivery(NamedTuple):
@@ -148,15 +193,27 @@ class Delivery(NamedTuple):
 
 @dataclass(order=True, slots=True)
 class _Item:
-    """A message waiting for dispatch (ordered by offset)."""
+    """A message of the subscription (ordered by offset): decoded while it waits for dispatch;
+    a position only (``message`` and ``entry_data`` None) while a consumer holds it
+    unacknowledged or it waits for redelivery or its delay, read again when delivered again."""
 
     offset: int
     message_id: MessageId = field(compare=False)
-    message: DecodedMessage = field(compare=False)
+    message: DecodedMessage | None = field(compare=False)
     publish_time_ms: int = field(compare=False)
     key_hash: int = field(compare=False)
     deliver_at_ms: int = field(compare=False, default=0)
     entry_data: bytes | None = field(compare=False, default=None)
+    size: int = field(compare=False, default=0)
+    """The payload's length in bytes; for a message of a batch, the batch's average (counted once
+    per entry, not per message)."""
+
+    def id_of(self, offset: int) -> MessageId:
+        """Its id (the ``_Held`` interface: a consumer holding one message holds its item)."""
+        return self.message_id
+
+    def item(self, offset: int) -> _Item:
+        return self
 
 
 def _failover_rank(consumer: Consumer) -> tuple[int, str, int]:
@@ -184,7 +241,7 @@ def _pop_each(held: dict[int, Any], offsets: list[int]) -> None:
     deque(map(held.pop, offsets, repeat(None)), maxlen=0)
 
 
-_new_delivery = tuple.__new__
+_new_delivery = _new_held = tuple.__new__
 """``Delivery(...)`` without the named tuple's Python-level ``__new__``: one is built per message
 delivered, from values that are already a delivery's."""
 
@@ -238,65 +295,92 @@ class UnackedTally:
         self.messages = 0
 
 
+class _Held(NamedTuple):
+    """Messages of one entry delivered together to one consumer and not yet acknowledged, as a
+    position: one record shared by their offsets in ``UnackedMessages``, so a batch of many
+    messages costs a dict slot per message, not an object (a named tuple: one is built per
+    delivered run, without ``__init__``). A consumer holding a single message holds its
+    ``_Item`` instead, without its bytes (it has the same interface)."""
+
+    first_id: MessageId
+    """The id of the run's first message (kept: a run of one is most runs, and its id is asked
+    for by every acknowledgement of a consumer that tracks ids)."""
+    ledger_id: int
+    entry_id: int
+    partition: int
+    entry_first_offset: int
+    """The offset of the entry's batch index 0; -1 for a lone message (its id has no batch index)."""
+    publish_time_ms: int
+    size: int
+    """Payload bytes counted for each message: the run's average (so that ``UnackedMessages.bytes``
+    goes back to exactly zero)."""
+
+    def id_of(self, offset: int) -> MessageId:
+        first = self.entry_first_offset
+        if first < 0 or offset - first == self.first_id.batch_index:
+            return self.first_id
+        return MessageId.of_stored(self.ledger_id, self.entry_id, self.partition, offset - first)
+
+    def item(self, offset: int) -> _Item:
+        """The message at ``offset`` as a dispatch item again, a position: read again (and its
+        key hashed again) when it is delivered again."""
+        return _Item(offset, self.id_of(offset), None, self.publish_time_ms, -1, 0, None, self.size)
+
+
+_HeldMessages = _Held | _Item
+"""What a consumer holds of a delivered run: a ``_Held`` record, or the one message's ``_Item``."""
+
+
 class UnackedMessages:
-    """A consumer's deliveries not yet acknowledged, by offset, with their payload bytes; its
-    count is also in its subscription's ``tally``."""
+    """A consumer's messages delivered and not yet acknowledged: offset -> what it holds of the
+    run it came in, with the payload bytes counted for them; its count is also in its
+    subscription's ``tally``."""
 
     __slots__ = ("_by_offset", "_tally", "bytes")
 
     def __init__(self, tally: UnackedTally | None = None) -> None:
-        self._by_offset: dict[int, Delivery] = {}
+        self._by_offset: dict[int, _HeldMessages] = {}
         self.bytes = 0
         self._tally = tally or UnackedTally()
 
-    def add(self, offset: int, delivery: Delivery) -> None:
-        previous = self._by_offset.get(offset)
-        if previous is not None:
-            self.bytes -= len(previous.message.payload)
-        else:
-            self._tally.messages += 1
-        self._by_offset[offset] = delivery
-        self.bytes += len(delivery.message.payload)
-
-    def add_run(self, offsets: list[int], deliveries: list[Delivery], payload_bytes: int) -> None:
-        """``add`` for each pair, with ``payload_bytes`` the deliveries' payloads together."""
+    def add_run(self, offsets: list[int], held: _HeldMessages) -> None:
         by_offset = self._by_offset
+        new = len(offsets)
         if not by_offset.keys().isdisjoint(offsets):  # redelivered to the holder itself: rare
-            for offset, delivery in zip(offsets, deliveries, strict=True):
-                self.add(offset, delivery)
-            return
-        by_offset.update(zip(offsets, deliveries, strict=True))
-        self.bytes += payload_bytes
-        self._tally.messages += len(offsets)
+            for offset in offsets:
+                previous = by_offset.get(offset)
+                if previous is not None:
+                    self.bytes -= previous.size
+                    new -= 1
+        by_offset.update(zip(offsets, repeat(held)))
+        self.bytes += held.size * len(offsets)
+        self._tally.messages += new
 
-    def pop_all(self, offsets: list[int]) -> list[Delivery]:
-        """``pop`` each of ``offsets``; the deliveries that were held, in order."""
-        popped = [d for d in map(self._by_offset.pop, offsets, repeat(None)) if d is not None]
-        self.bytes -= sum(len(d.message.payload) for d in popped)
-        self._tally.messages -= len(popped)
+    def pop_all(self, offsets: list[int]) -> list[_HeldMessages | None]:
+        """``pop`` each of ``offsets``: what was held of each (None: nothing), in order."""
+        popped = list(map(self._by_offset.pop, offsets, repeat(None)))
+        held = [h for h in popped if h is not None]
+        self.bytes -= sum(h.size for h in held)
+        self._tally.messages -= len(held)
         return popped
 
-    def pop(self, offset: int, default: Delivery | None = None) -> Delivery | None:
-        delivery = self._by_offset.pop(offset, None)
-        if delivery is None:
-            return default
-        self.bytes -= len(delivery.message.payload)
-        self._tally.messages -= 1
-        return delivery
+    def pop(self, offset: int) -> _HeldMessages | None:
+        held = self._by_offset.pop(offset, None)
+        if held is not None:
+            self.bytes -= held.size
+            self._tally.messages -= 1
+        return held
 
     def clear(self) -> None:
         self._tally.messages -= len(self._by_offset)
         self._by_offset.clear()
         self.bytes = 0
 
-    def get(self, offset: int) -> Delivery | None:
+    def get(self, offset: int) -> _HeldMessages | None:
         return self._by_offset.get(offset)
 
-    def items(self) -> Iterable[tuple[int, Delivery]]:
+    def items(self) -> Iterable[tuple[int, _HeldMessages]]:
         return self._by_offset.items()
-
-    def values(self) -> Iterable[Delivery]:
-        return self._by_offset.values()
 
     def __contains__(self, offset: object) -> bool:
         return offset in self._by_offset
@@ -319,6 +403,8 @@ class Consumer:
         self.config = config
         self._permits = 0
         self.outbox: deque[Delivery] = deque()
+        self._outbox_bytes = 0
+        self._outbox_bytes_max = subscription.limits.consumer_pending_bytes_max
         self.unacked = UnackedMessages(subscription.unacked_tally)
         self.offsets_by_id: dict[MessageId, int] = {}
         self.listener: Callable[[], None] | None = None
@@ -332,6 +418,17 @@ class Consumer:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def outbox_bytes(self) -> int:
+        """The footprint of the deliveries in ``outbox``."""
+        return self._outbox_bytes
+
+    @outbox_bytes.setter
+    def outbox_bytes(self, value: int) -> None:
+        """(Under the subscription's lock.) The subscription keeps the sum over its consumers."""
+        self.subscription._outbox_bytes_total += value - self._outbox_bytes
+        self._outbox_bytes = value
 
     @property
     def permits(self) -> int:
@@ -350,15 +447,34 @@ class Consumer:
         self.subscription._flow(self, permits)
 
     def poll(self) -> Delivery | None:
-        with self.subscription._lock:
-            return self.outbox.popleft() if self.outbox else None
+        subscription = self.subscription
+        with subscription._lock:
+            if not self.outbox:
+                return None
+            delivery = self.outbox.popleft()
+            full = self.outbox_bytes >= self._outbox_bytes_max
+            self.outbox_bytes = self.outbox_bytes - footprint(1, len(delivery.message.payload)) if self.outbox else 0
+        subscription._taken(full)
+        return delivery
 
     def poll_all(self) -> list[Delivery]:
         """Everything :meth:`poll` would return one by one, in order, taken at once."""
-        with self.subscription._lock:
+        subscription = self.subscription
+        with subscription._lock:
             taken = list(self.outbox)
             self.outbox.clear()
-            return taken
+            freed, self.outbox_bytes = self.outbox_bytes, 0
+        if freed:
+            subscription._taken(freed >= self._outbox_bytes_max)
+        return taken
+
+    def holds(self, delivery: Delivery) -> bool:
+        """Whether ``delivery`` is still this consumer's to hand over: not acknowledged, timed
+        out, nacked or taken back since it was dispatched (a redelivery is a new delivery)."""
+        subscription = self.subscription
+        with subscription._lock:
+            return delivery.offset in self.unacked and \
+                subscription._counts.get(delivery.offset, 0) == delivery.redelivery_count
 
     def peek(self) -> Delivery | None:
         """The delivery :meth:`poll` would return next, left in the outbox."""
@@ -395,7 +511,7 @@ class Consumer:
         self.subscription.remove_consumer(self)
 
     def _can_take(self) -> bool:
-        if self.closed or self.permits <= 0:
+        if self.closed or self.permits <= 0 or self.outbox_bytes >= self._outbox_bytes_max:
             return False
         held, held_bytes = len(self.unacked), self.unacked.bytes
         limit, bytes_limit = self.config.unacked_messages_max, self.config.unacked_bytes_max
@@ -415,17 +531,31 @@ class Subscription:
                  clock: Callable[[], float] = time.time, limits: SubscriptionLimits | None = None,
                  dead_letter: Callable[[str, Delivery, str], None] | None = None,
                  schedule: Callable[[Callable[[], None]], None] | None = None,
-                 quotas: TopicQuotas | None = None,
+                 budget: ByteBudget | None = None, quotas: TopicQuotas | None = None,
                  schedule_after: Callable[[float, Callable[[], None]], None] | None = None) -> None:
-        """``quotas``: the topic partition's (consumer slots, dispatch rate); ``schedule_after``
-        runs a dispatch later, once a throttled one may go on (without it, the next ``tick``)."""
+        """``budget``: the broker-wide reads-in-flight budget; ``quotas``: the topic partition's
+        (consumer slots, dispatch rate); ``schedule_after`` runs a dispatch later, once a
+        throttled one may go on (without it, the next ``tick``)."""
         self.topic_name = topic_name
         self.partition = partition
         self.cursor = cursor
         self.type = sub_type
         self.name = cursor.name
         self._clock = clock
-        self._limits = limits or SubscriptionLimits()
+        self.limits = limits or SubscriptionLimits()
+        self._budget = budget
+        """The broker-wide reads-in-flight budget (None: unbounded)."""
+        self._waiting_for_budget = False
+        self._pending_bytes = 0
+        """Footprint of what was read or read again and not yet delivered (``_pending``, and a
+        redelivery being delivered); zero once ``_pending`` is empty at the end of a round."""
+        self._budgeted = 0
+        """What the budget was last told this subscription holds."""
+        self._outbox_bytes_total = 0
+        """The consumers' ``outbox_bytes`` together (kept as they change)."""
+        self._loaded: tuple[tuple[int, int], int, bytes, list[DecodedMessage]] | None = None
+        """The entry last read again for a redelivery (its position, first offset, bytes and
+        messages), kept for the round, so the messages of one entry are read once."""
         self._dead_letter = dead_letter
         self._lock = threading.RLock()
         self.consumers: dict[Consumer, None] = {}
@@ -447,6 +577,7 @@ class Subscription:
         self._later: list[tuple[int, int, _Item]] = []  # heap (due ms, offset): nacked / delayed
         self._owner: dict[int, Consumer] = {}  # offset -> consumer holding it unacked
         self._key_owner: dict[int, tuple[Consumer, int]] = {}  # key hash -> (consumer, unacked count)
+        self._held_keys: dict[int, int] = {}  # Key_Shared: offset held unacked -> its key hash
         self._counts: dict[int, int] = self._load_counts()
         self._sent_at: dict[int, float] = {}  # offset -> when sent, to consumers with an ack timeout
         self._ring: list[tuple[int, Consumer]] = []
@@ -465,8 +596,15 @@ class Subscription:
         return self.cursor.ml.terminated and self.cursor.backlog_messages() == 0
 
     def detach(self) -> None:
-        """Stop following the topic (the subscription is being removed)."""
+        """Stop following the topic (the subscription is being removed) and give back what it
+        holds of the reads-in-flight budget."""
         self.cursor.ml.remove_listener(self._on_publish)
+        with self._lock:
+            self._pending.clear()
+            self._pending_bytes = 0
+            for consumer in self.consumers:
+                self._clear_outbox(consumer)
+        self._settle()
 
     # --- consumers -----------------------------------------------------------------------
     def add_consumer(self, config: ConsumerConfig) -> Consumer:
@@ -508,21 +646,30 @@ class Subscription:
                 del self._redeliver_limits[consumer.config.max_redeliver_count]
             if self._active_cached is not None and self._active_cached[0] is consumer:
                 self._active_cached = None
-            consumer.outbox.clear()
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
                 self._leave_ring(consumer)
+            if not self.consumers:  # nobody to read for: nothing stays decoded, all is read again
+                self._pending.clear()
+                self._redeliver.clear()
+                self._later.clear()
+                self._pending_bytes = 0
+                self.cursor.rewind()
         self.dispatch()
 
     def _take_back(self, consumer: Consumer) -> None:
         """Redeliver everything ``consumer`` holds unacknowledged (it left or lost activity)."""
         taken = sorted(consumer.unacked.items())
-        for offset, delivery in taken:
+        for offset, held in taken:
             self._release(offset, consumer)
-            heapq.heappush(self._redeliver, self._item_of(delivery))
+            heapq.heappush(self._redeliver, held.item(offset))
         self._bump_counts([offset for offset, _ in taken])
         consumer.unacked.clear()
+        self._clear_outbox(consumer)
+
+    def _clear_outbox(self, consumer: Consumer) -> None:
         consumer.outbox.clear()
+        consumer.outbox_bytes = 0
 
     def active_consumer(self) -> Consumer | None:
         """The consumer an Exclusive or Failover subscription delivers to (None: nobody, or
@@ -580,7 +727,7 @@ class Subscription:
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Deliver as much as permits, limits and ordering allow."""
+        """Deliver as much as permits, limits, ordering and the reads-in-flight budget allow."""
         notify: set[Consumer] = set()
         with self._lock:
             self._release_due()
@@ -609,6 +756,11 @@ class Subscription:
                 notify.add(consumer)
             for item in reversed(held):
                 self._pending.appendleft(item)
+            self._loaded = None
+            if not self._pending:
+                self._pending_bytes = 0
+            delta = self._budget_delta()
+        self._tell_budget(delta)
         for consumer in notify:
             if consumer.listener is not None:
                 consumer.listener()
@@ -621,6 +773,49 @@ class Subscription:
         if self._schedule_after is not None:
             self._schedule_after(delay_s, self.dispatch)
         return True
+    # --- what dispatch holds, in bytes ---------------------------------------------------
+    def _budget_delta(self) -> int:
+        """(Under the lock.) How much more (or less) this subscription holds than the budget was
+        last told, now taken as told."""
+        if self._budget is None:
+            return 0
+        held = max(self._pending_bytes, 0) + self._outbox_bytes_total
+        delta, self._budgeted = held - self._budgeted, held
+        return delta
+
+    def _tell_budget(self, delta: int) -> None:
+        """(Outside the lock: a release may run other subscriptions' wake-ups.)"""
+        if delta and self._budget is not None:
+            self._budget.adjust(delta)
+
+    def _settle(self) -> None:
+        with self._lock:
+            delta = self._budget_delta()
+        self._tell_budget(delta)
+
+    def _taken(self, was_full: bool) -> None:
+        """A transport took deliveries from a consumer's outbox: they leave the budget, and an
+        outbox that was full lets dispatch go on."""
+        self._settle()
+        if was_full:
+            self._schedule(self.dispatch)
+
+    def _must_wait_for_budget(self) -> bool:
+        """Whether a read has to wait for the reads-in-flight budget (a wake-up is left then)."""
+        budget = self._budget
+        if budget is None or self._waiting_for_budget:
+            return self._waiting_for_budget
+        if budget.admits():
+            return False
+        self._waiting_for_budget = True  # before the wake-up is left: it may run at once
+        if budget.wait(self._budget_freed):
+            return True
+        self._waiting_for_budget = False
+        return False
+
+    def _budget_freed(self) -> None:
+        self._waiting_for_budget = False
+        self._schedule(self.dispatch)
 
     def _rest_of_entry(self, item: _Item) -> list[_Item]:
         """The messages of ``item``'s entry waiting right behind it, taken from the queues
@@ -645,13 +840,14 @@ class Subscription:
                 return run
             offset = following.offset
             if offset >= mark_delete and offset not in owner and offset not in taken \
-                    and not (any_acked and offset in acked):  # (cursor.is_acked, inline: once per message)
+                    and not (any_acked and offset in acked) \
+                    and (following.message is not None or self._load(following)):  # (is_acked, inline)
                 run.append(following)
                 taken.add(offset)
 
     def _any_can_take(self) -> bool:
         total = self.unacked_tally.messages
-        limit = self._limits.unacked_messages_max
+        limit = self.limits.unacked_messages_max
         if total >= limit:
             self._blocked = True
         elif self._blocked and total <= limit // 2:
@@ -664,40 +860,85 @@ class Subscription:
         return any(c._can_take() for c in self._with_permits)
 
     def _next_item(self) -> _Item | None:
-        if self._redeliver:
-            return heapq.heappop(self._redeliver)
-        if not self._pending:
+        redeliver = self._redeliver
+        while redeliver:
+            item = heapq.heappop(redeliver)
+            if item.message is not None or self.cursor.is_acked(item.offset) or self._load(item):
+                return item
+        if not self._pending and not self._must_wait_for_budget():
             self._read_more()
         return self._pending.popleft() if self._pending else None
 
-    def _entries_to_read(self) -> int:
-        """Enough entries for the permits consumers have left, at the topic's average entry
-        size in messages: the dispatcher decodes at most one entry beyond what it can send."""
+    def _load(self, item: _Item) -> bool:
+        """Read ``item``'s message again (it was held as a position): False when its entry is
+        gone (trimmed, its ledger deleted), so there is nothing to deliver. Any other failure
+        puts the item back for redelivery and propagates."""
+        message_id = item.message_id
+        key = (message_id.ledger_id, message_id.entry_id)
+        loaded = self._loaded
+        if loaded is None or loaded[0] != key:
+            try:
+                entry = self.cursor.ml.read_entry(message_id.position)
+            except (NoSuchEntry, NotFound):
+                return False
+            except MagnetarError:
+                heapq.heappush(self._redeliver, item)
+                raise
+            loaded = self._loaded = (key, entry.first_offset, entry.data, decode_messages(entry.data)[0])
+        _, first_offset, data, messages = loaded
+        index = item.offset - first_offset
+        if not 0 <= index < len(messages):
+            return False
+        message = messages[index]
+        item.message, item.entry_data, item.key_hash = message, data, _hash_of(message)
+        self._pending_bytes += footprint(1, item.size)
+        return True
+
+    def _read_size(self) -> tuple[int, int]:
+        """(entries, entry bytes) for the next read: enough entries for the permits consumers
+        have left, at the topic's average entry size in messages, and no more bytes than
+        ``read_bytes_max`` nor than the outboxes of the consumers that can take have room for
+        (a decoded entry holds about twice its bytes): the dispatcher decodes at most one entry
+        beyond what it can send. The room is summed over the consumers with permits only until
+        it covers a whole read, so a read costs the same however many consumers there are."""
+        read_bytes_max = self.limits.read_bytes_max
+        room = 0
+        for consumer in self._with_permits:
+            room += max(consumer._outbox_bytes_max - consumer.outbox_bytes, 0)
+            if room >= 2 * read_bytes_max:
+                break
         wanted = min(PENDING_MESSAGES_MAX, self._permits_total)
-        return max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
+        entries = max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
+        return entries, max(1, min(read_bytes_max, room // 2))
 
     def _read_more(self) -> None:
         now_ms = int(self._clock() * 1000)
         cursor = self.cursor
-        partition, pending = self.partition, self._pending
+        partition, pending, of_stored = self.partition, self._pending, MessageId.of_stored
         delayable = self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
-        of_stored = MessageId.of_stored
-        for entry in cursor.read_entries(self._entries_to_read()):
+        read_bytes = 0
+        for entry in cursor.read_entries(*self._read_size()):
             messages, deliver_at_ms = decode_messages(entry.data)
-            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-            data, publish_ms = entry.data, entry.publish_time_ms
             if cursor.acked.count_in(entry.first_offset, entry.last_offset + 1) or \
                     entry.first_offset < cursor.mark_delete_offset:
                 messages = [m for m in messages if not cursor.is_acked(m.offset)]  # type: ignore[arg-type]
             due = deliver_at_ms if delayable and deliver_at_ms is not None and deliver_at_ms > now_ms else 0
+            count = len(messages)
+            payload_bytes = len(messages[0].payload) if count == 1 else sum(map(len, map(_PAYLOAD, messages)))
+            read_bytes += 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline
+            size = payload_bytes // (count or 1)  # a batch's messages count its average: no list per entry
+            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
+            data, publish_ms = entry.data, entry.publish_time_ms
             lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
             items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
-                           m, publish_ms, _hash_of(m), due, data) for m in messages]
-            if due:
+                           m, publish_ms, _hash_of(m), due, data, size) for m in messages]
+            if due:  # held as positions until due, then read again
                 for item in items:
+                    item.message = item.entry_data = None
                     heapq.heappush(self._later, (due, item.offset, item))
             else:
                 pending.extend(items)
+        self._pending_bytes += read_bytes
 
     def _choose(self, item: _Item) -> Consumer | None:
         if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
@@ -739,11 +980,23 @@ class Subscription:
             consumer.redelivered += redelivered
             self.redelivered += redelivered
         offsets = [i.offset for i in items]
-        payload_bytes = sum(len(i.message.payload) for i in items)
         count = len(items)
+        first = items[0]
+        payload_bytes = first.size * count  # the items of one entry: each counts the entry's average
+        run_bytes = 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline: once per run
+        self._pending_bytes -= run_bytes
+        consumer.outbox_bytes += run_bytes
         consumer.permits -= count
         consumer.outbox.extend(deliveries)
-        consumer.unacked.add_run(offsets, deliveries, payload_bytes)
+        if count == 1:  # from here on the consumer holds them as a position: one message, its item
+            first.message = first.entry_data = None
+            consumer.unacked.add_run(offsets, first)
+        else:
+            first_id = first.message_id
+            batch_index = first_id.batch_index
+            consumer.unacked.add_run(offsets, _new_held(_Held, (
+                first_id, first_id.ledger_id, first_id.entry_id, self.partition,
+                -1 if batch_index < 0 else first.offset - batch_index, first.publish_time_ms, first.size)))
         if consumer.config.track_ids:
             consumer.offsets_by_id.update(zip([i.message_id for i in items], offsets, strict=True))
         consumer.msg_out += count
@@ -754,27 +1007,25 @@ class Subscription:
         if consumer.config.ack_timeout_ms > 0:  # only an ack timeout asks when a message was sent
             self._sent_at.update(zip(offsets, repeat(now)))
         if self.type is SubscriptionType.KEY_SHARED:
-            key_owner = self._key_owner
+            key_owner, held_keys = self._key_owner, self._held_keys
             for item in items:
                 if item.key_hash >= 0:
                     holder = key_owner.get(item.key_hash)
                     key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
-
-    def _item_of(self, delivery: Delivery) -> _Item:
-        """A delivered message as a dispatch item again (taken back, nacked or timed out)."""
-        return _Item(delivery.offset, delivery.message_id, delivery.message, delivery.publish_time_ms,
-                     _hash_of(delivery.message), entry_data=delivery.entry_data)
+                    held_keys[item.offset] = item.key_hash
 
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
         self._owner.pop(offset, None)
         self._sent_at.pop(offset, None)
-        delivery = consumer.unacked.get(offset)
-        if delivery is not None:
-            consumer.offsets_by_id.pop(delivery.message_id, None)
-        if delivery is None or self.type is not SubscriptionType.KEY_SHARED:
+        held = consumer.unacked.get(offset)
+        if held is None:
             return
-        hashed = _hash_of(delivery.message)
+        if consumer.offsets_by_id:
+            consumer.offsets_by_id.pop(held.id_of(offset), None)
+        hashed = self._held_keys.pop(offset, None) if self._held_keys else None
+        if hashed is None:
+            return
         holder = self._key_owner.get(hashed)
         if holder is not None:
             if holder[1] <= 1:
@@ -799,13 +1050,14 @@ class Subscription:
             for consumer in self.consumers:
                 for delivery in consumer.outbox:
                     self._release(delivery.offset, consumer)
-                    consumer.unacked.pop(delivery.offset, None)
+                    consumer.unacked.pop(delivery.offset)
                     consumer.permits += 1
-                consumer.outbox.clear()
+                self._clear_outbox(consumer)
                 for offset in [o for o in consumer.unacked if self.cursor.is_acked(o)]:
                     self._release(offset, consumer)
                     consumer.unacked.pop(offset)
             self._pending.clear()
+            self._pending_bytes = 0
             self._redeliver.clear()
             self._later.clear()
             self.cursor.rewind()
@@ -817,9 +1069,10 @@ class Subscription:
             consumer.permits = 0
             for delivery in consumer.outbox:
                 self._release(delivery.offset, consumer)
-                consumer.unacked.pop(delivery.offset, None)
-                heapq.heappush(self._redeliver, self._item_of(delivery))
-            consumer.outbox.clear()
+                held = consumer.unacked.pop(delivery.offset)
+                if held is not None:
+                    heapq.heappush(self._redeliver, held.item(delivery.offset))
+            self._clear_outbox(consumer)
         self.dispatch()
 
     # --- acknowledgement -------------------------------------------------------------------
@@ -828,7 +1081,7 @@ class Subscription:
             if self.type is SubscriptionType.KEY_SHARED:
                 for offset in offsets:
                     self._release(offset, consumer)
-                    consumer.unacked.pop(offset, None)
+                    consumer.unacked.pop(offset)
                     self._counts.pop(offset, None)
             else:  # what _release does without a key owner to update, a collection at a time
                 for held in (self._owner, self._sent_at, self._counts):
@@ -837,8 +1090,9 @@ class Subscription:
                 popped = consumer.unacked.pop_all(offsets)
                 if consumer.offsets_by_id:
                     by_id_pop = consumer.offsets_by_id.pop
-                    for delivery in popped:
-                        by_id_pop(delivery.message_id, None)
+                    for offset, run in zip(offsets, popped, strict=True):
+                        if run is not None:
+                            by_id_pop(run.id_of(offset), None)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)
         self.dispatch()
@@ -849,7 +1103,7 @@ class Subscription:
         with self._lock:
             for held in [o for o in consumer.unacked if o <= offset]:
                 self._release(held, consumer)
-                consumer.unacked.pop(held, None)
+                consumer.unacked.pop(held)
                 self._counts.pop(held, None)
             self.cursor.ack_cumulative(offset)
         self.dispatch()
@@ -859,13 +1113,13 @@ class Subscription:
         with self._lock:
             nacked = []
             for offset in offsets:
-                delivery = consumer.unacked.get(offset)
-                if delivery is None:
+                held = consumer.unacked.get(offset)
+                if held is None:
                     continue
                 self._release(offset, consumer)
                 consumer.unacked.pop(offset)
                 nacked.append(offset)
-                heapq.heappush(self._later, (due_ms, offset, self._item_of(delivery)))
+                heapq.heappush(self._later, (due_ms, offset, held.item(offset)))
             self._bump_counts(nacked)
         self.dispatch()
 
@@ -889,10 +1143,10 @@ class Subscription:
                 timeout_ms = consumer.config.ack_timeout_ms
                 expired = [o for o in consumer.unacked if now - self._sent_at.get(o, now) >= timeout_ms / 1000.0]
                 for offset in expired:
-                    delivery = consumer.unacked.pop(offset)
-                    assert delivery is not None
                     self._release(offset, consumer)
-                    heapq.heappush(self._redeliver, self._item_of(delivery))
+                    held = consumer.unacked.pop(offset)
+                    assert held is not None
+                    heapq.heappush(self._redeliver, held.item(offset))
                 self._bump_counts(expired)
         self.dispatch()
 
@@ -911,11 +1165,13 @@ class Subscription:
         limit = max(self._redeliver_limits, default=0)
         if limit <= 0 or self._dead_letter is None or self._counts.get(item.offset, 0) <= limit:
             return False
-        dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
-        target = dlq or f"{self.topic_name}-{self.name}-DLQ"
-        delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
-                            self._counts[item.offset], self.topic_name, entry_data=item.entry_data)
-        self._dead_letter(target, delivery, self.name)
+        if item.message is not None or self._load(item):  # else its entry is gone: nothing to move
+            assert item.message is not None
+            dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
+            target = dlq or f"{self.topic_name}-{self.name}-DLQ"
+            delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
+                                self._counts[item.offset], self.topic_name, entry_data=item.entry_data)
+            self._dead_letter(target, delivery, self.name)
         self._counts.pop(item.offset, None)
         self.cursor.ack([item.offset]).result(timeout=60)
         return True

@@ -17,10 +17,12 @@ REDELIVER_UNACKNOWLEDGED_MESSAGES is a nack due at once, and the broker supplies
 Invariants: a consumer receives only against FLOW permits (one per message, but an entry is
 never split between deliveries: its rest follows its first message past the permits, as
 Pulsar's broker sends whole batches, because the clients acknowledge a batch only once they
-hold all of it); nothing is written
-while the connection is congested (the broker consumer keeps the deliveries, within its
-permits); a consumer closed by the broker (a forced subscription delete, its topic moving
-to another broker, or its role losing the right to consume there) is told with
+hold all of it); nothing is written while the connection is congested: the deliveries wait in
+the broker consumer's outbox, which takes no more than ``dispatcherMaxPendingBytesPerConsumer``
+(so a client that stops reading is held back by TCP and costs the broker that and its
+connection's ``write_buffer_bytes_max``, at most one entry beyond each); a consumer closed by
+the broker (a forced subscription delete, its topic moving to another broker, or its role
+losing the right to consume there) is told with
 CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not serve is refused with
 ServiceNotReady before anything is created; a non-durable subscription (a reader's) ends with
 its consumer.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from api.auth import Action
@@ -73,7 +75,9 @@ MessageIdLike = pb.MessageIdData | AckedId
 class _Sent:
     first_offset: int
     batch_size: int
-    offsets: set[int]
+    offsets: tuple[int, ...]
+    """Delivered and not yet acknowledged, ascending (a tuple: a slot per message, where a set
+    would cost a hash table per entry)."""
 
 
 class _SentEntries:
@@ -87,11 +91,11 @@ class _SentEntries:
         key = (frame.ledger_id, frame.entry_id)
         sent = self._entries.get(key)
         if sent is None:
-            self._entries[key] = _Sent(frame.first_offset, frame.batch_size, set(frame.offsets))
+            self._entries[key] = _Sent(frame.first_offset, frame.batch_size, tuple(sorted(frame.offsets)))
             if len(self._entries) > self._bound:
                 self._entries.popitem(last=False)
-        else:
-            sent.offsets.update(frame.offsets)
+        else:  # the rest of an entry, or part of it again (redelivered)
+            sent.offsets = tuple(sorted({*sent.offsets, *frame.offsets}))
 
     def get(self, ledger_id: int, entry_id: int) -> _Sent | None:
         return self._entries.get((ledger_id, entry_id))
@@ -99,7 +103,8 @@ class _SentEntries:
     def forget(self, ledger_id: int, entry_id: int, offsets: Iterable[int]) -> None:
         sent = self._entries.get((ledger_id, entry_id))
         if sent is not None:
-            sent.offsets.difference_update(offsets)
+            gone = set(offsets)
+            sent.offsets = tuple(o for o in sent.offsets if o not in gone)
             if not sent.offsets:
                 del self._entries[(ledger_id, entry_id)]
 
@@ -186,8 +191,7 @@ class ConsumerHalf:
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
                                 receiver_queue_size=0, priority_level=command.priority_level,
-                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False,
-                                unacked_bytes_max=context.settings.write_buffer_bytes_max * 2)
+                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False)
         durable = command.durable
         initial = self._initial(command, topic)
         consumer = service.subscribe(topic, command.subscription, sub_type, config, initial=initial,
@@ -305,6 +309,7 @@ class ConsumerHalf:
         indexes whose bits are clear, else every message of the entry this consumer received
         (or, for an entry it never received, the whole entry)."""
         sent = state.sent.get(mid.ledgerId, mid.entryId)
+        held: Sequence[int]
         if sent is not None:
             first, size, held = sent.first_offset, sent.batch_size, sent.offsets
         else:
@@ -312,10 +317,11 @@ class ConsumerHalf:
             if found is None:
                 return []
             first, size = found[0], found[1] - found[0] + 1
-            held = set(range(found[0], found[1] + 1))
+            held = range(found[0], found[1] + 1)
         if len(mid.ack_set):
-            return sorted(first + i for i in cleared_indexes(mid.ack_set, size) if first + i in held)
-        return sorted(held)
+            holding = set(held)
+            return [first + i for i in cleared_indexes(mid.ack_set, size) if first + i in holding]
+        return list(held)
 
     def _entry_offsets(self, state: _ClientConsumer, ledger_id: int, entry_id: int) -> tuple[int, int] | None:
         if ledger_id >= LATEST_ID or entry_id >= LATEST_ID:

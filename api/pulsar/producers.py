@@ -15,7 +15,9 @@ Invariants:
   match them to their pending queue by sequence id and drop the connection on a mismatch.
 - A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
   read until half of them are answered (one read's group may pass the bound by what it holds,
-  at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``).
+  at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``). It also stops being read while the
+  broker's publish buffer (``maxMessagePublishBufferSizeInMB``) refuses, until it admits again;
+  it is read again only once nothing holds it back.
 - A producer whose topic's publish rate is exceeded stops the connection being read for as long
   as the broker says (``Producer.publish_delay_s``), as Pulsar throttles: its sends are never
   refused for it. Each broker ``Producer`` is closed when its client producer goes (its slot
@@ -74,6 +76,8 @@ log = logging.getLogger(__name__)
 Mode = pb.ProducerAccessMode
 _Why = TypeVar("_Why")
 CLOSED_PRODUCERS_REMEMBERED_MAX = 10_000
+PENDING, THROTTLED, FULL = "pending sends", "publish rate", "publish buffer"
+"""Why a connection's producers stop it being read (``ProducerHalf._hold``)."""
 """Producer ids of one connection closed by an unload (whose late sends are dropped quietly) or
 by a revocation (whose late sends are refused), each."""
 
@@ -226,10 +230,11 @@ class ProducerHalf:
         """The producers (by ``id()``) with sends to answer or a close to tell: the receipts
         visit only these, so a send costs the same however many producers are open."""
         self._pending_sends = 0
-        self._reading_paused = False
-        self._throttled = False
-        """Reading stopped for a publish rate (``_throttle``), apart from ``_reading_paused``."""
+        self._holds: set[str] = set()
+        """Why the connection is not read now (``_hold``): ``PENDING`` sends at their bound, a
+        ``THROTTLED`` publish rate, the broker's publish buffer ``FULL``; read again once none holds."""
         self._answer = LoopSignal(context.loop, self._send_receipts)
+        self._buffer_room = LoopSignal(context.loop, lambda: self._release(FULL))
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -336,25 +341,42 @@ class ProducerHalf:
         self._throttle([self._producers[producer_id].producer for producer_id in groups])
         if violation is not None:
             raise violation
-        if self._pending_sends >= self._context.settings.pending_sends_max and not self._reading_paused:
-            self._reading_paused = True
+        if self._pending_sends >= self._context.settings.pending_sends_max:
+            self._hold(PENDING)
+        buffer = self._context.service.publish_buffer
+        if FULL not in self._holds and not buffer.admits():
+            self._hold(FULL)
+            if not buffer.wait(self._buffer_room.notify):
+                self._release(FULL)
+
+    def _hold(self, reason: str) -> None:
+        """Stop reading the connection for ``reason`` (the first hold pauses it)."""
+        if not self._holds:
             self._context.out.pause_reading()
+        self._holds.add(reason)
+
+    def _release(self, reason: str) -> None:
+        """``reason`` no longer holds the connection back (the last release resumes reading)."""
+        if reason in self._holds:
+            self._holds.discard(reason)
+            if not self._holds:
+                self._context.out.resume_reading()
 
     def _throttle(self, producers: list[Producer]) -> None:
         """Stop reading while a producer's topic is over its publish rate (resumed by a timer)."""
-        if self._throttled:
+        if THROTTLED in self._holds:
             return
         delay_s = max((p.publish_delay_s() for p in producers), default=0.0)
         if delay_s > 0:
-            self._throttled = True
-            self._context.out.pause_reading()
+            self._hold(THROTTLED)
             self._context.loop.call_later(delay_s, self._throttle_over, producers)
 
     def _throttle_over(self, producers: list[Producer]) -> None:
-        self._throttled = False
-        self._throttle(producers)  # still over (another connection published meanwhile): wait again
-        if not self._throttled and not self._reading_paused:
-            self._context.out.resume_reading()
+        delay_s = max((p.publish_delay_s() for p in producers), default=0.0)
+        if delay_s > 0:  # still over (another connection published meanwhile): wait again
+            self._context.loop.call_later(delay_s, self._throttle_over, producers)
+        else:
+            self._release(THROTTLED)
 
     def _store(self, state: _ClientProducer, sends: list[tuple[int, int, ClientEntrySend | MagnetarError]]) -> None:
         """One producer's sends of a group: the checked ones stored together, every one queued
@@ -422,10 +444,8 @@ class ProducerHalf:
                 buffers.extend(self._closed(state))
         if buffers:
             self._context.out.write(buffers)
-        if self._reading_paused and self._pending_sends <= self._context.settings.pending_sends_max // 2:
-            self._reading_paused = False
-            if not self._throttled:
-                self._context.out.resume_reading()
+        if self._pending_sends <= self._context.settings.pending_sends_max // 2:
+            self._release(PENDING)
 
     def _closed(self, state: _ClientProducer) -> list[bytes]:
         """What tells the client a producer closed once its sends are answered: SUCCESS for its

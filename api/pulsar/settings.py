@@ -45,9 +45,11 @@ class PulsarSettings:
     pending_sends_max: int = 10_000
     """Sends of one connection stored or waiting for their receipt before the connection stops
     being read (TCP then holds the client back)."""
-    write_buffer_bytes_max: int = 8 * MIB
+    write_buffer_bytes_max: int = 1 * MIB
     """Outgoing bytes queued for a slow client before deliveries stop (they wait, in the
-    broker's flow control, until the buffer drained)."""
+    broker's flow control, until the buffer drained): with what one delivery writes past it, the
+    most a client that stops reading holds in its connection (the kernel's socket buffer takes
+    the bursts of a client that reads)."""
     keepalive_interval_s: float = 30.0
     """A PING is sent after this long without traffic; a connection silent for two intervals
     is closed."""

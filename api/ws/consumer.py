@@ -10,7 +10,10 @@ Invariants: a push-mode consumer has at most ``receiverQueueSize`` (≤ 1000) me
 and not yet acknowledged, and that credit is recomputed from the broker's own accounting so
 redelivered messages never leak it (Pulsar #2731); a pull-mode consumer gets exactly the permits
 it asks for; either way the broker stops delivering once ``maxUnackedBytesPerConsumer`` of
-payload is outstanding. Acks of one burst of frames reach the subscription together.
+payload is outstanding. Deliveries are taken from the broker consumer only while no frame waits
+for the peer (``FrameWriter``), so a client that stops reading holds the socket's buffers, one
+burst of frames and the broker consumer's outbox (``dispatcherMaxPendingBytesPerConsumer``), no
+more. Acks of one burst of frames reach the subscription together.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ class ConsumerSession:
         if self._writer.backlogged:
             return
         frames = []
-        while (delivery := self.consumer.poll()) is not None:
+        for delivery in self.consumer.poll_all():
             message_id = delivery.message_id.to_base64()
             self._remember(message_id, delivery.topic, delivery.offset)
             frames.append(message_frame(delivery, message_id))

@@ -20,7 +20,9 @@ long as the broker says, as Pulsar's broker stops reading a throttled producer's
 broker producer (one of the topic's ``maxProducers``) is closed when the session ends.
 
 Invariants: at most ``maxPendingMessages`` frames are unanswered (the session stops reading
-frames until results are written); results are written in frame order, once each frame's entry is
+frames until results are written), and none is published while the broker's publish buffer
+(``maxMessagePublishBufferSizeInMB``) refuses: the session stops reading frames until it admits
+again; results are written in frame order, once each frame's entry is
 durable, by the event-loop callback that learns it finished (one socket write per burst); a bad
 frame never closes the session and never writes anything.
 """
@@ -38,7 +40,7 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
-from api.wakeup import LoopSignal
+from api.wakeup import LoopSignal, budget_room
 from api.ws.frames import (
     UNKNOWN_ERROR,
     FrameError,
@@ -263,7 +265,9 @@ class ProducerSession:
         return future
 
     async def _wait_for_room(self) -> None:
-        """At most ``maxPendingMessages`` frames unanswered, and as many results unwritten."""
+        """At most ``maxPendingMessages`` frames unanswered, and as many results unwritten; no
+        frame published while the broker's publish buffer is full."""
+        await budget_room(self.service.publish_buffer)
         while len(self._pending) >= self.params.pending_messages_max:
             self._room.clear()
             await self._room.wait()

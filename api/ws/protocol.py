@@ -11,14 +11,16 @@ connection whose client certificate verified, the extensions also carry that cer
 ``TlsPeer`` (``api/tls.py``), for ``AuthenticationProviderTls``.
 
 Invariants:
-- The receive queue stays bounded. Reading pauses once ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames
-  wait for the application and resumes when the application has drained the queue (the base
-  class's resume rule, unchanged), so a client that floods frames is still held back by TCP.
+- The receive queue stays bounded. Reading pauses once ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames,
+  or ``WS_RECEIVE_QUEUE_BYTES_MAX`` bytes of frames, wait for the application (counted since the
+  queue was last empty) and resumes when the application has drained the queue (the base class's
+  resume rule, unchanged), so a client that floods frames is still held back by TCP.
 - A session's frames leave in the order it handed them over, whichever way they go: directly
   while the transport accepts writes, through awaited sends once it has paused writing (the
   peer reads slower than the session writes), never both at once.
 - What waits for a slow peer is bounded: ``FrameWriter.room()`` holds a session back while
-  ``backlog_frames_max`` frames wait.
+  ``backlog_frames_max`` frames or ``WS_BACKLOG_BYTES_MAX`` bytes of frames wait; a session
+  sends more only after ``room()`` (a reader) or while nothing waits (a consumer).
 - A frame larger than the listener's ``ws_frame_bytes_max`` (``webSocketMaxTextFrameSize``) is
   never read, whatever size its header declares: the connection is closed with 1009 and the
   reason, and logged once at warning. The close frame reaches the peer: the socket is
@@ -63,6 +65,9 @@ _TEXT_LONG = b"\x81\x7f"
 
 WS_RECEIVE_QUEUE_FRAMES_MAX = 256
 """Received frames queued for the application before the socket stops being read."""
+WS_RECEIVE_QUEUE_BYTES_MAX = 4 * 1024 * 1024
+"""Bytes of received frames queued for the application before the socket stops being read (a
+frame up to ``ws_frame_bytes_max`` is still taken whole)."""
 
 QUEUED_FRAMES_EXTENSION = "magnetar.websocket.queued_frames"
 """ASGI scope extension: ``take(frames_max) -> list[str]`` hands over, without waiting, the text
@@ -75,6 +80,11 @@ of a socket read that finds the receive queue empty go to ``handler(texts)`` at 
 loop, instead of through the queue and ``receive``; the handler returns how many of them it
 applied, in order, and the rest are queued as before (and so is everything after them until the
 application has drained the queue), so frames are applied in the order they arrived."""
+
+WS_BACKLOG_BYTES_MAX = 1024 * 1024
+"""Characters of text frames a session's ``FrameWriter`` queues for a peer that reads slower
+than the session writes before ``room()`` holds the session back (frames are ASCII JSON with
+base64 payloads, so characters are bytes)."""
 
 DIRECT_WRITE_EXTENSION = "magnetar.websocket.write_frames"
 """ASGI scope extension: ``write(frames) -> bool`` writes text frames now, or returns False
@@ -102,6 +112,8 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
     _fast_frames = True
     _partial = b""
     _text_handler: Callable[[list[str]], int] | None = None
+    _queued_bytes = 0
+    """Bytes of frames queued since the queue was last found empty."""
 
     closed_oversized = False
     """The peer sent a frame over the bound: closed with 1009, its further data is dropped."""
@@ -249,10 +261,17 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
             if applied >= len(texts):
                 return
             texts = texts[applied:]
+        if self.queue.empty():
+            self._queued_bytes = 0
         put = self.queue.put_nowait
         for text in texts:
             put({"type": "websocket.receive", "text": text})
-        if not self.read_paused and self.queue.qsize() >= WS_RECEIVE_QUEUE_FRAMES_MAX:
+        self._queued_bytes += sum(map(len, texts))
+        self._pause_when_full()
+
+    def _pause_when_full(self) -> None:
+        if not self.read_paused and (self.queue.qsize() >= WS_RECEIVE_QUEUE_FRAMES_MAX
+                                     or self._queued_bytes >= WS_RECEIVE_QUEUE_BYTES_MAX):
             self.read_paused = True
             self.transport.pause_reading()
 
@@ -285,15 +304,19 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
         return True
 
     def send_receive_event_to_app(self) -> None:
+        if self.queue.empty():
+            self._queued_bytes = 0
         paused = self.read_paused
         self.read_paused = True  # the base class pauses after every frame unless already paused
         try:
             super().send_receive_event_to_app()
         finally:
             self.read_paused = paused
-        if not self.read_paused and self.queue.qsize() >= WS_RECEIVE_QUEUE_FRAMES_MAX:
-            self.read_paused = True
-            self.transport.pause_reading()
+        queued = self.queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque: peeked, never changed here
+        if queued:
+            last = queued[-1]
+            self._queued_bytes += len(last.get("text") or last.get("bytes") or "")
+        self._pause_when_full()
 
 
 class FrameWriter:
@@ -302,17 +325,21 @@ class FrameWriter:
     ``send`` is synchronous (call it on the event loop): frames go straight to the socket, a
     burst in one write, while the peer keeps up. Once the transport pauses writing (or the server
     offers no direct write), frames queue and a drain task sends them with awaited ASGI sends;
-    ``room()`` waits while ``backlog_frames_max`` frames are queued, ``flush()`` until none is.
-    ``on_drained`` is called whenever a backlog has been written out.
+    ``room()`` waits while ``backlog_frames_max`` frames or ``backlog_bytes_max`` characters are
+    queued, ``flush()`` until none is. ``on_drained`` is called whenever a backlog has been
+    written out.
     """
 
     def __init__(self, websocket: WebSocket, backlog_frames_max: int,
-                 on_drained: Callable[[], None] | None = None) -> None:
+                 on_drained: Callable[[], None] | None = None, *,
+                 backlog_bytes_max: int = WS_BACKLOG_BYTES_MAX) -> None:
         self._ws = websocket
         extensions = websocket.scope.get("extensions") or {}
         self._write_now: Callable[[Sequence[str]], bool] | None = extensions.get(DIRECT_WRITE_EXTENSION)
         self._backlog: deque[str] = deque()
+        self._backlog_bytes = 0
         self._backlog_frames_max = max(1, backlog_frames_max)
+        self._backlog_bytes_max = backlog_bytes_max
         self._below_max = asyncio.Event()
         self._below_max.set()
         self._on_drained = on_drained
@@ -330,13 +357,18 @@ class FrameWriter:
         if not self._backlog and self._write_now is not None and self._write_now(frames):
             return
         self._backlog.extend(frames)
-        if len(self._backlog) >= self._backlog_frames_max:
+        self._backlog_bytes += sum(map(len, frames))
+        if self._over_max():
             self._below_max.clear()
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
+    def _over_max(self) -> bool:
+        return len(self._backlog) >= self._backlog_frames_max or self._backlog_bytes >= self._backlog_bytes_max
+
     async def room(self) -> None:
-        """Wait until fewer than ``backlog_frames_max`` frames are queued."""
+        """Wait until fewer than ``backlog_frames_max`` frames and ``backlog_bytes_max``
+        characters are queued."""
         await self._below_max.wait()
 
     async def flush(self) -> None:
@@ -348,14 +380,16 @@ class FrameWriter:
         try:
             while self._backlog:
                 await self._ws.send_text(self._backlog[0])  # waits while writing is paused
-                self._backlog.popleft()
+                self._backlog_bytes -= len(self._backlog.popleft())
                 if self._backlog and self._write_now is not None and self._write_now(list(self._backlog)):
                     self._backlog.clear()
-                if len(self._backlog) < self._backlog_frames_max:
+                    self._backlog_bytes = 0
+                if not self._over_max():
                     self._below_max.set()
         except Exception as exc:  # the peer is gone: nothing queued can be written any more
             self._broken = True
             self._backlog.clear()
+            self._backlog_bytes = 0
             self._below_max.set()
             log.debug("WebSocket frames dropped: %s", exc)
             return

@@ -9,7 +9,10 @@ event stream from ``fromKeyVersion`` on (a broker ``KeyReader``, whose messages 
 Invariant: at most ``receiverQueueSize`` messages and ``maxUnackedBytesPerConsumer`` payload
 bytes (but always one message) are sent and not yet acknowledged; a message that does not fit
 waits in its reader. Acknowledgements refill the window from half of it on (as Pulsar's clients
-refill their receiver queue), new messages whenever there is room.
+refill their receiver queue), new messages whenever there is room. Messages are taken from the
+readers ``READER_SEND_BYTES_MAX`` of payload at a time (one message always), each batch only
+once the writer has room (``FrameWriter.room()``): a client that stops reading holds the
+socket's buffers, one batch, the writer's bounded backlog and one read ahead per reader.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from api.ws.session import command_loop, supervise
 from broker import BrokerService, Delivery, KeyReader, MessageId, Reader
 
 READER_FILL_MESSAGES_MAX = 1000
+READER_SEND_BYTES_MAX = 1024 * 1024
+"""Payload bytes taken from the readers and turned into frames at once (one message always)."""
 
 
 def refill_due(outstanding: int, outstanding_bytes: int, limit: int, bytes_limit: int) -> bool:
@@ -73,6 +78,8 @@ class ReaderSession:
             sender.cancel()
             for reader, listener in self._listeners:
                 reader.remove_listener(listener)
+            for reader in self.readers:
+                reader.close()
 
     async def _send_loop(self) -> None:
         self._wake.set()
@@ -95,8 +102,9 @@ class ReaderSession:
                 await self._writer.room()
 
     def _read(self, count: int, bytes_room: int) -> list[Delivery]:
-        """Up to ``count`` messages within ``bytes_room`` payload bytes (at least one), taking
-        turns over the partitions; a message that does not fit waits in its reader."""
+        """Up to ``count`` messages within ``bytes_room`` payload bytes (at least one while none
+        is outstanding) and ``READER_SEND_BYTES_MAX`` (at least one), taking turns over the
+        partitions; a message that does not fit waits in its reader."""
         out: list[Delivery] = []
         size = 0
         progress = True
@@ -106,11 +114,14 @@ class ReaderSession:
                 delivery = reader.peek_next()
                 if delivery is None:
                     continue
-                if (out or self._sent) and size + len(delivery.message.payload) > bytes_room:
+                payload_bytes = len(delivery.message.payload)
+                if (out or self._sent) and size + payload_bytes > bytes_room:
+                    return out
+                if out and size + payload_bytes > READER_SEND_BYTES_MAX:
                     return out
                 reader.read_next()
                 out.append(delivery)
-                size += len(delivery.message.payload)
+                size += payload_bytes
                 progress = True
                 if len(out) >= count:
                     break

@@ -63,9 +63,16 @@ def _varint(value: int) -> bytes:
 
 
 class RawConnection:
-    def __init__(self, port: int, host: str = "127.0.0.1", *, ssl_context: ssl.SSLContext | None = None) -> None:
-        """A connection to ``host:port``; over TLS (``pulsar+ssl://``) with ``ssl_context``."""
-        sock = socket.create_connection((host, port), timeout=READ_TIMEOUT_S)
+    def __init__(self, port: int, host: str = "127.0.0.1", *, ssl_context: ssl.SSLContext | None = None,
+                 receive_buffer_bytes: int | None = None) -> None:
+        """A connection to ``host:port``; over TLS (``pulsar+ssl://``) with ``ssl_context``.
+        ``receive_buffer_bytes`` sets the socket's receive buffer before it connects (a small
+        one makes a client that stops reading hold the broker back at once)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer_bytes is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+        sock.settimeout(READ_TIMEOUT_S)
+        sock.connect((host, port))
         self.sock = sock if ssl_context is None else ssl_context.wrap_socket(sock, server_hostname=host)
         self.decoder = FrameDecoder(FRAME_BYTES_MAX)
         self.pending: list[pb.BaseCommand] = []

@@ -70,6 +70,8 @@ def test_data_urls_hold_keys_inline() -> None:
     ({"maxHandshakeFrameBytes": "100"}, "maxHandshakeFrameBytes must lie in"),
     ({"handshakeTimeoutMillis": "0"}, "handshakeTimeoutMillis must lie in"),
     ({"httpMaxRequestHeaderSize": "10"}, "httpMaxRequestHeaderSize must lie in"),
+    ({"managedLedgerMaxReadsInFlightSizeInMB": "-1"}, "managedLedgerMaxReadsInFlightSizeInMB"),
+    ({"dispatcherMaxPendingBytesPerConsumer": "100"}, "dispatcherMaxPendingBytesPerConsumer"),
 ])
 def test_bad_values_name_the_key(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -167,3 +169,13 @@ def test_bad_listener_and_tls_values_name_the_key(material: TlsMaterial, keys: d
     values.update({k: replacements.get(v, v) for k, v in keys.items()})
     with pytest.raises(ConfigError, match=message):
         StandaloneConfig.load(None, values)
+
+
+def test_memory_bounds_are_pulsar_keys_in_their_units() -> None:
+    config = StandaloneConfig.load(None, {"managedLedgerMaxReadsInFlightSizeInMB": "64",
+                                          "maxMessagePublishBufferSizeInMB": "0",
+                                          "dispatcherMaxReadSizeBytes": "524288",
+                                          "dispatcherMaxPendingBytesPerConsumer": "2097152"})
+    broker = config.broker
+    assert broker.reads_in_flight_bytes_max == 64 * 1024 * 1024 and broker.publish_buffer_bytes_max == 0
+    assert (broker.dispatch_read_bytes_max, broker.consumer_pending_bytes_max) == (524288, 2097152)

@@ -1,5 +1,5 @@
 """FrameWriter: frames leave in order, directly while the connection takes them, through a
-bounded backlog while it does not.
+backlog bounded in frames and in bytes while it does not.
 
 A recording WebSocket stands in for Starlette's (the writer's own logic is what is tested); the
 real protocol's direct write runs under every WebSocket integration test.
@@ -104,4 +104,24 @@ def test_a_departed_peer_drops_the_backlog_and_releases_waiters() -> None:
         writer.send(["after"])  # ignored: nobody is there
         await writer.flush()
         assert socket.wire == [] and not writer.backlogged
+    asyncio.run(scenario())
+
+
+def test_a_few_large_frames_hold_the_session_back_by_their_bytes() -> None:
+    async def scenario() -> None:
+        socket = RecordingSocket()
+        writer = FrameWriter(cast(WebSocket, socket), 1000, backlog_bytes_max=100)
+        socket.open.clear()
+        writer.send(["x" * 60])
+        room = asyncio.create_task(writer.room())
+        await asyncio.sleep(0)
+        assert room.done()  # 60 characters queued, under the bound of 100
+        writer.send(["y" * 60])
+        room = asyncio.create_task(writer.room())
+        await asyncio.sleep(0.01)
+        assert not room.done()  # two frames, far under 1,000 frames, but 120 characters
+        socket.open.set()
+        await writer.flush()
+        await asyncio.wait_for(room, 1)
+        assert socket.wire == ["x" * 60, "y" * 60]
     asyncio.run(scenario())
