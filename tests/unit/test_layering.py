@@ -17,12 +17,15 @@ Parses every module's imports (no import side effects) and checks, module by mod
   no cycle but those listed in ``KNOWN_CYCLES_COUNTING_TYPE_CHECKING``: a new one fails, and so
   does a listed one that is gone, so the list only shrinks.
 
-The last tests show the checker itself catches each kind of violation on a made-up tree.
+Two tests show the checker itself catches each kind of violation on a made-up tree; the last
+one that the standalone broker's imports never load kazoo (only the cluster's do).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,3 +232,21 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path: Path) -> None:
     assert not any("broker.producer" in line for line in found)  # TYPE_CHECKING imports do not count
     assert any("api.cluster imports broker.cluster.zk" in line for line in found)  # behind the second door
     assert not any("api.cluster imports broker.cluster:" in line for line in found)  # the second door itself
+
+
+def test_standalone_imports_never_load_kazoo() -> None:
+    """``storage``'s ZooKeeper names (``storage/registration.py``, ``storage/bookie_process.py``)
+    load kazoo only when first asked for: the standalone broker and its edge never load it, the
+    cluster's face does."""
+    script = (
+        "import sys\n"
+        "import api.app, api.cli, broker, storage\n"
+        "from broker import BrokerService\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kazoo')[:3])\n"
+        "from storage import BookieRegistration, connect, run_bookie\n"
+        "print('kazoo.client' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "True"], result.stdout
