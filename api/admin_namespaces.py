@@ -10,7 +10,7 @@ being lost). Paths, parameter names and JSON shapes are Pulsar's.
 Authorization: listing, creating, updating and deleting tenants needs a superuser (a tenant
 admin must not widen its own ``adminRoles``); everything inside a tenant needs an admin of that
 tenant. The check runs before any broker call. Names are validated before use (400); policy
-values are checked by the broker against their documented bounds (``broker/policies.py``: 400
+values are checked by the broker against their documented bounds (``broker/namespace/policies.py``: 400
 with a message stating the bound), so every transport meets the same rule.
 
 Quotas and rate limits, namespace and topic policies too, have their routes in

@@ -2,7 +2,7 @@
 
 Role: Pulsar's ``PersistencePolicies`` over ``BrokerService.persistence``: ``GET`` answers the policy (JSON
 ``null`` when the namespace uses the broker's default), ``POST`` sets it, ``DELETE`` returns to
-the default. The broker checks the quorums (``broker/persistence.py``): ``E >= Qw >= Qa >= 1`` and
+the default. The broker checks the quorums (``broker/namespace/persistence.py``): ``E >= Qw >= Qa >= 1`` and
 no more bookies than are available, else 400. Topics of the namespace create their next ledgers
 with the new quorums (the current ledgers keep theirs).
 

@@ -1,7 +1,7 @@
 """The cluster commands of ``magnetar``: ``bookie`` and ``broker``.
 
 ``magnetar bookie --data-dir D [--journal-dir J] --port P --metadata-store zk:HOST:PORT[/chroot]``
-serves one storage over the network and registers it in ZooKeeper (``broker/cluster/bookie_process.py``).
+serves one storage over the network and registers it in ZooKeeper (``storage/bookie_process.py``).
 
 ``magnetar broker --metadata-store zk:HOST:PORT[/chroot] --port P [--config FILE]`` serves the
 same HTTP and WebSocket API as ``magnetar standalone`` (HTTPS and WSS too, on ``--tls-port``,

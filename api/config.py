@@ -53,7 +53,7 @@ from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
 from api.pulsar import PulsarSettings
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
-from broker import BROKER_BOUNDS, QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
+from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
 from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)

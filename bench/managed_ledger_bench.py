@@ -56,11 +56,11 @@ from common import (
     scratch_dir,
 )
 
-from broker.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.ledger import LedgerManager
 from broker.cursor import CursorManager, ManagedCursor
 from broker.entry_cache import EntryCache, EntryCacheStats
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry
-from broker.ledger import LedgerManager
 from broker.managed_ledger import AddResult, Entry, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig, StorageStats

@@ -29,7 +29,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - the error hierarchy, mapped once per transport.
 """
 
-from broker.bookie import QuorumConfig
+from broker.bookkeeper.bookie import QuorumConfig
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus
 from broker.entry_format import Compression, Message
@@ -67,7 +67,6 @@ from broker.errors import (
 )
 from broker.event_streams import KEY_VERSION_COLUMN, KeyReader, StreamInfo, StreamRead
 from broker.key_index import KeyIndexStats
-from broker.lookup import BrokerAddress, LookupResult
 from broker.message_fields import (
     EXPECTED_KEYS_MAX,
     KEY_BYTES_MAX,
@@ -89,8 +88,10 @@ from broker.message_fields import (
     payload_of,
 )
 from broker.message_id import MessageId, Position, message_id_bytes
-from broker.persistence import PersistencePolicy
-from broker.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
+from broker.namespace.lookup import BrokerAddress, LookupResult
+from broker.namespace.persistence import PersistencePolicy
+from broker.namespace.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
+from broker.namespace.topic_policies import TOPIC_POLICY_KEYS
 from broker.producer import ROUTING_MODES, Producer
 from broker.quotas import CONFIG_KEYS as QUOTA_CONFIG_KEYS
 from broker.quotas import CONFIG_VALUE_MAX as QUOTA_CONFIG_VALUE_MAX
@@ -108,7 +109,6 @@ from broker.topic import ClientEntrySend, PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_pattern import TopicPattern
-from broker.topic_policies import TOPIC_POLICY_KEYS
 from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import StorageStats
 

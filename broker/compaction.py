@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry, peek_broker_entry_metadata
 from broker.errors import MagnetarError, NotFound
-from broker.ledger import LedgerHandle, LedgerManager
 from broker.message_id import MessageId
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 from broker.topic import PersistentTopic
 
 _ORIGINAL_ID = struct.Struct(">QQi")

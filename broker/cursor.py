@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
 from broker.errors import (
     BadVersion,
     InvalidRequest,
@@ -48,10 +49,9 @@ from broker.errors import (
     NotFound,
     ServiceUnitNotReady,
 )
-from broker.ledger import LedgerHandle, LedgerManager
 from broker.managed_ledger import Entry, ManagedLedger
 from broker.message_id import Position
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 from broker.range_set import RangeSet
 
 CURSOR_LEDGER_ENTRIES_MAX = 50_000  # as Pulsar's managedLedgerCursorMaxEntriesPerLedger

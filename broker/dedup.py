@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 
 
 class DedupStatus(Enum):

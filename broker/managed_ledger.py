@@ -38,7 +38,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from broker.bookie import QuorumConfig
+from broker.bookkeeper.bookie import QuorumConfig
+from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
 from broker.byte_budget import ByteBudget
 from broker.entry_cache import CachedEntry, EntryCache
 from broker.entry_format import (
@@ -59,9 +60,8 @@ from broker.errors import (
     ServiceUnitNotReady,
     TopicTerminated,
 )
-from broker.ledger import LedgerHandle, LedgerManager
 from broker.message_id import Position
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 from broker.offset_index import LedgerInfo, PositionHints, SampleStore, ledger_holding
 from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.message_id import Position
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 
 POSITION_HINTS_MAX = 1024
 """Offsets remembered as the first offset of an entry that was just read past: about one per

@@ -80,7 +80,7 @@ class DispatchRate:
                 "ratePeriodInSecond": self.period_s, "relativeToPublishRate": self.relative_to_publish_rate}
 
 
-# --- policy values: the checks broker/policies.py and broker/topic_policies.py apply ----------
+# --- policy values: the checks broker/namespace/policies.py and broker/namespace/topic_policies.py apply ---
 def _integer(name: str, value: Any, low: int, high: int, bound: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidRequest(f"{name} must be {bound}, not {value!r}", field=name)

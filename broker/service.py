@@ -7,7 +7,7 @@ touches ``storage``). Everything it knows lives in the metadata store or in ledg
 
 - tenants at ``/admin/tenants/{tenant}``, namespace policies (retention, TTL, dedup, quotas) at
   ``/admin/policies/{tenant}/{namespace}``, a topic's own quotas and rates at
-  ``/admin/topic-policies/{tenant}/{namespace}/{topic}`` (``broker/topic_policies.py``; each open
+  ``/admin/topic-policies/{tenant}/{namespace}/{topic}`` (``broker/namespace/topic_policies.py``; each open
   topic lives by the limits ``broker/quotas.py`` resolves), partitioned-topic metadata at
   ``/admin/partitioned-topics/{tenant}/{namespace}/persistent/{topic}``;
 - topics are managed ledgers at ``/managed-ledgers/{tenant}/{namespace}/persistent/{topic}``.
@@ -23,7 +23,7 @@ Event streams: every topic partition has its key index (``broker/key_index.py``,
 routes to.
 
 With ``cluster`` (``magnetar broker``) there is no embedded bookie: the metadata store is
-ZooKeeper and ledgers go to the remote bookies registered there (``broker/cluster/cluster_storage.py``).
+ZooKeeper and ledgers go to the remote bookies registered there (``broker/cluster.py``).
 
 Invariant: between :meth:`start` and :meth:`close` the storage is open; after :meth:`close`
 every acknowledged entry is in synced entry logs and the journal is checkpointed.
@@ -42,7 +42,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.ledger import LedgerManager
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus, Compactor
 from broker.cursor import CursorManager, ManagedCursor
@@ -62,13 +63,14 @@ from broker.errors import (
 )
 from broker.event_streams import KeyReader, StreamInfo, StreamRead, read_stream, stream_info
 from broker.key_index import KeyIndex, KeyIndexStats
-from broker.ledger import LedgerManager
-from broker.lookup import BrokerAddress, LookupResult
 from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
-from broker.metadata import MetadataStore, MetadataStoreStats, RocksDBMetadataStore
-from broker.namespaces import Namespaces
-from broker.persistence import POLICY_KEY as PERSISTENCE_POLICY_KEY
-from broker.persistence import PersistencePolicy, quorum_for, validated
+from broker.metadata.rocksdb import RocksDBMetadataStore
+from broker.metadata.store import MetadataStore, MetadataStoreStats
+from broker.namespace.lookup import BrokerAddress, LookupResult
+from broker.namespace.namespaces import Namespaces
+from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_POLICY_KEY
+from broker.namespace.persistence import PersistencePolicy, quorum_for, validated
+from broker.namespace.topic_policies import TopicPolicies
 from broker.producer import Producer
 from broker.quotas import QuotaDefaults, TopicLimits, TopicQuotas, check_topics_room, resolve_limits, topics_max
 from broker.range_read import RangeRead, read_range
@@ -80,13 +82,12 @@ from broker.topic import PersistentTopic, PublishResult
 from broker.topic_admin import TopicAdmin
 from broker.topic_name import TopicName, check_namespace
 from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
-from broker.topic_policies import TopicPolicies
 from broker.topic_stats import TopicStats, topic_stats
 from storage import FileIO, LedgerStorage, StorageConfig, StorageStats
 
 if TYPE_CHECKING:  # a cluster broker's storage pulls in kazoo; the embedded broker never loads it
     from broker.cluster import ClusterStats, ClusterStorage
-    from broker.cluster.ownership import OwnershipManager
+    from broker.namespace.ownership import OwnershipManager
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +313,7 @@ class BrokerService:
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
                       self.storage.read_only_reason)
 
-    # --- tenants and namespaces (broker/namespaces.py) ---------------------------------------
+    # --- tenants and namespaces (broker/namespace/namespaces.py) ----------------------------------
     def add_policy_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after every change of tenants or namespace policies (permissions
         above all), on the thread that made it: open sessions re-check their permissions."""
@@ -394,7 +395,7 @@ class BrokerService:
         value = None if policy is None else validated(policy, self.bookies_available()).to_json()
         self.set_policy(namespace, PERSISTENCE_POLICY_KEY, value)
 
-    # --- quotas and topic policies (broker/quotas.py, broker/topic_policies.py) ----------------
+    # --- quotas and topic policies (broker/quotas.py, broker/namespace/topic_policies.py) ---------
     @property
     def _topic_policies(self) -> TopicPolicies:
         if self._topic_policies_of is None:

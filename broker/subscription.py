@@ -752,7 +752,7 @@ class Subscription:
                 items = [item, *run] if run else [item]
                 self._deliver(consumer, items, now)
                 if quotas.dispatch is not None:
-                    quotas.dispatched(len(items), sum(len(i.message.payload) for i in items))
+                    quotas.dispatched(len(items), sum(i.size for i in items))
                 notify.add(consumer)
             for item in reversed(held):
                 self._pending.appendleft(item)

@@ -36,7 +36,7 @@ from broker.key_index import KeyReservation, PartitionKeys
 from broker.managed_ledger import AddResult, Entry, ManagedLedger
 from broker.message_fields import ExpectedVersion
 from broker.message_id import MessageId, Position, message_ids_of_entry
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 from broker.quotas import TopicQuotas
 from broker.topic_name import TopicName
 from storage import new_future

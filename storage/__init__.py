@@ -17,8 +17,18 @@ boundary (``FileIO`` and its fault-injecting twin, for tests), the RocksDB helpe
 metadata store and key index share (``open_rdict``, ``write_durably``, ``iterate_prefix``) and
 the mapping of raw I/O errors onto storage errors (``as_storage_error``).
 
+The bookie as a process of a cluster: ``run_bookie(BookieProcessConfig(...))`` (``magnetar
+bookie``, ``storage/bookie_process.py``) and its registration in ZooKeeper
+(``storage/registration.py``: ``connect`` for a ``zk:HOST:PORT[/chroot]`` spec,
+``BookieRegistration`` under ``AVAILABLE_PATH``), which a cluster broker's coordination and
+metadata store use too. These load kazoo, so they are imported on first use: a process that
+never reaches ZooKeeper (``magnetar standalone``) never loads it.
+
 ``storage`` imports nothing from ``broker`` or ``api``.
 """
+
+import importlib
+from typing import TYPE_CHECKING
 
 from storage.bookie_protocol import (
     FrameDecoder,
@@ -40,6 +50,7 @@ from storage.errors import (
     InvalidArgument,
     LedgerFenced,
     MagnetarError,
+    MetadataStoreUnavailable,
     NoSuchEntry,
     NoSuchLedger,
     StorageBusy,
@@ -55,8 +66,36 @@ from storage.futures import LightFuture, new_future
 from storage.io_errors import as_storage_error
 from storage.ledger_storage import LAST_ADD_CONFIRMED, ConsistencyReport, LedgerStorage, StorageStats
 
+_ON_FIRST_USE = {
+    "BookieProcessConfig": "storage.bookie_process",
+    "run_bookie": "storage.bookie_process",
+    "AVAILABLE_PATH": "storage.registration",
+    "SESSION_TIMEOUT_S": "storage.registration",
+    "BookieRegistration": "storage.registration",
+    "ZooKeeperSpec": "storage.registration",
+    "connect": "storage.registration",
+}
+"""The ZooKeeper side of a bookie: names whose modules load kazoo, imported when first asked for."""
+
+if TYPE_CHECKING:
+    from storage.bookie_process import BookieProcessConfig, run_bookie
+    from storage.registration import AVAILABLE_PATH, SESSION_TIMEOUT_S, BookieRegistration, ZooKeeperSpec, connect
+else:
+
+    def __getattr__(name: str) -> object:
+        if name not in _ON_FIRST_USE:
+            raise AttributeError(f"module 'storage' has no attribute {name!r}")
+        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        globals()[name] = value
+        return value
+
+
 __all__ = [
+    "AVAILABLE_PATH",
     "LAST_ADD_CONFIRMED",
+    "SESSION_TIMEOUT_S",
+    "BookieProcessConfig",
+    "BookieRegistration",
     "BookieServer",
     "BookieServerStats",
     "FrameDecoder",
@@ -78,6 +117,7 @@ __all__ = [
     "LedgerStorage",
     "LightFuture",
     "MagnetarError",
+    "MetadataStoreUnavailable",
     "NoSuchEntry",
     "NoSuchLedger",
     "StorageBusy",
@@ -89,9 +129,12 @@ __all__ = [
     "StorageReadOnly",
     "StorageStats",
     "WriteCacheFull",
+    "ZooKeeperSpec",
     "as_storage_error",
+    "connect",
     "iterate_prefix",
     "new_future",
     "open_rdict",
+    "run_bookie",
     "write_durably",
 ]

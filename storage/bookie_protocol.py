@@ -2,7 +2,7 @@
 
 Role: ``magnetar bookie`` serves one ``LedgerStorage`` over TCP, and the broker's remote bookie
 client speaks to it. Both sides use only this module to turn requests and responses into bytes
-and back; the asyncio adapters (``storage/bookie_server.py``, ``broker/cluster/bookie_network.py``) move
+and back; the asyncio adapters (``storage/bookie_server.py``, ``broker/bookkeeper/bookie_network.py``) move
 the bytes, and tests drive the codec with plain byte strings.
 
 Frame (all integers big-endian)::

@@ -97,3 +97,12 @@ class StorageClosed(StorageError):
 class InvalidArgument(StorageError):
     code = "invalid_argument"
     http_status = 400
+
+
+class MetadataStoreUnavailable(StorageError):
+    """ZooKeeper (where bookies register and a cluster's brokers keep their metadata) could not
+    be reached, or the session was lost during a call; the same call may succeed once it is back."""
+
+    code = "metadata_store_unavailable"
+    retriable = True
+    http_status = 503

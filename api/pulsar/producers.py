@@ -234,7 +234,7 @@ class ProducerHalf:
         """Why the connection is not read now (``_hold``): ``PENDING`` sends at their bound, a
         ``THROTTLED`` publish rate, the broker's publish buffer ``FULL``; read again once none holds."""
         self._answer = LoopSignal(context.loop, self._send_receipts)
-        self._buffer_room = LoopSignal(context.loop, lambda: self._release(FULL))
+        self._buffer_room = LoopSignal(context.loop, lambda: self._unhold(FULL))
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -347,15 +347,15 @@ class ProducerHalf:
         if FULL not in self._holds and not buffer.admits():
             self._hold(FULL)
             if not buffer.wait(self._buffer_room.notify):
-                self._release(FULL)
+                self._unhold(FULL)
 
     def _hold(self, reason: str) -> None:
-        """Stop reading the connection for ``reason`` (the first hold pauses it)."""
+        """Stop reading the connection for ``reason`` (the first hold pauses it; ``_unhold`` ends it)."""
         if not self._holds:
             self._context.out.pause_reading()
         self._holds.add(reason)
 
-    def _release(self, reason: str) -> None:
+    def _unhold(self, reason: str) -> None:
         """``reason`` no longer holds the connection back (the last release resumes reading)."""
         if reason in self._holds:
             self._holds.discard(reason)
@@ -376,7 +376,7 @@ class ProducerHalf:
         if delay_s > 0:  # still over (another connection published meanwhile): wait again
             self._context.loop.call_later(delay_s, self._throttle_over, producers)
         else:
-            self._release(THROTTLED)
+            self._unhold(THROTTLED)
 
     def _store(self, state: _ClientProducer, sends: list[tuple[int, int, ClientEntrySend | MagnetarError]]) -> None:
         """One producer's sends of a group: the checked ones stored together, every one queued
@@ -445,7 +445,7 @@ class ProducerHalf:
         if buffers:
             self._context.out.write(buffers)
         if self._pending_sends <= self._context.settings.pending_sends_max // 2:
-            self._release(PENDING)
+            self._unhold(PENDING)
 
     def _closed(self, state: _ClientProducer) -> list[bytes]:
         """What tells the client a producer closed once its sends are answered: SUCCESS for its

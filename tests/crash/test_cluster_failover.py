@@ -61,12 +61,12 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from broker.cluster.bookie_network import BookieNetwork
-from broker.cluster.remote_bookie import RemoteBookie
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore
+from broker.bookkeeper.bookie_network import BookieNetwork
+from broker.bookkeeper.ledger import LedgerMetadata, ledger_path
+from broker.bookkeeper.remote_bookie import RemoteBookie
 from broker.errors import MagnetarError
-from broker.ledger import LedgerMetadata, ledger_path
 from broker.managed_ledger import ML_ROOT
+from broker.metadata.zookeeper import ZooKeeperMetadataStore
 from broker.offset_index import LedgerInfo
 from broker.topic_name import TopicName
 from consumers.cluster_launcher import Cluster, Process, running_cluster

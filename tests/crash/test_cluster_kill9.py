@@ -33,10 +33,10 @@ import httpx
 import pytest
 from websockets.exceptions import WebSocketException
 
-from broker.cluster.bookie_network import BookieNetwork, BookieNetworkConfig
-from broker.cluster.remote_bookie import RemoteBookie
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore
+from broker.bookkeeper.bookie_network import BookieNetwork, BookieNetworkConfig
+from broker.bookkeeper.remote_bookie import RemoteBookie
 from broker.errors import MagnetarError
+from broker.metadata.zookeeper import ZooKeeperMetadataStore
 from consumers.cluster_launcher import Cluster, running_cluster
 from tests.integration.ws_client import open_ws, recv_frame, send_frame, ws_base
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from broker.bookie import QuorumConfig
+from broker.bookkeeper.bookie import QuorumConfig
 from broker.service import BrokerService
 from broker.topic_name import TopicName
 from tests.integration.server import running_server

@@ -56,12 +56,12 @@ from dataclasses import dataclass, field
 import pytest
 
 import broker.cursor
-from broker.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.ledger import LedgerManager
 from broker.cursor import CursorManager, ManagedCursor
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, MagnetarError, NoSuchEntry
-from broker.ledger import LedgerManager
 from broker.managed_ledger import AddResult, Entry, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig

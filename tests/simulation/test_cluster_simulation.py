@@ -4,9 +4,9 @@ checked against a model.
 
 Role: drive the real ledger code (``LedgerManager``, ``LedgerHandle`` with write sets, ack
 quorums, ordered completion, LAC, ensemble changes, recovery with fencing) and the real
-re-replication worker (``broker/cluster/autorecovery.py``) over four simulated bookies on a simulated
+re-replication worker (``broker/bookkeeper/autorecovery.py``) over four simulated bookies on a simulated
 network, with the in-memory metadata store and the in-memory coordination twin
-(``broker/cluster/coordination.py``) standing in for ZooKeeper. Time is virtual: a scheduler runs the
+(``broker/metadata/coordination.py``) standing in for ZooKeeper. Time is virtual: a scheduler runs the
 network's events (request arrival after the link's latency, journal sync, answer, request
 timeout) in order, so a seed replays exactly.
 
@@ -49,7 +49,8 @@ from typing import Any
 
 import pytest
 
-from broker.bookie import (
+from broker.bookkeeper.autorecovery import AutoRecoveryConfig, ReplicationWorker
+from broker.bookkeeper.bookie import (
     BookieClient,
     BookieUnavailable,
     QuorumConfig,
@@ -58,11 +59,10 @@ from broker.bookie import (
     pack_entry,
     unpack_entry,
 )
-from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
-from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
+from broker.bookkeeper.ledger import LedgerHandle, LedgerManager, LedgerState
 from broker.errors import LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
-from broker.ledger import LedgerHandle, LedgerManager, LedgerState
 from broker.metadata import InMemoryMetadataStore
+from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
 from storage.futures import LightFuture
 from tests.simulation.seeds import ops_per_seed, run_with_replay_hint, seeds_to_run
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.ledger import LedgerManager
 from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, encode_entry
-from broker.ledger import LedgerManager
 from broker.managed_ledger import AddResult, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig

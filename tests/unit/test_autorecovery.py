@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
-from broker.cluster.autorecovery import AutoRecoveryConfig, ReplicationWorker
-from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
-from broker.ledger import LedgerManager, LedgerState
+from broker.bookkeeper.autorecovery import AutoRecoveryConfig, ReplicationWorker
+from broker.bookkeeper.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
+from broker.bookkeeper.ledger import LedgerManager, LedgerState
 from broker.metadata import InMemoryMetadataStore
+from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
 from storage import LedgerStorage, StorageConfig
 
 WAIT_S = 10.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.cluster.bundles import HASH_MAX, Bundle, NamespaceBundles, murmur3_32, topic_hash
 from broker.errors import InvalidRequest, NotFound
+from broker.namespace.bundles import HASH_MAX, Bundle, NamespaceBundles, murmur3_32, topic_hash
 from broker.topic_name import TopicName
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
+from broker.bookkeeper.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
+from broker.bookkeeper.ledger import LedgerManager, LedgerState
 from broker.errors import LedgerClosed, LedgerFenced, NoSuchEntry
-from broker.ledger import LedgerManager, LedgerState
 from broker.metadata import InMemoryMetadataStore
 from storage import LedgerStorage, StorageConfig
 

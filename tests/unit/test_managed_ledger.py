@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from broker.bookkeeper.ledger import LedgerManager
 from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
-from broker.ledger import LedgerManager
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore
 from tests.unit.broker_stack import Stack, open_stack, publish

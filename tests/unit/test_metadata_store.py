@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore
 from broker.errors import AlreadyExists, BadVersion, InvalidRequest, NotFound, StorageClosed
 from broker.metadata import (
     DeleteOp,
@@ -26,8 +25,9 @@ from broker.metadata import (
     PutOp,
     RocksDBMetadataStore,
     Stat,
-    node_key,
 )
+from broker.metadata.rocksdb import node_key
+from broker.metadata.zookeeper import ZooKeeperMetadataStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,12 +13,13 @@ from contextlib import contextmanager
 import pytest
 from kazoo.client import KazooClient
 
-from broker.cluster.ownership import OwnershipConfig, OwnershipManager
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore, connect
 from broker.errors import NotFound, TopicNotOwned
-from broker.lookup import BrokerAddress
-from broker.namespaces import POLICIES
+from broker.metadata.zookeeper import ZooKeeperMetadataStore
+from broker.namespace.lookup import BrokerAddress
+from broker.namespace.namespaces import POLICIES
+from broker.namespace.ownership import OwnershipConfig, OwnershipManager
 from broker.topic_name import TopicName
+from storage import connect
 from tests.tcp_link import TcpLink
 
 NAMESPACE = "public/default"

@@ -1,4 +1,4 @@
-"""Namespace policy values are bounded in the broker (``broker/policies.py``), whatever the transport.
+"""Namespace policy values are bounded in the broker (``broker/namespace/policies.py``), whatever the transport.
 
 Checks: every key's values at their bound are stored in their stored form and one step beyond is
 refused with ``InvalidRequest`` naming the bound; booleans do not pass for integers; an unknown
@@ -16,7 +16,7 @@ import pytest
 
 from api.auth import Action
 from broker.errors import InvalidRequest
-from broker.policies import (
+from broker.namespace.policies import (
     GRANTED_ROLES_MAX,
     MESSAGE_TTL_SECONDS_MAX,
     NAMESPACE_ACTIONS,
@@ -106,7 +106,7 @@ def test_grants_name_exactly_the_actions_the_edge_authorizes() -> None:
 
 
 def test_a_namespace_bundles_policy_is_checked_and_stored_as_boundaries() -> None:
-    from broker.policies import checked_policy
+    from broker.namespace.policies import checked_policy
 
     stored = checked_policy("bundles", {"numBundles": 4})
     assert stored == {"boundaries": ["0x00000000", "0x40000000", "0x80000000", "0xc0000000", "0xffffffff"],

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.bookie import BookieUnavailable, QuorumConfig
-from broker.cluster.bookie_network import BookieBusy, BookieNetwork, BookieNetworkConfig, BookieTimeout
-from broker.cluster.coordination import InMemoryCluster, InMemoryCoordination
-from broker.cluster.remote_bookie import GROUP_BYTES_MAX, RemoteBookie, RemoteBookieClient
+from broker.bookkeeper.bookie import BookieUnavailable, QuorumConfig
+from broker.bookkeeper.bookie_network import BookieBusy, BookieNetwork, BookieNetworkConfig, BookieTimeout
+from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.remote_bookie import GROUP_BYTES_MAX, RemoteBookie, RemoteBookieClient
 from broker.errors import LedgerFenced, NoSuchEntry, NoSuchLedger
-from broker.ledger import LedgerManager
 from broker.metadata import InMemoryMetadataStore
+from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
 from storage import LedgerStorage, StorageConfig
 from storage.bookie_server import BookieServer
 

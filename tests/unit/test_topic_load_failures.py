@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.bookie import BookieClient, LocalBookie
+from broker.bookkeeper.ledger import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry
 from broker.errors import ServiceUnitNotReady
-from broker.ledger import LedgerManager
 from broker.managed_ledger import LOAD_ATTEMPTS, ML_ROOT, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore, Stat
 from broker.service import BrokerConfig, BrokerService

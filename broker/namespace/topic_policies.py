@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import InvalidRequest
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
 from broker.topic_name import TopicName
 

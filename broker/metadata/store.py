@@ -2,8 +2,11 @@
 
 Role: every piece of broker state that must survive a restart (topics, ledger lists of managed
 ledgers, cursor snapshots, ...) is written through a ``MetadataStore``; nothing lives only in
-memory. ``RocksDBMetadataStore`` is the embedded default; ``InMemoryMetadataStore`` is its
-twin with the same contract, for unit tests of the code above it.
+memory. This module holds the interface, its values (``Stat``, the ops, the notifications), the
+path rules and ``VersionedStore``, the contract built once on four storage primitives that the
+backends provide: ``RocksDBMetadataStore`` (``rocksdb.py``, the embedded default),
+``InMemoryMetadataStore`` (``memory.py``, its twin for tests of the code above it) and
+``ZooKeeperMetadataStore`` (``zookeeper.py``, a cluster's).
 
 Contract (the same for every implementation, checked by one test suite):
 
@@ -37,20 +40,16 @@ from __future__ import annotations
 import json
 import logging
 import re
-import struct
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from rocksdict import WriteBatch
-
-from broker.errors import AlreadyExists, BadVersion, CorruptEntry, InvalidRequest, NotFound, StorageClosed
-from storage import as_storage_error, open_rdict, write_durably
+from broker.errors import AlreadyExists, BadVersion, InvalidRequest, NotFound, StorageClosed
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ def is_under(path: str, prefix: str) -> bool:
     return prefix in (ROOT, path) or path.startswith(prefix + SEPARATOR)
 
 
-def _child_name(parent: str, path: str) -> str | None:
+def child_name(parent: str, path: str) -> str | None:
     """The segment right below ``parent`` on the way to ``path``, or None if not below it."""
     base = SEPARATOR if parent == ROOT else parent + SEPARATOR
     if not path.startswith(base) or path == base:
@@ -315,7 +314,7 @@ def decode_json(stat: Stat) -> dict[str, Any]:
 # --- shared semantics ---------------------------------------------------------------------------
 
 
-class _VersionedStore(MetadataStore):
+class VersionedStore(MetadataStore):
     """The contract on top of four storage primitives, so every backend behaves the same.
 
     Subclasses provide ``_load`` (one node), ``_commit`` (apply path → Stat | None atomically and
@@ -475,7 +474,7 @@ class _VersionedStore(MetadataStore):
                     notification = self._pending.popleft()
                     targets = [w for w in self._watches if w.matches(notification.path)]
                 for handle in targets:
-                    _call_safely(handle, notification)
+                    call_safely(handle, notification)
 
     # Lifecycle.
 
@@ -507,153 +506,10 @@ def _validated_op(op: Op) -> Op:
     raise InvalidRequest(f"not a metadata op: {op!r}")
 
 
-def _call_safely(handle: Watch, notification: Notification) -> None:
+def call_safely(handle: Watch, notification: Notification) -> None:
     if not handle.active:
         return
     try:
         handle.callback(notification)
     except Exception:
         log.exception("metadata watch callback failed (prefix %s, %s)", handle.prefix, notification)
-
-
-# --- in memory ----------------------------------------------------------------------------------
-
-
-class InMemoryMetadataStore(_VersionedStore):
-    """A dict of path → Stat with the full contract (not durable); for tests of code above it."""
-
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        super().__init__(clock)
-        self._nodes: dict[str, Stat] = {}
-
-    def _load(self, path: str) -> Stat | None:
-        return self._nodes.get(path)
-
-    def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
-        for path, stat in changes.items():
-            if stat is None:
-                self._nodes.pop(path, None)
-            else:
-                self._nodes[path] = stat
-
-    def _child_names(self, path: str) -> list[str]:
-        names = {_child_name(path, node) for node in self._nodes}
-        return sorted(name for name in names if name is not None)
-
-    def _subtree(self, path: str) -> list[str]:
-        return [node for node in self._nodes if is_under(node, path)]
-
-    def _close_backend(self) -> None:
-        self._nodes.clear()
-
-
-# --- RocksDB ------------------------------------------------------------------------------------
-
-_NODE_PREFIX = b"N"
-_KEY_SEPARATOR = b"\x00"
-_AFTER_SEPARATOR = b"\x01"
-_VALUE_FORMAT = 1
-_VALUE_HEADER = struct.Struct(">Bqqq")  # format, version, created_ms, modified_ms
-
-
-def node_key(path: str) -> bytes:
-    """RocksDB key of a node: ``N`` then each segment preceded by a NUL byte.
-
-    NUL sorts before every byte a segment may hold, so a node's descendants sort right after it
-    and before its next sibling, and siblings sort by name. ``children`` is then a prefix scan
-    that seeks past each child's subtree, and a subtree is one contiguous key range. The root
-    maps to the bare prefix ``N`` and is never stored.
-    """
-    if path == ROOT:
-        return _NODE_PREFIX
-    return _NODE_PREFIX + path.encode("utf-8").replace(SEPARATOR.encode(), _KEY_SEPARATOR)
-
-
-def path_of_key(key: bytes) -> str:
-    return key[len(_NODE_PREFIX) :].replace(_KEY_SEPARATOR, SEPARATOR.encode()).decode("utf-8")
-
-
-def encode_node(stat: Stat) -> bytes:
-    return _VALUE_HEADER.pack(_VALUE_FORMAT, stat.version, stat.created_ms, stat.modified_ms) + stat.value
-
-
-def decode_node(path: str, raw: bytes) -> Stat:
-    if len(raw) < _VALUE_HEADER.size or raw[0] != _VALUE_FORMAT:
-        raise CorruptEntry(f"metadata node {path} has an unreadable record")
-    _, version, created_ms, modified_ms = _VALUE_HEADER.unpack_from(raw)
-    return Stat(path, raw[_VALUE_HEADER.size :], version, created_ms, modified_ms)
-
-
-class RocksDBMetadataStore(_VersionedStore):
-    """The embedded default: one RocksDB (rocksdict, raw mode) directory at ``path``.
-
-    Every commit is one ``WriteBatch`` with its write-ahead log synced (``write_durably``):
-    atomic, and durable when the call returns. RocksDB's failures (reported by rocksdict as
-    plain ``Exception``s) become the storage's errors: ``StorageFull`` on a full disk,
-    ``StorageBusy`` when out of descriptors, ``StorageIOError`` otherwise; nothing is written.
-    """
-
-    def __init__(self, path: str, clock: Callable[[], float] | None = None) -> None:
-        super().__init__(clock)
-        self.path = path
-        self._db = open_rdict(path)
-
-    def _load(self, path: str) -> Stat | None:
-        try:
-            raw = self._db.get(node_key(path))
-        except Exception as exc:  # rocksdict: RocksDB's status as a plain Exception
-            raise as_storage_error(exc, f"reading {path} from the metadata store") from exc
-        return None if raw is None else decode_node(path, raw)
-
-    def _commit(self, changes: Mapping[str, Stat | None], durable: bool) -> None:
-        batch = WriteBatch(raw_mode=True)
-        for path, stat in changes.items():
-            if stat is None:
-                batch.delete(node_key(path))
-            else:
-                batch.put(node_key(path), encode_node(stat))
-        try:
-            if durable:
-                write_durably(self._db, batch)
-            else:
-                self._db.write(batch)
-        except Exception as exc:  # rocksdict: RocksDB's status as a plain Exception
-            raise as_storage_error(exc, "writing the metadata store") from exc
-
-    def _child_names(self, path: str) -> list[str]:
-        prefix = node_key(path) + _KEY_SEPARATOR
-        names: list[str] = []
-        it = self._db.iter()
-        try:
-            it.seek(prefix)
-            while it.valid():
-                key: bytes = it.key()
-                if not key.startswith(prefix):
-                    break
-                segment = key[len(prefix) :].split(_KEY_SEPARATOR, 1)[0]
-                names.append(segment.decode("utf-8"))
-                it.seek(prefix + segment + _AFTER_SEPARATOR)  # skip the child's whole subtree
-        finally:
-            del it
-        return names
-
-    def _subtree(self, path: str) -> list[str]:
-        found = [] if path == ROOT or self._load(path) is None else [path]
-        found.extend(path_of_key(key) for key in self._keys_with_prefix(node_key(path) + _KEY_SEPARATOR))
-        return found
-
-    def _keys_with_prefix(self, prefix: bytes) -> Iterator[bytes]:
-        it = self._db.iter()
-        try:
-            it.seek(prefix)
-            while it.valid():
-                key: bytes = it.key()
-                if not key.startswith(prefix):
-                    return
-                yield key
-                it.next()
-        finally:
-            del it
-
-    def _close_backend(self) -> None:
-        self._db.close()

@@ -2,9 +2,10 @@
 
 Role: ``--metadata-store zk:HOST:PORT[,HOST:PORT...][/chroot]`` puts every piece of broker state
 (tenants, policies, managed ledgers, cursors, ledger metadata) in ZooKeeper with the same
-contract as the embedded RocksDB store (``broker/metadata.py``; one contract test runs against
-all three backends). Several brokers may share it: every write is a compare-and-set that
-ZooKeeper checks, so they never lose each other's updates.
+contract as the embedded RocksDB store (``broker/metadata/store.py``; one contract test runs
+against all three backends). Several brokers may share it: every write is a compare-and-set that
+ZooKeeper checks, so they never lose each other's updates. The connection (``connect``, one
+kazoo session rooted at the chroot) is the bookies' own, from ``storage/registration.py``.
 
 How the contract maps onto znodes:
 
@@ -37,15 +38,15 @@ How the contract maps onto znodes:
   so brokers sharing the store never hand out one id twice.
 
 Errors: a lost connection or session during a call raises the retriable
-``MetadataStoreUnavailable`` (a write may or may not have been applied, as with any ZooKeeper
-client; callers re-read before retrying, which every caller of a CAS does anyway).
+``MetadataStoreUnavailable`` (a storage error: a bookie meets it too). A write may or may not
+have been applied, as with any ZooKeeper client; callers re-read before retrying, which every
+caller of a CAS does anyway.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import struct
 import threading
 from collections import OrderedDict
@@ -66,19 +67,19 @@ from kazoo.exceptions import (
 from kazoo.recipe.cache import TreeCache, TreeEvent
 from kazoo.retry import ForceRetryError, KazooRetry, RetryFailedError
 
-from broker.errors import BrokerError, InvalidRequest
-from broker.metadata import (
+from broker.metadata.store import (
     ROOT,
     SEPARATOR,
     Notification,
     NotificationType,
     Stat,
+    VersionedStore,
     Watch,
     WatchCallback,
-    _call_safely,
-    _VersionedStore,
+    call_safely,
     validate_path,
 )
+from storage import MetadataStoreUnavailable, connect
 
 MAGIC = b"MGV1"
 _HEADER = struct.Struct(">4sqqqQ")
@@ -86,69 +87,15 @@ OWN_DELETES_REMEMBERED_MAX = 100_000
 """Deletes by this object whose echo from a ``TreeCache`` is still expected (bounded)."""
 CONFLICT_RETRIES_MAX = 64
 MULTI_OPS_MAX = 2000
-SESSION_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 15.0
 LEDGER_ID_COUNTER_PATH = "/ledgers/idgen"
 LEDGER_ID_CAS_TRIES_MAX = 200
-WATCH_LOAD_TIMEOUT_S = 30.0
 """Compare-and-set attempts for one ledger id before the allocation fails (each failed attempt
 means another broker got an id: 200 is far beyond any contention a cluster sees)."""
-_SPEC = re.compile(r"^zk:(?P<hosts>[^/]+)(?P<chroot>/.*)?$")
-
-
-class MetadataStoreUnavailable(BrokerError):
-    code = "metadata_store_unavailable"
-    http_status = 503
-    retriable = True
+WATCH_LOAD_TIMEOUT_S = 30.0
 
 
 class _Conflict(Exception):
     """Another client changed a znode between this write's reads and its multi: plan again."""
-
-
-@dataclass(frozen=True)
-class ZooKeeperSpec:
-    """``zk:HOST:PORT[,HOST:PORT...][/chroot]``."""
-
-    hosts: str
-    chroot: str
-
-    @classmethod
-    def parse(cls, spec: str) -> ZooKeeperSpec:
-        match = _SPEC.match(spec.strip())
-        if match is None:
-            raise InvalidRequest(f"not a ZooKeeper metadata store: {spec!r} (expected zk:HOST:PORT[/chroot])")
-        chroot = (match.group("chroot") or "").rstrip("/")
-        if chroot:
-            validate_path(chroot)
-        return cls(match.group("hosts"), chroot)
-
-    @property
-    def url(self) -> str:
-        return f"zk:{self.hosts}{self.chroot}"
-
-
-def connect(spec: str | ZooKeeperSpec, *, session_timeout_s: float = SESSION_TIMEOUT_S,
-            connect_timeout_s: float = CONNECT_TIMEOUT_S) -> KazooClient:
-    """A started kazoo client rooted at the spec's chroot (created when missing). It reconnects
-    by itself after a lost connection, with a new session after an expired one."""
-    parsed = spec if isinstance(spec, ZooKeeperSpec) else ZooKeeperSpec.parse(spec)
-    retry = {"max_tries": -1, "delay": 0.05, "backoff": 2, "max_delay": 1.0}
-    try:
-        if parsed.chroot:
-            bootstrap = KazooClient(hosts=parsed.hosts, timeout=session_timeout_s)
-            bootstrap.start(timeout=connect_timeout_s)
-            try:
-                bootstrap.ensure_path(parsed.chroot)
-            finally:
-                bootstrap.stop()
-                bootstrap.close()
-        client = KazooClient(hosts=parsed.hosts + parsed.chroot, timeout=session_timeout_s,
-                             connection_retry=retry, command_retry={"max_tries": 3, "delay": 0.05, "max_delay": 1.0})
-        client.start(timeout=connect_timeout_s)
-    except (KazooException, TimeoutError) as exc:
-        raise MetadataStoreUnavailable(f"cannot reach ZooKeeper at {parsed.url}: {exc!r}") from exc
-    return client
 
 
 def _encode(stat: Stat, writer: int) -> bytes:
@@ -184,8 +131,8 @@ class _Seen:
     czxid: int = 0
 
 
-class ZooKeeperMetadataStore(_VersionedStore):
-    """The contract of ``broker/metadata.py`` on a started kazoo client (see the module docstring)."""
+class ZooKeeperMetadataStore(VersionedStore):
+    """The contract of ``broker/metadata/store.py`` on a started kazoo client (see the module docstring)."""
 
     def __init__(self, client: KazooClient, clock: Callable[[], float] | None = None, *,
                  owns_client: bool = False) -> None:
@@ -492,7 +439,7 @@ class ZooKeeperMetadataStore(_VersionedStore):
             targets = [w for w in self._watches if w.prefix == prefix and w.matches(data.path)]
         with self._delivery_lock:
             for handle in targets:
-                _call_safely(handle, notification)
+                call_safely(handle, notification)
 
     def _remote_change(self, path: str, data: bytes, zstat: Any, event_type: int) -> NotificationType | None:
         stat = _decode(path, data)

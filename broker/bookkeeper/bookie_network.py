@@ -1,6 +1,6 @@
 """Connections from the broker to remote bookies: one asyncio loop thread for all of them.
 
-Role: ``RemoteBookie`` (``broker/cluster/remote_bookie.py``) turns the ``Bookie`` calls into request
+Role: ``RemoteBookie`` (``broker/bookkeeper/remote_bookie.py``) turns the ``Bookie`` calls into request
 frames (``storage/bookie_protocol.py``) and hands them here. Any thread may submit; the frames
 of one burst reach the loop with one wake-up and each connection writes them in one
 ``writelines``. Responses complete the callers' futures on the loop thread, in the order the
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
 
-from broker.bookie import BookieUnavailable
+from broker.bookkeeper.bookie import BookieUnavailable
 from broker.errors import BrokerError
 from storage import FrameDecoder, LightFuture, ProtocolError, Response, decode_response, new_future
 

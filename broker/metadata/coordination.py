@@ -3,8 +3,9 @@
 Role: in a cluster the metadata store holds *state*; this module holds what lives only as long
 as a process's session: which bookies are up (BookKeeper's ``/ledgers/available/<host:port>``
 ephemeral nodes) and exclusive locks (so two re-replication workers never copy the same ledger).
-``ZooKeeperCoordination`` builds them from kazoo's recipes (ephemeral nodes, ``ChildrenWatch``,
-``Lock``); ``InMemoryCoordination`` is the twin for simulations and unit tests, with sessions
+``ZooKeeperCoordination`` builds them from kazoo's recipes (``ChildrenWatch``, ``Lock``) and
+the bookie's own registration (``storage/registration.py``, which ``magnetar bookie`` uses
+directly); ``InMemoryCoordination`` is the twin for simulations and unit tests, with sessions
 that a test can expire.
 
 Invariants:
@@ -19,22 +20,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import KazooException, NodeExistsError
+from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
 from broker.errors import BrokerError
+from storage import AVAILABLE_PATH, BookieRegistration
 
 log = logging.getLogger(__name__)
 
-AVAILABLE_PATH = "/ledgers/available"
 LOCKS_PATH = "/ledgers/underreplication/locks"
-REGISTRATION_WAIT_S_MAX = 60.0
 
 
 class CoordinationUnavailable(BrokerError):
@@ -214,7 +213,7 @@ class ZooKeeperCoordination(Coordination):
         self._client = client
         self._identifier = identifier
         self._available: list[str] = []
-        self._registered: list[str] = []
+        self._registrations: dict[str, BookieRegistration] = {}
         self._lock = threading.Lock()
         self._closed = False
         client.ensure_path(AVAILABLE_PATH)
@@ -232,44 +231,20 @@ class ZooKeeperCoordination(Coordination):
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:
             self._counters["sessions_lost"] += 1
-        elif state == KazooState.CONNECTED and self._registered and not self._closed:
-            self._client.handler.spawn(self._reregister)  # a listener must not block
-
-    def _reregister(self) -> None:
-        for bookie_id in list(self._registered):
-            try:
-                self._create_registration(bookie_id)
-            except Exception:
-                log.exception("could not register bookie %s again", bookie_id)
 
     def register_bookie(self, bookie_id: str) -> None:
-        self._create_registration(bookie_id)
         with self._lock:
-            if bookie_id not in self._registered:
-                self._registered.append(bookie_id)
+            registration = self._registrations.get(bookie_id)
+            if registration is None:
+                registration = BookieRegistration(self._client, bookie_id, identifier=self._identifier)
+        registration.register()
+        with self._lock:
+            self._registrations.setdefault(bookie_id, registration)
 
-    def _create_registration(self, bookie_id: str) -> None:
-        """Create the ephemeral node; a node left by this bookie's previous session (a restart
-        within the session timeout) is waited out, as BookKeeper's bookies do."""
-        path = f"{AVAILABLE_PATH}/{bookie_id}"
-        deadline_s = time.monotonic() + REGISTRATION_WAIT_S_MAX
-        while True:
-            try:
-                self._client.create(path, self._identifier.encode(), ephemeral=True, makepath=True)
-                self._counters["registrations"] += 1
-                return
-            except NodeExistsError:
-                stat = self._client.exists(path)
-                if stat is not None and stat.ephemeralOwner == self._client.client_id[0]:
-                    return
-                gone = threading.Event()
-                if self._client.exists(path, watch=lambda _event, gone=gone: gone.set()) is not None:
-                    gone.wait(max(0.0, deadline_s - time.monotonic()))
-                if time.monotonic() >= deadline_s:
-                    raise CoordinationUnavailable(f"bookie {bookie_id} is still registered by another session") \
-                        from None
-            except KazooException as exc:
-                raise CoordinationUnavailable(f"could not register bookie {bookie_id}: {exc!r}") from exc
+    def statistics(self) -> CoordinationStats:
+        with self._lock:
+            self._counters["registrations"] = sum(r.registrations for r in self._registrations.values())
+        return super().statistics()
 
     def available_bookies(self) -> list[str]:
         with self._lock:
@@ -290,6 +265,10 @@ class ZooKeeperCoordination(Coordination):
     def close(self) -> None:
         self._closed = True
         self._client.remove_listener(self._on_state)
+        with self._lock:
+            registrations, self._registrations = list(self._registrations.values()), {}
+        for registration in registrations:
+            registration.close()
 
 
 class _ZooKeeperLease(Lease):

@@ -1,7 +1,7 @@
 """Topic ownership between brokers: bundles owned through ephemeral znodes, lookups, load reports.
 
 Role: any cluster broker can serve any topic, one broker at a time. A broker owns a namespace
-bundle (``broker/cluster/bundles.py``) while its ZooKeeper session holds the ephemeral node
+bundle (``broker/namespace/bundles.py``) while its ZooKeeper session holds the ephemeral node
 ``/namespace/{tenant}/{ns}/0xLLLLLLLL_0xUUUUUUUU`` (Pulsar's path and ``NamespaceEphemeralData``
 keys: ``httpUrl``, ``nativeUrl``, ``disabled``). Every broker publishes a load report as the
 ephemeral ``/loadbalance/brokers/{host:port}`` (bundles and topics owned, message rates, CPU),
@@ -46,11 +46,11 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, Opera
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from broker.cluster.bundles import BUNDLES_DEFAULT, POLICY_KEY, Bundle, NamespaceBundles
 from broker.errors import BadVersion, NotFound, ServiceUnitNotReady, TopicNotOwned
-from broker.lookup import BrokerAddress, LookupResult
-from broker.metadata import MetadataStore
-from broker.namespaces import POLICIES
+from broker.metadata.store import MetadataStore
+from broker.namespace.bundles import BUNDLES_DEFAULT, POLICY_KEY, Bundle, NamespaceBundles
+from broker.namespace.lookup import BrokerAddress, LookupResult
+from broker.namespace.namespaces import POLICIES
 from broker.topic_name import TopicName
 
 log = logging.getLogger(__name__)

@@ -35,11 +35,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from broker.bookie import BookieClient, BookieUnavailable, StoredEntry, write_set
-from broker.cluster.coordination import Coordination, Lease
+from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, StoredEntry, write_set
+from broker.bookkeeper.ledger import LEDGERS_PATH, LedgerManager, LedgerMetadata, LedgerState, ledger_path
 from broker.errors import BadVersion, BrokerError, MagnetarError, NoSuchEntry, NoSuchLedger, NotFound
-from broker.ledger import LEDGERS_PATH, LedgerManager, LedgerMetadata, LedgerState, ledger_path
-from broker.metadata import MetadataStore
+from broker.metadata.coordination import Coordination, Lease
+from broker.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Remote bookies behind the ``BookieClient`` seam: what a cluster broker writes its ledgers to.
 
 Role: ``RemoteBookie`` is a ``Bookie`` (the shape ``LedgerHandle`` already uses in-process)
-whose calls travel over ``broker/cluster/bookie_network.py`` to a ``magnetar bookie`` process;
+whose calls travel over ``broker/bookkeeper/bookie_network.py`` to a ``magnetar bookie`` process;
 ``RemoteBookieClient`` is the ``BookieClient`` of a cluster broker: it knows the bookies
 registered in the coordination service and picks ensembles from them. Everything above the seam
 (write sets, ack quorums, ordered completion, LAC, fencing, ensemble changes) is unchanged.
@@ -27,13 +27,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
-from broker.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, all_added, unpack_entry
-from broker.cluster.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
-from broker.cluster.coordination import Coordination
+from broker.bookkeeper.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, all_added, unpack_entry
+from broker.bookkeeper.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
+from broker.metadata.coordination import Coordination
 from storage import Kind, Response, encode_add, encode_add_many, encode_ledger_op, encode_read, encode_read_range
 
-_STORED_HEADER = struct.Struct(">qq")  # as broker/bookie.py packs it: piggybacked LAC, ledger length
+_STORED_HEADER = struct.Struct(">qq")  # as broker/bookkeeper/bookie.py packs it: piggybacked LAC, ledger length
 GROUP_BYTES_MAX = 1024 * 1024
 """Payload bytes of one ADD_MANY request at most (an entry larger than this goes alone)."""
 

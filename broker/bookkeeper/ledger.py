@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from broker.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, write_set
+from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, write_set
 from broker.errors import (
     BadVersion,
     BrokerError,
@@ -45,7 +45,7 @@ from broker.errors import (
     NotFound,
     StorageError,
 )
-from broker.metadata import MetadataStore
+from broker.metadata.store import MetadataStore
 from storage import new_future
 
 LEDGERS_PATH = "/ledgers"

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.bookie import QuorumConfig
+from broker.bookkeeper.bookie import QuorumConfig
 from broker.errors import InvalidRequest
 
 POLICY_KEY = "persistence"

@@ -1,6 +1,6 @@
 """Namespace policy values: what each may hold, and the one check every transport relies on.
 
-Role: a namespace's policies document (``broker/namespaces.py``) is changed one key at a time
+Role: a namespace's policies document (``broker/namespace/namespaces.py``) is changed one key at a time
 (``BrokerService.set_policy``) or given whole when the namespace is created; every value passes
 :func:`checked_policy` first, which returns it in its stored form or raises ``InvalidRequest``
 (400) with a message that states the bound. The bounds (the README's "Namespace policies" table):
@@ -14,10 +14,10 @@ Role: a namespace's policies document (``broker/namespaces.py``) is changed one 
 ``deduplicationEnabled``   null (the broker's default), true or false
 ``auth_policies``          ``namespace_auth``: at most ``GRANTED_ROLES_MAX`` roles of 1..256
                            characters, each granted a subset of ``NAMESPACE_ACTIONS``
-``persistence``            null or ``broker/persistence.py``'s quorum rule and bounds
+``persistence``            null or ``broker/namespace/persistence.py``'s quorum rule and bounds
 ``bundles``                null or ``boundaries`` (hexadecimal, strictly increasing from
                            0x00000000 to 0xffffffff) or ``numBundles``, at most 1024 bundles
-                           (``broker/cluster/bundles.py``)
+                           (``broker/namespace/bundles.py``)
 ``max_producers_per_topic`` null (the broker's default) or 0..2^31-1 (0: unlimited); likewise
                            ``max_consumers_per_topic``, ``max_subscriptions_per_topic`` and
                            ``max_topics_per_namespace`` (``broker/quotas.py``)
@@ -39,8 +39,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.errors import InvalidRequest
-from broker.persistence import POLICY_KEY as PERSISTENCE_KEY
-from broker.persistence import PersistencePolicy, check_bounds
+from broker.namespace.bundles import BUNDLES_MAX, NamespaceBundles
+from broker.namespace.bundles import POLICY_KEY as BUNDLES_KEY
+from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_KEY
+from broker.namespace.persistence import PersistencePolicy, check_bounds
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
 
 RETENTION_TIME_MINUTES_MAX = 2**31 - 1
@@ -125,14 +127,7 @@ def _persistence(value: Any) -> dict[str, Any] | None:
     return check_bounds(policy).to_json()
 
 
-BUNDLES_KEY = "bundles"
-"""Namespace bundles (``broker/cluster/bundles.py``, whose ``POLICY_KEY`` this is)."""
-
-
 def _bundles(value: Any) -> dict[str, Any] | None:
-    # imported here: the cluster package's face imports the namespaces, which import this module
-    from broker.cluster.bundles import BUNDLES_MAX, NamespaceBundles
-
     if value is None:
         return None
     if isinstance(value, dict) and isinstance(value.get("boundaries"), list) \

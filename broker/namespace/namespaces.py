@@ -7,7 +7,7 @@ compare-and-set. ``BrokerService`` exposes these operations on its face; topics 
 namespace's policies when they open and follow changes at once.
 
 Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path,
-every policy value by ``broker/policies.py`` (its bound, or 400) before it is stored; a change
+every policy value by ``broker/namespace/policies.py`` (its bound, or 400) before it is stored; a change
 is written whole (compare-and-set) and then announced (``on_change``: open topics follow new
 retention, TTL, quotas and rates, open sessions re-check their permissions).
 """
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.errors import AlreadyExists, NotEmpty, NotFound
-from broker.metadata import MetadataStore
-from broker.policies import checked_policies, checked_policy
+from broker.metadata.store import MetadataStore
+from broker.namespace.policies import checked_policies, checked_policy
 from broker.topic_name import check_name, check_namespace
 
 TENANTS = "/admin/tenants"

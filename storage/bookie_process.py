@@ -3,9 +3,9 @@
 Role: the process the seeds call a bookie. It opens its storage (entry logs and index under
 ``--data-dir``, the journal under ``--journal-dir``, ideally another disk), serves it with the
 bookie protocol (``storage/bookie_server.py``) and registers ``<address>:<port>`` as an
-ephemeral node under ``/ledgers/available``, so brokers pick it for new ensembles while it lives
-and stop when it dies (its session ends with the process, or within the session timeout after
-a ``kill -9``).
+ephemeral node under ``/ledgers/available`` (``storage/registration.py``), so brokers pick it
+for new ensembles while it lives and stop when it dies (its session ends with the process, or
+within the session timeout after a ``kill -9``). It imports nothing above storage.
 
 Invariant: the registration appears only once the server accepts connections and the storage
 has recovered; SIGTERM or SIGINT unregisters first, then stops serving, then closes the storage
@@ -19,9 +19,10 @@ import logging
 import signal
 from dataclasses import dataclass, field
 
-from broker.cluster.coordination import ZooKeeperCoordination
-from broker.cluster.zk_metadata import connect
-from storage import BookieServer, LedgerStorage, StorageConfig
+from storage.bookie_server import BookieServer
+from storage.config import StorageConfig
+from storage.ledger_storage import LedgerStorage
+from storage.registration import SESSION_TIMEOUT_S, BookieRegistration, connect
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class BookieProcessConfig:
     advertised_address: str | None = None
     """The host name brokers reach this bookie at (default: ``host``, or 127.0.0.1 for 0.0.0.0)."""
     storage: StorageConfig = field(default_factory=StorageConfig.production)
-    session_timeout_s: float = 10.0
+    session_timeout_s: float = SESSION_TIMEOUT_S
 
     def bookie_id(self, port: int) -> str:
         address = self.advertised_address or ("127.0.0.1" if self.host in ("0.0.0.0", "") else self.host)
@@ -52,16 +53,16 @@ def run_bookie(config: BookieProcessConfig) -> int:
         loop.run_until_complete(server.start())
         bookie_id = config.bookie_id(server.port)
         zk = connect(config.metadata_store, session_timeout_s=config.session_timeout_s)
-        coordination = ZooKeeperCoordination(zk, identifier=bookie_id)
+        registration = BookieRegistration(zk, bookie_id, identifier=bookie_id)
         try:
-            coordination.register_bookie(bookie_id)
+            registration.register()
             log.warning("bookie %s serving %s (journal %s)", bookie_id, config.data_dir, storage.journal_dir)
             stop = asyncio.Event()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
             loop.run_until_complete(stop.wait())
         finally:
-            coordination.close()
+            registration.close()
             zk.stop()
             zk.close()
         loop.run_until_complete(server.close())

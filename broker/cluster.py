@@ -1,17 +1,27 @@
-"""What a cluster broker stands on: ZooKeeper for metadata and membership, remote bookies for data.
+"""The cluster's front door: what a cluster broker stands on, and what ``magnetar bookie`` runs.
 
-Role: ``magnetar broker --metadata-store zk:…`` builds its ``BrokerService`` with a
+Role: what ``magnetar bookie`` and ``magnetar broker`` (``api/cli_cluster.py``) build on, and
+nothing else of the broker's cluster code: ``ClusterStorage`` (below), its configuration
+(``ClusterConfig`` and the settings of its parts: ``BookieNetworkConfig``,
+``AutoRecoveryConfig``, ``OwnershipConfig``), its statistics, and ``run_bookie`` /
+``BookieProcessConfig``, the bookie process, re-exported from ``storage`` (a bookie depends on
+nothing above storage).
+
+``magnetar broker --metadata-store zk:…`` builds its ``BrokerService`` with a
 ``ClusterStorage``. Where ``magnetar standalone`` opens an embedded bookie and a RocksDB
-metadata store, this opens one kazoo session (shared by the ZooKeeper metadata store, the
-coordination recipes and the ledger id counter), a ``RemoteBookieClient`` over the bookies
-registered there, and the re-replication worker. The broker itself holds no data: everything
-it knows is in ZooKeeper and on the bookies, which is what lets more brokers share them.
+metadata store, this opens one kazoo session (``storage``'s ``connect``, shared by the ZooKeeper
+metadata store, the coordination recipes and the ledger id counter: ``broker/metadata/``), a
+``RemoteBookieClient`` over the bookies registered there, and the re-replication worker
+(``broker/bookkeeper/``). The broker itself holds no data: everything it knows is in ZooKeeper
+and on the bookies, which is what lets more brokers share them.
 
 With an ``OwnershipConfig`` (every ``magnetar broker``) it also owns namespace bundles
-(``broker/cluster/ownership.py``): the broker service asks it, before loading a topic, whether the
-topic is served here, and hands it the callbacks that drop topics when a bundle goes away.
+(``broker/namespace/ownership.py``): the broker service asks it, before loading a topic, whether
+the topic is served here, and hands it the callbacks that drop topics when a bundle goes away.
 
-Invariant: closed in the reverse order of opening; after :meth:`close` no thread of it runs.
+Invariants: only cluster processes import this module (it loads kazoo); ``magnetar standalone``
+never does. Closed in the reverse order of opening; after :meth:`ClusterStorage.close` no thread
+of it runs.
 """
 
 from __future__ import annotations
@@ -20,16 +30,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.cluster.autorecovery import AutoRecoveryConfig, AutoRecoveryStats, ReplicationWorker
-from broker.cluster.bookie_network import BookieConnectionStats, BookieNetworkConfig
-from broker.cluster.coordination import Coordination, CoordinationStats, ZooKeeperCoordination
-from broker.cluster.ownership import LocalLoad, OwnershipConfig, OwnershipManager, OwnershipStats
-from broker.cluster.remote_bookie import RemoteBookieClient
-from broker.cluster.zk_metadata import ZooKeeperMetadataStore, connect
-from broker.ledger import LedgerManager
-from broker.lookup import BrokerAddress, LookupResult
-from broker.metadata import MetadataStore
+from broker.bookkeeper.autorecovery import AutoRecoveryConfig, AutoRecoveryStats, ReplicationWorker
+from broker.bookkeeper.bookie_network import BookieConnectionStats, BookieNetworkConfig
+from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.remote_bookie import RemoteBookieClient
+from broker.metadata.coordination import Coordination, CoordinationStats, ZooKeeperCoordination
+from broker.metadata.store import MetadataStore
+from broker.metadata.zookeeper import ZooKeeperMetadataStore
+from broker.namespace.lookup import BrokerAddress, LookupResult
+from broker.namespace.ownership import LocalLoad, OwnershipConfig, OwnershipManager, OwnershipStats
 from broker.topic_name import TopicName
+from storage import SESSION_TIMEOUT_S, BookieProcessConfig, connect, run_bookie
+
+__all__ = [
+    "AutoRecoveryConfig",
+    "BookieNetworkConfig",
+    "BookieProcessConfig",
+    "ClusterConfig",
+    "ClusterStats",
+    "ClusterStorage",
+    "OwnershipConfig",
+    "OwnershipStats",
+    "run_bookie",
+]
 
 
 @dataclass(frozen=True)
@@ -39,7 +62,7 @@ class ClusterConfig:
     network: BookieNetworkConfig = field(default_factory=BookieNetworkConfig)
     autorecovery: AutoRecoveryConfig | None = field(default_factory=AutoRecoveryConfig)
     """None: this broker runs no re-replication worker."""
-    session_timeout_s: float = 10.0
+    session_timeout_s: float = SESSION_TIMEOUT_S
     identifier: str = ""
     ownership: OwnershipConfig | None = None
     """None: no bundle ownership (a lone broker serving every topic, as before brokers shared bookies)."""
