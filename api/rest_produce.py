@@ -45,6 +45,8 @@ from broker import (
     TopicName,
     build_message,
     deliver_at_ms,
+    entry_of_messages,
+    entry_result,
     expected_key_versions_of,
     latest_delivery,
     parse_time_ms,
@@ -190,10 +192,10 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             delay_s = producer.publish_delay_s()
             if delay_s > 0:  # the partition is over its publish rate: the request waits, as a throttled client does
                 await asyncio.sleep(delay_s)
-            result = await asyncio.wrap_future(service.publish_async(
-                target, messages, producer_name=request.producerName, sequence_id=first_sequence_id,
-                expected_offset=request.expectedOffset, expected_key_versions=expected,
-                deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000))))
+            entry = entry_of_messages(messages, sequence_id=first_sequence_id,
+                                      deliver_at_time_ms=_deliver_at_ms(request, int(service.clock() * 1000)))
+            result = await asyncio.wrap_future(entry_result(producer.append(
+                [entry], expected_offset=request.expectedOffset, expected_key_versions=expected)))
         finally:
             producer.close()
         return _results_response(result, len(messages), request.schemaVersion or 0)

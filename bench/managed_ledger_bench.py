@@ -241,8 +241,8 @@ class PublishTally:
     entry_bytes: int = 0
 
 
-def settle(future: Future[AddResult], tally: PublishTally) -> None:
-    result = future.result(timeout=ACK_TIMEOUT_S)
+def settle(future: Future[list[AddResult]], tally: PublishTally) -> None:
+    result = future.result(timeout=ACK_TIMEOUT_S)[0]
     if result.last_offset - result.first_offset + 1 != MESSAGES_PER_ENTRY:
         raise AssertionError(f"entry at {result.position} holds the wrong number of messages")
     tally.entries += 1
@@ -252,14 +252,14 @@ def pipelined_publish(ml: ManagedLedger, next_entry: Callable[[int], bytes], *, 
                       entries_max: int, tally: PublishTally) -> None:
     """Publish ``next_entry(i)`` for i = 0, 1, ... until ``duration_s`` or ``entries_max``,
     keeping at most ``window`` futures outstanding; wait for all of them before returning."""
-    pending: deque[Future[AddResult]] = deque()
+    pending: deque[Future[list[AddResult]]] = deque()
     deadline_s = time.monotonic() + duration_s
     index = 0
     while index < entries_max and time.monotonic() < deadline_s:
         if len(pending) >= window:
             settle(pending.popleft(), tally)
         data = next_entry(index)
-        pending.append(ml.add_entry(data, MESSAGES_PER_ENTRY))
+        pending.append(ml.append([data], [MESSAGES_PER_ENTRY]))
         tally.entry_bytes += len(data)
         index += 1
     while pending:
@@ -480,7 +480,7 @@ def measure_tail(stack: Stack, plan: Plan) -> TailResult:
     pool = pre_encoded_pool()
     # One confirmed entry first: while a topic has no confirmed entry, ManagedLedger.first_offset
     # counts adds still in flight, and a reader at offset 0 gets DataLost.
-    ml.add_entry(pool[0], MESSAGES_PER_ENTRY).result(timeout=ACK_TIMEOUT_S)
+    ml.append([pool[0]], [MESSAGES_PER_ENTRY]).result(timeout=ACK_TIMEOUT_S)
     cursor = cursors.open("tail", initial="latest")
     publisher_done = threading.Event()
     publish_tally, read_tally = PublishTally(), TailTally()

@@ -5,7 +5,7 @@ Role: the anchor for ``storage/`` is the physical disk, so this script first mea
 bookie itself, and prints each figure with its ratio to that baseline:
 
 1. baseline: 1 MiB append + fdatasync (MB/s) and 4 KiB append + fdatasync (ops/s, p50 latency);
-2. durable ``LedgerStorage.add_entry`` at 100 B, 1 KiB and 64 KiB payloads: several writer
+2. durable ``LedgerStorage.add_entries`` of one entry at 100 B, 1 KiB and 64 KiB payloads: several writer
    threads, each on its own ledger, each keeping a bounded window of outstanding futures and
    counting only acknowledged (durable) entries; journal fsyncs show the group commit;
 3. cold catch-up read: one ledger written, flushed, the storage closed and reopened (empty read
@@ -143,14 +143,14 @@ def pipelined_write(st: LedgerStorage, ledger_id: int, payload: bytes, *, window
     adds) or ``entries_max``, keeping at most ``window`` futures outstanding; wait for every one
     of them before returning. Counters are local so the harness costs little per entry."""
     pending: deque[Future[int]] = deque()
-    add, wait_oldest, append = st.add_entry, pending.popleft, pending.append
+    add, wait_oldest, append = st.add_entries, pending.popleft, pending.append
     entry_id = acked = rejected = 0
     while entry_id < entries_max and (entry_id % DEADLINE_CHECK_ENTRIES or time.monotonic() < deadline_s):
         if len(pending) >= window:
             wait_oldest().result(timeout=ACK_TIMEOUT_S)
             acked += 1
         try:
-            append(add(ledger_id, entry_id, payload))
+            append(add(ledger_id, (entry_id,), (payload,)))
         except WriteCacheFull:
             rejected += 1
             if time.monotonic() >= deadline_s:
@@ -428,7 +428,7 @@ def write_row(result: WriteResult, baseline: BaselinePair) -> Row:
             f"disk bytes written / payload ≈{result.write_amplification:.2f}")
     if result.cache_full_rejections:
         note += f"; {result.cache_full_rejections} WriteCacheFull"
-    return Row(f"durable add_entry {size}, {writers}", value, ratio, note)
+    return Row(f"durable add {size}, {writers}", value, ratio, note)
 
 
 def read_rows(catch_up: CatchUpResult, tail: TailResult, baseline: BaselinePair) -> list[Row]:

@@ -15,9 +15,11 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ``KeyReader`` (``stream_info``, ``read_stream``, ``stream_reader``);
 - topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
   strategies);
-- entries as the binary protocol carries them (``check_client_entry`` for a client's own entry,
-  ``ClientEntrySend`` to store a group of them with ``Producer.send_entries``,
-  ``frames_of_deliveries`` to forward stored entries with Pulsar's ack sets);
+- the one way to build what is appended (``PreparedEntry``: ``entry_of_messages`` for a batch,
+  ``entries_of_messages`` for a message per entry, ``entry_of_client`` for a binary client's
+  own checked bytes), appended as a group with ``Producer.append``; entries as the binary
+  protocol delivers them (``frames_of_deliveries`` to forward stored entries with Pulsar's ack
+  sets);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
@@ -32,12 +34,11 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 from broker.bookkeeper.bookie import QuorumConfig
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus
+from broker.entry_builder import PreparedEntry, entries_of_messages, entry_of_client, entry_of_messages
 from broker.entry_format import Compression, Message
 from broker.entry_frames import (
-    ClientEntry,
     EntryFrame,
     ack_set_of,
-    check_client_entry,
     cleared_indexes,
     frames_of_deliveries,
 )
@@ -92,7 +93,7 @@ from broker.namespace.lookup import BrokerAddress, LookupResult
 from broker.namespace.persistence import PersistencePolicy
 from broker.namespace.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
 from broker.namespace.topic_policies import TOPIC_POLICY_KEYS
-from broker.producer import ROUTING_MODES, Producer
+from broker.producer import ROUTING_MODES, Producer, entry_result
 from broker.quotas import CONFIG_KEYS as QUOTA_CONFIG_KEYS
 from broker.quotas import CONFIG_VALUE_MAX as QUOTA_CONFIG_VALUE_MAX
 from broker.quotas import QuotaDefaults
@@ -105,7 +106,7 @@ from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, ve
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
 from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, Delivery, SubscriptionStats, SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
-from broker.topic import ClientEntrySend, PublishResult
+from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_pattern import TopicPattern
@@ -130,8 +131,6 @@ __all__ = [
     "VERSION_MAX",
     "AlreadyExists",
     "BrokerAddress",
-    "ClientEntry",
-    "ClientEntrySend",
     "EntryFrame",
     "BrokerConfig",
     "BrokerError",
@@ -173,6 +172,7 @@ __all__ = [
     "PersistencePolicy",
     "Position",
     "PreconditionFailed",
+    "PreparedEntry",
     "QuotaExceeded",
     "QUOTA_CONFIG_KEYS",
     "QUOTA_CONFIG_VALUE_MAX",
@@ -205,13 +205,16 @@ __all__ = [
     "Unauthorized",
     "ack_set_of",
     "build_message",
-    "check_client_entry",
     "check_fields",
     "check_key",
     "check_namespace",
     "check_subscription_name",
     "cleared_indexes",
     "deliver_at_ms",
+    "entries_of_messages",
+    "entry_result",
+    "entry_of_client",
+    "entry_of_messages",
     "expected_key_versions_of",
     "frames_of_deliveries",
     "integer_of",

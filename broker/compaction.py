@@ -33,6 +33,8 @@ from broker.metadata.store import MetadataStore
 from broker.topic import PersistentTopic
 
 _ORIGINAL_ID = struct.Struct(">QQi")
+APPEND_GROUP_ENTRIES = 1000
+"""Entries of the compacted ledger written per append (the compactor holds at most these)."""
 
 
 @dataclass(frozen=True)
@@ -152,10 +154,15 @@ class Compactor:
             latest[item.message.key] = -1 if not item.message.payload else item.offset
         keep = {offset for offset in latest.values() if offset >= 0}
         handle = self._ledgers.create(self._topic.ml.config.quorum, {"compacted-topic": self._topic.ml.name})
-        futures = [handle.add_entry(self._encode(item)) for item in self._sources(previous, horizon)
-                   if item.offset in keep]
-        for future in futures:
-            future.result(timeout=60)
+        group: list[bytes] = []
+        for item in self._sources(previous, horizon):
+            if item.offset in keep:
+                group.append(self._encode(item))
+            if len(group) >= APPEND_GROUP_ENTRIES:
+                handle.append(group).result(timeout=60)
+                group = []
+        if group:
+            handle.append(group).result(timeout=60)
         handle.close()
         body = json.dumps({"ledgerId": handle.ledger_id, "horizonOffset": horizon, "messages": len(keep),
                            "lastRunMs": int(self._clock() * 1000)}).encode()

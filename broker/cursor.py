@@ -384,7 +384,7 @@ class ManagedCursor:
                 self._switch_ledger(state)
                 self._persisted(seq, md, None)
                 return
-            future = self._ledger.add_entry(state)
+            future = self._ledger.append([state])
         except MagnetarError as exc:
             self._persisted(seq, md, exc)
             return
@@ -394,7 +394,7 @@ class ManagedCursor:
         """Start a new cursor ledger holding ``state`` and point the snapshot at it."""
         assert self._ledgers is not None and self._store is not None
         new_ledger = self._ledgers.create(self.ml.config.quorum, {"cursor": self.name})
-        new_ledger.add_entry(state).result(timeout=60)
+        new_ledger.append([state]).result(timeout=60)
         snapshot = json.dumps({"cursorLedger": new_ledger.ledger_id, "state": json.loads(state)}).encode()
         self._snapshot_version = self._store.put(self._path, snapshot, self._snapshot_version).version
         old, self._ledger = self._ledger, new_ledger

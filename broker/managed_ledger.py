@@ -1,11 +1,12 @@
 """ManagedLedger: one topic partition as an ordered list of ledgers, with gap-free offsets.
 
-Write path: ``add_entry(payload, message_count)`` stamps the entry with Pulsar's
+Write path: ``append(payloads, message_counts)`` stamps each entry of a group with Pulsar's
 BrokerEntryMetadata (broker timestamp, ``index`` = offset of the entry's last message) and
-appends it to the current ledger. Offsets are per partition, gap-free and increasing across
-ledgers. Acknowledgements complete in order; each confirmed entry goes to the broker-side
-``EntryCache`` and wakes tailing readers. Every append's bytes count in the factory's publish
-buffer (``broker/byte_budget.py``) from the moment it is sent until it is stored or failed.
+appends the group to the current ledger in one call (a single entry is a group of one).
+Offsets are per partition, gap-free and increasing across ledgers. Acknowledgements complete in
+order; each confirmed entry goes to the broker-side ``EntryCache`` and wakes tailing readers.
+Every append's bytes count in the factory's publish buffer (``broker/byte_budget.py``) from the
+moment it is sent until it is stored or failed.
 
 Ledger list: kept in the metadata store at ``/managed-ledgers/{name}`` (compare-and-set on
 every change). The current ledger rolls over when it holds ``ledger_entries_max`` entries,
@@ -375,34 +376,26 @@ class ManagedLedger:
         return self._terminated
 
     # --- writing -------------------------------------------------------------------------
-    def add_entry(self, payload: bytes, message_count: int, *, expected_offset: int | None = None,
-                  on_offsets: Callable[[int], None] | None = None) -> Future[AddResult]:
-        """Append one entry holding ``message_count`` messages. With ``expected_offset`` the
-        append happens only if the entry's first offset would be exactly that (else
-        ``OffsetMismatch`` and nothing is written). ``on_offsets(first_offset)`` runs under the
-        lock that assigns offsets, before anything is written (the key index numbers the
-        entry's keyed messages there); if it raises, nothing is written."""
-        ledger_future, info, datas, added = self._append(
-            [payload], [message_count], expected_offset, None if on_offsets is None else [on_offsets])
-        result: Future[AddResult] = new_future()
-        buffered = self._buffer(datas)
-        ledger_future.add_done_callback(lambda f: self._on_added(f, result, info, datas[0], added[0], buffered))
-        return result
+    def append(self, payloads: Sequence[bytes], message_counts: Sequence[int], *,
+               expected_offset: int | None = None,
+               on_offsets: Sequence[Callable[[int], None] | None] | None = None) -> Future[list[AddResult]]:
+        """Append entries (entry ``i`` holds ``message_counts[i]`` messages; a single entry is a
+        group of one); one Future resolves to their results, in order, once all are durable, or
+        fails for all of them. All are accepted or none (a refusal raises before anything is
+        written). The group stays in the current ledger: a rollover due happens before it.
 
-    def add_entries(self, payloads: Sequence[bytes], message_counts: Sequence[int], *,
-                    on_offsets: Sequence[Callable[[int], None] | None] | None = None) -> Future[list[AddResult]]:
-        """Append several entries at once (entry ``i`` holds ``message_counts[i]`` messages); one
-        Future resolves to their results, in order, once all are durable, or fails for all of
-        them. All are accepted or none (a refusal raises before anything is written). The group
-        stays in the current ledger: a rollover due happens before it. ``on_offsets[i]`` (if
-        any) runs as ``add_entry``'s does, with entry ``i``'s first offset, in entry order."""
+        With ``expected_offset`` the group is appended only if its first offset would be
+        exactly that (else ``OffsetMismatch`` and nothing is written). ``on_offsets[i]`` (if
+        any) runs with entry ``i``'s first offset, in entry order, under the lock that assigns
+        offsets, before anything is written (the key index numbers the entry's keyed messages
+        there); if one raises, nothing is written."""
         if not payloads or len(payloads) != len(message_counts) or \
                 (on_offsets is not None and len(on_offsets) != len(payloads)):
-            raise InvalidRequest("add_entries needs one message count per entry, at least one entry")
-        ledger_future, info, datas, added = self._append(payloads, message_counts, None, on_offsets)
+            raise InvalidRequest("an append needs one message count per entry, at least one entry")
+        ledger_future, info, datas, added = self._append(payloads, message_counts, expected_offset, on_offsets)
         result: Future[list[AddResult]] = new_future()
         buffered = self._buffer(datas)
-        ledger_future.add_done_callback(lambda f: self._on_group_added(f, result, info, datas, added, buffered))
+        ledger_future.add_done_callback(lambda f: self._on_added(f, result, info, datas, added, buffered))
         return result
 
     def _buffer(self, datas: list[bytes]) -> int:
@@ -415,9 +408,8 @@ class ManagedLedger:
     def _append(self, payloads: Sequence[bytes], message_counts: Sequence[int], expected_offset: int | None,
                 on_offsets: Sequence[Callable[[int], None] | None] | None,
                 ) -> tuple[Future[int], LedgerInfo, list[bytes], list[AddResult]]:
-        """Stamp and send entries to the current ledger (one or several, see :meth:`add_entry`
-        and :meth:`add_entries`): the ledger's future, the ledger's info, the stamped entries and
-        their results to be."""
+        """Stamp and send entries to the current ledger (see :meth:`append`): the ledger's
+        future, the ledger's info, the stamped entries and their results to be."""
         size_max = self.config.entry_size_bytes_max
         for payload, count in zip(payloads, message_counts, strict=True):
             if count < 1:
@@ -469,7 +461,7 @@ class ManagedLedger:
         with self._confirmed:
             self._in_flight += 1
         try:
-            ledger_future = self._current.add_entries(datas)
+            ledger_future = self._current.append(datas)
         except BaseException:
             with self._confirmed:
                 self._in_flight -= 1
@@ -479,8 +471,8 @@ class ManagedLedger:
         self._last_publish_ms = publish_ms
         return ledger_future, info, datas, added
 
-    def _on_group_added(self, ledger_future: Future[int], result: Future[list[AddResult]], info: LedgerInfo,
-                        datas: list[bytes], added: list[AddResult], buffered: int) -> None:
+    def _on_added(self, ledger_future: Future[int], result: Future[list[AddResult]], info: LedgerInfo,
+                  datas: list[bytes], added: list[AddResult], buffered: int) -> None:
         if self._publish_buffer is not None:
             self._publish_buffer.adjust(-buffered)
         error = ledger_future.exception()
@@ -588,18 +580,6 @@ class ManagedLedger:
                 or age_ms >= self.config.ledger_age_ms_max):
             self._retire_current()
             self._open_new_ledger()
-
-    def _on_added(self, ledger_future: Future[int], result: Future[AddResult], info: LedgerInfo, data: bytes,
-                  added: AddResult, buffered: int) -> None:
-        if self._publish_buffer is not None:
-            self._publish_buffer.adjust(-buffered)
-        error = ledger_future.exception()
-        if error is not None:
-            self._add_failed(error, info)
-            result.set_exception(error)
-            return
-        self._confirm(info, (data,), (added,))
-        result.set_result(added)
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` after each confirmed entry (on the confirming thread, before the

@@ -1,8 +1,9 @@
 """A producer, whatever the transport: a name, a topic, a route and the next sequence id.
 
-Role: a transport's producer session (a WebSocket producer, later a binary-protocol one) opens
-one ``Producer`` through ``BrokerService.producer`` and hands it the messages of each entry.
-The producer:
+Role: the second step of the append path (``broker/entry_builder.py`` names it whole). Every
+transport's producer (REST, WebSocket, the binary protocol's) opens one ``Producer`` through
+``BrokerService.producer`` and hands it groups of prepared entries (:meth:`append`). The
+producer:
 
 - **routes** each entry of a partitioned topic to one partition: a keyed entry to its key's
   partition (``murmur3_32(key) % partitions``, as Pulsar's clients do), an unkeyed one
@@ -22,8 +23,8 @@ It holds a producer slot on each partition it was opened on (``broker/quotas.py`
 ``maxProducers``), given back by :meth:`close`, and tells its transport how long to stop
 reading from its client when a partition's publish rate is exceeded (:meth:`publish_delay_s`).
 
-Invariants: one ``send`` is one entry on one partition, durable when its future completes; a
-producer's slots are given back once, however often it is closed.
+Invariants: an append is one ``PersistentTopic.append`` per partition it reaches, durable when
+its future completes; a producer's slots are given back once, however often it is closed.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from broker.entry_format import Compression, Message
+from broker.entry_builder import PreparedEntry
+from broker.entry_format import Compression
 from broker.errors import InvalidRequest, MagnetarError
 from broker.message_fields import ExpectedVersion
 from broker.quotas import TopicQuotas
 from broker.routing import PartitionRouter
-from broker.topic import ClientEntrySend, PublishResult
+from broker.topic import PublishResult
 from broker.topic_name import TopicName
 from storage import new_future
 
@@ -112,55 +114,68 @@ class Producer:
         targets = [self.topic.partition(i) for i in range(partitions)] if partitions else [self.topic]
         return max(self._service.topic(target).last_sequence_id(self.name) for target in targets)
 
-    def send_entries(self, entries: Sequence[ClientEntrySend]) -> Future[list[PublishResult | MagnetarError]]:
-        """Store entries the client encoded (checked by ``check_client_entry``) untouched, each
-        its own entry, on this producer's topic, which must be one partition or an unpartitioned
-        topic (a binary client routes itself); see ``PersistentTopic.publish_entries``."""
-        if self._partitions():
+    def append(self, entries: Sequence[PreparedEntry], *, partition: TopicName | None = None,
+               expected_offset: int | None = None, expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
+               ) -> Future[list[PublishResult | MagnetarError]]:
+        """Append ``entries`` (``broker/entry_builder.py``) to this producer's topic, each routed
+        as :meth:`route` routes its first message's key (or all to ``partition``, which the
+        transport chose with :meth:`route` and :meth:`partition_of_key`), in one
+        ``PersistentTopic.append`` per partition; the Future's list holds each entry's result or
+        the refusal of that entry alone, in order, and a failure to store fails it. A client's
+        own entries go to the topic it named (a binary client routes itself). A conditional
+        append goes to one partition: the one of its first key, where each of its keys and
+        expected keys must route."""
+        if not entries:
+            raise InvalidRequest("a publish needs at least one message")
+        if partition is not None:
+            targets = {partition: list(range(len(entries)))}
+        elif not self._partitions():
+            targets = {self.topic: list(range(len(entries)))}
+        elif not entries[0].messages:
             raise InvalidRequest(f"{self.topic} is partitioned: produce to one of its partitions")
-        return self._service.topic(self.topic).publish_entries(entries, producer_name=self.name)
-
-    def send(self, messages: Sequence[Message], *, partition: TopicName | None = None,
-             sequence_id: int | None = None, expected_offset: int | None = None,
-             deliver_at_ms: int | None = None,
-             expected_key_versions: Mapping[str, ExpectedVersion] | None = None) -> Future[PublishResult]:
-        """Store ``messages`` as one entry on ``partition`` (default: :meth:`route` of the first
-        message's key); the future completes once the entry is durable."""
-        if not messages:
-            raise InvalidRequest("a publish needs at least one message")
-        target = partition if partition is not None else self.route(messages[0].key)
+        elif expected_offset is not None or expected_key_versions is not None:
+            targets = {self.route(entries[0].keys[0]): list(range(len(entries)))}
+        else:
+            targets = {}
+            for position, entry in enumerate(entries):
+                targets.setdefault(self.route(entry.keys[0]), []).append(position)
         if expected_key_versions is not None:
+            (target,) = targets
             self._service.check_stream_partition(
-                target, [*expected_key_versions, *(m.key for m in messages if m.key is not None)])
-        return self._service.topic(target).publish(
-            messages, producer_name=self.name, sequence_id=sequence_id, compression=self.compression,
-            expected_offset=expected_offset, deliver_at_time_ms=deliver_at_ms,
-            expected_key_versions=expected_key_versions)
+                target, [*expected_key_versions, *(k for e in entries for k in e.keys if k is not None)])
+        name = self.name
+        if len(targets) == 1:
+            (target,) = targets
+            return self._service.topic(target).append(entries, producer_name=name, expected_offset=expected_offset,
+                                                      expected_key_versions=expected_key_versions)
+        parts = [(positions, self._service.topic(target).append([entries[p] for p in positions], producer_name=name))
+                 for target, positions in targets.items()]
+        return _gathered(parts, len(entries))
 
-    def send_each(self, messages: Sequence[Message], sequence_ids: Sequence[int | None],
-                  ) -> Future[list[PublishResult | MagnetarError]]:
-        """Store each message as its own entry, routed as :meth:`send` routes one (a keyless
-        message advances round-robin), in one call per partition. The Future's list holds each
-        message's result or the broker's refusal of that message alone, in order; a failure to
-        store fails the Future."""
-        if not messages:
-            raise InvalidRequest("a publish needs at least one message")
-        if not self._partitions():
-            return self._service.topic(self.topic).publish_each(
-                messages, producer_name=self.name, sequence_ids=sequence_ids, compression=self.compression)
-        groups: dict[TopicName, list[int]] = {}
-        for position, message in enumerate(messages):
-            groups.setdefault(self.route(message.key), []).append(position)
-        parts = [(positions, self._service.topic(target).publish_each(
-            [messages[p] for p in positions], producer_name=self.name,
-            sequence_ids=[sequence_ids[p] for p in positions], compression=self.compression))
-            for target, positions in groups.items()]
-        return _gathered(parts, len(messages))
+
+def entry_result(appended: Future[list[PublishResult | MagnetarError]]) -> Future[PublishResult]:
+    """The result of a one-entry append as its own Future, which fails with the entry's refusal
+    (too large, a duplicate still being stored) as it fails with a failure to store."""
+    result: Future[PublishResult] = new_future()
+
+    def done(future: Future[list[PublishResult | MagnetarError]]) -> None:
+        error = future.exception()
+        if error is not None:
+            result.set_exception(error)
+            return
+        outcome = future.result()[0]
+        if isinstance(outcome, MagnetarError):
+            result.set_exception(outcome)
+        else:
+            result.set_result(outcome)
+
+    appended.add_done_callback(done)
+    return result
 
 
 def _gathered(parts: list[tuple[list[int], Future[list[PublishResult | MagnetarError]]]],
               total: int) -> Future[list[PublishResult | MagnetarError]]:
-    """One Future for several partitions' ``publish_each``: their outcomes back in message order."""
+    """One Future for several partitions' appends: their outcomes back in entry order."""
     result: Future[list[PublishResult | MagnetarError]] = new_future()
     outcomes: list[PublishResult | MagnetarError | None] = [None] * total
     remaining = [len(parts)]

@@ -48,6 +48,7 @@ from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus, Compactor
 from broker.cursor import CursorManager, ManagedCursor
 from broker.dispatch_scheduling import DispatchScheduler, Executor
+from broker.entry_builder import entry_of_messages
 from broker.entry_cache import EntryCache, EntryCacheStats
 from broker.entry_format import Compression, Message
 from broker.errors import (
@@ -78,7 +79,7 @@ from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
 from broker.schema_registry import SchemaRegistry
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionLimits, SubscriptionType
-from broker.topic import PersistentTopic, PublishResult
+from broker.topic import PersistentTopic
 from broker.topic_admin import TopicAdmin
 from broker.topic_name import TopicName, check_namespace
 from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
@@ -95,7 +96,6 @@ PARTITIONED = "/admin/partitioned-topics"
 ML_ROOT = "/managed-ledgers"
 PARTITIONS_MAX = 1024
 CURSOR_MOVE_WAIT_S_MAX = 60.0
-PUBLISH_WAIT_S_MAX = 60.0
 PARTITION_COUNTS_CACHED_MAX = 100_000
 TOPIC_WATCHERS_MAX = 10_000
 
@@ -968,24 +968,6 @@ class BrokerService:
                            key_index=key_index, maintenance_passes=self._maintenance_passes,
                            appends_fenced=self.factory.appends_fenced, reads_in_flight=reads, publish_buffer=publishes)
 
-    def publish(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
-                sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
-                **options: Any) -> PublishResult:
-        """Publish to a topic, routing by key (or round-robin) when it is partitioned; wait for
-        the result."""
-        return self.publish_async(topic, messages, producer_name=producer_name, sequence_id=sequence_id,
-                                  routing_mode=routing_mode, **options).result(timeout=PUBLISH_WAIT_S_MAX)
-
-    def publish_async(self, topic: str | TopicName, messages: list[Message], *, producer_name: str,
-                      sequence_id: int | None = None, routing_mode: str = "RoundRobinPartition",
-                      **options: Any) -> Future[PublishResult]:
-        """Like :meth:`publish`, but the result is a future completed once the entry is durable."""
-        target = self.route(topic, messages[0].key if messages else None, routing_mode)
-        expected = options.get("expected_key_versions")
-        if expected is not None:
-            self.check_stream_partition(target, [*expected, *(m.key for m in messages if m.key is not None)])
-        return self.topic(target).publish(messages, producer_name=producer_name, sequence_id=sequence_id, **options)
-
     # --- event streams (broker/key_index.py, broker/event_streams.py) ----------------------------
     def stream_partition(self, name: TopicName, key: str) -> TopicName:
         """The partition holding the stream of ``key``: the one a keyed message routes to."""
@@ -1048,10 +1030,12 @@ class BrokerService:
         message = delivery.message
         properties = {**message.properties, "REAL_TOPIC": delivery.topic,
                       "ORIGIN_MESSAGE_ID": delivery.message_id.to_rest()}
-        self.topic(target).publish([Message(payload=message.payload, key=message.key, properties=properties,
-                                            event_time_ms=message.event_time_ms)],
-                                   producer_name=f"DLQ:{delivery.topic}:{subscription}:{delivery.offset}",
-                                   sequence_id=0).result(timeout=60)
+        entry = entry_of_messages([Message(payload=message.payload, key=message.key, properties=properties,
+                                           event_time_ms=message.event_time_ms)], sequence_id=0)
+        outcome = self.topic(target).append(
+            [entry], producer_name=f"DLQ:{delivery.topic}:{subscription}:{delivery.offset}").result(timeout=60)[0]
+        if isinstance(outcome, MagnetarError):
+            raise outcome
 
     # --- maintenance ---------------------------------------------------------------------
     def run_maintenance(self) -> None:

@@ -1,23 +1,24 @@
 """PersistentTopic: publishing into one topic partition, over its managed ledger and cursors.
 
-Publish path: messages → producer dedup check (``broker/dedup.py``) → one Pulsar-format entry
-(``encode_entry``: a batch, possibly compressed) → ``ManagedLedger.add_entry`` (optionally
-conditional on ``expected_offset``; keyed messages get their stream versions from the key index,
-``broker/key_index.py``, under the offset lock, conditional on ``expected_key_versions``) →
-``PublishResult`` with a Pulsar ``MessageId``, the gap-free offset and the key version of every
-message. Two grouped forms store many entries with one ``ManagedLedger.add_entries`` call (one
-journal write, one future): ``publish_each`` (each message its own entry, encoded here: the
-WebSocket front end) and ``publish_entries`` (entries a binary-protocol client encoded itself,
-stored byte for byte); both answer each entry on its own (a refusal of one, a duplicate) and
-deduplicate each as a single publish would.
+Append path (the one every transport takes; ``broker/entry_builder.py`` names the whole chain):
+a group of prepared entries (a single message is a group of one) → under the publish lock, for
+each entry: the size bound, its sequence ids (the producer's next when it gave none, encoded
+then), one *reservation* of its producer's sequence id (``broker/dedup.py``) and of its keys'
+next versions (``broker/key_index.py``) → ``ManagedLedger.append`` of the whole group (one
+journal write, one future; optionally conditional on ``expected_offset`` and, under the offset
+lock, on ``expected_key_versions``) → each entry's ``PublishResult`` with its Pulsar
+``MessageId``, gap-free offsets and key versions, or the refusal of that entry alone (too
+large, sequence ids out of range, a duplicate still being stored). The reservation commits when
+the group is durable and is undone, entry by entry, when nothing was written or the store failed.
 
 Every publish counts against the topic's publish rate (``quotas``, ``broker/quotas.py``): it is
 never refused for it; the transport asks ``quotas.publish_delay_s`` how long to stop reading.
 
 Invariants: a duplicate (producer name, sequence id) is acknowledged but never stored twice,
 also across restarts (a conditional one answers its first publish's results when it resends
-the producer's last entry); a refused conditional append writes nothing; a message larger than
-``message_size_bytes_max`` is refused before anything is written.
+the producer's last entry); a refused conditional append writes nothing; an entry larger than
+``message_size_bytes_max`` is refused before anything is written; a chunk other than the last
+of its message claims no sequence id (its last chunk does).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from dataclasses import dataclass
 
 from broker.cursor import CursorManager
 from broker.dedup import Deduplication, DedupStatus
-from broker.entry_format import Compression, Message, decode_entry, encode_entry, encode_single_entry
-from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError, MessageTooLarge
+from broker.entry_builder import SEQUENCE_ID_MAX, PreparedEntry
+from broker.entry_format import decode_entry
+from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError
 from broker.key_index import KeyReservation, PartitionKeys
 from broker.managed_ledger import AddResult, Entry, ManagedLedger
 from broker.message_fields import ExpectedVersion
@@ -42,9 +44,6 @@ from broker.topic_name import TopicName
 from storage import new_future
 
 MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
-CLIENT_ENTRY_OVERHEAD_BYTES_MAX = 64 * 1024
-"""What a client's own entry may hold beyond its messages' bytes (metadata, batch headers)."""
-SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
 REPLAY_BATCH_ENTRIES = 100
 
 
@@ -90,38 +89,63 @@ def message_ids_of(position: Position, partition: int, count: int) -> tuple[Mess
     return tuple(MessageId(position.ledger_id, position.entry_id, partition, i) for i in range(count))
 
 
-@dataclass(slots=True, eq=False)
-class ClientEntrySend:
-    """One entry a client encoded itself, as ``publish_entries`` stores it: the bytes (checked by
-    ``check_client_entry``), how many messages they hold and each one's key, and the sequence
-    ids the client gave it. Not frozen (built once per SEND, see ``PublishResult``); treat it
-    as a value."""
-
-    data: bytes
-    message_count: int
-    keys: tuple[str | None, ...]
-    sequence_id: int
-    highest_sequence_id: int
-    partial_chunk: bool = False
-    """A chunk other than the last of its message."""
+_Outcome = PublishResult | MagnetarError
+"""One entry's answer: where it went (a duplicate too), or why it alone was refused."""
 
 
-def _client_entry_refusal(entry: ClientEntrySend, size_bytes_max: int) -> MagnetarError | None:
-    """Why ``publish_entries`` refuses ``entry`` before storing anything, or None."""
-    if len(entry.data) > size_bytes_max:
-        return MessageTooLarge(f"entry of {len(entry.data)} bytes exceeds "
-                               f"{size_bytes_max - CLIENT_ENTRY_OVERHEAD_BYTES_MAX} bytes")
-    if not 0 <= entry.sequence_id <= entry.highest_sequence_id <= SEQUENCE_ID_MAX:
-        return InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX} and the highest must not be below "
-                              f"the first, not {entry.sequence_id}..{entry.highest_sequence_id}")
-    return None
+class _Reservation:
+    """What one append took before anything was written: each written entry's claim of its
+    producer's sequence ids (deduplication) and its keys' versions (the key index). Committed
+    once the group is durable; undone when nothing was written or the store failed."""
 
+    __slots__ = ("claims", "dedup", "keys", "producer")
 
-def _duplicate(partition: int) -> Future[PublishResult]:
-    """The result of a publish deduplication dropped: nothing stored, id -1:-1."""
-    done: Future[PublishResult] = new_future()
-    done.set_result(PublishResult(Position(-1, -1), partition, -1, 0, 0, duplicate=True))
-    return done
+    def __init__(self, dedup: Deduplication | None, producer: str) -> None:
+        self.dedup = dedup
+        self.producer = producer
+        self.claims: list[tuple[int, int] | None] = []
+        """Per written entry, the (first, highest) sequence ids it claimed; None: none."""
+        self.keys: list[KeyReservation | None] = []
+        """Per written entry, its key reservation (None: nothing to number)."""
+
+    def withdraw_claim(self) -> None:
+        """The last claim's entry is not written after all (its encoding failed)."""
+        claim = self.claims.pop()
+        if claim is not None and self.dedup is not None:
+            self.dedup.rollback(self.producer, claim[1], claim[0] - 1)
+
+    def abort(self) -> None:
+        """Nothing of the group was written: every claim and key version is given back."""
+        for keys in self.keys:
+            if keys is not None:
+                keys.failed()
+        if self.dedup is not None:
+            for claim in reversed(self.claims):
+                if claim is not None:
+                    self.dedup.rollback(self.producer, claim[1], claim[0] - 1)
+
+    def store_failed(self) -> None:
+        """The group's store failed: its key versions are withdrawn and the producer's reserved
+        sequence ids released (Pulsar's ``resetHighestSequenceIdPushed``): its resends are new
+        again, not duplicates in flight. A failed add fails every later one of the ledger, so
+        nothing after it was stored."""
+        for keys in self.keys:
+            if keys is not None:
+                keys.failed()
+        if self.dedup is not None:
+            self.dedup.reset_pushed(self.producer)
+
+    def commit(self, adds: Sequence[AddResult]) -> None:
+        """The group is durable: its keys' versions become visible, its last claim persisted."""
+        for keys, add in zip(self.keys, adds, strict=True):
+            if keys is not None:
+                keys.confirmed(add.position)
+        if self.dedup is None:
+            return
+        claimed = [(claim, add) for claim, add in zip(self.claims, adds, strict=True) if claim is not None]
+        if claimed:
+            (_, highest), add = claimed[-1]
+            self.dedup.persisted(self.producer, highest, add.last_offset + 1, len(claimed))
 
 
 class PersistentTopic:
@@ -152,274 +176,113 @@ class PersistentTopic:
         return self.name.partition_index
 
     # --- publishing ----------------------------------------------------------------------
-    def publish(self, messages: Sequence[Message], *, producer_name: str, sequence_id: int | None = None,
-                compression: Compression = Compression.NONE, expected_offset: int | None = None,
-                deliver_at_time_ms: int | None = None,
-                expected_key_versions: Mapping[str, ExpectedVersion] | None = None) -> Future[PublishResult]:
-        """Store ``messages`` as one entry. ``sequence_id`` is the first message's sequence id
-        (the next ones follow); without it the producer's next sequence id is used."""
-        if not messages:
-            raise InvalidRequest("a publish needs at least one message")
-        for message in messages:
-            if len(message.payload) > self._message_size_bytes_max:
-                raise MessageTooLarge(f"message of {len(message.payload)} bytes exceeds "
-                                      f"{self._message_size_bytes_max} bytes")
-        with self._publish_lock:  # dedup reservation and append order must agree
-            first_seq = self._first_sequence_id(producer_name, sequence_id, messages)
-            highest_seq = first_seq + len(messages) - 1
-            if first_seq < 0 or highest_seq > SEQUENCE_ID_MAX:
-                raise InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX}, not {first_seq}..{highest_seq}")
-            duplicate = self._check_duplicate(producer_name, highest_seq, len(messages),
-                                              conditional=expected_key_versions is not None)
-            if duplicate is not None:
-                return duplicate
-            keys: KeyReservation | None = None
-            try:  # nothing reserved for dedup may outlive a publish that wrote nothing
-                keys = self._key_reservation(messages, expected_key_versions)
-                # messages without their own sequence id get first_seq + their index
-                entry = encode_entry(messages, producer_name=producer_name, sequence_id=first_seq,
-                                     publish_time_ms=int(self._clock() * 1000), compression=compression,
-                                     deliver_at_time_ms=deliver_at_time_ms)
-                added = self.ml.add_entry(entry, len(messages), expected_offset=expected_offset, on_offsets=keys)
-                self.quotas.published(len(messages), len(entry))
-            except BaseException:
-                if keys is not None:
-                    keys.failed()
-                if self.dedup is not None:
-                    self.dedup.rollback(producer_name, highest_seq, first_seq - 1)
-                raise
-        result: Future[PublishResult] = new_future()
-        added.add_done_callback(lambda f: self._published(f, result, producer_name, highest_seq, keys))
-        return result
+    def append(self, entries: Sequence[PreparedEntry], *, producer_name: str, expected_offset: int | None = None,
+               expected_key_versions: Mapping[str, ExpectedVersion] | None = None) -> Future[list[_Outcome]]:
+        """Append a group of entries (``broker/entry_builder.py``; a single message is a group
+        of one) with one managed-ledger call and one Future, whose list holds, in order, each
+        entry's result or the refusal of that entry alone; a failure to store fails the Future.
+        A refusal of the whole group raises before anything is written: the conditions
+        (``expected_offset``: the group's first offset; ``expected_key_versions``: what its
+        keys' streams must be at), or the managed ledger's (terminated, not served here).
 
-    def publish_entries(self, entries: Sequence[ClientEntrySend], *, producer_name: str,
-                        ) -> Future[list[PublishResult | MagnetarError]]:
-        """Store entries a client encoded itself (the binary protocol's SEND payloads, checked by
-        ``check_client_entry``) byte for byte, each its own entry, with one managed-ledger call
-        and one Future for the group; the Future's list holds, in order, each entry's result or
-        the broker's refusal of that entry alone (too large, sequence ids out of range, a
-        duplicate still being stored); a failure to store fails the whole Future.
-
-        Deduplication keys on each entry's ``highest_sequence_id``; a chunk other than the last
-        of its message (``partial_chunk``: every chunk carries the message's sequence id) is
-        acknowledged as a duplicate when its message was stored already, and otherwise stored
-        without claiming the sequence id, which its last chunk does."""
-        outcomes: list[PublishResult | MagnetarError | None] = [None] * len(entries)
-        stored: list[int] = []  # positions of the entries that are written
+        Deduplication keys on each entry's highest sequence id: a repeat of one stored is
+        acknowledged as a duplicate (with its first results when the append is conditional and
+        it resends the producer's last entry), a repeat of one still being stored is refused."""
+        if not entries:
+            raise InvalidRequest("an append needs at least one entry")
+        outcomes: list[_Outcome | None] = [None] * len(entries)
+        written: list[int] = []  # positions of the entries that are written
         datas: list[bytes] = []
         counts: list[int] = []
-        reserved: list[ClientEntrySend] = []  # the written entries that claimed their sequence id
-        claimed: list[bool] = []  # per written entry: it claimed its sequence id
-        keys: list[KeyReservation | None] = []
-        size_max = self._message_size_bytes_max + CLIENT_ENTRY_OVERHEAD_BYTES_MAX
-        dedup = self.dedup
-        with self._publish_lock:
-            try:
-                for position, entry in enumerate(entries):
-                    refusal = _client_entry_refusal(entry, size_max)
-                    if refusal is not None:
-                        outcomes[position] = refusal
-                        continue
-                    highest = entry.highest_sequence_id
-                    claims = not entry.partial_chunk
-                    if dedup is not None and (claims or highest <= dedup.pushed_sequence_id(producer_name)):
-                        repeated = self._repeated(producer_name, highest, entry.message_count)
-                        if repeated is not None:
-                            outcomes[position] = repeated
-                            continue
-                        assert claims  # a partial chunk at or below the reserved id is never new
-                        reserved.append(entry)
-                    claimed.append(claims and dedup is not None)
-                    stored.append(position)
-                    datas.append(entry.data)
-                    counts.append(entry.message_count)
-                    keys.append(self._client_keys(entry.keys))
-                added = self.ml.add_entries(datas, counts, on_offsets=keys) if datas else None
-                if self.quotas.publish is not None:
-                    self.quotas.published(sum(counts), sum(map(len, datas)))
-            except BaseException:
-                for reservation in keys:
-                    if reservation is not None:
-                        reservation.failed()
-                if dedup is not None:
-                    for entry in reversed(reserved):
-                        dedup.rollback(producer_name, entry.highest_sequence_id, entry.sequence_id - 1)
-                raise
-        result: Future[list[PublishResult | MagnetarError]] = new_future()
-        if added is None:
-            result.set_result(outcomes)  # type: ignore[arg-type]  # every position is filled
-        else:
-            added.add_done_callback(lambda f: self._published_entries(
-                f, result, producer_name, outcomes, stored, claimed, [entries[p] for p in stored], keys))
-        return result
-
-    def _client_keys(self, keys: Sequence[str | None]) -> KeyReservation | None:
-        """The key index's reservation for a client entry whose messages have ``keys``."""
-        if self.streams is None:
-            return None
-        return self.streams.reservation_of_keys(keys)
-
-    def _published_entries(self, added: Future[list[AddResult]],
-                           result: Future[list[PublishResult | MagnetarError]], producer: str,
-                           outcomes: list[PublishResult | MagnetarError | None], stored: list[int],
-                           claimed: list[bool], entries: list[ClientEntrySend],
-                           keys: list[KeyReservation | None]) -> None:
-        error = added.exception()
-        if error is not None:
-            self._group_failed(error, result, producer, keys)
-            return
-        adds = added.result()
-        if self.dedup is not None:
-            last_claim = None
-            for add, entry, claims in zip(adds, entries, claimed, strict=True):
-                if claims:
-                    last_claim = (entry.highest_sequence_id, add.last_offset + 1)
-            if last_claim is not None:
-                self.dedup.persisted(producer, last_claim[0], last_claim[1], sum(claimed))
-        self._group_stored(adds, result, outcomes, stored, keys)
-
-    def _group_failed(self, error: BaseException, result: Future[list[PublishResult | MagnetarError]],
-                      producer: str, keys: list[KeyReservation | None]) -> None:
-        """A group's store failed: every key reservation and sequence id it took is released."""
-        for reservation in keys:
-            if reservation is not None:
-                reservation.failed()
-        self._store_failed(producer)
-        result.set_exception(error)
-
-    def _group_stored(self, adds: list[AddResult], result: Future[list[PublishResult | MagnetarError]],
-                      outcomes: list[PublishResult | MagnetarError | None], stored: list[int],
-                      keys: list[KeyReservation | None]) -> None:
-        """A group is durable: each stored entry's result takes its place among the outcomes."""
-        partition = self.partition
-        for position, add, reservation in zip(stored, adds, keys, strict=True):
-            versions: tuple[int | None, ...] = ()
-            if reservation is not None:
-                reservation.confirmed(add.position)
-                versions = reservation.message_versions()
-            outcomes[position] = PublishResult(add.position, partition, add.first_offset,
-                                               add.last_offset - add.first_offset + 1, add.publish_time_ms,
-                                               key_versions=versions)
-        result.set_result(outcomes)  # type: ignore[arg-type]
-
-    def publish_each(self, messages: Sequence[Message], *, producer_name: str,
-                     sequence_ids: Sequence[int | None], compression: Compression = Compression.NONE,
-                     ) -> Future[list[PublishResult | MagnetarError]]:
-        """Store each of ``messages`` as its own entry, as many :meth:`publish` calls of one
-        message would, with one managed-ledger call and one Future for all of them. The Future's
-        list holds, in order, each message's result or the broker's refusal of that message alone
-        (too large, a sequence id out of range, a duplicate still being stored); a duplicate is
-        acknowledged as :meth:`publish` does. A failure to store fails the whole Future."""
-        outcomes: list[PublishResult | MagnetarError | None] = [None] * len(messages)
-        stored: list[int] = []  # positions of the messages that become entries
-        entries: list[bytes] = []
-        seqs: list[int] = []
-        keys: list[KeyReservation | None] = []  # each stored message's key versions (the key index)
-        size_max = self._message_size_bytes_max
-        with self._publish_lock:
+        reservation = _Reservation(self.dedup, producer_name)
+        conditional = expected_key_versions is not None
+        with self._publish_lock:  # reservations and append order must agree
             publish_ms = int(self._clock() * 1000)
             try:
-                for position, (message, sequence_id) in enumerate(zip(messages, sequence_ids, strict=True)):
-                    if len(message.payload) > size_max:
-                        outcomes[position] = MessageTooLarge(
-                            f"message of {len(message.payload)} bytes exceeds {size_max} bytes")
+                for position, entry in enumerate(entries):
+                    outcome = self._reserve(entry, reservation, producer_name, conditional)
+                    if outcome is not None:
+                        outcomes[position] = outcome
                         continue
-                    seq = self._first_sequence_id(producer_name, sequence_id, (message,))
-                    if seq < 0 or seq > SEQUENCE_ID_MAX:
-                        outcomes[position] = InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX}, not {seq}")
-                        continue
-                    repeated = self._repeated(producer_name, seq, 1)
-                    if repeated is not None:
-                        outcomes[position] = repeated
-                        continue
-                    seqs.append(seq)
                     try:
-                        if compression is Compression.NONE:
-                            entry = encode_single_entry(message, producer_name=producer_name, sequence_id=seq,
-                                                        publish_time_ms=publish_ms)
-                        else:
-                            entry = encode_entry((message,), producer_name=producer_name, sequence_id=seq,
-                                                 publish_time_ms=publish_ms, compression=compression)
-                        entries.append(entry)
+                        claim = reservation.claims[-1]
+                        first = claim[0] if claim is not None else entry.sequence_id or 0
+                        datas.append(entry.encoded(producer_name, first, publish_ms))
                     except MagnetarError as exc:
                         outcomes[position] = exc
-                        self._rollback(producer_name, [seqs.pop()])
+                        reservation.withdraw_claim()
                         continue
-                    stored.append(position)
-                    keys.append(self._key_reservation((message,), None))
-                added = self.ml.add_entries(entries, [1] * len(entries), on_offsets=keys) if entries else None
-                if self.quotas.publish is not None:
-                    self.quotas.published(len(entries), sum(map(len, entries)))
+                    written.append(position)
+                    counts.append(entry.message_count)
+                    reservation.keys.append(self._key_reservation(
+                        entry, expected_key_versions if len(written) == 1 else None))
+                if datas:
+                    added = self.ml.append(datas, counts, expected_offset=expected_offset, on_offsets=reservation.keys)
+                    if self.quotas.publish is not None:
+                        self.quotas.published(sum(counts), sum(map(len, datas)))
             except BaseException:
-                for reservation in keys:
-                    if reservation is not None:
-                        reservation.failed()
-                self._rollback(producer_name, seqs)
+                reservation.abort()
                 raise
-        result: Future[list[PublishResult | MagnetarError]] = new_future()
-        if added is None:
+        result: Future[list[_Outcome]] = new_future()
+        if not datas:
             result.set_result(outcomes)  # type: ignore[arg-type]  # every position is filled
         else:
-            added.add_done_callback(
-                lambda f: self._published_each(f, result, producer_name, outcomes, stored, seqs, keys))
+            added.add_done_callback(lambda f: self._appended(f, result, reservation, outcomes, written))
         return result
 
-    def _rollback(self, producer: str, seqs: list[int]) -> None:
-        if self.dedup is not None:
-            for seq in reversed(seqs):
-                self.dedup.rollback(producer, seq, seq - 1)
+    def _reserve(self, entry: PreparedEntry, reservation: _Reservation, producer: str,
+                 conditional: bool) -> _Outcome | None:
+        """(Under the publish lock.) Claim the entry's sequence ids, or its answer without
+        storing it: a refusal, or a duplicate's acknowledgement."""
+        refusal = entry.refusal(self._message_size_bytes_max)
+        if refusal is not None:
+            return refusal
+        first = entry.sequence_id
+        if first is None:
+            first = (self.dedup.pushed_sequence_id(producer) if self.dedup is not None else -1) + 1
+        highest = entry.highest_sequence_id
+        if highest is None:
+            highest = first + entry.message_count - 1
+        if not 0 <= first <= highest <= SEQUENCE_ID_MAX:
+            return InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX}, not {first}..{highest}")
+        dedup = self.dedup
+        if dedup is not None and (not entry.partial_chunk or highest <= dedup.pushed_sequence_id(producer)):
+            status = dedup.check(producer, highest)
+            if status is DedupStatus.IN_FLIGHT:
+                return DuplicateInFlight(f"sequence id {highest} of {producer} is still being stored; retry")
+            if status is DedupStatus.DUPLICATE:
+                original = self._original(producer, highest, entry.message_count) if conditional else None
+                return original or PublishResult(Position(-1, -1), self.partition, -1, 0, 0, duplicate=True)
+            assert not entry.partial_chunk  # a partial chunk at or below the reserved id is never new
+            reservation.claims.append((first, highest))
+        else:  # no deduplication, or a chunk before its message's last: it claims nothing
+            reservation.claims.append(None if dedup is not None else (first, highest))
+        return None
 
-    def _published_each(self, added: Future[list[AddResult]], result: Future[list[PublishResult | MagnetarError]],
-                        producer: str, outcomes: list[PublishResult | MagnetarError | None], stored: list[int],
-                        seqs: list[int], keys: list[KeyReservation | None]) -> None:
-        error = added.exception()
-        if error is not None:
-            self._group_failed(error, result, producer, keys)
-            return
-        adds = added.result()
-        if self.dedup is not None:
-            self.dedup.persisted(producer, seqs[-1], adds[-1].last_offset + 1, len(adds))
-        self._group_stored(adds, result, outcomes, stored, keys)
-
-    def _key_reservation(self, messages: Sequence[Message],
+    def _key_reservation(self, entry: PreparedEntry,
                          expected: Mapping[str, ExpectedVersion] | None) -> KeyReservation | None:
         if self.streams is None:
             if expected is not None:
                 raise InvalidRequest(f"{self.name} keeps no key index: expectedKeyVersions cannot be checked")
             return None
-        return self.streams.reservation(messages, expected)
+        return self.streams.reservation_of_keys(entry.keys, expected)
 
-    def _first_sequence_id(self, producer: str, sequence_id: int | None, messages: Sequence[Message]) -> int:
-        if messages[0].sequence_id is not None:
-            return messages[0].sequence_id
-        if sequence_id is not None:
-            return sequence_id
-        return (self.dedup.pushed_sequence_id(producer) if self.dedup is not None else -1) + 1
-
-    def _repeated(self, producer: str, highest_seq: int, count: int) -> PublishResult | MagnetarError | None:
-        """One message or entry of a group: its answer when it repeats one stored (acknowledged
-        as a duplicate) or still being stored (refused), None when it is new (its id reserved)."""
-        try:
-            duplicate = self._check_duplicate(producer, highest_seq, count, conditional=False)
-        except DuplicateInFlight as exc:
-            return exc
-        return None if duplicate is None else duplicate.result()
-
-    def _check_duplicate(self, producer: str, highest_seq: int, count: int, *,
-                         conditional: bool) -> Future[PublishResult] | None:
-        if self.dedup is None:
-            return None
-        status = self.dedup.check(producer, highest_seq)
-        if status is DedupStatus.NEW:
-            return None
-        if status is DedupStatus.IN_FLIGHT:
-            raise DuplicateInFlight(f"sequence id {highest_seq} of {producer} is still being stored; retry")
-        original = self._original(producer, highest_seq, count) if conditional else None
-        if original is None:
-            return _duplicate(self.partition)
-        done: Future[PublishResult] = new_future()
-        done.set_result(original)
-        return done
+    def _appended(self, added: Future[list[AddResult]], result: Future[list[_Outcome]], reservation: _Reservation,
+                  outcomes: list[_Outcome | None], written: list[int]) -> None:
+        """The group's store completed: each written entry's result takes its place."""
+        error = added.exception()
+        if error is not None:
+            reservation.store_failed()
+            result.set_exception(error)
+            return
+        adds = added.result()
+        reservation.commit(adds)
+        partition = self.partition
+        for position, add, keys in zip(written, adds, reservation.keys, strict=True):
+            outcomes[position] = PublishResult(add.position, partition, add.first_offset,
+                                               add.last_offset - add.first_offset + 1, add.publish_time_ms,
+                                               key_versions=keys.message_versions() if keys is not None else ())
+        result.set_result(outcomes)  # type: ignore[arg-type]  # every position is filled
 
     def _original(self, producer: str, highest_seq: int, count: int) -> PublishResult | None:
         """The results of the producer's last entry, when ``highest_seq`` resends it."""
@@ -430,33 +293,6 @@ class PersistentTopic:
         position, first_offset, publish_ms, versions = found
         return PublishResult(position, self.partition, first_offset, count, publish_ms, duplicate=True,
                              key_versions=versions)
-
-    def _published(self, added: Future[AddResult], result: Future[PublishResult], producer: str | None,
-                   highest_seq: int, keys: KeyReservation | None) -> None:
-        error = added.exception()
-        if error is not None:
-            if keys is not None:
-                keys.failed()
-            self._store_failed(producer)
-            result.set_exception(error)
-            return
-        add = added.result()
-        versions: tuple[int | None, ...] = ()
-        if keys is not None:
-            keys.confirmed(add.position)
-            versions = keys.message_versions()
-        if self.dedup is not None and producer is not None:
-            self.dedup.persisted(producer, highest_seq, add.last_offset + 1)
-        count = add.last_offset - add.first_offset + 1
-        result.set_result(PublishResult(add.position, self.partition, add.first_offset, count, add.publish_time_ms,
-                                        key_versions=versions))
-
-    def _store_failed(self, producer: str | None) -> None:
-        """A failed store releases the producer's reserved sequence ids (Pulsar's
-        ``resetHighestSequenceIdPushed``): its resends are new again, not duplicates in flight.
-        A failed add fails every later one of the ledger, so nothing after it was stored."""
-        if self.dedup is not None and producer is not None:
-            self.dedup.reset_pushed(producer)
 
     def last_sequence_id(self, producer: str) -> int:
         return self.dedup.last_sequence_id(producer) if self.dedup is not None else -1

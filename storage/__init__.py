@@ -5,7 +5,7 @@ Public surface (pinned; the broker and the checks use only this module, never a 
 
     from storage import LedgerStorage, StorageConfig
     st = LedgerStorage.open(path, StorageConfig(...))    # recovers on open
-    fut = st.add_entry(ledger_id, entry_id, data)       # Future, done once durable
+    fut = st.add_entries(ledger_id, [entry_id], [data])  # Future, done once all are durable
     data = st.get_entry(ledger_id, entry_id)            # entry_id=-1: last add confirmed
     BookieServer(st, host, port)                        # the same storage over TCP (``magnetar bookie``)
 
@@ -37,7 +37,6 @@ from storage.bookie_protocol import (
     Response,
     decode_response,
     encode_add,
-    encode_add_many,
     encode_ledger_op,
     encode_read,
     encode_read_range,
@@ -104,7 +103,6 @@ __all__ = [
     "Response",
     "decode_response",
     "encode_add",
-    "encode_add_many",
     "encode_ledger_op",
     "encode_read",
     "encode_read_range",

@@ -10,23 +10,22 @@ Frame (all integers big-endian)::
     [length u32]  bytes after this field
     [kind u8]     request kind; a response has the kind of its request | 0x80
     [request_id u64]
-    request body:  ADD        [ledger u64][entry u64][flags u8][data ...]   (flags bit 0: recovery)
-                   ADD_MANY   [ledger u64][count u32] ([entry u64][size u32][data])*
-                              entries strictly increasing (a run, or a striped ledger's share)
+    request body:  ADD        [ledger u64][flags u8][count u32] ([entry u64][size u32][data])*
+                              (flags bit 0: recovery) entries strictly increasing (a run, or a
+                              striped ledger's share); a single entry is an ADD of one
                    READ       [ledger u64][entry i64]       entry -1: the last entry stored
                    READ_RANGE [ledger u64][first u64][last u64][entries_max u32][bytes_max u32]
                    FENCE      [ledger u64]
                    DELETE     [ledger u64]
-    response body: [status u8] then, for OK:  ADD, ADD_MANY [entry u64] (the last one);
+    response body: [status u8] then, for OK:  ADD [entry u64] (the last one);
                    READ [entry u64][data ...];
                    READ_RANGE ([entry u64][size u32][data])*; FENCE, DELETE nothing;
                    for an error: [message utf-8 ...]
 
 Request ids let a client pipeline: responses may come back in any order (an add answers when its
-journal group is synced, a read at once). An ADD's data is the stored entry exactly as the
-ledger layer packs it; the bookie never looks inside. An ADD_MANY carries the entries of one
-writer's group for this bookie: they are stored as one journal item and answered once, when all
-of them are durable (or refused together).
+journal group is synced, a read at once). An ADD carries the entries of one writer's group for
+this bookie, each exactly as the ledger layer packs it (the bookie never looks inside): they are
+stored as one journal item and answered once, when all of them are durable (or refused together).
 
 Invariants: a frame is never longer than ``FRAME_BYTES_MAX``; a decoder fed bytes in arbitrary
 pieces yields the same frames as one fed them whole; a malformed frame raises ``ProtocolError``
@@ -64,8 +63,7 @@ FLAG_RECOVERY = 0x01
 _LENGTH = struct.Struct(">I")
 _HEAD = struct.Struct(">BQ")  # kind, request id
 _LEDGER = struct.Struct(">Q")
-_ADD = struct.Struct(">QQB")
-_ADD_MANY = struct.Struct(">QI")
+_ADD = struct.Struct(">QBI")  # ledger, flags, count
 _ADD_ITEM = struct.Struct(">QI")
 _READ = struct.Struct(">Qq")
 _RANGE = struct.Struct(">QQQII")
@@ -87,7 +85,6 @@ class Kind(IntEnum):
     READ_RANGE = 3
     FENCE = 4
     DELETE = 5
-    ADD_MANY = 6
 
 
 class Status(IntEnum):
@@ -140,14 +137,13 @@ class Request:
     request_id: int
     ledger_id: int
     entry_id: int = 0
-    """ADD: the entry; READ: the entry (-1: the last one stored); READ_RANGE: the first."""
+    """ADD: the first entry; READ: the entry (-1: the last one stored); READ_RANGE: the first."""
     last_entry_id: int = 0
     entries_max: int = 0
     bytes_max: int = 0
     recovery: bool = False
-    data: bytes = b""
     entry_ids: tuple[int, ...] = ()
-    """ADD_MANY: the entries' ids, strictly increasing, one per ``datas``."""
+    """ADD: the entries' ids, strictly increasing, one per ``datas``."""
     datas: tuple[bytes, ...] = ()
 
 
@@ -158,25 +154,20 @@ def _frame(kind: int, request_id: int, body_size: int) -> bytes:
     return _LENGTH.pack(length) + _HEAD.pack(kind, request_id)
 
 
-def encode_add(request_id: int, ledger_id: int, entry_id: int, *data: bytes, recovery: bool = False) -> list[bytes]:
-    """An ADD as a header and the data parts (the entry is their concatenation), to be written
-    together: the data is not copied."""
-    head = _frame(Kind.ADD, request_id, _ADD.size + sum(len(part) for part in data))
-    return [head + _ADD.pack(ledger_id, entry_id, FLAG_RECOVERY if recovery else 0), *data]
-
-
-def encode_add_many(request_id: int, ledger_id: int, entries: Sequence[tuple[int, Sequence[bytes]]]) -> list[bytes]:
-    """An ADD_MANY of ``entries`` (entry id, the parts of its data), as parts to be written
+def encode_add(request_id: int, ledger_id: int, entries: Sequence[tuple[int, Sequence[bytes]]], *,
+               recovery: bool = False) -> list[bytes]:
+    """An ADD of ``entries`` (entry id, the parts of its data), as parts to be written
     together: the data is not copied."""
     parts: list[bytes] = []
-    size = _ADD_MANY.size
+    size = _ADD.size
     item = _ADD_ITEM.pack
     for entry_id, data in entries:
         data_size = sum(len(part) for part in data)
         parts.append(item(entry_id, data_size))
         parts.extend(data)
         size += _ADD_ITEM.size + data_size
-    return [_frame(Kind.ADD_MANY, request_id, size) + _ADD_MANY.pack(ledger_id, len(entries)), *parts]
+    flags = FLAG_RECOVERY if recovery else 0
+    return [_frame(Kind.ADD, request_id, size) + _ADD.pack(ledger_id, flags, len(entries)), *parts]
 
 
 def encode_read(request_id: int, ledger_id: int, entry_id: int) -> bytes:
@@ -203,11 +194,7 @@ def decode_request(frame: memoryview) -> Request:
     except ValueError:
         raise ProtocolError(f"unknown bookie request kind {kind_value}") from None
     if kind is Kind.ADD:
-        ledger_id, entry_id, flags = _unpack(_ADD, body, 0)
-        return Request(kind, request_id, ledger_id, entry_id, recovery=bool(flags & FLAG_RECOVERY),
-                       data=bytes(body[_ADD.size :]))
-    if kind is Kind.ADD_MANY:
-        return _decode_add_many(request_id, body)
+        return _decode_add(request_id, body)
     if kind is Kind.READ:
         ledger_id, entry_id = _unpack(_READ, body, 0, exact=True)
         return Request(kind, request_id, ledger_id, entry_id)
@@ -218,28 +205,28 @@ def decode_request(frame: memoryview) -> Request:
     return Request(kind, request_id, ledger_id)
 
 
-def _decode_add_many(request_id: int, body: memoryview) -> Request:
-    ledger_id, count = _unpack(_ADD_MANY, body, 0)
+def _decode_add(request_id: int, body: memoryview) -> Request:
+    ledger_id, flags, count = _unpack(_ADD, body, 0)
     entry_ids: list[int] = []
     datas: list[bytes] = []
-    offset = _ADD_MANY.size
+    offset = _ADD.size
     end = len(body)
     previous = -1
     for _ in range(count):
         entry_id, size = _unpack(_ADD_ITEM, body, offset)
         offset += _ADD_ITEM.size
         if offset + size > end:
-            raise ProtocolError("an ADD_MANY entry runs past its frame")
+            raise ProtocolError("an ADD entry runs past its frame")
         if entry_id <= previous:
-            raise ProtocolError("ADD_MANY entry ids must be strictly increasing")
+            raise ProtocolError("ADD entry ids must be strictly increasing")
         entry_ids.append(entry_id)
         datas.append(bytes(body[offset : offset + size]))
         offset += size
         previous = entry_id
     if not count or offset != end:
-        raise ProtocolError(f"an ADD_MANY of {count} entries does not fill its frame of {end} bytes")
-    return Request(Kind.ADD_MANY, request_id, ledger_id, entry_ids[0], entry_ids=tuple(entry_ids),
-                   datas=tuple(datas))
+        raise ProtocolError(f"an ADD of {count} entries does not fill its frame of {end} bytes")
+    return Request(Kind.ADD, request_id, ledger_id, entry_ids[0], recovery=bool(flags & FLAG_RECOVERY),
+                   entry_ids=tuple(entry_ids), datas=tuple(datas))
 
 
 # --- responses ------------------------------------------------------------------------------------
@@ -297,7 +284,7 @@ def decode_response(frame: memoryview) -> Response:
     body = frame[_HEAD.size + _STATUS.size :]
     if status is not Status.OK:
         return Response(kind, request_id, status, message=bytes(body).decode("utf-8", errors="replace"))
-    if kind is Kind.ADD or kind is Kind.ADD_MANY:
+    if kind is Kind.ADD:
         (entry_id,) = _unpack(_ENTRY, body, 0, exact=True)
         return Response(kind, request_id, status, entry_id)
     if kind is Kind.READ:

@@ -193,16 +193,10 @@ class _BookieConnection(asyncio.Protocol):
         storage = self._server.storage
         try:
             if request.kind is Kind.ADD:
-                self._server.counters["adds"] += 1
-                future: Future[Any] = storage.add_entry(request.ledger_id, request.entry_id, request.data,
-                                                        recovery=request.recovery)
-                self._answer_later(request, future, lambda entry_id: encode_ok(Kind.ADD, request.request_id,
-                                                                               entry_id=entry_id))
-                return []
-            if request.kind is Kind.ADD_MANY:
                 self._server.counters["adds"] += len(request.datas)
-                future = storage.add_entries(request.ledger_id, request.entry_ids, request.datas)
-                self._answer_later(request, future, lambda entry_id: encode_ok(Kind.ADD_MANY, request.request_id,
+                future: Future[Any] = storage.add_entries(request.ledger_id, request.entry_ids, request.datas,
+                                                          recovery=request.recovery)
+                self._answer_later(request, future, lambda entry_id: encode_ok(Kind.ADD, request.request_id,
                                                                                entry_id=entry_id))
                 return []
             if request.kind is Kind.FENCE:

@@ -1,7 +1,7 @@
 """Journal: the bookie's write-ahead log, with group commit.
 
-Role in the write path: ``LedgerStorage.add_entry`` puts the entry in the write cache, then
-hands a journal record here; the single writer thread appends queued records with one
+Role in the write path: ``LedgerStorage.add_entries`` puts the entries in the write cache, then
+hands their journal records here as one item; the single writer thread appends queued records with one
 ``writev`` and makes the whole group durable with one ``fdatasync`` before completing every
 waiter. An entry is acknowledged only after its record is synced.
 
@@ -324,16 +324,11 @@ class Journal:
         self._caller_thread = threading.get_ident()
         self._queue.put(_WAKE)  # the writer thread may be waiting without a timeout
 
-    def append(self, header: bytes, payload: bytes, token: Any) -> None:
-        """Queue one record (``header`` from :func:`encode_header`). Its ``token`` is handed to
-        the completion callback with the rest of its group once the group is durable (error
-        None), or with the error that means it never will be."""
-        self._add(((header, payload), len(header) + len(payload), token))
-
-    def append_many(self, buffers: Sequence[bytes], token: Any) -> None:
-        """Queue several records at once (``buffers``: each record's header then its payload, in
-        order) under one ``token``. They are written in one group, so the token is completed
-        once, when all of them are durable (or with the error that means none is)."""
+    def append(self, buffers: Sequence[bytes], token: Any) -> None:
+        """Queue records (``buffers``: each record's header from :func:`encode_header`, then its
+        payload, in order) under one ``token``. They are written in one group, so the token is
+        handed to the completion callback once, with the rest of its group, when all of them are
+        durable (error None), or with the error that means none is."""
         self._add((buffers, sum(map(len, buffers)), token))
 
     def _add(self, item: tuple[Sequence[bytes], int, Any]) -> None:

@@ -2,8 +2,8 @@
 
 Write path::
 
-    add_entry ─▶ WriteCache.put (active buffer; full → back-pressure)
-              ─▶ Journal.append ─▶ group commit: one writev + one fdatasync ─▶ Future done
+    add_entries ─▶ WriteCache.put (active buffer; full → back-pressure)
+                ─▶ Journal.append ─▶ group commit: one writev + one fdatasync ─▶ Future done
     background: active buffer over its threshold, or every flush_interval_ms
               ─▶ swap buffers ─▶ sorted entries to EntryLogger ─▶ fsync ─▶ index batch (synced)
               ─▶ checkpoint: persist the LogMark taken at the swap ─▶ delete older journal files
@@ -20,7 +20,7 @@ may live elsewhere (``journal_dir``: its own disk, as BookKeeper recommends, so 
 never queue behind entry-log writes).
 
 Invariants:
-- A Future from :meth:`add_entry` completes only after the entry's journal record is synced;
+- A Future from :meth:`add_entries` completes only after its entries' journal records are synced;
   after a crash at any instant every acknowledged entry reads back byte-for-byte.
 - The checkpoint mark is taken at the buffer swap, so every record before it is in the flushed
   buffer; the mark is persisted only after that buffer is in synced entry logs and index.
@@ -280,47 +280,30 @@ class LedgerStorage:
                 self._ledgers[ledger_id] = meta
             return meta
 
-    def add_entry(self, ledger_id: int, entry_id: int, data: bytes, *, recovery: bool = False) -> Future[int]:
-        """Store an entry; the Future resolves to ``entry_id`` once the entry is durable.
+    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], datas: Sequence[bytes], *,
+                    recovery: bool = False) -> Future[int]:
+        """Store entries of one ledger (``entry_ids`` strictly increasing, one per data: a run
+        such as ``range(first, last + 1)``, the entries of a striped ledger that land on this
+        bookie, or one entry); the Future resolves to the last entry id once every one of them
+        is durable (or fails for all of them).
 
-        Raises at once (no Future) for a closed or read-only storage, bad ids, a fenced
-        ledger (unless ``recovery``), or a write cache that stays full (``WriteCacheFull``).
+        Raises at once (no Future, nothing stored) for a closed or read-only storage, bad ids, a
+        fenced ledger (unless ``recovery``), or a write cache that stays full (``WriteCacheFull``).
         """
-        if self._closed or self._read_only_cause is not None:
-            self._check_writable()
-        if not (0 <= ledger_id <= ENTRY_ID_MAX and 0 <= entry_id <= ENTRY_ID_MAX):
-            raise InvalidArgument(f"ledger and entry ids must be in [0, 2^63): {ledger_id}:{entry_id}")
-        if type(data) is not bytes:
-            data = bytes(data)
-        meta = self._ledgers.get(ledger_id) or self._ledger_for_write(ledger_id)
-        if meta.fenced and not recovery:
-            raise LedgerFenced(f"ledger {ledger_id} is fenced")
-        self._put_in_cache(ledger_id, entry_id, data)
-        future: LightFuture[int] = new_future()
-        self._journal.append(encode_header(RECORD_ADD_ENTRY, ledger_id, entry_id, data), data,
-                             (meta, ledger_id, entry_id, future, (entry_id,)))
-        return future
-
-    def add_entries(self, ledger_id: int, entry_ids: Sequence[int], datas: Sequence[bytes]) -> Future[int]:
-        """Store several entries of one ledger at once (``entry_ids`` strictly increasing, one per
-        data: a run such as ``range(first, last + 1)``, or the entries of a striped ledger that
-        land on this bookie); the one Future resolves to the last entry id once every one of them
-        is durable (or fails for all of them). What :meth:`add_entry` refuses at once is refused
-        here before anything is stored.
-        """
-        if not datas or len(entry_ids) != len(datas):
+        count = len(datas)
+        if not count or len(entry_ids) != count:
             raise InvalidArgument(f"add_entries needs one entry id per entry, at least one: "
-                                  f"{len(entry_ids)} ids for {len(datas)} entries")
+                                  f"{len(entry_ids)} ids for {count} entries")
         if self._closed or self._read_only_cause is not None:
             self._check_writable()
         first_entry_id, last_entry_id = entry_ids[0], entry_ids[-1]
         if not (0 <= ledger_id <= ENTRY_ID_MAX and first_entry_id >= 0 and last_entry_id <= ENTRY_ID_MAX):
             raise InvalidArgument(
                 f"ledger and entry ids must be in [0, 2^63): {ledger_id}:{first_entry_id}..{last_entry_id}")
-        if type(entry_ids) is not range and any(a >= b for a, b in itertools.pairwise(entry_ids)):
+        if count > 1 and type(entry_ids) is not range and any(a >= b for a, b in itertools.pairwise(entry_ids)):
             raise InvalidArgument(f"entry ids of one add must be strictly increasing: {list(entry_ids)[:16]}")
         meta = self._ledgers.get(ledger_id) or self._ledger_for_write(ledger_id)
-        if meta.fenced:
+        if meta.fenced and not recovery:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
         buffers: list[bytes] = []
         put = self._put_in_cache
@@ -338,7 +321,7 @@ class LedgerStorage:
                 self._flushing.remove(ledger_id, entry_id)
             raise
         future: LightFuture[int] = new_future()
-        self._journal.append_many(buffers, (meta, ledger_id, last_entry_id, future, entry_ids))
+        self._journal.append(buffers, (meta, ledger_id, last_entry_id, future, entry_ids))
         return future
 
     def write_journal_on_caller_thread(self, schedule: Callable[[Callable[[], None]], object] | None, *,
@@ -374,7 +357,7 @@ class LedgerStorage:
     def _journal_done(self, tokens: list[Any], error: BaseException | None) -> None:
         """Whoever wrote the group (the journal's writer thread, or an event loop that wrote an
         idle journal itself), once per group: tokens are ``(meta, ledger, last entry, future,
-        entry ids)`` for adds (one entry, or the entries of :meth:`add_entries`) and a bare future
+        entry ids)`` for adds (the entries of one :meth:`add_entries`) and a bare future
         for fences; all of them are completed here, in order (a future its owner cancelled is
         skipped)."""
         if error is None:
@@ -409,7 +392,7 @@ class LedgerStorage:
         with self._cache_cv:
             self._dirty_ledgers.add(ledger_id)
         future: LightFuture[None] = new_future()
-        self._journal.append(encode_header(RECORD_FENCE, ledger_id, 0, b""), b"", future)
+        self._journal.append((encode_header(RECORD_FENCE, ledger_id, 0, b""),), future)
         return future
 
     def is_fenced(self, ledger_id: int) -> bool:

@@ -1,6 +1,6 @@
 """Write cache: the bookie's memtable.
 
-Role in the write path: ``add_entry`` puts each entry here before journaling it; reads look
+Role in the write path: ``add_entries`` puts each entry here before journaling it; reads look
 here first. ``LedgerStorage`` keeps two of these: the *active* buffer taking new entries and
 the one *being flushed*. A flush swaps them, writes the flushed buffer's entries sorted by
 (ledger, entry) to the entry log, so one ledger's entries are adjacent on disk, then drops it.

@@ -2,7 +2,7 @@
 
 Role: each client producer (one per topic partition; the client routes) is one broker
 ``Producer``. A SEND's payload is the client's own entry: checked in full
-(``check_client_entry``) and stored byte for byte, deduplicated by producer name and sequence
+(``entry_of_client``) and stored byte for byte, deduplicated by producer name and sequence
 id; its receipt carries the entry's ledger and entry id. The SENDs of one socket read reach
 ``send_group`` together and each producer's share goes to the broker as one group
 (``Producer.send_entries``: one managed-ledger add, one journal write and one future for all of
@@ -58,17 +58,17 @@ from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
 from broker import (
     AlreadyExists,
-    ClientEntrySend,
     CorruptEntry,
     Forbidden,
     InvalidRequest,
     MagnetarError,
+    PreparedEntry,
     Producer,
     ProducerBusy,
     ProducerFenced,
     PublishResult,
     TopicName,
-    check_client_entry,
+    entry_of_client,
 )
 
 log = logging.getLogger(__name__)
@@ -165,20 +165,18 @@ _Outcome = Future[list[PublishResult | MagnetarError]] | BaseException
 
 
 def _checked_send(state: _ClientProducer, sequence_id: int, num_messages: int, highest_sequence_id: int,
-                  payload: memoryview) -> tuple[int, int, ClientEntrySend | MagnetarError]:
+                  payload: memoryview) -> tuple[int, int, PreparedEntry | MagnetarError]:
     """(sequence id, highest sequence id, the entry to store or why it is refused) of one SEND."""
     highest = highest_sequence_id if highest_sequence_id >= sequence_id else sequence_id + max(num_messages, 1) - 1
     try:
         if not state.ready:
             raise ProducerFenced("the producer is waiting for exclusive access and may not send yet")
-        data = bytes(payload)
-        entry = check_client_entry(data, num_messages)
+        entry = entry_of_client(bytes(payload), num_messages, sequence_id, highest_sequence_id)
     except InvalidRequest as exc:  # the client drops the message on ChecksumError
         return sequence_id, highest, CorruptEntry(str(exc))
     except MagnetarError as exc:
         return sequence_id, highest, exc
-    return sequence_id, highest, ClientEntrySend(data, entry.message_count, entry.keys, sequence_id, highest,
-                                                 entry.partial_chunk)
+    return sequence_id, highest, entry
 
 
 def _client_outcome(outcome: PublishResult | MagnetarError) -> PublishResult | MagnetarError:
@@ -315,7 +313,7 @@ class ProducerHalf:
         to the broker as one group (``Producer.send_entries``), each still its own entry with its
         own receipt, in send order. A SEND for a producer not open here, or without a payload,
         is a protocol violation: the SENDs before it are taken, then it raises."""
-        groups: dict[int, list[tuple[int, int, ClientEntrySend | MagnetarError]]] = {}
+        groups: dict[int, list[tuple[int, int, PreparedEntry | MagnetarError]]] = {}
         violation: ProtocolViolation | None = None
         for frame in frames:
             hot = frame.hot
@@ -378,20 +376,20 @@ class ProducerHalf:
         else:
             self._unhold(THROTTLED)
 
-    def _store(self, state: _ClientProducer, sends: list[tuple[int, int, ClientEntrySend | MagnetarError]]) -> None:
+    def _store(self, state: _ClientProducer, sends: list[tuple[int, int, PreparedEntry | MagnetarError]]) -> None:
         """One producer's sends of a group: the checked ones stored together, every one queued
         for its answer in send order."""
-        entries = [entry for _, _, entry in sends if isinstance(entry, ClientEntrySend)]
+        entries = [entry for _, _, entry in sends if isinstance(entry, PreparedEntry)]
         group: Future[list[PublishResult | MagnetarError]] | MagnetarError | None = None
         if entries:
             try:
-                group = state.producer.send_entries(entries)
+                group = state.producer.append(entries)
             except MagnetarError as exc:
                 group = exc
         pending = state.pending
         index = 0
         for sequence_id, highest, entry in sends:
-            if isinstance(entry, ClientEntrySend):
+            if isinstance(entry, PreparedEntry):
                 assert group is not None
                 pending.append((sequence_id, highest, group, index))
                 index += 1

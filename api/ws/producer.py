@@ -65,6 +65,9 @@ from broker import (
     Producer,
     PublishResult,
     TopicName,
+    entries_of_messages,
+    entry_of_messages,
+    entry_result,
     message_of,
 )
 
@@ -187,7 +190,9 @@ class ProducerSession:
 
     def _track_each(self, sends: list[_Send]) -> None:
         try:
-            future = self.producer.send_each([s.produced.message for s in sends], [s.sequence_id for s in sends])
+            future = self.producer.append(entries_of_messages([s.produced.message for s in sends],
+                                                              [s.sequence_id for s in sends],
+                                                              compression=self.producer.compression))
         except MagnetarError as exc:
             self._track(sends, exc)
             return
@@ -253,14 +258,14 @@ class ProducerSession:
         produced = first.produced
         expected_version = produced.expected_key_version  # such a frame goes alone, and has a key
         try:
-            future = self.producer.send([s.produced.message for s in group], partition=target,
-                                        sequence_id=first.sequence_id,
-                                        expected_offset=produced.expected_offset,
-                                        deliver_at_ms=produced.deliver_at_ms,
-                                        expected_key_versions=None if expected_version is None else
-                                        {produced.message.key or "": expected_version})
+            entry = entry_of_messages([s.produced.message for s in group], sequence_id=first.sequence_id,
+                                      compression=self.producer.compression, deliver_at_time_ms=produced.deliver_at_ms)
+            appended = self.producer.append([entry], partition=target, expected_offset=produced.expected_offset,
+                                            expected_key_versions=None if expected_version is None else
+                                            {produced.message.key or "": expected_version})
         except MagnetarError as exc:
             return exc
+        future = entry_result(appended)
         future.add_done_callback(self._finished.notify)
         return future
 
@@ -334,7 +339,7 @@ class _EntryAnswer:
                 self._error = (UNKNOWN_ERROR, "internal_error", str(error))
         else:
             result = outcome.result()
-            if isinstance(result, list):  # one entry per frame (send_each)
+            if isinstance(result, list):  # one entry per frame
                 self._each = result
             else:
                 self._ids, self._first_offset, self._duplicate = (result.message_id_texts(), result.first_offset,
@@ -365,7 +370,7 @@ def _ok_frame(context: Any, message_id: str, offset: int, version: int | None) -
 
 
 def _each_frame(context: Any, outcome: PublishResult | MagnetarError) -> str:
-    """The result frame of a frame stored as its own entry by ``send_each``."""
+    """The result frame of a frame stored as its own entry."""
     if isinstance(outcome, MagnetarError):
         return send_error(context, UNKNOWN_ERROR, outcome.code, str(outcome))
     if outcome.duplicate:

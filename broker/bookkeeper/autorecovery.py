@@ -283,8 +283,8 @@ class ReplicationWorker:
         for entry_id, holders, targets in plan.copies:
             stored = self._read(meta.ledger_id, entry_id, holders)
             for target in targets:
-                in_flight.append(self.client.bookie(target).add_entry(
-                    meta.ledger_id, entry_id, stored.lac, stored.length_bytes, stored.payload, recovery=True))
+                in_flight.append(self.client.bookie(target).add_entries(
+                    meta.ledger_id, [entry_id], stored.lac, [(stored.length_bytes, stored.payload)], recovery=True))
             if len(in_flight) >= self.config.copies_in_flight_max:
                 self._wait(in_flight)
         self._wait(in_flight)

@@ -45,10 +45,11 @@ class StoredEntry:
 class Bookie(Protocol):
     bookie_id: str
 
-    def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
-                  recovery: bool = False) -> Future[int]: ...
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
-                    entries: Sequence[tuple[int, bytes]]) -> Future[int]: ...
+                    entries: Sequence[tuple[int, bytes]], *, recovery: bool = False) -> Future[int]:
+        """Store ``entries`` (each its ledger length through it and its payload; a single entry
+        is a group of one) with the writer's LAC piggybacked; the Future resolves to the last
+        entry id once every one is durable. ``recovery`` writes past a fence."""
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
     def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]: ...
     def read_last_add_confirmed(self, ledger_id: int) -> int: ...
@@ -121,18 +122,13 @@ class LocalBookie:
         if self._stopped:
             raise BookieUnavailable(f"bookie {self.bookie_id} is unavailable")
 
-    def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
-                  recovery: bool = False) -> Future[int]:
-        self._check()
-        return self.storage.add_entry(ledger_id, entry_id, pack_entry(lac, length_bytes, payload), recovery=recovery)
-
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
-                    entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        """Several entries in one storage call: one journal item, one future."""
+                    entries: Sequence[tuple[int, bytes]], *, recovery: bool = False) -> Future[int]:
+        """The entries in one storage call: one journal item, one future."""
         self._check()
-        pack = _HEADER.pack
         return self.storage.add_entries(ledger_id, entry_ids,
-                                        [pack(lac, length_bytes) + payload for length_bytes, payload in entries])
+                                        [pack_entry(lac, length_bytes, payload) for length_bytes, payload in entries],
+                                        recovery=recovery)
 
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry:
         self._check()

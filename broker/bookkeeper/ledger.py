@@ -235,34 +235,17 @@ class LedgerHandle:
         return best
 
     # --- writing -------------------------------------------------------------------------
-    def add_entry(self, payload: bytes) -> Future[int]:
-        """Append; the Future resolves to the entry id once ``Qa`` bookies hold it durably.
-        Futures resolve in entry order."""
-        with self._lock:
-            if not self.writable:
-                raise LedgerClosed(f"ledger {self.ledger_id} is not open for writing")
-            if self._failure is not None:
-                raise self._failure
-            self._sent_length_bytes += len(payload)
-            future: Future[int] = new_future()
-            pending = _PendingAdd(self._next_entry_id, payload, self._sent_length_bytes, future)
-            self._next_entry_id += 1
-            self._pending.append(pending)
-            ensemble, lac = self.metadata.fragments[-1][1], self._lac
-        for bookie_id in write_set(ensemble, pending.entry_id, self.metadata.quorum.write_quorum_size):
-            self._send(pending, bookie_id, lac)
-        return future
-
-    def add_entries(self, payloads: Sequence[bytes]) -> Future[int]:
-        """Append consecutive entries at once; one Future resolves to the last entry id once
-        every one of them is acknowledged by ``Qa`` bookies (in entry order, as single adds
-        complete), or fails with the first failure. All of them are accepted or none.
+    def append(self, payloads: Sequence[bytes]) -> Future[int]:
+        """Append consecutive entries (a single entry is a group of one); one Future resolves to
+        the last entry id once every one of them is acknowledged by ``Qa`` bookies (groups
+        complete in entry order), or fails with the first failure. All of them are accepted or
+        none.
 
         Each bookie of the ensemble gets the entries of the group whose write set holds it in
         one call (``Bookie.add_entries``: one journal item in process, one request on the
         wire), so a group costs a call per bookie, not one per entry and copy."""
         if not payloads:
-            raise InvalidRequest("add_entries needs at least one entry")
+            raise InvalidRequest("an append needs at least one entry")
         with self._lock:
             if not self.writable:
                 raise LedgerClosed(f"ledger {self.ledger_id} is not open for writing")
@@ -314,26 +297,6 @@ class LedgerHandle:
                 pending.acked_by.add(bookie_id)
         self._complete_in_order()
 
-    def _send(self, pending: _PendingAdd, bookie_id: str, lac: int) -> None:
-        try:
-            future = self._manager.client.bookie(bookie_id).add_entry(
-                self.ledger_id, pending.entry_id, lac, pending.length_bytes, pending.payload)
-        except MagnetarError as exc:
-            self._on_bookie_failure(pending, bookie_id, exc)
-            return
-        future.add_done_callback(lambda f: self._on_bookie_result(pending, bookie_id, f))
-
-    def _on_bookie_result(self, pending: _PendingAdd, bookie_id: str, future: Future[int]) -> None:
-        error = future.exception()
-        if error is not None:
-            self._on_bookie_failure(pending, bookie_id, error)
-            return
-        with self._lock:
-            if self._ensemble_changes and bookie_id not in self._write_set(pending.entry_id):
-                return  # replaced by an ensemble change meanwhile: its copy does not count
-            pending.acked_by.add(bookie_id)
-        self._complete_in_order()
-
     def _write_set(self, entry_id: int) -> list[str]:
         return write_set(self.metadata.ensemble_for(entry_id), entry_id, self.metadata.quorum.write_quorum_size)
 
@@ -373,7 +336,7 @@ class LedgerHandle:
         write set, and acknowledgements from bookies that left it no longer count (BookKeeper's
         ``unsetSuccessAndSendWriteRequest``)."""
         quorum = self.metadata.quorum.write_quorum_size
-        sends: list[tuple[_PendingAdd, str]] = []
+        sends: dict[str, list[_PendingAdd]] = {}
         with self._lock:
             for waiting in self._pending:
                 if waiting.done:
@@ -381,10 +344,12 @@ class LedgerHandle:
                 old = write_set(_ensemble_in(old_fragments, waiting.entry_id), waiting.entry_id, quorum)
                 new = self._write_set(waiting.entry_id)
                 waiting.acked_by.intersection_update(new)
-                sends.extend((waiting, b) for b in new if b not in old and b not in waiting.acked_by)
+                for target in new:
+                    if target not in old and target not in waiting.acked_by:
+                        sends.setdefault(target, []).append(waiting)
             lac = self._lac
-        for waiting, target in sends:
-            self._send(waiting, target, lac)
+        for target, group in sends.items():
+            self._send_group(group, target, lac)
         self._complete_in_order()
 
     def _change_ensemble(self, failed_bookie: str) -> list[tuple[int, list[str]]] | None:
@@ -630,8 +595,8 @@ class _Recovery:
             for bookie_id in targets:
                 try:
                     bookie = self.manager.client.bookie(bookie_id)
-                    bookie.add_entry(self.meta.ledger_id, entry_id, lac, length_bytes, payload,
-                                     recovery=True).result(timeout=FUTURE_TIMEOUT_S)
+                    bookie.add_entries(self.meta.ledger_id, [entry_id], lac, [(length_bytes, payload)],
+                                       recovery=True).result(timeout=FUTURE_TIMEOUT_S)
                     acks += 1
                 except BrokerError:
                     failed.add(bookie_id)

@@ -31,7 +31,7 @@ from broker.bookkeeper.bookie import Bookie, BookieClient, BookieUnavailable, St
 from broker.bookkeeper.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
 from broker.metadata.coordination import Coordination
-from storage import Kind, Response, encode_add, encode_add_many, encode_ledger_op, encode_read, encode_read_range
+from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
 
 _STORED_HEADER = struct.Struct(">qq")  # as broker/bookkeeper/bookie.py packs it: piggybacked LAC, ledger length
 GROUP_BYTES_MAX = 1024 * 1024
@@ -72,27 +72,12 @@ class RemoteBookie:
                                  self._cache_bytes)
 
     # --- writes --------------------------------------------------------------------------------
-    def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
-                  recovery: bool = False) -> Future[int]:
-        self._connection.reserve_add()
-        request_id = self._network.next_request_id()
-        parts = encode_add(request_id, ledger_id, entry_id, _STORED_HEADER.pack(lac, length_bytes), payload,
-                           recovery=recovery)
-        try:
-            result: Future[int] = self._network.submit(self._connection, request_id, parts, adds=1,
-                                                       value=_entry_id)
-        except BaseException:
-            self._connection.release_add()
-            raise
-        self.counters["adds"] += 1
-        return result
-
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
-                    entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        """The entries in ADD_MANY requests of at most ``GROUP_BYTES_MAX`` bytes (a larger entry
+                    entries: Sequence[tuple[int, bytes]], *, recovery: bool = False) -> Future[int]:
+        """The entries in ADD requests of at most ``GROUP_BYTES_MAX`` bytes (a larger entry
         alone in its own) and at most half the connection's bound on adds in flight each, so a
-        request never waits for an idle connection; one request for a usual group, one future
-        for them all."""
+        request never waits for an idle connection; one request for a usual group (a single
+        entry is a group of one), one future for them all."""
         chunks: list[list[tuple[int, list[bytes]]]] = [[]]
         size = 0
         pack = _STORED_HEADER.pack
@@ -104,15 +89,15 @@ class RemoteBookie:
             chunks[-1].append((entry_id, [pack(lac, length_bytes), payload]))
             size += len(payload)
         if len(chunks) == 1:
-            return self._add_many(ledger_id, chunks[0])
-        return all_added([partial(self._add_many, ledger_id, chunk) for chunk in chunks], entry_ids[-1])
+            return self._add(ledger_id, chunks[0], recovery)
+        return all_added([partial(self._add, ledger_id, chunk, recovery) for chunk in chunks], entry_ids[-1])
 
-    def _add_many(self, ledger_id: int, chunk: list[tuple[int, list[bytes]]]) -> Future[int]:
+    def _add(self, ledger_id: int, chunk: list[tuple[int, list[bytes]]], recovery: bool) -> Future[int]:
         self._connection.reserve_add(len(chunk))
         request_id = self._network.next_request_id()
         try:
             result: Future[int] = self._network.submit(self._connection, request_id,
-                                                       encode_add_many(request_id, ledger_id, chunk),
+                                                       encode_add(request_id, ledger_id, chunk, recovery=recovery),
                                                        adds=len(chunk), value=_entry_id)
         except BaseException:
             self._connection.release_add(len(chunk))

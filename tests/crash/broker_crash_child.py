@@ -131,7 +131,7 @@ class Producer:
         self._run = run
         self._rng = rng
         self._window = rng.randint(1, PRODUCER_WINDOW_MAX)
-        self._pending: deque[Future[AddResult]] = deque()
+        self._pending: deque[Future[list[AddResult]]] = deque()
 
     def run(self) -> None:
         try:
@@ -158,13 +158,13 @@ class Producer:
         messages = [Message(payload=message_payload(args.salt, args.round_index, first + i)) for i in range(count)]
         entry = encode_entry(messages, producer_name=f"crash-{args.round_index}", sequence_id=first,
                              publish_time_ms=int(time.time() * 1000), compression=self._rng.choice(COMPRESSIONS))
-        self._pending.append(ml.add_entry(entry, count, expected_offset=first))
+        self._pending.append(ml.append([entry], [count], expected_offset=first))
 
     def _report(self, keep: int) -> None:
         """Report the oldest adds, in order, until at most ``keep`` are in flight; adds already
         completed are reported too."""
         while self._pending and (len(self._pending) > keep or self._pending[0].done()):
-            added = self._pending.popleft().result(timeout=FUTURE_TIMEOUT_SECONDS)
+            added = self._pending.popleft().result(timeout=FUTURE_TIMEOUT_SECONDS)[0]
             self._run.report.line("PUB", added.first_offset, added.last_offset)
 
 

@@ -200,7 +200,8 @@ class Writer:
 
     def _add_next(self) -> None:
         ledger_id, entry_id = self._ledger_id, self._next_entry_id
-        future = self._run.storage.add_entry(ledger_id, entry_id, expected_payload(self._run.salt, ledger_id, entry_id))
+        payload = expected_payload(self._run.salt, ledger_id, entry_id)
+        future = self._run.storage.add_entries(ledger_id, [entry_id], [payload])
         self._pending.append((ledger_id, entry_id, future))
         self._next_entry_id += 1
         self._adds_in_ledger += 1

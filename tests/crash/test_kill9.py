@@ -240,7 +240,7 @@ def verify_fence(st: LedgerStorage, salt: int, ledger_id: int, model: LedgerMode
         return [f"ledger {ledger_id}: fence completed before the kill, not fenced after recovery"]
     entry_id = st.get_last_add_confirmed(ledger_id) + 1
     try:
-        st.add_entry(ledger_id, entry_id, expected_payload(salt, ledger_id, entry_id)).result(timeout=30)
+        st.add_entries(ledger_id, [entry_id], [expected_payload(salt, ledger_id, entry_id)]).result(timeout=30)
     except LedgerFenced:
         return []
     return [f"ledger {ledger_id}: fenced, yet add_entry was accepted"]

@@ -33,6 +33,7 @@ from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
+from tests.publishing import publish_to
 
 WAIT_S = 10.0
 ADMIN = "/admin/v2"
@@ -51,7 +52,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def publish(service: BrokerService, payloads: list[bytes], topic: str = TOPIC, key: str | None = None) -> list[int]:
     """Publish one message per entry; returns the publish times (ms)."""
-    return [service.publish(topic, [Message(p, key=key)], producer_name="p").publish_time_ms for p in payloads]
+    return [publish_to(service, topic, [Message(p, key=key)], producer_name="p").publish_time_ms for p in payloads]
 
 
 def after_ms(service: BrokerService, epoch_ms: int) -> None:
@@ -342,7 +343,7 @@ def test_last_message_id_terminate_then_produce_is_refused(server: Server) -> No
     ok(client.put(TOPIC_URL))
     empty = ok(client.get(f"{TOPIC_URL}/lastMessageId"), 200).json()
     assert empty["entryId"] == -1 and empty["partitionIndex"] == -1
-    result = service.publish(TOPIC, [Message(b"a"), Message(b"b")], producer_name="p")
+    result = publish_to(service, TOPIC, [Message(b"a"), Message(b"b")], producer_name="p")
     last = ok(client.get(f"{TOPIC_URL}/lastMessageId"), 200).json()
     expected = result.message_ids[-1]
     assert MessageId(last["ledgerId"], last["entryId"], last["partitionIndex"], last["batchIndex"]) == expected

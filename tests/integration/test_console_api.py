@@ -31,6 +31,7 @@ from broker.service import BrokerService
 from broker.subscription import ConsumerConfig, Delivery, SubscriptionType
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
+from tests.publishing import publish_to
 from tests.standalone import REPO_ROOT
 
 WAIT_S = 15.0
@@ -67,7 +68,7 @@ def test_overview_reports_storage_and_traffic_that_move_with_messages(server: Se
     consumer = service.subscribe("public/default/stats", "s", SubscriptionType.SHARED, ConsumerConfig("c"),
                                  initial="earliest")
     for _ in range(40):
-        service.publish("public/default/stats", [Message(b"x" * 100)], producer_name="p")
+        publish_to(service, "public/default/stats", [Message(b"x" * 100)], producer_name="p")
     consumer.flow(100)
     received: list[Delivery] = []
 
@@ -99,10 +100,10 @@ def test_namespace_topic_list_sums_partitions_and_counts_subscriptions(server: S
     client, service = server
     assert client.put("/admin/v2/persistent/public/default/clicks/partitions", json=3).status_code == 204
     for index in range(9):
-        service.publish("public/default/clicks", [Message(b"c", key=f"k{index}")], producer_name="p")
+        publish_to(service, "public/default/clicks", [Message(b"c", key=f"k{index}")], producer_name="p")
     assert client.put("/admin/v2/persistent/public/default/orders").status_code == 204
     for _ in range(5):
-        service.publish("public/default/orders", [Message(b"o")], producer_name="p")
+        publish_to(service, "public/default/orders", [Message(b"o")], producer_name="p")
     for name, position in (("slow", "earliest"), ("caught-up", "latest")):
         assert client.put(f"/admin/v2/persistent/public/default/orders/subscription/{name}",
                           json=position).status_code == 204

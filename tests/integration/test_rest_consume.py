@@ -40,6 +40,7 @@ from broker.subscription import ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
+from tests.publishing import publish_to
 
 TOPIC = "public/default/events"
 TOPIC_URL = f"/topics/persistent/{TOPIC}"
@@ -326,7 +327,7 @@ def test_idle_rest_consumers_close_and_hand_back_their_messages(tmp_path: Path) 
     name = TopicName.parse(TOPIC)
     settings = ConsumerSettings.of(PullParams.model_validate({"ackTimeoutMillis": 3_600_000}))
     try:
-        service.publish(name, [Message(payload=b"held")], producer_name="p")
+        publish_to(service, name, [Message(payload=b"held")], producer_name="p")
         rest = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
         assert [d.message.payload for d in rest.take(1, PULL_BYTES)] == [b"held"]
         clock.now_s += 7_200
@@ -356,7 +357,7 @@ def test_a_consumer_closed_under_the_registry_is_replaced(tmp_path: Path) -> Non
         first = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
         registry.end_pull(first, 1)
         first.consumer.close()  # e.g. the subscription was deleted by force
-        service.publish(name, [Message(payload=b"after")], producer_name="p")
+        publish_to(service, name, [Message(payload=b"after")], producer_name="p")
         second = registry.begin_pull(name, "workers", settings, "earliest", 1, "anonymous")
         assert second is not first and not second.consumer.closed
         assert [d.message.payload for d in second.take(1, PULL_BYTES)] == [b"after"]
@@ -374,7 +375,7 @@ def test_a_pull_without_a_type_joins_an_active_shared_subscription(tmp_path: Pat
     try:
         other = service.subscribe(name, "workers", SubscriptionType.SHARED, ConsumerConfig("ws-consumer"))
         for i in range(10):
-            service.publish(name, [Message(payload=f"m{i}".encode())], producer_name="p")
+            publish_to(service, name, [Message(payload=f"m{i}".encode())], producer_name="p")
         other.flow(4)
         rest = registry.begin_pull(name, "workers", ConsumerSettings.of(PullParams.model_validate({})), "latest", 10,
                                    "anonymous")

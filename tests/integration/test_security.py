@@ -41,6 +41,7 @@ from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server, stored
 from tests.integration.ws_client import open_ws, produce, recv_frame, refused_status, send_frame, ws_base
+from tests.publishing import publish_to
 from tests.standalone import standalone_process
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -229,8 +230,8 @@ def test_answers_and_outstanding_deliveries_are_bounded_in_bytes(tmp_path: Path)
         service.set_policy("public/default", "retention_policies", {"retentionTimeInMinutes": -1,
                                                                     "retentionSizeInMB": -1})
         for _ in range(20):
-            service.publish("public/default/heavy", [Message(payload=big)], producer_name="p")
-        service.publish("public/default/tiny", [Message(payload=b"t" * 600) for _ in range(2000)],
+            publish_to(service, "public/default/heavy", [Message(payload=big)], producer_name="p")
+        publish_to(service, "public/default/tiny", [Message(payload=b"t" * 600) for _ in range(2000)],
                         producer_name="p")
         with httpx.Client(base_url=url, timeout=WAIT_S) as http:
             read = http.get("/topics/persistent/public/default/tiny/messages",
@@ -315,7 +316,7 @@ def test_a_scrape_grows_linearly_with_topics_and_bursts_share_one_rendering(tmp_
     try:
         def add_topics(start: int, stop: int) -> None:
             for i in range(start, stop):
-                service.publish(f"t{i}", [Message(payload=b"x")], producer_name="p")
+                publish_to(service, f"t{i}", [Message(payload=b"x")], producer_name="p")
                 service.subscribe(f"t{i}", "s", SubscriptionType.SHARED, ConsumerConfig(name="c")).close()
 
         collector = BrokerCollector(service)

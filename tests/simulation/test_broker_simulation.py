@@ -238,7 +238,7 @@ class InFlightPublish:
     topic: str
     payloads: list[bytes]
     first_offset: int
-    future: Future[AddResult]
+    future: Future[list[AddResult]]
 
 
 # --- the stack ----------------------------------------------------------------------------
@@ -299,7 +299,7 @@ def encode(payloads: list[bytes], sequence_id: int, publish_time_ms: int) -> byt
                         publish_time_ms=publish_time_ms)
 
 
-def settle_quietly(futures: Iterable[Future[AddResult] | Future[None]]) -> None:
+def settle_quietly(futures: Iterable[Future[list[AddResult]] | Future[None]]) -> None:
     """Wait for futures that may legitimately fail (a crash is under way)."""
     for future in futures:
         with contextlib.suppress(MagnetarError):
@@ -393,7 +393,7 @@ class Simulation:
         data = encode(payloads, topic.sequence_id, int(self.clock() * 1000))
         self.note(f"publish {topic.name} {len(payloads)} msgs at {first_offset}")
         try:
-            future = self.stack.ml(topic.name).add_entry(data, len(payloads))
+            future = self.stack.ml(topic.name).append([data], [len(payloads)])
         except MagnetarError as exc:  # a crashed storage may refuse at once (a rollover deletes, say)
             if not self.stack.fio.crashed:
                 raise
@@ -413,7 +413,7 @@ class Simulation:
         return publishes
 
     def acknowledge(self, publish: InFlightPublish) -> None:
-        result = publish.future.result(timeout=RESULT_TIMEOUT_S)
+        result = publish.future.result(timeout=RESULT_TIMEOUT_S)[0]
         topic = self.topics[publish.topic]
         expected = (topic.next_offset, topic.next_offset + len(publish.payloads) - 1)
         assert publish.first_offset == topic.next_offset, "publishes acknowledged out of order"
@@ -436,7 +436,7 @@ class Simulation:
         self.clock.advance(ML_CONFIG.ledger_age_ms_max / 1000 + 1)
         for publish in self.submit_publishes(1, topic):
             self.acknowledge(publish)
-            assert publish.future.result().position.entry_id == 0, "an aged ledger did not roll over"
+            assert publish.future.result()[0].position.entry_id == 0, "an aged ledger did not roll over"
 
     # reading -----------------------------------------------------------------------------
     def op_read(self) -> None:

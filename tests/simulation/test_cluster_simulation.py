@@ -210,8 +210,8 @@ class SimBookie:
             raise BookieUnavailable(f"{self.bookie_id} is unreachable from {self.broker}")
         return node
 
-    def add_entry(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes, *,
-                  recovery: bool = False) -> Future[int]:
+    def _add(self, ledger_id: int, entry_id: int, lac: int, length_bytes: int, payload: bytes,
+             recovery: bool) -> Future[int]:
         data = pack_entry(lac, length_bytes, payload)
 
         def handle(node: SimBookieNode) -> tuple[Any, Exception | None]:
@@ -223,9 +223,9 @@ class SimBookie:
         return self.network.request(self.broker, self.bookie_id, handle, sync=True)
 
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
-                    entries: Sequence[tuple[int, bytes]]) -> Future[int]:
-        # one add per entry: the simulated network delivers, delays or drops each on its own
-        return all_added([partial(self.add_entry, ledger_id, entry_id, lac, length_bytes, payload)
+                    entries: Sequence[tuple[int, bytes]], *, recovery: bool = False) -> Future[int]:
+        # one request per entry: the simulated network delivers, delays or drops each on its own
+        return all_added([partial(self._add, ledger_id, entry_id, lac, length_bytes, payload, recovery)
                           for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True)],
                          entry_ids[-1])
 
@@ -344,7 +344,7 @@ class ClusterSimulation:
         for _ in range(count):
             payload = f"{handle.ledger_id}:{len(model.sent)}:{self.rng.randrange(1 << 30)}".encode()
             try:
-                future = handle.add_entry(payload)
+                future = handle.append([payload])
             except MagnetarError as exc:
                 self.log(f"writer: add refused ({type(exc).__name__}); rolling over")
                 self.writer = None

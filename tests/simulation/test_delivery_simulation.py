@@ -29,6 +29,7 @@ from broker.entry_format import Message
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
 from storage.fileio import FaultyFileIO
+from tests.publishing import publish
 from tests.simulation.seeds import ops_per_seed, seeds_to_run
 from tests.unit.broker_stack import FakeClock
 
@@ -80,7 +81,7 @@ class World:
         count = self.rng.randint(1, 4)
         messages = [Message(f"m{self.sequence + i}".encode(), key=f"k{self.rng.randrange(8)}") for i in range(count)]
         self.sequence += count
-        result = self.service.topic(TOPIC).publish(messages, producer_name="sim").result(timeout=30)
+        result = publish(self.service.topic(TOPIC), messages, producer_name="sim").result(timeout=30)
         for offset, message in zip(result.offsets, messages, strict=True):
             self.published[offset] = message.payload
 

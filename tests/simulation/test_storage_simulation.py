@@ -226,7 +226,7 @@ class Simulation:
         data = random_payload(self.rng)
         self.note(f"add {ledger_id}:{entry_id} {len(data)}B{' recovery' if recovery else ''}")
         try:
-            future: Future[int] | None = self.st.add_entry(ledger_id, entry_id, data, recovery=recovery)
+            future: Future[int] | None = self.st.add_entries(ledger_id, [entry_id], [data], recovery=recovery)
         except StorageError:
             future = None
         return InFlightAdd(ledger_id, entry_id, data, future)
@@ -244,7 +244,7 @@ class Simulation:
         if ledger.fenced and not recovery:
             self.note(f"add {ledger_id}:{ledger.next_entry} to fenced ledger (expect LedgerFenced)")
             with pytest.raises(LedgerFenced):
-                self.st.add_entry(ledger_id, ledger.next_entry, b"refused")
+                self.st.add_entries(ledger_id, [ledger.next_entry], [b"refused"])
             return None
         return self.submit_add(ledger_id, recovery=recovery)
 
@@ -519,7 +519,7 @@ def fill_interleaved(sim: Simulation, entries_each: int, size_bytes: int) -> tup
         for ledger_id in ledgers:
             data = sim.rng.randbytes(size_bytes)
             sim.note(f"add {ledger_id}:{entry_id} {size_bytes}B")
-            add = InFlightAdd(ledger_id, entry_id, data, sim.st.add_entry(ledger_id, entry_id, data))
+            add = InFlightAdd(ledger_id, entry_id, data, sim.st.add_entries(ledger_id, [entry_id], [data]))
             sim.model.ledgers[ledger_id].next_entry = entry_id + 1
             sim.acknowledge(add)
     sim.st.flush()
@@ -590,7 +590,7 @@ def collect_in_thread(st: LedgerStorage, errors: list[BaseException]) -> threadi
 def add_all(st: LedgerStorage, ledger_id: int, entries: range, size_bytes: int = 1000) -> dict[int, bytes]:
     written = {entry_id: bytes([entry_id % 256]) * size_bytes for entry_id in entries}
     for entry_id, data in written.items():
-        assert st.add_entry(ledger_id, entry_id, data).result(timeout=RESULT_TIMEOUT_S) == entry_id
+        assert st.add_entries(ledger_id, [entry_id], [data]).result(timeout=RESULT_TIMEOUT_S) == entry_id
     return written
 
 

@@ -20,6 +20,7 @@ from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
+from tests.publishing import publish_to
 from tests.spark.support import collect_available_now, source, write_available_now
 
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Bro
         _, service = found
         service.set_policy("public/default", "retention_policies", KEEP_FOREVER)
         service.set_policy("public/default", "auth_policies", {"namespace_auth": {"spark": ["produce", "consume"]}})
-        service.publish("public/default/secured-in", [Message(payload=f"m{i}".encode()) for i in range(5)],
+        publish_to(service, "public/default/secured-in", [Message(payload=f"m{i}".encode()) for i in range(5)],
                         producer_name="setup")
         yield found
 

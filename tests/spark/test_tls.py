@@ -18,6 +18,7 @@ from api.tls import TlsConfig
 from broker.entry_format import Message
 from broker.service import BrokerConfig, BrokerService
 from tests.integration.server import running_server, stored
+from tests.publishing import publish_to
 from tests.spark.support import collect_available_now, source, write_available_now
 from tests.tls_material import TlsMaterial, make_material
 
@@ -34,7 +35,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Bro
         url, service = found
         assert url.startswith("https://")
         service.set_policy("public/default", "retention_policies", KEEP_FOREVER)
-        service.publish("public/default/tls-in", [Message(payload=f"m{i}".encode()) for i in range(5)],
+        publish_to(service, "public/default/tls-in", [Message(payload=f"m{i}".encode()) for i in range(5)],
                         producer_name="setup")
         yield url, service, material
 

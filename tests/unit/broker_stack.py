@@ -56,7 +56,8 @@ def open_stack(data_dir: str, clock: FakeClock | None = None, storage_config: St
     return Stack(storage, store, ledgers, factory, clock, cache)
 
 
-def publish(ml: ManagedLedger, payloads: list[bytes], *, key: str | None = None) -> AddResult:
+def append_messages(ml: ManagedLedger, payloads: list[bytes], *, key: str | None = None) -> AddResult:
+    """``payloads`` as one entry of ``ml`` (straight to the managed ledger), waited for."""
     entry = encode_entry([Message(payload=p, key=key) for p in payloads], producer_name="test", sequence_id=0,
                          publish_time_ms=0)
-    return ml.add_entry(entry, len(payloads)).result(timeout=10)
+    return ml.append([entry], [len(payloads)]).result(timeout=10)[0]

@@ -22,6 +22,7 @@ from broker.errors import NotAllowed, NotEmpty, PreconditionFailed
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
 from broker.topic_name import TopicName
+from tests.publishing import publish_to
 from tests.unit.broker_stack import FakeClock
 
 WAIT_S = 10.0
@@ -44,7 +45,7 @@ def service(data_dir: str, clock: FakeClock) -> Iterator[BrokerService]:
 
 def publish(service: BrokerService, count: int, *, first: int = 0) -> None:
     for i in range(first, first + count):
-        service.publish(TOPIC, [Message(f"m{i}".encode(), key=f"k{i % 3}")], producer_name="p")
+        publish_to(service, TOPIC, [Message(f"m{i}".encode(), key=f"k{i % 3}")], producer_name="p")
 
 
 def take(consumer: Consumer, count: int) -> list[Delivery]:
@@ -143,7 +144,7 @@ def test_a_subscription_with_consumers_is_deleted_only_with_force(service: Broke
 
 def test_compaction_runs_in_the_background(service: BrokerService) -> None:
     for key, value in (("a", b"1"), ("b", b"2"), ("a", b"3")):
-        service.publish(TOPIC, [Message(value, key=key)], producer_name="p")
+        publish_to(service, TOPIC, [Message(value, key=key)], producer_name="p")
     assert service.compaction_status(TOPIC).status == "NOT_RUN"
     service.trigger_compaction(TOPIC)
     deadline = time.monotonic() + WAIT_S

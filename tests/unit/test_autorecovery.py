@@ -75,7 +75,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 def test_closed_ledger_gets_its_copies_back(cluster: Cluster) -> None:
     handle = cluster.manager.create(QUORUM)
     for i in range(30):
-        handle.add_entry(f"e{i}".encode()).result(WAIT_S)
+        handle.append([f"e{i}".encode()]).result(WAIT_S)
     handle.close()
     ensemble = handle.metadata.fragments[0][1]
     cluster.kill(ensemble[0])
@@ -100,7 +100,7 @@ def test_closed_ledger_gets_its_copies_back(cluster: Cluster) -> None:
 def test_open_ledger_is_repaired_under_its_writer(cluster: Cluster) -> None:
     writer = cluster.manager.create(QUORUM)
     for i in range(10):
-        writer.add_entry(f"w{i}".encode()).result(WAIT_S)
+        writer.append([f"w{i}".encode()]).result(WAIT_S)
     victim = writer.metadata.fragments[0][1][2]
     cluster.kill(victim)
     worker = cluster.worker()
@@ -110,7 +110,7 @@ def test_open_ledger_is_repaired_under_its_writer(cluster: Cluster) -> None:
     assert [first for first, _ in stored.fragments] == [0, 9]  # split at the confirmed LAC the bookies know
     assert victim not in stored.fragments[0][1] and stored.fragments[1][1] == writer.metadata.fragments[0][1]
     for i in range(10, 20):  # the writer meets the dead bookie, changes ensemble and merges the worker's change
-        writer.add_entry(f"w{i}".encode()).result(WAIT_S)
+        writer.append([f"w{i}".encode()]).result(WAIT_S)
     writer.close()
     final, _ = cluster.manager.metadata(writer.ledger_id)
     assert final.fragments[0] == stored.fragments[0] and final.last_entry_id == 19
@@ -125,7 +125,7 @@ def test_open_ledger_is_repaired_under_its_writer(cluster: Cluster) -> None:
 def test_workers_take_turns_and_a_lost_session_writes_nothing(cluster: Cluster) -> None:
     handle = cluster.manager.create(QUORUM)
     for i in range(5):
-        handle.add_entry(f"x{i}".encode()).result(WAIT_S)
+        handle.append([f"x{i}".encode()]).result(WAIT_S)
     handle.close()
     cluster.kill(handle.metadata.fragments[0][1][0])
     first, second = cluster.worker(), cluster.worker()

@@ -20,7 +20,6 @@ from storage.bookie_protocol import (
     decode_request,
     decode_response,
     encode_add,
-    encode_add_many,
     encode_error,
     encode_ledger_op,
     encode_ok,
@@ -48,12 +47,12 @@ def one_frame(parts: list[bytes] | bytes) -> memoryview:
 
 
 def test_requests_round_trip() -> None:
-    add = decode_request(one_frame(encode_add(7, 3, 42, b"head", b"payload", recovery=True)))
-    assert (add.kind, add.request_id, add.ledger_id, add.entry_id, add.recovery, add.data) == \
-        (Kind.ADD, 7, 3, 42, True, b"headpayload")
-    many = decode_request(one_frame(encode_add_many(11, 3, [(4, [b"h", b"four"]), (6, [b"six"]), (7, [b""])])))
-    assert (many.kind, many.request_id, many.ledger_id, many.entry_ids, many.datas) == \
-        (Kind.ADD_MANY, 11, 3, (4, 6, 7), (b"hfour", b"six", b""))
+    add = decode_request(one_frame(encode_add(7, 3, [(42, [b"head", b"payload"])], recovery=True)))
+    assert (add.kind, add.request_id, add.ledger_id, add.entry_id, add.recovery, add.entry_ids, add.datas) == \
+        (Kind.ADD, 7, 3, 42, True, (42,), (b"headpayload",))
+    many = decode_request(one_frame(encode_add(11, 3, [(4, [b"h", b"four"]), (6, [b"six"]), (7, [b""])])))
+    assert (many.kind, many.request_id, many.ledger_id, many.entry_ids, many.datas, many.recovery) == \
+        (Kind.ADD, 11, 3, (4, 6, 7), (b"hfour", b"six", b""), False)
     read = decode_request(one_frame(encode_read(8, 3, -1)))
     assert (read.kind, read.ledger_id, read.entry_id) == (Kind.READ, 3, -1)
     ranged = decode_request(one_frame(encode_read_range(9, 3, 10, 20, entries_max=5, bytes_max=1000)))
@@ -66,8 +65,6 @@ def test_requests_round_trip() -> None:
 def test_responses_round_trip() -> None:
     added = decode_response(one_frame(encode_ok(Kind.ADD, 1, entry_id=5)))
     assert (added.kind, added.status, added.entry_id, added.error()) == (Kind.ADD, Status.OK, 5, None)
-    group = decode_response(one_frame(encode_ok(Kind.ADD_MANY, 1, entry_id=9)))
-    assert (group.kind, group.status, group.entry_id) == (Kind.ADD_MANY, Status.OK, 9)
     read = decode_response(one_frame(encode_ok(Kind.READ, 2, entry_id=6, data=b"bytes")))
     assert (read.entry_id, read.data) == (6, b"bytes")
     empty = decode_response(one_frame(encode_ok(Kind.READ, 2, entry_id=6, data=b"")))
@@ -89,7 +86,7 @@ def test_errors_keep_their_class(error: StorageError) -> None:
 
 def test_a_stream_cut_anywhere_decodes_the_same() -> None:
     rng = random.Random(20)
-    frames = [b"".join(encode_add(i, 1, i, bytes(rng.randrange(256) for _ in range(rng.randrange(300)))))
+    frames = [b"".join(encode_add(i, 1, [(i, [bytes(rng.randrange(256) for _ in range(rng.randrange(300)))])]))
               for i in range(50)]
     stream = b"".join(frames)
     decoder = FrameDecoder()
@@ -118,7 +115,7 @@ def test_malformed_frames_are_refused() -> None:
     with pytest.raises(ProtocolError):
         decode_response(memoryview(truncated_range))
     with pytest.raises(InvalidArgument):
-        encode_add(1, 1, 1, b"x" * FRAME_BYTES_MAX)
+        encode_add(1, 1, [(1, [b"x"]), (2, [b"x" * FRAME_BYTES_MAX])])
 
 
 @pytest.mark.parametrize("entries, cut, why", [
@@ -128,14 +125,14 @@ def test_malformed_frames_are_refused() -> None:
     ([], 0, "no entries"),
 ])
 def test_malformed_group_adds_are_refused(entries: list[tuple[int, list[bytes]]], cut: int, why: str) -> None:
-    frame = bytes(one_frame(encode_add_many(1, 2, entries)))
+    frame = bytes(one_frame(encode_add(1, 2, entries)))
     with pytest.raises(ProtocolError):
         decode_request(memoryview(frame[: len(frame) - cut]))
 
 
 def test_a_group_add_with_bytes_after_its_entries_is_refused() -> None:
-    frame = bytes(one_frame(encode_add_many(1, 2, [(1, [b"abc"])])))
+    frame = bytes(one_frame(encode_add(1, 2, [(1, [b"abc"])])))
     with pytest.raises(ProtocolError):
         decode_request(memoryview(frame + b"zz"))
     with pytest.raises(InvalidArgument):
-        encode_add_many(1, 1, [(1, [b"x" * FRAME_BYTES_MAX])])
+        encode_add(1, 1, [(1, [b"x" * FRAME_BYTES_MAX])])

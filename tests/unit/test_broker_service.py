@@ -14,6 +14,7 @@ from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
+from tests.publishing import publish
 from tests.unit.broker_stack import FakeClock
 
 
@@ -34,10 +35,10 @@ def test_admin_state_survives_restart(data_dir: str) -> None:
         service.create_tenant("acme", {})
     service.create_namespace("acme/prod")
     service.create_partitioned_topic(TopicName.parse("acme/prod/orders"), 3)
-    service.topic("acme/prod/events").publish([Message(b"e")], producer_name="p").result(timeout=10)
+    publish(service.topic("acme/prod/events"), [Message(b"e")], producer_name="p").result(timeout=10)
     with pytest.raises(NotAllowed):
         service.topic("acme/prod/orders")  # the partitioned topic itself takes no messages
-    service.topic("acme/prod/orders-partition-1").publish([Message(b"o")], producer_name="p").result(timeout=10)
+    publish(service.topic("acme/prod/orders-partition-1"), [Message(b"o")], producer_name="p").result(timeout=10)
     with pytest.raises(NotFound):
         service.topic("acme/prod/orders-partition-3")
     service.close()
@@ -49,7 +50,7 @@ def test_admin_state_survives_restart(data_dir: str) -> None:
     assert service.partitions(TopicName.parse("acme/prod/orders")) == 5
     with pytest.raises(InvalidRequest):
         service.update_partitioned_topic(TopicName.parse("acme/prod/orders"), 2)  # partitions only grow
-    service.topic("acme/prod/orders-partition-4").publish([Message(b"new")], producer_name="p").result(timeout=10)
+    publish(service.topic("acme/prod/orders-partition-4"), [Message(b"new")], producer_name="p").result(timeout=10)
     assert service.topics("acme/prod") == ["persistent://acme/prod/events",
                                            "persistent://acme/prod/orders-partition-1",
                                            "persistent://acme/prod/orders-partition-4"]
@@ -79,11 +80,11 @@ def test_ttl_policy_expires_backlog_and_retention_trims(data_dir: str) -> None:
     topic = service.topic("ttl")
     cursor = topic.cursors.open("sub", initial="earliest")
     for i in range(12):
-        topic.publish([Message(f"{i}".encode())], producer_name="p").result(timeout=10)
+        publish(topic, [Message(f"{i}".encode())], producer_name="p").result(timeout=10)
     assert cursor.backlog_messages() == 12
     ledgers_before = len(topic.ml.ledger_infos())
     clock.advance(61)
-    topic.publish([Message(b"fresh")], producer_name="p").result(timeout=10)
+    publish(topic, [Message(b"fresh")], producer_name="p").result(timeout=10)
     service.run_maintenance()
     cursor.flush()
     assert cursor.backlog_messages() == 1
@@ -101,13 +102,13 @@ def test_dispatch_of_new_entries_runs_on_the_given_executor(data_dir: str) -> No
     service.use_dispatch_executor(queued.append)
     consumer = service.subscribe("orders", "s", SubscriptionType.SHARED, ConsumerConfig(name="c"))
     consumer.flow(10)
-    service.topic("orders").publish([Message(b"first")], producer_name="p").result(timeout=10)
+    publish(service.topic("orders"), [Message(b"first")], producer_name="p").result(timeout=10)
     assert consumer.poll() is None and len(queued) == 1
     queued.pop()()
     delivery = consumer.poll()
     assert delivery is not None and delivery.message.payload == b"first"
     service.use_dispatch_executor(None)
-    service.topic("orders").publish([Message(b"second")], producer_name="p").result(timeout=10)
+    publish(service.topic("orders"), [Message(b"second")], producer_name="p").result(timeout=10)
     deadline = time.monotonic() + 10
     while (delivery := consumer.poll()) is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -18,6 +18,7 @@ from broker.routing import MultiConsumer
 from broker.service import BrokerConfig, BrokerService
 from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
 from broker.topic_name import TopicName
+from tests.publishing import publish, publish_to
 from tests.unit.broker_stack import FakeClock
 
 WAIT_S = 10.0
@@ -51,11 +52,11 @@ def test_keyed_messages_route_consistently_across_partitions(service: BrokerServ
     partition_of: dict[str, set[int]] = {}
     for i in range(200):
         key = f"k{i % 17}"
-        result = service.publish(name, [Message(b"v", key=key)], producer_name="p")
+        result = publish_to(service, name, [Message(b"v", key=key)], producer_name="p")
         partition_of.setdefault(key, set()).add(result.message_ids[0].partition)
     assert all(len(parts) == 1 for parts in partition_of.values())
     assert len({p for parts in partition_of.values() for p in parts}) > 1
-    unkeyed = {service.publish(name, [Message(b"v")], producer_name="q").message_ids[0].partition
+    unkeyed = {publish_to(service, name, [Message(b"v")], producer_name="q").message_ids[0].partition
                for _ in range(8)}
     assert unkeyed == {0, 1, 2, 3}  # round-robin
 
@@ -68,13 +69,13 @@ def test_multi_topic_and_pattern_consumers_include_topics_created_later(service:
                                         SubscriptionType.SHARED, ConsumerConfig("pm"), initial="earliest")
     multi.flow(100)
     for key in ("a", "b", "c", "d"):
-        service.publish("public/default/orders", [Message(key.encode(), key=key)], producer_name="o")
-    service.publish("public/default/audit", [Message(b"x")], producer_name="a")
+        publish_to(service, "public/default/orders", [Message(key.encode(), key=key)], producer_name="o")
+    publish_to(service, "public/default/audit", [Message(b"x")], producer_name="a")
     got = wait_for(multi, 5)
     assert sorted(d.message.payload for d in got) == [b"a", b"b", b"c", b"d", b"x"]
     assert {d.topic for d in got} >= {"persistent://public/default/audit"}
-    service.publish("public/default/metrics-cpu", [Message(b"1")], producer_name="m")
-    service.publish("public/default/metrics-mem", [Message(b"2")], producer_name="m")  # created after subscribing
+    publish_to(service, "public/default/metrics-cpu", [Message(b"1")], producer_name="m")
+    publish_to(service, "public/default/metrics-mem", [Message(b"2")], producer_name="m")  # created after subscribing
     pattern.flow(10)
     later = wait_for(pattern, 2)
     assert sorted(d.message.payload for d in later) == [b"1", b"2"]
@@ -91,7 +92,7 @@ def test_readers_start_exactly_where_asked(service: BrokerService) -> None:
     times: list[int] = []
     for i in range(12):
         clock.advance(1.0)
-        result = topic.publish([Message(f"m{i}".encode(), key=f"k{i % 3}")], producer_name="p").result(timeout=10)
+        result = publish(topic, [Message(f"m{i}".encode(), key=f"k{i % 3}")], producer_name="p").result(timeout=10)
         ids.append(result.message_ids[0])
         times.append(result.publish_time_ms)
 
@@ -107,7 +108,7 @@ def test_readers_start_exactly_where_asked(service: BrokerService) -> None:
     assert first_payload(StartPosition("timestamp", timestamp_ms=times[9])) == b"m9"
     latest = service.reader("public/default/reads", StartPosition.latest())
     assert not latest.has_message_available()
-    topic.publish([Message(b"tail")], producer_name="p").result(timeout=10)
+    publish(topic, [Message(b"tail")], producer_name="p").result(timeout=10)
     assert latest.has_message_available()
     delivered = latest.read_next()
     assert delivered is not None and delivered.message.payload == b"tail"
@@ -125,7 +126,7 @@ def test_dead_letter_topic_gets_each_message_exactly_once(service: BrokerService
                                  ConsumerConfig("c", negative_ack_redelivery_delay_ms=100, max_redeliver_count=1),
                                  initial="earliest")
     consumer.flow(100)
-    service.publish("public/default/poison", [Message(b"bad")], producer_name="p")
+    publish_to(service, "public/default/poison", [Message(b"bad")], producer_name="p")
     for _ in range(2):
         delivery = wait_for(consumer, 1)
         assert len(delivery) == 1
@@ -141,7 +142,7 @@ def test_dead_letter_topic_gets_each_message_exactly_once(service: BrokerService
     subscription = service.subscriptions_of(TopicName.parse("public/default/poison"))[0]
     assert subscription.cursor.backlog_messages() == 0
     replay = Message(b"bad")  # a replayed dead-letter publish is deduplicated
-    again = service.topic("public/default/poison-s-DLQ").publish(
+    again = publish(service.topic("public/default/poison-s-DLQ"),
         [replay], producer_name=f"DLQ:persistent://public/default/poison:s:{first.offset}", sequence_id=0
     ).result(timeout=10)
     assert again.duplicate
@@ -150,7 +151,7 @@ def test_dead_letter_topic_gets_each_message_exactly_once(service: BrokerService
 def test_slow_consumer_keeps_broker_memory_bounded(service: BrokerService) -> None:
     topic = service.topic("public/default/backlog")
     for _ in range(20_000 // 500):
-        topic.publish([Message(b"x" * 100)] * 500, producer_name="p").result(timeout=10)
+        publish(topic, [Message(b"x" * 100)] * 500, producer_name="p").result(timeout=10)
     consumer = service.subscribe("public/default/backlog", "slow", SubscriptionType.SHARED,
                                  ConsumerConfig("c", receiver_queue_size=10), initial="earliest")
     consumer.flow(10)
@@ -168,7 +169,7 @@ def test_slow_consumer_keeps_broker_memory_bounded(service: BrokerService) -> No
 def test_initial_positions_non_durable_subscriptions_unsubscribe_and_rates(service: BrokerService) -> None:
     clock: FakeClock = service.clock  # type: ignore[assignment]
     for i in range(5):
-        service.publish("public/default/subs", [Message(f"old{i}".encode())], producer_name="p")
+        publish_to(service, "public/default/subs", [Message(f"old{i}".encode())], producer_name="p")
     earliest = service.subscribe("public/default/subs", "from-start", SubscriptionType.EXCLUSIVE,
                                  ConsumerConfig("e"), initial="earliest")
     latest = service.subscribe("public/default/subs", "from-now", SubscriptionType.EXCLUSIVE,
@@ -177,7 +178,7 @@ def test_initial_positions_non_durable_subscriptions_unsubscribe_and_rates(servi
                                   ConsumerConfig("t"), initial="earliest", durable=False)
     for consumer in (earliest, latest, transient):
         consumer.flow(100)
-    service.publish("public/default/subs", [Message(b"new")], producer_name="p")
+    publish_to(service, "public/default/subs", [Message(b"new")], producer_name="p")
     assert len(wait_for(earliest, 6)) == 6
     assert [d.message.payload for d in wait_for(latest, 1)] == [b"new"]
     assert len(wait_for(transient, 6)) == 6
@@ -206,7 +207,7 @@ def test_redelivery_counts_survive_a_restart(data_dir: str) -> None:
     consumer = service.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config,
                                  initial="earliest")
     consumer.flow(10)
-    service.publish("public/default/counts", [Message(b"flaky")], producer_name="p")
+    publish_to(service, "public/default/counts", [Message(b"flaky")], producer_name="p")
     for expected_count in (0, 1):
         delivery = wait_for(consumer, 1)
         assert [d.redelivery_count for d in delivery] == [expected_count]

@@ -25,6 +25,7 @@ from broker.reader import Reader, StartPosition
 from broker.subscription import ConsumerConfig, Subscription, SubscriptionLimits, SubscriptionType, footprint
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
+from tests.publishing import publish
 from tests.unit.broker_stack import Stack, open_stack
 
 KIB = 1024
@@ -46,7 +47,7 @@ def make_topic(stack: Stack, name: str, entries: int, *, messages: int = 1, payl
     topic = PersistentTopic(topic_name, ml, cursors, stack.store, clock=stack.clock)
     for index in range(entries):
         batch = [Message(bytes([index % 256]) * payload_bytes, key=key) for _ in range(messages)]
-        topic.publish(batch, producer_name="p").result(timeout=10)
+        publish(topic, batch, producer_name="p").result(timeout=10)
     return topic
 
 

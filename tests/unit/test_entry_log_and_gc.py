@@ -23,8 +23,8 @@ def disk_bytes(path: Path) -> int:
 def test_flipped_byte_in_an_entry_log_raises_corrupt_entry(data_dir: str, flip_at: int) -> None:
     config = StorageConfig.test_min()
     with LedgerStorage.open(data_dir, config) as st:
-        st.add_entry(1, 0, b"A" * 64).result(timeout=10)
-        st.add_entry(1, 1, b"B" * 64).result(timeout=10)
+        st.add_entries(1, [0], [b"A" * 64]).result(timeout=10)
+        st.add_entries(1, [1], [b"B" * 64]).result(timeout=10)
     log = sorted(Path(data_dir, "entrylogs").glob("*.log"))[-1]
     raw = bytearray(log.read_bytes())
     raw[FILE_HEADER_SIZE + flip_at] ^= 0x40
@@ -43,7 +43,7 @@ def test_gc_reclaims_deleted_ledgers_and_compaction_keeps_live_data(data_dir: st
         # interleave ledgers so every log holds some of each: deletion leaves partly-live logs
         for e in range(300):
             for ledger in (1, 2, 3, 4):
-                st.add_entry(ledger, e, f"{ledger}:{e}:".encode() * 20)
+                st.add_entries(ledger, [e], [f"{ledger}:{e}:".encode() * 20])
             if e % 50 == 49:
                 st.flush()
         st.checkpoint()
@@ -68,9 +68,9 @@ def test_gc_removes_logs_of_wholly_deleted_ledgers(data_dir: str) -> None:
     logs_dir = Path(data_dir, "entrylogs")
     with LedgerStorage.open(data_dir, config) as st:
         for e in range(400):
-            st.add_entry(1, e, b"x" * 900)
+            st.add_entries(1, [e], [b"x" * 900])
         st.checkpoint()
-        st.add_entry(2, 0, b"keeps a current log alive").result(timeout=10)
+        st.add_entries(2, [0], [b"keeps a current log alive"]).result(timeout=10)
         st.flush()
         logs_before = len(list(logs_dir.glob("*.log")))
         st.delete_ledger(1)
@@ -84,7 +84,7 @@ def test_gc_after_restart_does_not_rescan_entry_logs(data_dir: str) -> None:
     config = StorageConfig.test_min().replace(gc_interval_ms=600_000)
     with LedgerStorage.open(data_dir, config) as st:
         for e in range(400):
-            st.add_entry(1, e, b"y" * 900)
+            st.add_entries(1, [e], [b"y" * 900])
         st.checkpoint()
         st.collect_garbage(compaction_threshold=0.0)
         assert st.statistics().entry_logs.scans == 0  # usage known from the appends

@@ -34,13 +34,13 @@ def payload(entry_id: int, size_bytes: int = 700) -> bytes:
 
 def add_acknowledged(st: LedgerStorage, entry_ids: range) -> None:
     for entry_id in entry_ids:
-        assert st.add_entry(LEDGER, entry_id, payload(entry_id)).result(timeout=RESULT_TIMEOUT_S) == entry_id
+        assert st.add_entries(LEDGER, [entry_id], [payload(entry_id)]).result(timeout=RESULT_TIMEOUT_S) == entry_id
 
 
 def assert_read_only(st: LedgerStorage, next_entry: int) -> None:
     assert st.read_only
     with pytest.raises(StorageReadOnly):
-        st.add_entry(LEDGER, next_entry, payload(next_entry))
+        st.add_entries(LEDGER, [next_entry], [payload(next_entry)])
     with pytest.raises(StorageReadOnly):
         st.fence(LEDGER)
     with pytest.raises(StorageReadOnly):
@@ -65,7 +65,7 @@ def assert_recovered(data_dir: str, acknowledged: range, failed: int | None = No
             except NoSuchEntry:
                 assert st.get_last_add_confirmed(LEDGER) == acknowledged[-1]
         assert st.check_consistency().ok
-        st.add_entry(LEDGER, 1_000, b"writable again").result(timeout=RESULT_TIMEOUT_S)
+        st.add_entries(LEDGER, [1_000], [b"writable again"]).result(timeout=RESULT_TIMEOUT_S)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_journal_fault_fails_the_add_and_turns_read_only(data_dir: str, op: str,
         add_acknowledged(st, acknowledged)
         fio.inject(op, kind, path_contains=JOURNAL_FILES)
         failed = acknowledged[-1] + 1
-        future = st.add_entry(LEDGER, failed, payload(failed))
+        future = st.add_entries(LEDGER, [failed], [payload(failed)])
         with pytest.raises(StorageIOError):
             future.result(timeout=RESULT_TIMEOUT_S)
         assert issubclass(StorageIOError, StorageReadOnly)

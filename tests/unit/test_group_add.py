@@ -23,13 +23,15 @@ import threading
 
 import pytest
 
+from broker.entry_builder import CLIENT_ENTRY_OVERHEAD_BYTES_MAX, PreparedEntry, entry_of_client
 from broker.entry_format import Message, decode_entry
 from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
-from broker.topic import CLIENT_ENTRY_OVERHEAD_BYTES_MAX, ClientEntrySend, PersistentTopic, PublishResult
+from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import InvalidArgument, LedgerStorage, NoSuchEntry, StorageConfig, StorageIOError, WriteCacheFull
 from storage.fileio import FaultyFileIO, FileIO
-from tests.unit.broker_stack import Stack, open_stack, publish
+from tests.publishing import publish, publish_each
+from tests.unit.broker_stack import Stack, append_messages, open_stack
 
 LEDGER = 9
 RESULT_TIMEOUT_S = 10.0
@@ -49,9 +51,9 @@ def test_group_and_single_adds_complete_in_entry_order(data_dir: str) -> None:
             completed.append(future.result())  # type: ignore[attr-defined]
 
     with LedgerStorage.open(data_dir, StorageConfig.test_min()) as st:
-        futures = [st.add_entry(LEDGER, 0, data(0)),
+        futures = [st.add_entries(LEDGER, [0], [data(0)]),
                    st.add_entries(LEDGER, range(1, 51), [data(e) for e in range(1, 51)]),
-                   st.add_entry(LEDGER, 51, data(51)),
+                   st.add_entries(LEDGER, [51], [data(51)]),
                    st.add_entries(LEDGER, range(52, 61), [data(e) for e in range(52, 61)])]
         for future in futures:
             future.add_done_callback(record)
@@ -129,10 +131,10 @@ def test_a_managed_ledger_group_has_consecutive_positions_and_offsets(data_dir: 
     stack = open_stack(data_dir)
     try:
         ml, _ = stack.open("t/ns/persistent/groups")
-        publish(ml, [b"a", b"b"])  # offsets 0-1 in entry 0
+        append_messages(ml, [b"a", b"b"])  # offsets 0-1 in entry 0
         entries = [publish_entry(i) for i in range(5)]
-        results = ml.add_entries(entries, [1, 1, 1, 1, 1]).result(timeout=RESULT_TIMEOUT_S)
-        after = publish(ml, [b"z"])
+        results = ml.append(entries, [1, 1, 1, 1, 1]).result(timeout=RESULT_TIMEOUT_S)
+        after = append_messages(ml, [b"z"])
         assert [(r.position.entry_id, r.first_offset, r.last_offset) for r in results] == [
             (1, 2, 2), (2, 3, 3), (3, 4, 4), (4, 5, 5), (5, 6, 6)]
         assert len({r.publish_time_ms for r in results}) == 1
@@ -144,9 +146,9 @@ def test_a_managed_ledger_group_has_consecutive_positions_and_offsets(data_dir: 
             assert decode_entry(stored.data).messages[0].payload == decode_entry(entry).messages[0].payload
             assert stored.first_offset == result.first_offset
         with pytest.raises(InvalidRequest):
-            ml.add_entries(entries, [1, 1])
+            ml.append(entries, [1, 1])
         with pytest.raises(MessageTooLarge):
-            ml.add_entries([entries[0], b"x" * (ml.config.entry_size_bytes_max + 1)], [1, 1])
+            ml.append([entries[0], b"x" * (ml.config.entry_size_bytes_max + 1)], [1, 1])
         assert ml.next_offset == 8  # a refused group wrote nothing
     finally:
         stack.close()
@@ -169,11 +171,11 @@ def test_a_partly_refused_burst_stores_the_rest_and_answers_each_in_order(data_d
     stack = open_stack(data_dir)
     try:
         topic = open_topic(stack, "t/ns/burst")
-        topic.publish([Message(b"first")], producer_name="p", sequence_id=0).result(timeout=RESULT_TIMEOUT_S)
+        publish(topic, [Message(b"first")], producer_name="p", sequence_id=0).result(timeout=RESULT_TIMEOUT_S)
         burst = [Message(b"one"), Message(b"x" * 1001), Message(b"dup", sequence_id=0), Message(b"two"),
                  Message(b"three")]
         sequence_ids: list[int | None] = [None, None, None, None, 2**63]
-        outcomes = topic.publish_each(burst, producer_name="p", sequence_ids=sequence_ids).result(
+        outcomes = publish_each(topic, burst, producer_name="p", sequence_ids=sequence_ids).result(
             timeout=RESULT_TIMEOUT_S)
         assert len(outcomes) == 5
         one, too_large, duplicate, two, out_of_range = outcomes
@@ -187,25 +189,31 @@ def test_a_partly_refused_burst_stores_the_rest_and_answers_each_in_order(data_d
         assert [m.payload for e in topic.entries_from(0) for m in decode_entry(e.data).messages] == [
             b"first", b"one", b"two"]
         assert topic.last_sequence_id("p") == 2  # "one" took 1, "two" took 2
-        again = topic.publish_each([Message(b"two again")], producer_name="p", sequence_ids=[2]).result(
+        again = publish_each(topic, [Message(b"two again")], producer_name="p", sequence_ids=[2]).result(
             timeout=RESULT_TIMEOUT_S)
         assert isinstance(again[0], PublishResult) and again[0].duplicate and topic.ml.next_offset == 3
-        refused = topic.publish_each([Message(b"y" * 2000)], producer_name="p", sequence_ids=[None]).result(
+        refused = publish_each(topic, [Message(b"y" * 2000)], producer_name="p", sequence_ids=[None]).result(
             timeout=RESULT_TIMEOUT_S)
         assert isinstance(refused[0], MessageTooLarge) and topic.ml.next_offset == 3
     finally:
         stack.close()
 
 
-def client_entry(payloads: list[bytes], sequence_id: int) -> ClientEntrySend:
+def client_entry(payloads: list[bytes], sequence_id: int) -> PreparedEntry:
     """An entry as a binary client sends it (checked as the front end checks it)."""
     from broker.entry_format import encode_entry
-    from broker.entry_frames import check_client_entry
 
     data = encode_entry([Message(p) for p in payloads], producer_name="p", sequence_id=sequence_id,
                         publish_time_ms=0)
-    checked = check_client_entry(data, len(payloads))
-    return ClientEntrySend(data, checked.message_count, checked.keys, sequence_id, sequence_id + len(payloads) - 1)
+    return entry_of_client(data, len(payloads), sequence_id, sequence_id + len(payloads) - 1)
+
+
+def raw_entry(data: bytes | None, sequence_id: int, highest_sequence_id: int, *, partial_chunk: bool = False,
+              ) -> PreparedEntry:
+    """A one-message entry of ``data`` with the sequence ids as given, unchecked (what the topic
+    itself must refuse or accept)."""
+    assert data is not None
+    return PreparedEntry(data, (), 1, (None,), sequence_id, highest_sequence_id, partial_chunk, size_bytes=len(data))
 
 
 def test_client_entries_are_stored_byte_for_byte_as_one_group_and_answered_each(data_dir: str) -> None:
@@ -214,17 +222,17 @@ def test_client_entries_are_stored_byte_for_byte_as_one_group_and_answered_each(
     stack = open_stack(data_dir)
     try:
         topic = open_topic(stack, "t/ns/client-entries", message_size_bytes_max=1000)
-        first = topic.publish_entries([client_entry([b"first"], 0)], producer_name="p").result(
+        first = topic.append([client_entry([b"first"], 0)], producer_name="p").result(
             timeout=RESULT_TIMEOUT_S)[0]
         assert isinstance(first, PublishResult) and first.first_offset == 0
         adds_before = topic.ml.statistics().entries_added
         one, batch = client_entry([b"one"], 1), client_entry([b"two", b"three"], 2)
         too_large = client_entry([b"x" * 1001 + b"y" * CLIENT_ENTRY_OVERHEAD_BYTES_MAX], 4)
         duplicate = client_entry([b"again"], 0)
-        out_of_range = ClientEntrySend(one.data, 1, (None,), 7, 6)  # highest below the first
-        partial = ClientEntrySend(client_entry([b"chunk"], 9).data, 1, (None,), 9, 9, partial_chunk=True)
+        out_of_range = raw_entry(one.data, 7, 6)  # highest below the first
+        partial = raw_entry(client_entry([b"chunk"], 9).data, 9, 9, partial_chunk=True)
         group = [one, too_large, duplicate, batch, out_of_range, partial]
-        outcomes = topic.publish_entries(group, producer_name="p").result(timeout=RESULT_TIMEOUT_S)
+        outcomes = topic.append(group, producer_name="p").result(timeout=RESULT_TIMEOUT_S)
         stored_one, refused_large, dup, stored_batch, refused_ids, stored_chunk = outcomes
         assert isinstance(stored_one, PublishResult) and isinstance(stored_batch, PublishResult)
         assert isinstance(stored_chunk, PublishResult)
@@ -239,8 +247,8 @@ def test_client_entries_are_stored_byte_for_byte_as_one_group_and_answered_each(
             data = topic.ml.read_entry(result.position).data
             assert data[split_prefix(data)[1]:] == sent.data  # the client's bytes, untouched
         assert topic.last_sequence_id("p") == 3  # the partial chunk claimed no sequence id
-        chunk_again = ClientEntrySend(partial.data, 1, (None,), 3, 3, partial_chunk=True)
-        resent = topic.publish_entries([chunk_again, client_entry([b"two", b"three"], 2)],
+        chunk_again = raw_entry(partial.data, 3, 3, partial_chunk=True)
+        resent = topic.append([chunk_again, client_entry([b"two", b"three"], 2)],
                                        producer_name="p").result(timeout=RESULT_TIMEOUT_S)
         assert all(isinstance(r, PublishResult) and r.duplicate for r in resent)  # its message was stored
         assert topic.ml.next_offset == 5

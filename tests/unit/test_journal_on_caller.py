@@ -97,7 +97,7 @@ def open_journal(directory: Path, completions: Completions, fileio: FileIO | Non
 
 def append(journal: Journal, entry_id: int) -> None:
     payload = f"record {entry_id}".encode()
-    journal.append(encode_header(RECORD_ADD_ENTRY, 1, entry_id, payload), payload, entry_id)
+    journal.append((encode_header(RECORD_ADD_ENTRY, 1, entry_id, payload), payload), entry_id)
 
 
 def replayed(directory: Path) -> list[int]:
@@ -220,7 +220,7 @@ def test_a_group_that_would_grow_the_file_is_left_to_the_writer_thread(tmp_path:
         append(journal, 0)
         scheduled.pop()()  # fits in the zeros the file started with: the caller's
         payload = b"p" * 10_000  # more than the zeros ahead (at most two steps of 4 KiB)
-        journal.append(encode_header(RECORD_ADD_ENTRY, 1, 1, payload), payload, 1)
+        journal.append((encode_header(RECORD_ADD_ENTRY, 1, 1, payload), payload), 1)
         scheduled.pop()()  # would grow the file: handed over
         completions.wait_for(2)
         assert [(tokens, thread == threading.get_ident()) for tokens, _, thread in completions.groups] == [
@@ -261,7 +261,7 @@ def test_a_drain_that_finds_the_writer_busy_leaves_its_records_to_it(tmp_path: P
         try:
             fileio.gate = True
             payload = b"p" * 10_000
-            journal.append(encode_header(RECORD_ADD_ENTRY, 1, 0, payload), payload, 0)
+            journal.append((encode_header(RECORD_ADD_ENTRY, 1, 0, payload), payload), 0)
             scheduled.pop()()  # handed over: the writer thread commits it and waits in its sync
             assert fileio.entered.wait(WAIT_S)
             append(journal, 1)  # nothing queued: waits for the caller
@@ -335,7 +335,7 @@ def test_an_event_loop_completes_its_own_adds(tmp_path: Path) -> None:
         loop = asyncio.get_running_loop()
         st.write_journal_on_caller_thread(loop.call_soon, backstop_ms=LONG_BACKSTOP_MS)
         threads: set[int] = set()
-        futures = [st.add_entry(5, entry_id, b"x%d" % entry_id) for entry_id in range(4)]
+        futures = [st.add_entries(5, [entry_id], [b"x%d" % entry_id]) for entry_id in range(4)]
         for future in futures:
             future.add_done_callback(lambda _: threads.add(threading.get_ident()))
         results = [await asyncio.wrap_future(future) for future in futures]

@@ -34,7 +34,7 @@ def test_group_commit_uses_far_fewer_fsyncs_than_entries(data_dir: str) -> None:
     with LedgerStorage.open(data_dir, QUIET) as st:
         def writer(index: int) -> None:
             for entry_id in range(per_thread):
-                futures[index].append(st.add_entry(index + 1, entry_id, payload(index + 1, entry_id, 100)))
+                futures[index].append(st.add_entries(index + 1, [entry_id], [payload(index + 1, entry_id, 100)]))
 
         workers = [threading.Thread(target=writer, args=(i,)) for i in range(threads_count)]
         for worker in workers:
@@ -54,7 +54,7 @@ def crashed_copy_with_journal_only(data_dir: str, entries: list[tuple[int, int, 
     acknowledged is in the journal, nothing was flushed or checkpointed."""
     fio = FaultyFileIO(seed=1)
     st = LedgerStorage.open(data_dir, QUIET, fileio=fio)
-    for future in [st.add_entry(ledger, entry, data) for ledger, entry, data in entries]:
+    for future in [st.add_entries(ledger, [entry], [data]) for ledger, entry, data in entries]:
         future.result(timeout=10)
     fio.crash()
     st.close()
@@ -102,7 +102,7 @@ def test_a_torn_journal_tail_at_every_byte_keeps_complete_records(data_dir: str,
                 with pytest.raises(NoSuchEntry):
                     st.get_entry(ledger, entry)
             assert st.get_last_add_confirmed(7) == complete - 1
-            st.add_entry(7, complete, b"after recovery").result(timeout=10)
+            st.add_entries(7, [complete], [b"after recovery"]).result(timeout=10)
         shutil.rmtree(trial)
 
 
@@ -126,7 +126,7 @@ def test_checkpoint_trims_the_journal_and_recovery_replays_only_after_the_mark(d
     fio = FaultyFileIO(seed=2)
     st = LedgerStorage.open(data_dir, config, fileio=fio)
     for e in range(300):  # 300 x ~600 B rotates 64 KiB journal files a few times
-        st.add_entry(1, e, payload(1, e, 600)).result(timeout=10)
+        st.add_entries(1, [e], [payload(1, e, 600)]).result(timeout=10)
     files_before = len(list(Path(data_dir, "journal").glob("*.jnl")))
     assert files_before > 2
     st.checkpoint()
@@ -134,7 +134,7 @@ def test_checkpoint_trims_the_journal_and_recovery_replays_only_after_the_mark(d
     assert files_after < files_before
     after_mark = 25
     for e in range(300, 300 + after_mark):
-        st.add_entry(1, e, payload(1, e, 600)).result(timeout=10)
+        st.add_entries(1, [e], [payload(1, e, 600)]).result(timeout=10)
     fio.crash()
     st.close()
     with LedgerStorage.open(data_dir, config) as reopened:
@@ -156,6 +156,6 @@ def test_replay_stops_at_the_preallocated_zeros_and_cuts_them_off(data_dir: str)
             st.get_entry(5, 3)
         assert st.get_last_add_confirmed(5) == 2
         assert not path.exists() or path.stat().st_size == end  # zeros cut off (or the file trimmed)
-        st.add_entry(5, 3, b"after recovery").result(timeout=10)
+        st.add_entries(5, [3], [b"after recovery"]).result(timeout=10)
     with LedgerStorage.open(data_dir, QUIET) as st:
         assert st.get_entry(5, 3) == b"after recovery"

@@ -23,6 +23,7 @@ from broker.message_fields import KEY_BYTES_MAX
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName
+from tests.publishing import publish_to
 from tests.unit.broker_stack import FakeClock
 
 TOPIC = TopicName.parse("events")
@@ -39,7 +40,7 @@ def started(data_dir: str, clock: FakeClock | None = None, **config: object) -> 
 def append(service: BrokerService, key: str, *payloads: bytes, expected: int | str | None = None,
            topic: TopicName = TOPIC, producer: str = "p", sequence_id: int | None = None) -> tuple[int | None, ...]:
     conditional = None if expected is None else {key: expected}
-    result = service.publish(topic, [Message(p, key=key) for p in payloads], producer_name=producer,
+    result = publish_to(service, topic, [Message(p, key=key) for p in payloads], producer_name=producer,
                              sequence_id=sequence_id, expected_key_versions=conditional)
     return result.key_versions
 
@@ -53,11 +54,11 @@ def stream(service: BrokerService, key: str, start: int | None = None, count: in
 def test_each_key_is_numbered_densely_and_results_carry_versions(data_dir: str) -> None:
     service = started(data_dir)
     try:
-        result = service.publish(TOPIC, [Message(b"a0", key="a"), Message(b"none"), Message(b"b0", key="b"),
+        result = publish_to(service, TOPIC, [Message(b"a0", key="a"), Message(b"none"), Message(b"b0", key="b"),
                                          Message(b"a1", key="a")], producer_name="p")
         assert result.key_versions == (0, None, 0, 1)
         assert append(service, "a", b"a2", b"a3") == (2, 3)
-        assert service.publish(TOPIC, [Message(b"keyless")], producer_name="p").key_versions == ()
+        assert publish_to(service, TOPIC, [Message(b"keyless")], producer_name="p").key_versions == ()
         assert stream(service, "a") == [(0, b"a0"), (1, b"a1"), (2, b"a2"), (3, b"a3")]
         info = service.stream_info(TOPIC, "a")
         assert (info.version, info.first_version, info.first_offset, info.last_offset) == (3, 0, 0, 5)
@@ -79,11 +80,11 @@ def test_a_conditional_append_checks_all_its_keys_and_writes_nothing_on_a_mismat
         next_offset = service.topic(TOPIC).ml.next_offset
         both = [Message(b"a2", key="a"), Message(b"b0", key="b")]
         with pytest.raises(KeyVersionMismatch) as refused:  # a is right, b is wrong: neither is written
-            service.publish(TOPIC, both, producer_name="p", expected_key_versions={"a": 1, "b": 3})
+            publish_to(service, TOPIC, both, producer_name="p", expected_key_versions={"a": 1, "b": 3})
         assert refused.value.current_key_versions == {"a": 1, "b": -1}
         assert service.topic(TOPIC).ml.next_offset == next_offset
         assert service.stream_info(TOPIC, "b").version == -1 and service.stream_info(TOPIC, "a").version == 1
-        assert service.publish(TOPIC, both, producer_name="p",
+        assert publish_to(service, TOPIC, both, producer_name="p",
                                expected_key_versions={"a": 1, "b": -1}).key_versions == (2, 0)
         assert service.key_index.statistics().version_mismatches == 3
     finally:
@@ -205,13 +206,13 @@ def test_a_conditional_resend_is_answered_with_its_first_results(data_dir: str) 
     service = started(data_dir)
     try:
         messages = [Message(b"e0", key="k"), Message(b"e1", key="k")]
-        first = service.publish(TOPIC, messages, producer_name="writer", sequence_id=7,
+        first = publish_to(service, TOPIC, messages, producer_name="writer", sequence_id=7,
                                 expected_key_versions={"k": -1})
-        again = service.publish(TOPIC, messages, producer_name="writer", sequence_id=7,
+        again = publish_to(service, TOPIC, messages, producer_name="writer", sequence_id=7,
                                 expected_key_versions={"k": -1})
         assert again.duplicate and (again.key_versions, again.offsets, again.message_ids) == \
             (first.key_versions, first.offsets, first.message_ids) == ((0, 1), (0, 1), first.message_ids)
-        plain = service.publish(TOPIC, messages, producer_name="writer", sequence_id=7)
+        plain = publish_to(service, TOPIC, messages, producer_name="writer", sequence_id=7)
         assert plain.duplicate and plain.count == 0  # Pulsar's answer without a condition
         assert stream(service, "k") == [(0, b"e0"), (1, b"e1")]
     finally:
@@ -275,7 +276,7 @@ def test_keys_are_bounded_and_the_index_pushes_back_when_far_behind(data_dir: st
         assert service.topic(TOPIC).ml.next_offset == 1
         monkeypatch.setattr(key_index_module, "PENDING_ROWS_MAX", 3)
         with pytest.raises(KeyIndexBusy):
-            service.publish(TOPIC, [Message(b"x", key=f"k{i}") for i in range(4)], producer_name="p")
+            publish_to(service, TOPIC, [Message(b"x", key=f"k{i}") for i in range(4)], producer_name="p")
         assert service.topic(TOPIC).ml.next_offset == 1
     finally:
         service.close()

@@ -87,7 +87,7 @@ def test_journal_records_one_observation_per_fdatasync(data_dir: str) -> None:
     with LedgerStorage.open(data_dir, StorageConfig.test_min()) as storage:
         before = storage.statistics().journal
         for entry_id in range(20):  # one add at a time: every add is its own group and fdatasync
-            storage.add_entry(1, entry_id, b"x" * 100).result(timeout=10)
+            storage.add_entries(1, [entry_id], [b"x" * 100]).result(timeout=10)
         after = storage.statistics().journal
     latency = after.fsync_latency
     assert latency.count == after.fsync_count >= before.fsync_count + 20
@@ -100,7 +100,7 @@ def test_journal_records_one_observation_per_fdatasync(data_dir: str) -> None:
 def test_journal_without_sync_records_no_fsync_latency(data_dir: str) -> None:
     with LedgerStorage.open(data_dir, StorageConfig.test_min().replace(journal_sync=False)) as storage:
         for entry_id in range(5):
-            storage.add_entry(1, entry_id, b"y").result(timeout=10)
+            storage.add_entries(1, [entry_id], [b"y"]).result(timeout=10)
         journal = storage.statistics().journal
     assert journal.records_written >= 5
     assert journal.fsync_latency.count == 0 and journal.fsync_count == 0

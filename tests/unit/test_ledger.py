@@ -39,7 +39,7 @@ def manager_over(bookies: list[LocalBookie]) -> LedgerManager:
 def test_reads_never_pass_the_lac_and_close_fixes_the_last_entry(bookies: list[LocalBookie]) -> None:
     manager = manager_over(bookies[:1])
     handle = manager.create()
-    assert [handle.add_entry(f"e{i}".encode()).result(timeout=10) for i in range(5)] == list(range(5))
+    assert [handle.append([f"e{i}".encode()]).result(timeout=10) for i in range(5)] == list(range(5))
     assert handle.last_add_confirmed == 4
     assert handle.read(0, 4) == [f"e{i}".encode() for i in range(5)]
     with pytest.raises(NoSuchEntry):
@@ -48,7 +48,7 @@ def test_reads_never_pass_the_lac_and_close_fixes_the_last_entry(bookies: list[L
         handle.read_entry(5)
     handle.close()
     with pytest.raises(LedgerClosed):
-        handle.add_entry(b"late")
+        handle.append([b"late"])
     reader = manager.open(handle.ledger_id)
     assert reader.metadata.state is LedgerState.CLOSED and reader.metadata.last_entry_id == 4
     assert reader.read_entry(4) == b"e4"
@@ -58,12 +58,12 @@ def test_recovery_fences_the_old_writer_and_closes_at_the_last_durable_entry(boo
     manager = manager_over(bookies[:1])
     writer = manager.create()
     for i in range(10):
-        writer.add_entry(f"w{i}".encode()).result(timeout=10)
+        writer.append([f"w{i}".encode()]).result(timeout=10)
     recovered = manager.open(writer.ledger_id, recovery=True)
     assert recovered.metadata.state is LedgerState.CLOSED
     assert recovered.metadata.last_entry_id == 9
     assert recovered.metadata.length_bytes == sum(len(f"w{i}") for i in range(10))
-    future = writer.add_entry(b"after fencing")
+    future = writer.append([b"after fencing"])
     with pytest.raises(LedgerFenced):
         future.result(timeout=10)
     with pytest.raises(LedgerFenced):
@@ -83,7 +83,7 @@ def test_replicas_serve_reads_when_any_one_bookie_stops(bookies: list[LocalBooki
         assert write_set(ensemble, 4, 2) == [ensemble[1], ensemble[2]]
         payloads = [f"entry-{stopped}-{i}".encode() * 3 for i in range(30)]
         for payload in payloads:
-            handle.add_entry(payload).result(timeout=10)
+            handle.append([payload]).result(timeout=10)
         for entry_id in range(30):  # each entry really is on exactly its write set
             holders = {b.bookie_id for b in trio if b.storage.ledger_exists(handle.ledger_id)
                        and b.storage.get_last_add_confirmed(handle.ledger_id) >= entry_id
@@ -106,11 +106,11 @@ def test_a_failed_bookie_is_replaced_by_an_ensemble_change(bookies: list[LocalBo
     manager = manager_over(bookies)
     handle = manager.create(QuorumConfig(3, 2, 2))
     for i in range(5):
-        handle.add_entry(f"before-{i}".encode()).result(timeout=10)
+        handle.append([f"before-{i}".encode()]).result(timeout=10)
     victim = handle.metadata.fragments[0][1][0]
     next(b for b in bookies if b.bookie_id == victim).stop()
     for i in range(5):
-        handle.add_entry(f"after-{i}".encode()).result(timeout=10)
+        handle.append([f"after-{i}".encode()]).result(timeout=10)
     assert len(handle.metadata.fragments) == 2
     assert victim not in handle.metadata.fragments[1][1]
     handle.close()

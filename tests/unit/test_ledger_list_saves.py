@@ -25,7 +25,7 @@ from broker.entry_format import decode_entry
 from broker.errors import BrokerError, NoSuchLedger
 from broker.managed_ledger import ML_ROOT, ManagedLedger, ManagedLedgerConfig
 from broker.metadata import RocksDBMetadataStore, Stat
-from tests.unit.broker_stack import Stack, open_stack, publish
+from tests.unit.broker_stack import Stack, append_messages, open_stack
 
 TOPIC = "t/ns/persistent/list-saves"
 
@@ -76,14 +76,14 @@ def test_a_lost_answer_is_not_taken_for_another_writer(data_dir: str) -> None:
     try:
         ml, _ = stack.open(TOPIC, dataclasses.replace(ManagedLedgerConfig.test_min(), ledger_entries_max=1))
         puts = flaky(stack)
-        publish(ml, [b"a"])
+        append_messages(ml, [b"a"])
         before = listed(stack)
         puts.next_failure = "applied"  # the roll-over's new ledger is listed, the answer lost
         with pytest.raises(StoreCutOff):
-            publish(ml, [b"b"])
+            append_messages(ml, [b"b"])
         orphan = listed(stack)[-1]
         assert orphan not in before
-        publish(ml, [b"c"])  # not LedgerFenced: the stored list was this writer's own
+        append_messages(ml, [b"c"])  # not LedgerFenced: the stored list was this writer's own
         assert payloads(ml) == [b"a", b"c"]
         assert orphan not in listed(stack)
     finally:
@@ -102,7 +102,7 @@ def test_an_empty_ledger_is_deleted_only_once_no_saved_list_names_it(data_dir: s
     stack = open_stack(data_dir)
     try:
         ml, _ = stack.open(TOPIC, ManagedLedgerConfig.test_min())
-        publish(ml, [b"kept"])
+        append_messages(ml, [b"kept"])
         stack.factory.close_all()
         ml, _ = stack.open(TOPIC, ManagedLedgerConfig.test_min())  # a new, empty current ledger
         empty = listed(stack)[-1]
@@ -117,7 +117,7 @@ def test_an_empty_ledger_is_deleted_only_once_no_saved_list_names_it(data_dir: s
     stack = open_stack(data_dir)
     try:
         ml, _ = stack.open(TOPIC, ManagedLedgerConfig.test_min())  # recovers the empty ledger, drops it
-        publish(ml, [b"after"])
+        append_messages(ml, [b"after"])
         assert payloads(ml) == [b"kept", b"after"]
         assert empty not in listed(stack)
         with pytest.raises(NoSuchLedger):

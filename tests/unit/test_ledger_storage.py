@@ -29,7 +29,7 @@ def entry_bytes(ledger_id: int, entry_id: int) -> bytes:
 def test_entries_read_back_after_clean_close_with_lac_and_fence(data_dir: str) -> None:
     config = StorageConfig.test_min()
     with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entry(lg, e, entry_bytes(lg, e)) for lg in (1, 2, 3) for e in range(200)]:
+        for future in [st.add_entries(lg, [e], [entry_bytes(lg, e)]) for lg in (1, 2, 3) for e in range(200)]:
             future.result(timeout=10)
         st.fence(2).result(timeout=10)
         assert st.get_last_add_confirmed(1) == 199
@@ -41,8 +41,8 @@ def test_entries_read_back_after_clean_close_with_lac_and_fence(data_dir: str) -
             assert st.get_entry(lg, -1) == entry_bytes(lg, 199)
         assert st.is_fenced(2) and not st.is_fenced(1)
         with pytest.raises(LedgerFenced):
-            st.add_entry(2, 200, b"x")
-        assert st.add_entry(2, 200, b"recovery add", recovery=True).result(timeout=10) == 200
+            st.add_entries(2, [200], [b"x"])
+        assert st.add_entries(2, [200], [b"recovery add"], recovery=True).result(timeout=10) == 200
         assert st.check_consistency().ok
 
 
@@ -51,11 +51,11 @@ def test_typed_errors(storage: LedgerStorage) -> None:
         storage.get_entry(42, 0)
     with pytest.raises(NoSuchLedger):
         storage.get_last_add_confirmed(42)
-    storage.add_entry(42, 0, b"a").result(timeout=10)
+    storage.add_entries(42, [0], [b"a"]).result(timeout=10)
     with pytest.raises(NoSuchEntry):
         storage.get_entry(42, 1)
     with pytest.raises(InvalidArgument):
-        storage.add_entry(-1, 0, b"a")
+        storage.add_entries(-1, [0], [b"a"])
     with pytest.raises(NoSuchLedger):
         storage.delete_ledger(43)
 
@@ -71,8 +71,8 @@ def test_deleted_ledger_stays_deleted_after_restart(data_dir: str) -> None:
     config = StorageConfig.test_min()
     with LedgerStorage.open(data_dir, config) as st:
         for e in range(50):
-            st.add_entry(9, e, b"doomed").result(timeout=10)
-            st.add_entry(10, e, b"kept").result(timeout=10)
+            st.add_entries(9, [e], [b"doomed"]).result(timeout=10)
+            st.add_entries(10, [e], [b"kept"]).result(timeout=10)
         st.delete_ledger(9)
         with pytest.raises(NoSuchLedger):
             st.get_entry(9, 0)
@@ -84,10 +84,10 @@ def test_deleted_ledger_stays_deleted_after_restart(data_dir: str) -> None:
 
 def test_closed_storage_refuses_calls(data_dir: str) -> None:
     st = LedgerStorage.open(data_dir, StorageConfig.test_min())
-    st.add_entry(1, 0, b"a").result(timeout=10)
+    st.add_entries(1, [0], [b"a"]).result(timeout=10)
     st.close()
     with pytest.raises(StorageClosed):
-        st.add_entry(1, 1, b"b")
+        st.add_entries(1, [1], [b"b"])
     with pytest.raises(StorageClosed):
         st.get_entry(1, 0)
 
@@ -99,12 +99,12 @@ def test_full_write_cache_pushes_back_instead_of_growing(data_dir: str) -> None:
             accepted = 0
             with pytest.raises(WriteCacheFull):
                 for e in range(10_000):
-                    st.add_entry(1, e, b"x" * 1000)
+                    st.add_entries(1, [e], [b"x" * 1000])
                     accepted += 1
             stats = st.statistics().write_cache
             assert stats.size_bytes <= config.write_cache_bytes_max
             assert accepted * 1000 <= config.write_cache_bytes_max
-        st.add_entry(1, accepted, b"after the flush drained").result(timeout=10)
+        st.add_entries(1, [accepted], [b"after the flush drained"]).result(timeout=10)
         assert st.get_entry(1, accepted) == b"after the flush drained"
 
 
@@ -112,11 +112,11 @@ def test_read_path_levels_and_read_ahead(data_dir: str) -> None:
     config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
                                                read_ahead_entries_max=100)
     with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entry(1, e, bytes([e % 256]) * 100) for e in range(400)]:
+        for future in [st.add_entries(1, [e], [bytes([e % 256]) * 100]) for e in range(400)]:
             future.result(timeout=10)
-        st.add_entry(2, 0, b"hot").result(timeout=10)
+        st.add_entries(2, [0], [b"hot"]).result(timeout=10)
         st.flush()
-        st.add_entry(2, 1, b"still in the write cache").result(timeout=10)
+        st.add_entries(2, [1], [b"still in the write cache"]).result(timeout=10)
         assert st.get_entry(2, 1) == b"still in the write cache"
         assert st.statistics().read_path.write_cache_hits == 1
         for e in range(400):
@@ -133,10 +133,10 @@ def test_a_range_read_takes_its_entries_from_each_level_and_caches_only_what_it_
     config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
                                                read_ahead_entries_max=100)
     with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entry(1, e, entry_bytes(1, e)) for e in range(300)]:
+        for future in [st.add_entries(1, [e], [entry_bytes(1, e)]) for e in range(300)]:
             future.result(timeout=10)
         st.flush()
-        st.add_entry(1, 300, entry_bytes(1, 300)).result(timeout=10)  # still in the write cache
+        st.add_entries(1, [300], [entry_bytes(1, 300)]).result(timeout=10)  # still in the write cache
         assert st.get_entries(1, 0, 9) == [entry_bytes(1, e) for e in range(10)]
         stats = st.statistics()
         assert stats.read_path.entry_log_reads == 1  # the rest of the range came with the first read
@@ -164,7 +164,7 @@ def test_reads_that_jump_about_a_ledger_read_no_ahead_and_sequential_ones_do_aga
     config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
                                                read_ahead_entries_max=100)
     with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entry(1, e, bytes([e % 256]) * 100) for e in range(400)]:
+        for future in [st.add_entries(1, [e], [bytes([e % 256]) * 100]) for e in range(400)]:
             future.result(timeout=10)
         st.flush()
         assert st.get_entry(1, 5) == bytes([5]) * 100  # the ledger's first read reads ahead

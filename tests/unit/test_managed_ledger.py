@@ -27,7 +27,7 @@ from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
 from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from broker.metadata import MetadataStore
-from tests.unit.broker_stack import Stack, open_stack, publish
+from tests.unit.broker_stack import Stack, append_messages, open_stack
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_offsets_are_gap_free_across_rollovers_and_lookups_hit_boundaries(stack:
     for i in range(40):
         batch = [f"m{expected_offset + j}".encode() for j in range(1 + i % 3)]
         stack.clock.advance(1.0)
-        result = publish(ml, batch)
+        result = append_messages(ml, batch)
         assert (result.first_offset, result.last_offset) == (expected_offset, expected_offset + len(batch) - 1)
         publish_times.append((result.publish_time_ms, result.first_offset))
         expected_offset += len(batch)
@@ -62,13 +62,13 @@ def test_offsets_are_gap_free_across_rollovers_and_lookups_hit_boundaries(stack:
     reopened = open_stack(str(Path(stack.storage.path).parent), stack.clock)
     ml2, _ = reopened.open("t/ns/persistent/offsets")
     assert ml2.next_offset == expected_offset
-    assert publish(ml2, [b"after restart"]).first_offset == expected_offset
+    assert append_messages(ml2, [b"after restart"]).first_offset == expected_offset
     reopened.close()
 
 
 def test_conditional_append_never_lets_two_writers_take_one_offset(stack: Stack) -> None:
     ml, _ = stack.open("t/ns/persistent/cas", ManagedLedgerConfig())
-    publish(ml, [b"genesis"])
+    append_messages(ml, [b"genesis"])
     winners: list[tuple[int, int]] = []
     losers: list[int] = []
     lock = threading.Lock()
@@ -79,7 +79,7 @@ def test_conditional_append_never_lets_two_writers_take_one_offset(stack: Stack)
             try:
                 entry = encode_entry([Message(payload=f"w{writer}".encode())], producer_name=f"w{writer}",
                                      sequence_id=0, publish_time_ms=0)
-                result = ml.add_entry(entry, 1, expected_offset=expected).result(timeout=10)
+                result = ml.append([entry], [1], expected_offset=expected).result(timeout=10)[0]
                 with lock:
                     winners.append((result.first_offset, writer))
             except OffsetMismatch:
@@ -96,7 +96,7 @@ def test_conditional_append_never_lets_two_writers_take_one_offset(stack: Stack)
     assert sorted(offsets) == list(range(1, 1 + len(offsets)))
     assert ml.next_offset == 1 + len(offsets)
     with pytest.raises(OffsetMismatch) as info:
-        ml.add_entry(b"x", 1, expected_offset=0)
+        ml.append([b"x"], [1], expected_offset=0)
     assert info.value.next_offset == ml.next_offset
     stack.close()
 
@@ -105,7 +105,7 @@ def test_cursor_state_with_holes_and_batch_acks_survives_restart(stack: Stack) -
     ml, cursors = stack.open("t/ns/persistent/cursor")
     cursor = cursors.open("sub", initial="earliest")
     for i in range(10):
-        publish(ml, [f"{i}-{j}".encode() for j in range(4)])  # offsets 4i .. 4i+3
+        append_messages(ml, [f"{i}-{j}".encode() for j in range(4)])  # offsets 4i .. 4i+3
     cursor.ack_cumulative(5).result(timeout=10)
     cursor.ack([7, 8, 9, 10, 11]).result(timeout=10)  # one whole entry (8..11) plus one batch message (7)
     cursor.ack([21]).result(timeout=10)
@@ -133,7 +133,7 @@ def test_trim_respects_cursors_and_retention_and_frees_disk(stack: Stack) -> Non
     slow = cursors.open("slow", initial="earliest")
     fast = cursors.open("fast", initial="earliest")
     for i in range(200):  # 400 KB: several 128 KiB entry logs, so sealed logs exist for GC
-        publish(ml, [bytes([i % 256]) * 2000])
+        append_messages(ml, [bytes([i % 256]) * 2000])
     ledgers_before = len(ml.ledger_infos())
     fast.skip_all().result(timeout=10)
     assert ml.trim() == []  # the slow cursor still needs everything
@@ -154,7 +154,7 @@ def test_trim_respects_cursors_and_retention_and_frees_disk(stack: Stack) -> Non
     ml_kept, cursors_kept = stack.open("t/ns/persistent/kept", kept)
     cursors_kept.open("c", initial="earliest")
     for _ in range(20):
-        publish(ml_kept, [b"x" * 100])
+        append_messages(ml_kept, [b"x" * 100])
     cursors_kept.get("c").skip_all().result(timeout=10)  # type: ignore[union-attr]
     assert ml_kept.trim() == []  # consumed, but retention keeps it for an hour
     stack.clock.advance(3601)
@@ -164,23 +164,23 @@ def test_trim_respects_cursors_and_retention_and_frees_disk(stack: Stack) -> Non
 
 def test_terminate_refuses_writes(stack: Stack) -> None:
     ml, _ = stack.open("t/ns/persistent/term")
-    publish(ml, [b"last words"])
+    append_messages(ml, [b"last words"])
     last = ml.terminate()
     assert last == ml.last_confirmed
     with pytest.raises(TopicTerminated):
-        publish(ml, [b"too late"])
+        append_messages(ml, [b"too late"])
     stack.close()
 
 
 def test_an_append_to_a_ledger_another_writer_recovered_fails_fenced_and_is_counted(stack: Stack) -> None:
     ml, _ = stack.open("t/ns/persistent/fenced", ManagedLedgerConfig())
-    first = publish(ml, [b"before"])
+    first = append_messages(ml, [b"before"])
     assert stack.factory.appends_fenced == 0
     other_broker = LedgerManager(stack.store, stack.ledgers.client, stack.clock)
     other_broker.open(first.position.ledger_id, recovery=True)  # fences the ledger, as a new owner does
     entry = encode_entry([Message(b"after")], producer_name="test", sequence_id=1, publish_time_ms=0)
     with pytest.raises(LedgerFenced):
-        ml.add_entry(entry, 1).result(timeout=10)
+        ml.append([entry], [1]).result(timeout=10)
     assert stack.factory.appends_fenced == 1
     assert other_broker.open(first.position.ledger_id).last_add_confirmed == first.position.entry_id
     stack.close()
@@ -190,7 +190,7 @@ def test_offsets_continue_after_every_ledger_was_trimmed(data_dir: str) -> None:
     stack = open_stack(data_dir)
     ml, cursors = stack.open("t/ns/persistent/emptied")
     sub = cursors.open("sub", initial="earliest")
-    publish(ml, [b"a", b"b", b"c"])
+    append_messages(ml, [b"a", b"b", b"c"])
     sub.ack_cumulative(2).result(timeout=10)
     cursors.close()
     stack.close()
@@ -201,7 +201,7 @@ def test_offsets_continue_after_every_ledger_was_trimmed(data_dir: str) -> None:
     stack.close()
     stack = open_stack(data_dir, stack.clock)
     ml, cursors = stack.open("t/ns/persistent/emptied")
-    assert publish(ml, [b"d"]).first_offset == 3
+    assert append_messages(ml, [b"d"]).first_offset == 3
     restored = cursors.get("sub")
     assert restored is not None and restored.backlog_messages() == 1
     stack.close()
@@ -217,7 +217,7 @@ def test_an_offset_lookup_reads_forward_a_bounded_number_of_bytes(data_dir: str)
     stack = open_stack(data_dir)
     ml, _ = stack.open("large-entries", config)
     for offset, size in enumerate(sizes):
-        assert publish(ml, [bytes([offset % 256]) * size]).first_offset == offset
+        assert append_messages(ml, [bytes([offset % 256]) * size]).first_offset == offset
 
     def entries_read_by_lookups(stack: Stack, ml: ManagedLedger) -> list[int]:
         reads = []
@@ -254,18 +254,18 @@ def test_after_another_broker_took_the_topic_over_no_append_of_the_old_owner_is_
     rewrote (anything acknowledged in it would be lost), and the old owner writes nothing to
     the metadata the new owner now keeps (no samples of the fenced ledger, no new ledger)."""
     old, _ = stack.open("t/ns/persistent/taken", ManagedLedgerConfig())
-    publish(old, [b"before"])
+    append_messages(old, [b"before"])
     new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
                                      EntryCache(1 << 20, clock=stack.clock), stack.clock)
     taken = new_owner.open("t/ns/persistent/taken", ManagedLedgerConfig())  # recovers (fences) the last ledger
     metadata = _nodes(stack.store)
     for i in range(3):  # the add to the fenced ledger; then refused at once
         with pytest.raises(LedgerFenced):
-            publish(old, [f"late {i}".encode()])
+            append_messages(old, [f"late {i}".encode()])
     assert stack.factory.appends_fenced == 3
     old.close()
     assert _nodes(stack.store) == metadata
-    publish(taken, [b"on the new owner"])
+    append_messages(taken, [b"on the new owner"])
     stored = [decode_entry(e.data).messages[0].payload for e in taken.read_entries(taken.first_position(), 100)]
     assert stored == [b"before", b"on the new owner"]
     new_owner.close_all()
@@ -279,13 +279,13 @@ def test_an_old_owner_whose_next_append_is_due_to_roll_over_writes_nothing_and_d
     config = ManagedLedgerConfig.test_min()
     old, _ = stack.open("t/ns/persistent/rolled", config)
     for i in range(config.ledger_entries_max):  # the next append rolls over
-        publish(old, [f"m{i}".encode()])
+        append_messages(old, [f"m{i}".encode()])
     new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
                                      EntryCache(1 << 20, clock=stack.clock), stack.clock)
     taken = new_owner.open("t/ns/persistent/rolled", config)
     metadata = _nodes(stack.store)
     with pytest.raises(LedgerFenced):
-        publish(old, [b"late"])
+        append_messages(old, [b"late"])
     assert stack.factory.appends_fenced == 1
     with pytest.raises(LedgerFenced):
         old.terminate()
@@ -294,7 +294,7 @@ def test_an_old_owner_whose_next_append_is_due_to_roll_over_writes_nothing_and_d
     old.close()
     assert _nodes(stack.store) == metadata
     assert not taken.terminated
-    publish(taken, [b"on the new owner"])
+    append_messages(taken, [b"on the new owner"])
     new_owner.close_all()
     stack.close()
 
@@ -306,7 +306,7 @@ def test_after_a_takeover_the_old_owners_cursor_persists_nothing_and_the_new_own
     changes the metadata; the new owner's acks persist, and a restore after it finds them."""
     old, old_cursors = stack.open("t/ns/persistent/acks", ManagedLedgerConfig())
     for i in range(6):
-        publish(old, [f"m{i}".encode()])
+        append_messages(old, [f"m{i}".encode()])
     sub = old_cursors.open("sub", initial="earliest")
     sub.ack_cumulative(0).result(timeout=10)  # the old owner's cursor has a ledger
     new_owner = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),

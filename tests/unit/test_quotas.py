@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.entry_builder import entries_of_messages, entry_of_messages
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy, InvalidRequest, ProducerBusy, QuotaExceeded
 from broker.quotas import (
@@ -218,12 +219,12 @@ def test_publishing_over_the_rate_is_stored_and_asks_for_a_pause(data_dir: str) 
         producer = service.producer(name, "p")
         service.set_policy("public/default", "publishMaxMessageRate", {"publishThrottlingRateInMsg": 10})
         for _ in range(15):
-            producer.send([Message(payload=b"x")]).result(timeout=WAIT_S)  # never refused for the rate
+            producer.append([entry_of_messages([Message(payload=b"x")])]).result(timeout=WAIT_S)  # never refused
         assert producer.publish_delay_s() == pytest.approx(0.6)  # 5 over, and one token: 6 / 10 per s
         clock.advance(0.6)
         assert producer.publish_delay_s() == 0.0
         service.set_policy("public/default", "publishMaxMessageRate", None)
-        producer.send_each([Message(payload=b"y")] * 100, [None] * 100).result(timeout=WAIT_S)
+        producer.append(entries_of_messages([Message(payload=b"y")] * 100, [None] * 100)).result(timeout=WAIT_S)
         assert producer.publish_delay_s() == 0.0
     finally:
         service.close()
@@ -246,7 +247,7 @@ def test_dispatch_over_the_rate_waits_for_the_clock(data_dir: str) -> None:
         service.set_policy("public/default", "topicDispatchRate", {"dispatchThrottlingRateInMsg": 5})
         consumer = service.subscribe(name, "s", SubscriptionType.SHARED, ConsumerConfig("c"), initial="earliest")
         producer = service.producer(name, "p")
-        producer.send_each([Message(payload=b"m")] * 12, [None] * 12).result(timeout=WAIT_S)
+        producer.append(entries_of_messages([Message(payload=b"m")] * 12, [None] * 12)).result(timeout=WAIT_S)
         received = _received(consumer)
         consumer.flow(100)
         wait_until(lambda: received() == 5)
@@ -270,7 +271,8 @@ def test_a_dispatch_byte_rate_lets_one_large_message_through_then_waits(data_dir
         service.topic(name)
         service.set_topic_policy(name, "dispatchRate", {"dispatchThrottlingRateInByte": 1000})
         consumer = service.subscribe(name, "s", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"), initial="earliest")
-        service.producer(name, "p").send_each([Message(payload=b"z" * 3000)] * 2, [None] * 2).result(timeout=WAIT_S)
+        service.producer(name, "p").append(entries_of_messages([Message(payload=b"z" * 3000)] * 2,
+                                                               [None] * 2)).result(timeout=WAIT_S)
         received = _received(consumer)
         consumer.flow(10)
         wait_until(lambda: received() == 1)

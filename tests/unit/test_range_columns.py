@@ -40,6 +40,7 @@ from broker.proto import pulsar_entry_pb2 as pb
 from broker.range_read import read_range
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
+from tests.publishing import publish
 from tests.unit.broker_stack import Stack, open_stack
 
 if NATIVE_COLUMNS:
@@ -464,7 +465,7 @@ def publish_entries(topic: PersistentTopic, entries: int, per_entry: int) -> lis
     payloads = []
     for entry in range(entries):
         batch = [f"{entry}-{i}".encode() for i in range(per_entry)]
-        topic.publish([Message(p) for p in batch], producer_name="p").result(timeout=10)
+        publish(topic, [Message(p) for p in batch], producer_name="p").result(timeout=10)
         payloads.extend(batch)
     return payloads
 

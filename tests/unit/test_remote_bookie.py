@@ -78,7 +78,7 @@ def network() -> Iterator[BookieNetwork]:
 
 def test_pipelined_adds_reads_and_read_ahead(served: list[ServedBookie], network: BookieNetwork) -> None:
     bookie = RemoteBookie(served[0].address, network)
-    futures = [bookie.add_entry(1, e, e - 1, 10 * (e + 1), f"entry-{e}".encode()) for e in range(40)]
+    futures = [bookie.add_entries(1, [e], e - 1, [(10 * (e + 1), f"entry-{e}".encode())]) for e in range(40)]
     assert [f.result(WAIT_S) for f in futures] == list(range(40))
     assert bookie.last_entry_id(1) == 39 and bookie.read_last_add_confirmed(1) == 38
     assert [bookie.read_entry(1, e).payload for e in range(40)] == [f"entry-{e}".encode() for e in range(40)]
@@ -126,11 +126,11 @@ def test_group_adds_are_one_request_each_and_fail_together(served: list[ServedBo
 
 def test_fence_recovery_adds_and_delete(served: list[ServedBookie], network: BookieNetwork) -> None:
     bookie = RemoteBookie(served[0].address, network)
-    bookie.add_entry(5, 0, -1, 1, b"a").result(WAIT_S)
+    bookie.add_entries(5, [0], -1, [(1, b"a")]).result(WAIT_S)
     bookie.fence(5).result(WAIT_S)
     with pytest.raises(LedgerFenced):
-        bookie.add_entry(5, 1, 0, 2, b"b").result(WAIT_S)
-    assert bookie.add_entry(5, 1, 0, 2, b"b", recovery=True).result(WAIT_S) == 1
+        bookie.add_entries(5, [1], 0, [(2, b"b")]).result(WAIT_S)
+    assert bookie.add_entries(5, [1], 0, [(2, b"b")], recovery=True).result(WAIT_S) == 1
     bookie.delete_ledger(5)
     bookie.delete_ledger(5)  # deleting a missing ledger is a no-op
     with pytest.raises(NoSuchLedger):
@@ -165,10 +165,10 @@ def test_silent_bookie_times_out_backs_off_and_reconnects(tmp_path: Path) -> Non
         bookie = RemoteBookie(address, network)
         started = time.monotonic()
         with pytest.raises(BookieTimeout):
-            bookie.add_entry(1, 0, -1, 1, b"x").result(WAIT_S)
+            bookie.add_entries(1, [0], -1, [(1, b"x")]).result(WAIT_S)
         assert time.monotonic() - started < 5.0
         with pytest.raises(BookieUnavailable):  # backing off: fails at once, no queueing
-            bookie.add_entry(1, 1, -1, 1, b"y").result(1.0)
+            bookie.add_entries(1, [1], -1, [(1, b"y")]).result(1.0)
         assert network.connection(address).statistics().timeouts >= 1
         listener.close()
         for conn in accepted:
@@ -176,7 +176,7 @@ def test_silent_bookie_times_out_backs_off_and_reconnects(tmp_path: Path) -> Non
         served = ServedBookie(tmp_path / "revived")
         try:
             revived = RemoteBookie(served.address, network)
-            assert revived.add_entry(1, 0, -1, 1, b"z").result(WAIT_S) == 0
+            assert revived.add_entries(1, [0], -1, [(1, b"z")]).result(WAIT_S) == 0
         finally:
             served.stop()
     finally:
@@ -188,9 +188,9 @@ def test_adds_in_flight_are_bounded() -> None:
     network = BookieNetwork(BookieNetworkConfig(request_timeout_ms=5_000, inflight_adds_max=4, add_wait_ms_max=200))
     try:
         bookie = RemoteBookie(f"127.0.0.1:{listener.getsockname()[1]}", network)
-        pending = [bookie.add_entry(1, e, -1, 1, b"x") for e in range(4)]
+        pending = [bookie.add_entries(1, [e], -1, [(1, b"x")]) for e in range(4)]
         with pytest.raises(BookieBusy):
-            bookie.add_entry(1, 4, -1, 1, b"x")
+            bookie.add_entries(1, [4], -1, [(1, b"x")])
         assert not any(f.done() for f in pending)
     finally:
         network.close()
@@ -208,13 +208,13 @@ def test_ledger_survives_a_bookie_dying_mid_stream(served: list[ServedBookie]) -
     try:
         manager = LedgerManager(InMemoryMetadataStore(), client)
         handle = manager.create(QuorumConfig(3, 2, 2))
-        acked = [handle.add_entry(f"m{i}".encode()).result(WAIT_S) for i in range(20)]
-        acked.append(handle.add_entries([f"m{i}".encode() for i in range(20, 30)]).result(WAIT_S))
+        acked = [handle.append([f"m{i}".encode()]).result(WAIT_S) for i in range(20)]
+        acked.append(handle.append([f"m{i}".encode() for i in range(20, 30)]).result(WAIT_S))
         victim = handle.metadata.fragments[0][1][1]
         next(b for b in served if b.address == victim).stop()
         sessions[victim].unregister()
-        acked.append(handle.add_entries([f"m{i}".encode() for i in range(30, 40)]).result(WAIT_S))
-        acked += [handle.add_entry(f"m{i}".encode()).result(WAIT_S) for i in range(40, 60)]
+        acked.append(handle.append([f"m{i}".encode() for i in range(30, 40)]).result(WAIT_S))
+        acked += [handle.append([f"m{i}".encode()]).result(WAIT_S) for i in range(40, 60)]
         assert acked == [*range(20), 29, 39, *range(40, 60)]
         assert len(handle.metadata.fragments) == 2
         assert victim not in handle.metadata.fragments[-1][1] and len(handle.metadata.fragments[-1][1]) == 2

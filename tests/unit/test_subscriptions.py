@@ -22,6 +22,7 @@ from broker.errors import ConsumerBusy, NotAllowed
 from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
+from tests.publishing import publish
 from tests.unit.broker_stack import Stack, open_stack
 
 
@@ -49,7 +50,7 @@ def subscribe(stack: Stack, topic: PersistentTopic, sub_type: SubscriptionType, 
 def publish_n(topic: PersistentTopic, count: int, *, key_of: dict[int, str] | None = None) -> None:
     for i in range(count):
         key = key_of.get(i) if key_of else None
-        topic.publish([Message(f"m{i}".encode(), key=key)], producer_name="p").result(timeout=10)
+        publish(topic, [Message(f"m{i}".encode(), key=key)], producer_name="p").result(timeout=10)
 
 
 def drain(consumer: Consumer) -> list[Delivery]:
@@ -118,7 +119,7 @@ def test_key_shared_keeps_per_key_order_while_consumers_join_and_leave(stack: St
     key_of = {i: rng.choice(keys) for i in range(total)}
     for start in range(0, total, 50):
         batch = [Message(f"m{i}".encode(), key=key_of[i]) for i in range(start, start + 50)]
-        topic.publish(batch, producer_name="p").result(timeout=10)
+        publish(topic, batch, producer_name="p").result(timeout=10)
     live: list[Consumer] = []
     holder: dict[str, Consumer] = {}  # key -> consumer holding an unacked message of it
     last_acked: dict[str, int] = defaultdict(lambda: -1)
@@ -191,7 +192,7 @@ def test_whole_entries_are_never_split_between_deliveries(stack: Stack) -> None:
     consumer stops at its permits."""
     topic = make_topic(stack, "t/ns/whole")
     for batch in range(3):
-        topic.publish([Message(f"e{batch}-{i}".encode()) for i in range(4)], producer_name="p").result(timeout=10)
+        publish(topic, [Message(f"e{batch}-{i}".encode()) for i in range(4)], producer_name="p").result(timeout=10)
     sub = subscribe(stack, topic, SubscriptionType.SHARED)
     plain = sub.add_consumer(ConsumerConfig("plain"))
     plain.flow(3)
@@ -213,8 +214,8 @@ def test_a_message_waiting_twice_goes_once_in_a_whole_entry(stack: Stack) -> Non
     waits twice once the holder leaves (read ahead, and taken back): a ``whole_entries``
     consumer gets each of its messages once, and its unacknowledged bytes return to zero."""
     topic = make_topic(stack, "t/ns/twice")
-    topic.publish([Message(b"d0"), Message(b"d1")], producer_name="p").result(timeout=10)  # offsets 0, 1
-    topic.publish([Message(b"e0"), Message(b"e1"), Message(b"e2")], producer_name="p").result(timeout=10)  # 2-4
+    publish(topic, [Message(b"d0"), Message(b"d1")], producer_name="p").result(timeout=10)  # offsets 0, 1
+    publish(topic, [Message(b"e0"), Message(b"e1"), Message(b"e2")], producer_name="p").result(timeout=10)  # 2-4
     sub = subscribe(stack, topic, SubscriptionType.SHARED)
     holder = sub.add_consumer(ConsumerConfig("holder", unacked_messages_max=3))
     holder.flow(2)
@@ -290,8 +291,8 @@ def test_delayed_messages_wait_for_the_clock(stack: Stack) -> None:
     sub = subscribe(stack, topic, SubscriptionType.SHARED)
     consumer = sub.add_consumer(ConsumerConfig("c"))
     now_ms = int(stack.clock() * 1000)
-    topic.publish([Message(b"later")], producer_name="p", deliver_at_time_ms=now_ms + 30_000).result(timeout=10)
-    topic.publish([Message(b"now")], producer_name="p").result(timeout=10)
+    publish(topic, [Message(b"later")], producer_name="p", deliver_at_time_ms=now_ms + 30_000).result(timeout=10)
+    publish(topic, [Message(b"now")], producer_name="p").result(timeout=10)
     consumer.flow(10)
     assert [d.message.payload for d in drain(consumer)] == [b"now"]
     stack.clock.advance(29.9)

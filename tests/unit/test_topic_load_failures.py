@@ -31,7 +31,8 @@ from broker.metadata import RocksDBMetadataStore, Stat
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName
 from storage import LedgerStorage, StorageConfig
-from tests.unit.broker_stack import FakeClock, Stack, open_stack, publish
+from tests.publishing import publish
+from tests.unit.broker_stack import FakeClock, Stack, append_messages, open_stack
 
 RESULT_TIMEOUT_S = 10.0
 
@@ -67,7 +68,7 @@ def test_a_load_that_keeps_losing_to_another_writer_fails_retriably_and_keeps_no
     config = ManagedLedgerConfig()
     stack = open_stack(data_dir)
     ml, _ = stack.open(name, config)
-    publish(ml, [b"before"])
+    append_messages(ml, [b"before"])
     stack.close()
 
     clock = FakeClock()
@@ -84,7 +85,7 @@ def test_a_load_that_keeps_losing_to_another_writer_fails_retriably_and_keeps_no
             assert store.refused == LOAD_ATTEMPTS
         loaded = stack.factory.open(name, config)  # afresh after a failure; absorbed by the retries otherwise
         assert store.rival_writes == 0 and store.refused == lost_races
-        assert publish(loaded, [b"after"]).first_offset == 1
+        assert append_messages(loaded, [b"after"]).first_offset == 1
         assert payloads(loaded) == [b"before", b"after"]
         assert stack.factory.open(name, config) is loaded
     finally:
@@ -98,7 +99,7 @@ def test_a_failed_topic_load_leaves_nothing_in_the_topic_map(data_dir: str, monk
     service.start()
     try:
         name = TopicName.parse("persistent://public/default/contended")
-        service.topic(name).publish([Message(b"before")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
+        publish(service.topic(name), [Message(b"before")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
         assert service.unload_topics(lambda n: n == name, graceful=True) == [name]
         store = service.store
         assert isinstance(store, RivalWriterStore)
@@ -109,7 +110,7 @@ def test_a_failed_topic_load_leaves_nothing_in_the_topic_map(data_dir: str, monk
         assert name.full_name not in [t.name.full_name for t in service.open_topics()]
         topic = service.topic(name)
         assert topic.ml.next_offset == 1
-        topic.publish([Message(b"after")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
+        publish(topic, [Message(b"after")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
         assert payloads(topic.ml) == [b"before", b"after"]
     finally:
         service.close()

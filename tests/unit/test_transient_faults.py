@@ -36,7 +36,7 @@ def payload(entry_id: int) -> bytes:
 
 def add(st: LedgerStorage, entry_ids: range) -> None:
     for entry_id in entry_ids:
-        assert st.add_entry(LEDGER, entry_id, payload(entry_id)).result(timeout=RESULT_TIMEOUT_S) == entry_id
+        assert st.add_entries(LEDGER, [entry_id], [payload(entry_id)]).result(timeout=RESULT_TIMEOUT_S) == entry_id
 
 
 def assert_all(st: LedgerStorage, entry_ids: range) -> None:
@@ -75,7 +75,7 @@ def test_emfile_during_garbage_collection_is_not_read_only(data_dir: str) -> Non
     try:
         for entry_id in range(40):  # two ledgers interleaved in every log
             for ledger in (LEDGER, LEDGER + 1):
-                st.add_entry(ledger, entry_id, payload(entry_id)).result(timeout=RESULT_TIMEOUT_S)
+                st.add_entries(ledger, [entry_id], [payload(entry_id)]).result(timeout=RESULT_TIMEOUT_S)
             if entry_id % 4 == 3:
                 st.flush()  # several sealed logs (small log size), each half live after the delete
         st.delete_ledger(LEDGER + 1)
@@ -83,7 +83,7 @@ def test_emfile_during_garbage_collection_is_not_read_only(data_dir: str) -> Non
         with pytest.raises(StorageBusy):
             st.collect_garbage(0.99)  # compaction must open the logs to copy the live half
         assert not st.read_only
-        st.add_entry(LEDGER + 2, 0, b"still writable").result(timeout=RESULT_TIMEOUT_S)
+        st.add_entries(LEDGER + 2, [0], [b"still writable"]).result(timeout=RESULT_TIMEOUT_S)
         fio._faults.clear()
         assert st.collect_garbage(0.99).logs_compacted > 0
         assert_all(st, range(40))
@@ -134,7 +134,7 @@ def test_a_full_disk_is_named_as_such(data_dir: str, caplog: pytest.LogCaptureFi
         add(st, range(5))
         fio.inject("write", "ENOSPC", path_contains=".jnl")
         with caplog.at_level(logging.ERROR, logger="storage"):
-            future = st.add_entry(LEDGER, 5, payload(5))
+            future = st.add_entries(LEDGER, [5], [payload(5)])
             with pytest.raises(StorageFull) as full:
                 future.result(timeout=RESULT_TIMEOUT_S)
         assert full.value.code == "storage_full" and full.value.http_status == 503
