@@ -164,8 +164,8 @@ class Lookups:
             try:
                 topic = TopicName.parse(request.topic)
                 self._allowed(T.PARTITIONED_METADATA, topic)
-                service.policies(topic.namespace_name)  # NotFound for an unknown namespace
-                partitions = service.partitions(topic) if topic.partition_index < 0 else 0
+                service.namespaces.policies(topic.namespace_name)  # NotFound for an unknown namespace
+                partitions = service.topics.partitions(topic) if topic.partition_index < 0 else 0
             except Exception as exc:
                 return commands.partitioned_metadata_failed(request_id, _logged(exc, "a partitioned-metadata lookup"))
             return commands.partitioned_metadata(request_id, partitions)

@@ -103,9 +103,9 @@ class ProducerSession:
         self.ws = websocket
         self.service = service
         self.params = params
-        self.producer: Producer = service.producer(topic, params.producer_name, routing_mode=params.routing_mode,
-                                                   compression=params.compression,
-                                                   initial_sequence_id=params.initial_sequence_id)
+        self.producer: Producer = service.topics.producer(topic, params.producer_name, routing_mode=params.routing_mode,
+                                                          compression=params.compression,
+                                                          initial_sequence_id=params.initial_sequence_id)
         self._pending: deque[tuple[Any, Outcome, int]] = deque()
         """Frames waiting for their answer, in frame order: context, the outcome of the entry that
         holds the frame, and the frame's index in that entry."""
