@@ -4,7 +4,7 @@ Role: Pulsar's tenant and namespace administration over ``BrokerService``. Tenan
 ``{adminRoles, allowedClusters}``; a namespace's policies are one document in the metadata
 store (``retention_policies``, ``message_ttl_in_seconds``, ``deduplicationEnabled``,
 ``auth_policies.namespace_auth``), changed one key at a time through
-``BrokerService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
+``NamespaceService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
 being lost). Paths, parameter names and JSON shapes are Pulsar's.
 
 Authorization: listing, creating, updating and deleting tenants needs a superuser (a tenant

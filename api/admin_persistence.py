@@ -1,6 +1,6 @@
 """Admin v2, a namespace's persistence policy: ``/admin/v2/namespaces/{tenant}/{namespace}/persistence``.
 
-Role: Pulsar's ``PersistencePolicies`` over ``BrokerService.persistence``: ``GET`` answers the policy (JSON
+Role: Pulsar's ``PersistencePolicies`` over ``NamespaceService.persistence``: ``GET`` answers the policy (JSON
 ``null`` when the namespace uses the broker's default), ``POST`` sets it, ``DELETE`` returns to
 the default. The broker checks the quorums (``broker/namespace/persistence.py``): ``E >= Qw >= Qa >= 1`` and
 no more bookies than are available, else 400. Topics of the namespace create their next ledgers

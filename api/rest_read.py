@@ -2,7 +2,7 @@
 
 Role: the read edge for batch and stream processors, above all the Spark source
 (``consumers/spark/source.py``). A client asks for the messages of one topic partition from an
-offset on and gets them in offset order (``BrokerService.read_range``), either as an Arrow IPC
+offset on and gets them in offset order (``EventStreams.read_range``), either as an Arrow IPC
 stream (``Accept: application/vnd.apache.arrow.stream``) whose columns are the Spark source's,
 or as JSON:
 

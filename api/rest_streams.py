@@ -2,7 +2,7 @@
 
 Role: the read edge of event sourcing. An event stream is the messages with one key in one
 topic partition (a partitioned topic routes the key to one partition); its version is the
-0-based number of the key's message. Over ``BrokerService.read_stream`` / ``stream_info``:
+0-based number of the key's message. Over ``EventStreams.read_stream`` / ``stream_info``:
 
 - ``GET /topics/persistent/{tenant}/{namespace}/{topic}/keys/{key}/messages`` with
   ``fromVersion``, ``maxMessages``, ``maxBytes`` and ``direction`` (forward or backward):

@@ -1,6 +1,6 @@
 """Binary LOOKUP and PARTITIONED_METADATA: which broker a client must use for a topic.
 
-Role: the binary protocol's spelling of the broker's one lookup answer (``BrokerService.lookup``,
+Role: the binary protocol's spelling of the broker's one lookup answer (``NamespaceService.lookup``,
 the same answer HTTP's ``/lookup/v2/topic/...`` gives: in a cluster it assigns an unowned bundle
 to the least-loaded live broker, and takes the bundle when it is assigned here). As Pulsar's
 broker answers ``CommandLookupTopic``:

@@ -149,7 +149,7 @@ class PulsarServer:
 
     def lookup_answer(self, topic: TopicName, host: str, *, tls: bool) -> LookupAnswer:
         """What LOOKUP answers a client that reached this broker at ``host``: the broker's one
-        lookup (``BrokerService.lookup``, as HTTP's) in Pulsar's terms, Connect with this
+        lookup (``NamespaceService.lookup``, as HTTP's) in Pulsar's terms, Connect with this
         broker's listeners or Redirect to the owner's (``lookups.lookup_answer``). In a cluster
         it reads ZooKeeper: called on the lookup threads, never on the event loop."""
         return lookup_answer(self.service.namespaces.lookup(topic), self.listener_for(host), tls=tls)

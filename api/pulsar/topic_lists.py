@@ -6,7 +6,7 @@ namespace's persistent topics (a partitioned topic as its partitions); with a
 WATCH_TOPIC_LIST (clients use it when CONNECTED advertises ``supports_topic_watchers``)
 answers the matching topics, then sends WATCH_TOPIC_UPDATE whenever a matching topic is
 created or deleted, until WATCH_TOPIC_LIST_CLOSE or the end of the connection. Updates come
-from the broker (``BrokerService.watch_topics``) on whatever thread created the topic and are
+from the broker (``Subscriptions.watch_topics``) on whatever thread created the topic and are
 handed to the event loop.
 
 Matching is Pulsar's: the pattern and the topic name are compared without their

@@ -1,6 +1,6 @@
 """The WebSocket producer session: frames in, durable publishes out, results back in order.
 
-Role: one connection bound to one broker ``Producer`` (``BrokerService.producer``). Each frame
+Role: one connection bound to one broker ``Producer`` (``TopicRegistry.producer``). Each frame
 is read into a message by the broker's rules (``message_of``: payload in base64, event time in
 epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``,
 ``expectedKeyVersion``); a field the frame shape does not know is a ``send-error`` naming it. A

@@ -1,6 +1,6 @@
 """A topic whose managed ledger cannot be loaded: the request fails retriably, nothing stays loaded.
 
-Role: drive the loader (``ManagedLedgerFactory.open`` and ``BrokerService.topic``) over a real
+Role: drive the loader (``ManagedLedgerFactory.open`` and ``TopicRegistry.topic``) over a real
 storage and RocksDB metadata stack in which another writer rewrites the topic's ledger list just
 before each of the loader's compare-and-set writes, as a second broker loading the same topic
 would.
@@ -10,7 +10,7 @@ Checks:
   (retriable: HTTP 503, ServiceNotReady on the binary protocol) and leave no managed ledger
   behind: the next open loads afresh, appends after the entries stored before, and reads them;
 - one lost compare-and-set fewer than ``LOAD_ATTEMPTS`` is absorbed by the loader's retries;
-- through ``BrokerService.topic`` the failed load leaves nothing in the topic map: the next
+- through ``TopicRegistry.topic`` the failed load leaves nothing in the topic map: the next
   request loads the topic afresh and publishes after the earlier messages.
 """
 
