@@ -56,7 +56,7 @@ def _stats_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         authorizer.require_tenant_admin(caller, tenant)
         name = topic_name(tenant, namespace, topic)
         body = topic_stats_json(service.admin.stats(name))
-        body["ownerBroker"] = service.owner_of(name)  # a cluster broker's id (this one: it serves the topic)
+        body["ownerBroker"] = service.namespaces.owner_of(name)  # a cluster broker's id (this one: it serves the topic)
         return body
 
     @routes.get("/{tenant}/{namespace}/{topic}/partitioned-stats",
@@ -68,7 +68,7 @@ def _stats_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         parts = {partition: topic_stats_json(stats)
                  for partition, stats in service.admin.partitioned_stats(name).items()}
         body = _summed(list(parts.values()))
-        body["metadata"] = {"partitions": service.partitions(name)}
+        body["metadata"] = {"partitions": service.topics.partitions(name)}
         body["partitions"] = parts if perPartition else {}
         return body
 

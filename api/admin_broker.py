@@ -168,10 +168,10 @@ def _topic_row(service: BrokerService, name: TopicName, partitions: int) -> dict
 
 
 def namespace_topics(service: BrokerService, namespace: str) -> dict[str, Any]:
-    service.policies(namespace)  # NotFound for an unknown namespace
-    partitioned = {TopicName.parse(n): service.partitions(TopicName.parse(n))
-                   for n in service.partitioned_topics(namespace)}
-    plain = [TopicName.parse(n) for n in service.topics(namespace)]
+    service.namespaces.policies(namespace)  # NotFound for an unknown namespace
+    partitioned = {TopicName.parse(n): service.topics.partitions(TopicName.parse(n))
+                   for n in service.topics.partitioned_names(namespace)}
+    plain = [TopicName.parse(n) for n in service.topics.names(namespace)]
     rows: dict[TopicName, int] = dict(partitioned)
     for name in plain:
         if name.partition_index < 0 or name.base not in partitioned:

@@ -4,7 +4,7 @@ Role: Pulsar's tenant and namespace administration over ``BrokerService``. Tenan
 ``{adminRoles, allowedClusters}``; a namespace's policies are one document in the metadata
 store (``retention_policies``, ``message_ttl_in_seconds``, ``deduplicationEnabled``,
 ``auth_policies.namespace_auth``), changed one key at a time through
-``BrokerService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
+``NamespaceService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
 being lost). Paths, parameter names and JSON shapes are Pulsar's.
 
 Authorization: listing, creating, updating and deleting tenants needs a superuser (a tenant
@@ -106,27 +106,27 @@ def tenants_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/tenants", summary="List tenants")
     def list_tenants(caller: Caller) -> list[str]:
         authorizer.require_superuser(caller)
-        return service.tenants()
+        return service.namespaces.tenants()
 
     @routes.get("/tenants/{tenant}", summary="Get a tenant's admin roles and allowed clusters")
     def get_tenant(tenant: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.tenant_info(_tenant_name(tenant))
+        return service.namespaces.tenant_info(_tenant_name(tenant))
 
     @routes.put("/tenants/{tenant}", status_code=204, summary="Create a tenant")
     def create_tenant(tenant: str, caller: Caller, info: Annotated[TenantInfo | None, Body()] = None) -> None:
         authorizer.require_superuser(caller)
-        service.create_tenant(_tenant_name(tenant), _checked_tenant_info(info or TenantInfo()))
+        service.namespaces.create_tenant(_tenant_name(tenant), _checked_tenant_info(info or TenantInfo()))
 
     @routes.post("/tenants/{tenant}", status_code=204, summary="Update a tenant's admin roles and clusters")
     def update_tenant(tenant: str, info: Annotated[TenantInfo, Body()], caller: Caller) -> None:
         authorizer.require_superuser(caller)
-        service.update_tenant(_tenant_name(tenant), _checked_tenant_info(info))
+        service.namespaces.update_tenant(_tenant_name(tenant), _checked_tenant_info(info))
 
     @routes.delete("/tenants/{tenant}", status_code=204, summary="Delete a tenant without namespaces")
     def delete_tenant(tenant: str, caller: Caller) -> None:
         authorizer.require_superuser(caller)
-        service.delete_tenant(_tenant_name(tenant))
+        service.namespaces.delete_tenant(_tenant_name(tenant))
 
     return routes
 
@@ -137,24 +137,24 @@ def namespaces_router(service: BrokerService, authorizer: Authorizer) -> APIRout
     @routes.get("/{tenant}", summary="List a tenant's namespaces")
     def list_namespaces(tenant: str, caller: Caller) -> list[str]:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.namespaces(_tenant_name(tenant))
+        return service.namespaces.namespaces(_tenant_name(tenant))
 
     @routes.put("/{tenant}/{namespace}", status_code=204, summary="Create a namespace")
     def create_namespace(tenant: str, namespace: str, caller: Caller,
                          policies: Annotated[NamespacePolicies | None, Body()] = None) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         given = policies.model_dump(exclude_none=True) if policies is not None else {}
-        service.create_namespace(namespace_name(tenant, namespace), given)
+        service.namespaces.create_namespace(namespace_name(tenant, namespace), given)
 
     @routes.get("/{tenant}/{namespace}", summary="Get a namespace's policies")
     def get_policies(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.policies(namespace_name(tenant, namespace))
+        return service.namespaces.policies(namespace_name(tenant, namespace))
 
     @routes.delete("/{tenant}/{namespace}", status_code=204, summary="Delete a namespace without topics")
     def delete_namespace(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.delete_namespace(namespace_name(tenant, namespace))
+        service.namespaces.delete_namespace(namespace_name(tenant, namespace))
 
     _retention_routes(routes, service, authorizer)
     _ttl_and_dedup_routes(routes, service, authorizer)
@@ -167,64 +167,65 @@ def _retention_routes(routes: APIRouter, service: BrokerService, authorizer: Aut
                 summary="Get the retention policy (the broker's default when the namespace has none)")
     def get_retention(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        retention: dict[str, Any] = service.policies(namespace_name(tenant, namespace)).get(
-            "retention_policies") or service.default_retention()
+        retention: dict[str, Any] = service.namespaces.policies(namespace_name(tenant, namespace)).get(
+            "retention_policies") or service.namespaces.default_retention()
         return retention
 
     @routes.post("/{tenant}/{namespace}/retention", status_code=204, summary="Set the retention policy")
     def set_retention(tenant: str, namespace: str, retention: Annotated[RetentionPolicies, Body()],
                       caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "retention_policies", retention.model_dump())
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "retention_policies", retention.model_dump())
 
     @routes.delete("/{tenant}/{namespace}/retention", status_code=204,
                    summary="Remove the retention policy (the broker's default applies again)")
     def remove_retention(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "retention_policies", None)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "retention_policies", None)
 
 
 def _ttl_and_dedup_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
     @routes.get("/{tenant}/{namespace}/messageTTL", summary="Get the message TTL in seconds (null: none)")
     def get_ttl(tenant: str, namespace: str, caller: Caller) -> int | None:
         authorizer.require_tenant_admin(caller, tenant)
-        ttl: int | None = service.policies(namespace_name(tenant, namespace)).get("message_ttl_in_seconds")
+        ttl: int | None = service.namespaces.policies(namespace_name(tenant, namespace)).get("message_ttl_in_seconds")
         return ttl
 
     @routes.post("/{tenant}/{namespace}/messageTTL", status_code=204, summary="Set the message TTL in seconds")
     def set_ttl(tenant: str, namespace: str, ttl_s: Annotated[StrictInt, Body(description=TTL_DESCRIPTION)],
                 caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "message_ttl_in_seconds", ttl_s)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "message_ttl_in_seconds", ttl_s)
 
     @routes.delete("/{tenant}/{namespace}/messageTTL", status_code=204, summary="Remove the message TTL")
     def remove_ttl(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "message_ttl_in_seconds", None)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "message_ttl_in_seconds", None)
 
     @routes.get("/{tenant}/{namespace}/deduplication",
                 summary="Get whether producer deduplication is on (null: the broker default)")
     def get_dedup(tenant: str, namespace: str, caller: Caller) -> bool | None:
         authorizer.require_tenant_admin(caller, tenant)
-        enabled: bool | None = service.policies(namespace_name(tenant, namespace)).get("deduplicationEnabled")
+        policies = service.namespaces.policies(namespace_name(tenant, namespace))
+        enabled: bool | None = policies.get("deduplicationEnabled")
         return enabled
 
     @routes.post("/{tenant}/{namespace}/deduplication", status_code=204,
                  summary="Turn producer deduplication on or off (for topics loaded from now on)")
     def set_dedup(tenant: str, namespace: str, enabled: Annotated[StrictBool, Body()], caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", enabled)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", enabled)
 
     @routes.delete("/{tenant}/{namespace}/deduplication", status_code=204,
                    summary="Use the broker's deduplication default")
     def remove_dedup(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", None)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", None)
 
 
 def _permission_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
     def auth_policies(namespace: str) -> dict[str, Any]:
-        policies: dict[str, Any] = service.policies(namespace).get("auth_policies") or {}
+        policies: dict[str, Any] = service.namespaces.policies(namespace).get("auth_policies") or {}
         return policies
 
     @routes.get("/{tenant}/{namespace}/permissions", summary="Get the roles' granted actions")
@@ -242,7 +243,7 @@ def _permission_routes(routes: APIRouter, service: BrokerService, authorizer: Au
         policies = auth_policies(name)
         grants = dict(policies.get("namespace_auth", {}))
         grants[role] = actions
-        service.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})
+        service.namespaces.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})
 
     @routes.delete("/{tenant}/{namespace}/permissions/{role}", status_code=204,
                    summary="Revoke every action of a role on the namespace")
@@ -251,4 +252,4 @@ def _permission_routes(routes: APIRouter, service: BrokerService, authorizer: Au
         name = namespace_name(tenant, namespace)
         policies = auth_policies(name)
         grants = {r: a for r, a in policies.get("namespace_auth", {}).items() if r != role}
-        service.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})
+        service.namespaces.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})

@@ -1,6 +1,6 @@
 """Admin v2, a namespace's persistence policy: ``/admin/v2/namespaces/{tenant}/{namespace}/persistence``.
 
-Role: Pulsar's ``PersistencePolicies`` over ``BrokerService.persistence``: ``GET`` answers the policy (JSON
+Role: Pulsar's ``PersistencePolicies`` over ``NamespaceService.persistence``: ``GET`` answers the policy (JSON
 ``null`` when the namespace uses the broker's default), ``POST`` sets it, ``DELETE`` returns to
 the default. The broker checks the quorums (``broker/namespace/persistence.py``): ``E >= Qw >= Qa >= 1`` and
 no more bookies than are available, else 400. Topics of the namespace create their next ledgers
@@ -37,7 +37,7 @@ def persistence_router(service: BrokerService, authorizer: Authorizer) -> APIRou
     @routes.get("/{tenant}/{namespace}/persistence", summary="Get the persistence policy (null: the default)")
     def get_persistence(tenant: str, namespace: str, caller: Caller) -> dict[str, Any] | None:
         authorizer.require_tenant_admin(caller, tenant)
-        policy = service.persistence(namespace_name(tenant, namespace))
+        policy = service.namespaces.persistence(namespace_name(tenant, namespace))
         return None if policy is None else policy.to_json()
 
     @routes.post("/{tenant}/{namespace}/persistence", status_code=204,
@@ -45,14 +45,14 @@ def persistence_router(service: BrokerService, authorizer: Authorizer) -> APIRou
     def set_persistence(tenant: str, namespace: str, body: Annotated[PersistencePolicies, Body()],
                         caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_persistence(namespace_name(tenant, namespace),
-                                PersistencePolicy(body.bookkeeperEnsemble, body.bookkeeperWriteQuorum,
-                                                  body.bookkeeperAckQuorum, float(body.managedLedgerMaxMarkDeleteRate)))
+        policy = PersistencePolicy(body.bookkeeperEnsemble, body.bookkeeperWriteQuorum, body.bookkeeperAckQuorum,
+                                   float(body.managedLedgerMaxMarkDeleteRate))
+        service.namespaces.set_persistence(namespace_name(tenant, namespace), policy)
 
     @routes.delete("/{tenant}/{namespace}/persistence", status_code=204,
                    summary="Remove the persistence policy (the broker's default quorums apply)")
     def remove_persistence(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_persistence(namespace_name(tenant, namespace), None)
+        service.namespaces.set_persistence(namespace_name(tenant, namespace), None)
 
     return routes

@@ -75,17 +75,17 @@ def _namespace_routes(routes: APIRouter, service: BrokerService, authorizer: Aut
 
     def read(tenant: str, namespace: str, caller: Caller) -> Any:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.policies(namespace_name(tenant, namespace)).get(key)
+        return service.namespaces.policies(namespace_name(tenant, namespace)).get(key)
 
     def post(tenant: str, namespace: str, value: Any, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), key, value)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), key, value)
 
     post.__annotations__["value"] = body  # the body's shape is the policy's
 
     def delete(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_policy(namespace_name(tenant, namespace), key, None)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), key, None)
 
     _add(routes, path, "namespace", name, read, post, delete)
 
@@ -96,17 +96,17 @@ def _topic_routes(routes: APIRouter, service: BrokerService, authorizer: Authori
 
     def read(tenant: str, namespace: str, topic: str, caller: Caller) -> Any:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.topic_policies(topic_name(tenant, namespace, topic)).get(key)
+        return service.namespaces.topic_policies(topic_name(tenant, namespace, topic)).get(key)
 
     def post(tenant: str, namespace: str, topic: str, value: Any, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_topic_policy(topic_name(tenant, namespace, topic), key, value)
+        service.namespaces.set_topic_policy(topic_name(tenant, namespace, topic), key, value)
 
     post.__annotations__["value"] = body
 
     def delete(tenant: str, namespace: str, topic: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.set_topic_policy(topic_name(tenant, namespace, topic), key, None)
+        service.namespaces.set_topic_policy(topic_name(tenant, namespace, topic), key, None)
 
     _add(routes, path, "topic", key, read, post, delete)
 

@@ -56,7 +56,6 @@ def _response(info: SchemaInfo, version: int) -> dict[str, Any]:
 
 def schemas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter()
-    registry = service.schemas
     base = "/schemas/{tenant}/{namespace}/{topic}"
 
     def topic_of(tenant: str, namespace: str, topic: str) -> TopicName:
@@ -72,32 +71,33 @@ def schemas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     def latest(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
         name = topic_of(tenant, namespace, topic)
         may_read(caller, name)
-        return _response(*registry.get(name))
+        return _response(*service.schemas.get(name))
 
     @routes.get(base + "/schema/{version}", summary="One version of the topic's schema")
     def one(tenant: str, namespace: str, topic: str, version: int, caller: Caller) -> dict[str, Any]:
         name = topic_of(tenant, namespace, topic)
         may_read(caller, name)
-        return _response(*registry.get(name, version))
+        return _response(*service.schemas.get(name, version))
 
     @routes.get(base + "/schemas", summary="Every version of the topic's schema")
     def every(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
         name = topic_of(tenant, namespace, topic)
         may_read(caller, name)
-        return {"getSchemaResponses": [_response(info, index) for index, info in enumerate(registry.versions(name))]}
+        versions = service.schemas.versions(name)
+        return {"getSchemaResponses": [_response(info, index) for index, info in enumerate(versions)]}
 
     @routes.post(base + "/schema", summary="Upload a schema (a new version when compatible)")
     def upload(tenant: str, namespace: str, topic: str, body: Annotated[PostSchemaPayload, Body()],
                caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        return {"version": registry.admit(topic_of(tenant, namespace, topic), body.info())}
+        return {"version": service.schemas.admit(topic_of(tenant, namespace, topic), body.info())}
 
     @routes.delete(base + "/schema", summary="Delete every version of the topic's schema")
     def delete(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
         name = topic_of(tenant, namespace, topic)
-        count = len(registry.versions(name))
-        registry.delete(name)
+        count = len(service.schemas.versions(name))
+        service.schemas.delete(name)
         return {"version": count}
 
     @routes.post(base + "/compatibility", summary="Whether a schema may follow the topic's")
@@ -106,24 +106,24 @@ def schemas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         authorizer.require_tenant_admin(caller, tenant)
         name = topic_of(tenant, namespace, topic)
         try:
-            registry.check_compatible(name, body.info())
+            service.schemas.check_compatible(name, body.info())
             compatible = True
         except IncompatibleSchema:
             compatible = False
-        return {"isCompatible": compatible, "schemaCompatibilityStrategy": registry.strategy(name)}
+        return {"isCompatible": compatible, "schemaCompatibilityStrategy": service.schemas.strategy(name)}
 
     strategy_path = "/namespaces/{tenant}/{namespace}/schemaCompatibilityStrategy"
 
     @routes.get(strategy_path, summary="The namespace's schema compatibility strategy")
     def get_strategy(tenant: str, namespace: str, caller: Caller) -> str:
         authorizer.require_tenant_admin(caller, tenant)
-        return str(service.policies(namespace_name(tenant, namespace)).get(STRATEGY_KEY) or "UNDEFINED")
+        return str(service.namespaces.policies(namespace_name(tenant, namespace)).get(STRATEGY_KEY) or "UNDEFINED")
 
     @routes.put(strategy_path, status_code=204, summary="Set the namespace's schema compatibility strategy")
     def set_strategy(tenant: str, namespace: str, body: Annotated[StrictStr, Body()], caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         if body.upper() not in SCHEMA_STRATEGIES:
             raise InvalidRequest(f"unknown strategy {body!r}: use one of {', '.join(SCHEMA_STRATEGIES)}")
-        service.set_policy(namespace_name(tenant, namespace), STRATEGY_KEY, body.upper())
+        service.namespaces.set_policy(namespace_name(tenant, namespace), STRATEGY_KEY, body.upper())
 
     return routes

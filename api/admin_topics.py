@@ -135,7 +135,7 @@ def _topic_routes(routes: APIRouter, service: BrokerService, authorizer: Authori
     @routes.put("/{tenant}/{namespace}/{topic}", status_code=204, summary="Create a non-partitioned topic")
     def create_topic(tenant: str, namespace: str, topic: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.create_topic(topic_name(tenant, namespace, topic))
+        service.topics.create(topic_name(tenant, namespace, topic))
 
     @routes.delete("/{tenant}/{namespace}/{topic}", status_code=204,
                    summary="Delete a topic (force: also its subscriptions, disconnecting consumers)")
@@ -155,14 +155,14 @@ def _partitioned_routes(routes: APIRouter, service: BrokerService, authorizer: A
     def create_partitioned(tenant: str, namespace: str, topic: str, partitions: Annotated[StrictInt, Body()],
                            caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.create_partitioned_topic(topic_name(tenant, namespace, topic), partitions)
+        service.topics.create_partitioned(topic_name(tenant, namespace, topic), partitions)
 
     @routes.post("/{tenant}/{namespace}/{topic}/partitions", status_code=204,
                  summary="Increase a partitioned topic's partitions (body: the new number)")
     def update_partitioned(tenant: str, namespace: str, topic: str, partitions: Annotated[StrictInt, Body()],
                            caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.update_partitioned_topic(topic_name(tenant, namespace, topic), partitions)
+        service.topics.update_partitioned(topic_name(tenant, namespace, topic), partitions)
 
     @routes.get("/{tenant}/{namespace}/{topic}/partitions",
                 summary="Get the number of partitions (0 for a non-partitioned topic)")

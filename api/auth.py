@@ -167,14 +167,14 @@ class Authorizer:
 
     def _admin_roles(self, tenant: str) -> list[str]:
         try:
-            roles: list[str] = self._service.tenant_info(tenant).get("adminRoles", [])
+            roles: list[str] = self._service.namespaces.tenant_info(tenant).get("adminRoles", [])
         except NotFound:
             return []
         return roles
 
     def granted(self, namespace: str) -> dict[str, list[str]]:
         try:
-            policies = self._service.policies(namespace)
+            policies = self._service.namespaces.policies(namespace)
         except NotFound:
             return {}
         grants: dict[str, list[str]] = policies.get("auth_policies", {}).get("namespace_auth", {})

@@ -43,7 +43,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             authorizer.require(caller, Action.PRODUCE, name)
         except Forbidden:
             authorizer.require(caller, Action.CONSUME, name)
-        found = service.lookup(name)
+        found = service.namespaces.lookup(name)
         if found.local:  # this broker's own listeners, as the host the request came to sees them
             return {**local_urls(request), "brokerId": found.owner.broker_id, "bundle": found.bundle}
         http_url = found.owner.web_service_url or str(request.base_url).rstrip("/")
@@ -54,7 +54,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/admin/v2/brokers", summary="The live brokers of the cluster")
     def brokers(caller: Caller) -> list[str]:
         authorizer.require_superuser(caller)
-        return [str(report["brokerId"]) for report in service.brokers()]
+        return [str(report["brokerId"]) for report in service.namespaces.brokers()]
 
     @routes.get("/admin/v2/brokers/{cluster}", summary="The live brokers of a cluster (Pulsar's path)")
     def brokers_of_cluster(cluster: str, caller: Caller) -> list[str]:
@@ -63,18 +63,18 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/admin/v2/broker-stats/load-reports", summary="Every live broker's load report")
     def load_reports(caller: Caller) -> list[dict[str, Any]]:
         authorizer.require_superuser(caller)
-        return service.brokers()
+        return service.namespaces.brokers()
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/bundles", summary="The namespace's bundle boundaries")
     def bundles(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.bundles(namespace_name(tenant, namespace))
+        return service.namespaces.bundles(namespace_name(tenant, namespace))
 
     @routes.get("/admin/v2/namespaces/{tenant}/{namespace}/bundles/owners",
                 summary="Each bundle of the namespace and the broker that owns it (null: unowned)")
     def bundle_owners(tenant: str, namespace: str, caller: Caller) -> dict[str, str | None]:
         authorizer.require_tenant_admin(caller, tenant)
-        return service.bundle_owners(namespace_name(tenant, namespace))
+        return service.namespaces.bundle_owners(namespace_name(tenant, namespace))
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/unload", status_code=204,
                 summary="Stop serving a bundle here; its topics move to another broker")
@@ -82,12 +82,12 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                destination: Annotated[str | None, Query(alias="destinationBroker",
                                                         max_length=BROKER_ID_TEXT_MAX)] = None) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        service.unload_bundle(namespace_name(tenant, namespace), bundle, destination)
+        service.namespaces.unload_bundle(namespace_name(tenant, namespace), bundle, destination)
 
     @routes.put("/admin/v2/namespaces/{tenant}/{namespace}/{bundle}/split",
                 summary="Divide a bundle in two at the middle of its hash range")
     def split(tenant: str, namespace: str, bundle: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
-        return {"bundles": service.split_bundle(namespace_name(tenant, namespace), bundle)}
+        return {"bundles": service.namespaces.split_bundle(namespace_name(tenant, namespace), bundle)}
 
     return routes

@@ -291,7 +291,7 @@ class RestConsumers:
                                      f"REST consumers open{idle}")
         sub_type = settings.subscription_type or self._current_type(topic, subscription) or SubscriptionType.EXCLUSIVE
         config = settings.consumer_config(subscription, self._limits.consumer_unacked_bytes_max)
-        consumer = self._service.subscribe(topic, subscription, sub_type, config, initial=initial)
+        consumer = self._service.subscriptions.subscribe(topic, subscription, sub_type, config, initial=initial)
         rest = RestConsumer(topic, subscription, consumer, self._now_s(), role)
         self._consumers[(topic, subscription)] = rest
         self._per_role[role] = self._per_role.get(role, 0) + 1
@@ -309,7 +309,7 @@ class RestConsumers:
 
     def _current_type(self, topic: TopicName, subscription: str) -> SubscriptionType | None:
         """The type of the subscription if the broker has it active (a pull that names no type joins it)."""
-        return next((s.type for s in self._service.subscriptions_of(topic) if s.name == subscription), None)
+        return next((s.type for s in self._service.subscriptions.of(topic) if s.name == subscription), None)
 
     def get(self, topic: TopicName, subscription: str) -> RestConsumer | None:
         with self._lock:
@@ -378,7 +378,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         authorizer.require(caller, Action.CONSUME, name)
         if partition is not None:
             return service.admin.partition_of(name, partition)
-        partitions = service.partitions(name)
+        partitions = service.topics.partitions(name)
         if partitions and name.partition_index < 0:
             raise InvalidRequest(f"{name} is a partitioned topic with {partitions} partitions; "
                                  "use .../partitions/{n}/subscription/...")

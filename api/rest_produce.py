@@ -186,8 +186,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         first_sequence_id = request.messages[0].get("sequenceId")
         conditional = request.expectedKeyVersions
         expected = None if conditional is None else expected_key_versions_of(conditional)
-        target = service.route(topic, messages[0].key)
-        producer = service.producer(target, request.producerName)  # ProducerBusy beyond maxProducers
+        target = service.topics.route(topic, messages[0].key)
+        producer = service.topics.producer(target, request.producerName)  # ProducerBusy beyond maxProducers
         try:
             delay_s = producer.publish_delay_s()
             if delay_s > 0:  # the partition is over its publish rate: the request waits, as a throttled client does

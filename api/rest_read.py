@@ -2,7 +2,7 @@
 
 Role: the read edge for batch and stream processors, above all the Spark source
 (``consumers/spark/source.py``). A client asks for the messages of one topic partition from an
-offset on and gets them in offset order (``BrokerService.read_range``), either as an Arrow IPC
+offset on and gets them in offset order (``EventStreams.read_range``), either as an Arrow IPC
 stream (``Accept: application/vnd.apache.arrow.stream``) whose columns are the Spark source's,
 or as JSON:
 
@@ -104,11 +104,11 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
     def read(name: TopicName, offset: int, max_messages: int, max_bytes: int, request: Request) -> Response:
         budget = min(max_bytes, limits.read_response_bytes_max)
         if wants_arrow(request):
-            result = service.read_range(name, offset, max_messages, budget,
-                                        message_overhead_bytes=ARROW_MESSAGE_OVERHEAD_BYTES)
+            result = service.streams.read_range(name, offset, max_messages, budget,
+                                                message_overhead_bytes=ARROW_MESSAGE_OVERHEAD_BYTES)
         else:  # base64 makes payloads a third larger
-            result = service.read_range(name, offset, max_messages, budget * 3 // 4,
-                                        message_overhead_bytes=JSON_MESSAGE_OVERHEAD_BYTES)
+            result = service.streams.read_range(name, offset, max_messages, budget * 3 // 4,
+                                                message_overhead_bytes=JSON_MESSAGE_OVERHEAD_BYTES)
         return _read_response(request, result)
 
     @routes.get("/topics/persistent/{tenant}/{namespace}/{topic}/messages",
@@ -139,7 +139,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
                 timestamp: Annotated[int | None, Query(ge=0, le=OFFSET_MAX)] = None) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
-        count = service.partitions(name) if name.partition_index < 0 else 0
+        count = service.topics.partitions(name) if name.partition_index < 0 else 0
         return {"partitions": count, "offsets": service.admin.offsets(name, timestamp)}
 
     return routes

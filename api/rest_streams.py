@@ -2,7 +2,7 @@
 
 Role: the read edge of event sourcing. An event stream is the messages with one key in one
 topic partition (a partitioned topic routes the key to one partition); its version is the
-0-based number of the key's message. Over ``BrokerService.read_stream`` / ``stream_info``:
+0-based number of the key's message. Over ``EventStreams.read_stream`` / ``stream_info``:
 
 - ``GET /topics/persistent/{tenant}/{namespace}/{topic}/keys/{key}/messages`` with
   ``fromVersion``, ``maxMessages``, ``maxBytes`` and ``direction`` (forward or backward):
@@ -71,7 +71,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         check_key(key)
         budget = min(maxBytes, limits.read_response_bytes_max)
         arrow = wants_arrow(request)
-        result = service.read_stream(
+        result = service.streams.read_stream(
             name, key, fromVersion, maxMessages, budget if arrow else budget * 3 // 4,
             backward=direction == "backward",
             message_overhead_bytes=ARROW_MESSAGE_OVERHEAD_BYTES if arrow else JSON_MESSAGE_OVERHEAD_BYTES)
@@ -82,7 +82,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
     def key_info(tenant: str, namespace: str, topic: str, key: str, caller: Caller) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
-        return info_json(service.stream_info(name, check_key(key)))
+        return info_json(service.streams.stream_info(name, check_key(key)))
 
     return routes
 

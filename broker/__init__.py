@@ -4,15 +4,20 @@ protocol) may use, and nothing else.
 Transports import from this package only, never from its modules (``tests/unit/test_layering.py``
 enforces it), so the broker can change its insides without any edge noticing. The face:
 
-- ``BrokerService``: the root object (lifecycle, health, statistics; tenants and namespace
-  policies; topics and partitioned topics; ``producer``, ``subscribe``/``subscribe_many``/
-  ``subscribe_pattern`` and ``reader``; ``read_range`` and ``admin``, a ``TopicAdmin`` for
-  subscriptions, cursor moves, single messages, statistics and acknowledgements by id);
+- ``BrokerService``: the root object (lifecycle, health, statistics, policy and unload
+  listeners) and its parts, one concept each: ``service.namespaces`` (tenants, namespace and
+  topic policies, ``lookup``, ``check_served_here``, bundles), ``service.topics`` (the topic
+  registry: topics and partitioned topics, ``route``, ``producer``), ``service.subscriptions``
+  (``subscribe``/``subscribe_many``/``subscribe_pattern``, ``reader``, ``unsubscribe``,
+  ``move_cursor``, ``watch_topics``), ``service.streams`` (``read_range`` and the event-stream
+  reads), ``service.compactions``, ``service.maintenance`` and ``service.admin``, a
+  ``TopicAdmin`` for subscriptions, cursor moves, single messages, statistics and
+  acknowledgements by id;
 - the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
   ``Delivery``s, ``Reader``, statistics views, the broker-wide byte budgets
   (``service.reads_in_flight``, ``service.publish_buffer``: a ``ByteBudget`` each),
   ``StoredMessage``, ``RangeRead``; for event streams ``StreamInfo``, ``StreamRead`` and
-  ``KeyReader`` (``stream_info``, ``read_stream``, ``stream_reader``);
+  ``KeyReader`` (``service.streams``: ``stream_info``, ``read_stream``, ``stream_reader``);
 - topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
   strategies);
 - the one way to build what is appended (``PreparedEntry``: ``entry_of_messages`` for a batch,
@@ -23,11 +28,12 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
-  and friends, enforced by ``BrokerService.set_policy``), topic quotas and rate limits
+  and friends, enforced by ``service.namespaces.set_policy``), topic quotas and rate limits
   (``QuotaDefaults`` and its standalone.conf keys ``QUOTA_CONFIG_KEYS``; the policies are set
   with ``set_policy`` and ``set_topic_policy``, ``TOPIC_POLICY_KEYS``);
-- where a topic is served (``lookup``, a ``LookupResult``; on a cluster broker a topic owned
-  elsewhere raises ``TopicNotOwned``, which each transport turns into its redirect);
+- where a topic is served (``service.namespaces.lookup``, a ``LookupResult``; on a cluster
+  broker a topic owned elsewhere raises ``TopicNotOwned``, which each transport turns into its
+  redirect);
 - the error hierarchy, mapped once per transport.
 """
 

@@ -10,6 +10,9 @@ BrokerEntryMetadata index is the message's original offset. Then the compaction 
 ``/managed-ledgers/{name}/compaction`` is swapped (compare-and-set) and the old compacted
 ledger deleted. Readers of the compacted view read it up to the horizon, then the topic.
 
+``Compactions`` (``BrokerService.compactions``) keeps one ``Compactor`` per loaded topic and
+runs triggered compactions on one background thread, one per topic at a time.
+
 Invariant: the compacted view never changes while it is read: a new compaction publishes a new
 ledger and the record switch is atomic.
 """
@@ -18,19 +21,25 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import json
+import logging
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry, peek_broker_entry_metadata
-from broker.errors import MagnetarError, NotFound
+from broker.errors import CompactionInProgress, MagnetarError, NotFound
 from broker.message_id import MessageId
 from broker.metadata.store import MetadataStore
 from broker.topic import PersistentTopic
+from broker.topic_name import TopicName
+
+log = logging.getLogger(__name__)
 
 _ORIGINAL_ID = struct.Struct(">QQi")
 APPEND_GROUP_ENTRIES = 1000
@@ -182,3 +191,85 @@ class Compactor:
                              index=item.offset)
         mid = item.message_id
         return _ORIGINAL_ID.pack(mid.ledger_id, mid.entry_id, mid.batch_index) + entry
+
+
+@dataclass(frozen=True)
+class CompactionsStats:
+    compactors: int
+    """Loaded topics with a compactor (one was asked for their compaction)."""
+    queued_or_running: int
+    """Triggered compactions not finished yet."""
+
+
+class Compactions:
+    """The compactors of the loaded topics and the thread that runs triggered compactions."""
+
+    def __init__(self, topic: Callable[[TopicName], PersistentTopic], ledgers: LedgerManager, store: MetadataStore,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``topic(name)``: the loaded topic ``name`` (``NotFound`` when it does not exist)."""
+        self._topic = topic
+        self._ledgers = ledgers
+        self._store = store
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._compactors: dict[TopicName, Compactor] = {}
+        self._compactions: dict[TopicName, Future[None]] = {}
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=1,
+                                                                   thread_name_prefix="magnetar-compaction")
+
+    def compactor(self, name: TopicName) -> Compactor:
+        topic = self._topic(name)
+        with self._lock:
+            compactor = self._compactors.get(name)
+            if compactor is None:
+                compactor = Compactor(topic, self._ledgers, self._store, self._clock)
+                self._compactors[name] = compactor
+            return compactor
+
+    def trigger(self, name: TopicName) -> None:
+        """Compact ``name`` in the background (``CompactionInProgress`` while one is queued or running)."""
+        compactor = self.compactor(name)
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("broker service is not started")
+        with self._lock:
+            running = self._compactions.get(name)
+            if running is not None and not running.done():
+                raise CompactionInProgress(f"compaction of {name} is already in progress")
+            self._compactions[name] = pool.submit(_compact, compactor)
+
+    def status(self, name: TopicName) -> CompactionStatus:
+        """The compactor's status; RUNNING also while a triggered compaction waits to start."""
+        status = self.compactor(name).status()
+        with self._lock:
+            queued = self._compactions.get(name)
+        if queued is not None and not queued.done() and status.status != "RUNNING":
+            return dataclasses.replace(status, status="RUNNING")
+        return status
+
+    def forget(self, names: list[TopicName]) -> None:
+        """Drop the compactors of topics no longer loaded (deleted or unloaded), and their
+        finished compactions."""
+        with self._lock:
+            for name in names:
+                self._compactors.pop(name, None)
+                finished = self._compactions.get(name)
+                if finished is not None and finished.done():
+                    del self._compactions[name]
+
+    def close(self) -> None:
+        """Let a running compaction finish; queued ones never start."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def statistics(self) -> CompactionsStats:
+        with self._lock:
+            return CompactionsStats(len(self._compactors), sum(1 for f in self._compactions.values() if not f.done()))
+
+
+def _compact(compactor: Compactor) -> None:
+    try:
+        compactor.compact()
+    except MagnetarError:  # kept as the compactor's ERROR status and lastError
+        log.exception("compaction failed")

@@ -2,8 +2,9 @@
 
 Role: the second step of the append path (``broker/entry_builder.py`` names it whole). Every
 transport's producer (REST, WebSocket, the binary protocol's) opens one ``Producer`` through
-``BrokerService.producer`` and hands it groups of prepared entries (:meth:`append`). The
-producer:
+``TopicRegistry.producer`` (``service.topics.producer``) and hands it groups of prepared entries
+(:meth:`append`). It holds what it asks on every send, the registry's topics (``ProducerTopics``),
+not the broker service. The producer:
 
 - **routes** each entry of a partitioned topic to one partition: a keyed entry to its key's
   partition (``murmur3_32(key) % partitions``, as Pulsar's clients do), an unkeyed one
@@ -33,7 +34,7 @@ import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from broker.entry_builder import PreparedEntry
 from broker.entry_format import Compression
@@ -41,25 +42,30 @@ from broker.errors import InvalidRequest, MagnetarError
 from broker.message_fields import ExpectedVersion
 from broker.quotas import TopicQuotas
 from broker.routing import PartitionRouter
-from broker.topic import PublishResult
+from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import new_future
-
-if TYPE_CHECKING:
-    from broker.service import BrokerService
 
 ROUTING_MODES = ("RoundRobinPartition", "SinglePartition")
 
 
+class ProducerTopics(Protocol):
+    """What a producer asks of the topic registry (``broker/topic_registry.py``)."""
+
+    def topic(self, name: TopicName) -> PersistentTopic: ...
+
+    def partitions(self, name: TopicName) -> int: ...
+
+
 class Producer:
-    def __init__(self, service: BrokerService, topic: TopicName, name: str, *,
+    def __init__(self, topics: ProducerTopics, topic: TopicName, name: str, *,
                  routing_mode: str = "RoundRobinPartition", compression: Compression = Compression.NONE,
                  initial_sequence_id: int | None = None, slots: Sequence[TopicQuotas] = ()) -> None:
         """``slots``: the partitions' quotas this producer holds a producer slot of."""
         if routing_mode not in ROUTING_MODES:
             raise InvalidRequest(f"unknown messageRoutingMode {routing_mode!r}: use {' or '.join(ROUTING_MODES)}",
                                  field="messageRoutingMode")
-        self._service = service
+        self._topics = topics
         self.topic = topic
         self.name = name
         self.routing_mode = routing_mode
@@ -80,7 +86,7 @@ class Producer:
         return max((quotas.publish_delay_s() for quotas in self._slots if quotas.publish is not None), default=0.0)
 
     def _partitions(self) -> int:
-        return self._service.partitions(self.topic) if self.topic.partition_index < 0 else 0
+        return self._topics.partitions(self.topic) if self.topic.partition_index < 0 else 0
 
     def _current_router(self, partitions: int) -> PartitionRouter:
         router = self._router
@@ -112,7 +118,7 @@ class Producer:
         of a partitioned one), -1 if none: where a reconnecting producer resumes."""
         partitions = self._partitions()
         targets = [self.topic.partition(i) for i in range(partitions)] if partitions else [self.topic]
-        return max(self._service.topic(target).last_sequence_id(self.name) for target in targets)
+        return max(self._topics.topic(target).last_sequence_id(self.name) for target in targets)
 
     def append(self, entries: Sequence[PreparedEntry], *, partition: TopicName | None = None,
                expected_offset: int | None = None, expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
@@ -141,16 +147,30 @@ class Producer:
                 targets.setdefault(self.route(entry.keys[0]), []).append(position)
         if expected_key_versions is not None:
             (target,) = targets
-            self._service.check_stream_partition(
-                target, [*expected_key_versions, *(k for e in entries for k in e.keys if k is not None)])
+            keys = [*expected_key_versions, *(k for e in entries for k in e.keys if k is not None)]
+            check_stream_partition(target, keys, self._topics.partitions(target.base))
         name = self.name
         if len(targets) == 1:
             (target,) = targets
-            return self._service.topic(target).append(entries, producer_name=name, expected_offset=expected_offset,
-                                                      expected_key_versions=expected_key_versions)
-        parts = [(positions, self._service.topic(target).append([entries[p] for p in positions], producer_name=name))
+            return self._topics.topic(target).append(entries, producer_name=name, expected_offset=expected_offset,
+                                                     expected_key_versions=expected_key_versions)
+        parts = [(positions, self._topics.topic(target).append([entries[p] for p in positions], producer_name=name))
                  for target, positions in targets.items()]
         return _gathered(parts, len(entries))
+
+
+def check_stream_partition(target: TopicName, keys: list[str], partitions: int) -> None:
+    """A conditional append (one entry) goes to one partition, which must be where each of its
+    keys routes among the topic's ``partitions`` (``InvalidRequest`` otherwise): a key's stream
+    lives in one partition."""
+    if target.partition_index < 0:
+        return
+    for key in keys:
+        home = PartitionRouter.key_partition(key, partitions) if partitions else target.partition_index
+        if home != target.partition_index:
+            raise InvalidRequest(f"key {key[:64]!r} belongs to partition {home} of {target.base}, not "
+                                 f"{target.partition_index}: the keys of a conditional append must share "
+                                 "one partition", field="expectedKeyVersions")
 
 
 def entry_result(appended: Future[list[PublishResult | MagnetarError]]) -> Future[PublishResult]:

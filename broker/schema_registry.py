@@ -1,7 +1,8 @@
 """The schema registry: versions of each topic's schema and Pulsar's compatibility strategies.
 
 Role: a producer or consumer that declares a schema (the binary protocol's PRODUCER and
-SUBSCRIBE, the admin API's ``/admin/v2/schemas/...``) goes through :meth:`SchemaRegistry.admit`:
+SUBSCRIBE, the admin API's ``/admin/v2/schemas/...``) goes through :meth:`SchemaRegistry.admit`
+(``BrokerService.schemas``, over the metadata store and the namespaces' policies):
 a schema the topic already has answers its version; a new one is checked against the
 namespace's ``schema_compatibility_strategy`` and, when compatible, stored as the next version.
 Schemas belong to the topic, not its partitions (``persistent://t/ns/x-partition-2`` uses
@@ -29,17 +30,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import avro.compatibility
 import avro.errors
 import avro.schema
 
 from broker.errors import BadVersion, IncompatibleSchema, InvalidRequest, NotFound
+from broker.metadata.store import MetadataStore
 from broker.topic_name import TopicName
-
-if TYPE_CHECKING:
-    from broker.service import BrokerService
 
 SCHEMAS_ROOT = "/schemas"
 POLICY_KEY = "schema_compatibility_strategy"
@@ -91,8 +90,11 @@ def version_of(data: bytes) -> int:
 
 
 class SchemaRegistry:
-    def __init__(self, service: BrokerService, clock: Callable[[], float] = time.time) -> None:
-        self._service = service
+    def __init__(self, store: MetadataStore, policies: Callable[[str], dict[str, Any]],
+                 clock: Callable[[], float] = time.time) -> None:
+        """``policies(namespace)``: the namespace's policies (its compatibility strategy)."""
+        self._store = store
+        self._policies = policies
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -102,7 +104,7 @@ class SchemaRegistry:
         return f"{SCHEMAS_ROOT}/{base.tenant}/{base.namespace}/{base.local_name}"
 
     def versions(self, topic: TopicName) -> list[SchemaInfo]:
-        found = self._service.store.get_json(self._path(topic))
+        found = self._store.get_json(self._path(topic))
         return [] if found is None else [SchemaInfo.from_json(v) for v in found[0]["versions"]]
 
     def get(self, topic: TopicName, version: int | None = None) -> tuple[SchemaInfo, int]:
@@ -116,7 +118,7 @@ class SchemaRegistry:
         return versions[index], index
 
     def strategy(self, topic: TopicName) -> str:
-        value = self._service.policies(topic.namespace_name).get(POLICY_KEY) or "UNDEFINED"
+        value = self._policies(topic.namespace_name).get(POLICY_KEY) or "UNDEFINED"
         return DEFAULT_STRATEGY if value == "UNDEFINED" else str(value)
 
     def admit(self, topic: TopicName, schema: SchemaInfo, *, register: bool = True) -> int:
@@ -125,7 +127,7 @@ class SchemaRegistry:
         topic that has a schema). ``IncompatibleSchema`` when refused."""
         self._check(schema)
         for _ in range(CAS_RETRIES_MAX):
-            found = self._service.store.get_json(self._path(topic))
+            found = self._store.get_json(self._path(topic))
             versions = [] if found is None else [SchemaInfo.from_json(v) for v in found[0]["versions"]]
             for index, existing in enumerate(versions):
                 if existing.same_definition(schema):
@@ -137,7 +139,7 @@ class SchemaRegistry:
                                 int(self._clock() * 1000))
             value = {"versions": [v.to_json() for v in [*versions, stored]]}
             try:
-                self._service.store.put_json(self._path(topic), value, -1 if found is None else found[1])
+                self._store.put_json(self._path(topic), value, -1 if found is None else found[1])
             except BadVersion:
                 continue  # another writer added a version meanwhile: check against it too
             return len(versions)
@@ -162,9 +164,9 @@ class SchemaRegistry:
 
     def delete(self, topic: TopicName) -> None:
         with self._lock:
-            if self._service.store.get(self._path(topic)) is None:
+            if self._store.get(self._path(topic)) is None:
                 raise NotFound(f"topic {topic.base} has no schema")
-            self._service.store.delete(self._path(topic))
+            self._store.delete(self._path(topic))
 
     @staticmethod
     def _check(schema: SchemaInfo) -> None:

@@ -510,6 +510,14 @@ class Consumer:
     def close(self) -> None:
         self.subscription.remove_consumer(self)
 
+    def end_of_topic(self) -> bool:
+        """The topic is terminated and the subscription has acknowledged all of it."""
+        return self.subscription.end_of_topic()
+
+    def backlog_messages(self) -> int:
+        """Messages of the topic the subscription has not acknowledged yet."""
+        return self.subscription.backlog_messages()
+
     def _can_take(self) -> bool:
         if self.closed or self.permits <= 0 or self.outbox_bytes >= self._outbox_bytes_max:
             return False
@@ -594,6 +602,10 @@ class Subscription:
     def end_of_topic(self) -> bool:
         """The topic is terminated and this subscription has acknowledged all of it."""
         return self.cursor.ml.terminated and self.cursor.backlog_messages() == 0
+
+    def backlog_messages(self) -> int:
+        """Messages of the topic this subscription has not acknowledged yet."""
+        return self.cursor.backlog_messages()
 
     def detach(self) -> None:
         """Stop following the topic (the subscription is being removed) and give back what it

@@ -9,10 +9,14 @@ last message id, terminates, compacts; gathers statistics (``broker/topic_stats.
 message ids into offsets and acknowledges offsets durably for REST consumers. Transports render
 the answers in their own shapes; no transport reaches a managed ledger or a cursor itself.
 
+It stands on narrow protocols, not on the broker service: ``AdminTopics`` (the topic registry,
+``broker/topic_registry.py``), ``AdminSubscriptions`` (``broker/subscriptions.py``),
+``AdminCompactions`` (``broker/compaction.py``), a namespace's policies and the clock.
+
 Invariants:
 - Operations that fan out over a partitioned topic's partitions check every partition before
   changing any, so a refused request changes nothing.
-- Cursor moves go through ``BrokerService.move_cursor``: an active subscription repositions its
+- Cursor moves go through ``Subscriptions.move_cursor``: an active subscription repositions its
   dispatch, so connected consumers get what the move left unacknowledged and nothing it
   acknowledged. A move returns once the new cursor state is persisted.
 - Magnetar counts messages, not entries: message positions (peek, examine) name messages, one
@@ -24,20 +28,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from broker.compaction import CompactionStatus
 from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_entry
 from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound, PreconditionFailed
 from broker.message_id import MessageId, Position
-from broker.subscription import REDELIVERY_PROPERTY_PREFIX, Consumer
+from broker.subscription import REDELIVERY_PROPERTY_PREFIX, Consumer, Subscription
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_stats import InternalStats, TopicStats, internal_stats, topic_stats
-
-if TYPE_CHECKING:
-    from broker.service import BrokerService
 
 LATEST_ID = (1 << 63) - 1
 """Pulsar's ``MessageId.latest`` has ledger and entry ``Long.MAX_VALUE``; earliest has -1."""
@@ -80,28 +81,71 @@ class StoredMessage:
     redelivery_count: int
 
 
+class AdminTopics(Protocol):
+    """What administration asks of the topic registry."""
+
+    def topic(self, name: TopicName, *, create: bool | None = None) -> PersistentTopic: ...
+
+    def exists(self, name: TopicName) -> bool: ...
+
+    def partitions(self, name: TopicName) -> int: ...
+
+    def expand_partitions(self, name: TopicName) -> list[TopicName]: ...
+
+    def names(self, namespace: str) -> list[str]: ...
+
+    def partitioned_names(self, namespace: str) -> list[str]: ...
+
+    def delete(self, name: TopicName, *, force: bool = False) -> None: ...
+
+    def delete_partitioned(self, name: TopicName, *, force: bool = False) -> None: ...
+
+
+class AdminSubscriptions(Protocol):
+    """What administration asks of the open subscriptions."""
+
+    def of(self, topic_name: TopicName) -> list[Subscription]: ...
+
+    def delete(self, topic_name: TopicName, name: str, *, force: bool = False) -> None: ...
+
+    def move_cursor(self, topic_name: TopicName, name: str, move: CursorMove) -> None: ...
+
+    def check_room(self, name: TopicName, subscription: str) -> None: ...
+
+
+class AdminCompactions(Protocol):
+    def trigger(self, name: TopicName) -> None: ...
+
+    def status(self, name: TopicName) -> CompactionStatus: ...
+
+
 class TopicAdmin:
-    def __init__(self, service: BrokerService) -> None:
-        self._service = service
+    def __init__(self, topics: AdminTopics, subscriptions: AdminSubscriptions, compactions: AdminCompactions,
+                 policies: Callable[[str], dict[str, Any]], clock: Callable[[], float]) -> None:
+        """``policies(namespace)``: the namespace's policies (``NotFound`` for an unknown one)."""
+        self._topics = topics
+        self._subscriptions = subscriptions
+        self._compactions = compactions
+        self._policies = policies
+        self._clock = clock
 
     # --- looking topics up --------------------------------------------------------------
     def single_topic(self, name: TopicName, operation: str) -> PersistentTopic:
         """The topic for an operation Pulsar allows only on non-partitioned topics or partitions."""
-        if name.partition_index < 0 and self._service.partitions(name) > 0:
+        if name.partition_index < 0 and self._topics.partitions(name) > 0:
             raise NotAllowed(f"{operation} is not allowed on partitioned topic {name}; use its -partition-N topics")
-        return self._service.topic(name, create=False)
+        return self._topics.topic(name, create=False)
 
     def existing_partitions(self, name: TopicName) -> list[TopicName]:
         """The topics a request on ``name`` fans out to: itself, or its partitions that exist."""
-        service = self._service
-        if name.partition_index >= 0 or service.partitions(name) == 0:
-            service.topic(name, create=False)  # NotFound for an unknown topic
+        if name.partition_index >= 0 or self._topics.partitions(name) == 0:
+            self._topics.topic(name, create=False)  # NotFound for an unknown topic
             return [name]
-        return [p for p in service.expand_partitions(name) if service.topic_exists(p)]
+        return [p for p in self._topics.expand_partitions(name) if self._topics.exists(p)]
 
     def partition_of(self, name: TopicName, partition: int) -> TopicName:
         """Partition ``partition`` of ``name``; partition 0 of an unpartitioned topic is the topic."""
-        count = self._service.partitions(name)
+        count = self._topics.partitions(name)
         if partition < 0 or partition >= max(count, 1):
             raise InvalidRequest(f"{name} has no partition {partition}", field="partition")
         return name.partition(partition) if count else name
@@ -109,84 +153,80 @@ class TopicAdmin:
     # --- topics --------------------------------------------------------------------------
     def list_topics(self, namespace: str) -> list[str]:
         """Every topic of the namespace, partitioned ones as their -partition-N topics."""
-        service = self._service
-        service.policies(namespace)  # NotFound for an unknown namespace
-        names = set(service.topics(namespace))
-        for partitioned in service.partitioned_topics(namespace):
-            names.update(p.full_name for p in service.expand_partitions(TopicName.parse(partitioned)))
+        self._policies(namespace)  # NotFound for an unknown namespace
+        names = set(self._topics.names(namespace))
+        for partitioned in self._topics.partitioned_names(namespace):
+            names.update(p.full_name for p in self._topics.expand_partitions(TopicName.parse(partitioned)))
         return sorted(names)
 
     def list_partitioned(self, namespace: str) -> list[str]:
-        self._service.policies(namespace)
-        return self._service.partitioned_topics(namespace)
+        self._policies(namespace)
+        return self._topics.partitioned_names(namespace)
 
     def partitions(self, name: TopicName) -> int:
-        self._service.policies(name.namespace_name)
-        return self._service.partitions(name)
+        self._policies(name.namespace_name)
+        return self._topics.partitions(name)
 
     def delete_topic(self, name: TopicName, *, force: bool = False) -> None:
         self.single_topic(name, "deleting with this path")
         if force:
             self._drop_subscriptions(name)
-        self._service.delete_topic(name, force=force)
+        self._topics.delete(name, force=force)
 
     def delete_partitioned_topic(self, name: TopicName, *, force: bool = False) -> None:
-        service = self._service
-        if service.partitions(name) == 0:
+        if self._topics.partitions(name) == 0:
             raise NotFound(f"partitioned topic {name} does not exist")
-        partitions = [p for p in service.expand_partitions(name) if service.topic_exists(p)]
+        partitions = [p for p in self._topics.expand_partitions(name) if self._topics.exists(p)]
         if not force:  # refuse before deleting any partition
             for partition in partitions:
-                if service.topic(partition, create=False).cursors.names():
+                if self._topics.topic(partition, create=False).cursors.names():
                     raise NotAllowed(f"{partition} has subscriptions; use force")
         for partition in partitions if force else []:
             self._drop_subscriptions(partition)
-        service.delete_partitioned_topic(name, force=force)
+        self._topics.delete_partitioned(name, force=force)
 
     def _drop_subscriptions(self, name: TopicName) -> None:
         """Delete every subscription of ``name``, disconnecting consumers (forced deletion)."""
-        for subscription in self._service.topic(name, create=False).cursors.names():
-            self._service.delete_subscription(name, subscription, force=True)
+        for subscription in self._topics.topic(name, create=False).cursors.names():
+            self._subscriptions.delete(name, subscription, force=True)
 
     # --- statistics ----------------------------------------------------------------------
     def stats(self, name: TopicName) -> TopicStats:
         topic = self.single_topic(name, "stats")
-        return topic_stats(topic, self._service.subscriptions_of(topic.name))
+        return topic_stats(topic, self._subscriptions.of(topic.name))
 
     def partitioned_stats(self, name: TopicName) -> dict[str, TopicStats]:
         """Each existing partition's statistics, by partition name."""
-        service = self._service
-        if service.partitions(name) == 0:
+        if self._topics.partitions(name) == 0:
             raise NotFound(f"partitioned topic {name} does not exist")
-        return {p.full_name: topic_stats(service.topic(p, create=False), service.subscriptions_of(p))
-                for p in service.expand_partitions(name) if service.topic_exists(p)}
+        return {p.full_name: topic_stats(self._topics.topic(p, create=False), self._subscriptions.of(p))
+                for p in self._topics.expand_partitions(name) if self._topics.exists(p)}
 
     def internal_stats(self, name: TopicName) -> InternalStats:
         topic = self.single_topic(name, "internalStats")
-        return internal_stats(topic, self._service.subscriptions_of(topic.name),
-                              self._service.compaction_status(topic.name))
+        return internal_stats(topic, self._subscriptions.of(topic.name),
+                              self._compactions.status(topic.name))
 
     # --- subscriptions -------------------------------------------------------------------
     def subscriptions(self, name: TopicName) -> list[str]:
         names: set[str] = set()
         for target in self.existing_partitions(name):
-            names.update(self._service.topic(target, create=False).cursors.names())
+            names.update(self._topics.topic(target, create=False).cursors.names())
         return sorted(names)
 
     def create_subscription(self, name: TopicName, subscription: str, position: InitialPosition) -> None:
         """A durable subscription at ``position`` on the topic or on every partition (auto-creating
         a partition nobody wrote to yet, as a subscribe does)."""
         check_subscription_name(subscription)
-        service = self._service
-        count = service.partitions(name) if name.partition_index < 0 else 0
+        count = self._topics.partitions(name) if name.partition_index < 0 else 0
         if count and isinstance(position, MessagePosition):
             raise InvalidRequest("a message id names one partition: create the subscription on a -partition-N topic")
-        targets = [service.topic(p, create=True) for p in service.expand_partitions(name)] if count else \
-            [service.topic(name)]
+        targets = [self._topics.topic(p, create=True) for p in self._topics.expand_partitions(name)] if count else \
+            [self._topics.topic(name)]
         if any(t.cursors.get(subscription) is not None for t in targets):
             raise AlreadyExists(f"subscription {subscription} already exists on {name}")
         for target in targets:
-            service.check_subscription_room(target.name, subscription)  # QuotaExceeded: maxSubscriptionsPerTopic
+            self._subscriptions.check_room(target.name, subscription)  # QuotaExceeded: maxSubscriptionsPerTopic
         for target in targets:
             initial = position if isinstance(position, str) else _offset_of(target, position)
             target.cursors.open(subscription, initial=initial)
@@ -194,21 +234,20 @@ class TopicAdmin:
     def delete_subscription(self, name: TopicName, subscription: str, *, force: bool = False) -> None:
         """Delete it everywhere it exists (force: disconnect its consumers first); refused
         before anything is deleted while consumers are connected and ``force`` is off."""
-        service = self._service
         targets = self._with_subscription(name, subscription)
         if not force:
             for target in targets:
-                if any(s.consumers for s in service.subscriptions_of(target) if s.name == subscription):
+                if any(s.consumers for s in self._subscriptions.of(target) if s.name == subscription):
                     raise PreconditionFailed(f"subscription {subscription} of {target} has connected consumers; "
                                              "use force")
         for target in targets:
-            service.delete_subscription(target, subscription, force=force)
+            self._subscriptions.delete(target, subscription, force=force)
 
     def _with_subscription(self, name: TopicName, subscription: str) -> list[TopicName]:
         """The topics (``name`` or its partitions) holding ``subscription``; NotFound if none does."""
         check_subscription_name(subscription)
         targets = [t for t in self.existing_partitions(name)
-                   if self._service.topic(t, create=False).cursors.get(subscription) is not None]
+                   if self._topics.topic(t, create=False).cursors.get(subscription) is not None]
         if not targets:
             raise NotFound(f"subscription {subscription} of {name} does not exist")
         return targets
@@ -217,32 +256,32 @@ class TopicAdmin:
     def _move_all(self, name: TopicName, subscription: str,
                   move_for: Callable[[PersistentTopic], CursorMove]) -> None:
         for target in self._with_subscription(name, subscription):
-            self._service.move_cursor(target, subscription, move_for(self._service.topic(target, create=False)))
+            self._subscriptions.move_cursor(target, subscription, move_for(self._topics.topic(target, create=False)))
 
     def reset_to_time(self, name: TopicName, subscription: str, timestamp_ms: int) -> None:
         self._move_all(name, subscription, lambda _: lambda cursor: cursor.reset_to_time(timestamp_ms))
 
     def reset_to_message(self, name: TopicName, subscription: str, position: MessagePosition) -> None:
-        count = self._service.partitions(name) if name.partition_index < 0 else 0
+        count = self._topics.partitions(name) if name.partition_index < 0 else 0
         if count:
             if not 0 <= position.partition < count:
                 raise PreconditionFailed(f"{name} is partitioned: partitionIndex must name one of {count} partitions")
             name = name.partition(position.partition)
         check_subscription_name(subscription)
-        offset = _offset_of(self._service.topic(name, create=False), position)
-        self._service.move_cursor(name, subscription, lambda cursor: cursor.reset_to_offset(offset))
+        offset = _offset_of(self._topics.topic(name, create=False), position)
+        self._subscriptions.move_cursor(name, subscription, lambda cursor: cursor.reset_to_offset(offset))
 
     def skip(self, name: TopicName, subscription: str, messages: int) -> None:
         self.single_topic(name, "skip")
         check_subscription_name(subscription)
-        self._service.move_cursor(name, subscription, lambda cursor: cursor.skip(messages))
+        self._subscriptions.move_cursor(name, subscription, lambda cursor: cursor.skip(messages))
 
     def skip_all(self, name: TopicName, subscription: str) -> None:
         self._move_all(name, subscription, lambda _: lambda cursor: cursor.skip_all())
 
     def _expiry(self, expire_s: int) -> Callable[[PersistentTopic], CursorMove]:
         def for_topic(target: PersistentTopic) -> CursorMove:
-            cutoff_offset = target.ml.time_to_offset(int(self._service.clock() * 1000) - expire_s * 1000)
+            cutoff_offset = target.ml.time_to_offset(int(self._clock() * 1000) - expire_s * 1000)
             return lambda cursor: cursor.expire_before(cutoff_offset)
         return for_topic
 
@@ -252,9 +291,9 @@ class TopicAdmin:
 
     def expire_all(self, name: TopicName, expire_s: int) -> None:
         for target in self.existing_partitions(name):
-            opened = self._service.topic(target, create=False)
+            opened = self._topics.topic(target, create=False)
             for subscription in opened.cursors.names():
-                self._service.move_cursor(target, subscription, self._expiry(expire_s)(opened))
+                self._subscriptions.move_cursor(target, subscription, self._expiry(expire_s)(opened))
 
     # --- single messages -----------------------------------------------------------------
     def peek(self, name: TopicName, subscription: str, position: int) -> StoredMessage:
@@ -298,17 +337,17 @@ class TopicAdmin:
 
     def trigger_compaction(self, name: TopicName) -> None:
         self.single_topic(name, "compaction")
-        self._service.trigger_compaction(name)
+        self._compactions.trigger(name)
 
     def compaction_status(self, name: TopicName) -> CompactionStatus:
         self.single_topic(name, "compaction")
-        return self._service.compaction_status(name)
+        return self._compactions.status(name)
 
     # --- ids, offsets and acknowledgements -------------------------------------------------
     def locate(self, name: TopicName, message_id: MessageId) -> tuple[TopicName, int]:
         """The partition and offset of ``message_id`` in ``name`` (a partitioned topic's id must
         name one of its partitions)."""
-        partitions = self._service.partitions(name) if name.partition_index < 0 else 0
+        partitions = self._topics.partitions(name) if name.partition_index < 0 else 0
         if partitions:
             if not 0 <= message_id.partition < partitions:
                 raise InvalidRequest(f"{name} has {partitions} partitions: the message id must name one "
@@ -319,7 +358,7 @@ class TopicAdmin:
                                  f"{message_id.partition}")
         else:
             target = name
-        entry = self._service.topic(target, create=False).ml.read_entry(message_id.position)
+        entry = self._topics.topic(target, create=False).ml.read_entry(message_id.position)
         if message_id.batch_index >= entry.message_count:
             raise InvalidRequest(f"entry {message_id.position} holds {entry.message_count} messages, "
                                  f"no batch index {message_id.batch_index}")
@@ -329,7 +368,7 @@ class TopicAdmin:
         """The first and last offsets of the stored entry ``ledger_id:entry_id`` of one topic
         partition, or None when it holds no such entry (a binary client's acks and start ids
         name entries)."""
-        topic = self._service.topic(name, create=False)
+        topic = self._topics.topic(name, create=False)
         if not any(info.ledger_id == ledger_id and 0 <= entry_id < info.entries for info in topic.ml.ledger_infos()):
             return None
         entry = topic.ml.read_entry(Position(ledger_id, entry_id))
@@ -341,7 +380,7 @@ class TopicAdmin:
         against the topic before anything is acknowledged (``InvalidRequest`` naming the first
         unknown ones as the client wrote them; nothing acknowledged). An id without a batch
         index names its whole entry; ``holder``, when given, knows the ids it was handed."""
-        topic = self._service.topic(name, create=False)
+        topic = self._topics.topic(name, create=False)
         found: set[int] = set()
         unknown: list[str] = []
         for text, message_id in message_ids:
@@ -376,7 +415,7 @@ class TopicAdmin:
 
     def cursor(self, name: TopicName, subscription: str) -> ManagedCursor:
         check_subscription_name(subscription)
-        cursor = self._service.topic(name, create=False).cursors.get(subscription)
+        cursor = self._topics.topic(name, create=False).cursors.get(subscription)
         if cursor is None:
             raise NotFound(f"subscription {subscription} of {name} does not exist")
         return cursor
@@ -385,24 +424,23 @@ class TopicAdmin:
         """For every partition (every one of a partitioned topic, so a poller discovers new
         ones) the first retained offset, the next offset and, with ``timestamp_ms``, the first
         offset published at or after it."""
-        service = self._service
-        count = service.partitions(name) if name.partition_index < 0 else 0
+        count = self._topics.partitions(name) if name.partition_index < 0 else 0
         partitions = [name.partition(i) for i in range(count)] if count else [name]
-        if not count and not service.topic_exists(name):
+        if not count and not self._topics.exists(name):
             raise NotFound(f"topic {name} does not exist")
         return {p.full_name: self._offsets_of(p, timestamp_ms) for p in partitions}
 
     def _offsets_of(self, name: TopicName, timestamp_ms: int | None) -> dict[str, int]:
-        if not self._service.topic_exists(name):  # a partition nobody wrote to yet
+        if not self._topics.exists(name):  # a partition nobody wrote to yet
             found = {"first": 0, "next": 0}
             return found if timestamp_ms is None else {**found, "atTimestamp": 0}
-        ml = self._service.topic(name, create=False).ml
+        ml = self._topics.topic(name, create=False).ml
         found = {"first": ml.first_offset, "next": ml.confirmed_next_offset()}
         return found if timestamp_ms is None else {**found, "atTimestamp": ml.time_to_offset(timestamp_ms)}
 
     def check_namespace(self, namespace: str) -> str:
         check_namespace(namespace)
-        self._service.policies(namespace)
+        self._policies(namespace)
         return namespace
 
 

@@ -24,6 +24,7 @@ from broker import (
     entry_of_messages,
     entry_result,
 )
+from broker.producer import check_stream_partition
 from broker.topic import PersistentTopic
 
 RESULT_TIMEOUT_S = 60.0
@@ -51,10 +52,11 @@ def publish_to(service: BrokerService, topic: str | TopicName, messages: Sequenc
                **options: object) -> PublishResult:
     """``messages`` as one entry of ``topic`` (routed by the first message's key when it is
     partitioned), waited for."""
-    target = service.route(topic, messages[0].key if messages else None, routing_mode)
+    target = service.topics.route(topic, messages[0].key if messages else None, routing_mode)
     expected = options.get("expected_key_versions")
     if expected is not None:
         assert isinstance(expected, Mapping)
-        service.check_stream_partition(target, [*expected, *(m.key for m in messages if m.key is not None)])
-    return publish(service.topic(target), messages, producer_name=producer_name, sequence_id=sequence_id,
+        check_stream_partition(target, [*expected, *(m.key for m in messages if m.key is not None)],
+                               service.topics.partitions(target.base))
+    return publish(service.topics.topic(target), messages, producer_name=producer_name, sequence_id=sequence_id,
                    **options).result(timeout=RESULT_TIMEOUT_S)  # type: ignore[arg-type]

@@ -182,11 +182,11 @@ class ConsumerHalf:
         service = context.service
         topic = TopicName.parse(command.topic)
         context.authorize(Action.CONSUME, topic)
-        service.check_served_here(topic)  # ServiceNotReady elsewhere: the client looks it up again
+        service.namespaces.check_served_here(topic)  # ServiceNotReady elsewhere: the client looks it up again
         sub_type = SUB_TYPES.get(command.subType)
         if sub_type is None:
             raise InvalidRequest(f"unknown subscription type {command.subType}")
-        if not command.force_topic_creation and not service.topic_exists(topic):
+        if not command.force_topic_creation and not service.topics.exists(topic):
             raise NotFound(f"topic {topic} does not exist")
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
@@ -194,8 +194,8 @@ class ConsumerHalf:
                                 negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False)
         durable = command.durable
         initial = self._initial(command, topic)
-        consumer = service.subscribe(topic, command.subscription, sub_type, config, initial=initial,
-                                     durable=durable)
+        consumer = service.subscriptions.subscribe(topic, command.subscription, sub_type, config, initial=initial,
+                                                   durable=durable)
         state = _ClientConsumer(command.consumer_id, topic, command.subscription, sub_type, durable, config,
                                 consumer, _SentEntries(context.settings.entries_remembered_max))
         self._bind(state)
@@ -213,7 +213,7 @@ class ConsumerHalf:
             return "earliest"
         if start.ledgerId >= LATEST_ID:
             return "latest"
-        if not self._context.service.topic_exists(topic):
+        if not self._context.service.topics.exists(topic):
             return "earliest"
         found = self._context.service.admin.entry_offsets(topic, start.ledgerId, start.entryId)
         if found is None:
@@ -261,8 +261,7 @@ class ConsumerHalf:
             self.deliver(state)
 
     def _check_end_of_topic(self, state: _ClientConsumer) -> None:
-        if not state.end_of_topic_sent and state.consumer.subscription.cursor.ml.terminated \
-                and state.consumer.subscription.end_of_topic():
+        if not state.end_of_topic_sent and state.consumer.end_of_topic():
             state.end_of_topic_sent = True
             self._context.out.write([commands.reached_end_of_topic(state.consumer_id)])
 
@@ -390,7 +389,7 @@ class ConsumerHalf:
             return
         self._drop(state)
         try:
-            self._context.service.move_cursor(state.topic, state.subscription, move)
+            self._context.service.subscriptions.move_cursor(state.topic, state.subscription, move)
         except MagnetarError as exc:
             out.write([commands.close_consumer(state.consumer_id, 0), commands.error(command.request_id, exc)])
             self._end_non_durable(state)
@@ -436,7 +435,7 @@ class ConsumerHalf:
         if state is None:
             return
         stats = state.consumer.statistics()
-        backlog = state.consumer.subscription.cursor.backlog_messages()
+        backlog = state.consumer.backlog_messages()
         self._context.out.write([commands.consumer_stats(command.request_id, stats.name, stats.available_permits,
                                                          stats.unacked_messages, stats.blocked_on_unacked,
                                                          state.sub_type.value, backlog)])
@@ -459,7 +458,7 @@ class ConsumerHalf:
                 other.listener()
         self._drop(state)
         try:
-            self._context.service.unsubscribe(state.topic, state.subscription)
+            self._context.service.subscriptions.unsubscribe(state.topic, state.subscription)
         except (NotFound, NotAllowed) as exc:
             out.write([commands.error(command.request_id, exc)])
             return
@@ -516,7 +515,7 @@ class ConsumerHalf:
         if state.durable or state.consumer.subscription.consumers:
             return
         try:
-            self._context.service.unsubscribe(state.topic, state.subscription)
+            self._context.service.subscriptions.unsubscribe(state.topic, state.subscription)
         except MagnetarError as exc:
             log.debug("reader subscription %s of %s already gone: %s", state.subscription, state.topic, exc)
 
@@ -526,7 +525,7 @@ class ConsumerHalf:
             self._end_non_durable(state)
         for topic, name in self._moved_readers:
             try:
-                self._context.service.unsubscribe(topic, name)
+                self._context.service.subscriptions.unsubscribe(topic, name)
             except MagnetarError as exc:
                 log.debug("reader subscription %s of %s already gone: %s", name, topic, exc)
         self._moved_readers.clear()

@@ -1,6 +1,6 @@
 """Binary LOOKUP and PARTITIONED_METADATA: which broker a client must use for a topic.
 
-Role: the binary protocol's spelling of the broker's one lookup answer (``BrokerService.lookup``,
+Role: the binary protocol's spelling of the broker's one lookup answer (``NamespaceService.lookup``,
 the same answer HTTP's ``/lookup/v2/topic/...`` gives: in a cluster it assigns an unowned bundle
 to the least-loaded live broker, and takes the bundle when it is assigned here). As Pulsar's
 broker answers ``CommandLookupTopic``:
@@ -164,8 +164,8 @@ class Lookups:
             try:
                 topic = TopicName.parse(request.topic)
                 self._allowed(T.PARTITIONED_METADATA, topic)
-                service.policies(topic.namespace_name)  # NotFound for an unknown namespace
-                partitions = service.partitions(topic) if topic.partition_index < 0 else 0
+                service.namespaces.policies(topic.namespace_name)  # NotFound for an unknown namespace
+                partitions = service.topics.partitions(topic) if topic.partition_index < 0 else 0
             except Exception as exc:
                 return commands.partitioned_metadata_failed(request_id, _logged(exc, "a partitioned-metadata lookup"))
             return commands.partitioned_metadata(request_id, partitions)

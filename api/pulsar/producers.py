@@ -254,12 +254,13 @@ class ProducerHalf:
         producer: Producer | None = None
         try:
             topic = TopicName.parse(command.topic)  # the right to produce there: see permissions.py
-            context.service.check_served_here(topic)  # ServiceNotReady elsewhere: the client looks it up again
+            # ServiceNotReady elsewhere: the client looks it up again
+            context.service.namespaces.check_served_here(topic)
             if command.encrypted:
                 raise InvalidRequest("end-to-end encrypted producers are not supported")
             name = command.producer_name or f"standalone-{context.connection_id}-{next(self._names)}"
             schema_version = self._schemas.for_producer(topic, command.schema if command.HasField("schema") else None)
-            producer = context.service.producer(topic, name)
+            producer = context.service.topics.producer(topic, name)
             if command.initial_subscription_name:
                 self._initial_subscription(topic, command.initial_subscription_name)
             last_sequence_id = producer.last_sequence_id()

@@ -104,8 +104,8 @@ class PulsarServer:
         loop = self._loop = asyncio.get_running_loop()
         settings = self.settings
         self.lookups = LookupRunner(loop, threads=settings.lookup_threads, pending_max=settings.lookups_pending_max,
-                                    inline=not self.service.clustered)
-        if self.service.clustered:
+                                    inline=not self.service.namespaces.clustered)
+        if self.service.namespaces.clustered:
             self.service.add_unload_listener(self._topics_unloaded)
         if self.authorizer.enabled:
             self.service.add_policy_listener(self._policies_changed)
@@ -149,10 +149,10 @@ class PulsarServer:
 
     def lookup_answer(self, topic: TopicName, host: str, *, tls: bool) -> LookupAnswer:
         """What LOOKUP answers a client that reached this broker at ``host``: the broker's one
-        lookup (``BrokerService.lookup``, as HTTP's) in Pulsar's terms, Connect with this
+        lookup (``NamespaceService.lookup``, as HTTP's) in Pulsar's terms, Connect with this
         broker's listeners or Redirect to the owner's (``lookups.lookup_answer``). In a cluster
         it reads ZooKeeper: called on the lookup threads, never on the event loop."""
-        return lookup_answer(self.service.lookup(topic), self.listener_for(host), tls=tls)
+        return lookup_answer(self.service.namespaces.lookup(topic), self.listener_for(host), tls=tls)
 
     def _topics_unloaded(self, names: list[TopicName]) -> None:
         """The broker's unload listener (any thread): the sessions on these topics close their

@@ -6,7 +6,7 @@ namespace's persistent topics (a partitioned topic as its partitions); with a
 WATCH_TOPIC_LIST (clients use it when CONNECTED advertises ``supports_topic_watchers``)
 answers the matching topics, then sends WATCH_TOPIC_UPDATE whenever a matching topic is
 created or deleted, until WATCH_TOPIC_LIST_CLOSE or the end of the connection. Updates come
-from the broker (``BrokerService.watch_topics``) on whatever thread created the topic and are
+from the broker (``Subscriptions.watch_topics``) on whatever thread created the topic and are
 handed to the event loop.
 
 Matching is Pulsar's: the pattern and the topic name are compared without their
@@ -73,14 +73,14 @@ class TopicLists:
     def _namespace(self, text: str) -> str:
         """The namespace's name (its role's right to list it was checked: ``permissions.py``)."""
         namespace = "/".join(check_namespace(text))
-        self._context.service.policies(namespace)  # NotFound for an unknown namespace
+        self._context.service.namespaces.policies(namespace)  # NotFound for an unknown namespace
         return namespace
 
     def _topics(self, namespace: str) -> list[str]:
         service = self._context.service
-        found = set(service.topics(namespace))
-        for partitioned in service.partitioned_topics(namespace):
-            found.update(p.full_name for p in service.expand_partitions(TopicName.parse(partitioned)))
+        found = set(service.topics.names(namespace))
+        for partitioned in service.topics.partitioned_names(namespace):
+            found.update(p.full_name for p in service.topics.expand_partitions(TopicName.parse(partitioned)))
         return sorted(found)
 
     # --- GET_TOPICS_OF_NAMESPACE -------------------------------------------------------------
@@ -131,7 +131,7 @@ class TopicLists:
             loop.call_soon_threadsafe(self._changed, watcher_id, topic, exists)
 
         try:
-            unwatch = self._context.service.watch_topics(watch.namespace, changed)
+            unwatch = self._context.service.subscriptions.watch_topics(watch.namespace, changed)
         except MagnetarError:
             if role is not None:
                 shares.give_back(role)

@@ -138,8 +138,8 @@ class ConsumerSession:
             return False
         self.consumer.close()  # unsubscribe, the one frame that waits
         for name in self.topics:
-            for partition in self.service.expand_partitions(name):
-                self.service.unsubscribe(partition, self.subscription)
+            for partition in self.service.topics.expand_partitions(name):
+                self.service.subscriptions.unsubscribe(partition, self.subscription)
         await self._writer.flush()
         await self.ws.close(1000, "unsubscribed")
         return True

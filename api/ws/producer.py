@@ -1,6 +1,6 @@
 """The WebSocket producer session: frames in, durable publishes out, results back in order.
 
-Role: one connection bound to one broker ``Producer`` (``BrokerService.producer``). Each frame
+Role: one connection bound to one broker ``Producer`` (``TopicRegistry.producer``). Each frame
 is read into a message by the broker's rules (``message_of``: payload in base64, event time in
 epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``,
 ``expectedKeyVersion``); a field the frame shape does not know is a ``send-error`` naming it. A
@@ -103,9 +103,9 @@ class ProducerSession:
         self.ws = websocket
         self.service = service
         self.params = params
-        self.producer: Producer = service.producer(topic, params.producer_name, routing_mode=params.routing_mode,
-                                                   compression=params.compression,
-                                                   initial_sequence_id=params.initial_sequence_id)
+        self.producer: Producer = service.topics.producer(topic, params.producer_name, routing_mode=params.routing_mode,
+                                                          compression=params.compression,
+                                                          initial_sequence_id=params.initial_sequence_id)
         self._pending: deque[tuple[Any, Outcome, int]] = deque()
         """Frames waiting for their answer, in frame order: context, the outcome of the entry that
         holds the frame, and the frame's index in that entry."""

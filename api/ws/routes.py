@@ -111,12 +111,13 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
 
         def start() -> Started:
             if pattern is not None:
-                consumer = service.subscribe_pattern(pattern[0], pattern[1], subscription, params.sub_type,
-                                                     params.config, initial=params.initial,
-                                                     pattern_bytes_max=limits.topics_pattern_bytes_max)
+                consumer = service.subscriptions.subscribe_pattern(
+                    pattern[0], pattern[1], subscription, params.sub_type, params.config, initial=params.initial,
+                    pattern_bytes_max=limits.topics_pattern_bytes_max)
             else:
-                consumer = service.subscribe_many([t.full_name for t in topics], subscription, params.sub_type,
-                                                  params.config, initial=params.initial, durable=params.durable)
+                consumer = service.subscriptions.subscribe_many(
+                    [t.full_name for t in topics], subscription, params.sub_type, params.config,
+                    initial=params.initial, durable=params.durable)
             return ConsumerSession(websocket, service, consumer, params, topics, subscription).run, consumer.close
 
         await open_session(websocket, Action.CONSUME, topics, start, params.config.dead_letter_topic)
@@ -176,9 +177,10 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
 
         def start_reading() -> Started:
             if key is not None:
-                readers: list[Reader | KeyReader] = [service.stream_reader(name, key, from_version)]
+                readers: list[Reader | KeyReader] = [service.streams.stream_reader(name, key, from_version)]
             else:
-                readers = [service.reader(p, start, compacted=compacted) for p in service.expand_partitions(name)]
+                readers = [service.subscriptions.reader(p, start, compacted=compacted)
+                           for p in service.topics.expand_partitions(name)]
             session = ReaderSession(websocket, service, readers, receiver_queue, limits.consumer_unacked_bytes_max)
             return session.run, None
 

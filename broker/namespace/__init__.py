@@ -2,15 +2,19 @@
 
 Role: the administrative state above topics and which broker serves which topic. Inside:
 
+- ``service.py``: ``NamespaceService`` (``BrokerService.namespaces``), the one door to all of
+  it: tenants, namespaces and their policies, a topic's own policies, lookups and bundles;
 - ``namespaces.py``: tenants and namespace policies documents in the metadata store;
 - ``policies.py``: what each namespace policy may hold (the one check every transport relies
   on); ``persistence.py``: the ``persistence`` policy (ensemble and quorums);
   ``topic_policies.py``: the policies a topic sets for itself over its namespace's;
 - ``bundles.py``: a namespace's hash ranges (Pulsar's ``NamespaceBundles``);
 - ``ownership.py``: bundles owned by brokers through ephemeral znodes, lookups that assign
-  them, load reports (Pulsar's ``NamespaceService`` and ``OwnershipCache``);
+  them, load reports (the cluster half of Pulsar's ``NamespaceService``, and its
+  ``OwnershipCache``);
 - ``lookup.py``: the answer of a lookup, for any transport.
 
 It has no front door of its own: the broker's face (``broker/__init__.py``) re-exports what the
-edges use, and ``ownership.py`` (which loads kazoo) is imported only by ``broker/cluster.py``.
+edges use, and ``ownership.py`` (which loads kazoo) is imported only by ``broker/cluster.py``
+(``service.py`` names its types for annotations only).
 """

@@ -1,6 +1,6 @@
 """What a topic lookup answers: the broker that serves a topic, for any transport.
 
-Role: a value on the broker's face. ``BrokerService.lookup(topic)`` returns a ``LookupResult``:
+Role: a value on the broker's face. ``NamespaceService.lookup(topic)`` returns a ``LookupResult``:
 the owner's broker id and addresses and whether it is this broker. HTTP turns it into a 307 or
 the JSON of ``/lookup/v2/topic/...``; the binary protocol's LOOKUP into a Connect or Redirect
 answer. A standalone broker is its own owner (``local`` always true, addresses empty: the

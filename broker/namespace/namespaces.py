@@ -3,8 +3,9 @@
 Role: the administrative state above topics. Tenants live at ``/admin/tenants/{tenant}``
 (``adminRoles``, ``allowedClusters``), namespace policies at ``/admin/policies/{tenant}/{ns}``
 (retention, message TTL, deduplication, permissions, quotas and rate limits), both as JSON written with
-compare-and-set. ``BrokerService`` exposes these operations on its face; topics read their
-namespace's policies when they open and follow changes at once.
+compare-and-set. ``NamespaceService`` (``broker/namespace/service.py``) exposes these operations
+on the broker's face; topics read their namespace's policies when they open and follow changes
+at once.
 
 Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path,
 every policy value by ``broker/namespace/policies.py`` (its bound, or 400) before it is stored; a change

@@ -1,7 +1,7 @@
 """Namespace policy values: what each may hold, and the one check every transport relies on.
 
 Role: a namespace's policies document (``broker/namespace/namespaces.py``) is changed one key at a time
-(``BrokerService.set_policy``) or given whole when the namespace is created; every value passes
+(``NamespaceService.set_policy``) or given whole when the namespace is created; every value passes
 :func:`checked_policy` first, which returns it in its stored form or raises ``InvalidRequest``
 (400) with a message that states the bound. The bounds (the README's "Namespace policies" table):
 

@@ -59,10 +59,10 @@ def stored_deliveries(service: BrokerService, topic: str) -> list[Delivery]:
     """Everything a topic holds (every partition of a partitioned one), read from earliest;
     empty when the topic was never created."""
     out: list[Delivery] = []
-    for partition in service.expand_partitions(TopicName.parse(topic)):
-        if not service.topic_exists(partition):
+    for partition in service.topics.expand_partitions(TopicName.parse(topic)):
+        if not service.topics.exists(partition):
             continue
-        reader = service.reader(partition, StartPosition.earliest())
+        reader = service.subscriptions.reader(partition, StartPosition.earliest())
         while (delivery := reader.read_next()) is not None:
             out.append(delivery)
     return out

@@ -109,7 +109,7 @@ def test_tenants_and_namespaces_round_trip_and_reach_open_topics(server: Server)
                                                                    "allowedClusters": ["standalone"]}
     ok(client.put(f"{ADMIN}/namespaces/acme/prod"))
     assert ok(client.get(f"{ADMIN}/namespaces/acme"), 200).json() == ["acme/prod"]
-    topic = service.topic("acme/prod/events")
+    topic = service.topics.topic("acme/prod/events")
     ok(client.post(f"{ADMIN}/namespaces/acme/prod/retention",
                    json={"retentionTimeInMinutes": 10, "retentionSizeInMB": 100}))
     assert ok(client.get(f"{ADMIN}/namespaces/acme/prod/retention"), 200).json() == {
@@ -126,7 +126,7 @@ def test_tenants_and_namespaces_round_trip_and_reach_open_topics(server: Server)
     assert client.get(f"{ADMIN}/namespaces/acme/prod/messageTTL").json() is None and topic.ml.config.message_ttl_ms == 0
     ok(client.post(f"{ADMIN}/namespaces/acme/prod/deduplication", json=False))
     assert ok(client.get(f"{ADMIN}/namespaces/acme/prod/deduplication"), 200).json() is False
-    assert service.topic("acme/prod/loaded-later").dedup is None
+    assert service.topics.topic("acme/prod/loaded-later").dedup is None
     policies = ok(client.get(f"{ADMIN}/namespaces/acme/prod"), 200).json()
     assert policies["deduplicationEnabled"] is False and "auth_policies" in policies
 
@@ -139,7 +139,7 @@ def test_non_empty_tenants_and_namespaces_are_not_deleted(server: Server) -> Non
     for url in (f"{ADMIN}/namespaces/acme/prod", f"{ADMIN}/tenants/acme"):
         refused = client.delete(url)
         assert refused.status_code == 409 and refused.json()["code"] == "not_empty", refused.text
-    assert service.namespaces("acme") == ["acme/prod"]
+    assert service.namespaces.namespaces("acme") == ["acme/prod"]
     ok(client.delete(f"{ADMIN}/persistent/acme/prod/t"))
     ok(client.delete(f"{ADMIN}/namespaces/acme/prod"))
     ok(client.delete(f"{ADMIN}/tenants/acme"))
@@ -160,9 +160,9 @@ def test_topics_and_partitioned_topics_are_created_listed_grown_and_deleted(serv
     assert ok(client.get(f"{ADMIN}/persistent/public/default"), 200).json() == [
         "persistent://public/default/orders"] + [f"persistent://public/default/parts-partition-{i}" for i in range(3)]
     ok(client.post(f"{ADMIN}/persistent/public/default/parts/partitions", json=5))
-    assert service.partitions(TopicName.parse("public/default/parts")) == 5
+    assert service.topics.partitions(TopicName.parse("public/default/parts")) == 5
     shrink = client.post(f"{ADMIN}/persistent/public/default/parts/partitions", json=2)
-    assert shrink.status_code == 400 and service.partitions(TopicName.parse("public/default/parts")) == 5
+    assert shrink.status_code == 400 and service.topics.partitions(TopicName.parse("public/default/parts")) == 5
     ok(client.delete(f"{ADMIN}/persistent/public/default/parts/partitions"))
     assert client.get(f"{ADMIN}/persistent/public/default/parts/partitions").json() == {"partitions": 0}
     ok(client.delete(TOPIC_URL))
@@ -172,12 +172,13 @@ def test_topics_and_partitioned_topics_are_created_listed_grown_and_deleted(serv
 def test_deleting_a_topic_with_subscriptions_needs_force(server: Server) -> None:
     client, service = server
     publish(service, [b"a"])
-    consumer = service.subscribe(TOPIC, "sub", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"), initial="earliest")
+    consumer = service.subscriptions.subscribe(TOPIC, "sub", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"),
+                                               initial="earliest")
     refused = client.delete(TOPIC_URL)
     assert refused.status_code == 405 and refused.json()["code"] == "not_allowed"
-    assert service.topic_exists(TopicName.parse(TOPIC))
+    assert service.topics.exists(TopicName.parse(TOPIC))
     ok(client.delete(TOPIC_URL, params={"force": "true"}))
-    assert consumer.closed and not service.topic_exists(TopicName.parse(TOPIC))
+    assert consumer.closed and not service.topics.exists(TopicName.parse(TOPIC))
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ def test_stats_and_internal_stats_carry_the_brokers_numbers(server: Server) -> N
     assert topic_stats["storageSize"] >= topic_stats["bytesInCounter"] and topic_stats["publishers"] == []
     assert isinstance(topic_stats["msgRateIn"], float) and topic_stats["nextOffset"] == 12
     assert topic_stats["subscriptions"]["sub"]["msgBacklog"] == 12
-    consumer = service.subscribe(TOPIC, "sub", SubscriptionType.SHARED, ConsumerConfig("worker"))
+    consumer = service.subscriptions.subscribe(TOPIC, "sub", SubscriptionType.SHARED, ConsumerConfig("worker"))
     consumer.flow(5)
     delivered = take(consumer, 5)
     consumer.ack([d.offset for d in delivered if d.offset != 1] + [7])
@@ -207,9 +208,9 @@ def test_stats_and_internal_stats_carry_the_brokers_numbers(server: Server) -> N
     last = ok(client.get(f"{TOPIC_URL}/lastMessageId"), 200).json()
     assert internal["lastConfirmedEntry"] == f"{last['ledgerId']}:{last['entryId']}"
     cursor = internal["cursors"]["sub"]
-    first = service.topic(TOPIC).message_id_of_offset(0)
+    first = service.topics.topic(TOPIC).message_id_of_offset(0)
     assert cursor["markDeletePosition"] == f"{first.ledger_id}:{first.entry_id}"  # offset 0 acked, 1 not
-    seven = service.topic(TOPIC).message_id_of_offset(7)
+    seven = service.topics.topic(TOPIC).message_id_of_offset(7)
     assert f"({seven.ledger_id}:{seven.entry_id - 1}..{seven.ledger_id}:{seven.entry_id}]" in \
         cursor["individuallyDeletedMessages"]
     assert cursor["markDeleteOffset"] == 1 and cursor["ackedOffsetRanges"] == [[2, 5], [7, 8]]
@@ -240,7 +241,7 @@ def test_subscriptions_are_created_at_a_position_listed_and_deleted(server: Serv
     publish(service, [f"m{i}".encode() for i in range(5)])
     ok(client.put(f"{TOPIC_URL}/subscription/from-start", json="earliest"))
     ok(client.put(f"{TOPIC_URL}/subscription/from-now", params={"messageId": "latest"}))
-    third = service.topic(TOPIC).message_id_of_offset(2)
+    third = service.topics.topic(TOPIC).message_id_of_offset(2)
     ok(client.put(f"{TOPIC_URL}/subscription/from-third", json={"ledgerId": third.ledger_id,
                                                                  "entryId": third.entry_id}))
     ok(client.put(f"{TOPIC_URL}/subscription/after-third", params={"messageId": f"{third.ledger_id}:{third.entry_id}"},
@@ -250,7 +251,7 @@ def test_subscriptions_are_created_at_a_position_listed_and_deleted(server: Serv
     assert again.status_code == 409 and again.json()["code"] == "already_exists"
     assert ok(client.get(f"{TOPIC_URL}/subscriptions"), 200).json() == [
         "after-third", "from-now", "from-start", "from-third"]
-    consumer = service.subscribe(TOPIC, "from-start", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"))
+    consumer = service.subscriptions.subscribe(TOPIC, "from-start", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"))
     busy = client.delete(f"{TOPIC_URL}/subscription/from-start")
     assert busy.status_code == 412 and busy.json()["code"] == "precondition_failed" and not consumer.closed
     ok(client.delete(f"{TOPIC_URL}/subscription/from-start", params={"force": "true"}))
@@ -265,7 +266,8 @@ def test_resetcursor_redelivers_from_the_right_message_to_a_connected_consumer(s
     times = publish(service, [f"m{i}".encode() for i in range(5)])
     after_ms(service, times[-1])
     times += publish(service, [f"m{i}".encode() for i in range(5, 10)])
-    consumer = service.subscribe(TOPIC, "sub", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"), initial="earliest")
+    consumer = service.subscriptions.subscribe(TOPIC, "sub", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"),
+                                               initial="earliest")
     consumer.flow(100)
     first = take(consumer, 10)
     consumer.ack_cumulative(first[-1].offset)
@@ -274,7 +276,7 @@ def test_resetcursor_redelivers_from_the_right_message_to_a_connected_consumer(s
     assert [d.message.payload for d in take(consumer, 5)] == [f"m{i}".encode() for i in range(5, 10)]
     assert consumer.poll() is None
     consumer.ack_cumulative(9)
-    third = service.topic(TOPIC).message_id_of_offset(2)
+    third = service.topics.topic(TOPIC).message_id_of_offset(2)
     body = {"ledgerId": third.ledger_id, "entryId": third.entry_id, "partitionIndex": -1, "batchIndex": -1}
     ok(client.post(f"{TOPIC_URL}/subscription/sub/resetcursor", json=body))
     assert [d.offset for d in take(consumer, 8)] == list(range(2, 10))
@@ -368,7 +370,7 @@ def test_compaction_status_reaches_success_and_keeps_the_latest_value_per_key(se
         time.sleep(0.01)
         status = client.get(f"{TOPIC_URL}/compaction").json()
     assert status["status"] == "SUCCESS" and status["lastError"] == "" and status["messages"] == 2
-    reader = service.reader(TOPIC, StartPosition.earliest(), compacted=True)
+    reader = service.subscriptions.reader(TOPIC, StartPosition.earliest(), compacted=True)
     view = []
     while (delivery := reader.read_next()) is not None:
         view.append((delivery.message.key, delivery.message.payload))
@@ -410,9 +412,10 @@ BAD_INPUT = [
 
 
 def _state(client: httpx.Client, service: BrokerService) -> tuple[Any, ...]:
-    topic = service.topic(TOPIC)
-    return (service.tenants(), service.namespaces("public"), service.policies("public/default"),
-            client.get(f"{ADMIN}/persistent/public/default").json(), service.partitioned_topics("public/default"),
+    topic = service.topics.topic(TOPIC)
+    namespaces = service.namespaces
+    return (namespaces.tenants(), namespaces.namespaces("public"), namespaces.policies("public/default"),
+            client.get(f"{ADMIN}/persistent/public/default").json(), service.topics.partitioned_names("public/default"),
             topic.cursors.names(), topic.cursors.get("sub").mark_delete_offset)  # type: ignore[union-attr]
 
 
@@ -487,7 +490,7 @@ def test_policy_values_at_their_bound_are_kept(server: Server) -> None:
     assert client.post(f"{NS_URL}/messageTTL", json=2**31 - 1).status_code == 204
     assert client.get(f"{NS_URL}/retention").json() == at_bound
     assert client.get(f"{NS_URL}/messageTTL").json() == 2**31 - 1
-    config = service.topic(TOPIC).ml.config
+    config = service.topics.topic(TOPIC).ml.config
     assert (config.retention_time_ms, config.retention_size_bytes) == ((2**31 - 1) * 60_000, (2**43 - 1) * 2**20)
     assert config.message_ttl_ms == (2**31 - 1) * 1000
 
@@ -523,7 +526,7 @@ def test_tenants_need_a_superuser_and_tenant_admins_manage_only_their_tenant(tmp
                         client.get(f"{ADMIN}/namespaces/other", headers=ops),
                         client.get(f"{ADMIN}/persistent/public/default", headers=ops)):
             assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
-        assert service.namespaces("other") == []
+        assert service.namespaces.namespaces("other") == []
 
         produce = {"messages": [{"payload": "x"}]}
         assert client.post("/topics/persistent/acme/prod/t", json=produce, headers=app).status_code == 403
@@ -534,4 +537,4 @@ def test_tenants_need_a_superuser_and_tenant_admins_manage_only_their_tenant(tmp
         assert client.get(f"{ADMIN}/persistent/acme/prod", headers=app).status_code == 403  # not an admin
         ok(client.delete(f"{ADMIN}/namespaces/acme/prod/permissions/app", headers=ops))
         assert client.post("/topics/persistent/acme/prod/t", json=produce, headers=app).status_code == 403
-        assert service.topic("acme/prod/t").ml.statistics().messages_added == 1
+        assert service.topics.topic("acme/prod/t").ml.statistics().messages_added == 1

@@ -33,10 +33,10 @@ PRODUCE_URL = "/topics/persistent/public/default/secured"
 def secured(tmp_path: Path) -> Iterator[tuple[str, BrokerService]]:
     auth = AuthConfig(enabled=True, secret_key=SECRET, superuser_roles=frozenset({"admin"}))
     with running_server(str(tmp_path / "data"), auth=auth) as (url, service):
-        service.set_policy("public/default", "auth_policies",
+        service.namespaces.set_policy("public/default", "auth_policies",
                           {"namespace_auth": {"writer": ["produce"], "reader": ["consume"]}})
-        service.create_tenant("acme", {"adminRoles": ["acme-admin"]})
-        service.create_namespace("acme/apps")
+        service.namespaces.create_tenant("acme", {"adminRoles": ["acme-admin"]})
+        service.namespaces.create_namespace("acme/apps")
         yield url, service
 
 

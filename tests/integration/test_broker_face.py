@@ -38,8 +38,8 @@ PARTITIONS = 4
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BrokerService]]:
     with running_server(str(tmp_path_factory.mktemp("face") / "data")) as (url, service):
-        service.set_policy("public/default", "retention_policies", {"retentionTimeInMinutes": -1,
-                                                                    "retentionSizeInMB": -1})
+        service.namespaces.set_policy("public/default", "retention_policies", {"retentionTimeInMinutes": -1,
+                                                                               "retentionSizeInMB": -1})
         yield url, service
 
 
@@ -86,7 +86,7 @@ def _entries(results: list[dict[str, Any]]) -> dict[tuple[int, int], set[int]]:
 
 def test_a_batching_producer_routes_each_batch_once(served: tuple[str, BrokerService]) -> None:
     url, service = served
-    service.create_partitioned_topic(TopicName.parse("batched"), PARTITIONS)
+    service.topics.create_partitioned(TopicName.parse("batched"), PARTITIONS)
     results = _burst(url, "batched", [{"payload": b64(f"m{i}")} for i in range(BURST)])
     entries = _entries(results)
     assert len(entries) <= BURST // 10, f"{len(entries)} entries for {BURST} messages: batches were split"
@@ -98,7 +98,7 @@ def test_a_batching_producer_routes_each_batch_once(served: tuple[str, BrokerSer
 
 def test_keyed_messages_stay_on_their_partition_in_order(served: tuple[str, BrokerService]) -> None:
     url, service = served
-    service.create_partitioned_topic(TopicName.parse("keyed-batches"), PARTITIONS)
+    service.topics.create_partitioned(TopicName.parse("keyed-batches"), PARTITIONS)
     frames = [{"payload": b64(f"k{i % 20}:{i}"), "key": f"k{i % 20}"} for i in range(BURST)]
     results = _burst(url, "keyed-batches", frames)
     entries = _entries(results)
@@ -130,7 +130,7 @@ def test_names_follow_one_rule_stated_in_every_refusal(served: tuple[str, Broker
             assert "/managed-ledgers" not in body["message"] and "/admin/" not in body["message"]
     with pytest.raises(Exception, match="ASCII letters, digits"):
         TopicName.of("public", "default", local_name)
-    assert not any(local_name in name for name in service.topics("public/default"))
+    assert not any(local_name in name for name in service.topics.names("public/default"))
 
 
 def test_subscription_names_follow_the_same_rule_everywhere(served: tuple[str, BrokerService]) -> None:

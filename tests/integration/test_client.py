@@ -253,12 +253,12 @@ def test_unsubscribe_deletes_the_subscription_and_ends_the_consumer(
     other.close()
     # the client's close returns once the close handshake is done; the broker detaches that
     # consumer as its session ends, a moment later: wait for it, bounded, before unsubscribing
-    subscription = next(s for s in server[1].subscriptions_of(TopicName.parse("gone")) if s.name == "sub")
+    subscription = next(s for s in server[1].subscriptions.of(TopicName.parse("gone")) if s.name == "sub")
     deadline = time.monotonic() + WAIT_MS / 1000
     while len(subscription.consumers) > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     consumer.unsubscribe()
-    assert "sub" not in server[1].topic("gone").cursors.names()
+    assert "sub" not in server[1].topics.topic("gone").cursors.names()
     with pytest.raises(ConnectionClosed) as closed:
         consumer.receive(WAIT_MS)
     assert closed.value.by_client

@@ -65,8 +65,8 @@ def test_overview_reports_storage_and_traffic_that_move_with_messages(server: Se
     assert before["storage"]["readOnly"] is False
     # subscribed first: the subscription keeps what is published (without one, the test preset's
     # retention of nothing lets the maintenance pass trim rolled-over ledgers before they are read)
-    consumer = service.subscribe("public/default/stats", "s", SubscriptionType.SHARED, ConsumerConfig("c"),
-                                 initial="earliest")
+    consumer = service.subscriptions.subscribe("public/default/stats", "s", SubscriptionType.SHARED,
+                                               ConsumerConfig("c"), initial="earliest")
     for _ in range(40):
         publish_to(service, "public/default/stats", [Message(b"x" * 100)], producer_name="p")
     consumer.flow(100)
@@ -128,7 +128,7 @@ def test_offset_of_resolves_every_form_of_message_id(server: Server) -> None:
     assert found["offset"] == second_batch_middle["offset"] == 4 and found["partition"] == -1
     ledger, entry = found["messageId"]["ledgerId"], found["messageId"]["entryId"]
     assert client.get(url, params={"messageId": f"{ledger}:{entry}"}).json()["offset"] == 3
-    delivered = service.reader("public/default/ids", StartPosition.earliest()).read_next()
+    delivered = service.subscriptions.reader("public/default/ids", StartPosition.earliest()).read_next()
     assert delivered is not None
     assert client.get(url, params={"messageId": delivered.message_id.to_base64()}).json()["offset"] == 0
     for bad, status, words in (("zz:1", 400, "non-integer"), ("%%%", 400, "base64"),
@@ -176,8 +176,8 @@ def test_with_auth_on_the_overview_needs_a_superuser_and_the_console_stays_publi
     auth = AuthConfig(enabled=True, secret_key=SECRET, superuser_roles=frozenset({"admin"}))
     with running_server(str(tmp_path / "data"), auth=auth) as (url, service), \
             httpx.Client(base_url=url, timeout=30) as client:
-        service.create_tenant("acme", {"adminRoles": ["acme-admin"]})
-        service.create_namespace("acme/apps")
+        service.namespaces.create_tenant("acme", {"adminRoles": ["acme-admin"]})
+        service.namespaces.create_namespace("acme/apps")
 
         def bearer(role: str) -> dict[str, str]:
             return {"Authorization": f"Bearer {create_token(role, secret_key=SECRET)}"}

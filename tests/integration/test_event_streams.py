@@ -158,11 +158,11 @@ def test_a_multi_key_request_is_all_or_nothing(server: tuple[str, BrokerService]
         assert client.post(TOPIC_URL, json=append_request("a", ["a0"], -1)).status_code == 200
         both = {"producerName": "w", "messages": [{"payload": "a1", "key": "a"}, {"payload": "b0", "key": "b"},
                                                   {"payload": "plain"}]}
-        next_offset = service.topic(TopicName.parse(TOPIC)).ml.next_offset
+        next_offset = service.topics.topic(TopicName.parse(TOPIC)).ml.next_offset
         refused = client.post(TOPIC_URL, json={**both, "expectedKeyVersions": {"a": 0, "b": 0}})
         assert refused.status_code == 409
         assert refused.json()["currentKeyVersions"] == {"a": 0, "b": -1}
-        assert service.topic(TopicName.parse(TOPIC)).ml.next_offset == next_offset
+        assert service.topics.topic(TopicName.parse(TOPIC)).ml.next_offset == next_offset
         assert client.get(key_url("b")).json()["version"] == -1
         accepted = client.post(TOPIC_URL, json={**both, "expectedKeyVersions": {"a": 0, "b": -1}})
         assert accepted.status_code == 200, accepted.text
@@ -188,7 +188,7 @@ def test_a_retried_conditional_request_answers_its_first_results(server: tuple[s
 def test_reads_by_version_both_ways_in_json_and_arrow_across_rollovers_and_partitions(
         server: tuple[str, BrokerService]) -> None:
     url, service = server
-    service.create_partitioned_topic(TopicName.parse("public/default/ledgers"), 4)
+    service.topics.create_partitioned(TopicName.parse("public/default/ledgers"), 4)
     with httpx.Client(base_url=url, timeout=30) as client:
         for topic_url in (TOPIC_URL, "/topics/persistent/public/default/ledgers"):
             for version in range(25):
@@ -219,18 +219,18 @@ def test_reads_by_version_both_ways_in_json_and_arrow_across_rollovers_and_parti
                 == []
         partition = client.get(key_url("x", "/topics/persistent/public/default/ledgers")).json()["partition"]
         assert 0 <= partition < 4
-        stats = service.topic(TopicName.parse(f"public/default/ledgers-partition-{partition}")).ml.statistics()
+        stats = service.topics.topic(TopicName.parse(f"public/default/ledgers-partition-{partition}")).ml.statistics()
         assert stats.ledgers > 2  # the stream crossed ledger rollovers
 
 
 def test_trimmed_versions_are_gone_with_the_first_version_kept(server: tuple[str, BrokerService]) -> None:
     url, service = server
-    service.set_policy("public/default", "retention_policies", KEEP_NOTHING)
+    service.namespaces.set_policy("public/default", "retention_policies", KEEP_NOTHING)
     with httpx.Client(base_url=url, timeout=30) as client:
         for version in range(20):
             client.post(TOPIC_URL, json=append_request("old", [f"v{version}"], version - 1)).raise_for_status()
         service.key_index.flush()
-        service.run_maintenance()
+        service.maintenance.run()
         info = client.get(key_url("old")).json()
         assert 0 < info["firstVersion"] <= 19 and info["version"] == 19
         gone = client.get(f"{key_url('old')}/messages", params={"fromVersion": 0})

@@ -31,7 +31,7 @@ def server(tmp_path: Path) -> Iterator[tuple[httpx.Client, BrokerService]]:
 
 def test_persistence_policy_round_trip_and_validation(server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server
-    topic = service.topic(TopicName.parse("public/default/t"))
+    topic = service.topics.topic(TopicName.parse("public/default/t"))
     assert client.get(URL).json() is None
     assert topic.ml.config.quorum == QuorumConfig(1, 1, 1)
     policy = {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1,

@@ -88,7 +88,7 @@ def payloads(messages: list[dict[str, Any]]) -> list[str]:
 
 
 def backlog(service: BrokerService, topic: str, subscription: str) -> int:
-    cursor = service.topic(TopicName.parse(topic), create=False).cursors.get(subscription)
+    cursor = service.topics.topic(TopicName.parse(topic), create=False).cursors.get(subscription)
     assert cursor is not None
     return cursor.backlog_messages()
 
@@ -212,7 +212,7 @@ def test_concurrent_pulls_on_a_shared_subscription_never_share_a_message(
 
 def test_partitions(server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server
-    service.create_partitioned_topic(TopicName.parse("public/default/parts"), 2)
+    service.topics.create_partitioned(TopicName.parse("public/default/parts"), 2)
     url = "/topics/persistent/public/default/parts/partitions/1/subscription/s"
     assert pull(client, url) == []
     produce(client, ["p1"], url="/topics/persistent/public/default/parts/partitions/1")
@@ -260,7 +260,7 @@ def test_bad_pull_parameters_get_a_400(server: tuple[httpx.Client, BrokerService
         response = client.post(path, params=params)
         assert response.status_code == 400, (path, params, response.text)
         assert response.json()["code"] == "invalid_request" and response.json()["message"], (path, params)
-    assert service.subscriptions_of(TopicName.parse(TOPIC)) == []
+    assert service.subscriptions.of(TopicName.parse(TOPIC)) == []
 
 
 def test_bad_acks_get_a_400_and_acknowledge_nothing(server: tuple[httpx.Client, BrokerService]) -> None:
@@ -273,7 +273,7 @@ def test_bad_acks_get_a_400_and_acknowledge_nothing(server: tuple[httpx.Client, 
             assert response.status_code == 400, (action, body, response.text)
             assert response.json()["code"] == "invalid_request" and response.json()["message"], (action, body)
     assert backlog(service, TOPIC, "workers") == 2
-    (subscription,) = service.subscriptions_of(TopicName.parse(TOPIC))
+    (subscription,) = service.subscriptions.of(TopicName.parse(TOPIC))
     assert subscription.statistics().unacked_messages == 2  # nothing was nacked either
 
 
@@ -373,7 +373,7 @@ def test_a_pull_without_a_type_joins_an_active_shared_subscription(tmp_path: Pat
     registry = RestConsumers(service, EdgeLimits())
     name = TopicName.parse(TOPIC)
     try:
-        other = service.subscribe(name, "workers", SubscriptionType.SHARED, ConsumerConfig("ws-consumer"))
+        other = service.subscriptions.subscribe(name, "workers", SubscriptionType.SHARED, ConsumerConfig("ws-consumer"))
         for i in range(10):
             publish_to(service, name, [Message(payload=f"m{i}".encode())], producer_name="p")
         other.flow(4)
@@ -395,7 +395,7 @@ def test_a_pull_without_a_type_joins_an_active_shared_subscription(tmp_path: Pat
 def test_the_registry_is_bounded_in_all_per_role_and_per_namespace(tmp_path: Path) -> None:
     service = BrokerService(str(tmp_path / "data"), BrokerConfig.test_min())
     service.start()
-    service.create_namespace("public/other")
+    service.namespaces.create_namespace("public/other")
     limits = EdgeLimits(rest_consumers_max=3, rest_consumers_per_role_max=1, rest_consumers_per_namespace_max=2)
     registry = RestConsumers(service, limits)
     settings = ConsumerSettings.of(PullParams.model_validate({}))
@@ -435,11 +435,11 @@ def test_authorization(tmp_path: Path) -> None:
             ungranted = client.post(f"{SUB_URL}/{path}", json=body, headers=as_role("reader"))
             assert ungranted.status_code == 403 and ungranted.json()["code"] == "forbidden"
         assert backlog(service, TOPIC, "workers") == 1  # the refused ack changed nothing
-        service.set_policy("public/default", "auth_policies", {"namespace_auth": {"reader": ["consume"]}})
+        service.namespaces.set_policy("public/default", "auth_policies", {"namespace_auth": {"reader": ["consume"]}})
         granted = client.post(f"{SUB_URL}/pull", headers=as_role("reader"))
         assert granted.status_code == 200 and payloads(granted.json()["messages"]) == ["secret"]
         acked = client.post(f"{SUB_URL}/ack", json={"offsets": [0]}, headers=as_role("reader"))
         assert acked.status_code == 200 and backlog(service, TOPIC, "workers") == 0
         writer_only = {"namespace_auth": {"reader": ["consume"], "writer": ["produce"]}}
-        service.set_policy("public/default", "auth_policies", writer_only)
+        service.namespaces.set_policy("public/default", "auth_policies", writer_only)
         assert client.post(f"{SUB_URL}/pull", headers=as_role("writer")).status_code == 403

@@ -63,7 +63,7 @@ def test_expected_offset_conflict_writes_nothing(server: tuple[httpx.Client, Bro
 
 def test_partitions(server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server
-    service.create_partitioned_topic(TopicName.parse("public/default/parts"), 2)
+    service.topics.create_partitioned(TopicName.parse("public/default/parts"), 2)
     one = {"messages": [{"payload": "p"}]}
     response = client.post("/topics/persistent/public/default/parts/partitions/1", json=one)
     assert response.json()["messagePublishResults"][0]["messageId"].endswith(":1")
@@ -85,7 +85,7 @@ def test_bad_input_gets_a_clear_4xx_and_writes_nothing(server: tuple[httpx.Clien
     response = client.post(TOPIC_URL, content=body, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     assert response.json()["code"] == code and response.json()["message"]
-    assert not service.topic_exists(TopicName.parse("public/default/orders")) or \
+    assert not service.topics.exists(TopicName.parse("public/default/orders")) or \
         stored(service, "public/default/orders") == []
 
 

@@ -46,7 +46,7 @@ MESSAGES_PER_ENTRY = 3
 def server(tmp_path: Path) -> Iterator[tuple[httpx.Client, BrokerService]]:
     with running_server(str(tmp_path / "data"), BrokerConfig.test_min()) as (url, service), \
             httpx.Client(base_url=url, timeout=30) as client:
-        service.set_policy("public/default", "retention_policies", KEEP_FOREVER)
+        service.namespaces.set_policy("public/default", "retention_policies", KEEP_FOREVER)
         yield client, service
 
 
@@ -173,10 +173,11 @@ def test_reading_at_or_past_the_end_is_empty(server: tuple[httpx.Client, BrokerS
 
 def test_trimmed_offsets_are_410_data_lost(server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server
-    service.set_policy("public/default", "retention_policies", {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
+    service.namespaces.set_policy("public/default", "retention_policies",
+                                  {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
     payloads = produce_sample(client)
-    service.run_maintenance()  # no subscription and no retention: every closed ledger goes
-    first = service.topic(TopicName.parse(TOPIC)).ml.first_offset
+    service.maintenance.run()  # no subscription and no retention: every closed ledger goes
+    first = service.topics.topic(TopicName.parse(TOPIC)).ml.first_offset
     assert 0 < first < len(payloads)
     lost = client.get(f"{TOPIC_URL}/messages", params={"offset": first - 1}, headers=ARROW)
     assert lost.status_code == 410
@@ -219,13 +220,13 @@ def test_unknown_topic_is_404(server: tuple[httpx.Client, BrokerService]) -> Non
                  "/topics/persistent/public/default/nothing/offsets"):
         response = client.get(path)
         assert response.status_code == 404 and response.json()["code"] == "not_found"
-    assert not service.topic_exists(TopicName.parse("public/default/nothing"))  # reads create nothing
+    assert not service.topics.exists(TopicName.parse("public/default/nothing"))  # reads create nothing
 
 
 def test_partition_paths(server: tuple[httpx.Client, BrokerService]) -> None:
     client, service = server
     base = TopicName.parse("public/default/parts")
-    service.create_partitioned_topic(base, 3)
+    service.topics.create_partitioned(base, 3)
     url = "/topics/persistent/public/default/parts"
     produce(client, f"{url}/partitions/1", [{"payload": b"one-a"}, {"payload": b"one-b"}])
     produce(client, f"{url}/partitions/2", [{"payload": b"two"}])
@@ -254,12 +255,12 @@ def test_offsets_of_partitions_and_by_timestamp(server: tuple[httpx.Client, Brok
         at = body["offsets"][f"persistent://{TOPIC}"]["atTimestamp"]
         assert at == next((i for i, t in enumerate(times) if t >= pivot), len(times))
     base = TopicName.parse("public/default/grow")
-    service.create_partitioned_topic(base, 2)
+    service.topics.create_partitioned(base, 2)
     produce(client, "/topics/persistent/public/default/grow/partitions/1", [{"payload": b"a"}, {"payload": b"b"}])
     body = client.get("/topics/persistent/public/default/grow/offsets").json()
     assert body == {"partitions": 2, "offsets": {f"{base.full_name}-partition-0": {"first": 0, "next": 0},
                                                  f"{base.full_name}-partition-1": {"first": 0, "next": 2}}}
-    service.update_partitioned_topic(base, 3)
+    service.topics.update_partitioned(base, 3)
     grown = client.get("/topics/persistent/public/default/grow/offsets").json()
     assert grown["partitions"] == 3 and f"{base.full_name}-partition-2" in grown["offsets"]
 
@@ -278,8 +279,8 @@ def test_reading_needs_the_consume_permission(tmp_path: Path) -> None:
     auth = AuthConfig(enabled=True, secret_key=secret, superuser_roles=frozenset({"admin"}))
     with running_server(str(tmp_path / "data"), BrokerConfig.test_min(), auth=auth) as (url, service), \
             httpx.Client(base_url=url, timeout=30) as client:
-        service.set_policy("public/default", "auth_policies", {"namespace_auth": {"writer": ["produce"],
-                                                                                  "reader": ["consume"]}})
+        service.namespaces.set_policy("public/default", "auth_policies", {"namespace_auth": {"writer": ["produce"],
+                                                                                             "reader": ["consume"]}})
         admin = {"authorization": f"Bearer {create_token('admin', secret_key=secret)}"}
         assert client.post(TOPIC_URL, json={"messages": [{"payload": "x"}]}, headers=admin).status_code == 200
         for path in (f"{TOPIC_URL}/messages?offset=0", f"{TOPIC_URL}/offsets"):

@@ -185,13 +185,13 @@ def roles(served: Served) -> None:
     """Tenant, namespace and grants as the roles need them (a destructive call before may have
     deleted them)."""
     service = served.service
-    if "acme" not in service.tenants():
-        service.create_tenant("acme", {"adminRoles": ["acme-admin"]})
-    service.update_tenant("acme", {"adminRoles": ["acme-admin"]})
-    if "acme/apps" not in service.namespaces("acme"):
-        service.create_namespace("acme/apps")
-    service.set_policy("acme/apps", "auth_policies",
-                       {"namespace_auth": {"producer": ["produce"], "consumer": ["consume"]}})
+    if "acme" not in service.namespaces.tenants():
+        service.namespaces.create_tenant("acme", {"adminRoles": ["acme-admin"]})
+    service.namespaces.update_tenant("acme", {"adminRoles": ["acme-admin"]})
+    if "acme/apps" not in service.namespaces.namespaces("acme"):
+        service.namespaces.create_namespace("acme/apps")
+    service.namespaces.set_policy("acme/apps", "auth_policies",
+                                  {"namespace_auth": {"producer": ["produce"], "consumer": ["consume"]}})
 
 
 def headers(role: str | None) -> dict[str, str]:

@@ -60,12 +60,12 @@ def secured(tmp_path: Path) -> Iterator[tuple[str, BrokerService]]:
     auth = AuthConfig(enabled=True, secret_key=SECRET, superuser_roles=frozenset({"admin"}),
                       authenticate_metrics=True)
     with running_server(str(tmp_path / "data"), auth=auth, limits=SMALL) as (url, service):
-        service.set_policy("public/default", "auth_policies",
-                           {"namespace_auth": {"reader": ["consume"], "writer": ["produce"],
-                                               "both": ["produce", "consume"]}})
-        service.create_tenant("secret", {})
-        service.create_namespace("secret/ns")
-        service.set_policy("secret/ns", "auth_policies", {"namespace_auth": {"both": ["produce"]}})
+        service.namespaces.set_policy("public/default", "auth_policies",
+                                      {"namespace_auth": {"reader": ["consume"], "writer": ["produce"],
+                                                          "both": ["produce", "consume"]}})
+        service.namespaces.create_tenant("secret", {})
+        service.namespaces.create_namespace("secret/ns")
+        service.namespaces.set_policy("secret/ns", "auth_policies", {"namespace_auth": {"both": ["produce"]}})
         yield url, service
 
 
@@ -80,7 +80,7 @@ def test_a_dead_letter_topic_needs_the_produce_permission_there(secured: tuple[s
         pulled = http.post("/topics/persistent/public/default/dl/subscription/sub/pull",
                            params={"deadLetterTopic": injected}, headers=bearer("reader"))
         assert pulled.status_code == 403 and "secret/ns/injected" in pulled.json()["message"]
-    assert not service.topic_exists(TopicName.parse(injected))
+    assert not service.topics.exists(TopicName.parse(injected))
     with open_ws(consumer, **bearer("both")) as allowed:  # produce there and consume here: fine
         send_frame(allowed, {"type": "isEndOfTopic"})
         assert "endOfTopic" in recv_frame(allowed)
@@ -118,7 +118,7 @@ def test_a_body_without_a_token_is_refused_from_its_headers(secured: tuple[str, 
             answer = _read_answer(raw)
         assert answer.startswith(b"HTTP/1.1 401") and b'"unauthorized"' in answer
     assert stored(service, "big") == [b"small"]
-    assert "intruder" not in service.tenants()
+    assert "intruder" not in service.namespaces.tenants()
 
 
 def test_a_refused_small_body_is_read_so_the_answer_is_not_reset(secured: tuple[str, BrokerService]) -> None:
@@ -193,16 +193,16 @@ def test_a_pattern_consumer_stops_following_topics_once_closed(tmp_path: Path) -
     with running_server(str(tmp_path / "data")) as (url, service):
         pattern = f"{ws_base(url)}/ws/v3/consumer/watch?topicsPattern=persistent://public/default/orders-.*"
         with open_ws(pattern) as consumer:
-            service.topic("public/default/orders-1")
+            service.topics.topic("public/default/orders-1")
             send_frame(consumer, {"type": "isEndOfTopic"})
             recv_frame(consumer)
-        first = service.topic("public/default/orders-1").name
+        first = service.topics.topic("public/default/orders-1").name
         deadline = time.monotonic() + WAIT_S
-        while any(s.consumers for s in service.subscriptions_of(first)):  # until the server saw the client go
+        while any(s.consumers for s in service.subscriptions.of(first)):  # until the server saw the client go
             assert time.monotonic() < deadline, "the pattern consumer's session never ended"
             time.sleep(0.05)
-        second = service.topic("public/default/orders-2").name  # created after the pattern consumer left
-        assert all(not s.consumers for s in service.subscriptions_of(second))
+        second = service.topics.topic("public/default/orders-2").name  # created after the pattern consumer left
+        assert all(not s.consumers for s in service.subscriptions.of(second))
         exclusive = f"{ws_base(url)}/ws/v2/consumer/persistent/public/default/orders-2/watch"
         with open_ws(exclusive) as later:  # no leftover consumer holds the Exclusive subscription
             send_frame(later, {"type": "isEndOfTopic"})
@@ -221,14 +221,14 @@ def test_a_catastrophic_pattern_costs_nothing(tmp_path: Path) -> None:
         too_long = f"{ws_base(url)}/ws/v3/consumer/long?topicsPattern=persistent://public/default/{'x' * 600}"
         status, body = refused_status(too_long)
         assert status == 400 and "longer than 512 bytes" in body["message"]
-        assert service.open_topics()
+        assert service.topics.loaded()
 
 
 def test_answers_and_outstanding_deliveries_are_bounded_in_bytes(tmp_path: Path) -> None:
     big = b"m" * (60 * 1024)
     with running_server(str(tmp_path / "data"), limits=SMALL) as (url, service):
-        service.set_policy("public/default", "retention_policies", {"retentionTimeInMinutes": -1,
-                                                                    "retentionSizeInMB": -1})
+        service.namespaces.set_policy("public/default", "retention_policies", {"retentionTimeInMinutes": -1,
+                                                                               "retentionSizeInMB": -1})
         for _ in range(20):
             publish_to(service, "public/default/heavy", [Message(payload=big)], producer_name="p")
         publish_to(service, "public/default/tiny", [Message(payload=b"t" * 600) for _ in range(2000)],
@@ -317,7 +317,7 @@ def test_a_scrape_grows_linearly_with_topics_and_bursts_share_one_rendering(tmp_
         def add_topics(start: int, stop: int) -> None:
             for i in range(start, stop):
                 publish_to(service, f"t{i}", [Message(payload=b"x")], producer_name="p")
-                service.subscribe(f"t{i}", "s", SubscriptionType.SHARED, ConsumerConfig(name="c")).close()
+                service.subscriptions.subscribe(f"t{i}", "s", SubscriptionType.SHARED, ConsumerConfig(name="c")).close()
 
         collector = BrokerCollector(service)
         add_topics(0, 150)

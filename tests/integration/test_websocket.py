@@ -44,8 +44,8 @@ RECV_DEADLINE_S = 30.0
 def server(tmp_path: Path) -> Iterator[tuple[str, BrokerService]]:
     with running_server(str(tmp_path / "data")) as (url, service):
         # keep everything: readers hold no cursor, and test_min rolls ledgers every few entries
-        service.set_policy("public/default", "retention_policies",
-                           {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+        service.namespaces.set_policy("public/default", "retention_policies",
+                                      {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
         yield ws_base(url), service
 
 
@@ -62,7 +62,7 @@ def test_producer_frames_get_pulsar_results_with_ids_and_offsets(server: tuple[s
     ids = [MessageId.from_base64(r["messageId"]) for r in results]
     assert len({(i.ledger_id, i.entry_id) for i in ids}) == 3 and all(i.batch_index == -1 for i in ids)
     assert stored(service, "orders") == [b"\x00binary\xff", b"two", b"three"]
-    reader = service.reader("orders", StartPosition.earliest())
+    reader = service.subscriptions.reader("orders", StartPosition.earliest())
     first = reader.read_next()
     assert first is not None and first.message.key == "k1" and first.message.properties == {"a": "1"}
     assert first.message.event_time_ms == 1767323045678
@@ -190,7 +190,7 @@ def test_readers_start_where_asked_and_see_end_of_topic(server: tuple[str, Broke
         assert recv_nothing(reader)
         send_frame(reader, {"type": "isEndOfTopic"})
         assert recv_frame(reader) == {"endOfTopic": False}
-        service.topic("log").ml.terminate()
+        service.topics.topic("log").ml.terminate()
         send_frame(reader, {"type": "isEndOfTopic"})
         assert recv_frame(reader) == {"endOfTopic": True}
 
@@ -223,7 +223,7 @@ def test_batching_producer_stores_frames_that_arrive_together_as_one_entry(
 
 def test_partitioned_topic_and_multi_topic_consumers(server: tuple[str, BrokerService]) -> None:
     url, service = server
-    service.create_partitioned_topic(TopicName.parse("parts"), 3)
+    service.topics.create_partitioned(TopicName.parse("parts"), 3)
     with open_ws(f"{url}/ws/v2/consumer/{NS}/parts/sub?subscriptionType=Shared") as consumer, \
             open_ws(f"{url}/ws/v3/consumer/multi?topics=persistent://public/default/m1,m2"
                     "&subscriptionType=Shared") as multi:
@@ -243,7 +243,7 @@ def test_unsubscribe_removes_the_subscription(server: tuple[str, BrokerService])
         send_frame(consumer, {"type": "unsubscribe"})
         with pytest.raises(ConnectionClosedOK):
             consumer.recv(timeout=10)
-    assert "sub" not in service.topic("gone").cursors.names()
+    assert "sub" not in service.topics.topic("gone").cursors.names()
 
 
 def test_bad_frames_get_send_errors_and_write_nothing(server: tuple[str, BrokerService]) -> None:

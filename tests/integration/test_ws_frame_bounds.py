@@ -40,8 +40,8 @@ PROTOCOL_LOGGER = "api.ws.protocol"
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, BrokerService]]:
     with running_server(str(tmp_path / "data")) as (url, service):
-        service.set_policy("public/default", "retention_policies",
-                           {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+        service.namespaces.set_policy("public/default", "retention_policies",
+                                      {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
         yield ws_base(url), service
 
 

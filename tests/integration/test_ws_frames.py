@@ -38,8 +38,8 @@ CHUNK_PAUSE_S = 0.0005
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, BrokerService]]:
     with running_server(str(tmp_path_factory.mktemp("ws-frames") / "data")) as (url, service):
         # keep everything: nothing subscribes, and test_min rolls ledgers every few entries
-        service.set_policy("public/default", "retention_policies",
-                           {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
+        service.namespaces.set_policy("public/default", "retention_policies",
+                                      {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1})
         yield url, service
 
 

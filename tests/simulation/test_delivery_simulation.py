@@ -70,9 +70,9 @@ class World:
         return service
 
     def join(self, service: BrokerService, name: str) -> None:
-        consumer = service.subscribe(TOPIC, name, SUBSCRIPTIONS[name],
-                                     ConsumerConfig(f"{name}-{self.rng.randrange(10**6)}",
-                                                    negative_ack_redelivery_delay_ms=500),
+        consumer = service.subscriptions.subscribe(TOPIC, name, SUBSCRIPTIONS[name],
+                                                   ConsumerConfig(f"{name}-{self.rng.randrange(10**6)}",
+                                                                  negative_ack_redelivery_delay_ms=500),
                                      initial="earliest")
         consumer.flow(50)
         self.consumers[name].append(consumer)
@@ -81,7 +81,7 @@ class World:
         count = self.rng.randint(1, 4)
         messages = [Message(f"m{self.sequence + i}".encode(), key=f"k{self.rng.randrange(8)}") for i in range(count)]
         self.sequence += count
-        result = publish(self.service.topic(TOPIC), messages, producer_name="sim").result(timeout=30)
+        result = publish(self.service.topics.topic(TOPIC), messages, producer_name="sim").result(timeout=30)
         for offset, message in zip(result.offsets, messages, strict=True):
             self.published[offset] = message.payload
 
@@ -119,8 +119,8 @@ class World:
         leaving.close()
 
     def restart(self, *, crash: bool) -> None:
-        for subscription in self.service.open_topics()[0].cursors.names():
-            cursor = self.service.open_topics()[0].cursors.get(subscription)
+        for subscription in self.service.topics.loaded()[0].cursors.names():
+            cursor = self.service.topics.loaded()[0].cursors.get(subscription)
             if cursor is not None and not crash:
                 cursor.flush()
         if crash and self.fio is not None:
@@ -132,7 +132,7 @@ class World:
 
     def settle(self) -> None:
         self.clock.advance(1.0)
-        self.service.run_maintenance()
+        self.service.maintenance.run()
         wait_dispatch()
 
     def drain(self) -> None:

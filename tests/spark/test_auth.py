@@ -34,8 +34,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Bro
     auth = AuthConfig(enabled=True, secret_key=SECRET)
     with running_server(str(tmp_path_factory.mktemp("auth") / "data"), BrokerConfig.test_min(), auth=auth) as found:
         _, service = found
-        service.set_policy("public/default", "retention_policies", KEEP_FOREVER)
-        service.set_policy("public/default", "auth_policies", {"namespace_auth": {"spark": ["produce", "consume"]}})
+        service.namespaces.set_policy("public/default", "retention_policies", KEEP_FOREVER)
+        service.namespaces.set_policy("public/default", "auth_policies",
+                                      {"namespace_auth": {"spark": ["produce", "consume"]}})
         publish_to(service, "public/default/secured-in", [Message(payload=f"m{i}".encode()) for i in range(5)],
                         producer_name="setup")
         yield found
@@ -46,7 +47,7 @@ def test_token_reads_and_writes(spark: SparkSession, secured: tuple[str, BrokerS
     token = create_token("spark", secret_key=SECRET)
     frame = source(spark, url, topic="secured-in", startingOffsets="earliest", token=token).select("value")
     write_available_now(frame, str(tmp_path / "ck"), url, topic="secured-out", token=token)
-    reader = service.reader("public/default/secured-out", StartPosition.earliest())
+    reader = service.subscriptions.reader("public/default/secured-out", StartPosition.earliest())
     copied = []
     while (delivery := reader.read_next()) is not None:
         copied.append(delivery.message.payload)

@@ -33,10 +33,10 @@ KEEP_NOTHING = {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
 def trimmed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """A broker whose topic lost its first ledgers: (url, first retained offset)."""
     with running_server(str(tmp_path_factory.mktemp("trim") / "data"), BrokerConfig.test_min()) as (url, service):
-        service.set_policy("public/default", "retention_policies", KEEP_NOTHING)
+        service.namespaces.set_policy("public/default", "retention_policies", KEEP_NOTHING)
         produce_values(url, TOPIC, [f"m{i}".encode() for i in range(ENTRIES)], per_request=1)
-        service.run_maintenance()
-        first = service.topic(TopicName.parse(TOPIC)).ml.first_offset
+        service.maintenance.run()
+        first = service.topics.topic(TopicName.parse(TOPIC)).ml.first_offset
         assert 0 < first < ENTRIES
         yield url, first
 

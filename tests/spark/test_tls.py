@@ -34,7 +34,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Bro
     with running_server(str(tmp_path_factory.mktemp("tls") / "data"), BrokerConfig.test_min(), tls=tls) as found:
         url, service = found
         assert url.startswith("https://")
-        service.set_policy("public/default", "retention_policies", KEEP_FOREVER)
+        service.namespaces.set_policy("public/default", "retention_policies", KEEP_FOREVER)
         publish_to(service, "public/default/tls-in", [Message(payload=f"m{i}".encode()) for i in range(5)],
                         producer_name="setup")
         yield url, service, material

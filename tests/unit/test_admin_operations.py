@@ -63,13 +63,14 @@ def take(consumer: Consumer, count: int) -> list[Delivery]:
 
 def test_reset_redelivers_from_the_new_position_without_duplicating_held_messages(service: BrokerService) -> None:
     publish(service, 10)
-    consumer = service.subscribe(TOPIC, "s", SubscriptionType.EXCLUSIVE,
-                                 ConsumerConfig("c", negative_ack_redelivery_delay_ms=0), initial="earliest")
+    consumer = service.subscriptions.subscribe(TOPIC, "s", SubscriptionType.EXCLUSIVE,
+                                               ConsumerConfig("c", negative_ack_redelivery_delay_ms=0),
+                                               initial="earliest")
     consumer.flow(5)
     first = take(consumer, 5)
     assert [d.offset for d in first] == [0, 1, 2, 3, 4]
     consumer.ack([0, 1, 2])  # 3 and 4 stay held, unacknowledged
-    service.move_cursor(TOPIC, "s", lambda cursor: cursor.reset_to_offset(1))
+    service.subscriptions.move_cursor(TOPIC, "s", lambda cursor: cursor.reset_to_offset(1))
     consumer.flow(10)
     again = take(consumer, 7)
     assert [d.offset for d in again] == [1, 2, 5, 6, 7, 8, 9]
@@ -83,34 +84,35 @@ def test_reset_redelivers_from_the_new_position_without_duplicating_held_message
 
 def test_skip_all_withdraws_undelivered_messages_and_releases_held_ones(service: BrokerService) -> None:
     publish(service, 10)
-    consumer = service.subscribe(TOPIC, "s", SubscriptionType.SHARED, ConsumerConfig("c"), initial="earliest")
+    consumer = service.subscriptions.subscribe(TOPIC, "s", SubscriptionType.SHARED, ConsumerConfig("c"),
+                                               initial="earliest")
     consumer.flow(5)
     held = take(consumer, 1)
     assert [d.offset for d in held] == [0]
-    service.move_cursor(TOPIC, "s", lambda cursor: cursor.skip_all())
+    service.subscriptions.move_cursor(TOPIC, "s", lambda cursor: cursor.skip_all())
     assert consumer.poll() is None  # offsets 1-4 were withdrawn from the outbox
     assert consumer.permits == 4 and len(consumer.unacked) == 0  # their permits are back, 0 is released
     assert consumer.subscription.statistics().msg_backlog == 0
     publish(service, 1, first=10)
     assert [d.offset for d in take(consumer, 1)] == [10]
     consumer.close()  # a departing consumer gives back nothing the skip acknowledged
-    later = service.subscribe(TOPIC, "s", SubscriptionType.SHARED, ConsumerConfig("d"))
+    later = service.subscriptions.subscribe(TOPIC, "s", SubscriptionType.SHARED, ConsumerConfig("d"))
     later.flow(10)
     assert [d.offset for d in take(later, 1)] == [10]
 
 
 def test_moves_without_an_active_subscription_change_the_cursor(service: BrokerService) -> None:
     publish(service, 6)
-    topic = service.topic(TOPIC)
+    topic = service.topics.topic(TOPIC)
     topic.cursors.open("idle", initial="earliest")
-    service.move_cursor(TOPIC, "idle", lambda cursor: cursor.skip(4))
+    service.subscriptions.move_cursor(TOPIC, "idle", lambda cursor: cursor.skip(4))
     cursor = topic.cursors.get("idle")
     assert cursor is not None and cursor.backlog_messages() == 2 and cursor.mark_delete_offset == 4
 
 
 def test_nth_unacked_offset_skips_acknowledged_messages(service: BrokerService) -> None:
     publish(service, 10)
-    cursor = service.topic(TOPIC).cursors.open("peek", initial="earliest")
+    cursor = service.topics.topic(TOPIC).cursors.open("peek", initial="earliest")
     cursor.ack([1, 2, 5]).result(timeout=WAIT_S)
     assert [cursor.nth_unacked_offset(n) for n in range(1, 9)] == [0, 3, 4, 6, 7, 8, 9, None]
     cursor.ack_cumulative(3).result(timeout=WAIT_S)
@@ -118,7 +120,7 @@ def test_nth_unacked_offset_skips_acknowledged_messages(service: BrokerService) 
 
 
 def test_publish_rates_follow_the_injected_clock(service: BrokerService, clock: FakeClock) -> None:
-    topic = service.topic(TOPIC)
+    topic = service.topics.topic(TOPIC)
     publish(service, 10)
     clock.advance(2.0)
     topic.tick()
@@ -132,36 +134,37 @@ def test_publish_rates_follow_the_injected_clock(service: BrokerService, clock: 
 
 def test_a_subscription_with_consumers_is_deleted_only_with_force(service: BrokerService) -> None:
     publish(service, 2)
-    consumer = service.subscribe(TOPIC, "s", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"), initial="earliest")
+    consumer = service.subscriptions.subscribe(TOPIC, "s", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"),
+                                               initial="earliest")
     told: list[bool] = []
     consumer.listener = lambda: told.append(consumer.closed)
     with pytest.raises(PreconditionFailed):
-        service.delete_subscription(TOPIC, "s")
-    service.delete_subscription(TOPIC, "s", force=True)
+        service.subscriptions.delete(TOPIC, "s")
+    service.subscriptions.delete(TOPIC, "s", force=True)
     assert consumer.closed and told and told[-1]
-    assert service.topic(TOPIC).cursors.names() == []
+    assert service.topics.topic(TOPIC).cursors.names() == []
 
 
 def test_compaction_runs_in_the_background(service: BrokerService) -> None:
     for key, value in (("a", b"1"), ("b", b"2"), ("a", b"3")):
         publish_to(service, TOPIC, [Message(value, key=key)], producer_name="p")
-    assert service.compaction_status(TOPIC).status == "NOT_RUN"
-    service.trigger_compaction(TOPIC)
+    assert service.compactions.status(TOPIC).status == "NOT_RUN"
+    service.compactions.trigger(TOPIC)
     deadline = time.monotonic() + WAIT_S
-    while service.compaction_status(TOPIC).status != "SUCCESS" and time.monotonic() < deadline:
+    while service.compactions.status(TOPIC).status != "SUCCESS" and time.monotonic() < deadline:
         time.sleep(0.01)
-    status = service.compaction_status(TOPIC)
+    status = service.compactions.status(TOPIC)
     assert status.status == "SUCCESS" and status.messages == 2 and status.horizon_offset == 3
 
 
 def test_tenant_update_and_not_empty_refusals(service: BrokerService) -> None:
-    service.create_tenant("acme", {"adminRoles": ["ops"]})
-    service.update_tenant("acme", {"adminRoles": ["ops", "dev"]})
-    assert service.tenant_info("acme") == {"adminRoles": ["ops", "dev"], "allowedClusters": ["standalone"]}
-    service.create_namespace("acme/prod")
-    service.topic("acme/prod/t")
+    service.namespaces.create_tenant("acme", {"adminRoles": ["ops"]})
+    service.namespaces.update_tenant("acme", {"adminRoles": ["ops", "dev"]})
+    assert service.namespaces.tenant_info("acme") == {"adminRoles": ["ops", "dev"], "allowedClusters": ["standalone"]}
+    service.namespaces.create_namespace("acme/prod")
+    service.topics.topic("acme/prod/t")
     with pytest.raises(NotEmpty) as refused_namespace:
-        service.delete_namespace("acme/prod")
+        service.namespaces.delete_namespace("acme/prod")
     with pytest.raises(NotEmpty):
-        service.delete_tenant("acme")
+        service.namespaces.delete_tenant("acme")
     assert isinstance(refused_namespace.value, NotAllowed) and refused_namespace.value.http_status == 409

@@ -29,55 +29,56 @@ def started(data_dir: str, clock: FakeClock, *, auto_create_topics: bool = True)
 def test_admin_state_survives_restart(data_dir: str) -> None:
     clock = FakeClock()
     service = started(data_dir, clock)
-    assert service.tenants() == ["public"] and service.namespaces("public") == ["public/default"]
-    service.create_tenant("acme", {"adminRoles": ["ops"]})
+    assert service.namespaces.tenants() == ["public"] and service.namespaces.namespaces("public") == ["public/default"]
+    service.namespaces.create_tenant("acme", {"adminRoles": ["ops"]})
     with pytest.raises(AlreadyExists):
-        service.create_tenant("acme", {})
-    service.create_namespace("acme/prod")
-    service.create_partitioned_topic(TopicName.parse("acme/prod/orders"), 3)
-    publish(service.topic("acme/prod/events"), [Message(b"e")], producer_name="p").result(timeout=10)
+        service.namespaces.create_tenant("acme", {})
+    service.namespaces.create_namespace("acme/prod")
+    service.topics.create_partitioned(TopicName.parse("acme/prod/orders"), 3)
+    publish(service.topics.topic("acme/prod/events"), [Message(b"e")], producer_name="p").result(timeout=10)
     with pytest.raises(NotAllowed):
-        service.topic("acme/prod/orders")  # the partitioned topic itself takes no messages
-    publish(service.topic("acme/prod/orders-partition-1"), [Message(b"o")], producer_name="p").result(timeout=10)
+        service.topics.topic("acme/prod/orders")  # the partitioned topic itself takes no messages
+    publish(service.topics.topic("acme/prod/orders-partition-1"), [Message(b"o")], producer_name="p").result(timeout=10)
     with pytest.raises(NotFound):
-        service.topic("acme/prod/orders-partition-3")
+        service.topics.topic("acme/prod/orders-partition-3")
     service.close()
     service = started(data_dir, clock)
-    assert service.tenant_info("acme")["adminRoles"] == ["ops"]
-    assert service.namespaces("acme") == ["acme/prod"]
-    assert service.partitions(TopicName.parse("acme/prod/orders")) == 3
-    service.update_partitioned_topic(TopicName.parse("acme/prod/orders"), 5)
-    assert service.partitions(TopicName.parse("acme/prod/orders")) == 5
+    assert service.namespaces.tenant_info("acme")["adminRoles"] == ["ops"]
+    assert service.namespaces.namespaces("acme") == ["acme/prod"]
+    assert service.topics.partitions(TopicName.parse("acme/prod/orders")) == 3
+    service.topics.update_partitioned(TopicName.parse("acme/prod/orders"), 5)
+    assert service.topics.partitions(TopicName.parse("acme/prod/orders")) == 5
     with pytest.raises(InvalidRequest):
-        service.update_partitioned_topic(TopicName.parse("acme/prod/orders"), 2)  # partitions only grow
-    publish(service.topic("acme/prod/orders-partition-4"), [Message(b"new")], producer_name="p").result(timeout=10)
-    assert service.topics("acme/prod") == ["persistent://acme/prod/events",
-                                           "persistent://acme/prod/orders-partition-1",
-                                           "persistent://acme/prod/orders-partition-4"]
-    assert service.topic("acme/prod/events").ml.next_offset == 1
+        service.topics.update_partitioned(TopicName.parse("acme/prod/orders"), 2)  # partitions only grow
+    publish(service.topics.topic("acme/prod/orders-partition-4"), [Message(b"new")],
+            producer_name="p").result(timeout=10)
+    assert service.topics.names("acme/prod") == ["persistent://acme/prod/events",
+                                                 "persistent://acme/prod/orders-partition-1",
+                                                 "persistent://acme/prod/orders-partition-4"]
+    assert service.topics.topic("acme/prod/events").ml.next_offset == 1
     with pytest.raises(NotAllowed):
-        service.delete_namespace("acme/prod")
+        service.namespaces.delete_namespace("acme/prod")
     service.close()
 
 
 def test_auto_creation_can_be_turned_off(data_dir: str) -> None:
     service = started(data_dir, FakeClock(), auto_create_topics=False)
     with pytest.raises(NotFound):
-        service.topic("public/default/nope")
-    service.create_topic(TopicName.parse("public/default/yes"))
-    assert service.topic("public/default/yes").ml.next_offset == 0
+        service.topics.topic("public/default/nope")
+    service.topics.create(TopicName.parse("public/default/yes"))
+    assert service.topics.topic("public/default/yes").ml.next_offset == 0
     with pytest.raises(NotFound):
-        service.topic("nowhere/ns/t", create=True)
+        service.topics.topic("nowhere/ns/t", create=True)
     service.close()
 
 
 def test_ttl_policy_expires_backlog_and_retention_trims(data_dir: str) -> None:
     clock = FakeClock()
     service = started(data_dir, clock)
-    service.set_policy("public/default", "message_ttl_in_seconds", 60)
-    service.set_policy("public/default", "retention_policies",  # consumed ledgers go (Pulsar's default)
-                       {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
-    topic = service.topic("ttl")
+    service.namespaces.set_policy("public/default", "message_ttl_in_seconds", 60)
+    service.namespaces.set_policy("public/default", "retention_policies",  # consumed ledgers go (Pulsar's default)
+                                  {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
+    topic = service.topics.topic("ttl")
     cursor = topic.cursors.open("sub", initial="earliest")
     for i in range(12):
         publish(topic, [Message(f"{i}".encode())], producer_name="p").result(timeout=10)
@@ -85,10 +86,10 @@ def test_ttl_policy_expires_backlog_and_retention_trims(data_dir: str) -> None:
     ledgers_before = len(topic.ml.ledger_infos())
     clock.advance(61)
     publish(topic, [Message(b"fresh")], producer_name="p").result(timeout=10)
-    service.run_maintenance()
+    service.maintenance.run()
     cursor.flush()
     assert cursor.backlog_messages() == 1
-    service.run_maintenance()  # the persisted mark-delete now lets trimming go
+    service.maintenance.run()  # the persisted mark-delete now lets trimming go
     assert len(topic.ml.ledger_infos()) < ledgers_before
     service.close()
 
@@ -100,15 +101,15 @@ def test_dispatch_of_new_entries_runs_on_the_given_executor(data_dir: str) -> No
     service = started(data_dir, FakeClock())
     queued: list[Callable[[], None]] = []
     service.use_dispatch_executor(queued.append)
-    consumer = service.subscribe("orders", "s", SubscriptionType.SHARED, ConsumerConfig(name="c"))
+    consumer = service.subscriptions.subscribe("orders", "s", SubscriptionType.SHARED, ConsumerConfig(name="c"))
     consumer.flow(10)
-    publish(service.topic("orders"), [Message(b"first")], producer_name="p").result(timeout=10)
+    publish(service.topics.topic("orders"), [Message(b"first")], producer_name="p").result(timeout=10)
     assert consumer.poll() is None and len(queued) == 1
     queued.pop()()
     delivery = consumer.poll()
     assert delivery is not None and delivery.message.payload == b"first"
     service.use_dispatch_executor(None)
-    publish(service.topic("orders"), [Message(b"second")], producer_name="p").result(timeout=10)
+    publish(service.topics.topic("orders"), [Message(b"second")], producer_name="p").result(timeout=10)
     deadline = time.monotonic() + 10
     while (delivery := consumer.poll()) is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -48,7 +48,7 @@ def wait_for(source: Consumer | MultiConsumer, count: int) -> list[Delivery]:
 
 def test_keyed_messages_route_consistently_across_partitions(service: BrokerService) -> None:
     name = TopicName.parse("public/default/routed")
-    service.create_partitioned_topic(name, 4)
+    service.topics.create_partitioned(name, 4)
     partition_of: dict[str, set[int]] = {}
     for i in range(200):
         key = f"k{i % 17}"
@@ -62,11 +62,11 @@ def test_keyed_messages_route_consistently_across_partitions(service: BrokerServ
 
 
 def test_multi_topic_and_pattern_consumers_include_topics_created_later(service: BrokerService) -> None:
-    service.create_partitioned_topic(TopicName.parse("public/default/orders"), 2)
-    multi = service.subscribe_many(["public/default/orders", "public/default/audit"], "s",
-                                   SubscriptionType.SHARED, ConsumerConfig("m"), initial="earliest")
-    pattern = service.subscribe_pattern("public/default", r"persistent://public/default/metrics-.*", "p",
-                                        SubscriptionType.SHARED, ConsumerConfig("pm"), initial="earliest")
+    service.topics.create_partitioned(TopicName.parse("public/default/orders"), 2)
+    multi = service.subscriptions.subscribe_many(["public/default/orders", "public/default/audit"], "s",
+                                                 SubscriptionType.SHARED, ConsumerConfig("m"), initial="earliest")
+    pattern = service.subscriptions.subscribe_pattern("public/default", r"persistent://public/default/metrics-.*", "p",
+                                                      SubscriptionType.SHARED, ConsumerConfig("pm"), initial="earliest")
     multi.flow(100)
     for key in ("a", "b", "c", "d"):
         publish_to(service, "public/default/orders", [Message(key.encode(), key=key)], producer_name="o")
@@ -87,7 +87,7 @@ def test_multi_topic_and_pattern_consumers_include_topics_created_later(service:
 
 def test_readers_start_exactly_where_asked(service: BrokerService) -> None:
     clock: FakeClock = service.clock  # type: ignore[assignment]
-    topic = service.topic("public/default/reads")
+    topic = service.topics.topic("public/default/reads")
     ids: list[MessageId] = []
     times: list[int] = []
     for i in range(12):
@@ -97,7 +97,7 @@ def test_readers_start_exactly_where_asked(service: BrokerService) -> None:
         times.append(result.publish_time_ms)
 
     def first_payload(start: StartPosition, compacted: bool = False) -> bytes | None:
-        delivery = service.reader("public/default/reads", start, compacted=compacted).read_next()
+        delivery = service.subscriptions.reader("public/default/reads", start, compacted=compacted).read_next()
         return None if delivery is None else delivery.message.payload
 
     assert first_payload(StartPosition.earliest()) == b"m0"
@@ -106,14 +106,14 @@ def test_readers_start_exactly_where_asked(service: BrokerService) -> None:
     assert first_payload(StartPosition("message_id", message_id=ids[5], inclusive=False)) == b"m6"
     assert first_payload(StartPosition("offset", offset=7)) == b"m7"
     assert first_payload(StartPosition("timestamp", timestamp_ms=times[9])) == b"m9"
-    latest = service.reader("public/default/reads", StartPosition.latest())
+    latest = service.subscriptions.reader("public/default/reads", StartPosition.latest())
     assert not latest.has_message_available()
     publish(topic, [Message(b"tail")], producer_name="p").result(timeout=10)
     assert latest.has_message_available()
     delivered = latest.read_next()
     assert delivered is not None and delivered.message.payload == b"tail"
-    service.compactor(TopicName.parse("public/default/reads")).compact()
-    reader = service.reader("public/default/reads", StartPosition.earliest(), compacted=True)
+    service.compactions.compactor(TopicName.parse("public/default/reads")).compact()
+    reader = service.subscriptions.reader("public/default/reads", StartPosition.earliest(), compacted=True)
     compacted = []
     while (delivery := reader.read_next()) is not None:
         compacted.append(delivery.message.payload)
@@ -122,9 +122,10 @@ def test_readers_start_exactly_where_asked(service: BrokerService) -> None:
 
 def test_dead_letter_topic_gets_each_message_exactly_once(service: BrokerService) -> None:
     clock: FakeClock = service.clock  # type: ignore[assignment]
-    consumer = service.subscribe("public/default/poison", "s", SubscriptionType.SHARED,
-                                 ConsumerConfig("c", negative_ack_redelivery_delay_ms=100, max_redeliver_count=1),
-                                 initial="earliest")
+    consumer = service.subscriptions.subscribe("public/default/poison", "s", SubscriptionType.SHARED,
+                                               ConsumerConfig("c", negative_ack_redelivery_delay_ms=100,
+                                                              max_redeliver_count=1),
+                                               initial="earliest")
     consumer.flow(100)
     publish_to(service, "public/default/poison", [Message(b"bad")], producer_name="p")
     for _ in range(2):
@@ -132,31 +133,31 @@ def test_dead_letter_topic_gets_each_message_exactly_once(service: BrokerService
         assert len(delivery) == 1
         consumer.nack([delivery[0].offset])
         clock.advance(0.2)
-        service.run_maintenance()
-    service.run_maintenance()
-    dlq = service.reader("public/default/poison-s-DLQ", StartPosition.earliest())
+        service.maintenance.run()
+    service.maintenance.run()
+    dlq = service.subscriptions.reader("public/default/poison-s-DLQ", StartPosition.earliest())
     first = dlq.read_next()
     assert first is not None and first.message.payload == b"bad"
     assert first.message.properties["REAL_TOPIC"] == "persistent://public/default/poison"
     assert dlq.read_next() is None
-    subscription = service.subscriptions_of(TopicName.parse("public/default/poison"))[0]
+    subscription = service.subscriptions.of(TopicName.parse("public/default/poison"))[0]
     assert subscription.cursor.backlog_messages() == 0
     replay = Message(b"bad")  # a replayed dead-letter publish is deduplicated
-    again = publish(service.topic("public/default/poison-s-DLQ"),
+    again = publish(service.topics.topic("public/default/poison-s-DLQ"),
         [replay], producer_name=f"DLQ:persistent://public/default/poison:s:{first.offset}", sequence_id=0
     ).result(timeout=10)
     assert again.duplicate
 
 
 def test_slow_consumer_keeps_broker_memory_bounded(service: BrokerService) -> None:
-    topic = service.topic("public/default/backlog")
+    topic = service.topics.topic("public/default/backlog")
     for _ in range(20_000 // 500):
         publish(topic, [Message(b"x" * 100)] * 500, producer_name="p").result(timeout=10)
-    consumer = service.subscribe("public/default/backlog", "slow", SubscriptionType.SHARED,
-                                 ConsumerConfig("c", receiver_queue_size=10), initial="earliest")
+    consumer = service.subscriptions.subscribe("public/default/backlog", "slow", SubscriptionType.SHARED,
+                                               ConsumerConfig("c", receiver_queue_size=10), initial="earliest")
     consumer.flow(10)
     assert len(wait_for(consumer, 10)) == 10
-    subscription = service.subscriptions_of(TopicName.parse("public/default/backlog"))[0]
+    subscription = service.subscriptions.of(TopicName.parse("public/default/backlog"))[0]
     held = len(subscription._pending) + len(subscription._redeliver) + len(consumer.outbox)
     assert held <= 500 + 10  # at most one entry (500 messages) decoded beyond the permits
     assert subscription.cursor.read_offset <= 1000
@@ -170,29 +171,29 @@ def test_initial_positions_non_durable_subscriptions_unsubscribe_and_rates(servi
     clock: FakeClock = service.clock  # type: ignore[assignment]
     for i in range(5):
         publish_to(service, "public/default/subs", [Message(f"old{i}".encode())], producer_name="p")
-    earliest = service.subscribe("public/default/subs", "from-start", SubscriptionType.EXCLUSIVE,
-                                 ConsumerConfig("e"), initial="earliest")
-    latest = service.subscribe("public/default/subs", "from-now", SubscriptionType.EXCLUSIVE,
-                               ConsumerConfig("l"), initial="latest")
-    transient = service.subscribe("public/default/subs", "transient", SubscriptionType.EXCLUSIVE,
-                                  ConsumerConfig("t"), initial="earliest", durable=False)
+    earliest = service.subscriptions.subscribe("public/default/subs", "from-start", SubscriptionType.EXCLUSIVE,
+                                               ConsumerConfig("e"), initial="earliest")
+    latest = service.subscriptions.subscribe("public/default/subs", "from-now", SubscriptionType.EXCLUSIVE,
+                                             ConsumerConfig("l"), initial="latest")
+    transient = service.subscriptions.subscribe("public/default/subs", "transient", SubscriptionType.EXCLUSIVE,
+                                                ConsumerConfig("t"), initial="earliest", durable=False)
     for consumer in (earliest, latest, transient):
         consumer.flow(100)
     publish_to(service, "public/default/subs", [Message(b"new")], producer_name="p")
     assert len(wait_for(earliest, 6)) == 6
     assert [d.message.payload for d in wait_for(latest, 1)] == [b"new"]
     assert len(wait_for(transient, 6)) == 6
-    topic = service.topic("public/default/subs")
+    topic = service.topics.topic("public/default/subs")
     assert topic.cursors.names() == ["from-now", "from-start"]  # the non-durable one is not stored
     with pytest.raises(ConsumerBusy):
-        service.unsubscribe(TopicName.parse("public/default/subs"), "from-now")
+        service.subscriptions.unsubscribe(TopicName.parse("public/default/subs"), "from-now")
     latest.close()
-    service.unsubscribe(TopicName.parse("public/default/subs"), "from-now")
+    service.subscriptions.unsubscribe(TopicName.parse("public/default/subs"), "from-now")
     assert topic.cursors.names() == ["from-start"]
-    subscription = next(s for s in service.subscriptions_of(TopicName.parse("public/default/subs"))
+    subscription = next(s for s in service.subscriptions.of(TopicName.parse("public/default/subs"))
                         if s.name == "from-start")
     clock.advance(2.0)
-    service.run_maintenance()
+    service.maintenance.run()
     stats = subscription.statistics()
     assert stats.msg_out_counter == 6 and stats.msg_rate_out == pytest.approx(3.0)
     assert stats.unacked_messages == 6 and stats.consumers[0].available_permits == 94
@@ -204,8 +205,8 @@ def test_redelivery_counts_survive_a_restart(data_dir: str) -> None:
     service = BrokerService(data_dir, config, clock)
     service.start()
     consumer_config = ConsumerConfig("c", negative_ack_redelivery_delay_ms=100, max_redeliver_count=3)
-    consumer = service.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config,
-                                 initial="earliest")
+    consumer = service.subscriptions.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config,
+                                               initial="earliest")
     consumer.flow(10)
     publish_to(service, "public/default/counts", [Message(b"flaky")], producer_name="p")
     for expected_count in (0, 1):
@@ -213,11 +214,11 @@ def test_redelivery_counts_survive_a_restart(data_dir: str) -> None:
         assert [d.redelivery_count for d in delivery] == [expected_count]
         consumer.nack([delivery[0].offset])
         clock.advance(0.2)
-        service.run_maintenance()
+        service.maintenance.run()
     service.close()
     service = BrokerService(data_dir, config, clock)
     service.start()
-    consumer = service.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config)
+    consumer = service.subscriptions.subscribe("public/default/counts", "s", SubscriptionType.SHARED, consumer_config)
     consumer.flow(10)
     assert [d.redelivery_count for d in wait_for(consumer, 1)] == [2]
     service.close()

@@ -47,7 +47,7 @@ def append(service: BrokerService, key: str, *payloads: bytes, expected: int | s
 
 def stream(service: BrokerService, key: str, start: int | None = None, count: int = 1000, *,
            backward: bool = False, topic: TopicName = TOPIC) -> list[tuple[int, bytes]]:
-    read = service.read_stream(topic, key, start, count, 1 << 30, backward=backward)
+    read = service.streams.read_stream(topic, key, start, count, 1 << 30, backward=backward)
     return list(zip(read.batch.column("keyVersion").to_pylist(), read.batch.column("value").to_pylist(), strict=True))
 
 
@@ -60,9 +60,9 @@ def test_each_key_is_numbered_densely_and_results_carry_versions(data_dir: str) 
         assert append(service, "a", b"a2", b"a3") == (2, 3)
         assert publish_to(service, TOPIC, [Message(b"keyless")], producer_name="p").key_versions == ()
         assert stream(service, "a") == [(0, b"a0"), (1, b"a1"), (2, b"a2"), (3, b"a3")]
-        info = service.stream_info(TOPIC, "a")
+        info = service.streams.stream_info(TOPIC, "a")
         assert (info.version, info.first_version, info.first_offset, info.last_offset) == (3, 0, 0, 5)
-        assert service.stream_info(TOPIC, "nobody").version == -1
+        assert service.streams.stream_info(TOPIC, "nobody").version == -1
     finally:
         service.close()
 
@@ -77,13 +77,14 @@ def test_a_conditional_append_checks_all_its_keys_and_writes_nothing_on_a_mismat
         assert append(service, "a", b"a1", expected="exists") == (1,)
         with pytest.raises(KeyVersionMismatch):
             append(service, "new", b"x", expected="exists")
-        next_offset = service.topic(TOPIC).ml.next_offset
+        next_offset = service.topics.topic(TOPIC).ml.next_offset
         both = [Message(b"a2", key="a"), Message(b"b0", key="b")]
         with pytest.raises(KeyVersionMismatch) as refused:  # a is right, b is wrong: neither is written
             publish_to(service, TOPIC, both, producer_name="p", expected_key_versions={"a": 1, "b": 3})
         assert refused.value.current_key_versions == {"a": 1, "b": -1}
-        assert service.topic(TOPIC).ml.next_offset == next_offset
-        assert service.stream_info(TOPIC, "b").version == -1 and service.stream_info(TOPIC, "a").version == 1
+        assert service.topics.topic(TOPIC).ml.next_offset == next_offset
+        assert service.streams.stream_info(TOPIC, "b").version == -1
+        assert service.streams.stream_info(TOPIC, "a").version == 1
         assert publish_to(service, TOPIC, both, producer_name="p",
                                expected_key_versions={"a": 1, "b": -1}).key_versions == (2, 0)
         assert service.key_index.statistics().version_mismatches == 3
@@ -116,7 +117,7 @@ def test_versions_survive_a_restart_and_a_lost_index_is_rebuilt_from_the_entries
 def test_a_failed_append_gives_its_versions_back(data_dir: str) -> None:
     service = started(data_dir)
     try:
-        topic = service.topic(TOPIC)
+        topic = service.topics.topic(TOPIC)
         keys = topic.streams
         assert keys is not None
         append(service, "k", b"v0")
@@ -145,25 +146,25 @@ def test_a_failed_append_gives_its_versions_back(data_dir: str) -> None:
 def test_reads_go_both_ways_with_limits_across_rollovers_and_partitions(data_dir: str) -> None:
     service = started(data_dir)
     try:
-        service.create_partitioned_topic(TopicName.parse("orders"), 3)
+        service.topics.create_partitioned(TopicName.parse("orders"), 3)
         orders = TopicName.parse("orders")
         for version in range(20):
             for key in ("x", "y"):
                 append(service, key, f"{key}{version}".encode(), expected=version - 1, topic=orders)
-        home = service.stream_partition(orders, "x")
-        assert service.topic(home).ml.statistics().ledgers > 3
+        home = service.streams.stream_partition(orders, "x")
+        assert service.topics.topic(home).ml.statistics().ledgers > 3
         assert stream(service, "x", 5, 4, topic=orders) == [(v, f"x{v}".encode()) for v in range(5, 9)]
         assert stream(service, "x", None, 3, backward=True, topic=orders) == [(v, f"x{v}".encode())
                                                                               for v in (19, 18, 17)]
         assert stream(service, "y", 2, 3, backward=True, topic=orders) == [(2, b"y2"), (1, b"y1"), (0, b"y0")]
-        read = service.read_stream(orders, "x", 18, 100, 1 << 20)
+        read = service.streams.read_stream(orders, "x", 18, 100, 1 << 20)
         assert read.batch.column("keyVersion").to_pylist() == [18, 19] and read.next_version == 20
         assert read.batch.column("partition").to_pylist() == [home.partition_index] * 2
-        assert service.read_stream(orders, "x", 25, 10, 1 << 20).batch.num_rows == 0
-        assert service.read_stream(orders, "x", 0, 1, 1 << 20, backward=True).next_version == -1
-        one = service.read_stream(orders, "x", 0, 100, 1)  # a byte bound still gives one message
+        assert service.streams.read_stream(orders, "x", 25, 10, 1 << 20).batch.num_rows == 0
+        assert service.streams.read_stream(orders, "x", 0, 1, 1 << 20, backward=True).next_version == -1
+        one = service.streams.read_stream(orders, "x", 0, 100, 1)  # a byte bound still gives one message
         assert one.batch.num_rows == 1 and one.next_version == 1
-        offsets = service.read_stream(orders, "y", 0, 100, 1 << 20).batch.column("offset").to_pylist()
+        offsets = service.streams.read_stream(orders, "y", 0, 100, 1 << 20).batch.column("offset").to_pylist()
         assert offsets == sorted(offsets) and len(set(offsets)) == 20
     finally:
         service.close()
@@ -173,19 +174,19 @@ def test_retention_makes_old_versions_data_lost_and_never_renumbers_them(data_di
     clock = FakeClock()
     service = started(data_dir, clock)
     try:
-        service.set_policy("public/default", "retention_policies", KEEP_NOTHING)
+        service.namespaces.set_policy("public/default", "retention_policies", KEEP_NOTHING)
         for version in range(15):
             append(service, "k", f"v{version}".encode(), expected=version - 1)
             append(service, "other", b"o")
         service.key_index.flush()
-        service.run_maintenance()  # no subscription, no retention: every ledger but the last goes
-        ml = service.topic(TOPIC).ml
+        service.maintenance.run()  # no subscription, no retention: every ledger but the last goes
+        ml = service.topics.topic(TOPIC).ml
         assert ml.first_offset > 0
-        info = service.stream_info(TOPIC, "k")
+        info = service.streams.stream_info(TOPIC, "k")
         assert info.version == 14 and 0 < info.first_version <= 14
         assert info.first_offset is not None and info.first_offset >= ml.first_offset
         with pytest.raises(DataLost) as lost:
-            service.read_stream(TOPIC, "k", 0, 10, 1 << 20)
+            service.streams.read_stream(TOPIC, "k", 0, 10, 1 << 20)
         assert lost.value.details() == {"firstVersion": info.first_version}
         kept = stream(service, "k")
         assert [v for v, _ in kept] == list(range(info.first_version, 15))
@@ -196,7 +197,7 @@ def test_retention_makes_old_versions_data_lost_and_never_renumbers_them(data_di
         service.close()
     service = started(data_dir, clock)
     try:
-        assert service.stream_info(TOPIC, "k").version == 15
+        assert service.streams.stream_info(TOPIC, "k").version == 15
         assert append(service, "k", b"v16", expected=15) == (16,)
     finally:
         service.close()
@@ -225,7 +226,7 @@ def test_a_key_reader_catches_up_then_follows_its_key_only(data_dir: str) -> Non
         for version in range(4):
             append(service, "k", f"k{version}".encode())
             append(service, "other", b"o")
-        reader = service.stream_reader(TOPIC, "k", 1)
+        reader = service.streams.stream_reader(TOPIC, "k", 1)
         woken: list[int] = []
         reader.add_listener(lambda: woken.append(1))
         caught_up = []
@@ -239,7 +240,7 @@ def test_a_key_reader_catches_up_then_follows_its_key_only(data_dir: str) -> Non
         assert woken and reader.has_message_available()
         delivery = reader.read_next()
         assert delivery is not None and (delivery.key_version, delivery.message.payload) == (4, b"k4")
-        assert delivery.offset == service.stream_info(TOPIC, "k").last_offset
+        assert delivery.offset == service.streams.stream_info(TOPIC, "k").last_offset
     finally:
         service.close()
 
@@ -247,21 +248,22 @@ def test_a_key_reader_catches_up_then_follows_its_key_only(data_dir: str) -> Non
 def test_the_default_retention_keeps_what_no_subscription_holds(data_dir: str) -> None:
     service = started(data_dir)
     try:
-        assert service.policies("public/default")["retention_policies"] is None
+        assert service.namespaces.policies("public/default")["retention_policies"] is None
         for index in range(30):
             append(service, "k", f"v{index}".encode())
         service.key_index.flush()
-        service.run_maintenance()
-        assert service.topic(TOPIC).ml.first_offset == 0 and service.topic(TOPIC).ml.statistics().ledgers > 2
+        service.maintenance.run()
+        ml = service.topics.topic(TOPIC).ml
+        assert ml.first_offset == 0 and ml.statistics().ledgers > 2
     finally:
         service.close()
     service = started(data_dir, default_retention_time_minutes=0, default_retention_size_mb=0)  # Pulsar's
     try:
-        service.topic(TOPIC)
-        service.run_maintenance()
-        assert service.topic(TOPIC).ml.first_offset == 30  # the restart closed the last ledger: all of it went
-        assert service.reader(TOPIC, StartPosition.earliest()).read_next() is None
-        assert service.stream_info(TOPIC, "k").version == 29  # the versions were not forgotten
+        service.topics.topic(TOPIC)
+        service.maintenance.run()
+        assert service.topics.topic(TOPIC).ml.first_offset == 30  # the restart closed the last ledger: all of it went
+        assert service.subscriptions.reader(TOPIC, StartPosition.earliest()).read_next() is None
+        assert service.streams.stream_info(TOPIC, "k").version == 29  # the versions were not forgotten
     finally:
         service.close()
 
@@ -273,11 +275,11 @@ def test_keys_are_bounded_and_the_index_pushes_back_when_far_behind(data_dir: st
         with pytest.raises(InvalidRequest):
             append(service, "k" * (KEY_BYTES_MAX + 1), b"x")
         assert append(service, "é" * (KEY_BYTES_MAX // 2), b"x") == (0,)
-        assert service.topic(TOPIC).ml.next_offset == 1
+        assert service.topics.topic(TOPIC).ml.next_offset == 1
         monkeypatch.setattr(key_index_module, "PENDING_ROWS_MAX", 3)
         with pytest.raises(KeyIndexBusy):
             publish_to(service, TOPIC, [Message(b"x", key=f"k{i}") for i in range(4)], producer_name="p")
-        assert service.topic(TOPIC).ml.next_offset == 1
+        assert service.topics.topic(TOPIC).ml.next_offset == 1
     finally:
         service.close()
 
@@ -286,10 +288,10 @@ def test_a_deleted_topic_leaves_no_versions_to_its_successor(data_dir: str) -> N
     service = started(data_dir)
     try:
         append(service, "k", b"old", b"older")
-        service.delete_topic(TOPIC, force=True)
+        service.topics.delete(TOPIC, force=True)
         assert append(service, "k", b"new") == (0,)
         # a crash between deleting the ledgers and the index leaves the old index behind: unused
-        topic = service.topic(TOPIC)
+        topic = service.topics.topic(TOPIC)
         service.key_index.flush()
         topic.ml.delete()
     finally:

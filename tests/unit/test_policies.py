@@ -84,21 +84,21 @@ REFUSED: list[tuple[str, Any, str]] = [
 def test_values_within_their_bound_are_stored_in_their_stored_form(
         service: BrokerService, key: str, value: Any, stored: Any) -> None:
     assert checked_policy(key, value) == stored
-    service.set_policy("public/default", key, value)
-    assert service.policies("public/default")[key] == stored
+    service.namespaces.set_policy("public/default", key, value)
+    assert service.namespaces.policies("public/default")[key] == stored
 
 
 @pytest.mark.parametrize(("key", "value", "message"), REFUSED)
 def test_values_beyond_their_bound_are_refused_with_the_bound(
         service: BrokerService, key: str, value: Any, message: str) -> None:
-    before = service.policies("public/default")
+    before = service.namespaces.policies("public/default")
     with pytest.raises(InvalidRequest) as refused:
-        service.set_policy("public/default", key, value)
+        service.namespaces.set_policy("public/default", key, value)
     assert message in str(refused.value)
-    assert service.policies("public/default") == before
+    assert service.namespaces.policies("public/default") == before
     with pytest.raises(InvalidRequest):
-        service.create_namespace("public/refused", {key: value})
-    assert "public/refused" not in service.namespaces("public")
+        service.namespaces.create_namespace("public/refused", {key: value})
+    assert "public/refused" not in service.namespaces.namespaces("public")
 
 
 def test_grants_name_exactly_the_actions_the_edge_authorizes() -> None:

@@ -143,15 +143,15 @@ def test_policy_values_are_checked_against_their_bounds(data_dir: str) -> None:
                            ("topicDispatchRate", {"ratePeriodInSecond": 0}),
                            ("topicDispatchRate", {"relativeToPublishRate": "yes"})):
             with pytest.raises(InvalidRequest):
-                service.set_policy("public/default", key, value)
-        service.set_policy("public/default", "publishMaxMessageRate", {"publishThrottlingRateInMsg": 5})
-        assert service.policies("public/default")["publishMaxMessageRate"] == {
+                service.namespaces.set_policy("public/default", key, value)
+        service.namespaces.set_policy("public/default", "publishMaxMessageRate", {"publishThrottlingRateInMsg": 5})
+        assert service.namespaces.policies("public/default")["publishMaxMessageRate"] == {
             "publishThrottlingRateInMsg": 5, "publishThrottlingRateInByte": -1}
-        service.topic(TopicName.parse("t"))
+        service.topics.topic(TopicName.parse("t"))
         with pytest.raises(InvalidRequest):
-            service.set_topic_policy(TopicName.parse("t"), "maxProducerz", 1)
+            service.namespaces.set_topic_policy(TopicName.parse("t"), "maxProducerz", 1)
         with pytest.raises(InvalidRequest):
-            service.set_topic_policy(TopicName.parse("t"), "maxProducers", -1)
+            service.namespaces.set_topic_policy(TopicName.parse("t"), "maxProducers", -1)
     finally:
         service.close()
 
@@ -161,33 +161,33 @@ def test_producers_consumers_and_subscriptions_are_counted_per_topic(data_dir: s
     service = started(data_dir, FakeClock())
     try:
         name = TopicName.parse("quota")
-        service.topic(name)
-        service.set_topic_policy(name, "maxProducers", 1)
-        first = service.producer(name, "a")
+        service.topics.topic(name)
+        service.namespaces.set_topic_policy(name, "maxProducers", 1)
+        first = service.topics.producer(name, "a")
         with pytest.raises(ProducerBusy):
-            service.producer(name, "b")
+            service.topics.producer(name, "b")
         first.close()
         first.close()  # a second close gives nothing back twice
-        service.producer(name, "b")
+        service.topics.producer(name, "b")
         with pytest.raises(ProducerBusy):
-            service.producer(name, "c")
+            service.topics.producer(name, "c")
 
-        service.set_policy("public/default", "max_consumers_per_topic", 2)
-        consumers = [service.subscribe(name, f"s{i}", SubscriptionType.SHARED, ConsumerConfig(f"c{i}"))
+        service.namespaces.set_policy("public/default", "max_consumers_per_topic", 2)
+        consumers = [service.subscriptions.subscribe(name, f"s{i}", SubscriptionType.SHARED, ConsumerConfig(f"c{i}"))
                      for i in range(2)]
         with pytest.raises(ConsumerBusy):
-            service.subscribe(name, "s0", SubscriptionType.SHARED, ConsumerConfig("c2"))
+            service.subscriptions.subscribe(name, "s0", SubscriptionType.SHARED, ConsumerConfig("c2"))
         consumers[0].close()
-        service.subscribe(name, "s0", SubscriptionType.SHARED, ConsumerConfig("c2"))
+        service.subscriptions.subscribe(name, "s0", SubscriptionType.SHARED, ConsumerConfig("c2"))
 
-        service.set_topic_policy(name, "maxSubscriptionsPerTopic", 2)
+        service.namespaces.set_topic_policy(name, "maxSubscriptionsPerTopic", 2)
         with pytest.raises(QuotaExceeded, match="maximum number of subscriptions"):
-            service.subscribe(name, "s2", SubscriptionType.SHARED, ConsumerConfig("c3"))
+            service.subscriptions.subscribe(name, "s2", SubscriptionType.SHARED, ConsumerConfig("c3"))
         with pytest.raises(QuotaExceeded):
             service.admin.create_subscription(name, "s3", "earliest")
-        service.set_topic_policy(name, "maxSubscriptionsPerTopic", None)
-        service.set_policy("public/default", "max_consumers_per_topic", None)
-        service.subscribe(name, "s2", SubscriptionType.SHARED, ConsumerConfig("c3"))
+        service.namespaces.set_topic_policy(name, "maxSubscriptionsPerTopic", None)
+        service.namespaces.set_policy("public/default", "max_consumers_per_topic", None)
+        service.subscriptions.subscribe(name, "s2", SubscriptionType.SHARED, ConsumerConfig("c3"))
     finally:
         service.close()
 
@@ -195,18 +195,18 @@ def test_producers_consumers_and_subscriptions_are_counted_per_topic(data_dir: s
 def test_topics_per_namespace_count_partitions(data_dir: str) -> None:
     service = started(data_dir, FakeClock(), QuotaDefaults(max_topics_per_namespace=4))
     try:
-        service.topic(TopicName.parse("one"))
-        service.create_partitioned_topic(TopicName.parse("parted"), 2)
-        service.topic(TopicName.parse("parted").partition(1))  # a partition was counted with its topic
+        service.topics.topic(TopicName.parse("one"))
+        service.topics.create_partitioned(TopicName.parse("parted"), 2)
+        service.topics.topic(TopicName.parse("parted").partition(1))  # a partition was counted with its topic
         with pytest.raises(QuotaExceeded, match="Exceed maximum number of topics in namespace"):
-            service.create_partitioned_topic(TopicName.parse("more"), 2)
-        service.topic(TopicName.parse("two"))
+            service.topics.create_partitioned(TopicName.parse("more"), 2)
+        service.topics.topic(TopicName.parse("two"))
         with pytest.raises(QuotaExceeded):
-            service.topic(TopicName.parse("three"))  # auto-creation
+            service.topics.topic(TopicName.parse("three"))  # auto-creation
         with pytest.raises(QuotaExceeded):
-            service.update_partitioned_topic(TopicName.parse("parted"), 3)
-        service.set_policy("public/default", "max_topics_per_namespace", 0)  # the namespace: unlimited
-        service.topic(TopicName.parse("three"))
+            service.topics.update_partitioned(TopicName.parse("parted"), 3)
+        service.namespaces.set_policy("public/default", "max_topics_per_namespace", 0)  # the namespace: unlimited
+        service.topics.topic(TopicName.parse("three"))
     finally:
         service.close()
 
@@ -216,14 +216,14 @@ def test_publishing_over_the_rate_is_stored_and_asks_for_a_pause(data_dir: str) 
     service = started(data_dir, clock)
     try:
         name = TopicName.parse("throttled")
-        producer = service.producer(name, "p")
-        service.set_policy("public/default", "publishMaxMessageRate", {"publishThrottlingRateInMsg": 10})
+        producer = service.topics.producer(name, "p")
+        service.namespaces.set_policy("public/default", "publishMaxMessageRate", {"publishThrottlingRateInMsg": 10})
         for _ in range(15):
             producer.append([entry_of_messages([Message(payload=b"x")])]).result(timeout=WAIT_S)  # never refused
         assert producer.publish_delay_s() == pytest.approx(0.6)  # 5 over, and one token: 6 / 10 per s
         clock.advance(0.6)
         assert producer.publish_delay_s() == 0.0
-        service.set_policy("public/default", "publishMaxMessageRate", None)
+        service.namespaces.set_policy("public/default", "publishMaxMessageRate", None)
         producer.append(entries_of_messages([Message(payload=b"y")] * 100, [None] * 100)).result(timeout=WAIT_S)
         assert producer.publish_delay_s() == 0.0
     finally:
@@ -244,9 +244,10 @@ def test_dispatch_over_the_rate_waits_for_the_clock(data_dir: str) -> None:
     service = started(data_dir, clock)
     try:
         name = TopicName.parse("dispatched")
-        service.set_policy("public/default", "topicDispatchRate", {"dispatchThrottlingRateInMsg": 5})
-        consumer = service.subscribe(name, "s", SubscriptionType.SHARED, ConsumerConfig("c"), initial="earliest")
-        producer = service.producer(name, "p")
+        service.namespaces.set_policy("public/default", "topicDispatchRate", {"dispatchThrottlingRateInMsg": 5})
+        consumer = service.subscriptions.subscribe(name, "s", SubscriptionType.SHARED, ConsumerConfig("c"),
+                                                   initial="earliest")
+        producer = service.topics.producer(name, "p")
         producer.append(entries_of_messages([Message(payload=b"m")] * 12, [None] * 12)).result(timeout=WAIT_S)
         received = _received(consumer)
         consumer.flow(100)
@@ -268,11 +269,12 @@ def test_a_dispatch_byte_rate_lets_one_large_message_through_then_waits(data_dir
     service = started(data_dir, clock)
     try:
         name = TopicName.parse("bytes")
-        service.topic(name)
-        service.set_topic_policy(name, "dispatchRate", {"dispatchThrottlingRateInByte": 1000})
-        consumer = service.subscribe(name, "s", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"), initial="earliest")
-        service.producer(name, "p").append(entries_of_messages([Message(payload=b"z" * 3000)] * 2,
-                                                               [None] * 2)).result(timeout=WAIT_S)
+        service.topics.topic(name)
+        service.namespaces.set_topic_policy(name, "dispatchRate", {"dispatchThrottlingRateInByte": 1000})
+        consumer = service.subscriptions.subscribe(name, "s", SubscriptionType.EXCLUSIVE, ConsumerConfig("c"),
+                                                   initial="earliest")
+        service.topics.producer(name, "p").append(entries_of_messages([Message(payload=b"z" * 3000)] * 2,
+                                                                      [None] * 2)).result(timeout=WAIT_S)
         received = _received(consumer)
         consumer.flow(10)
         wait_until(lambda: received() == 1)

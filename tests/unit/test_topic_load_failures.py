@@ -1,6 +1,6 @@
 """A topic whose managed ledger cannot be loaded: the request fails retriably, nothing stays loaded.
 
-Role: drive the loader (``ManagedLedgerFactory.open`` and ``BrokerService.topic``) over a real
+Role: drive the loader (``ManagedLedgerFactory.open`` and ``TopicRegistry.topic``) over a real
 storage and RocksDB metadata stack in which another writer rewrites the topic's ledger list just
 before each of the loader's compare-and-set writes, as a second broker loading the same topic
 would.
@@ -10,7 +10,7 @@ Checks:
   (retriable: HTTP 503, ServiceNotReady on the binary protocol) and leave no managed ledger
   behind: the next open loads afresh, appends after the entries stored before, and reads them;
 - one lost compare-and-set fewer than ``LOAD_ATTEMPTS`` is absorbed by the loader's retries;
-- through ``BrokerService.topic`` the failed load leaves nothing in the topic map: the next
+- through ``TopicRegistry.topic`` the failed load leaves nothing in the topic map: the next
   request loads the topic afresh and publishes after the earlier messages.
 """
 
@@ -99,16 +99,16 @@ def test_a_failed_topic_load_leaves_nothing_in_the_topic_map(data_dir: str, monk
     service.start()
     try:
         name = TopicName.parse("persistent://public/default/contended")
-        publish(service.topic(name), [Message(b"before")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
-        assert service.unload_topics(lambda n: n == name, graceful=True) == [name]
+        publish(service.topics.topic(name), [Message(b"before")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
+        assert service.topics.unload(lambda n: n == name, graceful=True) == [name]
         store = service.store
         assert isinstance(store, RivalWriterStore)
         store.watched, store.rival_writes = f"{ML_ROOT}/{name.managed_ledger_name}", LOAD_ATTEMPTS
         with pytest.raises(ServiceUnitNotReady) as refused:
-            service.topic(name)
+            service.topics.topic(name)
         assert refused.value.retriable and refused.value.http_status == 503
-        assert name.full_name not in [t.name.full_name for t in service.open_topics()]
-        topic = service.topic(name)
+        assert name.full_name not in [t.name.full_name for t in service.topics.loaded()]
+        topic = service.topics.topic(name)
         assert topic.ml.next_offset == 1
         publish(topic, [Message(b"after")], producer_name="p").result(timeout=RESULT_TIMEOUT_S)
         assert payloads(topic.ml) == [b"before", b"after"]

@@ -1,0 +1,52 @@
+"""The broker's settings: what ``magnetar standalone`` and ``magnetar broker`` read from
+standalone.conf (``api/config.py``) and hand to ``BrokerService``.
+
+Role: one frozen value with production defaults and a ``test_min`` preset (tiny segments and
+caches, so rollover, flush, eviction and GC happen in ordinary tests). Each bound carries its
+unit in its name; where Pulsar has the setting, its standalone.conf key is named beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.managed_ledger import ManagedLedgerConfig
+from broker.quotas import QuotaDefaults
+from storage import StorageConfig
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    storage: StorageConfig = field(default_factory=StorageConfig.production)
+    managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
+    entry_cache_bytes_max: int = 64 * 1024 * 1024
+    entry_cache_age_ms_max: int = 1000
+    auto_create_topics: bool = True
+    dedup_enabled: bool = True
+    maintenance_interval_ms: int = 1000
+    default_retention_time_minutes: int = -1
+    """Retention of a namespace without a policy (Pulsar's ``defaultRetentionTimeInMinutes``;
+    -1: forever, 0: consumed ledgers go at once, Pulsar's own default)."""
+    default_retention_size_mb: int = -1
+    """Likewise for size (``defaultRetentionSizeInMB``; -1: unlimited)."""
+    quotas: QuotaDefaults = field(default_factory=QuotaDefaults)
+    """Topic quotas and rate limits where neither topic nor namespace sets one (``broker/quotas.py``)."""
+    dispatch_read_bytes_max: int = 1024 * 1024
+    """Entry bytes one subscription or reader reads at a time (``dispatcherMaxReadSizeBytes``;
+    one entry is always read, however large)."""
+    consumer_pending_bytes_max: int = 1024 * 1024
+    """Footprint of deliveries waiting for one consumer's connection to take them
+    (``dispatcherMaxPendingBytesPerConsumer``): a consumer whose client stops reading holds this
+    much, and its connection's own outgoing buffer, and no more."""
+    reads_in_flight_bytes_max: int = 256 * 1024 * 1024
+    """Broker-wide: bytes read and decoded by dispatch and not yet taken by a connection
+    (``managedLedgerMaxReadsInFlightSizeInMB``); past it, new reads wait. 0: no bound."""
+    publish_buffer_bytes_max: int = 256 * 1024 * 1024
+    """Broker-wide: bytes of publishes sent to the managed ledgers and not yet stored
+    (``maxMessagePublishBufferSizeInMB``); past it, transports stop reading producers until it
+    has fallen to half. 0: no bound."""
+
+    @classmethod
+    def test_min(cls) -> BrokerConfig:
+        return cls(storage=StorageConfig.test_min(), managed_ledger=ManagedLedgerConfig.test_min(),
+                   entry_cache_bytes_max=1 << 20, maintenance_interval_ms=200)

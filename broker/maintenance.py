@@ -1,0 +1,85 @@
+"""The maintenance pass: what the broker does on a clock rather than on a request.
+
+Role: ``BrokerService.maintenance``. Every ``maintenance_interval_ms`` (or on demand, ``run``)
+it applies ack timeouts, releases due redeliveries and updates dispatch rates (subscriptions),
+syncs the key index, expires messages past their namespace's TTL on every cursor, trims the
+ledgers retention lets go of (by default nothing goes: an event store keeps its events), updates
+the publish rates, drops the trimmed entries' key index rows, and ages out the entry cache.
+
+Invariants: trimming follows the key index sync, so it keeps whatever the key index has not
+made durable yet; a failed pass is logged and the next one runs as usual; ``close`` returns once
+no pass runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker.entry_cache import EntryCache
+from broker.errors import MagnetarError
+from broker.key_index import KeyIndex
+from broker.topic import PersistentTopic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MaintenanceStats:
+    passes: int
+    """Passes completed since the broker started."""
+
+
+class Maintenance:
+    def __init__(self, interval_ms: int, tick_subscriptions: Callable[[], None],
+                 topics: Callable[[], list[PersistentTopic]], key_index: KeyIndex, cache: EntryCache) -> None:
+        """``tick_subscriptions()``: the subscriptions' timed work; ``topics()``: the loaded ones."""
+        self._interval_ms = interval_ms
+        self._tick_subscriptions = tick_subscriptions
+        self._topics = topics
+        self._key_index = key_index
+        self._cache = cache
+        self._passes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="magnetar-maintenance", daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        """One pass, now, on the calling thread."""
+        self._tick_subscriptions()
+        key_index = self._key_index
+        key_index.sync()  # trimming keeps what the key index has not made durable
+        for topic in self._topics():
+            expired = topic.ml.expired_offset()
+            if expired is not None:
+                for name in topic.cursors.names():
+                    cursor = topic.cursors.get(name)
+                    if cursor is not None:
+                        cursor.expire_before(expired)
+            topic.ml.trim()
+            topic.tick()
+        key_index.cleanup()
+        self._cache.evict_expired()
+        self._passes += 1
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_ms / 1000.0):
+            try:
+                self.run()
+            except MagnetarError:
+                log.exception("maintenance pass failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def statistics(self) -> MaintenanceStats:
+        return MaintenanceStats(self._passes)
