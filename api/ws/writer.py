@@ -2,9 +2,9 @@
 
 Role: everything a connection sends goes through its ``FrameWriter``, in the order it was handed
 over: a session's text frames (``send``) and the wire's control frames (``send_bytes``: pongs,
-pings, close frames). What one turn of the event loop hands over leaves in one system call at
-the end of that turn, so a burst of results or deliveries costs one write, and a close leaves
-after every frame handed over before it (``flush``).
+pings, close frames). What one turn of the event loop hands over leaves in one write (one
+buffer, one system call) at the end of that turn, so a burst of results or deliveries costs one
+write, and a close leaves after every frame handed over before it (``flush``).
 
 Invariants:
 - Frames leave in the order they were handed over, and nothing leaves after ``stop`` (the
@@ -78,7 +78,7 @@ class FrameWriter:
         if self._parts and not self._stopped:
             parts, self._parts = self._parts, []
             self._frames = self._bytes = 0
-            self._transport.writelines(parts)
+            self._transport.write(b"".join(parts))  # one buffer: one TLS record, not one per header
         if self._waiters and self.has_room:
             self._wake()
 

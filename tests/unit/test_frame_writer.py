@@ -24,8 +24,8 @@ class RecordingTransport(asyncio.Transport):
         super().__init__()
         self.writes: list[bytes] = []
 
-    def writelines(self, list_of_data: Any) -> None:
-        self.writes.append(b"".join(list_of_data))
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
 
 
 def read_back(transport: RecordingTransport) -> list[str]:
