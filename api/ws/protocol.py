@@ -97,7 +97,8 @@ class WebSocketWire:
         self._frame_bytes_max = frame_bytes_max
         self._head_bytes_max = head_bytes_max
         self._head = b""
-        self._fast = True
+        self._fast = False
+        """Whole text frames are split here (open, at a frame boundary); else websockets parses."""
         self._partial = b""
         self._fragments: list[bytes] = []
         self._fragment_opcode: Opcode | None = None
@@ -137,6 +138,7 @@ class WebSocketWire:
         """The bytes of ``response``; after a 101 the connection is open, after anything else it
         ends (the adapter closes it once written)."""
         self._conn.send_response(response)
+        self._fast = response.status_code == 101
         return b"".join(self._conn.data_to_send())
 
     @staticmethod
@@ -182,12 +184,9 @@ class WebSocketWire:
         """The text frames ``data`` completes, in order (after the close handshake started: none)."""
         if self._partial:
             data, self._partial = self._partial + data, b""
-        if not self._fast:
-            return self._parse(data)
-        if not self.open:
-            self._fast = False
-            return self._parse(data)
-        return self._read_frames(data)
+        if self._fast:  # open, at a frame boundary (every way out of either turns it off)
+            return self._read_frames(data)
+        return self._parse(data)
 
     def _read_frames(self, buf: bytes) -> list[str]:
         end, pos = len(buf), 0
@@ -310,6 +309,7 @@ class WebSocketWire:
     def fail(self, code: int, reason: str) -> list[bytes]:
         """Close at once without waiting for the peer (a keep-alive timeout): the close frame and
         ``SEND_EOF``."""
+        self._fast = False
         if self.open:
             self._conn.fail(code, reason)
         out = self._conn.data_to_send()

@@ -1,8 +1,8 @@
 """The WebSocket edge's asyncio adapter: upgraded connections, their handshakes, and their sessions.
 
-Role: the web listener stays HTTP (uvicorn, without a WebSocket protocol). Its guarded HTTP
-protocol (``api/connection_guard.py``) recognises a connection's first request when it is a
-WebSocket upgrade on ``/ws/`` and hands the transport, with the bytes it holds, to
+Role: the web listener stays HTTP, its server without a WebSocket protocol of its own. Its
+guarded HTTP protocol (``api/connection_guard.py``) recognises a connection's first request
+when it is a WebSocket upgrade on ``/ws/`` and hands the transport, with the bytes it holds, to
 ``WebSocketServer.take_over``: from then on a ``WebSocketConnection`` (a plain
 ``asyncio.Protocol``, as ``api/pulsar/server.py`` is for the binary protocol) owns it. It feeds
 what it reads to its ``WebSocketWire`` (``protocol.py``, websockets' sans-I/O protocol behind a
