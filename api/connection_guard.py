@@ -170,7 +170,7 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
 
     class GuardedHttpProtocol(base):  # type: ignore[misc]
         _admitted = False
-        _websocket_head: bytes | None = b"" if websocket_edge is not None else None
+        _websocket_head: bytearray | None = None
         """The start of the first request while it may be a WebSocket upgrade (None: it is not)."""
         _header_timer: asyncio.TimerHandle | None = None
         _cycle_at_arm: object = None
@@ -186,6 +186,8 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
                 transport.close()
                 return
             self._admitted = True
+            if websocket_edge is not None:
+                self._websocket_head = bytearray()
             super().connection_made(transport)
             peer = tls_peer_of(transport)
             if peer is not None:
@@ -203,9 +205,8 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
                 super().data_received(data)
             else:
                 self._receive_head(data)
-            if self._header_timer is not None and (
-                    self.cycle is not self._cycle_at_arm or self.transport.get_protocol() is not self):
-                self._disarm_header_timer()  # headers complete (or upgraded to a WebSocket)
+            if self._header_timer is not None and self.cycle is not self._cycle_at_arm:
+                self._disarm_header_timer()  # headers complete
 
         def _receive_head(self, data: bytes) -> None:
             """Feed ``data`` while a head is awaited: never more of a head than the bound; what
@@ -220,8 +221,8 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
                 self._head_bytes += len(head)
                 if head:
                     super().data_received(head)
-                if self.transport.get_protocol() is not self or self.transport.is_closing():
-                    return  # upgraded to a WebSocket (it reads from here on), or refused by the parser
+                if self.transport.is_closing():
+                    return  # refused by the parser
                 if data and self._heads_ended == heads_ended:
                     self._refuse_head()
                     return
@@ -229,24 +230,27 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
         def _upgrade_or_not(self, data: bytes) -> bytes:
             """Hold the first request's head while it may be a WebSocket upgrade on ``/ws/``;
             hand it over once it is one. What uvicorn's parser is to read (b"": nothing yet)."""
-            assert self._websocket_head is not None
-            head = self._websocket_head + data
+            head = self._websocket_head
+            assert head is not None
+            if not head and data[:len(WEBSOCKET_REQUEST_START)] != WEBSOCKET_REQUEST_START[:len(data)]:
+                self._websocket_head = None  # the usual first read: not held, not copied
+                return data
+            searched = max(0, len(head) - 3)  # a head held a byte at a time costs linear time
+            head += data
             known = min(len(head), len(WEBSOCKET_REQUEST_START))
             if head[:known] != WEBSOCKET_REQUEST_START[:known]:
                 self._websocket_head = None
-                return head
-            end = head.find(b"\r\n\r\n")
+                return bytes(head)
+            end = head.find(b"\r\n\r\n", searched)
             if end < 0:
                 if len(head) > guard.header_bytes_max:
                     self._websocket_head = None
                     self._refuse_head()
-                    return b""
-                self._websocket_head = head
                 return b""
             self._websocket_head = None
-            if not is_websocket_upgrade(head[:end]):
-                return head
-            self._hand_over(head)
+            if not is_websocket_upgrade(bytes(head[:end])):
+                return bytes(head)
+            self._hand_over(bytes(head))
             return b""
 
         def _hand_over(self, data: bytes) -> None:

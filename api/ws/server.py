@@ -74,8 +74,6 @@ from broker import BrokerService, InvalidRequest, MagnetarError, NotFound, Topic
 
 log = logging.getLogger(__name__)
 
-WS_PATH_PREFIX = "/ws/"
-"""The paths whose upgrade requests the edge takes over."""
 WS_RECEIVE_QUEUE_FRAMES_MAX = 256
 """Received frames a session left waiting before the socket stops being read."""
 WS_RECEIVE_QUEUE_BYTES_MAX = 4 * 1024 * 1024
@@ -94,7 +92,6 @@ class WebSocketServer:
     """The edge of one web service: its route table, open connections, sessions and keep-alive."""
 
     def __init__(self, service: BrokerService, authorizer: Authorizer, limits: EdgeLimits, slots: RoleSlots) -> None:
-        self.service = service
         self.authorizer = authorizer
         self.limits = limits
         self.slots = slots
@@ -125,9 +122,6 @@ class WebSocketServer:
 
     def forget(self, connection: WebSocketConnection) -> None:
         self._connections.discard(connection)
-
-    def __len__(self) -> int:
-        return len(self._connections)
 
     async def _keepalive_loop(self) -> None:
         while True:
@@ -368,7 +362,7 @@ class WebSocketConnection(asyncio.Protocol):
         connection (``SEND_EOF``), close at once after the peer's close, or half-close and drain
         after a failure of the peer's."""
         self.writer.send_bytes(parts)
-        if parts[-1] != SEND_EOF:
+        if not parts or parts[-1] != SEND_EOF:
             return
         self._closing()
         self.writer.flush()

@@ -23,7 +23,7 @@ from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.service import BrokerService
 from broker.topic_name import TopicName
-from tests.integration.server import running_server, stored
+from tests.integration.server import running_app, running_server, stored
 from tests.integration.ws_client import (
     b64,
     open_ws,
@@ -406,3 +406,25 @@ def _http_answer(sock: socket.socket) -> bytes:
         assert chunk, body
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+def test_a_websocket_connection_holds_its_place_in_the_connection_guard_until_it_ends(tmp_path: Path) -> None:
+    """An upgraded connection counts against ``maxHttpServerConnections`` like any other, and is
+    released once it is lost, whether it was accepted or refused."""
+    with running_app(str(tmp_path / "data")) as (url, app, _):
+        guard = app.state.connection_guard
+
+        def settles_at(count: int) -> bool:
+            deadline = time.monotonic() + RECV_DEADLINE_S
+            while guard.statistics().open_connections != count:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.01)
+            return True
+
+        base = guard.statistics().open_connections
+        with open_ws(f"{ws_base(url)}/ws/v2/reader/{NS}/guarded"):
+            assert settles_at(base + 1)
+        assert settles_at(base)
+        assert refused_status(f"{ws_base(url)}/ws/v2/reader/{NS}/guarded?messageId=nonsense")[0] == 400
+        assert settles_at(base)
