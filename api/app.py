@@ -7,8 +7,11 @@ shutdown (uvicorn turns SIGTERM into a graceful shutdown, so a SIGTERM flushes a
 In front of the routes, ``api/request_guard.py`` authenticates each request once and bounds
 bodies and per-role concurrency; ``server_options`` gives uvicorn the guarded HTTP protocol of
 ``api/connection_guard.py`` (connection count, header and idle timeouts) for this app's
-``EdgeLimits``. Every Magnetar server (``magnetar standalone``, ``magnetar broker`` and the
-test servers) runs with ``server_options(app)``, on the listeners of ``api/web_server.py``.
+``EdgeLimits``, and no WebSocket protocol of its own: that guarded protocol hands WebSocket
+upgrades to the app's WebSocket edge (``api/ws/server.py``, ``app.state.websocket_server``),
+whose keep-alive runs from the lifespan and whose sessions are closed before the broker. Every
+Magnetar server (``magnetar standalone``, ``magnetar broker`` and the test servers) runs with
+``server_options(app)``, on the listeners of ``api/web_server.py``.
 
 ``/docs`` (Swagger UI) and ``/redoc`` render without any network: their scripts, styles and icon
 come from the ``fastapi-offline`` package, served by the broker at ``DOCS_ASSETS_PATH``.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,14 +38,13 @@ from api.connection_guard import (
     effective_connections_max,
     guarded_http_protocol,
     quiet_accept_errors,
-    register,
 )
 from api.errors import install_error_handlers
 from api.limits import EdgeLimits
 from api.lookup import router as lookup_router
 from api.metrics import router as metrics_router
 from api.pulsar import PulsarServer, PulsarSettings
-from api.request_guard import RequestGuard
+from api.request_guard import RequestGuard, RoleSlots
 from api.rest_consume import router as consume_router
 from api.rest_locate import router as locate_router
 from api.rest_lookup import router as clusters_router
@@ -51,20 +52,9 @@ from api.rest_produce import router as produce_router
 from api.rest_read import router as read_router
 from api.rest_streams import router as streams_router
 from api.wakeup import loop_executor
+from api.ws import WebSocketServer
 from api.ws import router as ws_router
-from api.ws.protocol import MagnetarWebSocketProtocol
 from broker import BrokerService
-
-
-class _DenialLogFilter(logging.Filter):
-    """uvicorn's sans-I/O WebSocket protocol logs an HTTP-answered upgrade (a refused session,
-    see api/ws.py) as an incomplete handshake; the refusal is deliberate and already answered."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "without completing handshake" not in record.getMessage()
-
-
-_DENIAL_LOG_FILTER = _DenialLogFilter()
 
 DOCS_ASSETS_PATH = "/docs/assets"
 """Where the API documentation pages' scripts, styles and icon are served (public, no data)."""
@@ -72,16 +62,16 @@ SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
 """No online validator badge: the page asks nothing of any host but this broker."""
 
 def server_options(app: FastAPI) -> dict[str, Any]:
-    """uvicorn settings for serving ``app``: its WebSocket protocol and the guarded HTTP
-    protocol under the app's connection guard."""
+    """uvicorn settings for serving ``app``: the guarded HTTP protocol under the app's
+    connection guard, handing WebSocket upgrades to the app's WebSocket edge (uvicorn itself
+    serves no WebSocket)."""
     limits: EdgeLimits = app.state.limits
+    websockets: WebSocketServer = app.state.websocket_server
     return {
-        "http": guarded_http_protocol(_http_protocol_base(), app.state.connection_guard),
+        "http": guarded_http_protocol(_http_protocol_base(), app.state.connection_guard, websockets.take_over),
         "timeout_keep_alive": limits.idle_timeout_s,
         "h11_max_incomplete_event_size": limits.header_bytes_max,  # the guard bounds httptools' heads
-        "ws": MagnetarWebSocketProtocol,
-        "ws_max_size": limits.ws_frame_bytes_max,
-        "ws_per_message_deflate": False,  # frames are small JSON; compressing each costs more CPU than it saves
+        "ws": "none",
     }
 
 
@@ -113,6 +103,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
         # Idle journal: this loop writes and syncs its own publishes (no hand-over and back).
         service.write_journal_on_this_thread(asyncio.get_running_loop().call_soon)
         binary: PulsarServer | None = None
+        await ws_server.start()
         try:
             if pulsar is not None and (pulsar.port or pulsar.tls_enabled):
                 binary = PulsarServer(service, authorizer, pulsar)
@@ -120,13 +111,13 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
                 app.state.pulsar_server = binary
             yield
         finally:
+            await ws_server.close()
             if binary is not None:
                 await binary.close()
             service.write_journal_on_this_thread(None)
             service.use_dispatch_executor(None)
             service.close()
 
-    logging.getLogger("uvicorn.error").addFilter(_DENIAL_LOG_FILTER)
     log_redaction.install()
     app = FastAPIOffline(title="Magnetar", version="0.1.0", lifespan=lifespan, static_url=DOCS_ASSETS_PATH,
                          swagger_ui_parameters=SWAGGER_UI_PARAMETERS)
@@ -134,11 +125,13 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.state.limits = limits
     guard = ConnectionGuard(effective_connections_max(limits.connections_max), limits.header_timeout_s,
                             limits.header_bytes_max)
-    register(guard)
     app.state.connection_guard = guard
     authorizer = Authorizer(auth or AuthConfig(), service)
     app.state.authorizer = authorizer
-    app.add_middleware(RequestGuard, authorizer=authorizer, limits=limits)
+    slots = RoleSlots(authorizer, limits.connections_per_role_max)
+    ws_server = WebSocketServer(service, authorizer, limits, slots)
+    app.state.websocket_server = ws_server
+    app.add_middleware(RequestGuard, authorizer=authorizer, limits=limits, slots=slots)
     install_error_handlers(app)
     app.include_router(produce_router(service, authorizer))
     app.include_router(admin_router(service, authorizer))
@@ -146,7 +139,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(metrics_router(service, authorizer))
     app.include_router(read_router(service, authorizer, limits))
     app.include_router(streams_router(service, authorizer, limits))
-    app.include_router(ws_router(service, authorizer, limits))
+    app.include_router(ws_router(ws_server.routes))
     app.include_router(broker_stats_router(service, authorizer))
     app.include_router(locate_router(service, authorizer))
     app.include_router(lookup_router(service, authorizer))

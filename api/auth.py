@@ -32,6 +32,7 @@ from api.authentication import (
     AuthenticationProvider,
     Credentials,
     Identity,
+    RequestHead,
     TlsProvider,
     TokenProvider,
 )
@@ -97,8 +98,8 @@ class Authorizer:
 
     # --- authentication --------------------------------------------------------------------
     def authenticate(self, connection: HTTPConnection) -> Principal:
-        """The caller of an HTTP request or WebSocket handshake, as ``api/request_guard.py``
-        found it (authenticated once per request, from the headers); raises what it found."""
+        """The caller of an HTTP request, as ``api/request_guard.py`` found it (authenticated
+        once per request, from the headers); raises what it found."""
         outcome = connection.scope.get(_CALLER_OUTCOME)
         if outcome is None:
             return self.authenticate_headers(connection)
@@ -108,11 +109,15 @@ class Authorizer:
         return outcome
 
     def authenticate_headers(self, connection: HTTPConnection) -> Principal:
+        """Verify the caller of an HTTP request (see ``authenticate_request``)."""
+        return self.authenticate_request(connection, tls_peer_in(connection.scope))
+
+    def authenticate_request(self, head: RequestHead, tls_peer: TlsPeer | None) -> Principal:
         """Verify the caller of an HTTP request or WebSocket handshake: the first provider that
         finds valid credentials (a token, the TLS connection's client certificate) names it."""
         if not self.config.enabled:
             return ANONYMOUS_SUPERUSER
-        credentials = Credentials(http=connection, tls_peer=tls_peer_in(connection.scope))
+        credentials = Credentials(http=head, tls_peer=tls_peer)
         refusal: Unauthorized | None = None
         for provider in self._providers:
             try:

@@ -2,8 +2,9 @@
 
 Role: the seam between what a caller presents and the role it acts as. ``Credentials`` is what
 one caller brings, whichever the transport (Pulsar's ``AuthenticationDataSource``): an HTTP
-request's or WebSocket handshake's headers and query, the binary protocol's ``auth_data``, and
-the client certificate its TLS connection verified. Each provider reads the part it knows:
+request's or WebSocket handshake's headers and query (a ``RequestHead``: Starlette's request,
+or the WebSocket edge's handshake), the binary protocol's ``auth_data``, and the client
+certificate its TLS connection verified. Each provider reads the part it knows:
 
 - ``token`` (``AuthenticationProviderToken``): a JWT from ``Authorization: Bearer``, ``?token=``
   or a CONNECT of method ``token``; the role is its ``sub`` claim (HS256 or RS256);
@@ -20,11 +21,11 @@ Invariants: a provider answers None when the credentials hold nothing of its kin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import jwt
-from starlette.requests import HTTPConnection
 
 from api.tls import TlsPeer
 from broker import Unauthorized
@@ -48,11 +49,22 @@ class Identity:
     expires_at_s: float | None = None
 
 
+class RequestHead(Protocol):
+    """What a provider reads of an HTTP request or a WebSocket handshake."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Case-insensitive."""
+
+    @property
+    def query_params(self) -> Mapping[str, str]: ...
+
+
 @dataclass(frozen=True)
 class Credentials:
     """What one caller presents (any part may be absent)."""
 
-    http: HTTPConnection | None = None
+    http: RequestHead | None = None
     """An HTTP request or WebSocket handshake: its headers and query."""
     command_data: bytes | None = None
     """The binary protocol's ``auth_data`` (CONNECT, AUTH_RESPONSE) for the provider's method."""

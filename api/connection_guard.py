@@ -19,7 +19,13 @@ opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with 
   they come (``api/request_guard.py`` bounds them);
 - idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer);
 - on a TLS listener, the client certificate the handshake verified reaches every request of the
-  connection in its ASGI scope (``api/tls.py``), for ``AuthenticationProviderTls``.
+  connection in its ASGI scope (``api/tls.py``), for ``AuthenticationProviderTls``;
+- a connection whose first request is a WebSocket upgrade on ``/ws/`` (``GET``, ``Upgrade:
+  websocket``, ``Connection: upgrade``) is handed, with the head and whatever followed it, to the
+  WebSocket edge (``api/ws/server.py``), which owns the transport from then on; uvicorn's parser
+  never sees it. The head is held here until it ends, within ``header_bytes_max`` and
+  ``header_timeout_ms`` as any head. An upgrade on a connection that already served a request
+  goes to uvicorn, which serves no WebSocket: it is answered 426 by the route.
 
 ``effective_connections_max`` keeps the bound under the process's file-descriptor limit, with
 room for the storage's files. ``quiet_accept_errors`` makes a failed ``accept()`` (out of file
@@ -113,24 +119,6 @@ class ConnectionGuard:
                                         self._header_timeouts, self._heads_too_large)
 
 
-_GUARDS: list[ConnectionGuard] = []
-_GUARDS_LOCK = threading.Lock()
-
-
-def register(guard: ConnectionGuard) -> None:
-    with _GUARDS_LOCK:
-        _GUARDS.append(guard)
-
-
-def release_connection(transport: object) -> None:
-    """Release ``transport`` from whichever guard admitted it (called by the protocol that owns
-    the transport when it is lost: HTTP, or the WebSocket protocol it was upgraded to)."""
-    with _GUARDS_LOCK:
-        guards = list(_GUARDS)
-    for guard in guards:
-        guard.release(transport)
-
-
 def effective_connections_max(configured: int) -> int:
     """``configured``, but below the file-descriptor limit with a reserve for everything else."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -152,14 +140,38 @@ def raise_file_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[..., asyncio.Protocol]:
+WebSocketEdge = Callable[[asyncio.BaseTransport, Callable[[], None]], asyncio.Protocol]
+"""Takes over a connection whose upgrade request was recognised: its protocol from now on,
+given the transport and what releases the connection's place in the guard once it is lost."""
+WEBSOCKET_REQUEST_START = b"GET /ws/"
+
+
+def is_websocket_upgrade(head: bytes) -> bool:
+    """Whether a request head (line and headers, without the blank line) asks for a WebSocket:
+    ``Upgrade: websocket`` and ``upgrade`` among the ``Connection`` options."""
+    upgrade = connection = False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"upgrade":
+            upgrade = value.strip().lower() == b"websocket"
+        elif name == b"connection":
+            connection = b"upgrade" in (option.strip() for option in value.lower().split(b","))
+    return upgrade and connection
+
+
+def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
+                          websocket_edge: WebSocketEdge | None = None) -> Callable[..., asyncio.Protocol]:
     """A subclass of uvicorn's HTTP protocol ``base`` (h11 or httptools) under ``guard``. The
     head bound is applied here for httptools, whose parser has none; h11 applies its own
-    (``server_options`` sets it to the same bound)."""
+    (``server_options`` sets it to the same bound). With ``websocket_edge``, a first request that
+    is a WebSocket upgrade on ``/ws/`` is handed to it."""
     bounds_heads = hasattr(base, "on_headers_complete")
 
     class GuardedHttpProtocol(base):  # type: ignore[misc]
         _admitted = False
+        _websocket_head: bytearray | None = None
+        """The start of the first request while it may be a WebSocket upgrade (None: it is not)."""
         _header_timer: asyncio.TimerHandle | None = None
         _cycle_at_arm: object = None
         _head_bytes = 0
@@ -174,6 +186,8 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[.
                 transport.close()
                 return
             self._admitted = True
+            if websocket_edge is not None:
+                self._websocket_head = bytearray()
             super().connection_made(transport)
             peer = tls_peer_of(transport)
             if peer is not None:
@@ -183,13 +197,16 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[.
         def data_received(self, data: bytes) -> None:
             if not self._admitted:
                 return
+            if self._websocket_head is not None:
+                data = self._upgrade_or_not(data)
+                if not data:
+                    return
             if self._in_body or not bounds_heads:
                 super().data_received(data)
             else:
                 self._receive_head(data)
-            if self._header_timer is not None and (
-                    self.cycle is not self._cycle_at_arm or self.transport.get_protocol() is not self):
-                self._disarm_header_timer()  # headers complete (or upgraded to a WebSocket)
+            if self._header_timer is not None and self.cycle is not self._cycle_at_arm:
+                self._disarm_header_timer()  # headers complete
 
         def _receive_head(self, data: bytes) -> None:
             """Feed ``data`` while a head is awaited: never more of a head than the bound; what
@@ -204,11 +221,49 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard) -> Callable[.
                 self._head_bytes += len(head)
                 if head:
                     super().data_received(head)
-                if self.transport.get_protocol() is not self or self.transport.is_closing():
-                    return  # upgraded to a WebSocket (it reads from here on), or refused by the parser
+                if self.transport.is_closing():
+                    return  # refused by the parser
                 if data and self._heads_ended == heads_ended:
                     self._refuse_head()
                     return
+
+        def _upgrade_or_not(self, data: bytes) -> bytes:
+            """Hold the first request's head while it may be a WebSocket upgrade on ``/ws/``;
+            hand it over once it is one. What uvicorn's parser is to read (b"": nothing yet)."""
+            head = self._websocket_head
+            assert head is not None
+            if not head and data[:len(WEBSOCKET_REQUEST_START)] != WEBSOCKET_REQUEST_START[:len(data)]:
+                self._websocket_head = None  # the usual first read: not held, not copied
+                return data
+            searched = max(0, len(head) - 3)  # a head held a byte at a time costs linear time
+            head += data
+            known = min(len(head), len(WEBSOCKET_REQUEST_START))
+            if head[:known] != WEBSOCKET_REQUEST_START[:known]:
+                self._websocket_head = None
+                return bytes(head)
+            end = head.find(b"\r\n\r\n", searched)
+            if end < 0:
+                if len(head) > guard.header_bytes_max:
+                    self._websocket_head = None
+                    self._refuse_head()
+                return b""
+            self._websocket_head = None
+            if not is_websocket_upgrade(bytes(head[:end])):
+                return bytes(head)
+            self._hand_over(bytes(head))
+            return b""
+
+        def _hand_over(self, data: bytes) -> None:
+            """The WebSocket edge owns the transport from now on. uvicorn's server waits, when it
+            shuts down, for every protocol in its set of connections to be lost; this one never
+            hears of the transport again, so it leaves the set here, as uvicorn's own upgrade does."""
+            assert websocket_edge is not None
+            self._disarm_header_timer()
+            self.connections.discard(self)
+            transport = self.transport
+            protocol = websocket_edge(transport, lambda: guard.release(transport))
+            transport.set_protocol(protocol)
+            protocol.data_received(data)
 
         def on_headers_complete(self) -> None:  # httptools' callback
             self._heads_ended += 1

@@ -8,7 +8,8 @@ Routes never catch broker errors themselves.
 ``TopicNotOwned`` (a cluster broker asked for a topic another broker serves) is the one error
 answered with a header: 307 with ``Location`` naming the same path and query on the owner, so
 HTTP clients resend the request there (a 307 keeps the method and body); a WebSocket upgrade
-gets the same 307 with a ``ws://`` location (``api/ws/frames.py``).
+gets the same 307 with a ``ws://`` location (``api/ws/server.py``, the WebSocket edge's one
+mapping of a refused handshake).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Secrets never reach a log: tokens are cut out of every record uvicorn writes about a request.
 
 Role: WebSocket clients (browsers and the web console's live tail above all) pass their token as
-``?token=<JWT>`` because a browser cannot set headers on a WebSocket, and uvicorn logs each
-request line and each WebSocket handshake with its query string. ``TokenRedactingFilter``
-rewrites those records on uvicorn's access and error loggers, before any handler formats them:
-the value of a ``token`` query parameter, and anything else shaped like a JWT, reads
-``<redacted>``.
+``?token=<JWT>`` because a browser cannot set headers on a WebSocket, and HTTP clients may too;
+uvicorn logs each request line with its query string. ``TokenRedactingFilter`` rewrites those
+records on uvicorn's access and error loggers, before any handler formats them: the value of a
+``token`` query parameter, and anything else shaped like a JWT, reads ``<redacted>``. The
+WebSocket edge (``api/ws/server.py``) logs each handshake's target through ``redact`` itself.
 
 Invariant: nothing else in a record changes and no record is dropped; the filter is installed
 once per logger however many applications are built.

@@ -1,4 +1,4 @@
-"""Every HTTP request and WebSocket handshake: who is calling, before anything else is read.
+"""Every HTTP request: who is calling, before anything else is read.
 
 Role: an ASGI middleware in front of the routes. It authenticates the caller from the headers
 (``api/auth.py``) once per request and leaves the outcome in the scope for the routes, then
@@ -10,8 +10,8 @@ applies the bounds of ``api/limits.py`` that need to know the caller:
   length over the bound is answered 413 before reading, an undeclared one as soon as it passes
   the bound; the body must arrive within ``body_timeout_ms`` (408);
 - in-flight HTTP requests plus open WebSocket sessions per role are bounded by
-  ``connections_per_role_max`` (429 ``too_many_connections``; a WebSocket upgrade is refused
-  the same way by its route, which answers every refusal of a handshake).
+  ``connections_per_role_max`` (429 ``too_many_connections``): ``RoleSlots``, which the
+  WebSocket edge (``api/ws/server.py``) takes a slot of for each session it opens.
 
 A refused request's answer must reach the client: closing a connection whose peer is still
 sending makes the kernel reset it, and a reset can destroy the answer before the client reads
@@ -43,19 +43,54 @@ REFUSED_BODY_DRAIN_BYTES_MAX = 64 * 1024
 connection closes cleanly instead of being reset under the answer."""
 
 
-class RequestGuard:
-    def __init__(self, app: ASGIApp, authorizer: Authorizer, limits: EdgeLimits) -> None:
-        self.app = app
+class RoleSlots:
+    """In-flight HTTP requests plus open WebSocket sessions of each role, at most
+    ``connections_per_role_max`` (with authentication on, for authenticated roles: ``role_of``).
+    Used on the web service's event loop; a role holding nothing has no entry."""
+
+    def __init__(self, authorizer: Authorizer, per_role_max: int) -> None:
         self._authorizer = authorizer
-        self._limits = limits
-        self._in_flight: dict[str, int] = {}
+        self._per_role_max = per_role_max
+        self._held: dict[str, int] = {}
+
+    def role_of(self, outcome: Principal | MagnetarError) -> str | None:
+        """The role whose slot a caller takes (None: not counted)."""
+        if not self._authorizer.enabled or not isinstance(outcome, Principal) or outcome.role == ANONYMOUS_ROLE:
+            return None
+        return outcome.role
+
+    def take(self, role: str) -> None:
+        """One more for ``role``; ``TooManyConnections`` when it holds its whole share."""
+        held = self._held.get(role, 0)
+        if held >= self._per_role_max:
+            raise TooManyConnections(f"role {role!r} already has {self._per_role_max} requests and sessions open")
+        self._held[role] = held + 1
+
+    def give_back(self, role: str) -> None:
+        held = self._held.get(role, 0) - 1
+        if held > 0:
+            self._held[role] = held
+        else:
+            self._held.pop(role, None)
 
     def statistics(self) -> dict[str, int]:
         """In-flight requests and sessions per role."""
-        return dict(self._in_flight)
+        return dict(self._held)
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, authorizer: Authorizer, limits: EdgeLimits, slots: RoleSlots) -> None:
+        self.app = app
+        self._authorizer = authorizer
+        self._limits = limits
+        self._slots = slots
+
+    def statistics(self) -> dict[str, int]:
+        """In-flight requests and sessions per role."""
+        return self._slots.statistics()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         outcome: Principal | MagnetarError
@@ -64,36 +99,21 @@ class RequestGuard:
         except Unauthorized as exc:
             outcome = exc
         scope[caller_outcome_key()] = outcome
-        role = self._counted_role(outcome)
-        if role is not None and self._in_flight.get(role, 0) >= self._limits.connections_per_role_max:
-            refusal = TooManyConnections(f"role {role!r} already has {self._limits.connections_per_role_max} "
-                                         "requests and sessions open")
-            if scope["type"] == "websocket":
-                scope[caller_outcome_key()] = refusal  # the route answers the upgrade with it
-                await self.app(scope, receive, send)
-            else:
-                await _respond(send, refusal)
-            return
+        role = self._slots.role_of(outcome)
         if role is not None:
-            self._in_flight[role] = self._in_flight.get(role, 0) + 1
+            try:
+                self._slots.take(role)
+            except TooManyConnections as refusal:
+                await _respond(send, refusal)
+                return
         try:
-            if scope["type"] == "http" and _has_body(scope):
+            if _has_body(scope):
                 await self._with_body(scope, receive, send, outcome)
             else:
                 await self.app(scope, receive, send)
         finally:
             if role is not None:
-                left = self._in_flight[role] - 1
-                if left:
-                    self._in_flight[role] = left
-                else:
-                    del self._in_flight[role]
-
-    def _counted_role(self, outcome: Principal | MagnetarError) -> str | None:
-        """Per-role bounds apply with authentication on, to authenticated callers."""
-        if not self._authorizer.enabled or not isinstance(outcome, Principal) or outcome.role == ANONYMOUS_ROLE:
-            return None
-        return outcome.role
+                self._slots.give_back(role)
 
     async def _with_body(self, scope: Scope, receive: Receive, send: Send,
                          outcome: Principal | MagnetarError) -> None:

@@ -13,7 +13,8 @@ unloaded, split, or lost with the ZooKeeper session): code 1012 (service restart
 client connects again through a lookup and reaches the topic's new owner.
 
 Invariants: a session is in the registry from its acceptance until it ends; a re-check reads
-the policies as they are after the change; closing happens on the session's own event loop.
+the policies as they are after the change; closing happens on the session's own event loop
+(``Closable.close`` is called there, never from the thread that changed the policies).
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ import itertools
 import logging
 import threading
 from dataclasses import dataclass
-
-from fastapi import WebSocket, WebSocketDisconnect
+from typing import Protocol
 
 from api.auth import Action, Authorizer, Principal
 from broker import Forbidden, TopicName
@@ -34,7 +34,12 @@ log = logging.getLogger(__name__)
 
 POLICY_VIOLATION = 1008
 SERVICE_RESTART = 1012
-CLOSE_REASON_BYTES_MAX = 120
+
+
+class Closable(Protocol):
+    """A session's connection, as the registry closes it (on its event loop)."""
+
+    def close(self, code: int, reason: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -48,15 +53,15 @@ class Admission:
 class SessionRegistry:
     def __init__(self, authorizer: Authorizer) -> None:
         self._authorizer = authorizer
-        self._sessions: dict[int, tuple[Admission, WebSocket, asyncio.AbstractEventLoop]] = {}
+        self._sessions: dict[int, tuple[Admission, Closable, asyncio.AbstractEventLoop]] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.revoked = 0
 
-    def opened(self, admission: Admission, websocket: WebSocket) -> int:
+    def opened(self, admission: Admission, connection: Closable, loop: asyncio.AbstractEventLoop) -> int:
         session_id = next(self._ids)
         with self._lock:
-            self._sessions[session_id] = (admission, websocket, asyncio.get_running_loop())
+            self._sessions[session_id] = (admission, connection, loop)
         return session_id
 
     def ended(self, session_id: int) -> None:
@@ -71,7 +76,7 @@ class SessionRegistry:
         those whose caller lost a permission the session needs."""
         with self._lock:
             sessions = list(self._sessions.items())
-        for session_id, (admission, websocket, loop) in sessions:
+        for session_id, (admission, connection, loop) in sessions:
             reason = self._refusal(admission)
             if reason is None:
                 continue
@@ -79,7 +84,7 @@ class SessionRegistry:
             self.revoked += 1
             log.info("closing a WebSocket session of role %r: %s", admission.principal.role, reason)
             with contextlib.suppress(RuntimeError):  # the loop is gone: so is the session
-                asyncio.run_coroutine_threadsafe(_close(websocket, reason), loop)
+                loop.call_soon_threadsafe(connection.close, POLICY_VIOLATION, reason)
 
     def topics_unloaded(self, names: list[TopicName]) -> None:
         """End (1012) every session on one of ``names`` (any thread)."""
@@ -87,11 +92,11 @@ class SessionRegistry:
         with self._lock:
             sessions = [(i, entry) for i, entry in self._sessions.items()
                         if any(topic in gone for _, topic in entry[0].checks)]
-        for session_id, (_, websocket, loop) in sessions:
+        for session_id, (_, connection, loop) in sessions:
             self.ended(session_id)
             with contextlib.suppress(RuntimeError):
-                asyncio.run_coroutine_threadsafe(
-                    _close(websocket, "topic moved to another broker; look it up again", SERVICE_RESTART), loop)
+                loop.call_soon_threadsafe(connection.close, SERVICE_RESTART,
+                                          "topic moved to another broker; look it up again")
 
     def _refusal(self, admission: Admission) -> str | None:
         try:
@@ -101,7 +106,3 @@ class SessionRegistry:
             return f"permission revoked: {exc}"
         return None
 
-
-async def _close(websocket: WebSocket, reason: str, code: int = POLICY_VIOLATION) -> None:
-    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-        await websocket.close(code, reason.encode()[:CLOSE_REASON_BYTES_MAX].decode(errors="ignore"))

@@ -7,7 +7,8 @@ web service's HTTPS/WSS port (``webServicePortTls``, ``api/web_server.py``) and 
 protocol's ``pulsar+ssl://`` port (``brokerServicePortTls``, ``api/pulsar/server.py``). A
 connection's verified client certificate becomes a ``TlsPeer``; ``AuthenticationProviderTls``
 (``api/authentication.py``) takes its CN as the role. On HTTP the peer reaches the application in
-the ASGI scope (``TLS_PEER_EXTENSION``), put there by the listener's protocol.
+the ASGI scope (``TLS_PEER_EXTENSION``), put there by the listener's protocol; the WebSocket edge
+(``api/ws/server.py``) reads it from the connection it takes over (``tls_peer_of``).
 
 Invariants:
 - Only TLS 1.2 and 1.3 are spoken (``tlsProtocols`` may narrow that, never widen it): an older

@@ -6,9 +6,10 @@ the ``WebListener`` list instead of one host and port, each plain (``webServiceP
 TLS (``webServicePortTls``, the context of ``api/tls.py``). One server means one lifespan (the
 broker starts before any listener accepts and closes after every listener stopped), one
 signal handler and one graceful shutdown for all of them. Every listener uses the same guarded
-HTTP protocol and WebSocket protocol (``server_options``); on a TLS connection with a verified
-client certificate, the protocol hands it to the application in each request's scope
-(``api/connection_guard.py``, ``api/ws/protocol.py``).
+HTTP protocol (``server_options``), which hands WebSocket upgrades to the app's WebSocket edge
+(``api/ws/server.py``); on a TLS connection with a verified client certificate, the HTTP
+protocol hands it to the application in each request's scope (``api/connection_guard.py``) and
+the WebSocket edge reads it from the connection.
 
 Invariants: no listener accepts before the application's lifespan started; a listener that
 cannot bind stops the start-up (after the lifespan shut down), as uvicorn does with its own;

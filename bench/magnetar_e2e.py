@@ -6,7 +6,7 @@ anchor phase in ``bench/anchors.py`` and bounded by the same :class:`Plan`:
 - publish over REST produce (Pulsar PIP-64, ``api/rest_produce.py``): every request carries
   ``rest_messages_per_request`` base64 payloads and is one entry; ``rest_requests_in_flight``
   keep-alive connections each keep one request in flight;
-- publish over the WebSocket producer (Pulsar WebSocket API v2, ``api/ws.py``): one frame per
+- publish over the WebSocket producer (Pulsar WebSocket API v2, ``api/ws/``): one frame per
   message, ``publish_window_messages`` frames sent and not yet answered; with
   ``batchingEnabled=true`` the server stores frames that arrive together as one batch entry;
 - catch-up with a WebSocket reader from ``earliest``: every message arrives as a JSON frame and

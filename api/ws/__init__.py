@@ -1,13 +1,18 @@
 """Pulsar's WebSocket API v2: producer, consumer and reader sessions over JSON frames.
 
-The package, one concept a module: ``routes.py`` (the handshakes and their documentation),
-``params.py`` (handshake query parameters), ``frames.py`` (client frames in, result and message
-frames out, Pulsar's codes), ``producer.py``, ``consumer.py`` and ``reader.py`` (the sessions),
-``session.py`` (accepting, supervising and closing a session; the command loop), and
-``protocol.py`` (uvicorn's WebSocket protocol tuned for a frame per message, and the sessions'
-frame writer). Every session speaks to the broker through its face (``broker``) only.
+The package, one concept a module, from the socket inwards: ``server.py`` (the asyncio adapter:
+connections handed over by the HTTP listener, handshakes admitted, sessions driven, keep-alive),
+``protocol.py`` (the wire, sans I/O: websockets' own ``ServerProtocol`` behind a fast reader of
+whole text frames), ``writer.py`` (the one route out: frames written once per turn of the loop,
+bounded for a slow peer), ``routes.py`` (the route table: each path's parameters, authorization
+and session, and their documentation), ``params.py`` (handshake query parameters),
+``session.py`` (what a session is and sees), ``producer.py``, ``consumer.py`` and ``reader.py``
+(the sessions), ``frames.py`` (client frames in, result and message frames out, Pulsar's
+codes). Every session speaks to the broker through its face (``broker``) only, and knows no
+socket and no web framework.
 """
 
 from api.ws.routes import router
+from api.ws.server import WebSocketServer
 
-__all__ = ["router"]
+__all__ = ["WebSocketServer", "router"]

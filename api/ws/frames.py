@@ -16,11 +16,8 @@ import json
 from typing import Any
 
 import orjson
-from fastapi import WebSocket
-from fastapi.responses import JSONResponse
 
-from api.errors import error_of, redirect_headers
-from broker import Delivery, InvalidRequest, MagnetarError, TopicNotOwned, iso_time
+from broker import Delivery, InvalidRequest, iso_time
 
 FRAME_ERROR_TEXT_MAX = 300
 
@@ -93,28 +90,6 @@ def json_text(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:
         return json.dumps(value, separators=(",", ":"))
-
-
-async def receive_text(websocket: WebSocket) -> str | None:
-    """The next text frame (binary frames are decoded as UTF-8), or None once the peer left."""
-    message = await websocket.receive()
-    if message["type"] == "websocket.disconnect":
-        return None
-    if message.get("text") is not None:
-        text: str = message["text"]
-        return text
-    try:
-        return bytes(message.get("bytes") or b"").decode()
-    except UnicodeDecodeError:
-        return "\x00"  # not JSON: answered as a bad frame
-
-
-async def deny(websocket: WebSocket, exc: MagnetarError) -> None:
-    """Answer the upgrade with an HTTP error, as Pulsar does when it cannot create the session."""
-    headers = redirect_headers(exc, websocket.url.path, websocket.url.query, websocket=True) \
-        if isinstance(exc, TopicNotOwned) else None
-    await websocket.send_denial_response(
-        JSONResponse(error_of(exc), status_code=exc.http_status, headers=headers))
 
 
 def send_error(context: Any, result_code: int, error_code: str, message: str, **extra: Any) -> str:

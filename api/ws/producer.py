@@ -5,32 +5,29 @@ is read into a message by the broker's rules (``message_of``: payload in base64,
 epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expectedOffset``,
 ``expectedKeyVersion``); a field the frame shape does not know is a ``send-error`` naming it. A
 result carries the message's ``keyVersion`` when it has a key; a refused ``expectedKeyVersion``
-is a ``send-error`` carrying the key's ``currentKeyVersion``. The frames that arrived together
-(those queued when the session reads one) are handled at once. Without batching every frame is
-its own entry, and the plain ones of a burst go to the broker in one call
-(``Producer.send_each``); with ``batchingEnabled=true`` the frames that arrived together (up to
-``batchingMaxMessages``) are batched per partition, as Pulsar's batching producers keep a batch
-per partition: a keyed frame joins its key's partition's batch, the keyless frames of the burst
-one partition's batch chosen once (round-robin advances once per burst), each batch is one
-entry; frames with their own sequence id, delivery time, expected offset or expected key version
-go alone.
+is a ``send-error`` carrying the key's ``currentKeyVersion``. The frames of one socket read are
+handled at once (``on_frames``). Without batching every frame is its own entry, and the plain
+ones of a read go to the broker in one call (``Producer.send_each``); with
+``batchingEnabled=true`` the frames of a read (up to ``batchingMaxMessages``) are batched per
+partition, as Pulsar's batching producers keep a batch per partition: a keyed frame joins its
+key's partition's batch, the keyless frames of the read one partition's batch chosen once
+(round-robin advances once per read), each batch is one entry; frames with their own sequence
+id, delivery time, expected offset or expected key version go alone.
 
-Over the topic's publish rate (``Producer.publish_delay_s``) the session reads no frame for as
+Over the topic's publish rate (``Producer.publish_delay_s``) the session takes no frame for as
 long as the broker says, as Pulsar's broker stops reading a throttled producer's connection; the
 broker producer (one of the topic's ``maxProducers``) is closed when the session ends.
 
-Invariants: at most ``maxPendingMessages`` frames are unanswered (the session stops reading
-frames until results are written), and none is published while the broker's publish buffer
-(``maxMessagePublishBufferSizeInMB``) refuses: the session stops reading frames until it admits
-again; results are written in frame order, once each frame's entry is
-durable, by the event-loop callback that learns it finished (one socket write per burst); a bad
-frame never closes the session and never writes anything.
+Invariants: at most ``maxPendingMessages`` frames are unanswered, and none is published while
+the broker's publish buffer (``maxMessagePublishBufferSizeInMB``) refuses or while the writer
+holds its bound of results for a slow peer: the session leaves the frames it cannot take with
+the connection (which stops reading) until it can; results are written in frame order, once
+each frame's entry is durable, by the event-loop callback that learns it finished (one socket
+write per burst); a bad frame never closes the session and never writes anything.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,9 +35,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import WebSocket, WebSocketDisconnect
-
-from api.wakeup import LoopSignal, budget_room
+from api.wakeup import LoopSignal
 from api.ws.frames import (
     UNKNOWN_ERROR,
     FrameError,
@@ -48,12 +43,10 @@ from api.ws.frames import (
     frame_text,
     json_text,
     parse_frame,
-    receive_text,
     send_error,
 )
 from api.ws.params import ProducerParams
-from api.ws.protocol import QUEUED_FRAMES_EXTENSION, FrameWriter
-from api.ws.session import supervise
+from api.ws.session import SessionIO
 from broker import (
     MESSAGE_FIELDS,
     BrokerService,
@@ -98,60 +91,76 @@ frame's result or refusal), the broker's refusal, or a frame that was never publ
 
 
 class ProducerSession:
-    def __init__(self, websocket: WebSocket, service: BrokerService, topic: TopicName,
-                 params: ProducerParams) -> None:
-        self.ws = websocket
+    def __init__(self, io: SessionIO, service: BrokerService, topic: TopicName, params: ProducerParams) -> None:
+        self.io = io
         self.service = service
         self.params = params
+        self._writer = io.writer
+        self._writer.frames_max = params.pending_messages_max
         self.producer: Producer = service.topics.producer(topic, params.producer_name, routing_mode=params.routing_mode,
                                                           compression=params.compression,
                                                           initial_sequence_id=params.initial_sequence_id)
         self._pending: deque[tuple[Any, Outcome, int]] = deque()
         """Frames waiting for their answer, in frame order: context, the outcome of the entry that
         holds the frame, and the frame's index in that entry."""
-        self._room = asyncio.Event()
-        self._room.set()
-        self._answered = asyncio.Event()
-        self._writer = FrameWriter(websocket, params.pending_messages_max)
-        self._take_queued: Callable[[int], list[str]] | None = \
-            (websocket.scope.get("extensions") or {}).get(QUEUED_FRAMES_EXTENSION)
-        self._finished = LoopSignal(asyncio.get_running_loop(), self._send_results)
+        self._left = False
+        """Frames were left with the connection: it is told (``ready``) once the session has room."""
+        self._throttled = False
+        self._ended = False
+        loop = io.loop
+        self._finished = LoopSignal(loop, self._send_results)
+        self._buffer_admits = LoopSignal(loop, self._room_again)
         clock = service.clock
         self._clock_ms: Callable[[], int] = lambda: int(clock() * 1000)
 
-    async def run(self) -> None:
-        """Frames are published as they are read, those that arrived together at once; the
-        broker producer is closed when the session ends."""
-        try:
-            await self._serve()
-        finally:
-            self.producer.close()
+    def start(self) -> None:
+        """Nothing to begin: the session answers frames."""
 
-    async def _serve(self) -> None:
-        if await supervise(self.ws, self._receive_loop(), []):
-            # the client left: answer what it sent before it did
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-                while self._pending:
-                    self._answered.clear()
-                    await self._answered.wait()
-                await self._writer.flush()
+    def end(self) -> None:
+        self._ended = True
+        self.producer.close()
 
-    async def _receive_loop(self) -> None:
-        batching = self.params.batching
-        while (text := await receive_text(self.ws)) is not None:
-            await self._wait_for_room()
-            texts = [text]
-            room = self.params.pending_messages_max - len(self._pending) - 1
-            if room > 0 and self._take_queued is not None:
-                texts += self._take_queued(room)  # the frames that arrived with it
-            items = [self._read_frame(t) for t in texts]
-            if batching:
-                self._publish_batched(items)
-            else:
-                self._publish_each(items)
-            delay_s = self.producer.publish_delay_s()
-            if delay_s > 0:  # over the topic's publish rate: read no frame for a while, as Pulsar throttles
-                await asyncio.sleep(delay_s)
+    def on_frames(self, texts: list[str]) -> int:
+        """Publish what there is room for (the frames of a read at once); leave the rest."""
+        room = self._room()
+        taken = texts if len(texts) <= room else texts[:max(room, 0)]
+        if len(taken) < len(texts):
+            self._left = True
+        if not taken:
+            return 0
+        items = [self._read_frame(t) for t in taken]
+        if self.params.batching:
+            self._publish_batched(items)
+        else:
+            self._publish_each(items)
+        delay_s = self.producer.publish_delay_s()
+        if delay_s > 0:  # over the topic's publish rate: take no frame for a while, as Pulsar throttles
+            self._throttled = True
+            self.io.loop.call_later(delay_s, self._throttle_over)
+        return len(taken)
+
+    def _room(self) -> int:
+        """Frames the session may take now: none while throttled, while the broker's publish
+        buffer refuses or while the writer holds its bound; else up to ``maxPendingMessages``
+        unanswered."""
+        if self._throttled:
+            return 0
+        buffer = self.service.publish_buffer
+        if not buffer.admits() and buffer.wait(self._buffer_admits.notify):
+            return 0  # woken once it admits again (unless it did meanwhile: then go on)
+        if not self._writer.has_room:
+            self._writer.when_room(self._room_again)
+            return 0
+        return self.params.pending_messages_max - len(self._pending)
+
+    def _throttle_over(self) -> None:
+        self._throttled = False
+        self._room_again()
+
+    def _room_again(self) -> None:
+        if self._left and not self._ended:
+            self._left = False
+            self.io.ready()
 
     def _publish_batched(self, items: list[_Send | _Rejected]) -> None:
         """With batching: consecutive batchable frames make bursts of at most
@@ -269,15 +278,6 @@ class ProducerSession:
         future.add_done_callback(self._finished.notify)
         return future
 
-    async def _wait_for_room(self) -> None:
-        """At most ``maxPendingMessages`` frames unanswered, and as many results unwritten; no
-        frame published while the broker's publish buffer is full."""
-        await budget_room(self.service.publish_buffer)
-        while len(self._pending) >= self.params.pending_messages_max:
-            self._room.clear()
-            await self._room.wait()
-        await self._writer.room()
-
     def _track(self, items: Sequence[_Send | _Rejected], outcome: Outcome) -> None:
         for index, item in enumerate(items):
             self._pending.append((item.context, outcome, index))
@@ -307,9 +307,7 @@ class ProducerSession:
             frames.append(answer.frame(context, index))
         self._writer.send(frames)
         if len(pending) < self.params.pending_messages_max:
-            self._room.set()
-        if not pending:
-            self._answered.set()
+            self._room_again()
 
 
 class _EntryAnswer:

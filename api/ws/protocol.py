@@ -1,51 +1,47 @@
-"""uvicorn's WebSocket protocol, tuned for a frame per message, and the sessions' frame writer.
+"""One WebSocket connection's wire, sans I/O: bytes in, the handshake request and text frames out.
 
-Role: uvicorn's sans-I/O WebSocket protocol stops reading the socket after every frame it
-queues for the application and starts again once the application took it: two ``epoll_ctl``
-system calls per received frame. A Pulsar WebSocket client sends a frame per message and per
-acknowledgement, so that was a measurable share of the event loop's time per message. Sending
-goes through an awaited ASGI ``send`` per frame, one socket write each; the protocol here also
-offers the application a synchronous write of several frames at once (the ASGI scope's
-``extensions`` carry it), which :class:`FrameWriter` uses whenever the peer keeps up. On a WSS
-connection whose client certificate verified, the extensions also carry that certificate's
-``TlsPeer`` (``api/tls.py``), for ``AuthenticationProviderTls``.
+Role: websockets' own sans-I/O ``ServerProtocol`` parses the opening handshake, answers it, and
+keeps the connection's state (open, closing, closed) and every frame that is not a whole masked
+text frame: ping (it queues the pong), pong, close (it echoes it), binary, fragments. In front of
+it, ``WebSocketWire`` splits the frames a Pulsar client sends nearly always itself (whole,
+masked, uncompressed text frames, one per message or acknowledgement): several per read,
+unmasked with websockets' C ``apply_mask``, at a fraction of what the websockets parser costs per
+frame. ``text_frames`` writes the server's text frames the same way. The wire never touches a
+socket or an event loop: ``server.py`` feeds it the bytes it reads and writes the bytes it
+returns (``output``), so it is tested with plain byte strings.
 
 Invariants:
-- The receive queue stays bounded. Reading pauses once ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames,
-  or ``WS_RECEIVE_QUEUE_BYTES_MAX`` bytes of frames, wait for the application (counted since the
-  queue was last empty) and resumes when the application has drained the queue (the base class's
-  resume rule, unchanged), so a client that floods frames is still held back by TCP.
-- A session's frames leave in the order it handed them over, whichever way they go: directly
-  while the transport accepts writes, through awaited sends once it has paused writing (the
-  peer reads slower than the session writes), never both at once.
-- What waits for a slow peer is bounded: ``FrameWriter.room()`` holds a session back while
-  ``backlog_frames_max`` frames or ``WS_BACKLOG_BYTES_MAX`` bytes of frames wait; a session
-  sends more only after ``room()`` (a reader) or while nothing waits (a consumer).
-- A frame larger than the listener's ``ws_frame_bytes_max`` (``webSocketMaxTextFrameSize``) is
-  never read, whatever size its header declares: the connection is closed with 1009 and the
-  reason, and logged once at warning. The close frame reaches the peer: the socket is
-  half-closed after it and the rest of the peer's data is read and dropped until the peer closes
-  (or ``close_timeout`` passes), instead of closing with unread data, which makes the kernel
-  answer with a reset that can overtake the close frame. Smaller frames reach the session,
-  which answers a message over the broker's size bound with ``send-error``.
+- Text frames come out in the order they arrived, whichever reader split them; a whole frame of
+  another kind is handed to websockets at a frame boundary, so its parser and state stay exactly
+  as if it had read everything. Anything the fast reader does not take (a fragment, reserved
+  bits, an unmasked frame, a frame over the bound) hands that frame and everything after it to
+  the websockets parser for the rest of the connection, which answers it as it always does
+  (1002 for a protocol error). A binary message is read as UTF-8 text (``"\\x00"`` when it is
+  not: answered as a bad frame).
+- A frame larger than ``frame_bytes_max`` (``webSocketMaxTextFrameSize``) is never read,
+  whatever size its header declares: the wire answers it with a close frame carrying 1009 and the
+  reason, logged once at warning, and drops the rest of the peer's data (``failed``: the adapter
+  half-closes and drains instead of closing with unread data, which makes the kernel answer with
+  a reset that can overtake the close frame). A text frame that is not UTF-8 closes with 1007
+  (RFC 6455 7.4.1), logged once at warning, without a traceback: a client's mistake.
+- At most one incomplete frame (bounded by ``frame_bytes_max``) waits for the rest of its bytes,
+  and one fragmented message (bounded the same way, by websockets); the handshake's head is at
+  most ``head_bytes_max`` bytes. Per-message deflate is never negotiated.
+- After the close handshake started (by either side) no text frame comes out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import struct
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from starlette.websockets import WebSocket
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.exceptions import InvalidState, PayloadTooBig
-from websockets.http11 import Request
-from websockets.protocol import State
-
-from api.connection_guard import release_connection
-from api.tls import TLS_PEER_EXTENSION, tls_peer_of
+from websockets.datastructures import Headers
+from websockets.exceptions import PayloadTooBig
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request, Response
+from websockets.protocol import SEND_EOF, State
+from websockets.server import ServerProtocol
 
 try:
     from websockets.speedups import apply_mask
@@ -53,6 +49,9 @@ except ImportError:  # websockets built without its C speedups
     from websockets.utils import apply_mask
 
 log = logging.getLogger(__name__)
+_WEBSOCKETS_LOG = logging.getLogger(f"{__name__}.websockets")
+"""websockets' own per-connection records ("connection open", "connection closed"): warnings only."""
+_WEBSOCKETS_LOG.setLevel(logging.WARNING)
 
 _U16 = struct.Struct(">H").unpack_from
 _U64 = struct.Struct(">Q").unpack_from
@@ -62,143 +61,136 @@ _TEXT_SHORT = [bytes((0x81, size)) for size in range(126)]
 """Unmasked server text frame headers (FIN, opcode 1) by payload size below 126."""
 _TEXT_MEDIUM = b"\x81\x7e"
 _TEXT_LONG = b"\x81\x7f"
-
-WS_RECEIVE_QUEUE_FRAMES_MAX = 256
-"""Received frames queued for the application before the socket stops being read."""
-WS_RECEIVE_QUEUE_BYTES_MAX = 4 * 1024 * 1024
-"""Bytes of received frames queued for the application before the socket stops being read (a
-frame up to ``ws_frame_bytes_max`` is still taken whole)."""
-
-QUEUED_FRAMES_EXTENSION = "magnetar.websocket.queued_frames"
-"""ASGI scope extension: ``take(frames_max) -> list[str]`` hands over, without waiting, the text
-frames already received and queued for the application, in order, up to ``frames_max``; it stops
-at anything else (a binary frame, a disconnect), which the next ``receive`` returns."""
-
-TEXT_HANDLER_EXTENSION = "magnetar.websocket.text_handler"
-"""ASGI scope extension: ``install(handler | None)``. While a handler is installed, the text frames
-of a socket read that finds the receive queue empty go to ``handler(texts)`` at once, on the event
-loop, instead of through the queue and ``receive``; the handler returns how many of them it
-applied, in order, and the rest are queued as before (and so is everything after them until the
-application has drained the queue), so frames are applied in the order they arrived."""
-
-WS_BACKLOG_BYTES_MAX = 1024 * 1024
-"""Characters of text frames a session's ``FrameWriter`` queues for a peer that reads slower
-than the session writes before ``room()`` holds the session back (frames are ASCII JSON with
-base64 payloads, so characters are bytes)."""
-
-DIRECT_WRITE_EXTENSION = "magnetar.websocket.write_frames"
-"""ASGI scope extension: ``write(frames) -> bool`` writes text frames now, or returns False
-(nothing written) when the connection cannot take them without waiting."""
+_HEAD_END = b"\r\n\r\n"
+NOT_TEXT = "\x00"
+"""What a binary message that is not UTF-8 reads as: not JSON, so answered as a bad frame."""
 
 
-class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
-    """Pauses reading only when ``WS_RECEIVE_QUEUE_FRAMES_MAX`` frames are queued; offers the
-    application a direct multi-frame write; reads whole text frames itself.
+class HandshakeRefused(Exception):
+    """The handshake's head is not a request websockets can answer (too long, malformed)."""
 
-    The frames a client sends on an open connection are nearly all whole, masked, uncompressed
-    text frames (one per message or acknowledgement). Those are split, unmasked (websockets' C
-    ``apply_mask``) and queued here, several per read, at a fraction of what the websockets parser
-    costs per frame; a consumer or reader session that installed a text handler gets them at
-    once instead, while nothing waits in the queue (``TEXT_HANDLER_EXTENSION``). Every other
-    whole frame (ping, pong, close, binary) is handed to the websockets connection as it is, at a
-    frame boundary, so the connection's parser and state stay exactly as if it had read
-    everything. Anything else (a fragment, reserved bits set by a
-    negotiated extension, an unmasked frame, a frame over the size bound) hands that frame and
-    everything after it to the websockets parser for the rest of the connection, which answers it
-    as it always does; text that is not UTF-8 closes the connection with 1007. At most one
-    incomplete frame (bounded by the size bound) waits for the rest of its bytes.
-    """
 
-    _fast_frames = True
-    _partial = b""
-    _text_handler: Callable[[list[str]], int] | None = None
-    _queued_bytes = 0
-    """Bytes of frames queued since the queue was last found empty."""
+def text_frames(texts: Sequence[str], parts: list[bytes]) -> int:
+    """Append the unmasked text frames of ``texts`` to ``parts`` (header and payload apart);
+    the payload bytes appended."""
+    size_total = 0
+    for text in texts:
+        payload = text.encode()
+        size = len(payload)
+        if size < 126:
+            parts.append(_TEXT_SHORT[size])
+        elif size < 65536:
+            parts.append(_TEXT_MEDIUM + _U16_PACK(size))
+        else:
+            parts.append(_TEXT_LONG + _U64_PACK(size))
+        parts.append(payload)
+        size_total += size
+    return size_total
 
-    closed_oversized = False
-    """The peer sent a frame over the bound: closed with 1009, its further data is dropped."""
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        release_connection(self.transport)  # the listener's slot, taken when it was still HTTP
-        super().connection_lost(exc)
+class WebSocketWire:
+    """The handshake, then frames in (``receive``), for one connection; what to send back
+    (``output``); closing (``close``) and keep-alive pings (``ping``)."""
 
-    def handle_parser_exception(self) -> None:
-        """An oversized frame: 1009 with its reason, then drop what the peer still sends (the
-        parser discards it) until it closes; any other protocol error as uvicorn handles it."""
-        if not isinstance(self.conn.parser_exc, PayloadTooBig):
-            super().handle_parser_exception()
-            return
-        if self.closed_oversized:
-            return  # a later chunk of the peer's data, already dropped by the parser
-        self.closed_oversized = True
-        close = self.conn.close_sent
-        code, reason = (close.code, close.reason) if close is not None else (1009, str(self.conn.parser_exc))
-        path = getattr(self, "scope", {}).get("path", "?")  # the path only: a ?token= stays out of the log
-        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-        log.warning("WebSocket %s from %s closed with %d: %s (webSocketMaxTextFrameSize)", path, peer, code, reason)
-        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
-        self.transport.write(b"".join(self.conn.data_to_send()))
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.close_sent = True
-        self.stop_keepalive()
-        if self.read_paused:
-            self.read_paused = False
-            self.transport.resume_reading()
-        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
+    def __init__(self, frame_bytes_max: int, head_bytes_max: int) -> None:
+        self._conn = ServerProtocol(max_size=frame_bytes_max, logger=_WEBSOCKETS_LOG)
+        self._frame_bytes_max = frame_bytes_max
+        self._head_bytes_max = head_bytes_max
+        self._head = b""
+        self._fast = False
+        """Whole text frames are split here (open, at a frame boundary); else websockets parses."""
+        self._partial = b""
+        self._fragments: list[bytes] = []
+        self._fragment_opcode: Opcode | None = None
+        self._out: list[bytes] = []
+        self._reported = False
+        self.label = "?"
+        """The connection as the log names it: its path (never its query: a ``?token=``) and peer."""
+        self.pongs: list[bytes] = []
+        """Payloads of the pongs received since the adapter last looked."""
 
-    def handle_connect(self, event: Request) -> None:
-        super().handle_connect(event)
-        scope = getattr(self, "scope", None)
-        if scope is not None:  # the upgrade was accepted: the application task starts next
-            scope["extensions"][DIRECT_WRITE_EXTENSION] = self.write_frames_now
-            scope["extensions"][QUEUED_FRAMES_EXTENSION] = self.take_queued_frames
-            scope["extensions"][TEXT_HANDLER_EXTENSION] = self.install_text_handler
-            peer = tls_peer_of(self.transport)
-            if peer is not None:  # a WSS handshake with a verified client certificate
-                scope["extensions"][TLS_PEER_EXTENSION] = peer
+    # --- the opening handshake ---------------------------------------------------------------
+    def receive_head(self, data: bytes) -> Request | None:
+        """The handshake request once its head is complete (None: not yet); bytes after the
+        head (frames a client sent before the answer) are read once the connection is open."""
+        head = self._head + data
+        end = head.find(_HEAD_END)
+        if end < 0:
+            if len(head) > self._head_bytes_max:
+                raise HandshakeRefused(f"the handshake's head exceeds {self._head_bytes_max} bytes")
+            self._head = head
+            return None
+        self._head = b""
+        end += len(_HEAD_END)
+        self._partial = head[end:]
+        self._conn.receive_data(head[:end])
+        request = next((e for e in self._conn.events_received() if isinstance(e, Request)), None)
+        if request is None:
+            self._conn.data_to_send()  # websockets' own answer: the adapter answers instead
+            raise HandshakeRefused("the handshake is not a valid HTTP request")
+        return request
 
-    def install_text_handler(self, handler: Callable[[list[str]], int] | None) -> None:
-        """See ``TEXT_HANDLER_EXTENSION``; None goes back to queueing every frame."""
-        self._text_handler = handler
+    def accept(self, request: Request) -> Response:
+        """websockets' answer to ``request``: 101, or its refusal of a bad handshake."""
+        return self._conn.accept(request)
 
-    def take_queued_frames(self, frames_max: int) -> list[str]:
-        """The queued text frames, up to ``frames_max`` (see ``QUEUED_FRAMES_EXTENSION``); reading
-        resumes, as after ``receive``, once the queue is empty."""
-        queue = self.queue
-        waiting = queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque: peeked, never changed here
-        texts: list[str] = []
-        while waiting and len(texts) < frames_max:
-            event = waiting[0]
-            text = event.get("text") if event["type"] == "websocket.receive" else None
-            if text is None:
-                break
-            queue.get_nowait()
-            texts.append(text)
-        if self.read_paused and queue.empty():
-            self.read_paused = False
-            self.transport.resume_reading()
-        return texts
+    def respond(self, response: Response) -> bytes:
+        """The bytes of ``response``; after a 101 the connection is open, after anything else it
+        ends (the adapter closes it once written)."""
+        self._conn.send_response(response)
+        self._fast = response.status_code == 101
+        return b"".join(self._conn.data_to_send())
 
-    def data_received(self, data: bytes) -> None:
-        if not self._fast_frames:
-            super().data_received(data)
-            return
+    @staticmethod
+    def refusal(status: int, phrase: str, body: bytes, headers: dict[str, str] | None = None) -> Response:
+        """An HTTP answer that refuses the upgrade: a JSON body, the connection closed after it."""
+        fields = Headers({"Content-Type": "application/json", "Content-Length": str(len(body)),
+                          "Connection": "close"})
+        for name, value in (headers or {}).items():
+            fields[name] = value
+        return Response(status, phrase, fields, body)
+
+    # --- an open connection: bytes in -------------------------------------------------------------
+    @property
+    def open(self) -> bool:
+        return self._conn.state is State.OPEN
+
+    @property
+    def failed(self) -> bool:
+        """The wire closed the connection for a fault of the peer's (1002, 1007, 1009): what the
+        peer still sends is dropped until it closes."""
+        return self._conn.eof_sent and self._conn.close_rcvd is None
+
+    @property
+    def close_received(self) -> bool:
+        return self._conn.close_rcvd is not None
+
+    @property
+    def close_sent(self) -> tuple[int, str] | None:
+        close = self._conn.close_sent
+        return None if close is None else (close.code, close.reason)
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._out)
+
+    def output(self) -> list[bytes]:
+        """Bytes to send (pongs, close frames), in order; ``SEND_EOF`` (``b""``) last when the
+        wire wants the connection closed after them."""
+        out, self._out = self._out, []
+        return out
+
+    def receive(self, data: bytes) -> list[str]:
+        """The text frames ``data`` completes, in order (after the close handshake started: none)."""
         if self._partial:
             data, self._partial = self._partial + data, b""
-        if not self._open_for_frames():
-            self._fast_frames = self.handshake_complete is False and not self.close_sent
-            super().data_received(data)
-            return
-        self._read_frames(data)
+        if self._fast:  # open, at a frame boundary (every way out of either turns it off)
+            return self._read_frames(data)
+        return self._parse(data)
 
-    def _open_for_frames(self) -> bool:
-        return self.handshake_complete and not self.close_sent and self.conn.state is State.OPEN \
-            and not self.conn.expect_continuation_frame
-
-    def _read_frames(self, buf: bytes) -> None:
+    def _read_frames(self, buf: bytes) -> list[str]:
         end, pos = len(buf), 0
-        limit = self.conn.max_message_size
+        limit = self._frame_bytes_max
         texts: list[str] = []
         while end - pos >= 6:
             first, second = buf[pos], buf[pos + 1]
@@ -209,192 +201,116 @@ class MagnetarWebSocketProtocol(WebSocketsSansIOProtocol):
                 if end - head < 8:
                     break
                 length, head = _U64(buf, head)[0], head + 8
-            if first & 0xF0 != 0x80 or not second & 0x80 or (limit is not None and length > limit):
-                self._hand_over(texts, buf[pos:])  # a fragment, RSV bits, unmasked, too large
-                return
+            if first & 0xF0 != 0x80 or not second & 0x80 or length > limit:
+                self._fast = False  # a fragment, RSV bits, unmasked, too large: websockets' from here on
+                return texts + self._parse(buf[pos:])
             start = head + 4
             if end - start < length:
                 break
-            if first != 0x81:  # a whole frame of another kind: the connection's, at a boundary
-                self._deliver(texts)
-                texts = []
-                super().data_received(buf[pos : start + length])
+            if first != 0x81:  # a whole frame of another kind: websockets', at a boundary
+                texts += self._parse(buf[pos : start + length])
                 pos = start + length
-                if not self._open_for_frames():
-                    self._hand_over([], buf[pos:])
-                    return
+                if not self.open:
+                    self._fast = False
+                    return texts + self._parse(buf[pos:])
                 continue
             try:
                 texts.append(apply_mask(buf[start : start + length], buf[head:start]).decode())
             except UnicodeDecodeError:
-                self._deliver(texts)
                 self._close_invalid_text()
-                return
+                return texts
             pos = start + length
         if pos < end:
             self._partial = buf[pos:]
-        self._deliver(texts)
+        return texts
+
+    def _parse(self, data: bytes) -> list[str]:
+        """``data`` through the websockets parser: its events as text frames, pongs and output."""
+        conn = self._conn
+        if data:
+            conn.receive_data(data)
+        texts: list[str] = []
+        for event in conn.events_received():
+            if not isinstance(event, Frame):
+                continue
+            opcode = event.opcode
+            if opcode is Opcode.PONG:
+                self.pongs.append(bytes(event.data))
+            elif opcode is Opcode.TEXT or opcode is Opcode.BINARY or opcode is Opcode.CONT:
+                message = self._message(event)
+                if message is None or not self.open:
+                    continue
+                text = self._text_of(message)
+                if text is None:
+                    break
+                texts.append(text)
+        self._out += conn.data_to_send()
+        if conn.parser_exc is not None:
+            self._report(conn.parser_exc)
+        return texts
+
+    def _message(self, frame: Frame) -> bytes | None:
+        """A data frame's message once complete (fragments joined); websockets bounds a fragmented
+        message's size by ``frame_bytes_max`` and checks the fragments' order."""
+        if frame.opcode is not Opcode.CONT:
+            self._fragment_opcode = frame.opcode
+            self._fragments = []
+        self._fragments.append(bytes(frame.data))
+        if not frame.fin:
+            return None
+        message = self._fragments[0] if len(self._fragments) == 1 else b"".join(self._fragments)
+        self._fragments = []
+        return message
+
+    def _text_of(self, message: bytes) -> str | None:
+        try:
+            return message.decode()
+        except UnicodeDecodeError:
+            if self._fragment_opcode is Opcode.BINARY:
+                return NOT_TEXT
+            self._close_invalid_text()
+            return None
 
     def _close_invalid_text(self) -> None:
-        """A text frame that is not UTF-8: close with 1007 (RFC 6455 7.4.1), logged once at
-        warning without a traceback (a client's mistake, not the broker's)."""
-        self._fast_frames = False
-        path = getattr(self, "scope", {}).get("path", "?")  # the path only: a ?token= stays out of the log
-        log.warning("WebSocket %s from %s closed with 1007: a text frame is not UTF-8", path,
-                    f"{self.client[0]}:{self.client[1]}" if self.client else "?")
-        self.conn.send_close(1007, "a text frame is not UTF-8")
-        self.handle_parser_exception()
+        self._fast = False
+        log.warning("WebSocket %s closed with 1007: a text frame is not UTF-8", self.label)
+        self._reported = True
+        if self.open:
+            self._conn.fail(1007, "a text frame is not UTF-8")
+        self._out += self._conn.data_to_send()
 
-    def _hand_over(self, texts: list[str], rest: bytes) -> None:
-        """Queue ``texts``, then let the websockets parser read ``rest`` and all that follows."""
-        self._deliver(texts)
-        self._fast_frames = False
-        if rest:
-            super().data_received(rest)
-
-    def _deliver(self, texts: list[str]) -> None:
-        if not texts or self.close_sent:  # past websocket.close: discarded, as uvicorn does
+    def _report(self, error: Exception) -> None:
+        """Log a parser failure once: a frame over the bound at warning, the rest at info."""
+        if self._reported or isinstance(error, EOFError):
             return
-        handler = self._text_handler
-        if handler is not None and self.queue.empty():
-            applied = handler(texts)
-            if applied >= len(texts):
-                return
-            texts = texts[applied:]
-        if self.queue.empty():
-            self._queued_bytes = 0
-        put = self.queue.put_nowait
-        for text in texts:
-            put({"type": "websocket.receive", "text": text})
-        self._queued_bytes += sum(map(len, texts))
-        self._pause_when_full()
+        self._reported = True
+        close = self._conn.close_sent
+        code, reason = (close.code, close.reason) if close is not None else (1002, str(error))
+        if isinstance(error, PayloadTooBig):
+            log.warning("WebSocket %s closed with %d: %s (webSocketMaxTextFrameSize)", self.label, code, reason)
+        else:
+            log.info("WebSocket %s closed with %d: %s", self.label, code, reason)
 
-    def _pause_when_full(self) -> None:
-        if not self.read_paused and (self.queue.qsize() >= WS_RECEIVE_QUEUE_FRAMES_MAX
-                                     or self._queued_bytes >= WS_RECEIVE_QUEUE_BYTES_MAX):
-            self.read_paused = True
-            self.transport.pause_reading()
+    # --- frames out ------------------------------------------------------------------------------
+    def close(self, code: int, reason: str) -> list[bytes]:
+        """The close frame that starts the closing handshake (nothing once it started)."""
+        if not self.open:
+            return []
+        self._fast = False
+        self._conn.send_close(code, reason)
+        return self._conn.data_to_send()
 
-    def write_frames_now(self, frames: Sequence[str]) -> bool:
-        """All of ``frames`` in one socket write, if the connection is open and the transport is
-        not paused for writing; otherwise write nothing and return False."""
-        if not self.writable.is_set() or self.disconnected or self.close_sent or not self.handshake_complete \
-                or self.initial_response is not None or self.transport.is_closing():
-            return False
-        if self.conn.state is not State.OPEN or self.conn.extensions:  # compression: websockets writes
-            try:
-                for text in frames:
-                    self.conn.send_text(text.encode())
-            except InvalidState:
-                return False
-            self.transport.write(b"".join(self.conn.data_to_send()))
-            return True
-        parts = self.conn.data_to_send()  # whatever the connection queued (a pong) goes first
-        for text in frames:
-            payload = text.encode()
-            size = len(payload)
-            if size < 126:
-                parts.append(_TEXT_SHORT[size])
-            elif size < 65536:
-                parts.append(_TEXT_MEDIUM + _U16_PACK(size))
-            else:
-                parts.append(_TEXT_LONG + _U64_PACK(size))
-            parts.append(payload)
-        self.transport.write(b"".join(parts))
-        return True
+    def ping(self, payload: bytes) -> list[bytes]:
+        if not self.open:
+            return []
+        self._conn.send_ping(payload)
+        return self._conn.data_to_send()
 
-    def send_receive_event_to_app(self) -> None:
-        if self.queue.empty():
-            self._queued_bytes = 0
-        paused = self.read_paused
-        self.read_paused = True  # the base class pauses after every frame unless already paused
-        try:
-            super().send_receive_event_to_app()
-        finally:
-            self.read_paused = paused
-        queued = self.queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's deque: peeked, never changed here
-        if queued:
-            last = queued[-1]
-            self._queued_bytes += len(last.get("text") or last.get("bytes") or "")
-        self._pause_when_full()
-
-
-class FrameWriter:
-    """A session's outgoing text frames, in order, written without a task switch per frame.
-
-    ``send`` is synchronous (call it on the event loop): frames go straight to the socket, a
-    burst in one write, while the peer keeps up. Once the transport pauses writing (or the server
-    offers no direct write), frames queue and a drain task sends them with awaited ASGI sends;
-    ``room()`` waits while ``backlog_frames_max`` frames or ``backlog_bytes_max`` characters are
-    queued, ``flush()`` until none is. ``on_drained`` is called whenever a backlog has been
-    written out.
-    """
-
-    def __init__(self, websocket: WebSocket, backlog_frames_max: int,
-                 on_drained: Callable[[], None] | None = None, *,
-                 backlog_bytes_max: int = WS_BACKLOG_BYTES_MAX) -> None:
-        self._ws = websocket
-        extensions = websocket.scope.get("extensions") or {}
-        self._write_now: Callable[[Sequence[str]], bool] | None = extensions.get(DIRECT_WRITE_EXTENSION)
-        self._backlog: deque[str] = deque()
-        self._backlog_bytes = 0
-        self._backlog_frames_max = max(1, backlog_frames_max)
-        self._backlog_bytes_max = backlog_bytes_max
-        self._below_max = asyncio.Event()
-        self._below_max.set()
-        self._on_drained = on_drained
-        self._drainer: asyncio.Task[None] | None = None
-        self._broken = False
-
-    @property
-    def backlogged(self) -> bool:
-        """Frames are waiting for the peer (or for the drain task)."""
-        return bool(self._backlog)
-
-    def send(self, frames: Sequence[str]) -> None:
-        if not frames or self._broken:
-            return
-        if not self._backlog and self._write_now is not None and self._write_now(frames):
-            return
-        self._backlog.extend(frames)
-        self._backlog_bytes += sum(map(len, frames))
-        if self._over_max():
-            self._below_max.clear()
-        if self._drainer is None or self._drainer.done():
-            self._drainer = asyncio.get_running_loop().create_task(self._drain())
-
-    def _over_max(self) -> bool:
-        return len(self._backlog) >= self._backlog_frames_max or self._backlog_bytes >= self._backlog_bytes_max
-
-    async def room(self) -> None:
-        """Wait until fewer than ``backlog_frames_max`` frames and ``backlog_bytes_max``
-        characters are queued."""
-        await self._below_max.wait()
-
-    async def flush(self) -> None:
-        """Wait until every frame handed over so far was written (or the peer is gone)."""
-        while self._drainer is not None and not self._drainer.done():
-            await asyncio.wait([self._drainer])
-
-    async def _drain(self) -> None:
-        try:
-            while self._backlog:
-                await self._ws.send_text(self._backlog[0])  # waits while writing is paused
-                self._backlog_bytes -= len(self._backlog.popleft())
-                if self._backlog and self._write_now is not None and self._write_now(list(self._backlog)):
-                    self._backlog.clear()
-                    self._backlog_bytes = 0
-                if not self._over_max():
-                    self._below_max.set()
-        except Exception as exc:  # the peer is gone: nothing queued can be written any more
-            self._broken = True
-            self._backlog.clear()
-            self._backlog_bytes = 0
-            self._below_max.set()
-            log.debug("WebSocket frames dropped: %s", exc)
-            return
-        if self._on_drained is not None:
-            try:
-                self._on_drained()
-            except Exception:
-                log.exception("a WebSocket session failed to go on after its backlog was written")
+    def fail(self, code: int, reason: str) -> list[bytes]:
+        """Close at once without waiting for the peer (a keep-alive timeout): the close frame and
+        ``SEND_EOF``."""
+        self._fast = False
+        if self.open:
+            self._conn.fail(code, reason)
+        out = self._conn.data_to_send()
+        return out if SEND_EOF in out else [*out, SEND_EOF]

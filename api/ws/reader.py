@@ -10,25 +10,23 @@ Invariant: at most ``receiverQueueSize`` messages and ``maxUnackedBytesPerConsum
 bytes (but always one message) are sent and not yet acknowledged; a message that does not fit
 waits in its reader. Acknowledgements refill the window from half of it on (as Pulsar's clients
 refill their receiver queue), new messages whenever there is room. Messages are taken from the
-readers ``READER_SEND_BYTES_MAX`` of payload at a time (one message always), each batch only
-once the writer has room (``FrameWriter.room()``): a client that stops reading holds the
-socket's buffers, one batch, the writer's bounded backlog and one read ahead per reader.
+readers ``READER_SEND_BYTES_MAX`` of payload at a time (one message always), on a worker thread
+(a read may reach storage), one read at a time, each only once the writer has room
+(``FrameWriter.has_room``): a client that stops reading holds the socket's buffers, one batch,
+the writer's bounded backlog and one read ahead per reader.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from fastapi import WebSocket
-
-from api.wakeup import LoopWakeup
-from api.ws.frames import JSON_DESERIALIZE_ERROR, FrameError, frame_text, message_frame
-from api.ws.protocol import FrameWriter
-from api.ws.session import command_loop, supervise
-from broker import BrokerService, Delivery, KeyReader, MessageId, Reader
+from api.wakeup import LoopSignal
+from api.ws.frames import JSON_DESERIALIZE_ERROR, FrameError, frame_text, message_frame, parse_frame
+from api.ws.session import SessionIO, error_frame
+from broker import BrokerService, Delivery, KeyReader, MagnetarError, MessageId, Reader
 
 READER_FILL_MESSAGES_MAX = 1000
 READER_SEND_BYTES_MAX = 1024 * 1024
@@ -49,57 +47,68 @@ class ReaderSession:
     ``receiverQueueSize`` messages and ``outstanding_bytes_max`` payload bytes (but always one
     message) are sent and not yet acknowledged."""
 
-    def __init__(self, websocket: WebSocket, service: BrokerService, readers: Sequence[Reader | KeyReader],
+    def __init__(self, io: SessionIO, service: BrokerService, readers: Sequence[Reader | KeyReader],
                  receiver_queue_size: int, outstanding_bytes_max: int) -> None:
-        self.ws = websocket
+        self.io = io
         self.service = service
         self.readers = readers
         self._limit = max(receiver_queue_size, 1)
         self._bytes_limit = outstanding_bytes_max
         self._sent: OrderedDict[str, int] = OrderedDict()  # message id -> payload bytes, oldest first
         self._outstanding_bytes = 0
-        self._wake = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
-        self._published = LoopWakeup(self._loop, self._wake)
-        self._writer = FrameWriter(websocket, self._limit)
-        self._listeners: list[tuple[Reader | KeyReader, Callable[[], None]]] = []
+        self._writer = io.writer
+        self._writer.frames_max = self._limit
+        self._published = LoopSignal(io.loop, self._fill, direct_on_loop=True)
+        self._reading = False
+        """A read runs on a worker thread."""
+        self._wanted = False
+        """``_fill`` was asked for while a read ran: read again when it is done."""
+        self._ended = False
 
-    def _notify(self) -> None:
-        self._published.notify()
-
-    async def run(self) -> None:
+    def start(self) -> None:
         for reader in self.readers:
-            reader.add_listener(self._notify)
-            self._listeners.append((reader, self._notify))
-        sender = asyncio.create_task(self._send_loop())
-        try:
-            await supervise(self.ws, self._receive_loop(), [sender])
-        finally:
-            sender.cancel()
-            for reader, listener in self._listeners:
-                reader.remove_listener(listener)
-            for reader in self.readers:
-                reader.close()
+            reader.add_listener(self._published.notify)
+        self._fill()
 
-    async def _send_loop(self) -> None:
-        self._wake.set()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while len(self._sent) < self._limit and self._outstanding_bytes < self._bytes_limit:
-                room = self._limit - len(self._sent)
-                batch = await asyncio.to_thread(self._read, min(room, READER_FILL_MESSAGES_MAX),
-                                                self._bytes_limit - self._outstanding_bytes)
-                if not batch:
-                    break
-                frames = []
-                for delivery in batch:
-                    message_id = delivery.message_id.to_base64()
-                    self._sent[message_id] = len(delivery.message.payload)
-                    self._outstanding_bytes += len(delivery.message.payload)
-                    frames.append(message_frame(delivery, message_id))
-                self._writer.send(frames)
-                await self._writer.room()
+    def end(self) -> None:
+        self._ended = True
+        for reader in self.readers:
+            reader.remove_listener(self._published.notify)
+            reader.close()
+
+    def _fill(self) -> None:
+        """Read what the window has room for, on a worker thread, once the writer has room."""
+        self._wanted = True
+        if self._reading or self._ended:
+            return
+        if len(self._sent) >= self._limit or self._outstanding_bytes >= self._bytes_limit:
+            return
+        if not self._writer.has_room:
+            self._writer.when_room(self._fill)
+            return
+        self._wanted = False
+        self._reading = True
+        room = self._limit - len(self._sent)
+        read = self.io.loop.run_in_executor(None, self._read, min(room, READER_FILL_MESSAGES_MAX),
+                                            self._bytes_limit - self._outstanding_bytes)
+        read.add_done_callback(self._read_done)
+
+    def _read_done(self, read: asyncio.Future[list[Delivery]]) -> None:
+        self._reading = False
+        if self._ended or read.cancelled():
+            return
+        batch = read.result()
+        if batch:
+            frames = []
+            for delivery in batch:
+                message_id = delivery.message_id.to_base64()
+                payload_bytes = len(delivery.message.payload)
+                self._sent[message_id] = payload_bytes
+                self._outstanding_bytes += payload_bytes
+                frames.append(message_frame(delivery, message_id))
+            self._writer.send(frames)
+        if batch or self._wanted:
+            self._fill()
 
     def _read(self, count: int, bytes_room: int) -> list[Delivery]:
         """Up to ``count`` messages within ``bytes_room`` payload bytes (at least one while none
@@ -127,19 +136,20 @@ class ReaderSession:
                     break
         return out
 
-    async def _receive_loop(self) -> None:
-        await command_loop(self.ws, self._handle, self._writer, self._apply)
+    def on_frames(self, texts: list[str]) -> int:
+        """Apply each frame (nothing a reader does waits): an acknowledgement or ``isEndOfTopic``;
+        a bad frame is answered and skipped."""
+        for text in texts:
+            try:
+                self._apply(parse_frame(text))
+            except (FrameError, MagnetarError) as exc:
+                self._writer.send([error_frame(exc)])
+        return len(texts)
 
-    async def _handle(self, frame: dict[str, Any]) -> bool:
-        self._apply(frame)
-        return False
-
-    def _apply(self, frame: dict[str, Any]) -> bool:
-        """Apply one client frame (nothing a reader does waits): an acknowledgement or
-        ``isEndOfTopic``."""
+    def _apply(self, frame: dict[str, Any]) -> None:
         if frame.get("type") == "isEndOfTopic":
-            self._writer.send([frame_text({"endOfTopic": self._end_of_topic()})])
-            return True
+            self._writer.send([frame_text({"endOfTopic": all(r.end_of_topic() for r in self.readers)})])
+            return
         message_id = frame.get("messageId")
         if not isinstance(message_id, str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "an acknowledgement needs a messageId string")
@@ -151,8 +161,4 @@ class ReaderSession:
         if size is not None:
             self._outstanding_bytes -= size
             if refill_due(len(self._sent), self._outstanding_bytes, self._limit, self._bytes_limit):
-                self._wake.set()
-        return True
-
-    def _end_of_topic(self) -> bool:
-        return all(r.end_of_topic() for r in self.readers)
+                self._fill()

@@ -271,7 +271,9 @@ def flood_head(broker: Broker, start: bytes, unit: bytes) -> tuple[bytes, int]:
     (b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\n", b"X-A: b\r\n"),
     (b"GET /admin/v2/clusters HTTP/1.1\r\nHost: x\r\nX-Long: ", b"a"),
     (b"GET /admin/v2/clusters?", b"a"),
-], ids=["many header lines", "one endless header", "endless url"])
+    (b"GET /ws/v2/producer/persistent/public/default/t HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n",
+     b"X-A: b\r\n"),
+], ids=["many header lines", "one endless header", "endless url", "a WebSocket upgrade's head"])
 def test_a_request_head_without_end_is_refused_at_its_bound(broker: Broker, start: bytes, unit: bytes) -> None:
     baseline = settle_rss(broker)
     answer, rss = flood_head(broker, start, unit)

@@ -1,6 +1,7 @@
 """Every route of the app demands the permission it should: walked, not listed by hand.
 
-The test walks ``app.routes`` (HTTP and WebSocket, through every included router) and looks
+The test walks ``app.routes`` (HTTP, through every included router) and the WebSocket edge's
+route table (``app.state.websocket_server.routes``, ``api/ws/routes.py``) and looks
 each one up in ``GUARDS``, the one place that says who may call what. A route missing from
 ``GUARDS`` fails the test, so a new route cannot ship without a decision. Each guarded route is
 then called three times against a real server with authentication on: without a token (401),
@@ -135,9 +136,16 @@ BODIES: dict[tuple[str, str], Any] = {
 }
 
 
+def served_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
+    """Every (method, path) the app serves: its HTTP routes and, as method WEBSOCKET, the
+    handshake paths of its WebSocket edge."""
+    yield from walk(app.routes)
+    yield from (("WEBSOCKET", route.path) for route in app.state.websocket_server.routes)
+
+
 def walk(routes: list[BaseRoute], prefix: str = "") -> Iterator[tuple[str, str]]:
-    """Every (method, path) the app serves, through included routers and their prefixes
-    (WebSocket routes as method WEBSOCKET, a mounted static directory as one GET route)."""
+    """Every (method, path) of ``routes``, through included routers and their prefixes
+    (Starlette WebSocket routes as method WEBSOCKET, a mounted static directory as one GET route)."""
     for route in routes:
         included = getattr(route, "include_context", None)
         if included is not None:
@@ -203,7 +211,7 @@ def concrete(path: str) -> str:
 
 
 def test_every_route_has_a_guard(served: Served) -> None:
-    routes = set(walk(served.app.routes))
+    routes = set(served_routes(served.app))
     unguarded = sorted(routes - set(GUARDS))
     assert not unguarded, f"routes without an authorization decision in GUARDS: {unguarded}"
     assert not sorted(set(GUARDS) - routes), "GUARDS names routes the app no longer has"

@@ -177,14 +177,18 @@ def test_silent_and_slow_connections_are_closed(secured: tuple[str, BrokerServic
     host, port = url.removeprefix("http://").split(":")
     silent = socket.create_connection((host, int(port)))
     slow = socket.create_connection((host, int(port)))
+    slow_upgrade = socket.create_connection((host, int(port)))  # held by the guard while it may be an upgrade
     try:
         deadline = time.monotonic() + WAIT_S
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+        slow_upgrade.sendall(b"GET /ws/v2/reader/persistent/public/default/t HTTP/1.1\r\nUpgrade: websocket\r\n")
         assert _closed_by_server(silent, deadline)
         assert _closed_by_server(slow, deadline)
+        assert _closed_by_server(slow_upgrade, deadline)
     finally:
         silent.close()
         slow.close()
+        slow_upgrade.close()
     with httpx.Client(base_url=url, timeout=WAIT_S) as http:  # a normal client is unaffected
         assert http.get("/healthz").status_code == 200
 

@@ -10,6 +10,7 @@ while writing nothing.
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.service import BrokerService
 from broker.topic_name import TopicName
-from tests.integration.server import running_server, stored
+from tests.integration.server import running_app, running_server, stored
 from tests.integration.ws_client import (
     b64,
     open_ws,
@@ -292,6 +293,7 @@ def test_consumer_bad_frames_get_error_frames(server: tuple[str, BrokerService])
     (f"/ws/v2/reader/{NS}/t?messageId=not-an-id", 400),
     ("/ws/v2/producer/persistent/nosuch/ns/t", 404),
     ("/ws/v3/consumer/sub?topics=a&topicsPattern=b.*", 400),
+    ("/ws/v2/nothing/here", 404),
 ])
 def test_refused_upgrades_answer_with_http_errors(server: tuple[str, BrokerService], path: str, status: int) -> None:
     url, _ = server
@@ -370,3 +372,59 @@ def test_a_burst_of_mixed_frames_is_answered_frame_by_frame_in_order(server: tup
     ids = [MessageId.from_base64(a["messageId"]) for a in answers if a["result"] == "ok"]
     assert len({(i.ledger_id, i.entry_id) for i in ids}) == len(ids)  # each frame its own entry
     assert stored(service, "burst") == stored_payloads
+
+
+def test_an_upgrade_on_a_connection_that_served_a_request_is_answered_426(
+        server: tuple[str, BrokerService]) -> None:
+    """Only a connection's first request is handed to the WebSocket edge; an upgrade on a
+    kept-alive connection after another request is plain HTTP, answered 426 with its reason."""
+    url, _ = server
+    host, port = url.removeprefix("ws://").split(":")
+    upgrade = (f"GET /ws/v2/reader/{NS}/t HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=RECV_DEADLINE_S) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = _http_answer(sock)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        sock.sendall(upgrade)
+        second = _http_answer(sock)
+    assert second.startswith(b"HTTP/1.1 426 ") and b'"upgrade_required"' in second
+
+
+def _http_answer(sock: socket.socket) -> bytes:
+    """One HTTP answer (its head and a body of its Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, body
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_websocket_connection_holds_its_place_in_the_connection_guard_until_it_ends(tmp_path: Path) -> None:
+    """An upgraded connection counts against ``maxHttpServerConnections`` like any other, and is
+    released once it is lost, whether it was accepted or refused."""
+    with running_app(str(tmp_path / "data")) as (url, app, _):
+        guard = app.state.connection_guard
+
+        def settles_at(count: int) -> bool:
+            deadline = time.monotonic() + RECV_DEADLINE_S
+            while guard.statistics().open_connections != count:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.01)
+            return True
+
+        base = guard.statistics().open_connections
+        with open_ws(f"{ws_base(url)}/ws/v2/reader/{NS}/guarded"):
+            assert settles_at(base + 1)
+        assert settles_at(base)
+        assert refused_status(f"{ws_base(url)}/ws/v2/reader/{NS}/guarded?messageId=nonsense")[0] == 400
+        assert settles_at(base)

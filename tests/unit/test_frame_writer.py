@@ -1,127 +1,122 @@
-"""FrameWriter: frames leave in order, directly while the connection takes them, through a
-backlog bounded in frames and in bytes while it does not.
+"""FrameWriter: a connection's frames leave in order, one write per turn of the loop while the peer
+keeps up, and wait here, bounded in frames and in bytes, while it does not.
 
-A recording WebSocket stands in for Starlette's (the writer's own logic is what is tested); the
-real protocol's direct write runs under every WebSocket integration test.
+A recording transport stands in for the socket (the writer's own logic is what is tested) and
+websockets' sans-I/O client reads what was written; the real writer runs under every WebSocket
+integration test.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
-from starlette.websockets import WebSocket
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.protocol import State
+from websockets.uri import parse_uri
 
-from api.ws.protocol import DIRECT_WRITE_EXTENSION, FrameWriter
-
-
-class RecordingSocket:
-    """Direct writes succeed while ``open``; awaited sends wait until ``open`` again."""
-
-    def __init__(self, direct: bool = True) -> None:
-        self.wire: list[str] = []
-        self.direct_writes = 0
-        self.open = asyncio.Event()
-        self.open.set()
-        self.scope: dict[str, Any] = {"extensions": {DIRECT_WRITE_EXTENSION: self._write_now} if direct else {}}
-        self.gone = False
-
-    def _write_now(self, frames: Sequence[str]) -> bool:
-        if not self.open.is_set():
-            return False
-        self.direct_writes += 1
-        self.wire += frames
-        return True
-
-    async def send_text(self, text: str) -> None:
-        await self.open.wait()
-        if self.gone:
-            raise RuntimeError("the peer left")
-        self.wire.append(text)
+from api.ws.writer import FrameWriter
 
 
-def _writer(socket: RecordingSocket, limit: int, on_drained: Any = None) -> FrameWriter:
-    return FrameWriter(cast(WebSocket, socket), limit, on_drained=on_drained)
+class RecordingTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
 
 
-def test_a_burst_goes_out_in_one_direct_write() -> None:
+def read_back(transport: RecordingTransport) -> list[str]:
+    """Every frame written, as the client reads it (text, or ``<ping>`` for a ping)."""
+    client = ClientProtocol(parse_uri("ws://broker/"), state=State.OPEN, max_size=None)
+    client.receive_data(b"".join(transport.writes))
+    frames = [event for event in client.events_received() if isinstance(event, Frame)]
+    return [bytes(f.data).decode() if f.opcode is Opcode.TEXT else f"<{f.opcode.name.lower()}>" for f in frames]
+
+
+async def turn() -> None:
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
+def test_a_burst_goes_out_in_one_write_at_the_end_of_the_turn() -> None:
     async def scenario() -> None:
-        socket = RecordingSocket()
-        writer = _writer(socket, 4)
-        writer.send(["a", "b", "c"])
+        transport = RecordingTransport()
+        writer = FrameWriter(transport, asyncio.get_running_loop(), frames_max=4)
+        writer.send(["a", "b"])
         writer.send([])
-        assert socket.wire == ["a", "b", "c"] and socket.direct_writes == 1 and not writer.backlogged
+        writer.send(["c"])
+        assert transport.writes == []  # not yet: what this turn hands over leaves together
+        await turn()
+        assert read_back(transport) == ["a", "b", "c"] and len(transport.writes) == 1 and not writer.backlogged
     asyncio.run(scenario())
 
 
-def test_paused_writes_queue_in_order_and_the_bound_holds_the_session_back() -> None:
+def test_paused_writes_wait_in_order_and_the_bound_holds_the_session_back() -> None:
     async def scenario() -> None:
-        socket = RecordingSocket()
-        drained: list[int] = []
-        writer = _writer(socket, 3, on_drained=lambda: drained.append(len(socket.wire)))
+        transport = RecordingTransport()
+        writer = FrameWriter(transport, asyncio.get_running_loop(), frames_max=3)
+        room_again: list[int] = []
         writer.send(["1"])
-        socket.open.clear()  # the transport paused writing: the peer reads slowly
+        await turn()
+        writer.pause()  # the transport's buffer is full: the peer reads slowly
         writer.send(["2", "3"])
-        room = asyncio.create_task(writer.room())
-        await asyncio.sleep(0)
-        assert room.done()  # two queued, under the bound of three
+        await turn()
+        assert writer.has_room and writer.backlogged  # two wait, under the bound of three
         writer.send(["4"])
-        assert writer.backlogged
-        room = asyncio.create_task(writer.room())
-        await asyncio.sleep(0.01)
-        assert not room.done()  # three queued: the session must wait
-        socket.open.set()
-        writer.send(["5"])  # behind the backlog, not before it
-        await writer.flush()
-        await asyncio.wait_for(room, 1)
-        assert socket.wire == ["1", "2", "3", "4", "5"]
-        assert drained == [5] and not writer.backlogged
+        assert not writer.has_room
+        writer.when_room(lambda: room_again.append(len(read_back(transport))))
+        await turn()
+        assert read_back(transport) == ["1"] and room_again == []  # the session must wait
+        writer.resume()
+        writer.send(["5"])  # behind what waited, not before it
+        await turn()
+        assert read_back(transport) == ["1", "2", "3", "4", "5"]
+        assert room_again == [4] and writer.has_room and not writer.backlogged
     asyncio.run(scenario())
 
 
-def test_without_a_direct_write_frames_still_go_out_in_order() -> None:
+def test_control_frames_leave_in_turn_with_the_text_frames() -> None:
     async def scenario() -> None:
-        socket = RecordingSocket(direct=False)
-        writer = _writer(socket, 10)
-        writer.send(["x", "y"])
-        writer.send(["z"])
-        await writer.flush()
-        assert socket.wire == ["x", "y", "z"] and socket.direct_writes == 0
+        transport = RecordingTransport()
+        writer = FrameWriter(transport, asyncio.get_running_loop())
+        writer.send(["before"])
+        writer.send_bytes([Frame(Opcode.PING, b"p").serialize(mask=False), b""])
+        writer.send(["after"])
+        await turn()
+        assert read_back(transport) == ["before", "<ping>", "after"]
     asyncio.run(scenario())
 
 
-def test_a_departed_peer_drops_the_backlog_and_releases_waiters() -> None:
+def test_a_departed_peer_drops_what_waits_and_nothing_more_is_written() -> None:
     async def scenario() -> None:
-        socket = RecordingSocket()
-        writer = _writer(socket, 1)
-        socket.open.clear()
+        transport = RecordingTransport()
+        writer = FrameWriter(transport, asyncio.get_running_loop(), frames_max=1)
+        writer.pause()
         writer.send(["lost", "also lost"])
-        socket.gone = True
-        socket.open.set()
-        await writer.flush()
-        await asyncio.wait_for(writer.room(), 1)
+        writer.when_room(lambda: None)
+        writer.stop()
+        assert writer.has_room and not writer.backlogged
+        writer.resume()
         writer.send(["after"])  # ignored: nobody is there
-        await writer.flush()
-        assert socket.wire == [] and not writer.backlogged
+        writer.flush()
+        await turn()
+        assert transport.writes == []
     asyncio.run(scenario())
 
 
 def test_a_few_large_frames_hold_the_session_back_by_their_bytes() -> None:
     async def scenario() -> None:
-        socket = RecordingSocket()
-        writer = FrameWriter(cast(WebSocket, socket), 1000, backlog_bytes_max=100)
-        socket.open.clear()
+        transport = RecordingTransport()
+        writer = FrameWriter(transport, asyncio.get_running_loop(), frames_max=1000, bytes_max=100)
+        writer.pause()
         writer.send(["x" * 60])
-        room = asyncio.create_task(writer.room())
-        await asyncio.sleep(0)
-        assert room.done()  # 60 characters queued, under the bound of 100
+        assert writer.has_room  # 60 bytes wait, under the bound of 100
         writer.send(["y" * 60])
-        room = asyncio.create_task(writer.room())
-        await asyncio.sleep(0.01)
-        assert not room.done()  # two frames, far under 1,000 frames, but 120 characters
-        socket.open.set()
-        await writer.flush()
-        await asyncio.wait_for(room, 1)
-        assert socket.wire == ["x" * 60, "y" * 60]
+        assert not writer.has_room  # two frames, far under 1,000 frames, but 120 bytes
+        writer.resume()
+        await turn()
+        assert read_back(transport) == ["x" * 60, "y" * 60] and writer.has_room
     asyncio.run(scenario())
