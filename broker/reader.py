@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 from broker.byte_budget import ByteBudget
 from broker.compaction import Compactor
-from broker.entry_format import decode_messages
+from broker.delivery import Delivery, EntryRun, decoded_footprint
 from broker.errors import InvalidRequest, MagnetarError
 from broker.managed_ledger import Entry
 from broker.message_id import MessageId
-from broker.subscription import Delivery, footprint_of
 from broker.topic import PersistentTopic
 
 READ_BATCH_ENTRIES = 100
@@ -186,25 +185,25 @@ class Reader:
             return
 
     def _buffer_entries(self, entries: list[Entry]) -> None:
+        """Split the entries read into the messages from ``next_offset`` on (each entry is
+        decoded once, as an ``EntryRun`` of those messages)."""
         partition = self.topic.partition
         topic = self.topic.name.full_name
-        append = self._buffer.append
-        stored_id = MessageId.of_stored
+        buffered = self._buffer
         read = 0
         for entry in entries:
-            messages = decode_messages(entry.data)[0]
-            read += footprint_of(messages)
-            single = len(messages) == 1
-            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-            for message in messages:
-                offset = message.offset
-                assert offset is not None
-                if offset < self.next_offset:
-                    continue
-                append(Delivery(stored_id(ledger_id, entry_id, partition, -1 if single else message.batch_index),
-                                offset, message, entry.publish_time_ms, 0, topic, entry_data=entry.data))
-            self.next_offset = max(self.next_offset, entry.last_offset + 1)
-        if self._buffer:
+            first, end = entry.first_offset, entry.last_offset + 1
+            start = max(first, self.next_offset)
+            self.next_offset = max(self.next_offset, end)
+            if start >= end:
+                continue
+            position = entry.position
+            run = EntryRun(topic, position.ledger_id, position.entry_id, partition, entry.data, first, end - first,
+                           range(start, end), 0, entry.publish_time_ms)
+            messages = run.messages()
+            buffered.extend(messages)
+            read += decoded_footprint(len(messages), sum(len(d.message.payload) for d in messages))
+        if buffered:
             self._buffered_bytes += read
             if self._budget is not None:
                 self._budget.adjust(read)

@@ -47,6 +47,7 @@ from broker.bookkeeper.ledger import LedgerManager
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus, Compactor
 from broker.cursor import CursorManager, ManagedCursor
+from broker.delivery import Delivery
 from broker.dispatch_scheduling import DispatchScheduler, Executor
 from broker.entry_builder import entry_of_messages
 from broker.entry_cache import EntryCache, EntryCacheStats
@@ -78,7 +79,7 @@ from broker.range_read import RangeRead, read_range
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer, PartitionRouter
 from broker.schema_registry import SchemaRegistry
-from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionLimits, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, Subscription, SubscriptionLimits, SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_admin import TopicAdmin
 from broker.topic_name import TopicName, check_namespace

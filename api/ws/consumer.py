@@ -1,8 +1,9 @@
 """The WebSocket consumer session: a broker ``MultiConsumer``'s deliveries out, acks and commands in.
 
 Role: one connection bound to a subscription of one or more topics (a partitioned topic's
-partitions, a topic list, or a namespace pattern). Deliveries leave as Pulsar's message frames
-inside the dispatch that made them (one socket write per burst); client frames are acks (a frame
+partitions, a topic list, or a namespace pattern). The broker consumer hands out runs of
+entries, split into their messages here (``EntryRun.messages``), which leave as Pulsar's message
+frames inside the dispatch that made them (one socket write per burst); client frames are acks (a frame
 with no or an unknown ``type``), ``negativeAcknowledge``, ``permit`` (pull mode),
 ``unsubscribe`` and ``isEndOfTopic``.
 
@@ -107,10 +108,11 @@ class ConsumerSession:
         if self._writer.backlogged:
             return
         frames = []
-        for delivery in self.consumer.poll_all():
-            message_id = delivery.message_id.to_base64()
-            self._remember(message_id, delivery.topic, delivery.offset)
-            frames.append(message_frame(delivery, message_id))
+        for run in self.consumer.poll_all():
+            for delivery in run.messages():  # the entry is decoded here, at the edge that needs messages
+                message_id = delivery.message_id.to_base64()
+                self._remember(message_id, delivery.topic, delivery.offset)
+                frames.append(message_frame(delivery, message_id))
         self._writer.send(frames)
         if self.consumer.closed:
             self._consumer_closed.set()

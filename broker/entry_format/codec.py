@@ -475,6 +475,22 @@ def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | Non
         return None  # decode_entry refuses it, in its own words
 
 
+def delivery_time(data: Buffer) -> int | None:
+    """An entry's ``deliver_at_time`` (None: none), from its ``MessageMetadata`` alone: what
+    dispatch needs of an entry it does not split (the common entry read as :func:`decode_messages`
+    reads it, any other's metadata parsed; ``CorruptEntry`` for a malformed one)."""
+    batch = _common_batch(data) if type(data) is bytes else None
+    if batch is not None:
+        return batch[4]
+    start = split_prefix(data)[1]
+    if len(data) - start < CHECKSUM_HEADER.size:
+        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
+    _, _, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
+    metadata_start = start + CHECKSUM_HEADER.size
+    metadata = parse_metadata(bytes(data[metadata_start : metadata_start + metadata_size]))
+    return metadata.deliver_at_time if metadata.HasField("deliver_at_time") else None
+
+
 def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
     """The verified batch payload and message count of an entry :func:`decode_messages` reads on
     its fast path, or None: then ``decode_entry_payload`` verifies it (or refuses it). The
