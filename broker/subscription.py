@@ -149,14 +149,17 @@ class ConsumerConfig:
     dead_letter_topic: str | None = None
     unacked_messages_max: int = 50_000
     unacked_bytes_max: int = 16 * 1024 * 1024
-    """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
+    """Bytes delivered and not yet acknowledged before delivery pauses (resumes at half), each
+    message counting its share of its stored entry (payload and metadata, as Pulsar's dispatch
+    counts bytes)."""
     whole_entries: bool = False
-    """Deliver the rest of an entry with its first message, past the permits (which go negative),
+    """Deliver the rest of an entry with its first message, past the permits (which go negative)
+    and the unacknowledged limits,
     as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
     arrived, so a batch split between deliveries would never be acknowledged."""
     track_ids: bool = True
-    """Keep each delivered message's id for :meth:`Consumer.offset_of`; off for a transport that
-    maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
+    """Remember the entries handed out (``ENTRIES_REMEMBERED_MAX``) for :meth:`Consumer.offset_of`;
+    off for a transport that maps ids to offsets itself (the binary protocol, by entry)."""
 
 
 @dataclass(frozen=True)
