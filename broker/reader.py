@@ -4,11 +4,13 @@ A reader starts exactly where asked (``earliest``, ``latest``, a message id incl
 exclusive, an offset, or a publish timestamp) and reads forward, keeping its position only in
 memory (Pulsar's readers are non-durable cursors). With ``compacted=True`` it first reads the
 topic's compacted view (latest message per key) below the compaction horizon, then the topic's
-messages after it.
+messages after it. A reader hands out messages (its callers are edges that need them): each
+entry read is split with ``EntryRun.messages``, the one split every edge uses; a compacted
+view's messages, which have no stored entry of their own, come as they are.
 
 Memory: a reader reads ahead at most ``READ_BATCH_ENTRIES`` entries and ``read_bytes_max`` of
 entry bytes (one entry always), and holds that read decoded until it has handed out its last
-message; the read's footprint counts in the broker-wide reads-in-flight budget meanwhile
+message; the read's footprint (``decoded_footprint``) counts in the broker-wide reads-in-flight budget meanwhile
 (``broker/byte_budget.py``). While the budget refuses, a reader reads nothing (it has caught up,
 as far as its caller sees) and its listeners are called once the budget admits again.
 :meth:`Reader.close` gives back what an abandoned reader still holds.

@@ -10,8 +10,8 @@ with no or an unknown ``type``), ``negativeAcknowledge``, ``permit`` (pull mode)
 Invariants: a push-mode consumer has at most ``receiverQueueSize`` (≤ 1000) messages delivered
 and not yet acknowledged, and that credit is recomputed from the broker's own accounting so
 redelivered messages never leak it (Pulsar #2731); a pull-mode consumer gets exactly the permits
-it asks for; either way the broker stops delivering once ``maxUnackedBytesPerConsumer`` of
-payload is outstanding. Deliveries are taken from the broker consumer only while no frame waits
+it asks for; either way the broker stops delivering once ``maxUnackedBytesPerConsumer`` bytes
+are outstanding. Deliveries are taken from the broker consumer only while no frame waits
 for the peer (``FrameWriter``), so a client that stops reading holds the socket's buffers, one
 burst of frames and the broker consumer's outbox (``dispatcherMaxPendingBytesPerConsumer``), no
 more. Acks of one burst of frames reach the subscription together.

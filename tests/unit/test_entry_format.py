@@ -34,6 +34,7 @@ from broker.entry_format import (
     common_client_entry,
     decode_entry,
     decode_messages,
+    delivery_time,
     encode_entry,
     encode_single_entry,
     message_count,
@@ -579,6 +580,28 @@ def test_hand_written_entry_metadata_is_protobufs(
     uncompressed = pb.MessageMetadata.FromString(metadata).uncompressed_size
     assert metadata == reference_metadata(messages, sequence_id, publish_time_ms, compression, uncompressed,
                                           deliver_at_time_ms, schema_version)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(messages_strategy, min_size=1, max_size=4),
+    compression=st.sampled_from(list(Compression)),
+    deliver_at_time_ms=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    prefixed=st.booleans(),
+)
+def test_delivery_time_read_from_the_metadata_is_the_decoders(
+    messages: list[Message], compression: Compression, deliver_at_time_ms: int | None, prefixed: bool,
+) -> None:
+    """What dispatch reads of an entry it does not split: the delivery time ``decode_entry``
+    gives, for the common entry (read by ``_common_entry.c``) and any other (properties,
+    compression: the metadata parsed)."""
+    messages = [m._replace(sequence_id=None) for m in messages]
+    data = encode(messages, compression=compression, deliver_at_time_ms=deliver_at_time_ms,
+                  **({"broker_timestamp_ms": PUBLISH_MS, "index": 100} if prefixed else {}))
+    assert delivery_time(data) == decode_entry(data).deliver_at_time_ms == deliver_at_time_ms
+    unbatched = as_unbatched(data) if len(messages) == 1 and compression is Compression.NONE else None
+    if unbatched is not None:  # a message as a Pulsar client sends it without batching
+        assert delivery_time(unbatched) == deliver_at_time_ms
 
 
 # -- message ids ---------------------------------------------------------------------------------
