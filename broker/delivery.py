@@ -126,7 +126,7 @@ class EntryRun(NamedTuple):
     def ack_set(self) -> tuple[int, ...]:
         """Pulsar's ack set of the run's messages in its entry; empty for a whole entry (and
         for an entry of one message, whose id has no batch index)."""
-        if len(self.offsets) >= self.batch_size:
+        if self.whole:
             return ()
         first = self.first_offset
         return ack_set_of([offset - first for offset in self.offsets], self.batch_size)

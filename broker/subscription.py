@@ -249,7 +249,7 @@ def _pop_each(held: dict[int, Any], offsets: Sequence[int]) -> None:
 def _run_footprint(run: EntryRun) -> int:
     """:func:`footprint` of one run waiting in an outbox."""
     count = len(run.offsets)
-    return footprint(1, count, count * (len(run.data) // run.batch_size))
+    return footprint(1, count, count * run.size)
 
 
 @dataclass(frozen=True)
