@@ -670,7 +670,7 @@ class Subscription:
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
                 self._leave_ring(consumer)
-            if not self.consumers:  # nobody to read for: nothing stays decoded, all is read again
+            if not self.consumers:  # nobody to read for: nothing stays read ahead, all is read again
                 self._pending.clear()
                 self._redeliver.clear()
                 self._later.clear()
