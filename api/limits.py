@@ -45,8 +45,9 @@ class EdgeLimits:
     pull_response_bytes_max: int = 8 * MIB
     """Payload bytes in one REST pull answer (at least one message is always returned)."""
     consumer_unacked_bytes_max: int = 16 * MIB
-    """Payload bytes delivered to one consumer and not yet acknowledged; delivery pauses above
-    it (at least one message is always delivered)."""
+    """Bytes delivered to one consumer and not yet acknowledged (each message counting its share
+    of its stored entry; a reader's, its payload); delivery pauses above it (at least one message
+    is always delivered)."""
     rest_consumers_max: int = 1_000
     rest_consumers_per_role_max: int = 100
     rest_consumers_per_namespace_max: int = 500

@@ -168,8 +168,9 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
     yield _counter("magnetar_metadata_store_cas_failures", "Metadata compare-and-set conflicts", store.cas_failures)
     yield _counter("magnetar_appends_fenced", "Appends refused because another broker recovered their topic "
                    "(fenced its ledger or rewrote its ledger list)", broker.appends_fenced)
-    yield from _budget_metrics("magnetar_reads_in_flight", "read and decoded by dispatch and not yet taken by a "
-                               "connection (managedLedgerMaxReadsInFlightSizeInMB)", "Reads that waited for the budget",
+    yield from _budget_metrics("magnetar_reads_in_flight", "read by dispatch (and decoded by readers) and not yet "
+                               "taken by a connection (managedLedgerMaxReadsInFlightSizeInMB)",
+                               "Reads that waited for the budget",
                                broker.reads_in_flight)
     yield from _budget_metrics("magnetar_publish_buffer", "of publishes sent to the managed ledgers and not yet "
                                "stored (maxMessagePublishBufferSizeInMB)", "Times producers' connections stopped "

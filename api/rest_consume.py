@@ -20,10 +20,11 @@ unacknowledged messages back for redelivery. Delivery, ack timeouts, negative ac
 counts and dead-lettering are the subscription's own machinery (``broker/subscription.py``).
 
 Invariants:
-- Concurrent pulls share the one consumer and take from its outbox with ``Consumer.poll``,
-  which pops under the subscription's lock, so no message is handed to two pulls; on Shared
-  and Key_Shared subscriptions the subscription's other consumers (e.g. WebSocket ones) get
-  their share through the dispatcher as usual.
+- Concurrent pulls share the one consumer and take from its outbox with ``Consumer.take_head``
+  (the messages of the oldest run that fit, split into messages here), which takes under the
+  subscription's lock only if that run is still the oldest, so no message is handed to two
+  pulls; on Shared and Key_Shared subscriptions the subscription's other consumers (e.g.
+  WebSocket ones) get their share through the dispatcher as usual.
 - A pull tops the consumer's permits up to what the pulls in progress still want. Permits
   cannot be withdrawn, so a pull that returns with fewer messages than it asked for leaves
   permits behind (at most ``PULLS_IN_FLIGHT_MAX`` x ``PULL_MESSAGES_MAX``); messages they
@@ -31,7 +32,7 @@ Invariants:
   they were dispatched, not when a pull hands them out.
 - A consumer closed under the registry (e.g. its subscription was deleted by force) is
   replaced by the next pull.
-- An outbox delivery no longer held by the consumer (its ack timeout fired and it went back for
+- An outbox message no longer held by the consumer (its ack timeout fired and it went back for
   redelivery) is never handed out: only one the consumer still holds (``Consumer.holds``) is.
 - An ack answers after the cursor has persisted it, so a restarted broker does not redeliver
   it. Every id is checked before anything is acknowledged: an id that names no message of this
@@ -200,33 +201,44 @@ class RestConsumer:
             self._wanted += messages
 
     def take(self, messages_max: int, bytes_max: int) -> list[Delivery]:
-        """Up to ``messages_max`` deliveries of at most ``bytes_max`` payload bytes in all (at
+        """Up to ``messages_max`` messages of at most ``bytes_max`` payload bytes in all (at
         least one): what is waiting, then what new permits bring. What does not fit stays in
         the outbox for the next pull."""
         taken = self._drain(messages_max, bytes_max)
         taken_bytes = sum(len(d.message.payload) for d in taken)
         if len(taken) < messages_max and taken_bytes < bytes_max:
             with self._lock:
-                missing = self._wanted - self.consumer.permits - len(self.consumer.outbox)
+                missing = self._wanted - self.consumer.permits - self.consumer.outbox_messages
             if missing > 0:
                 self.consumer.flow(missing)  # dispatches synchronously what is already stored
             taken += self._drain(messages_max - len(taken), bytes_max - taken_bytes, taken_any=bool(taken))
         return taken
 
     def _drain(self, messages_max: int, bytes_max: int, *, taken_any: bool = False) -> list[Delivery]:
+        """Messages of the runs in the outbox, each run split into its messages here: as many as
+        fit, taken with ``Consumer.take_head`` (the rest of a run stays in the outbox)."""
         taken: list[Delivery] = []
         size = 0
         while len(taken) < messages_max:
-            delivery = self.consumer.peek()
-            if delivery is None:
+            run = self.consumer.peek()
+            if run is None:
                 break
-            payload_bytes = len(delivery.message.payload)
-            if (taken or taken_any) and size + payload_bytes > bytes_max:
+            messages = run.messages()
+            fit = fit_bytes = 0
+            for delivery in messages[: messages_max - len(taken)]:
+                payload_bytes = len(delivery.message.payload)
+                if (taken or taken_any or fit) and size + fit_bytes + payload_bytes > bytes_max:
+                    break
+                fit += 1
+                fit_bytes += payload_bytes
+            if not fit:
                 break  # left in the outbox for the next pull
-            self.consumer.poll()
-            if self.consumer.holds(delivery):  # else timed out and requeued
-                taken.append(delivery)
-                size += payload_bytes
+            if self.consumer.take_head(run, fit) is None:
+                continue  # another pull took it first: look again
+            for delivery in messages[:fit]:
+                if self.consumer.holds(delivery):  # else timed out and requeued
+                    taken.append(delivery)
+                    size += len(delivery.message.payload)
         with self._lock:
             self._wanted -= len(taken)
         return taken

@@ -13,8 +13,10 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   reads), ``service.compactions``, ``service.maintenance`` and ``service.admin``, a
   ``TopicAdmin`` for subscriptions, cursor moves, single messages, statistics and
   acknowledgements by id;
-- the values those hand out: ``Producer`` and ``PublishResult``, ``MultiConsumer`` and its
-  ``Delivery``s, ``Reader``, statistics views, the broker-wide byte budgets
+- the values those hand out: ``Producer`` and ``PublishResult``, ``Consumer`` and
+  ``MultiConsumer`` and the ``EntryRun``s they hand out (an entry or part of it: the binary
+  protocol writes it as it is, with Pulsar's ack set; the other edges split it into
+  ``Delivery``s), ``Reader``, statistics views, the broker-wide byte budgets
   (``service.reads_in_flight``, ``service.publish_buffer``: a ``ByteBudget`` each),
   ``StoredMessage``, ``RangeRead``; for event streams ``StreamInfo``, ``StreamRead`` and
   ``KeyReader`` (``service.streams``: ``stream_info``, ``read_stream``, ``stream_reader``);
@@ -22,9 +24,8 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   strategies);
 - the one way to build what is appended (``PreparedEntry``: ``entry_of_messages`` for a batch,
   ``entries_of_messages`` for a message per entry, ``entry_of_client`` for a binary client's
-  own checked bytes), appended as a group with ``Producer.append``; entries as the binary
-  protocol delivers them (``frames_of_deliveries`` to forward stored entries with Pulsar's ack
-  sets);
+  own checked bytes), appended as a group with ``Producer.append``; Pulsar's ack sets
+  (``ack_set_of``, ``cleared_indexes``);
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
@@ -40,14 +41,10 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 from broker.bookkeeper.bookie import QuorumConfig
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus
+from broker.delivery import Delivery, EntryRun
 from broker.entry_builder import PreparedEntry, entries_of_messages, entry_of_client, entry_of_messages
 from broker.entry_format import Compression, Message
-from broker.entry_frames import (
-    EntryFrame,
-    ack_set_of,
-    cleared_indexes,
-    frames_of_deliveries,
-)
+from broker.entry_frames import ack_set_of, cleared_indexes
 from broker.errors import (
     AlreadyExists,
     BrokerError,
@@ -110,7 +107,7 @@ from broker.schema_registry import STRATEGIES as SCHEMA_STRATEGIES
 from broker.schema_registry import TYPES as SCHEMA_TYPES
 from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, version_of
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
-from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, Delivery, SubscriptionStats, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, SubscriptionStats, SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
 from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin
@@ -137,7 +134,6 @@ __all__ = [
     "VERSION_MAX",
     "AlreadyExists",
     "BrokerAddress",
-    "EntryFrame",
     "BrokerConfig",
     "BrokerError",
     "BrokerService",
@@ -154,6 +150,7 @@ __all__ = [
     "CursorView",
     "DataLost",
     "Delivery",
+    "EntryRun",
     "ExpectedVersion",
     "Forbidden",
     "Health",
@@ -222,7 +219,6 @@ __all__ = [
     "entry_of_client",
     "entry_of_messages",
     "expected_key_versions_of",
-    "frames_of_deliveries",
     "integer_of",
     "iso_time",
     "latest_delivery",

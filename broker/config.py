@@ -35,11 +35,11 @@ class BrokerConfig:
     """Entry bytes one subscription or reader reads at a time (``dispatcherMaxReadSizeBytes``;
     one entry is always read, however large)."""
     consumer_pending_bytes_max: int = 1024 * 1024
-    """Footprint of deliveries waiting for one consumer's connection to take them
+    """Footprint of runs of entries waiting for one consumer's connection to take them
     (``dispatcherMaxPendingBytesPerConsumer``): a consumer whose client stops reading holds this
     much, and its connection's own outgoing buffer, and no more."""
     reads_in_flight_bytes_max: int = 256 * 1024 * 1024
-    """Broker-wide: bytes read and decoded by dispatch and not yet taken by a connection
+    """Broker-wide: bytes read by dispatch (and decoded by readers) and not yet taken by a connection
     (``managedLedgerMaxReadsInFlightSizeInMB``); past it, new reads wait. 0: no bound."""
     publish_buffer_bytes_max: int = 256 * 1024 * 1024
     """Broker-wide: bytes of publishes sent to the managed ledgers and not yet stored

@@ -3,11 +3,11 @@
 Role: a binary-protocol client encodes each entry itself (one message, a batch, or one chunk
 of a large message: ``0x0e01``, CRC32C, ``MessageMetadata``, payload), and the broker stores
 exactly those bytes; a consumer receives stored entries exactly as they were stored, minus the
-broker's ``0x0e02`` prefix. Between the two, delivery is per message (``broker/subscription.py``
-hands each message to a consumer as its own delivery), so this module turns a consumer's deliveries back into
-entry frames: the consecutive deliveries of one stored entry with one redelivery count become
-one :class:`EntryFrame`, with Pulsar's ``ack_set`` marking the messages of the entry that are
-this consumer's when it holds only some of them (the client skips the others).
+broker's ``0x0e02`` prefix. Dispatch keeps entries as entries (``broker/delivery.py``: a
+consumer is handed runs of entries), so the binary protocol writes each run as one MESSAGE:
+:func:`consumer_entry` gives the entry as the consumer receives it, and :func:`ack_set_of`
+Pulsar's ``ack_set`` marking the messages of the entry that are this consumer's when it gets
+only some of them (the client skips the others); :func:`cleared_indexes` reads an ACK's.
 
 Invariants:
 - :func:`check_client_entry` accepts only what every reader of the topic can decode later
@@ -19,14 +19,13 @@ Invariants:
   ``common_client_entry``, which never accepts what ``decode_entry`` refuses, anything else
   through ``decode_entry_payload``; an entry that is not a batch is its ``MessageMetadata`` and
   its bytes (splitting such an entry cannot fail), so only a batch is split.
-- An :class:`EntryFrame`'s ``data`` is a view of the stored bytes, never a copy or a re-encoding,
-  with two exceptions: messages of a compacted view, which have no stored entry of their own,
-  and a lone message stored in the batch format (Magnetar's own edges write every entry as a
-  batch), which goes out in Pulsar's unbatched form (``as_unbatched``), because Pulsar's
+- :func:`consumer_entry` gives a view of the stored bytes, never a copy or a re-encoding, with
+  one exception: a lone message stored in the batch format (Magnetar's own edges write every
+  entry as a batch) goes out in Pulsar's unbatched form (``as_unbatched``), because Pulsar's
   clients would number it batch index 0 where every other edge, and Pulsar itself for a message
   sent alone, gives it none: so the same message has the same id everywhere.
 - ``ack_set`` words are Pulsar's: bit ``i`` of word ``i // 64`` is set for batch index ``i``
-  delivered in this frame, as a signed 64-bit integer; empty when the frame holds the whole entry.
+  delivered in this MESSAGE, as a signed 64-bit integer; empty when it holds the whole entry.
 """
 
 from __future__ import annotations
@@ -35,16 +34,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.entry_format import (
-    Message,
     as_unbatched,
     common_client_entry,
     decode_entry_payload,
-    encode_entry,
     split_entry_payload,
     split_prefix,
 )
 from broker.errors import InvalidRequest
-from broker.subscription import Delivery
 
 ACK_SET_WORD_BITS = 64
 _UINT64_MOD = 1 << 64
@@ -104,64 +100,15 @@ def _check_any_client_entry(data: bytes) -> ClientEntry:
     return ClientEntry(len(keys), metadata.producer_name, chunk_id, chunks, keys)
 
 
-@dataclass(frozen=True, slots=True)
-class EntryFrame:
-    """Deliveries of one stored entry to one consumer, as one Pulsar MESSAGE payload."""
-
-    topic: str
-    ledger_id: int
-    entry_id: int
-    partition: int
-    data: memoryview
-    """The entry as its producer wrote it (from the ``0x0e01`` magic on)."""
-    redelivery_count: int
-    batch_size: int
-    ack_set: tuple[int, ...]
-    offsets: tuple[int, ...]
-    """The offsets of the messages delivered in this frame, in batch order."""
-    first_offset: int
-    """The offset of the entry's first message (batch index 0)."""
-
-
-def frames_of_deliveries(deliveries: Iterable[Delivery]) -> list[EntryFrame]:
-    """Group deliveries (in the order a consumer received them) into entry frames: a run of
-    messages of one stored entry (the same bytes object, so the same ledger and entry), one
-    topic and one redelivery count is one frame; a message without an entry is a frame alone."""
-    frames: list[EntryFrame] = []
-    group: list[Delivery] = []
-    data: bytes | None = None
-    count = 0
-    topic = ""
-    for delivery in deliveries:
-        if group and (delivery.entry_data is not data or data is None or delivery.redelivery_count != count
-                      or delivery.topic != topic):
-            frames.append(_frame_of(group))
-            group = []
-        if not group:
-            data, count, topic = delivery.entry_data, delivery.redelivery_count, delivery.topic
-        group.append(delivery)
-    if group:
-        frames.append(_frame_of(group))
-    return frames
-
-
-def _frame_of(group: list[Delivery]) -> EntryFrame:
-    first = group[0]
-    message_id = first.message_id
-    first_offset = first.offset - max(message_id.batch_index, 0)
-    if first.entry_data is None:  # a compacted view's message: a one-message entry of its own
-        data, batch_size = memoryview(_unbatched(_single_entry(first))), 1
-    else:
-        prefix, start = split_prefix(first.entry_data)
-        batch_size = 1 if prefix is None else prefix.index - first_offset + 1
-        data = memoryview(first.entry_data)[start:]
-        if batch_size == 1 and first.message.batch_index == 0:  # a lone message in the batch format
-            data = memoryview(_unbatched(first.entry_data))
-    offsets = tuple(d.offset for d in group)
-    ack_set = () if len(group) >= batch_size or message_id.batch_index < 0 else \
-        ack_set_of([o - first_offset for o in offsets], batch_size)
-    return EntryFrame(first.topic, message_id.ledger_id, message_id.entry_id, message_id.partition, data,
-                      first.redelivery_count, batch_size, ack_set, offsets, first_offset)
+def consumer_entry(data: bytes, batch_size: int) -> memoryview:
+    """The stored entry ``data`` (of ``batch_size`` messages) as a binary consumer receives it:
+    from the ``0x0e01`` magic on, a lone message stored in the batch format in Pulsar's
+    unbatched form (see the module's invariants)."""
+    if batch_size == 1:
+        converted = as_unbatched(data)
+        if converted is not None:
+            return memoryview(converted)
+    return memoryview(data)[split_prefix(data)[1]:]
 
 
 def ack_set_of(indexes: Iterable[int], batch_size: int) -> tuple[int, ...]:
@@ -177,18 +124,3 @@ def cleared_indexes(ack_set: Iterable[int], batch_size: int) -> list[int]:
     words = [w % _UINT64_MOD for w in ack_set]
     return [i for i in range(batch_size)
             if i // ACK_SET_WORD_BITS >= len(words) or not words[i // ACK_SET_WORD_BITS] >> (i % ACK_SET_WORD_BITS) & 1]
-
-
-def _unbatched(data: bytes) -> bytes:
-    converted = as_unbatched(data)
-    assert converted is not None  # called for one-message batches only
-    return converted
-
-
-def _single_entry(delivery: Delivery) -> bytes:
-    message = delivery.message
-    return encode_entry([Message(message.payload, message.key, message.properties, message.event_time_ms,
-                                 message.sequence_id, message.ordering_key, message.key_b64_encoded,
-                                 message.null_value, message.null_key)],
-                        producer_name="compacted", sequence_id=message.sequence_id or 0,
-                        publish_time_ms=delivery.publish_time_ms)

@@ -4,11 +4,13 @@ A reader starts exactly where asked (``earliest``, ``latest``, a message id incl
 exclusive, an offset, or a publish timestamp) and reads forward, keeping its position only in
 memory (Pulsar's readers are non-durable cursors). With ``compacted=True`` it first reads the
 topic's compacted view (latest message per key) below the compaction horizon, then the topic's
-messages after it.
+messages after it. A reader hands out messages (its callers are edges that need them): each
+entry read is split with ``EntryRun.messages``, the one split every edge uses; a compacted
+view's messages, which have no stored entry of their own, come as they are.
 
 Memory: a reader reads ahead at most ``READ_BATCH_ENTRIES`` entries and ``read_bytes_max`` of
 entry bytes (one entry always), and holds that read decoded until it has handed out its last
-message; the read's footprint counts in the broker-wide reads-in-flight budget meanwhile
+message; the read's footprint (``decoded_footprint``) counts in the broker-wide reads-in-flight budget meanwhile
 (``broker/byte_budget.py``). While the budget refuses, a reader reads nothing (it has caught up,
 as far as its caller sees) and its listeners are called once the budget admits again.
 :meth:`Reader.close` gives back what an abandoned reader still holds.
@@ -22,11 +24,10 @@ from dataclasses import dataclass
 
 from broker.byte_budget import ByteBudget
 from broker.compaction import Compactor
-from broker.entry_format import decode_messages
+from broker.delivery import Delivery, EntryRun, decoded_footprint
 from broker.errors import InvalidRequest, MagnetarError
 from broker.managed_ledger import Entry
 from broker.message_id import MessageId
-from broker.subscription import Delivery, footprint_of
 from broker.topic import PersistentTopic
 
 READ_BATCH_ENTRIES = 100
@@ -186,25 +187,25 @@ class Reader:
             return
 
     def _buffer_entries(self, entries: list[Entry]) -> None:
+        """Split the entries read into the messages from ``next_offset`` on (each entry is
+        decoded once, as an ``EntryRun`` of those messages)."""
         partition = self.topic.partition
         topic = self.topic.name.full_name
-        append = self._buffer.append
-        stored_id = MessageId.of_stored
+        buffered = self._buffer
         read = 0
         for entry in entries:
-            messages = decode_messages(entry.data)[0]
-            read += footprint_of(messages)
-            single = len(messages) == 1
-            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-            for message in messages:
-                offset = message.offset
-                assert offset is not None
-                if offset < self.next_offset:
-                    continue
-                append(Delivery(stored_id(ledger_id, entry_id, partition, -1 if single else message.batch_index),
-                                offset, message, entry.publish_time_ms, 0, topic, entry_data=entry.data))
-            self.next_offset = max(self.next_offset, entry.last_offset + 1)
-        if self._buffer:
+            first, end = entry.first_offset, entry.last_offset + 1
+            start = max(first, self.next_offset)
+            self.next_offset = max(self.next_offset, end)
+            if start >= end:
+                continue
+            position = entry.position
+            run = EntryRun(topic, position.ledger_id, position.entry_id, partition, entry.data, first, end - first,
+                           range(start, end), 0, entry.publish_time_ms)
+            messages = run.messages()
+            buffered.extend(messages)
+            read += decoded_footprint(len(messages), sum(len(d.message.payload) for d in messages))
+        if buffered:
             self._buffered_bytes += read
             if self._budget is not None:
                 self._budget.adjust(read)

@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 import mmh3
 
+from broker.delivery import EntryRun
 from broker.errors import InvalidRequest
 from broker.message_id import MessageId
-from broker.subscription import Consumer, Delivery
+from broker.subscription import Consumer
 
 
 class PartitionRouter:
@@ -49,7 +50,7 @@ class PartitionRouter:
 
 
 class MultiConsumer:
-    """One consumer over many topics: deliveries carry their topic; acks go back to it."""
+    """One consumer over many topics: the runs it hands out carry their topic; acks go back to it."""
 
     def __init__(self) -> None:
         self._consumers: dict[str, Consumer] = {}
@@ -98,27 +99,27 @@ class MultiConsumer:
         for index, consumer in enumerate(consumers):
             consumer.flow(share + (1 if index < extra else 0))
 
-    def poll(self) -> Delivery | None:
+    def poll(self) -> EntryRun | None:
         with self._lock:
             order = list(self._order)
             start = self._turn
         for step in range(len(order)):
             topic = order[(start + step) % len(order)]
-            delivery = self._consumers[topic].poll()
-            if delivery is not None:
+            run = self._consumers[topic].poll()
+            if run is not None:
                 self._turn = (start + step + 1) % len(order)
-                return delivery
+                return run
         return None
 
-    def poll_all(self) -> list[Delivery]:
-        """Everything waiting, topic by topic from the next one's turn on (each topic's messages
-        in their order)."""
+    def poll_all(self) -> list[EntryRun]:
+        """Everything waiting, topic by topic from the next one's turn on (each topic's runs in
+        their order)."""
         with self._lock:
             order = list(self._order)
             start = self._turn
             if order:
                 self._turn = (start + 1) % len(order)
-        taken: list[Delivery] = []
+        taken: list[EntryRun] = []
         for step in range(len(order)):
             taken.extend(self._consumers[order[(start + step) % len(order)]].poll_all())
         return taken

@@ -1,45 +1,52 @@
 """Subscriptions and dispatch: Exclusive, Failover, Shared and Key_Shared, independent of transport.
 
 A ``Subscription`` owns one durable (or non-durable) cursor of a topic and its consumers. The
-dispatcher reads entries through the cursor, decodes them into messages, skips acknowledged and
-not-yet-due (delayed) ones, and hands each message to one consumer chosen by the subscription
-type. Transports (WebSocket, HTTP pull, a future binary protocol) only call ``flow``, ``poll``,
-``ack``, ``nack`` and ``close`` on a ``Consumer`` and are told through a listener callback that
-messages are waiting.
+dispatcher reads entries through the cursor and hands each consumer runs of entries
+(``EntryRun``, ``broker/delivery.py``): an entry, or the part of it the consumer gets, with the
+entry's stored bytes. It skips acknowledged and not-yet-due (delayed) messages and chooses
+consumers by the subscription type, and it decodes only what routing needs: nothing on
+Exclusive and Failover subscriptions, an entry's delivery time (from its metadata) on Shared
+ones, and on Key_Shared ones also each message's key hash. The edges split runs into messages
+where they need them. Transports (WebSocket, HTTP pull, the binary protocol) only call
+``flow``, ``poll``, ``ack``, ``nack`` and ``close`` on a ``Consumer`` and are told through a
+listener callback that runs are waiting.
 
 - **Exclusive**: one consumer; a second is refused with ``ConsumerBusy``.
 - **Failover**: the active consumer is the first by (priority level, name); on a switch its
   unacknowledged messages are redelivered to the new active one.
-- **Shared**: round-robin among consumers with permits; a departing consumer's unacknowledged
-  messages go to the others.
+- **Shared**: round-robin among consumers with permits, an entry at a time: a consumer gets as
+  much of an entry as its permits and limits allow, the next one the rest; a departing
+  consumer's unacknowledged messages go to the others.
 - **Key_Shared**: ``murmur3_32(key) & 0x7fffffff % 65536`` is split into ranges by consistent
-  hashing (100 points per consumer). Per-key order holds while consumers join and leave: a
-  message is never handed to one consumer while an earlier message of its key is unacknowledged
-  at another; it waits (other keys flow on) until that one is acked or redelivered.
+  hashing (100 points per consumer); an entry whose messages have different keys is split
+  between their consumers. Per-key order holds while consumers join and leave: a message is
+  never handed to one consumer while an earlier message of its key is unacknowledged at
+  another; it waits (other keys flow on) until that one is acked or redelivered.
 
 Flow control: a consumer receives only while it has permits (``receiverQueueSize`` in push
-mode, explicit in pull mode). Unacknowledged limits per consumer (messages, and payload bytes:
-``unacked_bytes_max``) and per subscription pause delivery at the limit and resume at half; a
-consumer holding nothing always gets one message, however large. A consumer configured with
+mode, explicit in pull mode), one per message. Unacknowledged limits per consumer (messages,
+and bytes: ``unacked_bytes_max``, each message counting its share of its entry's bytes) and per
+subscription pause delivery at the limit (a run is cut there) and resume at half; a consumer
+holding nothing always gets one message, however large. A consumer configured with
 ``whole_entries`` (the binary protocol's: Pulsar's clients acknowledge a batch as one) gets the
-rest of an entry with its first message, past its permits, as Pulsar's broker delivers.
+whole rest of an entry in one run, past its permits and limits, as Pulsar's broker delivers.
 
-Memory, in bytes (``footprint``: a decoded message costs its payload twice, as stored entry and
-as copy, plus ``DECODED_MESSAGE_BYTES`` of objects, so a batch of many small messages counts
-truly):
+Memory, in bytes (``footprint``: a run counts its share of its entry's bytes, a record and a
+slot per message):
 
 - A read takes as many entries as the consumers' permits need, at most ``READ_BATCH_ENTRIES``
   and ``SubscriptionLimits.read_bytes_max`` of entry bytes, and no more than the consumers that
   can take have room for; it always takes one entry, however large.
-- Deliveries wait in a consumer's outbox until its transport takes them (``poll``/``poll_all``);
-  a consumer whose outbox holds ``consumer_pending_bytes_max`` gets nothing more until the
+- Runs wait in a consumer's outbox until its transport takes them (``poll``/``poll_all``); a
+  consumer whose outbox holds ``consumer_pending_bytes_max`` gets nothing more until the
   transport took them, which it does only while its connection drains: a client that stops
   reading is held back by TCP, never buffered. Taking from a full outbox asks for a dispatch.
-- What a consumer holds unacknowledged is kept as positions only (one ``_Held`` record per
+- What a consumer holds unacknowledged is kept as positions only (one ``_Position`` record per
   delivered run, shared by its offsets), and so is what waits for redelivery or for its delay
-  (an ``_Item`` without message or entry bytes); it is read again from the managed ledger when it
-  is delivered again, so a consumer that never acknowledges pins no payloads.
-- What the dispatcher holds decoded (read ahead, or in outboxes) is added to the broker-wide
+  (each offset beside its entry's position, without the entry's bytes); it is read again from
+  the managed ledger when it is delivered again, so a consumer that never acknowledges pins no
+  entries.
+- What the dispatcher holds (read ahead, or in outboxes) is added to the broker-wide
   reads-in-flight budget (``broker/byte_budget.py``) at the end of each dispatch round and each
   take; while the budget refuses, no read starts and the subscription waits for a wake-up.
 
@@ -49,8 +56,9 @@ delivers while the topic's dispatch rate has tokens left; when it has none it st
 for another round once it will have (``schedule_after``), as Pulsar's dispatcher backs off.
 
 Redelivery: negative acks (after ``negative_ack_redelivery_delay_ms``), ack timeouts and
-consumer departures put messages back, oldest first, with ``redelivery_count`` incremented.
-When the last consumer leaves, nothing stays decoded: what was read ahead, or waits for
+consumer departures put messages back, oldest first, with ``redelivery_count`` incremented
+(the messages of one run share a count: a run is cut where counts differ).
+When the last consumer leaves, nothing stays read: what was read ahead, or waits for
 redelivery or a delay, is dropped and the cursor rewound, so the next consumer reads again from
 the oldest unacknowledged message (a nack's delay ends with its consumer, as Pulsar's clients
 keep it).
@@ -63,7 +71,9 @@ however many consumers the subscription has: the unacknowledged count (``Unacked
 permits and who holds them are kept as they change (the Shared round-robin walks only the
 consumers with permits: the one served goes to the end of the turn), the active consumer is
 worked out once per change of the consumers, and a Key_Shared consumer's points go in and out
-of the sorted ring without rebuilding it.
+of the sorted ring without rebuilding it. A delivery costs one run (one record, one outbox
+slot) however many messages of its entry it carries; what stays per message is the
+bookkeeping acknowledgements need (who holds each offset unacknowledged).
 
 Administrative cursor moves (reset by time or message id, skip, expiry) go through
 :meth:`Subscription.reposition`, so connected consumers get everything unacknowledged from the
@@ -78,35 +88,33 @@ import heapq
 import itertools
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from itertools import repeat
-from operator import itemgetter
 from typing import Any, NamedTuple
 
 import mmh3
 
 from broker.byte_budget import ByteBudget
 from broker.cursor import ManagedCursor
-from broker.entry_format import DecodedMessage, decode_messages
+from broker.delivery import MESSAGE_BYTES, RUN_BYTES, Delivery, EntryRun, footprint
+from broker.entry_format import DecodedMessage, decode_messages, delivery_time
 from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NoSuchEntry, NotAllowed, NotFound
-from broker.message_id import MessageId
+from broker.message_id import MessageId, Position
 from broker.quotas import TopicQuotas
 
 KEY_HASH_RANGE = 65536
 POINTS_PER_CONSUMER = 100
 READ_BATCH_ENTRIES = 100
-DECODED_MESSAGE_BYTES = 640
-"""What one decoded message holds beside its payload: its ``DecodedMessage``, dispatch item,
-delivery and message id (about 600 bytes measured with tracemalloc)."""
-_PAYLOAD = itemgetter(2)
-"""``DecodedMessage.payload`` (a named tuple's third field), for ``map``."""
 PENDING_MESSAGES_MAX = 10_000
 REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
 REDELIVERY_PROPERTY_PREFIX = "rc:"
+ENTRIES_REMEMBERED_MAX = 4096
+"""Entries a consumer that tracks ids remembers it was handed (their positions), to turn the ids
+it is acked with into offsets without reading the entry again (the oldest are forgotten)."""
 
 
 class SubscriptionType(StrEnum):
@@ -141,26 +149,17 @@ class ConsumerConfig:
     dead_letter_topic: str | None = None
     unacked_messages_max: int = 50_000
     unacked_bytes_max: int = 16 * 1024 * 1024
-    """Payload bytes delivered and not yet acknowledged before delivery pauses (resumes at half)."""
+    """Bytes delivered and not yet acknowledged before delivery pauses (resumes at half), each
+    message counting its share of its stored entry (payload and metadata, as Pulsar's dispatch
+    counts bytes)."""
     whole_entries: bool = False
-    """Deliver the rest of an entry with its first message, past the permits (which go negative),
+    """Deliver the rest of an entry with its first message, past the permits (which go negative)
+    and the unacknowledged limits,
     as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
     arrived, so a batch split between deliveries would never be acknowledged."""
     track_ids: bool = True
-    """Keep each delivered message's id for :meth:`Consumer.offset_of`; off for a transport that
-    maps ids to offsets itself (the binary protocol, by entry), saving a map entry per message."""
-
-
-def footprint(messages: int, payload_bytes: int) -> int:
-    """The memory ``messages`` decoded messages with ``payload_bytes`` of payloads hold: each
-    payload twice (in the stored entry and as the message's copy) and each message's objects.
-    Linear, so a run's footprint is the sum of its messages'."""
-    return 2 * payload_bytes + messages * DECODED_MESSAGE_BYTES
-
-
-def footprint_of(messages: list[DecodedMessage]) -> int:
-    """:func:`footprint` of decoded ``messages`` (one entry's, say)."""
-    return footprint(len(messages), sum(map(len, map(_PAYLOAD, messages))))
+    """Remember the entries handed out (``ENTRIES_REMEMBERED_MAX``) for :meth:`Consumer.offset_of`;
+    off for a transport that maps ids to offsets itself (the binary protocol, by entry)."""
 
 
 @dataclass(frozen=True)
@@ -170,50 +169,53 @@ class SubscriptionLimits:
     """Entry bytes one read takes at most (Pulsar's ``dispatcherMaxReadSizeBytes``); one entry
     is always read, however large."""
     consumer_pending_bytes_max: int = 1024 * 1024
-    """Footprint of deliveries waiting in one consumer's outbox for its transport; at the bound
-    the consumer gets nothing more until the transport took them (one run always goes)."""
+    """Footprint of runs waiting in one consumer's outbox for its transport; at the bound the
+    consumer gets nothing more until the transport took them (one run always goes)."""
 
 
-class Delivery(NamedTuple):
-    """One message handed to one consumer (a named tuple: one is built per message delivered)."""
+class _Position(NamedTuple):
+    """Where messages of one entry are, without its bytes: what a consumer holds of a delivered
+    run (one record shared by its offsets in ``UnackedMessages``), and what waits for
+    redelivery or its delay beside each offset; the entry is read again when they are
+    delivered again (a named tuple: one is built per entry read, without ``__init__``)."""
 
-    message_id: MessageId
-    offset: int
-    message: DecodedMessage
+    ledger_id: int
+    entry_id: int
+    first_offset: int
+    """The offset of the entry's batch index 0."""
+    batch_size: int
     publish_time_ms: int
-    redelivery_count: int
-    topic: str
-    key_version: int | None = None
-    """The message's version in its key's stream, when a key reader delivers it."""
-    entry_data: bytes | None = None
-    """The stored entry the message came from, byte for byte (broker prefix included), so a
-    transport can forward the entry untouched (the binary protocol); None where there is no
-    such entry (a compacted view)."""
+    size: int
+    """Bytes counted for each message: the entry's bytes over its messages (so that
+    ``UnackedMessages.bytes`` goes back to exactly zero)."""
+
+    def id_of(self, offset: int, partition: int) -> MessageId:
+        """The id of the message at ``offset`` (a batch index only in an entry of several)."""
+        return MessageId.of_stored(self.ledger_id, self.entry_id, partition,
+                                   -1 if self.batch_size == 1 else offset - self.first_offset)
 
 
-@dataclass(order=True, slots=True)
-class _Item:
-    """A message of the subscription (ordered by offset): decoded while it waits for dispatch;
-    a position only (``message`` and ``entry_data`` None) while a consumer holds it
-    unacknowledged or it waits for redelivery or its delay, read again when delivered again."""
+_new_position = _new_run = tuple.__new__
+"""``_Position(...)``, ``EntryRun(...)`` without the named tuple's Python-level ``__new__``: one
+is built per entry read and per run delivered."""
 
-    offset: int
-    message_id: MessageId = field(compare=False)
-    message: DecodedMessage | None = field(compare=False)
-    publish_time_ms: int = field(compare=False)
-    key_hash: int = field(compare=False)
-    deliver_at_ms: int = field(compare=False, default=0)
-    entry_data: bytes | None = field(compare=False, default=None)
-    size: int = field(compare=False, default=0)
-    """The payload's length in bytes; for a message of a batch, the batch's average (counted once
-    per entry, not per message)."""
 
-    def id_of(self, offset: int) -> MessageId:
-        """Its id (the ``_Held`` interface: a consumer holding one message holds its item)."""
-        return self.message_id
+class _Waiting:
+    """An entry read (or read again) for dispatch, with the offsets of it still to deliver."""
 
-    def item(self, offset: int) -> _Item:
-        return self
+    __slots__ = ("data", "hashes", "offsets", "position", "redelivery")
+
+    def __init__(self, position: _Position, data: bytes, offsets: Sequence[int], hashes: int | list[int] | None,
+                 redelivery: bool) -> None:
+        self.position = position
+        self.data = data
+        self.offsets = offsets
+        """Ascending; a ``range`` while it is the whole entry."""
+        self.hashes = hashes
+        """Key_Shared: the key hash of every message of the entry (an ``int``), or of each by
+        batch index (a list); None on the other types."""
+        self.redelivery = redelivery
+        """Read again for redelivery: what is left of it goes back to wait for redelivery."""
 
 
 def _failover_rank(consumer: Consumer) -> tuple[int, str, int]:
@@ -230,20 +232,24 @@ def _ring_hash(pair: tuple[int, Consumer]) -> int:
     return pair[0]
 
 
-def _hash_of(message: DecodedMessage) -> int:
-    """The sticky-key hash of a message's ordering key (else its key), -1 for neither."""
-    key = message.ordering_key if message.ordering_key is not None else message.key
-    return key_hash(key) if key is not None else -1
+def _key_hashes(messages: list[DecodedMessage]) -> int | list[int]:
+    """The sticky-key hash of each message of an entry (of its ordering key, else its key; -1 for
+    neither), one ``int`` when they are all the same."""
+    hashes = [key_hash(key) if (key := m.ordering_key if m.ordering_key is not None else m.key) is not None else -1
+              for m in messages]
+    first = hashes[0]
+    return first if hashes.count(first) == len(hashes) else hashes
 
 
-def _pop_each(held: dict[int, Any], offsets: list[int]) -> None:
+def _pop_each(held: dict[int, Any], offsets: Sequence[int]) -> None:
     """``held.pop(offset, None)`` for each offset, the loop run by the interpreter's C code."""
     deque(map(held.pop, offsets, repeat(None)), maxlen=0)
 
 
-_new_delivery = _new_held = tuple.__new__
-"""``Delivery(...)`` without the named tuple's Python-level ``__new__``: one is built per message
-delivered, from values that are already a delivery's."""
+def _run_footprint(run: EntryRun) -> int:
+    """:func:`footprint` of one run waiting in an outbox."""
+    count = len(run.offsets)
+    return footprint(1, count, count * run.size)
 
 
 @dataclass(frozen=True)
@@ -295,55 +301,19 @@ class UnackedTally:
         self.messages = 0
 
 
-class _Held(NamedTuple):
-    """Messages of one entry delivered together to one consumer and not yet acknowledged, as a
-    position: one record shared by their offsets in ``UnackedMessages``, so a batch of many
-    messages costs a dict slot per message, not an object (a named tuple: one is built per
-    delivered run, without ``__init__``). A consumer holding a single message holds its
-    ``_Item`` instead, without its bytes (it has the same interface)."""
-
-    first_id: MessageId
-    """The id of the run's first message (kept: a run of one is most runs, and its id is asked
-    for by every acknowledgement of a consumer that tracks ids)."""
-    ledger_id: int
-    entry_id: int
-    partition: int
-    entry_first_offset: int
-    """The offset of the entry's batch index 0; -1 for a lone message (its id has no batch index)."""
-    publish_time_ms: int
-    size: int
-    """Payload bytes counted for each message: the run's average (so that ``UnackedMessages.bytes``
-    goes back to exactly zero)."""
-
-    def id_of(self, offset: int) -> MessageId:
-        first = self.entry_first_offset
-        if first < 0 or offset - first == self.first_id.batch_index:
-            return self.first_id
-        return MessageId.of_stored(self.ledger_id, self.entry_id, self.partition, offset - first)
-
-    def item(self, offset: int) -> _Item:
-        """The message at ``offset`` as a dispatch item again, a position: read again (and its
-        key hashed again) when it is delivered again."""
-        return _Item(offset, self.id_of(offset), None, self.publish_time_ms, -1, 0, None, self.size)
-
-
-_HeldMessages = _Held | _Item
-"""What a consumer holds of a delivered run: a ``_Held`` record, or the one message's ``_Item``."""
-
-
 class UnackedMessages:
-    """A consumer's messages delivered and not yet acknowledged: offset -> what it holds of the
-    run it came in, with the payload bytes counted for them; its count is also in its
-    subscription's ``tally``."""
+    """A consumer's messages delivered and not yet acknowledged: offset -> the position of the
+    run it came in, with the bytes counted for them; its count is also in its subscription's
+    ``tally``."""
 
     __slots__ = ("_by_offset", "_tally", "bytes")
 
     def __init__(self, tally: UnackedTally | None = None) -> None:
-        self._by_offset: dict[int, _HeldMessages] = {}
+        self._by_offset: dict[int, _Position] = {}
         self.bytes = 0
         self._tally = tally or UnackedTally()
 
-    def add_run(self, offsets: list[int], held: _HeldMessages) -> None:
+    def add_run(self, offsets: Sequence[int], held: _Position) -> None:
         by_offset = self._by_offset
         new = len(offsets)
         if not by_offset.keys().isdisjoint(offsets):  # redelivered to the holder itself: rare
@@ -356,7 +326,7 @@ class UnackedMessages:
         self.bytes += held.size * len(offsets)
         self._tally.messages += new
 
-    def pop_all(self, offsets: list[int]) -> list[_HeldMessages | None]:
+    def pop_all(self, offsets: list[int]) -> list[_Position | None]:
         """``pop`` each of ``offsets``: what was held of each (None: nothing), in order."""
         popped = list(map(self._by_offset.pop, offsets, repeat(None)))
         held = [h for h in popped if h is not None]
@@ -364,7 +334,7 @@ class UnackedMessages:
         self._tally.messages -= len(held)
         return popped
 
-    def pop(self, offset: int) -> _HeldMessages | None:
+    def pop(self, offset: int) -> _Position | None:
         held = self._by_offset.pop(offset, None)
         if held is not None:
             self.bytes -= held.size
@@ -376,10 +346,10 @@ class UnackedMessages:
         self._by_offset.clear()
         self.bytes = 0
 
-    def get(self, offset: int) -> _HeldMessages | None:
+    def get(self, offset: int) -> _Position | None:
         return self._by_offset.get(offset)
 
-    def items(self) -> Iterable[tuple[int, _HeldMessages]]:
+    def items(self) -> Iterable[tuple[int, _Position]]:
         return self._by_offset.items()
 
     def __contains__(self, offset: object) -> bool:
@@ -402,11 +372,12 @@ class Consumer:
         self.subscription = subscription
         self.config = config
         self._permits = 0
-        self.outbox: deque[Delivery] = deque()
+        self.outbox: deque[EntryRun] = deque()
         self._outbox_bytes = 0
         self._outbox_bytes_max = subscription.limits.consumer_pending_bytes_max
         self.unacked = UnackedMessages(subscription.unacked_tally)
-        self.offsets_by_id: dict[MessageId, int] = {}
+        self._entries: OrderedDict[tuple[int, int], _Position] = OrderedDict()
+        """(ledger, entry) -> position of the entries last handed to it (``track_ids``), oldest first."""
         self.listener: Callable[[], None] | None = None
         self.unloaded = False
         """Closed because its topic stopped being served here (it moved to another broker): the
@@ -421,7 +392,7 @@ class Consumer:
 
     @property
     def outbox_bytes(self) -> int:
-        """The footprint of the deliveries in ``outbox``."""
+        """The footprint of the runs in ``outbox``."""
         return self._outbox_bytes
 
     @outbox_bytes.setter
@@ -429,6 +400,12 @@ class Consumer:
         """(Under the subscription's lock.) The subscription keeps the sum over its consumers."""
         self.subscription._outbox_bytes_total += value - self._outbox_bytes
         self._outbox_bytes = value
+
+    @property
+    def outbox_messages(self) -> int:
+        """The messages of the runs in ``outbox``."""
+        with self.subscription._lock:
+            return sum(len(run.offsets) for run in self.outbox)
 
     @property
     def permits(self) -> int:
@@ -446,18 +423,19 @@ class Consumer:
             raise InvalidRequest("permits must be >= 0")
         self.subscription._flow(self, permits)
 
-    def poll(self) -> Delivery | None:
+    def poll(self) -> EntryRun | None:
+        """The oldest run waiting in the outbox, taken."""
         subscription = self.subscription
         with subscription._lock:
             if not self.outbox:
                 return None
-            delivery = self.outbox.popleft()
+            run = self.outbox.popleft()
             full = self.outbox_bytes >= self._outbox_bytes_max
-            self.outbox_bytes = self.outbox_bytes - footprint(1, len(delivery.message.payload)) if self.outbox else 0
+            self.outbox_bytes = self.outbox_bytes - _run_footprint(run) if self.outbox else 0
         subscription._taken(full)
-        return delivery
+        return run
 
-    def poll_all(self) -> list[Delivery]:
+    def poll_all(self) -> list[EntryRun]:
         """Everything :meth:`poll` would return one by one, in order, taken at once."""
         subscription = self.subscription
         with subscription._lock:
@@ -468,6 +446,25 @@ class Consumer:
             subscription._taken(freed >= self._outbox_bytes_max)
         return taken
 
+    def take_head(self, run: EntryRun, count: int) -> EntryRun | None:
+        """The first ``count`` messages of ``run``, taken, if ``run`` is still the oldest in the
+        outbox (the rest stays there as a run); None when it is not (another taker was first)."""
+        subscription = self.subscription
+        with subscription._lock:
+            if not self.outbox or self.outbox[0] is not run:
+                return None
+            full = self.outbox_bytes >= self._outbox_bytes_max
+            if count >= len(run.offsets):
+                self.outbox.popleft()
+                self.outbox_bytes = self.outbox_bytes - _run_footprint(run) if self.outbox else 0
+                taken = run
+            else:
+                taken, rest = run._replace(offsets=run.offsets[:count]), run._replace(offsets=run.offsets[count:])
+                self.outbox[0] = rest
+                self.outbox_bytes = self.outbox_bytes - _run_footprint(run) + _run_footprint(rest)
+        subscription._taken(full)
+        return taken
+
     def holds(self, delivery: Delivery) -> bool:
         """Whether ``delivery`` is still this consumer's to hand over: not acknowledged, timed
         out, nacked or taken back since it was dispatched (a redelivery is a new delivery)."""
@@ -476,18 +473,26 @@ class Consumer:
             return delivery.offset in self.unacked and \
                 subscription._counts.get(delivery.offset, 0) == delivery.redelivery_count
 
-    def peek(self) -> Delivery | None:
-        """The delivery :meth:`poll` would return next, left in the outbox."""
+    def peek(self) -> EntryRun | None:
+        """The run :meth:`poll` would return next, left in the outbox."""
         with self.subscription._lock:
             return self.outbox[0] if self.outbox else None
 
     def offset_of(self, message_id: MessageId) -> int | None:
-        """The offset of a message this consumer holds, by the id it was delivered with."""
-        return self.offsets_by_id.get(message_id)
+        """The offset of a message this consumer holds, by the id it was delivered with (None:
+        not held, or of an entry it no longer remembers)."""
+        position = self._entries.get((message_id.ledger_id, message_id.entry_id))
+        if position is None or message_id.partition != self.subscription.partition:
+            return None
+        index = message_id.batch_index
+        if (index >= 0) if position.batch_size == 1 else not 0 <= index < position.batch_size:
+            return None
+        offset = position.first_offset + max(index, 0)
+        return offset if offset in self.unacked else None
 
     def locate(self, message_id: MessageId) -> int:
         """The offset of ``message_id`` in this consumer's topic, held or not."""
-        held = self.offsets_by_id.get(message_id)
+        held = self.offset_of(message_id)
         if held is not None:
             return held
         entry = self.subscription.cursor.ml.read_entry(message_id.position)
@@ -517,6 +522,12 @@ class Consumer:
     def backlog_messages(self) -> int:
         """Messages of the topic the subscription has not acknowledged yet."""
         return self.subscription.backlog_messages()
+    def _remember(self, position: _Position) -> None:
+        """(Under the lock.) Keep the position of an entry handed to it (``track_ids``)."""
+        entries = self._entries
+        entries[(position.ledger_id, position.entry_id)] = position
+        if len(entries) > ENTRIES_REMEMBERED_MAX:
+            entries.popitem(last=False)
 
     def _can_take(self) -> bool:
         if self.closed or self.permits <= 0 or self.outbox_bytes >= self._outbox_bytes_max:
@@ -528,6 +539,15 @@ class Consumer:
         elif self.blocked and (held <= limit // 2 and held_bytes <= bytes_limit // 2):
             self.blocked = False
         return not self.blocked
+
+    def _room(self, size: int) -> int:
+        """(It can take.) How many messages of ``size`` bytes each it takes now: up to its
+        permits and until a limit is reached (at least one), as if handed one at a time."""
+        config = self.config
+        room = min(self.permits, config.unacked_messages_max - len(self.unacked),
+                   -(-(config.unacked_bytes_max - self.unacked.bytes) // max(size, 1)),
+                   -(-(self._outbox_bytes_max - self.outbox_bytes) // (size + MESSAGE_BYTES)))
+        return max(room, 1)
 
     def statistics(self) -> ConsumerStats:
         return ConsumerStats(self.name, self.permits, len(self.unacked), self.msg_out, self.bytes_out,
@@ -561,9 +581,9 @@ class Subscription:
         """What the budget was last told this subscription holds."""
         self._outbox_bytes_total = 0
         """The consumers' ``outbox_bytes`` together (kept as they change)."""
-        self._loaded: tuple[tuple[int, int], int, bytes, list[DecodedMessage]] | None = None
-        """The entry last read again for a redelivery (its position, first offset, bytes and
-        messages), kept for the round, so the messages of one entry are read once."""
+        self._loaded: tuple[tuple[int, int], bytes] | None = None
+        """The entry last read again for a redelivery (its position and bytes), kept for the
+        round, so an entry is read once however its messages come back."""
         self._dead_letter = dead_letter
         self._lock = threading.RLock()
         self.consumers: dict[Consumer, None] = {}
@@ -580,9 +600,9 @@ class Subscription:
         """The positive permits of the open consumers, together."""
         self._active_cached: tuple[Consumer | None] | None = None
         """The Exclusive or Failover subscription's active consumer, until the consumers change."""
-        self._pending: deque[_Item] = deque()
-        self._redeliver: list[_Item] = []  # heap by offset: due for redelivery
-        self._later: list[tuple[int, int, _Item]] = []  # heap (due ms, offset): nacked / delayed
+        self._pending: deque[_Waiting] = deque()
+        self._redeliver: list[tuple[int, _Position]] = []  # heap by offset: due for redelivery
+        self._later: list[tuple[int, int, _Position]] = []  # heap (due ms, offset): nacked / delayed
         self._owner: dict[int, Consumer] = {}  # offset -> consumer holding it unacked
         self._key_owner: dict[int, tuple[Consumer, int]] = {}  # key hash -> (consumer, unacked count)
         self._held_keys: dict[int, int] = {}  # Key_Shared: offset held unacked -> its key hash
@@ -661,7 +681,7 @@ class Subscription:
             self._take_back(consumer)
             if self.type is SubscriptionType.KEY_SHARED:
                 self._leave_ring(consumer)
-            if not self.consumers:  # nobody to read for: nothing stays decoded, all is read again
+            if not self.consumers:  # nobody to read for: nothing stays read ahead, all is read again
                 self._pending.clear()
                 self._redeliver.clear()
                 self._later.clear()
@@ -674,7 +694,7 @@ class Subscription:
         taken = sorted(consumer.unacked.items())
         for offset, held in taken:
             self._release(offset, consumer)
-            heapq.heappush(self._redeliver, held.item(offset))
+            heapq.heappush(self._redeliver, (offset, held))
         self._bump_counts([offset for offset, _ in taken])
         consumer.unacked.clear()
         self._clear_outbox(consumer)
@@ -740,34 +760,32 @@ class Subscription:
 
     def dispatch(self) -> None:
         """Deliver as much as permits, limits, ordering and the reads-in-flight budget allow."""
-        notify: set[Consumer] = set()
+        notify: dict[Consumer, None] = {}
         with self._lock:
             self._release_due()
             now = self._clock()  # one reading per round: when this round's deliveries were sent
-            held: list[_Item] = []
+            held: list[_Waiting] = []
+            held_messages = 0
             quotas = self._quotas
+            by_key = self.type is SubscriptionType.KEY_SHARED
             while self._any_can_take():
                 if quotas.dispatch is not None and self._throttled(now):
                     break
-                item = self._next_item()
-                if item is None:
+                waiting = self._next_waiting()
+                if waiting is None:
                     break
-                if self.cursor.is_acked(item.offset) or item.offset in self._owner:
-                    continue  # acknowledged, or held by a consumer since before a reposition
-                consumer = self._choose(item)
-                if consumer is None:
-                    held.append(item)
-                    if len(held) >= PENDING_MESSAGES_MAX:
-                        break
+                offsets = self._undelivered(waiting)
+                if not offsets:
                     continue
-                run = self._rest_of_entry(item) if consumer.config.whole_entries else None
-                items = [item, *run] if run else [item]
-                self._deliver(consumer, items, now)
-                if quotas.dispatch is not None:
-                    quotas.dispatched(len(items), sum(i.size for i in items))
-                notify.add(consumer)
-            for item in reversed(held):
-                self._pending.appendleft(item)
+                left = self._dispatch_by_key(waiting, offsets, now, notify) if by_key else \
+                    self._dispatch_entry(waiting, offsets, now, notify)
+                if left is not None:  # no consumer can take these now (their key's is busy)
+                    held.append(left)
+                    held_messages += len(left.offsets)
+                    if held_messages >= PENDING_MESSAGES_MAX:
+                        break
+            for waiting in reversed(held):  # each back where it came from, so the order holds
+                self._put_back(waiting, waiting.offsets)
             self._loaded = None
             if not self._pending:
                 self._pending_bytes = 0
@@ -777,6 +795,102 @@ class Subscription:
             if consumer.listener is not None:
                 consumer.listener()
 
+    def _undelivered(self, waiting: _Waiting) -> Sequence[int]:
+        """The offsets of ``waiting`` to deliver: not acknowledged, nor held by a consumer since
+        before a reposition (the checks per message only when some may be)."""
+        offsets = waiting.offsets
+        cursor, owner = self.cursor, self._owner
+        first, end = offsets[0], offsets[-1] + 1
+        if first < cursor.mark_delete_offset or (len(cursor.acked) and cursor.acked.count_in(first, end)) \
+                or (owner and not owner.keys().isdisjoint(offsets)):
+            is_acked = cursor.is_acked
+            return [o for o in offsets if not is_acked(o) and o not in owner]
+        return offsets
+
+    def _dispatch_entry(self, waiting: _Waiting, offsets: Sequence[int], now: float,
+                        notify: dict[Consumer, None]) -> _Waiting | None:
+        """Exclusive, Failover and Shared: the consumer whose turn it is takes what it can of the
+        entry; the rest waits at the head for the next round of the loop."""
+        consumer = self._next_in_turn() if self.type is SubscriptionType.SHARED else self._active()
+        if consumer is None:
+            waiting.offsets = offsets
+            return waiting
+        self._hand(consumer, waiting, offsets, now, notify)
+        return None
+
+    def _hand(self, consumer: Consumer, waiting: _Waiting, offsets: Sequence[int], now: float,
+              notify: dict[Consumer, None]) -> None:
+        """Give ``consumer`` as much of ``offsets`` as it takes now (all of them for a
+        ``whole_entries`` one); the rest goes back to wait at the head."""
+        count = len(offsets)
+        take = count if count == 1 or consumer.config.whole_entries else \
+            min(count, consumer._room(waiting.position.size), self._room())
+        if take < count:
+            self._deliver(consumer, waiting, offsets[:take], now)
+            self._put_back(waiting, offsets[take:])
+        else:
+            self._deliver(consumer, waiting, offsets, now)
+        notify[consumer] = None
+
+    def _room(self) -> int:
+        """Messages the subscription's unacknowledged limit lets through (at least one)."""
+        return max(self.limits.unacked_messages_max - self.unacked_tally.messages, 1)
+
+    def _put_back(self, waiting: _Waiting, offsets: Sequence[int]) -> None:
+        """What is left of an entry waits again where it came from: at the head of what was
+        read, or (read again for redelivery) with the redeliveries, as positions."""
+        if waiting.redelivery:
+            position = waiting.position
+            for offset in offsets:
+                heapq.heappush(self._redeliver, (offset, position))
+        else:
+            waiting.offsets = offsets
+            self._pending.appendleft(waiting)
+
+    def _dispatch_by_key(self, waiting: _Waiting, offsets: Sequence[int], now: float,
+                         notify: dict[Consumer, None]) -> _Waiting | None:
+        """Key_Shared: an entry of one key goes to that key's consumer; one of several keys is
+        split between theirs (a ``whole_entries`` consumer of its first message takes it all, as
+        Pulsar routes an entry by its key). What cannot go now is returned, to wait."""
+        hashes = waiting.hashes
+        if isinstance(hashes, int) or hashes is None:
+            consumer = self._choose_by_hash(-1 if hashes is None else hashes)
+            if consumer is None:
+                waiting.offsets = offsets
+                return waiting
+            self._hand(consumer, waiting, offsets, now, notify)
+            return None
+        first = waiting.position.first_offset
+        lead = self._choose_by_hash(hashes[offsets[0] - first])
+        if lead is not None and lead.config.whole_entries:
+            self._hand(lead, waiting, offsets, now, notify)
+            return None
+        groups: dict[Consumer, list[int]] = {}
+        rooms: dict[Consumer, int] = {}
+        left: list[int] = []
+        size, room = waiting.position.size, self._room()
+        for offset in offsets:
+            consumer = self._choose_by_hash(hashes[offset - first]) if room else None
+            if consumer is None:
+                left.append(offset)
+                continue
+            group = groups.get(consumer)
+            if group is None:
+                group = groups[consumer] = []
+                rooms[consumer] = len(offsets) if consumer.config.whole_entries else consumer._room(size)
+            if len(group) < rooms[consumer]:
+                group.append(offset)
+                room -= 1
+            else:
+                left.append(offset)
+        for consumer, group in groups.items():
+            self._deliver(consumer, waiting, group, now)
+            notify[consumer] = None
+        if not left:
+            return None
+        waiting.offsets = left
+        return waiting
+
     def _throttled(self, now: float) -> bool:
         """The topic's dispatch rate has no token left: another round is asked for once it will."""
         delay_s = self._quotas.dispatch_delay_s(now)
@@ -785,6 +899,7 @@ class Subscription:
         if self._schedule_after is not None:
             self._schedule_after(delay_s, self.dispatch)
         return True
+
     # --- what dispatch holds, in bytes ---------------------------------------------------
     def _budget_delta(self) -> int:
         """(Under the lock.) How much more (or less) this subscription holds than the budget was
@@ -806,7 +921,7 @@ class Subscription:
         self._tell_budget(delta)
 
     def _taken(self, was_full: bool) -> None:
-        """A transport took deliveries from a consumer's outbox: they leave the budget, and an
+        """A transport took runs from a consumer's outbox: they leave the budget, and an
         outbox that was full lets dispatch go on."""
         self._settle()
         if was_full:
@@ -829,34 +944,6 @@ class Subscription:
         self._waiting_for_budget = False
         self._schedule(self.dispatch)
 
-    def _rest_of_entry(self, item: _Item) -> list[_Item]:
-        """The messages of ``item``'s entry waiting right behind it, taken from the queues
-        (acknowledged or held ones dropped, and a message waiting in both queues taken once:
-        after a reposition, one read ahead again can also come back from a departed holder):
-        they go to the same consumer with it."""
-        entry_id, ledger_id = item.message_id.entry_id, item.message_id.ledger_id
-        redeliver, pending, owner = self._redeliver, self._pending, self._owner
-        cursor = self.cursor
-        acked, mark_delete = cursor.acked, cursor.mark_delete_offset
-        any_acked = len(acked) > 0
-        run: list[_Item] = []
-        taken = {item.offset}
-        while True:
-            if redeliver and redeliver[0].message_id.entry_id == entry_id \
-                    and redeliver[0].message_id.ledger_id == ledger_id:
-                following = heapq.heappop(redeliver)
-            elif pending and pending[0].message_id.entry_id == entry_id \
-                    and pending[0].message_id.ledger_id == ledger_id:
-                following = pending.popleft()
-            else:
-                return run
-            offset = following.offset
-            if offset >= mark_delete and offset not in owner and offset not in taken \
-                    and not (any_acked and offset in acked) \
-                    and (following.message is not None or self._load(following)):  # (is_acked, inline)
-                run.append(following)
-                taken.add(offset)
-
     def _any_can_take(self) -> bool:
         total = self.unacked_tally.messages
         limit = self.limits.unacked_messages_max
@@ -871,94 +958,101 @@ class Subscription:
             return active is not None and active._can_take()
         return any(c._can_take() for c in self._with_permits)
 
-    def _next_item(self) -> _Item | None:
+    def _next_waiting(self) -> _Waiting | None:
+        """The next entry to dispatch: the oldest redelivery first (with every message of its
+        entry waiting for redelivery, and what of it waits read ahead: a message waiting in
+        both goes once), else what was read ahead, reading more when nothing is."""
         redeliver = self._redeliver
         while redeliver:
-            item = heapq.heappop(redeliver)
-            if item.message is not None or self.cursor.is_acked(item.offset) or self._load(item):
-                return item
+            offset, position = heapq.heappop(redeliver)
+            offsets = [offset]
+            ledger_id, entry_id = position.ledger_id, position.entry_id
+            while redeliver and redeliver[0][1].entry_id == entry_id and redeliver[0][1].ledger_id == ledger_id:
+                following = heapq.heappop(redeliver)[0]
+                if following != offsets[-1]:
+                    offsets.append(following)
+            pending = self._pending
+            if pending and pending[0].position.entry_id == entry_id and pending[0].position.ledger_id == ledger_id:
+                offsets = sorted({*offsets, *pending.popleft().offsets})
+            data = self._load(position, offsets)
+            if data is None:
+                continue
+            self._pending_bytes += footprint(1, len(offsets), position.size * len(offsets))
+            hashes = _key_hashes(decode_messages(data)[0]) if self.type is SubscriptionType.KEY_SHARED else None
+            return _Waiting(position, data, offsets, hashes, True)
         if not self._pending and not self._must_wait_for_budget():
             self._read_more()
         return self._pending.popleft() if self._pending else None
 
-    def _load(self, item: _Item) -> bool:
-        """Read ``item``'s message again (it was held as a position): False when its entry is
-        gone (trimmed, its ledger deleted), so there is nothing to deliver. Any other failure
-        puts the item back for redelivery and propagates."""
-        message_id = item.message_id
-        key = (message_id.ledger_id, message_id.entry_id)
+    def _load(self, position: _Position, offsets: Sequence[int] = ()) -> bytes | None:
+        """Read the entry at ``position`` again (its messages were held as positions): None when
+        it is gone (trimmed, its ledger deleted), so there is nothing to deliver. Any other
+        failure puts ``offsets`` back for redelivery and propagates."""
+        key = (position.ledger_id, position.entry_id)
         loaded = self._loaded
-        if loaded is None or loaded[0] != key:
-            try:
-                entry = self.cursor.ml.read_entry(message_id.position)
-            except (NoSuchEntry, NotFound):
-                return False
-            except MagnetarError:
-                heapq.heappush(self._redeliver, item)
-                raise
-            loaded = self._loaded = (key, entry.first_offset, entry.data, decode_messages(entry.data)[0])
-        _, first_offset, data, messages = loaded
-        index = item.offset - first_offset
-        if not 0 <= index < len(messages):
-            return False
-        message = messages[index]
-        item.message, item.entry_data, item.key_hash = message, data, _hash_of(message)
-        self._pending_bytes += footprint(1, item.size)
-        return True
+        if loaded is not None and loaded[0] == key:
+            return loaded[1]
+        try:
+            entry = self.cursor.ml.read_entry(Position(position.ledger_id, position.entry_id))
+        except (NoSuchEntry, NotFound):
+            return None
+        except MagnetarError:
+            for offset in offsets:
+                heapq.heappush(self._redeliver, (offset, position))
+            raise
+        self._loaded = (key, entry.data)
+        return entry.data
 
     def _read_size(self) -> tuple[int, int]:
         """(entries, entry bytes) for the next read: enough entries for the permits consumers
         have left, at the topic's average entry size in messages, and no more bytes than
-        ``read_bytes_max`` nor than the outboxes of the consumers that can take have room for
-        (a decoded entry holds about twice its bytes): the dispatcher decodes at most one entry
-        beyond what it can send. The room is summed over the consumers with permits only until
-        it covers a whole read, so a read costs the same however many consumers there are."""
+        ``read_bytes_max`` nor than the outboxes of the consumers that can take have room for:
+        the dispatcher reads at most one entry beyond what it can send. The room is summed over
+        the consumers with permits only until it covers a whole read, so a read costs the same
+        however many consumers there are."""
         read_bytes_max = self.limits.read_bytes_max
         room = 0
         for consumer in self._with_permits:
             room += max(consumer._outbox_bytes_max - consumer.outbox_bytes, 0)
-            if room >= 2 * read_bytes_max:
+            if room >= read_bytes_max:
                 break
         wanted = min(PENDING_MESSAGES_MAX, self._permits_total)
         entries = max(1, min(READ_BATCH_ENTRIES, wanted // self.cursor.ml.messages_per_entry()))
-        return entries, max(1, min(read_bytes_max, room // 2))
+        return entries, max(1, min(read_bytes_max, room))
 
     def _read_more(self) -> None:
-        now_ms = int(self._clock() * 1000)
+        """Read the next entries for dispatch. Per entry, only what routing needs is decoded:
+        its delivery time on Shared and Key_Shared subscriptions, and on Key_Shared ones its
+        messages' key hashes; an entry not yet due waits as positions."""
         cursor = self.cursor
-        partition, pending, of_stored = self.partition, self._pending, MessageId.of_stored
+        pending, later = self._pending, self._later
         delayable = self.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        keyed = self.type is SubscriptionType.KEY_SHARED
+        now_ms = int(self._clock() * 1000)
         read_bytes = 0
         for entry in cursor.read_entries(*self._read_size()):
-            messages, deliver_at_ms = decode_messages(entry.data)
-            if cursor.acked.count_in(entry.first_offset, entry.last_offset + 1) or \
-                    entry.first_offset < cursor.mark_delete_offset:
-                messages = [m for m in messages if not cursor.is_acked(m.offset)]  # type: ignore[arg-type]
-            due = deliver_at_ms if delayable and deliver_at_ms is not None and deliver_at_ms > now_ms else 0
-            count = len(messages)
-            payload_bytes = len(messages[0].payload) if count == 1 else sum(map(len, map(_PAYLOAD, messages)))
-            read_bytes += 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline
-            size = payload_bytes // (count or 1)  # a batch's messages count its average: no list per entry
-            ledger_id, entry_id = entry.position.ledger_id, entry.position.entry_id
-            data, publish_ms = entry.data, entry.publish_time_ms
-            lone = entry.first_offset == entry.last_offset  # a lone message's id has no batch index
-            items = [_Item(m.offset, of_stored(ledger_id, entry_id, partition, -1 if lone else m.batch_index),  # type: ignore[arg-type]
-                           m, publish_ms, _hash_of(m), due, data, size) for m in messages]
-            if due:  # held as positions until due, then read again
-                for item in items:
-                    item.message = item.entry_data = None
-                    heapq.heappush(self._later, (due, item.offset, item))
-            else:
-                pending.extend(items)
+            first, end = entry.first_offset, entry.last_offset + 1
+            offsets: Sequence[int] = range(first, end)
+            if first < cursor.mark_delete_offset or (len(cursor.acked) and cursor.acked.count_in(first, end)):
+                offsets = [o for o in offsets if not cursor.is_acked(o)]
+            data = entry.data
+            count = end - first
+            position = _new_position(_Position, (entry.position.ledger_id, entry.position.entry_id, first, count,
+                                                 entry.publish_time_ms, len(data) // count))
+            hashes = None
+            if delayable:
+                if keyed:
+                    messages, due = decode_messages(data)
+                    hashes = _key_hashes(messages)
+                else:
+                    due = delivery_time(data)
+                if due is not None and due > now_ms:  # held as positions until due, then read again
+                    for offset in offsets:
+                        heapq.heappush(later, (due, offset, position))
+                    continue
+            pending.append(_Waiting(position, data, offsets, hashes, False))
+            read_bytes += footprint(1, len(offsets), position.size * len(offsets))
         self._pending_bytes += read_bytes
-
-    def _choose(self, item: _Item) -> Consumer | None:
-        if self.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
-            active = self._active()
-            return active if active is not None and active._can_take() else None
-        if self.type is SubscriptionType.SHARED:
-            return self._next_in_turn()
-        return self._choose_by_key(item)
 
     def _next_in_turn(self) -> Consumer | None:
         """Round-robin among the consumers with permits: the first that can take, which then
@@ -970,71 +1064,87 @@ class Subscription:
             with_permits[consumer] = None
         return consumer
 
-    def _choose_by_key(self, item: _Item) -> Consumer | None:
+    def _choose_by_hash(self, hashed: int) -> Consumer | None:
+        """The Key_Shared consumer of a message with key hash ``hashed``, if it can take it now."""
         if not self._ring:
             return None
-        if item.key_hash < 0:  # keyless messages spread like Shared
+        if hashed < 0:  # keyless messages spread like Shared
             return self._next_in_turn()
-        owner = self._key_owner.get(item.key_hash)
-        target = self._ring[bisect.bisect_left(self._ring, item.key_hash, key=lambda p: p[0]) % len(self._ring)][1]
+        owner = self._key_owner.get(hashed)
+        target = self._ring[bisect.bisect_left(self._ring, hashed, key=_ring_hash) % len(self._ring)][1]
         if owner is not None and owner[0] is not target:
             return None  # an earlier message of this key is still unacked elsewhere: keep order
         return target if target._can_take() else None
 
-    def _deliver(self, consumer: Consumer, items: list[_Item], now: float) -> None:
-        """Hand ``items`` to ``consumer`` (one message, or the run of one entry): one bookkeeping
-        step per collection, not per message."""
-        counts, topic = self._counts, self.topic_name
-        deliveries = [_new_delivery(Delivery, (i.message_id, i.offset, i.message, i.publish_time_ms,
-                                               counts.get(i.offset, 0), topic, None, i.entry_data)) for i in items]
-        if counts:
-            redelivered = sum(1 for d in deliveries if d.redelivery_count)
+    def _run(self, position: _Position, data: bytes, offsets: Sequence[int], redelivery_count: int) -> EntryRun:
+        return _new_run(EntryRun, (self.topic_name, position.ledger_id, position.entry_id, self.partition, data,
+                                   position.first_offset, position.batch_size, offsets, redelivery_count,
+                                   position.publish_time_ms))
+
+    def _deliver(self, consumer: Consumer, waiting: _Waiting, offsets: Sequence[int], now: float) -> None:
+        """Hand ``offsets`` of ``waiting`` to ``consumer`` as one run (a run per redelivery
+        count, when they differ): one bookkeeping step per collection, not per message."""
+        position = waiting.position
+        if self._counts:
+            runs = self._runs_by_count(position, waiting.data, offsets)
+            redelivered = sum(len(run.offsets) for run in runs if run.redelivery_count)
             consumer.redelivered += redelivered
             self.redelivered += redelivered
-        offsets = [i.offset for i in items]
-        count = len(items)
-        first = items[0]
-        payload_bytes = first.size * count  # the items of one entry: each counts the entry's average
-        run_bytes = 2 * payload_bytes + count * DECODED_MESSAGE_BYTES  # footprint(), inline: once per run
+            consumer.outbox.extend(runs)
+            run_count = len(runs)
+        else:
+            consumer.outbox.append(_new_run(EntryRun, (
+                self.topic_name, position.ledger_id, position.entry_id, self.partition, waiting.data,
+                position.first_offset, position.batch_size, offsets, 0, position.publish_time_ms)))
+            run_count = 1
+        count = len(offsets)
+        entry_bytes = position.size * count
+        run_bytes = entry_bytes + run_count * RUN_BYTES + count * MESSAGE_BYTES  # footprint(), inline
         self._pending_bytes -= run_bytes
         consumer.outbox_bytes += run_bytes
         consumer.permits -= count
-        consumer.outbox.extend(deliveries)
-        if count == 1:  # from here on the consumer holds them as a position: one message, its item
-            first.message = first.entry_data = None
-            consumer.unacked.add_run(offsets, first)
-        else:
-            first_id = first.message_id
-            batch_index = first_id.batch_index
-            consumer.unacked.add_run(offsets, _new_held(_Held, (
-                first_id, first_id.ledger_id, first_id.entry_id, self.partition,
-                -1 if batch_index < 0 else first.offset - batch_index, first.publish_time_ms, first.size)))
-        if consumer.config.track_ids:
-            consumer.offsets_by_id.update(zip([i.message_id for i in items], offsets, strict=True))
+        consumer.unacked.add_run(offsets, position)
+        config = consumer.config
+        if config.track_ids:
+            consumer._remember(position)
         consumer.msg_out += count
-        consumer.bytes_out += payload_bytes
+        consumer.bytes_out += entry_bytes
         self.msg_out += count
-        self.bytes_out += payload_bytes
+        self.bytes_out += entry_bytes
+        if self._quotas.dispatch is not None:
+            self._quotas.dispatched(count, entry_bytes)
         self._owner.update(zip(offsets, repeat(consumer)))
-        if consumer.config.ack_timeout_ms > 0:  # only an ack timeout asks when a message was sent
+        if config.ack_timeout_ms > 0:  # only an ack timeout asks when a message was sent
             self._sent_at.update(zip(offsets, repeat(now)))
         if self.type is SubscriptionType.KEY_SHARED:
-            key_owner, held_keys = self._key_owner, self._held_keys
-            for item in items:
-                if item.key_hash >= 0:
-                    holder = key_owner.get(item.key_hash)
-                    key_owner[item.key_hash] = (consumer, (holder[1] if holder else 0) + 1)
-                    held_keys[item.offset] = item.key_hash
+            self._hold_keys(consumer, waiting, offsets)
+
+    def _runs_by_count(self, position: _Position, data: bytes, offsets: Sequence[int]) -> list[EntryRun]:
+        """``offsets`` as runs of one redelivery count each, in order."""
+        get = self._counts.get
+        runs: list[EntryRun] = []
+        start = 0
+        for index in range(1, len(offsets) + 1):
+            if index == len(offsets) or get(offsets[index], 0) != get(offsets[start], 0):
+                runs.append(self._run(position, data, offsets[start:index], get(offsets[start], 0)))
+                start = index
+        return runs
+
+    def _hold_keys(self, consumer: Consumer, waiting: _Waiting, offsets: Sequence[int]) -> None:
+        """Key_Shared: ``consumer`` now holds these messages' keys (their order waits on it)."""
+        hashes, first = waiting.hashes, waiting.position.first_offset
+        key_owner, held_keys = self._key_owner, self._held_keys
+        for offset in offsets:
+            hashed = hashes if isinstance(hashes, int) else -1 if hashes is None else hashes[offset - first]
+            if hashed >= 0:
+                holder = key_owner.get(hashed)
+                key_owner[hashed] = (consumer, (holder[1] if holder else 0) + 1)
+                held_keys[offset] = hashed
 
     def _release(self, offset: int, consumer: Consumer) -> None:
         """Forget that ``consumer`` holds ``offset`` (acked, nacked, timed out or taken back)."""
         self._owner.pop(offset, None)
         self._sent_at.pop(offset, None)
-        held = consumer.unacked.get(offset)
-        if held is None:
-            return
-        if consumer.offsets_by_id:
-            consumer.offsets_by_id.pop(held.id_of(offset), None)
         hashed = self._held_keys.pop(offset, None) if self._held_keys else None
         if hashed is None:
             return
@@ -1049,7 +1159,7 @@ class Subscription:
     def reposition(self, move: Callable[[], Future[None] | None]) -> Future[None] | None:
         """Apply ``move`` (a cursor reset, skip or expiry) so that dispatch follows it.
 
-        Under the subscription's lock: the move runs; messages in a consumer's outbox (not yet
+        Under the subscription's lock: the move runs; runs in a consumer's outbox (not yet
         taken by its transport) are withdrawn and their permits returned; messages a consumer
         holds unacknowledged stay with it unless the move acknowledged them (then they are
         released, so they are never redelivered); everything read ahead or waiting for
@@ -1060,10 +1170,11 @@ class Subscription:
         with self._lock:
             result = move()
             for consumer in self.consumers:
-                for delivery in consumer.outbox:
-                    self._release(delivery.offset, consumer)
-                    consumer.unacked.pop(delivery.offset)
-                    consumer.permits += 1
+                for run in consumer.outbox:
+                    for offset in run.offsets:
+                        self._release(offset, consumer)
+                        consumer.unacked.pop(offset)
+                    consumer.permits += len(run.offsets)
                 self._clear_outbox(consumer)
                 for offset in [o for o in consumer.unacked if self.cursor.is_acked(o)]:
                     self._release(offset, consumer)
@@ -1079,11 +1190,12 @@ class Subscription:
     def _withdraw(self, consumer: Consumer) -> None:
         with self._lock:
             consumer.permits = 0
-            for delivery in consumer.outbox:
-                self._release(delivery.offset, consumer)
-                held = consumer.unacked.pop(delivery.offset)
-                if held is not None:
-                    heapq.heappush(self._redeliver, held.item(delivery.offset))
+            for run in consumer.outbox:
+                for offset in run.offsets:
+                    self._release(offset, consumer)
+                    held = consumer.unacked.pop(offset)
+                    if held is not None:
+                        heapq.heappush(self._redeliver, (offset, held))
             self._clear_outbox(consumer)
         self.dispatch()
 
@@ -1099,12 +1211,7 @@ class Subscription:
                 for held in (self._owner, self._sent_at, self._counts):
                     if held:
                         _pop_each(held, offsets)
-                popped = consumer.unacked.pop_all(offsets)
-                if consumer.offsets_by_id:
-                    by_id_pop = consumer.offsets_by_id.pop
-                    for offset, run in zip(offsets, popped, strict=True):
-                        if run is not None:
-                            by_id_pop(run.id_of(offset), None)
+                consumer.unacked.pop_all(offsets)
             future = self.cursor.ack(offsets)
         future.add_done_callback(lambda _f: None)
         self.dispatch()
@@ -1131,7 +1238,7 @@ class Subscription:
                 self._release(offset, consumer)
                 consumer.unacked.pop(offset)
                 nacked.append(offset)
-                heapq.heappush(self._later, (due_ms, offset, held.item(offset)))
+                heapq.heappush(self._later, (due_ms, offset, held))
             self._bump_counts(nacked)
         self.dispatch()
 
@@ -1158,34 +1265,33 @@ class Subscription:
                     self._release(offset, consumer)
                     held = consumer.unacked.pop(offset)
                     assert held is not None
-                    heapq.heappush(self._redeliver, held.item(offset))
+                    heapq.heappush(self._redeliver, (offset, held))
                 self._bump_counts(expired)
         self.dispatch()
 
     def _release_due(self) -> None:
         now_ms = int(self._clock() * 1000)
         while self._later and self._later[0][0] <= now_ms:
-            _, _, item = heapq.heappop(self._later)
-            if self._dead_lettered(item):
+            _, offset, position = heapq.heappop(self._later)
+            if self._dead_lettered(offset, position):
                 continue
-            heapq.heappush(self._redeliver, item)
-        while self._redeliver and self._dead_lettered(self._redeliver[0]):
+            heapq.heappush(self._redeliver, (offset, position))
+        while self._redeliver and self._dead_lettered(*self._redeliver[0]):
             heapq.heappop(self._redeliver)
 
-    def _dead_lettered(self, item: _Item) -> bool:
+    def _dead_lettered(self, offset: int, position: _Position) -> bool:
         """Send an over-redelivered message to its dead-letter topic (once) and ack it."""
         limit = max(self._redeliver_limits, default=0)
-        if limit <= 0 or self._dead_letter is None or self._counts.get(item.offset, 0) <= limit:
+        if limit <= 0 or self._dead_letter is None or self._counts.get(offset, 0) <= limit:
             return False
-        if item.message is not None or self._load(item):  # else its entry is gone: nothing to move
-            assert item.message is not None
+        data = self._load(position)
+        if data is not None:  # else its entry is gone: nothing to move
             dlq = next((c.config.dead_letter_topic for c in self.consumers if c.config.dead_letter_topic), None)
             target = dlq or f"{self.topic_name}-{self.name}-DLQ"
-            delivery = Delivery(item.message_id, item.offset, item.message, item.publish_time_ms,
-                                self._counts[item.offset], self.topic_name, entry_data=item.entry_data)
-            self._dead_letter(target, delivery, self.name)
-        self._counts.pop(item.offset, None)
-        self.cursor.ack([item.offset]).result(timeout=60)
+            run = self._run(position, data, (offset,), self._counts[offset])
+            self._dead_letter(target, run.messages()[0], self.name)
+        self._counts.pop(offset, None)
+        self.cursor.ack([offset]).result(timeout=60)
         return True
 
     def _update_rates(self, now: float) -> None:

@@ -2,9 +2,9 @@
 
 Role: each client consumer (one per topic partition; the client merges partitions itself) is
 one broker ``Consumer`` (``broker/subscription.py``), so dispatch, permits, Key_Shared order,
-redelivery counts and delayed delivery are the ones every transport shares. Deliveries leave
-as MESSAGE frames that forward the stored entries (``frames_of_deliveries``): consecutive messages of
-one entry are one frame, with Pulsar's ``ack_set`` when the consumer holds only some of them.
+redelivery counts and delayed delivery are the ones every transport shares. The broker consumer
+hands out runs of entries (``EntryRun``); each leaves as one MESSAGE frame that forwards the
+stored entry (``message_of_run``), with Pulsar's ``ack_set`` when the run is only part of it.
 Acknowledgements name entries (and batch indexes through ack sets); they are turned back into
 offsets from what was sent (``_SentEntries``) or, for entries this consumer never received, from
 the topic.
@@ -46,7 +46,7 @@ from broker import Consumer as BrokerConsumer
 from broker import (
     ConsumerBusy,
     ConsumerConfig,
-    EntryFrame,
+    EntryRun,
     InvalidRequest,
     MagnetarError,
     NotAllowed,
@@ -54,7 +54,6 @@ from broker import (
     SubscriptionType,
     TopicName,
     cleared_indexes,
-    frames_of_deliveries,
 )
 
 log = logging.getLogger(__name__)
@@ -71,13 +70,20 @@ MessageIdLike = pb.MessageIdData | AckedId
 """An acknowledged id as protobuf read it or as ``hot_commands`` did (the same fields)."""
 
 
+def message_of_run(consumer_id: int, run: EntryRun) -> tuple[bytes, bytes | memoryview]:
+    """The MESSAGE frame of ``run``: its stored entry as the consumer receives it, with the ack
+    set of the run's messages when it is only part of the entry."""
+    return commands.message(consumer_id, run.ledger_id, run.entry_id, run.partition, run.redelivery_count,
+                            run.ack_set(), run.frame_data())
+
+
 @dataclass
 class _Sent:
     first_offset: int
     batch_size: int
-    offsets: tuple[int, ...]
-    """Delivered and not yet acknowledged, ascending (a tuple: a slot per message, where a set
-    would cost a hash table per entry)."""
+    offsets: Sequence[int]
+    """Delivered and not yet acknowledged, ascending (a run's own sequence: a ``range`` for a
+    whole entry, else a slot per message, where a set would cost a hash table per entry)."""
 
 
 class _SentEntries:
@@ -87,15 +93,15 @@ class _SentEntries:
         self._entries: OrderedDict[tuple[int, int], _Sent] = OrderedDict()
         self._bound = bound
 
-    def add(self, frame: EntryFrame) -> None:
-        key = (frame.ledger_id, frame.entry_id)
+    def add(self, run: EntryRun) -> None:
+        key = (run.ledger_id, run.entry_id)
         sent = self._entries.get(key)
         if sent is None:
-            self._entries[key] = _Sent(frame.first_offset, frame.batch_size, tuple(sorted(frame.offsets)))
+            self._entries[key] = _Sent(run.first_offset, run.batch_size, run.offsets)
             if len(self._entries) > self._bound:
                 self._entries.popitem(last=False)
         else:  # the rest of an entry, or part of it again (redelivered)
-            sent.offsets = tuple(sorted({*sent.offsets, *frame.offsets}))
+            sent.offsets = tuple(sorted({*sent.offsets, *run.offsets}))
 
     def get(self, ledger_id: int, entry_id: int) -> _Sent | None:
         return self._entries.get((ledger_id, entry_id))
@@ -244,15 +250,16 @@ class ConsumerHalf:
             return
         if self._context.out.congested:
             return
-        deliveries = state.consumer.poll_all()
-        if deliveries:
+        runs = state.consumer.poll_all()
+        if runs:
             buffers: list[bytes | memoryview] = []
-            for frame in frames_of_deliveries(deliveries):
-                state.sent.add(frame)
-                buffers.extend(commands.message(state.consumer_id, frame.ledger_id, frame.entry_id, frame.partition,
-                                                frame.redelivery_count, frame.ack_set, frame.data))
+            messages = 0
+            for run in runs:
+                state.sent.add(run)
+                buffers.extend(message_of_run(state.consumer_id, run))
+                messages += len(run.offsets)
             self._context.out.write(buffers)
-            self._context.count("messages_out", len(deliveries))
+            self._context.count("messages_out", messages)
         self._check_end_of_topic(state)
 
     def deliver_all(self) -> None:

@@ -1,8 +1,9 @@
 """The WebSocket consumer session: a broker ``MultiConsumer``'s deliveries out, acks and commands in.
 
 Role: one connection bound to a subscription of one or more topics (a partitioned topic's
-partitions, a topic list, or a namespace pattern). Deliveries leave as Pulsar's message frames
-inside the dispatch that made them (one socket write per burst); client frames are acks (a frame
+partitions, a topic list, or a namespace pattern). The broker consumer hands out runs of
+entries, split into their messages here (``EntryRun.messages``), which leave as Pulsar's message
+frames inside the dispatch that made them (one socket write per burst); client frames are acks (a frame
 with no or an unknown ``type``), ``negativeAcknowledge``, ``permit`` (pull mode),
 ``unsubscribe`` and ``isEndOfTopic``, applied as they arrive (``on_frames``, the frames of one
 socket read at a time).
@@ -10,8 +11,8 @@ socket read at a time).
 Invariants: a push-mode consumer has at most ``receiverQueueSize`` (≤ 1000) messages delivered
 and not yet acknowledged, and that credit is recomputed from the broker's own accounting so
 redelivered messages never leak it (Pulsar #2731); a pull-mode consumer gets exactly the permits
-it asks for; either way the broker stops delivering once ``maxUnackedBytesPerConsumer`` of
-payload is outstanding. Deliveries are taken from the broker consumer only while no frame waits
+it asks for; either way the broker stops delivering once ``maxUnackedBytesPerConsumer`` bytes
+are outstanding. Deliveries are taken from the broker consumer only while no frame waits
 for the peer (``FrameWriter.backlogged``), so a client that stops reading holds the socket's
 buffers, one burst of frames and the broker consumer's outbox
 (``dispatcherMaxPendingBytesPerConsumer``), no more. The acks of one socket read reach the
@@ -103,10 +104,11 @@ class ConsumerSession:
             self._writer.when_room(self._delivered.notify)
             return
         frames = []
-        for delivery in self.consumer.poll_all():
-            message_id = delivery.message_id.to_base64()
-            self._remember(message_id, delivery.topic, delivery.offset)
-            frames.append(message_frame(delivery, message_id))
+        for run in self.consumer.poll_all():
+            for delivery in run.messages():  # the entry is decoded here, at the edge that needs messages
+                message_id = delivery.message_id.to_base64()
+                self._remember(message_id, delivery.topic, delivery.offset)
+                frames.append(message_frame(delivery, message_id))
         self._writer.send(frames)
         if self.consumer.closed:
             self.io.loop.call_soon(self._closed_by_broker)

@@ -38,6 +38,7 @@ from broker.entry_format.wire import (
     encode_varint,
     length_delimited,
     read_varint,
+    skip_field,
 )
 from broker.errors import CorruptEntry, InvalidRequest
 from broker.proto import pulsar_entry_pb2 as pb
@@ -208,6 +209,64 @@ def as_unbatched(data: Buffer) -> bytes | None:
     unbatched message with none; Magnetar writes even a lone message as a batch, so a binary
     consumer is given this form, whose id (no batch index) is the one every other edge gives.
     Raises ``CorruptEntry`` for a malformed entry."""
+    batch = _common_batch(data) if isinstance(data, bytes) else None
+    if batch is None:
+        return _general_unbatched(data)
+    payload_start, count, first_offset, sequence_id, _, lone = batch  # the entry the broker writes
+    if lone is not None or count != 1:
+        return None
+    assert isinstance(data, bytes)
+    try:
+        message = decode_batch(data[payload_start:], 1, first_offset, sequence_id)[0]
+    except CorruptEntry:
+        return _general_unbatched(data)  # refused by the decoder, in its own words
+    return _common_unbatched(data, payload_start, message)
+
+
+_KEPT_UNBATCHED_TAGS = {1: b"\x0a", 2: b"\x10", 3: b"\x18", 16: b"\x82\x01", 19: b"\x98\x01",
+                        24: b"\xc0\x01"}
+"""The fields of a common entry's ``MessageMetadata`` an unbatched message keeps as they are
+(producer name, sequence id unless the message has its own, publish time, schema version,
+delivery time, highest sequence id), by number; the others are the batch's (count,
+compression, sizes) or the message's own."""
+
+
+def _common_unbatched(data: bytes, payload_start: int, message: DecodedMessage) -> bytes:
+    """:func:`as_unbatched` of a common one-message batch (``_common_batch`` verified it), the
+    metadata written field by field in protobuf's order, as ``SerializeToString`` writes it."""
+    kept: dict[int, bytes] = {}
+    pos = 6 + U32.unpack_from(data, 2)[0] + CHECKSUM_HEADER.size
+    while pos < payload_start:
+        tag, value_start = read_varint(data, pos)
+        number = tag >> 3
+        pos = skip_field(data, value_start, tag & 7)
+        if number in _KEPT_UNBATCHED_TAGS:
+            kept[number] = data[value_start:pos]
+    parts = [b"\x0a", kept[1], b"\x10",
+             kept[2] if message.sequence_id is None else encode_varint(message.sequence_id), b"\x18", kept[3]]
+    for key, value in message.properties.items():
+        parts.append(length_delimited(b"\x22", encode_key_value(key, value)))
+    if message.key is not None:
+        parts.append(length_delimited(b"\x32", message.key.encode()))
+    if message.event_time_ms is not None:
+        parts += (b"\x60", encode_varint(message.event_time_ms))
+    if 16 in kept:
+        parts += (b"\x82\x01", kept[16])
+    if message.key is not None:
+        parts.append(b"\x88\x01\x01" if message.key_b64_encoded else b"\x88\x01\x00")
+    if message.ordering_key is not None:
+        parts.append(length_delimited(b"\x92\x01", message.ordering_key))
+    for number in (19, 24):
+        if number in kept:
+            parts += (_KEPT_UNBATCHED_TAGS[number], kept[number])
+    if message.null_value:
+        parts.append(b"\xc8\x01\x01")
+    if message.null_key:
+        parts.append(b"\xf0\x01\x01")
+    return _checksummed(b"".join(parts), message.payload)
+
+
+def _general_unbatched(data: Buffer) -> bytes | None:
     decoded = decode_entry(data)
     if not decoded.metadata.HasField("num_messages_in_batch") or len(decoded.messages) != 1:
         return None
@@ -473,6 +532,22 @@ def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | Non
         return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
     except CorruptEntry:
         return None  # decode_entry refuses it, in its own words
+
+
+def delivery_time(data: Buffer) -> int | None:
+    """An entry's ``deliver_at_time`` (None: none), from its ``MessageMetadata`` alone: what
+    dispatch needs of an entry it does not split (the common entry read as :func:`decode_messages`
+    reads it, any other's metadata parsed; ``CorruptEntry`` for a malformed one)."""
+    batch = _common_batch(data) if type(data) is bytes else None
+    if batch is not None:
+        return batch[4]
+    start = split_prefix(data)[1]
+    if len(data) - start < CHECKSUM_HEADER.size:
+        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
+    _, _, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
+    metadata_start = start + CHECKSUM_HEADER.size
+    metadata = parse_metadata(bytes(data[metadata_start : metadata_start + metadata_size]))
+    return metadata.deliver_at_time if metadata.HasField("deliver_at_time") else None
 
 
 def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:

@@ -15,9 +15,9 @@ from api.auth import AuthConfig
 from api.limits import EdgeLimits
 from api.tls import TlsConfig
 from api.web_server import WebListener, web_server
+from broker.delivery import Delivery
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Delivery
 from broker.topic_name import TopicName
 
 START_TIMEOUT_S = 30.0

@@ -25,11 +25,12 @@ import httpx
 import pytest
 
 from api.auth import AuthConfig
+from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.service import BrokerService
-from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
@@ -66,11 +67,11 @@ def take(consumer: Consumer, count: int) -> list[Delivery]:
     got: list[Delivery] = []
     deadline = time.monotonic() + WAIT_S
     while len(got) < count and time.monotonic() < deadline:
-        delivery = consumer.poll()
-        if delivery is None:
+        run = consumer.poll()
+        if run is None:
             time.sleep(0.005)
         else:
-            got.append(delivery)
+            got.extend(run.messages())
     return got
 
 

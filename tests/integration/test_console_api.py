@@ -25,10 +25,11 @@ import pytest
 from api.admin_broker import latency_percentile_us
 from api.auth import AuthConfig
 from api.console import STATIC_DIR
+from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.reader import StartPosition
 from broker.service import BrokerService
-from broker.subscription import ConsumerConfig, Delivery, SubscriptionType
+from broker.subscription import ConsumerConfig, SubscriptionType
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
 from tests.publishing import publish_to
@@ -73,8 +74,8 @@ def test_overview_reports_storage_and_traffic_that_move_with_messages(server: Se
     received: list[Delivery] = []
 
     def all_delivered() -> bool:
-        while (delivery := consumer.poll()) is not None:
-            received.append(delivery)
+        while (run := consumer.poll()) is not None:
+            received.extend(run.messages())
         return len(received) == 40
 
     wait_for(all_delivered, "40 deliveries")

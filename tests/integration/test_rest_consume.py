@@ -382,9 +382,9 @@ def test_a_pull_without_a_type_joins_an_active_shared_subscription(tmp_path: Pat
         pulled = rest.take(10, PULL_BYTES)
         registry.end_pull(rest, 10 - len(pulled))
         assert rest.consumer.subscription.type is SubscriptionType.SHARED
-        to_other = []
-        while (delivery := other.poll()) is not None:
-            to_other.append(delivery.offset)
+        to_other: list[int] = []
+        while (run := other.poll()) is not None:
+            to_other.extend(run.offsets)
         assert len(to_other) == 4
         assert sorted(to_other + [d.offset for d in pulled]) == list(range(10))  # shared, never twice
     finally:

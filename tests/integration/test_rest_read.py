@@ -26,10 +26,10 @@ import pytest
 from api.auth import AuthConfig
 from api.rest_read import ARROW_STREAM_MEDIA_TYPE, READ_MESSAGES_MAX
 from broker import OFFSET_MAX, iso_time
+from broker.delivery import Delivery
 from broker.entry_format.columns import ARROW_SCHEMA
 from broker.message_id import MessageId, message_ids_of_entry
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Delivery
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server, stored_deliveries

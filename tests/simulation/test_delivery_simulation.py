@@ -92,10 +92,11 @@ class World:
 
     def _consume_one(self, name: str, consumer: Consumer, nack_ratio: float) -> None:
         got = []
-        while (delivery := consumer.poll()) is not None:
-            assert delivery.message.payload == self.published[delivery.offset], (name, delivery.offset)
-            self.deliveries[name][delivery.offset] += 1
-            got.append(delivery.offset)
+        while (run := consumer.poll()) is not None:
+            for delivery in run.messages():
+                assert delivery.message.payload == self.published[delivery.offset], (name, delivery.offset)
+                self.deliveries[name][delivery.offset] += 1
+                got.append(delivery.offset)
         if not got:
             return
         nacked = [o for o in got if self.rng.random() < nack_ratio]

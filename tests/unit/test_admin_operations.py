@@ -17,10 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.errors import NotAllowed, NotEmpty, PreconditionFailed
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
 from tests.publishing import publish_to
 from tests.unit.broker_stack import FakeClock
@@ -53,11 +54,11 @@ def take(consumer: Consumer, count: int) -> list[Delivery]:
     got: list[Delivery] = []
     deadline = time.monotonic() + WAIT_S
     while len(got) < count and time.monotonic() < deadline:
-        delivery = consumer.poll()
-        if delivery is None:
+        run = consumer.poll()
+        if run is None:
             time.sleep(0.005)
         else:
-            got.append(delivery)
+            got.extend(run.messages())
     return got
 
 

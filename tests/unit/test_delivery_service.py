@@ -10,13 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy
 from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.routing import MultiConsumer
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Consumer, ConsumerConfig, Delivery, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
 from broker.topic_name import TopicName
 from tests.publishing import publish, publish_to
 from tests.unit.broker_stack import FakeClock
@@ -38,11 +39,11 @@ def wait_for(source: Consumer | MultiConsumer, count: int) -> list[Delivery]:
     got: list[Delivery] = []
     deadline = time.monotonic() + WAIT_S
     while len(got) < count and time.monotonic() < deadline:
-        delivery = source.poll()
-        if delivery is None:
+        run = source.poll()
+        if run is None:
             time.sleep(0.005)
         else:
-            got.append(delivery)
+            got.extend(run.messages())
     return got
 
 
@@ -158,7 +159,8 @@ def test_slow_consumer_keeps_broker_memory_bounded(service: BrokerService) -> No
     consumer.flow(10)
     assert len(wait_for(consumer, 10)) == 10
     subscription = service.subscriptions.of(TopicName.parse("public/default/backlog"))[0]
-    held = len(subscription._pending) + len(subscription._redeliver) + len(consumer.outbox)
+    held = sum(len(waiting.offsets) for waiting in subscription._pending) + len(subscription._redeliver) + \
+        consumer.outbox_messages
     assert held <= 500 + 10  # at most one entry (500 messages) decoded beyond the permits
     assert subscription.cursor.read_offset <= 1000
     assert service.cache.size_bytes <= service.cache.capacity_bytes

@@ -3,10 +3,10 @@ consumer holds unacknowledged, and what the broker-wide reads-in-flight budget a
 
 Checks, over a real topic: a consumer whose transport takes nothing gets no more than its
 pending bytes (one entry always), whatever its permits, and gets more once its transport took
-them; batches of many small messages count their messages' objects, not only their payloads;
-what a consumer holds unacknowledged, and what waits for redelivery, is positions only, read
-again (bytes and key intact) when delivered again; once the last consumer left nothing stays
-decoded and the next reads everything unacknowledged again; a subscription whose read the budget refuses
+them; batches of many small messages count a slot per message, not only their bytes; what a
+consumer holds unacknowledged, and what waits for redelivery, is positions only, read again
+(bytes and key intact) when delivered again; once the last consumer left nothing stays read and
+the next reads everything unacknowledged again; a subscription whose read the budget refuses
 delivers nothing until another's transport takes its deliveries, then goes on; a reader's read
 ahead is counted in the budget until handed out, and given back when it is closed; a reader the
 budget refuses reads nothing, leaves one wake-up however often it is asked, and is called back
@@ -20,9 +20,10 @@ from collections.abc import Iterator
 import pytest
 
 from broker.byte_budget import ByteBudget
+from broker.delivery import Delivery, EntryRun, decoded_footprint, footprint
 from broker.entry_format import Message
 from broker.reader import Reader, StartPosition
-from broker.subscription import ConsumerConfig, Subscription, SubscriptionLimits, SubscriptionType, footprint
+from broker.subscription import ConsumerConfig, Subscription, SubscriptionLimits, SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 from tests.publishing import publish
@@ -58,13 +59,18 @@ def subscribe(stack: Stack, topic: PersistentTopic, name: str = "sub", *, budget
                         limits=LIMITS, budget=budget)
 
 
+def messages_of(runs: list[EntryRun]) -> list[Delivery]:
+    """The messages of runs a transport took, as an edge that needs messages splits them."""
+    return [delivery for run in runs for delivery in run.messages()]
+
+
 def test_a_consumer_whose_transport_takes_nothing_holds_its_pending_bytes_whatever_its_permits(stack: Stack) -> None:
     topic = make_topic(stack, "t/ns/idle", entries=40)
     budget = ByteBudget(1 << 40)
     sub = subscribe(stack, topic, budget=budget)
     consumer = sub.add_consumer(ConsumerConfig("c", unacked_bytes_max=1 << 40))
     consumer.flow(1_000_000)
-    one_entry = footprint(1, 64 * KIB)
+    one_entry = footprint(1, 1, 64 * KIB)
     assert 0 < consumer.outbox_bytes <= PENDING_BYTES_MAX + one_entry
     sent_first = consumer.msg_out
     assert sent_first < 10
@@ -75,13 +81,13 @@ def test_a_consumer_whose_transport_takes_nothing_holds_its_pending_bytes_whatev
 
 
 def test_a_batch_of_many_small_messages_counts_their_objects(stack: Stack) -> None:
-    topic = make_topic(stack, "t/ns/batches", entries=40, messages=100, payload_bytes=10)
+    topic = make_topic(stack, "t/ns/batches", entries=100, messages=100, payload_bytes=10)
     sub = subscribe(stack, topic)
     consumer = sub.add_consumer(ConsumerConfig("c", whole_entries=True))
     consumer.flow(1_000_000)
-    per_entry = footprint(100, 100 * 10)  # objects dominate: 100 x 640 bytes against 1,000 of payload
-    assert consumer.outbox_bytes == footprint(consumer.msg_out, consumer.bytes_out)
-    assert consumer.msg_out <= (PENDING_BYTES_MAX // per_entry + 1) * 100 < 40 * 100
+    per_entry = footprint(1, 100, 100 * 10)  # the slots dominate: 100 x 48 bytes against 1,000 of payload
+    assert consumer.outbox_bytes == footprint(consumer.msg_out // 100, consumer.msg_out, consumer.bytes_out)
+    assert consumer.msg_out <= (PENDING_BYTES_MAX // per_entry + 1) * 100 < 100 * 100
 
 
 def test_what_a_consumer_holds_is_positions_read_again_when_delivered_again(stack: Stack) -> None:
@@ -90,14 +96,14 @@ def test_what_a_consumer_holds_is_positions_read_again_when_delivered_again(stac
     sub.add_consumer(ConsumerConfig("without-permits"))  # stays: what the first leaves waits for redelivery
     first = sub.add_consumer(ConsumerConfig("first", whole_entries=True))
     first.flow(100)
-    delivered = first.poll_all()
+    delivered = messages_of(first.poll_all())
     assert len(delivered) == 18 and len(first.unacked) == 18
     first.close()  # all of it goes back for redelivery
     waiting = list(sub._redeliver)
-    assert len(waiting) == 18 and all(item.message is None and item.entry_data is None for item in waiting)
+    assert len(waiting) == 18 and all(not any(isinstance(part, bytes) for part in position) for _, position in waiting)
     second = sub.add_consumer(ConsumerConfig("second", whole_entries=True))
     second.flow(100)
-    again = second.poll_all()
+    again = messages_of(second.poll_all())
     assert [(d.offset, d.message.payload, d.message.key, d.message_id) for d in again] == \
         [(d.offset, d.message.payload, d.message.key, d.message_id) for d in delivered]
     assert {d.redelivery_count for d in again} == {1}
@@ -126,8 +132,8 @@ def test_a_reader_counts_its_read_ahead_until_handed_out_and_gives_it_back_when_
     budget = ByteBudget(1 << 40)
     reader = Reader(topic, StartPosition.earliest(), budget=budget, read_bytes_max=PENDING_BYTES_MAX)
     first = reader.read_next()
-    assert first is not None and budget.used_bytes >= footprint(1, 64 * KIB)
-    assert budget.used_bytes <= footprint(PENDING_BYTES_MAX // (64 * KIB) + 1, PENDING_BYTES_MAX + 64 * KIB)
+    assert first is not None and budget.used_bytes >= decoded_footprint(1, 64 * KIB)
+    assert budget.used_bytes <= decoded_footprint(PENDING_BYTES_MAX // (64 * KIB) + 1, PENDING_BYTES_MAX + 64 * KIB)
     reader.close()
     assert budget.used_bytes == 0
     drained = Reader(topic, StartPosition.earliest(), budget=budget, read_bytes_max=PENDING_BYTES_MAX)
@@ -142,7 +148,7 @@ def test_when_the_last_consumer_leaves_nothing_stays_decoded_and_the_next_reads_
     sub = subscribe(stack, topic, budget=budget)
     first = sub.add_consumer(ConsumerConfig("first", unacked_bytes_max=1 << 40))
     first.flow(3)  # three delivered, more read ahead
-    assert len(first.poll_all()) == 3
+    assert len(messages_of(first.poll_all())) == 3
     first.ack([0])
     first.close()
     assert budget.used_bytes == 0 and not sub._pending and not sub._redeliver
@@ -150,7 +156,7 @@ def test_when_the_last_consumer_leaves_nothing_stays_decoded_and_the_next_reads_
     got = []
     for _ in range(20):
         second.flow(10)
-        got += second.poll_all()
+        got += messages_of(second.poll_all())
     assert [d.offset for d in got] == list(range(1, 10))
     assert [d.redelivery_count for d in got[:2]] == [1, 1] and {d.redelivery_count for d in got[2:]} == {0}
 

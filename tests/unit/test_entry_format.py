@@ -31,9 +31,11 @@ from broker.entry_format import (
     DecodedMessage,
     Message,
     as_unbatched,
+    codec,
     common_client_entry,
     decode_entry,
     decode_messages,
+    delivery_time,
     encode_entry,
     encode_single_entry,
     message_count,
@@ -581,6 +583,28 @@ def test_hand_written_entry_metadata_is_protobufs(
                                           deliver_at_time_ms, schema_version)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(messages_strategy, min_size=1, max_size=4),
+    compression=st.sampled_from(list(Compression)),
+    deliver_at_time_ms=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    prefixed=st.booleans(),
+)
+def test_delivery_time_read_from_the_metadata_is_the_decoders(
+    messages: list[Message], compression: Compression, deliver_at_time_ms: int | None, prefixed: bool,
+) -> None:
+    """What dispatch reads of an entry it does not split: the delivery time ``decode_entry``
+    gives, for the common entry (read by ``_common_entry.c``) and any other (properties,
+    compression: the metadata parsed)."""
+    messages = [m._replace(sequence_id=None) for m in messages]
+    data = encode(messages, compression=compression, deliver_at_time_ms=deliver_at_time_ms,
+                  **({"broker_timestamp_ms": PUBLISH_MS, "index": 100} if prefixed else {}))
+    assert delivery_time(data) == decode_entry(data).deliver_at_time_ms == deliver_at_time_ms
+    unbatched = as_unbatched(data) if len(messages) == 1 and compression is Compression.NONE else None
+    if unbatched is not None:  # a message as a Pulsar client sends it without batching
+        assert delivery_time(unbatched) == deliver_at_time_ms
+
+
 # -- message ids ---------------------------------------------------------------------------------
 
 
@@ -712,6 +736,31 @@ def test_a_lone_message_in_the_batch_format_has_pulsars_unbatched_form(compressi
     assert as_unbatched(converted) is None  # already unbatched
     two = encode_entry([Message(b"1"), Message(b"2")], producer_name="p", sequence_id=0, publish_time_ms=1)
     assert as_unbatched(two) is None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    message=messages_strategy,
+    null_value=st.booleans(),
+    sequence_id=st.integers(min_value=0, max_value=UINT64_MAX - 1),
+    deliver_at_time_ms=st.none() | st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    schema_version=st.none() | st.binary(max_size=8),
+)
+def test_the_unbatched_form_of_a_common_entry_is_the_general_ones_byte_for_byte(
+    message: Message, null_value: bool, sequence_id: int, deliver_at_time_ms: int | None,
+    schema_version: bytes | None,
+) -> None:
+    """``as_unbatched`` writes the metadata of the entry the broker stores by hand (what every
+    binary consumer of a message produced over REST or WebSocket gets); it is exactly what the
+    general conversion through protobuf writes."""
+    if null_value:
+        message = message._replace(payload=b"", null_value=True)
+    stored = with_broker_entry_metadata(
+        encode_entry([message], producer_name="p\u00e9", sequence_id=sequence_id if message.sequence_id is None
+                     else message.sequence_id, publish_time_ms=PUBLISH_MS, deliver_at_time_ms=deliver_at_time_ms,
+                     schema_version=schema_version), PUBLISH_MS, 7)
+    assert codec._common_batch(stored) is not None  # the hand-written path is the one taken
+    assert as_unbatched(stored) == codec._general_unbatched(stored)
 
 
 plain_messages = st.builds(

@@ -234,7 +234,7 @@ def _received(consumer: Consumer) -> Callable[[], int]:
     got: list[int] = []
 
     def count() -> int:
-        got.extend(d.offset for d in consumer.poll_all())
+        got.extend(o for run in consumer.poll_all() for o in run.offsets)
         return len(got)
     return count
 

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy, NotAllowed
-from broker.subscription import Consumer, ConsumerConfig, Delivery, Subscription, SubscriptionType
+from broker.subscription import Consumer, ConsumerConfig, Subscription, SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 from tests.publishing import publish
@@ -55,8 +56,8 @@ def publish_n(topic: PersistentTopic, count: int, *, key_of: dict[int, str] | No
 
 def drain(consumer: Consumer) -> list[Delivery]:
     out = []
-    while (delivery := consumer.poll()) is not None:
-        out.append(delivery)
+    while (run := consumer.poll()) is not None:
+        out.extend(run.messages())
     return out
 
 
