@@ -1,0 +1,645 @@
+"""The event streams of one topic partition: versions given on append, rows kept with the topic.
+
+Role: an *event stream* is the messages with one key in one partition; its *version* is the
+0-based number of the key's message (-1: the key has none). ``PartitionKeys`` numbers keyed
+messages as they are appended, checks what a conditional append expects of its keys, and
+answers reads by version (``broker/event_streams.py``).
+
+Write path. ``reservation_of_keys`` prepares one entry's keyed messages; the managed ledger calls
+it under the lock that assigns offsets (``ManagedLedger.append``'s ``on_offsets``): there it
+checks the expected versions (``KeyVersionMismatch``: nothing written) and gives each keyed
+message the next version of its key. Those versions live in memory (the *tail*) until the
+entry is durable (``confirmed``: readers see it from then on) or has failed (``failed``:
+withdrawn, so versions stay dense). A checkpoint (``checkpoint``, run by the key index's thread
+every ``CHECKPOINT_INTERVAL_S`` or at ``CHECKPOINT_ROWS`` confirmed rows) writes the confirmed
+rows as a segment (``segment.py``), a ledger of the topic's own storage, and records it in the
+topic's metadata (``checkpoint.py``); only then do they leave the tail.
+
+Opening (after a restart, a failover, a bundle move): the record is read and checked against the
+managed ledger's incarnation and end, its segments' indexes are loaded, and only the entries
+after ``indexedTo`` are read again. A record of another incarnation, one running past the
+topic's end, or one whose segments cannot be read is not used: it is logged in one line and the
+index is rebuilt from the entries retention kept. No broker needs a local disk for the index.
+
+Retention: the managed ledger never trims past ``durable_watermark`` (the record's
+``indexedTo``), so every version a trim removes has its row in a segment; a compaction of the
+segments drops the rows of trimmed entries but keeps each key's last row, so versions never
+restart and a trimmed version reads as ``DataLost`` naming the first kept one.
+
+Invariants: a key's versions are dense and in offset order; a version, once acknowledged, never
+changes; the tail holds at most ``PENDING_ROWS_MAX`` rows (beyond, appends are refused with the
+retriable ``KeyIndexBusy``); keys are at most ``KEY_BYTES_MAX`` bytes; one writer (the broker
+serving the topic) changes the record, by compare-and-set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from broker.entry_format import decode_entry
+from broker.errors import BadVersion, KeyIndexBusy, KeyVersionMismatch, MagnetarError
+from broker.key_index.checkpoint import Checkpoint, CheckpointStore, SegmentInfo
+from broker.key_index.segment import Row, Segment, SegmentWriter, StreamRow, key_bytes, merge_rows, row_of
+from broker.message_fields import EXISTS, ExpectedVersion, check_key
+from broker.message_id import Position
+
+if TYPE_CHECKING:
+    from broker.bookkeeper.ledger import LedgerHandle
+    from broker.key_index.index import KeyIndex
+    from broker.managed_ledger import Entry, ManagedLedger
+
+log = logging.getLogger(__name__)
+
+PENDING_ROWS_MAX = 1_000_000
+"""Versions assigned but not yet in a segment, per partition, before appends are refused."""
+HEADS_CACHED_MAX = 100_000
+"""Keys whose stored head each partition keeps in memory (least recently used go first)."""
+CHECKPOINT_ROWS = 100_000
+"""Confirmed rows in the tail that start a checkpoint at once."""
+CHECKPOINT_INTERVAL_S = 10.0
+"""The longest confirmed rows wait in the tail, and the longest ``indexedTo`` lags behind
+keyless appends (one record write per interval at most)."""
+SEGMENTS_MAX = 8
+"""Segments a partition keeps before they are compacted into one."""
+APPEND_GROUP_ENTRIES = 64
+"""Segment entries written per ledger append."""
+SEGMENT_WRITE_WAIT_S = 60.0
+CLEANUP_SHARE = 0.5
+"""A compaction drops trimmed rows once retention trimmed this share of the offsets the
+segments cover since the last one."""
+INCARNATION = "magnetar.incarnation"
+"""The managed ledger property naming the topic's incarnation."""
+
+Head = tuple[int, int]
+"""A key's (version, offset)."""
+
+
+class KeyReservation:
+    """One entry's keyed messages: versions given under the offset lock (:meth:`__call__`),
+    visible once the entry is durable (:meth:`confirmed`) or withdrawn (:meth:`failed`)."""
+
+    __slots__ = ("_expected", "_keys", "first_offset", "keyed", "message_count", "position", "versions")
+
+    def __init__(self, keys: PartitionKeys, keyed: list[tuple[int, str]], message_count: int,
+                 expected: Mapping[str, ExpectedVersion] | None) -> None:
+        self._keys = keys
+        self.keyed = keyed
+        """(batch index, key) of every keyed message, in batch order."""
+        self.message_count = message_count
+        self._expected = expected
+        self.versions: list[int] = []
+        """The version of each keyed message (parallel to ``keyed``), once reserved."""
+        self.first_offset = -1
+        self.position: Position | None = None
+
+    def __call__(self, first_offset: int) -> None:
+        """Under the managed ledger's offset lock: check the expectations, number the messages."""
+        self._keys._reserve(self, first_offset)
+
+    def confirmed(self, position: Position) -> None:
+        self._keys._confirm(self, position)
+
+    def failed(self) -> None:
+        self._keys._withdraw(self)
+
+    def message_versions(self) -> tuple[int | None, ...]:
+        """The version of every message of the entry (None for a keyless one); empty when the
+        entry has no keyed message."""
+        if not self.keyed:
+            return ()
+        out: list[int | None] = [None] * self.message_count
+        for (index, _), version in zip(self.keyed, self.versions, strict=True):
+            out[index] = version
+        return tuple(out)
+
+
+class PartitionKeys:
+    """The event streams of one topic partition. Created, and opened, by :meth:`KeyIndex.partition`."""
+
+    def __init__(self, index: KeyIndex, name: str, ml: ManagedLedger) -> None:
+        self._index = index
+        self.name = name
+        self.ml = ml
+        self._record = CheckpointStore(index.store, name)
+        self._checkpoint = Checkpoint(ml.properties.get(INCARNATION, ""), 0)
+        self._segments: list[tuple[SegmentInfo, Segment]] = []
+        """Oldest first, as the record names them."""
+        self._lock = threading.Lock()
+        """Guards the tail and the segment list (taken under the managed ledger's offset lock:
+        held only briefly, never across a ledger read)."""
+        self._writing = threading.Lock()
+        """One writer of this partition's segments and record at a time (checkpoints, compactions)."""
+        self._pending: deque[KeyReservation] = deque()
+        """Reserved entries not yet in a segment, in offset order."""
+        self._tail: dict[str, deque[tuple[int, KeyReservation, int]]] = {}
+        """Per key, its versions not yet in a segment: (version, reservation, batch index)."""
+        self._pending_rows = 0
+        self._heads: OrderedDict[str, Head | None] = OrderedDict()
+        """Each key's last row in the segments (None: it has none), least recently used first."""
+        self._listeners: list[Callable[[], None]] = []
+        self.durable_watermark = 0
+        """The record's ``indexedTo``: the managed ledger trims no further."""
+        self._checkpointed_s = time.monotonic()
+        self.dropped = False
+        self.taken_over = False
+
+    # --- the write path ---------------------------------------------------------------------
+    def reservation_of_keys(self, keys: Sequence[str | None],
+                            expected: Mapping[str, ExpectedVersion] | None = None) -> KeyReservation | None:
+        """What an entry whose messages have ``keys`` (None: no key) needs from the index (None:
+        nothing: no key, no expectation, and no earlier reservation can be outstanding). Call
+        with the topic's publish lock held, so reservations are made in append order."""
+        if not expected and not self._pending and keys.count(None) == len(keys):
+            return None
+        keyed = [(i, check_key(key)) for i, key in enumerate(keys) if key is not None]
+        return KeyReservation(self, keyed, len(keys), expected)
+
+    def prefetch_heads(self, keys: Sequence[str | None]) -> None:
+        """Read the stored heads of ``keys`` into the cache (outside every lock), so numbering
+        them under the offset lock never waits for a segment read."""
+        for key in keys:
+            if key is not None and key not in self._tail:
+                self._stored_head(key)
+
+    def _reserve(self, reservation: KeyReservation, first_offset: int) -> None:
+        with self._lock:
+            self._forget_failed_from(first_offset)
+            current = self._check(reservation._expected) if reservation._expected else {}
+            if not reservation.keyed:
+                return
+            if self._pending_rows + len(reservation.keyed) > PENDING_ROWS_MAX:
+                raise KeyIndexBusy(f"the key index of {self.ml.display_name} is {self._pending_rows} versions "
+                                   "behind; retry shortly")
+            reservation.first_offset = first_offset
+            versions = reservation.versions
+            for index, key in reservation.keyed:
+                tail = self._tail.get(key)
+                if tail:
+                    version = tail[-1][0] + 1
+                else:
+                    latest = current.get(key)
+                    if latest is None:
+                        head = self._stored_head_locked(key)
+                        latest = -1 if head is None else head[0]
+                    version = latest + 1
+                    if tail is None:
+                        tail = self._tail[key] = deque()
+                tail.append((version, reservation, index))
+                versions.append(version)
+            self._pending.append(reservation)
+            self._pending_rows += len(versions)
+
+    def _check(self, expected: Mapping[str, ExpectedVersion]) -> dict[str, int]:
+        """Each expected key's latest version (``KeyVersionMismatch`` unless all are as expected)."""
+        current: dict[str, int] = {}
+        met = True
+        for key, wanted in expected.items():  # one pass: this runs per key under the publish lock
+            version = current[key] = self._assigned_version(key)
+            if version != wanted and (wanted != EXISTS or version < 0):
+                met = False
+        if not met:
+            self._index.mismatches += 1
+            wrong = ", ".join(f"{k!r} is at {current[k]}, not {expected[k]}" for k in list(expected)[:5]
+                              if not _meets(current[k], expected[k]))
+            raise KeyVersionMismatch(f"key version mismatch on {self.ml.display_name}: {wrong}",
+                                     current_key_versions=current)
+        return current
+
+    def _assigned_version(self, key: str) -> int:
+        """The key's latest version, counting appends still in flight (call with the lock)."""
+        tail = self._tail.get(key)
+        if tail:
+            return tail[-1][0]
+        head = self._stored_head_locked(key)
+        return -1 if head is None else head[0]
+
+    def _forget_failed_from(self, first_offset: int) -> None:
+        """Offsets at or above ``first_offset`` are being given out again: the managed ledger
+        went back to its confirmed end after a failed add, so every reservation still pending
+        there failed (its ``failed`` call may simply not have arrived yet)."""
+        while self._pending and self._pending[-1].position is None and self._pending[-1].first_offset >= first_offset:
+            self._remove_last(self._pending[-1])
+
+    def _remove_last(self, reservation: KeyReservation) -> None:
+        """Withdraw ``reservation``, the last pending one of its keys (call with the lock)."""
+        self._pending.remove(reservation)
+        for index, key in reversed(reservation.keyed):
+            tail = self._tail[key]
+            if tail[-1][1] is reservation:
+                tail.pop()
+            else:  # not reached while failures follow append order; kept exact all the same
+                tail.remove(next(row for row in tail if row[1] is reservation and row[2] == index))
+            if not tail:
+                del self._tail[key]
+        self._pending_rows -= len(reservation.versions)
+
+    def _confirm(self, reservation: KeyReservation, position: Position) -> None:
+        if not reservation.versions:
+            return
+        reservation.position = position
+        if self._pending_rows >= CHECKPOINT_ROWS:
+            self._index.wake(self)
+        for listener in list(self._listeners):
+            listener()
+
+    def _withdraw(self, reservation: KeyReservation) -> None:
+        with self._lock:
+            if reservation.position is None and reservation in self._pending:
+                failed_from = self._pending.index(reservation)
+                for later in list(self._pending)[failed_from:][::-1]:  # later ones failed with it
+                    if later.position is None:
+                        self._remove_last(later)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the confirming thread; it must only schedule work) whenever
+        keyed messages become readable."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    # --- heads ------------------------------------------------------------------------------
+    def _stored_head_locked(self, key: str) -> Head | None:
+        """The key's last row in the segments (call with the lock; a miss reads a segment)."""
+        heads = self._heads
+        if key in heads:
+            heads.move_to_end(key)
+            return heads[key]
+        head = self._read_head(key, self._segments)
+        self._remember_head(key, head)
+        return head
+
+    def _stored_head(self, key: str) -> Head | None:
+        with self._lock:
+            if key in self._heads:
+                self._heads.move_to_end(key)
+                return self._heads[key]
+            segments = list(self._segments)
+        head = self._read_head(key, segments)
+        with self._lock:
+            if segments == self._segments:  # no checkpoint moved it meanwhile
+                self._remember_head(key, head)
+        return head
+
+    @staticmethod
+    def _read_head(key: str, segments: list[tuple[SegmentInfo, Segment]]) -> Head | None:
+        raw = key_bytes(key)
+        for _, segment in reversed(segments):
+            row = segment.last_row(raw)
+            if row is not None:
+                return row[1], row[2]
+        return None
+
+    def _remember_head(self, key: str, head: Head | None) -> None:
+        heads = self._heads
+        heads[key] = head
+        heads.move_to_end(key)
+        while len(heads) > HEADS_CACHED_MAX:
+            heads.popitem(last=False)
+
+    def head(self, key: str) -> Head | None:
+        """The key's last readable (durable) version and its offset; None: no message."""
+        with self._lock:
+            for version, reservation, index in reversed(self._tail.get(key, ())):
+                if reservation.position is not None:
+                    return version, reservation.first_offset + index
+        return self._stored_head(key)
+
+    # --- reading ----------------------------------------------------------------------------
+    def _snapshot(self, key: str) -> tuple[list[tuple[SegmentInfo, Segment]], list[StreamRow]]:
+        """(the segments, the key's readable tail rows) as one consistent view."""
+        with self._lock:
+            tail = [StreamRow(version, r.first_offset + index, r.position)
+                    for version, r, index in self._tail.get(key, ()) if r.position is not None]
+            return list(self._segments), tail
+
+    def rows(self, key: str, first_version: int, last_version: int) -> list[StreamRow]:
+        """The readable rows of versions ``first_version..last_version`` (ascending; versions
+        beyond the head are simply absent). Rows whose entries retention trimmed but which no
+        compaction dropped yet are included: the caller compares offsets."""
+        if first_version > last_version:
+            return []
+        segments, tail = self._snapshot(key)
+        raw = key_bytes(key)
+        rows: list[StreamRow] = []
+        upper = tail[0].version if tail else last_version + 1
+        for _, segment in segments:
+            rows.extend(row_of(r) for r in segment.rows(raw, first_version, min(last_version, upper - 1)))
+        return rows + [r for r in tail if first_version <= r.version <= last_version]
+
+    def first_row_at_or_after(self, key: str, offset: int) -> StreamRow | None:
+        """The first readable row of ``key`` whose offset is ``>= offset`` (the first version
+        retention kept, when ``offset`` is the partition's first offset)."""
+        segments, tail = self._snapshot(key)
+        raw = key_bytes(key)
+        for info, segment in segments:
+            if info.to_offset <= offset:
+                continue
+            for row in segment.rows(raw, 0, 1 << 64):
+                if row[2] >= offset:
+                    return row_of(row)
+        return next((r for r in tail if r.offset >= offset), None)
+
+    def versions_of_entry(self, first_offset: int) -> dict[int, int] | None:
+        """{batch index: version} of the keyed messages of the entry starting at ``first_offset``
+        (None when the index has no record of that entry)."""
+        with self._lock:
+            for reservation in self._pending:
+                if reservation.first_offset == first_offset and reservation.position is not None:
+                    return {index: version for (index, _), version in zip(reservation.keyed, reservation.versions,
+                                                                            strict=True)}
+        try:
+            position, _ = self.ml.offset_to_position(first_offset)
+            entry = self.ml.read_entry(position)
+        except MagnetarError:
+            return None
+        found: dict[int, int] = {}
+        for index, message in enumerate(decode_entry(entry.data).messages):
+            if message.key is None:
+                continue
+            row = self._row_at(message.key, first_offset + index)
+            if row is None:
+                return None
+            found[index] = row.version
+        return found
+
+    def _row_at(self, key: str, offset: int) -> StreamRow | None:
+        segments, tail = self._snapshot(key)
+        raw = key_bytes(key)
+        for info, segment in segments:
+            if info.from_offset <= offset < info.to_offset:
+                for row in segment.rows(raw, 0, 1 << 64):
+                    if row[2] == offset:
+                        return row_of(row)
+        return next((r for r in tail if r.offset == offset), None)
+
+    def entry_ending_at(self, end_offset: int, count: int) -> tuple[Position, int, int, tuple[int | None, ...]] | None:
+        """(position, first offset, publish time, message versions) of the stored entry of
+        ``count`` messages whose last offset is ``end_offset - 1``; None if there is none."""
+        try:
+            position, _ = self.ml.offset_to_position(end_offset - 1)
+            entry = self.ml.read_entry(position)
+        except MagnetarError:
+            return None
+        if entry.message_count != count or entry.last_offset != end_offset - 1:
+            return None
+        versions = self.versions_of_entry(entry.first_offset)
+        by_index = tuple(versions.get(i) for i in range(count)) if versions else ()
+        return position, entry.first_offset, entry.publish_time_ms, by_index
+
+    # --- opening ----------------------------------------------------------------------------
+    def open(self, entries_from: Callable[[int], Iterator[Entry]]) -> int:
+        """Load the checkpoint (or find it unusable and start over) and number the entries after
+        it; the number of entries read again."""
+        incarnation = self.ml.properties.get(INCARNATION, "")
+        end = self.ml.confirmed_next_offset()
+        found = self._record.load()
+        checkpoint, segments, why = self._usable(found, incarnation, end)
+        self._segments = segments
+        if checkpoint is None:
+            if found is not None:
+                log.warning("the key index of %s is not used: %s; rebuilding it from the entries retention kept",
+                            self.ml.display_name, why)
+                self._delete_ledgers([s.ledger_id for s in found.segments] + list(found.pending))
+            checkpoint = Checkpoint(incarnation, 0)
+        elif checkpoint.pending:
+            self._delete_ledgers(list(checkpoint.pending))
+            checkpoint = replace(checkpoint, pending=())
+        self._checkpoint = checkpoint
+        self._save(checkpoint)
+        self.durable_watermark = checkpoint.indexed_to
+        start = max(checkpoint.indexed_to, self.ml.first_offset)
+        if start > checkpoint.indexed_to and checkpoint.indexed_to < end:
+            log.warning("entries %d..%d of %s were trimmed before the key index held them: the versions of their "
+                        "keys continue from what the index holds", checkpoint.indexed_to, start - 1,
+                        self.ml.display_name)
+        read = self._replay(entries_from, start, end) if start < end else 0
+        self._index.entries_replayed += read
+        return read
+
+    def _usable(self, found: Checkpoint | None, incarnation: str,
+                end: int) -> tuple[Checkpoint | None, list[tuple[SegmentInfo, Segment]], str]:
+        """The record and its segments when they are this topic's, else None and why not."""
+        if found is None:
+            return None, [], "no record"
+        if found.incarnation != incarnation:
+            return None, [], (f"its record belongs to incarnation {found.incarnation or '(none)'} of the topic, "
+                              f"not {incarnation} (the topic was deleted and created again, or the metadata "
+                              "restored)")
+        if found.indexed_to > end:
+            return None, [], (f"its record covers offsets up to {found.indexed_to}, beyond the topic's end {end} "
+                              "(the metadata was restored from an older copy)")
+        segments: list[tuple[SegmentInfo, Segment]] = []
+        for info in found.segments:
+            try:
+                segments.append((info, self._index.open_segment(info.ledger_id)))
+            except MagnetarError as exc:
+                return None, [], f"its segment ledger {info.ledger_id} cannot be read ({exc})"
+        return found, segments, ""
+
+    def _replay(self, entries_from: Callable[[int], Iterator[Entry]], start: int, end: int) -> int:
+        """Number the keyed messages of the entries ``start..end`` as appends would have, as
+        confirmed reservations (the next checkpoint writes them)."""
+        read = 0
+        for entry in entries_from(start):
+            if entry.first_offset >= end:
+                break
+            if self._pending_rows >= CHECKPOINT_ROWS:  # the tail stays bounded however much is read again
+                self.checkpoint(upto=entry.first_offset)
+            read += 1
+            keys: list[str | None] = []
+            for message in decode_entry(entry.data).messages:
+                offset = entry.first_offset if message.offset is None else message.offset
+                keys.append(message.key if offset >= start else None)
+            if keys.count(None) == len(keys):
+                continue
+            reservation = KeyReservation(self, [(i, k) for i, k in enumerate(keys) if k is not None], len(keys), None)
+            self._reserve(reservation, entry.first_offset)
+            reservation.position = entry.position
+        return read
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def checkpoint_due(self, now_s: float) -> bool:
+        """Whether the tail is full enough, or old enough, for a checkpoint now."""
+        if self._pending_rows >= CHECKPOINT_ROWS:
+            return True
+        if now_s - self._checkpointed_s < CHECKPOINT_INTERVAL_S:
+            return False
+        return bool(self._pending) or self.ml.confirmed_next_offset() > self._checkpoint.indexed_to
+
+    def checkpoint(self, *, upto: int | None = None) -> int:
+        """Write the confirmed rows at the head of the tail as a segment and record it, with the
+        index covering the topic as far as nothing keyed is unconfirmed (and no further than
+        ``upto``, while entries are read again on open); the rows written."""
+        with self._writing:
+            if self.dropped or self.taken_over:
+                return 0
+            end = self.ml.confirmed_next_offset()  # read before the tail: every keyed entry below it is there
+            with self._lock:
+                batch: list[KeyReservation] = []
+                stop: int | None = None
+                for reservation in self._pending:
+                    if reservation.position is None:
+                        stop = reservation.first_offset
+                        break
+                    batch.append(reservation)
+            indexed_to = stop if stop is not None else end
+            if upto is not None:
+                indexed_to = min(indexed_to, upto)
+            self._checkpointed_s = time.monotonic()
+            if not batch and indexed_to <= self._checkpoint.indexed_to:
+                return 0
+            rows = sorted((key_bytes(key), version, r.first_offset + index, r.position.ledger_id,
+                           r.position.entry_id)
+                          for r in batch if r.position is not None
+                          for (index, key), version in zip(r.keyed, r.versions, strict=True))
+            try:
+                self._commit(rows, batch[0].first_offset if batch else indexed_to, indexed_to)
+            except BadVersion:
+                self._taken_over_by_another()
+                return 0
+            with self._lock:
+                for reservation in batch:
+                    self._pending.popleft()
+                    for (index, key), version in zip(reservation.keyed, reservation.versions, strict=True):
+                        tail = self._tail[key]
+                        tail.popleft()
+                        self._remember_head(key, (version, reservation.first_offset + index))
+                        if not tail:
+                            del self._tail[key]
+                    self._pending_rows -= len(reservation.versions)
+            self._index.rows_indexed += len(rows)
+            self._index.checkpoints += 1
+            if len(self._segments) > SEGMENTS_MAX:
+                self._compact()
+            return len(rows)
+
+    def _commit(self, rows: list[Row], from_offset: int, indexed_to: int) -> None:
+        """Record ``rows`` (sorted) as a new segment, or only the new ``indexed_to`` when there
+        are none (keyless appends)."""
+        if not rows:
+            checkpoint = self._checkpoint.committed(-1, None, indexed_to)
+            self._save(checkpoint)
+            self._checkpoint, self.durable_watermark = checkpoint, checkpoint.indexed_to
+            return
+        info, segment = self._write_segment(rows, from_offset, indexed_to)
+        checkpoint = self._checkpoint.committed(info.ledger_id, info, indexed_to)
+        self._save(checkpoint)
+        with self._lock:
+            self._segments.append((info, segment))
+        self._checkpoint, self.durable_watermark = checkpoint, checkpoint.indexed_to
+
+    def _write_segment(self, rows: Iterator[Row] | list[Row], from_offset: int,
+                       to_offset: int) -> tuple[SegmentInfo, Segment]:
+        """A new segment ledger holding ``rows``, named in the record as pending first."""
+        handle = self._index.ledgers.create(self.ml.config.quorum, {"key-index": self.name})
+        self._save(self._checkpoint.with_pending(handle.ledger_id))
+        self._checkpoint = self._checkpoint.with_pending(handle.ledger_id)
+        writer = SegmentWriter()
+        for row in rows:
+            writer.add(row)
+            if writer.rows % (APPEND_GROUP_ENTRIES * 300) == 0:
+                self._append(handle, writer.take_blocks())
+        self._append(handle, writer.finish())
+        handle.close()
+        info = SegmentInfo(handle.ledger_id, from_offset, to_offset, writer.rows, writer.keys)
+        return info, self._index.open_segment(handle.ledger_id)
+
+    @staticmethod
+    def _append(handle: LedgerHandle, blocks: list[bytes]) -> None:
+        for at in range(0, len(blocks), APPEND_GROUP_ENTRIES):
+            handle.append(blocks[at:at + APPEND_GROUP_ENTRIES]).result(timeout=SEGMENT_WRITE_WAIT_S)
+
+    def _compact(self) -> None:
+        """(With ``_writing``.) Merge every segment into one, dropping the rows of entries
+        retention trimmed but each key's last row (versions never restart)."""
+        merged = list(self._segments)
+        first_kept = self.ml.first_offset
+        before = sum(info.rows for info, _ in merged)
+        info, segment = self._write_segment(_kept_rows(merged, first_kept), merged[0][0].from_offset,
+                                            merged[-1][0].to_offset)
+        replaced = tuple(i.ledger_id for i, _ in merged)
+        checkpoint = replace(self._checkpoint.committed(info.ledger_id, info, self._checkpoint.indexed_to, replaced),
+                             cleaned_below=max(self._checkpoint.cleaned_below, first_kept))
+        try:
+            self._save(checkpoint)
+        except BadVersion:
+            self._taken_over_by_another()
+            return
+        self._checkpoint = checkpoint
+        with self._lock:
+            self._segments = [(info, segment)]
+        self._delete_ledgers(list(replaced))
+        self._index.rows_cleaned += before - info.rows
+        self._index.compactions += 1
+
+    def cleanup(self) -> int:
+        """Compact the segments once retention trimmed ``CLEANUP_SHARE`` of what they cover
+        since the last compaction: the rows dropped."""
+        with self._writing:
+            if self.dropped or self.taken_over or not self._segments:
+                return 0
+            covered_from = max(self._segments[0][0].from_offset, self._checkpoint.cleaned_below)
+            covered = self._segments[-1][0].to_offset - covered_from
+            trimmed = self.ml.first_offset - covered_from
+            if covered <= 0 or trimmed < covered * CLEANUP_SHARE:
+                return 0
+            cleaned = self._index.rows_cleaned
+            self._compact()
+            return self._index.rows_cleaned - cleaned
+
+    def _save(self, checkpoint: Checkpoint) -> None:
+        self._record.save(checkpoint)
+
+    def _delete_ledgers(self, ledger_ids: list[int]) -> None:
+        for ledger_id in ledger_ids:
+            self._index.forget_segment(ledger_id)
+            with contextlib.suppress(MagnetarError):
+                self._index.ledgers.delete(ledger_id)
+
+    def _taken_over_by_another(self) -> None:
+        log.warning("the key index record of %s was changed by another broker: it serves the topic now; this "
+                    "broker writes no more of its index", self.ml.display_name)
+        self.taken_over = True
+
+    def drop(self) -> None:
+        """Delete the index: its segments and its record (its topic is deleted)."""
+        with self._writing:
+            self.dropped = True
+            found = self._record.load()
+            ledgers = [s.ledger_id for s in self._checkpoint.segments] + list(self._checkpoint.pending)
+            if found is not None:
+                ledgers += [s.ledger_id for s in found.segments] + list(found.pending)
+            self._delete_ledgers(sorted(set(ledgers)))
+            with contextlib.suppress(MagnetarError):
+                self._record.delete()
+
+    def pending_rows(self) -> int:
+        return self._pending_rows
+
+    def segments(self) -> int:
+        return len(self._segments)
+
+
+def _meets(current: int, expected: ExpectedVersion) -> bool:
+    return current >= 0 if expected == EXISTS else current == expected
+
+
+def _kept_rows(segments: list[tuple[SegmentInfo, Segment]], first_kept: int) -> Iterator[Row]:
+    """The rows of ``segments`` in order, without those of offsets below ``first_kept`` except
+    each key's last row."""
+    previous: Row | None = None
+    for row in merge_rows([segment.all_rows() for _, segment in segments]):
+        if previous is not None and (previous[0] != row[0] or previous[2] >= first_kept):
+            yield previous
+        previous = row
+    if previous is not None:
+        yield previous
