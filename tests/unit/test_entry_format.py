@@ -875,14 +875,14 @@ def test_a_message_sent_without_batching_is_read_on_the_fast_path(payload: bytes
                                                                    index: int) -> None:
     """A stored message that Pulsar's clients sent without batching, with the fields they set
     (no properties), is read without the general parser, into exactly what it reads."""
-    from broker.entry_format import codec
+    from broker.entry_format import common_entry
 
     message = Message(payload, key=key, key_b64_encoded=key_b64 and key is not None, event_time_ms=event_time,
                       ordering_key=ordering_key)
     unbatched = as_unbatched(encode([message], sequence_id=sequence_id, deliver_at_time_ms=deliver_at))
     assert unbatched is not None
     data = with_broker_entry_metadata(unbatched, 9, index)
-    assert codec._common_batch(data) is not None
+    assert common_entry._common_batch(data) is not None
     assert common_client_entry(unbatched) == ("producer-1", (key,))
     expected = decode_entry(data)
     assert decode_messages(data) == (expected.messages, expected.deliver_at_time_ms)
@@ -1058,9 +1058,9 @@ def test_the_native_common_entry_check_returns_what_the_python_check_returns(
     without the fields that leave an entry to the general decoder), stored or as a client sends
     them (no broker prefix), and on those entries changed byte by byte and cut short, with the
     checksum recomputed or not: the same tuple, or None for both."""
-    from broker.entry_format import codec
+    from broker.entry_format import common_entry
 
-    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    assert common_entry.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_batch as native_common_batch
     from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
@@ -1081,7 +1081,7 @@ def test_the_native_common_entry_check_returns_what_the_python_check_returns(
     if fix_checksum:
         data = _with_fixed_checksum(data)
     stored = bytes(data)
-    assert native_common_batch(stored) == codec._python_common_batch(stored)
+    assert native_common_batch(stored) == common_entry._python_common_batch(stored)
     metadata_at = 0 if client_form or len(stored) < 6 else 6 + struct.unpack_from(">I", stored, 2)[0]
     assert native_common_metadata(stored, metadata_at) == _python_metadata_or_none(stored, metadata_at)
 
@@ -1089,10 +1089,10 @@ def test_the_native_common_entry_check_returns_what_the_python_check_returns(
 def _python_metadata_or_none(data: bytes, start: int) -> object:
     """``_python_parse_common_metadata``, with what it raises for a malformed entry as None (what
     its callers make of it)."""
-    from broker.entry_format import codec
+    from broker.entry_format import common_entry
 
     try:
-        return codec._python_parse_common_metadata(data, start)
+        return common_entry._python_parse_common_metadata(data, start)
     except (IndexError, ValueError, CorruptEntry, struct.error):
         return None
 
@@ -1101,14 +1101,14 @@ def _python_metadata_or_none(data: bytes, start: int) -> object:
 @given(body=st.binary(max_size=80), fix_checksum=st.booleans())
 def test_the_native_common_entry_check_refuses_what_the_python_check_refuses(body: bytes, fix_checksum: bool) -> None:
     """Arbitrary bytes after a broker prefix's magic: both checks agree on each."""
-    from broker.entry_format import codec
+    from broker.entry_format import common_entry
 
-    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    assert common_entry.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_batch as native_common_batch
     from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
     data = bytes(_with_fixed_checksum(bytearray(b"\x0e\x02" + body))) if fix_checksum else b"\x0e\x02" + body
-    assert native_common_batch(data) == codec._python_common_batch(data)
+    assert native_common_batch(data) == common_entry._python_common_batch(data)
     client = bytearray(b"\x0e\x01" + body)
     if fix_checksum and len(client) >= 10:
         struct.pack_into(">I", client, 2, crc32c.crc32c(bytes(client[6:])))
@@ -1125,9 +1125,9 @@ def test_the_native_common_entry_check_refuses_what_the_python_check_refuses(bod
 ])
 def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict[str, Any], index: int) -> None:
     """Metadata no encoder here writes, made with protobuf itself: both checks agree, field by field."""
-    from broker.entry_format import codec
+    from broker.entry_format import common_entry
 
-    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    assert common_entry.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_batch as native_common_batch
     from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
@@ -1136,7 +1136,7 @@ def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict
     rest = struct.pack(">I", len(body)) + body + b"payload"
     entry = struct.pack(">HI", MAGIC_CRC32C, crc32c.crc32c(rest)) + rest
     data = with_broker_entry_metadata(entry, 9, index)
-    expected = codec._python_common_batch(data)
+    expected = common_entry._python_common_batch(data)
     assert native_common_batch(data) == expected
     assert native_common_metadata(entry, 0) == _python_metadata_or_none(entry, 0)
     if fields.get("deliver_at_time") == -5:
@@ -1147,9 +1147,9 @@ def test_the_native_common_entry_check_agrees_on_hand_made_metadata(fields: dict
 def test_the_native_readers_take_a_ten_byte_varint_as_the_python_reader_does(last_byte: int) -> None:
     """A sequence id written in ten bytes: up to 2^64 - 1 it is read, wider (or longer) it is
     refused, by the native check (``_wire.h``) exactly as by wire.py's reader."""
-    from broker.entry_format import codec
+    from broker.entry_format import common_entry
 
-    assert codec.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    assert common_entry.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
     from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
     body = b"\x0a\x01p" + b"\x10" + b"\xff" * 9 + bytes([last_byte]) + b"\x18\x01"
