@@ -57,7 +57,7 @@ from common import (
 )
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.cursor import CursorManager, ManagedCursor
 from broker.entry_cache import EntryCache, EntryCacheStats
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from broker.bookkeeper.autorecovery import AutoRecoveryConfig, AutoRecoveryStats, ReplicationWorker
 from broker.bookkeeper.bookie_network import BookieConnectionStats, BookieNetworkConfig
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.bookkeeper.remote_bookie import RemoteBookieClient
 from broker.metadata.coordination import Coordination, CoordinationStats, ZooKeeperCoordination
 from broker.metadata.store import MetadataStore

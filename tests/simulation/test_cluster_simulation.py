@@ -59,7 +59,9 @@ from broker.bookkeeper.bookie import (
     pack_entry,
     unpack_entry,
 )
-from broker.bookkeeper.ledger import LedgerHandle, LedgerManager, LedgerState
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.bookkeeper.ledger_metadata import LedgerState
 from broker.errors import LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
 from broker.metadata import InMemoryMetadataStore
 from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
