@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from broker.bookkeeper.bookie import QuorumConfig
-from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.byte_budget import ByteBudget
 from broker.entry_cache import CachedEntry, EntryCache
 from broker.entry_format import (

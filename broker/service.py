@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import Compactions, CompactionsStats
 from broker.config import BrokerConfig

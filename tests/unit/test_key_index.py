@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import key_index as key_index_module
 from broker.entry_format import Message
 from broker.errors import DataLost, InvalidRequest, KeyIndexBusy, KeyVersionMismatch
+from broker.key_index import reservations as key_reservations
 from broker.message_fields import KEY_BYTES_MAX
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
@@ -276,7 +276,7 @@ def test_keys_are_bounded_and_the_index_pushes_back_when_far_behind(data_dir: st
             append(service, "k" * (KEY_BYTES_MAX + 1), b"x")
         assert append(service, "é" * (KEY_BYTES_MAX // 2), b"x") == (0,)
         assert service.topics.topic(TOPIC).ml.next_offset == 1
-        monkeypatch.setattr(key_index_module, "PENDING_ROWS_MAX", 3)
+        monkeypatch.setattr(key_reservations, "PENDING_ROWS_MAX", 3)
         with pytest.raises(KeyIndexBusy):
             publish_to(service, TOPIC, [Message(b"x", key=f"k{i}") for i in range(4)], producer_name="p")
         assert service.topics.topic(TOPIC).ml.next_offset == 1
