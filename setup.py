@@ -8,7 +8,7 @@ entry on every read) are built when a C compiler is at hand. They are optional: 
 compiler the install still succeeds, ``columns.py`` builds the columns in Python
 (``NATIVE_COLUMNS`` is False), ``wire.py`` reads and writes varints in Python (``NATIVE_VARINT``
 is False) and ``batch.py`` encodes and splits batches in Python (``NATIVE_BATCH_ENCODER`` and
-``NATIVE_BATCH_DECODER`` are False) and ``codec.py`` checks common entries in Python
+``NATIVE_BATCH_DECODER`` are False) and ``common_entry.py`` checks common entries in Python
 (``NATIVE_COMMON_ENTRY`` is False).
 """
 

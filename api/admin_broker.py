@@ -220,8 +220,10 @@ def _key_index(broker: BrokerStats) -> dict[str, Any]:
     keys = broker.key_index
     assert keys is not None
     return {"partitions": keys.partitions, "pendingRows": keys.pending_rows, "rowsIndexed": keys.rows_indexed,
-            "batchesWritten": keys.batches_written, "entriesRebuilt": keys.entries_rebuilt,
-            "versionMismatches": keys.version_mismatches, "rowsCleaned": keys.rows_cleaned, "syncs": keys.syncs}
+            "checkpoints": keys.checkpoints, "segments": keys.segments, "entriesReplayed": keys.entries_replayed,
+            "versionMismatches": keys.version_mismatches, "rowsCleaned": keys.rows_cleaned,
+            "compactions": keys.compactions, "blockCacheHits": keys.block_cache_hits,
+            "blockCacheMisses": keys.block_cache_misses}
 
 
 def _budget(budget: ByteBudgetStats | None) -> dict[str, Any] | None:

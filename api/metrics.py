@@ -179,7 +179,11 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
     if keys is not None:
         yield _gauge("magnetar_key_index_pending_rows", "Key versions assigned and not yet written to the key index",
                      keys.pending_rows)
-        yield _counter("magnetar_key_index_rows_indexed", "Key versions written to the key index", keys.rows_indexed)
+        yield _counter("magnetar_key_index_rows_indexed", "Key versions written to key index segments",
+                       keys.rows_indexed)
+        yield _counter("magnetar_key_index_checkpoints", "Key index checkpoints written", keys.checkpoints)
+        yield _gauge("magnetar_key_index_segments", "Key index segments of the open partitions", keys.segments)
+        yield _gauge("magnetar_key_index_pending_rows", "Key versions not yet in a segment", keys.pending_rows)
         yield _counter("magnetar_key_index_version_mismatches", "Conditional appends refused on a key version",
                        keys.version_mismatches)
 

@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 
 from broker.bookkeeper.autorecovery import AutoRecoveryConfig, AutoRecoveryStats, ReplicationWorker
 from broker.bookkeeper.bookie_network import BookieConnectionStats, BookieNetworkConfig
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.bookkeeper.remote_bookie import RemoteBookieClient
 from broker.metadata.coordination import Coordination, CoordinationStats, ZooKeeperCoordination
 from broker.metadata.store import MetadataStore
 from broker.metadata.zookeeper import ZooKeeperMetadataStore
+from broker.namespace.load_manager import LocalLoad
 from broker.namespace.lookup import BrokerAddress, LookupResult
-from broker.namespace.ownership import LocalLoad, OwnershipConfig, OwnershipManager, OwnershipStats
+from broker.namespace.ownership import OwnershipConfig, OwnershipManager, OwnershipStats
 from broker.topic_name import TopicName
 from storage import SESSION_TIMEOUT_S, BookieProcessConfig, connect, run_bookie
 

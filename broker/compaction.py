@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry, peek_broker_entry_metadata
 from broker.errors import CompactionInProgress, MagnetarError, NotFound
 from broker.message_id import MessageId

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.errors import (
     BadVersion,
     InvalidRequest,

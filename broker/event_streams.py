@@ -1,7 +1,7 @@
 """Event streams, read side: one key's messages in one topic partition, by version.
 
 Role: what an event-sourced application reads to rebuild one aggregate. The key index
-(``broker/key_index.py``) names each version's offset and entry, so a read touches only the
+(``broker/key_index/``) names each version's offset and entry, so a read touches only the
 entries holding the key's messages, never the rest of the partition:
 
 - :func:`stream_info`: the key's current version, the first version retention kept, and the

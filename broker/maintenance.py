@@ -2,13 +2,13 @@
 
 Role: ``BrokerService.maintenance``. Every ``maintenance_interval_ms`` (or on demand, ``run``)
 it applies ack timeouts, releases due redeliveries and updates dispatch rates (subscriptions),
-syncs the key index, expires messages past their namespace's TTL on every cursor, trims the
-ledgers retention lets go of (by default nothing goes: an event store keeps its events), updates
-the publish rates, drops the trimmed entries' key index rows, and ages out the entry cache.
+expires messages past their namespace's TTL on every cursor, trims the ledgers retention lets
+go of (by default nothing goes: an event store keeps its events), updates the publish rates, lets
+the key index compact away the rows of trimmed entries, and ages out the entry cache.
 
-Invariants: trimming follows the key index sync, so it keeps whatever the key index has not
-made durable yet; a failed pass is logged and the next one runs as usual; ``close`` returns once
-no pass runs.
+Invariants: trimming never passes the key index's checkpoint (the managed ledger counts it as a
+cursor), so every trimmed version has its row in a segment; a failed pass is logged and the next
+one runs as usual; ``close`` returns once no pass runs.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class Maintenance:
     def run(self) -> None:
         """One pass, now, on the calling thread."""
         self._tick_subscriptions()
-        key_index = self._key_index
-        key_index.sync()  # trimming keeps what the key index has not made durable
         for topic in self._topics():
             expired = topic.ml.expired_offset()
             if expired is not None:
@@ -64,7 +62,7 @@ class Maintenance:
                         cursor.expire_before(expired)
             topic.ml.trim()
             topic.tick()
-        key_index.cleanup()
+        self._key_index.cleanup()
         self._cache.evict_expired()
         self._passes += 1
 

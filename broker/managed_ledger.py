@@ -34,13 +34,15 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from broker.bookkeeper.bookie import QuorumConfig
-from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.byte_budget import ByteBudget
 from broker.entry_cache import CachedEntry, EntryCache
 from broker.entry_format import (
@@ -67,6 +69,10 @@ from broker.offset_index import LedgerInfo, PositionHints, SampleStore, ledger_h
 from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name
 from storage import new_future
+
+INCARNATION_PROPERTY = "magnetar.incarnation"
+"""The property naming a managed ledger's incarnation: made once, when it is first created, so
+what derives from one incarnation of a topic (its key index) is never taken for another's."""
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +217,7 @@ class ManagedLedger:
             self._pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
             self._offset_floor = int(obj.get("offsetFloor", 0))
             self._version = stat.version
+        self.properties.setdefault(INCARNATION_PROPERTY, uuid.uuid4().hex)  # saved with the list below
         for info in self._infos[:-1]:
             info.sparse_index = self._samples.load(info.ledger_id)
         if self._infos and self._infos[-1].closed_ms == 0:
@@ -370,6 +377,11 @@ class ManagedLedger:
             self._terminated = True
             self._save()
             return self._last_confirmed
+
+    @property
+    def incarnation(self) -> str:
+        """Made when this managed ledger was first created (a deleted and recreated topic has another)."""
+        return self.properties[INCARNATION_PROPERTY]
 
     @property
     def terminated(self) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import Compactions, CompactionsStats
 from broker.config import BrokerConfig
@@ -151,7 +151,7 @@ class BrokerService:
         config, clock = self.config, self.clock
         cache = EntryCache(config.entry_cache_bytes_max, entry_age_ms_max=config.entry_cache_age_ms_max)
         factory = ManagedLedgerFactory(store, ledgers, cache, clock, publish_buffer=self.publish_buffer)
-        key_index = KeyIndex(os.path.join(self.data_dir, "key-index"))
+        key_index = KeyIndex(ledgers, store)
         resources = TopicResources(store)
         namespaces = NamespaceService(store, resources, cluster=self.cluster, listeners=self._policy_listeners,
                                       default_retention_time_minutes=config.default_retention_time_minutes,

@@ -4,7 +4,7 @@ Append path (the one every transport takes; ``broker/entry_builder.py`` names th
 a group of prepared entries (a single message is a group of one) → under the publish lock, for
 each entry: the size bound, its sequence ids (the producer's next when it gave none, encoded
 then), one *reservation* of its producer's sequence id (``broker/dedup.py``) and of its keys'
-next versions (``broker/key_index.py``) → ``ManagedLedger.append`` of the whole group (one
+next versions (``broker/key_index/``) → ``ManagedLedger.append`` of the whole group (one
 journal write, one future; optionally conditional on ``expected_offset`` and, under the offset
 lock, on ``expected_key_versions``) → each entry's ``PublishResult`` with its Pulsar
 ``MessageId``, gap-free offsets and key versions, or the refusal of that entry alone (too
@@ -162,7 +162,7 @@ class PersistentTopic:
         opened = ml.statistics()
         self._rate_in_base = (clock(), opened.messages_added, opened.bytes_added)
         self.streams: PartitionKeys | None = None
-        """The partition's event streams (``broker/key_index.py``), set by the service."""
+        """The partition's event streams (``broker/key_index/``), set by the service."""
         self.quotas = TopicQuotas(name.full_name, clock)
         """Its producer and consumer counts, limits and rate limiters (``broker/quotas.py``),
         whose limits the service sets; every publish here counts against its publish rate."""
@@ -196,6 +196,10 @@ class PersistentTopic:
         counts: list[int] = []
         reservation = _Reservation(self.dedup, producer_name)
         conditional = expected_key_versions is not None
+        if self.streams is not None:  # read the keys' stored heads now, not under the offset lock
+            self.streams.prefetch_heads([key for entry in entries for key in entry.keys])
+            if expected_key_versions:
+                self.streams.prefetch_heads(list(expected_key_versions))
         with self._publish_lock:  # reservations and append order must agree
             publish_ms = int(self._clock() * 1000)
             try:

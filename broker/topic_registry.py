@@ -226,8 +226,8 @@ class TopicRegistry:
             raise NotAllowed(f"topic {name} has subscriptions {topic.cursors.names()}; use force")
         with self._lock:
             self._topics.pop(name, None)
+        self._key_index.drop(name.managed_ledger_name)  # reads the record the managed ledger's deletion removes
         topic.ml.delete()
-        self._key_index.drop(name.managed_ledger_name)
         self._factory.forget(name.managed_ledger_name)
         if name.partition_index < 0:
             self._namespaces.delete_topic_policies(name)

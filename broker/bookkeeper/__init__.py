@@ -5,9 +5,12 @@ Role: everything between a managed ledger and the bookies that hold its entries.
 - ``bookie.py``: the ``Bookie`` seam (the storage front door's shape), ``LocalBookie`` over an
   in-process ``LedgerStorage``, ``BookieClient`` (the bookies a broker can pick ensembles from),
   write sets and quorum sizes, and the stored entry's piggybacked header;
-- ``ledger.py``: ``LedgerHandle`` (adds to a write set acknowledged by an ack quorum, reads,
-  recovery and fencing, ensemble changes), ``LedgerManager`` and ``LedgerMetadata`` (a ledger's
-  fragments in the metadata store at ``/ledgers/{id}``);
+- ``ledger_manager.py``: ``LedgerManager`` (creates, opens and deletes ledgers);
+- ``ledger_handle.py``: ``LedgerHandle`` (adds to a write set acknowledged by an ack quorum,
+  reads, ensemble changes);
+- ``ledger_recovery.py``: ``LedgerRecovery`` (fencing and closing a ledger left open);
+- ``ledger_metadata.py``: ``LedgerMetadata`` (a ledger's state and fragments in the metadata
+  store at ``/ledgers/{id}``);
 - ``remote_bookie.py`` and ``bookie_network.py``: a ``magnetar bookie`` behind the same seam,
   over the bookie protocol (``storage/bookie_protocol.py``) on one asyncio loop thread;
 - ``autorecovery.py``: re-replication of the entries a dead bookie held.

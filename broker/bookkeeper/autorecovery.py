@@ -36,7 +36,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, StoredEntry, write_set
-from broker.bookkeeper.ledger import LEDGERS_PATH, LedgerManager, LedgerMetadata, LedgerState, ledger_path
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.bookkeeper.ledger_metadata import LEDGERS_PATH, LedgerMetadata, LedgerState, ledger_path
 from broker.errors import BadVersion, BrokerError, MagnetarError, NoSuchEntry, NoSuchLedger, NotFound
 from broker.metadata.coordination import Coordination, Lease
 from broker.metadata.store import MetadataStore

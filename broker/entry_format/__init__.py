@@ -1,9 +1,11 @@
 """One ledger entry, byte for byte as Pulsar stores it: encode, decode, broker-metadata prefix.
 
-The package: ``model.py`` (messages and entries as values), ``codec.py`` (encode and decode the
-whole entry), ``batch.py`` (the batch payload), ``broker_metadata.py`` (the broker's prefix),
-``compression.py`` (the codecs), ``wire.py`` (protobuf's wire format by hand), and the range-read
-columns built from entries (``columns.py``, with the optional C builder ``_range_columns.c``).
+The package: ``model.py`` (messages and entries as values), ``encode.py`` and ``decode.py``
+(encode and decode the whole checked entry), ``common_entry.py`` (the broker's own entries read
+fast, with the optional C reader ``_common_entry.c``), ``batch.py`` (the batch payload),
+``broker_metadata.py`` (the broker's prefix), ``compression.py`` (the codecs), ``wire.py``
+(protobuf's wire format by hand), and the range-read columns built from entries
+(``columns.py``, with the optional C builder ``_range_columns.c``).
 Import from the package; its modules are its own business.
 
 Role: the topic layer turns a batch of produced messages into one entry with
@@ -68,19 +70,10 @@ from broker.entry_format.broker_metadata import (
     with_broker_entry_metadata,
     with_broker_entry_metadata_each,
 )
-from broker.entry_format.codec import (
-    as_unbatched,
-    common_client_entry,
-    decode_entry,
-    decode_entry_payload,
-    decode_messages,
-    delivery_time,
-    encode_entry,
-    encode_single_entry,
-    message_count,
-    split_entry_payload,
-)
+from broker.entry_format.common_entry import common_client_entry, decode_messages, delivery_time
 from broker.entry_format.compression import MAX_UNCOMPRESSED_SIZE_BYTES, Compression
+from broker.entry_format.decode import decode_entry, decode_entry_payload, message_count, split_entry_payload
+from broker.entry_format.encode import as_unbatched, encode_entry, encode_single_entry
 from broker.entry_format.model import BrokerEntryMetadata, DecodedEntry, DecodedMessage, EntryPayload, Message
 from broker.entry_format.wire import MAGIC_BROKER_ENTRY_METADATA, MAGIC_CRC32C, encode_varint
 
@@ -98,8 +91,8 @@ __all__ = [
     "common_client_entry",
     "decode_entry",
     "decode_messages",
-    "decode_entry_payload",
     "delivery_time",
+    "decode_entry_payload",
     "encode_entry",
     "encode_single_entry",
     "encode_varint",

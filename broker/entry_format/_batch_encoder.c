@@ -4,18 +4,18 @@
  * Role: every produced message becomes [size u32 big-endian][SingleMessageMetadata][payload]
  * in its entry's batch payload (broker/entry_format/batch.py). Checking each message and
  * writing its SingleMessageMetadata in Python costs a few microseconds per message; here it
- * costs a fraction of one. codec.py uses this module when it was built (`pip install` with a
+ * costs a fraction of one. encode.py uses this module when it was built (`pip install` with a
  * C compiler) and batch.py's Python encoder otherwise.
  *
  * Invariants:
  * - encode_batch(messages, sequence_ids) returns exactly the bytes of batch.py's
- *   encode_batch(messages, sequence_ids) for every message codec.py's checks accept. It returns
+ *   encode_batch(messages, sequence_ids) for every message encode.py's checks accept. It returns
  *   None, writing nothing, for anything it does not take as it is: an element that is not
  *   exactly a Message (set_message_type), a field of a type other than the exact one the
  *   checks expect (a payload that is not bytes, a key that is not str, properties that are not
  *   exactly a dict of str to str, times and sequence ids that are not exact ints in range), a
  *   message the checks refuse (a null value with a payload, key_b64_encoded without a key), a
- *   key or property that is not valid UTF-8 (a lone surrogate). codec.py then runs its checks
+ *   key or property that is not valid UTF-8 (a lone surrogate). encode.py then runs its checks
  *   and the Python encoder, which refuse or encode exactly as they always do.
  * - Fields are written in field-number order, as protobuf serializes them: properties (1),
  *   partition key (2), payload size (3), compacted out (4), event time (5), key base64 flag (6,

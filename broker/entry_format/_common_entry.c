@@ -2,8 +2,8 @@
  * broker/entry_format/_common_entry.c: the fast path's reading of a common stored entry, natively.
  *
  * Role: every read of an entry the broker wrote (a dispatch, a WebSocket reader, a range read)
- * first asks codec.py's ``_common_batch`` whether the entry is of the common kind: a broker
- * prefix (broker timestamp and index), a verified CRC32C, and an uncompressed
+ * first asks common_entry.py's ``common_batch`` whether the entry is of the common kind: a
+ * broker prefix (broker timestamp and index), a verified CRC32C, and an uncompressed
  * ``MessageMetadata`` with only the fields Magnetar's producers and Pulsar's clients set. In
  * Python that check reads a dozen varints and tags one bytecode at a time, a large share of a
  * one-message entry's read. ``common_batch(data)`` does the same here, and
@@ -11,7 +11,7 @@
  * metadata alone (``common_client_entry``: an entry as a Pulsar client sends it).
  *
  * Invariants: for every bytes object, ``common_batch`` returns exactly what the Python
- * ``_common_batch`` returns, a tuple ``(payload start, message count, first offset, sequence id,
+ * ``common_batch`` returns, a tuple ``(payload start, message count, first offset, sequence id,
  * delivery time or None, lone fields or None)`` where the lone fields are ``(partition key or
  * None, event time or None, ordering key or None, key is base64)``, or None for every entry the
  * Python code would refuse or leave to the general decoder (property-tested against it, with
@@ -58,7 +58,7 @@ static int checksum_matches(const unsigned char *p, Py_ssize_t n, uint32_t expec
     return value == expected;
 }
 
-/* A common MessageMetadata, as codec.py's ``_parse_common_metadata`` reads it. */
+/* A common MessageMetadata, as common_entry.py's ``_parse_common_metadata`` reads it. */
 typedef struct {
     Py_ssize_t payload_start;
     uint64_t count, sequence_id, deliver_at, event_time;
@@ -228,7 +228,7 @@ static int ready(PyObject *data) { /* crc32c_function is set: the module does no
     return 1;
 }
 
-/* common_metadata(data, start): codec._parse_common_metadata. */
+/* common_metadata(data, start): common_entry._parse_common_metadata. */
 static PyObject *common_metadata(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "common_metadata takes a bytes object and a position");
@@ -254,7 +254,7 @@ static PyObject *common_metadata(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
-/* common_batch(data): codec._common_batch. */
+/* common_batch(data): common_entry.common_batch. */
 static PyObject *common_batch(PyObject *self, PyObject *data) {
     if (!ready(data)) {
         return NULL;
@@ -313,15 +313,15 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
 
 static PyMethodDef methods[] = {
     {"common_batch", common_batch, METH_O,
-     "codec._common_batch of a bytes object: the common entry's fields, or None."},
+     "common_entry.common_batch of a bytes object: the common entry's fields, or None."},
     {"common_metadata", (PyCFunction)(void (*)(void))common_metadata, METH_FASTCALL,
-     "codec._parse_common_metadata of a bytes object at a position: the metadata's fields, or None."},
+     "common_entry._parse_common_metadata of a bytes object at a position: the metadata's fields, or None."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_common_entry", "The fast path's reading of a common stored entry (see codec.py).", -1,
-    methods,
+    PyModuleDef_HEAD_INIT, "_common_entry",
+    "The fast path's reading of a common stored entry (see common_entry.py).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__common_entry(void) {

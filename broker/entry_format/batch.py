@@ -1,9 +1,10 @@
 """A batch entry's payload: ``[size u32][SingleMessageMetadata][message bytes]`` per message.
 
-Role: ``codec.py`` writes every entry in the batch format (one message or many) and splits it
-on read. ``SingleMessageMetadata`` is written and parsed by hand, in field-number order, exactly
-as protobuf would serialize it; the split is the hot loop of every read, done by the optional
-native decoder (``_batch_decoder.c``) where it can vouch for the result, else here.
+Role: ``encode.py`` writes every entry in the batch format (one message or many);
+``decode.py`` and ``common_entry.py`` split it on read. ``SingleMessageMetadata`` is written
+and parsed by hand, in field-number order, exactly as protobuf would serialize it; the split is
+the hot loop of every read, done by the optional native decoder (``_batch_decoder.c``) where it
+can vouch for the result, else here.
 
 Invariant: a batch must be consumed exactly: ``count`` messages and no trailing byte, else
 ``CorruptEntry``.
@@ -79,7 +80,7 @@ else:
 
 
 def encode_checked_batch(messages: Sequence[Message], sequence_ids: list[int]) -> bytes | None:
-    """The batch payload of ``messages``, natively, when every message is one codec.py's checks
+    """The batch payload of ``messages``, natively, when every message is one encode.py's checks
     accept as it is (then the bytes are :func:`encode_batch`'s); None when the checks and the
     Python encoder must decide (see ``_batch_encoder.c``)."""
     if not NATIVE_BATCH_ENCODER:

@@ -26,7 +26,8 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from broker.entry_format.codec import common_batch_payload, decode_entry, decode_entry_payload
+from broker.entry_format.common_entry import common_batch_payload
+from broker.entry_format.decode import decode_entry, decode_entry_payload
 from broker.entry_format.model import DecodedEntry
 from broker.errors import CorruptEntry
 from broker.message_id import Position, message_id_bytes, message_ids_of_entry

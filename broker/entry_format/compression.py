@@ -1,9 +1,9 @@
 """The entry compression codecs: the same stream formats Pulsar's codecs read and write.
 
-Role: ``codec.py`` compresses a batch payload once per entry and decompresses it once per read.
-NONE, LZ4 (raw block), ZLIB, ZSTD (level 3, Pulsar's) and SNAPPY (raw). A compressed entry
-records its uncompressed size; decompression checks it (``CorruptEntry`` on any mismatch) and
-refuses sizes above ``MAX_UNCOMPRESSED_SIZE_BYTES`` before allocating.
+Role: ``encode.py`` compresses a batch payload once per entry, ``decode.py`` decompresses it
+once per read. NONE, LZ4 (raw block), ZLIB, ZSTD (level 3, Pulsar's) and SNAPPY (raw). A
+compressed entry records its uncompressed size; decompression checks it (``CorruptEntry`` on
+any mismatch) and refuses sizes above ``MAX_UNCOMPRESSED_SIZE_BYTES`` before allocating.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Protobuf's wire format, by hand, for the pieces written or read once per message or entry.
 
 Role: the varints, length-delimited fields and key-value pairs that ``batch.py``,
-``broker_metadata.py`` and ``codec.py`` write and parse without protobuf objects (the runtime
-is used only for the once-per-entry ``MessageMetadata`` parse); property tests compare every
-hand-written encoding byte for byte with protobuf's own. Also the format's fixed framing: the
-two magics and the big-endian headers.
+``broker_metadata.py``, ``encode.py``, ``decode.py`` and ``common_entry.py`` write and parse
+without protobuf objects (the runtime is used only for the once-per-entry ``MessageMetadata``
+parse); property tests compare every hand-written encoding byte for byte with protobuf's own.
+Also the format's fixed framing: the two magics and the big-endian headers.
 
 Invariant: a parser never reads past its buffer silently: truncation raises ``IndexError``
 (callers turn it into ``CorruptEntry``), a varint wider than 64 bits raises ``CorruptEntry``.

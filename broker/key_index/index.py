@@ -30,7 +30,8 @@ from broker.key_index.partition import PartitionKeys
 from broker.key_index.segment import Row, Segment, SegmentIndex, decode_block
 
 if TYPE_CHECKING:
-    from broker.bookkeeper.ledger import LedgerHandle, LedgerManager
+    from broker.bookkeeper.ledger_handle import LedgerHandle
+    from broker.bookkeeper.ledger_manager import LedgerManager
     from broker.managed_ledger import Entry, ManagedLedger
     from broker.metadata.store import MetadataStore
 

@@ -39,8 +39,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import replace
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from broker.entry_format import decode_entry
@@ -51,7 +51,7 @@ from broker.message_fields import EXISTS, ExpectedVersion, check_key
 from broker.message_id import Position
 
 if TYPE_CHECKING:
-    from broker.bookkeeper.ledger import LedgerHandle
+    from broker.bookkeeper.ledger_handle import LedgerHandle
     from broker.key_index.index import KeyIndex
     from broker.managed_ledger import Entry, ManagedLedger
 
@@ -74,8 +74,6 @@ SEGMENT_WRITE_WAIT_S = 60.0
 CLEANUP_SHARE = 0.5
 """A compaction drops trimmed rows once retention trimmed this share of the offsets the
 segments cover since the last one."""
-INCARNATION = "magnetar.incarnation"
-"""The managed ledger property naming the topic's incarnation."""
 
 Head = tuple[int, int]
 """A key's (version, offset)."""
@@ -128,7 +126,7 @@ class PartitionKeys:
         self.name = name
         self.ml = ml
         self._record = CheckpointStore(index.store, name)
-        self._checkpoint = Checkpoint(ml.properties.get(INCARNATION, ""), 0)
+        self._checkpoint = Checkpoint(ml.incarnation, 0)
         self._segments: list[tuple[SegmentInfo, Segment]] = []
         """Oldest first, as the record names them."""
         self._lock = threading.Lock()
@@ -399,7 +397,7 @@ class PartitionKeys:
     def open(self, entries_from: Callable[[int], Iterator[Entry]]) -> int:
         """Load the checkpoint (or find it unusable and start over) and number the entries after
         it; the number of entries read again."""
-        incarnation = self.ml.properties.get(INCARNATION, "")
+        incarnation = self.ml.incarnation
         end = self.ml.confirmed_next_offset()
         found = self._record.load()
         checkpoint, segments, why = self._usable(found, incarnation, end)

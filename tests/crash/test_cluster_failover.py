@@ -62,7 +62,7 @@ import httpx
 import pytest
 
 from broker.bookkeeper.bookie_network import BookieNetwork
-from broker.bookkeeper.ledger import LedgerMetadata, ledger_path
+from broker.bookkeeper.ledger_metadata import LedgerMetadata, ledger_path
 from broker.bookkeeper.remote_bookie import RemoteBookie
 from broker.errors import MagnetarError
 from broker.managed_ledger import ML_ROOT

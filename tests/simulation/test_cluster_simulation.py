@@ -59,7 +59,9 @@ from broker.bookkeeper.bookie import (
     pack_entry,
     unpack_entry,
 )
-from broker.bookkeeper.ledger import LedgerHandle, LedgerManager, LedgerState
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.bookkeeper.ledger_metadata import LedgerState
 from broker.errors import LedgerFenced, MagnetarError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
 from broker.metadata import InMemoryMetadataStore
 from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
@@ -224,10 +226,19 @@ class SimBookie:
 
     def add_entries(self, ledger_id: int, entry_ids: Sequence[int], lac: int,
                     entries: Sequence[tuple[int, bytes]], *, recovery: bool = False) -> Future[int]:
-        # one request per entry: the simulated network delivers, delays or drops each on its own
-        return all_added([partial(self._add, ledger_id, entry_id, lac, length_bytes, payload, recovery)
-                          for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True)],
-                         entry_ids[-1])
+        # one request per entry: the simulated network delivers, delays or drops each on its own;
+        # waiting on the group (a recovery's add) runs the network, as waiting on one request does
+        group = all_added([partial(self._add, ledger_id, entry_id, lac, length_bytes, payload, recovery)
+                           for entry_id, (length_bytes, payload) in zip(entry_ids, entries, strict=True)],
+                          entry_ids[-1])
+        answer = SimFuture(self.network.scheduler)
+
+        def relay(done: Future[int]) -> None:
+            error = done.exception()
+            answer.try_finish(None if error is not None else done.result(), error)
+
+        group.add_done_callback(relay)
+        return answer
 
     def fence(self, ledger_id: int) -> Future[None]:
         def handle(node: SimBookieNode) -> tuple[Any, Exception | None]:

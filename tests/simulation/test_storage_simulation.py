@@ -5,7 +5,8 @@ entry-log rotation, read-cache eviction and GC all happen, with the background f
 threads running) through a random sequence of add (single and pipelined), read (entry and
 LAC), reads of missing entries and unknown ledgers, fence, delete, flush, checkpoint,
 collect_garbage, clean restart, crash restart (``FaultyFileIO.crash`` + ``lose_unsynced``) and
-crashes at every named failpoint. The model is a dict per ledger plus fenced and deleted state.
+crashes at every named failpoint. The model is a dict per ledger plus fenced and deleted state
+(``storage_model.py``).
 
 What is checked:
 - every acknowledged entry reads back byte-for-byte, before and after every restart and crash;
@@ -16,8 +17,9 @@ What is checked:
 - every run ends with a full model comparison and ``check_consistency().ok`` (every index
   entry points at a readable, CRC-valid record of a live ledger).
 
-Besides the random runs: a scripted crash at each named failpoint (each one must be reached),
-and deterministic replays of GC interleavings the random runs found.
+Besides the random runs: a scripted crash at each named failpoint (each one must be reached);
+the GC interleavings the random runs found are replayed deterministically in
+``test_storage_gc_interleavings.py``.
 
 No assertion depends on timing: the background threads may flush or collect at any moment.
 
@@ -30,34 +32,31 @@ from __future__ import annotations
 
 import contextlib
 import random
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import pytest
 
-from storage import (
-    LAST_ADD_CONFIRMED,
-    LedgerFenced,
-    LedgerStorage,
-    NoSuchEntry,
-    NoSuchLedger,
-    StorageConfig,
-    StorageError,
-)
-from storage.fileio import AppendFile, FaultyFileIO, FileIO
+from storage import LAST_ADD_CONFIRMED, LedgerFenced, LedgerStorage, NoSuchEntry, NoSuchLedger, StorageError
+from storage.fileio import FaultyFileIO
 from tests.simulation.seeds import ops_per_seed, run_with_replay_hint, seeds_to_run
+from tests.simulation.storage_model import (
+    CONFIG,
+    RESULT_TIMEOUT_S,
+    InFlightAdd,
+    InFlightFence,
+    LedgerModel,
+    Model,
+    random_payload,
+    wait_quietly,
+)
 
 pytestmark = pytest.mark.simulation
 
-CONFIG = StorageConfig.test_min()
 DEFAULT_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
 DEFAULT_OPS = 300
-RESULT_TIMEOUT_S = 30.0
-PAYLOAD_BYTES_MAX = 10 * 1024
 LIVE_LEDGERS_MAX = 6
 UNKNOWN_LEDGER_BASE = 1 << 40
 TRACE_TAIL = 40
@@ -72,83 +71,9 @@ GC_FAILPOINTS = ("gc: after copy, before index update", "gc: after index update,
 FAILPOINTS = JOURNAL_FAILPOINTS + FLUSH_FAILPOINTS + GC_FAILPOINTS
 
 
-# --- parametrization from the environment -------------------------------------------------
-# --- the model ----------------------------------------------------------------------------
-@dataclass
-class LedgerModel:
-    """What one ledger must hold. ``in_doubt`` adds were not acknowledged before a crash."""
-
-    entries: dict[int, bytes] = field(default_factory=dict)
-    in_doubt: dict[int, bytes] = field(default_factory=dict)
-    absent: set[int] = field(default_factory=set)
-    next_entry: int = 0
-    fenced: bool = False
-    fence_in_doubt: bool = False
-    exists_in_doubt: bool = False
-
-    def take_entry_id(self, rng: random.Random) -> int:
-        if rng.random() < 0.05:  # leave a gap: those ids must read as NoSuchEntry
-            gap = rng.randint(1, 3)
-            self.absent.update(range(self.next_entry, self.next_entry + gap))
-            self.next_entry += gap
-        entry_id = self.next_entry
-        self.next_entry += 1
-        return entry_id
-
-    def last_entry(self) -> int:
-        return max(self.entries, default=LAST_ADD_CONFIRMED)
-
-
-@dataclass
-class Model:
-    ledgers: dict[int, LedgerModel] = field(default_factory=dict)
-    gone: set[int] = field(default_factory=set)
-    next_ledger: int = 1
-
-    def new_ledger(self) -> int:
-        ledger_id = self.next_ledger
-        self.next_ledger += 1
-        self.ledgers[ledger_id] = LedgerModel(exists_in_doubt=True)  # until an add or fence is acknowledged
-        return ledger_id
-
-    def with_entries(self) -> list[int]:
-        return sorted(lid for lid, ledger in self.ledgers.items() if ledger.entries)
-
-
-@dataclass
-class InFlightAdd:
-    ledger_id: int
-    entry_id: int
-    data: bytes
-    future: Future[int] | None  # None: the add raised before it was queued
-
-
-@dataclass
-class InFlightFence:
-    ledger_id: int
-    future: Future[None] | None
-
-
-def random_payload(rng: random.Random) -> bytes:
-    roll = rng.random()
-    if roll < 0.05:
-        return b""
-    if roll < 0.35:
-        return rng.randbytes(rng.randint(1, 64))
-    if roll < 0.70:
-        return rng.randbytes(rng.randint(65, 2048))
-    return rng.randbytes(rng.randint(2049, PAYLOAD_BYTES_MAX))
-
-
-def wait_quietly(futures: Iterable[Future[int] | Future[None] | None]) -> None:
-    """Wait for futures that may legitimately fail (a crash is under way)."""
-    for future in futures:
-        if future is not None:
-            with contextlib.suppress(StorageError):
-                future.result(timeout=RESULT_TIMEOUT_S)
-
-
 # --- the simulation ---------------------------------------------------------------------
+
+
 class Simulation:
     def __init__(self, seed: int, path: str, replay_hint: str | None = None) -> None:
         self.seed = seed
@@ -504,6 +429,8 @@ class Simulation:
 
 
 # --- tests --------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("seed", seeds_to_run(DEFAULT_SEEDS), ids=lambda s: f"seed={s}")
 def test_random_operations_match_the_model(seed: int, data_dir: str) -> None:
     sim = Simulation(seed, data_dir)
@@ -543,100 +470,3 @@ def test_crash_at_each_failpoint_loses_nothing_acknowledged(failpoint: str, data
         sim.verify_all()
 
     run_with_replay_hint(sim, scenario)
-
-
-# --- GC interleavings, replayed deterministically --------------------------------------------
-# The random runs hit these only by luck (background GC racing a rotation or another GC run).
-# A sleep only widens the window of the interleaving; if a thread misses it the test passes
-# without having checked it, it never fails for timing reasons.
-QUIET = CONFIG.replace(flush_interval_ms=600_000, gc_interval_ms=600_000)  # explicit flush and GC only
-WINDOW_S = 0.3
-
-
-class NewEntryLogHook(FileIO):
-    """Runs ``hook`` once, right after the first entry log file is created and before the
-    storage has switched to it (the window a concurrent GC run can observe)."""
-
-    def __init__(self) -> None:
-        self.hook: Callable[[], None] | None = None
-
-    def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
-        file = super().open_append(path, preallocate_bytes=preallocate_bytes)
-        hook, self.hook = self.hook, None
-        if hook is not None and path.endswith(".log"):
-            hook()
-        return file
-
-
-class SlowLogRemoval(FileIO):
-    def remove(self, path: str) -> None:
-        if path.endswith(".log"):
-            time.sleep(WINDOW_S)
-        super().remove(path)
-
-
-def collect_in_thread(st: LedgerStorage, errors: list[BaseException]) -> threading.Thread:
-    def run() -> None:
-        try:
-            st.collect_garbage(0.0)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="test-gc")
-    thread.start()
-    return thread
-
-
-def add_all(st: LedgerStorage, ledger_id: int, entries: range, size_bytes: int = 1000) -> dict[int, bytes]:
-    written = {entry_id: bytes([entry_id % 256]) * size_bytes for entry_id in entries}
-    for entry_id, data in written.items():
-        assert st.add_entries(ledger_id, [entry_id], [data]).result(timeout=RESULT_TIMEOUT_S) == entry_id
-    return written
-
-
-def test_gc_during_entry_log_rotation_keeps_live_logs(data_dir: str) -> None:
-    """A GC run that lists an entry log created by a concurrent rotation, before the log became
-    current, must not treat it as sealed: it would cache the log's usage as empty and, once the
-    log is sealed, delete it whole with every live entry in it."""
-    fileio = NewEntryLogHook()
-    errors: list[BaseException] = []
-    gc_threads: list[threading.Thread] = []
-    with LedgerStorage.open(data_dir, QUIET, fileio=fileio) as st:
-        def gc_while_rotating() -> None:
-            gc_threads.append(collect_in_thread(st, errors))
-            time.sleep(WINDOW_S)
-
-        fileio.hook = gc_while_rotating
-        written = add_all(st, 1, range(5))
-        st.flush()  # creates entry log 1 while a GC run is looking
-        for thread in gc_threads:
-            thread.join(timeout=RESULT_TIMEOUT_S)
-        written |= add_all(st, 1, range(5, 200))  # ~200 KiB: log 1 is sealed, log 2 is current
-        st.flush()
-        st.collect_garbage(0.0)
-        unreadable = []
-        for entry_id, data in written.items():
-            try:
-                assert st.get_entry(1, entry_id) == data
-            except NoSuchEntry:
-                unreadable.append(entry_id)
-        assert not unreadable, f"{len(unreadable)} acknowledged entries lost, first {unreadable[:5]}"
-        assert st.check_consistency().ok
-    assert not errors, f"GC during a rotation raised {errors!r}"
-
-
-def test_concurrent_gc_runs_do_not_turn_the_storage_read_only(data_dir: str) -> None:
-    """Two GC runs (the background one and an explicit ``collect_garbage``) both pick the same
-    dead log; the second removal must not fail with FileNotFoundError and turn writes off."""
-    with LedgerStorage.open(data_dir, QUIET, fileio=SlowLogRemoval()) as st:
-        add_all(st, 1, range(200))  # ~200 KiB: entry log 1 is sealed
-        kept = add_all(st, 2, range(3))
-        st.flush()
-        st.delete_ledger(1)  # log 1 is dead now
-        errors: list[BaseException] = []
-        for thread in [collect_in_thread(st, errors) for _ in range(2)]:
-            thread.join(timeout=RESULT_TIMEOUT_S)
-        assert not errors, f"concurrent GC runs raised {errors!r}"
-        assert not st.read_only
-        assert all(st.get_entry(2, entry_id) == data for entry_id, data in kept.items())
-        assert st.check_consistency().ok

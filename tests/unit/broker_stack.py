@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, encode_entry

@@ -17,7 +17,8 @@ import pytest
 
 from broker.bookkeeper.autorecovery import AutoRecoveryConfig, ReplicationWorker
 from broker.bookkeeper.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
-from broker.bookkeeper.ledger import LedgerManager, LedgerState
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.bookkeeper.ledger_metadata import LedgerState
 from broker.metadata import InMemoryMetadataStore
 from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
 from storage import LedgerStorage, StorageConfig

@@ -2,7 +2,7 @@
 
 Versions are dense per key and per partition, checked with the append under the offset lock
 (all keys of an entry together), withdrawn when an append fails, kept across restarts and
-rebuilt from the entries when the index is lost; reads go forwards and backwards by version
+rebuilt from the entries when its checkpoint record is lost; reads go forwards and backwards by version
 across ledger rollovers and partitions; retention makes old versions ``DataLost`` without ever
 renumbering them; a conditional resend is answered with its first results; a live key reader
 sees its key only, in version order. The default retention keeps everything.
@@ -11,15 +11,16 @@ sees its key only, in version order. The default retention keeps everything.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-from pathlib import Path
+import os
 
 import pytest
 
-from broker import key_index as key_index_module
 from broker.entry_format import Message
 from broker.errors import DataLost, InvalidRequest, KeyIndexBusy, KeyVersionMismatch
+from broker.key_index import partition as key_partition
+from broker.key_index.checkpoint import CheckpointStore
 from broker.message_fields import KEY_BYTES_MAX
+from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName
@@ -101,14 +102,19 @@ def test_versions_survive_a_restart_and_a_lost_index_is_rebuilt_from_the_entries
     service = started(data_dir)
     try:
         assert {key: stream(service, key) for key in ("k0", "k1", "k2")} == before
-        assert service.key_index.statistics().entries_rebuilt == 0  # a clean close left nothing to read again
+        assert service.key_index.statistics().entries_replayed == 0  # a clean close left nothing to read again
     finally:
-        service.close()
-    shutil.rmtree(Path(data_dir) / "key-index")
+        name = service.topics.topic(TOPIC).ml.name
+    service.close()
+    store = RocksDBMetadataStore(os.path.join(data_dir, "metadata"))
+    try:  # the checkpoint record is lost: the segments it named are no longer known
+        CheckpointStore(store, name).delete()
+    finally:
+        store.close()
     service = started(data_dir)
     try:
         assert {key: stream(service, key) for key in ("k0", "k1", "k2")} == before
-        assert service.key_index.statistics().entries_rebuilt == 12
+        assert service.key_index.statistics().entries_replayed == 12
         assert append(service, "k0", b"next", expected=3) == (4,)
     finally:
         service.close()
@@ -121,18 +127,18 @@ def test_a_failed_append_gives_its_versions_back(data_dir: str) -> None:
         keys = topic.streams
         assert keys is not None
         append(service, "k", b"v0")
-        failed = keys.reservation([Message(b"x", key="k")])
+        failed = keys.reservation_of_keys(["k"])
         assert failed is not None
         failed(topic.ml.next_offset)
         assert failed.versions == [1]
         failed.failed()
-        again = keys.reservation([Message(b"y", key="k")])
+        again = keys.reservation_of_keys(["k"])
         assert again is not None
         again(topic.ml.next_offset)
         assert again.versions == [1]
         # the managed ledger gives the same offsets out again (after a failed add): what was
         # reserved there failed, even before its failure is reported
-        reused = keys.reservation([Message(b"z", key="k")], {"k": 0})
+        reused = keys.reservation_of_keys(["k"], {"k": 0})
         assert reused is not None
         reused(topic.ml.next_offset)
         assert reused.versions == [1]
@@ -276,7 +282,7 @@ def test_keys_are_bounded_and_the_index_pushes_back_when_far_behind(data_dir: st
             append(service, "k" * (KEY_BYTES_MAX + 1), b"x")
         assert append(service, "é" * (KEY_BYTES_MAX // 2), b"x") == (0,)
         assert service.topics.topic(TOPIC).ml.next_offset == 1
-        monkeypatch.setattr(key_index_module, "PENDING_ROWS_MAX", 3)
+        monkeypatch.setattr(key_partition, "PENDING_ROWS_MAX", 3)
         with pytest.raises(KeyIndexBusy):
             publish_to(service, TOPIC, [Message(b"x", key=f"k{i}") for i in range(4)], producer_name="p")
         assert service.topics.topic(TOPIC).ml.next_offset == 1

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie, QuorumConfig, write_set
-from broker.bookkeeper.ledger import LedgerManager, LedgerState
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.bookkeeper.ledger_metadata import LedgerState
 from broker.errors import LedgerClosed, LedgerFenced, NoSuchEntry
 from broker.metadata import InMemoryMetadataStore
 from storage import LedgerStorage, StorageConfig

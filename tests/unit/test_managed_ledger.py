@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry

@@ -21,7 +21,7 @@ import pytest
 
 from broker.bookkeeper.bookie import BookieUnavailable, QuorumConfig
 from broker.bookkeeper.bookie_network import BookieBusy, BookieNetwork, BookieNetworkConfig, BookieTimeout
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.bookkeeper.remote_bookie import GROUP_BYTES_MAX, RemoteBookie, RemoteBookieClient
 from broker.errors import LedgerFenced, NoSuchEntry, NoSuchLedger
 from broker.metadata import InMemoryMetadataStore

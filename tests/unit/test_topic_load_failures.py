@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
-from broker.bookkeeper.ledger import LedgerManager
+from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry
 from broker.errors import ServiceUnitNotReady

@@ -1,28 +1,31 @@
-"""Encode messages into one stored entry and decode it back: the checked, checksummed whole.
+"""Encode messages into one stored entry: the checked, checksummed whole.
 
 Role: ``encode_entry`` validates its arguments, writes the batch (``batch.py``), the entry's
 ``MessageMetadata`` (by hand, as protobuf would), compresses (``compression.py``), checksums
 (CRC32C over metadata size, metadata and payload) and optionally prefixes broker metadata
-(``broker_metadata.py``). ``decode_entry_payload`` verifies an entry (prefix, checksum,
-metadata, encryption, decompression, index) without splitting it; ``decode_entry`` splits it
-too. See the package docstring for the layout and the decisions behind it.
+(``broker_metadata.py``). ``encode_single_entry`` writes the same bytes in one pass for the
+common lone message; ``as_unbatched`` rewrites a stored one-message batch in Pulsar's unbatched
+form for binary consumers. See the package docstring for the layout and the decisions behind it.
 
-Failures: malformed or checksum-failing bytes raise ``CorruptEntry`` (never garbage); bad
-arguments to the encoder raise ``InvalidRequest``.
+Invariants: the bytes are the same whichever path wrote them (native batch encoder, one-pass
+single entry, or the general encoder), and every entry carries the ``0x0e01`` checksum.
+
+Failures: bad arguments raise ``InvalidRequest``; ``as_unbatched`` raises ``CorruptEntry`` for
+a malformed entry.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import crc32c
-from google.protobuf.message import DecodeError
 
 from broker.entry_format.batch import decode_batch, encode_batch, encode_checked_batch
-from broker.entry_format.broker_metadata import broker_prefix, split_prefix
-from broker.entry_format.compression import COMPRESSIONS, MAX_UNCOMPRESSED_SIZE_BYTES, Compression, compress, decompress
-from broker.entry_format.model import DecodedEntry, DecodedMessage, EntryPayload, Message
+from broker.entry_format.broker_metadata import broker_prefix
+from broker.entry_format.common_entry import common_batch
+from broker.entry_format.compression import MAX_UNCOMPRESSED_SIZE_BYTES, Compression, compress
+from broker.entry_format.decode import decode_entry
+from broker.entry_format.model import DecodedMessage, Message
 from broker.entry_format.wire import (
     CHECKSUM_HEADER,
     INT64_MAX,
@@ -209,7 +212,7 @@ def as_unbatched(data: Buffer) -> bytes | None:
     unbatched message with none; Magnetar writes even a lone message as a batch, so a binary
     consumer is given this form, whose id (no batch index) is the one every other edge gives.
     Raises ``CorruptEntry`` for a malformed entry."""
-    batch = _common_batch(data) if isinstance(data, bytes) else None
+    batch = common_batch(data) if isinstance(data, bytes) else None
     if batch is None:
         return _general_unbatched(data)
     payload_start, count, first_offset, sequence_id, _, lone = batch  # the entry the broker writes
@@ -232,7 +235,7 @@ compression, sizes) or the message's own."""
 
 
 def _common_unbatched(data: bytes, payload_start: int, message: DecodedMessage) -> bytes:
-    """:func:`as_unbatched` of a common one-message batch (``_common_batch`` verified it), the
+    """:func:`as_unbatched` of a common one-message batch (``common_batch`` verified it), the
     metadata written field by field in protobuf's order, as ``SerializeToString`` writes it."""
     kept: dict[int, bytes] = {}
     pos = 6 + U32.unpack_from(data, 2)[0] + CHECKSUM_HEADER.size
@@ -385,325 +388,3 @@ def _checksummed(metadata: bytes, payload: bytes) -> bytes:
     size = U32.pack(len(metadata))
     checksum = crc32c.crc32c(payload, crc32c.crc32c(size + metadata))
     return b"".join((U16.pack(MAGIC_CRC32C), U32.pack(checksum), size, metadata, payload))
-
-def message_count(data: Buffer) -> int:
-    """Number of messages in an encoded entry, from its ``MessageMetadata`` alone.
-
-    Cheap (no checksum verification, no decompression); use :func:`decode_entry` to verify.
-    Raises ``CorruptEntry`` when the entry's structure is malformed.
-    """
-    start = split_prefix(data)[1]
-    if len(data) - start < CHECKSUM_HEADER.size:
-        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
-    magic, _, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
-    if magic != MAGIC_CRC32C:
-        raise CorruptEntry(f"entry does not start with the checksum magic 0x0e01 (found {magic:#06x})")
-    metadata_start = start + CHECKSUM_HEADER.size
-    if metadata_start + metadata_size > len(data):
-        raise CorruptEntry(f"MessageMetadata of {metadata_size} bytes runs past the {len(data)}-byte entry")
-    metadata = parse_metadata(bytes(data[metadata_start : metadata_start + metadata_size]))
-    count: int = metadata.num_messages_in_batch
-    if count <= 0:
-        raise CorruptEntry(f"entry declares {count} messages")
-    return count
-
-def parse_metadata(raw: bytes) -> pb.MessageMetadata:
-    metadata = pb.MessageMetadata()
-    try:
-        metadata.ParseFromString(raw)
-    except (DecodeError, ValueError) as exc:
-        raise CorruptEntry(f"malformed MessageMetadata: {exc}") from None
-    if not metadata.IsInitialized():
-        missing = ", ".join(metadata.FindInitializationErrors())
-        raise CorruptEntry(f"MessageMetadata lacks required fields: {missing}")
-    return metadata
-
-def _verified_metadata_and_payload(data: bytes, start: int) -> tuple[pb.MessageMetadata, memoryview]:
-    if len(data) - start < CHECKSUM_HEADER.size:
-        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
-    magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
-    if magic != MAGIC_CRC32C:
-        raise CorruptEntry(f"entry does not start with the checksum magic 0x0e01 (found {magic:#06x})")
-    view = memoryview(data)
-    checksum = crc32c.crc32c(view[start + 6 :])
-    if checksum != stored_checksum:
-        raise CorruptEntry(f"entry checksum mismatch: stored {stored_checksum:#010x}, computed {checksum:#010x}")
-    metadata_start = start + CHECKSUM_HEADER.size
-    payload_start = metadata_start + metadata_size
-    if payload_start > len(data):
-        raise CorruptEntry(f"MessageMetadata of {metadata_size} bytes runs past the {len(data)}-byte entry")
-    metadata = parse_metadata(data[metadata_start:payload_start])
-    return metadata, view[payload_start:]
-
-def _single_message(metadata: pb.MessageMetadata, payload: bytes, offset: int | None) -> DecodedMessage:
-    has = metadata.HasField
-    return DecodedMessage(
-        batch_index=-1,
-        offset=offset,
-        payload=payload,
-        key=metadata.partition_key if has("partition_key") else None,
-        properties={kv.key: kv.value for kv in metadata.properties},
-        event_time_ms=metadata.event_time if has("event_time") else None,
-        sequence_id=metadata.sequence_id,
-        ordering_key=metadata.ordering_key if has("ordering_key") else None,
-        key_b64_encoded=metadata.partition_key_b64_encoded,
-        null_value=metadata.null_value,
-        null_key=metadata.null_partition_key,
-        compacted_out=False,
-    )
-
-def _first_offset(index: int, count: int) -> int:
-    first = index - count + 1
-    if first < 0:
-        raise CorruptEntry(f"broker index {index} is too small for an entry of {count} messages")
-    return first
-
-def decode_entry_payload(data: Buffer) -> EntryPayload:
-    """Verify one stored entry and decompress its payload, without splitting it into messages.
-
-    Everything :func:`decode_entry` checks before it splits the batch is checked here
-    (prefix, checksum, ``MessageMetadata``, encryption, decompression, broker index), so a
-    reader that splits the payload itself (the native range-read columns) is as strict.
-    Raises ``CorruptEntry`` for anything malformed, ``InvalidRequest`` for an encrypted entry.
-    """
-    raw = data if isinstance(data, bytes) else bytes(data)
-    broker, start = split_prefix(raw)
-    metadata, compressed = _verified_metadata_and_payload(raw, start)
-    if metadata.encryption_keys:
-        raise InvalidRequest("entry is end-to-end encrypted; the broker cannot read its messages")
-    code = metadata.compression
-    if not 0 <= code < len(COMPRESSIONS):
-        raise CorruptEntry(f"unknown compression type {code}")
-    compression = COMPRESSIONS[code]
-    payload: bytes | memoryview
-    if compression is Compression.NONE:
-        payload = compressed
-    else:
-        payload = decompress(compression, compressed, metadata.uncompressed_size)
-    is_batched = metadata.HasField("num_messages_in_batch")
-    count = metadata.num_messages_in_batch if is_batched else 1
-    first_offset = None if broker is None else _first_offset(broker.index, count)
-    return EntryPayload(broker, metadata, compression, payload, is_batched, count, first_offset)
-
-def decode_entry(data: Buffer) -> DecodedEntry:
-    """Verify and decode one stored entry. Raises ``CorruptEntry`` for anything malformed."""
-    return split_entry_payload(decode_entry_payload(data))
-
-def split_entry_payload(entry: EntryPayload) -> DecodedEntry:
-    """The messages of an entry :func:`decode_entry_payload` verified (``CorruptEntry`` when its
-    batch is malformed)."""
-    payload = entry.payload if isinstance(entry.payload, bytes) else entry.payload.tobytes()
-    if entry.is_batched:
-        messages = decode_batch(payload, entry.num_messages, entry.first_offset, entry.metadata.sequence_id)
-    else:
-        messages = [_single_message(entry.metadata, payload, entry.first_offset)]
-    return DecodedEntry(entry.broker_metadata, entry.metadata, entry.compression, len(payload), messages)
-
-
-_PREFIX_MAGIC = b"\x0e\x02"
-_INT32_MAX = (1 << 31) - 1
-_INT64_SIGN = 1 << 63
-
-
-def decode_messages(data: Buffer) -> tuple[list[DecodedMessage], int | None]:
-    """``decode_entry(data)``'s messages and ``deliver_at_time_ms``: what dispatchers and readers
-    need of an entry, read faster for the entries the broker writes (a broker prefix, a batch,
-    no compression, only the ``MessageMetadata`` fields Magnetar's producers set). Anything else,
-    and anything :func:`decode_entry` would refuse, goes to :func:`decode_entry`, so the result
-    and the errors are always its."""
-    fast = _fast_messages(data) if type(data) is bytes else None
-    if fast is not None:
-        return fast
-    decoded = decode_entry(data)
-    return decoded.messages, decoded.deliver_at_time_ms
-
-
-def _fast_messages(data: bytes) -> tuple[list[DecodedMessage], int | None] | None:
-    """The messages of a common entry, or None for :func:`decode_entry` to decode (or refuse)."""
-    batch = _common_batch(data)
-    if batch is None:
-        return None
-    payload_start, count, first_offset, sequence_id, deliver_at, lone = batch
-    if lone is not None:  # not a batch: the metadata's fields are the message's
-        key, event_time, ordering_key, key_b64 = lone
-        return [DecodedMessage(-1, first_offset, data[payload_start:], key, {}, event_time, sequence_id,
-                               ordering_key, key_b64, False, False, False)], deliver_at
-    try:
-        return decode_batch(data[payload_start:], count, first_offset, sequence_id), deliver_at
-    except CorruptEntry:
-        return None  # decode_entry refuses it, in its own words
-
-
-def delivery_time(data: Buffer) -> int | None:
-    """An entry's ``deliver_at_time`` (None: none), from its ``MessageMetadata`` alone: what
-    dispatch needs of an entry it does not split (the common entry read as :func:`decode_messages`
-    reads it, any other's metadata parsed; ``CorruptEntry`` for a malformed one)."""
-    batch = _common_batch(data) if type(data) is bytes else None
-    if batch is not None:
-        return batch[4]
-    start = split_prefix(data)[1]
-    if len(data) - start < CHECKSUM_HEADER.size:
-        raise CorruptEntry(f"entry of {len(data)} bytes is too short")
-    _, _, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
-    metadata_start = start + CHECKSUM_HEADER.size
-    metadata = parse_metadata(bytes(data[metadata_start : metadata_start + metadata_size]))
-    return metadata.deliver_at_time if metadata.HasField("deliver_at_time") else None
-
-
-def common_batch_payload(data: Buffer) -> tuple[memoryview, int] | None:
-    """The verified batch payload and message count of an entry :func:`decode_messages` reads on
-    its fast path, or None: then ``decode_entry_payload`` verifies it (or refuses it). The
-    payload is not split here (the range read's native columns split it)."""
-    batch = _common_batch(data) if type(data) is bytes else None
-    return None if batch is None or batch[5] is not None else (memoryview(data)[batch[0] :], batch[1])
-
-
-try:
-    from broker.entry_format._common_entry import common_batch as _native_common_batch
-    from broker.entry_format._common_entry import common_metadata as _native_common_metadata
-except ImportError:  # built without a C compiler (see setup.py)
-    NATIVE_COMMON_ENTRY = False
-else:
-    NATIVE_COMMON_ENTRY = True
-"""Whether common entries are checked by ``_common_entry.c`` rather than in Python."""
-
-_LoneFields = tuple[str | None, int | None, bytes | None, bool]
-"""A non-batched entry's message fields kept in its ``MessageMetadata``: partition key, event
-time, ordering key, whether the key is base64 of binary."""
-_CommonEntry = tuple[int, int, int, int, int | None, _LoneFields | None]
-
-
-def _common_batch(data: bytes) -> _CommonEntry | None:
-    """(payload start, message count, first offset, sequence id, delivery time, and for an entry
-    that is not a batch its message's fields) of a verified common entry (see
-    :func:`decode_messages`), or None, also for a malformed one (then ``decode_entry`` says
-    how). Read by ``_common_entry.c`` when it was built, which returns exactly what
-    :func:`_python_common_batch` does (property-tested against it)."""
-    if NATIVE_COMMON_ENTRY and type(data) is bytes:
-        return _native_common_batch(data)
-    return _python_common_batch(data)
-
-
-def _python_common_batch(data: bytes) -> _CommonEntry | None:
-    if data[:2] != _PREFIX_MAGIC:
-        return None
-    try:
-        return _parse_common_batch(data)
-    except (IndexError, ValueError, CorruptEntry, struct.error):
-        return None
-
-
-def _parse_common_batch(data: bytes) -> _CommonEntry | None:
-    read = read_varint
-    end = 6 + U32.unpack_from(data, 2)[0]
-    pos, timestamp, index = 6, None, None
-    while pos < end:
-        tag = data[pos]
-        if tag == 0x08:
-            timestamp, pos = read(data, pos + 1)
-        elif tag == 0x10:
-            index, pos = read(data, pos + 1)
-        else:
-            return None
-    if pos != end or timestamp is None or index is None:
-        return None
-    parsed = _python_parse_common_metadata(data, end)
-    if parsed is None or index - parsed[1] + 1 < 0:
-        return None
-    payload_start, count, sequence_id, deliver_at, lone, _producer = parsed
-    return payload_start, count, index - count + 1, sequence_id, deliver_at, lone
-
-
-_CommonMetadata = tuple[int, int, int, int | None, _LoneFields | None, str]
-
-
-def _parse_common_metadata(data: bytes, start: int) -> _CommonMetadata | None:
-    """(payload start, message count, sequence id, delivery time, a lone message's fields,
-    producer name) of the verified checksum and ``MessageMetadata`` at ``start`` of a common
-    entry, or None (see :func:`_common_batch`); ``_common_entry.c`` reads it when it was built."""
-    if NATIVE_COMMON_ENTRY and type(data) is bytes:
-        return _native_common_metadata(data, start)
-    return _python_parse_common_metadata(data, start)
-
-
-def _python_parse_common_metadata(data: bytes, start: int) -> _CommonMetadata | None:
-    read = read_varint
-    magic, stored_checksum, metadata_size = CHECKSUM_HEADER.unpack_from(data, start)
-    if magic != MAGIC_CRC32C or crc32c.crc32c(memoryview(data)[start + 6 :]) != stored_checksum:
-        return None
-    pos = start + CHECKSUM_HEADER.size
-    payload_start = pos + metadata_size
-    if payload_start > len(data):
-        return None
-    producer = sequence_id = publish_time = count = deliver_at = key = event_time = ordering_key = None
-    key_b64 = False
-    while pos < payload_start:
-        tag = data[pos]
-        if tag in (0x0A, 0x32):  # producer_name, partition_key: strings, UTF-8 as protobuf checks
-            length, pos = read(data, pos + 1)
-            text = data[pos : pos + length].decode()
-            pos += length
-            if tag == 0x0A:
-                producer = text
-            else:
-                key = text
-        elif tag == 0x10:
-            sequence_id, pos = read(data, pos + 1)
-        elif tag == 0x18:
-            publish_time, pos = read(data, pos + 1)
-        elif tag == 0x58:
-            count, pos = read(data, pos + 1)
-        elif tag == 0x40:
-            code, pos = read(data, pos + 1)
-            if code:
-                return None  # compressed: decode_entry decompresses
-        elif tag == 0x48:  # uncompressed_size
-            pos = read(data, pos + 1)[1]
-        elif tag == 0x60:  # event_time
-            event_time, pos = read(data, pos + 1)
-        elif tag in (0x82, 0x92):  # schema_version (16), ordering_key (18): bytes
-            if data[pos + 1] != 0x01:
-                return None
-            length, pos = read(data, pos + 2)
-            if tag == 0x92:
-                ordering_key = data[pos : pos + length]
-            pos += length
-        elif tag in (0x88, 0xC0):  # partition_key_b64_encoded (17), highest_sequence_id (24)
-            if data[pos + 1] != 0x01:
-                return None
-            value, pos = read(data, pos + 2)
-            if tag == 0x88:
-                key_b64 = value != 0
-        elif tag == 0x98:  # deliver_at_time (19), int64
-            if data[pos + 1] != 0x01:
-                return None
-            deliver_at, pos = read(data, pos + 2)
-            if deliver_at >= _INT64_SIGN:
-                deliver_at -= UINT64_MOD
-        else:
-            return None  # properties, encryption, chunks, transactions, markers, replication: decode_entry
-    lone: _LoneFields | None = None
-    if count is None:  # not a batch: one message, described by the metadata itself
-        count, lone = 1, (key, event_time, ordering_key, key_b64)
-    if pos != payload_start or producer is None or sequence_id is None or publish_time is None \
-            or not 0 < count <= _INT32_MAX:
-        return None
-    return payload_start, count, sequence_id, deliver_at, lone, producer
-
-
-def common_client_entry(data: Buffer) -> tuple[str, tuple[str | None, ...]] | None:
-    """(producer name, each message's partition key) of a client's entry (no broker prefix) of
-    the common kind :func:`decode_messages` reads on its fast path, verified as
-    :func:`decode_entry` verifies it; None for any other entry: ask ``decode_entry_payload``."""
-    if type(data) is not bytes:
-        return None
-    try:
-        parsed = _parse_common_metadata(data, 0)  # a broker prefix fails its magic check
-        if parsed is None:
-            return None
-        payload_start, count, sequence_id, _deliver_at, lone, producer = parsed
-        if lone is not None:
-            return producer, (lone[0],)
-        return producer, tuple([m.key for m in decode_batch(data[payload_start:], count, None, sequence_id)])
-    except (IndexError, ValueError, CorruptEntry, struct.error):
-        return None

@@ -1,8 +1,7 @@
-"""Ledgers with BookKeeper's semantics, over the BookieClient seam and the metadata store.
+"""LedgerHandle: the writer or a reader of one ledger (BookKeeper's LedgerHandle).
 
-A ledger is a single-writer log of entries with dense ids from 0. Its metadata (quorum sizes,
-state OPEN → IN_RECOVERY → CLOSED, last entry id once closed, and its *fragments*: the ensemble
-of bookies used from each first entry id) lives in the metadata store at ``/ledgers/{id}``.
+Role: the managed ledger appends through a handle and reads through one. Its metadata
+(``ledger_metadata.py``) says which bookies hold each entry.
 
 - **Add**: the writer sends entry ``e`` to its write set (``Qw`` bookies from ``e % E``) and
   acknowledges it once ``Qa`` of them have it durable. Acknowledgements complete in entry order
@@ -10,30 +9,34 @@ of bookies used from each first entry id) lives in the metadata store at ``/ledg
   (a new fragment) when a spare bookie exists; otherwise the handle fails its pending adds.
 - **Read**: only entries ``<= LAC``; each is tried on the bookies of its write set in turn, so a
   stopped bookie's entries are read from a replica.
-- **Recovery** (``open(recovery=True)`` of a ledger that is not closed): mark it IN_RECOVERY,
-  fence enough bookies of the last ensemble that the old writer can no longer reach an ack
-  quorum, read forward from the highest piggybacked LAC, re-replicate every entry found, and
-  close the ledger at the last one. The old handle's later adds fail with ``LedgerFenced``.
 - **Close** fixes the last entry id in the metadata (compare-and-set, so a concurrent recovery
-  wins and the writer learns it was fenced).
+  wins and the writer learns it was fenced). A recovery (``ledger_recovery.py``) fences the
+  bookies: the old handle's later adds fail with ``LedgerFenced``.
+
+Invariants: entry ids are dense from 0 and acknowledged in order; the LAC never passes an entry
+that ``Qa`` bookies of its current write set hold; the writer changes the metadata only by
+compare-and-set, merging a re-replication worker's change to finished fragments (at most
+``METADATA_MERGES_MAX`` times).
 """
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
 
-from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, QuorumConfig, StoredEntry, write_set
+from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, write_set
+from broker.bookkeeper.ledger_metadata import (
+    LedgerMetadata,
+    LedgerState,
+    ensemble_in,
+    ledger_path,
+    read_ledger_metadata,
+)
 from broker.errors import (
     BadVersion,
-    BrokerError,
     CorruptEntry,
     InvalidRequest,
     LedgerClosed,
@@ -42,72 +45,15 @@ from broker.errors import (
     NoSuchEntry,
     NoSuchLedger,
     NotEnoughBookies,
-    NotFound,
     StorageError,
 )
 from broker.metadata.store import MetadataStore
 from storage import new_future
 
-LEDGERS_PATH = "/ledgers"
-LEDGER_ID_COUNTER = "/counters/ledger-id"
 FUTURE_TIMEOUT_S = 60.0
-RECOVERY_ENTRIES_MAX = 10_000_000
 METADATA_MERGES_MAX = 16
 """Attempts to merge this writer's metadata change with a re-replication worker's (see
 ``LedgerHandle._store_metadata``) before giving up."""
-
-
-class LedgerState(StrEnum):
-    OPEN = "OPEN"
-    IN_RECOVERY = "IN_RECOVERY"
-    CLOSED = "CLOSED"
-
-
-@dataclass
-class LedgerMetadata:
-    ledger_id: int
-    quorum: QuorumConfig
-    state: LedgerState = LedgerState.OPEN
-    last_entry_id: int = -1
-    length_bytes: int = 0
-    fragments: list[tuple[int, list[str]]] = field(default_factory=list)
-    created_ms: int = 0
-    custom: dict[str, str] = field(default_factory=dict)
-
-    def ensemble_for(self, entry_id: int) -> list[str]:
-        return _ensemble_in(self.fragments, entry_id)
-
-    def to_json(self) -> bytes:
-        return json.dumps({
-            "ledgerId": self.ledger_id,
-            "ensembleSize": self.quorum.ensemble_size,
-            "writeQuorumSize": self.quorum.write_quorum_size,
-            "ackQuorumSize": self.quorum.ack_quorum_size,
-            "state": self.state.value,
-            "lastEntryId": self.last_entry_id,
-            "length": self.length_bytes,
-            "fragments": [[first, list(ensemble)] for first, ensemble in self.fragments],
-            "ctime": self.created_ms,
-            "customMetadata": self.custom,
-        }, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> LedgerMetadata:
-        obj: dict[str, Any] = json.loads(raw)
-        return cls(
-            ledger_id=int(obj["ledgerId"]),
-            quorum=QuorumConfig(obj["ensembleSize"], obj["writeQuorumSize"], obj["ackQuorumSize"]),
-            state=LedgerState(obj["state"]),
-            last_entry_id=int(obj["lastEntryId"]),
-            length_bytes=int(obj["length"]),
-            fragments=[(int(first), [str(b) for b in ensemble]) for first, ensemble in obj["fragments"]],
-            created_ms=int(obj["ctime"]),
-            custom={str(k): str(v) for k, v in obj.get("customMetadata", {}).items()},
-        )
-
-
-def ledger_path(ledger_id: int) -> str:
-    return f"{LEDGERS_PATH}/{ledger_id}"
 
 
 @dataclass(slots=True)
@@ -120,79 +66,13 @@ class _PendingAdd:
     done: bool = False
 
 
-class LedgerManager:
-    """Creates, opens (with recovery), and deletes ledgers."""
-
-    def __init__(self, store: MetadataStore, client: BookieClient,
-                 clock: Callable[[], float] = time.time, *, id_generator: Callable[[], int] | None = None) -> None:
-        self.store = store
-        self.client = client
-        self.clock = clock
-        self._id_generator = id_generator
-
-    def _allocate_id(self) -> int:
-        """A ledger id never handed out before: from the cluster's id generator when there is
-        one (ZooKeeper's counter), else a compare-and-set on a counter in the store."""
-        if self._id_generator is not None:
-            return self._id_generator()
-        for _ in range(1000):
-            stat = self.store.get(LEDGER_ID_COUNTER)
-            current = int(stat.value) if stat is not None else 0
-            try:
-                self.store.put(LEDGER_ID_COUNTER, str(current + 1).encode(),
-                               stat.version if stat is not None else -1)
-            except BadVersion:
-                continue
-            return current + 1
-        raise BadVersion("could not allocate a ledger id: too much contention")
-
-    def create(self, quorum: QuorumConfig | None = None, custom: dict[str, str] | None = None) -> LedgerHandle:
-        quorum = quorum or QuorumConfig()
-        ledger_id = self._allocate_id()
-        meta = LedgerMetadata(ledger_id, quorum, fragments=[(0, self.client.new_ensemble(quorum.ensemble_size))],
-                              created_ms=int(self.clock() * 1000), custom=dict(custom or {}))
-        stat = self.store.put(ledger_path(ledger_id), meta.to_json(), -1)
-        return LedgerHandle(self, meta, stat.version, writable=True)
-
-    def metadata(self, ledger_id: int) -> tuple[LedgerMetadata, int]:
-        stat = self.store.get(ledger_path(ledger_id))
-        if stat is None:
-            raise NoSuchLedger(f"ledger {ledger_id} does not exist")
-        return LedgerMetadata.from_json(stat.value), stat.version
-
-    def open(self, ledger_id: int, *, recovery: bool = True) -> LedgerHandle:
-        """A read handle. With ``recovery`` an unclosed ledger is fenced, recovered and closed."""
-        meta, version = self.metadata(ledger_id)
-        if meta.state is LedgerState.CLOSED or not recovery:
-            handle = LedgerHandle(self, meta, version, writable=False)
-            if meta.state is not LedgerState.CLOSED:
-                handle.refresh_last_add_confirmed()
-            return handle
-        return _Recovery(self, meta, version).run()
-
-    def delete(self, ledger_id: int) -> None:
-        """Delete a ledger from its bookies, then its metadata; deleting a missing ledger is a
-        no-op, so interrupted deletions can simply be retried."""
-        try:
-            meta, _ = self.metadata(ledger_id)
-        except NoSuchLedger:
-            return
-        for bookie_id in sorted({b for _, ensemble in meta.fragments for b in ensemble}):
-            try:
-                self.client.bookie(bookie_id).delete_ledger(ledger_id)
-            except BookieUnavailable:
-                continue  # its copy is orphaned; the bookie drops it when it learns the ledger is gone
-        try:
-            self.store.delete(ledger_path(ledger_id))
-        except NotFound:
-            return
-
-
 class LedgerHandle:
     """A writer (from ``create``) or reader (from ``open``) of one ledger."""
 
-    def __init__(self, manager: LedgerManager, meta: LedgerMetadata, version: int, *, writable: bool) -> None:
-        self._manager = manager
+    def __init__(self, store: MetadataStore, client: BookieClient, meta: LedgerMetadata, version: int, *,
+                 writable: bool) -> None:
+        self._store = store
+        self._client = client
         self.metadata = meta
         self._version = version
         self.writable = writable and meta.state is LedgerState.OPEN
@@ -228,7 +108,7 @@ class LedgerHandle:
         best = self._lac
         for bookie_id in self.metadata.fragments[-1][1]:
             try:
-                best = max(best, self._manager.client.bookie(bookie_id).read_last_add_confirmed(self.ledger_id))
+                best = max(best, self._client.bookie(bookie_id).read_last_add_confirmed(self.ledger_id))
             except BookieUnavailable:
                 continue
         self._lac = best
@@ -277,7 +157,7 @@ class LedgerHandle:
 
     def _send_group(self, group: list[_PendingAdd], bookie_id: str, lac: int) -> None:
         try:
-            future = self._manager.client.bookie(bookie_id).add_entries(
+            future = self._client.bookie(bookie_id).add_entries(
                 self.ledger_id, [p.entry_id for p in group], lac, [(p.length_bytes, p.payload) for p in group])
         except MagnetarError as exc:
             self._on_bookie_failure(group[0], bookie_id, exc)
@@ -341,7 +221,7 @@ class LedgerHandle:
             for waiting in self._pending:
                 if waiting.done:
                     continue
-                old = write_set(_ensemble_in(old_fragments, waiting.entry_id), waiting.entry_id, quorum)
+                old = write_set(ensemble_in(old_fragments, waiting.entry_id), waiting.entry_id, quorum)
                 new = self._write_set(waiting.entry_id)
                 waiting.acked_by.intersection_update(new)
                 for target in new:
@@ -374,7 +254,7 @@ class LedgerHandle:
         """A spare bookie in the failed one's place; without a spare, the ensemble's live bookies
         alone, as long as they are at least the write quorum (every entry still goes to ``Qw``
         bookies and waits for ``Qa``: only the striping narrows)."""
-        client = self._manager.client
+        client = self._client
         try:
             spare = client.new_ensemble(1, exclude=[*ensemble, *self._failed_bookies])[0]
         except NotEnoughBookies:
@@ -400,13 +280,13 @@ class LedgerHandle:
         re-replication worker, which rewrites only fragments this writer has finished: take
         its fragments before ``change_from`` (all of them when None) and this writer's from
         there on, and try again. Otherwise a recovery took the ledger: ``LedgerFenced``."""
-        store = self._manager.store
+        store = self._store
         for _ in range(METADATA_MERGES_MAX):
             try:
                 self._version = store.put(ledger_path(self.ledger_id), self.metadata.to_json(), self._version).version
                 return
             except BadVersion:
-                stored, version = self._manager.metadata(self.ledger_id)
+                stored, version = read_ledger_metadata(self._store, self.ledger_id)
                 if stored.state is not LedgerState.OPEN:
                     raise LedgerFenced(f"ledger {self.ledger_id} was recovered by another writer") from None
                 if change_from is None:
@@ -436,7 +316,7 @@ class LedgerHandle:
             try:
                 self._store_metadata()
             except LedgerFenced:
-                self.metadata, self._version = self._manager.metadata(self.ledger_id)
+                self.metadata, self._version = read_ledger_metadata(self._store, self.ledger_id)
                 raise
 
     # --- reading -------------------------------------------------------------------------
@@ -456,7 +336,7 @@ class LedgerHandle:
         holder = self._single_holder(first_entry_id, last_entry_id)
         if holder is not None:
             try:
-                stored = self._manager.client.bookie(holder).read_entries(self.ledger_id, first_entry_id,
+                stored = self._client.bookie(holder).read_entries(self.ledger_id, first_entry_id,
                                                                           last_entry_id)
                 return [entry.payload for entry in stored]
             except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry):
@@ -486,7 +366,7 @@ class LedgerHandle:
         last_error: BaseException | None = None
         for bookie_id in targets:
             try:
-                return self._manager.client.bookie(bookie_id).read_entry(self.ledger_id, entry_id).payload
+                return self._client.bookie(bookie_id).read_entry(self.ledger_id, entry_id).payload
             except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry) as exc:
                 last_error = exc
         raise NoSuchEntry(f"entry {self.ledger_id}:{entry_id} unreadable on {targets}: {last_error}")
@@ -497,7 +377,7 @@ class LedgerHandle:
         writer adopts the stored version too only while the ledger is still OPEN, so a
         recovery's state change still fences it at its next metadata write."""
         try:
-            stored, version = self._manager.metadata(self.ledger_id)
+            stored, version = read_ledger_metadata(self._store, self.ledger_id)
         except MagnetarError:
             return False
         with self._lock:
@@ -507,127 +387,6 @@ class LedgerHandle:
             if stored.state is LedgerState.OPEN and self.metadata.state is LedgerState.OPEN:
                 self._version = version
             return True
-
-
-class _Recovery:
-    """Fence, read forward from the highest piggybacked LAC, re-replicate, close."""
-
-    def __init__(self, manager: LedgerManager, meta: LedgerMetadata, version: int) -> None:
-        self.manager = manager
-        self.meta = meta
-        self.version = version
-        self.written_with = list(meta.fragments)
-        """Where the writer put each entry: reads follow these, whatever ensemble changes this
-        recovery makes for the entries it writes again."""
-
-    def run(self) -> LedgerHandle:
-        if self.meta.state is LedgerState.OPEN:
-            self.meta.state = LedgerState.IN_RECOVERY
-            self.version = self.manager.store.put(ledger_path(self.meta.ledger_id), self.meta.to_json(),
-                                                  self.version).version
-        lac, length_bytes = self._fence_and_read_lac()
-        last, length_bytes = self._recover_forward(lac, length_bytes)
-        self.meta.state = LedgerState.CLOSED
-        self.meta.last_entry_id = last
-        self.meta.length_bytes = length_bytes
-        self.manager.store.put(ledger_path(self.meta.ledger_id), self.meta.to_json(), self.version)
-        return self.manager.open(self.meta.ledger_id, recovery=False)
-
-    def _fence_and_read_lac(self) -> tuple[int, int]:
-        """Fence the last ensemble; return the highest piggybacked LAC and the ledger length
-        at that entry."""
-        ensemble = self.meta.fragments[-1][1]
-        quorum = self.meta.quorum
-        fenced, lac = 0, -1
-        for bookie_id in ensemble:
-            try:
-                bookie = self.manager.client.bookie(bookie_id)
-                bookie.fence(self.meta.ledger_id).result(timeout=FUTURE_TIMEOUT_S)
-                lac = max(lac, bookie.read_last_add_confirmed(self.meta.ledger_id))
-                fenced += 1
-            except BrokerError:
-                continue
-        if fenced < len(ensemble) - quorum.ack_quorum_size + 1:
-            raise NotEnoughBookies(f"fenced {fenced} of {len(ensemble)} bookies of ledger {self.meta.ledger_id}")
-        if lac < 0:
-            return lac, 0
-        return lac, self._read(lac).length_bytes
-
-    def _read(self, entry_id: int) -> StoredEntry:
-        """The entry from any bookie of its write set. ``NoSuchEntry`` only when so many of them
-        answered that they lack it (``Qw - Qa + 1``) that it cannot have reached an ack quorum;
-        when too few answered to tell, ``NotEnoughBookies`` (recovery must not stop early and
-        cut off an acknowledged entry held by the unreachable ones)."""
-        quorum = self.meta.quorum
-        targets = write_set(_ensemble_in(self.written_with, entry_id), entry_id, quorum.write_quorum_size)
-        missing = 0
-        for bookie_id in targets:
-            try:
-                return self.manager.client.bookie(bookie_id).read_entry(self.meta.ledger_id, entry_id)
-            except (NoSuchEntry, NoSuchLedger):
-                missing += 1
-            except (BookieUnavailable, CorruptEntry):
-                continue
-        if missing >= quorum.write_quorum_size - quorum.ack_quorum_size + 1:
-            raise NoSuchEntry(f"entry {self.meta.ledger_id}:{entry_id} is on no bookie of {targets}")
-        raise NotEnoughBookies(f"entry {self.meta.ledger_id}:{entry_id}: too few of {targets} answered")
-
-    def _recover_forward(self, lac: int, length_bytes: int) -> tuple[int, int]:
-        last = lac
-        for entry_id in range(lac + 1, lac + 1 + RECOVERY_ENTRIES_MAX):
-            try:
-                stored = self._read(entry_id)
-            except NoSuchEntry:
-                break
-            self._replicate(entry_id, entry_id - 1, stored.length_bytes, stored.payload)
-            last, length_bytes = entry_id, stored.length_bytes
-        return last, length_bytes
-
-    def _replicate(self, entry_id: int, lac: int, length_bytes: int, payload: bytes) -> None:
-        """Write a recovered entry to its write set; bookies that fail are replaced from this
-        entry on (a new fragment, as a writer's ensemble change), so a dead bookie in the last
-        ensemble does not make the ledger unrecoverable."""
-        quorum = self.meta.quorum
-        failed: set[str] = set()
-        while True:
-            targets = write_set(self.meta.ensemble_for(entry_id), entry_id, quorum.write_quorum_size)
-            acks = 0
-            for bookie_id in targets:
-                try:
-                    bookie = self.manager.client.bookie(bookie_id)
-                    bookie.add_entries(self.meta.ledger_id, [entry_id], lac, [(length_bytes, payload)],
-                                       recovery=True).result(timeout=FUTURE_TIMEOUT_S)
-                    acks += 1
-                except BrokerError:
-                    failed.add(bookie_id)
-            if acks >= quorum.ack_quorum_size:
-                return
-            self._change_ensemble(entry_id, failed)
-
-    def _change_ensemble(self, entry_id: int, failed: set[str]) -> None:
-        ensemble = self.meta.ensemble_for(entry_id)
-        client = self.manager.client
-        dead = [b for b in ensemble if b in failed]
-        if not dead:
-            raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id} reached too few bookies")
-        try:
-            spares = client.new_ensemble(len(dead), exclude=[*ensemble, *failed])
-            replacement = dict(zip(dead, spares, strict=True))
-            new_ensemble = [replacement.get(b, b) for b in ensemble]
-        except NotEnoughBookies:
-            new_ensemble = [b for b in ensemble if b not in failed]
-            if len(new_ensemble) < self.meta.quorum.write_quorum_size:
-                raise NotEnoughBookies(f"recovered entry {self.meta.ledger_id}:{entry_id}: "
-                                       f"too few bookies answered, {sorted(failed)} failed") from None
-        self.meta.fragments = [f for f in self.meta.fragments if f[0] < entry_id] + [(entry_id, new_ensemble)]
-
-
-def _ensemble_in(fragments: list[tuple[int, list[str]]], entry_id: int) -> list[str]:
-    chosen = fragments[0][1]
-    for first_entry_id, ensemble in fragments:
-        if first_entry_id <= entry_id:
-            chosen = ensemble
-    return chosen
 
 
 def _is_available(client: BookieClient, bookie_id: str) -> bool:
