@@ -60,8 +60,6 @@ def add_cluster_commands(commands: Any) -> None:
                         help="Pulsar binary protocol port (default 6650, Pulsar's brokerServicePort; 0 = off)")
     broker.add_argument("--advertised-address",
                         help="host name other brokers and clients use to reach this one (advertisedAddress)")
-    broker.add_argument("--data-dir", help="this broker's local scratch: the key index of the topics it serves, "
-                                           "rebuilt from their entries (default ./data; one per broker)")
     broker.add_argument("--default-bundles", type=int, default=4,
                         help="bundles of a namespace without a bundles policy (defaultNumberOfNamespaceBundles, 4)")
     broker.add_argument("--load-report-interval-ms", type=int, default=2000)
@@ -102,7 +100,7 @@ def run_broker(args: argparse.Namespace) -> int:
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
     overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port),
-                                                    ("webServicePortTls", args.tls_port), ("dataDir", args.data_dir),
+                                                    ("webServicePortTls", args.tls_port),
                                                     ("brokerServicePort", args.pulsar_port))
                  if value is not None}
     try:
@@ -136,7 +134,7 @@ def run_broker(args: argparse.Namespace) -> int:
         identifier=broker_id, ownership=ownership))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_file_limit()
-    app = create_app(BrokerService(config.data_dir, broker_config, cluster=cluster), auth=config.auth,
+    app = create_app(BrokerService(None, broker_config, cluster=cluster), auth=config.auth,
                      limits=config.limits, pulsar=pulsar)
     tune_runtime()
     signal.signal(signal.SIGTERM, exit_cleanly)

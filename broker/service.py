@@ -2,7 +2,7 @@
 
 Role: ``magnetar standalone`` builds one over a data directory. :meth:`start` opens what all
 stands on (the embedded bookie, ``storage``; the RocksDB metadata store; the ledger manager,
-entry cache and managed-ledger factory; the key index in ``{data_dir}/key-index``) and builds
+entry cache and managed-ledger factory; the key index, kept in ledgers beside its topics) and builds
 the parts transports use, each over only what it needs: ``namespaces`` (tenants, namespaces,
 policies, who serves what: ``broker/namespace/service.py``), ``topics`` (the topic registry:
 ``broker/topic_registry.py``), ``subscriptions`` (subscribe, readers, cursor moves, topic-list
@@ -111,10 +111,14 @@ class _Parts:
 
 
 class BrokerService:
-    def __init__(self, data_dir: str, config: BrokerConfig | None = None,
+    def __init__(self, data_dir: str | None, config: BrokerConfig | None = None,
                  clock: Callable[[], float] = time.time, *, fileio: FileIO | None = None,
                  journal_dir: str | None = None, cluster: ClusterStorage | None = None) -> None:
-        self.data_dir = os.path.abspath(data_dir)
+        if data_dir is None and cluster is None:
+            raise ValueError("a standalone broker needs a data directory")
+        self.data_dir = None if data_dir is None else os.path.abspath(data_dir)
+        """The embedded bookie's and the metadata store's directory (standalone); a broker of a
+        cluster keeps nothing on a local disk (None)."""
         self.config = config or BrokerConfig()
         self.clock = clock
         self._fileio = fileio
@@ -135,6 +139,7 @@ class BrokerService:
         if self.cluster is not None:
             store, ledgers = self.cluster.open(self.clock)
         else:
+            assert self.data_dir is not None
             os.makedirs(self.data_dir, exist_ok=True)
             self._storage = LedgerStorage.open(os.path.join(self.data_dir, "bookie"), self.config.storage,
                                                fileio=self._fileio, journal_dir=self._journal_dir)

@@ -177,8 +177,7 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
             port, pulsar_port = free_port(), free_port()
             name = "broker" if brokers == 1 else f"broker-{index}"
             reached = zookeeper_via(index, zookeeper) if zookeeper_via is not None else zookeeper
-            servers.append(Process(name, broker_command(f"zk:{reached}{chroot}", port, pulsar_port,
-                                                        "--data-dir", str(base / name), *broker_args),
+            servers.append(Process(name, broker_command(f"zk:{reached}{chroot}", port, pulsar_port, *broker_args),
                                    port, env=dict(env or {}), pulsar_port=pulsar_port))
         cluster = Cluster(zookeeper, store, made, servers, output)
         for process in (*made, *servers):
