@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker.entry_format import decode_entry
 from broker.errors import BadVersion, KeyIndexBusy, KeyVersionMismatch, MagnetarError
@@ -52,8 +52,9 @@ from broker.message_id import Position
 
 if TYPE_CHECKING:
     from broker.bookkeeper.ledger_handle import LedgerHandle
-    from broker.key_index.index import KeyIndex
+    from broker.bookkeeper.ledger_manager import LedgerManager
     from broker.managed_ledger import Entry, ManagedLedger
+    from broker.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,24 @@ segments cover since the last one."""
 
 Head = tuple[int, int]
 """A key's (version, offset)."""
+
+
+class IndexHost(Protocol):
+    """What a partition needs of the broker's key index (``index.py``): the ledgers, the shared
+    segment reads, the checkpoint thread's wake-up, and the counters it adds to."""
+
+    ledgers: LedgerManager
+    store: MetadataStore
+    checkpoints: int
+    compactions: int
+    entries_replayed: int
+    mismatches: int
+    rows_cleaned: int
+    rows_indexed: int
+
+    def open_segment(self, ledger_id: int) -> Segment: ...
+    def forget_segment(self, ledger_id: int) -> None: ...
+    def wake(self, keys: PartitionKeys) -> None: ...
 
 
 class KeyReservation:
@@ -121,7 +140,7 @@ class KeyReservation:
 class PartitionKeys:
     """The event streams of one topic partition. Created, and opened, by :meth:`KeyIndex.partition`."""
 
-    def __init__(self, index: KeyIndex, name: str, ml: ManagedLedger) -> None:
+    def __init__(self, index: IndexHost, name: str, ml: ManagedLedger) -> None:
         self._index = index
         self.name = name
         self.ml = ml
