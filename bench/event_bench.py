@@ -19,6 +19,15 @@ machine drifts over both sides alike.
    events, the worst layout for reads by key (each entry is read whole for one message). The
    scans and the reads by key alternate, and each read's server CPU is measured. Target: by key
    >= 50x faster.
+3. Take a topic over: ``--takeover-events`` (1,000,000) events over ``--takeover-keys``
+   (100,000) keys are published to their own topic, the key index checkpoints them, one more
+   event of half the keys is published (a tail past the checkpoint), and the broker is killed
+   with SIGKILL. A new broker process on the same data opens the topic on its
+   first request (``GET .../keys/{key}``): from the checkpoint (the record, the segments'
+   indexes, the entries after ``indexedTo``), then, killed again with the checkpoint record
+   deleted, by a full rebuild from every entry. Each is timed from the first request to its
+   answer (the process is already serving ``/healthz``), and both must give every sampled key
+   its exact version. Target: from the checkpoint >= 10x faster.
 
 Run from the repository root: ``.venv/bin/python bench/event_bench.py [--quick] [--out FILE]``.
 Every request is bounded by a timeout, the server is stopped by its PID.
@@ -31,6 +40,7 @@ import asyncio
 import base64
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -55,6 +65,10 @@ KEY_READ_SAMPLES = 30
 SCANS = 3
 INDEX_CATCH_UP_S_MAX = 120.0
 MODES = ("conditional", "plain", "keyless")
+TARGET_TAKEOVER_VS_REBUILD = 10.0
+TAKEOVER_TOPIC = "events-takeover"
+TAKEOVER_SAMPLED_KEYS = 20
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -145,6 +159,113 @@ def wait_for_index(server: ServerProcess) -> dict[str, int]:
         if stats["pendingRows"] == 0 or time.monotonic() > deadline:
             return stats
         time.sleep(0.1)
+
+
+async def publish_takeover_topic(server: ServerProcess, rounds: range, keys: int, keys_per_request: int) -> None:
+    """One event of each of the first ``keys`` keys per round, to the takeover topic."""
+    requests = [range(start, min(start + keys_per_request, keys)) for start in range(0, keys, keys_per_request)]
+    groups = [requests[c::CONNECTIONS] for c in range(CONNECTIONS)]
+    payload = base64.b64encode(os.urandom(PAYLOAD_BYTES)).decode("ascii")
+    url = f"{http_base(server)}/topics/{NAMESPACE_PATH}/{TAKEOVER_TOPIC}"
+    limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
+    async with httpx.AsyncClient(limits=limits, timeout=HTTP_TIMEOUT_S) as client:
+        for version in rounds:
+            await publish_round(client, url, "plain", groups, version, payload)
+
+
+def key_index_stats(server: ServerProcess) -> dict[str, int]:
+    stats: dict[str, int] = httpx.get(f"{http_base(server)}/admin/v2/broker-stats/overview",
+                                      timeout=HTTP_TIMEOUT_S).json()["keyIndex"]
+    return stats
+
+
+def open_topic_by_key(server: ServerProcess, keys: int, last_version: int, tail_keys: int) -> float:
+    """Seconds from the first request for a key of the takeover topic to its answer; every
+    sampled key must be at ``last_version`` (one more for the first ``tail_keys``)."""
+    base = f"{http_base(server)}/topics/{NAMESPACE_PATH}/{TAKEOVER_TOPIC}/keys"
+    sampled = list(range(0, keys, max(1, keys // TAKEOVER_SAMPLED_KEYS)))
+    with httpx.Client(timeout=HTTP_TIMEOUT_S * 5) as client:
+        started = time.perf_counter()
+        first = client.get(f"{base}/{key_name(sampled[0])}")
+        seconds = time.perf_counter() - started
+        for k in sampled:
+            answer = first if k == sampled[0] else client.get(f"{base}/{key_name(k)}")
+            expected = last_version + 1 if k < tail_keys else last_version
+            if answer.status_code != 200 or answer.json()["version"] != expected:
+                raise RuntimeError(f"after the takeover {key_name(k)} answered {answer.status_code} "
+                                   f"{answer.text[:200]}, not version {expected}")
+    return seconds
+
+
+def delete_checkpoint_record(data_dir: Path) -> None:
+    """Delete the takeover topic's key index record (the broker is stopped), so its next owner
+    rebuilds the index from every entry."""
+    name = f"{NAMESPACE_PATH.replace('persistent/', '', 1)}/persistent/{TAKEOVER_TOPIC}"
+    code = ("import sys\n"
+            "from broker.metadata.rocksdb import RocksDBMetadataStore\n"
+            "from broker.key_index.checkpoint import CheckpointStore\n"
+            "store = RocksDBMetadataStore(sys.argv[1])\n"
+            "found = CheckpointStore(store, sys.argv[2]).load()\n"
+            "assert found is not None, 'no key index record for ' + sys.argv[2]\n"
+            "CheckpointStore(store, sys.argv[2]).delete()\n"
+            "store.close()\n")
+    subprocess.run([sys.executable, "-c", code, str(data_dir / "metadata"), name], cwd=REPO_ROOT, check=True,
+                   timeout=HTTP_TIMEOUT_S)
+
+
+@dataclass
+class Takeover:
+    from_checkpoint_s: float
+    rebuild_s: float
+    replayed_from_checkpoint: int
+    replayed_by_rebuild: int
+    checkpoints: int
+    segments: int
+    tail_events: int
+
+
+def take_over(work_dir: Path, events: int, keys: int, keys_per_request: int) -> Takeover:
+    own = work_dir / "takeover"
+    own.mkdir()
+    rounds, tail_keys = events // keys, keys // 2 // keys_per_request * keys_per_request
+    server = start_magnetar(own)
+    with running(server):
+        print(f"publishing {events:,} events over {keys:,} keys for the takeover", flush=True)
+        asyncio.run(publish_takeover_topic(server, range(rounds), keys, keys_per_request))
+        written = wait_for_index(server)
+        # a tail after the checkpoint, as a broker that dies between checkpoints leaves it
+        asyncio.run(publish_takeover_topic(server, range(rounds, rounds + 1), tail_keys, keys_per_request))
+        server.process.kill()
+    server = start_magnetar(own)
+    with running(server):
+        from_checkpoint_s = open_topic_by_key(server, keys, rounds - 1, tail_keys)
+        after_checkpoint = key_index_stats(server)
+        server.process.kill()
+    delete_checkpoint_record(own / "magnetar")
+    server = start_magnetar(own)
+    with running(server):
+        rebuild_s = open_topic_by_key(server, keys, rounds - 1, tail_keys)
+        after_rebuild = key_index_stats(server)
+        server.process.kill()
+    return Takeover(from_checkpoint_s, rebuild_s, after_checkpoint["entriesReplayed"],
+                    after_rebuild["entriesReplayed"], written["checkpoints"], written["segments"], tail_keys)
+
+
+def takeover_rows(takeover: Takeover, events: int, keys: int) -> list[Row]:
+    ratio = takeover.rebuild_s / max(takeover.from_checkpoint_s, 1e-9)
+    met = "met" if ratio >= TARGET_TAKEOVER_VS_REBUILD else "missed"
+    shape = (f"{events:,} events over {keys:,} keys checkpointed, then {takeover.tail_events:,} more (a tail the "
+             "checkpoint does not hold), SIGKILL, then a new broker process on the same data")
+    return [
+        Row("take a topic over, full rebuild of its key index", f"{takeover.rebuild_s:,.2f} s", "1.00x (anchor)",
+            f"{shape}, its checkpoint record deleted: {takeover.replayed_by_rebuild:,} entries read again; timed "
+            f"from the first request for a key to its answer; {TAKEOVER_SAMPLED_KEYS} keys checked at their version"),
+        Row("take a topic over from its key index checkpoint", f"{takeover.from_checkpoint_s:,.2f} s",
+            f"{ratio:,.0f}x faster (target >= {TARGET_TAKEOVER_VS_REBUILD:.0f}x: {met})",
+            f"{shape}: the record and the segments' indexes read, {takeover.replayed_from_checkpoint:,} entries "
+            f"after it read again; the writer made {takeover.checkpoints} checkpoints, {takeover.segments} "
+            "segment(s) kept"),
+    ]
 
 
 def read_by_key(client: httpx.Client, base: str, key: str) -> float:
@@ -259,11 +380,15 @@ def read_rows(by_key: Reads, scans: Reads, index: dict[str, int]) -> list[Row]:
             f"GET .../keys/{{key}}/messages?maxMessages={EVENTS_READ}, Arrow; each event in its own entry of "
             f"1,000 messages (an entry read whole for one message); server CPU {by_key.server_ms_per_read():,.1f} "
             f"ms per read; other processes used {by_key.other_share():.0%} of the machine; key index: "
-            f"{index['rowsIndexed']:,} rows in {index['batchesWritten']:,} batches"),
+            f"{index['rowsIndexed']:,} rows in {index['segments']:,} segment(s) after {index['checkpoints']:,} "
+            "checkpoints"),
     ]
 
 
 def run(args: argparse.Namespace, work_dir: Path) -> tuple[list[Row], str]:
+    if args.takeover_only:
+        takeover = take_over(work_dir, args.takeover_events, args.takeover_keys, args.keys_per_request)
+        return takeover_rows(takeover, args.takeover_events, args.takeover_keys), "the takeover only"
     server = start_magnetar(work_dir)
     with running(server):
         print(f"publishing {args.messages:,} messages over {args.keys:,} keys to each of {', '.join(MODES)}",
@@ -273,7 +398,9 @@ def run(args: argparse.Namespace, work_dir: Path) -> tuple[list[Row], str]:
         base = f"{http_base(server)}/topics/{NAMESPACE_PATH}/events-conditional"
         print("reading by key and by scan", flush=True)
         by_key, scans = read_both_ways(server, base, args.keys)
-    rows = [*publish_rows(totals, args), *read_rows(by_key, scans, index)]
+    takeover = take_over(work_dir, args.takeover_events, args.takeover_keys, args.keys_per_request)
+    rows = [*publish_rows(totals, args), *read_rows(by_key, scans, index),
+            *takeover_rows(takeover, args.takeover_events, args.takeover_keys)]
     config = (f"{args.messages:,} messages over {args.keys:,} keys per topic ({args.messages // args.keys} events "
               f"per key), {PAYLOAD_BYTES} B payloads, REST produce; `magnetar standalone` defaults; "
               f"clients in the bench process; the machine is shared with other work (each row says how much of "
@@ -286,15 +413,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages per topic")
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--keys-per-request", type=int, default=1000)
-    parser.add_argument("--quick", action="store_true", help="100,000 messages over 1,000 keys")
+    parser.add_argument("--takeover-events", type=int, default=1_000_000, help="events of the takeover topic")
+    parser.add_argument("--takeover-keys", type=int, default=100_000)
+    parser.add_argument("--takeover-only", action="store_true", help="measure only the takeover")
+    parser.add_argument("--quick", action="store_true",
+                        help="100,000 messages over 1,000 keys; a takeover of 100,000 events over 10,000 keys")
     parser.add_argument("--out", type=Path, default=None, help="write the section into this markdown file")
     parser.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_ROOT)
     args = parser.parse_args(argv)
     if args.quick:
         args.messages, args.keys = 100_000, 1_000
+        args.takeover_events, args.takeover_keys = 100_000, 10_000
     if args.messages != EVENTS_READ * args.keys or args.keys % args.keys_per_request:
         parser.error(f"give {EVENTS_READ} events per key (--messages = {EVENTS_READ} x --keys) and keys divisible "
                      "by --keys-per-request")
+    if args.takeover_events % args.takeover_keys or args.takeover_keys % args.keys_per_request:
+        parser.error("give --takeover-events a multiple of --takeover-keys, and --takeover-keys divisible by "
+                     "--keys-per-request")
     return args
 
 
