@@ -60,6 +60,8 @@ class Maintenance:
                     cursor = topic.cursors.get(name)
                     if cursor is not None:
                         cursor.expire_before(expired)
+            if topic.streams is not None:
+                topic.streams.advance_for_trim()
             topic.ml.trim()
             topic.tick()
         self._key_index.cleanup()

@@ -539,6 +539,20 @@ class PartitionKeys:
                 self._compact()
             return len(rows)
 
+    def advance_for_trim(self) -> None:
+        """Before trimming: when nothing keyed waits in the tail and the record lags behind the
+        current ledger, record the index as covering the topic up to its end (no segment, one
+        record write), so a topic appended to without keys is not held back from trimming until
+        the next timed checkpoint. At most one write per ledger rollover."""
+        with self._lock:
+            idle = not self._pending
+        infos = self.ml.ledger_infos()
+        if idle and len(infos) > 1 and self._checkpoint.indexed_to < infos[-1].first_offset:
+            try:
+                self.checkpoint()
+            except MagnetarError as exc:  # trimming waits for the next checkpoint instead
+                log.warning("the key index record of %s could not be advanced: %s", self.ml.display_name, exc)
+
     def _commit(self, rows: list[Row], from_offset: int, indexed_to: int) -> None:
         """Record ``rows`` (sorted) as a new segment, or only the new ``indexed_to`` when there
         are none (keyless appends)."""
