@@ -8,7 +8,7 @@ figure with its ratio to anchors measured in the same run:
 1. anchors: raw 1 MiB append + fdatasync on the data directory's filesystem (MB/s, before and
    after the broker phases; ratios use the mean), and the interpreter's ceiling for touching
    messages: iterating a list of pre-built 100 B messages (as many as the catch-up reads);
-2. publish: one publisher, ``ManagedLedger.add_entry`` of entries of 1000 x 100 B messages
+2. publish: one publisher, ``ManagedLedger.append`` of entries of 1000 x 100 B messages
    (Pulsar's batch format) with a bounded window of outstanding futures, once encoding every
    entry with ``encode_entry`` and once with pre-encoded entries;
 3. cold catch-up: everything published is flushed, the stack closed and reopened (empty entry
@@ -109,7 +109,7 @@ def publish_row(result: PublishResult, disk_mb_per_s: float) -> Row:
                f"{result.messages_per_s:,.0f} msg/s, {result.entries_per_s:,.0f} entries/s, "
                f"{result.mb_per_s:,.1f} MB/s",
                f"{result.mb_per_s / disk_mb_per_s:.2f}x raw MB/s",
-               f"1 publisher, window {result.window_entries} add_entry futures; {result.messages:,} messages "
+               f"1 publisher, window {result.window_entries} append futures; {result.messages:,} messages "
                f"in {result.duration_s:.1f} s; {result.fsyncs:,} journal fsyncs "
                f"({result.entries / max(1, result.fsyncs):,.1f} entries/fsync); "
                f"CPU {result.cpu_us_per_message:,.2f} µs/msg (all threads)")

@@ -5,7 +5,7 @@ Role: each client producer (one per topic partition; the client routes) is one b
 (``entry_of_client``) and stored byte for byte, deduplicated by producer name and sequence
 id; its receipt carries the entry's ledger and entry id. The SENDs of one socket read reach
 ``send_group`` together and each producer's share goes to the broker as one group
-(``Producer.send_entries``: one managed-ledger add, one journal write and one future for all of
+(``Producer.append``: one managed-ledger append, one journal write and one future for all of
 them), each SEND still its own entry with its own message id.
 ``ProducerAccess`` is the broker-wide table of who produces where, for Pulsar's access modes
 (Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) and unique producer names.
@@ -311,7 +311,7 @@ class ProducerHalf:
     # --- SEND --------------------------------------------------------------------------
     def send_group(self, frames: Sequence[Frame]) -> None:
         """SENDs read together (one socket read's, in order): each producer's checked entries go
-        to the broker as one group (``Producer.send_entries``), each still its own entry with its
+        to the broker as one group (``Producer.append``), each still its own entry with its
         own receipt, in send order. A SEND for a producer not open here, or without a payload,
         is a protocol violation: the SENDs before it are taken, then it raises."""
         groups: dict[int, list[tuple[int, int, PreparedEntry | MagnetarError]]] = {}

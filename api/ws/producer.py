@@ -7,7 +7,7 @@ epoch ms or ISO-8601, ``deliverAt``/``deliverAfterMs``, ``sequenceId``, ``expect
 result carries the message's ``keyVersion`` when it has a key; a refused ``expectedKeyVersion``
 is a ``send-error`` carrying the key's ``currentKeyVersion``. The frames of one socket read are
 handled at once (``on_frames``). Without batching every frame is its own entry, and the plain
-ones of a read go to the broker in one call (``Producer.send_each``); with
+ones of a read go to the broker in one call (``Producer.append`` of ``entries_of_messages``); with
 ``batchingEnabled=true`` the frames of a read (up to ``batchingMaxMessages``) are batched per
 partition, as Pulsar's batching producers keep a batch per partition: a keyed frame joins its
 key's partition's batch, the keyless frames of the read one partition's batch chosen once
@@ -86,7 +86,7 @@ class _Rejected:
 
 
 Outcome = Future[PublishResult] | Future[list[PublishResult | MagnetarError]] | MagnetarError | FrameError
-"""A publish's outcome: its future (one entry, or one per frame from ``send_each``, with each
+"""A publish's outcome: its future (one entry, or one per frame from one ``Producer.append``, with each
 frame's result or refusal), the broker's refusal, or a frame that was never published."""
 
 

@@ -35,7 +35,7 @@ from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, e
 
 _STORED_HEADER = struct.Struct(">qq")  # as broker/bookkeeper/bookie.py packs it: piggybacked LAC, ledger length
 GROUP_BYTES_MAX = 1024 * 1024
-"""Payload bytes of one ADD_MANY request at most (an entry larger than this goes alone)."""
+"""Payload bytes of one ADD request (a group) at most (an entry larger than this goes alone)."""
 
 
 @dataclass(frozen=True)
