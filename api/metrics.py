@@ -177,8 +177,6 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
                                "being read because the buffer was full", broker.publish_buffer)
     keys = broker.key_index
     if keys is not None:
-        yield _gauge("magnetar_key_index_pending_rows", "Key versions assigned and not yet written to the key index",
-                     keys.pending_rows)
         yield _counter("magnetar_key_index_rows_indexed", "Key versions written to key index segments",
                        keys.rows_indexed)
         yield _counter("magnetar_key_index_checkpoints", "Key index checkpoints written", keys.checkpoints)

@@ -571,9 +571,10 @@ class PartitionKeys:
     def _write_segment(self, rows: Iterator[Row] | list[Row], from_offset: int,
                        to_offset: int) -> tuple[SegmentInfo, Segment]:
         """A new segment ledger holding ``rows``, named in the record as pending first."""
-        handle = self._index.ledgers.create(self.ml.config.quorum, {"key-index": self.name})
-        self._save(self._checkpoint.with_pending(handle.ledger_id))
-        self._checkpoint = self._checkpoint.with_pending(handle.ledger_id)
+        ledger_id = self._index.ledgers.allocate_id()
+        self._save(self._checkpoint.with_pending(ledger_id))  # named before it exists: never a ledger nobody knows
+        self._checkpoint = self._checkpoint.with_pending(ledger_id)
+        handle = self._index.ledgers.create(self.ml.config.quorum, {"key-index": self.name}, ledger_id=ledger_id)
         writer = SegmentWriter()
         for row in rows:
             writer.add(row)

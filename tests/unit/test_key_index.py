@@ -308,3 +308,22 @@ def test_a_deleted_topic_leaves_no_versions_to_its_successor(data_dir: str) -> N
         assert stream(service, "k") == [(0, b"newest")]
     finally:
         service.close()
+
+
+def test_a_broker_that_lost_the_topic_writes_no_segment_nobody_knows(data_dir: str) -> None:
+    service = started(data_dir)
+    try:
+        append(service, "k", b"v0")
+        topic = service.topics.topic(TOPIC)
+        keys = topic.streams
+        assert keys is not None
+        other = CheckpointStore(service.key_index.store, topic.ml.name)  # another broker took the topic over
+        found = other.load()
+        assert found is not None
+        other.save(found)
+        ledgers_before = set(service.key_index.store.children("/ledgers"))
+        append(service, "k", b"v1")
+        assert keys.checkpoint() == 0 and keys.taken_over
+        assert set(service.key_index.store.children("/ledgers")) == ledgers_before  # no segment ledger was made
+    finally:
+        service.close()
