@@ -18,7 +18,8 @@ Invariants: one ``PersistentTopic`` per name at a time, loaded under the registr
 topic is announced to followers once it is in the map); a topic a cluster broker does not own
 is never loaded (``TopicNotOwned``/``ServiceUnitNotReady``); a new topic or partitioned topic
 fits the namespace's ``maxTopicsPerNamespace``; an operation on a partitioned topic's base name
-that only its partitions support is refused (``NotAllowed``).
+that only its partitions support is refused (``NotAllowed``); an unloaded topic's key index
+partition goes with it (after a last checkpoint when the unload is graceful).
 """
 
 from __future__ import annotations
@@ -324,6 +325,10 @@ class TopicRegistry:
                     log.exception("closing unloaded topic %s failed; its next owner recovers it", topic.name)
             else:
                 topic.ml.abandon()
+            # The key index lets go of the partition with its topic (else it stays in memory and
+            # checkpointed here): unloaded gracefully, what is confirmed goes into a last
+            # checkpoint while the bundle is still held, so its next owner reads only what follows.
+            self._key_index.forget(topic.name.managed_ledger_name, last_checkpoint=graceful)
         if names:
             log.info("stopped serving %d topics (%s)", len(names), "unloaded" if graceful else "session lost")
         return names

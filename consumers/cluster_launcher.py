@@ -104,6 +104,8 @@ class Process:
     env: Mapping[str, str] = field(default_factory=dict)
     pulsar_port: int = 0
     """A broker's binary-protocol port (0: none)."""
+    cwd: Path | None = None
+    """The working directory it runs in (None: the caller's)."""
 
     @property
     def address(self) -> str:
@@ -121,7 +123,7 @@ class Process:
 
     def start(self, output: IO[bytes] | int = subprocess.DEVNULL) -> None:
         self.proc = subprocess.Popen(self.command, env={**os.environ, **self.env}, stdout=output,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, cwd=self.cwd)
 
     def stop(self, *, kill: bool = False) -> int | None:
         if self.proc is None:
@@ -161,10 +163,12 @@ class Cluster:
 def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tuple[str, ...] = (),
                     chroot: str = "/magnetar", output: IO[bytes] | int = subprocess.DEVNULL,
                     env: Mapping[str, str] | None = None, brokers: int = 1,
-                    zookeeper_via: Callable[[int, str], str] | None = None) -> Iterator[Cluster]:
+                    zookeeper_via: Callable[[int, str], str] | None = None,
+                    broker_cwd: str | Path | None = None) -> Iterator[Cluster]:
     """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers (each with HTTP and a binary-protocol
     listener on free ports), each stopped by PID on the way out. ``zookeeper_via(index, address)``
-    gives the ZooKeeper address broker ``index`` connects to (something a test put in between)."""
+    gives the ZooKeeper address broker ``index`` connects to (something a test put in between);
+    ``broker_cwd``: the directory the brokers run in (a broker keeps nothing on a local disk)."""
     base = Path(base_dir)
     with ExitStack() as stack:
         zookeeper = stack.enter_context(running_zookeeper(base / "zookeeper", output=output))
@@ -178,7 +182,8 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
             name = "broker" if brokers == 1 else f"broker-{index}"
             reached = zookeeper_via(index, zookeeper) if zookeeper_via is not None else zookeeper
             servers.append(Process(name, broker_command(f"zk:{reached}{chroot}", port, pulsar_port, *broker_args),
-                                   port, env=dict(env or {}), pulsar_port=pulsar_port))
+                                   port, env=dict(env or {}), pulsar_port=pulsar_port,
+                                   cwd=None if broker_cwd is None else Path(broker_cwd)))
         cluster = Cluster(zookeeper, store, made, servers, output)
         for process in (*made, *servers):
             stack.callback(process.stop)

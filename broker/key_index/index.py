@@ -97,9 +97,10 @@ class KeyIndex:
             self._partitions[name] = keys
         return keys
 
-    def forget(self, name: str) -> None:
+    def forget(self, name: str, *, last_checkpoint: bool = True) -> None:
         """Stop indexing partition ``name`` (closed, or unloaded): what is confirmed is written
-        in a last checkpoint first."""
+        in a last checkpoint first, unless ``last_checkpoint`` is False (the topic was abandoned:
+        another broker may serve it already, and the record is no longer this one's to write)."""
         with self._lock:
             keys = self._partitions.pop(name, None)
             if keys is not None:
@@ -107,7 +108,8 @@ class KeyIndex:
         if keys is None:
             return
         try:
-            keys.checkpoint()
+            if last_checkpoint:
+                keys.checkpoint()
         except MagnetarError as exc:  # the next owner reads the entries after the last checkpoint again
             log.warning("the last key index checkpoint of %s failed: %s", keys.ml.display_name, exc)
         keys.dropped = True

@@ -10,7 +10,9 @@ which only cluster processes load); a standalone broker serves every topic itsel
 Every change of tenants or policies is announced twice, in this order: to the followers (the
 topic registry: open topics take their namespace's new retention, TTL, quotas and rates at
 once) and then to the listeners (transports: open sessions re-check their permissions). A
-listener's failure is logged and never undoes the change.
+listener's failure is logged and never undoes the change. On a cluster broker a namespace's
+policies written by another broker are announced the same way (a watch of ``/admin/policies``
+in ZooKeeper), so a policy applies wherever its topics are served, whichever broker was asked.
 
 Invariants: a namespace with topics or partitioned topics is not deleted (``NotEmpty``); a
 topic's policies are stored only for a topic that exists; a ``persistence`` policy the
@@ -24,9 +26,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import NotAllowed, NotFound
-from broker.metadata.store import MetadataStore
+from broker.metadata.store import MetadataStore, Notification
 from broker.namespace.lookup import BrokerAddress, LookupResult
-from broker.namespace.namespaces import Namespaces
+from broker.namespace.namespaces import POLICIES, Namespaces
 from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_POLICY_KEY
 from broker.namespace.persistence import PersistencePolicy, validated
 from broker.namespace.topic_policies import TopicPolicies
@@ -54,6 +56,8 @@ class NamespaceService:
         self._topic_followers: list[Callable[[TopicName], None]] = []
         self._namespaces = Namespaces(store, self._namespace_changed)
         self._topic_policies = TopicPolicies(store, self._topic_policy_changed)
+        if cluster is not None:  # policies set through another broker apply to the topics open here too
+            store.watch(POLICIES, self._policies_changed_elsewhere)
 
     def follow(self, namespace_changed: Callable[[str], None],
                topic_policy_changed: Callable[[TopicName], None]) -> None:
@@ -70,6 +74,13 @@ class NamespaceService:
                 listener()
             except Exception:
                 log.exception("a policy listener failed")
+
+    def _policies_changed_elsewhere(self, notification: Notification) -> None:
+        """Another broker wrote a namespace's policies (``/admin/policies/{tenant}/{ns}``): it
+        announced the change to its own topics only, so it is announced here as well."""
+        parts = notification.path[len(POLICIES) + 1:].split("/")
+        if len(parts) == 2:
+            self._namespace_changed("/".join(parts))
 
     def _topic_policy_changed(self, base: TopicName) -> None:
         for follower in list(self._topic_followers):
