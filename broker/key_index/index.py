@@ -27,7 +27,8 @@ from broker.key_index.rows import drop_partition, partition_id
 from storage import open_rdict
 
 if TYPE_CHECKING:
-    from broker.managed_ledger import Entry, ManagedLedger
+    from broker.managed_ledger import ManagedLedger
+    from broker.managed_ledger_reads import Entry
 
 log = logging.getLogger(__name__)
 

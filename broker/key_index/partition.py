@@ -41,7 +41,8 @@ from broker.message_fields import ExpectedVersion
 from broker.message_id import Position
 
 if TYPE_CHECKING:
-    from broker.managed_ledger import Entry, ManagedLedger
+    from broker.managed_ledger import ManagedLedger
+    from broker.managed_ledger_reads import Entry
 
 log = logging.getLogger(__name__)
 
