@@ -17,7 +17,8 @@ subscription), created by the first pull (which also creates the durable subscri
 and closed once it has been idle
 longer than ``REST_CONSUMER_IDLE_MS`` (or its ack timeout, if longer): closing hands its
 unacknowledged messages back for redelivery. Delivery, ack timeouts, negative acks, redelivery
-counts and dead-lettering are the subscription's own machinery (``broker/subscription.py``).
+counts and dead-lettering are the subscription's own machinery (``broker/subscription.py``,
+``broker/redelivery.py``).
 
 Invariants:
 - Concurrent pulls share the one consumer and take from its outbox with ``Consumer.take_head``

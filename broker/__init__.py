@@ -41,6 +41,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 from broker.bookkeeper.bookie import QuorumConfig
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus
+from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import Delivery, EntryRun
 from broker.entry_builder import PreparedEntry, entries_of_messages, entry_of_client, entry_of_messages
 from broker.entry_format import Compression, Message
@@ -107,7 +108,8 @@ from broker.schema_registry import STRATEGIES as SCHEMA_STRATEGIES
 from broker.schema_registry import TYPES as SCHEMA_TYPES
 from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, version_of
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
-from broker.subscription import Consumer, ConsumerConfig, ConsumerStats, SubscriptionStats, SubscriptionType
+from broker.subscription_stats import ConsumerStats, SubscriptionStats
+from broker.subscription_type import SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
 from broker.topic import PublishResult
 from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, TopicAdmin

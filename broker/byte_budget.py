@@ -9,6 +9,8 @@ leaves a wake-up (:meth:`~ByteBudget.wait`) that runs once the budget admits aga
 buffer (``maxMessagePublishBufferSizeInMB``): every managed-ledger append adds its bytes until
 it is stored; while the budget refuses, transports stop reading their producers' connections
 (TCP holds the clients back) and resume once it has fallen to half, as Pulsar's broker does.
+A holder keeps its account with a budget in a ``BudgetShare``: what it last told the budget it
+holds, and whether it left a wake-up.
 
 Invariants: ``used_bytes`` is what holders added and have not taken off. The budget refuses
 from the moment ``used_bytes`` reaches ``bytes_max`` until it has fallen below the resume mark
@@ -101,3 +103,46 @@ class ByteBudget:
     def statistics(self) -> ByteBudgetStats:
         with self._lock:
             return ByteBudgetStats(self.used_bytes, self.bytes_max, self._peak, self._waits, len(self._waiters))
+
+
+class BudgetShare:
+    """One holder's account with a budget (None: unbounded): what it was last told the holder
+    holds, and whether a wake-up is left for the holder. The holder works out what it holds
+    under its own lock (:meth:`delta`) and tells the budget outside it (:meth:`tell`), as a
+    release may run other holders' wake-ups."""
+
+    def __init__(self, budget: ByteBudget | None, wake: Callable[[], None]) -> None:
+        self._budget = budget
+        self._wake = wake
+        self._told = 0
+        self._waiting = False
+
+    def delta(self, held: int) -> int:
+        """(Under the holder's lock.) How much more (or less) the holder, now holding ``held``
+        bytes, holds than the budget was last told, now taken as told."""
+        if self._budget is None:
+            return 0
+        delta, self._told = held - self._told, held
+        return delta
+
+    def tell(self, delta: int) -> None:
+        """(Outside the holder's lock.)"""
+        if delta and self._budget is not None:
+            self._budget.adjust(delta)
+
+    def must_wait(self) -> bool:
+        """Whether a read has to wait for the budget (a wake-up is left then, once)."""
+        budget = self._budget
+        if budget is None or self._waiting:
+            return self._waiting
+        if budget.admits():
+            return False
+        self._waiting = True  # before the wake-up is left: it may run at once
+        if budget.wait(self._freed):
+            return True
+        self._waiting = False
+        return False
+
+    def _freed(self) -> None:
+        self._waiting = False
+        self._wake()

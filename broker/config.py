@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from broker.managed_ledger import ManagedLedgerConfig
+from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.quotas import QuotaDefaults
 from storage import StorageConfig
 

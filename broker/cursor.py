@@ -50,7 +50,8 @@ from broker.errors import (
     NotFound,
     ServiceUnitNotReady,
 )
-from broker.managed_ledger import Entry, ManagedLedger
+from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_reads import Entry
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
 from broker.range_set import RangeSet

@@ -31,7 +31,7 @@ from broker.entry_format import DecodedEntry, decode_entry
 from broker.entry_format.columns import ARROW_SCHEMA, NATIVE_COLUMNS, new_columns
 from broker.errors import DataLost, MagnetarError
 from broker.key_index import PartitionKeys, StreamRow
-from broker.managed_ledger import Entry
+from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId, Position
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName

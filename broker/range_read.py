@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries, new_columns
 from broker.errors import DataLost, NoSuchEntry, NoSuchLedger
-from broker.managed_ledger import Entry
+from broker.managed_ledger_reads import Entry
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 

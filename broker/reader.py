@@ -26,7 +26,7 @@ from broker.byte_budget import ByteBudget
 from broker.compaction import Compactor
 from broker.delivery import Delivery, EntryRun, decoded_footprint
 from broker.errors import InvalidRequest, MagnetarError
-from broker.managed_ledger import Entry
+from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId
 from broker.topic import PersistentTopic
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 import mmh3
 
+from broker.consumer import Consumer
 from broker.delivery import EntryRun
 from broker.errors import InvalidRequest
 from broker.message_id import MessageId
-from broker.subscription import Consumer
 
 
 class PartitionRouter:

@@ -36,7 +36,7 @@ from broker.entry_cache import EntryCache, EntryCacheStats
 from broker.errors import MagnetarError
 from broker.key_index import KeyIndex, KeyIndexStats
 from broker.maintenance import Maintenance
-from broker.managed_ledger import ManagedLedgerFactory
+from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService

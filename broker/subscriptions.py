@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from broker.byte_budget import ByteBudget
 from broker.compaction import Compactions
+from broker.consumer import Consumer, ConsumerConfig
 from broker.cursor import ManagedCursor
 from broker.delivery import Delivery
 from broker.dispatch_scheduling import DispatchScheduler
@@ -38,7 +39,8 @@ from broker.entry_format import Message
 from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound, PreconditionFailed
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
-from broker.subscription import Consumer, ConsumerConfig, Subscription, SubscriptionLimits, SubscriptionType
+from broker.subscription import Subscription, SubscriptionLimits
+from broker.subscription_type import SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName, check_namespace
 from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern

@@ -35,7 +35,9 @@ from broker.entry_builder import SEQUENCE_ID_MAX, PreparedEntry
 from broker.entry_format import decode_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError
 from broker.key_index import KeyReservation, PartitionKeys
-from broker.managed_ledger import AddResult, Entry, ManagedLedger
+from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_adds import AddResult
+from broker.managed_ledger_reads import Entry
 from broker.message_fields import ExpectedVersion
 from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.metadata.store import MetadataStore

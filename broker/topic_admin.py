@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from broker.compaction import CompactionStatus
+from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_entry
 from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound, PreconditionFailed
 from broker.message_id import MessageId, Position
-from broker.subscription import REDELIVERY_PROPERTY_PREFIX, Consumer, Subscription
+from broker.redelivery import REDELIVERY_PROPERTY_PREFIX
+from broker.subscription import Subscription
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_stats import InternalStats, TopicStats, internal_stats, topic_stats

@@ -35,7 +35,8 @@ from broker.cursor import CursorManager
 from broker.entry_format import Compression
 from broker.errors import AlreadyExists, InvalidRequest, MagnetarError, NotAllowed, NotFound, ServiceUnitNotReady
 from broker.key_index import KeyIndex
-from broker.managed_ledger import ManagedLedgerConfig, ManagedLedgerFactory
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.namespace.persistence import quorum_for
 from broker.namespace.service import NamespaceService
 from broker.producer import Producer

@@ -21,7 +21,8 @@ from broker.compaction import CompactionStatus
 from broker.cursor import ManagedCursor
 from broker.errors import DataLost, NoSuchEntry
 from broker.message_id import Position
-from broker.subscription import Subscription, SubscriptionStats
+from broker.subscription import Subscription
+from broker.subscription_stats import SubscriptionStats
 from broker.topic import PersistentTopic
 
 DELETED_RANGES_SHOWN_MAX = 100

@@ -1,7 +1,7 @@
 """The consumer half of a binary-protocol connection: SUBSCRIBE, FLOW, MESSAGE, ACK and the rest.
 
 Role: each client consumer (one per topic partition; the client merges partitions itself) is
-one broker ``Consumer`` (``broker/subscription.py``), so dispatch, permits, Key_Shared order,
+one broker ``Consumer`` (``broker/consumer.py``), so dispatch, permits, Key_Shared order,
 redelivery counts and delayed delivery are the ones every transport shares. The broker consumer
 hands out runs of entries (``EntryRun``); each leaves as one MESSAGE frame that forwards the
 stored entry (``message_of_run``), with Pulsar's ``ack_set`` when the run is only part of it.

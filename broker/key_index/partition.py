@@ -53,7 +53,8 @@ from broker.message_id import Position
 if TYPE_CHECKING:
     from broker.bookkeeper.ledger_handle import LedgerHandle
     from broker.bookkeeper.ledger_manager import LedgerManager
-    from broker.managed_ledger import Entry, ManagedLedger
+    from broker.managed_ledger import ManagedLedger
+    from broker.managed_ledger_reads import Entry
     from broker.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)

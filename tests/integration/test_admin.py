@@ -25,12 +25,13 @@ import httpx
 import pytest
 
 from api.auth import AuthConfig
+from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.service import BrokerService
-from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server

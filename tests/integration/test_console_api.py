@@ -25,11 +25,12 @@ import pytest
 from api.admin_broker import latency_percentile_us
 from api.auth import AuthConfig
 from api.console import STATIC_DIR
+from broker.consumer import ConsumerConfig
 from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.reader import StartPosition
 from broker.service import BrokerService
-from broker.subscription import ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server
 from tests.publishing import publish_to

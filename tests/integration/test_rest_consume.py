@@ -33,10 +33,11 @@ from api.auth import AuthConfig
 from api.errors import TooManyConnections
 from api.limits import EdgeLimits
 from api.rest_consume import ConsumerSettings, PullParams, RestConsumers
+from broker.consumer import ConsumerConfig
 from broker.entry_format import Message
 from broker.message_id import MessageId
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server

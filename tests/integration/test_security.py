@@ -34,9 +34,10 @@ from api.cli import main as cli_main
 from api.config import StandaloneConfig
 from api.limits import EdgeLimits
 from api.metrics import BrokerCollector
+from broker.consumer import ConsumerConfig
 from broker.entry_format import Message
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from consumers.cli.tokens import create_token
 from tests.integration.server import running_server, stored

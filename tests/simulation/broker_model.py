@@ -24,7 +24,10 @@ from broker.cursor import CursorManager, ManagedCursor
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, encode_entry
 from broker.errors import MagnetarError
-from broker.managed_ledger import AddResult, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
+from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_adds import AddResult
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig
 from storage.fileio import FaultyFileIO

@@ -58,7 +58,7 @@ import broker.cursor
 from broker.cursor import ManagedCursor
 from broker.entry_format import decode_entry
 from broker.errors import DataLost, MagnetarError, NoSuchEntry
-from broker.managed_ledger import Entry
+from broker.managed_ledger_reads import Entry
 from tests.simulation.broker_model import (
     ML_CONFIG,
     RESULT_TIMEOUT_S,

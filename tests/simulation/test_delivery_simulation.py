@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from broker.consumer import Consumer, ConsumerConfig
 from broker.entry_format import Message
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from storage.fileio import FaultyFileIO
 from tests.publishing import publish
 from tests.simulation.seeds import ops_per_seed, seeds_to_run

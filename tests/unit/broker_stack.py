@@ -9,7 +9,10 @@ from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, encode_entry
-from broker.managed_ledger import AddResult, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
+from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_adds import AddResult
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig
 

@@ -17,11 +17,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.errors import NotAllowed, NotEmpty, PreconditionFailed
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from tests.publishing import publish_to
 from tests.unit.broker_stack import FakeClock

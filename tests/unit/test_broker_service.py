@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.consumer import ConsumerConfig
 from broker.entry_format import Message
 from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from tests.publishing import publish
 from tests.unit.broker_stack import FakeClock

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy
@@ -17,7 +18,7 @@ from broker.message_id import MessageId
 from broker.reader import StartPosition
 from broker.routing import MultiConsumer
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from tests.publishing import publish, publish_to
 from tests.unit.broker_stack import FakeClock
@@ -159,7 +160,7 @@ def test_slow_consumer_keeps_broker_memory_bounded(service: BrokerService) -> No
     consumer.flow(10)
     assert len(wait_for(consumer, 10)) == 10
     subscription = service.subscriptions.of(TopicName.parse("public/default/backlog"))[0]
-    held = sum(len(waiting.offsets) for waiting in subscription._pending) + len(subscription._redeliver) + \
+    held = sum(len(waiting.offsets) for waiting in subscription._reads.pending) + len(subscription._redelivery.due) + \
         consumer.outbox_messages
     assert held <= 500 + 10  # at most one entry (500 messages) decoded beyond the permits
     assert subscription.cursor.read_offset <= 1000

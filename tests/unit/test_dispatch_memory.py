@@ -20,10 +20,12 @@ from collections.abc import Iterator
 import pytest
 
 from broker.byte_budget import ByteBudget
+from broker.consumer import ConsumerConfig
 from broker.delivery import Delivery, EntryRun, decoded_footprint, footprint
 from broker.entry_format import Message
 from broker.reader import Reader, StartPosition
-from broker.subscription import ConsumerConfig, Subscription, SubscriptionLimits, SubscriptionType
+from broker.subscription import Subscription, SubscriptionLimits
+from broker.subscription_type import SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 from tests.publishing import publish
@@ -99,7 +101,7 @@ def test_what_a_consumer_holds_is_positions_read_again_when_delivered_again(stac
     delivered = messages_of(first.poll_all())
     assert len(delivered) == 18 and len(first.unacked) == 18
     first.close()  # all of it goes back for redelivery
-    waiting = list(sub._redeliver)
+    waiting = list(sub._redelivery.due)
     assert len(waiting) == 18 and all(not any(isinstance(part, bytes) for part in position) for _, position in waiting)
     second = sub.add_consumer(ConsumerConfig("second", whole_entries=True))
     second.flow(100)
@@ -151,7 +153,7 @@ def test_when_the_last_consumer_leaves_nothing_stays_decoded_and_the_next_reads_
     assert len(messages_of(first.poll_all())) == 3
     first.ack([0])
     first.close()
-    assert budget.used_bytes == 0 and not sub._pending and not sub._redeliver
+    assert budget.used_bytes == 0 and not sub._reads.pending and not sub._redelivery.due
     second = sub.add_consumer(ConsumerConfig("second", unacked_bytes_max=1 << 40))
     got = []
     for _ in range(20):

@@ -16,12 +16,15 @@ from typing import Any
 
 import pytest
 
-import broker.subscription as subscription_module
+import broker.dispatch_reads as dispatch_reads_module
 from api.pulsar.consumers import message_of_run
+from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import EntryRun
+from broker.dispatch_key_shared import key_hash
 from broker.entry_format import Message, as_unbatched, decode_entry, decode_messages, delivery_time, split_prefix
 from broker.entry_frames import cleared_indexes
-from broker.subscription import Consumer, ConsumerConfig, Subscription, SubscriptionType, key_hash
+from broker.subscription import Subscription
+from broker.subscription_type import SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 from tests.publishing import publish
@@ -68,8 +71,8 @@ def test_an_exclusive_subscription_hands_the_stored_entry_and_decodes_nothing(
             return real(data)
         return call
 
-    monkeypatch.setattr(subscription_module, "decode_messages", counted(decode_messages))
-    monkeypatch.setattr(subscription_module, "delivery_time", counted(delivery_time))
+    monkeypatch.setattr(dispatch_reads_module, "decode_messages", counted(decode_messages))
+    monkeypatch.setattr(dispatch_reads_module, "delivery_time", counted(delivery_time))
     consumer = subscribe(topic, stack, SubscriptionType.EXCLUSIVE).add_consumer(ConsumerConfig("c"))
     consumer.flow(10)
     runs = runs_of(consumer)
@@ -117,8 +120,9 @@ def test_key_shared_splits_a_batch_of_several_keys_and_keeps_one_of_one_key_whol
     sub = subscribe(topic, stack, SubscriptionType.KEY_SHARED)
     consumers = [sub.add_consumer(ConsumerConfig(f"c{i}")) for i in range(2)]
     keys = [f"k{i}" for i in range(40)]
-    owner = {key: sub._ring[next(i for i, p in enumerate(sub._ring) if p[0] >= key_hash(key)) % len(sub._ring)][1]
-             for key in keys}
+    assert sub._by_key is not None
+    ring = sub._by_key.ring
+    owner = {key: ring[next(i for i, p in enumerate(ring) if p[0] >= key_hash(key)) % len(ring)][1] for key in keys}
     mine, theirs = [k for k in keys if owner[k] is consumers[0]][:2], [k for k in keys if owner[k] is consumers[1]][:2]
     for consumer in consumers:
         consumer.flow(100)

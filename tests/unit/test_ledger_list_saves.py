@@ -23,7 +23,8 @@ import pytest
 
 from broker.entry_format import decode_entry
 from broker.errors import BrokerError, NoSuchLedger
-from broker.managed_ledger import ML_ROOT, ManagedLedger, ManagedLedgerConfig
+from broker.managed_ledger import ML_ROOT, ManagedLedger
+from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.metadata import RocksDBMetadataStore, Stat
 from tests.unit.broker_stack import Stack, append_messages, open_stack
 

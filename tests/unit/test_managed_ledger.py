@@ -25,7 +25,9 @@ from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
-from broker.managed_ledger import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
+from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata import MetadataStore
 from tests.unit.broker_stack import Stack, append_messages, open_stack
 

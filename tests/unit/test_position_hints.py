@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.managed_ledger import Entry
+from broker.managed_ledger_reads import Entry
 from broker.message_id import Position
 from broker.offset_index import LedgerInfo, PositionHints
 

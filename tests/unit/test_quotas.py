@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.consumer import Consumer, ConsumerConfig
 from broker.entry_builder import entries_of_messages, entry_of_messages
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy, InvalidRequest, ProducerBusy, QuotaExceeded
@@ -23,7 +24,7 @@ from broker.quotas import (
     resolve_limits,
 )
 from broker.service import BrokerConfig, BrokerService
-from broker.subscription import Consumer, ConsumerConfig, SubscriptionType
+from broker.subscription_type import SubscriptionType
 from broker.topic_name import TopicName
 from tests.unit.broker_stack import FakeClock
 

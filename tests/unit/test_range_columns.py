@@ -34,7 +34,7 @@ from broker.entry_format.columns import (
     collect_entries,
 )
 from broker.errors import CorruptEntry
-from broker.managed_ledger import Entry
+from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.proto import pulsar_entry_pb2 as pb
 from broker.range_read import read_range

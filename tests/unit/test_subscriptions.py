@@ -17,10 +17,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import Delivery
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy, NotAllowed
-from broker.subscription import Consumer, ConsumerConfig, Subscription, SubscriptionType
+from broker.subscription import Subscription
+from broker.subscription_type import SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 from tests.publishing import publish

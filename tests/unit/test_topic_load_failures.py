@@ -26,7 +26,9 @@ from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry
 from broker.errors import ServiceUnitNotReady
-from broker.managed_ledger import LOAD_ATTEMPTS, ML_ROOT, ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
+from broker.managed_ledger import ML_ROOT, ManagedLedger
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_factory import LOAD_ATTEMPTS, ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore, Stat
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName

@@ -1,0 +1,92 @@
+"""A managed ledger's ledger list, as stored in the metadata store.
+
+Role: ``ManagedLedger`` (``broker/managed_ledger.py``) keeps its ledgers (``LedgerInfo``, oldest
+first, the current one last), whether it is terminated, its properties, the ledgers dropped from
+the list and not yet deleted, and the offset floor in one ``LedgerList``, stored at
+``/managed-ledgers/{name}`` and written by compare-and-set on every change (``save``): a second
+writer (another broker that recovered the topic) makes the save fail with ``BadVersion``.
+
+Invariants: the stored list never names a deleted ledger (a ledger leaves the list, saved, before
+it is deleted: ``pending_deletes`` holds it meanwhile, retried on open). Offsets never restart
+below ``offset_floor``, the confirmed end as of the last save, even when trimming removed every
+ledger that held entries. A save that failed without an answer may have been applied: the next
+save first takes the stored version if the stored list is exactly the one that save wrote, so a
+lost answer is never mistaken for another writer's change. Changed only under the managed
+ledger's lock.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from broker.errors import BadVersion
+from broker.metadata.store import MetadataStore
+from broker.offset_index import LedgerInfo
+
+
+class LedgerList:
+    def __init__(self, store: MetadataStore, path: str) -> None:
+        self._store = store
+        self.path = path
+        self.infos: list[LedgerInfo] = []
+        self.terminated = False
+        self.properties: dict[str, str] = {}
+        self.pending_deletes: list[int] = []
+        """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
+        self.offset_floor = 0
+        """The confirmed end as of the last save: offsets never restart below it, even when
+        trimming removed every ledger that held entries."""
+        self._version = -1
+        self._uncertain: list[dict[str, Any]] | None = None
+        """The ledgers of the last list save that failed without an answer (it may have been
+        applied); None when the last save was answered."""
+
+    def load(self) -> None:
+        """Take the stored list, if there is one (a new managed ledger has none yet)."""
+        stat = self._store.get(self.path)
+        if stat is None:
+            return
+        obj = json.loads(stat.value)
+        self.infos = [LedgerInfo.from_json(i) for i in obj["ledgers"]]
+        self.terminated = bool(obj.get("terminated", False))
+        self.properties = dict(obj.get("properties", {}))
+        self.pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
+        self.offset_floor = int(obj.get("offsetFloor", 0))
+        self._version = stat.version
+
+    def save(self) -> None:
+        """Compare-and-set the ledger list. A save that failed without an answer (the metadata
+        store was cut off) may have been applied: the next save first takes the stored version
+        if the stored list is exactly the one that save wrote, so a lost answer is not mistaken
+        for another writer's change (a ledger that list named and this writer has dropped since,
+        empty, is then deleted with the next pending deletions)."""
+        if self._uncertain is not None:
+            self._adopt_own_list(self._uncertain)
+        ledgers = [i.to_json() for i in self.infos]
+        try:
+            self._put_list(ledgers)
+        except BadVersion:
+            raise
+        except BaseException:
+            self._uncertain = ledgers
+            raise
+        self._uncertain = None
+
+    def _adopt_own_list(self, written: list[dict[str, Any]]) -> None:
+        stat = self._store.get(self.path)
+        if stat is None or json.loads(stat.value)["ledgers"] != written:
+            return  # not applied (the version is still right), or another writer's: the put decides
+        self._version = stat.version
+        ours = {i.ledger_id for i in self.infos}
+        self.pending_deletes.extend(ledger_id for ledger_id in (int(i["ledgerId"]) for i in written)
+                                    if ledger_id not in ours and ledger_id not in self.pending_deletes)
+
+    def _put_list(self, ledgers: list[dict[str, Any]]) -> None:
+        confirmed = [i for i in self.infos if i.entries > 0]
+        if confirmed:
+            self.offset_floor = max(self.offset_floor, confirmed[-1].next_offset)
+        body = json.dumps({"ledgers": ledgers, "terminated": self.terminated,
+                           "properties": self.properties, "pendingDeletes": self.pending_deletes,
+                           "offsetFloor": self.offset_floor}, sort_keys=True).encode()
+        self._version = self._store.put(self.path, body, self._version).version

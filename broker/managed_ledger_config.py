@@ -1,0 +1,43 @@
+"""A managed ledger's settings: when its current ledger rolls over, how long consumed ledgers are
+kept, how densely offsets are indexed, and how large an entry may be.
+
+Role: ``BrokerConfig`` (``broker/config.py``) holds the broker's, and
+``ManagedLedgerFactory.open`` (``broker/managed_ledger_factory.py``) gives one to each managed
+ledger (``broker/managed_ledger.py``); the topic registry derives each topic's from the broker's
+with its namespace's retention, TTL and quorum policies.
+Invariant: immutable; every bound names its unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker.bookkeeper.bookie import QuorumConfig
+
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ManagedLedgerConfig:
+    ledger_entries_max: int = 50_000
+    ledger_size_bytes_max: int = 2 * GiB
+    ledger_age_ms_max: int = 240 * 60_000
+    ledger_age_ms_min: int = 10 * 60_000
+    retention_time_ms: int = 0
+    """Keep fully consumed ledgers this long (-1: forever)."""
+    retention_size_bytes: int = 0
+    """Keep fully consumed ledgers up to this total size (-1: unlimited)."""
+    message_ttl_ms: int = 0
+    """Messages older than this are expired from every cursor's backlog (0: never)."""
+    index_interval_entries: int = 64
+    index_interval_bytes: int = 1 * MiB
+    """An entry is also sampled once this many bytes of entries since the last sample were
+    written: large entries would otherwise make a lookup read up to 63 of them."""
+    entry_size_bytes_max: int = 5 * MiB + 64 * KiB
+    quorum: QuorumConfig = field(default_factory=QuorumConfig)
+
+    @classmethod
+    def test_min(cls) -> ManagedLedgerConfig:
+        """Rollover every few entries so ledger boundaries appear in ordinary tests."""
+        return cls(ledger_entries_max=5, ledger_size_bytes_max=64 * KiB, ledger_age_ms_max=60_000,
+                   ledger_age_ms_min=0, index_interval_entries=2)

@@ -1,0 +1,152 @@
+"""Reading a managed ledger's entries: from the broker's entry cache, else by range reads of its
+ledgers, remembering where offsets are.
+
+Role: ``ManagedLedger`` (``broker/managed_ledger.py``) reads through one ``LedgerReads``: cursors,
+readers and dispatch (``read_entries``), and the offset and time lookups, which read forward
+from a sparse-index sample (``read_range``, ``broker/offset_index.py``). Consecutive entries the
+cache does not hold are fetched from the bookies in one range read, a run of at most
+``READ_RUN_ENTRIES_MAX`` entries and, at the ledger's average entry size, ``READ_RUN_BYTES_MAX``
+bytes (one entry always). Every read remembers, as ``PositionHints``, where the offset after
+each entry it read lives, so a reader that goes on where it stopped looks nothing up.
+
+Invariants: entries never change once confirmed, so a remembered position or a cached entry is
+never stale (a trimmed ledger's handle is forgotten, its entries refused by the managed ledger
+before any lookup). At most ``READ_HANDLES_MAX`` handles of closed ledgers are opened for
+reading (the oldest is dropped); the current ledger is read through its writer's handle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker.bookkeeper.ledger_handle import LedgerHandle
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.entry_cache import EntryCache
+from broker.entry_format import message_count, peek_broker_entry_metadata
+from broker.managed_ledger_config import MiB
+from broker.message_id import Position
+from broker.offset_index import LedgerInfo, PositionHints
+
+READ_HANDLES_MAX = 64
+READ_RUN_ENTRIES_MAX = 64
+"""Entries fetched from the bookies in one range read."""
+READ_RUN_BYTES_MAX = 1 * MiB
+"""Bytes one range read fetches at most, at the ledger's average entry size (one entry always):
+a lookup that reads forward to an offset or a time holds no more than this at once."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    position: Position
+    data: bytes
+    first_offset: int
+    last_offset: int
+    publish_time_ms: int
+
+    @property
+    def message_count(self) -> int:
+        return self.last_offset - self.first_offset + 1
+
+
+class LedgerReads:
+    def __init__(self, ledgers: LedgerManager, cache: EntryCache, current: Callable[[], LedgerHandle | None]) -> None:
+        """``current``: the managed ledger's current ledger's handle (None: none is open)."""
+        self._ledgers = ledgers
+        self._cache = cache
+        self._current = current
+        self._handles: dict[int, LedgerHandle] = {}
+        self.hints = PositionHints()
+
+    def keep(self, handle: LedgerHandle) -> None:
+        """Read a ledger just closed (or recovered) through ``handle`` from now on."""
+        self._handles[handle.ledger_id] = handle
+
+    def forget(self, ledger_id: int) -> None:
+        """The ledger was trimmed: its handle goes."""
+        self._handles.pop(ledger_id, None)
+
+    def read_entries(self, infos: list[LedgerInfo], start: Position, max_entries: int, *,
+                     max_bytes: int) -> list[Entry]:
+        """Up to ``max_entries`` confirmed entries of ``infos`` from ``start`` on, across ledgers."""
+        result: list[Entry] = []
+        size = 0
+        for info in list(infos):
+            if info.ledger_id < start.ledger_id or info.entries == 0:
+                continue
+            first = start.entry_id if info.ledger_id == start.ledger_id else 0
+            last = min(info.entries - 1, first + max_entries - len(result) - 1)
+            if first > last:
+                continue
+            for entry in self.read_range(info, first, last, max_bytes=max_bytes - size):
+                result.append(entry)
+                size += len(entry.data)
+            if size >= max_bytes:
+                return result
+            if len(result) >= max_entries:
+                break
+        return result
+
+    def _handle_for(self, ledger_id: int) -> LedgerHandle:
+        current = self._current()
+        if current is not None and current.ledger_id == ledger_id:
+            return current
+        handle = self._handles.get(ledger_id)
+        if handle is None:
+            handle = self._ledgers.open(ledger_id, recovery=False)
+            if len(self._handles) >= READ_HANDLES_MAX:
+                self._handles.pop(next(iter(self._handles)))
+            self._handles[ledger_id] = handle
+        return handle
+
+    def read_range(self, info: LedgerInfo, first: int, last: int, *,
+                           stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
+        """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
+        ends the range early): from the broker's cache where it has them, the rest through the
+        ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (fewer when the ledger's
+        average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a time. Every entry
+        after the first is remembered as where the offset after its predecessor lives, and so is
+        the entry after the last one read."""
+        handle = self._handle_for(info.ledger_id)
+        entries: list[Entry] = []
+        size = 0
+        entry_id = first
+        while entry_id <= last:
+            if max_bytes is not None and size >= max_bytes:
+                break
+            known_first = entries[-1].last_offset + 1 if entries else None
+            cached = self._cache.get(info.ledger_id, entry_id)
+            bytes_left = None if max_bytes is None else max_bytes - size
+            run = [Entry(Position(info.ledger_id, entry_id), *cached)] if cached is not None else \
+                self._read_run(handle, info, entry_id, last, known_first, bytes_left)
+            for entry in run:
+                entries.append(entry)
+                size += len(entry.data)
+                entry_id += 1
+                if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
+                    entry_id = last + 1
+                    break
+        if entries:
+            self.hints.remember(info, entries)
+        return entries
+
+    def _read_run(self, handle: LedgerHandle, info: LedgerInfo, first: int, last: int, first_offset: int | None,
+                  bytes_left: int | None) -> list[Entry]:
+        """Entries from ``first`` on, read from the bookies in one range read. ``first_offset``,
+        when the caller knows it, spares parsing the first entry's ``MessageMetadata``; every
+        later entry's first offset follows from the one before (offsets have no gaps)."""
+        count = min(last - first + 1, READ_RUN_ENTRIES_MAX)
+        if info.entries:
+            average = max(1, info.size_bytes // info.entries)
+            run_bytes = READ_RUN_BYTES_MAX if bytes_left is None else min(bytes_left, READ_RUN_BYTES_MAX)
+            count = max(1, min(count, -(-run_bytes // average)))
+        run: list[Entry] = []
+        for entry_id, data in enumerate(handle.read(first, first + count - 1), start=first):
+            meta = peek_broker_entry_metadata(data)
+            assert meta is not None
+            if first_offset is None:
+                first_offset = meta.index - message_count(data) + 1
+            run.append(Entry(Position(info.ledger_id, entry_id), data, first_offset, meta.index,
+                             meta.broker_timestamp_ms))
+            first_offset = meta.index + 1
+        return run
