@@ -23,6 +23,7 @@ of its message claims no sequence id (its last chunk does).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -199,9 +200,8 @@ class PersistentTopic:
         reservation = _Reservation(self.dedup, producer_name)
         conditional = expected_key_versions is not None
         if self.streams is not None:  # read the keys' stored heads now, not under the offset lock
-            self.streams.prefetch_heads([key for entry in entries for key in entry.keys])
-            if expected_key_versions:
-                self.streams.prefetch_heads(list(expected_key_versions))
+            self.streams.prefetch_heads(itertools.chain(expected_key_versions or (),
+                                                        (key for entry in entries for key in entry.keys)))
         with self._publish_lock:  # reservations and append order must agree
             publish_ms = int(self._clock() * 1000)
             try:

@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -179,12 +179,20 @@ class PartitionKeys:
         keyed = [(i, check_key(key)) for i, key in enumerate(keys) if key is not None]
         return KeyReservation(self, keyed, len(keys), expected)
 
-    def prefetch_heads(self, keys: Sequence[str | None]) -> None:
+    def prefetch_heads(self, keys: Iterable[str | None]) -> None:
         """Read the stored heads of ``keys`` into the cache (outside every lock), so numbering
-        them under the offset lock never waits for a segment read."""
-        for key in keys:
-            if key is not None and key not in self._tail:
-                self._stored_head(key)
+        them under the offset lock never waits for a segment read. One pass under the lock finds
+        the keys neither in the tail nor cached; only those are read."""
+        with self._lock:
+            missing = {key for key in keys if key is not None and key not in self._tail and key not in self._heads}
+            segments = list(self._segments)
+        if not missing:
+            return
+        found = {key: self._read_head(key, segments) for key in missing}
+        with self._lock:
+            if segments == self._segments:  # no checkpoint moved them meanwhile
+                for key, head in found.items():
+                    self._remember_head(key, head)
 
     def _reserve(self, reservation: KeyReservation, first_offset: int) -> None:
         with self._lock:
