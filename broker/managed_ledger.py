@@ -52,6 +52,7 @@ from broker.errors import (
     TopicTerminated,
 )
 from broker.ledger_list import LedgerList
+from broker.limits import CLOSE_ADDS_WAIT_S
 from broker.managed_ledger_adds import ManagedLedgerAdds
 from broker.managed_ledger_config import ManagedLedgerConfig, MiB
 from broker.managed_ledger_reads import Entry, LedgerReads
@@ -62,7 +63,6 @@ from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name
 
 ML_ROOT = "/managed-ledgers"
-ADD_TIMEOUT_S = 60.0
 EARLIEST = Position(-1, -1)
 
 
@@ -240,7 +240,7 @@ class ManagedLedger(ManagedLedgerAdds):
             except LedgerFenced:  # another broker recovered (and closed) it: the topic is its now
                 self._taken_over = True
         with self._confirmed:
-            self._confirmed.wait_for(lambda: self._in_flight == 0, ADD_TIMEOUT_S)
+            self._confirmed.wait_for(lambda: self._in_flight == 0, CLOSE_ADDS_WAIT_S)
         if self._taken_over:
             return  # its samples and the list are the new owner's to write
         info = self._list.infos[-1]

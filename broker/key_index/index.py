@@ -24,6 +24,7 @@ from rocksdict import Rdict
 
 from broker.key_index.partition import IndexCounters, PartitionKeys
 from broker.key_index.rows import drop_partition, partition_id
+from broker.limits import INDEXER_IDLE_WAIT_S
 from storage import open_rdict
 
 if TYPE_CHECKING:
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
     from broker.managed_ledger_reads import Entry
 
 log = logging.getLogger(__name__)
-
-INDEXER_IDLE_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)

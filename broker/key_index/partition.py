@@ -37,6 +37,7 @@ from broker.entry_format import Message, decode_entry
 from broker.errors import MagnetarError
 from broker.key_index.reservations import KeyReservation, KeyTail
 from broker.key_index.rows import EntryRows, Head, PartitionRows, StreamRow
+from broker.limits import REBUILD_STEP_ENTRIES
 from broker.message_fields import ExpectedVersion
 from broker.message_id import Position
 
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
     from broker.managed_ledger_reads import Entry
 
 log = logging.getLogger(__name__)
-
-REBUILD_STEP_ENTRIES = 1000
 
 
 @dataclass

@@ -24,14 +24,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 
 from broker.errors import KeyIndexBusy, KeyVersionMismatch
-from broker.key_index.rows import INDEX_BATCH_ROWS_MAX, Head, StreamRow
+from broker.key_index.rows import Head, StreamRow
+from broker.limits import HEADS_CACHED_MAX, INDEX_BATCH_ROWS_MAX, PENDING_ROWS_MAX
 from broker.message_fields import EXISTS, ExpectedVersion, check_key
 from broker.message_id import Position
-
-PENDING_ROWS_MAX = 1_000_000
-"""Versions assigned but not yet in RocksDB, per partition, before appends are refused."""
-HEADS_CACHED_MAX = 100_000
-"""Keys whose indexed head each partition keeps in memory (least recently used go first)."""
 
 
 class KeyReservation:

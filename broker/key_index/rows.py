@@ -29,12 +29,9 @@ from dataclasses import dataclass
 
 from rocksdict import Rdict, WriteBatch
 
+from broker.limits import INDEX_BATCH_ROWS_MAX
 from broker.message_id import Position
 from storage import iterate_prefix
-
-INDEX_BATCH_ROWS_MAX = 10_000
-"""Rows the indexer writes in one RocksDB batch (rocksdict holds the interpreter lock while it
-writes, so batches stay bounded)."""
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")

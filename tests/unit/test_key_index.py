@@ -19,7 +19,7 @@ import pytest
 from broker.entry_format import Message
 from broker.errors import DataLost, InvalidRequest, KeyIndexBusy, KeyVersionMismatch
 from broker.key_index import reservations as key_reservations
-from broker.message_fields import KEY_BYTES_MAX
+from broker.limits import KEY_BYTES_MAX
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName
