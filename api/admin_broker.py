@@ -36,6 +36,7 @@ from fastapi import APIRouter
 
 from api.admin_namespaces import namespace_name
 from api.auth import Authorizer, Caller
+from api.limits import TOPICS_LISTED_MAX
 from broker import (
     BrokerService,
     BrokerStats,
@@ -50,7 +51,6 @@ from broker import (
 if TYPE_CHECKING:
     from broker.cluster import ClusterStats
 
-TOPICS_LISTED_MAX = 1000
 FSYNC_PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p999", 0.999))
 
 

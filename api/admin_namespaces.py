@@ -26,7 +26,9 @@ from fastapi import APIRouter, Body
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from api.auth import Authorizer, Caller
+from api.limits import ROLES_PER_LIST_MAX
 from broker import (
+    BUNDLES_MAX,
     MESSAGE_TTL_SECONDS_MAX,
     RETENTION_SIZE_MB_MAX,
     RETENTION_TIME_MINUTES_MAX,
@@ -38,9 +40,6 @@ from broker import (
 
 CLUSTERS = frozenset({"standalone"})
 """The clusters a tenant may be allowed on: standalone runs one, named as in Pulsar."""
-ROLES_PER_LIST_MAX = 1000
-"""Longest ``adminRoles`` / ``allowedClusters`` list a tenant may be given."""
-BUNDLES_MAX = 1024
 
 
 class TenantInfo(BaseModel):

@@ -49,7 +49,7 @@ from typing import Any
 
 from api.auth import AuthConfig
 from api.authentication import PROVIDER_CLASSES, TLS_METHOD, TOKEN_METHOD
-from api.limits import CONFIG_KEYS, LIMIT_RANGES, EdgeLimits
+from api.limits import CONFIG_KEYS, LIMIT_RANGES, RETENTION_MINUTES_OR_MB_MAX, EdgeLimits
 from api.pulsar import PulsarSettings
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
@@ -77,7 +77,6 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
 TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
             "tlsProtocols", "authenticationProviders")
-RETENTION_LIMIT_MAX = 2**31 - 1
 PULSAR_TLS_PORT = 6651
 WEB_TLS_PORT = 8443
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
@@ -89,6 +88,29 @@ HANDSHAKE_KEYS: dict[str, tuple[int, int]] = {
     "handshakeTimeoutMillis": (100, 600_000),
 }
 """The binary protocol's bounds before a connection's handshake completed, and their ranges."""
+PULSAR_SETTING_KEYS: dict[str, str] = {
+    "maxMessageSize": "max_message_size_bytes",
+    "authenticationRefreshCheckSeconds": "auth_refresh_check_s",
+    "maxHandshakeFrameBytes": "handshake_frame_bytes_max",
+    "maxHandshakeBufferBytes": "handshake_buffer_bytes_max",
+    "handshakeTimeoutMillis": "handshake_timeout_s",
+    **ROLE_SHARE_KEYS,
+}
+"""``standalone.conf`` key → the bound of ``PulsarSettings`` it sets."""
+RETENTION_KEYS = {"defaultRetentionTimeInMinutes": "default_retention_time_minutes",
+                  "defaultRetentionSizeInMB": "default_retention_size_mb"}
+"""``standalone.conf`` key → the ``BrokerConfig`` retention default it sets."""
+
+
+def setting_keys() -> dict[str, str]:
+    """``Class.field`` → the ``standalone.conf`` key that sets it, for every bound a key sets
+    (README's "All limits" table names them, ``tools/limits_table.py``)."""
+    keys = {f"EdgeLimits.{name}": key for key, name in CONFIG_KEYS.items()}
+    keys |= {f"PulsarSettings.{name}": key for key, name in PULSAR_SETTING_KEYS.items()}
+    keys |= {f"BrokerConfig.{name}": key for key, name, _, _ in BROKER_BOUNDS}
+    keys |= {f"BrokerConfig.{name}": key for key, name in RETENTION_KEYS.items()}
+    keys |= {f"QuotaDefaults.{name}": key for key, name in QUOTA_CONFIG_KEYS.items()}
+    return keys
 
 
 class ConfigError(ValueError):
@@ -176,8 +198,8 @@ def _flag(values: Mapping[str, str], key: str, default: bool) -> bool:
 def _retention(values: Mapping[str, str], key: str) -> int:
     """A default retention limit: -1 (none) or a count of minutes or megabytes."""
     value = _integer(values, key, -1)
-    if not -1 <= value <= RETENTION_LIMIT_MAX:
-        raise ConfigError(f"{key} must be -1 (unlimited) or in 0..{RETENTION_LIMIT_MAX}, not {value}")
+    if not -1 <= value <= RETENTION_MINUTES_OR_MB_MAX:
+        raise ConfigError(f"{key} must be -1 (unlimited) or in 0..{RETENTION_MINUTES_OR_MB_MAX}, not {value}")
     return value
 
 

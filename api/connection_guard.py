@@ -48,15 +48,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from api.limits import ACCEPT_ERROR_QUIET_S, FD_RESERVE_MIN
 from api.tls import tls_peer_of, with_tls_peer
 
 log = logging.getLogger(__name__)
-
-FD_RESERVE_MIN = 64
-"""File descriptors kept for the storage (journal, entry logs, RocksDB) and the process."""
-ACCEPT_ERROR_QUIET_S = 60.0
-"""A failed ``accept()`` is logged once per this many seconds."""
-
 
 
 def _refusal(status_line: str, code: str, message: str) -> bytes:

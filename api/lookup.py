@@ -26,10 +26,9 @@ from fastapi import APIRouter, Query, Request
 
 from api.admin_namespaces import namespace_name
 from api.auth import Action, Authorizer, Caller
+from api.limits import BROKER_ID_CHARS_MAX
 from api.rest_lookup import local_urls
 from broker import BrokerService, Forbidden, TopicName
-
-BROKER_ID_TEXT_MAX = 300
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
@@ -80,7 +79,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                 summary="Stop serving a bundle here; its topics move to another broker")
     def unload(tenant: str, namespace: str, bundle: str, caller: Caller,
                destination: Annotated[str | None, Query(alias="destinationBroker",
-                                                        max_length=BROKER_ID_TEXT_MAX)] = None) -> None:
+                                                        max_length=BROKER_ID_CHARS_MAX)] = None) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         service.namespaces.unload_bundle(namespace_name(tenant, namespace), bundle, destination)
 

@@ -35,12 +35,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import ANONYMOUS_ROLE, Authorizer, Principal, caller_outcome_key
 from api.errors import PayloadTooLarge, RequestTimeout, TooManyConnections, error_bytes
-from api.limits import EdgeLimits
+from api.limits import REFUSED_BODY_DRAIN_BYTES_MAX, EdgeLimits
 from broker import MagnetarError, Unauthorized
-
-REFUSED_BODY_DRAIN_BYTES_MAX = 64 * 1024
-"""A refused request's body up to this size is read and dropped before the answer, so that the
-connection closes cleanly instead of being reset under the answer."""
 
 
 class RoleSlots:

@@ -59,7 +59,22 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Action, Authorizer, Caller, Principal
 from api.errors import TooManyConnections
-from api.limits import EdgeLimits
+from api.limits import (
+    ACK_IDS_PER_REQUEST_MAX,
+    ACK_TIMEOUT_MS_DEFAULT,
+    ACK_TIMEOUT_MS_MAX,
+    ACK_TIMEOUT_MS_MIN,
+    NEGATIVE_ACK_DELAY_MS_DEFAULT,
+    NEGATIVE_ACK_DELAY_MS_MAX,
+    PULL_MESSAGES_DEFAULT,
+    PULL_MESSAGES_MAX,
+    PULL_WAIT_MS_MAX,
+    PULLS_IN_FLIGHT_MAX,
+    REDELIVER_COUNT_MAX,
+    REST_CONSUMER_IDLE_MS,
+    REST_CONSUMER_SWEEP_INTERVAL_MS,
+    EdgeLimits,
+)
 from api.wakeup import LoopWakeup
 from broker import (
     BrokerService,
@@ -75,21 +90,6 @@ from broker import (
     check_subscription_name,
     iso_time,
 )
-
-PULL_MESSAGES_MAX = 10_000
-PULL_MESSAGES_DEFAULT = 100
-PULL_WAIT_MS_MAX = 30_000
-PULLS_IN_FLIGHT_MAX = 64
-"""Concurrent pulls on one REST consumer."""
-ACK_TIMEOUT_MS_DEFAULT = 30_000
-ACK_TIMEOUT_MS_MIN = 1_000
-ACK_TIMEOUT_MS_MAX = 3_600_000
-NEGATIVE_ACK_DELAY_MS_DEFAULT = 60_000
-NEGATIVE_ACK_DELAY_MS_MAX = 3_600_000
-REDELIVER_COUNT_MAX = 1_000
-ACK_IDS_PER_REQUEST_MAX = 10_000
-REST_CONSUMER_IDLE_MS = 60_000
-SWEEP_INTERVAL_MS = 1_000
 
 log = logging.getLogger(__name__)
 
@@ -510,7 +510,7 @@ async def _take_waiting(rest: RestConsumer, messages_max: int, bytes_max: int, w
 
 async def _sweep_forever(registry: RestConsumers) -> None:
     while True:
-        await asyncio.sleep(SWEEP_INTERVAL_MS / 1000.0)
+        await asyncio.sleep(REST_CONSUMER_SWEEP_INTERVAL_MS / 1000.0)
         try:
             await run_in_threadpool(registry.sweep)
         except MagnetarError:

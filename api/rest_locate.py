@@ -21,9 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.auth import Action, Authorizer, Caller
-from broker import BrokerService, MessageId, TopicName
-
-MESSAGE_ID_TEXT_MAX = 256
+from broker import MESSAGE_ID_TEXT_CHARS_MAX, BrokerService, MessageId, TopicName
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
@@ -33,7 +31,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                 summary="The partition and offset of a message id (base64 or ledger:entry[:partition[:batch]])")
     def offset_of(tenant: str, namespace: str, topic: str, caller: Caller,
                   message_id: Annotated[str, Query(alias="messageId", min_length=1,
-                                                   max_length=MESSAGE_ID_TEXT_MAX)]) -> dict[str, Any]:
+                                                   max_length=MESSAGE_ID_TEXT_CHARS_MAX)]) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
         parsed = MessageId.parse(message_id)

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from typing_extensions import TypedDict
 
 from api.auth import Action, Authorizer, Caller
+from api.limits import MESSAGES_PER_REQUEST_MAX
 from broker import (
     OFFSET_MAX,
     PAYLOAD_ENCODINGS,
@@ -52,8 +53,6 @@ from broker import (
     parse_time_ms,
     payload_of,
 )
-
-MESSAGES_PER_REQUEST_MAX = 10_000
 
 SequenceId = Annotated[int, Field(ge=0, le=SEQUENCE_ID_MAX)]
 TimeMs = Annotated[int, Field(ge=0, le=TIME_MS_MAX)]

@@ -34,13 +34,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
-from api.limits import EdgeLimits
+from api.limits import READ_BYTES_DEFAULT, READ_BYTES_MAX, READ_MESSAGES_DEFAULT, READ_MESSAGES_MAX, EdgeLimits
 from broker import KEY_VERSION_COLUMN, OFFSET_MAX, BrokerService, RangeRead, TopicName, iso_time
 
-READ_MESSAGES_DEFAULT = 1000
-READ_MESSAGES_MAX = 100_000
-READ_BYTES_DEFAULT = 8 * 1024 * 1024
-READ_BYTES_MAX = 64 * 1024 * 1024
 ARROW_MESSAGE_OVERHEAD_BYTES = 64
 """What a message costs an Arrow answer besides its payload (offset, id, times, key, properties)."""
 JSON_MESSAGE_OVERHEAD_BYTES = 512

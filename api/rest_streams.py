@@ -31,21 +31,23 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
-from api.limits import EdgeLimits
+from api.limits import (
+    READ_BYTES_DEFAULT,
+    READ_BYTES_MAX,
+    STREAM_READ_MESSAGES_DEFAULT,
+    STREAM_READ_MESSAGES_MAX,
+    EdgeLimits,
+)
 from api.rest_read import (
     ARROW_MESSAGE_OVERHEAD_BYTES,
     ARROW_STREAM_MEDIA_TYPE,
     JSON_MESSAGE_OVERHEAD_BYTES,
-    READ_BYTES_DEFAULT,
-    READ_BYTES_MAX,
     arrow_stream,
     to_json,
     wants_arrow,
 )
 from broker import VERSION_MAX, BrokerService, StreamInfo, StreamRead, TopicName, check_key
 
-STREAM_READ_MESSAGES_DEFAULT = 100
-STREAM_READ_MESSAGES_MAX = 10_000
 KEY_VERSION_HEADER = "X-Magnetar-Key-Version"
 FIRST_VERSION_HEADER = "X-Magnetar-First-Version"
 NEXT_VERSION_HEADER = "X-Magnetar-Next-Version"

@@ -29,7 +29,7 @@ enforces it), so the broker can change its insides without any edge noticing. Th
 - the one place each rule lives: names (``TopicName``, ``check_subscription_name``), message
   ids (``MessageId``), a produce request's fields (``message_of`` and friends), times
   (``iso_time``, ``parse_time_ms``), namespace policy bounds (``RETENTION_TIME_MINUTES_MAX``
-  and friends, enforced by ``service.namespaces.set_policy``), topic quotas and rate limits
+  and friends, from ``broker/limits.py``, enforced by ``service.namespaces.set_policy``), topic quotas and rate limits
   (``QuotaDefaults`` and its standalone.conf keys ``QUOTA_CONFIG_KEYS``; the policies are set
   with ``set_policy`` and ``set_topic_policy``, ``TOPIC_POLICY_KEYS``);
 - where a topic is served (``service.namespaces.lookup``, a ``LookupResult``; on a cluster
@@ -72,9 +72,17 @@ from broker.errors import (
 )
 from broker.event_streams import KEY_VERSION_COLUMN, KeyReader, StreamInfo, StreamRead
 from broker.key_index import KeyIndexStats
-from broker.message_fields import (
+from broker.limits import (
+    BUNDLES_MAX,
     EXPECTED_KEYS_MAX,
     KEY_BYTES_MAX,
+    MESSAGE_ID_TEXT_CHARS_MAX,
+    MESSAGE_TTL_SECONDS_MAX,
+    QUOTA_CONFIG_VALUE_MAX,
+    RETENTION_SIZE_MB_MAX,
+    RETENTION_TIME_MINUTES_MAX,
+)
+from broker.message_fields import (
     MESSAGE_FIELDS,
     OFFSET_MAX,
     PAYLOAD_ENCODINGS,
@@ -95,11 +103,9 @@ from broker.message_fields import (
 from broker.message_id import MessageId, Position, message_id_bytes
 from broker.namespace.lookup import BrokerAddress, LookupResult
 from broker.namespace.persistence import PersistencePolicy
-from broker.namespace.policies import MESSAGE_TTL_SECONDS_MAX, RETENTION_SIZE_MB_MAX, RETENTION_TIME_MINUTES_MAX
 from broker.namespace.topic_policies import TOPIC_POLICY_KEYS
 from broker.producer import ROUTING_MODES, Producer, entry_result
 from broker.quotas import CONFIG_KEYS as QUOTA_CONFIG_KEYS
-from broker.quotas import CONFIG_VALUE_MAX as QUOTA_CONFIG_VALUE_MAX
 from broker.quotas import QuotaDefaults
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
@@ -119,6 +125,8 @@ from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import StorageStats
 
 __all__ = [
+    "BUNDLES_MAX",
+    "MESSAGE_ID_TEXT_CHARS_MAX",
     "EXPECTED_KEYS_MAX",
     "KEY_BYTES_MAX",
     "KEY_VERSION_COLUMN",

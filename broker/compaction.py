@@ -35,6 +35,7 @@ from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry, peek_broker_entry_metadata
 from broker.errors import CompactionInProgress, MagnetarError, NotFound
+from broker.limits import COMPACTION_APPEND_ENTRIES
 from broker.message_id import MessageId
 from broker.metadata.store import MetadataStore
 from broker.topic import PersistentTopic
@@ -43,8 +44,6 @@ from broker.topic_name import TopicName
 log = logging.getLogger(__name__)
 
 _ORIGINAL_ID = struct.Struct(">QQi")
-APPEND_GROUP_ENTRIES = 1000
-"""Entries of the compacted ledger written per append (the compactor holds at most these)."""
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ class Compactor:
         for item in self._sources(previous, horizon):
             if item.offset in keep:
                 group.append(self._encode(item))
-            if len(group) >= APPEND_GROUP_ENTRIES:
+            if len(group) >= COMPACTION_APPEND_ENTRIES:
                 handle.append(group).result(timeout=60)
                 group = []
         if group:

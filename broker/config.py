@@ -20,10 +20,13 @@ class BrokerConfig:
     storage: StorageConfig = field(default_factory=StorageConfig.production)
     managed_ledger: ManagedLedgerConfig = field(default_factory=ManagedLedgerConfig)
     entry_cache_bytes_max: int = 64 * 1024 * 1024
+    """Recently added entries kept in memory for the readers that follow the writers."""
     entry_cache_age_ms_max: int = 1000
+    """Cached entries older than this are evicted."""
     auto_create_topics: bool = True
     dedup_enabled: bool = True
     maintenance_interval_ms: int = 1000
+    """How often the maintenance pass runs (ack timeouts, redeliveries, TTL, retention, cache ageing)."""
     default_retention_time_minutes: int = -1
     """Retention of a namespace without a policy (Pulsar's ``defaultRetentionTimeInMinutes``;
     -1: forever, 0: consumed ledgers go at once, Pulsar's own default)."""

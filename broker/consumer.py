@@ -41,14 +41,11 @@ from typing import Any, Protocol
 from broker.cursor import ManagedCursor
 from broker.delivery import MESSAGE_BYTES, Delivery, EntryRun, footprint
 from broker.errors import InvalidRequest
+from broker.limits import ENTRIES_REMEMBERED_MAX
 from broker.message_id import MessageId
 from broker.subscription_stats import ConsumerStats, SubscriptionStats
 from broker.subscription_type import SubscriptionType
 from broker.unacked import EntryRef, UnackedMessages, UnackedTally
-
-ENTRIES_REMEMBERED_MAX = 4096
-"""Entries a consumer that tracks ids remembers it was handed (their positions), to turn the ids
-it is acked with into offsets without reading the entry again (the oldest are forgotten)."""
 
 
 @dataclass(frozen=True)

@@ -50,20 +50,21 @@ from broker.errors import (
     NotFound,
     ServiceUnitNotReady,
 )
+from broker.limits import (
+    ACKED_RANGES_PERSISTED_MAX,
+    CURSOR_LEDGER_ENTRIES_MAX,
+    CURSOR_PERSIST_INTERVAL_S_MIN,
+    CURSOR_READ_BYTES_MAX,
+    CURSOR_RESTORE_ATTEMPTS_MAX,
+    READ_BATCH_ENTRIES,
+)
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_reads import Entry
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
 from broker.range_set import RangeSet
 
-CURSOR_LEDGER_ENTRIES_MAX = 50_000  # as Pulsar's managedLedgerCursorMaxEntriesPerLedger
-ACKED_RANGES_PERSISTED_MAX = 10_000
-READ_BATCH_ENTRIES_MAX = 100
-READ_BATCH_BYTES_MAX = 5 * 1024 * 1024
 _DATA = attrgetter("data")
-CURSOR_PERSIST_INTERVAL_S_MIN = 0.01
-"""A cursor writes its state at most this often; acknowledgements in between share the next
-write (Pulsar's default limit is one write a second; a short interval keeps acks durable soon)."""
 
 _EXECUTOR: ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
@@ -98,10 +99,6 @@ class _DelayedSubmits:
 
 
 _DELAYED = _DelayedSubmits()
-
-
-RESTORE_ATTEMPTS_MAX = 3
-"""Restores of a cursor whose snapshot another broker changed between the read and the claim."""
 
 
 def _persist_executor() -> ThreadPoolExecutor:
@@ -216,8 +213,8 @@ class ManagedCursor:
         self.read_offset = max(self.read_offset, self.mark_delete_offset)
 
     # --- reading -------------------------------------------------------------------------
-    def read_entries(self, max_entries: int = READ_BATCH_ENTRIES_MAX,
-                     max_bytes: int = READ_BATCH_BYTES_MAX) -> list[Entry]:
+    def read_entries(self, max_entries: int = READ_BATCH_ENTRIES,
+                     max_bytes: int = CURSOR_READ_BYTES_MAX) -> list[Entry]:
         """Entries from the read position on, skipping wholly acknowledged ones; advances it.
         At most ``max_entries`` entries and, past the first, ``max_bytes`` of them (counting
         those skipped: they were read too)."""
@@ -483,7 +480,7 @@ class CursorManager:
                 for c in list(self._cursors.values()) if c.durable]
 
     def _restore(self, name: str) -> ManagedCursor:
-        for _ in range(RESTORE_ATTEMPTS_MAX):
+        for _ in range(CURSOR_RESTORE_ATTEMPTS_MAX):
             try:
                 return self._restore_once(name)
             except BadVersion:  # another broker wrote the snapshot meanwhile: read it again

@@ -33,13 +33,10 @@ from broker.cursor import ManagedCursor
 from broker.delivery import footprint
 from broker.entry_format import DecodedMessage, decode_messages, delivery_time
 from broker.errors import MagnetarError, NoSuchEntry, NotFound
+from broker.limits import PENDING_MESSAGES_MAX, READ_BATCH_ENTRIES
 from broker.message_id import Position
 from broker.redelivery import Redeliveries
 from broker.unacked import EntryRef
-
-READ_BATCH_ENTRIES = 100
-PENDING_MESSAGES_MAX = 10_000
-"""Messages one read is sized for at most, and held back in one dispatch round at most."""
 
 KeyHashes = int | list[int] | None
 """Key_Shared: the key hash of every message of an entry (an ``int``), or of each by batch

@@ -45,11 +45,10 @@ from broker.entry_format import (
     split_entry_payload,
 )
 from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
+from broker.limits import CLIENT_ENTRY_OVERHEAD_BYTES_MAX
 
 SEQUENCE_ID_MAX = 2**63 - 1
 """Pulsar's sequence ids are signed 64-bit."""
-CLIENT_ENTRY_OVERHEAD_BYTES_MAX = 64 * 1024
-"""What a client's own entry may hold beyond its messages' bytes (metadata, batch headers)."""
 
 
 @dataclass(slots=True, eq=False)

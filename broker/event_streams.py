@@ -31,6 +31,7 @@ from broker.entry_format import DecodedEntry, decode_entry
 from broker.entry_format.columns import ARROW_SCHEMA, NATIVE_COLUMNS, new_columns
 from broker.errors import DataLost, MagnetarError
 from broker.key_index import PartitionKeys, StreamRow
+from broker.limits import LIVE_READ_BYTES_MAX, LIVE_READ_VERSIONS_MAX
 from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId, Position
 from broker.topic import PersistentTopic
@@ -39,10 +40,6 @@ from broker.topic_name import TopicName
 KEY_VERSION_COLUMN = "keyVersion"
 STREAM_SCHEMA = ARROW_SCHEMA.append(pa.field(KEY_VERSION_COLUMN, pa.int64()))
 """A stream read's columns: the range reads' and each message's version."""
-LIVE_READ_VERSIONS_MAX = 100
-"""Versions a live key reader reads ahead at a time."""
-LIVE_READ_BYTES_MAX = 1024 * 1024
-"""Payload bytes a live key reader reads ahead at most (one message always)."""
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from broker.errors import (
     TopicTerminated,
 )
 from broker.ledger_list import LedgerList
+from broker.limits import CLOSE_ADDS_WAIT_S
 from broker.managed_ledger_adds import ManagedLedgerAdds
 from broker.managed_ledger_config import ManagedLedgerConfig, MiB
 from broker.managed_ledger_reads import Entry, LedgerReads
@@ -66,7 +67,6 @@ ML_ROOT = "/managed-ledgers"
 INCARNATION_PROPERTY = "magnetar.incarnation"
 """The property naming a managed ledger's incarnation: made once, when it is first created, so
 what derives from one incarnation of a topic (its key index) is never taken for another's."""
-ADD_TIMEOUT_S = 60.0
 EARLIEST = Position(-1, -1)
 
 
@@ -247,7 +247,7 @@ class ManagedLedger(ManagedLedgerAdds):
             except LedgerFenced:  # another broker recovered (and closed) it: the topic is its now
                 self._taken_over = True
         with self._confirmed:
-            self._confirmed.wait_for(lambda: self._in_flight == 0, ADD_TIMEOUT_S)
+            self._confirmed.wait_for(lambda: self._in_flight == 0, CLOSE_ADDS_WAIT_S)
         if self._taken_over:
             return  # its samples and the list are the new owner's to write
         info = self._list.infos[-1]

@@ -20,9 +20,14 @@ KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 @dataclass(frozen=True)
 class ManagedLedgerConfig:
     ledger_entries_max: int = 50_000
+    """Entries a ledger takes before it rolls over (as Pulsar's ``managedLedgerMaxEntriesPerLedger``)."""
     ledger_size_bytes_max: int = 2 * GiB
+    """Bytes a ledger takes before it rolls over (as Pulsar's ``managedLedgerMaxSizePerLedgerMbytes``)."""
     ledger_age_ms_max: int = 240 * 60_000
+    """Age at which a ledger rolls over at its next add (as Pulsar's ``managedLedgerMaxLedgerRolloverTimeMinutes``)."""
     ledger_age_ms_min: int = 10 * 60_000
+    """A ledger is not rolled over by size or entries before this age (as Pulsar's
+    ``managedLedgerMinLedgerRolloverTimeMinutes``)."""
     retention_time_ms: int = 0
     """Keep fully consumed ledgers this long (-1: forever)."""
     retention_size_bytes: int = 0
@@ -30,10 +35,12 @@ class ManagedLedgerConfig:
     message_ttl_ms: int = 0
     """Messages older than this are expired from every cursor's backlog (0: never)."""
     index_interval_entries: int = 64
+    """Every this many entries one is sampled for offset and time lookups."""
     index_interval_bytes: int = 1 * MiB
     """An entry is also sampled once this many bytes of entries since the last sample were
     written: large entries would otherwise make a lookup read up to 63 of them."""
     entry_size_bytes_max: int = 5 * MiB + 64 * KiB
+    """An entry's bytes at most (a 5 MiB message and its metadata, as Pulsar's ``maxMessageSize``)."""
     quorum: QuorumConfig = field(default_factory=QuorumConfig)
 
     @classmethod

@@ -7,7 +7,7 @@ each topic partition's ``ManagedLedger`` (``broker/managed_ledger.py``) through 
 ``ManagedLedgerFactoryImpl``.
 
 Invariants: only a fully loaded managed ledger is kept: a load that loses its compare-and-set to
-another writer ``LOAD_ATTEMPTS`` times in a row fails with ``ServiceUnitNotReady`` (retriable)
+another writer ``LOAD_ATTEMPTS_MAX`` times in a row fails with ``ServiceUnitNotReady`` (retriable)
 and leaves nothing loaded, so the next open loads afresh. ``appends_fenced`` counts every
 append refused because another broker recovered the topic.
 """
@@ -22,13 +22,11 @@ from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.byte_budget import ByteBudget
 from broker.entry_cache import EntryCache
 from broker.errors import BadVersion, LedgerFenced, MagnetarError, ServiceUnitNotReady
+from broker.limits import LOAD_ATTEMPTS_MAX
 from broker.managed_ledger import ML_ROOT, ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.metadata.store import MetadataStore
 from broker.topic_name import display_name
-
-LOAD_ATTEMPTS = 3
-"""Loads of one managed ledger tried in a row while another writer changes its ledger list."""
 
 
 class ManagedLedgerFactory:
@@ -69,11 +67,11 @@ class ManagedLedgerFactory:
             return ml
 
     def _load(self, name: str, config: ManagedLedgerConfig) -> ManagedLedger:
-        """Load ``name`` anew up to ``LOAD_ATTEMPTS`` times while another writer changes its
+        """Load ``name`` anew up to ``LOAD_ATTEMPTS_MAX`` times while another writer changes its
         ledger list meanwhile (``BadVersion``, ``LedgerFenced``); then ``ServiceUnitNotReady``
         (retriable: the caller looks the topic up and tries again). Other errors propagate."""
         failure: MagnetarError | None = None
-        for _ in range(LOAD_ATTEMPTS):
+        for _ in range(LOAD_ATTEMPTS_MAX):
             ml = ManagedLedger(self, name, config)
             try:
                 ml._load()
@@ -83,7 +81,7 @@ class ManagedLedgerFactory:
                 failure = exc
         raise ServiceUnitNotReady(
             f"topic {display_name(name)} could not be loaded: its ledger list changed during each of "
-            f"{LOAD_ATTEMPTS} attempts (another broker is loading it); retry") from failure
+            f"{LOAD_ATTEMPTS_MAX} attempts (another broker is loading it); retry") from failure
 
     def exists(self, name: str) -> bool:
         return self.store.exists(f"{ML_ROOT}/{name}")

@@ -24,16 +24,9 @@ from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import message_count, peek_broker_entry_metadata
-from broker.managed_ledger_config import MiB
+from broker.limits import READ_HANDLES_MAX, READ_RUN_BYTES_MAX, READ_RUN_ENTRIES_MAX
 from broker.message_id import Position
 from broker.offset_index import LedgerInfo, PositionHints
-
-READ_HANDLES_MAX = 64
-READ_RUN_ENTRIES_MAX = 64
-"""Entries fetched from the bookies in one range read."""
-READ_RUN_BYTES_MAX = 1 * MiB
-"""Bytes one range read fetches at most, at the ledger's average entry size (one entry always):
-a lookup that reads forward to an offset or a time holds no more than this at once."""
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any, Literal, NamedTuple
 
 from broker.entry_format import Message
 from broker.errors import InvalidRequest
+from broker.limits import EXPECTED_KEYS_MAX, KEY_BYTES_MAX
 from broker.time_format import TIME_MS_MAX, parse_time_ms
 
 SEQUENCE_ID_MAX = 2**63 - 1  # Pulsar's sequence ids are signed 64-bit
@@ -41,11 +42,7 @@ MESSAGE_FIELDS = frozenset({"payload", "key", "properties", "eventTime", "sequen
                             "deliverAfterMs", "replicationClusters", "disableReplication"})
 """Pulsar's names for the parts of one message (REST produce's message objects)."""
 PAYLOAD_ENCODINGS = ("utf-8", "utf8", "string", "base64")
-KEY_BYTES_MAX = 1024
-"""A message key's length bound (UTF-8 bytes): keys name event streams in the key index."""
 VERSION_MAX = 2**63 - 1
-EXPECTED_KEYS_MAX = 10_000
-"""Keys one conditional append may expect a version of."""
 EXISTS: Literal["exists"] = "exists"
 ExpectedVersion = int | Literal["exists"]
 """What a conditional append expects of a key's stream: its version (-1: no message yet), or

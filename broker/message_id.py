@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 
 from broker.entry_format.wire import encode_varint
 from broker.errors import InvalidRequest
+from broker.limits import MESSAGE_ID_TEXT_CHARS_MAX
 from broker.proto.pulsar_entry_pb2 import MessageIdData
 
 __all__ = ["MessageId", "Position", "message_id_bytes"]
@@ -36,7 +37,6 @@ _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _UINT64_MOD = 1 << 64
 _INT32_MAX = (1 << 31) - 1
-_MAX_TEXT_LEN = 256
 
 
 def _check_long(name: str, value: int) -> None:
@@ -97,7 +97,6 @@ def message_ids_of_entry(ledger_id: int, entry_id: int, partition: int, count: i
     stop = count if stop is None else stop
     b2a = binascii.b2a_base64
     return [b2a(prefix + suffix, newline=False) for suffix in _batch_index_suffixes(stop)[start:stop]]
-
 
 
 def _to_int64(value: int) -> int:
@@ -229,7 +228,7 @@ class MessageId:
     def from_base64(cls, text: str) -> MessageId:
         """Parse Pulsar's base64 message id (standard or URL-safe alphabet, padding optional)."""
         stripped = text.strip()
-        if not stripped or len(stripped) > _MAX_TEXT_LEN:
+        if not stripped or len(stripped) > MESSAGE_ID_TEXT_CHARS_MAX:
             raise InvalidRequest(f"message id {text!r} is not a base64 MessageIdData")
         normalized = stripped.replace("-", "+").replace("_", "/")
         normalized += "=" * (-len(normalized) % 4)
@@ -258,7 +257,7 @@ class MessageId:
         if ":" not in text:
             return cls.from_base64(text)
         parts = text.strip().split(":")
-        if not 2 <= len(parts) <= 4 or len(text) > _MAX_TEXT_LEN:
+        if not 2 <= len(parts) <= 4 or len(text) > MESSAGE_ID_TEXT_CHARS_MAX:
             raise InvalidRequest(
                 f"message id {text!r} must look like 'ledger:entry', 'ledger:entry:partition' "
                 "or 'ledger:entry:partition:batchIndex'"

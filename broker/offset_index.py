@@ -25,12 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.limits import POSITION_HINTS_MAX
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
-
-POSITION_HINTS_MAX = 1024
-"""Offsets remembered as the first offset of an entry that was just read past: about one per
-reader going through the ledger sequentially."""
 
 Sample = tuple[int, int, int]
 """(first offset, entry id, publish ms) of a sampled entry."""

@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import ConsumerBusy, InvalidRequest, ProducerBusy, QuotaExceeded
+from broker.limits import (
+    QUOTA_COUNT_MAX,
+    QUOTA_RATE_BYTES_MAX,
+    QUOTA_RATE_MESSAGES_MAX,
+    QUOTA_RATE_PERIOD_S_MAX,
+)
 
-COUNT_MAX = 2**31 - 1
-"""Largest count limit (Pulsar's ``int``)."""
-RATE_MESSAGES_MAX = 2**31 - 1
-RATE_BYTES_MAX = 2**63 - 1
-RATE_PERIOD_S_MAX = 86_400
 UNLIMITED_RATE = -1
 
 
@@ -92,7 +93,7 @@ def count_limit(name: str) -> Callable[[Any], int | None]:
     def check(value: Any) -> int | None:
         if value is None:
             return None
-        return _integer(name, value, 0, COUNT_MAX, f"0..{COUNT_MAX} (0: unlimited)")
+        return _integer(name, value, 0, QUOTA_COUNT_MAX, f"0..{QUOTA_COUNT_MAX} (0: unlimited)")
     return check
 
 
@@ -110,9 +111,9 @@ def publish_rate_of(value: Any) -> PublishRate:
     body = _object("publishRate", value, {"publishThrottlingRateInMsg", "publishThrottlingRateInByte"})
     return PublishRate(
         _integer("publishThrottlingRateInMsg", body.get("publishThrottlingRateInMsg", UNLIMITED_RATE),
-                 UNLIMITED_RATE, RATE_MESSAGES_MAX, f"-1 (unlimited) or 0..{RATE_MESSAGES_MAX} messages/s"),
+                 UNLIMITED_RATE, QUOTA_RATE_MESSAGES_MAX, f"-1 (unlimited) or 0..{QUOTA_RATE_MESSAGES_MAX} messages/s"),
         _integer("publishThrottlingRateInByte", body.get("publishThrottlingRateInByte", UNLIMITED_RATE),
-                 UNLIMITED_RATE, RATE_BYTES_MAX, f"-1 (unlimited) or 0..{RATE_BYTES_MAX} bytes/s"))
+                 UNLIMITED_RATE, QUOTA_RATE_BYTES_MAX, f"-1 (unlimited) or 0..{QUOTA_RATE_BYTES_MAX} bytes/s"))
 
 
 def dispatch_rate_of(value: Any) -> DispatchRate:
@@ -125,11 +126,11 @@ def dispatch_rate_of(value: Any) -> DispatchRate:
                              field="relativeToPublishRate")
     return DispatchRate(
         _integer("dispatchThrottlingRateInMsg", body.get("dispatchThrottlingRateInMsg", UNLIMITED_RATE),
-                 UNLIMITED_RATE, RATE_MESSAGES_MAX, f"-1 (unlimited) or 0..{RATE_MESSAGES_MAX} messages"),
+                 UNLIMITED_RATE, QUOTA_RATE_MESSAGES_MAX, f"-1 (unlimited) or 0..{QUOTA_RATE_MESSAGES_MAX} messages"),
         _integer("dispatchThrottlingRateInByte", body.get("dispatchThrottlingRateInByte", UNLIMITED_RATE),
-                 UNLIMITED_RATE, RATE_BYTES_MAX, f"-1 (unlimited) or 0..{RATE_BYTES_MAX} bytes"),
-        _integer("ratePeriodInSecond", body.get("ratePeriodInSecond", 1), 1, RATE_PERIOD_S_MAX,
-                 f"1..{RATE_PERIOD_S_MAX} seconds"),
+                 UNLIMITED_RATE, QUOTA_RATE_BYTES_MAX, f"-1 (unlimited) or 0..{QUOTA_RATE_BYTES_MAX} bytes"),
+        _integer("ratePeriodInSecond", body.get("ratePeriodInSecond", 1), 1, QUOTA_RATE_PERIOD_S_MAX,
+                 f"1..{QUOTA_RATE_PERIOD_S_MAX} seconds"),
         relative)
 
 
@@ -147,13 +148,21 @@ class QuotaDefaults:
     """Limits of a topic whose topic and namespace set none (0: unlimited), Pulsar's broker.conf keys."""
 
     max_producers_per_topic: int = 0
+    """Producers of one topic partition."""
     max_consumers_per_topic: int = 0
+    """Consumers of one topic partition, over all its subscriptions."""
     max_subscriptions_per_topic: int = 0
+    """Subscriptions of one topic partition."""
     max_topics_per_namespace: int = 0
+    """Topics of one namespace (a partitioned topic counts its partitions)."""
     publish_rate_messages: int = 0
+    """Messages per second published to one topic partition (producers are throttled beyond)."""
     publish_rate_bytes: int = 0
+    """Bytes per second published to one topic partition."""
     dispatch_rate_messages: int = 0
+    """Messages per second dispatched from one topic partition, shared by its subscriptions."""
     dispatch_rate_bytes: int = 0
+    """Entry bytes per second dispatched from one topic partition."""
 
 
 CONFIG_KEYS: dict[str, str] = {
@@ -166,8 +175,7 @@ CONFIG_KEYS: dict[str, str] = {
     "dispatchThrottlingRatePerTopicInMsg": "dispatch_rate_messages",
     "dispatchThrottlingRatePerTopicInByte": "dispatch_rate_bytes",
 }
-"""standalone.conf key → ``QuotaDefaults`` field (each 0..``CONFIG_VALUE_MAX``, 0: unlimited)."""
-CONFIG_VALUE_MAX = 2**31 - 1
+"""standalone.conf key → ``QuotaDefaults`` field (each 0..``QUOTA_CONFIG_VALUE_MAX``, 0: unlimited)."""
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,10 @@ import pyarrow as pa
 
 from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries, new_columns
 from broker.errors import DataLost, NoSuchEntry, NoSuchLedger
+from broker.limits import READ_STEP_BYTES, READ_STEP_ENTRIES_MAX
 from broker.managed_ledger_reads import Entry
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
-
-READ_STEP_BYTES = 1024 * 1024
-"""Entries read from storage per step, by size: a read stops once it has its messages, and the
-rest of its last step was read for nothing, so steps stay small."""
-READ_STEP_ENTRIES_MAX = 1000
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,10 @@ from broker.byte_budget import ByteBudget
 from broker.compaction import Compactor
 from broker.delivery import Delivery, EntryRun, decoded_footprint
 from broker.errors import InvalidRequest, MagnetarError
+from broker.limits import READ_BATCH_ENTRIES, READER_READ_BYTES_MAX, READER_TRIM_RETRIES_MAX
 from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId
 from broker.topic import PersistentTopic
-
-READ_BATCH_ENTRIES = 100
-READ_BATCH_BYTES_MAX = 1024 * 1024
-TRIM_RETRIES_MAX = 3
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,7 @@ class StartPosition:
 
 class Reader:
     def __init__(self, topic: PersistentTopic, start: StartPosition, *, compactor: Compactor | None = None,
-                 budget: ByteBudget | None = None, read_bytes_max: int = READ_BATCH_BYTES_MAX) -> None:
+                 budget: ByteBudget | None = None, read_bytes_max: int = READER_READ_BYTES_MAX) -> None:
         self.topic = topic
         self._buffer: deque[Delivery] = deque()
         self._peeked: Delivery | None = None
@@ -172,7 +169,7 @@ class Reader:
         ml = self.topic.ml
         if self._budget_refuses():
             return
-        for _ in range(TRIM_RETRIES_MAX):
+        for _ in range(READER_TRIM_RETRIES_MAX):
             self.next_offset = max(self.next_offset, ml.first_offset)
             if self.next_offset >= ml.confirmed_next_offset():
                 return

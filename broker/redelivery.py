@@ -31,12 +31,10 @@ from collections.abc import Callable, Sequence
 from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.delivery import Delivery, EntryRun
+from broker.limits import DEAD_LETTER_ACK_WAIT_S, REDELIVERY_COUNTS_PERSISTED_MAX
 from broker.unacked import EntryRef
 
-REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
 REDELIVERY_PROPERTY_PREFIX = "rc:"
-DEAD_LETTER_ACK_WAIT_S = 60.0
-"""How long moving a message to its dead-letter topic waits for its acknowledgement on the source."""
 
 DeadLetter = Callable[[str, Delivery, str], None]
 """Publishes a message to a dead-letter topic: (topic, message, subscription name)."""

@@ -37,6 +37,7 @@ import avro.errors
 import avro.schema
 
 from broker.errors import BadVersion, IncompatibleSchema, InvalidRequest, NotFound
+from broker.limits import SCHEMA_BYTES_MAX, SCHEMA_CAS_RETRIES_MAX
 from broker.metadata.store import MetadataStore
 from broker.topic_name import TopicName
 
@@ -51,8 +52,6 @@ TYPES = ("NONE", "STRING", "JSON", "PROTOBUF", "AVRO", "BOOLEAN", "INT8", "INT16
          "LOCAL_DATE_TIME", "PROTOBUF_NATIVE", "AUTO_CONSUME")
 """Pulsar's schema types, indexed by their protocol number."""
 VERSION = struct.Struct(">q")
-SCHEMA_BYTES_MAX = 1024 * 1024
-CAS_RETRIES_MAX = 5
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ class SchemaRegistry:
         new version when the strategy allows it (``register=False`` only checks: a consumer on a
         topic that has a schema). ``IncompatibleSchema`` when refused."""
         self._check(schema)
-        for _ in range(CAS_RETRIES_MAX):
+        for _ in range(SCHEMA_CAS_RETRIES_MAX):
             found = self._store.get_json(self._path(topic))
             versions = [] if found is None else [SchemaInfo.from_json(v) for v in found[0]["versions"]]
             for index, existing in enumerate(versions):

@@ -73,11 +73,12 @@ from broker.consumer import Consumer, ConsumerConfig
 from broker.cursor import ManagedCursor
 from broker.delivery import MESSAGE_BYTES, RUN_BYTES, Delivery, EntryRun
 from broker.dispatch_key_shared import KeySharedDispatcher, entry_key_hashes
-from broker.dispatch_reads import PENDING_MESSAGES_MAX, DispatchReads, WaitingEntry
+from broker.dispatch_reads import DispatchReads, WaitingEntry
 from broker.dispatch_shared import SharedDispatcher
 from broker.dispatch_single_active import SingleActiveConsumerDispatcher
 from broker.dispatcher import Dispatcher
 from broker.errors import InvalidRequest, NotAllowed
+from broker.limits import PENDING_MESSAGES_MAX
 from broker.quotas import TopicQuotas
 from broker.redelivery import DeadLetter, Redeliveries
 from broker.subscription_stats import SubscriptionStats

@@ -37,20 +37,18 @@ from broker.dispatch_scheduling import DispatchScheduler
 from broker.entry_builder import entry_of_messages
 from broker.entry_format import Message
 from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound, PreconditionFailed
+from broker.limits import CURSOR_MOVE_WAIT_S_MAX, DEAD_LETTER_WAIT_S_MAX, PATTERN_BYTES_MAX, TOPIC_WATCHERS_MAX
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
 from broker.subscription import Subscription, SubscriptionLimits
 from broker.subscription_type import SubscriptionType
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName, check_namespace
-from broker.topic_pattern import PATTERN_BYTES_MAX, TopicPattern
+from broker.topic_pattern import TopicPattern
 from broker.topic_registry import TopicRegistry
 
 log = logging.getLogger(__name__)
 
-CURSOR_MOVE_WAIT_S_MAX = 60.0
-TOPIC_WATCHERS_MAX = 10_000
-DEAD_LETTER_WAIT_S_MAX = 60.0
 
 _Pattern = tuple[TopicPattern, MultiConsumer, Callable[[TopicName], Consumer]]
 

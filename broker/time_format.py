@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from broker.errors import InvalidRequest
+from broker.limits import ISO_TIME_TEXTS_CACHED_MAX
 
 TIME_MS_MAX = (1 << 63) - 1
-ISO_SECONDS_CACHED_MAX = 4096
 
 
 def iso_time(epoch_ms: int) -> str:
@@ -28,7 +28,7 @@ def iso_time(epoch_ms: int) -> str:
     return f"{_iso_second(seconds)}.{millis:03d}Z"
 
 
-@functools.lru_cache(maxsize=ISO_SECONDS_CACHED_MAX)
+@functools.lru_cache(maxsize=ISO_TIME_TEXTS_CACHED_MAX)
 def _iso_second(epoch_s: int) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 

@@ -36,6 +36,7 @@ from broker.entry_builder import SEQUENCE_ID_MAX, PreparedEntry
 from broker.entry_format import decode_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError
 from broker.key_index import KeyReservation, PartitionKeys
+from broker.limits import MESSAGE_SIZE_BYTES_MAX, REPLAY_BATCH_ENTRIES
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_adds import AddResult
 from broker.managed_ledger_reads import Entry
@@ -45,9 +46,6 @@ from broker.metadata.store import MetadataStore
 from broker.quotas import TopicQuotas
 from broker.topic_name import TopicName
 from storage import new_future
-
-MESSAGE_SIZE_BYTES_MAX = 5 * 1024 * 1024
-REPLAY_BATCH_ENTRIES = 100
 
 
 @dataclass(slots=True)

@@ -35,6 +35,7 @@ from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_entry
 from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound, PreconditionFailed
+from broker.limits import ACK_PERSIST_TIMEOUT_S, UNKNOWN_IDS_REPORTED_MAX
 from broker.message_id import MessageId, Position
 from broker.redelivery import REDELIVERY_PROPERTY_PREFIX
 from broker.subscription import Subscription
@@ -44,8 +45,6 @@ from broker.topic_stats import InternalStats, TopicStats, internal_stats, topic_
 
 LATEST_ID = (1 << 63) - 1
 """Pulsar's ``MessageId.latest`` has ledger and entry ``Long.MAX_VALUE``; earliest has -1."""
-ACK_PERSIST_TIMEOUT_S = 60.0
-UNKNOWN_IDS_REPORTED_MAX = 5
 
 
 @dataclass(frozen=True)

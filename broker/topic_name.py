@@ -20,12 +20,10 @@ import re
 from dataclasses import dataclass
 
 from broker.errors import InvalidRequest
+from broker.limits import NAME_BYTES_MAX, PARTITION_INDEX_MAX, SUBSCRIPTION_NAME_BYTES_MAX
 
 _NAME = re.compile(r"[-=:.A-Za-z0-9_]+")
 PARTITION_SUFFIX = "-partition-"
-NAME_BYTES_MAX = 512
-SUBSCRIPTION_NAME_BYTES_MAX = 256
-PARTITION_INDEX_MAX = 1_000_000
 NAME_RULE = "1 to {limit} ASCII letters, digits and - _ = : . (not '.' or '..')"
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 import re2
 
 from broker.errors import InvalidRequest
-
-PATTERN_BYTES_MAX = 4096
+from broker.limits import PATTERN_BYTES_MAX
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a bad pattern is the client's error, answered, not logged by RE2

@@ -35,6 +35,7 @@ from broker.cursor import CursorManager
 from broker.entry_format import Compression
 from broker.errors import AlreadyExists, InvalidRequest, MagnetarError, NotAllowed, NotFound, ServiceUnitNotReady
 from broker.key_index import KeyIndex
+from broker.limits import PARTITIONS_MAX
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.namespace.persistence import quorum_for
@@ -47,8 +48,6 @@ from broker.topic_name import TopicName
 from broker.topic_resources import TopicResources
 
 log = logging.getLogger(__name__)
-
-PARTITIONS_MAX = 1024
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from broker.limits import PARTITION_COUNTS_CACHED_MAX
 from broker.managed_ledger import ML_ROOT
 from broker.metadata.store import MetadataStore
 from broker.topic_name import TopicName, check_namespace
 
 PARTITIONED = "/admin/partitioned-topics"
-PARTITION_COUNTS_CACHED_MAX = 100_000
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from broker.compaction import CompactionStatus
 from broker.cursor import ManagedCursor
 from broker.errors import DataLost, NoSuchEntry
+from broker.limits import DELETED_RANGES_SHOWN_MAX
 from broker.message_id import Position
 from broker.subscription import Subscription
 from broker.subscription_stats import SubscriptionStats
 from broker.topic import PersistentTopic
-
-DELETED_RANGES_SHOWN_MAX = 100
 
 
 @dataclass(frozen=True)

@@ -64,12 +64,12 @@ from storage.fileio import FaultyFileIO, FileIO
 from storage.futures import LightFuture, new_future
 from storage.io_errors import as_storage_error
 from storage.ledger_storage import LAST_ADD_CONFIRMED, ConsistencyReport, LedgerStorage, StorageStats
+from storage.limits import SESSION_TIMEOUT_S
 
 _ON_FIRST_USE = {
     "BookieProcessConfig": "storage.bookie_process",
     "run_bookie": "storage.bookie_process",
     "AVAILABLE_PATH": "storage.registration",
-    "SESSION_TIMEOUT_S": "storage.registration",
     "BookieRegistration": "storage.registration",
     "ZooKeeperSpec": "storage.registration",
     "connect": "storage.registration",
@@ -78,7 +78,7 @@ _ON_FIRST_USE = {
 
 if TYPE_CHECKING:
     from storage.bookie_process import BookieProcessConfig, run_bookie
-    from storage.registration import AVAILABLE_PATH, SESSION_TIMEOUT_S, BookieRegistration, ZooKeeperSpec, connect
+    from storage.registration import AVAILABLE_PATH, BookieRegistration, ZooKeeperSpec, connect
 else:
 
     def __getattr__(name: str) -> object:

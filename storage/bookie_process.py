@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from storage.bookie_server import BookieServer
 from storage.config import StorageConfig
 from storage.ledger_storage import LedgerStorage
-from storage.registration import SESSION_TIMEOUT_S, BookieRegistration, connect
+from storage.limits import SESSION_TIMEOUT_S
+from storage.registration import BookieRegistration, connect
 
 log = logging.getLogger(__name__)
 

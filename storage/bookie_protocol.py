@@ -52,11 +52,8 @@ from storage.errors import (
     StorageReadOnly,
     WriteCacheFull,
 )
+from storage.limits import FRAME_BYTES_MAX
 
-FRAME_BYTES_MAX = 8 * 1024 * 1024
-"""Largest frame either side sends or accepts (a 5 MiB entry plus headers fits)."""
-RANGE_BYTES_MAX = 4 * 1024 * 1024
-"""Largest data a READ_RANGE response carries (its first entry is always included)."""
 RESPONSE_FLAG = 0x80
 FLAG_RECOVERY = 0x01
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from storage.bookie_protocol import (
-    RANGE_BYTES_MAX,
     FrameDecoder,
     Kind,
     ProtocolError,
@@ -42,11 +41,9 @@ from storage.bookie_protocol import (
 )
 from storage.errors import MagnetarError, NoSuchEntry
 from storage.ledger_storage import LAST_ADD_CONFIRMED, LedgerStorage
+from storage.limits import INFLIGHT_REQUESTS_MAX, RANGE_BYTES_MAX, RANGE_ENTRIES_MAX
 
 log = logging.getLogger(__name__)
-
-INFLIGHT_REQUESTS_MAX = 8192
-RANGE_ENTRIES_MAX = 1000
 
 
 @dataclass(frozen=True)

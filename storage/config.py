@@ -42,6 +42,7 @@ class StorageConfig:
 
     # Write cache (memtable): two buffers of this size each, active and being flushed.
     write_cache_bytes_max: int = 64 * MiB
+    """Entries added and not yet flushed to the entry logs, per buffer (a full cache pushes back)."""
     write_cache_flush_bytes: int = 32 * MiB
     """A background flush starts once the active buffer holds this many bytes."""
     write_cache_full_wait_ms: int = 10_000
@@ -51,20 +52,31 @@ class StorageConfig:
 
     # Entry logs.
     entry_log_size_bytes_max: int = 1 * GiB
+    """Entry logs rotate at this size."""
     entry_log_write_buffer_bytes: int = 1 * MiB
+    """Bytes an entry log buffers before it writes them to its file."""
     open_read_files_max: int = 64
+    """Entry-log files held open for reads (least recently used closed first)."""
 
     # Read cache with read-ahead.
     read_cache_bytes_max: int = 64 * MiB
+    """Entries read from the entry logs and kept for the next reads (read-ahead included)."""
     read_ahead_entries_max: int = 100
+    """Entries of the same ledger read ahead after a read that follows the previous one."""
     read_ahead_bytes_max: int = 1 * MiB
+    """Bytes read ahead at a time."""
 
     # Garbage collection and compaction.
     gc_interval_ms: int = 1_000
+    """How often the garbage collector looks for deleted ledgers' entry logs."""
     minor_compaction_threshold: float = 0.2
+    """Entry logs with less than this fraction still live are compacted at the minor interval."""
     minor_compaction_interval_ms: int = 3_600_000
+    """How often minor compaction runs."""
     major_compaction_threshold: float = 0.8
+    """Entry logs with less than this fraction still live are compacted at the major interval."""
     major_compaction_interval_ms: int = 86_400_000
+    """How often major compaction runs."""
 
     def __post_init__(self) -> None:
         if self.write_cache_flush_bytes > self.write_cache_bytes_max:

@@ -24,18 +24,14 @@ from typing import TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from storage.limits import SLICE_ITEMS, SLICE_PAUSE_S
+
 PREFIX = b"L"
 _KEY = struct.Struct(">cQQ")
 _VALUE = struct.Struct(">Q")
 U64_MAX = 2**64 - 1
 _SST_BYTES = "rocksdb.total-sst-files-size"
 _MEMTABLE_BYTES = "rocksdb.cur-size-all-mem-tables"
-SLICE_ITEMS = 256
-"""Flush work (entry-log appends, location writes: RocksDB holds the interpreter lock while it
-writes) goes in slices of this many items: about 0.2 ms of holding the lock each."""
-SLICE_PAUSE_S = 0.00005
-"""Pause between slices, so that threads waiting for the interpreter lock (the event loop, the
-journal writer) take it then instead of queueing behind a whole flush."""
 
 T = TypeVar("T")
 

@@ -30,6 +30,7 @@ import crc32c
 
 from storage.errors import CorruptEntry
 from storage.fileio import AppendFile, FileIO, ReadFile
+from storage.limits import ENTRY_BYTES_MAX, ENTRY_LOG_SCAN_CHUNK_BYTES, FIRST_READ_BYTES
 
 MAGIC = b"MGNTELOG"
 VERSION = 1
@@ -38,10 +39,7 @@ FILE_HEADER_SIZE = _FILE_HEADER.size
 _RECORD = struct.Struct(">IQQI")
 RECORD_HEADER_SIZE = _RECORD.size
 _IDS = struct.Struct(">QQ")
-ENTRY_BYTES_MAX = 64 * 1024 * 1024
 SUFFIX = ".log"
-SCAN_CHUNK_BYTES = 4 * 1024 * 1024
-FIRST_READ_BYTES = 4096
 
 
 class LogMissing(Exception):
@@ -323,7 +321,7 @@ class EntryLogger:
             size_bytes = reader.size_bytes()
             pos = FILE_HEADER_SIZE
             while pos + RECORD_HEADER_SIZE <= size_bytes:
-                chunk = reader.pread(min(SCAN_CHUNK_BYTES, size_bytes - pos), pos)
+                chunk = reader.pread(min(ENTRY_LOG_SCAN_CHUNK_BYTES, size_bytes - pos), pos)
                 at = 0
                 while at + RECORD_HEADER_SIZE <= len(chunk):
                     size, ledger, entry, _ = _RECORD.unpack_from(chunk, at)

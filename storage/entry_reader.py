@@ -27,10 +27,8 @@ from storage.entry_log import EntryLogger, LogMissing
 from storage.errors import CorruptEntry, NoSuchEntry, StorageBusy
 from storage.flusher import Flusher
 from storage.io_errors import OnceLog, describe, is_transient
+from storage.limits import READ_POSITIONS_MAX
 from storage.read_cache import ReadCache
-
-READ_POSITIONS_MAX = 4096
-"""Ledgers whose last entry-log read is remembered to tell sequential reads from jumps."""
 
 
 @dataclass(frozen=True)

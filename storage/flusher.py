@@ -37,11 +37,9 @@ from storage.fileio import FileIO
 from storage.io_errors import OnceLog, describe, is_transient
 from storage.journal import Journal, LogMark
 from storage.ledger_metadata_index import LedgerMeta, LedgerMetadataIndex
+from storage.limits import FLUSH_RETRY_MS
 from storage.read_only import ReadOnlyState
 from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache
-
-FLUSH_RETRY_MS = 100
-"""How soon a flush that failed transiently is tried again."""
 
 log = logging.getLogger(__name__)
 

@@ -58,6 +58,14 @@ import crc32c
 from storage.fileio import AppendFile, FileIO
 from storage.histogram import LatencyHistogram, LatencySnapshot
 from storage.io_errors import OnceLog, is_transient
+from storage.limits import (
+    CALLER_BACKSTOP_MS,
+    CALLER_FSYNC_US_MAX,
+    CALLER_IDLE_S,
+    GROUP_NAP_S,
+    JOURNAL_SCAN_CHUNK_BYTES,
+    RECORD_PAYLOAD_BYTES_MAX,
+)
 
 RECORD_ADD_ENTRY = 1
 RECORD_FENCE = 2
@@ -68,20 +76,10 @@ _BODY_HEAD = struct.Struct(">BQQ")
 _MARK = struct.Struct(">QQI")  # file id, offset, crc32c of the first 16 bytes
 MARK_FILE = "lastMark"
 SUFFIX = ".jnl"
-RECORD_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
-SCAN_CHUNK_BYTES = 4 * 1024 * 1024
-GROUP_NAP_S = 0.0002
 _NOTHING_QUEUED: tuple[Sequence[bytes], int, Any] = ((), 0, "backstop")
 """The writer thread's backstop woke with nothing queued."""
 _WAKE: tuple[Sequence[bytes], int, Any] = ((), 0, "wake")
 """Queued to make the writer thread take up a new backstop period; not a record."""
-CALLER_BACKSTOP_MS = 5.0
-"""How often the writer thread looks for records the caller's thread left undrained."""
-CALLER_IDLE_S = 1.0
-"""The writer thread stops its backstop polling after this long without records at the caller."""
-CALLER_FSYNC_US_MAX = 2_000
-"""Groups go back to the writer thread while the last fdatasync took longer than this: a slow
-disk must not stall the caller's thread (an event loop)."""
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +159,13 @@ class FileScan:
             buf, buf_start = b"", pos
             while pos + HEADER_SIZE <= size:
                 if pos + HEADER_SIZE > buf_start + len(buf):
-                    buf, buf_start = reader.pread(SCAN_CHUNK_BYTES, pos), pos
+                    buf, buf_start = reader.pread(JOURNAL_SCAN_CHUNK_BYTES, pos), pos
                 length, crc, rtype, ledger, entry = _HEADER.unpack_from(buf, pos - buf_start)
                 end = pos + 8 + length
                 if not _BODY_HEAD.size <= length <= _BODY_HEAD.size + RECORD_PAYLOAD_BYTES_MAX or end > size:
                     return
                 if end > buf_start + len(buf):
-                    buf, buf_start = reader.pread(max(SCAN_CHUNK_BYTES, end - pos), pos), pos
+                    buf, buf_start = reader.pread(max(JOURNAL_SCAN_CHUNK_BYTES, end - pos), pos), pos
                 view = memoryview(buf)[pos + 8 - buf_start : end - buf_start]
                 if crc32c.crc32c(view) != crc or rtype not in (RECORD_ADD_ENTRY, RECORD_FENCE):
                     return

@@ -67,17 +67,9 @@ from storage.flusher import Flusher
 from storage.futures import LightFuture, new_future
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
 from storage.io_errors import OnceLog, is_transient
-from storage.journal import (
-    CALLER_BACKSTOP_MS,
-    RECORD_ADD_ENTRY,
-    RECORD_FENCE,
-    Journal,
-    JournalRecord,
-    JournalStats,
-    LogMark,
-    encode_header,
-)
+from storage.journal import RECORD_ADD_ENTRY, RECORD_FENCE, Journal, JournalRecord, JournalStats, LogMark, encode_header
 from storage.ledger_metadata_index import LedgerMeta, LedgerMetadataIndex
+from storage.limits import CALLER_BACKSTOP_MS
 from storage.read_cache import ReadCache, ReadCacheStats
 from storage.read_only import ReadOnlyState
 from storage.write_cache import PUT_OK, WriteCacheStats

@@ -29,15 +29,12 @@ from kazoo.exceptions import KazooException, NodeExistsError
 from kazoo.protocol.states import KazooState
 
 from storage.errors import InvalidArgument, MetadataStoreUnavailable
+from storage.limits import CONNECT_TIMEOUT_S, REGISTRATION_WAIT_S_MAX, SESSION_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
 AVAILABLE_PATH = "/ledgers/available"
 """Where bookies register: one ephemeral node ``<host:port>`` per live bookie."""
-SESSION_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 15.0
-REGISTRATION_WAIT_S_MAX = 60.0
-"""How long a registration waits for the node of this bookie's previous session to go."""
 _SPEC = re.compile(r"^zk:(?P<hosts>[^/]+)(?P<chroot>/.*)?$")
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f-\x9f]")
 

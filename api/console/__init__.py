@@ -24,11 +24,10 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 
+from api.limits import CONSOLE_FILE_BYTES_MAX, CONSOLE_FILES_MAX
 from broker import NotFound
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-CONSOLE_FILES_MAX = 64
-CONSOLE_FILE_BYTES_MAX = 512 * 1024
 INDEX = "index.html"
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
                 ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png",

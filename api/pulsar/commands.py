@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from api.limits import ERROR_MESSAGE_CHARS_MAX
 from api.pulsar.framing import command_frame
 from api.pulsar.hot_commands import message_command, send_receipt_command
 from api.pulsar.proto import pulsar_api_pb2 as pb
@@ -46,12 +47,10 @@ serve (``TopicNotOwned``), whose bundle is between owners, or whose ledger anoth
 while recovering it is ``ServiceNotReady``, as Pulsar's broker answers it: the client looks the
 topic up again and goes to the owner."""
 
-MESSAGE_TEXT_BYTES_MAX = 1000
-
 
 def server_error(error: BaseException) -> tuple[int, str]:
     """The ``ServerError`` and message text for ``error``."""
-    text = str(error)[:MESSAGE_TEXT_BYTES_MAX]
+    text = str(error)[:ERROR_MESSAGE_CHARS_MAX]
     if isinstance(error, MagnetarError):
         code = _ERRORS.get(error.code)
         if code is None:

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from api.auth import Action
+from api.limits import FLOW_PERMITS_MAX
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.hot_commands import AckCommand, AckedId, FlowCommand
@@ -65,7 +66,6 @@ SUB_TYPES = {pb.CommandSubscribe.Exclusive: SubscriptionType.EXCLUSIVE,
 EARLIEST_ID = (1 << 64) - 1
 """``MessageId.earliest`` on the wire: ledger and entry -1 as uint64."""
 LATEST_ID = (1 << 63) - 1
-PERMITS_MAX = 1 << 20
 MessageIdLike = pb.MessageIdData | AckedId
 """An acknowledged id as protobuf read it or as ``hot_commands`` did (the same fields)."""
 
@@ -276,7 +276,7 @@ class ConsumerHalf:
         state = self._get(command.consumer_id)
         if state is None:
             return  # a flow racing a close: Pulsar ignores it too
-        state.consumer.flow(min(command.messagePermits, PERMITS_MAX))
+        state.consumer.flow(min(command.messagePermits, FLOW_PERMITS_MAX))
 
     # --- acknowledgement ---------------------------------------------------------------
     def ack(self, command: pb.CommandAck | AckCommand) -> None:

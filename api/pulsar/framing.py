@@ -33,14 +33,13 @@ import struct
 
 from google.protobuf.message import DecodeError
 
+from api.limits import COMMAND_BYTES_MAX
 from api.pulsar.hot_commands import ACK, FLOW, SEND, AckCommand, FlowCommand, HotCommand, SendCommand, parse_hot
 from api.pulsar.proto import pulsar_api_pb2 as pb
 
 FRAME_HEADER = struct.Struct(">II")
 SIZE = struct.Struct(">I")
 FRAME_HEADER_BYTES = FRAME_HEADER.size
-COMMAND_BYTES_MAX = 1024 * 1024
-"""A command without its payload (topic names, ids, schemas) is never larger than this."""
 
 KNOWN_TYPES = frozenset(pb.BaseCommand.Type.values())
 HOT_KINDS: dict[type, int] = {SendCommand: SEND, FlowCommand: FLOW, AckCommand: ACK}

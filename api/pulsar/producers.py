@@ -15,7 +15,7 @@ Invariants:
   match them to their pending queue by sequence id and drop the connection on a mismatch.
 - A connection has at most ``pending_sends_max`` sends unanswered; at the bound it stops being
   read until half of them are answered (one read's group may pass the bound by what it holds,
-  at most ``SEND_GROUP_MAX`` SENDs, see ``session.py``). It also stops being read while the
+  at most ``SEND_GROUP_COMMANDS_MAX`` SENDs, see ``session.py``). It also stops being read while the
   broker's publish buffer (``maxMessagePublishBufferSizeInMB``) refuses, until it admits again;
   it is read again only once nothing holds it back.
 - A producer whose topic's publish rate is exceeded stops the connection being read for as long
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from api.auth import Action
+from api.limits import CLOSED_PRODUCERS_REMEMBERED_MAX
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import Frame, ProtocolViolation
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 
 Mode = pb.ProducerAccessMode
 _Why = TypeVar("_Why")
-CLOSED_PRODUCERS_REMEMBERED_MAX = 10_000
 PENDING, THROTTLED, FULL = "pending sends", "publish rate", "publish buffer"
 """Why a connection's producers stop it being read (``ProducerHalf._hold``)."""
 """Producer ids of one connection closed by an unload (whose late sends are dropped quietly) or

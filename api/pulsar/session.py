@@ -42,6 +42,7 @@ from typing import Any
 
 from api.auth import Action
 from api.authentication import TOKEN_METHOD
+from api.limits import SEND_GROUP_COMMANDS_MAX
 from api.pulsar import commands
 from api.pulsar.consumers import ConsumerHalf
 from api.pulsar.context import ConnectionContext
@@ -60,8 +61,6 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand.Type
 PROTOCOL_VERSION_MAX = 19
 SERVER_VERSION = "Magnetar 0.1.0"
-SEND_GROUP_MAX = 1000
-"""At most this many consecutive SENDs of one read go to the producers as one group."""
 NO_REQUEST_ID = (1 << 64) - 1
 """The request id of an ERROR that answers no request (a refused CONNECT): Java's -1."""
 
@@ -135,7 +134,7 @@ class PulsarSession:
 
     # --- the state machine ---------------------------------------------------------------
     def handle_all(self, frames: Sequence[Frame]) -> None:
-        """Apply the frames of one read, in order; consecutive SENDs (at most ``SEND_GROUP_MAX``)
+        """Apply the frames of one read, in order; consecutive SENDs (at most ``SEND_GROUP_COMMANDS_MAX``)
         go to the producers as one group. ``ProtocolViolation`` as :meth:`handle`, after the
         SENDs before the offending frame were taken."""
         run: list[Frame] = []
@@ -145,7 +144,7 @@ class PulsarSession:
                     if frame.hot is None:
                         _require_body(frame.command, COMMANDS[SEND])
                     run.append(frame)
-                    if len(run) >= SEND_GROUP_MAX:
+                    if len(run) >= SEND_GROUP_COMMANDS_MAX:
                         group, run = run, []
                         self._send_group(group)
                     continue

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from api.limits import FRAME_OVERHEAD_BYTES
 from api.tls import TlsConfig
 
 MIB = 1024 * 1024
-FRAME_OVERHEAD_BYTES = 64 * 1024
-"""What a frame may hold beyond its message: the command, metadata, batch headers (Pulsar
-allows 10 KiB of padding; schemas in commands need more)."""
 
 
 ROLE_SHARE_KEYS: dict[str, str] = {
@@ -58,6 +56,7 @@ class PulsarSettings:
     ``authenticationRefreshCheckSeconds``): a client that can refresh is sent AUTH_CHALLENGE and
     must answer within one more period; one that cannot is disconnected."""
     connections_max: int = 10_000
+    """Binary-protocol connections open at once; more are closed as they are accepted."""
     handshake_frame_bytes_max: int = 64 * 1024
     """A frame received before the connection's handshake completed (``maxHandshakeFrameBytes``):
     a CONNECT with a token or another credential fits; a larger frame closes the connection

@@ -16,7 +16,7 @@ client comparing the hash of its list with the broker's sees the same value.
 
 Invariants: listing and watching need the right to produce or consume in the namespace (or
 tenant admin), checked before the namespace is looked up (``permissions.py``), and a watch ends
-when its role loses that right (``revoked``); at most ``WATCHERS_PER_CONNECTION_MAX`` watches
+when its role loses that right (``revoked``); at most ``TOPIC_LIST_WATCHES_PER_CONNECTION_MAX`` watches
 per connection and ``topic_list_watchers_per_role_max`` per role on the server (its share of
 the broker's pool, ``shares.py``; more are refused with an error); a watch sends only changes
 to the set it announced, each topic once.
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from api.limits import TOPIC_LIST_WATCHES_PER_CONNECTION_MAX
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from broker import InvalidRequest, MagnetarError, NotFound, TopicName, TopicPattern, check_namespace
 
-WATCHERS_PER_CONNECTION_MAX = 100
 SCHEME = "persistent://"
 
 
@@ -106,8 +106,9 @@ class TopicLists:
         try:
             if request.watcher_id in self._watches:
                 raise InvalidRequest(f"watcher id {request.watcher_id} is already in use on this connection")
-            if len(self._watches) >= WATCHERS_PER_CONNECTION_MAX:
-                raise InvalidRequest(f"a connection may watch at most {WATCHERS_PER_CONNECTION_MAX} topic lists")
+            if len(self._watches) >= TOPIC_LIST_WATCHES_PER_CONNECTION_MAX:
+                raise InvalidRequest(f"a connection may watch at most {TOPIC_LIST_WATCHES_PER_CONNECTION_MAX} "
+                                     "topic lists")
             namespace = self._namespace(request.namespace)
             watch = _Watch(_pattern(namespace, request.topics_pattern), namespace)
             watch.topics.update(_matching(watch.pattern, namespace, self._topics(namespace)))

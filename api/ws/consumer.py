@@ -27,17 +27,14 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+from api.limits import DELIVERY_BACKLOG_FRAMES_MAX, SENT_IDS_REMEMBERED_MAX, WS_CREDIT_CHECK_INTERVAL_S
 from api.wakeup import LoopSignal
 from api.ws.frames import JSON_DESERIALIZE_ERROR, FrameError, frame_text, message_frame, parse_frame
-from api.ws.params import RECEIVER_QUEUE_SIZE_MAX, ConsumerParams
+from api.ws.params import ConsumerParams
 from api.ws.session import SessionIO, error_frame, permits_of
 from broker import BrokerService, MagnetarError, MessageId, MultiConsumer, TopicName
 
 log = logging.getLogger(__name__)
-
-CREDIT_CHECK_INTERVAL_S = 1.0
-SENT_IDS_REMEMBERED_MAX = 4 * RECEIVER_QUEUE_SIZE_MAX
-DELIVERY_BACKLOG_FRAMES_MAX = RECEIVER_QUEUE_SIZE_MAX
 
 
 class ConsumerSession:
@@ -121,10 +118,10 @@ class ConsumerSession:
 
     def _top_up(self) -> None:
         """Keep ``receiverQueueSize`` messages granted or unacknowledged; checked again every
-        ``CREDIT_CHECK_INTERVAL_S`` (a redelivery after an ack timeout frees credit without any
+        ``WS_CREDIT_CHECK_INTERVAL_S`` (a redelivery after an ack timeout frees credit without any
         frame arriving)."""
         self.consumer.replenish(self.params.receiver_queue_size)
-        self._credit_timer = self.io.loop.call_later(CREDIT_CHECK_INTERVAL_S, self._top_up)
+        self._credit_timer = self.io.loop.call_later(WS_CREDIT_CHECK_INTERVAL_S, self._top_up)
 
     def _unsubscribe(self) -> None:
         """Close the consumer, remove the subscription from every partition, close the session

@@ -17,9 +17,8 @@ from typing import Any
 
 import orjson
 
+from api.limits import WS_ERROR_TEXT_CHARS_MAX
 from broker import Delivery, InvalidRequest, iso_time
-
-FRAME_ERROR_TEXT_MAX = 300
 
 # Pulsar's WebSocket result codes
 JSON_DESERIALIZE_ERROR = 3
@@ -76,7 +75,7 @@ def parse_frame(text: str) -> dict[str, Any]:
 
 
 def short(text: str) -> str:
-    return text if len(text) <= FRAME_ERROR_TEXT_MAX else text[:FRAME_ERROR_TEXT_MAX] + "…"
+    return text if len(text) <= WS_ERROR_TEXT_CHARS_MAX else text[:WS_ERROR_TEXT_CHARS_MAX] + "…"
 
 
 def frame_text(data: dict[str, Any]) -> str:

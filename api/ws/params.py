@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from api.limits import EdgeLimits
+from api.limits import RECEIVER_QUEUE_MESSAGES_MAX, WS_BATCH_MESSAGES_MAX, WS_PENDING_MESSAGES_MAX, EdgeLimits
 from broker import (
     ROUTING_MODES,
     Compression,
@@ -25,9 +25,6 @@ from broker import (
     SubscriptionType,
 )
 
-RECEIVER_QUEUE_SIZE_MAX = 1000
-PENDING_MESSAGES_MAX = 10_000
-BATCH_MESSAGES_MAX = 10_000
 _COMPRESSIONS = {"NONE": Compression.NONE, "LZ4": Compression.LZ4, "ZLIB": Compression.ZLIB,
                  "ZSTD": Compression.ZSTD, "SNAPPY": Compression.SNAPPY}
 
@@ -93,8 +90,8 @@ class ProducerParams:
             explicit_name=name is not None,
             initial_sequence_id=query.integer("initialSequenceId", -1, -1, 2**63 - 1) if initial else None,
             batching=query.flag("batchingEnabled", False),
-            batch_messages_max=query.integer("batchingMaxMessages", 1000, 1, BATCH_MESSAGES_MAX),
-            pending_messages_max=query.integer("maxPendingMessages", 1000, 1, PENDING_MESSAGES_MAX),
+            batch_messages_max=query.integer("batchingMaxMessages", 1000, 1, WS_BATCH_MESSAGES_MAX),
+            pending_messages_max=query.integer("maxPendingMessages", 1000, 1, WS_PENDING_MESSAGES_MAX),
             routing_mode=query.choice("messageRoutingMode", {mode: mode for mode in ROUTING_MODES},
                                       "RoundRobinPartition"),
             compression=query.choice("compressionType", _COMPRESSIONS, "NONE"),
@@ -112,8 +109,8 @@ class ConsumerParams:
 
     @classmethod
     def parse(cls, query: QueryParams, limits: EdgeLimits) -> ConsumerParams:
-        receiver_queue = query.integer("receiverQueueSize", RECEIVER_QUEUE_SIZE_MAX, 0, 2**31 - 1)
-        receiver_queue = min(receiver_queue, RECEIVER_QUEUE_SIZE_MAX)  # Pulsar caps it at 1000
+        receiver_queue = query.integer("receiverQueueSize", RECEIVER_QUEUE_MESSAGES_MAX, 0, 2**31 - 1)
+        receiver_queue = min(receiver_queue, RECEIVER_QUEUE_MESSAGES_MAX)  # Pulsar caps it at 1000
         config = ConsumerConfig(
             name=query.text("consumerName") or f"ws-consumer-{uuid.uuid4().hex[:12]}",
             receiver_queue_size=receiver_queue,

@@ -23,14 +23,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from api.limits import READER_FILL_MESSAGES_MAX, READER_SEND_BYTES_MAX
 from api.wakeup import LoopSignal
 from api.ws.frames import JSON_DESERIALIZE_ERROR, FrameError, frame_text, message_frame, parse_frame
 from api.ws.session import SessionIO, error_frame
 from broker import BrokerService, Delivery, KeyReader, MagnetarError, MessageId, Reader
-
-READER_FILL_MESSAGES_MAX = 1000
-READER_SEND_BYTES_MAX = 1024 * 1024
-"""Payload bytes taken from the readers and turned into frames at once (one message always)."""
 
 
 def refill_due(outstanding: int, outstanding_bytes: int, limit: int, bytes_limit: int) -> bool:

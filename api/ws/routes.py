@@ -22,9 +22,9 @@ from fastapi import APIRouter
 
 from api.auth import Action
 from api.errors import UpgradeRequired
-from api.limits import EdgeLimits
+from api.limits import RECEIVER_QUEUE_MESSAGES_MAX, EdgeLimits
 from api.ws.consumer import ConsumerSession
-from api.ws.params import RECEIVER_QUEUE_SIZE_MAX, ConsumerParams, ProducerParams, QueryParams, reader_start
+from api.ws.params import ConsumerParams, ProducerParams, QueryParams, reader_start
 from api.ws.producer import ProducerSession
 from api.ws.reader import ReaderSession
 from api.ws.session import Session, SessionIO
@@ -131,8 +131,8 @@ def websocket_routes(service: BrokerService, limits: EdgeLimits) -> list[WebSock
     def reader(handshake: Handshake) -> Opening:
         params, query = handshake.params, handshake.query
         name = TopicName.of(params["tenant"], params["namespace"], params["topic"])
-        receiver_queue = min(query.integer("receiverQueueSize", RECEIVER_QUEUE_SIZE_MAX, 1, 2**31 - 1),
-                             RECEIVER_QUEUE_SIZE_MAX)
+        receiver_queue = min(query.integer("receiverQueueSize", RECEIVER_QUEUE_MESSAGES_MAX, 1, 2**31 - 1),
+                             RECEIVER_QUEUE_MESSAGES_MAX)
         start = reader_start(query)
         compacted = query.flag("readCompacted", False)
         key = query.text("key")

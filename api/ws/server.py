@@ -59,7 +59,14 @@ from websockets.protocol import SEND_EOF
 
 from api.auth import Action, Authorizer
 from api.errors import error_body, error_bytes, redirect_headers
-from api.limits import EdgeLimits
+from api.limits import (
+    CLOSE_REASON_BYTES_MAX,
+    WS_CLOSE_TIMEOUT_S,
+    WS_PING_INTERVAL_S,
+    WS_RECEIVE_QUEUE_BYTES_MAX,
+    WS_RECEIVE_QUEUE_FRAMES_MAX,
+    EdgeLimits,
+)
 from api.log_redaction import redact
 from api.request_guard import RoleSlots
 from api.sessions import Admission, SessionRegistry
@@ -74,17 +81,6 @@ from broker import BrokerService, InvalidRequest, MagnetarError, NotFound, Topic
 
 log = logging.getLogger(__name__)
 
-WS_RECEIVE_QUEUE_FRAMES_MAX = 256
-"""Received frames a session left waiting before the socket stops being read."""
-WS_RECEIVE_QUEUE_BYTES_MAX = 4 * 1024 * 1024
-"""Bytes of received frames a session left waiting before the socket stops being read (a frame
-up to ``ws_frame_bytes_max`` is still taken whole)."""
-WS_PING_INTERVAL_S = 20.0
-"""A ping to every open connection this often; one unanswered by the next is closed."""
-WS_CLOSE_TIMEOUT_S = 10.0
-"""How long a closing connection waits for the peer's close frame (or its end) before closing."""
-CLOSE_REASON_BYTES_MAX = 120
-"""A close frame's reason, cut to fit a control frame (125 bytes with the code)."""
 _HANDSHAKE, _OPEN, _CLOSING, _CLOSED = range(4)
 
 

@@ -25,11 +25,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from api.limits import PERMITS_PER_FRAME_MAX
 from api.ws.frames import JSON_DESERIALIZE_ERROR, UNKNOWN_ERROR, FrameError, frame_text, short
 from api.ws.writer import FrameWriter
 from broker import MagnetarError
-
-PERMITS_PER_FRAME_MAX = 100_000
 
 
 class SessionIO(Protocol):

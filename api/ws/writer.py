@@ -21,11 +21,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
+from api.limits import WS_BACKLOG_BYTES_MAX
 from api.ws.protocol import text_frames
-
-WS_BACKLOG_BYTES_MAX = 1024 * 1024
-"""Bytes of text frames a connection holds for a peer that reads slower than its session writes
-before ``has_room`` holds the session back (frames are ASCII JSON with base64 payloads)."""
 
 
 class FrameWriter:

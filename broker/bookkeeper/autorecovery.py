@@ -39,6 +39,7 @@ from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, StoredEntr
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.bookkeeper.ledger_metadata import LEDGERS_PATH, LedgerMetadata, LedgerState, ledger_path
 from broker.errors import BadVersion, BrokerError, MagnetarError, NoSuchEntry, NoSuchLedger, NotFound
+from broker.limits import COPY_TIMEOUT_S
 from broker.metadata.coordination import Coordination, Lease
 from broker.metadata.store import MetadataStore
 
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 
 UNDERREPLICATED_PATH = "/ledgers/underreplication/ledgers"
 AUDITOR_LOCK = "auditor"
-COPY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,8 @@ from typing import Any, cast
 
 from broker.bookkeeper.bookie import BookieUnavailable
 from broker.errors import BrokerError
+from broker.limits import LOOP_START_TIMEOUT_S, TIMEOUT_CHECK_INTERVAL_S
 from storage import FrameDecoder, LightFuture, ProtocolError, Response, decode_response, new_future
-
-TIMEOUT_CHECK_INTERVAL_S = 0.05
-LOOP_START_TIMEOUT_S = 10.0
 
 
 class BookieBusy(BrokerError):

@@ -47,13 +47,9 @@ from broker.errors import (
     NotEnoughBookies,
     StorageError,
 )
+from broker.limits import FUTURE_TIMEOUT_S, METADATA_MERGES_MAX
 from broker.metadata.store import MetadataStore
 from storage import new_future
-
-FUTURE_TIMEOUT_S = 60.0
-METADATA_MERGES_MAX = 16
-"""Attempts to merge this writer's metadata change with a re-replication worker's (see
-``LedgerHandle._store_metadata``) before giving up."""
 
 
 @dataclass(slots=True)

@@ -16,12 +16,10 @@ recovery never both win; at most ``RECOVERY_ENTRIES_MAX`` entries are read forwa
 from __future__ import annotations
 
 from broker.bookkeeper.bookie import BookieClient, BookieUnavailable, StoredEntry, write_set
-from broker.bookkeeper.ledger_handle import FUTURE_TIMEOUT_S
 from broker.bookkeeper.ledger_metadata import LedgerMetadata, LedgerState, ensemble_in, ledger_path
 from broker.errors import BrokerError, CorruptEntry, NoSuchEntry, NoSuchLedger, NotEnoughBookies
+from broker.limits import FUTURE_TIMEOUT_S, RECOVERY_ENTRIES_MAX
 from broker.metadata.store import MetadataStore
-
-RECOVERY_ENTRIES_MAX = 10_000_000
 
 
 class LedgerRecovery:

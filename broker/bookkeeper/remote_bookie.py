@@ -30,12 +30,11 @@ from functools import partial
 from broker.bookkeeper.bookie import Bookie, BookieClient, BookieUnavailable, StoredEntry, all_added, unpack_entry
 from broker.bookkeeper.bookie_network import BookieConnection, BookieNetwork, BookieNetworkConfig
 from broker.errors import NoSuchEntry, NoSuchLedger, NotEnoughBookies
+from broker.limits import GROUP_BYTES_MAX
 from broker.metadata.coordination import Coordination
 from storage import Kind, Response, encode_add, encode_ledger_op, encode_read, encode_read_range
 
 _STORED_HEADER = struct.Struct(">qq")  # as broker/bookkeeper/bookie.py packs it: piggybacked LAC, ledger length
-GROUP_BYTES_MAX = 1024 * 1024
-"""Payload bytes of one ADD request (a group) at most (an entry larger than this goes alone)."""
 
 
 @dataclass(frozen=True)

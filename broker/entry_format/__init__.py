@@ -71,7 +71,7 @@ from broker.entry_format.broker_metadata import (
     with_broker_entry_metadata_each,
 )
 from broker.entry_format.common_entry import common_client_entry, decode_messages, delivery_time
-from broker.entry_format.compression import MAX_UNCOMPRESSED_SIZE_BYTES, Compression
+from broker.entry_format.compression import Compression
 from broker.entry_format.decode import decode_entry, decode_entry_payload, message_count, split_entry_payload
 from broker.entry_format.encode import as_unbatched, encode_entry, encode_single_entry
 from broker.entry_format.model import BrokerEntryMetadata, DecodedEntry, DecodedMessage, EntryPayload, Message
@@ -80,7 +80,6 @@ from broker.entry_format.wire import MAGIC_BROKER_ENTRY_METADATA, MAGIC_CRC32C, 
 __all__ = [
     "MAGIC_BROKER_ENTRY_METADATA",
     "MAGIC_CRC32C",
-    "MAX_UNCOMPRESSED_SIZE_BYTES",
     "BrokerEntryMetadata",
     "Compression",
     "DecodedEntry",

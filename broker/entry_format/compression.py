@@ -3,7 +3,7 @@
 Role: ``encode.py`` compresses a batch payload once per entry, ``decode.py`` decompresses it
 once per read. NONE, LZ4 (raw block), ZLIB, ZSTD (level 3, Pulsar's) and SNAPPY (raw). A
 compressed entry records its uncompressed size; decompression checks it (``CorruptEntry`` on
-any mismatch) and refuses sizes above ``MAX_UNCOMPRESSED_SIZE_BYTES`` before allocating.
+any mismatch) and refuses sizes above ``UNCOMPRESSED_BYTES_MAX`` before allocating.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ import zstandard
 
 from broker.entry_format.wire import read_varint
 from broker.errors import CorruptEntry, InvalidRequest
-
-MAX_UNCOMPRESSED_SIZE_BYTES = 256 * 1024 * 1024
-"""A guard against absurd sizes in corrupt metadata, far above Pulsar's 5 MiB message limit."""
+from broker.limits import UNCOMPRESSED_BYTES_MAX
 
 ZSTD_LEVEL = 3  # Pulsar's CompressionCodecZstd level
 
@@ -104,7 +102,7 @@ def _decompress_raw(compression: Compression, data: memoryview, size: int) -> by
     return out
 
 def decompress(compression: Compression, data: memoryview, size: int) -> bytes:
-    if size > MAX_UNCOMPRESSED_SIZE_BYTES:
+    if size > UNCOMPRESSED_BYTES_MAX:
         raise CorruptEntry(f"entry declares an uncompressed size of {size} bytes, over the limit")
     try:
         out = _decompress_raw(compression, data, size)

@@ -23,7 +23,7 @@ import crc32c
 from broker.entry_format.batch import decode_batch, encode_batch, encode_checked_batch
 from broker.entry_format.broker_metadata import broker_prefix
 from broker.entry_format.common_entry import common_batch
-from broker.entry_format.compression import MAX_UNCOMPRESSED_SIZE_BYTES, Compression, compress
+from broker.entry_format.compression import Compression, compress
 from broker.entry_format.decode import decode_entry
 from broker.entry_format.model import DecodedMessage, Message
 from broker.entry_format.wire import (
@@ -44,6 +44,7 @@ from broker.entry_format.wire import (
     skip_field,
 )
 from broker.errors import CorruptEntry, InvalidRequest
+from broker.limits import UNCOMPRESSED_BYTES_MAX
 from broker.proto import pulsar_entry_pb2 as pb
 
 _CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
@@ -183,8 +184,8 @@ def encode_entry(
             batch_bytes = encode_batch(messages, sequence_ids)
         except UnicodeEncodeError:
             raise InvalidRequest("keys and properties must be valid Unicode (no lone surrogates)") from None
-    if len(batch_bytes) > MAX_UNCOMPRESSED_SIZE_BYTES:
-        raise InvalidRequest(f"batch of {len(batch_bytes)} bytes is over {MAX_UNCOMPRESSED_SIZE_BYTES} bytes")
+    if len(batch_bytes) > UNCOMPRESSED_BYTES_MAX:
+        raise InvalidRequest(f"batch of {len(batch_bytes)} bytes is over {UNCOMPRESSED_BYTES_MAX} bytes")
     metadata = _encode_metadata(
         messages,
         sequence_ids,
@@ -330,7 +331,7 @@ def encode_single_entry(message: Message, *, producer_name: str, sequence_id: in
     else:
         metadata += b"\x58\x01"
     metadata += b"\xc0\x01" + sequence
-    if len(batch) > MAX_UNCOMPRESSED_SIZE_BYTES:
+    if len(batch) > UNCOMPRESSED_BYTES_MAX:
         return _encode_general(message, producer_name, sequence_id, publish_time_ms)
     head = U32.pack(len(metadata)) + metadata
     checksum = crc32c.crc32c(batch, crc32c.crc32c(head))

@@ -3,7 +3,7 @@ checkpoints, one cache of segment blocks.
 
 Role: ``KeyIndex.partition`` opens a partition's streams when its topic loads (reading its
 checkpoint from the metadata store and its segments from the ledgers, then the entries after
-it); a thread checks every ``CHECK_INTERVAL_S`` which partitions have a checkpoint due (or are
+it); a thread checks every ``KEY_INDEX_CHECK_INTERVAL_S`` which partitions have a checkpoint due (or are
 woken by a full tail) and writes them; ``forget`` writes a last checkpoint when a topic is
 unloaded gracefully, so the next owner reads as little as possible again; ``drop`` deletes a
 deleted topic's index. Segment reads go through one cache of decoded blocks, bounded in bytes.
@@ -28,6 +28,7 @@ from broker.errors import MagnetarError
 from broker.key_index.checkpoint import CheckpointStore
 from broker.key_index.partition import PartitionKeys
 from broker.key_index.segment import Row, Segment, SegmentIndex, decode_block
+from broker.limits import KEY_INDEX_BLOCK_CACHE_BYTES_MAX, KEY_INDEX_CHECK_INTERVAL_S
 
 if TYPE_CHECKING:
     from broker.bookkeeper.ledger_handle import LedgerHandle
@@ -38,10 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHECK_INTERVAL_S = 1.0
-"""How often the checkpoint thread looks for partitions with a checkpoint due."""
-BLOCK_CACHE_BYTES_MAX = 32 * 1024 * 1024
-"""Decoded segment blocks kept in memory, all partitions together."""
 ROW_FOOTPRINT_BYTES = 120
 """What a decoded row costs in memory, about (a tuple of bytes and four integers)."""
 
@@ -67,7 +64,7 @@ class KeyIndexStats:
 
 class KeyIndex:
     def __init__(self, ledgers: LedgerManager, store: MetadataStore, *,
-                 block_cache_bytes_max: int = BLOCK_CACHE_BYTES_MAX,
+                 block_cache_bytes_max: int = KEY_INDEX_BLOCK_CACHE_BYTES_MAX,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ledgers = ledgers
         self.store = store
@@ -181,7 +178,7 @@ class KeyIndex:
         while True:
             with self._wake:
                 if not self._due and not self._stopping:
-                    self._wake.wait(CHECK_INTERVAL_S)
+                    self._wake.wait(KEY_INDEX_CHECK_INTERVAL_S)
                 if self._stopping:
                     return
                 due, self._due = self._due, set()

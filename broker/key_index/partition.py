@@ -11,7 +11,7 @@ checks the expected versions (``KeyVersionMismatch``: nothing written) and gives
 message the next version of its key. Those versions live in memory (the *tail*) until the
 entry is durable (``confirmed``: readers see it from then on) or has failed (``failed``:
 withdrawn, so versions stay dense). A checkpoint (``checkpoint``, run by the key index's thread
-every ``CHECKPOINT_INTERVAL_S`` or at ``CHECKPOINT_ROWS`` confirmed rows) writes the confirmed
+every ``KEY_INDEX_CHECKPOINT_INTERVAL_S`` or at ``KEY_INDEX_CHECKPOINT_ROWS`` confirmed rows) writes the confirmed
 rows as a segment (``segment.py``), a ledger of the topic's own storage, and records it in the
 topic's metadata (``checkpoint.py``); only then do they leave the tail.
 
@@ -47,6 +47,15 @@ from broker.entry_format import decode_entry
 from broker.errors import BadVersion, KeyIndexBusy, KeyVersionMismatch, MagnetarError
 from broker.key_index.checkpoint import Checkpoint, CheckpointStore, SegmentInfo
 from broker.key_index.segment import Row, Segment, SegmentWriter, StreamRow, key_bytes, merge_rows, row_of
+from broker.limits import (
+    KEY_HEADS_CACHED_MAX,
+    KEY_INDEX_CHECKPOINT_INTERVAL_S,
+    KEY_INDEX_CHECKPOINT_ROWS,
+    KEY_INDEX_SEGMENTS_MAX,
+    PENDING_ROWS_MAX,
+    SEGMENT_APPEND_ENTRIES,
+    SEGMENT_WRITE_WAIT_S,
+)
 from broker.message_fields import EXISTS, ExpectedVersion, check_key
 from broker.message_id import Position
 
@@ -59,20 +68,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PENDING_ROWS_MAX = 1_000_000
-"""Versions assigned but not yet in a segment, per partition, before appends are refused."""
-HEADS_CACHED_MAX = 100_000
-"""Keys whose stored head each partition keeps in memory (least recently used go first)."""
-CHECKPOINT_ROWS = 100_000
-"""Confirmed rows in the tail that start a checkpoint at once."""
-CHECKPOINT_INTERVAL_S = 10.0
-"""The longest confirmed rows wait in the tail, and the longest ``indexedTo`` lags behind
-keyless appends (one record write per interval at most)."""
-SEGMENTS_MAX = 8
-"""Segments a partition keeps before they are compacted into one."""
-APPEND_GROUP_ENTRIES = 64
-"""Segment entries written per ledger append."""
-SEGMENT_WRITE_WAIT_S = 60.0
 CLEANUP_SHARE = 0.5
 """A compaction drops trimmed rows once retention trimmed this share of the offsets the
 segments cover since the last one."""
@@ -270,7 +265,7 @@ class PartitionKeys:
         if not reservation.versions:
             return
         reservation.position = position
-        if self._pending_rows >= CHECKPOINT_ROWS:
+        if self._pending_rows >= KEY_INDEX_CHECKPOINT_ROWS:
             self._index.wake(self)
         for listener in list(self._listeners):
             listener()
@@ -328,7 +323,7 @@ class PartitionKeys:
         heads = self._heads
         heads[key] = head
         heads.move_to_end(key)
-        while len(heads) > HEADS_CACHED_MAX:
+        while len(heads) > KEY_HEADS_CACHED_MAX:
             heads.popitem(last=False)
 
     def head(self, key: str) -> Head | None:
@@ -478,7 +473,7 @@ class PartitionKeys:
         for entry in entries_from(start):
             if entry.first_offset >= end:
                 break
-            if self._pending_rows >= CHECKPOINT_ROWS:  # the tail stays bounded however much is read again
+            if self._pending_rows >= KEY_INDEX_CHECKPOINT_ROWS:  # the tail stays bounded however much is read again
                 self.checkpoint(upto=entry.first_offset)
             read += 1
             keys: list[str | None] = []
@@ -495,9 +490,9 @@ class PartitionKeys:
     # --- checkpoints ------------------------------------------------------------------------
     def checkpoint_due(self, now_s: float) -> bool:
         """Whether the tail is full enough, or old enough, for a checkpoint now."""
-        if self._pending_rows >= CHECKPOINT_ROWS:
+        if self._pending_rows >= KEY_INDEX_CHECKPOINT_ROWS:
             return True
-        if now_s - self._checkpointed_s < CHECKPOINT_INTERVAL_S:
+        if now_s - self._checkpointed_s < KEY_INDEX_CHECKPOINT_INTERVAL_S:
             return False
         return bool(self._pending) or self.ml.confirmed_next_offset() > self._checkpoint.indexed_to
 
@@ -544,7 +539,7 @@ class PartitionKeys:
                     self._pending_rows -= len(reservation.versions)
             self._index.rows_indexed += len(rows)
             self._index.checkpoints += 1
-            if len(self._segments) > SEGMENTS_MAX:
+            if len(self._segments) > KEY_INDEX_SEGMENTS_MAX:
                 self._compact()
             return len(rows)
 
@@ -587,7 +582,7 @@ class PartitionKeys:
         writer = SegmentWriter()
         for row in rows:
             writer.add(row)
-            if writer.rows % (APPEND_GROUP_ENTRIES * 300) == 0:
+            if writer.rows % (SEGMENT_APPEND_ENTRIES * 300) == 0:
                 self._append(handle, writer.take_blocks())
         self._append(handle, writer.finish())
         handle.close()
@@ -596,8 +591,8 @@ class PartitionKeys:
 
     @staticmethod
     def _append(handle: LedgerHandle, blocks: list[bytes]) -> None:
-        for at in range(0, len(blocks), APPEND_GROUP_ENTRIES):
-            handle.append(blocks[at:at + APPEND_GROUP_ENTRIES]).result(timeout=SEGMENT_WRITE_WAIT_S)
+        for at in range(0, len(blocks), SEGMENT_APPEND_ENTRIES):
+            handle.append(blocks[at:at + SEGMENT_APPEND_ENTRIES]).result(timeout=SEGMENT_WRITE_WAIT_S)
 
     def _compact(self) -> None:
         """(With ``_writing``.) Merge every segment into one, dropping the rows of entries

@@ -33,10 +33,9 @@ from dataclasses import dataclass
 import mmh3
 
 from broker.errors import CorruptEntry
+from broker.limits import SEGMENT_BLOCK_BYTES_MAX
 from broker.message_id import Position
 
-BLOCK_BYTES_MAX = 16 * 1024
-"""A data block is cut once it holds this many bytes of rows (one row always fits)."""
 BLOOM_BITS_PER_KEY = 10
 BLOOM_HASHES = 7
 """About 1% false positives at 10 bits a key."""
@@ -144,7 +143,7 @@ class SegmentWriter:
         self._size += 2 + len(key) + _ROW.size
         self._count += 1
         self.rows += 1
-        if self._size >= BLOCK_BYTES_MAX:
+        if self._size >= SEGMENT_BLOCK_BYTES_MAX:
             self._cut()
 
     def _cut(self) -> None:

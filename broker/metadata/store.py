@@ -11,7 +11,7 @@ backends provide: ``RocksDBMetadataStore`` (``rocksdb.py``, the embedded default
 Contract (the same for every implementation, checked by one test suite):
 
 * Paths are absolute and ``/``-separated: no empty, ``.`` or ``..`` segments, no trailing slash
-  (except the root ``/``), no control characters, at most ``MAX_PATH_BYTES`` bytes of UTF-8.
+  (except the root ``/``), no control characters, at most ``METADATA_PATH_BYTES_MAX`` bytes of UTF-8.
   Anything else raises ``InvalidRequest``.
 * A node holds bytes and a ``version``: 0 when created, +1 on every put. Deleting a node and
   creating it again restarts at 0.
@@ -50,13 +50,12 @@ from enum import StrEnum
 from typing import Any
 
 from broker.errors import AlreadyExists, BadVersion, InvalidRequest, NotFound, StorageClosed
+from broker.limits import METADATA_PATH_BYTES_MAX, METADATA_VALUE_BYTES_MAX
 
 log = logging.getLogger(__name__)
 
 ROOT = "/"
 SEPARATOR = "/"
-MAX_PATH_BYTES = 1024
-MAX_VALUE_BYTES = 16 * 1024 * 1024
 CREATE_ONLY = -1
 """``expected_version`` meaning "the node must not exist yet"."""
 
@@ -124,8 +123,8 @@ def validate_path(path: object) -> str:
     """Return ``path`` if it is a valid absolute path, else raise ``InvalidRequest``."""
     if not isinstance(path, str):
         raise InvalidRequest(f"metadata path must be a string, got {type(path).__name__}")
-    if len(path.encode("utf-8", errors="replace")) > MAX_PATH_BYTES:
-        raise InvalidRequest(f"metadata path longer than {MAX_PATH_BYTES} bytes")
+    if len(path.encode("utf-8", errors="replace")) > METADATA_PATH_BYTES_MAX:
+        raise InvalidRequest(f"metadata path longer than {METADATA_PATH_BYTES_MAX} bytes")
     if not path.startswith(SEPARATOR):
         raise InvalidRequest(f"metadata path must be absolute: {path!r}")
     if path == ROOT:
@@ -167,8 +166,8 @@ def _validated_value(value: object) -> bytes:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise InvalidRequest(f"metadata value must be bytes, got {type(value).__name__}")
     data = bytes(value)
-    if len(data) > MAX_VALUE_BYTES:
-        raise InvalidRequest(f"metadata value larger than {MAX_VALUE_BYTES} bytes")
+    if len(data) > METADATA_VALUE_BYTES_MAX:
+        raise InvalidRequest(f"metadata value larger than {METADATA_VALUE_BYTES_MAX} bytes")
     return data
 
 

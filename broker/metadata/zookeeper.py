@@ -23,9 +23,9 @@ How the contract maps onto znodes:
 - A write reads the znodes it touches, checks the store's versions, and commits one ZooKeeper
   ``multi`` guarded by the znodes' ZooKeeper versions. If another client changed one of them in
   between, the multi fails as a whole and the write is planned again from fresh reads (at most
-  ``CONFLICT_RETRIES_MAX`` times), so a compare-and-set never succeeds against a stale read.
+  ``ZK_CONFLICT_RETRIES_MAX`` times), so a compare-and-set never succeeds against a stale read.
 - ``delete_recursive`` removes the subtree in one multi when it has at most
-  ``MULTI_OPS_MAX`` znodes, else in batches from the leaves up (a crash part-way leaves a
+  ``ZK_MULTI_OPS_MAX`` znodes, else in batches from the leaves up (a crash part-way leaves a
   smaller subtree, never an orphan).
 - Watches deliver the changes made through this store object synchronously, as the other
   backends do. Changes made by other clients (other brokers) are delivered too, asynchronously,
@@ -67,6 +67,13 @@ from kazoo.exceptions import (
 from kazoo.recipe.cache import TreeCache, TreeEvent
 from kazoo.retry import ForceRetryError, KazooRetry, RetryFailedError
 
+from broker.limits import (
+    LEDGER_ID_CAS_TRIES_MAX,
+    OWN_DELETES_REMEMBERED_MAX,
+    ZK_CONFLICT_RETRIES_MAX,
+    ZK_MULTI_OPS_MAX,
+    ZK_WATCH_LOAD_TIMEOUT_S,
+)
 from broker.metadata.store import (
     ROOT,
     SEPARATOR,
@@ -83,15 +90,7 @@ from storage import MetadataStoreUnavailable, connect
 
 MAGIC = b"MGV1"
 _HEADER = struct.Struct(">4sqqqQ")
-OWN_DELETES_REMEMBERED_MAX = 100_000
-"""Deletes by this object whose echo from a ``TreeCache`` is still expected (bounded)."""
-CONFLICT_RETRIES_MAX = 64
-MULTI_OPS_MAX = 2000
 LEDGER_ID_COUNTER_PATH = "/ledgers/idgen"
-LEDGER_ID_CAS_TRIES_MAX = 200
-"""Compare-and-set attempts for one ledger id before the allocation fails (each failed attempt
-means another broker got an id: 200 is far beyond any contention a cluster sees)."""
-WATCH_LOAD_TIMEOUT_S = 30.0
 
 
 class _Conflict(Exception):
@@ -244,7 +243,7 @@ class ZooKeeperMetadataStore(VersionedStore):
 
     # --- writes ---------------------------------------------------------------------------------
     def transaction(self, ops: Any, *, durable: bool = True) -> list[Stat | None]:
-        for _ in range(CONFLICT_RETRIES_MAX):
+        for _ in range(ZK_CONFLICT_RETRIES_MAX):
             self._seen.clear()
             try:
                 return super().transaction(ops, durable=durable)
@@ -254,7 +253,7 @@ class ZooKeeperMetadataStore(VersionedStore):
 
     def delete_recursive(self, path: str) -> int:
         valid = validate_path(path)
-        for _ in range(CONFLICT_RETRIES_MAX):
+        for _ in range(ZK_CONFLICT_RETRIES_MAX):
             with self._lock:
                 self._check_open()
                 nodes = self._walk(valid)
@@ -275,9 +274,9 @@ class ZooKeeperMetadataStore(VersionedStore):
         raise MetadataStoreUnavailable(f"recursive delete of {valid} kept conflicting with other clients")
 
     def _delete_nodes(self, nodes: list[tuple[str, bool, int, int]]) -> None:
-        for start in range(0, len(nodes), MULTI_OPS_MAX):
+        for start in range(0, len(nodes), ZK_MULTI_OPS_MAX):
             transaction = self._client.transaction()
-            for node, _, zk_version, czxid in nodes[start : start + MULTI_OPS_MAX]:
+            for node, _, zk_version, czxid in nodes[start : start + ZK_MULTI_OPS_MAX]:
                 self._expect_echo(node, czxid, zk_version)
                 transaction.delete(node, version=zk_version)
             self._run(transaction)
@@ -393,10 +392,10 @@ class ZooKeeperMetadataStore(VersionedStore):
         if failure is not None:
             self._remove_watch(handle)
             raise MetadataStoreUnavailable(f"cannot watch {handle.prefix}: {failure!r}") from failure
-        if not initialized.wait(WATCH_LOAD_TIMEOUT_S):
+        if not initialized.wait(ZK_WATCH_LOAD_TIMEOUT_S):
             self._remove_watch(handle)
             raise MetadataStoreUnavailable(f"watching {handle.prefix}: ZooKeeper did not load it within "
-                                           f"{WATCH_LOAD_TIMEOUT_S:.0f} s")
+                                           f"{ZK_WATCH_LOAD_TIMEOUT_S:.0f} s")
         return handle
 
     def _remove_watch(self, handle: Watch) -> None:

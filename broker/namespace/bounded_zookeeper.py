@@ -17,11 +17,9 @@ from typing import Any
 from kazoo.exceptions import KazooException, NoNodeError, OperationTimeoutError
 from kazoo.handlers.threading import KazooTimeoutError
 
-log = logging.getLogger(__name__)
+from broker.limits import ZK_CALL_TIMEOUT_S
 
-ZK_CALL_TIMEOUT_S = 10.0
-"""Every ZooKeeper call here waits at most this long (kazoo would queue one forever while it
-cannot reach ZooKeeper): a broker cut off answers 'not ready' and still shuts down."""
+log = logging.getLogger(__name__)
 
 
 class BoundedZooKeeper:

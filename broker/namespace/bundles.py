@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.errors import InvalidRequest, NotFound
+from broker.limits import BUNDLES_MAX
 from broker.topic_name import TopicName
 
 HASH_MAX = 0xFFFFFFFF
 BUNDLES_DEFAULT = 4
 """Pulsar's ``defaultNumberOfNamespaceBundles``."""
-BUNDLES_MAX = 1024
 POLICY_KEY = "bundles"
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from broker.errors import ServiceUnitNotReady
+from broker.limits import EPHEMERAL_WAIT_S_MAX, RECENT_ASSIGNMENTS_MAX
 from broker.namespace.bounded_zookeeper import BoundedZooKeeper
 from broker.namespace.bundles import Bundle
 from broker.namespace.lookup import BrokerAddress
@@ -37,9 +38,6 @@ log = logging.getLogger(__name__)
 
 BROKERS_PATH = "/loadbalance/brokers"
 ASSIGNMENTS_ROOT = "/loadbalance/assignments"
-RECENT_ASSIGNMENTS_MAX = 10_000
-EPHEMERAL_WAIT_S_MAX = 60.0
-"""How long a restarted broker waits for its previous session's load report node to expire."""
 
 
 @dataclass(frozen=True)

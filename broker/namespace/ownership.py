@@ -40,6 +40,7 @@ from typing import Any
 from kazoo.protocol.states import KazooState
 
 from broker.errors import BadVersion, NotFound, ServiceUnitNotReady, TopicNotOwned
+from broker.limits import LOOKUP_ATTEMPTS_MAX, POLICY_CAS_ATTEMPTS_MAX
 from broker.metadata.store import MetadataStore
 from broker.namespace.bundles import BUNDLES_DEFAULT, POLICY_KEY, Bundle, NamespaceBundles
 from broker.namespace.load_manager import ASSIGNMENTS_ROOT, BROKERS_PATH, LoadManager, LoadReport, LocalLoad
@@ -49,10 +50,6 @@ from broker.namespace.ownership_cache import OWNERSHIP_ROOT, OwnershipCache
 from broker.topic_name import TopicName
 
 log = logging.getLogger(__name__)
-
-LOOKUP_ATTEMPTS_MAX = 8
-"""Rounds of read-owner / assign / acquire in one lookup before it answers 'not ready'."""
-POLICY_CAS_ATTEMPTS_MAX = 16
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,9 @@ from typing import Any
 
 from broker.bookkeeper.bookie import QuorumConfig
 from broker.errors import InvalidRequest
+from broker.limits import ENSEMBLE_SIZE_MAX, MARK_DELETE_RATE_MAX
 
 POLICY_KEY = "persistence"
-ENSEMBLE_SIZE_MAX = 64
-MARK_DELETE_RATE_MAX = 1_000_000.0
-"""Highest ``managedLedgerMaxMarkDeleteRate`` (cursor positions persisted per second)."""
 
 
 @dataclass(frozen=True)

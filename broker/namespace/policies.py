@@ -39,18 +39,20 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from broker.errors import InvalidRequest
-from broker.namespace.bundles import BUNDLES_MAX, NamespaceBundles
+from broker.limits import (
+    BUNDLES_MAX,
+    GRANTED_ROLES_MAX,
+    MESSAGE_TTL_SECONDS_MAX,
+    RETENTION_SIZE_MB_MAX,
+    RETENTION_TIME_MINUTES_MAX,
+    ROLE_NAME_CHARS_MAX,
+)
 from broker.namespace.bundles import POLICY_KEY as BUNDLES_KEY
+from broker.namespace.bundles import NamespaceBundles
 from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_KEY
 from broker.namespace.persistence import PersistencePolicy, check_bounds
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
 
-RETENTION_TIME_MINUTES_MAX = 2**31 - 1
-RETENTION_SIZE_MB_MAX = 2**43 - 1
-MESSAGE_TTL_SECONDS_MAX = 2**31 - 1
-ROLE_NAME_CHARS_MAX = 256
-GRANTED_ROLES_MAX = 1000
-"""Roles a namespace grants actions to."""
 NAMESPACE_ACTIONS = frozenset({"produce", "consume"})
 """What a namespace grant may allow (Pulsar also knows functions, sources, sinks and packages)."""
 UNLIMITED = -1

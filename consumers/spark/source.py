@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK_MESSAGES_DEFAULT = 20_000
 READ_CHUNK_MESSAGES_MAX = 100_000
-"""The broker's bound on one range read (``READ_MESSAGES_MAX`` in api/rest_read.py)."""
+"""The broker's bound on one range read (``READ_MESSAGES_MAX`` in api/limits.py)."""
 READ_AHEAD_CHUNKS = 1
 """Chunks fetched while Spark consumes the current one (memory: this many more chunks per task)."""
 EARLIEST, LATEST = -2, -1

@@ -33,7 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.rest_consume import PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX, ConsumerSettings, PullParams
+from api.limits import PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX
+from api.rest_consume import ConsumerSettings, PullParams
 from tests.integration.server import running_server
 from tests.standalone import REPO_ROOT, free_port, read_all, standalone_process, wait_healthy
 

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pytest
 
 from api.auth import AuthConfig
-from api.rest_read import ARROW_STREAM_MEDIA_TYPE, READ_MESSAGES_MAX
+from api.limits import READ_MESSAGES_MAX
+from api.rest_read import ARROW_STREAM_MEDIA_TYPE
 from broker import OFFSET_MAX, iso_time
 from broker.delivery import Delivery
 from broker.entry_format.columns import ARROW_SCHEMA

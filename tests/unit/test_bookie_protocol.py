@@ -12,7 +12,6 @@ import random
 import pytest
 
 from storage.bookie_protocol import (
-    FRAME_BYTES_MAX,
     FrameDecoder,
     Kind,
     ProtocolError,
@@ -37,6 +36,7 @@ from storage.errors import (
     StorageIOError,
     WriteCacheFull,
 )
+from storage.limits import FRAME_BYTES_MAX
 
 
 def one_frame(parts: list[bytes] | bytes) -> memoryview:

@@ -23,9 +23,10 @@ import threading
 
 import pytest
 
-from broker.entry_builder import CLIENT_ENTRY_OVERHEAD_BYTES_MAX, PreparedEntry, entry_of_client
+from broker.entry_builder import PreparedEntry, entry_of_client
 from broker.entry_format import Message, decode_entry
 from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
+from broker.limits import CLIENT_ENTRY_OVERHEAD_BYTES_MAX
 from broker.topic import PersistentTopic, PublishResult
 from broker.topic_name import TopicName
 from storage import InvalidArgument, LedgerStorage, NoSuchEntry, StorageConfig, StorageIOError, WriteCacheFull

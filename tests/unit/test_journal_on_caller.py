@@ -35,6 +35,7 @@ from storage import LedgerStorage, StorageConfig
 from storage.errors import StorageClosed
 from storage.fileio import AppendFile, FaultyFileIO, FileIO
 from storage.journal import RECORD_ADD_ENTRY, Journal, encode_header
+from storage.limits import CALLER_IDLE_S
 
 WAIT_S = 10.0
 LONG_BACKSTOP_MS = 60_000.0
@@ -136,7 +137,7 @@ def test_both_writers_keep_append_order(tmp_path: Path) -> None:
     assert replayed(tmp_path) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("caller_idle_s", [journal_module.CALLER_IDLE_S, 0.0],
+@pytest.mark.parametrize("caller_idle_s", [CALLER_IDLE_S, 0.0],
                          ids=["writer-polling", "writer-asleep"])
 def test_a_caller_that_waits_on_its_own_record_is_covered_by_the_backstop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller_idle_s: float) -> None:

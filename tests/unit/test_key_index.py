@@ -19,7 +19,7 @@ from broker.entry_format import Message
 from broker.errors import DataLost, InvalidRequest, KeyIndexBusy, KeyVersionMismatch
 from broker.key_index import partition as key_partition
 from broker.key_index.checkpoint import CheckpointStore
-from broker.message_fields import KEY_BYTES_MAX
+from broker.limits import KEY_BYTES_MAX
 from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.reader import StartPosition
 from broker.service import BrokerConfig, BrokerService

@@ -16,15 +16,14 @@ import pytest
 
 from api.auth import Action
 from broker.errors import InvalidRequest
-from broker.namespace.policies import (
+from broker.limits import (
     GRANTED_ROLES_MAX,
     MESSAGE_TTL_SECONDS_MAX,
-    NAMESPACE_ACTIONS,
     RETENTION_SIZE_MB_MAX,
     RETENTION_TIME_MINUTES_MAX,
     ROLE_NAME_CHARS_MAX,
-    checked_policy,
 )
+from broker.namespace.policies import NAMESPACE_ACTIONS, checked_policy
 from broker.service import BrokerConfig, BrokerService
 
 QUORUM = {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1}

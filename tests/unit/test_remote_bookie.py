@@ -22,8 +22,9 @@ import pytest
 from broker.bookkeeper.bookie import BookieUnavailable, QuorumConfig
 from broker.bookkeeper.bookie_network import BookieBusy, BookieNetwork, BookieNetworkConfig, BookieTimeout
 from broker.bookkeeper.ledger_manager import LedgerManager
-from broker.bookkeeper.remote_bookie import GROUP_BYTES_MAX, RemoteBookie, RemoteBookieClient
+from broker.bookkeeper.remote_bookie import RemoteBookie, RemoteBookieClient
 from broker.errors import LedgerFenced, NoSuchEntry, NoSuchLedger
+from broker.limits import GROUP_BYTES_MAX
 from broker.metadata import InMemoryMetadataStore
 from broker.metadata.coordination import InMemoryCluster, InMemoryCoordination
 from storage import LedgerStorage, StorageConfig

@@ -6,10 +6,10 @@ before each of the loader's compare-and-set writes, as a second broker loading t
 would.
 
 Checks:
-- ``LOAD_ATTEMPTS`` lost compare-and-sets in a row fail the open with ``ServiceUnitNotReady``
+- ``LOAD_ATTEMPTS_MAX`` lost compare-and-sets in a row fail the open with ``ServiceUnitNotReady``
   (retriable: HTTP 503, ServiceNotReady on the binary protocol) and leave no managed ledger
   behind: the next open loads afresh, appends after the entries stored before, and reads them;
-- one lost compare-and-set fewer than ``LOAD_ATTEMPTS`` is absorbed by the loader's retries;
+- one lost compare-and-set fewer than ``LOAD_ATTEMPTS_MAX`` is absorbed by the loader's retries;
 - through ``TopicRegistry.topic`` the failed load leaves nothing in the topic map: the next
   request loads the topic afresh and publishes after the earlier messages.
 """
@@ -26,9 +26,10 @@ from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry
 from broker.errors import ServiceUnitNotReady
+from broker.limits import LOAD_ATTEMPTS_MAX
 from broker.managed_ledger import ML_ROOT, ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
-from broker.managed_ledger_factory import LOAD_ATTEMPTS, ManagedLedgerFactory
+from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore, Stat
 from broker.service import BrokerConfig, BrokerService
 from broker.topic_name import TopicName
@@ -63,7 +64,7 @@ def payloads(ml: ManagedLedger) -> list[bytes]:
     return [m.payload for e in ml.read_entries(ml.first_position(), 100) for m in decode_entry(e.data).messages]
 
 
-@pytest.mark.parametrize("lost_races", [LOAD_ATTEMPTS, LOAD_ATTEMPTS - 1])
+@pytest.mark.parametrize("lost_races", [LOAD_ATTEMPTS_MAX, LOAD_ATTEMPTS_MAX - 1])
 def test_a_load_that_keeps_losing_to_another_writer_fails_retriably_and_keeps_nothing(
         data_dir: str, lost_races: int) -> None:
     name = "t/ns/persistent/contended"
@@ -81,10 +82,10 @@ def test_a_load_that_keeps_losing_to_another_writer_fails_retriably_and_keeps_no
     stack = Stack(storage, store, ledgers, ManagedLedgerFactory(store, ledgers, cache, clock), clock, cache)
     try:
         store.watched, store.rival_writes = f"{ML_ROOT}/{name}", lost_races
-        if lost_races >= LOAD_ATTEMPTS:
+        if lost_races >= LOAD_ATTEMPTS_MAX:
             with pytest.raises(ServiceUnitNotReady, match="could not be loaded"):
                 stack.factory.open(name, config)
-            assert store.refused == LOAD_ATTEMPTS
+            assert store.refused == LOAD_ATTEMPTS_MAX
         loaded = stack.factory.open(name, config)  # afresh after a failure; absorbed by the retries otherwise
         assert store.rival_writes == 0 and store.refused == lost_races
         assert append_messages(loaded, [b"after"]).first_offset == 1
@@ -105,7 +106,7 @@ def test_a_failed_topic_load_leaves_nothing_in_the_topic_map(data_dir: str, monk
         assert service.topics.unload(lambda n: n == name, graceful=True) == [name]
         store = service.store
         assert isinstance(store, RivalWriterStore)
-        store.watched, store.rival_writes = f"{ML_ROOT}/{name.managed_ledger_name}", LOAD_ATTEMPTS
+        store.watched, store.rival_writes = f"{ML_ROOT}/{name.managed_ledger_name}", LOAD_ATTEMPTS_MAX
         with pytest.raises(ServiceUnitNotReady) as refused:
             service.topics.topic(name)
         assert refused.value.retriable and refused.value.http_status == 503

@@ -18,9 +18,9 @@ from websockets.frames import Close, Frame, Opcode
 from websockets.http11 import Response
 from websockets.uri import parse_uri
 
-from api.limits import EdgeLimits
+from api.limits import WS_RECEIVE_QUEUE_FRAMES_MAX, EdgeLimits
 from api.ws.frames import FrameError, parse_frame
-from api.ws.server import WS_RECEIVE_QUEUE_FRAMES_MAX, WebSocketConnection, WebSocketServer
+from api.ws.server import WebSocketConnection, WebSocketServer
 from api.ws.session import SessionIO, error_frame
 
 

@@ -1,0 +1,217 @@
+"""The broker's fixed bounds: every limit of ``broker/`` that is not a ``BrokerConfig`` setting.
+
+Role: one place where a reader finds how large, how many and how long anything the broker holds
+or accepts may be: names, messages, policies, reads, caches, retries and waits. The modules
+import their bounds from here. The bounds an operator tunes are settings: ``BrokerConfig``
+(``broker/config.py``, with their ``standalone.conf`` keys), ``ManagedLedgerConfig`` and
+``QuotaDefaults``. README's "All limits" table is generated from this module and the config
+classes (``tools/limits_table.py``).
+
+Invariants: every bound carries its unit in its name (``_BYTES``, ``_MS``, ``_S``, ``_ENTRIES``,
+``_CHARS``, ...) and a one-line docstring saying what it bounds; this module imports nothing, so
+any broker module may import it.
+"""
+
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# Names and messages.
+NAME_BYTES_MAX = 512
+"""A topic's full name, and each of its tenant, namespace and local name."""
+SUBSCRIPTION_NAME_BYTES_MAX = 256
+"""A subscription's name."""
+PARTITION_INDEX_MAX = 1_000_000
+"""The index in a ``-partition-N`` topic name."""
+PARTITIONS_MAX = 1024
+"""Partitions of one partitioned topic."""
+MESSAGE_SIZE_BYTES_MAX = 5 * MiB
+"""One message's payload (Pulsar's ``maxMessageSize``; larger messages are chunked by clients)."""
+CLIENT_ENTRY_OVERHEAD_BYTES_MAX = 64 * KiB
+"""What a client's own entry may hold beyond its messages' bytes (metadata, batch headers)."""
+UNCOMPRESSED_BYTES_MAX = 256 * MiB
+"""An entry's declared uncompressed size: a guard against absurd sizes in corrupt metadata."""
+KEY_BYTES_MAX = 1024
+"""A message key (UTF-8 bytes): keys name event streams in the key index."""
+EXPECTED_KEYS_MAX = 10_000
+"""Keys one conditional append may expect a version of."""
+MESSAGE_ID_TEXT_CHARS_MAX = 256
+"""A message id in its text form (``ledger:entry[:partition[:batch]]`` or base64)."""
+SCHEMA_BYTES_MAX = 1 * MiB
+"""One schema definition."""
+PATTERN_BYTES_MAX = 4096
+"""A topics pattern (a regular expression run by RE2), before the edge's own bound."""
+
+# Namespace policies: the ranges of accepted values.
+RETENTION_TIME_MINUTES_MAX = 2**31 - 1
+"""A namespace's ``retentionTimeInMinutes`` (Pulsar's ``int``)."""
+RETENTION_SIZE_MB_MAX = 2**43 - 1
+"""A namespace's ``retentionSizeInMB`` (8 EiB in bytes)."""
+MESSAGE_TTL_SECONDS_MAX = 2**31 - 1
+"""A namespace's ``messageTTL``."""
+ROLE_NAME_CHARS_MAX = 256
+"""A role named in a namespace grant."""
+GRANTED_ROLES_MAX = 1000
+"""Roles a namespace grants actions to."""
+BUNDLES_MAX = 1024
+"""Bundles of one namespace."""
+ENSEMBLE_SIZE_MAX = 64
+"""A persistence policy's ``bookkeeperEnsemble``."""
+MARK_DELETE_RATE_MAX = 1_000_000.0
+"""A persistence policy's ``managedLedgerMaxMarkDeleteRate`` (cursor positions persisted per second)."""
+QUOTA_COUNT_MAX = 2**31 - 1
+"""A producer, consumer, subscription or topic count quota (Pulsar's ``int``)."""
+QUOTA_RATE_MESSAGES_MAX = 2**31 - 1
+"""A publish or dispatch rate in messages per period."""
+QUOTA_RATE_BYTES_MAX = 2**63 - 1
+"""A publish or dispatch rate in bytes per period."""
+QUOTA_RATE_PERIOD_S_MAX = 86_400
+"""A dispatch rate's ``ratePeriodInSecond``."""
+QUOTA_CONFIG_VALUE_MAX = 2**31 - 1
+"""A quota or rate set in ``standalone.conf`` (0: unlimited)."""
+
+# Reads.
+READ_BATCH_ENTRIES = 100
+"""Entries a reader (and a cursor, by default) reads from the managed ledger at a time."""
+READER_READ_BYTES_MAX = 1 * MiB
+"""Entry bytes a reader reads ahead at a time unless told otherwise (``dispatcherMaxReadSizeBytes``)."""
+CURSOR_READ_BYTES_MAX = 5 * MiB
+"""Entry bytes one cursor read returns unless told otherwise (one entry always)."""
+READ_STEP_BYTES = 1 * MiB
+"""Entry bytes a range read takes from storage per step (the rest of its last step is read for nothing)."""
+READ_STEP_ENTRIES_MAX = 1000
+"""Entries a range read takes from storage per step."""
+REPLAY_BATCH_ENTRIES = 100
+"""Entries a topic replays from storage per step unless told otherwise."""
+LIVE_READ_VERSIONS_MAX = 100
+"""Versions a live key reader reads ahead at a time."""
+LIVE_READ_BYTES_MAX = 1 * MiB
+"""Payload bytes a live key reader reads ahead at most (one message always)."""
+COMPACTION_APPEND_ENTRIES = 1000
+"""Entries of the compacted ledger written per append (the compactor holds at most these)."""
+RECOVERY_ENTRIES_MAX = 10_000_000
+"""Entries a ledger recovery reads forward past the last add confirmed."""
+
+# Memory held: caches and remembered state.
+HEADS_CACHED_MAX = 100_000
+"""Keys whose indexed head each key-index partition keeps in memory (least recently used go first)."""
+POSITION_HINTS_MAX = 1024
+"""Offsets remembered as the first offset of an entry just read past: about one per sequential reader."""
+PARTITION_COUNTS_CACHED_MAX = 100_000
+"""Partitioned topics whose partition count is cached."""
+ISO_TIME_TEXTS_CACHED_MAX = 4096
+"""ISO-8601 texts of whole seconds kept for reuse."""
+OWN_DELETES_REMEMBERED_MAX = 100_000
+"""Deletes by this broker whose echo from a ZooKeeper ``TreeCache`` is still expected."""
+RECENT_ASSIGNMENTS_MAX = 10_000
+"""Bundle assignments counted as load until the brokers' load reports catch up."""
+TOPIC_WATCHERS_MAX = 10_000
+"""Listeners following a namespace's topic list, over the whole broker."""
+CURSOR_LEDGER_ENTRIES_MAX = 50_000
+"""Entries of a cursor's own ledger before it rolls over (``managedLedgerCursorMaxEntriesPerLedger``)."""
+ACKED_RANGES_PERSISTED_MAX = 10_000
+"""Acknowledged ranges a cursor persists (Pulsar's ``managedLedgerMaxUnackedRangesToPersist``)."""
+METADATA_PATH_BYTES_MAX = 1024
+"""A metadata-store path (UTF-8 bytes)."""
+METADATA_VALUE_BYTES_MAX = 16 * MiB
+"""A metadata-store value."""
+ZK_MULTI_OPS_MAX = 2000
+"""Znodes one ZooKeeper ``multi`` deletes; a larger tree goes in batches from the leaves up."""
+GROUP_BYTES_MAX = 1 * MiB
+"""Payload bytes of one ADD_MANY request to a remote bookie (a larger entry goes alone)."""
+DELETED_RANGES_SHOWN_MAX = 100
+"""A cursor's acknowledged ranges shown in a topic's internal stats."""
+UNKNOWN_IDS_REPORTED_MAX = 5
+"""Unknown message ids named in one acknowledgement error."""
+
+# Retries and attempts.
+ZK_CONFLICT_RETRIES_MAX = 64
+"""Reads and retries of one ZooKeeper compare-and-set whose version moved underneath."""
+LEDGER_ID_CAS_TRIES_MAX = 200
+"""Compare-and-set attempts for one ledger id before the allocation fails."""
+SCHEMA_CAS_RETRIES_MAX = 5
+"""Attempts to store a schema version against concurrent writers."""
+LOOKUP_ATTEMPTS_MAX = 8
+"""Rounds of read-owner / assign / acquire in one lookup before it answers 'not ready'."""
+POLICY_CAS_ATTEMPTS_MAX = 16
+"""Compare-and-set attempts of one namespace policy change."""
+CURSOR_RESTORE_ATTEMPTS_MAX = 3
+"""Restores of a cursor whose snapshot another broker changed between the read and the claim."""
+READER_TRIM_RETRIES_MAX = 3
+"""Reads a reader retries when the ledgers under its position were trimmed meanwhile."""
+METADATA_MERGES_MAX = 16
+"""Attempts to merge a ledger writer's metadata change with a re-replication worker's."""
+
+# Times.
+CURSOR_PERSIST_INTERVAL_S_MIN = 0.01
+"""A cursor writes its state at most this often; acknowledgements in between share the next write."""
+ACK_PERSIST_TIMEOUT_S = 60.0
+"""How long an admin acknowledgement waits for its cursor to be stored."""
+CURSOR_MOVE_WAIT_S_MAX = 60.0
+"""How long a subscription's reset or skip waits for its cursor to move."""
+DEAD_LETTER_WAIT_S_MAX = 60.0
+"""How long a message moved to a dead-letter topic waits to be stored there."""
+ZK_CALL_TIMEOUT_S = 10.0
+"""Every bundle-ownership ZooKeeper call waits at most this long (kazoo would queue one forever)."""
+ZK_WATCH_LOAD_TIMEOUT_S = 30.0
+"""How long a ZooKeeper-backed watch waits for its first load of the tree."""
+EPHEMERAL_WAIT_S_MAX = 60.0
+"""How long a restarted broker waits for its previous session's load report node to expire."""
+FUTURE_TIMEOUT_S = 60.0
+"""How long a ledger operation waits for a bookie's answer (fence, recovery read, close)."""
+COPY_TIMEOUT_S = 30.0
+"""How long re-replication waits for one entry's copy to a new bookie."""
+TIMEOUT_CHECK_INTERVAL_S = 0.05
+"""How often the bookie client looks for requests past their timeout."""
+LOOP_START_TIMEOUT_S = 10.0
+"""How long the bookie client waits for its network thread to start or stop."""
+
+
+# --- subscriptions, dispatch and managed-ledger reads (moved with the split of their modules) ---
+PENDING_MESSAGES_MAX = 10_000
+"""Messages one dispatch read is sized for at most, and held back in one dispatch round at most."""
+REDELIVERY_COUNTS_PERSISTED_MAX = 10_000
+"""Redelivery counts a subscription saves with its cursor (the lowest offsets first)."""
+DEAD_LETTER_ACK_WAIT_S = 60.0
+"""How long moving a message to its dead-letter topic waits for its acknowledgement on the source."""
+ENTRIES_REMEMBERED_MAX = 4096
+"""Entries a consumer that tracks ids remembers it was handed (their positions), to turn the ids
+it is acked with into offsets without reading the entry again (the oldest are forgotten)."""
+READ_HANDLES_MAX = 64
+"""Read handles of closed ledgers a managed ledger keeps open (the least recently used are closed)."""
+READ_RUN_ENTRIES_MAX = 64
+"""Entries fetched from the bookies in one range read."""
+READ_RUN_BYTES_MAX = 1 * MiB
+"""Bytes one range read fetches at most, at the ledger's average entry size (one entry always):
+a lookup that reads forward to an offset or a time holds no more than this at once."""
+CLOSE_ADDS_WAIT_S = 60.0
+"""How long closing a managed ledger waits for its appends in flight to finish."""
+LOAD_ATTEMPTS_MAX = 3
+"""Loads of one managed ledger tried in a row while another writer changes its ledger list."""
+
+# --- the key index (broker/key_index/): stored with its topic, in segments and a record ---
+PENDING_ROWS_MAX = 1_000_000
+"""Versions assigned but not yet in a segment, per partition, before appends are refused
+(``key_index_busy``, retriable)."""
+KEY_HEADS_CACHED_MAX = 100_000
+"""Keys whose stored head (last version and offset) each partition keeps in memory (least
+recently used go first)."""
+KEY_INDEX_CHECKPOINT_ROWS = 100_000
+"""Confirmed rows in a partition's tail that start a checkpoint at once (and, while entries are
+read again on open, the rows written per checkpoint)."""
+KEY_INDEX_CHECKPOINT_INTERVAL_S = 10.0
+"""The longest confirmed rows wait in the tail, and the longest a record's ``indexedTo`` lags
+behind keyless appends (one record write per interval at most)."""
+KEY_INDEX_CHECK_INTERVAL_S = 1.0
+"""How often the checkpoint thread looks for partitions with a checkpoint due."""
+KEY_INDEX_SEGMENTS_MAX = 8
+"""Segments a partition keeps before they are merged into one."""
+KEY_INDEX_BLOCK_CACHE_BYTES_MAX = 32 * MiB
+"""Decoded segment blocks kept in memory, all partitions together."""
+SEGMENT_BLOCK_BYTES_MAX = 16 * KiB
+"""A segment's data block is cut once it holds this many bytes of rows (one row always fits)."""
+SEGMENT_APPEND_ENTRIES = 64
+"""Segment entries written per ledger append."""
+SEGMENT_WRITE_WAIT_S = 60.0
+"""How long a checkpoint waits for one append of a segment's entries."""

@@ -1,0 +1,1 @@
+"""Developer tools run from the repository: ``python tools/limits_table.py``."""
