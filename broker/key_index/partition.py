@@ -11,9 +11,10 @@ checks the expected versions (``KeyVersionMismatch``: nothing written) and gives
 message the next version of its key. Those versions live in memory (the *tail*) until the
 entry is durable (``confirmed``: readers see it from then on) or has failed (``failed``:
 withdrawn, so versions stay dense). A checkpoint (``checkpoint``, run by the key index's thread
-every ``KEY_INDEX_CHECKPOINT_INTERVAL_S`` or at ``KEY_INDEX_CHECKPOINT_ROWS`` confirmed rows) writes the confirmed
-rows as a segment (``segment.py``), a ledger of the topic's own storage, and records it in the
-topic's metadata (``checkpoint.py``); only then do they leave the tail.
+every ``KEY_INDEX_CHECKPOINT_INTERVAL_S`` or at ``KEY_INDEX_CHECKPOINT_ROWS`` confirmed rows)
+writes the confirmed rows as a segment (``segment.py``), a ledger of the topic's own storage,
+and records it in the topic's metadata (``checkpoint.py``), both through the partition's
+``SegmentSet`` (``segment_set.py``); only then do they leave the tail.
 
 Opening (after a restart, a failover, a bundle move): the record is read and checked against the
 managed ledger's incarnation and end, its segments' indexes are loaded, and only the entries
@@ -34,37 +35,31 @@ serving the topic) changes the record, by compare-and-set.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from broker.entry_format import decode_entry
 from broker.errors import BadVersion, KeyIndexBusy, KeyVersionMismatch, MagnetarError
-from broker.key_index.checkpoint import Checkpoint, CheckpointStore, SegmentInfo
-from broker.key_index.segment import Row, Segment, SegmentWriter, StreamRow, key_bytes, merge_rows, row_of
+from broker.key_index.checkpoint import SegmentInfo
+from broker.key_index.segment import Row, Segment, StreamRow, key_bytes, row_of
+from broker.key_index.segment_set import SegmentHost, SegmentSet
 from broker.limits import (
     KEY_HEADS_CACHED_MAX,
     KEY_INDEX_CHECKPOINT_INTERVAL_S,
     KEY_INDEX_CHECKPOINT_ROWS,
     KEY_INDEX_SEGMENTS_MAX,
     PENDING_ROWS_MAX,
-    SEGMENT_APPEND_ENTRIES,
-    SEGMENT_WRITE_WAIT_S,
 )
 from broker.message_fields import EXISTS, ExpectedVersion, check_key
 from broker.message_id import Position
 
 if TYPE_CHECKING:
-    from broker.bookkeeper.ledger_handle import LedgerHandle
-    from broker.bookkeeper.ledger_manager import LedgerManager
     from broker.managed_ledger import ManagedLedger
     from broker.managed_ledger_reads import Entry
-    from broker.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +71,10 @@ Head = tuple[int, int]
 """A key's (version, offset)."""
 
 
-class IndexHost(Protocol):
-    """What a partition needs of the broker's key index (``index.py``): the ledgers, the shared
-    segment reads, the checkpoint thread's wake-up, and the counters it adds to."""
+class IndexHost(SegmentHost, Protocol):
+    """What a partition needs of the broker's key index (``index.py``) beyond its segments: the
+    checkpoint thread's wake-up and the counters it adds to."""
 
-    ledgers: LedgerManager
-    store: MetadataStore
     checkpoints: int
     compactions: int
     entries_replayed: int
@@ -89,8 +82,6 @@ class IndexHost(Protocol):
     rows_cleaned: int
     rows_indexed: int
 
-    def open_segment(self, ledger_id: int) -> Segment: ...
-    def forget_segment(self, ledger_id: int) -> None: ...
     def wake(self, keys: PartitionKeys) -> None: ...
 
 
@@ -140,13 +131,11 @@ class PartitionKeys:
         self._index = index
         self.name = name
         self.ml = ml
-        self._record = CheckpointStore(index.store, name)
-        self._checkpoint = Checkpoint(ml.incarnation, 0)
-        self._segments: list[tuple[SegmentInfo, Segment]] = []
-        """Oldest first, as the record names them."""
         self._lock = threading.Lock()
         """Guards the tail and the segment list (taken under the managed ledger's offset lock:
         held only briefly, never across a ledger read)."""
+        self._durable = SegmentSet(index, name, ml.incarnation, lambda: ml.config.quorum, self._lock)
+        """The record and the segments it names."""
         self._writing = threading.Lock()
         """One writer of this partition's segments and record at a time (checkpoints, compactions)."""
         self._pending: deque[KeyReservation] = deque()
@@ -180,12 +169,12 @@ class PartitionKeys:
         the keys neither in the tail nor cached; only those are read."""
         with self._lock:
             missing = {key for key in keys if key is not None and key not in self._tail and key not in self._heads}
-            segments = list(self._segments)
+            segments = list(self._durable.segments)
         if not missing:
             return
         found = {key: self._read_head(key, segments) for key in missing}
         with self._lock:
-            if segments == self._segments:  # no checkpoint moved them meanwhile
+            if segments == self._durable.segments:  # no checkpoint moved them meanwhile
                 for key, head in found.items():
                     self._remember_head(key, head)
 
@@ -294,7 +283,7 @@ class PartitionKeys:
         if key in heads:
             heads.move_to_end(key)
             return heads[key]
-        head = self._read_head(key, self._segments)
+        head = self._read_head(key, self._durable.segments)
         self._remember_head(key, head)
         return head
 
@@ -303,10 +292,10 @@ class PartitionKeys:
             if key in self._heads:
                 self._heads.move_to_end(key)
                 return self._heads[key]
-            segments = list(self._segments)
+            segments = list(self._durable.segments)
         head = self._read_head(key, segments)
         with self._lock:
-            if segments == self._segments:  # no checkpoint moved it meanwhile
+            if segments == self._durable.segments:  # no checkpoint moved it meanwhile
                 self._remember_head(key, head)
         return head
 
@@ -340,7 +329,7 @@ class PartitionKeys:
         with self._lock:
             tail = [StreamRow(version, r.first_offset + index, r.position)
                     for version, r, index in self._tail.get(key, ()) if r.position is not None]
-            return list(self._segments), tail
+            return list(self._durable.segments), tail
 
     def rows(self, key: str, first_version: int, last_version: int) -> list[StreamRow]:
         """The readable rows of versions ``first_version..last_version`` (ascending; versions
@@ -420,51 +409,19 @@ class PartitionKeys:
     def open(self, entries_from: Callable[[int], Iterator[Entry]]) -> int:
         """Load the checkpoint (or find it unusable and start over) and number the entries after
         it; the number of entries read again."""
-        incarnation = self.ml.incarnation
         end = self.ml.confirmed_next_offset()
-        found = self._record.load()
-        checkpoint, segments, why = self._usable(found, incarnation, end)
-        self._segments = segments
-        if checkpoint is None:
-            if found is not None:
-                log.warning("the key index of %s is not used: %s; rebuilding it from the entries retention kept",
-                            self.ml.display_name, why)
-                self._delete_ledgers([s.ledger_id for s in found.segments] + list(found.pending))
-            checkpoint = Checkpoint(incarnation, 0)
-        elif checkpoint.pending:
-            self._delete_ledgers(list(checkpoint.pending))
-            checkpoint = replace(checkpoint, pending=())
-        self._checkpoint = checkpoint
-        self._save(checkpoint)
-        self.durable_watermark = checkpoint.indexed_to
-        start = max(checkpoint.indexed_to, self.ml.first_offset)
-        if start > checkpoint.indexed_to and checkpoint.indexed_to < end:
+        why = self._durable.load(self.ml.incarnation, end)
+        if why:
+            log.warning("the key index of %s is not used: %s; rebuilding it from the entries retention kept",
+                        self.ml.display_name, why)
+        indexed_to = self.durable_watermark = self._durable.indexed_to
+        start = max(indexed_to, self.ml.first_offset)
+        if start > indexed_to and indexed_to < end:
             log.warning("entries %d..%d of %s were trimmed before the key index held them: the versions of their "
-                        "keys continue from what the index holds", checkpoint.indexed_to, start - 1,
-                        self.ml.display_name)
+                        "keys continue from what the index holds", indexed_to, start - 1, self.ml.display_name)
         read = self._replay(entries_from, start, end) if start < end else 0
         self._index.entries_replayed += read
         return read
-
-    def _usable(self, found: Checkpoint | None, incarnation: str,
-                end: int) -> tuple[Checkpoint | None, list[tuple[SegmentInfo, Segment]], str]:
-        """The record and its segments when they are this topic's, else None and why not."""
-        if found is None:
-            return None, [], "no record"
-        if found.incarnation != incarnation:
-            return None, [], (f"its record belongs to incarnation {found.incarnation or '(none)'} of the topic, "
-                              f"not {incarnation} (the topic was deleted and created again, or the metadata "
-                              "restored)")
-        if found.indexed_to > end:
-            return None, [], (f"its record covers offsets up to {found.indexed_to}, beyond the topic's end {end} "
-                              "(the metadata was restored from an older copy)")
-        segments: list[tuple[SegmentInfo, Segment]] = []
-        for info in found.segments:
-            try:
-                segments.append((info, self._index.open_segment(info.ledger_id)))
-            except MagnetarError as exc:
-                return None, [], f"its segment ledger {info.ledger_id} cannot be read ({exc})"
-        return found, segments, ""
 
     def _replay(self, entries_from: Callable[[int], Iterator[Entry]], start: int, end: int) -> int:
         """Number the keyed messages of the entries ``start..end`` as appends would have, as
@@ -494,7 +451,7 @@ class PartitionKeys:
             return True
         if now_s - self._checkpointed_s < KEY_INDEX_CHECKPOINT_INTERVAL_S:
             return False
-        return bool(self._pending) or self.ml.confirmed_next_offset() > self._checkpoint.indexed_to
+        return bool(self._pending) or self.ml.confirmed_next_offset() > self._durable.indexed_to
 
     def checkpoint(self, *, upto: int | None = None) -> int:
         """Write the confirmed rows at the head of the tail as a segment and record it, with the
@@ -516,7 +473,7 @@ class PartitionKeys:
             if upto is not None:
                 indexed_to = min(indexed_to, upto)
             self._checkpointed_s = time.monotonic()
-            if not batch and indexed_to <= self._checkpoint.indexed_to:
+            if not batch and indexed_to <= self._durable.indexed_to:
                 return 0
             rows = sorted((key_bytes(key), version, r.first_offset + index, r.position.ledger_id,
                            r.position.entry_id)
@@ -539,7 +496,7 @@ class PartitionKeys:
                     self._pending_rows -= len(reservation.versions)
             self._index.rows_indexed += len(rows)
             self._index.checkpoints += 1
-            if len(self._segments) > KEY_INDEX_SEGMENTS_MAX:
+            if len(self._durable.segments) > KEY_INDEX_SEGMENTS_MAX:
                 self._compact()
             return len(rows)
 
@@ -551,95 +508,35 @@ class PartitionKeys:
         with self._lock:
             idle = not self._pending
         infos = self.ml.ledger_infos()
-        if idle and len(infos) > 1 and self._checkpoint.indexed_to < infos[-1].first_offset:
+        if idle and len(infos) > 1 and self._durable.indexed_to < infos[-1].first_offset:
             try:
                 self.checkpoint()
             except MagnetarError as exc:  # trimming waits for the next checkpoint instead
                 log.warning("the key index record of %s could not be advanced: %s", self.ml.display_name, exc)
 
     def _commit(self, rows: list[Row], from_offset: int, indexed_to: int) -> None:
-        """Record ``rows`` (sorted) as a new segment, or only the new ``indexed_to`` when there
-        are none (keyless appends)."""
-        if not rows:
-            checkpoint = self._checkpoint.committed(-1, None, indexed_to)
-            self._save(checkpoint)
-            self._checkpoint, self.durable_watermark = checkpoint, checkpoint.indexed_to
-            return
-        info, segment = self._write_segment(rows, from_offset, indexed_to)
-        checkpoint = self._checkpoint.committed(info.ledger_id, info, indexed_to)
-        self._save(checkpoint)
-        with self._lock:
-            self._segments.append((info, segment))
-        self._checkpoint, self.durable_watermark = checkpoint, checkpoint.indexed_to
-
-    def _write_segment(self, rows: Iterator[Row] | list[Row], from_offset: int,
-                       to_offset: int) -> tuple[SegmentInfo, Segment]:
-        """A new segment ledger holding ``rows``, named in the record as pending first."""
-        ledger_id = self._index.ledgers.allocate_id()
-        self._save(self._checkpoint.with_pending(ledger_id))  # named before it exists: never a ledger nobody knows
-        self._checkpoint = self._checkpoint.with_pending(ledger_id)
-        handle = self._index.ledgers.create(self.ml.config.quorum, {"key-index": self.name}, ledger_id=ledger_id)
-        writer = SegmentWriter()
-        for row in rows:
-            writer.add(row)
-            if writer.rows % (SEGMENT_APPEND_ENTRIES * 300) == 0:
-                self._append(handle, writer.take_blocks())
-        self._append(handle, writer.finish())
-        handle.close()
-        info = SegmentInfo(handle.ledger_id, from_offset, to_offset, writer.rows, writer.keys)
-        return info, self._index.open_segment(handle.ledger_id)
-
-    @staticmethod
-    def _append(handle: LedgerHandle, blocks: list[bytes]) -> None:
-        for at in range(0, len(blocks), SEGMENT_APPEND_ENTRIES):
-            handle.append(blocks[at:at + SEGMENT_APPEND_ENTRIES]).result(timeout=SEGMENT_WRITE_WAIT_S)
+        self._durable.commit(rows, from_offset, indexed_to)
+        self.durable_watermark = self._durable.indexed_to
 
     def _compact(self) -> None:
-        """(With ``_writing``.) Merge every segment into one, dropping the rows of entries
-        retention trimmed but each key's last row (versions never restart)."""
-        merged = list(self._segments)
-        first_kept = self.ml.first_offset
-        before = sum(info.rows for info, _ in merged)
-        info, segment = self._write_segment(_kept_rows(merged, first_kept), merged[0][0].from_offset,
-                                            merged[-1][0].to_offset)
-        replaced = tuple(i.ledger_id for i, _ in merged)
-        checkpoint = replace(self._checkpoint.committed(info.ledger_id, info, self._checkpoint.indexed_to, replaced),
-                             cleaned_below=max(self._checkpoint.cleaned_below, first_kept))
+        """(With ``_writing``.) Merge the segments, dropping the rows of trimmed entries."""
         try:
-            self._save(checkpoint)
+            dropped = self._durable.compact(self.ml.first_offset)
         except BadVersion:
             self._taken_over_by_another()
             return
-        self._checkpoint = checkpoint
-        with self._lock:
-            self._segments = [(info, segment)]
-        self._delete_ledgers(list(replaced))
-        self._index.rows_cleaned += before - info.rows
+        self._index.rows_cleaned += dropped
         self._index.compactions += 1
 
     def cleanup(self) -> int:
         """Compact the segments once retention trimmed ``CLEANUP_SHARE`` of what they cover
         since the last compaction: the rows dropped."""
         with self._writing:
-            if self.dropped or self.taken_over or not self._segments:
-                return 0
-            covered_from = max(self._segments[0][0].from_offset, self._checkpoint.cleaned_below)
-            covered = self._segments[-1][0].to_offset - covered_from
-            trimmed = self.ml.first_offset - covered_from
-            if covered <= 0 or trimmed < covered * CLEANUP_SHARE:
+            if self.dropped or self.taken_over or not self._durable.cleanup_due(self.ml.first_offset, CLEANUP_SHARE):
                 return 0
             cleaned = self._index.rows_cleaned
             self._compact()
             return self._index.rows_cleaned - cleaned
-
-    def _save(self, checkpoint: Checkpoint) -> None:
-        self._record.save(checkpoint)
-
-    def _delete_ledgers(self, ledger_ids: list[int]) -> None:
-        for ledger_id in ledger_ids:
-            self._index.forget_segment(ledger_id)
-            with contextlib.suppress(MagnetarError):
-                self._index.ledgers.delete(ledger_id)
 
     def _taken_over_by_another(self) -> None:
         log.warning("the key index record of %s was changed by another broker: it serves the topic now; this "
@@ -650,32 +547,15 @@ class PartitionKeys:
         """Delete the index: its segments and its record (its topic is deleted)."""
         with self._writing:
             self.dropped = True
-            found = self._record.load()
-            ledgers = [s.ledger_id for s in self._checkpoint.segments] + list(self._checkpoint.pending)
-            if found is not None:
-                ledgers += [s.ledger_id for s in found.segments] + list(found.pending)
-            self._delete_ledgers(sorted(set(ledgers)))
-            with contextlib.suppress(MagnetarError):
-                self._record.delete()
+            self._durable.drop()
 
     def pending_rows(self) -> int:
         return self._pending_rows
 
     def segments(self) -> int:
-        return len(self._segments)
+        return len(self._durable.segments)
 
 
 def _meets(current: int, expected: ExpectedVersion) -> bool:
     return current >= 0 if expected == EXISTS else current == expected
 
-
-def _kept_rows(segments: list[tuple[SegmentInfo, Segment]], first_kept: int) -> Iterator[Row]:
-    """The rows of ``segments`` in order, without those of offsets below ``first_kept`` except
-    each key's last row."""
-    previous: Row | None = None
-    for row in merge_rows([segment.all_rows() for _, segment in segments]):
-        if previous is not None and (previous[0] != row[0] or previous[2] >= first_kept):
-            yield previous
-        previous = row
-    if previous is not None:
-        yield previous
