@@ -130,7 +130,7 @@ def _columns(topic: PersistentTopic | None, name: TopicName, rows: list[StreamRo
             run += 1
         if entry is None or entry.position != row.position:
             entry = _read_entry(topic, name, row)
-        columns.add_entry(entry, partition, row.offset - entry.first_offset, run)
+        columns.add_rows_of(entry, partition, row.offset - entry.first_offset, run)
         at += run
     taken = rows[:len(columns)]
     batch = columns.record_batch(name.full_name, partition)

@@ -85,11 +85,11 @@ class Columns(Protocol):
         """Payload bytes collected so far (what ``maxBytes`` bounds)."""
         ...
 
-    def add_entry(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
+    def add_rows_of(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
         """Append messages ``skip..skip+take`` of ``entry`` (fewer when the entry holds fewer)."""
 
     def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
-        """The columns as one ``ARROW_SCHEMA`` batch; call once, after the last ``add_entry``."""
+        """The columns as one ``ARROW_SCHEMA`` batch; call once, after the last ``add_rows_of``."""
         ...
 
 
@@ -124,7 +124,7 @@ class ReadColumns:
     def __len__(self) -> int:
         return len(self.values)
 
-    def add_entry(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
+    def add_rows_of(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
         """Append messages ``skip..skip+take`` of ``entry``, a column at a time."""
         decoded = decode_entry(entry.data)
         messages = decoded.messages[skip:skip + take]
@@ -185,7 +185,7 @@ class NativeColumns:
     def size_bytes(self) -> int:
         return self._columns.value_bytes
 
-    def add_entry(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
+    def add_rows_of(self, entry: StoredEntry, partition: int, skip: int, take: int) -> None:
         common = common_batch_payload(entry.data)  # the broker's usual entry, verified without protobuf
         payload: bytes | memoryview
         if common is not None:
@@ -264,7 +264,7 @@ def collect_entries(entries: Iterable[StoredEntry], offset: int, partition: int,
         per_message = len(entry.data) // max(entry.message_count, 1) + message_overhead_bytes
         affordable = max(1, (max_bytes - used) // max(per_message, 1))
         take = min(entry.message_count - skip, max_messages - len(columns), affordable)
-        columns.add_entry(entry, partition, skip, take)
+        columns.add_rows_of(entry, partition, skip, take)
         used = columns.size_bytes + len(columns) * message_overhead_bytes
         if len(columns) >= max_messages or used >= max_bytes or take < entry.message_count - skip:
             break
