@@ -36,7 +36,7 @@ class LedgerManager:
         self.clock = clock
         self._id_generator = id_generator
 
-    def _allocate_id(self) -> int:
+    def allocate_id(self) -> int:
         """A ledger id never handed out before: from the cluster's id generator when there is
         one (ZooKeeper's counter), else a compare-and-set on a counter in the store."""
         if self._id_generator is not None:
@@ -52,9 +52,13 @@ class LedgerManager:
             return current + 1
         raise BadVersion("could not allocate a ledger id: too much contention")
 
-    def create(self, quorum: QuorumConfig | None = None, custom: dict[str, str] | None = None) -> LedgerHandle:
+    def create(self, quorum: QuorumConfig | None = None, custom: dict[str, str] | None = None, *,
+               ledger_id: int | None = None) -> LedgerHandle:
+        """A new, writable ledger; with ``ledger_id`` (from :meth:`allocate_id`) under that id, so
+        a caller can name the ledger in its own records before it exists: a crash in between
+        leaves a name without a ledger, never a ledger nobody names."""
         quorum = quorum or QuorumConfig()
-        ledger_id = self._allocate_id()
+        ledger_id = self.allocate_id() if ledger_id is None else ledger_id
         meta = LedgerMetadata(ledger_id, quorum, fragments=[(0, self.client.new_ensemble(quorum.ensemble_size))],
                               created_ms=int(self.clock() * 1000), custom=dict(custom or {}))
         stat = self.store.put(ledger_path(ledger_id), meta.to_json(), -1)

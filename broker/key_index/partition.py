@@ -29,7 +29,9 @@ restart and a trimmed version reads as ``DataLost`` naming the first kept one.
 Invariants: a key's versions are dense and in offset order; a version, once acknowledged, never
 changes; the tail holds at most ``PENDING_ROWS_MAX`` rows (beyond, appends are refused with the
 retriable ``KeyIndexBusy``); keys are at most ``KEY_BYTES_MAX`` bytes; one writer (the broker
-serving the topic) changes the record, by compare-and-set.
+serving the topic) changes the record, by compare-and-set: an opening writes the record back
+(reading it again if an earlier owner's late checkpoint changed it meanwhile), and from then on
+the earlier owner's writes are refused; a checkpoint's ``indexedTo`` covers every row it writes.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ SEGMENTS_MAX = 8
 APPEND_GROUP_ENTRIES = 64
 """Segment entries written per ledger append."""
 SEGMENT_WRITE_WAIT_S = 60.0
+OPEN_ATTEMPTS = 3
+"""Times an opening reads the record again when an earlier owner's late checkpoint changed it
+between the read and the write-back."""
 CLEANUP_SHARE = 0.5
 """A compaction drops trimmed rows once retention trimmed this share of the offsets the
 segments cover since the last one."""
@@ -416,22 +421,14 @@ class PartitionKeys:
     def open(self, entries_from: Callable[[int], Iterator[Entry]]) -> int:
         """Load the checkpoint (or find it unusable and start over) and number the entries after
         it; the number of entries read again."""
-        incarnation = self.ml.incarnation
         end = self.ml.confirmed_next_offset()
-        found = self._record.load()
-        checkpoint, segments, why = self._usable(found, incarnation, end)
-        self._segments = segments
-        if checkpoint is None:
-            if found is not None:
-                log.warning("the key index of %s is not used: %s; rebuilding it from the entries retention kept",
-                            self.ml.display_name, why)
-                self._delete_ledgers([s.ledger_id for s in found.segments] + list(found.pending))
-            checkpoint = Checkpoint(incarnation, 0)
-        elif checkpoint.pending:
-            self._delete_ledgers(list(checkpoint.pending))
-            checkpoint = replace(checkpoint, pending=())
-        self._checkpoint = checkpoint
-        self._save(checkpoint)
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            try:
+                checkpoint = self._take_record(end)
+                break
+            except BadVersion:  # the last owner's late checkpoint landed meanwhile: read it again
+                if attempt == OPEN_ATTEMPTS:
+                    raise
         self.durable_watermark = checkpoint.indexed_to
         start = max(checkpoint.indexed_to, self.ml.first_offset)
         if start > checkpoint.indexed_to and checkpoint.indexed_to < end:
@@ -441,6 +438,24 @@ class PartitionKeys:
         read = self._replay(entries_from, start, end) if start < end else 0
         self._index.entries_replayed += read
         return read
+
+    def _take_record(self, end: int) -> Checkpoint:
+        """Load the record, keep it if usable (else start over), and write it back: from then
+        on an earlier owner's checkpoints are refused by the compare-and-set."""
+        incarnation = self.ml.incarnation
+        found = self._record.load()
+        checkpoint, segments, why = self._usable(found, incarnation, end)
+        if checkpoint is None:
+            let_go: tuple[int, ...] = ()
+            if found is not None:
+                log.warning("the key index of %s is not used: %s; rebuilding it from the entries retention kept",
+                            self.ml.display_name, why)
+                let_go = (*(s.ledger_id for s in found.segments), *found.pending)
+            checkpoint = Checkpoint(incarnation, 0, pending=let_go)
+        self._save(checkpoint)  # the record is this opening's from here: only now is anything deleted
+        self._segments = segments
+        self._checkpoint = replace(checkpoint, pending=self._delete_ledgers(list(checkpoint.pending)))
+        return self._checkpoint
 
     def _usable(self, found: Checkpoint | None, incarnation: str,
                 end: int) -> tuple[Checkpoint | None, list[tuple[SegmentInfo, Segment]], str]:
@@ -508,7 +523,10 @@ class PartitionKeys:
                         stop = reservation.first_offset
                         break
                     batch.append(reservation)
-            indexed_to = stop if stop is not None else end
+            # a row confirmed after ``end`` was read is in the batch: the record must cover it,
+            # or the next opening numbers its entry again
+            covered = batch[-1].first_offset + batch[-1].message_count if batch else 0
+            indexed_to = stop if stop is not None else max(end, covered)
             if upto is not None:
                 indexed_to = min(indexed_to, upto)
             self._checkpointed_s = time.monotonic()
@@ -549,7 +567,7 @@ class PartitionKeys:
             return
         info, segment = self._write_segment(rows, from_offset, indexed_to)
         checkpoint = self._checkpoint.committed(info.ledger_id, info, indexed_to)
-        self._save(checkpoint)
+        self._save_segment(checkpoint, info.ledger_id)
         with self._lock:
             self._segments.append((info, segment))
         self._checkpoint, self.durable_watermark = checkpoint, checkpoint.indexed_to
@@ -557,9 +575,10 @@ class PartitionKeys:
     def _write_segment(self, rows: Iterator[Row] | list[Row], from_offset: int,
                        to_offset: int) -> tuple[SegmentInfo, Segment]:
         """A new segment ledger holding ``rows``, named in the record as pending first."""
-        handle = self._index.ledgers.create(self.ml.config.quorum, {"key-index": self.name})
-        self._save(self._checkpoint.with_pending(handle.ledger_id))
-        self._checkpoint = self._checkpoint.with_pending(handle.ledger_id)
+        ledger_id = self._index.ledgers.allocate_id()
+        self._save(self._checkpoint.with_pending(ledger_id))  # named first: refused, nothing was created
+        self._checkpoint = self._checkpoint.with_pending(ledger_id)
+        handle = self._index.ledgers.create(self.ml.config.quorum, {"key-index": self.name}, ledger_id=ledger_id)
         writer = SegmentWriter()
         for row in rows:
             writer.add(row)
@@ -584,17 +603,19 @@ class PartitionKeys:
         info, segment = self._write_segment(_kept_rows(merged, first_kept), merged[0][0].from_offset,
                                             merged[-1][0].to_offset)
         replaced = tuple(i.ledger_id for i, _ in merged)
-        checkpoint = replace(self._checkpoint.committed(info.ledger_id, info, self._checkpoint.indexed_to, replaced),
-                             cleaned_below=max(self._checkpoint.cleaned_below, first_kept))
+        committed = self._checkpoint.committed(info.ledger_id, info, self._checkpoint.indexed_to, replaced)
+        checkpoint = replace(committed, cleaned_below=max(self._checkpoint.cleaned_below, first_kept),
+                             pending=(*committed.pending, *replaced))  # named until they are deleted
         try:
-            self._save(checkpoint)
+            self._save_segment(checkpoint, info.ledger_id)
         except BadVersion:
             self._taken_over_by_another()
             return
-        self._checkpoint = checkpoint
         with self._lock:
             self._segments = [(info, segment)]
-        self._delete_ledgers(list(replaced))
+        left = self._delete_ledgers(list(replaced))
+        self._checkpoint = replace(checkpoint, pending=tuple(p for p in checkpoint.pending
+                                                             if p not in replaced or p in left))
         self._index.rows_cleaned += before - info.rows
         self._index.compactions += 1
 
@@ -616,11 +637,27 @@ class PartitionKeys:
     def _save(self, checkpoint: Checkpoint) -> None:
         self._record.save(checkpoint)
 
-    def _delete_ledgers(self, ledger_ids: list[int]) -> None:
+    def _save_segment(self, checkpoint: Checkpoint, ledger_id: int) -> None:
+        """Save ``checkpoint``, which names the new segment ``ledger_id``; refused (another
+        broker opened the index since it was named pending, and may have deleted it before it
+        existed), the segment is deleted: nobody names it."""
+        try:
+            self._save(checkpoint)
+        except BadVersion:
+            self._delete_ledgers([ledger_id])
+            raise
+
+    def _delete_ledgers(self, ledger_ids: list[int]) -> tuple[int, ...]:
+        """Delete ``ledger_ids``; those that could not be deleted now (the record keeps them
+        pending, so a later opening deletes them)."""
+        left: list[int] = []
         for ledger_id in ledger_ids:
             self._index.forget_segment(ledger_id)
-            with contextlib.suppress(MagnetarError):
+            try:
                 self._index.ledgers.delete(ledger_id)
+            except MagnetarError:
+                left.append(ledger_id)
+        return tuple(left)
 
     def _taken_over_by_another(self) -> None:
         log.warning("the key index record of %s was changed by another broker: it serves the topic now; this "
