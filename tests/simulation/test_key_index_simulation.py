@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.simulation
 
 DEFAULT_SEEDS = range(1, 61)
-DEFAULT_OPS = 40
+DEFAULT_OPS = 24
 RESULT_TIMEOUT_S = 30.0
 TRACE_TAIL = 120
 KEEP_NOTHING = {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
@@ -272,6 +272,7 @@ class Simulation:
         self.service.key_index.cleanup()
         after = self.service.key_index.statistics().compactions
         self.note(f"cleanup: {after - before} compactions")
+        self.events["compactions seen by a cleanup"] += after - before
 
     def op_trim(self) -> list[StreamModel]:
         """Retention keeps nothing: maintenance trims every ledger the key index let go."""
@@ -294,6 +295,10 @@ class Simulation:
 
     # restarts, crashes, unloads, takeovers -------------------------------------------------------
     def restart(self) -> None:
+        stats = self.service.key_index.statistics()
+        self.events["entries read again on open"] += stats.entries_replayed
+        self.events["checkpoints"] += stats.checkpoints
+        self.events["compactions"] += stats.compactions
         self.service.close()
         self.fio = FaultyFileIO(self.rng.randrange(1 << 32))
         self.service = self.start()
@@ -387,6 +392,7 @@ class Simulation:
                 self.events["in-doubt append recovered"] += 1
                 self.world.stored(append)
             assert recovered_next == part.next_offset, f"{name} recovered to {recovered_next}, not {part.next_offset}"
+            self.events["in-doubt append absent"] += sum(1 for a in appends if a.first_offset >= recovered_next)
 
     def append_after_crash(self, in_doubt: list[Append]) -> None:
         """The next conditional append against each in-doubt key's version succeeds."""
