@@ -611,6 +611,7 @@ class PartitionKeys:
         except BadVersion:
             self._taken_over_by_another()
             return
+        self._checkpoint = checkpoint
         with self._lock:
             self._segments = [(info, segment)]
         left = self._delete_ledgers(list(replaced))
