@@ -54,8 +54,9 @@ class LedgerManager:
 
     def create(self, quorum: QuorumConfig | None = None, custom: dict[str, str] | None = None, *,
                ledger_id: int | None = None) -> LedgerHandle:
-        """A new ledger, open for writing; ``ledger_id`` one :meth:`allocate_id` gave (for a
-        caller that names the ledger somewhere before it exists), else a new one."""
+        """A new, writable ledger; with ``ledger_id`` (from :meth:`allocate_id`) under that id, so
+        a caller can name the ledger in its own records before it exists: a crash in between
+        leaves a name without a ledger, never a ledger nobody names."""
         quorum = quorum or QuorumConfig()
         ledger_id = self.allocate_id() if ledger_id is None else ledger_id
         meta = LedgerMetadata(ledger_id, quorum, fragments=[(0, self.client.new_ensemble(quorum.ensemble_size))],

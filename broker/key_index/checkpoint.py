@@ -12,11 +12,12 @@ are)::
      "pending": [9]}
 
 ``indexedTo``: every keyed message below it has its row in a segment. ``cleanedBelow``: the
-rows of offsets below it were dropped by a compaction, but each key's last row. ``pending``: segment
-ledgers being written, named before they are created, so a crash never leaves a ledger nobody
-knows (the next owner deletes them). ``incarnation`` is the managed ledger's, made when the
-topic was first created: a record of another incarnation (a deleted topic's, a restored backup's)
-is never used.
+rows of offsets below it were dropped by a compaction, but each key's last row. ``pending``: ledgers
+the index owns that are not segments: being written (named before they are created) or let go
+of (compacted away, or of a record found unusable) and not deleted yet (named until they are),
+so a crash never leaves a ledger nobody knows (the next opening deletes them). ``incarnation`` is
+the managed ledger's, made when the topic was first created: a record of another incarnation (a
+deleted topic's, a restored backup's) is never used.
 
 Invariants: a segment is named in ``segments`` only once its ledger is closed; ``indexedTo``
 never goes back while the record is this incarnation's; the record is written only by the broker

@@ -30,7 +30,9 @@ restart and a trimmed version reads as ``DataLost`` naming the first kept one.
 Invariants: a key's versions are dense and in offset order; a version, once acknowledged, never
 changes; the tail holds at most ``PENDING_ROWS_MAX`` rows (beyond, appends are refused with the
 retriable ``KeyIndexBusy``); keys are at most ``KEY_BYTES_MAX`` bytes; one writer (the broker
-serving the topic) changes the record, by compare-and-set.
+serving the topic) changes the record, by compare-and-set: an opening writes the record back
+(reading it again if an earlier owner's late checkpoint changed it meanwhile), and from then on
+the earlier owner's writes are refused; a checkpoint's ``indexedTo`` covers every row it writes.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+OPEN_ATTEMPTS = 3
+"""Times an opening reads the record again when an earlier owner's late checkpoint changed it
+between the read and the write-back."""
 CLEANUP_SHARE = 0.5
 """A compaction drops trimmed rows once retention trimmed this share of the offsets the
 segments cover since the last one."""
@@ -410,7 +415,13 @@ class PartitionKeys:
         """Load the checkpoint (or find it unusable and start over) and number the entries after
         it; the number of entries read again."""
         end = self.ml.confirmed_next_offset()
-        why = self._durable.load(self.ml.incarnation, end)
+        for attempt in range(1, OPEN_ATTEMPTS + 1):
+            try:
+                why = self._durable.load(self.ml.incarnation, end)
+                break
+            except BadVersion:  # the last owner's late checkpoint landed meanwhile: read it again
+                if attempt == OPEN_ATTEMPTS:
+                    raise
         if why:
             log.warning("the key index of %s is not used: %s; rebuilding it from the entries retention kept",
                         self.ml.display_name, why)
@@ -469,7 +480,10 @@ class PartitionKeys:
                         stop = reservation.first_offset
                         break
                     batch.append(reservation)
-            indexed_to = stop if stop is not None else end
+            # a row confirmed after ``end`` was read is in the batch: the record must cover it,
+            # or the next opening numbers its entry again
+            covered = batch[-1].first_offset + batch[-1].message_count if batch else 0
+            indexed_to = stop if stop is not None else max(end, covered)
             if upto is not None:
                 indexed_to = min(indexed_to, upto)
             self._checkpointed_s = time.monotonic()

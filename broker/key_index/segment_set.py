@@ -7,7 +7,9 @@ new segment ledger (``segment.py``) and records it (``commit``), merges the segm
 the rows of trimmed entries (``compact``), and deletes the index with its topic (``drop``).
 
 Invariants: a segment ledger is named in the record (``pending``) before it is created, and in
-``segments`` only once it is closed, so a crash never leaves a ledger nobody knows; every
+``segments`` only once it is closed; a ledger let go of (compacted away, or of a record found
+unusable) stays ``pending`` until it is deleted, so a crash never leaves a ledger nobody knows;
+an opening writes the record back before it deletes anything; every
 record write is a compare-and-set, and ``BadVersion`` (another broker serves the topic now) is
 raised to the caller with nothing half-recorded; ``segments`` changes only under the
 partition's lock, so readers see the old list or the new one.
@@ -21,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from broker.errors import MagnetarError
+from broker.errors import BadVersion, MagnetarError
 from broker.key_index.checkpoint import Checkpoint, CheckpointStore, SegmentInfo
 from broker.key_index.segment import Row, Segment, SegmentWriter, merge_rows
 from broker.limits import SEGMENT_APPEND_ENTRIES, SEGMENT_WRITE_WAIT_S
@@ -65,21 +67,25 @@ class SegmentSet:
         return self.checkpoint.indexed_to
 
     def load(self, incarnation: str, end: int) -> str:
-        """Read the record and open its segments; when they are not this topic's (or cannot be
-        read), delete what they name and start empty. The reason it was not used ("" when it was,
-        or there was none)."""
+        """Read the record, keep it and open its segments when they are this topic's (else start
+        empty), and write it back: from then on an earlier owner's writes are refused, and only
+        then is anything deleted (ledgers let go of stay pending until they are). The reason the
+        record was not used ("" when it was, or there was none); ``BadVersion`` when an earlier
+        owner wrote it between the read and the write-back (read it again)."""
         found = self._record.load()
         checkpoint, segments, why = self._usable(found, incarnation, end)
         if checkpoint is None:
+            let_go: tuple[int, ...] = ()
             if found is not None:
-                self.delete_ledgers([s.ledger_id for s in found.segments] + list(found.pending))
-            checkpoint = Checkpoint(incarnation, 0)
-        elif checkpoint.pending:  # a checkpoint that did not finish: its ledger is nobody's
-            self.delete_ledgers(list(checkpoint.pending))
-            checkpoint = replace(checkpoint, pending=())
+                let_go = (*(s.ledger_id for s in found.segments), *found.pending)
+            checkpoint = Checkpoint(incarnation, 0, pending=let_go)
+        self._save(checkpoint)
         with self._lock:
             self.segments = segments
-        self._save(checkpoint)
+        left = self.delete_ledgers(checkpoint.pending)
+        if left != checkpoint.pending:
+            with contextlib.suppress(MagnetarError):  # else the next opening deletes them
+                self._save(replace(checkpoint, pending=left))
         return why if found is not None else ""
 
     def _usable(self, found: Checkpoint | None, incarnation: str, end: int) -> tuple[Checkpoint | None, Segments, str]:
@@ -107,7 +113,7 @@ class SegmentSet:
             self._save(self.checkpoint.committed(-1, None, indexed_to))
             return
         info, segment = self._write_segment(rows, from_offset, indexed_to)
-        self._save(self.checkpoint.committed(info.ledger_id, info, indexed_to))
+        self._save_segment(self.checkpoint.committed(info.ledger_id, info, indexed_to), info.ledger_id)
         with self._lock:
             self.segments.append((info, segment))
 
@@ -119,11 +125,16 @@ class SegmentSet:
         info, segment = self._write_segment(_kept_rows(merged, first_kept), merged[0][0].from_offset,
                                             merged[-1][0].to_offset)
         replaced = tuple(i.ledger_id for i, _ in merged)
-        self._save(replace(self.checkpoint.committed(info.ledger_id, info, self.checkpoint.indexed_to, replaced),
-                           cleaned_below=max(self.checkpoint.cleaned_below, first_kept)))
+        committed = self.checkpoint.committed(info.ledger_id, info, self.checkpoint.indexed_to, replaced)
+        self._save_segment(replace(committed, cleaned_below=max(self.checkpoint.cleaned_below, first_kept),
+                                   pending=(*committed.pending, *replaced)), info.ledger_id)  # named until deleted
         with self._lock:
             self.segments = [(info, segment)]
-        self.delete_ledgers(list(replaced))
+        left = self.delete_ledgers(replaced)
+        # the compaction stands even if this write is refused: its segments stay pending, for the next opening
+        with contextlib.suppress(MagnetarError):
+            self._save(replace(self.checkpoint, pending=tuple(p for p in self.checkpoint.pending
+                                                              if p not in replaced or p in left)))
         return before - info.rows
 
     def cleanup_due(self, first_offset: int, share: float) -> bool:
@@ -144,15 +155,31 @@ class SegmentSet:
         with contextlib.suppress(MagnetarError):
             self._record.delete()
 
-    def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+    def delete_ledgers(self, ledger_ids: Iterable[int]) -> tuple[int, ...]:
+        """Delete ``ledger_ids`` (a missing one is already gone); those that could not be
+        deleted now, which the record keeps pending so a later opening deletes them."""
+        left: list[int] = []
         for ledger_id in ledger_ids:
             self._host.forget_segment(ledger_id)
-            with contextlib.suppress(MagnetarError):
+            try:
                 self._host.ledgers.delete(ledger_id)
+            except MagnetarError:
+                left.append(ledger_id)
+        return tuple(left)
 
     def _save(self, checkpoint: Checkpoint) -> None:
         self._record.save(checkpoint)
         self.checkpoint = checkpoint
+
+    def _save_segment(self, checkpoint: Checkpoint, ledger_id: int) -> None:
+        """Save ``checkpoint``, which names the new segment ``ledger_id``; refused (another broker
+        opened the index since it was named pending, and may have deleted it before it existed),
+        the segment is deleted: nobody names it."""
+        try:
+            self._save(checkpoint)
+        except BadVersion:
+            self.delete_ledgers([ledger_id])
+            raise
 
     def _write_segment(self, rows: Iterator[Row] | list[Row], from_offset: int,
                        to_offset: int) -> tuple[SegmentInfo, Segment]:

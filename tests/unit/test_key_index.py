@@ -327,3 +327,33 @@ def test_a_broker_that_lost_the_topic_writes_no_segment_nobody_knows(data_dir: s
         assert set(service.key_index.store.children("/ledgers")) == ledgers_before  # no segment ledger was made
     finally:
         service.close()
+
+
+def test_a_checkpoint_racing_an_append_covers_the_rows_it_writes(data_dir: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append confirmed after a checkpoint read the topic's end but before it took the
+    confirmed rows: the record's ``indexedTo`` must cover that row, or the next opening numbers
+    the entry again (its key's versions would run twice through it)."""
+    service = started(data_dir)
+    try:
+        append(service, "k", b"v0")
+        topic = service.topics.topic(TOPIC)
+        keys = topic.streams
+        assert keys is not None
+        read_end = topic.ml.confirmed_next_offset
+        racing = [b"v1"]
+
+        def end_then_an_append() -> int:
+            end = read_end()
+            while racing:  # the append lands between the end read and the rows taken
+                append(service, "k", racing.pop())
+            return end
+
+        monkeypatch.setattr(topic.ml, "confirmed_next_offset", end_then_an_append)
+        assert keys.checkpoint() == 2
+        monkeypatch.undo()
+        service.topics.unload(lambda name: name == TOPIC, False)  # the next owner opens what the record says
+        assert stream(service, "k") == [(0, b"v0"), (1, b"v1")]
+        assert append(service, "k", b"v2", expected=1) == (2,)
+    finally:
+        service.close()
