@@ -37,7 +37,7 @@ What is checked, after every operation:
   compare-and-set refuses it) and leaves the record as the new owner wrote it.
 
 No assertion depends on timing: the key index's checkpoint thread may write whenever a seed's
-small ``CHECKPOINT_ROWS`` wakes it, and the model accepts every outcome a correct index may give.
+small ``KEY_INDEX_CHECKPOINT_ROWS`` wakes it, and the model accepts every outcome a correct index may give.
 
 Replay: a failure prints ``replay with MAGNETAR_SIM_SEED=<n>`` and the trace's tail;
 ``MAGNETAR_SIM_SEEDS`` (a count or a list) and ``MAGNETAR_SIM_OPS`` run more or longer seeds.
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, cast
 
 import pytest
 
+from broker import limits
 from broker.bookkeeper.ledger_metadata import LEDGERS_PATH, read_ledger_metadata
 from broker.entry_format import Message, decode_entry
 from broker.errors import DataLost, KeyVersionMismatch, MagnetarError
@@ -560,7 +561,7 @@ def shrink_the_bounds(rng: random.Random, monkeypatch: pytest.MonkeyPatch) -> st
     }
     for name, value in settings.items():
         monkeypatch.setattr(key_partition, name, value)
-    block_bytes = rng.choice([40, 200, key_segment.SEGMENT_BLOCK_BYTES_MAX])
+    block_bytes = rng.choice([40, 200, limits.SEGMENT_BLOCK_BYTES_MAX])
     monkeypatch.setattr(key_segment, "SEGMENT_BLOCK_BYTES_MAX", block_bytes)
     monkeypatch.setattr(key_index_module, "KEY_INDEX_CHECK_INTERVAL_S", 0.05)
     return f"{settings} SEGMENT_BLOCK_BYTES_MAX={block_bytes}"
