@@ -6,6 +6,10 @@ index and decides when to checkpoint; a ``SegmentSet`` does the writing. It load
 new segment ledger (``segment.py``) and records it (``commit``), merges the segments without
 the rows of trimmed entries (``compact``), and deletes the index with its topic (``drop``).
 
+A record whose segment ledger is gone or damaged is not used (the index is rebuilt); one whose
+segments cannot be read *now* (bookies away) fails the opening as retriable
+(``ServiceUnitNotReady``) rather than rebuild what retention may no longer hold.
+
 Invariants: a segment ledger is named in the record (``pending``) before it is created, and in
 ``segments`` only once it is closed; a ledger let go of (compacted away, or of a record found
 unusable) stays ``pending`` until it is deleted, so a crash never leaves a ledger nobody knows;
@@ -23,7 +27,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from broker.errors import BadVersion, MagnetarError
+from broker.errors import (
+    BadVersion,
+    CorruptEntry,
+    MagnetarError,
+    NoSuchEntry,
+    NoSuchLedger,
+    ServiceUnitNotReady,
+)
 from broker.key_index.checkpoint import Checkpoint, CheckpointStore, SegmentInfo
 from broker.key_index.segment import Row, Segment, SegmentWriter, merge_rows
 from broker.limits import SEGMENT_APPEND_ENTRIES, SEGMENT_WRITE_WAIT_S
@@ -102,8 +113,11 @@ class SegmentSet:
         for info in found.segments:
             try:
                 segments.append((info, self._host.open_segment(info.ledger_id)))
-            except MagnetarError as exc:
+            except (NoSuchLedger, NoSuchEntry, CorruptEntry) as exc:  # gone or damaged: it never comes back
                 return None, [], f"its segment ledger {info.ledger_id} cannot be read ({exc})"
+            except MagnetarError as exc:  # bookies away for now: rebuilding could restart trimmed versions
+                raise ServiceUnitNotReady(f"the key index segment {info.ledger_id} of {self.name} cannot be read "
+                                          f"now ({exc}); retry") from exc
         return found, segments, ""
 
     def commit(self, rows: list[Row], from_offset: int, indexed_to: int) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NoReturn
 
 import pytest
 
+from broker.bookkeeper.bookie import BookieUnavailable
 from broker.entry_format import Message
-from broker.errors import DataLost, InvalidRequest, KeyIndexBusy, KeyVersionMismatch
+from broker.errors import DataLost, InvalidRequest, KeyIndexBusy, KeyVersionMismatch, ServiceUnitNotReady
 from broker.key_index import partition as key_partition
 from broker.key_index.checkpoint import CheckpointStore
 from broker.limits import KEY_BYTES_MAX
@@ -355,5 +357,27 @@ def test_a_checkpoint_racing_an_append_covers_the_rows_it_writes(data_dir: str,
         service.topics.unload(lambda name: name == TOPIC, False)  # the next owner opens what the record says
         assert stream(service, "k") == [(0, b"v0"), (1, b"v1")]
         assert append(service, "k", b"v2", expected=1) == (2,)
+    finally:
+        service.close()
+
+
+def test_segments_that_cannot_be_read_now_fail_the_opening_rather_than_rebuild_it(
+        data_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    service = started(data_dir)
+    for version in range(3):
+        append(service, "k", f"v{version}".encode(), expected=version - 1)
+    service.close()  # a last checkpoint: the rows are in a segment
+    service = started(data_dir)
+    try:
+        def bookies_away(ledger_id: int) -> NoReturn:
+            raise BookieUnavailable(f"no bookie of ledger {ledger_id} answers")
+
+        monkeypatch.setattr(service.key_index, "open_segment", bookies_away)
+        with pytest.raises(ServiceUnitNotReady):  # retriable: retention may no longer hold what a rebuild needs
+            service.topics.topic(TOPIC)
+        monkeypatch.undo()
+        assert stream(service, "k") == [(0, b"v0"), (1, b"v1"), (2, b"v2")]
+        assert service.key_index.statistics().entries_replayed == 0  # the checkpoint was used, not rebuilt
+        assert append(service, "k", b"v3", expected=2) == (3,)
     finally:
         service.close()
