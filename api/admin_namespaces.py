@@ -3,7 +3,8 @@
 Role: Pulsar's tenant and namespace administration over ``BrokerService``. Tenants carry
 ``{adminRoles, allowedClusters}``; a namespace's policies are one document in the metadata
 store (``retention_policies``, ``message_ttl_in_seconds``, ``deduplicationEnabled``,
-``auth_policies.namespace_auth``), changed one key at a time through
+``auth_policies.namespace_auth``, ``replication_clusters``: a ``PUT`` keeps these from its body,
+as Pulsar's does), changed one key at a time through
 ``NamespaceService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
 being lost). Paths, parameter names and JSON shapes are Pulsar's.
 
@@ -70,13 +71,25 @@ class BundlesData(BaseModel):
 
 
 class NamespacePolicies(BaseModel):
-    """The subset of Pulsar's ``Policies`` a namespace can be created with."""
+    """The subset of Pulsar's ``Policies`` a namespace can be created with (the rest of a body
+    ``pulsar-admin`` sends is ignored)."""
 
     model_config = ConfigDict(extra="ignore")
     bundles: BundlesData | None = None
     retention_policies: RetentionPolicies | None = None
     message_ttl_in_seconds: StrictInt | None = Field(default=None, description=TTL_DESCRIPTION)
     deduplicationEnabled: StrictBool | None = None  # noqa: N815
+    auth_policies: dict[str, Any] | None = Field(
+        default=None, description="namespace_auth: {role: [produce, consume]} (checked by the broker)")
+    replication_clusters: list[StrictStr] | None = Field(default=None, max_length=ROLES_PER_LIST_MAX)
+
+
+def _checked_namespace_policies(policies: NamespacePolicies | None) -> dict[str, Any]:
+    given = policies.model_dump(exclude_none=True) if policies is not None else {}
+    unknown = sorted(set(given.get("replication_clusters", [])) - CLUSTERS)
+    if unknown:
+        raise PreconditionFailed(f"clusters {unknown} do not exist; this broker's cluster is 'standalone'")
+    return given
 
 
 def namespace_name(tenant: str, namespace: str) -> str:
@@ -142,8 +155,7 @@ def namespaces_router(service: BrokerService, authorizer: Authorizer) -> APIRout
     def create_namespace(tenant: str, namespace: str, caller: Caller,
                          policies: Annotated[NamespacePolicies | None, Body()] = None) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        given = policies.model_dump(exclude_none=True) if policies is not None else {}
-        service.namespaces.create_namespace(namespace_name(tenant, namespace), given)
+        service.namespaces.create_namespace(namespace_name(tenant, namespace), _checked_namespace_policies(policies))
 
     @routes.get("/{tenant}/{namespace}", summary="Get a namespace's policies")
     def get_policies(tenant: str, namespace: str, caller: Caller) -> dict[str, Any]:

@@ -8,7 +8,9 @@ message, ``examinemessage``), ``lastMessageId``, compaction and ``terminate``. P
 and JSON shapes are Pulsar's; every message id in a body or answer is Pulsar's
 ``{ledgerId, entryId, partitionIndex, batchIndex}``.
 
-Invariants: every route first checks that the caller administers the tenant; what an operation
+Invariants: every route first checks that the caller administers the tenant, but the partitioned
+metadata (``GET …/partitions``), which clients read before they produce or consume and so needs
+only produce or consume there (Pulsar's ``TopicOperation.LOOKUP``); what an operation
 may do (fan-out over partitions, refusals before changes, cursor moves persisted before the
 answer) is the broker's rule (``broker/topic_admin.py``).
 """
@@ -167,8 +169,9 @@ def _partitioned_routes(routes: APIRouter, service: BrokerService, authorizer: A
     @routes.get("/{tenant}/{namespace}/{topic}/partitions",
                 summary="Get the number of partitions (0 for a non-partitioned topic)")
     def get_partitions(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, int]:
-        authorizer.require_tenant_admin(caller, tenant)
-        return {"partitions": service.admin.partitions(topic_name(tenant, namespace, topic))}
+        name = topic_name(tenant, namespace, topic)
+        authorizer.require_lookup(caller, name)
+        return {"partitions": service.admin.partitions(name)}
 
     @routes.delete("/{tenant}/{namespace}/{topic}/partitions", status_code=204,
                    summary="Delete a partitioned topic and its partitions")

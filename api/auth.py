@@ -5,20 +5,26 @@ Role: decide who a request is (authentication) and whether it may do what it ask
 (``api/authentication.py``): a JWT (``token``: HS256 with a secret key, or RS256 with a public
 key) as ``Authorization: Bearer <token>``, ``?token=<token>`` for WebSocket clients, or a
 CONNECT of method ``token``; a trusted client certificate on a TLS port (``tls``, its CN is the
-role). Without ``authenticationProviders`` the token provider alone is used. Superuser roles may
+role); an htpasswd user's password (``basic``, as ``Authorization: Basic`` or a CONNECT of method
+``basic``). Without ``authenticationProviders`` the token provider alone is used. With
+``anonymousUserRole`` a caller that presents no credentials at all (no ``Authorization``
+header, token, certificate, or a CONNECT naming no method or ``none``) acts as that role, on
+every transport; credentials that do not verify are still refused (Pulsar's HTTP front demotes
+them to the anonymous role; Magnetar tells the caller its credentials are wrong). Superuser roles may
 do everything; a tenant's ``adminRoles`` may administer that tenant's namespaces and topics;
 other roles need a namespace grant of ``produce`` or ``consume``, kept in the namespace's
 policies (``auth_policies.namespace_auth``, managed by
 ``/admin/v2/namespaces/{tenant}/{namespace}/permissions/{role}``).
 
 Invariants: with authentication off (standalone's default) every request is the anonymous
-superuser and nothing is checked. With it on, missing or invalid credentials are
-``Unauthorized`` (401) and valid ones without the permission are ``Forbidden`` (403); the checks
+superuser and nothing is checked. With it on, missing credentials (without an anonymous role)
+and invalid ones are ``Unauthorized`` (401) and valid ones without the permission are ``Forbidden`` (403); the checks
 run before any broker call, so a refused request never writes anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated
@@ -27,9 +33,12 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from api.authentication import (
+    BASIC_METHOD,
     TLS_METHOD,
     TOKEN_METHOD,
     AuthenticationProvider,
+    BasicProvider,
+    BasicUsers,
     Credentials,
     Identity,
     RequestHead,
@@ -40,6 +49,8 @@ from api.tls import TlsPeer, tls_peer_in
 from broker import BrokerService, Forbidden, NotFound, TopicName, Unauthorized
 
 ANONYMOUS_ROLE = "anonymous"
+NO_METHOD = ("", "none")
+"""What a CONNECT without credentials names as its method (Pulsar's clients send ``none``)."""
 
 
 class Action(StrEnum):
@@ -60,9 +71,13 @@ class AuthConfig:
     role_claim: str = "sub"
     authenticate_metrics: bool = False
     """``/metrics`` needs a superuser's token (Pulsar's ``authenticateMetricsEndpoint``)."""
+    anonymous_role: str | None = None
+    """``anonymousUserRole``: the role of a caller without credentials (None: such a caller is refused)."""
+    basic_users: BasicUsers = field(default_factory=BasicUsers)
+    """The htpasswd users of the ``basic`` provider."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.providers) - {TOKEN_METHOD, TLS_METHOD}
+        unknown = set(self.providers) - {TOKEN_METHOD, TLS_METHOD, BASIC_METHOD}
         if unknown:
             raise ValueError(f"unknown authentication methods: {', '.join(sorted(unknown))}")
         if self.enabled and not self.providers:
@@ -127,12 +142,17 @@ class Authorizer:
                 continue
             if identity is not None:
                 return self._principal(identity)
+        if refusal is None and self.config.anonymous_role:
+            return self._principal(Identity(self.config.anonymous_role))
         raise refusal or Unauthorized(
             "authentication required: send " + " or ".join(p.wanted for p in self._providers))
 
     def authenticate_command(self, method: str, data: bytes | None, tls_peer: TlsPeer | None) -> Principal:
         """Verify a binary-protocol caller: the provider of the ``method`` CONNECT (or
-        AUTH_RESPONSE) names decides, from its ``auth_data`` and the connection's certificate."""
+        AUTH_RESPONSE) names decides, from its ``auth_data`` and the connection's certificate;
+        a CONNECT naming no method acts as the anonymous role, when there is one."""
+        if method in NO_METHOD and self.config.anonymous_role:
+            return self._principal(Identity(self.config.anonymous_role))
         provider = next((p for p in self._providers if p.method_name == method), None)
         if provider is None:
             accepted = ", ".join(p.method_name for p in self._providers)
@@ -161,6 +181,13 @@ class Authorizer:
         """``principal`` may ``action`` on ``topic``: superuser, tenant admin, or a namespace grant."""
         if not self.allowed(principal, action, topic.namespace_name):
             raise Forbidden(f"role {principal.role!r} may not {action.value} on {topic.full_name}")
+
+    def require_lookup(self, principal: Principal, topic: TopicName) -> None:
+        """``principal`` may look ``topic`` up (its partitions, its broker): produce or consume
+        there, as Pulsar's ``TopicOperation.LOOKUP`` asks."""
+        namespace = topic.namespace_name
+        if not any(self.allowed(principal, action, namespace) for action in Action):
+            raise Forbidden(f"role {principal.role!r} may neither produce nor consume on {topic.full_name}")
 
     def allowed(self, principal: Principal, action: Action, namespace: str) -> bool:
         """Whether ``principal`` may ``action`` on the topics of ``namespace`` (``tenant/ns``)."""
@@ -193,7 +220,8 @@ def _providers(config: AuthConfig) -> list[AuthenticationProvider]:
         assert key is not None, "checked by AuthConfig"
         return TokenProvider(key, config.algorithm, config.role_claim)
 
-    made = {TOKEN_METHOD: token, TLS_METHOD: TlsProvider}
+    made: dict[str, Callable[[], AuthenticationProvider]] = {
+        TOKEN_METHOD: token, TLS_METHOD: TlsProvider, BASIC_METHOD: lambda: BasicProvider(config.basic_users)}
     return [made[method]() for method in config.providers]
 
 

@@ -9,7 +9,14 @@ certificate its TLS connection verified. Each provider reads the part it knows:
 - ``token`` (``AuthenticationProviderToken``): a JWT from ``Authorization: Bearer``, ``?token=``
   or a CONNECT of method ``token``; the role is its ``sub`` claim (HS256 or RS256);
 - ``tls`` (``AuthenticationProviderTls``): the verified client certificate of a TLS connection
-  (mutual TLS, as the official clients' ``AuthenticationTLS`` presents it); the role is its CN.
+  (mutual TLS, as the official clients' ``AuthenticationTLS`` presents it); the role is its CN;
+- ``basic`` (``AuthenticationProviderBasic``): a user and password, as ``Authorization: Basic
+  <base64 user:password>`` or a CONNECT of method ``basic`` holding ``user:password``; the role
+  is the user. The users are an htpasswd file's (``BasicUsers``): Apache's MD5 (``$apr1$``,
+  ``htpasswd -m``) and traditional ``crypt`` (``htpasswd -d``) as Pulsar reads them, and bcrypt
+  (``htpasswd -B``), which Pulsar's provider does not read. A verified password is remembered
+  (a digest of it, at most ``BASIC_VERIFIED_ENTRIES_MAX``) so a client that sends it with every
+  HTTP request pays the slow hash once.
 
 ``api/auth.py`` picks the providers ``authenticationProviders`` names: on HTTP the first one
 that finds valid credentials decides; on the binary protocol CONNECT names its method, and that
@@ -21,20 +28,28 @@ Invariants: a provider answers None when the credentials hold nothing of its kin
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import jwt
+from passlib.hash import apr_md5_crypt, bcrypt, des_crypt
 
+from api.limits import BASIC_VERIFIED_ENTRIES_MAX
 from api.tls import TlsPeer
 from broker import Unauthorized
 
 TOKEN_METHOD = "token"
 TLS_METHOD = "tls"
+BASIC_METHOD = "basic"
 PROVIDER_CLASSES = {
     "org.apache.pulsar.broker.authentication.AuthenticationProviderToken": TOKEN_METHOD,
     "org.apache.pulsar.broker.authentication.AuthenticationProviderTls": TLS_METHOD,
+    "org.apache.pulsar.broker.authentication.AuthenticationProviderBasic": BASIC_METHOD,
 }
 """``authenticationProviders`` values (Pulsar's class names) and the method each serves."""
 TOKEN_COMMAND_PREFIX = "token:"
@@ -138,3 +153,95 @@ class TlsProvider:
         if not role:
             raise Unauthorized("the client certificate has no CN to take the role from")
         return Identity(role)
+
+
+HASH_SCHEMES = (("$apr1$", apr_md5_crypt), ("$2a$", bcrypt), ("$2b$", bcrypt), ("$2y$", bcrypt))
+"""htpasswd hash prefixes and their schemes; a 13-character hash without a prefix is ``crypt``'s."""
+
+
+def _scheme_of(hashed: str) -> Any:
+    """The passlib scheme that verifies ``hashed``; None for a hash Magnetar does not read."""
+    for prefix, scheme in HASH_SCHEMES:
+        if hashed.startswith(prefix):
+            return scheme
+    return des_crypt if des_crypt.identify(hashed) else None
+
+
+@dataclass(frozen=True)
+class BasicUsers:
+    """An htpasswd file's users and their password hashes."""
+
+    hashes: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> BasicUsers:
+        """``user:hash`` lines (blank lines skipped); ``ValueError`` naming the first bad line."""
+        users: dict[str, str] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            fields = line.strip().split(":")
+            if len(fields) != 2 or not fields[0]:
+                raise ValueError(f"line {number}: expected user:hash")
+            if _scheme_of(fields[1]) is None:
+                raise ValueError(f"line {number}: the hash of {fields[0]!r} is none of $apr1$ (htpasswd -m), "
+                                 "crypt (htpasswd -d) or bcrypt (htpasswd -B)")
+            users[fields[0]] = fields[1]
+        return cls(tuple(users.items()))
+
+
+class BasicProvider:
+    """Pulsar's ``AuthenticationProviderBasic``: the role is the user whose password verifies."""
+
+    method_name = BASIC_METHOD
+    wanted = "a user and password ('Authorization: Basic <base64 user:password>')"
+
+    def __init__(self, users: BasicUsers) -> None:
+        self._hashes = dict(users.hashes)
+        self._verified: OrderedDict[bytes, None] = OrderedDict()
+
+    def authenticate(self, credentials: Credentials) -> Identity | None:
+        pair = self._pair_in(credentials)
+        if pair is None:
+            return None
+        user, password = pair
+        if not self._verifies(user, password):
+            raise Unauthorized("unknown user or invalid password")
+        return Identity(user)
+
+    def _verifies(self, user: str, password: str) -> bool:
+        hashed = self._hashes.get(user)
+        if hashed is None:
+            return False
+        key = hashlib.sha256(f"{user}\0{password}\0{hashed}".encode()).digest()
+        if key in self._verified:
+            self._verified.move_to_end(key)
+            return True
+        scheme = _scheme_of(hashed)
+        if scheme is None or not scheme.verify(password, hashed):
+            return False
+        self._verified[key] = None
+        if len(self._verified) > BASIC_VERIFIED_ENTRIES_MAX:
+            self._verified.popitem(last=False)
+        return True
+
+    @staticmethod
+    def _pair_in(credentials: Credentials) -> tuple[str, str] | None:
+        if credentials.command_data is not None:
+            text = credentials.command_data
+        elif credentials.http is not None:
+            header = credentials.http.headers.get("authorization")
+            scheme, _, value = (header or "").partition(" ")
+            if scheme.lower() != "basic":
+                return None
+            try:
+                text = base64.b64decode(value.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                raise Unauthorized("the Basic credentials are not base64") from None
+        else:
+            return None
+        try:
+            user, password = text.decode().split(":")
+        except (UnicodeDecodeError, ValueError):
+            raise Unauthorized("Basic credentials must be user:password") from None
+        return user, password

@@ -27,9 +27,14 @@ TLS (``TLS_KEYS``, ``api/tls.py``): with ``tlsCertificateFilePath`` and ``tlsKey
 web service also listens with TLS on ``webServicePortTls`` (8443: HTTPS and WSS) and the binary
 protocol on ``brokerServicePortTls`` (6651: ``pulsar+ssl://``); ``tlsTrustCertsFilePath``,
 ``tlsRequireTrustedClientCertOnConnect``, ``tlsAllowInsecureConnection`` and ``tlsProtocols``
-shape the handshake, ``authenticationProviders`` (Pulsar's class names) adds mutual TLS to the
-tokens. A listener's port key left empty (or 0) turns that listener off, as in Pulsar: with
-``webServicePort=`` and ``brokerServicePort=`` only the TLS listeners remain.
+shape the handshake. A listener's port key left empty (or 0) turns that listener off, as in
+Pulsar: with ``webServicePort=`` and ``brokerServicePort=`` only the TLS listeners remain.
+
+Authentication (``api/auth.py``): ``authenticationProviders`` names any of the token, TLS and
+Basic providers; ``anonymousUserRole`` is the role of callers without credentials; the Basic
+provider's htpasswd users come from ``basicAuthConf`` (``file:///path``, ``data:;base64,…``, a
+path, or the file's content in base64), else from the ``pulsar.auth.basic.conf`` system property
+that Pulsar's scripts pass as ``-Dpulsar.auth.basic.conf=…`` in ``PULSAR_EXTRA_OPTS``.
 
 Invariant: a bad value (not a number, an unreadable key file, authentication on without a key,
 a TLS port without a certificate, no web listener at all) raises ``ConfigError`` naming the key,
@@ -38,9 +43,12 @@ before anything starts.
 
 from __future__ import annotations
 
+import base64
 import binascii
 import dataclasses
 import logging
+import os
+import shlex
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from api.auth import AuthConfig
-from api.authentication import PROVIDER_CLASSES, TLS_METHOD, TOKEN_METHOD
+from api.authentication import BASIC_METHOD, PROVIDER_CLASSES, TLS_METHOD, TOKEN_METHOD, BasicUsers
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, RETENTION_MINUTES_OR_MB_MAX, EdgeLimits
 from api.pulsar import PulsarSettings
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
@@ -72,11 +80,16 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
-              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", *CONFIG_KEYS,
+              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", "anonymousUserRole",
+              "basicAuthConf", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
               *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
 TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
             "tlsProtocols", "authenticationProviders")
+BASIC_AUTH_PROPERTY = "pulsar.auth.basic.conf"
+"""The system property Pulsar's Basic provider reads when ``basicAuthConf`` is unset."""
+EXTRA_OPTS_ENV = "PULSAR_EXTRA_OPTS"
+"""The environment variable whose ``-Dkey=value`` words are Pulsar's system properties."""
 PULSAR_TLS_PORT = 6651
 WEB_TLS_PORT = 8443
 MESSAGE_SIZE_BYTES_RANGE = (1024, 5 * 1024 * 1024)
@@ -133,8 +146,10 @@ class StandaloneConfig:
     pulsar: PulsarSettings = field(default_factory=PulsarSettings)
 
     @classmethod
-    def load(cls, path: str | None = None, overrides: Mapping[str, str] | None = None) -> StandaloneConfig:
-        """The file's settings (when given), then ``overrides`` (same keys) on top."""
+    def load(cls, path: str | None = None, overrides: Mapping[str, str] | None = None,
+             environ: Mapping[str, str] | None = None) -> StandaloneConfig:
+        """The file's settings (when given), then ``overrides`` (same keys) on top; the system
+        properties from ``environ``'s ``PULSAR_EXTRA_OPTS`` (the process's environment by default)."""
         values = parse_properties(Path(path).read_text()) if path else {}
         values.update(overrides or {})
         unused = sorted(set(values) - set(KNOWN_KEYS) - set(TLS_KEYS))
@@ -156,7 +171,7 @@ class StandaloneConfig:
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
                 quotas=_quotas(values), **_broker_bounds(values)),
-            auth=_auth(values, tls),
+            auth=_auth(values, tls, system_properties(os.environ if environ is None else environ)),
             limits=_limits(values),
             pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host), tls)),
         )
@@ -365,7 +380,36 @@ def _read_key(key: str, value: str) -> bytes:
         raise ConfigError(f"{key}: cannot read {value.removeprefix('file://')}: {exc.strerror}") from None
 
 
-def _auth(values: Mapping[str, str], tls: TlsConfig) -> AuthConfig:
+def system_properties(environ: Mapping[str, str]) -> dict[str, str]:
+    """The ``-Dkey=value`` words of ``PULSAR_EXTRA_OPTS``, as Pulsar's scripts hand them to the JVM."""
+    try:
+        words = shlex.split(environ.get(EXTRA_OPTS_ENV, ""))
+    except ValueError as exc:
+        raise ConfigError(f"{EXTRA_OPTS_ENV}: {exc}") from None
+    pairs = (word[2:].partition("=") for word in words if word.startswith("-D"))
+    return {key: value for key, _, value in pairs if key}
+
+
+def _basic_users(values: Mapping[str, str], properties: Mapping[str, str]) -> BasicUsers:
+    """The htpasswd users of ``basicAuthConf`` (else the ``pulsar.auth.basic.conf`` property)."""
+    key = "basicAuthConf" if values.get("basicAuthConf") else f"-D{BASIC_AUTH_PROPERTY}"
+    source = values.get("basicAuthConf") or properties.get(BASIC_AUTH_PROPERTY)
+    if not source:
+        raise ConfigError(f"AuthenticationProviderBasic needs basicAuthConf or -D{BASIC_AUTH_PROPERTY}=<htpasswd "
+                          f"file> in {EXTRA_OPTS_ENV}")
+    try:
+        if source.startswith(("data:", "file:")) or os.path.exists(source):
+            text = _read_key(key, source).decode()
+        else:
+            text = base64.b64decode(source, validate=True).decode()
+        return BasicUsers.parse(text)
+    except (binascii.Error, UnicodeDecodeError):
+        raise ConfigError(f"{key}: {source} is neither a readable file nor an htpasswd file in base64") from None
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def _auth(values: Mapping[str, str], tls: TlsConfig, properties: Mapping[str, str]) -> AuthConfig:
     enabled = _flag(values, "authenticationEnabled", False) or _flag(values, "authorizationEnabled", False)
     secret = values.get("tokenSecretKey") or None
     public = values.get("tokenPublicKey") or None
@@ -380,4 +424,6 @@ def _auth(values: Mapping[str, str], tls: TlsConfig) -> AuthConfig:
         raise ConfigError("authenticationEnabled=true needs exactly one of tokenSecretKey or tokenPublicKey")
     return AuthConfig(enabled=True, providers=providers, superuser_roles=roles, authenticate_metrics=metrics,
                       secret_key=_read_key("tokenSecretKey", secret) if secret else None,
-                      public_key=_read_key("tokenPublicKey", public) if public else None)
+                      public_key=_read_key("tokenPublicKey", public) if public else None,
+                      anonymous_role=values.get("anonymousUserRole") or None,
+                      basic_users=_basic_users(values, properties) if BASIC_METHOD in providers else BasicUsers())

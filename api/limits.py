@@ -236,3 +236,9 @@ TOPIC_LIST_WATCHES_PER_CONNECTION_MAX = 100
 """Topic-list watches (WATCH_TOPIC_LIST) one connection holds."""
 ERROR_MESSAGE_CHARS_MAX = 1000
 """The message text of an ERROR or failed-command answer (longer text is cut)."""
+
+# --- authentication and the clusters admin API ---
+BASIC_VERIFIED_ENTRIES_MAX = 1024
+"""Verified (user, password digest) pairs the Basic provider remembers, least recently used first out."""
+URL_CHARS_MAX = 2048
+"""A cluster URL in a clusters admin body (service, broker and web service URLs)."""

@@ -25,10 +25,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from api.admin_namespaces import namespace_name
-from api.auth import Action, Authorizer, Caller
+from api.auth import Authorizer, Caller
 from api.limits import BROKER_ID_CHARS_MAX
 from api.rest_lookup import local_urls
-from broker import BrokerService, Forbidden, TopicName
+from broker import BrokerService, TopicName
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
@@ -38,10 +38,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                 summary="The broker serving a topic (assigns its bundle on first lookup)")
     def lookup(tenant: str, namespace: str, topic: str, caller: Caller, request: Request) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
-        try:
-            authorizer.require(caller, Action.PRODUCE, name)
-        except Forbidden:
-            authorizer.require(caller, Action.CONSUME, name)
+        authorizer.require_lookup(caller, name)
         found = service.namespaces.lookup(name)
         if found.local:  # this broker's own listeners, as the host the request came to sees them
             return {**local_urls(request), "brokerId": found.owner.broker_id, "bundle": found.bundle}

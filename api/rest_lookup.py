@@ -5,21 +5,45 @@ Role: :func:`local_urls` gives Pulsar's ``LookupData`` fields (``brokerUrl``, ``
 request came to sees them (the web URL is the one the request came in by: over HTTPS it is also
 ``httpUrlTls``); the lookup endpoint (``api/lookup.py``) answers with them for a topic
 this broker serves. ``/admin/v2/clusters`` lists the one cluster, ``standalone``, and
-``/admin/v2/clusters/standalone`` gives its URLs, as Pulsar's standalone does.
+``/admin/v2/clusters/standalone`` gives its URLs, as Pulsar's standalone does: the ones an
+administrator stored (``PUT`` creates them once, then 409 as in Pulsar; ``POST`` replaces them),
+else this broker's own as the request sees them. A broker of one cluster creates no other (412).
 
 Authorization: clusters are for superusers, as in Pulsar.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from api.auth import Authorizer, Caller
-from broker import BrokerService, NotFound
+from api.limits import URL_CHARS_MAX
+from broker import BrokerService, NotFound, PreconditionFailed
 
 CLUSTER = "standalone"
+
+
+def _url() -> Any:
+    return Field(default=None, max_length=URL_CHARS_MAX)
+
+
+class ClusterData(BaseModel):
+    """Pulsar's ``ClusterData``: the URLs a cluster is reached at (the rest of a body is ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    serviceUrl: StrictStr | None = _url()  # noqa: N815
+    serviceUrlTls: StrictStr | None = _url()  # noqa: N815
+    brokerServiceUrl: StrictStr | None = _url()  # noqa: N815
+    brokerServiceUrlTls: StrictStr | None = _url()  # noqa: N815
+
+
+def _this_cluster(cluster: str) -> str:
+    if cluster != CLUSTER:
+        raise PreconditionFailed(f"this broker serves one cluster, {CLUSTER!r}, not {cluster!r}")
+    return cluster
 
 
 def local_urls(request: Request) -> dict[str, Any]:
@@ -51,7 +75,20 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         if cluster != CLUSTER:
             raise NotFound(f"cluster {cluster} does not exist")
         urls = local_urls(request)
-        return {"serviceUrl": urls["httpUrl"], "serviceUrlTls": urls["httpUrlTls"],
-                "brokerServiceUrl": urls["brokerUrl"], "brokerServiceUrlTls": urls["brokerUrlTls"]}
+        own = {"serviceUrl": urls["httpUrl"], "serviceUrlTls": urls["httpUrlTls"],
+               "brokerServiceUrl": urls["brokerUrl"], "brokerServiceUrlTls": urls["brokerUrlTls"]}
+        return own | (service.namespaces.cluster_data(cluster) or {})
+
+    @routes.put("/admin/v2/clusters/{cluster}", status_code=204, summary="Create the cluster's data (once)")
+    def create_cluster(cluster: str, data: Annotated[ClusterData, Body()], caller: Caller) -> None:
+        authorizer.require_superuser(caller)
+        stored = data.model_dump(exclude_none=True)
+        service.namespaces.put_cluster_data(_this_cluster(cluster), stored, create=True)
+
+    @routes.post("/admin/v2/clusters/{cluster}", status_code=204, summary="Replace the cluster's data")
+    def update_cluster(cluster: str, data: Annotated[ClusterData, Body()], caller: Caller) -> None:
+        authorizer.require_superuser(caller)
+        stored = data.model_dump(exclude_none=True)
+        service.namespaces.put_cluster_data(_this_cluster(cluster), stored, create=False)
 
     return routes

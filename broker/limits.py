@@ -215,3 +215,5 @@ SEGMENT_APPEND_ENTRIES = 64
 """Segment entries written per ledger append."""
 SEGMENT_WRITE_WAIT_S = 60.0
 """How long a checkpoint waits for one append of a segment's entries."""
+CLUSTERS_MAX = 64
+"""Clusters a namespace may name in ``replication_clusters``."""

@@ -7,6 +7,13 @@ compare-and-set. ``NamespaceService`` (``broker/namespace/service.py``) exposes 
 on the broker's face; topics read their namespace's policies when they open and follow changes
 at once.
 
+The tenant and namespace the broker makes at start (``public``, ``public/default``, as Pulsar's
+standalone does) are *unclaimed* until an administrator writes them: a marker node
+(``/admin/unclaimed-tenants/{tenant}``, ``/admin/unclaimed-policies/{tenant}/{ns}``) says so. A
+``PUT`` that creates an unclaimed one succeeds and replaces it with what its body asks (Pulsar's
+standalone with authentication on makes none, and the setups written for it create them
+themselves); any change claims it. A claimed or administrator-made one is ``AlreadyExists``.
+
 Invariants: every name is checked by ``broker/topic_name.py`` before it reaches a metadata path,
 every policy value by ``broker/namespace/policies.py`` (its bound, or 400) before it is stored; a change
 is written whole (compare-and-set) and then announced (``on_change``: open topics follow new
@@ -25,6 +32,9 @@ from broker.topic_name import check_name, check_namespace
 
 TENANTS = "/admin/tenants"
 POLICIES = "/admin/policies"
+CLUSTERS = "/admin/clusters"
+UNCLAIMED_TENANTS = "/admin/unclaimed-tenants"
+UNCLAIMED_POLICIES = "/admin/unclaimed-policies"
 
 
 def default_policies() -> dict[str, Any]:
@@ -40,14 +50,44 @@ class Namespaces:
         self._store = store
         self._changed = on_change
 
+    def _claim(self, marker: str) -> bool:
+        """Whether ``marker`` said its node was the broker's own, unclaimed; it no longer does."""
+        if not self._store.exists(marker):
+            return False
+        try:
+            self._store.delete(marker)
+        except NotFound:  # claimed meanwhile
+            return False
+        return True
+
+    # --- clusters ------------------------------------------------------------------------
+    def cluster_data(self, cluster: str) -> dict[str, Any] | None:
+        """What an administrator stored of ``cluster`` (its service URLs); None: nothing yet."""
+        found = self._store.get_json(f"{CLUSTERS}/{check_name('cluster', cluster)}")
+        return None if found is None else found[0]
+
+    def put_cluster_data(self, cluster: str, data: dict[str, Any], *, create: bool) -> None:
+        """Store ``cluster``'s data: ``create`` only when none is stored (else ``AlreadyExists``)."""
+        path = f"{CLUSTERS}/{check_name('cluster', cluster)}"
+        found = self._store.get_json(path)
+        if create and found is not None:
+            raise AlreadyExists(f"cluster {cluster} already exists")
+        self._store.put_json(path, data, -1 if found is None else found[1])
+
     # --- tenants -------------------------------------------------------------------------
-    def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
+    def create_tenant(self, tenant: str, info: dict[str, Any], *, unclaimed: bool = False) -> None:
+        """A new tenant (``unclaimed``: the broker's own, which the first ``create_tenant`` replaces)."""
         check_name("tenant", tenant)
         body = {"adminRoles": list(info.get("adminRoles", [])),
                 "allowedClusters": list(info.get("allowedClusters", ["standalone"]))}
-        if self._store.exists(f"{TENANTS}/{tenant}"):
+        found = self._store.get_json(f"{TENANTS}/{tenant}")
+        if found is not None and not self._claim(f"{UNCLAIMED_TENANTS}/{tenant}"):
             raise AlreadyExists(f"tenant {tenant} already exists")
-        self._store.put_json(f"{TENANTS}/{tenant}", body, -1)
+        self._store.put_json(f"{TENANTS}/{tenant}", body, -1 if found is None else found[1])
+        if unclaimed:
+            self._store.put_json(f"{UNCLAIMED_TENANTS}/{tenant}", {})
+        if found is not None:
+            self._changed(None)
 
     def tenants(self) -> list[str]:
         return self._store.children(TENANTS)
@@ -63,6 +103,7 @@ class Namespaces:
         if self._store.children(f"{POLICIES}/{tenant}"):
             raise NotEmpty(f"tenant {tenant} still has namespaces")
         self._store.delete(f"{TENANTS}/{tenant}")
+        self._claim(f"{UNCLAIMED_TENANTS}/{tenant}")
         self._changed(None)
 
     def update_tenant(self, tenant: str, info: dict[str, Any]) -> None:
@@ -71,19 +112,29 @@ class Namespaces:
         if found is None:
             raise NotFound(f"tenant {tenant} does not exist")
         current, version = found
+        self._claim(f"{UNCLAIMED_TENANTS}/{tenant}")
         body = {"adminRoles": list(info.get("adminRoles", current.get("adminRoles", []))),
                 "allowedClusters": list(info.get("allowedClusters", current.get("allowedClusters", ["standalone"])))}
         self._store.put_json(f"{TENANTS}/{tenant}", body, version)
         self._changed(None)
 
     # --- namespaces ----------------------------------------------------------------------
-    def create_namespace(self, namespace: str, policies: dict[str, Any] | None = None) -> None:
+    def create_namespace(self, namespace: str, policies: dict[str, Any] | None = None, *,
+                         unclaimed: bool = False) -> None:
+        """A new namespace with ``policies`` (``unclaimed``: the broker's own, which the first
+        ``create_namespace`` replaces)."""
         tenant, _ = check_namespace(namespace)
         self.tenant_info(tenant)
-        if self._store.exists(f"{POLICIES}/{namespace}"):
-            raise AlreadyExists(f"namespace {namespace} already exists")
         given = checked_policies(policies or {})
-        self._store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **given}, -1)
+        found = self._store.get_json(f"{POLICIES}/{namespace}")
+        if found is not None and not self._claim(f"{UNCLAIMED_POLICIES}/{namespace}"):
+            raise AlreadyExists(f"namespace {namespace} already exists")
+        self._store.put_json(f"{POLICIES}/{namespace}", {**default_policies(), **given},
+                             -1 if found is None else found[1])
+        if unclaimed:
+            self._store.put_json(f"{UNCLAIMED_POLICIES}/{namespace}", {})
+        if found is not None:
+            self._changed(namespace)
 
     def namespaces(self, tenant: str) -> list[str]:
         self.tenant_info(tenant)
@@ -104,6 +155,7 @@ class Namespaces:
             raise NotFound(f"namespace {namespace} does not exist")
         policies, version = found
         policies[key] = value
+        self._claim(f"{UNCLAIMED_POLICIES}/{namespace}")
         self._store.put_json(f"{POLICIES}/{namespace}", policies, version)
         self._changed(namespace)
 
@@ -112,4 +164,5 @@ class Namespaces:
         if has_topics(namespace):
             raise NotEmpty(f"namespace {namespace} still has topics")
         self._store.delete(f"{POLICIES}/{namespace}")
+        self._claim(f"{UNCLAIMED_POLICIES}/{namespace}")
         self._changed(namespace)

@@ -13,7 +13,11 @@ Role: a namespace's policies document (``broker/namespace/namespaces.py``) is ch
 ``message_ttl_in_seconds`` null (none) or 0..2^31-1 (0: none; Pulsar's ``Integer``, ~68 years)
 ``deduplicationEnabled``   null (the broker's default), true or false
 ``auth_policies``          ``namespace_auth``: at most ``GRANTED_ROLES_MAX`` roles of 1..256
-                           characters, each granted a subset of ``NAMESPACE_ACTIONS``
+                           characters, each granted a subset of ``NAMESPACE_ACTIONS``; Pulsar's
+                           ``destination_auth`` and ``subscription_auth_roles`` only empty
+                           (topic and subscription grants are not kept)
+``replication_clusters``   null or a list of at most ``CLUSTERS_MAX`` cluster names (the
+                           admin API checks that they exist)
 ``persistence``            null or ``broker/namespace/persistence.py``'s quorum rule and bounds
 ``bundles``                null or ``boundaries`` (hexadecimal, strictly increasing from
                            0x00000000 to 0xffffffff) or ``numBundles``, at most 1024 bundles
@@ -41,6 +45,7 @@ from typing import Any
 from broker.errors import InvalidRequest
 from broker.limits import (
     BUNDLES_MAX,
+    CLUSTERS_MAX,
     GRANTED_ROLES_MAX,
     MESSAGE_TTL_SECONDS_MAX,
     RETENTION_SIZE_MB_MAX,
@@ -56,6 +61,8 @@ from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_lim
 NAMESPACE_ACTIONS = frozenset({"produce", "consume"})
 """What a namespace grant may allow (Pulsar also knows functions, sources, sinks and packages)."""
 UNLIMITED = -1
+UNKEPT_GRANTS = ("destination_auth", "subscription_auth_roles")
+"""Pulsar's topic and subscription grants: accepted empty (as ``pulsar-admin`` sends them), not kept."""
 
 
 def _bounded(name: str, value: Any, low: int, high: int, bound: str) -> int:
@@ -113,9 +120,24 @@ def _grants(value: Any) -> dict[str, list[str]]:
 
 
 def _auth(value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or set(value) - {"namespace_auth"}:
-        raise InvalidRequest("auth_policies must be an object holding namespace_auth only")
+    if not isinstance(value, Mapping) or set(value) - {"namespace_auth", *UNKEPT_GRANTS}:
+        raise InvalidRequest("auth_policies must be an object holding namespace_auth "
+                             f"(and {' and '.join(UNKEPT_GRANTS)} empty)")
+    kept = [key for key in UNKEPT_GRANTS if value.get(key)]
+    if kept:
+        raise InvalidRequest(f"{', '.join(kept)}: topic and subscription grants are not supported; grant on the "
+                             "namespace (namespace_auth)")
     return {"namespace_auth": _grants(value.get("namespace_auth", {}))}
+
+
+def _clusters(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(isinstance(c, str) and c for c in value) \
+            or len(value) > CLUSTERS_MAX:
+        raise InvalidRequest(f"replication_clusters must be a list of at most {CLUSTERS_MAX} cluster names",
+                             field="replication_clusters")
+    return sorted(set(value))
 
 
 def _persistence(value: Any) -> dict[str, Any] | None:
@@ -143,6 +165,7 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "message_ttl_in_seconds": _message_ttl,
     "deduplicationEnabled": _deduplication,
     "auth_policies": _auth,
+    "replication_clusters": _clusters,
     PERSISTENCE_KEY: _persistence,
     BUNDLES_KEY: _bundles,
     "max_producers_per_topic": count_limit("maxProducersPerTopic"),

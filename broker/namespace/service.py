@@ -88,11 +88,18 @@ class NamespaceService:
 
     # --- tenants and namespaces ------------------------------------------------------------
     def create_default_namespace(self) -> None:
-        """``public/default`` (and its tenant) when missing, as Pulsar's standalone creates it."""
+        """``public/default`` (and its tenant) when missing, as Pulsar's standalone creates it;
+        unclaimed, so an administrator's ``PUT`` of either replaces it (``namespaces.py``)."""
         if "public" not in self.tenants():
-            self.create_tenant("public", {})
+            self._namespaces.create_tenant("public", {}, unclaimed=True)
         if "public/default" not in self.namespaces("public"):
-            self.create_namespace("public/default")
+            self._namespaces.create_namespace("public/default", unclaimed=True)
+
+    def cluster_data(self, cluster: str) -> dict[str, Any] | None:
+        return self._namespaces.cluster_data(cluster)
+
+    def put_cluster_data(self, cluster: str, data: dict[str, Any], *, create: bool) -> None:
+        self._namespaces.put_cluster_data(cluster, data, create=create)
 
     def create_tenant(self, tenant: str, info: dict[str, Any]) -> None:
         self._namespaces.create_tenant(tenant, info)

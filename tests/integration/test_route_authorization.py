@@ -77,7 +77,8 @@ GUARDS: dict[tuple[str, str], str] = {
     ("GET", "/admin/v2/persistent/{tenant}/{namespace}"): TENANT_ADMIN,
     ("GET", "/admin/v2/persistent/{tenant}/{namespace}/partitioned"): TENANT_ADMIN,
     **{(m, T): TENANT_ADMIN for m in ("PUT", "DELETE")},
-    **{(m, T + "/partitions"): TENANT_ADMIN for m in ("GET", "PUT", "POST", "DELETE")},
+    **{(m, T + "/partitions"): TENANT_ADMIN for m in ("PUT", "POST", "DELETE")},
+    ("GET", T + "/partitions"): LOOKUP,  # read by clients before they produce or consume, as in Pulsar
     **{("GET", T + "/" + what): TENANT_ADMIN
        for what in ("stats", "partitioned-stats", "internalStats", "subscriptions", "examinemessage",
                     "lastMessageId")},
@@ -93,7 +94,8 @@ GUARDS: dict[tuple[str, str], str] = {
     **{(m, SC + what): TENANT_ADMIN for m, what in (("POST", "/schema"), ("DELETE", "/schema"),
                                                     ("POST", "/compatibility"))},
     **{(m, N + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT")},
-    ("GET", "/admin/v2/clusters"): SUPERUSER, ("GET", "/admin/v2/clusters/{cluster}"): SUPERUSER,
+    ("GET", "/admin/v2/clusters"): SUPERUSER,
+    **{(m, "/admin/v2/clusters/{cluster}"): SUPERUSER for m in ("GET", "PUT", "POST")},
     # WebSocket endpoints: a plain GET only explains that they need an upgrade (426)
     **{("GET", path): PUBLIC for path in (
         "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
@@ -120,6 +122,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", P): {"messages": [{"payload": "x"}]},
     ("POST", P + "/partitions/{partition}"): {"messages": [{"payload": "x"}]},
     ("PUT", "/admin/v2/tenants/{tenant}"): {"adminRoles": []},
+    **{(m, "/admin/v2/clusters/{cluster}"): {"serviceUrl": "http://localhost:8080"} for m in ("PUT", "POST")},
     ("POST", "/admin/v2/tenants/{tenant}"): {"adminRoles": []},
     ("POST", N + "/retention"): {"retentionTimeInMinutes": 1, "retentionSizeInMB": 1},
     ("POST", N + "/messageTTL"): 60, ("POST", N + "/deduplication"): True,

@@ -1,15 +1,17 @@
 """Authentication providers (api/authentication.py) and how the Authorizer tries them (api/auth.py):
-tokens from headers, queries and CONNECT, roles from verified client certificates."""
+tokens from headers, queries and CONNECT, roles from verified client certificates, htpasswd users'
+passwords, and the anonymous role of callers without credentials."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 from starlette.requests import HTTPConnection
 
 from api.auth import AuthConfig, Authorizer
-from api.authentication import Credentials, TlsProvider, TokenProvider
+from api.authentication import BasicProvider, BasicUsers, Credentials, TlsProvider, TokenProvider
 from api.tls import TLS_PEER_EXTENSION, TlsPeer
 from broker import Unauthorized
 from consumers.cli.tokens import create_token
@@ -75,3 +77,65 @@ def test_on_the_binary_protocol_connect_names_the_provider() -> None:
         both.authenticate_command("basic", b"user:pass", ALICE)
     with pytest.raises(Unauthorized, match="'tls' is not accepted: use token"):
         authorizer("token").authenticate_command("tls", None, ALICE)
+
+
+PULSAR_DOCS_HTPASSWD = "superuser:$apr1$GBIYZYFZ$MzLcPrvoUky16mLcK6UtX/\n"
+"""The htpasswd line Pulsar's Basic authentication page shows (``htpasswd -cmb … superuser admin``)."""
+
+
+def basic_users() -> BasicUsers:
+    from passlib.hash import apr_md5_crypt, bcrypt, des_crypt
+
+    return BasicUsers.parse(PULSAR_DOCS_HTPASSWD + f"\nmd5:{apr_md5_crypt.hash('pw-md5')}\n"
+                            f"des:{des_crypt.hash('pw-des')}\nbc:{bcrypt.using(rounds=4).hash('pw-bc')}\n")
+
+
+def basic_header(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_the_basic_provider_reads_each_htpasswd_hash_over_http_and_connect() -> None:
+    provider = BasicProvider(basic_users())
+    for user, password in (("superuser", "admin"), ("md5", "pw-md5"), ("des", "pw-des"), ("bc", "pw-bc")):
+        for credentials in (Credentials(http=request(headers=basic_header(user, password))),
+                            Credentials(command_data=f"{user}:{password}".encode())):
+            identity = provider.authenticate(credentials)
+            assert identity is not None and identity.role == user
+        with pytest.raises(Unauthorized, match="unknown user or invalid password"):
+            provider.authenticate(Credentials(command_data=f"{user}:wrong".encode()))
+    assert provider.authenticate(Credentials(http=request(headers={"Authorization": "Bearer x"}))) is None
+    with pytest.raises(Unauthorized, match="user:password"):
+        provider.authenticate(Credentials(command_data=b"no-colon"))
+    with pytest.raises(Unauthorized, match="unknown user"):
+        provider.authenticate(Credentials(command_data=b"nobody:admin"))
+
+
+@pytest.mark.parametrize(("text", "message"), [("user-only\n", "line 1: expected user:hash"),
+                                                ("a:b:c\n", "line 1: expected user:hash"),
+                                                ("\nplain:secret-in-clear\n", "line 2: the hash of 'plain'")])
+def test_an_htpasswd_file_with_a_bad_line_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BasicUsers.parse(text)
+
+
+def anonymous_authorizer(*providers: str) -> Authorizer:
+    config = AuthConfig(enabled=True, providers=providers, secret_key=SECRET, anonymous_role="anonymous",
+                        basic_users=basic_users())
+    return Authorizer(config, service=None)  # type: ignore[arg-type]
+
+
+def test_the_anonymous_role_is_for_callers_without_credentials_only() -> None:
+    anonymous = anonymous_authorizer("tls", "token", "basic")
+    assert anonymous.authenticate_headers(request()).role == "anonymous"
+    assert anonymous.authenticate_command("none", b"", None).role == "anonymous"
+    assert anonymous.authenticate_command("", b"", None).role == "anonymous"
+    assert anonymous.authenticate_headers(request(headers=basic_header("md5", "pw-md5"))).role == "md5"
+    for refused in (request(headers={"Authorization": "Bearer forged"}), request(headers=basic_header("md5", "no"))):
+        with pytest.raises(Unauthorized):
+            anonymous.authenticate_headers(refused)
+    with pytest.raises(Unauthorized, match="'kerberos' is not accepted"):
+        anonymous.authenticate_command("kerberos", b"ticket", None)
+    with pytest.raises(Unauthorized, match="authentication required"):
+        authorizer("token").authenticate_headers(request())
+    with pytest.raises(Unauthorized, match="'none' is not accepted"):
+        authorizer("token").authenticate_command("none", b"", None)

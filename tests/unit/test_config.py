@@ -179,3 +179,31 @@ def test_memory_bounds_are_pulsar_keys_in_their_units() -> None:
     broker = config.broker
     assert broker.reads_in_flight_bytes_max == 64 * 1024 * 1024 and broker.publish_buffer_bytes_max == 0
     assert (broker.dispatch_read_bytes_max, broker.consumer_pending_bytes_max) == (524288, 2097152)
+
+
+BASIC = "org.apache.pulsar.broker.authentication.AuthenticationProviderBasic"
+HTPASSWD = "superuser:$apr1$GBIYZYFZ$MzLcPrvoUky16mLcK6UtX/\n"
+
+
+def test_basic_users_come_from_basic_auth_conf_or_the_system_property(tmp_path: Path) -> None:
+    htpasswd = tmp_path / ".htpasswd"
+    htpasswd.write_text(HTPASSWD)
+    keys = {"authenticationEnabled": "true", "authenticationProviders": BASIC, "anonymousUserRole": "anonymous"}
+    encoded = base64.b64encode(HTPASSWD.encode()).decode()
+    for source in (str(htpasswd), f"file://{htpasswd}", f"data:;base64,{encoded}", encoded):
+        config = StandaloneConfig.load(None, keys | {"basicAuthConf": source}, environ={})
+        assert dict(config.auth.basic_users.hashes) == {"superuser": HTPASSWD.split(":")[1].strip()}
+        assert config.auth.anonymous_role == "anonymous" and config.auth.providers == ("basic",)
+    environ = {"PULSAR_EXTRA_OPTS": f"-Xmx1g -Dpulsar.auth.basic.conf={htpasswd} -Dother=1"}
+    assert StandaloneConfig.load(None, keys, environ=environ).auth.basic_users.hashes[0][0] == "superuser"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({}, "needs basicAuthConf or -Dpulsar.auth.basic.conf"),
+    ({"basicAuthConf": "/no/such/file"}, "basicAuthConf: /no/such/file is neither a readable file"),
+    ({"basicAuthConf": base64.b64encode(b"user-only").decode()}, "basicAuthConf: line 1: expected user:hash"),
+])
+def test_a_basic_provider_without_usable_users_is_refused(extra: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        StandaloneConfig.load(None, {"authenticationEnabled": "true", "authenticationProviders": BASIC, **extra},
+                              environ={})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from api.auth import Action
-from broker.errors import InvalidRequest
+from broker.errors import AlreadyExists, InvalidRequest
 from broker.limits import (
     GRANTED_ROLES_MAX,
     MESSAGE_TTL_SECONDS_MAX,
@@ -70,7 +70,11 @@ REFUSED: list[tuple[str, Any, str]] = [
     ("auth_policies", {"namespace_auth": {"app": "consume"}}, "a list of names"),
     ("auth_policies", {"namespace_auth": {f"r{i}": ["consume"] for i in range(GRANTED_ROLES_MAX + 1)}},
      f"at most {GRANTED_ROLES_MAX} roles"),
-    ("auth_policies", {"other": {}}, "namespace_auth only"),
+    ("auth_policies", {"other": {}}, "holding namespace_auth (and destination_auth"),
+    ("auth_policies", {"destination_auth": {"persistent://public/default/t": {"r": ["produce"]}}},
+     "topic and subscription grants are not supported"),
+    ("replication_clusters", ["standalone", ""], "at most 64 cluster names"),
+    ("replication_clusters", "standalone", "at most 64 cluster names"),
     ("persistence", {**QUORUM, "managedLedgerMaxMarkDeleteRate": math.inf}, "managedLedgerMaxMarkDeleteRate"),
     ("persistence", {**QUORUM, "managedLedgerMaxMarkDeleteRate": math.nan}, "managedLedgerMaxMarkDeleteRate"),
     ("persistence", {**QUORUM, "bookkeeperAckQuorum": 2}, "AckQuorum (2) >= 1 must hold"),
@@ -115,3 +119,26 @@ def test_a_namespace_bundles_policy_is_checked_and_stored_as_boundaries() -> Non
                 {"boundaries": [f"0x{i:08x}" for i in range(2000)]}, ["0x0"]):
         with pytest.raises(InvalidRequest):
             checked_policy("bundles", bad)
+
+
+def test_the_brokers_own_public_default_is_replaced_once_by_an_administrators_create(
+        service: BrokerService) -> None:
+    grants = {"namespace_auth": {"anonymous": ["consume", "produce"]}}
+    service.namespaces.create_tenant("public", {"adminRoles": ["anonymous"]})
+    service.namespaces.create_namespace("public/default", {"auth_policies": grants,
+                                                           "replication_clusters": ["standalone"]})
+    assert service.namespaces.tenant_info("public")["adminRoles"] == ["anonymous"]
+    policies = service.namespaces.policies("public/default")
+    assert policies["auth_policies"] == grants and policies["replication_clusters"] == ["standalone"]
+    with pytest.raises(AlreadyExists):
+        service.namespaces.create_tenant("public", {})
+    with pytest.raises(AlreadyExists):
+        service.namespaces.create_namespace("public/default", {})
+    assert service.namespaces.policies("public/default")["auth_policies"] == grants
+
+
+def test_a_change_claims_the_brokers_own_namespace(service: BrokerService) -> None:
+    service.namespaces.set_policy("public/default", "message_ttl_in_seconds", 60)
+    with pytest.raises(AlreadyExists):
+        service.namespaces.create_namespace("public/default", {})
+    assert service.namespaces.policies("public/default")["message_ttl_in_seconds"] == 60
