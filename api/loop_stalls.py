@@ -1,0 +1,155 @@
+"""How long the server's event loop is held: loop-stall and garbage-collection pause histograms.
+
+Role: every session, dispatch and publish completion of a server process runs on one asyncio
+event loop (``api/app.py``); while a callback runs, or another thread holds the interpreter lock,
+nothing else on that loop moves, and every message in flight waits. :class:`LoopStallMonitor`
+measures that wait as the loop's own clients see it, and ``/metrics`` and the broker-stats
+overview (the web console) show it.
+
+How it measures: a heartbeat callback on the loop, due every ``LOOP_STALL_SAMPLE_INTERVAL_S``,
+records how late it ran (the time from when it was due to when it started). A timer is late
+exactly as long as the loop was busy with other callbacks or the loop's thread waited for the
+interpreter lock, so the histogram is the delay an event arriving at a random moment would see
+(Node.js's ``monitorEventLoopDelay`` works the same way). A stall of ``d`` seconds is recorded as
+one sample between ``d - interval`` and ``d``; a stall shorter than the interval is sampled with
+probability ``d / interval``, so short stalls are counted in proportion to the time they take.
+It costs one timer wake-up per interval (100 a second) and one bucket increment, on the loop,
+with no thread of its own (which would compete for the interpreter lock it measures). uvloop
+rounds timers to the millisecond and may fire one up to a millisecond early: early counts as 0.
+
+A ``gc.callbacks`` hook times every collection of Python's cyclic garbage collector by
+generation, on whichever thread triggered it, so a stall can be matched with the collection that
+caused it.
+
+Invariants: the histograms only grow while the monitor runs; the longest stalls kept are the
+``LONGEST_STALLS_KEPT`` latest samples at or above ``LONGEST_STALL_MIN_S`` (a bounded deque);
+the heartbeat runs only between ``start`` and ``stop`` and the gc hook is installed only then.
+
+A test-only route (``POST /admin/v2/broker-stats/loop-stall?millis=N``, superuser) holds the
+loop for N milliseconds so a test can see a stall arrive in both views. It exists only when the
+process's environment sets ``MAGNETAR_TEST_HOOKS=1``; no configuration file can enable it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter
+
+from api.auth import Authorizer, Caller
+from broker import InvalidRequest
+from storage.histogram import LatencyHistogram, LatencySnapshot
+
+LOOP_STALL_SAMPLE_INTERVAL_S = 0.01
+LOOP_STALL_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000)
+GC_PAUSE_BUCKETS_US = LOOP_STALL_BUCKETS_US
+GC_GENERATIONS = (0, 1, 2)
+LONGEST_STALLS_KEPT = 16
+LONGEST_STALL_MIN_S = 0.005
+TEST_HOOKS_ENV = "MAGNETAR_TEST_HOOKS"
+INJECTED_STALL_MILLIS_MAX = 1000
+
+
+@dataclass(frozen=True)
+class Stall:
+    at_s: float
+    """Wall-clock time (seconds since the epoch) when the late heartbeat ran."""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LoopStallStats:
+    stalls: LatencySnapshot
+    max_seconds: float
+    longest: tuple[Stall, ...]
+    """The latest stalls of at least ``LONGEST_STALL_MIN_S``, oldest first."""
+    gc_pauses: dict[int, LatencySnapshot]
+    """Collections of the cyclic garbage collector by generation, timed."""
+
+
+class LoopStallMonitor:
+    """Heartbeat on one event loop; ``statistics()`` from any thread."""
+
+    def __init__(self, interval_s: float = LOOP_STALL_SAMPLE_INTERVAL_S,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._stalls = LatencyHistogram(LOOP_STALL_BUCKETS_US)
+        self._gc_pauses = {generation: LatencyHistogram(GC_PAUSE_BUCKETS_US) for generation in GC_GENERATIONS}
+        self._longest: deque[Stall] = deque(maxlen=LONGEST_STALLS_KEPT)
+        self._max_s = 0.0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._due_s = 0.0
+        self._gc_started_s: float | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._schedule(self._clock())
+        gc.callbacks.append(self._on_gc)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._loop = None
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _schedule(self, now_s: float) -> None:
+        assert self._loop is not None
+        self._due_s = now_s + self._interval_s
+        self._timer = self._loop.call_later(self._interval_s, self._beat)
+
+    def _beat(self) -> None:
+        now_s = self._clock()
+        late_s = max(now_s - self._due_s, 0.0)
+        self._stalls.record(late_s)
+        self._max_s = max(self._max_s, late_s)
+        if late_s >= LONGEST_STALL_MIN_S:
+            with self._lock:
+                self._longest.append(Stall(time.time(), late_s))
+        if self._loop is not None:
+            self._schedule(now_s)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started_s = self._clock()
+        elif self._gc_started_s is not None:  # "stop"
+            self._gc_pauses[info["generation"]].record(self._clock() - self._gc_started_s)
+            self._gc_started_s = None
+
+    def statistics(self) -> LoopStallStats:
+        stalls = self._stalls.snapshot()
+        with self._lock:
+            longest = tuple(self._longest)
+        return LoopStallStats(stalls, self._max_s, longest,
+                              {generation: h.snapshot() for generation, h in self._gc_pauses.items()})
+
+
+def test_hooks_enabled() -> bool:
+    return os.environ.get(TEST_HOOKS_ENV) == "1"
+
+
+def stall_hook_router(authorizer: Authorizer) -> APIRouter:
+    """The test-only route that holds the event loop (mounted only with ``MAGNETAR_TEST_HOOKS=1``)."""
+    routes = APIRouter(prefix="/admin/v2/broker-stats", tags=["admin"])
+
+    @routes.post("/loop-stall", summary="Hold the event loop for N milliseconds (test hook; Magnetar)")
+    async def loop_stall(caller: Caller, millis: int) -> dict[str, Any]:
+        authorizer.require_superuser(caller)
+        if not 0 < millis <= INJECTED_STALL_MILLIS_MAX:
+            raise InvalidRequest(f"millis must be between 1 and {INJECTED_STALL_MILLIS_MAX}, not {millis}")
+        time.sleep(millis / 1000)  # on the loop, on purpose: this is the stall
+        return {"stalledMillis": millis}
+
+    return routes
