@@ -89,6 +89,7 @@ def storage_overview(stats: StorageStats) -> dict[str, Any]:
         "journal": {
             "recordsWritten": journal.records_written, "bytesWritten": journal.bytes_written,
             "fsyncs": latency.count, "groupsCommitted": journal.groups_committed,
+            "groupsOnCallerThread": journal.groups_on_caller_thread,
             "largestGroupRecords": journal.largest_group_records, "queueDepth": journal.queue_depth,
             "files": journal.files,
             "fsyncLatencyUs": percentiles | {"mean": latency.sum_seconds * 1e6 / latency.count
@@ -130,7 +131,10 @@ def event_loop_overview(stats: LoopStallStats) -> dict[str, Any]:
         "stallUs": _percentiles_us(stalls) | {"max": stats.max_seconds * 1e6},
         "samples": stalls.count,
         "stallBucketsUs": [[bound, count] for bound, count in stalls.buckets_us()],
-        "longestStalls": [{"at": iso_time(int(s.at_s * 1000)), "us": s.seconds * 1e6} for s in stats.longest],
+        "longestStalls": [{"at": iso_time(int(s.at_s * 1000)), "us": s.seconds * 1e6, "windowUs": s.window_s * 1e6,
+                           "loopCpuUs": s.loop_cpu_s * 1e6, "processCpuUs": s.process_cpu_s * 1e6,
+                           "loopWaits": s.loop_waits, "loopPreemptions": s.loop_preemptions}
+                          for s in stats.longest],
         "gcPauses": [{"generation": generation, "collections": pauses.count, "totalUs": pauses.sum_seconds * 1e6,
                       "pauseUs": _percentiles_us(pauses)} for generation, pauses in stats.gc_pauses.items()],
     }

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import resource
 import threading
 import time
 from collections import deque
@@ -63,6 +64,20 @@ class Stall:
     at_s: float
     """Wall-clock time (seconds since the epoch) when the late heartbeat ran."""
     seconds: float
+    """How late the heartbeat ran."""
+    window_s: float
+    """Since the heartbeat before it (the interval plus ``seconds``)."""
+    loop_cpu_s: float
+    """CPU time the loop's thread used in ``window_s``: near it, the loop ran callbacks."""
+    process_cpu_s: float
+    """CPU time every thread of the process used in ``window_s``: well above ``loop_cpu_s``,
+    other threads ran (holding the interpreter lock, or in C code that released it); both low,
+    the loop's thread was blocked in a system call or not scheduled (a busy machine)."""
+    loop_waits: int
+    """Times the loop's thread gave up the CPU in ``window_s`` (blocked: a system call, the
+    interpreter lock, the loop's own poll before the heartbeat was due)."""
+    loop_preemptions: int
+    """Times the kernel took the CPU from the loop's thread in ``window_s`` (a busy machine)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,18 @@ class LoopStallStats:
     """The latest stalls of at least ``LONGEST_STALL_MIN_S``, oldest first."""
     gc_pauses: dict[int, LatencySnapshot]
     """Collections of the cyclic garbage collector by generation, timed."""
+
+
+@dataclass(frozen=True)
+class _ThreadUsage:
+    cpu_s: float
+    waits: int
+    preemptions: int
+
+
+def _thread_usage() -> _ThreadUsage:
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return _ThreadUsage(usage.ru_utime + usage.ru_stime, usage.ru_nvcsw, usage.ru_nivcsw)
 
 
 class LoopStallMonitor:
@@ -90,6 +117,7 @@ class LoopStallMonitor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._due_s = 0.0
+        self._last_beat = (0.0, _ThreadUsage(0.0, 0, 0), 0.0)  # clock, the loop's thread, process CPU
         self._gc_started_s: float | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -108,6 +136,7 @@ class LoopStallMonitor:
     def _schedule(self, now_s: float) -> None:
         assert self._loop is not None
         self._due_s = now_s + self._interval_s
+        self._last_beat = (now_s, _thread_usage(), time.process_time())
         self._timer = self._loop.call_later(self._interval_s, self._beat)
 
     def _beat(self) -> None:
@@ -116,8 +145,13 @@ class LoopStallMonitor:
         self._stalls.record(late_s)
         self._max_s = max(self._max_s, late_s)
         if late_s >= LONGEST_STALL_MIN_S:
+            was_s, was_loop, was_process_cpu_s = self._last_beat
+            loop = _thread_usage()
+            stall = Stall(time.time(), late_s, now_s - was_s, loop.cpu_s - was_loop.cpu_s,
+                          time.process_time() - was_process_cpu_s, loop.waits - was_loop.waits,
+                          loop.preemptions - was_loop.preemptions)
             with self._lock:
-                self._longest.append(Stall(time.time(), late_s))
+                self._longest.append(stall)
         if self._loop is not None:
             self._schedule(now_s)
 

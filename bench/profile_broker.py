@@ -49,7 +49,7 @@ from typing import Any
 import binary_bench
 import httpx
 import magnetar_e2e
-from e2e_support import NORMAL_PLAN, Plan, ServerProcess, running
+from e2e_support import NORMAL_PLAN, Plan, ServerProcess, percentile_label, running
 
 SAMPLE_RATE_HZ = 250
 TOP_FUNCTIONS = 30
@@ -190,7 +190,10 @@ def stall_report(before: dict[str, Any], after: dict[str, Any], started_ms: floa
                             loop["stallBucketsUs"], loop["samples"] - loop_was["samples"])
     longest = [s for s in loop["longestStalls"] if _epoch_ms(s["at"]) >= started_ms]
     lines.append(f"longest stalls in the load (latest {len(longest)} of >= 5 ms):")
-    lines += [f"  {s['at']}  {s['us'] / 1000:8.2f} ms" for s in sorted(longest, key=lambda s: -s["us"])]
+    lines += [f"  {s['at']}  {s['us'] / 1000:8.2f} ms late; of the {s['windowUs'] / 1000:.2f} ms since the beat "
+              f"before, the loop's thread ran {s['loopCpuUs'] / 1000:.2f} ms, the process "
+              f"{s['processCpuUs'] / 1000:.2f} ms; the loop blocked {s['loopWaits']} times, was preempted "
+              f"{s['loopPreemptions']}" for s in sorted(longest, key=lambda s: -s["us"])]
     lines.append("garbage collections in the load:")
     for was, now in zip(loop_was["gcPauses"], loop["gcPauses"], strict=True):
         lines.append(f"  generation {now['generation']}: {now['collections'] - was['collections']:6,} collections, "
@@ -200,6 +203,9 @@ def stall_report(before: dict[str, Any], after: dict[str, Any], started_ms: floa
         journal_was, journal = storage_was["journal"], storage["journal"]
         lines += histogram_lines("journal fsyncs", journal_was["fsyncLatencyBucketsUs"],
                                  journal["fsyncLatencyBucketsUs"], journal["fsyncs"] - journal_was["fsyncs"])
+        on_loop = journal["groupsOnCallerThread"] - journal_was["groupsOnCallerThread"]
+        lines.append(f"journal groups written on the event loop: {on_loop:,} of "
+                     f"{journal['groupsCommitted'] - journal_was['groupsCommitted']:,}")
     return "\n".join(lines)
 
 
@@ -274,8 +280,13 @@ def main() -> int:
                 asyncio.run(magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True))
             if args.stalls:
                 overview_before, started_ms = broker_overview(server), time.time() * 1000
-                messages = _run_load(load, server, broker, plan, args.seconds, written)
-                print(f"{messages:,} messages moved by {load}")
+                if load == "bin-latency":  # the client's figures beside the broker's
+                    result = binary_bench.latency(broker, "profile-latency", binary_plan(args.seconds))
+                    print(f"{result.received:,} probes: {percentile_label(result)}, "
+                          f"max {result.percentile_us(1.0):,.0f} µs")
+                else:
+                    messages = _run_load(load, server, broker, plan, args.seconds, written)
+                    print(f"{messages:,} messages moved by {load}")
                 print(stall_report(overview_before, broker_overview(server), started_ms))
                 return 0
             if args.threads:

@@ -1,5 +1,6 @@
 """``LoopStallMonitor`` on a real event loop: a callback that holds the loop shows as one late
-heartbeat of about its length; collections of the garbage collector are timed by generation;
+heartbeat of about its length, kept with the loop thread's use of the CPU (a sleep: blocked, not
+busy); collections of the garbage collector are timed by generation;
 ``stop`` cancels the heartbeat and removes the gc hook."""
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def test_a_held_loop_is_one_late_heartbeat_of_about_the_hold() -> None:
     assert stats.max_seconds >= HOLD_S - INTERVAL_S
     assert any(stall.seconds >= HOLD_S - INTERVAL_S for stall in stats.longest)
     assert all(stall.seconds >= LONGEST_STALL_MIN_S for stall in stats.longest)
+    held = max(stats.longest, key=lambda stall: stall.seconds)
+    assert held.window_s >= held.seconds
+    assert held.loop_cpu_s < HOLD_S / 2  # a sleep holds the loop without using the CPU
+    assert held.loop_waits >= 1  # the sleep blocked the loop's thread
     assert stats.stalls.sum_seconds >= HOLD_S - INTERVAL_S
 
 
