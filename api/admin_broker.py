@@ -86,6 +86,8 @@ def storage_overview(stats: StorageStats) -> dict[str, Any]:
     return {
         "readOnly": stats.read_only, "ledgers": stats.ledgers, "entriesAdded": stats.entries_added,
         "flushes": stats.flushes, "checkpoints": stats.checkpoints,
+        "flushLatencyUs": _percentiles_us(stats.flush_latency),
+        "flushLatencyBucketsUs": [[bound, count] for bound, count in stats.flush_latency.buckets_us()],
         "journal": {
             "recordsWritten": journal.records_written, "bytesWritten": journal.bytes_written,
             "fsyncs": latency.count, "groupsCommitted": journal.groups_committed,

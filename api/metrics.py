@@ -82,7 +82,7 @@ def storage_metrics(stats: StorageStats) -> list[Metric]:
     journal, logs, gc, index = stats.journal, stats.entry_logs, stats.gc, stats.index
     reads, read_cache, latency = stats.read_path, stats.read_cache, stats.journal.fsync_latency
     buffers = {"active": stats.write_cache, "being_flushed": stats.write_cache_being_flushed}
-    fsync_buckets = histogram_buckets(latency)
+    fsync_buckets, flush = histogram_buckets(latency), stats.flush_latency
     return [
         _gauge("magnetar_storage_ledgers", "Ledgers in the embedded bookie", stats.ledgers),
         _counter("magnetar_storage_entries_added", "Entries added to the bookie", stats.entries_added),
@@ -101,6 +101,9 @@ def storage_metrics(stats: StorageStats) -> list[Metric]:
         _counter("magnetar_journal_fsyncs", "Journal fdatasync calls", latency.count),
         HistogramMetricFamily("magnetar_journal_fsync_latency_seconds", "Duration of the journal's fdatasync",
                               buckets=fsync_buckets, sum_value=latency.sum_seconds),
+        HistogramMetricFamily("magnetar_storage_flush_seconds", "Duration of a write-cache flush (entries to the "
+                              "entry logs, their sync, the index batch)",
+                              buckets=histogram_buckets(flush), sum_value=flush.sum_seconds),
         _labelled(GaugeMetricFamily, "magnetar_write_cache_size_bytes", "Bytes held in a write-cache buffer",
                   "buffer", {name: b.size_bytes for name, b in buffers.items()}),
         _labelled(GaugeMetricFamily, "magnetar_write_cache_entries", "Entries held in a write-cache buffer",

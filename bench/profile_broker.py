@@ -203,6 +203,8 @@ def stall_report(before: dict[str, Any], after: dict[str, Any], started_ms: floa
         journal_was, journal = storage_was["journal"], storage["journal"]
         lines += histogram_lines("journal fsyncs", journal_was["fsyncLatencyBucketsUs"],
                                  journal["fsyncLatencyBucketsUs"], journal["fsyncs"] - journal_was["fsyncs"])
+        lines += histogram_lines("write-cache flushes", storage_was["flushLatencyBucketsUs"],
+                                 storage["flushLatencyBucketsUs"], storage["flushes"] - storage_was["flushes"])
         on_loop = journal["groupsOnCallerThread"] - journal_was["groupsOnCallerThread"]
         lines.append(f"journal groups written on the event loop: {on_loop:,} of "
                      f"{journal['groupsCommitted'] - journal_was['groupsCommitted']:,}")

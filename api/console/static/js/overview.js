@@ -105,7 +105,8 @@ function render(data) {
       stat("Ledgers", fmtCount(s.ledgers), s.ledgers, "ledgers"),
       stat("Journal files", fmtCount(j.files), j.files, "journalFiles"),
       stat("GC reclaimed", fmtBytes(s.gc.reclaimedBytes), s.gc.reclaimedBytes, "gcReclaimed"),
-      stat("Flushes", fmtCount(s.flushes), s.flushes, "flushes")),
+      stat("Flushes", fmtCount(s.flushes), s.flushes, "flushes"),
+      stat("Flush p99", fmtMicros(s.flushLatencyUs.p99), s.flushLatencyUs.p99, "flushP99")),
   ];
 }
 
