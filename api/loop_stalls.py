@@ -8,13 +8,18 @@ overview (the web console) show it.
 
 How it measures: a heartbeat callback on the loop, due every ``LOOP_STALL_SAMPLE_INTERVAL_S``,
 records how late it ran (the time from when it was due to when it started). A timer is late
-exactly as long as the loop was busy with other callbacks or the loop's thread waited for the
-interpreter lock, so the histogram is the delay an event arriving at a random moment would see
-(Node.js's ``monitorEventLoopDelay`` works the same way). A stall of ``d`` seconds is recorded as
+exactly as long as the loop was busy with other callbacks, or its thread was blocked (the
+interpreter lock, a system call such as an ``fdatasync`` on the loop) or not scheduled, so the
+histogram is the delay an event arriving at a random moment would see (Node.js's
+``monitorEventLoopDelay`` works the same way). A stall of ``d`` seconds is recorded as
 one sample between ``d - interval`` and ``d``; a stall shorter than the interval is sampled with
 probability ``d / interval``, so short stalls are counted in proportion to the time they take.
-It costs one timer wake-up per interval (100 a second) and one bucket increment, on the loop,
-with no thread of its own (which would compete for the interpreter lock it measures). uvloop
+It costs one timer wake-up per interval (100 a second), a ``getrusage`` of the loop's thread and
+one bucket increment, on the loop, with no thread of its own (which would compete for the
+interpreter lock it measures). A stall of ``LONGEST_STALL_MIN_S`` or more is kept with the CPU
+time the loop's thread and the whole process used since the heartbeat before it, and how often
+the loop's thread blocked or was preempted: a loop busy with its own callbacks, one kept waiting
+by other threads, by a blocking system call or by a busy machine each look different. uvloop
 rounds timers to the millisecond and may fire one up to a millisecond early: early counts as 0.
 
 A ``gc.callbacks`` hook times every collection of Python's cyclic garbage collector by
