@@ -42,13 +42,13 @@ from broker import (
     BrokerService,
     BrokerStats,
     ByteBudgetStats,
+    LatencySnapshot,
     MagnetarError,
     StorageStats,
     TopicName,
     TopicStats,
     iso_time,
 )
-from storage.histogram import LatencySnapshot
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterStats

@@ -51,8 +51,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.auth import Authorizer, Caller
-from broker import InvalidRequest
-from storage.histogram import LatencyHistogram, LatencySnapshot
+from broker import InvalidRequest, LatencyHistogram, LatencySnapshot
 
 LOOP_STALL_SAMPLE_INTERVAL_S = 0.01
 LOOP_STALL_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000)

@@ -43,8 +43,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
 from api.loop_stalls import LoopStallMonitor, LoopStallStats
-from broker import BrokerService, BrokerStats, ByteBudgetStats, StorageStats, SubscriptionStats, TopicStats
-from storage.histogram import LatencySnapshot
+from broker import (
+    BrokerService,
+    BrokerStats,
+    ByteBudgetStats,
+    LatencySnapshot,
+    StorageStats,
+    SubscriptionStats,
+    TopicStats,
+)
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterStats
