@@ -4,7 +4,8 @@ Role: what a dashboard shows at a glance (the web console's overview and namespa
 read from ``BrokerService.statistics()`` and the topic statistics views, as ``/metrics`` and the
 topic ``stats`` are: nothing is counted here.
 
-- ``GET /admin/v2/broker-stats/overview`` (superuser): health and uptime; the embedded bookie
+- ``GET /admin/v2/broker-stats/overview`` (superuser): health and uptime; the event loop's
+  stalls and the garbage collector's pauses (``eventLoop``, from ``api/loop_stalls.py``); the embedded bookie
   (journal with fsync latency percentiles, write and read caches with hit ratios, entry logs,
   the RocksDB index, GC, read-only state), or on a cluster broker (``storage`` null) its
   bookies and re-replication (``cluster``); the broker's entry cache and key index, and how
@@ -17,7 +18,7 @@ topic ``stats`` are: nothing is counted here.
   storage size, backlog and producer, subscription and consumer counts.
 
 Invariants: both routes only read. Rates are the broker's own (over its last maintenance
-interval), as in ``stats``. Fsync latency percentiles are estimated from the journal's
+interval), as in ``stats``. Fsync latency and loop stall percentiles are estimated from the journal's
 fixed-bucket histogram by linear interpolation inside the bucket that holds the rank (as
 Prometheus's ``histogram_quantile`` does); a rank beyond the last bucket reads as that bucket's
 bound. A topic's ``backlog`` is its slowest subscription's (Pulsar's ``backlogSize`` is the same
@@ -37,10 +38,12 @@ from fastapi import APIRouter
 from api.admin_namespaces import namespace_name
 from api.auth import Authorizer, Caller
 from api.limits import TOPICS_LISTED_MAX
+from api.loop_stalls import LoopStallMonitor, LoopStallStats
 from broker import (
     BrokerService,
     BrokerStats,
     ByteBudgetStats,
+    LatencySnapshot,
     MagnetarError,
     StorageStats,
     TopicName,
@@ -79,14 +82,16 @@ def storage_overview(stats: StorageStats) -> dict[str, Any]:
     journal, latency, reads = stats.journal, stats.journal.fsync_latency, stats.read_path
     read_cache, logs, index, gc = stats.read_cache, stats.entry_logs, stats.index, stats.gc
     served = reads.write_cache_hits + reads.flushing_cache_hits + reads.read_cache_hits + reads.entry_log_reads
-    percentiles = {name: latency_percentile_us(latency.bounds_us, latency.cumulative_counts, latency.count, q)
-                   for name, q in FSYNC_PERCENTILES}
+    percentiles = _percentiles_us(latency)
     return {
         "readOnly": stats.read_only, "ledgers": stats.ledgers, "entriesAdded": stats.entries_added,
         "flushes": stats.flushes, "checkpoints": stats.checkpoints,
+        "flushLatencyUs": _percentiles_us(stats.flush_latency),
+        "flushLatencyBucketsUs": [[bound, count] for bound, count in stats.flush_latency.buckets_us()],
         "journal": {
             "recordsWritten": journal.records_written, "bytesWritten": journal.bytes_written,
             "fsyncs": latency.count, "groupsCommitted": journal.groups_committed,
+            "groupsOnCallerThread": journal.groups_on_caller_thread,
             "largestGroupRecords": journal.largest_group_records, "queueDepth": journal.queue_depth,
             "files": journal.files,
             "fsyncLatencyUs": percentiles | {"mean": latency.sum_seconds * 1e6 / latency.count
@@ -113,6 +118,27 @@ def storage_overview(stats: StorageStats) -> dict[str, Any]:
                   "locationsWritten": index.locations_written, "lookups": index.lookups},
         "gc": {"runs": gc.runs, "logsRemoved": gc.logs_removed, "logsCompacted": gc.logs_compacted,
                "reclaimedBytes": gc.bytes_reclaimed},
+    }
+
+
+def _percentiles_us(snapshot: LatencySnapshot) -> dict[str, float | None]:
+    return {name: latency_percentile_us(snapshot.bounds_us, snapshot.cumulative_counts, snapshot.count, q)
+            for name, q in FSYNC_PERCENTILES}
+
+
+def event_loop_overview(stats: LoopStallStats) -> dict[str, Any]:
+    """The event loop's stalls (percentiles, the longest, the latest long ones) and the gc's pauses."""
+    stalls = stats.stalls
+    return {
+        "stallUs": _percentiles_us(stalls) | {"max": stats.max_seconds * 1e6},
+        "samples": stalls.count,
+        "stallBucketsUs": [[bound, count] for bound, count in stalls.buckets_us()],
+        "longestStalls": [{"at": iso_time(int(s.at_s * 1000)), "us": s.seconds * 1e6, "windowUs": s.window_s * 1e6,
+                           "loopCpuUs": s.loop_cpu_s * 1e6, "processCpuUs": s.process_cpu_s * 1e6,
+                           "loopWaits": s.loop_waits, "loopPreemptions": s.loop_preemptions}
+                          for s in stats.longest],
+        "gcPauses": [{"generation": generation, "collections": pauses.count, "totalUs": pauses.sum_seconds * 1e6,
+                      "pauseUs": _percentiles_us(pauses)} for generation, pauses in stats.gc_pauses.items()],
     }
 
 
@@ -184,7 +210,7 @@ def namespace_topics(service: BrokerService, namespace: str) -> dict[str, Any]:
     return {"namespace": namespace, "topics": listed, "truncated": len(names) > TOPICS_LISTED_MAX}
 
 
-def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+def router(service: BrokerService, authorizer: Authorizer, stalls: LoopStallMonitor) -> APIRouter:
     routes = APIRouter(prefix="/admin/v2/broker-stats", tags=["admin"])
     started_s, started_monotonic_s = time.time(), time.monotonic()
 
@@ -196,6 +222,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         return {
             "status": health.status, "startedAt": iso_time(int(started_s * 1000)),
             "uptimeSeconds": time.monotonic() - started_monotonic_s, "timestamp": int(time.time() * 1000),
+            "eventLoop": event_loop_overview(stalls.statistics()),
             "storage": None if stats.storage is None else storage_overview(stats.storage),
             "cluster": None if stats.cluster is None else cluster_overview(stats.cluster),
             "entryCache": _entry_cache(stats),

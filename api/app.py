@@ -42,6 +42,7 @@ from api.connection_guard import (
 from api.errors import install_error_handlers
 from api.limits import EdgeLimits
 from api.lookup import router as lookup_router
+from api.loop_stalls import LoopStallMonitor, stall_hook_router, test_hooks_enabled
 from api.metrics import router as metrics_router
 from api.pulsar import PulsarServer, PulsarSettings
 from api.request_guard import RequestGuard, RoleSlots
@@ -97,6 +98,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         quiet_accept_errors(asyncio.get_running_loop())
         service.start()
+        stalls.start(asyncio.get_running_loop())  # the loop's stalls and the gc's pauses, until shutdown
         # Deliveries are sent from this loop: dispatching here saves a thread hop per entry, and
         # a burst of confirmations wakes the loop once for dispatch and publish results alike.
         service.use_dispatch_executor(loop_executor(asyncio.get_running_loop()))
@@ -117,12 +119,15 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
             service.write_journal_on_this_thread(None)
             service.use_dispatch_executor(None)
             service.close()
+            stalls.stop()
 
     log_redaction.install()
     app = FastAPIOffline(title="Magnetar", version="0.1.0", lifespan=lifespan, static_url=DOCS_ASSETS_PATH,
                          swagger_ui_parameters=SWAGGER_UI_PARAMETERS)
     app.state.service = service
     app.state.limits = limits
+    stalls = LoopStallMonitor()
+    app.state.loop_stalls = stalls
     guard = ConnectionGuard(effective_connections_max(limits.connections_max), limits.header_timeout_s,
                             limits.header_bytes_max)
     app.state.connection_guard = guard
@@ -136,11 +141,13 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(produce_router(service, authorizer))
     app.include_router(admin_router(service, authorizer))
     app.include_router(consume_router(service, authorizer, limits))
-    app.include_router(metrics_router(service, authorizer))
+    app.include_router(metrics_router(service, authorizer, stalls))
     app.include_router(read_router(service, authorizer, limits))
     app.include_router(streams_router(service, authorizer, limits))
     app.include_router(ws_router(ws_server.routes))
-    app.include_router(broker_stats_router(service, authorizer))
+    app.include_router(broker_stats_router(service, authorizer, stalls))
+    if test_hooks_enabled():
+        app.include_router(stall_hook_router(authorizer))
     app.include_router(locate_router(service, authorizer))
     app.include_router(lookup_router(service, authorizer))
     app.include_router(clusters_router(service, authorizer))

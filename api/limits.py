@@ -242,3 +242,9 @@ BASIC_VERIFIED_ENTRIES_MAX = 1024
 """Verified (user, password digest) pairs the Basic provider remembers, least recently used first out."""
 URL_CHARS_MAX = 2048
 """A cluster URL in a clusters admin body (service, broker and web service URLs)."""
+
+# --- the event loop's stall monitor (api/loop_stalls.py) ---
+LONGEST_STALL_MIN_S = 0.005
+"""A late heartbeat kept with its attribution among the longest stalls from this lateness on."""
+INJECTED_STALL_MS_MAX = 1000
+"""The longest stall the test-only hook (``MAGNETAR_TEST_HOOKS=1``) injects."""

@@ -1,6 +1,7 @@
 """``GET /metrics``: the broker's statistics in Prometheus's text exposition format.
 
-Role: one custom collector reads ``BrokerService.statistics()`` at scrape time — the embedded
+Role: one custom collector reads ``BrokerService.statistics()`` at scrape time — the event
+loop's stalls and the garbage collector's pauses (``api/loop_stalls.py``), the embedded
 bookie (journal, write cache, read cache, entry logs, index, GC), the broker's entry cache and
 metadata store, every open topic (managed ledger and publish rates) and its subscriptions — and
 renders them. Nothing is counted twice: there are no metric objects to keep
@@ -14,8 +15,8 @@ broker's own (recomputed every maintenance interval); prefer ``rate()`` over the
 Invariants: counters start at zero when the broker process starts (as Pulsar's do) and only
 grow while it runs — except ``magnetar_topic_messages_out_total``, the sum over the topic's
 subscriptions, which drops when a subscription is deleted (``rate()`` reads that as a reset);
-the fsync latency histogram's buckets are cumulative and its ``+Inf`` bucket equals its
-``_count``, both from one snapshot; a topic closed or deleted while a scrape runs is left out
+every histogram's (fsync latency, loop stalls, gc pauses) buckets are cumulative and its
+``+Inf`` bucket equals its ``_count``, both from one snapshot; a topic closed or deleted while a scrape runs is left out
 of that scrape rather than failing it.
 
 Access: public, also with token authentication on, like Pulsar with its default
@@ -41,7 +42,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
-from broker import BrokerService, BrokerStats, ByteBudgetStats, StorageStats, SubscriptionStats, TopicStats
+from api.loop_stalls import LoopStallMonitor, LoopStallStats
+from broker import (
+    BrokerService,
+    BrokerStats,
+    ByteBudgetStats,
+    LatencySnapshot,
+    StorageStats,
+    SubscriptionStats,
+    TopicStats,
+)
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterStats
@@ -67,13 +77,19 @@ def _labelled(kind: type[CounterMetricFamily | GaugeMetricFamily], name: str, do
 
 
 # --- storage --------------------------------------------------------------------------------------
+def histogram_buckets(snapshot: LatencySnapshot) -> list[tuple[str, float]]:
+    """A fixed-bucket snapshot as Prometheus's cumulative ``le`` buckets in seconds, ``+Inf`` last."""
+    buckets = [(str(bound_us / 1e6), float(count)) for bound_us, count in snapshot.buckets_us()]
+    buckets.append(("+Inf", float(snapshot.count)))
+    return buckets
+
+
 def storage_metrics(stats: StorageStats) -> list[Metric]:
     """The embedded bookie, from one ``statistics()`` snapshot."""
     journal, logs, gc, index = stats.journal, stats.entry_logs, stats.gc, stats.index
     reads, read_cache, latency = stats.read_path, stats.read_cache, stats.journal.fsync_latency
     buffers = {"active": stats.write_cache, "being_flushed": stats.write_cache_being_flushed}
-    fsync_buckets = [(str(bound_us / 1e6), float(count)) for bound_us, count in latency.buckets_us()]
-    fsync_buckets.append(("+Inf", float(latency.count)))
+    fsync_buckets, flush = histogram_buckets(latency), stats.flush_latency
     return [
         _gauge("magnetar_storage_ledgers", "Ledgers in the embedded bookie", stats.ledgers),
         _counter("magnetar_storage_entries_added", "Entries added to the bookie", stats.entries_added),
@@ -92,6 +108,9 @@ def storage_metrics(stats: StorageStats) -> list[Metric]:
         _counter("magnetar_journal_fsyncs", "Journal fdatasync calls", latency.count),
         HistogramMetricFamily("magnetar_journal_fsync_latency_seconds", "Duration of the journal's fdatasync",
                               buckets=fsync_buckets, sum_value=latency.sum_seconds),
+        HistogramMetricFamily("magnetar_storage_flush_seconds", "Duration of a write-cache flush (entries to the "
+                              "entry logs, their sync, the index batch)",
+                              buckets=histogram_buckets(flush), sum_value=flush.sum_seconds),
         _labelled(GaugeMetricFamily, "magnetar_write_cache_size_bytes", "Bytes held in a write-cache buffer",
                   "buffer", {name: b.size_bytes for name, b in buffers.items()}),
         _labelled(GaugeMetricFamily, "magnetar_write_cache_entries", "Entries held in a write-cache buffer",
@@ -122,6 +141,22 @@ def storage_metrics(stats: StorageStats) -> list[Metric]:
         _counter("magnetar_gc_logs_compacted", "Entry logs compacted", gc.logs_compacted),
         _counter("magnetar_gc_reclaimed_bytes", "Disk bytes reclaimed by garbage collection", gc.bytes_reclaimed),
     ]
+
+
+# --- event loop -----------------------------------------------------------------------------------
+def loop_stall_metrics(stats: LoopStallStats) -> Iterator[Metric]:
+    """The server's event loop (``api/loop_stalls.py``) and Python's garbage collector."""
+    yield HistogramMetricFamily("magnetar_event_loop_stall_seconds",
+                                "How late the event loop ran a heartbeat due every 10 ms (callbacks and the "
+                                "interpreter lock holding it)", buckets=histogram_buckets(stats.stalls),
+                                sum_value=stats.stalls.sum_seconds)
+    yield _gauge("magnetar_event_loop_stall_max_seconds", "The longest event loop stall since the broker started",
+                 stats.max_seconds)
+    pauses = HistogramMetricFamily("magnetar_python_gc_pause_seconds",
+                                   "Duration of the cyclic garbage collector's collections", labels=["generation"])
+    for generation, snapshot in stats.gc_pauses.items():
+        pauses.add_metric([str(generation)], histogram_buckets(snapshot), snapshot.sum_seconds)
+    yield pauses
 
 
 # --- cluster --------------------------------------------------------------------------------------
@@ -241,11 +276,13 @@ def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:
 class BrokerCollector(Collector):
     """Reads the broker's statistics on every scrape."""
 
-    def __init__(self, service: BrokerService) -> None:
+    def __init__(self, service: BrokerService, stalls: LoopStallMonitor) -> None:
         self._service = service
+        self._stalls = stalls
 
     def collect(self) -> Iterator[Metric]:
         stats = self._service.statistics()
+        yield from loop_stall_metrics(self._stalls.statistics())
         if stats.storage is not None:
             yield from storage_metrics(stats.storage)
         if stats.cluster is not None:  # a cluster broker has no embedded bookie
@@ -286,9 +323,9 @@ class SharedScrape:
                 self._running = None
 
 
-def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
+def router(service: BrokerService, authorizer: Authorizer, stalls: LoopStallMonitor) -> APIRouter:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(service))
+    registry.register(BrokerCollector(service, stalls))
     cache = SharedScrape(registry)
     routes = APIRouter(tags=["metrics"])
     summary = "Broker, topic, subscription and storage metrics (Prometheus text format)"

@@ -21,6 +21,14 @@ the load (user and system, from ``/proc/<pid>/task``), divided by the messages t
 with the threads named as Python names them (from ``py-spy dump``; a pool thread started and
 gone during the load keeps its number). This shows where a message's CPU goes between the event
 loop, the journal, the flusher and the pools, which sampling does not (it counts waiting threads).
+
+``--stalls`` records how the event loop was held over the load, from the broker's own figures
+(``/admin/v2/broker-stats/overview`` read before and after; see ``api/loop_stalls.py``): the loop
+stall histogram's samples in the load by bucket with percentiles, the longest stalls with when
+they happened, the garbage collector's collections and time by generation, and the journal's
+fsync latency histogram over the same interval, so a stall can be put beside what ran::
+
+    .venv/bin/python bench/profile_broker.py --load bin-latency --seconds 10 --stalls
 """
 
 from __future__ import annotations
@@ -34,11 +42,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import binary_bench
+import httpx
 import magnetar_e2e
-from e2e_support import NORMAL_PLAN, Plan, ServerProcess, running
+from e2e_support import NORMAL_PLAN, Plan, ServerProcess, percentile_label, running
 
 SAMPLE_RATE_HZ = 250
 TOP_FUNCTIONS = 30
@@ -128,6 +139,84 @@ def thread_table(before: dict[str, tuple[float, float]], after: dict[str, tuple[
     return "\n".join(lines)
 
 
+def http_url(server: ServerProcess) -> str:
+    """The broker's HTTP address (a binary broker's ``port`` is its Pulsar port)."""
+    argv = [str(arg) for arg in server.process.args]  # type: ignore[union-attr]
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+
+def broker_overview(server: ServerProcess) -> dict[str, Any]:
+    response = httpx.get(f"{http_url(server)}/admin/v2/broker-stats/overview", timeout=30)
+    response.raise_for_status()
+    overview: dict[str, Any] = response.json()
+    return overview
+
+
+def bucket_delta(before: Sequence[Sequence[int]], after: Sequence[Sequence[int]], total: int) -> list[tuple[str, int]]:
+    """Per-bucket (not cumulative) observations between two cumulative snapshots; ``total`` for +Inf."""
+    rows, below = [], 0
+    for (bound_us, was), (_, now) in zip(before, after, strict=True):
+        cumulative = now - was
+        rows.append((f"<= {bound_us / 1000:g} ms", cumulative - below))
+        below = cumulative
+    rows.append((f"> {after[-1][0] / 1000:g} ms", total - below))
+    return rows
+
+
+def quantile_bucket(rows: list[tuple[str, int]], q: float) -> str:
+    """The bucket that holds the ``q`` quantile of per-bucket ``rows``."""
+    total = sum(n for _, n in rows)
+    running = 0
+    for label, n in rows:
+        running += n
+        if total and running >= q * total:
+            return label
+    return "none"
+
+
+def histogram_lines(title: str, before: Sequence[Sequence[int]], after: Sequence[Sequence[int]],
+                    total: int) -> list[str]:
+    rows = bucket_delta(before, after, total)
+    lines = [f"{title}: {total:,} samples; p50 {quantile_bucket(rows, 0.5)}, p99 {quantile_bucket(rows, 0.99)}"
+             f", p99.9 {quantile_bucket(rows, 0.999)}"]
+    lines += [f"  {label:>14s} {n:8,}" for label, n in rows if n]
+    return lines
+
+
+def stall_report(before: dict[str, Any], after: dict[str, Any], started_ms: float) -> str:
+    """The event loop's stalls, the gc's collections and the journal's fsyncs between two overviews."""
+    loop_was, loop = before["eventLoop"], after["eventLoop"]
+    lines = histogram_lines("event loop stalls (heartbeat lateness)", loop_was["stallBucketsUs"],
+                            loop["stallBucketsUs"], loop["samples"] - loop_was["samples"])
+    longest = [s for s in loop["longestStalls"] if _epoch_ms(s["at"]) >= started_ms]
+    lines.append(f"longest stalls in the load (latest {len(longest)} of >= 5 ms):")
+    lines += [f"  {s['at']}  {s['us'] / 1000:8.2f} ms late; of the {s['windowUs'] / 1000:.2f} ms since the beat "
+              f"before, the loop's thread ran {s['loopCpuUs'] / 1000:.2f} ms, the process "
+              f"{s['processCpuUs'] / 1000:.2f} ms; the loop blocked {s['loopWaits']} times, was preempted "
+              f"{s['loopPreemptions']}" for s in sorted(longest, key=lambda s: -s["us"])]
+    lines.append("garbage collections in the load:")
+    for was, now in zip(loop_was["gcPauses"], loop["gcPauses"], strict=True):
+        lines.append(f"  generation {now['generation']}: {now['collections'] - was['collections']:6,} collections, "
+                     f"{(now['totalUs'] - was['totalUs']) / 1000:8.2f} ms in all")
+    storage_was, storage = before.get("storage"), after.get("storage")
+    if storage_was and storage:
+        journal_was, journal = storage_was["journal"], storage["journal"]
+        lines += histogram_lines("journal fsyncs", journal_was["fsyncLatencyBucketsUs"],
+                                 journal["fsyncLatencyBucketsUs"], journal["fsyncs"] - journal_was["fsyncs"])
+        lines += histogram_lines("write-cache flushes", storage_was["flushLatencyBucketsUs"],
+                                 storage["flushLatencyBucketsUs"], storage["flushes"] - storage_was["flushes"])
+        on_loop = journal["groupsOnCallerThread"] - journal_was["groupsOnCallerThread"]
+        lines.append(f"journal groups written on the event loop: {on_loop:,} of "
+                     f"{journal['groupsCommitted'] - journal_was['groupsCommitted']:,}")
+    return "\n".join(lines)
+
+
+def _epoch_ms(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000
+
+
 def summarize(collapsed: Path, top: int) -> str:
     """Own and inclusive sample shares of the hottest functions, from py-spy's raw output."""
     own: Counter[str] = Counter()
@@ -171,6 +260,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=TOP_FUNCTIONS)
     parser.add_argument("--threads", action="store_true",
                         help="CPU per message of each broker thread (from /proc) instead of py-spy samples")
+    parser.add_argument("--stalls", action="store_true",
+                        help="the event loop's stalls, gc collections and fsyncs over the load, from the broker's "
+                             "figures, instead of py-spy samples")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="magnetar-profile-") as scratch:
         work_dir = Path(scratch)
@@ -188,6 +280,17 @@ def main() -> int:
             load = args.load
             if load == "ws-read":
                 asyncio.run(magnetar_e2e.ws_publish(server, plan, 100, "profile", batching=True))
+            if args.stalls:
+                overview_before, started_ms = broker_overview(server), time.time() * 1000
+                if load == "bin-latency":  # the client's figures beside the broker's
+                    result = binary_bench.latency(broker, "profile-latency", binary_plan(args.seconds))
+                    print(f"{result.received:,} probes: {percentile_label(result)}, "
+                          f"max {result.percentile_us(1.0):,.0f} µs")
+                else:
+                    messages = _run_load(load, server, broker, plan, args.seconds, written)
+                    print(f"{messages:,} messages moved by {load}")
+                print(stall_report(overview_before, broker_overview(server), started_ms))
+                return 0
             if args.threads:
                 before = thread_cpu_s(server.pid)
                 messages = _run_load(load, server, broker, plan, args.seconds, written)

@@ -122,7 +122,7 @@ from broker.topic_admin import InitialPosition, MessagePosition, StoredMessage, 
 from broker.topic_name import TopicName, check_namespace, check_subscription_name
 from broker.topic_pattern import TopicPattern
 from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
-from storage import StorageStats
+from storage import LatencyHistogram, LatencySnapshot, StorageStats
 
 __all__ = [
     "BUNDLES_MAX",
@@ -195,6 +195,8 @@ __all__ = [
     "Producer",
     "ProducerBusy",
     "ProducerFenced",
+    "LatencyHistogram",
+    "LatencySnapshot",
     "PublishResult",
     "QuorumConfig",
     "RangeRead",

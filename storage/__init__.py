@@ -15,7 +15,9 @@ Besides the bookie itself it exports what the broker builds on: the error hierar
 storage errors, the light ``Future`` the add path completes (``new_future``), the file-system
 boundary (``FileIO`` and its fault-injecting twin, for tests), the RocksDB helpers the broker's
 metadata store and key index share (``open_rdict``, ``write_durably``, ``iterate_prefix``) and
-the mapping of raw I/O errors onto storage errors (``as_storage_error``).
+the mapping of raw I/O errors onto storage errors (``as_storage_error``), and the fixed-bucket
+latency histogram its statistics use (``LatencyHistogram``, ``LatencySnapshot``), which the
+server's own timings (the event loop's stalls) share.
 
 The bookie as a process of a cluster: ``run_bookie(BookieProcessConfig(...))`` (``magnetar
 bookie``, ``storage/bookie_process.py``) and its registration in ZooKeeper
@@ -62,6 +64,7 @@ from storage.errors import (
 )
 from storage.fileio import FaultyFileIO, FileIO
 from storage.futures import LightFuture, new_future
+from storage.histogram import LatencyHistogram, LatencySnapshot
 from storage.io_errors import as_storage_error
 from storage.ledger_storage import LAST_ADD_CONFIRMED, ConsistencyReport, LedgerStorage, StorageStats
 from storage.limits import SESSION_TIMEOUT_S
@@ -112,6 +115,8 @@ __all__ = [
     "FileIO",
     "InvalidArgument",
     "LedgerFenced",
+    "LatencyHistogram",
+    "LatencySnapshot",
     "LedgerStorage",
     "LightFuture",
     "MagnetarError",

@@ -20,6 +20,8 @@ Invariants:
   (retried after ``FLUSH_RETRY_MS``); any other failure turns the storage read-only.
 - Readers look at the active buffer, then the one being flushed: the swap publishes the sealed
   buffer as being flushed before it installs a new active one.
+- ``flush_latency`` times every successful write of a sealed buffer (entry logs, their sync,
+  the index batch), so a stall of the broker's event loop can be put beside the flush that ran.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ from storage.entry_location_index import EntryLocationIndex, in_slices
 from storage.entry_log import EntryLogger
 from storage.errors import StorageBusy, StorageError, WriteCacheFull
 from storage.fileio import FileIO
+from storage.histogram import LatencyHistogram
 from storage.io_errors import OnceLog, describe, is_transient
 from storage.journal import Journal, LogMark
 from storage.ledger_metadata_index import LedgerMeta, LedgerMetadataIndex
 from storage.limits import FLUSH_RETRY_MS
 from storage.read_only import ReadOnlyState
 from storage.write_cache import PUT_OK, PUT_SEALED, WriteCache
+
+FLUSH_BUCKETS_US = (1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000)
+"""Bucket bounds of the flush latency histogram."""
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,8 @@ class Flusher:
         self._flush_wanted = threading.Event()
         self.flushes = 0
         self.checkpoints = 0
+        self.flush_latency = LatencyHistogram(FLUSH_BUCKETS_US)
+        """How long writing a sealed buffer took: entries to the entry logs, their sync, the index batch."""
         self.last_mark = LogMark(0, 0)
 
     # --- the caches ------------------------------------------------------------------------
@@ -147,7 +155,9 @@ class Flusher:
         """Write the sealed buffer to synced entry logs and index. Records of an attempt that
         failed are unreferenced garbage in the log, which GC reclaims."""
         try:
+            started_s = time.perf_counter()
             self._write_flushing(dirty)
+            self.flush_latency.record(time.perf_counter() - started_s)
         except StorageError:
             raise
         except Exception as exc:  # OSError, or rocksdict's I/O errors (plain Exceptions)

@@ -36,6 +36,9 @@ Invariants:
   ``backstop_ms`` while the caller appends (not once it has been idle for ``CALLER_IDLE_S``; its
   next record wakes the writer thread once): records the caller's thread leaves undrained (it
   blocks waiting on them, or stays busy) are written by the writer thread, late but never lost.
+  After an fdatasync slower than ``CALLER_FSYNC_US_MAX`` groups go to the writer thread until
+  ``CALLER_FSYNC_CALM_GROUPS`` syncs in a row were fast again, so a cluster of slow syncs stalls
+  the caller's thread (an event loop) at most once.
 - Rotation opens the next file before it lets the current one go, after the group it follows
   is completed: a rotation that fails transiently (out of file descriptors) leaves the journal
   writing to its current file and is tried again after the next group (logged once).
@@ -60,6 +63,7 @@ from storage.histogram import LatencyHistogram, LatencySnapshot
 from storage.io_errors import OnceLog, is_transient
 from storage.limits import (
     CALLER_BACKSTOP_MS,
+    CALLER_FSYNC_CALM_GROUPS,
     CALLER_FSYNC_US_MAX,
     CALLER_IDLE_S,
     GROUP_NAP_S,
@@ -215,7 +219,7 @@ class Journal:
         self._caller_thread: int | None = None
         self._caller_schedule: Callable[[Callable[[], None]], object] | None = None
         self._caller_backstop_s: float | None = None
-        self._last_fsync_us = 0.0
+        self._fast_fsyncs_in_row = CALLER_FSYNC_CALM_GROUPS
         self._caller_added_at = 0.0
         self._closing = False
         self._handover = False
@@ -333,7 +337,7 @@ class Journal:
         if self._failure is not None or self._closing:
             self._complete([item[2]], self._failure or _closed_error())
             return
-        if self._caller_thread == threading.get_ident() and self._last_fsync_us <= CALLER_FSYNC_US_MAX:
+        if self._caller_thread == threading.get_ident() and self._fast_fsyncs_in_row >= CALLER_FSYNC_CALM_GROUPS:
             with self._state_lock:
                 if self._closing:
                     closed: BaseException | None = self._failure or _closed_error()
@@ -541,7 +545,7 @@ class Journal:
             self._file.sync()
             spent_s = time.perf_counter() - started
             self._fsync_latency.record(spent_s)
-            self._last_fsync_us = spent_s * 1e6
+            self._fast_fsyncs_in_row = self._fast_fsyncs_in_row + 1 if spent_s * 1e6 <= CALLER_FSYNC_US_MAX else 0
         self._fileio.failpoint("journal: after fdatasync")
         written = self._file.size_bytes - self._written_mark.offset
         with self._stats_lock:

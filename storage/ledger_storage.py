@@ -66,6 +66,7 @@ from storage.fileio import FileIO
 from storage.flusher import Flusher
 from storage.futures import LightFuture, new_future
 from storage.gc import GarbageCollector, GcResult, GcStats, LogUsageIndex
+from storage.histogram import LatencySnapshot
 from storage.io_errors import OnceLog, is_transient
 from storage.journal import RECORD_ADD_ENTRY, RECORD_FENCE, Journal, JournalRecord, JournalStats, LogMark, encode_header
 from storage.ledger_metadata_index import LedgerMeta, LedgerMetadataIndex
@@ -97,6 +98,8 @@ class StorageStats:
     entry_logs: EntryLogStats
     index: IndexStats
     gc: GcStats
+    flush_latency: LatencySnapshot
+    """Durations of the write cache's flushes (entry logs, their sync, the index batch)."""
 
 
 @dataclass(frozen=True)
@@ -461,6 +464,7 @@ class LedgerStorage:
             entry_logs=self._logs.statistics(),
             index=self._index.statistics(),
             gc=self._gc.statistics(),
+            flush_latency=self._flusher.flush_latency.snapshot(),
         )
 
     def check_consistency(self) -> ConsistencyReport:

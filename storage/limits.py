@@ -44,6 +44,9 @@ CALLER_IDLE_S = 1.0
 """The journal writer stops its backstop polling after this long without records at the caller."""
 CALLER_FSYNC_US_MAX = 2_000
 """Groups go back to the writer thread while the last fdatasync took longer than this."""
+CALLER_FSYNC_CALM_GROUPS = 64
+"""Fdatasyncs in a row within ``CALLER_FSYNC_US_MAX`` before the caller's thread writes again
+after a slow one: slow syncs come in clusters (writeback, the file system's own commits)."""
 
 # The bookie's network protocol and server.
 FRAME_BYTES_MAX = 8 * MiB

@@ -209,6 +209,7 @@ def test_overview_figures_and_charts_move_while_a_producer_runs(console: Console
         console.until(lambda: float(console.stat("msgRateIn") or 0) > 0, "a message rate in")
         console.until(lambda: int(console.stat("msgInCounter")) > before, "the messages-in counter to grow")
         console.until(lambda: float(console.stat("fsyncP50") or 0) > 0, "an fsync latency")
+        console.until(lambda: float(console.stat("loopStallMax") or 0) > 0, "an event loop stall figure")
         console.until(lambda: int(console.one("canvas.chart-canvas").get_attribute("data-points") or 0) >= 3,
                       "points on the charts")
         console.until(lambda: producer.sent > 0, "the producer to send")

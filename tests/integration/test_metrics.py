@@ -3,7 +3,8 @@
 Checks: the body is Prometheus text that the reference parser accepts; per-topic counters
 (messages and bytes in, messages out) and per-subscription gauges (backlog, unacked) move as
 messages are produced over REST, pulled and acknowledged; storage counters (journal records,
-fsyncs, bytes, cache reads, entry logs) grow with writes; the journal fsync latency histogram's
+fsyncs, bytes, cache reads, entry logs) grow with writes and the write cache's flushes are
+timed; the journal fsync latency histogram's
 ``_count`` grows with fsyncs and equals ``magnetar_journal_fsyncs_total``, its buckets are
 cumulative and monotone with ``+Inf == _count``; the broker's rates turn positive under steady
 traffic; and the endpoint stays public when token authentication is on.
@@ -28,6 +29,7 @@ TOPIC = "persistent://public/default/metered"
 TOPIC_URL = "/topics/persistent/public/default/metered"
 SUB_URL = f"{TOPIC_URL}/subscription/audit"
 RATE_DEADLINE_S = 30.0
+FLUSH_DEADLINE_S = 30.0
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -119,6 +121,12 @@ def test_storage_counters_and_the_fsync_histogram_grow_with_writes(client: httpx
     buckets = fsync_buckets(after)
     assert len(buckets) >= 2 and buckets[-1] == (float("inf"), count)
     assert all(low[1] <= high[1] for low, high in itertools.pairwise(buckets)), buckets
+    deadline = time.monotonic() + FLUSH_DEADLINE_S  # the write cache flushes in the background
+    while value(after, "magnetar_storage_flush_seconds_count") < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = scrape(client)
+    assert value(after, "magnetar_storage_flush_seconds_count") >= 1
+    assert value(after, "magnetar_storage_flush_seconds_sum") > 0
 
 
 def test_catch_up_reads_after_a_restart_show_in_the_read_path_counters(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from api.auth import AuthConfig
 from api.cli import main as cli_main
 from api.config import StandaloneConfig
 from api.limits import EdgeLimits
+from api.loop_stalls import LoopStallMonitor
 from api.metrics import BrokerCollector
 from broker.consumer import ConsumerConfig
 from broker.entry_format import Message
@@ -324,7 +325,7 @@ def test_a_scrape_grows_linearly_with_topics_and_bursts_share_one_rendering(tmp_
                 publish_to(service, f"t{i}", [Message(payload=b"x")], producer_name="p")
                 service.subscriptions.subscribe(f"t{i}", "s", SubscriptionType.SHARED, ConsumerConfig(name="c")).close()
 
-        collector = BrokerCollector(service)
+        collector = BrokerCollector(service, LoopStallMonitor())
         add_topics(0, 150)
         small = _calls_during(lambda: list(collector.collect()))
         add_topics(150, 600)
@@ -346,7 +347,7 @@ def test_a_scrape_grows_linearly_with_topics_and_bursts_share_one_rendering(tmp_
                 release.wait(WAIT_S)
                 yield from super().collect()
 
-        registry.register(Slow(served))
+        registry.register(Slow(served, LoopStallMonitor()))
         shared = SharedScrape(registry)
         results: list[bytes] = []
         first = threading.Thread(target=lambda: results.append(shared.render()))

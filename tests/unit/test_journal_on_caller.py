@@ -8,7 +8,8 @@ Checks with real files and fdatasync:
 - a caller that never drains (it blocks waiting on its own record) is covered by the writer
   thread's backstop, whether the writer was polling or asleep after an idle spell: late, never
   lost, no deadlock;
-- a slow fdatasync sends later groups back to the writer thread;
+- a slow fdatasync sends later groups back to the writer thread, and keeps them there until
+  ``CALLER_FSYNC_CALM_GROUPS`` fast ones in a row;
 - a failing fdatasync fails exactly the caller's group and every later record;
 - records still waiting for the caller at close are written; later ones are refused as closed;
 - turning the path off while the writer thread holds the write lock strands nothing;
@@ -169,6 +170,55 @@ def test_a_slow_fdatasync_sends_groups_back_to_the_writer_thread(tmp_path: Path,
         completions.wait_for(2)
         assert scheduled == []
         assert [thread == threading.get_ident() for _, _, thread in completions.groups] == [True, False]
+
+
+class SlowSyncs(FileIO):
+    """Real files whose fdatasync takes ``SLOW_SYNC_S`` longer while ``slow`` is set."""
+
+    def __init__(self) -> None:
+        self.slow = False
+
+    def open_append(self, path: str, *, preallocate_bytes: int = 0) -> AppendFile:
+        opened = super().open_append(path, preallocate_bytes=preallocate_bytes)
+        owner = self
+
+        class Slowed(AppendFile):
+            def sync(self) -> None:
+                if owner.slow:
+                    time.sleep(SLOW_SYNC_S)
+                super().sync()
+
+        opened.__class__ = Slowed
+        return opened
+
+
+SLOW_SYNC_S = 0.3
+SLOW_SYNC_US_MAX = 150_000
+"""Above any real fdatasync of a few bytes here, below the slowed one."""
+GROUPS_AFTER_SLOW = 10
+
+
+def test_after_a_slow_fdatasync_groups_stay_with_the_writer_thread_for_a_while(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slow syncs come in clusters: one fast sync by the writer thread does not bring the
+    caller's thread (an event loop) back to the disk; ``CALLER_FSYNC_CALM_GROUPS`` of them do."""
+    monkeypatch.setattr(journal_module, "CALLER_FSYNC_US_MAX", SLOW_SYNC_US_MAX)
+    fileio = SlowSyncs()
+    with on_caller(tmp_path, fileio=fileio) as (journal, completions, scheduled):
+        append(journal, 0)
+        scheduled.pop()()  # calm disk: the caller's
+        fileio.slow = True
+        append(journal, 1)
+        scheduled.pop()()  # still the caller's: the slow sync is not known before it happens
+        fileio.slow = False
+        for entry_id in range(2, 2 + GROUPS_AFTER_SLOW):
+            append(journal, entry_id)
+            while scheduled:
+                scheduled.pop()()
+            completions.wait_for(entry_id + 1)
+        on_caller_after_slow = sum(thread == threading.get_ident() for _, _, thread in completions.groups[2:])
+        assert on_caller_after_slow == 0, f"{on_caller_after_slow} of {GROUPS_AFTER_SLOW} groups on the caller"
+    assert replayed(tmp_path) == list(range(2 + GROUPS_AFTER_SLOW))
 
 
 def test_a_failing_fdatasync_fails_the_callers_group_and_later_records(tmp_path: Path) -> None:

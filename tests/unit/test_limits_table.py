@@ -48,7 +48,7 @@ AWAITING_SPLIT: set[tuple[str, str]] = set()
 UNIT = re.compile(r"(^|_)(BYTES|MS|S|US|SECONDS|MINUTES|MB|ENTRIES|ROWS|ITEMS|MESSAGES|FRAMES|COMMANDS|CHARS|"
                   r"PERMITS|ATTEMPTS|RETRIES|TRIES|MERGES|OPS|IDS|KEYS|ROLES|VERSIONS|PARTITIONS|BUNDLES|"
                   r"COUNT|FILES|POSITIONS|HINTS|WATCHERS|WATCHES|RANGES|REQUESTS|TOPICS|CONSUMERS|PRODUCERS|"
-                  r"DELETES|ASSIGNMENTS|COUNTS|HEADS|TEXTS|PULLS|SIZE|RATE|INDEX|FD|HANDLES|CLUSTERS)(_|$)")
+                  r"DELETES|ASSIGNMENTS|COUNTS|HEADS|TEXTS|PULLS|SIZE|RATE|INDEX|FD|HANDLES|CLUSTERS|GROUPS)(_|$)")
 """Units and counted things a bound's name may end in (before ``_MAX``/``_MIN``/``_DEFAULT``)."""
 UNIT_OF_ITS_KEYS = {"QUOTA_CONFIG_VALUE_MAX"}
 """Bounds several ``standalone.conf`` keys, each in its own unit (a count, messages or bytes)."""

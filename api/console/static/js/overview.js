@@ -1,4 +1,4 @@
-// The overview: health, uptime, storage and broker-wide rates, polled from
+// The overview: health, uptime, event-loop stalls, storage and broker-wide rates, polled from
 // /admin/v2/broker-stats/overview; the page keeps the last minutes of rates for the charts.
 
 import { get } from "./api.js";
@@ -26,6 +26,22 @@ function trafficGroup(data) {
     stat("Messages out", fmtCount(data.counters.msgOutCounter), data.counters.msgOutCounter, "msgOutCounter"));
 }
 
+function eventLoopGroup(data) {
+  const loop = data.eventLoop;
+  const stall = loop.stallUs;
+  const gcPauses = loop.gcPauses.reduce((sum, g) => sum + g.collections, 0);
+  const gcUs = loop.gcPauses.reduce((sum, g) => sum + g.totalUs, 0);
+  const oldest = loop.gcPauses.find((g) => g.generation === 2);
+  return group("Event loop",
+    stat("Stall p50", fmtMicros(stall.p50), stall.p50, "loopStallP50"),
+    stat("Stall p99", fmtMicros(stall.p99), stall.p99, "loopStallP99"),
+    stat("Stall p99.9", fmtMicros(stall.p999), stall.p999, "loopStallP999"),
+    stat("Longest stall", fmtMicros(stall.max), stall.max, "loopStallMax"),
+    stat("GC collections", `${fmtCount(gcPauses)} · ${fmtMicros(gcUs)}`, gcPauses, "gcCollections"),
+    stat("Full GC p99", fmtMicros(oldest ? oldest.pauseUs.p99 : null), oldest ? oldest.pauseUs.p99 : null,
+      "gcFullP99"));
+}
+
 function clusterGroups(data) {
   const c = data.cluster;
   const connected = c.bookies.filter((b) => b.connected).length;
@@ -38,6 +54,7 @@ function clusterGroups(data) {
       stat("Subscriptions", fmtCount(data.loaded.subscriptions), data.loaded.subscriptions, "subscriptions"),
       stat("Consumers", fmtCount(data.loaded.consumers), data.loaded.consumers, "consumers")),
     trafficGroup(data),
+    eventLoopGroup(data),
     group("Bookies",
       stat("Available", fmtCount(c.bookiesAvailable), c.bookiesAvailable, "bookiesAvailable"),
       stat("Connected", fmtCount(connected), connected, "bookiesConnected"),
@@ -63,6 +80,7 @@ function render(data) {
       stat("Subscriptions", fmtCount(data.loaded.subscriptions), data.loaded.subscriptions, "subscriptions"),
       stat("Consumers", fmtCount(data.loaded.consumers), data.loaded.consumers, "consumers")),
     trafficGroup(data),
+    eventLoopGroup(data),
     group("Journal",
       stat("fsync p50", fmtMicros(latency.p50), latency.p50, "fsyncP50"),
       stat("fsync p99", fmtMicros(latency.p99), latency.p99, "fsyncP99"),
@@ -87,7 +105,8 @@ function render(data) {
       stat("Ledgers", fmtCount(s.ledgers), s.ledgers, "ledgers"),
       stat("Journal files", fmtCount(j.files), j.files, "journalFiles"),
       stat("GC reclaimed", fmtBytes(s.gc.reclaimedBytes), s.gc.reclaimedBytes, "gcReclaimed"),
-      stat("Flushes", fmtCount(s.flushes), s.flushes, "flushes")),
+      stat("Flushes", fmtCount(s.flushes), s.flushes, "flushes"),
+      stat("Flush p99", fmtMicros(s.flushLatencyUs.p99), s.flushLatencyUs.p99, "flushP99")),
   ];
 }
 
