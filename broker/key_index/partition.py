@@ -515,14 +515,11 @@ class PartitionKeys:
             return len(rows)
 
     def advance_for_trim(self) -> None:
-        """Before trimming: when nothing keyed waits in the tail and the record lags behind the
-        current ledger, record the index as covering the topic up to its end (no segment, one
-        record write), so a topic appended to without keys is not held back from trimming until
-        the next timed checkpoint. At most one write per ledger rollover."""
-        with self._lock:
-            idle = not self._pending
+        """Before trimming: when the record lags behind the current ledger, checkpoint now (the
+        confirmed rows as a segment, or only the record for keyless appends), so retention is
+        not held back until the next timed checkpoint. At most once per ledger rollover."""
         infos = self.ml.ledger_infos()
-        if idle and len(infos) > 1 and self._durable.indexed_to < infos[-1].first_offset:
+        if len(infos) > 1 and self._durable.indexed_to < infos[-1].first_offset:
             try:
                 self.checkpoint()
             except MagnetarError as exc:  # trimming waits for the next checkpoint instead
