@@ -431,11 +431,13 @@ class ConsumerHalf:
         out = self._context.out
         try:
             message_id, _ = self._context.service.admin.last_message_id(state.topic)
+            mark_delete = state.consumer.subscription.cursor.mark_delete_position()
         except MagnetarError as exc:
             out.write([commands.error(command.request_id, exc)])
             return
         out.write([commands.last_message_id(command.request_id, message_id.ledger_id, message_id.entry_id,
-                                            state.topic.partition_index, message_id.batch_index, None)])
+                                            state.topic.partition_index, message_id.batch_index,
+                                            (mark_delete.ledger_id, mark_delete.entry_id))])
 
     def stats(self, command: pb.CommandConsumerStats) -> None:
         state = self._requested(command.consumer_id, command.request_id)
