@@ -7,7 +7,9 @@ more through the cursor when none is (:meth:`DispatchReads.read_more`). Per entr
 routing needs is decoded: nothing on Exclusive and Failover subscriptions, an entry's delivery
 time (from its metadata) on Shared ones, and on Key_Shared ones also each message's key hash
 (:meth:`DispatchReads.route_by`). An entry not yet due waits as positions, with the delayed
-messages.
+messages. A read-compacted subscription (``compacted``) below the compaction horizon reads the
+topic's compacted view instead, each message an entry of its own with its original id and
+offset; past the view the cursor moves to the horizon and the topic's entries follow.
 
 A read takes as many entries as the consumers' permits need, at the topic's average entry size
 in messages, at most ``READ_BATCH_ENTRIES`` and ``read_bytes_max`` of entry bytes, and no more
@@ -28,6 +30,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from broker.compaction import CompactedView, compacted_entries
 from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.delivery import footprint
@@ -81,6 +84,8 @@ class DispatchReads:
         round, so an entry is read once however its messages come back."""
         self._delayable = False
         self._key_hashes: KeyHasher | None = None
+        self.compacted: Callable[[], CompactedView | None] | None = None
+        """A read-compacted subscription's compacted view (the topic's latest, asked each read)."""
 
     def route_by(self, *, delayable: bool, key_hashes: KeyHasher | None) -> None:
         """What routing needs decoded: delivery times (``delayable``: Shared and Key_Shared) and
@@ -165,7 +170,10 @@ class DispatchReads:
     def read_more(self, with_permits: dict[Consumer, None], permits_total: int) -> None:
         """Read the next entries for dispatch, sized for ``with_permits`` (the open consumers
         with permits, ``permits_total`` of them together). Per entry, only what routing needs
-        is decoded; an entry not yet due waits as positions."""
+        is decoded; an entry not yet due waits as positions. A read-compacted subscription
+        below the compaction horizon reads the compacted view instead (``_read_compacted``)."""
+        if self.compacted is not None and self._read_compacted(self.compacted(), with_permits, permits_total):
+            return
         cursor = self._cursor
         pending, later = self.pending, self._redelivery.later
         delayable, key_hashes = self._delayable, self._key_hashes
@@ -194,3 +202,32 @@ class DispatchReads:
             pending.append(WaitingEntry(position, data, offsets, hashes, False))
             read_bytes += footprint(1, len(offsets), position.size * len(offsets))
         self.pending_bytes += read_bytes
+
+    def _read_compacted(self, view: CompactedView | None, with_permits: dict[Consumer, None],
+                        permits_total: int) -> bool:
+        """Read the compacted view's next messages (each its own entry, with the id it had in
+        the topic) while the cursor is below the view's horizon; past the last of them the
+        cursor moves to the horizon, where the topic's own entries follow. False when there is
+        no view below the cursor (the topic is read as usual)."""
+        cursor = self._cursor
+        if view is None or cursor.read_offset >= view.horizon_offset:
+            return False
+        count, _ = self._read_size(with_permits, permits_total)
+        read_bytes = 0
+        next_offset = view.horizon_offset
+        for entry in compacted_entries(view, cursor.read_offset):
+            if count <= 0 or read_bytes >= self._read_bytes_max:
+                next_offset = entry.offset
+                break
+            count -= 1
+            if cursor.is_acked(entry.offset):
+                continue
+            size = len(entry.data)
+            position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, entry.offset, 1,
+                                           entry.publish_time_ms, size))
+            self.pending.append(WaitingEntry(position, entry.data, range(entry.offset, entry.offset + 1), None,
+                                             False))
+            read_bytes += footprint(1, 1, size)
+        cursor.seek(next_offset)
+        self.pending_bytes += read_bytes
+        return True

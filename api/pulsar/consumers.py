@@ -201,7 +201,7 @@ class ConsumerHalf:
         durable = command.durable
         initial = self._initial(command, topic)
         consumer = service.subscriptions.subscribe(topic, command.subscription, sub_type, config, initial=initial,
-                                                   durable=durable)
+                                                   durable=durable, compacted=command.read_compacted)
         state = _ClientConsumer(command.consumer_id, topic, command.subscription, sub_type, durable, config,
                                 consumer, _SentEntries(context.settings.entries_remembered_max))
         self._bind(state)
