@@ -8,8 +8,9 @@ routing needs is decoded: nothing on Exclusive and Failover subscriptions, an en
 time (from its metadata) on Shared ones, and on Key_Shared ones also each message's key hash
 (:meth:`DispatchReads.route_by`). An entry not yet due waits as positions, with the delayed
 messages. A read-compacted subscription (``compacted``) below the compaction horizon reads the
-topic's compacted view instead, each message an entry of its own with its original id and
-offset; past the view the cursor moves to the horizon and the topic's entries follow.
+topic's compacted view instead, each message with its original id and offset (a batch's as
+its original entry with an ack set); past the view the cursor moves to the horizon and the
+topic's entries follow.
 
 A read takes as many entries as the consumers' permits need, at the topic's average entry size
 in messages, at most ``READ_BATCH_ENTRIES`` and ``read_bytes_max`` of entry bytes, and no more
@@ -30,7 +31,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from broker.compaction import CompactedView, compacted_entries
+from broker.compaction import CompactedEntry, CompactedView, compacted_entries
 from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.delivery import footprint
@@ -205,10 +206,10 @@ class DispatchReads:
 
     def _read_compacted(self, view: CompactedView | None, with_permits: dict[Consumer, None],
                         permits_total: int) -> bool:
-        """Read the compacted view's next messages (each its own entry, with the id it had in
-        the topic) while the cursor is below the view's horizon; past the last of them the
-        cursor moves to the horizon, where the topic's own entries follow. False when there is
-        no view below the cursor (the topic is read as usual)."""
+        """Read the compacted view's next messages while the cursor is below the view's
+        horizon; past the last of them the cursor moves to the horizon, where the topic's own
+        entries follow. False when there is no view below the cursor (the topic is read as
+        usual). Each message goes with the id it had in the topic (``_compacted_entry``)."""
         cursor = self._cursor
         if view is None or cursor.read_offset >= view.horizon_offset:
             return False
@@ -222,12 +223,32 @@ class DispatchReads:
             count -= 1
             if cursor.is_acked(entry.offset):
                 continue
-            size = len(entry.data)
-            position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, entry.offset, 1,
-                                           entry.publish_time_ms, size))
-            self.pending.append(WaitingEntry(position, entry.data, range(entry.offset, entry.offset + 1), None,
-                                             False))
-            read_bytes += footprint(1, 1, size)
+            waiting = self._compacted_entry(entry)
+            last = self.pending[-1] if self.pending else None
+            if last is not None and last.position[:3] == waiting.position[:3] and waiting.position.batch_size > 1:
+                last.offsets = [*last.offsets, entry.offset]  # the same batch: one MESSAGE, its ack set
+            else:
+                self.pending.append(waiting)
+            read_bytes += footprint(1, 1, waiting.position.size)
         cursor.seek(next_offset)
         self.pending_bytes += read_bytes
         return True
+
+    def _compacted_entry(self, entry: CompactedEntry) -> WaitingEntry:
+        """A compacted message to deliver: a message of a batch as its original entry with only
+        it to deliver (the client numbers it by its batch index and skips the rest by the ack
+        set), else (a lone message, or a batch trimmed from the topic since) the compacted
+        entry itself."""
+        if entry.batch_index >= 0:
+            try:
+                original = self._cursor.ml.read_entry(Position(entry.ledger_id, entry.entry_id))
+            except (NoSuchEntry, NotFound):
+                original = None
+            if original is not None and original.last_offset > original.first_offset:
+                first, count = original.first_offset, original.last_offset + 1 - original.first_offset
+                position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, first, count,
+                                               original.publish_time_ms, len(original.data) // count))
+                return WaitingEntry(position, original.data, [entry.offset], None, False)
+        position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, entry.offset, 1, entry.publish_time_ms,
+                                       len(entry.data)))
+        return WaitingEntry(position, entry.data, range(entry.offset, entry.offset + 1), None, False)

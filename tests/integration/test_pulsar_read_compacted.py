@@ -73,3 +73,24 @@ def test_read_compacted_reader_and_websocket_reader_see_the_same_view(
         assert recv_nothing(ws)
     assert binary == websocket == VIEW
 
+
+
+def test_read_compacted_view_of_batched_messages(compacted: pulsar.Client, broker: tuple[str, str]) -> None:
+    """Messages of a batch keep their ids, batch index included; acknowledged with batch-index
+    acks (the client sends no ack for a batch part of which was compacted away otherwise)."""
+    producer = compacted.create_producer("compacted-batches", batching_enabled=True, batching_max_messages=10,
+                                         batching_max_publish_delay_ms=50)
+    for key, value in (("k1", b"a"), ("k2", b"b"), ("k3", b"c"), ("k1", b"d")):
+        producer.send_async(value, None, partition_key=key)
+    producer.flush()
+    compact(broker[0], "compacted-batches")
+    consumer = compacted.subscribe("compacted-batches", "view", is_read_compacted=True, batch_index_ack_enabled=True,
+                                   initial_position=pulsar.InitialPosition.Earliest)
+    view = drain(consumer)
+    assert [(m.partition_key(), m.data()) for m in view] == [("k2", b"b"), ("k3", b"c"), ("k1", b"d")]
+    plain = compacted.subscribe("compacted-batches", "plain", initial_position=pulsar.InitialPosition.Earliest)
+    ids = {m.data(): str(m.message_id()) for m in drain(plain)}
+    assert [str(m.message_id()) for m in view] == [ids[b"b"], ids[b"c"], ids[b"d"]]  # each its own id
+    consumer.close()
+    again = compacted.subscribe("compacted-batches", "view", is_read_compacted=True, batch_index_ack_enabled=True)
+    assert drain(again) == []
