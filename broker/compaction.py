@@ -8,7 +8,10 @@ prefixed with its original message id (Pulsar's compacted ledgers keep original 
 ``[ledger u64][entry u64][batch_index i32]`` + a one-message Pulsar entry whose
 BrokerEntryMetadata index is the message's original offset. Then the compaction record at
 ``/managed-ledgers/{name}/compaction`` is swapped (compare-and-set) and the old compacted
-ledger deleted. Readers of the compacted view read it up to the horizon, then the topic.
+ledger deleted. Readers of the compacted view read it up to the horizon, then the topic:
+``Reader`` (REST, WebSocket) as decoded messages, a read-compacted subscription (the binary
+protocol's ``read_compacted``) as entries (``compacted_entries``: each message's stored bytes
+with the id it had in the topic, nothing decoded).
 
 ``Compactions`` (``BrokerService.compactions``) keeps one ``Compactor`` per loaded topic and
 runs triggered compactions on one background thread, one per topic at a time.
@@ -81,6 +84,34 @@ class CompactedView:
         start = bisect.bisect_left(range(last + 1), offset, key=self._offset_at)
         for entry_id in range(start, last + 1):
             yield decode_compacted(self.handle.read_entry(entry_id))
+
+
+@dataclass(frozen=True)
+class CompactedEntry:
+    """One message of the compacted view as an entry a consumer is sent: ``data`` in the
+    topic's own stored format (its broker entry metadata's index being the message's
+    ``offset``), with the id the message had in the topic."""
+
+    offset: int
+    ledger_id: int
+    entry_id: int
+    batch_index: int
+    publish_time_ms: int
+    data: bytes
+
+
+def compacted_entries(view: CompactedView, offset: int) -> Iterator[CompactedEntry]:
+    """The compacted view's messages from ``offset`` on, as entries, without decoding them."""
+    handle = view.handle
+    last = handle.last_add_confirmed
+    start = bisect.bisect_left(range(last + 1), offset, key=view._offset_at)
+    for entry_id in range(start, last + 1):
+        raw = handle.read_entry(entry_id)
+        ledger_id, original_entry, batch_index = _ORIGINAL_ID.unpack_from(raw)
+        data = raw[_ORIGINAL_ID.size :]
+        meta = peek_broker_entry_metadata(data)
+        assert meta is not None
+        yield CompactedEntry(meta.index, ledger_id, original_entry, batch_index, meta.broker_timestamp_ms, data)
 
 
 def decode_compacted(raw: bytes) -> CompactedMessage:

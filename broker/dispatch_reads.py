@@ -7,7 +7,10 @@ more through the cursor when none is (:meth:`DispatchReads.read_more`). Per entr
 routing needs is decoded: nothing on Exclusive and Failover subscriptions, an entry's delivery
 time (from its metadata) on Shared ones, and on Key_Shared ones also each message's key hash
 (:meth:`DispatchReads.route_by`). An entry not yet due waits as positions, with the delayed
-messages.
+messages. A read-compacted subscription (``compacted``) below the compaction horizon reads the
+topic's compacted view instead, each message with its original id and offset (a batch's as
+its original entry with an ack set); past the view the cursor moves to the horizon and the
+topic's entries follow.
 
 A read takes as many entries as the consumers' permits need, at the topic's average entry size
 in messages, at most ``READ_BATCH_ENTRIES`` and ``read_bytes_max`` of entry bytes, and no more
@@ -28,6 +31,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from broker.compaction import CompactedEntry, CompactedView, compacted_entries
 from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.delivery import footprint
@@ -81,6 +85,8 @@ class DispatchReads:
         round, so an entry is read once however its messages come back."""
         self._delayable = False
         self._key_hashes: KeyHasher | None = None
+        self.compacted: Callable[[], CompactedView | None] | None = None
+        """A read-compacted subscription's compacted view (the topic's latest, asked each read)."""
 
     def route_by(self, *, delayable: bool, key_hashes: KeyHasher | None) -> None:
         """What routing needs decoded: delivery times (``delayable``: Shared and Key_Shared) and
@@ -165,7 +171,10 @@ class DispatchReads:
     def read_more(self, with_permits: dict[Consumer, None], permits_total: int) -> None:
         """Read the next entries for dispatch, sized for ``with_permits`` (the open consumers
         with permits, ``permits_total`` of them together). Per entry, only what routing needs
-        is decoded; an entry not yet due waits as positions."""
+        is decoded; an entry not yet due waits as positions. A read-compacted subscription
+        below the compaction horizon reads the compacted view instead (``_read_compacted``)."""
+        if self.compacted is not None and self._read_compacted(self.compacted(), with_permits, permits_total):
+            return
         cursor = self._cursor
         pending, later = self.pending, self._redelivery.later
         delayable, key_hashes = self._delayable, self._key_hashes
@@ -194,3 +203,52 @@ class DispatchReads:
             pending.append(WaitingEntry(position, data, offsets, hashes, False))
             read_bytes += footprint(1, len(offsets), position.size * len(offsets))
         self.pending_bytes += read_bytes
+
+    def _read_compacted(self, view: CompactedView | None, with_permits: dict[Consumer, None],
+                        permits_total: int) -> bool:
+        """Read the compacted view's next messages while the cursor is below the view's
+        horizon; past the last of them the cursor moves to the horizon, where the topic's own
+        entries follow. False when there is no view below the cursor (the topic is read as
+        usual). Each message goes with the id it had in the topic (``_compacted_entry``)."""
+        cursor = self._cursor
+        if view is None or cursor.read_offset >= view.horizon_offset:
+            return False
+        count, _ = self._read_size(with_permits, permits_total)
+        read_bytes = 0
+        next_offset = view.horizon_offset
+        for entry in compacted_entries(view, cursor.read_offset):
+            if count <= 0 or read_bytes >= self._read_bytes_max:
+                next_offset = entry.offset
+                break
+            count -= 1
+            if cursor.is_acked(entry.offset):
+                continue
+            waiting = self._compacted_entry(entry)
+            last = self.pending[-1] if self.pending else None
+            if last is not None and last.position[:3] == waiting.position[:3] and waiting.position.batch_size > 1:
+                last.offsets = [*last.offsets, entry.offset]  # the same batch: one MESSAGE, its ack set
+            else:
+                self.pending.append(waiting)
+            read_bytes += footprint(1, 1, waiting.position.size)
+        cursor.seek(next_offset)
+        self.pending_bytes += read_bytes
+        return True
+
+    def _compacted_entry(self, entry: CompactedEntry) -> WaitingEntry:
+        """A compacted message to deliver: a message of a batch as its original entry with only
+        it to deliver (the client numbers it by its batch index and skips the rest by the ack
+        set), else (a lone message, or a batch trimmed from the topic since) the compacted
+        entry itself."""
+        if entry.batch_index >= 0:
+            try:
+                original = self._cursor.ml.read_entry(Position(entry.ledger_id, entry.entry_id))
+            except (NoSuchEntry, NotFound):
+                original = None
+            if original is not None and original.last_offset > original.first_offset:
+                first, count = original.first_offset, original.last_offset + 1 - original.first_offset
+                position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, first, count,
+                                               original.publish_time_ms, len(original.data) // count))
+                return WaitingEntry(position, original.data, [entry.offset], None, False)
+        position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, entry.offset, 1, entry.publish_time_ms,
+                                       len(entry.data)))
+        return WaitingEntry(position, entry.data, range(entry.offset, entry.offset + 1), None, False)

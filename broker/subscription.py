@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from broker.byte_budget import BudgetShare, ByteBudget
+from broker.compaction import CompactedView
 from broker.consumer import Consumer, ConsumerConfig
 from broker.cursor import ManagedCursor
 from broker.delivery import MESSAGE_BYTES, RUN_BYTES, Delivery, EntryRun
@@ -175,6 +176,12 @@ class Subscription:
         self._reads.route_by(delayable=sub_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED),
                              key_hashes=entry_key_hashes if self._by_key is not None else None)
         return dispatcher
+
+    def read_compacted(self, view: Callable[[], CompactedView | None]) -> None:
+        """Read the compacted view (``view``: the topic's latest) below its horizon, then the
+        topic (a read-compacted consumer subscribed)."""
+        with self._lock:
+            self._reads.compacted = view
 
     def end_of_topic(self) -> bool:
         """The topic is terminated and this subscription has acknowledged all of it."""

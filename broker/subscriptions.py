@@ -36,7 +36,7 @@ from broker.delivery import Delivery
 from broker.dispatch_scheduling import DispatchScheduler
 from broker.entry_builder import entry_of_messages
 from broker.entry_format import Message
-from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotFound, PreconditionFailed
+from broker.errors import ConsumerBusy, InvalidRequest, MagnetarError, NotAllowed, NotFound, PreconditionFailed
 from broker.limits import CURSOR_MOVE_WAIT_S_MAX, DEAD_LETTER_WAIT_S_MAX, PATTERN_BYTES_MAX, TOPIC_WATCHERS_MAX
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
@@ -107,9 +107,17 @@ class Subscriptions:
             return created
 
     def subscribe(self, topic: str | TopicName, name: str, sub_type: SubscriptionType, config: ConsumerConfig, *,
-                  initial: str | int = "latest", durable: bool = True) -> Consumer:
+                  initial: str | int = "latest", durable: bool = True, compacted: bool = False) -> Consumer:
+        """A consumer of subscription ``name``; ``compacted`` (Exclusive and Failover only, as
+        in Pulsar) makes the subscription read the topic's compacted view below its compaction
+        horizon, then the topic itself."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
-        return self.subscription(topic_name, name, sub_type, initial=initial, durable=durable).add_consumer(config)
+        if compacted and sub_type not in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            raise NotAllowed("read-compacted subscriptions are Exclusive or Failover")
+        subscription = self.subscription(topic_name, name, sub_type, initial=initial, durable=durable)
+        if compacted:
+            subscription.read_compacted(self._compactions.compactor(topic_name).view)
+        return subscription.add_consumer(config)
 
     def subscribe_many(self, topics: list[str], name: str, sub_type: SubscriptionType, config: ConsumerConfig, *,
                        initial: str | int = "latest", durable: bool = True) -> MultiConsumer:

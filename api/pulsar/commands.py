@@ -22,8 +22,7 @@ E = pb.ServerError
 
 _ERRORS: dict[str, int] = {
     "not_found": E.TopicNotFound,
-    "invalid_request": E.UnknownError,
-    "invalid_topic_name": E.InvalidTopicName,
+    "invalid_request": E.NotAllowedError,
     "consumer_busy": E.ConsumerBusy,
     "producer_busy": E.ProducerBusy,
     "producer_fenced": E.ProducerFenced,
@@ -41,11 +40,15 @@ _ERRORS: dict[str, int] = {
     "ledger_fenced": E.ServiceNotReady,  # another broker recovered the topic: look it up again
     "too_many_requests": E.TooManyRequests,
 }
-"""``MagnetarError.code`` → ``ServerError``; anything else with a 5xx status is a persistence
-error (the client retries), anything else at all ``UnknownError``. A topic this broker does not
-serve (``TopicNotOwned``), whose bundle is between owners, or whose ledger another broker fenced
-while recovering it is ``ServiceNotReady``, as Pulsar's broker answers it: the client looks the
-topic up again and goes to the owner."""
+"""``MagnetarError.code`` → ``ServerError`` (``_unlisted`` for the rest). A request the broker
+refuses as given, a malformed topic, tenant, namespace or subscription name included, is
+``NotAllowedError``: final for every official client (Pulsar's C++ client, under the Python
+one, retries ``UnknownError`` and even ``InvalidTopicName`` until its operation timeout, at the
+lookup, the PRODUCER and the SUBSCRIBE alike; Pulsar's own broker never meets such names, the
+clients refuse them before sending). A topic this broker does not serve (``TopicNotOwned``),
+whose bundle is between owners, or whose ledger another broker fenced while recovering it is
+``ServiceNotReady``, as Pulsar's broker answers it: the client looks the topic up again and goes
+to the owner. ARCHITECTURE.md ("Refusals on the binary protocol") lists the table."""
 
 
 def server_error(error: BaseException) -> tuple[int, str]:
@@ -54,9 +57,18 @@ def server_error(error: BaseException) -> tuple[int, str]:
     if isinstance(error, MagnetarError):
         code = _ERRORS.get(error.code)
         if code is None:
-            code = E.PersistenceError if error.http_status >= 500 else E.UnknownError
+            code = _unlisted(error)
         return code, text or error.code
     return E.UnknownError, text or type(error).__name__
+
+
+def _unlisted(error: MagnetarError) -> int:
+    """A code not in ``_ERRORS``: a storage failure (5xx) is ``PersistenceError`` and a refusal
+    worth retrying ``UnknownError`` (both retried by the client); any other refusal is final,
+    ``NotAllowedError``."""
+    if error.http_status >= 500:
+        return E.PersistenceError
+    return E.UnknownError if error.retriable else E.NotAllowedError
 
 
 def _frame(kind: int, field: str, **values: object) -> bytes:

@@ -201,7 +201,7 @@ class ConsumerHalf:
         durable = command.durable
         initial = self._initial(command, topic)
         consumer = service.subscriptions.subscribe(topic, command.subscription, sub_type, config, initial=initial,
-                                                   durable=durable)
+                                                   durable=durable, compacted=command.read_compacted)
         state = _ClientConsumer(command.consumer_id, topic, command.subscription, sub_type, durable, config,
                                 consumer, _SentEntries(context.settings.entries_remembered_max))
         self._bind(state)
@@ -431,11 +431,13 @@ class ConsumerHalf:
         out = self._context.out
         try:
             message_id, _ = self._context.service.admin.last_message_id(state.topic)
+            mark_delete = state.consumer.subscription.cursor.mark_delete_position()
         except MagnetarError as exc:
             out.write([commands.error(command.request_id, exc)])
             return
         out.write([commands.last_message_id(command.request_id, message_id.ledger_id, message_id.entry_id,
-                                            state.topic.partition_index, message_id.batch_index, None)])
+                                            state.topic.partition_index, message_id.batch_index,
+                                            (mark_delete.ledger_id, mark_delete.entry_id))])
 
     def stats(self, command: pb.CommandConsumerStats) -> None:
         state = self._requested(command.consumer_id, command.request_id)

@@ -108,14 +108,18 @@ class ProducerAccess:
         self._topics: dict[str, _TopicProducers] = {}
         self._count = 0
 
-    def acquire(self, topic: str, holder: _Holder) -> tuple[bool, int]:
-        """(ready now, topic epoch); ``ProducerBusy`` when refused. A ``WaitForExclusive``
-        producer that must wait is ready later, through its ``ready`` callback."""
+    def acquire(self, topic: str, holder: _Holder, epoch: int | None = None) -> tuple[bool, int]:
+        """(ready now, topic epoch); ``ProducerBusy`` or ``ProducerFenced`` when refused, as
+        Pulsar refuses (``_check_exclusive``). A ``WaitForExclusive`` producer that must wait is
+        ready later, through its ``ready`` callback. ``epoch`` is the topic epoch the client
+        last had (a reconnecting exclusive producer's)."""
         state = self._topics.setdefault(topic, _TopicProducers())
         holders = state.holders
         if holder.name in holders:
             raise ProducerBusy(f"a producer named {holder.name} is already connected to {topic}")
         first = next(iter(holders.values()), None)
+        if holder.mode == Mode.Exclusive:
+            self._check_exclusive(topic, state, first, epoch)
         if holder.mode == Mode.Shared:
             if first is not None and first.mode != Mode.Shared:
                 raise ProducerBusy(f"{topic} has an exclusive producer ({first.name})")
@@ -126,17 +130,26 @@ class ProducerAccess:
             for other in fenced:
                 other.fence()
             state.epoch += 1
-        elif first is not None:
-            if holder.mode == Mode.WaitForExclusive:
-                state.waiting[holder] = None
-                return False, state.epoch
-            raise ProducerBusy(f"{topic} already has a producer ({first.name}); "
-                               "an Exclusive producer needs it to itself")
+        elif first is not None:  # WaitForExclusive (an Exclusive one was refused above)
+            state.waiting[holder] = None
+            return False, state.epoch
         else:
             state.epoch += 1
         holders[holder.name] = holder
         self._count += 1
         return True, state.epoch
+
+    @staticmethod
+    def _check_exclusive(topic: str, state: _TopicProducers, first: _Holder | None, epoch: int | None) -> None:
+        """An ``Exclusive`` producer is fenced (``ProducerFenced``, final for the client) while
+        the topic has another producer, or when the topic's epoch moved past the one it had:
+        another exclusive producer took the topic meanwhile."""
+        if first is not None:
+            raise ProducerFenced(f"{topic} already has a producer ({first.name}); "
+                                 "an Exclusive producer needs it to itself")
+        if epoch is not None and epoch < state.epoch:
+            raise ProducerFenced(f"the epoch of {topic} has moved to {state.epoch}; "
+                                 f"this producer's is {epoch}")
 
     def release(self, topic: str, holder: _Holder) -> None:
         state = self._topics.get(topic)
@@ -268,7 +281,8 @@ class ProducerHalf:
                              lambda: self._fenced(command.producer_id),
                              lambda epoch: self._now_ready(command.producer_id, command.request_id, epoch))
             state = _ClientProducer(command.producer_id, topic, producer, holder, schema_version)
-            ready, epoch = self._access.acquire(topic.full_name, holder)
+            ready, epoch = self._access.acquire(topic.full_name, holder,
+                                               command.topic_epoch if command.HasField("topic_epoch") else None)
         except MagnetarError as exc:
             if producer is not None:
                 producer.close()

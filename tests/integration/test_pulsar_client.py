@@ -411,7 +411,7 @@ def test_chunked_message_larger_than_the_maximum(pc: pulsar.Client) -> None:
 
 def test_exclusive_producer_access(pc: pulsar.Client) -> None:
     first = pc.create_producer("exclusive-producer", access_mode=pulsar.ProducerAccessMode.Exclusive)
-    with pytest.raises(pulsar.ProducerBusy):
+    with pytest.raises(pulsar.ProducerFenced):
         pc.create_producer("exclusive-producer", access_mode=pulsar.ProducerAccessMode.Exclusive)
     with pytest.raises(pulsar.ProducerBusy):
         pc.create_producer("exclusive-producer")
