@@ -32,13 +32,29 @@ from consumers.eventsourcing.recorders import (
 
 _TTracking = TypeVar("_TTracking", bound=MagnetarTrackingRecorder)
 HTTP_TIMEOUT_S_DEFAULT = 30.0
+SERVICE_URL = "MAGNETAR_SERVICE_URL"
+AUTH_TOKEN = "MAGNETAR_AUTH_TOKEN"
+HTTP_TIMEOUT_S = "MAGNETAR_HTTP_TIMEOUT_S"
+NAMESPACE = "MAGNETAR_NAMESPACE"
+
+
+def client_of(env: Environment) -> Client:
+    """The client the environment asks for."""
+    return Client(env.get(SERVICE_URL) or DEFAULT_SERVICE_URL, env.get(AUTH_TOKEN) or None,
+                  http_timeout_s=float(env.get(HTTP_TIMEOUT_S) or HTTP_TIMEOUT_S_DEFAULT))
+
+
+def topic_of(env: Environment, purpose: str) -> str:
+    """The topic of the application's ``purpose`` (events, snapshots, tracking)."""
+    namespace = env.get(NAMESPACE) or "public/default"
+    return f"persistent://{namespace}/{env.name.lower() or 'eventsourcing'}-{purpose}"
 
 
 class MagnetarFactory(InfrastructureFactory[MagnetarTrackingRecorder]):
-    SERVICE_URL = "MAGNETAR_SERVICE_URL"
-    AUTH_TOKEN = "MAGNETAR_AUTH_TOKEN"
-    HTTP_TIMEOUT_S = "MAGNETAR_HTTP_TIMEOUT_S"
-    NAMESPACE = "MAGNETAR_NAMESPACE"
+    SERVICE_URL = SERVICE_URL
+    AUTH_TOKEN = AUTH_TOKEN
+    HTTP_TIMEOUT_S = HTTP_TIMEOUT_S
+    NAMESPACE = NAMESPACE
 
     aggregate_recorder_class = MagnetarAggregateRecorder
     application_recorder_class = MagnetarApplicationRecorder
@@ -47,13 +63,10 @@ class MagnetarFactory(InfrastructureFactory[MagnetarTrackingRecorder]):
 
     def __init__(self, env: Environment | EnvType | None) -> None:
         super().__init__(env)
-        self.client = Client(self.env.get(self.SERVICE_URL) or DEFAULT_SERVICE_URL,
-                             self.env.get(self.AUTH_TOKEN) or None,
-                             http_timeout_s=float(self.env.get(self.HTTP_TIMEOUT_S) or HTTP_TIMEOUT_S_DEFAULT))
+        self.client = client_of(self.env)
 
     def topic(self, purpose: str) -> str:
-        namespace = self.env.get(self.NAMESPACE) or "public/default"
-        return f"persistent://{namespace}/{self.env.name.lower() or 'eventsourcing'}-{purpose}"
+        return topic_of(self.env, purpose)
 
     def aggregate_recorder(self, purpose: str = "events") -> AggregateRecorder:
         return type(self).aggregate_recorder_class(self.client, self.topic(purpose))

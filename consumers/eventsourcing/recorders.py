@@ -144,6 +144,34 @@ class MagnetarRecorder:
         except ClientError as exc:
             raise persistence_error(exc) from exc
 
+    def _read_range(self, offset: int, count: int) -> tuple[list[dict[str, Any]], int]:
+        """Up to ``count`` messages from ``offset`` on (JSON), and the offset to read next."""
+        try:
+            answer = self.client.request("GET", f"{self._path}/messages",
+                                         params={"offset": offset, "maxMessages": max(1, count)}).json()
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return [], offset
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        return list(answer["messages"]), int(answer["nextOffset"])
+
+    def _offsets(self) -> tuple[int, int]:
+        """The topic's first retained offset and the next offset it will assign."""
+        try:
+            answer = self.client.request("GET", f"{self._path}/offsets").json()
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return 0, 0
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        partitions = list(answer["offsets"].values())
+        if not partitions:
+            return 0, 0
+        return int(partitions[0]["first"]), int(partitions[0]["next"])
+
     def _pages(self, key: str, *, backward: bool) -> Iterator[Message]:
         """The stream of ``key`` message by message, read a page at a time."""
         version: int | None = None
@@ -265,34 +293,6 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
         from consumers.eventsourcing.subscription import MagnetarSubscription
 
         return MagnetarSubscription(self, gt=gt, topics=topics)
-
-    def _read_range(self, offset: int, count: int) -> tuple[list[dict[str, Any]], int]:
-        """Up to ``count`` messages from ``offset`` on (JSON), and the offset to read next."""
-        try:
-            answer = self.client.request("GET", f"{self._path}/messages",
-                                         params={"offset": offset, "maxMessages": max(1, count)}).json()
-        except HttpError as exc:
-            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
-                return [], offset
-            raise persistence_error(exc) from exc
-        except ClientError as exc:
-            raise persistence_error(exc) from exc
-        return list(answer["messages"]), int(answer["nextOffset"])
-
-    def _offsets(self) -> tuple[int, int]:
-        """The topic's first retained offset and the next offset it will assign."""
-        try:
-            answer = self.client.request("GET", f"{self._path}/offsets").json()
-        except HttpError as exc:
-            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
-                return 0, 0
-            raise persistence_error(exc) from exc
-        except ClientError as exc:
-            raise persistence_error(exc) from exc
-        partitions = list(answer["offsets"].values())
-        if not partitions:
-            return 0, 0
-        return int(partitions[0]["first"]), int(partitions[0]["next"])
 
 
 class MagnetarTrackingRecorder(MagnetarRecorder, TrackingRecorder):

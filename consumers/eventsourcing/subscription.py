@@ -1,30 +1,35 @@
-"""A live subscription to an application sequence stored in a Magnetar topic.
+"""Live subscriptions to what a recorder stores in a Magnetar topic.
 
-Role: ``MagnetarSubscription`` is the library's ``ListenNotifySubscription`` (a thread that
-selects notifications after the last one it handed out, a bounded queue of pages) with Magnetar
-as the listener: a WebSocket reader on the topic, opened at its end before the first select,
-wakes the selecting thread for every new message, so a new notification is handed out as soon
-as it is stored, without polling.
+Role: ``MagnetarSubscription`` (an application sequence) and ``MagnetarDCBSubscription`` (a DCB
+store) are the library's listen-and-notify subscriptions (a thread that selects what follows the
+last item it handed out, a bounded queue of pages) with a ``TopicListener`` as the notifier: a
+WebSocket reader on the topic, opened at its end before the first select, wakes the selecting
+thread for every new message, so what is stored is handed out at once, without polling.
 
 Invariants: nothing stored after the reader opened can be missed (the reader sees it and wakes
-the selector, which reads from the last id handed out); nothing is handed out twice (selects
-start after the last id). The reader reconnects when its broker goes away; a select that fails
-(the broker down for longer than the client's failover time) ends the iteration with the
-library's ``OperationalError``. ``stop()`` closes the reader, which ends the listening thread.
+the selector, which reads from the last position handed out); nothing is handed out twice
+(selects start after the last position). The reader reconnects when its broker goes away; a
+select that fails (the broker down for longer than the client's failover time) ends the
+iteration with the library's ``OperationalError``. ``stop()`` closes the reader, which ends the
+listening thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from threading import Thread
+from threading import Event, Thread
 from typing import TYPE_CHECKING, Any
 
+from eventsourcing.dcb.api import DCBQuery
+from eventsourcing.dcb.persistence import DCBListenNotifySubscription
 from eventsourcing.persistence import ListenNotifySubscription
 
-from consumers.client import ClientError, ConnectionClosed, ReceiveTimeout
+from consumers.client import Client, ClientError, ConnectionClosed, ReceiveTimeout
+from consumers.eventsourcing.records import persistence_error
 
 if TYPE_CHECKING:
+    from consumers.eventsourcing.dcb import MagnetarDCBRecorder
     from consumers.eventsourcing.recorders import MagnetarApplicationRecorder
 
 LISTEN_WAIT_MS = 1000
@@ -32,34 +37,70 @@ LISTEN_WAIT_MS = 1000
 LISTENER_RECEIVER_QUEUE_SIZE = 100
 
 
-class MagnetarSubscription(ListenNotifySubscription["MagnetarApplicationRecorder"]):
-    def __init__(self, recorder: MagnetarApplicationRecorder, gt: int | None = None,
-                 topics: Sequence[str] = ()) -> None:
+class TopicListener:
+    """Sets ``notified`` whenever a message is stored in ``topic`` after it was opened."""
+
+    def __init__(self, client: Client, topic: str) -> None:
         try:
-            self._reader = recorder.client.create_reader(recorder.topic, "latest", reconnect=True,
-                                                         receiver_queue_size=LISTENER_RECEIVER_QUEUE_SIZE)
+            self._reader = client.create_reader(topic, "latest", reconnect=True,
+                                                receiver_queue_size=LISTENER_RECEIVER_QUEUE_SIZE)
         except ClientError as exc:
-            from consumers.eventsourcing.records import persistence_error
-
             raise persistence_error(exc) from exc
-        super().__init__(recorder, gt=gt, topics=topics)
-        self._listener = Thread(target=self._listen, name="magnetar-subscription-listener", daemon=True)
-        self._listener.start()
+        self._stopped = False
+        self._thread: Thread | None = None
 
-    def _listen(self) -> None:
-        while not self._has_been_stopped:
+    def start(self, notified: Event) -> None:
+        self._thread = Thread(target=self._listen, args=(notified,), name="magnetar-listener", daemon=True)
+        self._thread.start()
+
+    def _listen(self, notified: Event) -> None:
+        while not self._stopped:
             try:
                 self._reader.read_next(timeout_ms=LISTEN_WAIT_MS)
             except ReceiveTimeout:
                 continue
             except ConnectionClosed:
                 return
-            self._has_been_notified.set()
+            notified.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        with contextlib.suppress(ClientError, RuntimeError):
+            self._reader.close()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
+class MagnetarSubscription(ListenNotifySubscription["MagnetarApplicationRecorder"]):
+    def __init__(self, recorder: MagnetarApplicationRecorder, gt: int | None = None,
+                 topics: Sequence[str] = ()) -> None:
+        self._listener = TopicListener(recorder.client, recorder.topic)  # before the first select
+        super().__init__(recorder, gt=gt, topics=topics)
+        self._listener.start(self._has_been_notified)
 
     def stop(self) -> None:
         super().stop()
-        with contextlib.suppress(ClientError, RuntimeError):
-            self._reader.close()
+        self._listener.stop()
+
+    def __exit__(self, *args: object, **kwargs: Any) -> None:
+        try:
+            super().__exit__(*args, **kwargs)
+        finally:
+            self._listener.join()
+
+
+class MagnetarDCBSubscription(DCBListenNotifySubscription["MagnetarDCBRecorder"]):
+    def __init__(self, recorder: MagnetarDCBRecorder, query: DCBQuery | None = None,
+                 after: int | None = None) -> None:
+        self._listener = TopicListener(recorder.client, recorder.topic)  # before the first select
+        super().__init__(recorder, query=query, after=after)
+        self._listener.start(self._has_been_notified)
+
+    def stop(self) -> None:
+        super().stop()
+        self._listener.stop()
 
     def __exit__(self, *args: object, **kwargs: Any) -> None:
         try:
