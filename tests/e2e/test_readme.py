@@ -231,9 +231,10 @@ def test_the_eventsourcing_example_runs_as_written(tmp_path: Path) -> None:
     with standalone_process(tmp_path / "data") as (url, _):
         script = tmp_path / "dogs.py"
         script.write_text(blocks[0].replace("http://localhost:8080", url))
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         for _ in range(2):  # and again: a second run appends to the same topic
-            done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+            done = subprocess.run([sys.executable, str(script)], check=False, cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=COMMAND_TIMEOUT_S, env=env)
             assert done.returncode == 0, done.stderr
         events = read_all(url, "/topics/persistent/public/default/dogschool-events")
         assert [m["properties"]["es-version"] for m in events] == ["1", "2", "3"] * 2
