@@ -9,21 +9,23 @@ thread for every new message, so what is stored is handed out at once, without p
 Invariants: nothing stored after the reader opened can be missed (the reader sees it and wakes
 the selector, which reads from the last position handed out); nothing is handed out twice
 (selects start after the last position). The reader reconnects when its broker goes away; a
-select that fails (the broker down for longer than the client's failover time) ends the
-iteration with the library's ``OperationalError``. ``stop()`` closes the reader, which ends the
+select that fails because the broker cannot be reached is made again, with backoff, for
+``RESUME_TIMEOUT_S`` (a restart, a failover), and then ends the iteration with the library's
+``OperationalError``. ``stop()`` closes the reader, which ends the
 listening thread.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from threading import Event, Thread
 from typing import TYPE_CHECKING, Any
 
 from eventsourcing.dcb.api import DCBQuery
 from eventsourcing.dcb.persistence import DCBListenNotifySubscription
-from eventsourcing.persistence import ListenNotifySubscription
+from eventsourcing.persistence import ListenNotifySubscription, OperationalError
 
 from consumers.client import Client, ClientError, ConnectionClosed, ReceiveTimeout
 from consumers.eventsourcing.records import persistence_error
@@ -32,6 +34,11 @@ if TYPE_CHECKING:
     from consumers.eventsourcing.dcb import MagnetarDCBRecorder
     from consumers.eventsourcing.recorders import MagnetarApplicationRecorder
 
+RESUME_TIMEOUT_S = 60.0
+"""How long a subscription keeps selecting again while its broker cannot be reached (a restart,
+a failover) before it ends with the ``OperationalError``."""
+RESUME_DELAY_S_MIN = 0.05
+RESUME_DELAY_S_MAX = 2.0
 LISTEN_WAIT_MS = 1000
 """How long the listening thread waits for a message before it looks whether it was stopped."""
 LISTENER_RECEIVER_QUEUE_SIZE = 100
@@ -73,12 +80,32 @@ class TopicListener:
             self._thread.join()
 
 
+def pull_resuming(pull: Callable[[], None], stopped: Callable[[], bool], wake: Event) -> None:
+    """Run ``pull`` (which resumes after what it handed out), again after an ``OperationalError``
+    with backoff until ``RESUME_TIMEOUT_S`` passes or the subscription stops (``wake`` cuts a
+    wait short)."""
+    deadline_s = time.monotonic() + RESUME_TIMEOUT_S
+    delay_s = RESUME_DELAY_S_MIN
+    while True:
+        try:
+            pull()
+            return
+        except OperationalError:
+            if stopped() or time.monotonic() >= deadline_s:
+                raise
+        wake.wait(delay_s)
+        delay_s = min(delay_s * 2, RESUME_DELAY_S_MAX)
+
+
 class MagnetarSubscription(ListenNotifySubscription["MagnetarApplicationRecorder"]):
     def __init__(self, recorder: MagnetarApplicationRecorder, gt: int | None = None,
                  topics: Sequence[str] = ()) -> None:
         self._listener = TopicListener(recorder.client, recorder.topic)  # before the first select
         super().__init__(recorder, gt=gt, topics=topics)
         self._listener.start(self._has_been_notified)
+
+    def _pull(self) -> None:
+        pull_resuming(super()._pull, lambda: self._has_been_stopped, self._has_been_notified)
 
     def stop(self) -> None:
         super().stop()
@@ -97,6 +124,9 @@ class MagnetarDCBSubscription(DCBListenNotifySubscription["MagnetarDCBRecorder"]
         self._listener = TopicListener(recorder.client, recorder.topic)  # before the first select
         super().__init__(recorder, query=query, after=after)
         self._listener.start(self._has_been_notified)
+
+    def _pull(self) -> None:
+        pull_resuming(super()._pull, lambda: self._has_been_stopped, self._has_been_notified)
 
     def stop(self) -> None:
         super().stop()
