@@ -42,6 +42,7 @@ from consumers.client import ClientError, HttpError
 from consumers.eventsourcing.factory import client_of, topic_of
 from consumers.eventsourcing.recorders import MagnetarRecorder, MagnetarTrackingRecorder
 from consumers.eventsourcing.records import persistence_error
+from consumers.eventsourcing.subscription import MagnetarDCBSubscription
 
 TYPE_PROPERTY = "dcb-type"
 TAGS_PROPERTY = "dcb-tags"
@@ -100,10 +101,8 @@ class MagnetarDCBRecorder(MagnetarRecorder, DCBRecorder):
         raise OperationalError(f"append to {self.topic}: the topic kept growing ({APPEND_ATTEMPTS_MAX} attempts)")
 
     def subscribe(self, query: DCBQuery | None = None, *, after: int | None = None) -> Any:
-        from consumers.eventsourcing.subscription import MagnetarDCBSubscription
-
         _check_query(query)
-        return MagnetarDCBSubscription(self, query=query, after=after)
+        return MagnetarDCBSubscription(self, self.client, self.topic, query=query, after=after)
 
     def _post(self, body: dict[str, Any]) -> int:
         """The position of the last event of one stored request (``HttpError`` for a 409)."""

@@ -53,6 +53,7 @@ from consumers.eventsourcing.records import (
     tracking_key,
     tracking_message,
 )
+from consumers.eventsourcing.subscription import MagnetarSubscription
 
 INSERT_ATTEMPTS_MAX = 16
 """How often one insert re-reads heads that other writers moved before it gives up."""
@@ -290,9 +291,7 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
         return None
 
     def subscribe(self, gt: int | None = None, topics: Sequence[str] = ()) -> Subscription[ApplicationRecorder]:
-        from consumers.eventsourcing.subscription import MagnetarSubscription
-
-        return MagnetarSubscription(self, gt=gt, topics=topics)
+        return MagnetarSubscription(self, self.client, self.topic, gt=gt, topics=topics)
 
 
 class MagnetarTrackingRecorder(MagnetarRecorder, TrackingRecorder):

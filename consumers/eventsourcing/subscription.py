@@ -21,18 +21,14 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from threading import Event, Thread
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from eventsourcing.dcb.api import DCBQuery
+from eventsourcing.dcb.api import DCBQuery, DCBRecorder
 from eventsourcing.dcb.persistence import DCBListenNotifySubscription
-from eventsourcing.persistence import ListenNotifySubscription, OperationalError
+from eventsourcing.persistence import ApplicationRecorder, ListenNotifySubscription, OperationalError
 
 from consumers.client import Client, ClientError, ConnectionClosed, ReceiveTimeout
 from consumers.eventsourcing.records import persistence_error
-
-if TYPE_CHECKING:
-    from consumers.eventsourcing.dcb import MagnetarDCBRecorder
-    from consumers.eventsourcing.recorders import MagnetarApplicationRecorder
 
 RESUME_TIMEOUT_S = 60.0
 """How long a subscription keeps selecting again while its broker cannot be reached (a restart,
@@ -97,10 +93,12 @@ def pull_resuming(pull: Callable[[], None], stopped: Callable[[], bool], wake: E
         delay_s = min(delay_s * 2, RESUME_DELAY_S_MAX)
 
 
-class MagnetarSubscription(ListenNotifySubscription["MagnetarApplicationRecorder"]):
-    def __init__(self, recorder: MagnetarApplicationRecorder, gt: int | None = None,
+class MagnetarSubscription(ListenNotifySubscription[ApplicationRecorder]):
+    """The notifications of ``recorder``, which stores them in ``topic``."""
+
+    def __init__(self, recorder: ApplicationRecorder, client: Client, topic: str, gt: int | None = None,
                  topics: Sequence[str] = ()) -> None:
-        self._listener = TopicListener(recorder.client, recorder.topic)  # before the first select
+        self._listener = TopicListener(client, topic)  # before the first select
         super().__init__(recorder, gt=gt, topics=topics)
         self._listener.start(self._has_been_notified)
 
@@ -118,10 +116,12 @@ class MagnetarSubscription(ListenNotifySubscription["MagnetarApplicationRecorder
             self._listener.join()
 
 
-class MagnetarDCBSubscription(DCBListenNotifySubscription["MagnetarDCBRecorder"]):
-    def __init__(self, recorder: MagnetarDCBRecorder, query: DCBQuery | None = None,
+class MagnetarDCBSubscription(DCBListenNotifySubscription[DCBRecorder]):
+    """The events of ``recorder`` (matching ``query``), which stores them in ``topic``."""
+
+    def __init__(self, recorder: DCBRecorder, client: Client, topic: str, query: DCBQuery | None = None,
                  after: int | None = None) -> None:
-        self._listener = TopicListener(recorder.client, recorder.topic)  # before the first select
+        self._listener = TopicListener(client, topic)  # before the first select
         super().__init__(recorder, query=query, after=after)
         self._listener.start(self._has_been_notified)
 
