@@ -45,6 +45,7 @@ from consumers.eventsourcing.records import (
     check_increasing,
     event_message,
     head_of,
+    is_notification,
     is_tracking,
     notification_of,
     originator_key,
@@ -269,7 +270,7 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
             for answer in messages:
                 if stop is not None and int(answer["offset"]) + 1 > stop:
                     return found
-                if is_tracking(answer["properties"]) or (wanted and answer["properties"].get("es-topic") not in wanted):
+                if not is_notification(answer["properties"], wanted):
                     continue
                 found.append(notification_of(answer))
                 if len(found) == limit:

@@ -41,6 +41,9 @@ TRACKING_PROPERTY = "es-tracking-id"
 UUID_ID_TYPE = "uuid"
 TRACKING_KEY_PREFIX = "__tracking__/"
 KEY_BYTES_MAX = 1024  # the broker's bound on a message key
+OPERATIONAL_STATUSES = frozenset({408, 409, 429})
+"""4xx answers that say "not now" rather than "not this": a timeout, a busy producer, a rate limit
+(a 409 for a conditional append is handled before, as a conflict)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,11 @@ def is_tracking(properties: dict[str, str]) -> bool:
     return TRACKING_PROPERTY in properties
 
 
+def is_notification(properties: dict[str, str], topics: frozenset[str]) -> bool:
+    """Whether a message is a stored event whose topic is among ``topics`` (empty: any)."""
+    return not is_tracking(properties) and (not topics or properties.get(TOPIC_PROPERTY) in topics)
+
+
 def stored_event_of(key: str, payload: bytes, properties: dict[str, str]) -> StoredEvent:
     return StoredEvent(originator_id=_originator_id(key, properties),
                        originator_version=int(properties[VERSION_PROPERTY]),
@@ -128,11 +136,12 @@ def check_increasing(values: Sequence[int], what: str) -> None:
 
 def persistence_error(error: ClientError) -> PersistenceError:
     """The library's error for a broker's answer: unreachable, timed out or failing brokers are
-    ``OperationalError``s (try again later), refused input is a ``DataError``, a refused call
-    (authentication, permission) a ``ProgrammingError``."""
+    ``OperationalError``s (try again later), as are a timed-out request, a busy producer slot
+    and a rate limit; refused input is a ``DataError``, a refused call (authentication,
+    permission) a ``ProgrammingError``."""
     if isinstance(error, HttpError) and 400 <= error.status < 500:
         if error.status in (401, 403):
             return ProgrammingError(str(error))
-        if error.status not in (408, 429):
+        if error.status not in OPERATIONAL_STATUSES:
             return DataError(str(error))
     return OperationalError(str(error))
