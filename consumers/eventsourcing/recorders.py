@@ -136,6 +136,8 @@ class MagnetarRecorder:
         return head
 
     def _read_stream(self, key: str, from_version: int | None, count: int, *, backward: bool) -> list[Message]:
+        """Up to ``count`` messages of the stream of ``key`` (fewer when the answer's byte bound
+        cuts it: an empty list only at the stream's end)."""
         try:
             return self.client.read_stream(self.topic, key, from_version=from_version, max_messages=count,
                                            backward=backward).messages
@@ -175,15 +177,15 @@ class MagnetarRecorder:
         return int(partitions[0]["first"]), int(partitions[0]["next"])
 
     def _pages(self, key: str, *, backward: bool) -> Iterator[Message]:
-        """The stream of ``key`` message by message, read a page at a time."""
+        """The stream of ``key`` message by message, read a page at a time until a read is empty."""
         version: int | None = None
         while True:
             page = self._read_stream(key, version, STREAM_PAGE_MESSAGES, backward=backward)
-            if version is None and page and backward:
+            if not page:
+                return
+            if version is None and backward:
                 self._heads.put(key, head_of(page[0]))
             yield from page
-            if len(page) < STREAM_PAGE_MESSAGES:
-                return
             last = page[-1].key_version
             assert last is not None
             version = last - 1 if backward else last + 1
@@ -284,12 +286,22 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
         first, end = self._offsets()
         while end > first:
             start = max(first, end - STREAM_PAGE_MESSAGES)
-            messages, _ = self._read_range(start, end - start)
-            for answer in reversed(messages):
+            for answer in reversed(self._read_between(start, end)):
                 if not is_tracking(answer["properties"]):
                     return int(answer["offset"]) + 1
             end = start
         return None
+
+    def _read_between(self, start: int, end: int) -> list[dict[str, Any]]:
+        """The messages with offsets in ``[start, end)``, in as many reads as their bytes take."""
+        found: list[dict[str, Any]] = []
+        offset = start
+        while offset < end:
+            messages, offset = self._read_range(offset, end - offset)
+            if not messages:
+                break
+            found.extend(m for m in messages if int(m["offset"]) < end)
+        return found
 
     def subscribe(self, gt: int | None = None, topics: Sequence[str] = ()) -> Subscription[ApplicationRecorder]:
         return MagnetarSubscription(self, self.client, self.topic, gt=gt, topics=topics)

@@ -101,3 +101,22 @@ def test_a_subscription_resumes_after_its_broker_is_killed_and_restarted(tmp_pat
         follower.join(RESUME_BOUND_S)
     assert [n.id for n in received] == [1, 2, 3]
     assert all(isinstance(n, Notification) for n in received)
+
+
+LARGE_STATE_BYTES = 200_000
+LARGE_EVENTS = 60
+LARGE_EVENTS_PER_INSERT = 10
+
+
+def test_an_aggregate_larger_than_one_read_answer_is_read_whole(tmp_path: Path) -> None:
+    """A read answer is bounded in bytes (a few MiB): an aggregate and a notification log that
+    take several answers are still read to their end."""
+    a = uuid.uuid4()
+    with standalone_process(tmp_path) as (url, _), Client(url) as client:
+        recorder = MagnetarApplicationRecorder(client, "es-large")
+        for first in range(1, LARGE_EVENTS + 1, LARGE_EVENTS_PER_INSERT):
+            recorder.insert_events([StoredEvent(a, v, "t", bytes(LARGE_STATE_BYTES))
+                                    for v in range(first, first + LARGE_EVENTS_PER_INSERT)])
+        assert [e.originator_version for e in recorder.select_events(a)] == list(range(1, LARGE_EVENTS + 1))
+        assert len(recorder.select_events(a, gt=0)) == LARGE_EVENTS
+        assert recorder.max_notification_id() == LARGE_EVENTS
