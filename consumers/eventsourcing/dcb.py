@@ -85,6 +85,7 @@ class MagnetarDCBRecorder(MagnetarRecorder, DCBRecorder):
         if len(events) > EVENTS_PER_APPEND_MAX:
             raise DataError(f"an append takes at most {EVENTS_PER_APPEND_MAX} events")
         body: dict[str, Any] = {"messages": [_message(e) for e in events], "payloadEncoding": "base64"}
+        self._check_unpartitioned()
         if condition is None:
             return self._post(body)
         _check_query(condition.fail_if_events_match)

@@ -14,7 +14,8 @@ nothing written, and a head that moved since it was read is read again and check
 (``INSERT_ATTEMPTS_MAX``). The heads this recorder saw last are remembered
 (``HEADS_CACHED_MAX`` keys), so a write after a read costs one request; a stale one costs a 409
 and a read. Notification ids increase in the order readers see them: offsets are assigned under
-one lock and read only below the last confirmed entry. The topic must not be partitioned.
+one lock and read only below the last confirmed entry. The topic must not be partitioned: the
+first write or range read of a recorder checks it (``ProgrammingError``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from eventsourcing.persistence import (
     Notification,
     OperationalError,
     ProcessRecorder,
+    ProgrammingError,
     StoredEvent,
     Subscription,
     Tracking,
@@ -95,10 +97,29 @@ class MagnetarRecorder:
         self.topic = Topic.parse(topic).full_name
         self._path = f"/topics/{Topic.parse(topic).path}"
         self._heads = _Heads(HEADS_CACHED_MAX)
+        self._checked_unpartitioned = False
+
+    def _check_unpartitioned(self) -> None:
+        """Refuse a partitioned topic (its offsets are per partition: no total order), once per
+        recorder; a topic that does not exist yet is created unpartitioned by the first append."""
+        if self._checked_unpartitioned:
+            return
+        try:
+            answer = self.client.request("GET", f"{self._path}/offsets").json()
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        if int(answer.get("partitions") or 0) > 0:
+            raise ProgrammingError(f"{self.topic} is partitioned: a recorder needs one partition's total order")
+        self._checked_unpartitioned = True
 
     def _insert(self, events: Sequence[StoredEvent], tracking: Tracking | None) -> list[int]:
         """Append ``events`` (and ``tracking``) in one request; their offsets (events only)."""
         first, last = _values_by_key(events, tracking)
+        self._check_unpartitioned()
         messages = [event_message(e) for e in events] + ([tracking_message(tracking)] if tracking else [])
         heads = {key: self._heads.get(key) or NEW_STREAM for key in first}
         for _ in range(INSERT_ATTEMPTS_MAX):
@@ -150,6 +171,7 @@ class MagnetarRecorder:
 
     def _read_range(self, offset: int, count: int) -> tuple[list[dict[str, Any]], int]:
         """Up to ``count`` messages from ``offset`` on (JSON), and the offset to read next."""
+        self._check_unpartitioned()
         try:
             answer = self.client.request("GET", f"{self._path}/messages",
                                          params={"offset": offset, "maxMessages": max(1, count)}).json()

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from eventsourcing.persistence import IntegrityError, Notification, OperationalError, StoredEvent
+from eventsourcing.persistence import IntegrityError, Notification, OperationalError, ProgrammingError, StoredEvent
 
 from consumers.client import Client
 from consumers.eventsourcing import MagnetarApplicationRecorder
@@ -120,3 +120,16 @@ def test_an_aggregate_larger_than_one_read_answer_is_read_whole(tmp_path: Path) 
         assert [e.originator_version for e in recorder.select_events(a)] == list(range(1, LARGE_EVENTS + 1))
         assert len(recorder.select_events(a, gt=0)) == LARGE_EVENTS
         assert recorder.max_notification_id() == LARGE_EVENTS
+
+
+def test_a_partitioned_topic_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Notification ids are one partition's offsets: a partitioned topic has no total order."""
+    with standalone_process(tmp_path) as (url, _), Client(url) as client:
+        client.request("PUT", "/admin/v2/persistent/public/default/es-split/partitions", json_body=2)
+        recorder = MagnetarApplicationRecorder(client, "es-split")
+        with pytest.raises(ProgrammingError, match="partitioned"):
+            recorder.insert_events([event(uuid.uuid4(), 1)])
+        with pytest.raises(ProgrammingError, match="partitioned"):
+            recorder.select_notifications(None, 10)
+        offsets = client.request("GET", "/topics/persistent/public/default/es-split/offsets").json()["offsets"]
+        assert all(o["next"] == 0 for o in offsets.values())
