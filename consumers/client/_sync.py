@@ -42,7 +42,11 @@ class _LoopThread:
         self._thread.start()
 
     def call(self, coroutine: Coroutine[Any, Any, _R]) -> _R:
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        except RuntimeError:  # the loop is closed (the client was): the coroutine will never run
+            coroutine.close()
+            raise
         try:
             return future.result()
         except BaseException:
