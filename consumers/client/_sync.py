@@ -9,7 +9,8 @@ Invariants: a blocking call waits exactly as long as its asyncio twin (whose own
 bounded: send timeout, receive timeout, close timeout); if the caller is interrupted (Ctrl-C)
 the asyncio call is cancelled. ``send_async`` returns a ``concurrent.futures.Future`` and blocks
 the caller only while ``max_pending_messages`` publishes are in flight. ``Client.close()`` closes
-everything the client made, then stops and joins the thread (bounded by ``THREAD_JOIN_TIMEOUT_S``).
+everything the client made, then stops and joins the thread (bounded by ``THREAD_JOIN_TIMEOUT_S``);
+a ``Client`` garbage-collected without it does the same in the background, without waiting.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -38,11 +40,37 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="magnetar-client", daemon=True)
+        self._close_when_stopped = False
+        self._thread = threading.Thread(target=self._run, name="magnetar-client", daemon=True)
         self._thread.start()
 
+    def _run(self) -> None:
+        self.loop.run_forever()
+        if self._close_when_stopped:
+            self.loop.close()
+
+    def stop_soon(self, last: Coroutine[Any, Any, None]) -> None:
+        """Run ``last`` on the loop, then stop and close the loop, without waiting: safe from
+        any thread, a finalizer's (which may be the loop's own) included."""
+        if self.loop.is_closed() or not self._thread.is_alive():
+            last.close()
+            return
+        self._close_when_stopped = True
+
+        async def final() -> None:
+            try:
+                await last
+            finally:
+                self.loop.stop()
+
+        asyncio.run_coroutine_threadsafe(final(), self.loop)
+
     def call(self, coroutine: Coroutine[Any, Any, _R]) -> _R:
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        except RuntimeError:  # the loop is closed (the client was): the coroutine will never run
+            coroutine.close()
+            raise
         try:
             return future.result()
         except BaseException:
@@ -198,8 +226,15 @@ class Reader:
         self.close()
 
 
+def _close_dropped(runner: _LoopThread, client: AsyncClient) -> None:
+    """A ``Client`` collected without ``close()``: its connections are closed and its thread
+    ends, in the background."""
+    runner.stop_soon(client.close())
+
+
 class Client:
-    """``with Client("http://127.0.0.1:8080", token=...) as client: ...``"""
+    """``with Client("http://127.0.0.1:8080", token=...) as client: ...``; one dropped without
+    ``close()`` closes its connections and ends its thread when it is garbage-collected."""
 
     def __init__(self, service_url: str = DEFAULT_SERVICE_URL, token: str | None = None, *,
                  http_timeout_s: float = HTTP_TIMEOUT_S, failover_timeout_s: float = FAILOVER_TIMEOUT_S,
@@ -220,6 +255,8 @@ class Client:
         except BaseException:
             self._runner.stop()
             raise
+        self._finalizer = weakref.finalize(self, _close_dropped, self._runner, self._client)
+        self._finalizer.atexit = False
 
     def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
                         batching_max_messages: int = 1000, max_pending_messages: int = PENDING_MESSAGES_DEFAULT,
@@ -289,6 +326,7 @@ class Client:
         return self._runner.call(self._client.request(method, path, json_body=json_body, params=params))
 
     def close(self) -> None:
+        self._finalizer.detach()
         if not self._runner.loop.is_closed():
             try:
                 self._runner.call(self._client.close())

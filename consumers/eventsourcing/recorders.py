@@ -1,0 +1,349 @@
+"""The ``eventsourcing`` library's recorders over one Magnetar topic (through the project's client).
+
+Role: ``MagnetarAggregateRecorder`` stores an aggregate's events as the event stream of its
+originator id; ``MagnetarApplicationRecorder`` adds the application sequence (notification id =
+offset + 1, read by offset ranges, followed live by ``MagnetarSubscription``);
+``MagnetarTrackingRecorder`` keeps each upstream application's tracking records as the stream of
+a tracking key; ``MagnetarProcessRecorder`` writes tracking records and events in one request.
+
+Invariants: an insert is one PIP-64 request, so its events (and tracking record) are stored
+together or not at all. Each stream it touches is expected at the key version of the head it
+checked ("the last originator version is below my first one", "the last tracked notification id
+is below mine"), under the broker's offset lock, so a conflict is an ``IntegrityError`` with
+nothing written, and a head that moved since it was read is read again and checked again
+(``INSERT_ATTEMPTS_MAX``). The heads this recorder saw last are remembered
+(``HEADS_CACHED_MAX`` keys), so a write after a read costs one request; a stale one costs a 409
+and a read. Notification ids increase in the order readers see them: offsets are assigned under
+one lock and read only below the last confirmed entry. The topic must not be partitioned: the
+first write or range read of a recorder checks it (``ProgrammingError``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    IntegrityError,
+    Notification,
+    OperationalError,
+    ProcessRecorder,
+    ProgrammingError,
+    StoredEvent,
+    Subscription,
+    Tracking,
+    TrackingRecorder,
+)
+
+from consumers.client import Client, ClientError, HttpError, KeyVersionMismatch, Message, Topic
+from consumers.eventsourcing.records import (
+    NEW_STREAM,
+    Head,
+    check_increasing,
+    event_message,
+    head_of,
+    is_notification,
+    is_tracking,
+    notification_of,
+    originator_key,
+    persistence_error,
+    stored_event_of_message,
+    tracking_key,
+    tracking_message,
+)
+from consumers.eventsourcing.subscription import MagnetarSubscription
+
+INSERT_ATTEMPTS_MAX = 16
+"""How often one insert re-reads heads that other writers moved before it gives up."""
+HEADS_CACHED_MAX = 10_000
+STREAM_PAGE_MESSAGES = 1000
+NOTIFICATION_PAGE_MESSAGES_MAX = 10_000
+NOT_FOUND_CODES = frozenset({"topic_not_found", "not_found"})
+
+
+class _Heads:
+    """The heads this recorder saw last, most recent first out of a bounded LRU."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._heads: OrderedDict[str, Head] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Head | None:
+        with self._lock:
+            head = self._heads.get(key)
+            if head is not None:
+                self._heads.move_to_end(key)
+            return head
+
+    def put(self, key: str, head: Head) -> None:
+        with self._lock:
+            self._heads[key] = head
+            self._heads.move_to_end(key)
+            while len(self._heads) > self._capacity:
+                self._heads.popitem(last=False)
+
+
+class MagnetarRecorder:
+    """The stream operations every recorder shares: conditional inserts and stream reads."""
+
+    def __init__(self, client: Client, topic: str) -> None:
+        self.client = client
+        self.topic = Topic.parse(topic).full_name
+        self._path = f"/topics/{Topic.parse(topic).path}"
+        self._heads = _Heads(HEADS_CACHED_MAX)
+        self._checked_unpartitioned = False
+
+    def _check_unpartitioned(self) -> None:
+        """Refuse a partitioned topic (its offsets are per partition: no total order), once per
+        recorder; a topic that does not exist yet is created unpartitioned by the first append."""
+        if self._checked_unpartitioned:
+            return
+        try:
+            answer = self.client.request("GET", f"{self._path}/offsets").json()
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        if int(answer.get("partitions") or 0) > 0:
+            raise ProgrammingError(f"{self.topic} is partitioned: a recorder needs one partition's total order")
+        self._checked_unpartitioned = True
+
+    def _insert(self, events: Sequence[StoredEvent], tracking: Tracking | None) -> list[int]:
+        """Append ``events`` (and ``tracking``) in one request; their offsets (events only)."""
+        first, last = _values_by_key(events, tracking)
+        self._check_unpartitioned()
+        messages = [event_message(e) for e in events] + ([tracking_message(tracking)] if tracking else [])
+        heads = {key: self._heads.get(key) or NEW_STREAM for key in first}
+        for _ in range(INSERT_ATTEMPTS_MAX):
+            _check_heads(heads, first)
+            body = {"messages": messages, "payloadEncoding": "base64",
+                    "expectedKeyVersions": {key: head.key_version for key, head in heads.items()}}
+            try:
+                answer = self.client.request("POST", self._path, json_body=body).json()
+            except HttpError as exc:
+                if exc.code != KeyVersionMismatch.code:
+                    raise persistence_error(exc) from exc
+                heads = self._reread(heads, exc.details.get("currentKeyVersions") or {})
+                continue
+            except ClientError as exc:
+                raise persistence_error(exc) from exc
+            return self._stored(answer["messagePublishResults"], messages, last, len(events))
+        raise OperationalError(f"insert into {self.topic}: the streams kept moving ({INSERT_ATTEMPTS_MAX} attempts)")
+
+    def _stored(self, results: list[dict[str, Any]], messages: list[dict[str, Any]], last: dict[str, int],
+                event_count: int) -> list[int]:
+        for message, result in zip(messages, results, strict=True):
+            key = message["key"]
+            self._heads.put(key, Head(int(result["keyVersion"]), last[key]))
+        return [int(r["offset"]) for r in results[:event_count]]
+
+    def _reread(self, heads: dict[str, Head], current: dict[str, Any]) -> dict[str, Head]:
+        """The heads after a 409: the streams that moved are read again."""
+        return {key: self._read_head(key) if key not in current or int(current[key]) != head.key_version else head
+                for key, head in heads.items()}
+
+    def _read_head(self, key: str) -> Head:
+        page = self._read_stream(key, None, 1, backward=True)
+        head = head_of(page[0]) if page else NEW_STREAM
+        self._heads.put(key, head)
+        return head
+
+    def _read_stream(self, key: str, from_version: int | None, count: int, *, backward: bool) -> list[Message]:
+        """Up to ``count`` messages of the stream of ``key`` (fewer when the answer's byte bound
+        cuts it: an empty list only at the stream's end)."""
+        try:
+            return self.client.read_stream(self.topic, key, from_version=from_version, max_messages=count,
+                                           backward=backward).messages
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return []
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+
+    def _read_range(self, offset: int, count: int) -> tuple[list[dict[str, Any]], int]:
+        """Up to ``count`` messages from ``offset`` on (JSON), and the offset to read next."""
+        self._check_unpartitioned()
+        try:
+            answer = self.client.request("GET", f"{self._path}/messages",
+                                         params={"offset": offset, "maxMessages": max(1, count)}).json()
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return [], offset
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        return list(answer["messages"]), int(answer["nextOffset"])
+
+    def _offsets(self) -> tuple[int, int]:
+        """The topic's first retained offset and the next offset it will assign."""
+        try:
+            answer = self.client.request("GET", f"{self._path}/offsets").json()
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return 0, 0
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        partitions = list(answer["offsets"].values())
+        if not partitions:
+            return 0, 0
+        return int(partitions[0]["first"]), int(partitions[0]["next"])
+
+    def _pages(self, key: str, *, backward: bool) -> Iterator[Message]:
+        """The stream of ``key`` message by message, read a page at a time until a read is empty."""
+        version: int | None = None
+        while True:
+            page = self._read_stream(key, version, STREAM_PAGE_MESSAGES, backward=backward)
+            if not page:
+                return
+            if version is None and backward:
+                self._heads.put(key, head_of(page[0]))
+            yield from page
+            last = page[-1].key_version
+            assert last is not None
+            version = last - 1 if backward else last + 1
+            if version < 0:
+                return
+
+
+def _values_by_key(events: Sequence[StoredEvent], tracking: Tracking | None) -> tuple[dict[str, int], dict[str, int]]:
+    """Each stream's first and last new value (originator version, tracked id), checked to increase."""
+    values: dict[str, list[int]] = {}
+    for event in events:
+        values.setdefault(originator_key(event.originator_id), []).append(event.originator_version)
+    if tracking is not None:
+        values[tracking_key(tracking.application_name)] = [tracking.notification_id]
+    for key, sequence in values.items():
+        check_increasing(sequence, f"stream {key!r}")
+    return {k: v[0] for k, v in values.items()}, {k: v[-1] for k, v in values.items()}
+
+
+def _check_heads(heads: dict[str, Head], first: dict[str, int]) -> None:
+    for key, head in heads.items():
+        if head.value is not None and first[key] <= head.value:
+            raise IntegrityError(f"stream {key!r} already holds {head.value}; {first[key]} would not follow it")
+
+
+class MagnetarAggregateRecorder(MagnetarRecorder, AggregateRecorder):
+    """Aggregate events (or snapshots) as the event streams of their originators."""
+
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
+        if stored_events:
+            self._insert(stored_events, None)
+        return None
+
+    def select_events(self, originator_id: UUID | str, *, gt: int | None = None, lte: int | None = None,
+                      desc: bool = False, limit: int | None = None) -> Sequence[StoredEvent]:
+        key = originator_key(originator_id)
+        if desc or gt is not None:  # from the newest down: after a snapshot, only the last few are read
+            found = self._select_backward(key, gt, lte, limit if desc else None)
+            if not desc:
+                found.reverse()
+        else:
+            found = self._select_forward(key, lte, limit)
+        return found[:limit] if limit is not None else found
+
+    def _select_backward(self, key: str, gt: int | None, lte: int | None, limit: int | None) -> list[StoredEvent]:
+        found: list[StoredEvent] = []
+        for message in self._pages(key, backward=True):
+            event = stored_event_of_message(message)
+            if gt is not None and event.originator_version <= gt:
+                break
+            if lte is None or event.originator_version <= lte:
+                found.append(event)
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
+
+    def _select_forward(self, key: str, lte: int | None, limit: int | None) -> list[StoredEvent]:
+        found: list[StoredEvent] = []
+        for message in self._pages(key, backward=False):
+            event = stored_event_of_message(message)
+            if lte is not None and event.originator_version > lte:
+                break
+            found.append(event)
+            if limit is not None and len(found) >= limit:
+                break
+        return found
+
+
+class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder):
+    """Aggregate events plus the application sequence: the topic's offsets."""
+
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
+        if not stored_events:
+            return None
+        return [offset + 1 for offset in self._insert(stored_events, None)]
+
+    def select_notifications(self, start: int | None, limit: int, stop: int | None = None,
+                             topics: Sequence[str] = (), *, inclusive_of_start: bool = True) -> Sequence[Notification]:
+        offset = 0 if start is None else max(0, start - 1 if inclusive_of_start else start)
+        wanted = frozenset(topics)
+        found: list[Notification] = []
+        while len(found) < limit:
+            messages, next_offset = self._read_range(offset, min(NOTIFICATION_PAGE_MESSAGES_MAX, limit - len(found)))
+            for answer in messages:
+                if stop is not None and int(answer["offset"]) + 1 > stop:
+                    return found
+                if not is_notification(answer["properties"], wanted):
+                    continue
+                found.append(notification_of(answer))
+                if len(found) == limit:
+                    return found
+            if not messages:
+                return found
+            offset = next_offset
+        return found
+
+    def max_notification_id(self) -> int | None:
+        first, end = self._offsets()
+        while end > first:
+            start = max(first, end - STREAM_PAGE_MESSAGES)
+            for answer in reversed(self._read_between(start, end)):
+                if not is_tracking(answer["properties"]):
+                    return int(answer["offset"]) + 1
+            end = start
+        return None
+
+    def _read_between(self, start: int, end: int) -> list[dict[str, Any]]:
+        """The messages with offsets in ``[start, end)``, in as many reads as their bytes take."""
+        found: list[dict[str, Any]] = []
+        offset = start
+        while offset < end:
+            messages, offset = self._read_range(offset, end - offset)
+            if not messages:
+                break
+            found.extend(m for m in messages if int(m["offset"]) < end)
+        return found
+
+    def subscribe(self, gt: int | None = None, topics: Sequence[str] = ()) -> Subscription[ApplicationRecorder]:
+        return MagnetarSubscription(self, self.client, self.topic, gt=gt, topics=topics)
+
+
+class MagnetarTrackingRecorder(MagnetarRecorder, TrackingRecorder):
+    """Tracking records: each upstream application's notification ids as one stream."""
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        self._insert([], tracking)
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        return self._read_head(tracking_key(application_name)).value
+
+
+class MagnetarProcessRecorder(MagnetarTrackingRecorder, MagnetarApplicationRecorder, ProcessRecorder):
+    """Events and the tracking record of the notification that caused them, in one request."""
+
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
+        tracking: Tracking | None = kwargs.get("tracking")
+        if not stored_events and tracking is None:
+            return None
+        return [offset + 1 for offset in self._insert(stored_events, tracking)]
