@@ -483,7 +483,9 @@ class PartitionKeys:
             # a row confirmed after ``end`` was read is in the batch: the record must cover it,
             # or the next opening numbers its entry again
             covered = batch[-1].first_offset + batch[-1].message_count if batch else 0
-            indexed_to = stop if stop is not None else max(end, covered)
+            indexed_to = max(end, covered)
+            if stop is not None:  # never past a keyed entry not yet durable, nor a keyless one (``end``)
+                indexed_to = min(indexed_to, stop)
             if upto is not None:
                 indexed_to = min(indexed_to, upto)
             self._checkpointed_s = time.monotonic()

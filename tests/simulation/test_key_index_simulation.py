@@ -79,7 +79,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.simulation
 
-DEFAULT_SEEDS = range(1, 61)
+DEFAULT_SEEDS = [*range(1, 61), 5055]
+"""60 seeds, and 5055: a checkpoint whose first unconfirmed keyed entry lay past a keyless one in
+flight recorded an ``indexedTo`` beyond what the crash left, and the index was rebuilt."""
 DEFAULT_OPS = 24
 RESULT_TIMEOUT_S = 30.0
 TRACE_TAIL = 120
