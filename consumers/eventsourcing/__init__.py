@@ -1,4 +1,4 @@
-"""A persistence module of the ``eventsourcing`` library over Magnetar (``magnetar[eventsourcing]``).
+"""A persistence module of the ``eventsourcing`` library over Magnetar (installed with it).
 
 Select it the library's way, with the broker's address in the application's environment::
 
