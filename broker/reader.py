@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from broker.byte_budget import ByteBudget
+from broker.byte_budget import BudgetShare, ByteBudget
 from broker.compaction import Compactor
 from broker.delivery import Delivery, EntryRun, decoded_footprint
 from broker.errors import InvalidRequest, MagnetarError
@@ -57,13 +57,12 @@ class Reader:
         self.topic = topic
         self._buffer: deque[Delivery] = deque()
         self._peeked: Delivery | None = None
-        self._budget = budget
         self._read_bytes_max = read_bytes_max
         self._buffered_bytes = 0
         """The footprint of the read ``_buffer`` holds, counted in the budget until it is empty."""
         self._listeners: list[Callable[[], None]] = []
-        self._waiting = False
-        """A wake-up is left with the budget."""
+        self._budget_share = BudgetShare(budget, self._budget_freed)
+        """This reader's account with the reads-in-flight budget (one wake-up left at a time)."""
         self.next_offset = self._resolve(start)
         self._compacted: Iterator[Delivery] | None = None
         if compactor is not None:
@@ -139,27 +138,15 @@ class Reader:
             self._release()
         return delivery
 
-    def _release(self) -> None:
-        if self._buffered_bytes and self._budget is not None:
-            self._budget.adjust(-self._buffered_bytes)
-        self._buffered_bytes = 0
+    def _hold(self, footprint_bytes: int) -> None:
+        """The read ``_buffer`` now holds ``footprint_bytes``; the budget is told the change."""
+        self._buffered_bytes = footprint_bytes
+        self._budget_share.tell(self._budget_share.delta(footprint_bytes))
 
-    def _budget_refuses(self) -> bool:
-        """Whether the budget puts this read off (then the listeners are called once it admits;
-        one wake-up is left at a time)."""
-        budget = self._budget
-        if budget is None or self._waiting:
-            return self._waiting
-        if budget.admits():
-            return False
-        self._waiting = True  # before the wake-up is left: it may run at once
-        if budget.wait(self._budget_freed):
-            return True
-        self._waiting = False
-        return False
+    def _release(self) -> None:
+        self._hold(0)
 
     def _budget_freed(self) -> None:
-        self._waiting = False
         for listener in list(self._listeners):
             listener()
 
@@ -167,7 +154,7 @@ class Reader:
         """Buffer the next entries' messages. Retention may trim what a reader has not read yet
         (a reader holds no durable cursor): it then goes on from the first message still kept."""
         ml = self.topic.ml
-        if self._budget_refuses():
+        if self._budget_share.must_wait():  # the listeners are called once it admits
             return
         for _ in range(READER_TRIM_RETRIES_MAX):
             self.next_offset = max(self.next_offset, ml.first_offset)
@@ -203,6 +190,4 @@ class Reader:
             buffered.extend(messages)
             read += decoded_footprint(len(messages), sum(len(d.message.payload) for d in messages))
         if buffered:
-            self._buffered_bytes += read
-            if self._budget is not None:
-                self._budget.adjust(read)
+            self._hold(self._buffered_bytes + read)

@@ -93,47 +93,46 @@ def pull_resuming(pull: Callable[[], None], stopped: Callable[[], bool], wake: E
         delay_s = min(delay_s * 2, RESUME_DELAY_S_MAX)
 
 
-class MagnetarSubscription(ListenNotifySubscription[ApplicationRecorder]):
+class _ListenedTo:
+    """The shared half of both subscriptions: a ``TopicListener`` opened before the first select
+    wakes the library's listen-and-notify loop; pulls resume after a broker restart."""
+
+    _listener: TopicListener
+    _has_been_notified: Any
+    _has_been_stopped: Any
+
+    def _listen(self, client: Client, topic: str) -> None:
+        self._listener = TopicListener(client, topic)  # before the first select
+
+    def _pull(self) -> None:
+        pull_resuming(super()._pull, lambda: self._has_been_stopped, self._has_been_notified)  # type: ignore[misc]
+
+    def stop(self) -> None:
+        super().stop()  # type: ignore[misc]
+        self._listener.stop()
+
+    def __exit__(self, *args: object, **kwargs: Any) -> None:
+        try:
+            super().__exit__(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._listener.join()
+
+
+class MagnetarSubscription(_ListenedTo, ListenNotifySubscription[ApplicationRecorder]):
     """The notifications of ``recorder``, which stores them in ``topic``."""
 
     def __init__(self, recorder: ApplicationRecorder, client: Client, topic: str, gt: int | None = None,
                  topics: Sequence[str] = ()) -> None:
-        self._listener = TopicListener(client, topic)  # before the first select
+        self._listen(client, topic)
         super().__init__(recorder, gt=gt, topics=topics)
         self._listener.start(self._has_been_notified)
 
-    def _pull(self) -> None:
-        pull_resuming(super()._pull, lambda: self._has_been_stopped, self._has_been_notified)
 
-    def stop(self) -> None:
-        super().stop()
-        self._listener.stop()
-
-    def __exit__(self, *args: object, **kwargs: Any) -> None:
-        try:
-            super().__exit__(*args, **kwargs)
-        finally:
-            self._listener.join()
-
-
-class MagnetarDCBSubscription(DCBListenNotifySubscription[DCBRecorder]):
+class MagnetarDCBSubscription(_ListenedTo, DCBListenNotifySubscription[DCBRecorder]):
     """The events of ``recorder`` (matching ``query``), which stores them in ``topic``."""
 
     def __init__(self, recorder: DCBRecorder, client: Client, topic: str, query: DCBQuery | None = None,
                  after: int | None = None) -> None:
-        self._listener = TopicListener(client, topic)  # before the first select
+        self._listen(client, topic)
         super().__init__(recorder, query=query, after=after)
         self._listener.start(self._has_been_notified)
-
-    def _pull(self) -> None:
-        pull_resuming(super()._pull, lambda: self._has_been_stopped, self._has_been_notified)
-
-    def stop(self) -> None:
-        super().stop()
-        self._listener.stop()
-
-    def __exit__(self, *args: object, **kwargs: Any) -> None:
-        try:
-            super().__exit__(*args, **kwargs)
-        finally:
-            self._listener.join()
