@@ -58,7 +58,7 @@ import pytest
 from broker import limits
 from broker.bookkeeper.ledger_metadata import LEDGERS_PATH, read_ledger_metadata
 from broker.entry_format import Message, decode_entry
-from broker.errors import DataLost, KeyVersionMismatch, MagnetarError
+from broker.errors import DataLost, KeyVersionMismatch, MagnetarError, NoSuchLedger
 from broker.key_index import PartitionKeys
 from broker.key_index import index as key_index_module
 from broker.key_index import partition as key_partition
@@ -540,18 +540,31 @@ class Simulation:
         self.check_segment_ledgers()
 
     def check_segment_ledgers(self) -> None:
-        """Every segment ledger is named by its partition's record (as a segment or pending)."""
+        """Every segment ledger is named by its partition's record (as a segment or pending).
+
+        The checkpoint thread may write meanwhile, so the order matters: the ledgers are listed
+        first and the records read after. A ledger is named before it is created and unnamed
+        only after it is deleted, so one listed and then found in no record must have been
+        deleted in between, which reading its metadata again tells."""
         store = self.service.store
+        segment_ledgers: dict[int, str] = {}
+        for child in store.children(LEDGERS_PATH):
+            with contextlib.suppress(NoSuchLedger):  # deleted since the listing
+                meta, _ = read_ledger_metadata(store, int(child))
+                if "key-index" in meta.custom:
+                    segment_ledgers[int(child)] = meta.custom["key-index"]
         named: set[int] = set()
         for name in self.world.partitions:
             record = store.get(record_path(name.managed_ledger_name))
             if record is not None:
                 found = Checkpoint.from_bytes(record.value)
                 named |= {s.ledger_id for s in found.segments} | set(found.pending)
-        for child in store.children(LEDGERS_PATH):
-            meta, _ = read_ledger_metadata(store, int(child))
-            if "key-index" in meta.custom:
-                assert int(child) in named, f"segment ledger {child} of {meta.custom['key-index']} is named nowhere"
+        for ledger_id, owner in segment_ledgers.items():
+            if ledger_id not in named:
+                with contextlib.suppress(NoSuchLedger):
+                    read_ledger_metadata(store, ledger_id)
+                    raise AssertionError(f"segment ledger {ledger_id} of {owner} is named nowhere "
+                                         f"(the records name {sorted(named)})")
 
 
 def shrink_the_bounds(rng: random.Random, monkeypatch: pytest.MonkeyPatch) -> str:
