@@ -135,8 +135,11 @@ class EntryLocationIndex:
             it.seek_for_prev(_KEY.pack(PREFIX, ledger_id, U64_MAX))
             if not it.valid():
                 return -1
-            prefix, ledger, entry = _KEY.unpack(it.key())
-            return int(entry) if prefix == PREFIX and ledger == ledger_id else -1
+            key = it.key()
+            if len(key) != _KEY.size or not key.startswith(PREFIX):  # another index's row sorts before
+                return -1
+            _, ledger, entry = _KEY.unpack(key)
+            return int(entry) if ledger == ledger_id else -1
         finally:
             del it
 

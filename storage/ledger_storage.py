@@ -138,6 +138,8 @@ class LedgerStorage:
         self._flush_lock = threading.Lock()
         self._meta_lock = threading.Lock()
         self._ledgers: dict[int, LedgerMeta] = {}
+        self._fenced_deleted: set[int] = set()
+        """Fenced ledgers deleted since (tombstones in the index): adds to them stay refused."""
         self._busy = OnceLog(log, "a storage call")
         self._read_only = ReadOnlyState(self._cache_cv, self._busy)
         self._flusher = Flusher(config, fileio, self._journal, self._logs, self._index, self._meta_index,
@@ -170,6 +172,7 @@ class LedgerStorage:
 
     def _recover(self) -> None:
         self._ledgers.update(self._meta_index.load_all())
+        self._fenced_deleted.update(self._meta_index.load_tombstones())
         for ledger_id, meta in self._ledgers.items():
             meta.last_add_confirmed = max(meta.last_add_confirmed, self._index.last_entry_id(ledger_id))
         self._flusher.last_mark = self._journal.read_mark()
@@ -237,6 +240,8 @@ class LedgerStorage:
         existing = self._ledgers.get(ledger_id)
         if existing is not None:
             return existing
+        if ledger_id in self._fenced_deleted:
+            raise LedgerFenced(f"ledger {ledger_id} was fenced, then deleted")
         with self._meta_lock:
             meta = self._ledgers.get(ledger_id)
             if meta is None:
@@ -331,6 +336,10 @@ class LedgerStorage:
         """Fence a ledger (recovery): later plain adds fail with ``LedgerFenced``. The Future
         resolves once the fence is durable."""
         self._check_writable()
+        if ledger_id in self._fenced_deleted:  # fenced for good
+            done: LightFuture[None] = new_future()
+            done.try_finish(None, None)
+            return done
         meta = self._ledger_for_write(ledger_id)
         meta.fenced = True
         self._flusher.mark_dirty(ledger_id)
@@ -346,16 +355,19 @@ class LedgerStorage:
         self._check_writable()
         with self._flush_lock:
             with self._meta_lock, self._cache_cv:
-                if ledger_id not in self._ledgers:
+                meta = self._ledgers.get(ledger_id)
+                if meta is None:
                     raise NoSuchLedger(f"ledger {ledger_id} does not exist")
                 batch = WriteBatch(raw_mode=True)
-                LedgerMetadataIndex.stage_delete(batch, ledger_id)
+                LedgerMetadataIndex.stage_delete(batch, ledger_id, fenced=meta.fenced)
                 EntryLocationIndex.stage_delete_ledger(batch, ledger_id)
                 try:
                     self._meta_index.write(batch)
                 except Exception as exc:
                     raise self._read_only.write_failed(exc, f"deleting ledger {ledger_id} from the index") from exc
                 del self._ledgers[ledger_id]
+                if meta.fenced:
+                    self._fenced_deleted.add(ledger_id)
                 self._flusher.forget_ledger(ledger_id)
             self._read_cache.delete_ledger(ledger_id)
 

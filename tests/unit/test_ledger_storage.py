@@ -1,9 +1,10 @@
 """LedgerStorage front door: reads, LAC, fencing, deletion, restart, back-pressure, read path.
 
 Checks: every acknowledged entry reads back byte-for-byte after a clean close; LAC and fenced
-state survive a restart; typed errors for missing ledgers and entries; a full write cache
-pushes back instead of growing; the read path serves from write cache, then read cache with
-read-ahead, then the entry log; reads that jump about a ledger read no more than their entry.
+state survive a restart; a fenced ledger's adds stay refused after its deletion; typed errors
+for missing ledgers and entries; a full write cache pushes back instead of growing; the read
+path serves from write cache, then read cache with read-ahead, then the entry log; reads that
+jump about a ledger read no more than their entry.
 """
 
 from __future__ import annotations
@@ -43,6 +44,33 @@ def test_entries_read_back_after_clean_close_with_lac_and_fence(data_dir: str) -
         with pytest.raises(LedgerFenced):
             st.add_entries(2, [200], [b"x"])
         assert st.add_entries(2, [200], [b"recovery add"], recovery=True).result(timeout=10) == 200
+        assert st.check_consistency().ok
+
+
+def test_a_fenced_ledger_stays_fenced_after_its_deletion_and_a_restart(data_dir: str) -> None:
+    """A new owner that recovered an empty ledger deletes it; the old writer's next plain add
+    must still be refused as fenced, not make the ledger anew (nobody would read it)."""
+    config = StorageConfig.test_min()
+    with LedgerStorage.open(data_dir, config) as st:
+        st.fence(5).result(timeout=10)  # recovery of a ledger with no entry on this bookie
+        st.add_entries(6, [0], [b"a"]).result(timeout=10)
+        st.fence(6).result(timeout=10)
+        st.add_entries(7, [0], [b"b"]).result(timeout=10)
+        st.add_entries(9, [0, 1], [b"kept", b"kept"]).result(timeout=10)
+        for ledger_id in (5, 6, 7):
+            st.delete_ledger(ledger_id)
+        for ledger_id in (5, 6):
+            with pytest.raises(LedgerFenced):
+                st.add_entries(ledger_id, [0], [b"zombie"])
+            assert st.fence(ledger_id).result(timeout=10) is None  # fencing again is harmless
+            assert not st.ledger_exists(ledger_id)
+    with LedgerStorage.open(data_dir, config) as st:
+        for ledger_id in (5, 6):
+            with pytest.raises(LedgerFenced):
+                st.add_entries(ledger_id, [1], [b"zombie"])
+            with pytest.raises(NoSuchLedger):
+                st.get_last_add_confirmed(ledger_id)
+        assert st.ledgers() == [9] and st.get_last_add_confirmed(9) == 1
         assert st.check_consistency().ok
 
 

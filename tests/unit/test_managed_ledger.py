@@ -5,9 +5,10 @@ and time → offset lookups are exact at ledger boundaries; conditional append r
 ``expected_offset`` and writes nothing; cursor state (mark-delete, holes, batch-message acks)
 survives a restart; trimming deletes only ledgers every durable cursor has consumed and that
 retention lets go, and storage GC then gives the disk back; terminate refuses later writes; an
-append to a ledger another writer recovered fails as fenced and the factory counts it; once
-another broker recovered the topic and rewrote its ledger list, every later append of the old
-writer fails as fenced (none goes to a ledger the list does not name).
+append to a ledger another writer recovered fails as fenced and the factory counts it, also
+when the new owner found it empty and deleted it; once another broker recovered the topic and
+rewrote its ledger list, every later append of the old writer fails as fenced (none goes to a
+ledger the list does not name).
 """
 
 from __future__ import annotations
@@ -185,6 +186,23 @@ def test_an_append_to_a_ledger_another_writer_recovered_fails_fenced_and_is_coun
         ml.append([entry], [1]).result(timeout=10)
     assert stack.factory.appends_fenced == 1
     assert other_broker.open(first.position.ledger_id).last_add_confirmed == first.position.entry_id
+    stack.close()
+
+
+def test_an_append_to_an_empty_ledger_another_writer_recovered_and_deleted_fails_fenced(stack: Stack) -> None:
+    """A new owner that finds the last ledger empty drops it from the list and deletes it; the
+    old owner, still holding that ledger as its current one, must not have an append
+    acknowledged there (no list names the ledger: the message would be lost)."""
+    ml, _ = stack.open("t/ns/persistent/emptied-by-another", ManagedLedgerConfig())
+    empty = ml.ledger_infos()[-1].ledger_id  # its current ledger, nothing appended yet
+    other_broker = ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
+                                        EntryCache(1 << 20), stack.clock)
+    taken = other_broker.open("t/ns/persistent/emptied-by-another", ManagedLedgerConfig())
+    assert empty not in [i.ledger_id for i in taken.ledger_infos()]  # recovered empty: dropped and deleted
+    entry = encode_entry([Message(b"after")], producer_name="test", sequence_id=1, publish_time_ms=0)
+    with pytest.raises(LedgerFenced):
+        ml.append([entry], [1]).result(timeout=10)
+    other_broker.close_all()
     stack.close()
 
 
