@@ -33,7 +33,15 @@ from dataclasses import dataclass
 
 from broker.cursor import CursorManager
 from broker.entry_format import Compression
-from broker.errors import AlreadyExists, InvalidRequest, MagnetarError, NotAllowed, NotFound, ServiceUnitNotReady
+from broker.errors import (
+    AlreadyExists,
+    InvalidRequest,
+    MagnetarError,
+    NotAllowed,
+    NotFound,
+    ServiceUnitNotReady,
+    TopicTerminated,
+)
 from broker.key_index import KeyIndex
 from broker.limits import PARTITIONS_MAX
 from broker.managed_ledger_config import ManagedLedgerConfig
@@ -281,14 +289,19 @@ class TopicRegistry:
     def producer(self, topic: str | TopicName, name: str, *, routing_mode: str = "RoundRobinPartition",
                  compression: Compression = Compression.NONE, initial_sequence_id: int | None = None) -> Producer:
         """A producer on ``topic`` (partitioned or not; auto-created on first use when allowed):
-        the topic or every partition is made to exist now, so a refusal comes before any send.
+        the topic or every partition is made to exist now, so a refusal comes before any send
+        (``TopicTerminated`` for a terminated one, as in Pulsar: a client whose send failed
+        reconnects its producer, and must then learn the topic's end, not send again).
         It holds a producer slot of each (``ProducerBusy`` beyond a partition's limit) until
         the transport closes it (``Producer.close``)."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
         slots: list[TopicQuotas] = []
         try:
             for partition in self.expand_partitions(topic_name):
-                quotas = self.topic(partition).quotas
+                served = self.topic(partition)
+                if served.ml.terminated:
+                    raise TopicTerminated(f"topic {partition} is terminated: it takes no more messages")
+                quotas = served.quotas
                 quotas.add_producer()  # ProducerBusy at the topic's maxProducers
                 slots.append(quotas)
         except BaseException:

@@ -1,6 +1,6 @@
 """Pulsar's semantics with the official ``pulsar-client`` against a real ``magnetar standalone``:
-refusals that fail at once with Pulsar's own (non-retryable) error, producer access modes, and
-``GET_LAST_MESSAGE_ID``'s mark-delete position for readers.
+refusals that fail at once with Pulsar's own (non-retryable) error, producer access modes,
+``GET_LAST_MESSAGE_ID``'s mark-delete position for readers, and a terminated topic's refusals.
 
 One broker process serves the module; every test uses its own topics.
 """
@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import pulsar
 import pytest
 
@@ -120,3 +121,17 @@ def test_reader_at_latest_inclusive_on_an_empty_topic_has_nothing(pc: pulsar.Cli
     pc.create_producer("last-id-empty").close()
     reader = pc.create_reader("last-id-empty", pulsar.MessageId.latest, start_message_id_inclusive=True)
     assert not reader.has_message_available()
+
+
+def test_a_terminated_topic_refuses_producers_and_sends_at_once(pc: pulsar.Client, broker: tuple[str, str]) -> None:
+    """As in Pulsar: a producer on a terminated topic is refused ``TopicTerminated``, and an open
+    producer's next send fails with it (no retry loop, no hang); consumers reach its end."""
+    producer = pc.create_producer("terminated", batching_enabled=False)
+    producer.send(b"last")
+    consumer = pc.subscribe("terminated", "s", initial_position=Earliest)
+    answer = httpx.post(f"{broker[0]}/admin/v2/persistent/public/default/terminated/terminate", timeout=10)
+    assert answer.status_code == 200, answer.text
+    refused_at_once(lambda: producer.send(b"too late"), pulsar.TopicTerminated)
+    refused_at_once(lambda: pc.create_producer("terminated"), pulsar.TopicTerminated)
+    consumer.acknowledge(consumer.receive(RECEIVE_TIMEOUT_MS))
+    assert consumer.is_connected()
