@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DATA_DIR ?= ./data
 PORT ?= 8080
+PULSAR_PORT ?= 6650
 
 .PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper clean demo soak-cluster
 
@@ -42,7 +43,7 @@ check-zookeeper: check-java
 	@[ -f /usr/share/java/zookeeper.jar ] || { echo "The cluster tests need ZooKeeper: install it with 'apt-get install zookeeper'"; exit 1; }
 
 run: $(STAMP)
-	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT)
+	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT) --pulsar-port $(PULSAR_PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,12 +12,15 @@ bookie's journal on another disk (Pulsar's ``journalDirectory``). ``--pulsar-por
 Pulsar's binary protocol listens (``pulsar://``, 6650 by default, 0 = off; ``pulsar+ssl://`` on
 6651 when ``tlsCertificateFilePath`` and ``tlsKeyFilePath`` are configured). With those keys the
 web service also serves HTTPS and WSS on ``--tls-port`` (8443, ``webServicePortTls``); ``--port
-0`` turns plain HTTP off (``api/web_server.py`` runs the listeners).
+0`` turns plain HTTP off (``api/web_server.py`` runs the listeners). Before anything starts, the
+data directory is locked for the process and the ports are checked (``api/startup_checks.py``):
+a problem there is one line on stderr and exit code 2. ``magnetar --version`` prints the version.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import signal
 import sys
 
@@ -27,6 +30,7 @@ from consumers.cli import add_client_commands, run_client_command
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="magnetar", description="Magnetar message broker")
+    parser.add_argument("--version", action="version", version=f"magnetar {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     standalone = commands.add_parser("standalone", help="run broker + embedded storage + HTTP API")
     standalone.add_argument("--config", help="a standalone.conf file (Pulsar's keys; see api/config.py)")
@@ -45,11 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("magnetar")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def run_standalone(args: argparse.Namespace) -> int:
     from api.app import create_app
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
     from api.server_process import configure_logging, exit_cleanly, tune_runtime
+    from api.startup_checks import DataDirLock, Port, StartupError, check_ports_free, check_writable
     from api.web_server import serve
     from broker import BrokerService
 
@@ -61,7 +73,15 @@ def run_standalone(args: argparse.Namespace) -> int:
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
-    except (ConfigError, OSError) as exc:
+        data_dir_lock = DataDirLock(config.data_dir)  # held until the process ends
+        if config.journal_dir is not None:
+            check_writable(config.journal_dir, "journal directory", "--journal-dir (or journalDirectory)")
+        check_ports_free(config.host, [
+            Port(config.port, "webServicePort", "--port"),
+            Port(config.tls_port, "webServicePortTls", "--tls-port"),
+            Port(config.pulsar.port, "brokerServicePort", "--pulsar-port"),
+            Port(config.pulsar.tls_port, "brokerServicePortTls", "brokerServicePortTls in the config")])
+    except (ConfigError, OSError, StartupError) as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2
     raise_file_limit()  # before the app sizes its connection bound under the descriptor limit
@@ -72,6 +92,7 @@ def run_standalone(args: argparse.Namespace) -> int:
     # was installed before it: exit 0 after a graceful shutdown rather than die by the signal.
     signal.signal(signal.SIGTERM, exit_cleanly)
     serve(app, config, args.log_level)
+    data_dir_lock.release()
     return 0
 
 

@@ -76,7 +76,13 @@ class WebServer(uvicorn.Server):
             host, port = server.sockets[0].getsockname()[:2]
             self.urls.append(f"{listener.scheme}://{_url_host(host)}:{port}")
         self.started = True
-        log.info("Magnetar's web service listening on %s", ", ".join(self.urls))
+        log.info("Magnetar's web service listening on %s (console: %s/console)", ", ".join(self.urls), self.urls[0])
+        authorizer = getattr(getattr(self.config.app, "state", None), "authorizer", None)
+        if authorizer is not None:
+            auth = authorizer.config
+            log.info("authentication is %s%s", f"on ({', '.join(auth.providers)})" if auth.enabled else "off",
+                     f"; anonymous clients act as {auth.anonymous_role!r}" if auth.enabled and auth.anonymous_role
+                     else "")
 
     async def _listen(self, loop: asyncio.AbstractEventLoop, listener: WebListener) -> asyncio.Server:
         return await loop.create_server(self._new_connection, listener.host, listener.port, ssl=listener.ssl_context,

@@ -123,6 +123,8 @@ class PulsarServer:
         self._keepalive = asyncio.create_task(self._keepalive_loop())
         if self.authorizer.enabled:
             self._auth_refresh = asyncio.create_task(self._auth_refresh_loop())
+        log.info("Pulsar's binary protocol listening on %s",
+                 ", ".join(f"{scheme}://{_url_host(host)}:{port}" for scheme, port in self.ports.items()))
 
     async def close(self) -> None:
         self._closed = True
@@ -403,3 +405,7 @@ class PulsarProtocol(asyncio.Protocol):
             self.close()
         elif silent_s >= interval_s:
             self.write([commands.ping()])
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -6,14 +6,14 @@ The commands and code are read from README.md itself, so the README and this tes
   (``.venv/bin/python clicks.py``) with no ``PYSPARK_*`` variable and no virtualenv on ``PATH``
   (Spark's default ``python3`` is then not the project's), streams the three clicks into
   ``clicks-upper``, upper-cased;
-- "Your first hour" runs block by block in bash: the ``make run PORT=… DATA_DIR=…`` line starts
-  the broker (on a free port and a temporary directory instead of 8081 and
-  ``/tmp/magnetar-first-hour``, the only substitutions), the commands of the next blocks run in
-  one shell each, the broker is stopped as Ctrl-C stops it (SIGINT to its process group) and
-  started again, and the last block runs with the variables the earlier ones exported (``HOME``
-  is a temporary directory holding the Spark example as ``clicks.py``, where the README says to
-  save it). A comment line right after a command is its expected output (``...`` stands for
-  anything) and must appear in what the command printed;
+- "Your first hour" runs block by block in bash: the ``make run PORT=… PULSAR_PORT=…
+  DATA_DIR=…`` line starts the broker (on free ports and a temporary directory instead of 8081,
+  6660 and ``/tmp/magnetar-first-hour``, the only substitutions; its log names both listeners),
+  the commands of the next blocks run in one shell each, the broker is stopped as Ctrl-C stops
+  it (SIGINT to its process group) and started again, and the last block runs with the variables
+  the earlier ones exported (``HOME`` is a temporary directory holding the Spark example as
+  ``clicks.py``, where the README says to save it). A comment line right after a command is its
+  expected output (``...`` stands for anything) and must appear in what the command printed;
 - the table of REST pull parameters under "REST consumers" names every query parameter a pull
   takes, with the defaults and bounds the broker applies (a new subscription at Latest, an
   Exclusive one, a 60 s negative-ack delay, ...).
@@ -40,6 +40,7 @@ from tests.standalone import REPO_ROOT, free_port, read_all, standalone_process,
 
 README = REPO_ROOT / "README.md"
 FIRST_HOUR_PORT = "8081"
+FIRST_HOUR_PULSAR_PORT = "6660"
 FIRST_HOUR_DATA_DIR = "/tmp/magnetar-first-hour"
 SPARK_RUN_TIMEOUT_S = 300
 COMMAND_TIMEOUT_S = 600
@@ -183,12 +184,14 @@ def test_the_first_hour_runs_as_written(tmp_path: Path) -> None:
         pytest.fail("the virtualenv is older than pyproject.toml or constraints.txt: run make first")
     start, *sessions = code_blocks(section("## Your first hour"), "sh")
     assert len(sessions) == 3, "Your first hour: the make run line, the session, REST, after the restart"
-    port, data_dir = str(free_port()), tmp_path / "first-hour-data"
+    port, pulsar_port, data_dir = str(free_port()), str(free_port()), tmp_path / "first-hour-data"
 
     def as_here(text: str) -> str:
-        return text.replace(FIRST_HOUR_PORT, port).replace(FIRST_HOUR_DATA_DIR, str(data_dir))
+        return (text.replace(FIRST_HOUR_PORT, port).replace(FIRST_HOUR_PULSAR_PORT, pulsar_port)
+                .replace(FIRST_HOUR_DATA_DIR, str(data_dir)))
 
-    assert start.strip() == f"make run PORT={FIRST_HOUR_PORT} DATA_DIR={FIRST_HOUR_DATA_DIR}"
+    assert start.strip() == (f"make run PORT={FIRST_HOUR_PORT} PULSAR_PORT={FIRST_HOUR_PULSAR_PORT} "
+                             f"DATA_DIR={FIRST_HOUR_DATA_DIR}")
     home = tmp_path / "home"
     home.mkdir()
     (home / "clicks.py").write_text(spark_example())
@@ -199,6 +202,8 @@ def test_the_first_hour_runs_as_written(tmp_path: Path) -> None:
         run_block(before_restart, [], env)
     with started_as_written(as_here(start), env, url, log):
         run_block(commands_with_expected_output(as_here(sessions[2])), variables, env)
+    assert f"Magnetar's web service listening on http://0.0.0.0:{port} (console: " in log.read_text()
+    assert f"Pulsar's binary protocol listening on pulsar://0.0.0.0:{pulsar_port}" in log.read_text()
     assert "Shutting down" in log.read_text()  # Ctrl-C stopped it gracefully, twice
     assert log.read_text().count("Application shutdown complete") == 2
 
