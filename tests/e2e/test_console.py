@@ -29,8 +29,9 @@ from typing import TypeVar
 
 import httpx
 import pytest
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver import Chrome as WebDriver
+from selenium.webdriver.common.alert import Alert
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -143,6 +144,16 @@ class Console:
 
         self.until(enabled, f"button {text}").click()
 
+    def answer_confirm(self, accept: bool) -> str:
+        """Answer the confirmation dialog the page opened (waiting for it); its text."""
+        alert = self.until(lambda: _open_alert(self.driver), "a confirmation dialog")
+        text = alert.text
+        if accept:
+            alert.accept()
+        else:
+            alert.dismiss()
+        return text
+
     def stat(self, name: str) -> str:
         element = self.find(f"[data-stat='{name}'] .stat-value")
         return element.get_attribute("data-value") or "" if element is not None else ""
@@ -156,6 +167,15 @@ class Console:
             screenshot(self.driver, self.screenshots / f"{name}-420px-full.png", full_page=True)
         finally:
             set_viewport(self.driver, *WIDE)
+
+
+def _open_alert(driver: WebDriver) -> Alert | None:
+    try:
+        alert = driver.switch_to.alert
+        _ = alert.text
+        return alert
+    except NoAlertPresentException:
+        return None
 
 
 @pytest.fixture
@@ -257,9 +277,11 @@ def test_namespace_policies_and_permissions_set_in_the_console_reach_the_admin_a
     console.type("retentionMinutes", "-1")
     console.type("retentionMB", "512")
     console.submit("retentionMinutes")
+    assert "512 MB" in console.answer_confirm(accept=True)  # a bound where there was none keeps less
     console.until(lambda: "Retention saved" in console.text(".notice-ok"), "the retention notice")
     console.type("ttlSeconds", "3600")
     console.submit("ttlSeconds")
+    assert "3600 s" in console.answer_confirm(accept=True)
     console.until(lambda: "TTL saved" in console.text(".notice-ok"), "the TTL notice")
     Select(console.visible("[name='dedup']")).select_by_value("false")
     console.submit("dedup")
@@ -278,6 +300,48 @@ def test_namespace_policies_and_permissions_set_in_the_console_reach_the_admin_a
     console.submit("retentionMinutes")
     console.until(lambda: "retentionTimeInMinutes must be -1 (unlimited) or 0..2147483647 minutes, not -2"
                   in console.text(".error-message"), "the API's refusal, stating the bound")
+
+
+def test_the_retention_form_shows_what_the_broker_keeps_and_saves_only_what_was_changed(console: Console) -> None:
+    """A namespace on the broker's default (unlimited) shows -1/-1 in words; Save without an edit
+    stores nothing (it once stored 0/0, "keep nothing consumed"); a change that keeps less asks
+    first, and saves nothing when refused."""
+    with admin(console.url) as client:
+        assert client.put("/admin/v2/namespaces/public/keep-all").status_code in (200, 204)
+    console.open("/ns/public/keep-all")
+    console.until(lambda: console.visible("[name='retentionMinutes']").get_attribute("value") == "-1",
+                  "the broker's default retention in the form")
+    assert console.visible("[name='retentionMB']").get_attribute("value") == "-1"
+    assert console.text("[data-meaning='retention']") == "unlimited time, unlimited size (the broker's default)"
+    assert console.text("[data-meaning='ttl']") == "messages never expire"
+    console.submit("retentionMinutes")
+    console.until(lambda: "Retention unchanged" in console.text(".notice-ok"), "the unchanged notice")
+    console.submit("ttlSeconds")
+    console.until(lambda: "TTL unchanged" in console.text(".notice-ok"), "the unchanged notice")
+    console.type("retentionMinutes", "0")
+    console.type("retentionMB", "0")
+    assert console.text("[data-meaning='retention']").startswith("nothing consumed kept by time")
+    console.submit("retentionMinutes")
+    asked = console.answer_confirm(accept=False)
+    assert "instead of unlimited time, unlimited size" in asked and "deleted" in asked, asked
+    console.until(lambda: "Retention not changed" in console.text(".notice-ok"), "the refusal notice")
+    with admin(console.url) as client:
+        policies = client.get("/admin/v2/namespaces/public/keep-all").json()
+        assert policies.get("retention_policies") is None, policies
+        assert client.get("/admin/v2/namespaces/public/keep-all/retention").json() == {
+            "retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+    console.submit("retentionMinutes")
+    console.answer_confirm(accept=True)
+    console.until(lambda: "Retention saved" in console.text(".notice-ok"), "the retention notice")
+    console.until(lambda: "(set on this namespace)" in console.text("[data-meaning='retention']"), "its source")
+    with admin(console.url) as client:
+        assert client.get("/admin/v2/namespaces/public/keep-all").json()["retention_policies"] == {
+            "retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
+    console.click("Use the broker's default")
+    console.answer_confirm(accept=True)
+    console.until(lambda: "(the broker's default)" in console.text("[data-meaning='retention']"), "the default again")
+    with admin(console.url) as client:
+        assert client.get("/admin/v2/namespaces/public/keep-all").json().get("retention_policies") is None
 
 
 def test_a_message_produced_in_the_console_reaches_a_websocket_consumer(console: Console) -> None:

@@ -110,31 +110,68 @@ function topicsTable(tenant, namespace, data, { onDelete }) {
   ], rows, { empty: "No topics yet.", rowAttrs: (t) => ({ dataset: { topic: t.localName } }) });
 }
 
+// What a retention or TTL value means, in words (the form shows the number the API returns).
+export function retentionWords(minutes, megabytes) {
+  const time = minutes < 0 ? "unlimited time" : minutes === 0 ? "nothing consumed kept by time" : `${minutes} min`;
+  const size = megabytes < 0 ? "unlimited size" : megabytes === 0 ? "nothing consumed kept by size"
+    : `${megabytes} MB`;
+  return `${time}, ${size}`;
+}
+
+const ttlWords = (seconds) => (seconds > 0 ? `messages expire after ${seconds} s` : "messages never expire");
+
+// A bound of retention (-1 unlimited) as a number to compare: a smaller one keeps less.
+const bound = (value) => (typeof value === "number" && value < 0 ? Infinity : value);
+const keepsLess = (before, after) => typeof after === "number" && bound(after) < bound(before);
+
 function policiesPanel(tenant, namespace) {
   const paths = namespacePaths(tenant, namespace);
   const body = h("div", {}, loading());
   const slot = h("div", { class: "action-slot" });
   const minutes = h("input", { type: "number", min: -1, step: 1, name: "retentionMinutes" });
   const megabytes = h("input", { type: "number", min: -1, step: 1, name: "retentionMB" });
+  const retentionMeaning = h("span", { class: "field-hint", dataset: { meaning: "retention" } });
   const ttl = h("input", { type: "number", min: 0, step: 1, name: "ttlSeconds" });
+  const ttlMeaning = h("span", { class: "field-hint", dataset: { meaning: "ttl" } });
   const dedup = h("select", { name: "dedup" }, h("option", { value: "" }, "broker default"),
     h("option", { value: "true" }, "on"), h("option", { value: "false" }, "off"));
+  // What the broker holds now: a save compares against it, so pressing Save changes nothing
+  // unless a value was edited, and a value that keeps less data is confirmed first.
+  let held = { minutes: -1, megabytes: -1, own: false, ttl: 0 };
+  const useDefault = button("Use the broker's default", () => useDefaultRetention(), { name: "retentionDefault" });
+
+  const number = (input) => (input.value.trim() === "" ? input.value : Number(input.value));
+  const describe = () => {
+    const [m, mb] = [number(minutes), number(megabytes)];
+    retentionMeaning.textContent = typeof m === "number" && typeof mb === "number"
+      ? `${retentionWords(m, mb)}${held.own ? " (set on this namespace)" : " (the broker's default)"}` : "";
+    useDefault.hidden = !held.own;
+    ttlMeaning.textContent = typeof number(ttl) === "number" ? ttlWords(number(ttl)) : "";
+  };
+  minutes.addEventListener("input", describe);
+  megabytes.addEventListener("input", describe);
+  ttl.addEventListener("input", describe);
 
   async function load() {
     try {
-      const policies = await get(paths.admin);
-      const retention = policies.retention_policies || { retentionTimeInMinutes: 0, retentionSizeInMB: 0 };
-      minutes.value = retention.retentionTimeInMinutes;
-      megabytes.value = retention.retentionSizeInMB;
-      ttl.value = policies.message_ttl_in_seconds || 0;
+      const [policies, retention] = await Promise.all([get(paths.admin), get(`${paths.admin}/retention`)]);
+      held = { minutes: retention.retentionTimeInMinutes, megabytes: retention.retentionSizeInMB,
+        own: Boolean(policies.retention_policies), ttl: policies.message_ttl_in_seconds || 0 };
+      minutes.value = held.minutes;
+      megabytes.value = held.megabytes;
+      ttl.value = held.ttl;
       dedup.value = policies.deduplicationEnabled === null || policies.deduplicationEnabled === undefined ? ""
         : String(policies.deduplicationEnabled);
+      describe();
       replace(body,
         h("form", { class: "form-row", onsubmit: (e) => { e.preventDefault(); saveRetention(); } },
           field("Retention time (min)", minutes, "-1 unlimited, 0 keep nothing consumed"),
-          field("Retention size (MB)", megabytes, "-1 unlimited"), h("button", { type: "submit" }, "Save retention")),
+          field("Retention size (MB)", megabytes, "-1 unlimited"), h("button", { type: "submit" }, "Save retention"),
+          useDefault),
+        retentionMeaning,
         h("form", { class: "form-row", onsubmit: (e) => { e.preventDefault(); saveTtl(); } },
           field("Message TTL (s)", ttl, "0: messages never expire"), h("button", { type: "submit" }, "Save TTL")),
+        ttlMeaning,
         h("form", { class: "form-row", onsubmit: (e) => { e.preventDefault(); saveDedup(); } },
           field("Deduplication", dedup, "applies to topics loaded from now on"),
           h("button", { type: "submit" }, "Save deduplication")));
@@ -143,11 +180,37 @@ function policiesPanel(tenant, namespace) {
     }
   }
 
-  const number = (input) => (input.value.trim() === "" ? input.value : Number(input.value));
-  const saveRetention = () => act(slot, () => post(`${paths.admin}/retention`,
-    { retentionTimeInMinutes: number(minutes), retentionSizeInMB: number(megabytes) }), "Retention saved.");
-  const saveTtl = () => act(slot, () => (number(ttl) === 0 ? del(`${paths.admin}/messageTTL`)
-    : post(`${paths.admin}/messageTTL`, number(ttl))), "Message TTL saved.");
+  const unchanged = (text) => replace(slot, notice(text));
+  const saveRetention = async () => {
+    const [m, mb] = [number(minutes), number(megabytes)];
+    if (m === held.minutes && mb === held.megabytes) return unchanged("Retention unchanged: nothing to save.");
+    if ((keepsLess(held.minutes, m) || keepsLess(held.megabytes, mb)) && !window.confirm(
+      `Keep ${retentionWords(m, mb)} instead of ${retentionWords(held.minutes, held.megabytes)}? Consumed `
+      + "messages beyond the new bound will be deleted for good.")) return unchanged("Retention not changed.");
+    if (await act(slot, () => post(`${paths.admin}/retention`, { retentionTimeInMinutes: m, retentionSizeInMB: mb }),
+      "Retention saved.") !== undefined) {
+      held = { ...held, minutes: m, megabytes: mb, own: true };
+      describe();
+    }
+  };
+  const useDefaultRetention = async () => {
+    if (!window.confirm("Remove this namespace's retention? The broker's default applies again, which may keep "
+      + "less.")) return unchanged("Retention not changed.");
+    if (await act(slot, () => del(`${paths.admin}/retention`), "Retention removed: the broker's default applies.")
+      !== undefined) load();
+  };
+  const saveTtl = async () => {
+    const seconds = number(ttl);
+    if (seconds === held.ttl) return unchanged("TTL unchanged: nothing to save.");
+    if (typeof seconds === "number" && seconds > 0 && (held.ttl === 0 || seconds < held.ttl) && !window.confirm(
+      `Messages older than ${seconds} s will expire: every subscription skips them, and retention may then `
+      + "delete them. Continue?")) return unchanged("TTL not changed.");
+    if (await act(slot, () => (seconds === 0 ? del(`${paths.admin}/messageTTL`)
+      : post(`${paths.admin}/messageTTL`, seconds)), "Message TTL saved.") !== undefined) {
+      held = { ...held, ttl: seconds };
+      describe();
+    }
+  };
   const saveDedup = () => act(slot, () => (dedup.value === "" ? del(`${paths.admin}/deduplication`)
     : post(`${paths.admin}/deduplication`, dedup.value === "true")), "Deduplication saved.");
 
