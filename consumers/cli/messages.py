@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from consumers.cli.options import EXIT_FAILURE, client_of, parse_properties
+from consumers.cli.options import EXIT_FAILURE, add_subscription_type, client_of, parse_properties
 from consumers.cli.streams import append_conditionally
 from consumers.client import Message, ReceiveTimeout
 
@@ -79,9 +79,8 @@ def _add_consume(commands: Any, connection: argparse.ArgumentParser) -> None:
     consume.add_argument("-s", "--subscription-name", required=True, metavar="SUB",
                          help="the durable subscription to read from; created at -p's position if it is new, "
                               "resumed after its last acknowledged message if it exists")
-    consume.add_argument("-t", "--subscription-type", default="Exclusive",
-                         choices=["Exclusive", "Shared", "Failover", "Key_Shared"],
-                         help="how the subscription's consumers share messages (default Exclusive: one consumer)")
+    add_subscription_type(consume, "how the subscription's consumers share messages (default Exclusive: one "
+                                   "consumer)")
     consume.add_argument("-n", "--num-messages", type=int, default=1, metavar="COUNT",
                          help="how many messages to consume (0 = forever; default 1)")
     consume.add_argument("-p", "--subscription-position", default="latest", type=str.lower,

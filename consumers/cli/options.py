@@ -1,7 +1,8 @@
 """What every ``magnetar`` client command shares: the broker to talk to, and how a failure ends.
 
 ``--service-url`` (default ``$MAGNETAR_SERVICE_URL`` or ``http://127.0.0.1:8080``; ``https://``
-for a broker's TLS port), ``--token`` (default ``$MAGNETAR_TOKEN``) and the TLS options of
+for a broker's TLS port; a ``pulsar://`` URL is refused naming the one to give), the
+subscription type in any case (``subscription_type``), ``--token`` (default ``$MAGNETAR_TOKEN``) and the TLS options of
 Pulsar's tools (``--tls-trust-certs-file-path``, pulsar-admin's ``--tls-trust-cert-path``: the
 authorities that signed the broker's certificate; ``--tls-certificate-file-path`` and
 ``--tls-private-key-file-path``: a client certificate for mutual TLS) on the top level and on
@@ -31,8 +32,9 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top_level: bool) 
     level's value."""
     url_default = os.environ.get(ENV_SERVICE_URL, DEFAULT_SERVICE_URL) if top_level else argparse.SUPPRESS
     token_default = os.environ.get(ENV_TOKEN) if top_level else argparse.SUPPRESS
-    parser.add_argument("--service-url", default=url_default,
-                        help=f"broker URL (default ${ENV_SERVICE_URL} or {DEFAULT_SERVICE_URL})")
+    parser.add_argument("--service-url", default=url_default, type=service_url,
+                        help=f"the broker's web service URL, http:// or https:// (default ${ENV_SERVICE_URL} or "
+                             f"{DEFAULT_SERVICE_URL})")
     parser.add_argument("--token", default=token_default, help=f"auth token (default ${ENV_TOKEN})")
     tls_default = None if top_level else argparse.SUPPRESS
     parser.add_argument("--tls-trust-certs-file-path", "--tls-trust-cert-path", dest="tls_trust_certs_file_path",
@@ -42,6 +44,37 @@ def add_connection_options(parser: argparse.ArgumentParser, *, top_level: bool) 
                         help="a client certificate (PEM) for mutual TLS: the broker takes the role from its CN")
     parser.add_argument("--tls-private-key-file-path", default=tls_default, metavar="FILE",
                         help="the client certificate's private key (PEM)")
+
+
+def service_url(text: str) -> str:
+    """A ``--service-url`` (or ``$MAGNETAR_SERVICE_URL``): the web service's; a ``pulsar://`` one is
+    refused saying which URL to give instead."""
+    scheme = text.partition("://")[0].lower() if "://" in text else ""
+    if scheme in ("http", "https"):
+        return text
+    if scheme in ("pulsar", "pulsar+ssl"):
+        raise argparse.ArgumentTypeError(
+            f"{text} is Pulsar's binary protocol, for Pulsar's own clients; the magnetar commands speak HTTP: give "
+            f"the broker's web service URL, such as {DEFAULT_SERVICE_URL} (--service-url or ${ENV_SERVICE_URL})")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a URL of the broker's web service: give http://HOST:PORT or "
+                                     "https://HOST:PORT")
+
+
+SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
+
+
+def subscription_type(text: str) -> str:
+    """A subscription type in any case (``shared``, ``KEY_SHARED``), as REST and WebSocket accept it."""
+    for name in SUBSCRIPTION_TYPES:
+        if text.lower() == name.lower():
+            return name
+    raise argparse.ArgumentTypeError(f"unknown subscription type {text!r}: use one of {', '.join(SUBSCRIPTION_TYPES)} "
+                                     "(any case)")
+
+
+def add_subscription_type(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    parser.add_argument("-t", "--subscription-type", default="Exclusive", type=subscription_type,
+                        metavar="{" + ",".join(SUBSCRIPTION_TYPES) + "}", help=help_text)
 
 
 def connection_parent() -> argparse.ArgumentParser:

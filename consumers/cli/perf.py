@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.cli.options import EXIT_FAILURE, tls_options
+from consumers.cli.options import EXIT_FAILURE, add_subscription_type, tls_options
 from consumers.client import AsyncClient, ClientError, Message, ReceiveTimeout, SendResult
 
 PAYLOAD_MAGIC = b"MGPF"
@@ -335,8 +335,7 @@ def add_perf_commands(commands: Any, connection: argparse.ArgumentParser) -> Non
     consume = modes.add_parser("consume", parents=[connection], help="consume and acknowledge, measuring latency")
     consume.add_argument("topic")
     consume.add_argument("-s", "--subscription", required=True)
-    consume.add_argument("-t", "--subscription-type", default="Exclusive",
-                         choices=["Exclusive", "Shared", "Failover", "Key_Shared"])
+    add_subscription_type(consume)
     consume.add_argument("-p", "--subscription-position", default="latest", type=str.lower,
                          choices=["latest", "earliest"])
     consume.add_argument("-q", "--receiver-queue-size", type=int, default=1000)
