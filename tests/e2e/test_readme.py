@@ -229,6 +229,26 @@ def test_the_readme_states_the_rest_pull_defaults_the_broker_applies(tmp_path: P
     assert f"`{stats['subscriptions']['newcomer']['type']}`" == table["subscriptionType"][0]
 
 
+def test_the_event_stream_example_runs_as_written(tmp_path: Path) -> None:
+    """The Python block of "Event sourcing: streams per key", saved as a file and run twice against
+    a broker (its URL the only substitution): it rebuilds the balance from the stream, appends
+    against the version it read, and reads that append back from a stream reader."""
+    blocks = code_blocks(section("## Event sourcing: streams per key"), "python")
+    assert len(blocks) == 1, "the streams section should hold exactly one Python example"
+    with standalone_process(tmp_path / "data") as (url, _):
+        script = tmp_path / "account.py"
+        script.write_text(blocks[0].replace("http://localhost:8080", url))
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        outputs = []
+        for _ in range(2):  # the second run finds the first's events and versions go on
+            done = subprocess.run([sys.executable, str(script)], check=False, cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=COMMAND_TIMEOUT_S, env=env)
+            assert done.returncode == 0, done.stderr
+            outputs.append(done.stdout.splitlines())
+    assert outputs[0] == ["balance 15 at version 1", "2 b'withdrew 3'"], outputs[0]
+    assert outputs[1] == ["balance 27 at version 4", "5 b'withdrew 3'"], outputs[1]
+
+
 def test_the_eventsourcing_example_runs_as_written(tmp_path: Path) -> None:
     """The "Event sourcing with the eventsourcing library" example, saved as a file and run with
     the project's interpreter against a broker (its URL the only substitution)."""
