@@ -196,7 +196,7 @@ class PersistentTopic:
         datas: list[bytes] = []
         counts: list[int] = []
         reservation = _Reservation(self.dedup, producer_name)
-        conditional = expected_key_versions is not None
+        conditional = expected_key_versions is not None or expected_offset is not None
         if self.streams is not None:  # read the keys' stored heads now, not under the offset lock
             self.streams.prefetch_heads(itertools.chain(expected_key_versions or (),
                                                         (key for entry in entries for key in entry.keys)))

@@ -106,7 +106,15 @@ class MagnetarDCBRecorder(MagnetarRecorder, DCBRecorder):
         return MagnetarDCBSubscription(self, self.client, self.topic, query=query, after=after)
 
     def _post(self, body: dict[str, Any]) -> int:
-        """The position of the last event of one stored request (``HttpError`` for a 409)."""
+        """The position of the last event of one stored request (``HttpError`` for a 409). The
+        request carries this thread's producer name and fresh sequence ids (as the recorders'
+        inserts do): a resend after a timed-out answer is the broker's duplicate, never stored
+        twice; a conditional one is answered with the first attempt's positions, an
+        unconditional one with none (an ``OperationalError``: stored, position unknown)."""
+        messages = body["messages"]
+        first_sequence_id = self._producer.take(len(messages))
+        body = {**body, "producerName": self._producer.name,
+                "messages": [{**messages[0], "sequenceId": first_sequence_id}, *messages[1:]]}
         try:
             results = self.client.request("POST", self._path, json_body=body).json()["messagePublishResults"]
         except HttpError as exc:
@@ -115,7 +123,11 @@ class MagnetarDCBRecorder(MagnetarRecorder, DCBRecorder):
             raise persistence_error(exc) from exc
         except ClientError as exc:
             raise persistence_error(exc) from exc
-        return int(results[-1]["offset"]) + 1
+        last_offset = results[-1]["offset"]
+        if last_offset is None or int(last_offset) < 0:
+            raise OperationalError(f"append to {self.topic}: stored by an earlier attempt whose answer was lost; "
+                                   "its position is unknown (read the topic to find it)")
+        return int(last_offset) + 1
 
     def _scan(self, query: DCBQuery | None, offset: int, limit: int | None) -> tuple[list[DCBSequencedEvent], int]:
         """The events matching ``query`` from ``offset`` on (at most ``limit``), and the offset

@@ -11,11 +11,16 @@ together or not at all. Each stream it touches is expected at the key version of
 checked ("the last originator version is below my first one", "the last tracked notification id
 is below mine"), under the broker's offset lock, so a conflict is an ``IntegrityError`` with
 nothing written, and a head that moved since it was read is read again and checked again
-(``INSERT_ATTEMPTS_MAX``). The heads this recorder saw last are remembered
-(``HEADS_CACHED_MAX`` keys), so a write after a read costs one request; a stale one costs a 409
-and a read. Notification ids increase in the order readers see them: offsets are assigned under
-one lock and read only below the last confirmed entry. The topic must not be partitioned: the
-first write or range read of a recorder checks it (``ProgrammingError``).
+(``INSERT_ATTEMPTS_MAX``). The heads this recorder saw last are remembered (``HEADS_CACHED_MAX``
+keys), so a write after a read costs one request; a stale one costs a 409 and a read. Every
+request carries a producer name (one per recorder and thread) and a sequence id that is never
+used twice, whatever the request's outcome: when the client sends a request again after its
+answer timed out (``Client.request`` does), the broker's deduplication answers the resend with
+the first attempt's results, so an insert that was stored is reported stored, never as the
+conflict its own first attempt would make it. Notification ids increase in the order readers see
+them: offsets are assigned under one lock and read only below the last confirmed entry. The
+topic must not be partitioned: the first write or range read of a recorder checks it
+(``ProgrammingError``).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from eventsourcing.persistence import (
     AggregateRecorder,
@@ -89,6 +94,20 @@ class _Heads:
                 self._heads.popitem(last=False)
 
 
+class _Producer(threading.local):
+    """This thread's producer name and next sequence id for one recorder's requests (a thread's
+    requests are sent one after another, so a resend is always of its producer's last entry)."""
+
+    def __init__(self) -> None:
+        self.name = f"eventsourcing-{uuid4().hex}"
+        self.next_sequence_id = 0
+
+    def take(self, count: int) -> int:
+        """The first of ``count`` sequence ids, never handed out again."""
+        first, self.next_sequence_id = self.next_sequence_id, self.next_sequence_id + count
+        return first
+
+
 class MagnetarRecorder:
     """The stream operations every recorder shares: conditional inserts and stream reads."""
 
@@ -97,6 +116,7 @@ class MagnetarRecorder:
         self.topic = Topic.parse(topic).full_name
         self._path = f"/topics/{Topic.parse(topic).path}"
         self._heads = _Heads(HEADS_CACHED_MAX)
+        self._producer = _Producer()
         self._checked_unpartitioned = False
 
     def _check_unpartitioned(self) -> None:
@@ -124,7 +144,9 @@ class MagnetarRecorder:
         heads = {key: self._heads.get(key) or NEW_STREAM for key in first}
         for _ in range(INSERT_ATTEMPTS_MAX):
             _check_heads(heads, first)
-            body = {"messages": messages, "payloadEncoding": "base64",
+            first_sequence_id = self._producer.take(len(messages))  # used up whatever the answer
+            body = {"messages": [{**messages[0], "sequenceId": first_sequence_id}, *messages[1:]],
+                    "producerName": self._producer.name, "payloadEncoding": "base64",
                     "expectedKeyVersions": {key: head.key_version for key, head in heads.items()}}
             try:
                 answer = self.client.request("POST", self._path, json_body=body).json()
@@ -140,6 +162,9 @@ class MagnetarRecorder:
 
     def _stored(self, results: list[dict[str, Any]], messages: list[dict[str, Any]], last: dict[str, int],
                 event_count: int) -> list[int]:
+        if any(r.get("offset") is None or r.get("keyVersion") is None for r in results):
+            raise OperationalError(f"insert into {self.topic}: stored by an earlier attempt whose answer was lost, "
+                                   "and the broker no longer has its results")
         for message, result in zip(messages, results, strict=True):
             key = message["key"]
             self._heads.put(key, Head(int(result["keyVersion"]), last[key]))

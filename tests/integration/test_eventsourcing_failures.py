@@ -1,22 +1,28 @@
 """The eventsourcing persistence module when things go wrong: conflicts across aggregates write
 nothing, a head another writer moved is read again, an unreachable broker is the library's
-``OperationalError``, and a subscription survives a ``kill -9`` of its broker."""
+``OperationalError``, a subscription survives a ``kill -9`` of its broker, and an insert the
+client sent again after its answer timed out is stored once and reported stored."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
+from eventsourcing.dcb.api import DCBAppendCondition, DCBEvent, DCBQuery, DCBQueryItem
 from eventsourcing.persistence import IntegrityError, Notification, OperationalError, ProgrammingError, StoredEvent
 
 from consumers.client import Client
 from consumers.eventsourcing import MagnetarApplicationRecorder
+from consumers.eventsourcing.dcb import MagnetarDCBRecorder
 from tests.standalone import REPO_ROOT, free_port, standalone_command, standalone_process, stop, wait_healthy
 
 UNREACHABLE_BOUND_S = 15.0
@@ -133,3 +139,86 @@ def test_a_partitioned_topic_is_refused_before_anything_is_written(tmp_path: Pat
             recorder.select_notifications(None, 10)
         offsets = client.request("GET", "/topics/persistent/public/default/es-split/offsets").json()["offsets"]
         assert all(o["next"] == 0 for o in offsets.values())
+
+
+class SlowFirstAnswerProxy:
+    """An HTTP proxy in front of a broker that forwards every request at once but holds back the
+    answer to the first POST for ``hold_s`` (longer than the client waits): that insert is stored,
+    and the client, its answer timed out, sends it again."""
+
+    def __init__(self, broker_url: str, hold_s: float) -> None:
+        self.posts = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                answer = httpx.request(self.command, f"{broker_url}{self.path}", content=body,
+                                       headers={k: v for k, v in self.headers.items() if k.lower() != "host"},
+                                       timeout=30)
+                if self.command == "POST":
+                    proxy.posts += 1
+                    if proxy.posts == 1:
+                        time.sleep(hold_s)
+                self.send_response(answer.status_code)
+                for name, value in answer.headers.items():
+                    if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(name, value)
+                self.send_header("content-length", str(len(answer.content)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the client gave up on the held answer
+                    self.wfile.write(answer.content)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward  # noqa: N815 - http.server's names
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> SlowFirstAnswerProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_an_insert_whose_answer_timed_out_is_stored_once_and_reported_stored(tmp_path: Path) -> None:
+    """The client sends a POST again when its answer times out; the first was stored. Before
+    inserts carried a producer name and sequence id, the resend met the stream at the version the
+    first attempt had written and the insert failed as an IntegrityError."""
+    a = uuid.uuid4()
+    with standalone_process(tmp_path) as (url, _), SlowFirstAnswerProxy(url, hold_s=3.0) as proxy, \
+            Client(proxy.url, http_timeout_s=1.0) as client:
+        recorder = MagnetarApplicationRecorder(client, "es-resent")
+        assert recorder.insert_events([event(a, 1), event(a, 2)]) == [1, 2]
+        assert proxy.posts == 2, "the answer should have timed out and the insert been sent again"
+        assert [e.originator_version for e in recorder.select_events(a)] == [1, 2]
+        assert recorder.max_notification_id() == 2
+        assert recorder.insert_events([event(a, 3)]) == [3]
+
+
+def test_a_dcb_append_whose_answer_timed_out_is_stored_once(tmp_path: Path) -> None:
+    """The same for the DCB recorder: a conditional append sent again is answered with its first
+    positions; an unconditional one is stored once and reported as stored with its position
+    unknown. Before, the conditional one failed as an IntegrityError against its own first
+    attempt's event, and nothing kept an unconditional resend from being stored twice."""
+    seat = DCBQuery(items=[DCBQueryItem(types=["SeatBooked"], tags=["seat-7"])])
+    with standalone_process(tmp_path) as (url, _):
+        with SlowFirstAnswerProxy(url, hold_s=3.0) as proxy, Client(proxy.url, http_timeout_s=1.0) as client:
+            recorder = MagnetarDCBRecorder(client, "dcb-resent")
+            position = recorder.append([DCBEvent("SeatBooked", b"ann", tags=["seat-7"])],
+                                       DCBAppendCondition(fail_if_events_match=seat))
+            assert proxy.posts == 2 and position == 1
+        with SlowFirstAnswerProxy(url, hold_s=3.0) as proxy, Client(proxy.url, http_timeout_s=1.0) as client:
+            recorder = MagnetarDCBRecorder(client, "dcb-resent")
+            with pytest.raises(OperationalError, match="stored by an earlier attempt"):
+                recorder.append([DCBEvent("Note", b"once")])
+            assert proxy.posts == 2
+        with Client(url) as client:
+            events = list(MagnetarDCBRecorder(client, "dcb-resent").read())
+    assert [(e.event.type, e.event.data) for e in events] == [("SeatBooked", b"ann"), ("Note", b"once")]
