@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -98,5 +99,30 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10])
-        return JSONResponse(error_body("invalid_request", problems or "invalid request"), status_code=400)
+        return JSONResponse(error_body("invalid_request", validation_problems(exc.errors()) or "invalid request"),
+                            status_code=400)
+
+
+VALIDATION_PROBLEMS_MAX = 10
+
+
+def validation_problems(errors: Sequence[Any]) -> str:
+    """Validation errors (FastAPI's of a request, or pydantic's of a body parsed by hand) in one
+    wording: ``field.path: what is wrong`` each, and a body that is not JSON at all as ``the
+    request body is not valid JSON: <why> at <where>``, whichever parser found it."""
+    problems = []
+    for error in list(errors)[:VALIDATION_PROBLEMS_MAX]:
+        if error.get("type") == "json_invalid":
+            problems.append(f"the request body is not valid JSON: {_json_problem(error)}")
+        else:
+            problems.append(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}")
+    return "; ".join(problems)
+
+
+def _json_problem(error: Any) -> str:
+    reason = str((error.get("ctx") or {}).get("error") or error.get("msg") or "")
+    reason = reason.removeprefix("Invalid JSON: ")
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    if loc and isinstance(loc[0], int):  # FastAPI's: the character where its parser stopped
+        reason = f"{reason} at character {loc[0]}"
+    return reason

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from typing_extensions import TypedDict
 
 from api.auth import Action, Authorizer, Caller
+from api.errors import validation_problems
 from api.limits import MESSAGES_PER_REQUEST_MAX
 from broker import (
     OFFSET_MAX,
@@ -117,8 +118,7 @@ async def parse_request(request: Request) -> ProduceRequest:
     try:
         return ProduceRequest.model_validate_json(body)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10])
-        raise InvalidRequest(problems or "invalid produce request") from None
+        raise InvalidRequest(validation_problems(exc.errors()) or "invalid produce request") from None
 
 
 _RESULTS_EXAMPLE = {"messagePublishResults": [{"messageId": "2:0:-1", "errorCode": 0, "errorMsg": None, "offset": 0,

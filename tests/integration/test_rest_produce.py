@@ -96,3 +96,20 @@ def test_invalid_topic_name_and_oversized_message(server: tuple[httpx.Client, Br
     huge = base64.b64encode(b"x" * (5 * 1024 * 1024 + 1)).decode()
     too_big = client.post(TOPIC_URL, json={"messages": [{"payload": huge}], "payloadEncoding": "base64"})
     assert too_big.status_code == 413 and too_big.json()["code"] == "message_too_large"
+
+
+def test_a_body_that_is_not_json_is_refused_in_one_wording_everywhere(
+        server: tuple[httpx.Client, BrokerService]) -> None:
+    """REST produce parses its body itself and admin through FastAPI; both say the same thing of a
+    body that is not JSON (they said ": Invalid JSON: EOF while parsing a list at line 1 column 14"
+    and "body.27: JSON decode error")."""
+    client, _ = server
+    headers = {"content-type": "application/json"}
+    produce = client.post(TOPIC_URL, content=b'{"messages": [', headers=headers)
+    admin = client.post("/admin/v2/namespaces/public/default/retention", content=b'{"retentionTimeInMinutes": ',
+                        headers=headers)
+    for answer in (produce, admin):
+        assert answer.status_code == 400 and answer.json()["code"] == "invalid_request", answer.text
+    assert produce.json()["message"] == ("the request body is not valid JSON: EOF while parsing a list at line 1 "
+                                         "column 14")
+    assert admin.json()["message"] == "the request body is not valid JSON: Expecting value at character 27"
