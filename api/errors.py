@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from api.limits import VALIDATION_PROBLEM_ITEMS_MAX
 from broker import BrokerError, MagnetarError, TopicNotOwned
 
 
@@ -103,15 +104,13 @@ def install_error_handlers(app: FastAPI) -> None:
                             status_code=400)
 
 
-VALIDATION_PROBLEMS_MAX = 10
-
 
 def validation_problems(errors: Sequence[Any]) -> str:
     """Validation errors (FastAPI's of a request, or pydantic's of a body parsed by hand) in one
     wording: ``field.path: what is wrong`` each, and a body that is not JSON at all as ``the
     request body is not valid JSON: <why> at <where>``, whichever parser found it."""
     problems = []
-    for error in list(errors)[:VALIDATION_PROBLEMS_MAX]:
+    for error in list(errors)[:VALIDATION_PROBLEM_ITEMS_MAX]:
         if error.get("type") == "json_invalid":
             problems.append(f"the request body is not valid JSON: {_json_problem(error)}")
         else:

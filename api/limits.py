@@ -248,3 +248,7 @@ LONGEST_STALL_MIN_S = 0.005
 """A late heartbeat kept with its attribution among the longest stalls from this lateness on."""
 INJECTED_STALL_MS_MAX = 1000
 """The longest stall the test-only hook (``MAGNETAR_TEST_HOOKS=1``) injects."""
+
+# --- error answers (api/errors.py) ---
+VALIDATION_PROBLEM_ITEMS_MAX = 10
+"""Problems of an invalid request named in its 400 answer (the first ones found)."""
