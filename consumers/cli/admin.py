@@ -1,4 +1,5 @@
-"""``magnetar admin``: Pulsar's ``pulsar-admin`` commands for tenants, namespaces and topics.
+"""``magnetar admin``: Pulsar's ``pulsar-admin`` commands for tenants, namespaces (policies,
+bundles, persistence), topics, brokers and schemas.
 
 Role: each command is one (or, for ``peek-messages``, a few) calls to the admin v2 REST paths
 Pulsar documents (``/admin/v2/tenants``, ``/admin/v2/namespaces/{tenant}/{namespace}``,
@@ -143,7 +144,7 @@ class _Group:
 
 
 def add_admin_commands(commands: Any, connection: argparse.ArgumentParser) -> None:
-    admin = commands.add_parser("admin", help="administer tenants, namespaces and topics (like pulsar-admin)")
+    admin = commands.add_parser("admin", help="administer tenants, namespaces, topics, brokers and schemas (like pulsar-admin)")
     groups = admin.add_subparsers(dest="admin_group", required=True)
     _add_tenants(_Group(groups, "tenants", "tenants", connection))
     _add_namespaces(_Group(groups, "namespaces", "namespaces and their policies", connection))
@@ -151,6 +152,8 @@ def add_admin_commands(commands: Any, connection: argparse.ArgumentParser) -> No
     _add_topics(topics)
     _add_subscriptions(topics)
     _add_topic_lifecycle(topics)
+    _add_brokers(_Group(groups, "brokers", "the cluster's live brokers", connection))
+    _add_schemas(_Group(groups, "schemas", "a topic's schema versions", connection))
 
 
 # --- tenants --------------------------------------------------------------------------------------
@@ -198,6 +201,8 @@ def _add_namespaces(group: _Group) -> None:
                                                                                        type=namespace_path)
     _add_ttl_and_dedup(group, base)
     _add_quotas(group, base)
+    _add_bundles(group, base)
+    _add_persistence(group, base)
     grant = group.command("grant-permission", "grant a role produce and/or consume", lambda a: Call(
         "POST", f"{base}/{a.namespace}/permissions/{_quote(a.role)}", [x for x in a.actions.split(",") if x]))
     grant.add_argument("namespace", type=namespace_path)
@@ -272,6 +277,85 @@ def _get_and_remove(group: _Group, base: str, policy: str, path: str, what: str)
     group.command(f"remove-{policy}", f"remove the {policy} policy (back to the default)",
                   lambda a: Call("DELETE", f"{base}/{a.namespace}/{path}")).add_argument(
         "namespace", type=namespace_path)
+
+
+def _add_bundles(group: _Group, base: str) -> None:
+    """pulsar-admin's ``bundles``, ``unload`` (of one bundle) and ``split-bundle``."""
+    group.command("bundles", "the namespace's bundle boundaries",
+                  lambda a: Call("GET", f"{base}/{a.namespace}/bundles")).add_argument("namespace", type=namespace_path)
+    group.command("bundle-owners", "each bundle and the broker that owns it (null: unowned)",
+                  lambda a: Call("GET", f"{base}/{a.namespace}/bundles/owners")).add_argument(
+        "namespace", type=namespace_path)
+    unload = group.command("unload", "stop serving a bundle on its broker; its topics move", lambda a: Call(
+        "PUT", f"{base}/{a.namespace}/{_quote(a.bundle)}/unload",
+        params={"destinationBroker": a.destination_broker} if a.destination_broker else None))
+    unload.add_argument("namespace", type=namespace_path)
+    unload.add_argument("-b", "--bundle", required=True, help="e.g. 0x00000000_0xffffffff (see bundle-owners)")
+    unload.add_argument("-d", "--destinationBroker", dest="destination_broker",
+                        help="the broker (host:port of its web service) to take the bundle")
+    split = group.command("split-bundle", "divide a bundle in two at the middle of its hash range", lambda a: Call(
+        "PUT", f"{base}/{a.namespace}/{_quote(a.bundle)}/split"))
+    split.add_argument("namespace", type=namespace_path)
+    split.add_argument("-b", "--bundle", required=True, help="e.g. 0x00000000_0xffffffff")
+
+
+def _add_persistence(group: _Group, base: str) -> None:
+    """pulsar-admin's ``set-``, ``get-`` and ``remove-persistence``: the quorums of new ledgers."""
+    persistence = group.command("set-persistence", "the ensemble and quorums of the namespace's new ledgers",
+                                lambda a: Call("POST", f"{base}/{a.namespace}/persistence", {
+                                    "bookkeeperEnsemble": a.ensemble, "bookkeeperWriteQuorum": a.write_quorum,
+                                    "bookkeeperAckQuorum": a.ack_quorum,
+                                    "managedLedgerMaxMarkDeleteRate": a.mark_delete_rate}))
+    persistence.add_argument("namespace", type=namespace_path)
+    persistence.add_argument("-e", "--bookkeeper-ensemble", dest="ensemble", type=int, required=True)
+    persistence.add_argument("-w", "--bookkeeper-write-quorum", dest="write_quorum", type=int, required=True)
+    persistence.add_argument("-a", "--bookkeeper-ack-quorum", dest="ack_quorum", type=int, required=True)
+    persistence.add_argument("-r", "--ml-mark-delete-max-rate", dest="mark_delete_rate", type=float, default=0.0,
+                             help="cursor position updates per second (0: no limit)")
+    _get_and_remove(group, base, "persistence", "persistence", "the persistence policy (null: the broker's default)")
+
+
+# --- brokers and schemas --------------------------------------------------------------------------
+def _add_brokers(group: _Group) -> None:
+    group.command("list", "the live brokers of a cluster (its web service host:port each)", lambda a: Call(
+        "GET", f"/admin/v2/brokers/{_quote(a.cluster)}")).add_argument(
+        "cluster", nargs="?", default="standalone", help="the cluster's name (default standalone)")
+
+
+def schema_path(text: str) -> str:
+    """``/admin/v2/schemas/{tenant}/{namespace}/{topic}`` of a topic argument."""
+    try:
+        topic = Topic.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return "/admin/v2/schemas/" + "/".join(_quote(p) for p in (topic.tenant, topic.namespace, topic.local))
+
+
+def schema_file(text: str) -> dict[str, Any]:
+    """A schema definition file as pulsar-admin's ``schemas upload -f`` reads it:
+    ``{"type": "AVRO", "schema": "...", "properties": {...}}``."""
+    try:
+        with open(text, encoding="utf-8") as definition:
+            body = json.load(definition)
+    except (OSError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"schema file {text}: {exc}") from None
+    if not isinstance(body, dict) or "type" not in body:
+        raise argparse.ArgumentTypeError(f"schema file {text} must hold a JSON object with a \"type\"")
+    return body
+
+
+def _add_schemas(group: _Group) -> None:
+    get = group.command("get", "the topic's latest schema, or one version", lambda a: Call(
+        "GET", f"{a.topic}/schema" + (f"/{a.version}" if a.version is not None else "")))
+    get.add_argument("topic", type=schema_path, help="persistent://tenant/namespace/topic or a short name")
+    get.add_argument("-v", "--version", type=int)
+    upload = group.command("upload", "add a schema version (refused when incompatible)",
+                           lambda a: Call("POST", f"{a.topic}/schema", a.filename))
+    upload.add_argument("topic", type=schema_path, help="persistent://tenant/namespace/topic or a short name")
+    upload.add_argument("-f", "--filename", type=schema_file, required=True,
+                        help='a JSON file: {"type": "AVRO", "schema": "...", "properties": {}}')
+    group.command("delete", "delete every version of the topic's schema", lambda a: Call(
+        "DELETE", f"{a.topic}/schema")).add_argument("topic", type=schema_path)
 
 
 # --- topics ---------------------------------------------------------------------------------------

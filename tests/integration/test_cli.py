@@ -340,3 +340,33 @@ def test_tokens_from_the_cli_are_accepted_by_the_server(tmp_path: Path) -> None:
     assert listed.returncode == 0 and json.loads(listed.stdout) == ["public"]  # URL and token from the environment
     assert signed_ok.returncode == 0, signed_ok.stderr
     assert wrong_key.returncode == 1 and wrong_key.stderr.startswith("unauthorized: ")
+
+
+def test_admin_bundles_persistence_brokers_and_schemas_as_pulsar_admin_names_them(url: str, tmp_path: Path) -> None:
+    ok(url, "admin", "namespaces", "create", "public/bundled")
+    bundles, brokers = ok_all(url, ("admin", "namespaces", "bundles", "public/bundled"), ("admin", "brokers", "list"))
+    boundaries = json.loads(bundles)["boundaries"]
+    assert boundaries[0] == "0x00000000" and boundaries[-1] == "0xffffffff"
+    assert json.loads(brokers) == []  # a standalone broker is in no cluster's list (cluster brokers register)
+    owners = magnetar("--service-url", url, "admin", "namespaces", "bundle-owners", "public/bundled")
+    assert owners.returncode == 1 and owners.stderr.startswith("not_allowed: bundles are owned by brokers only in a "
+                                                                "cluster"), owners.stderr  # standalone
+    ok(url, "admin", "namespaces", "set-persistence", "public/bundled", "-e", "1", "-w", "1", "-a", "1")
+    assert ok_json(url, "admin", "namespaces", "get-persistence", "public/bundled") == {
+        "bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1,
+        "managedLedgerMaxMarkDeleteRate": 0.0}
+    ok(url, "admin", "namespaces", "remove-persistence", "public/bundled")
+    assert ok_json(url, "admin", "namespaces", "get-persistence", "public/bundled") is None
+    definition = tmp_path / "schema.json"
+    definition.write_text(json.dumps({"type": "JSON", "schema": json.dumps(
+        {"type": "record", "name": "Click", "fields": [{"name": "page", "type": "string"}]}), "properties": {}}))
+    ok(url, "admin", "schemas", "upload", "public/bundled/clicks", "-f", str(definition))
+    schema = ok_json(url, "admin", "schemas", "get", "persistent://public/bundled/clicks")
+    assert schema["type"] == "JSON" and "Click" in schema["data"], schema
+    assert ok_json(url, "admin", "schemas", "get", "public/bundled/clicks", "--version", "0")["type"] == "JSON"
+    ok(url, "admin", "schemas", "delete", "public/bundled/clicks")
+    missing = magnetar("--service-url", url, "admin", "schemas", "get", "public/bundled/clicks")
+    assert missing.returncode == 1 and missing.stderr.startswith("not_found: "), missing.stderr
+    no_file = magnetar("--service-url", url, "admin", "schemas", "upload", "public/bundled/clicks", "-f",
+                       str(tmp_path / "nowhere.json"))
+    assert no_file.returncode == 2 and "schema file" in no_file.stderr
