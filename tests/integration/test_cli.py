@@ -348,9 +348,12 @@ def test_admin_bundles_persistence_brokers_and_schemas_as_pulsar_admin_names_the
     boundaries = json.loads(bundles)["boundaries"]
     assert boundaries[0] == "0x00000000" and boundaries[-1] == "0xffffffff"
     assert json.loads(brokers) == []  # a standalone broker is in no cluster's list (cluster brokers register)
-    owners = magnetar("--service-url", url, "admin", "namespaces", "bundle-owners", "public/bundled")
-    assert owners.returncode == 1 and owners.stderr.startswith("not_allowed: bundles are owned by brokers only in a "
-                                                                "cluster"), owners.stderr  # standalone
+    whole = "0x00000000_0xffffffff"
+    for refused in run_all(*(("--service-url", url, "admin", "namespaces", *args) for args in (
+            ("bundle-owners", "public/bundled"), ("unload", "public/bundled", "-b", whole),
+            ("split-bundle", "public/bundled", "-b", whole)))):  # bundles have owners in a cluster only
+        assert refused.returncode == 1 and refused.stderr.startswith(
+            "not_allowed: bundles are owned by brokers only in a cluster"), refused.stderr
     ok(url, "admin", "namespaces", "set-persistence", "public/bundled", "-e", "1", "-w", "1", "-a", "1")
     assert ok_json(url, "admin", "namespaces", "get-persistence", "public/bundled") == {
         "bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1,
