@@ -66,6 +66,9 @@ class _LoopThread:
         asyncio.run_coroutine_threadsafe(final(), self.loop)
 
     def call(self, coroutine: Coroutine[Any, Any, _R]) -> _R:
+        if self._close_when_stopped:  # stopping (``stop_soon``): the coroutine might never run
+            coroutine.close()
+            raise RuntimeError("the client is closed")
         try:
             future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         except RuntimeError:  # the loop is closed (the client was): the coroutine will never run
@@ -326,7 +329,12 @@ class Client:
         return self._runner.call(self._client.request(method, path, json_body=json_body, params=params))
 
     def close(self) -> None:
-        self._finalizer.detach()
+        if self._finalizer.detach() is None:
+            # closed already, or being closed by the finalizer: a garbage collection of a cycle
+            # holding this client runs the finalizer before the ``__del__`` of its holder (an
+            # application closing its infrastructure), whose ``close()`` would otherwise hand a
+            # coroutine to a loop that is stopping, and wait for it forever
+            return
         if not self._runner.loop.is_closed():
             try:
                 self._runner.call(self._client.close())
