@@ -144,7 +144,8 @@ class _Group:
 
 
 def add_admin_commands(commands: Any, connection: argparse.ArgumentParser) -> None:
-    admin = commands.add_parser("admin", help="administer tenants, namespaces, topics, brokers and schemas (like pulsar-admin)")
+    admin = commands.add_parser("admin", help="administer tenants, namespaces, topics, brokers and schemas "
+                                              "(like pulsar-admin)")
     groups = admin.add_subparsers(dest="admin_group", required=True)
     _add_tenants(_Group(groups, "tenants", "tenants", connection))
     _add_namespaces(_Group(groups, "namespaces", "namespaces and their policies", connection))
