@@ -111,10 +111,7 @@ class MagnetarDCBRecorder(MagnetarRecorder, DCBRecorder):
         inserts do): a resend after a timed-out answer is the broker's duplicate, never stored
         twice; a conditional one is answered with the first attempt's positions, an
         unconditional one with none (an ``OperationalError``: stored, position unknown)."""
-        messages = body["messages"]
-        first_sequence_id = self._producer.take(len(messages))
-        body = {**body, "producerName": self._producer.name,
-                "messages": [{**messages[0], "sequenceId": first_sequence_id}, *messages[1:]]}
+        body = {**body, **self._producer.stamp(body["messages"])}
         try:
             results = self.client.request("POST", self._path, json_body=body).json()["messagePublishResults"]
         except HttpError as exc:

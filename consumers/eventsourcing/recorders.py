@@ -102,10 +102,11 @@ class _Producer(threading.local):
         self.name = f"eventsourcing-{uuid4().hex}"
         self.next_sequence_id = 0
 
-    def take(self, count: int) -> int:
-        """The first of ``count`` sequence ids, never handed out again."""
-        first, self.next_sequence_id = self.next_sequence_id, self.next_sequence_id + count
-        return first
+    def stamp(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The body fields that name this producer and give ``messages`` (a PIP-64 request's)
+        sequence ids never handed out again, whatever the request's outcome."""
+        first, self.next_sequence_id = self.next_sequence_id, self.next_sequence_id + len(messages)
+        return {"producerName": self.name, "messages": [{**messages[0], "sequenceId": first}, *messages[1:]]}
 
 
 class MagnetarRecorder:
@@ -144,9 +145,7 @@ class MagnetarRecorder:
         heads = {key: self._heads.get(key) or NEW_STREAM for key in first}
         for _ in range(INSERT_ATTEMPTS_MAX):
             _check_heads(heads, first)
-            first_sequence_id = self._producer.take(len(messages))  # used up whatever the answer
-            body = {"messages": [{**messages[0], "sequenceId": first_sequence_id}, *messages[1:]],
-                    "producerName": self._producer.name, "payloadEncoding": "base64",
+            body = {**self._producer.stamp(messages), "payloadEncoding": "base64",
                     "expectedKeyVersions": {key: head.key_version for key, head in heads.items()}}
             try:
                 answer = self.client.request("POST", self._path, json_body=body).json()

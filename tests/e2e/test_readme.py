@@ -229,22 +229,29 @@ def test_the_readme_states_the_rest_pull_defaults_the_broker_applies(tmp_path: P
     assert f"`{stats['subscriptions']['newcomer']['type']}`" == table["subscriptionType"][0]
 
 
+def run_python_example(heading: str, script: Path, url: str, runs: int) -> list[list[str]]:
+    """The one Python block under ``heading``, saved as ``script`` with the broker's URL put in
+    (the only substitution) and run ``runs`` times with the project's interpreter: each run's
+    output lines (every run must succeed)."""
+    blocks = code_blocks(section(heading), "python")
+    assert len(blocks) == 1, f"{heading} should hold exactly one Python example"
+    script.write_text(blocks[0].replace("http://localhost:8080", url))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    outputs = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, str(script)], check=False, cwd=script.parent, capture_output=True,
+                              text=True, timeout=COMMAND_TIMEOUT_S, env=env)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.splitlines())
+    return outputs
+
+
 def test_the_event_stream_example_runs_as_written(tmp_path: Path) -> None:
-    """The Python block of "Event sourcing: streams per key", saved as a file and run twice against
-    a broker (its URL the only substitution): it rebuilds the balance from the stream, appends
-    against the version it read, and reads that append back from a stream reader."""
-    blocks = code_blocks(section("## Event sourcing: streams per key"), "python")
-    assert len(blocks) == 1, "the streams section should hold exactly one Python example"
+    """The Python block of "Event sourcing: streams per key", run twice against a broker: it
+    rebuilds the balance from the stream, appends against the version it read, and reads that
+    append back from a stream reader; the second run finds the first's events and versions go on."""
     with standalone_process(tmp_path / "data") as (url, _):
-        script = tmp_path / "account.py"
-        script.write_text(blocks[0].replace("http://localhost:8080", url))
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        outputs = []
-        for _ in range(2):  # the second run finds the first's events and versions go on
-            done = subprocess.run([sys.executable, str(script)], check=False, cwd=tmp_path, capture_output=True,
-                                  text=True, timeout=COMMAND_TIMEOUT_S, env=env)
-            assert done.returncode == 0, done.stderr
-            outputs.append(done.stdout.splitlines())
+        outputs = run_python_example("## Event sourcing: streams per key", tmp_path / "account.py", url, 2)
     assert outputs[0] == ["balance 15 at version 1", "2 b'withdrew 3'"], outputs[0]
     assert outputs[1] == ["balance 27 at version 4", "5 b'withdrew 3'"], outputs[1]
 
@@ -252,15 +259,8 @@ def test_the_event_stream_example_runs_as_written(tmp_path: Path) -> None:
 def test_the_eventsourcing_example_runs_as_written(tmp_path: Path) -> None:
     """The "Event sourcing with the eventsourcing library" example, saved as a file and run with
     the project's interpreter against a broker (its URL the only substitution)."""
-    blocks = code_blocks(section("## Event sourcing with the eventsourcing library"), "python")
-    assert len(blocks) == 1, "the eventsourcing section should hold exactly one Python example"
     with standalone_process(tmp_path / "data") as (url, _):
-        script = tmp_path / "dogs.py"
-        script.write_text(blocks[0].replace("http://localhost:8080", url))
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        for _ in range(2):  # and again: a second run appends to the same topic
-            done = subprocess.run([sys.executable, str(script)], check=False, cwd=tmp_path, capture_output=True,
-                                  text=True, timeout=COMMAND_TIMEOUT_S, env=env)
-            assert done.returncode == 0, done.stderr
+        # and again: a second run appends to the same topic
+        run_python_example("## Event sourcing with the eventsourcing library", tmp_path / "dogs.py", url, 2)
         events = read_all(url, "/topics/persistent/public/default/dogschool-events")
         assert [m["properties"]["es-version"] for m in events] == ["1", "2", "3"] * 2
