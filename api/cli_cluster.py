@@ -19,7 +19,10 @@ Like Pulsar's brokers, each also speaks Pulsar's binary protocol on ``--pulsar-p
 default, ``brokerServicePort``; 0 = off; ``pulsar+ssl://`` too when the TLS keys are
 configured): its ``pulsar://advertised-address:port`` URL is in its ownership nodes and load
 reports, so any broker answers a binary LOOKUP for a topic another one serves with a Redirect to
-the owner's URL (``api/pulsar/lookups.py``). Brokers sharing one host need a port each.
+the owner's URL (``api/pulsar/lookups.py``). Brokers sharing one host need a port each. With
+Pulsar's ``advertisedListeners`` in ``--config``, the internal listener's URLs are the ones
+published, together with every listener: a client naming a listener is answered that
+listener's URLs of whichever broker owns its topic (``api/pulsar/listeners.py``).
 
 Both shut down gracefully on SIGTERM or Ctrl-C. Server imports are loaded only when a command
 runs, so the client commands keep starting quickly.
@@ -88,6 +91,20 @@ def run_bookie(args: argparse.Namespace) -> int:
         host=args.host, advertised_address=args.advertised_address, session_timeout_s=args.zk_session_timeout_s))
 
 
+def _broker_address(broker_id: str, web_url: str, host: str, pulsar: Any) -> Any:
+    """How other brokers name this one (``BrokerAddress``): with ``advertisedListeners``, the
+    internal listener's URLs and every listener (a lookup naming one answers its URLs), else
+    the advertised host's."""
+    from broker import BrokerAddress
+
+    listeners = pulsar.advertised_listeners
+    internal = next((one for one in listeners if one.name == pulsar.internal_listener_name), None)
+    if internal is not None:
+        return BrokerAddress(broker_id, web_url, internal.service_url, internal.service_url_tls, listeners)
+    return BrokerAddress(broker_id, web_url, f"pulsar://{host}:{pulsar.port}" if pulsar.port else "",
+                         f"pulsar+ssl://{host}:{pulsar.tls_port}" if pulsar.tls_enabled else "")
+
+
 def run_broker(args: argparse.Namespace) -> int:
     import logging
 
@@ -96,7 +113,7 @@ def run_broker(args: argparse.Namespace) -> int:
     from api.connection_guard import raise_file_limit
     from api.server_process import exit_cleanly, tune_runtime
     from api.web_server import serve
-    from broker import BrokerAddress, BrokerService, QuorumConfig
+    from broker import BrokerService, QuorumConfig
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
 
     overrides = {key: str(value) for key, value in (("bindAddress", args.host), ("webServicePort", args.port),
@@ -123,9 +140,7 @@ def run_broker(args: argparse.Namespace) -> int:
     # the binary listeners are named by the advertised host, in Connect answers and in the
     # Redirects other brokers give (through the ownership nodes and load reports)
     pulsar = dataclasses.replace(config.pulsar, advertised_host=host)
-    address = BrokerAddress(broker_id, f"{web_scheme}://{broker_id}",
-                            f"pulsar://{host}:{pulsar.port}" if pulsar.port else "",
-                            f"pulsar+ssl://{host}:{pulsar.tls_port}" if pulsar.tls_enabled else "")
+    address = _broker_address(broker_id, f"{web_scheme}://{broker_id}", host, pulsar)
     ownership = OwnershipConfig(address, default_bundles=args.default_bundles,
                                 load_report_interval_ms=args.load_report_interval_ms)
     cluster = ClusterStorage(ClusterConfig(

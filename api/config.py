@@ -10,7 +10,8 @@ or a plain path), ``allowAutoTopicCreation``, ``brokerDeduplicationEnabled``,
 ``defaultRetentionTimeInMinutes`` / ``defaultRetentionSizeInMB`` (the retention of a namespace
 without a policy: -1 by default, keep everything, as an event store must; 0 and 0 are Pulsar's
 defaults, which keep nothing that no subscription holds), the binary protocol's
-``brokerServicePort`` (6650), ``advertisedAddress``, ``maxMessageSize`` and
+``brokerServicePort`` (6650), ``advertisedAddress``, ``advertisedListeners`` and
+``internalListenerName`` (``api/pulsar/listeners.py``), ``maxMessageSize`` and
 ``authenticationRefreshCheckSeconds``, its bounds before a connection's handshake
 (``HANDSHAKE_KEYS``: Pulsar has none of its own) and its per-role shares
 (``brokerMaxConnectionsPerRole``, ``maxTopicListWatchersPerRole``); the topic quotas and rate
@@ -59,6 +60,7 @@ from api.auth import AuthConfig
 from api.authentication import BASIC_METHOD, PROVIDER_CLASSES, TLS_METHOD, TOKEN_METHOD, BasicUsers
 from api.limits import CONFIG_KEYS, LIMIT_RANGES, RETENTION_MINUTES_OR_MB_MAX, EdgeLimits
 from api.pulsar import PulsarSettings
+from api.pulsar.listeners import parse_advertised_listeners
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
 from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
@@ -80,7 +82,8 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
-              "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", "anonymousUserRole",
+              "advertisedAddress", "advertisedListeners", "internalListenerName", "maxMessageSize",
+              "authenticationRefreshCheckSeconds", "anonymousUserRole",
               "basicAuthConf", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
               *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
@@ -267,8 +270,14 @@ def _pulsar(values: Mapping[str, str], host: str, tls: TlsConfig) -> PulsarSetti
     frame_bytes, buffer_bytes, timeout_ms = _handshake(values, defaults)
     port = _port(values, "brokerServicePort", defaults.port)
     tls_port = _tls_port(values, "brokerServicePortTls", PULSAR_TLS_PORT, tls)
+    try:
+        listeners, internal = parse_advertised_listeners(values.get("advertisedListeners", ""),
+                                                         values.get("internalListenerName", ""))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return PulsarSettings(host=host, port=port, tls_port=tls_port, tls=tls,
-                          advertised_host=values.get("advertisedAddress") or None, max_message_size_bytes=size,
+                          advertised_host=values.get("advertisedAddress") or None, advertised_listeners=listeners,
+                          internal_listener_name=internal, max_message_size_bytes=size,
                           auth_refresh_check_s=float(refresh_s), handshake_frame_bytes_max=frame_bytes,
                           handshake_buffer_bytes_max=buffer_bytes, handshake_timeout_s=timeout_ms / 1000)
 

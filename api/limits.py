@@ -174,6 +174,10 @@ ROLES_PER_LIST_MAX = 1000
 """Longest ``adminRoles`` / ``allowedClusters`` list a tenant may be given."""
 BROKER_ID_CHARS_MAX = 300
 """The ``destinationBroker`` of a bundle unload."""
+LISTENER_NAME_CHARS_MAX = 64
+"""An advertised listener's name (``advertisedListeners``; a lookup's ``listenerName``)."""
+ADVERTISED_LISTENER_URLS_COUNT_MAX = 64
+"""URLs in ``advertisedListeners`` (Pulsar has no bound; a broker has a few)."""
 RETENTION_MINUTES_OR_MB_MAX = 2**31 - 1
 """``defaultRetentionTimeInMinutes`` and ``defaultRetentionSizeInMB`` (-1: unlimited)."""
 REFUSED_BODY_DRAIN_BYTES_MAX = 64 * KIB

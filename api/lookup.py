@@ -6,6 +6,9 @@ Role: Pulsar's lookup REST endpoint and the bundle administration over the broke
   (``brokerUrl`` for the binary protocol, ``httpUrl``, ``nativeUrl``; Magnetar adds
   ``brokerId`` and ``bundle``). The first lookup of a topic assigns its bundle to the
   least-loaded live broker. A standalone broker answers with the address it was reached at.
+  ``?listenerName=`` (or the ``X-Pulsar-ListenerName`` header) names an advertised listener:
+  the answer is that listener's URLs; 503 ("the broker do not have NAME listener") when the
+  broker answered has none of that name (``api/pulsar/listeners.py``).
 - ``GET /admin/v2/brokers`` and ``/admin/v2/brokers/{cluster}``: the live brokers' ids;
   ``GET /admin/v2/broker-stats/load-reports``: their load reports.
 - ``GET /admin/v2/namespaces/{tenant}/{ns}/bundles``: the boundaries; ``.../bundles/owners``:
@@ -26,9 +29,13 @@ from fastapi import APIRouter, Query, Request
 
 from api.admin_namespaces import namespace_name
 from api.auth import Authorizer, Caller
-from api.limits import BROKER_ID_CHARS_MAX
+from api.limits import BROKER_ID_CHARS_MAX, LISTENER_NAME_CHARS_MAX
+from api.pulsar.listeners import named_listener
 from api.rest_lookup import local_urls
 from broker import BrokerService, TopicName
+
+LISTENER_NAME_HEADER = "X-Pulsar-ListenerName"
+"""The header naming an advertised listener when the ``listenerName`` parameter does not (Pulsar's)."""
 
 
 def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
@@ -36,16 +43,21 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
 
     @routes.get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}",
                 summary="The broker serving a topic (assigns its bundle on first lookup)")
-    def lookup(tenant: str, namespace: str, topic: str, caller: Caller, request: Request) -> dict[str, Any]:
+    def lookup(tenant: str, namespace: str, topic: str, caller: Caller, request: Request,
+               listener_name: Annotated[str, Query(alias="listenerName",
+                                                   max_length=LISTENER_NAME_CHARS_MAX)] = "") -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require_lookup(caller, name)
+        listener = listener_name or request.headers.get(LISTENER_NAME_HEADER, "")[:LISTENER_NAME_CHARS_MAX]
         found = service.namespaces.lookup(name)
         if found.local:  # this broker's own listeners, as the host the request came to sees them
-            return {**local_urls(request), "brokerId": found.owner.broker_id, "bundle": found.bundle}
+            return {**local_urls(request, listener), "brokerId": found.owner.broker_id, "bundle": found.bundle}
         http_url = found.owner.web_service_url or str(request.base_url).rstrip("/")
-        return {"brokerUrl": found.owner.pulsar_service_url, "brokerUrlTls": found.owner.pulsar_service_url_tls,
-                "httpUrl": http_url, "httpUrlTls": "", "nativeUrl": found.owner.pulsar_service_url,
-                "brokerId": found.owner.broker_id, "bundle": found.bundle}
+        named = named_listener(found.owner, listener) if listener else None
+        plain = named.service_url if named else found.owner.pulsar_service_url
+        secure = named.service_url_tls if named else found.owner.pulsar_service_url_tls
+        return {"brokerUrl": plain, "brokerUrlTls": secure, "httpUrl": http_url, "httpUrlTls": "",
+                "nativeUrl": plain, "brokerId": found.owner.broker_id, "bundle": found.bundle}
 
     @routes.get("/admin/v2/brokers", summary="The live brokers of the cluster")
     def brokers(caller: Caller) -> list[str]:

@@ -46,14 +46,14 @@ def _this_cluster(cluster: str) -> str:
     return cluster
 
 
-def local_urls(request: Request) -> dict[str, Any]:
+def local_urls(request: Request, listener_name: str = "") -> dict[str, Any]:
     """This broker's URLs: its binary-protocol listeners as ``PulsarServer.listener_for`` names
-    them to a client that reached this broker at the request's host (binary LOOKUP answers
-    Connect with the same URLs)."""
+    them to a client that reached this broker at the request's host and names the advertised
+    listener ``listener_name`` ('': none) (binary LOOKUP answers Connect with the same URLs)."""
     host = request.url.hostname or "127.0.0.1"
     http_url = f"{request.url.scheme}://{request.url.netloc}"
     binary = getattr(request.app.state, "pulsar_server", None)
-    listener = None if binary is None else binary.listener_for(host)
+    listener = None if binary is None else binary.listener_for(host, listener_name)
     plain = listener.service_url if listener is not None else None
     tls = listener.service_url_tls if listener is not None else None
     http_url_tls = http_url if request.url.scheme == "https" else None

@@ -101,7 +101,7 @@ from broker.message_fields import (
     payload_of,
 )
 from broker.message_id import MessageId, Position, message_id_bytes
-from broker.namespace.lookup import BrokerAddress, LookupResult
+from broker.namespace.lookup import AdvertisedListener, BrokerAddress, LookupResult
 from broker.namespace.persistence import PersistencePolicy
 from broker.namespace.topic_policies import TOPIC_POLICY_KEYS
 from broker.producer import ROUTING_MODES, Producer, entry_result
@@ -142,6 +142,7 @@ __all__ = [
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
     "VERSION_MAX",
+    "AdvertisedListener",
     "AlreadyExists",
     "BrokerAddress",
     "BrokerConfig",

@@ -7,6 +7,9 @@ broker answers ``CommandLookupTopic``:
 
 - this broker serves the topic: Connect, with this broker's own listeners;
 - another broker owns it: Connect, with the owner's listeners (the client connects there);
+- the client names an advertised listener (``advertised_listener_name``, ``listeners.py``):
+  the URLs of that listener of the broker answered; Failed with ServiceNotReady and Pulsar's
+  words ("the broker do not have NAME listener") when that broker has no such listener;
 - nobody owns it and another broker was just chosen to take it: Redirect to that broker's
   ``brokerServiceUrl``, authoritative (the assignment is the cluster's, not a guess); the client
   sends its LOOKUP there, which takes the bundle and answers Connect;
@@ -40,9 +43,10 @@ from dataclasses import dataclass
 from api.errors import TooManyRequests
 from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
+from api.pulsar.listeners import named_listener
 from api.pulsar.permissions import require_for
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from broker import LookupResult, MagnetarError, ServiceUnitNotReady, TopicName
+from broker import BrokerAddress, LookupResult, MagnetarError, ServiceUnitNotReady, TopicName
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand.Type
@@ -66,21 +70,31 @@ class LookupAnswer:
     authoritative: bool = True
 
 
-def lookup_answer(found: LookupResult, own: Listener, *, tls: bool) -> LookupAnswer:
-    """What LOOKUP answers a client connected with (``tls``) or without TLS, given the broker's
-    lookup result and this broker's own listeners; ``ServiceUnitNotReady`` when no broker can
-    serve that client the topic now."""
+def lookup_answer(found: LookupResult, own: Listener, *, tls: bool, listener: str = "") -> LookupAnswer:
+    """What LOOKUP answers a client connected with (``tls``) or without TLS that names the
+    advertised ``listener`` (''), given the broker's lookup result and this broker's own
+    listener for that client; ``ServiceUnitNotReady`` when no broker can serve that client the
+    topic now (Pulsar's "the broker do not have NAME listener" when the owner has no such
+    listener)."""
     if found.local:
         plain, secure = own.service_url or "", own.service_url_tls or ""
         broker = "this broker"
     else:
-        plain, secure = found.owner.pulsar_service_url, found.owner.pulsar_service_url_tls
+        plain, secure = _owner_urls(found.owner, listener)
         broker = f"broker {found.owner.broker_id}"
     if not (secure if tls else plain):
         kind = "pulsar+ssl://" if tls else "pulsar://"
         raise ServiceUnitNotReady(f"{found.topic} is served by {broker}, which has no {kind} listener "
                                   f"(started without a binary protocol port of that kind)")
     return LookupAnswer(plain or secure, secure, redirect=found.assigned and not found.local)
+
+
+def _owner_urls(owner: BrokerAddress, listener: str) -> tuple[str, str]:
+    """(plain, TLS) URLs of another broker, under its advertised ``listener`` when one is named."""
+    if not listener:
+        return owner.pulsar_service_url, owner.pulsar_service_url_tls
+    named = named_listener(owner, listener)
+    return named.service_url, named.service_url_tls
 
 
 class LookupRunner:
@@ -130,11 +144,12 @@ class Lookups:
     """One connection's LOOKUP and PARTITIONED_METADATA requests."""
 
     def __init__(self, context: ConnectionContext, runner: LookupRunner,
-                 answer: Callable[[TopicName], LookupAnswer]) -> None:
+                 answer: Callable[[TopicName, str], LookupAnswer]) -> None:
         self._context = context
         self._runner = runner
         self._answer = answer
-        """The server's answer for ``topic`` to this connection (``PulsarServer.lookup_answer``)."""
+        """The server's answer for ``topic`` to this connection naming an advertised listener
+        ('': none; ``PulsarServer.lookup_answer``)."""
 
     def _allowed(self, kind: int, topic: TopicName) -> None:
         """A lookup needs the right to produce or to consume there (``permissions.COMMANDS``),
@@ -148,7 +163,7 @@ class Lookups:
             try:
                 topic = TopicName.parse(request.topic)
                 self._allowed(T.LOOKUP, topic)
-                found = self._answer(topic)
+                found = self._answer(topic, request.advertised_listener_name)
             except Exception as exc:
                 return commands.lookup_failed(request_id, _logged(exc, "a lookup"))
             return commands.lookup(request_id, found.service_url, found.service_url_tls, redirect=found.redirect,

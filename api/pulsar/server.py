@@ -51,6 +51,7 @@ from api.pulsar import commands
 from api.pulsar.context import ConnectionContext
 from api.pulsar.framing import FrameDecoder, ProtocolViolation
 from api.pulsar.handshakes import PendingHandshakes
+from api.pulsar.listeners import named_listener
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
@@ -58,7 +59,7 @@ from api.pulsar.session import PulsarSession, State, Verdicts
 from api.pulsar.settings import PulsarSettings
 from api.pulsar.shares import RolePools
 from api.tls import tls_peer_of
-from broker import BrokerService, MagnetarError, TopicName
+from broker import BrokerAddress, BrokerService, MagnetarError, TopicName
 
 log = logging.getLogger(__name__)
 
@@ -142,19 +143,29 @@ class PulsarServer:
                 await server.wait_closed()
         self._servers.clear()
 
-    def listener_for(self, host: str) -> Listener:
-        host = self.settings.advertised_host or host
+    def listener_for(self, host: str, name: str = "") -> Listener:
+        """This broker's URLs for a client that reached it at ``host`` and names listener
+        ``name`` (''): that advertised listener's, else the internal one's when
+        ``advertisedListeners`` is set, else this host's (or ``advertisedAddress``'s)."""
+        settings = self.settings
+        if name or settings.advertised_listeners:
+            own = BrokerAddress("", "", listeners=settings.advertised_listeners)
+            chosen = named_listener(own, name or settings.internal_listener_name)
+            return Listener(chosen.service_url or None, chosen.service_url_tls or None)
+        host = settings.advertised_host or host
         plain = self.ports.get("pulsar")
         tls = self.ports.get("pulsar+ssl")
         return Listener(f"pulsar://{host}:{plain}" if plain else None,
                         f"pulsar+ssl://{host}:{tls}" if tls else None)
 
-    def lookup_answer(self, topic: TopicName, host: str, *, tls: bool) -> LookupAnswer:
+    def lookup_answer(self, topic: TopicName, host: str, *, tls: bool, listener: str = "") -> LookupAnswer:
         """What LOOKUP answers a client that reached this broker at ``host``: the broker's one
         lookup (``NamespaceService.lookup``, as HTTP's) in Pulsar's terms, Connect with this
         broker's listeners or Redirect to the owner's (``lookups.lookup_answer``). In a cluster
         it reads ZooKeeper: called on the lookup threads, never on the event loop."""
-        return lookup_answer(self.service.namespaces.lookup(topic), self.listener_for(host), tls=tls)
+        found = self.service.namespaces.lookup(topic)
+        own = self.listener_for(host, listener) if found.local else Listener(None, None)
+        return lookup_answer(found, own, tls=tls, listener=listener)
 
     def _topics_unloaded(self, names: list[TopicName]) -> None:
         """The broker's unload listener (any thread): the sessions on these topics close their
@@ -265,7 +276,9 @@ class PulsarProtocol(asyncio.Protocol):
         assert server.lookups is not None, "connections are accepted only once the server started"
         tls = self.tls
         self.session = PulsarSession(self.context, server.lookups,
-                                     lambda topic: server.lookup_answer(topic, host, tls=tls), server.access,
+                                     lambda topic, listener: server.lookup_answer(topic, host, tls=tls,
+                                                                                  listener=listener),
+                                     server.access,
                                      server.schemas)
         server.handshakes.open(self, loop, self._handshake_timed_out)
 

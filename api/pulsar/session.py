@@ -89,7 +89,7 @@ class State(enum.Enum):
 
 class PulsarSession:
     def __init__(self, context: ConnectionContext, lookups: LookupRunner,
-                 lookup_answer: Callable[[TopicName], LookupAnswer], access: ProducerAccess,
+                 lookup_answer: Callable[[TopicName, str], LookupAnswer], access: ProducerAccess,
                  schemas: ProtocolSchemas) -> None:
         self.context = context
         self.state = State.AWAITING_CONNECT

@@ -3,6 +3,7 @@
 Role: ``magnetar standalone`` and ``magnetar broker`` build one ``PulsarSettings`` from
 ``--pulsar-port`` and Pulsar's configuration keys (``brokerServicePort``,
 ``brokerServicePortTls``, the TLS keys of ``api/tls.py``, ``advertisedAddress``,
+``advertisedListeners``, ``internalListenerName``,
 ``maxMessageSize``, ``authenticationRefreshCheckSeconds``), Magnetar's bounds on a connection
 before its handshake (``maxHandshakeFrameBytes``, ``maxHandshakeBufferBytes``,
 ``handshakeTimeoutMillis``) and the per-role shares of ``ROLE_SHARE_KEYS``; the server and every
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from api.limits import FRAME_OVERHEAD_BYTES
 from api.tls import TlsConfig
+from broker import AdvertisedListener
 
 MIB = 1024 * 1024
 
@@ -38,6 +40,11 @@ class PulsarSettings:
     """The certificate, the authorities client certificates must be signed by, the versions."""
     advertised_host: str | None = None
     """The host lookups answer with; default: the address the client connected to."""
+    advertised_listeners: tuple[AdvertisedListener, ...] = ()
+    """Pulsar's ``advertisedListeners`` (``api/pulsar/listeners.py``): with them, a lookup answers
+    the listener the client names, or the internal one."""
+    internal_listener_name: str = ""
+    """``internalListenerName``: the listener of lookups that name none (one of the above)."""
     max_message_size_bytes: int = 5 * MIB
     """Told to clients in CONNECTED; larger messages are chunked by the client or refused."""
     pending_sends_max: int = 10_000

@@ -32,7 +32,7 @@ from broker.errors import ServiceUnitNotReady
 from broker.limits import EPHEMERAL_WAIT_S_MAX, RECENT_ASSIGNMENTS_MAX
 from broker.namespace.bounded_zookeeper import BoundedZooKeeper
 from broker.namespace.bundles import Bundle
-from broker.namespace.lookup import BrokerAddress
+from broker.namespace.lookup import BrokerAddress, listeners_of
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ class LoadReport:
     def to_json(self) -> dict[str, Any]:
         return {"brokerId": self.address.broker_id, "webServiceUrl": self.address.web_service_url,
                 "pulsarServiceUrl": self.address.pulsar_service_url,
-                "pulsarServiceUrlTls": self.address.pulsar_service_url_tls, "numBundles": self.bundles,
+                "pulsarServiceUrlTls": self.address.pulsar_service_url_tls,
+                "advertisedListeners": self.address.listeners_json(), "numBundles": self.bundles,
                 "numTopics": self.topics, "msgRateIn": self.msg_rate_in, "msgRateOut": self.msg_rate_out,
                 "cpu": {"usage": self.cpu_percent, "limit": 100.0 * (os.cpu_count() or 1)},
                 "lastUpdate": self.last_update_ms}
@@ -63,7 +64,7 @@ class LoadReport:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LoadReport:
         address = BrokerAddress(str(obj["brokerId"]), str(obj["webServiceUrl"]), str(obj.get("pulsarServiceUrl") or ""),
-                                str(obj.get("pulsarServiceUrlTls") or ""))
+                                str(obj.get("pulsarServiceUrlTls") or ""), listeners_of(obj.get("advertisedListeners")))
         return cls(address, int(obj.get("numBundles", 0)), int(obj.get("numTopics", 0)),
                    float(obj.get("msgRateIn", 0.0)), float(obj.get("msgRateOut", 0.0)),
                    float(obj.get("cpu", {}).get("usage", 0.0)), int(obj.get("lastUpdate", 0)))

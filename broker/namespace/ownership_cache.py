@@ -2,7 +2,7 @@
 
 Role: a broker owns a namespace bundle (``bundles.py``) while its ZooKeeper session holds the
 ephemeral node ``/namespace/{tenant}/{ns}/0xLLLLLLLL_0xUUUUUUUU``, with Pulsar's
-``NamespaceEphemeralData`` keys (``httpUrl``, ``nativeUrl``, ``disabled``). Creating the node
+``NamespaceEphemeralData`` keys (``httpUrl``, ``nativeUrl``, ``advertisedListeners``, ``disabled``). Creating the node
 is the election: of two brokers that try, one gets it. This cache holds the nodes this broker
 created, in memory, so that "do I serve this topic?" is answered without ZooKeeper; the
 ownership manager (``ownership.py``) decides when to take, adopt, disable and give them up.
@@ -28,7 +28,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from broker.errors import ServiceUnitNotReady
 from broker.namespace.bounded_zookeeper import BoundedZooKeeper
 from broker.namespace.bundles import Bundle, NamespaceBundles
-from broker.namespace.lookup import BrokerAddress
+from broker.namespace.lookup import BrokerAddress, listeners_of
 from broker.topic_name import TopicName
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class OwnershipCache:
         return json.dumps({"brokerId": self.address.broker_id, "httpUrl": self.address.web_service_url,
                            "nativeUrl": self.address.pulsar_service_url, "httpUrlTls": None,
                            "nativeUrlTls": self.address.pulsar_service_url_tls or None,
+                           "advertisedListeners": self.address.listeners_json(),
                            "disabled": False}, sort_keys=True).encode()
 
     def read_owner(self, bundle: Bundle) -> BrokerAddress | None:
@@ -117,7 +118,7 @@ class OwnershipCache:
         if obj.get("disabled"):
             raise ServiceUnitNotReady(f"bundle {bundle.key} is being unloaded")
         return BrokerAddress(str(obj["brokerId"]), str(obj["httpUrl"]), str(obj.get("nativeUrl") or ""),
-                             str(obj.get("nativeUrlTls") or ""))
+                             str(obj.get("nativeUrlTls") or ""), listeners_of(obj.get("advertisedListeners")))
 
     def try_acquire(self, bundle: Bundle) -> bool:
         """Create the ownership node; True once this broker holds ``bundle`` (False: someone

@@ -11,8 +11,9 @@ from api.pulsar import commands
 from api.pulsar.framing import FrameDecoder
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
 from api.pulsar.proto import pulsar_api_pb2 as pb
-from broker import BrokerAddress, LookupResult, ServiceUnitNotReady, TopicNotOwned
+from broker import AdvertisedListener, BrokerAddress, LookupResult, ServiceUnitNotReady, TopicNotOwned
 from broker.errors import LedgerFenced
+from broker.namespace.lookup import listeners_of
 
 TOPIC = "persistent://public/default/t"
 BUNDLE = "public/default/0x00000000_0x40000000"
@@ -54,6 +55,24 @@ def test_an_owner_without_a_binary_listener_of_the_clients_kind_is_not_ready() -
         lookup_answer(_found(OTHER, local=False), HERE, tls=True)
     with pytest.raises(ServiceUnitNotReady, match="this broker"):
         lookup_answer(_found(OTHER, local=True), HERE, tls=True)
+
+
+def test_a_client_naming_a_listener_is_answered_the_owners_url_of_that_listener() -> None:
+    """In a cluster, the listeners travel in the owner's address (ownership node, load report):
+    another broker answers the named listener's URLs of the owner, or Pulsar's refusal."""
+    listeners = (AdvertisedListener("internal", "pulsar://10.0.0.2:6650"),
+                 AdvertisedListener("external", "pulsar://b.example.com:6650", "pulsar+ssl://b.example.com:6651"))
+    owner = BrokerAddress("10.0.0.2:8080", "http://10.0.0.2:8080", "pulsar://10.0.0.2:6650", "", listeners)
+    assert listeners_of(owner.listeners_json()) == listeners  # as read back from ZooKeeper
+    assert lookup_answer(_found(owner, local=False), HERE, tls=True, listener="external") == \
+        LookupAnswer("pulsar://b.example.com:6650", "pulsar+ssl://b.example.com:6651", redirect=False)
+    assigned = LookupResult(TOPIC, BUNDLE, owner, False, assigned=True)
+    assert lookup_answer(assigned, HERE, tls=False, listener="external").service_url == "pulsar://b.example.com:6650"
+    assert lookup_answer(_found(owner, local=False), HERE, tls=False).service_url == "pulsar://10.0.0.2:6650"
+    with pytest.raises(ServiceUnitNotReady, match=r"^the broker do not have elsewhere listener$"):
+        lookup_answer(_found(owner, local=False), HERE, tls=False, listener="elsewhere")
+    with pytest.raises(ServiceUnitNotReady, match=r"^the broker do not have external listener$"):
+        lookup_answer(_found(OTHER, local=False), HERE, tls=False, listener="external")
 
 
 def _decoded(frame: bytes) -> pb.BaseCommand:
