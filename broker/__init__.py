@@ -105,6 +105,7 @@ from broker.namespace.lookup import AdvertisedListener, BrokerAddress, LookupRes
 from broker.namespace.persistence import PersistencePolicy
 from broker.namespace.topic_policies import TOPIC_POLICY_KEYS
 from broker.producer import ROUTING_MODES, Producer, entry_result
+from broker.producer_access import AccessHolder, AccessMode, ProducerAccess
 from broker.quotas import CONFIG_KEYS as QUOTA_CONFIG_KEYS
 from broker.quotas import QuotaDefaults
 from broker.range_read import RangeRead
@@ -142,6 +143,8 @@ __all__ = [
     "SEQUENCE_ID_MAX",
     "TIME_MS_MAX",
     "VERSION_MAX",
+    "AccessHolder",
+    "AccessMode",
     "AdvertisedListener",
     "AlreadyExists",
     "BrokerAddress",
@@ -194,6 +197,7 @@ __all__ = [
     "TOPIC_POLICY_KEYS",
     "ProducedMessage",
     "Producer",
+    "ProducerAccess",
     "ProducerBusy",
     "ProducerFenced",
     "LatencyHistogram",

@@ -6,7 +6,8 @@ cursors, readers and dispatch read from it. Its parts, each in its own module:
 - the add path (``broker/managed_ledger_adds.py``): stamping entries with their offsets,
   sending a group to the current ledger in one call, confirming or failing it;
 - the ledger list (``broker/ledger_list.py``): the ledgers, stored at ``/managed-ledgers/{name}``
-  by compare-and-set on every change;
+  by compare-and-set on every change, with the managed ledger's properties (its incarnation,
+  the topic's producer epoch: ``property_value``, ``set_property``);
 - reads (``broker/managed_ledger_reads.py``): from the entry cache, else by range reads;
 - opening by name (``broker/managed_ledger_factory.py``) and the settings
   (``broker/managed_ledger_config.py``).
@@ -279,6 +280,26 @@ class ManagedLedger(ManagedLedgerAdds):
     def incarnation(self) -> str:
         """Made when this managed ledger was first created (a deleted and recreated topic has another)."""
         return self._list.properties[INCARNATION_PROPERTY]
+
+    def property_value(self, key: str) -> str | None:
+        """A property stored with the ledger list (Pulsar's managed-ledger properties)."""
+        with self._lock:
+            return self._list.properties.get(key)
+
+    def set_property(self, key: str, value: str) -> None:
+        """Store ``value`` under ``key`` with the ledger list: durable when this returns (a
+        failed store leaves the property as it was)."""
+        with self._lock:
+            before = self._list.properties.get(key)
+            self._list.properties[key] = value
+            try:
+                self._list.save()
+            except BaseException:
+                if before is None:
+                    del self._list.properties[key]
+                else:
+                    self._list.properties[key] = before
+                raise
 
     @property
     def taken_over(self) -> bool:

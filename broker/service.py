@@ -8,7 +8,8 @@ policies, who serves what: ``broker/namespace/service.py``), ``topics`` (the top
 ``broker/topic_registry.py``), ``subscriptions`` (subscribe, readers, cursor moves, topic-list
 watchers: ``broker/subscriptions.py``), ``streams`` (range and event-stream reads:
 ``broker/streams.py``), ``compactions``, ``admin`` (``broker/topic_admin.py``), ``schemas``
-(``broker/schema_registry.py``) and ``maintenance`` (``broker/maintenance.py``). With
+(``broker/schema_registry.py``), ``maintenance`` (``broker/maintenance.py``) and
+``producer_access`` (access modes and each topic's durable epoch: ``broker/producer_access.py``). With
 ``cluster`` (``magnetar broker``) there is no embedded bookie: the metadata store is ZooKeeper
 and ledgers go to the remote bookies registered there (``broker/cluster.py``).
 
@@ -40,6 +41,7 @@ from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService
+from broker.producer_access import TOPIC_EPOCH_PROPERTY, ProducerAccess
 from broker.schema_registry import SchemaRegistry
 from broker.streams import EventStreams
 from broker.subscription import SubscriptionLimits
@@ -134,6 +136,8 @@ class BrokerService:
         self.publish_buffer = ByteBudget(self.config.publish_buffer_bytes_max, resume_fraction=0.5)
         """What producers sent and the managed ledgers have not stored yet: a transport stops
         reading its producers while it refuses (``admits()`` False), and resumes on its wake-up."""
+        self.producer_access = ProducerAccess(self._topic_epoch, self._store_topic_epoch)
+        """Who produces where with which access mode; the topics' epochs, stored with each topic."""
 
     def start(self) -> None:
         if self.cluster is not None:
@@ -174,6 +178,12 @@ class BrokerService:
                       EventStreams(topics), TopicAdmin(topics, subscriptions, compactions, namespaces.policies, clock),
                       SchemaRegistry(store, namespaces.policies, clock),
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache))
+
+    def _topic_epoch(self, topic: str) -> int:
+        return int(self.topics.topic(topic, create=False).ml.property_value(TOPIC_EPOCH_PROPERTY) or 0)
+
+    def _store_topic_epoch(self, topic: str, epoch: int) -> None:
+        self.topics.topic(topic, create=False).ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
 
     def _started(self) -> _Parts:
         if self._parts is None:

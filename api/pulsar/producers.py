@@ -7,8 +7,9 @@ id; its receipt carries the entry's ledger and entry id. The SENDs of one socket
 ``send_group`` together and each producer's share goes to the broker as one group
 (``Producer.append``: one managed-ledger append, one journal write and one future for all of
 them), each SEND still its own entry with its own message id.
-``ProducerAccess`` is the broker-wide table of who produces where, for Pulsar's access modes
-(Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) and unique producer names.
+Pulsar's access modes (Shared, Exclusive, WaitForExclusive, ExclusiveWithFencing) and unique
+producer names are the broker's (``broker/producer_access.py``, with each topic's durable
+epoch): PRODUCER translates its ``producer_access_mode`` and ``topic_epoch`` there.
 
 Invariants:
 - Receipts (and send errors) of one producer leave in the order of its sends; Pulsar's clients
@@ -30,7 +31,7 @@ Invariants:
 - A producer whose role lost the right to produce there (a revocation, ``revoked``) is closed
   the same way; its sends after that are refused (SEND_ERROR, AuthorizationError), never stored.
 - Opening, sending with and closing a producer cost the same however many producers its topic
-  and its connection hold: ``ProducerAccess`` keeps each topic's producers by name, and the
+  and its connection hold: the broker's ``ProducerAccess`` keeps each topic's producers by name, and the
   receipts visit only the producers with something to answer.
 - A client entry the broker would not be able to read back is answered ``ChecksumError`` (the
   client drops that message) and never stored; a storage failure is a ``PersistenceError``
@@ -43,7 +44,7 @@ import contextlib
 import itertools
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -58,6 +59,8 @@ from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
 from api.wakeup import LoopSignal
 from broker import (
+    AccessHolder,
+    AccessMode,
     AlreadyExists,
     CorruptEntry,
     Forbidden,
@@ -65,6 +68,7 @@ from broker import (
     MagnetarError,
     PreparedEntry,
     Producer,
+    ProducerAccess,
     ProducerBusy,
     ProducerFenced,
     PublishResult,
@@ -80,97 +84,6 @@ PENDING, THROTTLED, FULL = "pending sends", "publish rate", "publish buffer"
 """Why a connection's producers stop it being read (``ProducerHalf._hold``)."""
 """Producer ids of one connection closed by an unload (whose late sends are dropped quietly) or
 by a revocation (whose late sends are refused), each."""
-
-
-@dataclass(eq=False)
-class _Holder:
-    name: str
-    mode: int
-    fence: Callable[[], None]
-    ready: Callable[[int], None]
-
-
-@dataclass
-class _TopicProducers:
-    holders: dict[str, _Holder] = field(default_factory=dict)
-    """By producer name, in arrival order. An exclusive holder is always alone."""
-    waiting: dict[_Holder, None] = field(default_factory=dict)
-    """WaitForExclusive producers, in arrival order."""
-    epoch: int = 0
-
-
-class ProducerAccess:
-    """Who produces to each topic, across connections (all on the server's event loop). Each
-    operation costs the same however many producers a topic has (fencing aside, which closes
-    every one of them)."""
-
-    def __init__(self) -> None:
-        self._topics: dict[str, _TopicProducers] = {}
-        self._count = 0
-
-    def acquire(self, topic: str, holder: _Holder, epoch: int | None = None) -> tuple[bool, int]:
-        """(ready now, topic epoch); ``ProducerBusy`` or ``ProducerFenced`` when refused, as
-        Pulsar refuses (``_check_exclusive``). A ``WaitForExclusive`` producer that must wait is
-        ready later, through its ``ready`` callback. ``epoch`` is the topic epoch the client
-        last had (a reconnecting exclusive producer's)."""
-        state = self._topics.setdefault(topic, _TopicProducers())
-        holders = state.holders
-        if holder.name in holders:
-            raise ProducerBusy(f"a producer named {holder.name} is already connected to {topic}")
-        first = next(iter(holders.values()), None)
-        if holder.mode == Mode.Exclusive:
-            self._check_exclusive(topic, state, first, epoch)
-        if holder.mode == Mode.Shared:
-            if first is not None and first.mode != Mode.Shared:
-                raise ProducerBusy(f"{topic} has an exclusive producer ({first.name})")
-        elif holder.mode == Mode.ExclusiveWithFencing:
-            fenced = list(holders.values())
-            holders.clear()
-            self._count -= len(fenced)
-            for other in fenced:
-                other.fence()
-            state.epoch += 1
-        elif first is not None:  # WaitForExclusive (an Exclusive one was refused above)
-            state.waiting[holder] = None
-            return False, state.epoch
-        else:
-            state.epoch += 1
-        holders[holder.name] = holder
-        self._count += 1
-        return True, state.epoch
-
-    @staticmethod
-    def _check_exclusive(topic: str, state: _TopicProducers, first: _Holder | None, epoch: int | None) -> None:
-        """An ``Exclusive`` producer is fenced (``ProducerFenced``, final for the client) while
-        the topic has another producer, or when the topic's epoch moved past the one it had:
-        another exclusive producer took the topic meanwhile."""
-        if first is not None:
-            raise ProducerFenced(f"{topic} already has a producer ({first.name}); "
-                                 "an Exclusive producer needs it to itself")
-        if epoch is not None and epoch < state.epoch:
-            raise ProducerFenced(f"the epoch of {topic} has moved to {state.epoch}; "
-                                 f"this producer's is {epoch}")
-
-    def release(self, topic: str, holder: _Holder) -> None:
-        state = self._topics.get(topic)
-        if state is None:
-            return
-        state.waiting.pop(holder, None)
-        if state.holders.get(holder.name) is holder:
-            del state.holders[holder.name]
-            self._count -= 1
-        if not state.holders and state.waiting:
-            nxt = next(iter(state.waiting))
-            del state.waiting[nxt]
-            state.epoch += 1
-            state.holders[nxt.name] = nxt
-            self._count += 1
-            nxt.ready(state.epoch)
-        if not state.holders and not state.waiting:
-            del self._topics[topic]
-
-    def producers(self) -> int:
-        return self._count
 
 
 _Outcome = Future[list[PublishResult | MagnetarError]] | BaseException
@@ -203,7 +116,7 @@ class _ClientProducer:
     producer_id: int
     topic: TopicName
     producer: Producer
-    holder: _Holder
+    holder: AccessHolder
     schema_version: bytes | None
     pending: deque[tuple[int, int, _Outcome, int]] = field(default_factory=deque)
     """(sequence id, highest sequence id, outcome, index in its group) of each send, in send order."""
@@ -277,7 +190,7 @@ class ProducerHalf:
             if command.initial_subscription_name:
                 self._initial_subscription(topic, command.initial_subscription_name)
             last_sequence_id = producer.last_sequence_id()
-            holder = _Holder(name, command.producer_access_mode,
+            holder = AccessHolder(name, AccessMode(command.producer_access_mode),
                              lambda: self._fenced(command.producer_id),
                              lambda epoch: self._now_ready(command.producer_id, command.request_id, epoch))
             state = _ClientProducer(command.producer_id, topic, producer, holder, schema_version)

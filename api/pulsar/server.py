@@ -53,7 +53,6 @@ from api.pulsar.framing import FrameDecoder, ProtocolViolation
 from api.pulsar.handshakes import PendingHandshakes
 from api.pulsar.listeners import named_listener
 from api.pulsar.lookups import Listener, LookupAnswer, LookupRunner, lookup_answer
-from api.pulsar.producers import ProducerAccess
 from api.pulsar.schemas import ProtocolSchemas
 from api.pulsar.session import PulsarSession, State, Verdicts
 from api.pulsar.settings import PulsarSettings
@@ -85,7 +84,7 @@ class PulsarServer:
         self.service = service
         self.authorizer = authorizer
         self.settings = settings
-        self.access = ProducerAccess()
+        self.access = service.producer_access
         self.schemas = ProtocolSchemas(service.schemas)
         self.pools = RolePools.of(settings.connections_per_role_max, settings.topic_list_watchers_per_role_max)
         self._servers: list[asyncio.AbstractServer] = []

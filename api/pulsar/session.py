@@ -50,11 +50,11 @@ from api.pulsar.framing import Frame, ProtocolViolation
 from api.pulsar.hot_commands import SEND, FlowCommand, SendCommand
 from api.pulsar.lookups import LookupAnswer, LookupRunner, Lookups
 from api.pulsar.permissions import COMMANDS, Needs, Rule, require
-from api.pulsar.producers import ProducerAccess, ProducerHalf
+from api.pulsar.producers import ProducerHalf
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from api.pulsar.schemas import ProtocolSchemas
 from api.pulsar.topic_lists import TopicLists
-from broker import Forbidden, MagnetarError, NotAllowed, TopicName, Unauthorized
+from broker import Forbidden, MagnetarError, NotAllowed, ProducerAccess, TopicName, Unauthorized
 
 log = logging.getLogger(__name__)
 
