@@ -164,11 +164,13 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
                     chroot: str = "/magnetar", output: IO[bytes] | int = subprocess.DEVNULL,
                     env: Mapping[str, str] | None = None, brokers: int = 1,
                     zookeeper_via: Callable[[int, str], str] | None = None,
-                    broker_cwd: str | Path | None = None) -> Iterator[Cluster]:
+                    broker_cwd: str | Path | None = None,
+                    broker_args_of: Callable[[int, int], tuple[str, ...]] | None = None) -> Iterator[Cluster]:
     """ZooKeeper, ``bookies`` bookies and ``brokers`` brokers (each with HTTP and a binary-protocol
     listener on free ports), each stopped by PID on the way out. ``zookeeper_via(index, address)``
     gives the ZooKeeper address broker ``index`` connects to (something a test put in between);
-    ``broker_cwd``: the directory the brokers run in (a broker keeps nothing on a local disk)."""
+    ``broker_cwd``: the directory the brokers run in (a broker keeps nothing on a local disk);
+    ``broker_args_of(index, pulsar_port)``: more arguments for broker ``index`` alone."""
     base = Path(base_dir)
     with ExitStack() as stack:
         zookeeper = stack.enter_context(running_zookeeper(base / "zookeeper", output=output))
@@ -181,7 +183,9 @@ def running_cluster(base_dir: str | Path, *, bookies: int = 3, broker_args: tupl
             port, pulsar_port = free_port(), free_port()
             name = "broker" if brokers == 1 else f"broker-{index}"
             reached = zookeeper_via(index, zookeeper) if zookeeper_via is not None else zookeeper
-            servers.append(Process(name, broker_command(f"zk:{reached}{chroot}", port, pulsar_port, *broker_args),
+            own_args = broker_args_of(index, pulsar_port) if broker_args_of is not None else ()
+            servers.append(Process(name, broker_command(f"zk:{reached}{chroot}", port, pulsar_port, *broker_args,
+                                                        *own_args),
                                    port, env=dict(env or {}), pulsar_port=pulsar_port,
                                    cwd=None if broker_cwd is None else Path(broker_cwd)))
         cluster = Cluster(zookeeper, store, made, servers, output)
