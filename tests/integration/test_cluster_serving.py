@@ -383,3 +383,47 @@ def test_a_client_error_is_not_retried_as_a_failover(cluster: Cluster) -> None:
         with pytest.raises(HttpError) as missing:
             client.request("GET", "/admin/v2/persistent/public/nowhere/t/stats")
         assert missing.value.status == 404
+
+
+def _exclusive(conn: RawConnection, topic: str, producer_id: int, epoch: int | None = None) -> pb.BaseCommand:
+    body: dict[str, object] = {"topic": topic, "producer_id": producer_id, "request_id": producer_id,
+                               "producer_access_mode": pb.ProducerAccessMode.Exclusive}
+    if epoch is not None:
+        body["topic_epoch"] = epoch
+    conn.send_command(command(T.PRODUCER, producer=body))
+    return conn.expect(T.PRODUCER_SUCCESS, T.ERROR)
+
+
+def _take(conn: RawConnection, topic: str) -> None:
+    conn.send_command(command(T.LOOKUP, lookupTopic={"topic": topic, "request_id": 99, "authoritative": True}))
+    assert conn.expect(T.LOOKUP_RESPONSE).lookupTopicResponse.response == pb.CommandLookupTopicResponse.Connect
+
+
+def test_a_topic_epoch_moves_with_the_topic_to_its_next_owner(cluster: Cluster, namespace: str) -> None:
+    """The epoch is stored with the topic (its managed ledger's ``__topicEpoch``): after an
+    unload moves the topic, its new owner fences a producer presenting an older epoch."""
+    owners = _owners(cluster, namespace, 8)
+    topic, owner = next(iter(owners.items()))
+    full = f"persistent://{namespace}/{topic}"
+    with RawConnection(_broker(cluster, owner).pulsar_port) as conn:
+        conn.connect()
+        _take(conn, full)
+        epochs = []
+        for producer_id in (1, 2):
+            epochs.append(_exclusive(conn, full, producer_id).producer_success.topic_epoch)
+            conn.send_command(command(T.CLOSE_PRODUCER, close_producer={"producer_id": producer_id,
+                                                                        "request_id": 50 + producer_id}))
+            assert conn.expect(T.SUCCESS).success.request_id == 50 + producer_id
+    assert epochs[1] > epochs[0]
+    bundle, _ = _bundle_of(cluster, namespace, topic)
+    moved = httpx.put(f"http://{owner}/admin/v2/namespaces/{namespace}/{bundle}/unload", timeout=60)
+    assert moved.status_code == 204, moved.text
+    _, next_owner = _bundle_of(cluster, namespace, topic)
+    assert next_owner != owner
+    with RawConnection(_broker(cluster, next_owner).pulsar_port) as conn:
+        conn.connect()
+        _take(conn, full)
+        stale = _exclusive(conn, full, 1, epoch=epochs[0])
+        assert stale.type == T.ERROR and stale.error.error == pb.ProducerFenced, stale
+        fresh = _exclusive(conn, full, 2)
+        assert fresh.type == T.PRODUCER_SUCCESS and fresh.producer_success.topic_epoch > epochs[1]
