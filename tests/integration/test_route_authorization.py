@@ -83,6 +83,7 @@ GUARDS: dict[tuple[str, str], str] = {
        for what in ("stats", "partitioned-stats", "internalStats", "subscriptions", "examinemessage",
                     "lastMessageId")},
     ("POST", T + "/terminate"): TENANT_ADMIN, ("GET", T + "/compaction"): TENANT_ADMIN,
+    ("PUT", T + "/unload"): TENANT_ADMIN,
     ("PUT", T + "/compaction"): TENANT_ADMIN,
     **{(m, S): TENANT_ADMIN for m in ("PUT", "DELETE")},
     **{("POST", S + "/" + action): TENANT_ADMIN
@@ -108,6 +109,7 @@ GUARDS: dict[tuple[str, str], str] = {
     # where topics are served (api/lookup.py): a lookup is Pulsar's, allowed to producers and consumers
     ("GET", "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
     ("GET", "/admin/v2/brokers"): SUPERUSER, ("GET", "/admin/v2/brokers/{cluster}"): SUPERUSER,
+    ("GET", "/admin/v2/bookies/all"): SUPERUSER,
     ("GET", "/admin/v2/broker-stats/load-reports"): SUPERUSER,
     ("GET", N + "/bundles"): TENANT_ADMIN, ("GET", N + "/bundles/owners"): TENANT_ADMIN,
     ("PUT", N + "/{bundle}/unload"): TENANT_ADMIN, ("PUT", N + "/{bundle}/split"): TENANT_ADMIN,
