@@ -21,8 +21,11 @@ interpolation with an empty environment) and then:
   with only host names rewritten to 127.0.0.1, container ports to free ports and volume paths
   to directories that belong to that user when the image's mount point does. Each service waits
   for its compose health check (run as written, on its rewritten port); the producer runs a
-  short burst; a message produced over REST to one broker is read through the other, following
-  its redirect. The Spark job's command is only parsed here: ``tests/e2e/test_demo.py`` runs it.
+  short burst; a message is produced over REST through one broker to a topic the other serves
+  and read through both, as a client on the host does: each 307 followed to where the host's
+  names (``/etc/hosts``: service names) and published ports lead; the official Pulsar client
+  sends one more through the first broker's published binary port. The Spark job's command is
+  only parsed here: ``tests/e2e/test_demo.py`` runs it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pulsar
 import pytest
 
 from api.cli import build_parser
@@ -73,6 +77,9 @@ JAVA_PACKAGE = "openjdk-17-jre-headless"
 PRODUCER_BURST = ("--count", "20", "--rate", "0")
 PRODUCED_CLICKS = 20
 MESSAGE = b"through the compose file"
+PULSAR_MESSAGE = b"through the published binary port"
+LOOKUP_TOPICS_MAX = 32
+REDIRECTS_MAX = 5
 HEALTHY_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 60.0
 POLL_S = 0.2
@@ -202,12 +209,23 @@ class Machine:
     def port(self, service: str, container_port: int) -> int:
         return self.ports.setdefault((service, container_port), free_port())
 
-    def host_url(self, service: str) -> str:
-        """The broker's HTTP listener as the host reaches it (through its published port)."""
-        command = service_command(self.compose, service)
-        port = listeners(command)["--port"]
+    def host_url(self, service: str, option: str = "--port", scheme: str = "http") -> str:
+        """A broker's listener (HTTP, or ``--pulsar-port``'s) as the host reaches it: its published port."""
+        port = listeners(service_command(self.compose, service))[option]
         assert port in published(self.compose["services"][service]), f"{service} does not publish {port}"
-        return f"http://127.0.0.1:{self.port(service, port)}"
+        return f"{scheme}://127.0.0.1:{self.port(service, port)}"
+
+    def host_view(self, url: str) -> str:
+        """``url``, as a broker here gave it out, as a client on the host reaches it: a broker
+        there names itself by its service name (checked above) and its container port; the name
+        resolves to the host (``/etc/hosts``), where that port number is whatever the compose
+        file publishes at it."""
+        given = httpx.URL(url)
+        service, port = next(key for key, local in self.ports.items() if local == given.port)
+        publishers = [(name, container) for name in self.compose["services"]
+                      for container, host in published(self.compose["services"][name]).items() if host == port]
+        assert publishers, f"{url} ({service}:{port}) is not published on the host"
+        return str(given.copy_with(port=self.port(*publishers[0])))
 
     def localize(self, service: str, command: list[str]) -> list[str]:
         names = set(self.compose["services"])
@@ -354,17 +372,56 @@ def _run_once(machine: Machine, name: str, command: list[str]) -> None:
 
 
 def _check_a_message_goes_through(machine: Machine, brokers: list[str]) -> None:
-    """Produced over REST to the first broker, read through the last (the same one when alone),
-    following redirects as a client on the host does; the producer's clicks too."""
+    """Produced over REST to the first broker, read through the first and the last (the same one
+    when alone), following redirects as a client on the host does; with two brokers, to a topic
+    the last one serves, so the first answers with its redirect. The producer's clicks too."""
     first, last = machine.host_url(brokers[0]), machine.host_url(brokers[-1])
-    topic = "/topics/persistent/public/default/compose-check"
-    with httpx.Client(timeout=30, follow_redirects=True) as http:
-        sent = http.post(f"{first}{topic}", json={"messages": [{"payload": MESSAGE.decode()}]})
+    with httpx.Client(timeout=30) as http:
+        topic = f"/topics/persistent/public/default/{_topic_served_by(machine, http, first, brokers[-1])}"
+        sent = _from_host(machine, http, "POST", f"{first}{topic}",
+                          json={"messages": [{"payload": MESSAGE.decode()}]})
         assert sent.status_code == 200, sent.text
-        read = http.get(f"{last}{topic}/messages", params={"offset": 0, "maxMessages": 10})
-        assert read.status_code == 200, read.text
-        assert [m["payload"] for m in read.json()["messages"]] == [base64.b64encode(MESSAGE).decode()]
-        clicks = http.get(f"{last}/topics/persistent/public/default/clickstream/messages",
-                          params={"offset": 0, "maxMessages": 100})
+        for url in (first, last):
+            read = _from_host(machine, http, "GET", f"{url}{topic}/messages", params={"offset": 0, "maxMessages": 10})
+            assert read.status_code == 200, read.text
+            assert [m["payload"] for m in read.json()["messages"]] == [base64.b64encode(MESSAGE).decode()]
+        clicks = _from_host(machine, http, "GET", f"{last}/topics/persistent/public/default/clickstream/messages",
+                            params={"offset": 0, "maxMessages": 100})
         assert clicks.status_code == 200, clicks.text
         assert len(clicks.json()["messages"]) == PRODUCED_CLICKS + 1  # and the end marker
+        _send_with_pulsars_client(machine, http, brokers[0], topic.rsplit("/", 1)[1])
+
+
+def _send_with_pulsars_client(machine: Machine, http: httpx.Client, broker: str, topic: str) -> None:
+    """The official Pulsar client on the host sends through the broker's published binary port."""
+    client = pulsar.Client(machine.host_url(broker, "--pulsar-port", "pulsar"), operation_timeout_seconds=30)
+    try:
+        client.create_producer(f"persistent://public/default/{topic}").send(PULSAR_MESSAGE)
+    finally:
+        client.close()
+    read = _from_host(machine, http, "GET", f"{machine.host_url(broker)}/topics/persistent/public/default/{topic}"
+                      "/messages", params={"offset": 0, "maxMessages": 10})
+    assert [base64.b64decode(m["payload"]) for m in read.json()["messages"]] == [MESSAGE, PULSAR_MESSAGE]
+
+
+def _topic_served_by(machine: Machine, http: httpx.Client, url: str, broker: str) -> str:
+    """A topic the lookups (through ``url``) give to ``broker``."""
+    for index in range(LOOKUP_TOPICS_MAX):
+        name = f"compose-check-{index}"
+        found = http.get(f"{url}/lookup/v2/topic/persistent/public/default/{name}")
+        assert found.status_code == 200, found.text
+        served_by = next(key[0] for key, local in machine.ports.items()
+                         if local == httpx.URL(found.json()["httpUrl"]).port)
+        if served_by == broker:
+            return name
+    raise AssertionError(f"none of {LOOKUP_TOPICS_MAX} topics went to {broker}")
+
+
+def _from_host(machine: Machine, http: httpx.Client, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """A request from the host, following 307s to where the host's names and ports lead."""
+    for _ in range(REDIRECTS_MAX):
+        response = http.request(method, url, **kwargs)
+        if response.status_code != 307:
+            return response
+        url = machine.host_view(response.headers["location"])
+    raise AssertionError(f"{method} went round {REDIRECTS_MAX} redirects, the last to {url}")
