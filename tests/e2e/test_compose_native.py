@@ -123,6 +123,18 @@ def listeners(command: list[str]) -> dict[str, int]:
 # --- on paper ---------------------------------------------------------------------------------------
 
 
+def test_rendering_interpolates_as_compose_does(tmp_path: Path) -> None:
+    sample = tmp_path / "compose.yml"
+    sample.write_text('x-base: &base\n  a: "${SET:-d1} ${EMPTY:-d2} ${EMPTY-d3} ${UNSET-d4} $SET $$SET ${UNSET}"\n'
+                      "services:\n  s:\n    <<: *base\n    b: [\"${SET}\"]\n")
+    services = render(sample, {"SET": "v", "EMPTY": ""})["services"]
+    assert services == {"s": {"a": "v d2  d4 v $SET ", "b": ["v"]}}
+    sample.write_text("services:\n  s:\n    a: ${SET:?required}\n")
+    with pytest.raises(AssertionError, match="does not know"):
+        render(sample, {"SET": "v"})
+
+
+
 def test_every_command_parses_with_its_programs_parser(compose_file: Path) -> None:
     compose = rendered(compose_file)
     for name in image_services(compose):
