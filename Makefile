@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,spark]'
 	touch $(STAMP)
 
 check-java:
