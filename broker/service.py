@@ -172,7 +172,8 @@ class BrokerService:
         subscriptions = Subscriptions(topics, compactions, self._dispatch, self.reads_in_flight, limits, clock)
         return _Parts(store, cache, factory, key_index, namespaces, topics, compactions, subscriptions,
                       EventStreams(topics), TopicAdmin(topics, subscriptions, compactions, namespaces.policies, clock),
-                      SchemaRegistry(store, namespaces.policies, clock),
+                      SchemaRegistry(store, namespaces.policies, clock, topic_policies=namespaces.topic_policies,
+                                     default_strategy=config.schema_compatibility_strategy),
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache))
 
     def _started(self) -> _Parts:

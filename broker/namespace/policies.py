@@ -32,6 +32,9 @@ Role: a namespace's policies document (``broker/namespace/namespaces.py``) is ch
                            ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte`` (as
                            above, per period), ``ratePeriodInSecond`` 1..86400,
                            ``relativeToPublishRate``
+``schema_compatibility_strategy`` null or one of Pulsar's ``SchemaCompatibilityStrategy`` values
+                           (UNDEFINED: the broker's ``schemaCompatibilityStrategy`` applies;
+                           ``broker/schema_compatibility.py``)
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -57,6 +60,7 @@ from broker.namespace.bundles import NamespaceBundles
 from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_KEY
 from broker.namespace.persistence import PersistencePolicy, check_bounds
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
+from broker.schema_compatibility import checked_strategy
 
 NAMESPACE_ACTIONS = frozenset({"produce", "consume"})
 """What a namespace grant may allow (Pulsar also knows functions, sources, sinks and packages)."""
@@ -174,6 +178,7 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "max_topics_per_namespace": count_limit("maxTopicsPerNamespace"),
     "publishMaxMessageRate": checked_publish_rate,
     "topicDispatchRate": checked_dispatch_rate,
+    "schema_compatibility_strategy": checked_strategy,
 }
 """Each policy key and the check its values pass."""
 
