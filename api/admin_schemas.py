@@ -10,7 +10,9 @@ definition as text), ``PostSchemaPayload`` ``{"type", "schema", "properties"}`` 
 A strategy is PUT as a bare JSON string (``"BACKWARD"``) and answered so: a namespace's GET says
 UNDEFINED when it sets none, a topic's GET null (with ``applied=true``: the strategy in force,
 topic's, else namespace's, else the broker's ``schemaCompatibilityStrategy``); DELETE removes a
-topic's.
+topic's. ``isAllowAutoUpdateSchema`` and ``schemaValidationEnforced`` are POSTed as bare JSON
+booleans; their GETs answer the namespace's value (the first, unset, the broker's setting; the
+second with ``applied=true``, the one in force).
 
 Authorization: reading a schema needs the right to produce or consume on the topic; uploading,
 deleting and the namespace's strategy need its tenant's administration.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from api.admin_namespaces import namespace_name
 from api.auth import Action, Authorizer, Caller, Principal
@@ -38,6 +40,8 @@ from broker import (
 
 STRATEGY_KEY = "schema_compatibility_strategy"
 TOPIC_STRATEGY_KEY = "schemaCompatibilityStrategy"
+AUTO_UPDATE_KEY = "is_allow_auto_update_schema"
+ENFORCED_KEY = "schema_validation_enforced"
 
 
 class PostSchemaPayload(BaseModel):
@@ -120,6 +124,7 @@ def schemas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
 
     _namespace_strategy_routes(routes, service, authorizer)
     _topic_strategy_routes(routes, service, authorizer)
+    _namespace_flag_routes(routes, service, authorizer)
     return routes
 
 
@@ -138,6 +143,35 @@ def _namespace_strategy_routes(routes: APIRouter, service: BrokerService, author
     def set_strategy(tenant: str, namespace: str, body: STRATEGY_BODY, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         service.namespaces.set_policy(namespace_name(tenant, namespace), STRATEGY_KEY, body)
+
+
+def _namespace_flag_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    base = "/namespaces/{tenant}/{namespace}/"
+
+    @routes.get(base + "isAllowAutoUpdateSchema", summary="Whether producers may add schema versions")
+    def get_auto_update(tenant: str, namespace: str, caller: Caller) -> bool:
+        authorizer.require_tenant_admin(caller, tenant)
+        return service.schemas.auto_update(namespace_name(tenant, namespace))
+
+    @routes.post(base + "isAllowAutoUpdateSchema", status_code=204,
+                 summary="Let producers add schema versions, or not (uploads always may)")
+    def set_auto_update(tenant: str, namespace: str, body: Annotated[StrictBool, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), AUTO_UPDATE_KEY, body)
+
+    @routes.get(base + "schemaValidationEnforced", summary="Whether producers without a schema are refused")
+    def get_enforced(tenant: str, namespace: str, caller: Caller, applied: bool = False) -> bool:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = namespace_name(tenant, namespace)
+        if applied:
+            return service.schemas.validation_enforced(name)
+        return bool(service.namespaces.policies(name).get(ENFORCED_KEY))
+
+    @routes.post(base + "schemaValidationEnforced", status_code=204,
+                 summary="Refuse producers without a schema on topics with one, or not")
+    def set_enforced(tenant: str, namespace: str, body: Annotated[StrictBool, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), ENFORCED_KEY, body)
 
 
 def _topic_strategy_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:

@@ -20,7 +20,8 @@ limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic
 unlimited); the broker's memory bounds (``BROKER_BOUNDS``: ``dispatcherMaxReadSizeBytes``,
 ``dispatcherMaxPendingBytesPerConsumer``, ``managedLedgerMaxReadsInFlightSizeInMB``,
 ``maxMessagePublishBufferSizeInMB``); ``schemaCompatibilityStrategy`` (the schema
-compatibility strategy where neither topic nor namespace sets one, FULL by default, as Pulsar's);
+compatibility strategy where neither topic nor namespace sets one, FULL by default, as Pulsar's),
+``isAllowAutoUpdateSchemaEnabled`` and ``isSchemaValidationEnforced``;
 plus ``dataDir`` and the edge bounds of ``api/limits.py``
 (``CONFIG_KEYS``). Keys Magnetar does not use are ignored, so a full Pulsar ``standalone.conf``
 loads, and named in one warning, so a misspelt key does not go unnoticed.
@@ -83,7 +84,8 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "defaultRetentionTimeInMinutes", "defaultRetentionSizeInMB", "brokerServicePort",
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
               "advertisedAddress", "maxMessageSize", "authenticationRefreshCheckSeconds", "anonymousUserRole",
-              "basicAuthConf", "schemaCompatibilityStrategy", *CONFIG_KEYS,
+              "basicAuthConf", "schemaCompatibilityStrategy", "isAllowAutoUpdateSchemaEnabled",
+              "isSchemaValidationEnforced", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
               *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
 TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
@@ -173,6 +175,8 @@ class StandaloneConfig:
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
                 schema_compatibility_strategy=_schema_strategy(values),
+                allow_auto_update_schema=_flag(values, "isAllowAutoUpdateSchemaEnabled", True),
+                schema_validation_enforced=_flag(values, "isSchemaValidationEnforced", False),
                 quotas=_quotas(values), **_broker_bounds(values)),
             auth=_auth(values, tls, system_properties(os.environ if environ is None else environ)),
             limits=_limits(values),

@@ -17,6 +17,12 @@ other types the same bytes. A consumer's schema is checked as Pulsar's
 read the latest version (BACKWARD), under the other strategies it is checked by the strategy
 against every version.
 
+Two more of Pulsar's namespace policies shape admission: with ``is_allow_auto_update_schema`` off
+(else the broker's ``isAllowAutoUpdateSchemaEnabled``) a producer is admitted only with a schema
+the topic already has (an upload still adds versions), and with ``schema_validation_enforced`` on
+(or the broker's ``isSchemaValidationEnforced``) a producer without a schema is refused on a topic
+that has one.
+
 Invariants: versions are dense from 0 and never renumbered; a refused schema writes nothing
 (``IncompatibleSchema``); an AVRO definition Avro cannot parse, or a JSON one that is neither Avro
 nor Pulsar's old JSON-schema format, is ``InvalidRequest``. Writes are
@@ -53,6 +59,8 @@ TOPIC_POLICY_KEY = "schemaCompatibilityStrategy"
 """The topic policy (Pulsar's ``TopicPolicies.schemaCompatibilityStrategy``)."""
 DEFAULT_STRATEGY = "FULL"
 """Pulsar's broker default (``schemaCompatibilityStrategy``)."""
+AUTO_UPDATE_KEY = "is_allow_auto_update_schema"
+ENFORCED_KEY = "schema_validation_enforced"
 CONSUMER_CHECKS_LATEST = ("BACKWARD", "FORWARD", "FORWARD_TRANSITIVE", "FULL")
 """Strategies under which a consumer's schema need only read the latest version."""
 PARSED_TYPES = ("AVRO", "JSON", "PROTOBUF")
@@ -109,17 +117,29 @@ def version_of(data: bytes) -> int:
     return int(VERSION.unpack(data)[0])
 
 
+@dataclass(frozen=True)
+class SchemaDefaults:
+    """The broker's schema settings, where neither topic nor namespace says otherwise."""
+
+    strategy: str = DEFAULT_STRATEGY
+    """``schemaCompatibilityStrategy``."""
+    auto_update: bool = True
+    """``isAllowAutoUpdateSchemaEnabled``: a producer's new schema may become the next version."""
+    validation_enforced: bool = False
+    """``isSchemaValidationEnforced``: producers without a schema are refused on topics that have one."""
+
+
 class SchemaRegistry:
     def __init__(self, store: MetadataStore, policies: Callable[[str], dict[str, Any]],
                  clock: Callable[[], float] = time.time, *,
                  topic_policies: Callable[[TopicName], dict[str, Any]] = lambda _: {},
-                 default_strategy: str = DEFAULT_STRATEGY) -> None:
-        """``policies(namespace)`` and ``topic_policies(topic)``: where a compatibility strategy
-        may be set; ``default_strategy``: the broker's, where neither sets one."""
+                 defaults: SchemaDefaults = SchemaDefaults()) -> None:
+        """``policies(namespace)`` and ``topic_policies(topic)``: where the schema policies may be
+        set; ``defaults``: the broker's, where neither sets one."""
         self._store = store
         self._policies = policies
         self._topic_policies = topic_policies
-        self._default_strategy = default_strategy
+        self._defaults = defaults
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -148,12 +168,28 @@ class SchemaRegistry:
                       self._policies(topic.namespace_name).get(POLICY_KEY)):
             if value and value != UNDEFINED:
                 return str(value)
-        return self._default_strategy
+        return self._defaults.strategy
 
-    def admit(self, topic: TopicName, schema: SchemaInfo, *, register: bool = True) -> int:
+    def auto_update(self, namespace: str) -> bool:
+        """Whether producers may add versions in ``namespace`` (Pulsar's ``isAllowAutoUpdateSchema``)."""
+        value = self._policies(namespace).get(AUTO_UPDATE_KEY)
+        return self._defaults.auto_update if value is None else bool(value)
+
+    def validation_enforced(self, namespace: str) -> bool:
+        """Whether producers without a schema are refused on topics with one (``schemaValidationEnforced``)."""
+        return self._defaults.validation_enforced or bool(self._policies(namespace).get(ENFORCED_KEY))
+
+    def admit_schemaless_producer(self, topic: TopicName) -> None:
+        """``IncompatibleSchema`` for a producer without a schema on a topic that has one, if enforced."""
+        if self.validation_enforced(topic.namespace_name) and self.versions(topic):
+            raise IncompatibleSchema("Producers cannot connect or send message without a schema to topics "
+                                     f"with a schema: schemaValidationEnforced is on for {topic.base}")
+
+    def admit(self, topic: TopicName, schema: SchemaInfo, *, register: bool = True, producer: bool = False) -> int:
         """The version of ``schema`` on ``topic``: an existing one with the same definition, or a
         new version when the strategy allows it (``register=False`` only checks: a consumer on a
-        topic that has a schema). ``IncompatibleSchema`` when refused."""
+        topic that has a schema; a ``producer`` adds none where auto update is off).
+        ``IncompatibleSchema`` when refused."""
         self._check(schema)
         for _ in range(SCHEMA_CAS_RETRIES_MAX):
             found = self._store.get_json(self._path(topic))
@@ -164,6 +200,8 @@ class SchemaRegistry:
             if not register:
                 self._check_consumer(topic, schema, versions)
                 return len(versions) - 1
+            if producer and not self.auto_update(topic.namespace_name):
+                raise IncompatibleSchema(f"Schema not found and schema auto updating is disabled on {topic.base}")
             self.check_compatible(topic, schema, versions)
             stored = SchemaInfo(schema.type, schema.data, schema.properties, schema.name,
                                 int(self._clock() * 1000))

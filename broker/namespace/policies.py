@@ -35,6 +35,9 @@ Role: a namespace's policies document (``broker/namespace/namespaces.py``) is ch
 ``schema_compatibility_strategy`` null or one of Pulsar's ``SchemaCompatibilityStrategy`` values
                            (UNDEFINED: the broker's ``schemaCompatibilityStrategy`` applies;
                            ``broker/schema_compatibility.py``)
+``is_allow_auto_update_schema`` null (the broker's ``isAllowAutoUpdateSchemaEnabled``), true
+                           or false; likewise ``schema_validation_enforced``
+                           (``isSchemaValidationEnforced``)
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -98,6 +101,14 @@ def _deduplication(value: Any) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"deduplicationEnabled must be true, false or null, not {value!r}")
     return value
+
+
+def _flag(key: str) -> Callable[[Any], bool | None]:
+    def check(value: Any) -> bool | None:
+        if value is not None and not isinstance(value, bool):
+            raise InvalidRequest(f"{key} must be true, false or null, not {value!r}")
+        return value
+    return check
 
 
 def check_role(role: Any) -> str:
@@ -179,6 +190,8 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "publishMaxMessageRate": checked_publish_rate,
     "topicDispatchRate": checked_dispatch_rate,
     "schema_compatibility_strategy": checked_strategy,
+    "is_allow_auto_update_schema": _flag("isAllowAutoUpdateSchema"),
+    "schema_validation_enforced": _flag("schemaValidationEnforced"),
 }
 """Each policy key and the check its values pass."""
 

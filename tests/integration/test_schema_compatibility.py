@@ -158,3 +158,40 @@ def test_a_topic_strategy_overrides_its_namespace(pc: pulsar.Client, broker: tup
     assert httpx.delete(topic_url, timeout=10).status_code == 204
     v3 = _record("Event", name=String(), note=String(required_default=True), n=Integer())
     _refused_at_once(pc, topic, v3)
+
+
+def test_with_auto_update_off_only_a_schema_the_topic_has_is_admitted(pc: pulsar.Client, broker: tuple[str, str],
+                                                                      namespace: str) -> None:
+    """Pulsar's ``isAllowAutoUpdateSchema``: off, a producer may not add a version (an upload may)."""
+    url = f"{broker[0]}/admin/v2/namespaces/{namespace}/isAllowAutoUpdateSchema"
+    assert httpx.get(url, timeout=10).json() is True  # the broker's isAllowAutoUpdateSchemaEnabled
+    topic = f"persistent://{namespace}/frozen"
+    v1 = _record("Event", name=String())
+    pc.create_producer(topic, schema=AvroSchema(v1))
+    assert httpx.post(url, json=False, timeout=10).status_code == 204
+    assert httpx.get(url, timeout=10).json() is False
+    v2 = _record("Event", name=String(), note=String(required_default=True))
+    _refused_at_once(pc, topic, v2)
+    pc.create_producer(topic, schema=AvroSchema(v1))
+    upload = httpx.post(f"{broker[0]}/admin/v2/schemas/{namespace}/frozen/schema", timeout=10,
+                        json={"type": "AVRO", "schema": AvroSchema(v2).schema_info().schema()})
+    assert upload.status_code == 200 and upload.json() == {"version": 1}, upload.text
+    pc.create_producer(topic, schema=AvroSchema(v2))
+    assert httpx.post(url, json="no", timeout=10).status_code == 400
+
+
+def test_with_validation_enforced_a_producer_without_a_schema_is_refused(pc: pulsar.Client, broker: tuple[str, str],
+                                                                         namespace: str) -> None:
+    """Pulsar's ``schemaValidationEnforced``: on, a producer without a schema may not write to a topic with one."""
+    url = f"{broker[0]}/admin/v2/namespaces/{namespace}/schemaValidationEnforced"
+    assert httpx.get(url, timeout=10).json() is False
+    with_schema, without = f"persistent://{namespace}/typed", f"persistent://{namespace}/untyped"
+    pc.create_producer(with_schema, schema=AvroSchema(_record("Event", name=String())))
+    pc.create_producer(with_schema).close()  # not enforced: bytes are admitted
+    assert httpx.post(url, json=True, timeout=10).status_code == 204
+    assert httpx.get(url, timeout=10).json() is True
+    start = time.monotonic()
+    with pytest.raises(pulsar.IncompatibleSchema):
+        pc.create_producer(with_schema)
+    assert time.monotonic() - start < REFUSAL_S_MAX
+    pc.create_producer(without).send(b"a topic without a schema takes bytes")

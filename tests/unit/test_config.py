@@ -216,3 +216,11 @@ def test_the_schema_compatibility_strategy_is_pulsars_key_full_by_default() -> N
     for wrong in ("UNDEFINED", "SIDEWAYS"):
         with pytest.raises(ConfigError, match="schemaCompatibilityStrategy"):
             StandaloneConfig.load(overrides={"schemaCompatibilityStrategy": wrong})
+
+
+def test_the_schema_admission_flags_are_pulsars_keys() -> None:
+    default = StandaloneConfig.load().broker
+    assert (default.allow_auto_update_schema, default.schema_validation_enforced) == (True, False)
+    loaded = StandaloneConfig.load(overrides={"isAllowAutoUpdateSchemaEnabled": "false",
+                                              "isSchemaValidationEnforced": "true"}).broker
+    assert (loaded.allow_auto_update_schema, loaded.schema_validation_enforced) == (False, True)

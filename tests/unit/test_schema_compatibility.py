@@ -164,11 +164,11 @@ class _Registry:
 
     def __init__(self, default: str = "FULL") -> None:
         from broker.metadata.memory import InMemoryMetadataStore
-        from broker.schema_registry import SchemaRegistry
+        from broker.schema_registry import SchemaDefaults, SchemaRegistry
         self.namespace: dict[str, Any] = {}
         self.topic: dict[str, Any] = {}
         self.registry = SchemaRegistry(InMemoryMetadataStore(), lambda _: self.namespace,
-                                       topic_policies=lambda _: self.topic, default_strategy=default)
+                                       topic_policies=lambda _: self.topic, defaults=SchemaDefaults(default))
 
 
 def _info(schema: Any) -> Any:
