@@ -12,8 +12,10 @@ Pulsar's rules, per schema type:
   unknown strategy) refuses every new definition.
 - JSON whose definitions are not Avro (Pulsar's old Jackson JSON-schema format): the old format
   after Avro is accepted, Avro after the old format too, two old ones must carry the same ``id``.
-- Every other type (STRING, INT64, PROTOBUF, ...): Pulsar's default check, which refuses only
-  under ALWAYS_INCOMPATIBLE. A version of another type than the new schema's is incompatible
+- KEY_VALUE: Pulsar's ``KeyValueSchemaCompatibilityCheck``: the key and value schema types
+  must stay, and each part is checked by its type's check (an Avro-shaped JSON part as Avro).
+- Every other type (STRING, INT64, PROTOBUF, PROTOBUF_NATIVE, ...): Pulsar's default check,
+  which refuses only under ALWAYS_INCOMPATIBLE. A version of another type than the new schema's is incompatible
   under every strategy but ALWAYS_COMPATIBLE.
 
 "Can read" is Java Avro's ``ValidateMutualRead.canRead``: the resolving grammar of (writer, reader)
@@ -41,7 +43,7 @@ records is visited once).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +75,11 @@ Node = Any
 
 @dataclass(frozen=True)
 class Definition:
-    """One schema version: its type and definition bytes (as stored)."""
+    """One schema version: its type, definition bytes and properties (as stored)."""
 
     type: str
     data: bytes
+    properties: Mapping[str, str] = field(default_factory=dict)
 
 
 def checked_strategy(value: Any) -> str | None:
@@ -107,11 +110,61 @@ def incompatibility(versions: Sequence[Definition], new: Definition, strategy: s
             return f"the topic's schema type is {old.type}, the new one's {new.type}"
     if not transitive and against[0].data == new.data:
         return None
-    if new.type == "AVRO" or (new.type == "JSON" and transitive):
-        return _avro_check(against, new, strategy)
-    if new.type == "JSON":
+    if new.type == "JSON" and not transitive:
         return _json_check(against[0], new, strategy)
+    if new.type == "KEY_VALUE":
+        return _key_value_check(against, new, strategy)
+    return _by_type(against, new, strategy)
+
+
+def _by_type(against: Sequence[Definition], new: Definition, strategy: str) -> str | None:
+    """Pulsar's checker of ``new``'s type over every version given (Avro's for AVRO and JSON, else the default)."""
+    if new.type in ("AVRO", "JSON"):
+        return _avro_check(against, new, strategy)
     return f"no new {new.type} definition is accepted ({strategy})" if strategy == ALWAYS_INCOMPATIBLE else None
+
+
+def _key_value_check(against: Sequence[Definition], new: Definition, strategy: str) -> str | None:
+    """Pulsar's ``KeyValueSchemaCompatibilityCheck``: the key and value schemas, each by its own type's check."""
+    try:
+        key, value = key_value_parts(new)
+        olds = [key_value_parts(old) for old in against]
+    except ValueError as exc:
+        return f"not a KEY_VALUE schema: {exc}"
+    for old_key, old_value in olds:
+        if (old_key.type, old_value.type) != (key.type, value.type):
+            return (f"key and value schema types {old_key.type}/{old_value.type} and {key.type}/{value.type} "
+                    "differ")
+    for part, olds_part, fresh in (("key", [k for k, _ in olds], key), ("value", [v for _, v in olds], value)):
+        problem = _by_type(olds_part, fresh, strategy)
+        if problem is not None:
+            return f"{part} schema: {problem}"
+    return None
+
+
+def key_value_parts(schema: Definition) -> tuple[Definition, Definition]:
+    """The key and value schemas of a KEY_VALUE schema (Pulsar's ``KeyValueSchemaInfo`` encoding:
+    a big-endian 32-bit length and the bytes, for the key then the value; their types in the
+    ``key.schema.type`` / ``value.schema.type`` properties, BYTES when absent)."""
+    data, parts = schema.data, []
+    for side in ("key", "value"):
+        if len(data) < 4:
+            raise ValueError(f"the {side} schema's length is missing")
+        size, data = int.from_bytes(data[:4], "big", signed=True), data[4:]
+        if not 0 <= size <= len(data):
+            raise ValueError(f"the {side} schema's length {size} is not within the definition")
+        kind = schema.properties.get(f"{side}.schema.type", "BYTES").upper()
+        parts.append(Definition(kind, data[:size], _sub_properties(schema.properties.get(f"{side}.schema.properties"))))
+        data = data[size:]
+    return parts[0], parts[1]
+
+
+def _sub_properties(raw: str | None) -> dict[str, str]:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 def _json_check(old: Definition, new: Definition, strategy: str) -> str | None:

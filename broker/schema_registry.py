@@ -94,7 +94,7 @@ class SchemaInfo:
             return False
 
     def definition(self) -> Definition:
-        return Definition(self.type, self.data)
+        return Definition(self.type, self.data, self.properties)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "data": base64.b64encode(self.data).decode(), "properties": self.properties,

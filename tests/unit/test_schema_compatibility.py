@@ -214,3 +214,26 @@ def test_a_consumer_must_read_the_latest_version_under_full() -> None:
     with pytest.raises(IncompatibleSchema):
         box.registry.admit(topic, _info(widened), register=False)
     assert len(box.registry.versions(topic)) == 1
+
+
+def _key_value(key: Definition, value: Definition) -> Definition:
+    data = b"".join(len(part.data).to_bytes(4, "big") + part.data for part in (key, value))
+    return Definition("KEY_VALUE", data, {"key.schema.type": key.type, "value.schema.type": value.type,
+                                          "kv.encoding.type": "SEPARATED"})
+
+
+def test_key_value_schemas_check_their_key_and_value_by_their_own_types() -> None:
+    """Pulsar's KeyValueSchemaCompatibilityCheck: the part types stay, each part by its type's check."""
+    key = Definition("STRING", b"")
+    old = _key_value(key, avro(EVENT))
+    widened = _key_value(key, avro(record("Event", *EVENT["fields"], f("note", "string", default=""))))
+    narrowed = _key_value(key, avro(record("Event", f("name", "string"))))
+    assert incompatibility([old], widened, "FULL") is None
+    problem = incompatibility([old], narrowed, "FULL")
+    assert problem is not None and problem.startswith("value schema")
+    assert incompatibility([old], narrowed, "BACKWARD") is None
+    with_count = avro(record("Event", *EVENT["fields"], f("n", "int", default=0)))
+    rekeyed = _key_value(Definition("INT64", b""), with_count)  # other bytes: the same ones are the same schema
+    assert incompatibility([old], rekeyed, "FULL") is not None
+    assert incompatibility([old], _key_value(key, with_count), "FULL") is None
+    assert incompatibility([old], Definition("KEY_VALUE", b"\x00\x00\x00\x09ab"), "FULL") is not None
