@@ -63,10 +63,7 @@ PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "str
 NAMED = ("record", "enum", "fixed")
 PROMOTIONS = {"int": ("long", "float", "double"), "long": ("float", "double"), "float": ("double",),
               "string": ("bytes",), "bytes": ("string",)}
-"""Writer type → the reader types Avro promotes it to."""
-UNION_PROMOTION_ORDER = {"int": ("long", "double", "float"), "long": ("double", "float"), "float": ("double",),
-                         "string": ("bytes",), "bytes": ("string",)}
-"""The promotions a reader union's branch may take the writer's type by (Avro's ``firstMatchingBranch``)."""
+"""Writer type → the reader types Avro promotes it to (also how a reader union's branch may take it)."""
 
 
 Node = Any
@@ -151,6 +148,7 @@ def key_value_parts(schema: Definition) -> tuple[Definition, Definition]:
         if len(data) < 4:
             raise ValueError(f"the {side} schema's length is missing")
         size, data = int.from_bytes(data[:4], "big", signed=True), data[4:]
+        size = 0 if size == -1 else size  # Pulsar's encoding of an absent part
         if not 0 <= size <= len(data):
             raise ValueError(f"the {side} schema's length {size} is not within the definition")
         kind = schema.properties.get(f"{side}.schema.type", "BYTES").upper()
@@ -341,7 +339,7 @@ class _Resolution:
         if structure >= 0:
             return structure
         for index, branch in enumerate(r.schemas):
-            if _kind(branch) in UNION_PROMOTION_ORDER.get(kind, ()):
+            if _kind(branch) in PROMOTIONS.get(kind, ()):
                 return index
         return -1
 
