@@ -47,6 +47,14 @@ ROWS: list[tuple[str, Any, Any, str, bool]] = [
     ("rename-record-full", EVENT, record("Renamed", *EVENT["fields"]), "FULL", True),
     ("rename-record-and-namespace-full", EVENT, record("Renamed", *EVENT["fields"], namespace="org.x"),
      "FULL_TRANSITIVE", True),
+    ("rename-record-backward", record("Renamed", *EVENT["fields"]), EVENT, "BACKWARD", True),
+    ("rename-nested-record-full", record("O", f("inner", record("A", f("x", "int")))),
+     record("O", f("inner", record("B", f("x", "int")))), "FULL", True),
+    # A renamed record with other fields is judged by its fields alone.
+    ("rename-record-and-add-required-field-backward", EVENT, record("Renamed", *EVENT["fields"], f("n", "int")),
+     "BACKWARD", False),
+    # A record alias is harmless either way.
+    ("record-alias-full", EVENT, record("Renamed", *EVENT["fields"], aliases=["Event"]), "FULL", True),
     # A reader field's alias names the writer's field (Schema.applyAliases) ...
     ("field-alias-backward", EVENT, record("Event", f("title", "string", aliases=["name"]), f("count", "int")),
      "BACKWARD", True),
@@ -81,6 +89,10 @@ ROWS: list[tuple[str, Any, Any, str, bool]] = [
     ("enum-renamed-with-alias-forward", record("P", f("c", COLOR)),
      record("P", f("c", {**COLOR, "name": "Colour", "aliases": ["Color"]})), "FORWARD", False),
     # Fixed: same short name and size.
+    ("fixed-renamed", record("H", f("h", {"type": "fixed", "name": "Hash", "size": 16})),
+     record("H", f("h", {"type": "fixed", "name": "Digest", "size": 16})), "FORWARD", False),
+    ("fixed-renamed-with-alias-backward", record("H", f("h", {"type": "fixed", "name": "Hash", "size": 16})),
+     record("H", f("h", {"type": "fixed", "name": "Digest", "size": 16, "aliases": ["Hash"]})), "BACKWARD", True),
     ("fixed-resized", record("H", f("h", {"type": "fixed", "name": "Hash", "size": 16})),
      record("H", f("h", {"type": "fixed", "name": "Hash", "size": 32})), "BACKWARD", False),
     # A reader union takes a writer's int; a writer union needs every branch readable (null is not an int).
@@ -91,6 +103,9 @@ ROWS: list[tuple[str, Any, Any, str, bool]] = [
     # A reader union's record branch matches a renamed writer record of the same structure (firstMatchingBranch).
     ("record-into-union-by-structure", record("O", f("r", record("A", f("x", "int")))),
      record("O", f("r", ["null", record("B", f("x", "int"))], default=None)), "BACKWARD", True),
+    # An enum in a reader union matches by full name only: a namespace change finds no branch.
+    ("enum-into-union-other-namespace", record("P", f("c", COLOR)),
+     record("P", f("c", ["null", {**COLOR, "namespace": "org.x"}], default=None)), "BACKWARD", False),
     ("record-into-union-no-match", record("O", f("r", record("A", f("x", "int")))),
      record("O", f("r", ["null", record("B", f("y", "int"))], default=None)), "BACKWARD", False),
     # Errors deep inside containers count.
