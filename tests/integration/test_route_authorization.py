@@ -95,6 +95,9 @@ GUARDS: dict[tuple[str, str], str] = {
     **{(m, SC + what): TENANT_ADMIN for m, what in (("POST", "/schema"), ("DELETE", "/schema"),
                                                     ("POST", "/compatibility"))},
     **{(m, N + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT")},
+    **{(m, T + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT", "DELETE")},
+    **{(m, N + "/" + flag): TENANT_ADMIN for m in ("GET", "POST")
+       for flag in ("isAllowAutoUpdateSchema", "schemaValidationEnforced")},
     ("GET", "/admin/v2/clusters"): SUPERUSER,
     **{(m, "/admin/v2/clusters/{cluster}"): SUPERUSER for m in ("GET", "PUT", "POST")},
     # WebSocket endpoints: a plain GET only explains that they need an upgrade (426)
@@ -132,7 +135,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
     **{("POST", SC + what): {"type": "STRING", "schema": ""} for what in ("/schema", "/compatibility")},
-    ("PUT", N + "/schemaCompatibilityStrategy"): "FULL",
+    ("PUT", N + "/schemaCompatibilityStrategy"): "FULL", ("PUT", T + "/schemaCompatibilityStrategy"): "FULL",
+    ("POST", N + "/isAllowAutoUpdateSchema"): True, ("POST", N + "/schemaValidationEnforced"): True,
     **{("POST", level + "/" + policy): {"publishThrottlingRateInMsg": 100} if policy == "publishRate" else
        {"dispatchThrottlingRateInMsg": 100} if policy == "dispatchRate" else 100
        for level, policies in ((N, NAMESPACE_QUOTA_PATHS), (T, TOPIC_QUOTA_PATHS)) for policy in policies},
