@@ -9,14 +9,14 @@ DATA_DIR ?= ./data
 PORT ?= 8080
 PULSAR_PORT ?= 6650
 
-.PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper clean demo soak-cluster
+.PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper check-postgresql clean demo soak-cluster
 
 # setup.py builds the optional native accelerators broker/entry_format/*.c (skipped without a C compiler).
 $(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c broker/entry_format/*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,spark]'
 	touch $(STAMP)
 
 check-java:
@@ -42,6 +42,11 @@ check-zookeeper: check-java
 	  apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zookeeper >/dev/null 2>&1; true; }
 	@[ -f /usr/share/java/zookeeper.jar ] || { echo "The cluster tests need ZooKeeper: install it with 'apt-get install zookeeper'"; exit 1; }
 
+check-postgresql:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { echo "installing Debian's postgresql package for the eventsourcing benchmark"; \
+	  apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; true; }
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { echo "The eventsourcing benchmark needs PostgreSQL: install it with 'apt-get install postgresql'"; exit 1; }
+
 run: $(STAMP)
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT) --pulsar-port $(PULSAR_PORT)
 
@@ -65,7 +70,7 @@ crash: $(STAMP) check-zookeeper
 soak-cluster: $(STAMP)
 	MAGNETAR_CLUSTER_SIM_ROUNDS=$${MAGNETAR_CLUSTER_SIM_ROUNDS:-200} $(BIN)/pytest -q tests/simulation/test_cluster_simulation.py
 
-bench: $(STAMP) check-zookeeper
+bench: $(STAMP) check-zookeeper check-postgresql
 	$(BIN)/python bench/storage_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/managed_ledger_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/e2e_bench.py --out bench/RESULTS.md
@@ -74,6 +79,7 @@ bench: $(STAMP) check-zookeeper
 	$(BIN)/python bench/event_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/binary_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/ws_edge_floor.py --out bench/RESULTS.md
+	$(BIN)/python bench/eventsourcing_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,11 +1,18 @@
-"""Admin v2 schemas: ``/admin/v2/schemas/{tenant}/{namespace}/{topic}/...`` and a namespace's
-``schemaCompatibilityStrategy``, in Pulsar's shapes, over the broker's ``SchemaRegistry``.
+"""Admin v2 schemas: ``/admin/v2/schemas/{tenant}/{namespace}/{topic}/...`` and the
+``schemaCompatibilityStrategy`` of a namespace and of a topic, in Pulsar's shapes, over the
+broker's ``SchemaRegistry``.
 
 Role: the same registry the binary protocol's producers and consumers go through, so a schema
 uploaded here is the one a Pulsar client is checked against and vice versa. Shapes:
 ``GetSchemaResponse`` ``{"version", "type", "timestamp", "data", "properties"}`` (``data`` is the
 definition as text), ``PostSchemaPayload`` ``{"type", "schema", "properties"}`` answered with
 ``{"version"}``, ``/compatibility`` answered with ``{"isCompatible", "schemaCompatibilityStrategy"}``.
+A strategy is PUT as a bare JSON string (``"BACKWARD"``) and answered so: a namespace's GET says
+UNDEFINED when it sets none, a topic's GET null (with ``applied=true``: the strategy in force,
+topic's, else namespace's, else the broker's ``schemaCompatibilityStrategy``); DELETE removes a
+topic's. ``isAllowAutoUpdateSchema`` and ``schemaValidationEnforced`` are POSTed as bare JSON
+booleans; their GETs answer the namespace's value (the first, unset, the broker's setting; the
+second with ``applied=true``, the one in force).
 
 Authorization: reading a schema needs the right to produce or consume on the topic; uploading,
 deleting and the namespace's strategy need its tenant's administration.
@@ -16,7 +23,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from api.admin_namespaces import namespace_name
 from api.auth import Action, Authorizer, Caller, Principal
@@ -32,6 +39,9 @@ from broker import (
 )
 
 STRATEGY_KEY = "schema_compatibility_strategy"
+TOPIC_STRATEGY_KEY = "schemaCompatibilityStrategy"
+AUTO_UPDATE_KEY = "is_allow_auto_update_schema"
+ENFORCED_KEY = "schema_validation_enforced"
 
 
 class PostSchemaPayload(BaseModel):
@@ -112,18 +122,80 @@ def schemas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             compatible = False
         return {"isCompatible": compatible, "schemaCompatibilityStrategy": service.schemas.strategy(name)}
 
-    strategy_path = "/namespaces/{tenant}/{namespace}/schemaCompatibilityStrategy"
+    _namespace_strategy_routes(routes, service, authorizer)
+    _topic_strategy_routes(routes, service, authorizer)
+    _namespace_flag_routes(routes, service, authorizer)
+    return routes
 
-    @routes.get(strategy_path, summary="The namespace's schema compatibility strategy")
+
+STRATEGY_BODY = Annotated[StrictStr, Body(examples=["FULL"], description=f"one of {', '.join(SCHEMA_STRATEGIES)}")]
+
+
+def _namespace_strategy_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    path = "/namespaces/{tenant}/{namespace}/schemaCompatibilityStrategy"
+
+    @routes.get(path, summary="The namespace's schema compatibility strategy (UNDEFINED: the broker's applies)")
     def get_strategy(tenant: str, namespace: str, caller: Caller) -> str:
         authorizer.require_tenant_admin(caller, tenant)
         return str(service.namespaces.policies(namespace_name(tenant, namespace)).get(STRATEGY_KEY) or "UNDEFINED")
 
-    @routes.put(strategy_path, status_code=204, summary="Set the namespace's schema compatibility strategy")
-    def set_strategy(tenant: str, namespace: str, body: Annotated[StrictStr, Body()], caller: Caller) -> None:
+    @routes.put(path, status_code=204, summary="Set the namespace's schema compatibility strategy")
+    def set_strategy(tenant: str, namespace: str, body: STRATEGY_BODY, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
-        if body.upper() not in SCHEMA_STRATEGIES:
-            raise InvalidRequest(f"unknown strategy {body!r}: use one of {', '.join(SCHEMA_STRATEGIES)}")
-        service.namespaces.set_policy(namespace_name(tenant, namespace), STRATEGY_KEY, body.upper())
+        service.namespaces.set_policy(namespace_name(tenant, namespace), STRATEGY_KEY, body)
 
-    return routes
+
+def _namespace_flag_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    base = "/namespaces/{tenant}/{namespace}/"
+
+    @routes.get(base + "isAllowAutoUpdateSchema", summary="Whether producers may add schema versions")
+    def get_auto_update(tenant: str, namespace: str, caller: Caller) -> bool:
+        authorizer.require_tenant_admin(caller, tenant)
+        return service.schemas.auto_update(namespace_name(tenant, namespace))
+
+    @routes.post(base + "isAllowAutoUpdateSchema", status_code=204,
+                 summary="Let producers add schema versions, or not (uploads always may)")
+    def set_auto_update(tenant: str, namespace: str, body: Annotated[StrictBool, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), AUTO_UPDATE_KEY, body)
+
+    @routes.get(base + "schemaValidationEnforced", summary="Whether producers without a schema are refused")
+    def get_enforced(tenant: str, namespace: str, caller: Caller, applied: bool = False) -> bool:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = namespace_name(tenant, namespace)
+        if applied:
+            return service.schemas.validation_enforced(name)
+        return bool(service.namespaces.policies(name).get(ENFORCED_KEY))
+
+    @routes.post(base + "schemaValidationEnforced", status_code=204,
+                 summary="Refuse producers without a schema on topics with one, or not")
+    def set_enforced(tenant: str, namespace: str, body: Annotated[StrictBool, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), ENFORCED_KEY, body)
+
+
+def _topic_strategy_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    path = "/persistent/{tenant}/{namespace}/{topic}/schemaCompatibilityStrategy"
+
+    def topic_of(tenant: str, namespace: str, topic: str) -> TopicName:
+        return TopicName.parse(f"persistent://{tenant}/{namespace}/{topic}")
+
+    @routes.get(path, summary="The topic's schema compatibility strategy (null: not set; applied: the one in force)")
+    def get_topic_strategy(tenant: str, namespace: str, topic: str, caller: Caller,
+                           applied: bool = False) -> str | None:
+        authorizer.require_tenant_admin(caller, tenant)
+        name = topic_of(tenant, namespace, topic)
+        if applied:
+            return service.schemas.strategy(name)
+        value = service.namespaces.topic_policies(name).get(TOPIC_STRATEGY_KEY)
+        return None if value is None else str(value)
+
+    @routes.put(path, status_code=204, summary="Set the topic's schema compatibility strategy")
+    def set_topic_strategy(tenant: str, namespace: str, topic: str, body: STRATEGY_BODY, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_topic_policy(topic_of(tenant, namespace, topic), TOPIC_STRATEGY_KEY, body)
+
+    @routes.delete(path, status_code=204, summary="Remove the topic's schema compatibility strategy")
+    def remove_topic_strategy(tenant: str, namespace: str, topic: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_topic_policy(topic_of(tenant, namespace, topic), TOPIC_STRATEGY_KEY, None)

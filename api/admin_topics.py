@@ -4,7 +4,7 @@ Role: Pulsar's topic administration, translated into ``BrokerService.admin`` cal
 partitioned topics (create, list, grow, delete), subscriptions (create at a position, list,
 delete), cursor moves (``resetcursor`` by publish time or message id, ``skip``, ``skip_all``,
 ``expireMessages``), reading single messages (peek at a subscription's n-th unacknowledged
-message, ``examinemessage``), ``lastMessageId``, compaction and ``terminate``. Paths, parameters
+message, ``examinemessage``), ``lastMessageId``, compaction, ``unload`` and ``terminate``. Paths, parameters
 and JSON shapes are Pulsar's; every message id in a body or answer is Pulsar's
 ``{ledgerId, entryId, partitionIndex, batchIndex}``.
 
@@ -284,6 +284,12 @@ def _lifecycle_routes(routes: APIRouter, service: BrokerService, authorizer: Aut
     def terminate(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
         return message_id_json(*service.admin.terminate(topic_name(tenant, namespace, topic)))
+
+    @routes.put("/{tenant}/{namespace}/{topic}/unload", status_code=204,
+                summary="Unload the topic: its clients reconnect and it is loaded afresh on next use")
+    def unload(tenant: str, namespace: str, topic: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.admin.unload(topic_name(tenant, namespace, topic))
 
     @routes.put("/{tenant}/{namespace}/{topic}/compaction", status_code=204,
                 summary="Start compacting the topic (latest message per key) in the background")

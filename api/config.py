@@ -20,7 +20,10 @@ limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic
 ``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
 unlimited); the broker's memory bounds (``BROKER_BOUNDS``: ``dispatcherMaxReadSizeBytes``,
 ``dispatcherMaxPendingBytesPerConsumer``, ``managedLedgerMaxReadsInFlightSizeInMB``,
-``maxMessagePublishBufferSizeInMB``); plus ``dataDir`` and the edge bounds of ``api/limits.py``
+``maxMessagePublishBufferSizeInMB``); ``schemaCompatibilityStrategy`` (the schema
+compatibility strategy where neither topic nor namespace sets one, FULL by default, as Pulsar's),
+``isAllowAutoUpdateSchemaEnabled`` and ``isSchemaValidationEnforced``;
+plus ``dataDir`` and the edge bounds of ``api/limits.py``
 (``CONFIG_KEYS``). Keys Magnetar does not use are ignored, so a full Pulsar ``standalone.conf``
 loads, and named in one warning, so a misspelt key does not go unnoticed.
 
@@ -63,7 +66,7 @@ from api.pulsar import PulsarSettings
 from api.pulsar.listeners import parse_advertised_listeners
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
-from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, BrokerConfig, QuotaDefaults
+from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, SCHEMA_STRATEGIES, BrokerConfig, QuotaDefaults
 from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,8 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "brokerServicePortTls", "tlsCertificateFilePath", "tlsKeyFilePath", "tlsTrustCertsFilePath",
               "advertisedAddress", "advertisedListeners", "internalListenerName", "maxMessageSize",
               "authenticationRefreshCheckSeconds", "anonymousUserRole",
-              "basicAuthConf", *CONFIG_KEYS,
+              "basicAuthConf", "schemaCompatibilityStrategy", "isAllowAutoUpdateSchemaEnabled",
+              "isSchemaValidationEnforced", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
               *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
 TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
@@ -173,11 +177,24 @@ class StandaloneConfig:
                 dedup_enabled=_flag(values, "brokerDeduplicationEnabled", True),
                 default_retention_time_minutes=_retention(values, "defaultRetentionTimeInMinutes"),
                 default_retention_size_mb=_retention(values, "defaultRetentionSizeInMB"),
+                schema_compatibility_strategy=_schema_strategy(values),
+                allow_auto_update_schema=_flag(values, "isAllowAutoUpdateSchemaEnabled", True),
+                schema_validation_enforced=_flag(values, "isSchemaValidationEnforced", False),
                 quotas=_quotas(values), **_broker_bounds(values)),
             auth=_auth(values, tls, system_properties(os.environ if environ is None else environ)),
             limits=_limits(values),
             pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host), tls)),
         )
+
+
+def _schema_strategy(values: Mapping[str, str]) -> str:
+    """``schemaCompatibilityStrategy``: one of Pulsar's strategies but UNDEFINED (FULL when unset)."""
+    raw = values.get("schemaCompatibilityStrategy") or BrokerConfig.schema_compatibility_strategy
+    strategy = raw.strip().upper()
+    if strategy not in SCHEMA_STRATEGIES or strategy == "UNDEFINED":
+        raise ConfigError(f"schemaCompatibilityStrategy={raw!r}: use one of "
+                          f"{', '.join(s for s in SCHEMA_STRATEGIES if s != 'UNDEFINED')}")
+    return strategy
 
 
 def parse_properties(text: str) -> dict[str, str]:

@@ -9,8 +9,13 @@ Role: Pulsar's lookup REST endpoint and the bundle administration over the broke
   ``?listenerName=`` (or the ``X-Pulsar-ListenerName`` header) names an advertised listener:
   the answer is that listener's URLs; 503 ("the broker do not have NAME listener") when the
   broker answered has none of that name (``api/pulsar/listeners.py``).
-- ``GET /admin/v2/brokers`` and ``/admin/v2/brokers/{cluster}``: the live brokers' ids;
-  ``GET /admin/v2/broker-stats/load-reports``: their load reports.
+- ``GET /admin/v2/brokers`` and ``/admin/v2/brokers/{cluster}``: the live brokers' ids (a
+  standalone broker lists itself, as the ``host:port`` its web service was reached at, as
+  Pulsar's standalone does); ``GET /admin/v2/broker-stats/load-reports``: their load reports.
+- ``GET /admin/v2/bookies/all``: the bookies (Pulsar's ``BookiesClusterInfo``,
+  ``{"bookies": [{"bookieId"}]}``): in a cluster the bookies registered in ZooKeeper; a
+  standalone broker's one bookie is embedded and has no address, so it is listed as
+  ``embedded``.
 - ``GET /admin/v2/namespaces/{tenant}/{ns}/bundles``: the boundaries; ``.../bundles/owners``:
   each bundle's owner (a Magnetar extension).
 - ``PUT /admin/v2/namespaces/{tenant}/{ns}/{bundle}/unload[?destinationBroker=]`` and
@@ -18,7 +23,7 @@ Role: Pulsar's lookup REST endpoint and the bundle administration over the broke
   it, as for topic calls).
 
 Authorization: a lookup needs the produce or consume permission on the topic (as Pulsar's);
-listing brokers and load reports needs a superuser; bundle calls need the tenant's admin.
+listing brokers, bookies and load reports needs a superuser; bundle calls need the tenant's admin.
 """
 
 from __future__ import annotations
@@ -60,13 +65,21 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                 "nativeUrl": plain, "brokerId": found.owner.broker_id, "bundle": found.bundle}
 
     @routes.get("/admin/v2/brokers", summary="The live brokers of the cluster")
-    def brokers(caller: Caller) -> list[str]:
+    def brokers(caller: Caller, request: Request) -> list[str]:
         authorizer.require_superuser(caller)
+        if service.cluster is None:
+            return [request.url.netloc]
         return [str(report["brokerId"]) for report in service.namespaces.brokers()]
 
     @routes.get("/admin/v2/brokers/{cluster}", summary="The live brokers of a cluster (Pulsar's path)")
-    def brokers_of_cluster(cluster: str, caller: Caller) -> list[str]:
-        return brokers(caller)
+    def brokers_of_cluster(cluster: str, caller: Caller, request: Request) -> list[str]:
+        return brokers(caller, request)
+
+    @routes.get("/admin/v2/bookies/all", summary="The bookies of the cluster (embedded: standalone's own)")
+    def bookies(caller: Caller) -> dict[str, list[dict[str, str]]]:
+        authorizer.require_superuser(caller)
+        ids = ["embedded"] if service.cluster is None else sorted(service.cluster.coordination.available_bookies())
+        return {"bookies": [{"bookieId": bookie_id} for bookie_id in ids]}
 
     @routes.get("/admin/v2/broker-stats/load-reports", summary="Every live broker's load report")
     def load_reports(caller: Caller) -> list[dict[str, Any]]:

@@ -111,7 +111,7 @@ from broker.quotas import QuotaDefaults
 from broker.range_read import RangeRead
 from broker.reader import Reader, StartPosition
 from broker.routing import MultiConsumer
-from broker.schema_registry import STRATEGIES as SCHEMA_STRATEGIES
+from broker.schema_compatibility import STRATEGIES as SCHEMA_STRATEGIES
 from broker.schema_registry import TYPES as SCHEMA_TYPES
 from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, version_of
 from broker.service import BrokerConfig, BrokerService, BrokerStats, Health

@@ -32,6 +32,15 @@ class BrokerConfig:
     -1: forever, 0: consumed ledgers go at once, Pulsar's own default)."""
     default_retention_size_mb: int = -1
     """Likewise for size (``defaultRetentionSizeInMB``; -1: unlimited)."""
+    schema_compatibility_strategy: str = "FULL"
+    """The strategy new schemas are checked by where neither the topic nor its namespace sets
+    one (Pulsar's ``schemaCompatibilityStrategy``, FULL by default; ``broker/schema_compatibility.py``)."""
+    allow_auto_update_schema: bool = True
+    """Whether a producer's new schema may become a topic's next version where the namespace does
+    not say (Pulsar's ``isAllowAutoUpdateSchemaEnabled``); off, only uploads add versions."""
+    schema_validation_enforced: bool = False
+    """Whether producers without a schema are refused on topics that have one, whatever the
+    namespace says (Pulsar's ``isSchemaValidationEnforced``)."""
     quotas: QuotaDefaults = field(default_factory=QuotaDefaults)
     """Topic quotas and rate limits where neither topic nor namespace sets one (``broker/quotas.py``)."""
     dispatch_read_bytes_max: int = 1024 * 1024

@@ -1,30 +1,37 @@
-"""The schema registry: versions of each topic's schema and Pulsar's compatibility strategies.
+"""The schema registry: versions of each topic's schema, admitted by Pulsar's compatibility strategies.
 
 Role: a producer or consumer that declares a schema (the binary protocol's PRODUCER and
 SUBSCRIBE, the admin API's ``/admin/v2/schemas/...``) goes through :meth:`SchemaRegistry.admit`
-(``BrokerService.schemas``, over the metadata store and the namespaces' policies):
-a schema the topic already has answers its version; a new one is checked against the
-namespace's ``schema_compatibility_strategy`` and, when compatible, stored as the next version.
-Schemas belong to the topic, not its partitions (``persistent://t/ns/x-partition-2`` uses
-``x``'s), and live in the metadata store at ``/schemas/{tenant}/{namespace}/{topic}``.
+(``BrokerService.schemas``, over the metadata store and the topic's and namespaces' policies):
+a schema the topic already has answers its version; a new one is checked
+(``broker/schema_compatibility.py``, Pulsar's rules) and, when compatible, stored as the next
+version. Schemas belong to the topic, not its partitions (``persistent://t/ns/x-partition-2``
+uses ``x``'s), and live in the metadata store at ``/schemas/{tenant}/{namespace}/{topic}``.
 
-Compatibility follows Pulsar: ``ALWAYS_COMPATIBLE``, ``ALWAYS_INCOMPATIBLE``, ``BACKWARD``
-(the new schema reads data written with the previous one), ``FORWARD`` (the previous reads the
-new's), ``FULL`` (both; the default, as Pulsar's broker default), and their ``_TRANSITIVE``
-forms, which check every earlier version instead of the last. AVRO and JSON schemas (Pulsar's
-JSON schema carries an Avro definition) are compared with Apache Avro's reader/writer checker;
-other types are compatible only with the same type and definition. A schema of another type
-than the topic's is incompatible.
+The strategy a topic lives by is Pulsar's: its own ``schemaCompatibilityStrategy`` topic policy,
+else its namespace's ``schema_compatibility_strategy`` unless UNDEFINED, else the broker's
+``schemaCompatibilityStrategy`` setting (FULL by default). "Already has" is Pulsar's too: for
+AVRO, JSON and PROTOBUF the same parsed Avro schema (whitespace and key order aside), for the
+other types the same bytes. A consumer's schema is checked as Pulsar's
+``checkConsumerCompatibility`` does: under BACKWARD, FORWARD, FORWARD_TRANSITIVE and FULL it must
+read the latest version (BACKWARD), under the other strategies it is checked by the strategy
+against every version.
+
+Two more of Pulsar's namespace policies shape admission: with ``is_allow_auto_update_schema`` off
+(else the broker's ``isAllowAutoUpdateSchemaEnabled``) a producer is admitted only with a schema
+the topic already has (an upload still adds versions), and with ``schema_validation_enforced`` on
+(or the broker's ``isSchemaValidationEnforced``) a producer without a schema is refused on a topic
+that has one.
 
 Invariants: versions are dense from 0 and never renumbered; a refused schema writes nothing
-(``IncompatibleSchema``); a definition Avro cannot parse is ``InvalidRequest``. Writes are
+(``IncompatibleSchema``); an AVRO definition Avro cannot parse, or a JSON one that is neither Avro
+nor Pulsar's old JSON-schema format, is ``InvalidRequest``. Writes are
 compare-and-set on the stored value, so two brokers cannot both add a version.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import struct
 import threading
 import time
@@ -32,21 +39,32 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import avro.compatibility
-import avro.errors
-import avro.schema
-
 from broker.errors import BadVersion, IncompatibleSchema, InvalidRequest, NotFound
 from broker.limits import SCHEMA_BYTES_MAX, SCHEMA_CAS_RETRIES_MAX
 from broker.metadata.store import MetadataStore
+from broker.schema_compatibility import (
+    ALWAYS_COMPATIBLE,
+    UNDEFINED,
+    Definition,
+    incompatibility,
+    is_legacy_json,
+    parse_avro,
+)
 from broker.topic_name import TopicName
 
 SCHEMAS_ROOT = "/schemas"
 POLICY_KEY = "schema_compatibility_strategy"
-STRATEGIES = ("UNDEFINED", "ALWAYS_INCOMPATIBLE", "ALWAYS_COMPATIBLE", "BACKWARD", "FORWARD", "FULL",
-              "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
+"""The namespace policy (Pulsar's ``Policies.schema_compatibility_strategy``)."""
+TOPIC_POLICY_KEY = "schemaCompatibilityStrategy"
+"""The topic policy (Pulsar's ``TopicPolicies.schemaCompatibilityStrategy``)."""
 DEFAULT_STRATEGY = "FULL"
-AVRO_TYPES = ("AVRO", "JSON")
+"""Pulsar's broker default (``schemaCompatibilityStrategy``)."""
+AUTO_UPDATE_KEY = "is_allow_auto_update_schema"
+ENFORCED_KEY = "schema_validation_enforced"
+CONSUMER_CHECKS_LATEST = ("BACKWARD", "FORWARD", "FORWARD_TRANSITIVE", "FULL")
+"""Strategies under which a consumer's schema need only read the latest version."""
+PARSED_TYPES = ("AVRO", "JSON", "PROTOBUF")
+"""Types whose definitions Pulsar compares as parsed Avro schemas."""
 TYPES = ("NONE", "STRING", "JSON", "PROTOBUF", "AVRO", "BOOLEAN", "INT8", "INT16", "INT32", "INT64", "FLOAT",
          "DOUBLE", "DATE", "TIME", "TIMESTAMP", "KEY_VALUE", "INSTANT", "LOCAL_DATE", "LOCAL_TIME",
          "LOCAL_DATE_TIME", "PROTOBUF_NATIVE", "AUTO_CONSUME")
@@ -65,7 +83,18 @@ class SchemaInfo:
     timestamp_ms: int = 0
 
     def same_definition(self, other: SchemaInfo) -> bool:
-        return self.type == other.type and self.data == other.data
+        """Pulsar's "this version already exists": same type, and the same parsed Avro schema or bytes."""
+        if self.type != other.type:
+            return False
+        if self.data == other.data or self.type not in PARSED_TYPES:
+            return self.data == other.data
+        try:
+            return bool(parse_avro(self.data) == parse_avro(other.data))
+        except ValueError:
+            return False
+
+    def definition(self) -> Definition:
+        return Definition(self.type, self.data, self.properties)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "data": base64.b64encode(self.data).decode(), "properties": self.properties,
@@ -88,12 +117,29 @@ def version_of(data: bytes) -> int:
     return int(VERSION.unpack(data)[0])
 
 
+@dataclass(frozen=True)
+class SchemaDefaults:
+    """The broker's schema settings, where neither topic nor namespace says otherwise."""
+
+    strategy: str = DEFAULT_STRATEGY
+    """``schemaCompatibilityStrategy``."""
+    auto_update: bool = True
+    """``isAllowAutoUpdateSchemaEnabled``: a producer's new schema may become the next version."""
+    validation_enforced: bool = False
+    """``isSchemaValidationEnforced``: producers without a schema are refused on topics that have one."""
+
+
 class SchemaRegistry:
     def __init__(self, store: MetadataStore, policies: Callable[[str], dict[str, Any]],
-                 clock: Callable[[], float] = time.time) -> None:
-        """``policies(namespace)``: the namespace's policies (its compatibility strategy)."""
+                 clock: Callable[[], float] = time.time, *,
+                 topic_policies: Callable[[TopicName], dict[str, Any]] = lambda _: {},
+                 defaults: SchemaDefaults = SchemaDefaults()) -> None:
+        """``policies(namespace)`` and ``topic_policies(topic)``: where the schema policies may be
+        set; ``defaults``: the broker's, where neither sets one."""
         self._store = store
         self._policies = policies
+        self._topic_policies = topic_policies
+        self._defaults = defaults
         self._clock = clock
         self._lock = threading.Lock()
 
@@ -117,13 +163,33 @@ class SchemaRegistry:
         return versions[index], index
 
     def strategy(self, topic: TopicName) -> str:
-        value = self._policies(topic.namespace_name).get(POLICY_KEY) or "UNDEFINED"
-        return DEFAULT_STRATEGY if value == "UNDEFINED" else str(value)
+        """The strategy the topic's new schemas are checked by: topic policy, namespace policy, broker setting."""
+        for value in (self._topic_policies(topic).get(TOPIC_POLICY_KEY),
+                      self._policies(topic.namespace_name).get(POLICY_KEY)):
+            if value and value != UNDEFINED:
+                return str(value)
+        return self._defaults.strategy
 
-    def admit(self, topic: TopicName, schema: SchemaInfo, *, register: bool = True) -> int:
+    def auto_update(self, namespace: str) -> bool:
+        """Whether producers may add versions in ``namespace`` (Pulsar's ``isAllowAutoUpdateSchema``)."""
+        value = self._policies(namespace).get(AUTO_UPDATE_KEY)
+        return self._defaults.auto_update if value is None else bool(value)
+
+    def validation_enforced(self, namespace: str) -> bool:
+        """Whether producers without a schema are refused on topics with one (``schemaValidationEnforced``)."""
+        return self._defaults.validation_enforced or bool(self._policies(namespace).get(ENFORCED_KEY))
+
+    def admit_schemaless_producer(self, topic: TopicName) -> None:
+        """``IncompatibleSchema`` for a producer without a schema on a topic that has one, if enforced."""
+        if self.validation_enforced(topic.namespace_name) and self.versions(topic):
+            raise IncompatibleSchema("Producers cannot connect or send message without a schema to topics "
+                                     f"with a schema: schemaValidationEnforced is on for {topic.base}")
+
+    def admit(self, topic: TopicName, schema: SchemaInfo, *, register: bool = True, producer: bool = False) -> int:
         """The version of ``schema`` on ``topic``: an existing one with the same definition, or a
         new version when the strategy allows it (``register=False`` only checks: a consumer on a
-        topic that has a schema). ``IncompatibleSchema`` when refused."""
+        topic that has a schema; a ``producer`` adds none where auto update is off).
+        ``IncompatibleSchema`` when refused."""
         self._check(schema)
         for _ in range(SCHEMA_CAS_RETRIES_MAX):
             found = self._store.get_json(self._path(topic))
@@ -131,9 +197,12 @@ class SchemaRegistry:
             for index, existing in enumerate(versions):
                 if existing.same_definition(schema):
                     return index
-            self.check_compatible(topic, schema, versions)
             if not register:
+                self._check_consumer(topic, schema, versions)
                 return len(versions) - 1
+            if producer and not self.auto_update(topic.namespace_name):
+                raise IncompatibleSchema(f"Schema not found and schema auto updating is disabled on {topic.base}")
+            self.check_compatible(topic, schema, versions)
             stored = SchemaInfo(schema.type, schema.data, schema.properties, schema.name,
                                 int(self._clock() * 1000))
             value = {"versions": [v.to_json() for v in [*versions, stored]]}
@@ -147,19 +216,23 @@ class SchemaRegistry:
     def check_compatible(self, topic: TopicName, schema: SchemaInfo, versions: list[SchemaInfo] | None = None) -> None:
         """``IncompatibleSchema`` unless ``schema`` may follow the topic's versions."""
         versions = self.versions(topic) if versions is None else versions
+        self._refuse_unless(topic, schema, versions, self.strategy(topic))
+
+    def _check_consumer(self, topic: TopicName, schema: SchemaInfo, versions: list[SchemaInfo]) -> None:
+        """Pulsar's ``checkConsumerCompatibility``: the latest version read by BACKWARD, else the strategy on all."""
+        strategy = self.strategy(topic)
+        if strategy in CONSUMER_CHECKS_LATEST:
+            self._refuse_unless(topic, schema, versions[-1:], "BACKWARD")
+        elif strategy != ALWAYS_COMPATIBLE:
+            self._refuse_unless(topic, schema, versions, strategy)
+
+    @staticmethod
+    def _refuse_unless(topic: TopicName, schema: SchemaInfo, versions: list[SchemaInfo], strategy: str) -> None:
         if not versions:
             return
-        strategy = self.strategy(topic)
-        if strategy == "ALWAYS_COMPATIBLE":
-            return
-        if strategy == "ALWAYS_INCOMPATIBLE":
-            raise IncompatibleSchema(f"{topic.base} accepts no new schema (ALWAYS_INCOMPATIBLE)")
-        against = versions if strategy.endswith("_TRANSITIVE") else versions[-1:]
-        direction = strategy.removesuffix("_TRANSITIVE")
-        for existing in against:
-            problem = _incompatibility(existing, schema, direction)
-            if problem is not None:
-                raise IncompatibleSchema(f"schema is incompatible with {topic.base}'s ({strategy}): {problem}")
+        problem = incompatibility([v.definition() for v in versions], schema.definition(), strategy)
+        if problem is not None:
+            raise IncompatibleSchema(f"schema is incompatible with {topic.base}'s ({strategy}): {problem}")
 
     def delete(self, topic: TopicName) -> None:
         with self._lock:
@@ -173,28 +246,10 @@ class SchemaRegistry:
             raise InvalidRequest(f"unknown schema type {schema.type!r}")
         if len(schema.data) > SCHEMA_BYTES_MAX:
             raise InvalidRequest(f"schema definition of {len(schema.data)} bytes exceeds {SCHEMA_BYTES_MAX}")
-        if schema.type in AVRO_TYPES:
-            _parse(schema)
+        if schema.type in ("AVRO", "JSON"):
+            try:
+                parse_avro(schema.data)
+            except ValueError as exc:
+                if schema.type == "AVRO" or not is_legacy_json(schema.data):
+                    raise InvalidRequest(f"{schema.type} schema definition is not a valid Avro schema: {exc}") from None
 
-
-def _parse(schema: SchemaInfo) -> avro.schema.Schema:
-    try:
-        return avro.schema.parse(schema.data.decode())
-    except (avro.errors.AvroException, ValueError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"{schema.type} schema definition is not a valid Avro schema: {exc}") from None
-
-
-def _incompatibility(existing: SchemaInfo, new: SchemaInfo, direction: str) -> str | None:
-    """Why ``new`` may not follow ``existing`` in ``direction`` (BACKWARD, FORWARD, FULL)."""
-    if existing.type != new.type:
-        return f"type {new.type} after {existing.type}"
-    if existing.type not in AVRO_TYPES:
-        return None if existing.data == new.data else f"a different {new.type} definition"
-    old, fresh = _parse(existing), _parse(new)
-    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
-    pairs = {"BACKWARD": [(fresh, old)], "FORWARD": [(old, fresh)], "FULL": [(fresh, old), (old, fresh)]}[direction]
-    for reader, writer in pairs:
-        result = checker.get_compatibility(reader, writer)
-        if result.compatibility is not avro.compatibility.SchemaCompatibilityType.compatible:
-            return "; ".join(str(m) for m in result.messages) or "readers cannot read writers' data"
-    return None

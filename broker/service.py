@@ -42,7 +42,7 @@ from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService
 from broker.producer_access import TOPIC_EPOCH_PROPERTY, ProducerAccess
-from broker.schema_registry import SchemaRegistry
+from broker.schema_registry import SchemaDefaults, SchemaRegistry
 from broker.streams import EventStreams
 from broker.subscription import SubscriptionLimits
 from broker.subscriptions import Subscriptions, SubscriptionsStats
@@ -176,7 +176,10 @@ class BrokerService:
         subscriptions = Subscriptions(topics, compactions, self._dispatch, self.reads_in_flight, limits, clock)
         return _Parts(store, cache, factory, key_index, namespaces, topics, compactions, subscriptions,
                       EventStreams(topics), TopicAdmin(topics, subscriptions, compactions, namespaces.policies, clock),
-                      SchemaRegistry(store, namespaces.policies, clock),
+                      SchemaRegistry(store, namespaces.policies, clock, topic_policies=namespaces.topic_policies,
+                                     defaults=SchemaDefaults(config.schema_compatibility_strategy,
+                                                             config.allow_auto_update_schema,
+                                                             config.schema_validation_enforced)),
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache))
 
     def _topic_epoch(self, topic: str) -> int:

@@ -101,6 +101,8 @@ class AdminTopics(Protocol):
 
     def delete_partitioned(self, name: TopicName, *, force: bool = False) -> None: ...
 
+    def unload(self, contains: Callable[[TopicName], bool], graceful: bool) -> list[TopicName]: ...
+
 
 class AdminSubscriptions(Protocol):
     """What administration asks of the open subscriptions."""
@@ -335,6 +337,12 @@ class TopicAdmin:
         """No message is accepted after this; the id of the last one."""
         self.single_topic(name, "terminate").ml.terminate()
         return self.last_message_id(name)
+
+    def unload(self, name: TopicName) -> None:
+        """Close the topic (every partition of a partitioned one) gracefully: its clients are
+        disconnected and reconnect, and the next use loads it afresh, on a new ledger."""
+        targets = set(self.existing_partitions(name))
+        self._topics.unload(targets.__contains__, graceful=True)
 
     def trigger_compaction(self, name: TopicName) -> None:
         self.single_topic(name, "compaction")

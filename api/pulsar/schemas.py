@@ -3,9 +3,10 @@
 Role: a PRODUCER or SUBSCRIBE that declares a schema, GET_SCHEMA and GET_OR_CREATE_SCHEMA go
 through the broker's ``SchemaRegistry`` (the same one the admin API's ``/admin/v2/schemas``
 uses). As in Pulsar: a producer's new schema becomes the topic's next version when the
-namespace's compatibility strategy allows it; a consumer's schema is registered only on a topic
-that has none and otherwise must be compatible; a producer or consumer without a schema (bytes)
-is always admitted. Refusals are ``IncompatibleSchema``, which the session answers as Pulsar's
+topic's compatibility strategy and auto-update policy allow it; a consumer's schema is registered
+only on a topic that has none and otherwise must be compatible; a consumer without a schema
+(bytes) is always admitted, a producer unless the namespace enforces schema validation and the
+topic has a schema. Refusals are ``IncompatibleSchema``, which the session answers as Pulsar's
 ``IncompatibleSchema`` error.
 """
 
@@ -37,7 +38,10 @@ class ProtocolSchemas:
     def for_producer(self, topic: TopicName, schema: pb.Schema | None) -> bytes | None:
         """The schema version a producer writes with (None without a schema)."""
         info = None if schema is None else schema_info(schema)
-        return None if info is None else version_bytes(self._registry.admit(topic, info))
+        if info is None:
+            self._registry.admit_schemaless_producer(topic)
+            return None
+        return version_bytes(self._registry.admit(topic, info, producer=True))
 
     def for_consumer(self, topic: TopicName, schema: pb.Schema | None) -> None:
         info = None if schema is None else schema_info(schema)

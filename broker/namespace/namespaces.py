@@ -37,6 +37,18 @@ UNCLAIMED_TENANTS = "/admin/unclaimed-tenants"
 UNCLAIMED_POLICIES = "/admin/unclaimed-policies"
 
 
+def tenant_missing(tenant: str) -> NotFound:
+    """The refusal of a tenant that does not exist, saying how to create it."""
+    return NotFound(f"tenant {tenant} does not exist; create it first (admin v2: PUT /admin/v2/tenants/{tenant}; "
+                    f"CLI: magnetar admin tenants create {tenant})")
+
+
+def namespace_missing(namespace: str) -> NotFound:
+    """The refusal of a namespace that does not exist, saying how to create it."""
+    return NotFound(f"namespace {namespace} does not exist; create it first (admin v2: PUT "
+                    f"/admin/v2/namespaces/{namespace}; CLI: magnetar admin namespaces create {namespace})")
+
+
 def default_policies() -> dict[str, Any]:
     """A new namespace's policies: no retention policy of its own (the broker's default
     retention applies, ``BrokerConfig.default_retention_*``), no TTL, the broker's dedup."""
@@ -95,7 +107,7 @@ class Namespaces:
     def tenant_info(self, tenant: str) -> dict[str, Any]:
         found = self._store.get_json(f"{TENANTS}/{check_name('tenant', tenant)}")
         if found is None:
-            raise NotFound(f"tenant {tenant} does not exist")
+            raise tenant_missing(tenant)
         return found[0]
 
     def delete_tenant(self, tenant: str) -> None:
@@ -110,7 +122,7 @@ class Namespaces:
         """Replace the tenant's ``adminRoles`` and ``allowedClusters`` (compare-and-set)."""
         found = self._store.get_json(f"{TENANTS}/{check_name('tenant', tenant)}")
         if found is None:
-            raise NotFound(f"tenant {tenant} does not exist")
+            raise tenant_missing(tenant)
         current, version = found
         self._claim(f"{UNCLAIMED_TENANTS}/{tenant}")
         body = {"adminRoles": list(info.get("adminRoles", current.get("adminRoles", []))),
@@ -144,7 +156,7 @@ class Namespaces:
         check_namespace(namespace)
         found = self._store.get_json(f"{POLICIES}/{namespace}")
         if found is None:
-            raise NotFound(f"namespace {namespace} does not exist")
+            raise namespace_missing(namespace)
         return found[0]
 
     def set_policy(self, namespace: str, key: str, value: Any) -> None:
@@ -152,7 +164,7 @@ class Namespaces:
         value = checked_policy(key, value)
         found = self._store.get_json(f"{POLICIES}/{namespace}")
         if found is None:
-            raise NotFound(f"namespace {namespace} does not exist")
+            raise namespace_missing(namespace)
         policies, version = found
         policies[key] = value
         self._claim(f"{UNCLAIMED_POLICIES}/{namespace}")

@@ -45,7 +45,7 @@ from broker.metadata.store import MetadataStore
 from broker.namespace.bundles import BUNDLES_DEFAULT, POLICY_KEY, Bundle, NamespaceBundles
 from broker.namespace.load_manager import ASSIGNMENTS_ROOT, BROKERS_PATH, LoadManager, LoadReport, LocalLoad
 from broker.namespace.lookup import BrokerAddress, LookupResult
-from broker.namespace.namespaces import POLICIES
+from broker.namespace.namespaces import POLICIES, namespace_missing
 from broker.namespace.ownership_cache import OWNERSHIP_ROOT, OwnershipCache
 from broker.topic_name import TopicName
 
@@ -207,7 +207,7 @@ class OwnershipManager:
         for _ in range(POLICY_CAS_ATTEMPTS_MAX):
             found = self._store.get_json(f"{POLICIES}/{namespace}")
             if found is None:
-                raise NotFound(f"namespace {namespace} does not exist")
+                raise namespace_missing(namespace)
             policies, version = found
             if policies.get(POLICY_KEY):
                 return NamespaceBundles.from_policy(namespace, policies[POLICY_KEY])

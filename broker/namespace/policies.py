@@ -32,6 +32,12 @@ Role: a namespace's policies document (``broker/namespace/namespaces.py``) is ch
                            ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte`` (as
                            above, per period), ``ratePeriodInSecond`` 1..86400,
                            ``relativeToPublishRate``
+``schema_compatibility_strategy`` null or one of Pulsar's ``SchemaCompatibilityStrategy`` values
+                           (UNDEFINED: the broker's ``schemaCompatibilityStrategy`` applies;
+                           ``broker/schema_compatibility.py``)
+``is_allow_auto_update_schema`` null (the broker's ``isAllowAutoUpdateSchemaEnabled``), true
+                           or false; likewise ``schema_validation_enforced``
+                           (``isSchemaValidationEnforced``)
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -57,6 +63,7 @@ from broker.namespace.bundles import NamespaceBundles
 from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_KEY
 from broker.namespace.persistence import PersistencePolicy, check_bounds
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
+from broker.schema_compatibility import checked_strategy
 
 NAMESPACE_ACTIONS = frozenset({"produce", "consume"})
 """What a namespace grant may allow (Pulsar also knows functions, sources, sinks and packages)."""
@@ -94,6 +101,14 @@ def _deduplication(value: Any) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"deduplicationEnabled must be true, false or null, not {value!r}")
     return value
+
+
+def _flag(key: str) -> Callable[[Any], bool | None]:
+    def check(value: Any) -> bool | None:
+        if value is not None and not isinstance(value, bool):
+            raise InvalidRequest(f"{key} must be true, false or null, not {value!r}")
+        return value
+    return check
 
 
 def check_role(role: Any) -> str:
@@ -174,6 +189,9 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "max_topics_per_namespace": count_limit("maxTopicsPerNamespace"),
     "publishMaxMessageRate": checked_publish_rate,
     "topicDispatchRate": checked_dispatch_rate,
+    "schema_compatibility_strategy": checked_strategy,
+    "is_allow_auto_update_schema": _flag("isAllowAutoUpdateSchema"),
+    "schema_validation_enforced": _flag("schemaValidationEnforced"),
 }
 """Each policy key and the check its values pass."""
 

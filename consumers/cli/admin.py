@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from consumers.cli.options import client_of
+from consumers.cli.options import client_of, positive
 from consumers.client import HttpError, MessageIdParts, Topic
 
 PEEK_MESSAGES_MAX = 1000
@@ -103,13 +103,6 @@ def message_id_body(text: str) -> dict[str, int]:
             "batchIndex": parts.batch_index}
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
 # --- running ------------------------------------------------------------------------------------
 def print_response(response: httpx.Response) -> None:
     if not response.content:
@@ -154,6 +147,9 @@ def add_admin_commands(commands: Any, connection: argparse.ArgumentParser) -> No
     _add_subscriptions(topics)
     _add_topic_lifecycle(topics)
     _add_brokers(_Group(groups, "brokers", "the cluster's live brokers", connection))
+    _Group(groups, "bookies", "the cluster's bookies", connection).command(
+        "list-bookies", "the bookies brokers write to (standalone: its embedded one)",
+        lambda a: Call("GET", "/admin/v2/bookies/all"))
     _add_schemas(_Group(groups, "schemas", "a topic's schema versions", connection))
 
 
@@ -395,6 +391,8 @@ def _add_topics(group: _Group) -> None:
                    lambda a: Call("GET", f"{admin}/{a.topic}/partitioned-stats",
                                   params={"perPartition": "true"} if a.per_partition else None)).add_argument(
         "--per-partition", action="store_true")
+    _topic_command(group, "unload", "close the topic: its clients reconnect, it loads afresh on next use",
+                   lambda a: Call("PUT", f"{admin}/{a.topic}/unload"))
     _topic_command(group, "stats-internal", "storage statistics: ledgers and cursors",
                    lambda a: Call("GET", f"{admin}/{a.topic}/internalStats"))
 

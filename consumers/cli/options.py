@@ -27,6 +27,17 @@ EXIT_INTERRUPTED = 130
 Handler = Callable[[argparse.Namespace], int]
 
 
+def positive(text: str) -> int:
+    """An option's whole number of at least 1 (a count of partitions, producers, consumers)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
 def add_connection_options(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
     """``--service-url``, ``--token`` and the TLS options; on subcommands they default to the top
     level's value."""

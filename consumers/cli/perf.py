@@ -11,8 +11,10 @@ or from the broker's publish time for other messages.
 Invariants: in-flight work is bounded (``--max-pending`` publishes, ``REST_REQUESTS_IN_FLIGHT_MAX``
 requests); the latency histogram has a bounded number of buckets (log-spaced,
 ``HISTOGRAM_PRECISION`` relative error); Ctrl-C stops the run and still prints the summary; the
-run ends after ``-n`` messages, ``--time-s`` seconds, or (consume) ``--timeout-s`` without a
-message.
+run ends after ``-m`` messages, ``-time`` seconds, or (consume) ``--timeout-s`` without a
+message. Options are pulsar-perf's: ``-m/--num-messages`` counts messages over all producers
+(consumers), ``-n/--num-producers`` (``--num-consumers``) opens that many on one connection, and
+``-r/--rate`` is the total rate, shared by them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.cli.options import EXIT_FAILURE, add_subscription_type, tls_options
+from consumers.cli.options import EXIT_FAILURE, add_subscription_type, positive, tls_options
 from consumers.client import AsyncClient, ClientError, Message, ReceiveTimeout, SendResult
 
 PAYLOAD_MAGIC = b"MGPF"
@@ -160,7 +162,7 @@ class _Run:
     def remaining_s(self) -> float | None:
         return None if self._deadline_s is None else max(self._deadline_s - time.monotonic(), 0.0)
 
-    async def run(self, body: Awaitable[None]) -> None:
+    async def run(self, body: Awaitable[object]) -> None:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGINT, self.stop.set)
@@ -200,9 +202,11 @@ async def _produce_main(args: argparse.Namespace, meter: Meter, histogram: Laten
             run = _Run(args, meter, histogram)
             await run.run(_produce_rest(client, args, run, meter, histogram))
             return
-        producer = await client.create_producer(args.topic, batching=args.batching,
-                                                max_pending_messages=args.max_pending)
-        run = _Run(args, meter, histogram, lambda: f" --- pending {producer.pending_messages}")
+        producers = [await client.create_producer(args.topic, batching=args.batching,
+                                                  max_pending_messages=args.max_pending)
+                     for _ in range(args.num_producers)]
+        run = _Run(args, meter, histogram, lambda: f" --- pending {sum(p.pending_messages for p in producers)}")
+        print(f"Created {len(producers)} producers", flush=True)
 
         def on_done(size_bytes: int, sent_s: float) -> Callable[[asyncio.Future[SendResult]], None]:
             def done(future: asyncio.Future[SendResult]) -> None:
@@ -214,19 +218,22 @@ async def _produce_main(args: argparse.Namespace, meter: Meter, histogram: Laten
                     meter.add(size_bytes)
             return done
 
-        async def body() -> None:
-            start_s, index = time.monotonic(), 0
-            while run.more(index):
+        start_s, sent = time.monotonic(), [0]  # messages sent by all producers: -m and -r count them all
+
+        async def one(producer: Any) -> None:
+            while run.more(sent[0]):
+                index = sent[0]
+                sent[0] += 1
                 await _pace(run, index, start_s, args.rate)
                 payload = make_payload(args.size)
                 sent_s = time.perf_counter()
                 future = await producer.send_async(payload)
                 future.add_done_callback(on_done(len(payload), sent_s))
-                index += 1
             await producer.flush()
 
-        await run.run(body())
-        await producer.close()
+        await run.run(asyncio.gather(*(one(p) for p in producers)))
+        for producer in producers:
+            await producer.close()
 
 
 async def _produce_rest(client: AsyncClient, args: argparse.Namespace, run: _Run, meter: Meter,
@@ -280,14 +287,16 @@ async def _consume_main(args: argparse.Namespace, meter: Meter, histogram: Laten
     """Consume until a stop condition; True when it ended because no message came in time."""
     idle_timed_out = False
     async with AsyncClient(args.service_url, args.token or None, **tls_options(args)) as client:
-        consumer = await client.subscribe(args.topic, args.subscription, subscription_type=args.subscription_type,
-                                          initial_position=args.subscription_position,
-                                          receiver_queue_size=args.receiver_queue_size)
+        consumers = [await client.subscribe(args.topic, args.subscription, subscription_type=args.subscription_type,
+                                            initial_position=args.subscription_position,
+                                            receiver_queue_size=args.receiver_queue_size)
+                     for _ in range(args.num_consumers)]
         run = _Run(args, meter, histogram)
+        print(f"Created {len(consumers)} consumers", flush=True)
+        idle_since_s = time.monotonic()  # the last message any consumer received
 
-        async def body() -> None:
-            nonlocal idle_timed_out
-            idle_since_s = time.monotonic()
+        async def one(consumer: Any) -> None:
+            nonlocal idle_timed_out, idle_since_s
             while run.more(meter.messages):
                 remaining_s = run.remaining_s()
                 wait_ms = RECEIVE_POLL_MS if remaining_s is None else min(RECEIVE_POLL_MS, int(remaining_s * 1000))
@@ -296,6 +305,7 @@ async def _consume_main(args: argparse.Namespace, meter: Meter, histogram: Laten
                 except ReceiveTimeout:
                     if args.timeout_s is not None and time.monotonic() - idle_since_s >= args.timeout_s:
                         idle_timed_out = True
+                        run.stop.set()
                         return
                     continue
                 idle_since_s = time.monotonic()
@@ -305,16 +315,19 @@ async def _consume_main(args: argparse.Namespace, meter: Meter, histogram: Laten
                 meter.add(len(message.data))
                 await consumer.acknowledge(message)
 
-        await run.run(body())
-        await consumer.close()
+        await run.run(asyncio.gather(*(one(c) for c in consumers)))
+        for consumer in consumers:
+            await consumer.close()
     return idle_timed_out
 
 
 # --- arguments ---------------------------------------------------------------------------------
 def _add_run_limits(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_mutually_exclusive_group()
-    limits.add_argument("-n", "--num-messages", type=int, default=0, help="stop after this many (0 = no limit)")
-    limits.add_argument("--time-s", type=float, default=None, help="stop after this many seconds")
+    limits.add_argument("-m", "--num-messages", type=int, default=0,
+                        help="stop after this many, over all of them (0 = no limit)")
+    limits.add_argument("-time", "--test-duration", "--time-s", dest="time_s", type=float, default=None,
+                        help="stop after this many seconds")
 
 
 def add_perf_commands(commands: Any, connection: argparse.ArgumentParser) -> None:
@@ -330,6 +343,8 @@ def add_perf_commands(commands: Any, connection: argparse.ArgumentParser) -> Non
                          help="messages per REST request with --rest --batching")
     produce.add_argument("--max-pending", type=int, default=1000, help="publishes in flight (WebSocket)")
     produce.add_argument("--rest", action="store_true", help="publish over REST (PIP-64)")
+    produce.add_argument("-n", "--num-producers", type=positive, default=1,
+                         help="producers on the topic, sharing -m and -r (default 1; WebSocket)")
     _add_run_limits(produce)
     produce.set_defaults(handler=_checked(_perf_produce))
     consume = modes.add_parser("consume", parents=[connection], help="consume and acknowledge, measuring latency")
@@ -339,6 +354,8 @@ def add_perf_commands(commands: Any, connection: argparse.ArgumentParser) -> Non
     consume.add_argument("-p", "--subscription-position", default="latest", type=str.lower,
                          choices=["latest", "earliest"])
     consume.add_argument("-q", "--receiver-queue-size", type=int, default=1000)
+    consume.add_argument("-n", "--num-consumers", type=positive, default=1,
+                         help="consumers of the subscription, sharing -m (default 1)")
     consume.add_argument("--timeout-s", type=float, default=None, help="stop when no message comes for this long")
     _add_run_limits(consume)
     consume.set_defaults(handler=_checked(_perf_consume))
@@ -347,9 +364,11 @@ def add_perf_commands(commands: Any, connection: argparse.ArgumentParser) -> Non
 def _checked(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         if args.num_messages < 0 or (args.time_s is not None and args.time_s <= 0):
-            raise ValueError("-n must be 0 or more and --time-s positive")
+            raise ValueError("-m must be 0 or more and -time positive")
         if getattr(args, "size", 0) < 0 or getattr(args, "rate", 0) < 0:
             raise ValueError("--size and --rate must not be negative")
+        if getattr(args, "rest", False) and args.num_producers > 1:
+            raise ValueError("--rest publishes from one client: -n (producers) must be 1 with it")
         if getattr(args, "batch_max", 1) < 1:
             raise ValueError("--batch-max must be at least 1")
         return handler(args)

@@ -183,15 +183,22 @@ class MagnetarRecorder:
     def _read_stream(self, key: str, from_version: int | None, count: int, *, backward: bool) -> list[Message]:
         """Up to ``count`` messages of the stream of ``key`` (fewer when the answer's byte bound
         cuts it: an empty list only at the stream's end)."""
+        return self._read_page(key, from_version, count, backward=backward)[0]
+
+    def _read_page(self, key: str, from_version: int | None, count: int, *,
+                   backward: bool) -> tuple[list[Message], int, int]:
+        """A page of the stream of ``key`` with the stream's last and first kept version (-1, 0
+        for a stream without events)."""
         try:
-            return self.client.read_stream(self.topic, key, from_version=from_version, max_messages=count,
-                                           backward=backward).messages
+            batch = self.client.read_stream(self.topic, key, from_version=from_version, max_messages=count,
+                                            backward=backward)
         except HttpError as exc:
             if exc.status == 404 and exc.code in NOT_FOUND_CODES:
-                return []
+                return [], -1, 0
             raise persistence_error(exc) from exc
         except ClientError as exc:
             raise persistence_error(exc) from exc
+        return batch.messages, batch.version, batch.first_version
 
     def _read_range(self, offset: int, count: int) -> tuple[list[dict[str, Any]], int]:
         """Up to ``count`` messages from ``offset`` on (JSON), and the offset to read next."""
@@ -223,10 +230,13 @@ class MagnetarRecorder:
         return int(partitions[0]["first"]), int(partitions[0]["next"])
 
     def _pages(self, key: str, *, backward: bool) -> Iterator[Message]:
-        """The stream of ``key`` message by message, read a page at a time until a read is empty."""
+        """The stream of ``key`` message by message, read a page at a time until its end: the
+        stream's last version read forward (as the page that holds it says), its first kept
+        version read backward, or an empty page."""
         version: int | None = None
         while True:
-            page = self._read_stream(key, version, STREAM_PAGE_MESSAGES, backward=backward)
+            page, last_version, first_version = self._read_page(key, version, STREAM_PAGE_MESSAGES,
+                                                                backward=backward)
             if not page:
                 return
             if version is None and backward:
@@ -234,9 +244,9 @@ class MagnetarRecorder:
             yield from page
             last = page[-1].key_version
             assert last is not None
-            version = last - 1 if backward else last + 1
-            if version < 0:
+            if (last >= last_version) if not backward else (last <= first_version):
                 return
+            version = last - 1 if backward else last + 1
 
 
 def _values_by_key(events: Sequence[StoredEvent], tracking: Tracking | None) -> tuple[dict[str, int], dict[str, int]]:

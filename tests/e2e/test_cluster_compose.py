@@ -6,12 +6,14 @@
   demo's); the bookies and the broker name the same ZooKeeper service and chroot; each bookie
   advertises its own service name and listening port, keeps its entry logs and its journal on
   separate volumes where the Dockerfile lets its user write; the two brokers start once every
-  bookie is healthy, each advertising its own service name (the address the other broker's 307s
-  and lookups name), the demo's producer and Spark job once both brokers are, and they list both
-  by name in their service URL.
+  bookie is healthy, each advertising its own service name and listening on ports of its own,
+  published at the same numbers (the URLs the other broker's 307s and lookups name, inside the
+  network and on the host alike), the demo's producer and Spark job (the spark image) once both
+  brokers are, and they list both by name in their service URL.
 - Every Magnetar command parses with ``magnetar``'s own argument parser, so a renamed option
   fails here rather than in a container. (The same commands run natively, as processes, in
-  ``tests/crash/test_cluster_kill9.py``.)
+  ``tests/crash/test_cluster_kill9.py``, and service by service in
+  ``tests/e2e/test_compose_native.py``.)
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def test_cluster_services_are_wired_together() -> None:
     demo = yaml.safe_load(DEMO_FILE.read_text())["services"]
     assert set(services) == {"zookeeper", *BOOKIES, *BROKERS, "producer", "spark-job"}
     broker = services["broker-1"]
-    assert broker["build"] == "." and broker["image"] == demo["broker"]["image"]
+    assert broker["build"] == {"context": ".", "target": "broker"} and broker["image"] == demo["broker"]["image"]
     store = _option(broker["command"], "--metadata-store")
     assert store.startswith("zk:zookeeper:2181/")
     host_ports = set()
@@ -58,8 +60,9 @@ def test_cluster_services_are_wired_together() -> None:
         assert "/healthz" in " ".join(service["healthcheck"]["test"])
         assert _option(service["command"], "--metadata-store") == store
         assert _option(service["command"], "--advertised-address") == name
-        assert _option(service["command"], "--port") == "8080"
-        host_ports |= {p.split(":")[0] for p in service["ports"] if p.endswith(":8080")}
+        http_port = _option(service["command"], "--port")  # advertised as http://{name}:{port}
+        assert f"{http_port}:{http_port}" in service["ports"]
+        host_ports.add(http_port)
         pulsar_port = _option(service["command"], "--pulsar-port")  # advertised as pulsar://{name}:{port}
         assert f"{pulsar_port}:{pulsar_port}" in service["ports"]
         pulsar_ports.add(pulsar_port)
@@ -78,9 +81,11 @@ def test_cluster_services_are_wired_together() -> None:
         data, journal = _option(command, "--data-dir"), _option(command, "--journal-dir")
         assert data in mounts and journal in mounts and mounts[data] != mounts[journal]
         assert {data, journal} <= writable
-    both = ",".join(f"http://{b}:8080" for b in BROKERS)
+    both = ",".join(f"http://{b}:{_option(services[b]['command'], '--port')}" for b in BROKERS)
+    assert services["spark-job"]["build"] == demo["spark-job"]["build"]
     for name in ("producer", "spark-job"):
         service = services[name]
+        assert service["image"] == demo[name]["image"] != broker["image"]
         assert _option(service["command"], "--service-url") == both
         assert [a if a != both else CONTAINER_URL for a in service["command"]] == demo[name]["command"]
         assert service["depends_on"] == {b: {"condition": "service_healthy"} for b in BROKERS}

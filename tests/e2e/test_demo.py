@@ -6,16 +6,18 @@ Docker cannot run here, so the packaging is checked in three other ways:
   vendored by the ``check-jsonschema`` package, so no network is needed), and its wiring is
   checked: health-gated start, volumes where the commands write;
 - each compose service's command runs natively as a smoke test: the broker's (the Dockerfile's
-  ``CMD``) on a free port and a temporary data directory instead of ``/data`` and 8080, the
+  ``CMD``) on free ports and a temporary data directory instead of ``/data``, 8080 and 6650, the
   compose health checks against it, the producer's for a small seeded count, and the Spark job's
   with ``--available-now``; the window counts in the Parquet output and in the results topic must
   be exactly those Spark's watermark rules give for the clicks found in the topic;
-- the Dockerfile builds in two stages: a builder with a C compiler makes a wheel of the project
+- the Dockerfile builds in stages: a builder with a C compiler makes a wheel of the project
   with the compiled range-read columns (its build step runs here as written, on a copy of what
-  it copies, and the wheel must hold the extension); the runtime stage installs that wheel
-  pinned by the Makefile's ``constraints.txt``, no dev extra and nothing else but the JRE; and
-  every third-party module the shipped packages import is a runtime dependency, so the image
-  without the dev extras has what the code needs.
+  it copies, and the wheel must hold the extension); a base stage installs that wheel pinned by
+  the Makefile's ``constraints.txt``, no extra; the ``broker`` target (the default) adds nothing
+  to it, the ``spark`` target the JRE, the ``spark`` extra and the demo; and every third-party
+  module the shipped packages import is a runtime dependency (the ``spark`` extra's only in the
+  Spark connector and the demo), so the images without the dev extras have what the code needs.
+  ``tests/e2e/test_compose_native.py`` checks and runs both compose files service by service.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ MAKEFILE = REPO_ROOT / "Makefile"
 SCHEMA_PACKAGE, SCHEMA_FILE = "check_jsonschema.builtin_schemas.vendor", "compose-spec.json"
 CONTAINER_URL = "http://broker:8080"
 CONTAINER_PORT = "8080"
+CONTAINER_PULSAR_PORT = "6650"
 
 # The smoke run: 400 clicks, 100 ms of event time apart (40 s), a straggler 30 s late every 25th
 # click from 30 s on, Spark reading 100 messages per micro-batch with its default 10 s windows and
@@ -207,18 +210,20 @@ def test_compose_services_are_wired_to_the_broker_and_their_volumes() -> None:
     services = compose()["services"]
     assert set(services) == {"broker", "producer", "spark-job"}
     broker = services["broker"]
-    assert "8080:8080" in broker["ports"]
+    assert {"8080:8080", "6650:6650"} <= set(broker["ports"])
     assert "/healthz" in " ".join(broker["healthcheck"]["test"])
     broker_command = broker.get("command") or dockerfile_exec_form("CMD")
     assert _mount_targets(broker) >= {_option(broker_command, "--data-dir")}
-    assert broker["build"] == "." and broker["image"]
+    assert broker["build"] == {"context": ".", "target": "broker"} and broker["image"]
+    spark_job = services["spark-job"]
+    assert spark_job["build"] == {"context": ".", "target": "spark"} and spark_job["image"] != broker["image"]
     for name in ("producer", "spark-job"):
         service = services[name]
-        assert service["image"] == broker["image"] and "build" not in service
+        assert service["image"] == spark_job["image"]
         assert service["depends_on"] == {"broker": {"condition": "service_healthy"}}
         assert _option(service["command"], "--service-url") == CONTAINER_URL
         assert "--available-now" not in service["command"]
-    spark_job = services["spark-job"]
+    assert "build" not in services["producer"]
     written = {_option(spark_job["command"], "--checkpoint-dir"), _option(spark_job["command"], "--output-dir")}
     for path in written:
         assert any(path == target or path.startswith(target + "/") for target in _mount_targets(spark_job)), path
@@ -309,7 +314,8 @@ def test_compose_commands_run_natively_end_to_end(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent
     replacements = {
         "python": sys.executable, "magnetar": str(bin_dir / "magnetar"), CONTAINER_URL: url,
-        "0.0.0.0": "127.0.0.1", CONTAINER_PORT: str(port), "/data": str(tmp_path / "data"),
+        "0.0.0.0": "127.0.0.1", CONTAINER_PORT: str(port), CONTAINER_PULSAR_PORT: str(free_port()),
+        "/data": str(tmp_path / "data"),
         "/checkpoints": str(tmp_path / "checkpoints"), "/output": str(tmp_path / "output"),
     }
     broker_command = localize(services["broker"].get("command") or dockerfile_exec_form("CMD"), replacements)
@@ -380,14 +386,15 @@ def check_results(url: str, summary: dict[str, Any], output_dir: Path, printed: 
     assert f"{len({start for start, _ in expected})} closed 10 s windows, {expected.total()} clicks" in printed
 
 
-# --- (c) the image: a builder compiles the C columns, the runtime ships no dev tools ------------------
+# --- (c) the images: a builder compiles the C columns, neither image ships dev tools ----------------
 
 
-def test_the_image_builds_in_two_stages_and_ships_no_dev_tools() -> None:
+def test_the_images_build_in_stages_and_ship_no_dev_tools() -> None:
     stages = dockerfile_stages()
-    assert list(stages) == ["builder", "runtime"]
-    builder, runtime = stages["builder"], stages["runtime"]
-    assert builder[0][1].startswith("python:3.11-slim") and runtime[0][1].startswith("python:3.11-slim")
+    assert list(stages) == ["builder", "base", "spark", "broker"]  # the last, broker, is the default target
+    builder, base, spark, broker = stages["builder"], stages["base"], stages["spark"], stages["broker"]
+    assert builder[0][1].startswith("python:3.11-slim") and base[0][1].startswith("python:3.11-slim")
+    assert spark[0][1] == "base AS spark" and broker[0][1] == "base AS broker"
     assert "gcc" in apt_packages(builder)
     assert {"pyproject.toml", "setup.py", "broker"} <= {source for source, _ in copies(builder)}
     assert [args for shell in runs(builder) for args in pip_installs(shell, "wheel")] == [
@@ -395,17 +402,22 @@ def test_the_image_builds_in_two_stages_and_ships_no_dev_tools() -> None:
 
     make_installs = [project_install(args) for line in makefile_recipe("$(STAMP)") for args in pip_installs(
         line.replace("$(BIN)/", ""))]
-    assert [found for found in make_installs if found is not None] == [("constraints.txt", frozenset({"dev"}))]
-    assert [args for shell in runs(runtime) for args in pip_installs(shell)] == [
+    assert [found for found in make_installs if found is not None] == [("constraints.txt", frozenset({"dev", "spark"}))]
+    assert [args for shell in runs(base) for args in pip_installs(shell)] == [
         ["--upgrade", "pip"], ["-c", "constraints.txt", "/wheels/magnetar-*.whl"]]  # the wheel, no extras
-    assert ("COPY", "--from=builder /wheels /wheels") in runtime
-    assert sorted(source for source, _ in copies(runtime)) == ["constraints.txt", "demo"]
-    assert apt_packages(runtime) == ["openjdk-17-jre-headless"]  # no compiler
-    runtime_text = " ".join(arguments for _, arguments in runtime)
+    assert ("COPY", "--from=builder /wheels /wheels") in base
+    assert sorted(source for source, _ in copies(base)) == ["constraints.txt"]
+    assert apt_packages(base) == [] and apt_packages(broker) == [] and runs(broker) == []  # no compiler, no Java
+    assert apt_packages(spark) == ["openjdk-17-jre-headless"]
+    assert [args for shell in runs(spark) for args in pip_installs(shell)] == [
+        ["-c", "constraints.txt", "magnetar[spark]"]]  # the installed wheel's spark extra
+    assert sorted(source for source, _ in copies(spark)) == ["demo"]
+    image_text = " ".join(arguments for stage in (base, spark, broker) for _, arguments in stage)
     for package in _dev_extras():
-        assert not re.search(rf"\b{re.escape(package)}\b", runtime_text), f"the runtime image installs {package}"
+        assert not re.search(rf"\b{re.escape(package)}\b", image_text), f"an image installs {package}"
     assert dockerfile_exec_form("CMD") == ["magnetar", "standalone", "--data-dir", "/data", "--host", "0.0.0.0",
-                                           "--port", CONTAINER_PORT]
+                                           "--port", CONTAINER_PORT, "--pulsar-port", CONTAINER_PULSAR_PORT]
+    assert [name for name, _ in broker].count("CMD") == 1 and "CMD" not in [name for name, _ in spark]
     assert "/healthz" in " ".join(dockerfile_exec_form("HEALTHCHECK"))
     assert "**/*.so" in (REPO_ROOT / ".dockerignore").read_text().split()  # built in the image, never copied
 
@@ -481,18 +493,24 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_the_shipped_packages_import_only_runtime_dependencies() -> None:
+    """The servers' image has the core dependencies; only the Spark connector and the demo (the
+    spark image) may import what the ``spark`` extra adds."""
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    runtime = _requirement_closure(project["dependencies"])
+    core = _requirement_closure(project["dependencies"])
+    with_spark = core | _requirement_closure(project["optional-dependencies"]["spark"])
     ours = {"storage", "broker", "api", "consumers", "demo"}
     distributions = importlib.metadata.packages_distributions()
     missing = {}
     for package in sorted(ours):
         for path in (REPO_ROOT / package).rglob("*.py"):
+            relative = path.relative_to(REPO_ROOT)
+            runtime = with_spark if relative.parts[:2] == ("consumers", "spark") or package == "demo" else core
             for module in _imported_modules(path) - ours - set(sys.stdlib_module_names):
                 owners = {canonicalize_name(d) for d in distributions.get(module, [module])}
                 if not owners & runtime:
-                    missing[f"{path.relative_to(REPO_ROOT)}: {module}"] = sorted(owners)
+                    missing[f"{relative}: {module}"] = sorted(owners)
     assert not missing, f"imports that only the dev extras (or nothing) install: {missing}"
+    assert "pyspark" not in core and "pyspark" in with_spark
 
 
 # --- the generator the smoke run relies on ---------------------------------------------------------

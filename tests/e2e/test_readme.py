@@ -264,3 +264,19 @@ def test_the_eventsourcing_example_runs_as_written(tmp_path: Path) -> None:
         run_python_example("## Event sourcing with the eventsourcing library", tmp_path / "dogs.py", url, 2)
         events = read_all(url, "/topics/persistent/public/default/dogschool-events")
         assert [m["properties"]["es-version"] for m in events] == ["1", "2", "3"] * 2
+
+
+def test_the_cli_examples_run_as_written(tmp_path: Path) -> None:
+    """The CLI block under "REST consumers", in one bash against a standalone broker, its URL in
+    ``MAGNETAR_SERVICE_URL`` (the only substitution) and ``HOME`` a temporary directory: every
+    command succeeds, perf's messages all arrive, and the secret key is written where the block
+    says, not into the working tree."""
+    blocks = [b for b in code_blocks(section("### REST consumers"), "sh") if b.startswith("source .venv/bin/activate")]
+    assert len(blocks) == 1, "the CLI example should be one block that starts by activating the virtualenv"
+    with standalone_process(tmp_path / "data") as (url, _):
+        run_block(commands_with_expected_output(blocks[0]), [],
+                  plain_environment(HOME=str(tmp_path), MAGNETAR_SERVICE_URL=url))
+        stats = httpx.get(f"{url}/admin/v2/persistent/public/default/orders/stats", timeout=30).json()
+    assert stats["msgInCounter"] == 20_000, stats  # perf's; the unload before it started the counters again
+    assert (tmp_path / "magnetar-secret.key").stat().st_size == 32
+    assert not (REPO_ROOT / "secret.key").exists()

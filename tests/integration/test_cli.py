@@ -214,7 +214,7 @@ def test_every_client_command_finds_the_broker_through_the_environment(url: str)
     env = {"MAGNETAR_SERVICE_URL": url}
     commands = [("produce", "env-topic", "-m", "one"),
                 ("admin", "topics", "create-subscription", "env-topic", "-s", "env", "-m", "earliest"),
-                ("perf", "produce", "env-perf", "-n", "5", "-s", "16")]
+                ("perf", "produce", "env-perf", "-m", "5", "-s", "16")]
     for done, args in zip(run_all(*commands, env=env), commands, strict=True):
         assert done.returncode == 0, f"magnetar {' '.join(args)}: {done.stderr}"
     consumed, stats = run_all(("consume", "env-topic", "-s", "env", "-n", "1", "--timeout-s", "20"),
@@ -299,17 +299,20 @@ def test_admin_errors_print_the_brokers_code_and_message(url: str) -> None:
 
 
 def test_perf_prints_rates_and_latency_percentiles(url: str) -> None:
-    produced, rest = ok_all(url, ("perf", "produce", "perf-topic", "-n", "300", "-s", "64", "--batching"),
-                            ("perf", "produce", "perf-topic", "-n", "100", "-s", "64", "--rest", "--batching",
+    produced, rest = ok_all(url, ("perf", "produce", "perf-topic", "-n", "2", "-m", "300", "-s", "64", "--batching"),
+                            ("perf", "produce", "perf-topic", "-m", "100", "-s", "64", "--rest", "--batching",
                              "--batch-max", "10"))
+    assert "Created 2 producers" in produced  # -n counts producers and -m messages, as in pulsar-perf
     assert "Aggregated: 300 messages produced" in produced and "errors 0" in produced
     percentiles = next(line for line in produced.splitlines() if line.startswith("Publish latency ms:"))
     for label in ("p50", "p95", "p99", "p99.9", "max"):
         assert f"{label} " in percentiles
     assert "Aggregated: 100 messages produced" in rest
-    consumed = ok(url, "perf", "consume", "perf-topic", "-s", "perf-sub", "-p", "earliest", "-n", "400",
-                  "--timeout-s", "20")
-    assert "Aggregated: 400 messages consumed" in consumed
+    consumed = ok(url, "perf", "consume", "perf-topic", "-s", "perf-sub", "-t", "shared", "-p", "earliest",
+                  "-n", "2", "-m", "400", "--timeout-s", "20")
+    assert "Created 2 consumers" in consumed and "Aggregated: 400 messages consumed" in consumed
+    stats = httpx.get(f"{url}/admin/v2/persistent/public/default/perf-topic/stats", timeout=HTTP_TIMEOUT_S).json()
+    assert stats["msgInCounter"] == 400 and stats["publishers"] == []
     assert any(line.startswith("End-to-end latency ms: p50 ") for line in consumed.splitlines())
 
 
@@ -342,12 +345,26 @@ def test_tokens_from_the_cli_are_accepted_by_the_server(tmp_path: Path) -> None:
     assert wrong_key.returncode == 1 and wrong_key.stderr.startswith("unauthorized: ")
 
 
+def test_admin_topics_unload_closes_the_topic_and_it_loads_afresh_on_a_new_ledger(url: str) -> None:
+    ok(url, "produce", "unloaded", "-m", "before")
+    first = ok_json(url, "admin", "topics", "stats-internal", "unloaded")["ledgers"][-1]["ledgerId"]
+    ok(url, "admin", "topics", "unload", "unloaded")
+    ok(url, "produce", "unloaded", "-m", "after")  # loaded again by its next use: a new ledger
+    assert ok_json(url, "admin", "topics", "stats-internal", "unloaded")["ledgers"][-1]["ledgerId"] != first
+    consumed = ok(url, "consume", "unloaded", "-s", "all", "-p", "earliest", "-n", "2", "--timeout-s", "20")
+    assert "content:before" in consumed and "content:after" in consumed
+    missing = magnetar("--service-url", url, "admin", "topics", "unload", "never-made")
+    assert missing.returncode == 1 and missing.stderr.startswith("not_found: "), missing.stderr
+
+
 def test_admin_bundles_persistence_brokers_and_schemas_as_pulsar_admin_names_them(url: str, tmp_path: Path) -> None:
     ok(url, "admin", "namespaces", "create", "public/bundled")
-    bundles, brokers = ok_all(url, ("admin", "namespaces", "bundles", "public/bundled"), ("admin", "brokers", "list"))
+    bundles, brokers, bookies = ok_all(url, ("admin", "namespaces", "bundles", "public/bundled"),
+                                       ("admin", "brokers", "list"), ("admin", "bookies", "list-bookies"))
     boundaries = json.loads(bundles)["boundaries"]
     assert boundaries[0] == "0x00000000" and boundaries[-1] == "0xffffffff"
-    assert json.loads(brokers) == []  # a standalone broker is in no cluster's list (cluster brokers register)
+    assert json.loads(brokers) == [url.split("://", 1)[1]]  # standalone lists itself, as Pulsar's does
+    assert json.loads(bookies) == {"bookies": [{"bookieId": "embedded"}]}
     whole = "0x00000000_0xffffffff"
     for refused in run_all(*(("--service-url", url, "admin", "namespaces", *args) for args in (
             ("bundle-owners", "public/bundled"), ("unload", "public/bundled", "-b", whole),

@@ -113,3 +113,18 @@ def test_a_body_that_is_not_json_is_refused_in_one_wording_everywhere(
     assert produce.json()["message"] == ("the request body is not valid JSON: EOF while parsing a list at line 1 "
                                          "column 14")
     assert admin.json()["message"] == "the request body is not valid JSON: Expecting value at character 27"
+
+
+def test_a_missing_namespace_or_tenant_is_refused_saying_how_to_create_it(
+        server: tuple[httpx.Client, BrokerService]) -> None:
+    client, _ = server
+    body = {"messages": [{"payload": "x"}]}
+    namespace = client.post("/topics/persistent/public/absent/t", json=body)
+    tenant = client.put("/admin/v2/namespaces/nobody/ns")
+    assert namespace.status_code == 404 and namespace.json()["code"] == "not_found", namespace.text
+    assert namespace.json()["message"] == (
+        "namespace public/absent does not exist; create it first (admin v2: PUT /admin/v2/namespaces/public/absent; "
+        "CLI: magnetar admin namespaces create public/absent)")
+    assert tenant.status_code == 404 and tenant.json()["message"] == (
+        "tenant nobody does not exist; create it first (admin v2: PUT /admin/v2/tenants/nobody; "
+        "CLI: magnetar admin tenants create nobody)"), tenant.text

@@ -83,6 +83,7 @@ GUARDS: dict[tuple[str, str], str] = {
        for what in ("stats", "partitioned-stats", "internalStats", "subscriptions", "examinemessage",
                     "lastMessageId")},
     ("POST", T + "/terminate"): TENANT_ADMIN, ("GET", T + "/compaction"): TENANT_ADMIN,
+    ("PUT", T + "/unload"): TENANT_ADMIN,
     ("PUT", T + "/compaction"): TENANT_ADMIN,
     **{(m, S): TENANT_ADMIN for m in ("PUT", "DELETE")},
     **{("POST", S + "/" + action): TENANT_ADMIN
@@ -94,6 +95,9 @@ GUARDS: dict[tuple[str, str], str] = {
     **{(m, SC + what): TENANT_ADMIN for m, what in (("POST", "/schema"), ("DELETE", "/schema"),
                                                     ("POST", "/compatibility"))},
     **{(m, N + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT")},
+    **{(m, T + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT", "DELETE")},
+    **{(m, N + "/" + flag): TENANT_ADMIN for m in ("GET", "POST")
+       for flag in ("isAllowAutoUpdateSchema", "schemaValidationEnforced")},
     ("GET", "/admin/v2/clusters"): SUPERUSER,
     **{(m, "/admin/v2/clusters/{cluster}"): SUPERUSER for m in ("GET", "PUT", "POST")},
     # WebSocket endpoints: a plain GET only explains that they need an upgrade (426)
@@ -108,6 +112,7 @@ GUARDS: dict[tuple[str, str], str] = {
     # where topics are served (api/lookup.py): a lookup is Pulsar's, allowed to producers and consumers
     ("GET", "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
     ("GET", "/admin/v2/brokers"): SUPERUSER, ("GET", "/admin/v2/brokers/{cluster}"): SUPERUSER,
+    ("GET", "/admin/v2/bookies/all"): SUPERUSER,
     ("GET", "/admin/v2/broker-stats/load-reports"): SUPERUSER,
     ("GET", N + "/bundles"): TENANT_ADMIN, ("GET", N + "/bundles/owners"): TENANT_ADMIN,
     ("PUT", N + "/{bundle}/unload"): TENANT_ADMIN, ("PUT", N + "/{bundle}/split"): TENANT_ADMIN,
@@ -130,7 +135,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
     **{("POST", SC + what): {"type": "STRING", "schema": ""} for what in ("/schema", "/compatibility")},
-    ("PUT", N + "/schemaCompatibilityStrategy"): "FULL",
+    ("PUT", N + "/schemaCompatibilityStrategy"): "FULL", ("PUT", T + "/schemaCompatibilityStrategy"): "FULL",
+    ("POST", N + "/isAllowAutoUpdateSchema"): True, ("POST", N + "/schemaValidationEnforced"): True,
     **{("POST", level + "/" + policy): {"publishThrottlingRateInMsg": 100} if policy == "publishRate" else
        {"dispatchThrottlingRateInMsg": 100} if policy == "dispatchRate" else 100
        for level, policies in ((N, NAMESPACE_QUOTA_PATHS), (T, TOPIC_QUOTA_PATHS)) for policy in policies},

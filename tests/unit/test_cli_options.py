@@ -42,3 +42,15 @@ def test_a_pulsar_service_url_is_refused_naming_the_http_one(capsys: pytest.Capt
     assert "pulsar+ssl://broker:6651 is Pulsar's binary protocol" in capsys.readouterr().err
     assert build_parser().parse_args(["produce", "--service-url", "https://broker:8443", "t", "-m", "x"]).service_url \
         == "https://broker:8443"
+
+
+def test_perf_takes_pulsar_perfs_letters(capsys: pytest.CaptureFixture[str]) -> None:
+    """``-n`` counts producers (consumers) and ``-m`` messages, as in pulsar-perf; ``-time`` is
+    the test's duration."""
+    produce = build_parser().parse_args(["perf", "produce", "t", "-n", "3", "-m", "500", "-r", "100"])
+    assert (produce.num_producers, produce.num_messages, produce.rate) == (3, 500, 100)
+    consume = build_parser().parse_args(["perf", "consume", "t", "-s", "sub", "-n", "2", "-time", "30"])
+    assert (consume.num_consumers, consume.num_messages, consume.time_s) == (2, 0, 30)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["perf", "produce", "t", "-n", "0"])
+    assert "0 must be at least 1" in capsys.readouterr().err

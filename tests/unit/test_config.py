@@ -207,3 +207,20 @@ def test_a_basic_provider_without_usable_users_is_refused(extra: dict[str, str],
     with pytest.raises(ConfigError, match=message):
         StandaloneConfig.load(None, {"authenticationEnabled": "true", "authenticationProviders": BASIC, **extra},
                               environ={})
+
+
+def test_the_schema_compatibility_strategy_is_pulsars_key_full_by_default() -> None:
+    assert StandaloneConfig.load().broker.schema_compatibility_strategy == "FULL"
+    loaded = StandaloneConfig.load(overrides={"schemaCompatibilityStrategy": "backward_transitive"})
+    assert loaded.broker.schema_compatibility_strategy == "BACKWARD_TRANSITIVE"
+    for wrong in ("UNDEFINED", "SIDEWAYS"):
+        with pytest.raises(ConfigError, match="schemaCompatibilityStrategy"):
+            StandaloneConfig.load(overrides={"schemaCompatibilityStrategy": wrong})
+
+
+def test_the_schema_admission_flags_are_pulsars_keys() -> None:
+    default = StandaloneConfig.load().broker
+    assert (default.allow_auto_update_schema, default.schema_validation_enforced) == (True, False)
+    loaded = StandaloneConfig.load(overrides={"isAllowAutoUpdateSchemaEnabled": "false",
+                                              "isSchemaValidationEnforced": "true"}).broker
+    assert (loaded.allow_auto_update_schema, loaded.schema_validation_enforced) == (False, True)
