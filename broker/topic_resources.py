@@ -99,4 +99,4 @@ class TopicResources:
 
 
 def _partitioned_path(name: TopicName) -> str:
-    return f"{PARTITIONED}/{name.tenant}/{name.namespace}/persistent/{name.local_name}"
+    return f"{PARTITIONED}/{name.tenant}/{name.namespace}/{name.domain}/{name.local_name}"
