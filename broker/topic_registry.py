@@ -219,8 +219,8 @@ class TopicRegistry:
         """The namespace's topics and written partitions (full names)."""
         return self._resources.names(namespace)
 
-    def partitioned_names(self, namespace: str) -> list[str]:
-        return self._resources.partitioned_names(namespace)
+    def partitioned_names(self, namespace: str, domain: str = "persistent") -> list[str]:
+        return self._resources.partitioned_names(namespace, domain)
 
     def partitions(self, name: TopicName) -> int:
         """Number of partitions of a partitioned topic, 0 if ``name`` is not one (cached)."""

@@ -76,7 +76,8 @@ def test_a_reader_gets_what_is_sent_after_it_connected(pulsar_client: pulsar.Cli
 def test_a_pattern_subscription_finds_live_non_persistent_topics(pulsar_client: pulsar.Client) -> None:
     producers = [pulsar_client.create_producer(f"{PREFIX}/np-pat-{i}", batching_enabled=False) for i in range(2)]
     other = pulsar_client.create_producer(f"{PREFIX}/np-other", batching_enabled=False)
-    consumer = pulsar_client.subscribe(re.compile(f"{PREFIX}/np-pat-.*"), "pat")
+    consumer = pulsar_client.subscribe(re.compile(f"{PREFIX}/np-pat-.*"), "pat",
+                                       regex_subscription_mode=pulsar.RegexSubscriptionMode.NonPersistentOnly)
     for i, producer in enumerate(producers):
         producer.send(f"p{i}".encode())
     other.send(b"not for the pattern")
