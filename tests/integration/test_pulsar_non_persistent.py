@@ -6,6 +6,7 @@ topic's stats), the producer is never held back; nothing survives a restart.
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pulsar
 import pytest
 
 from tests.integration.pulsar_support import binary_broker, client, drain, nothing_more, receive_all
+from tests.integration.ws_client import open_ws, recv_frame, recv_nothing, send_frame, ws_base
 
 NS = "public/default"
 PREFIX = f"non-persistent://{NS}"
@@ -142,6 +144,19 @@ def test_a_subscription_vanishes_with_its_last_consumer(broker: tuple[str, str],
         time.sleep(0.05)
     assert "gone-soon" not in _stats(http_url, "np-vanish")["subscriptions"]
     producer.close()
+
+
+def test_websocket_producer_and_consumer_on_a_non_persistent_topic(broker: tuple[str, str]) -> None:
+    base = f"{ws_base(broker[0])}/ws/v2"
+    with open_ws(f"{base}/consumer/non-persistent/{NS}/np-ws/sub") as consumer, \
+            open_ws(f"{base}/producer/non-persistent/{NS}/np-ws") as producer:
+        send_frame(producer, {"payload": base64.b64encode(b"over ws").decode(), "context": "c1"})
+        receipt = recv_frame(producer)
+        assert receipt["result"] == "ok" and receipt["context"] == "c1"
+        message = recv_frame(consumer)
+        assert base64.b64decode(message["payload"]) == b"over ws"
+        send_frame(consumer, {"messageId": message["messageId"]})  # an acknowledgement changes nothing
+        assert recv_nothing(consumer)
 
 
 def test_bad_non_persistent_names_get_pulsars_error(broker: tuple[str, str]) -> None:
