@@ -64,6 +64,22 @@ def test_a_shared_subscription_spreads_over_its_consumers(pulsar_client: pulsar.
     assert got[0] and got[1]  # both consumers got some
 
 
+def test_key_shared_keeps_each_key_on_one_consumer_and_failover_on_the_active_one(
+        pulsar_client: pulsar.Client) -> None:
+    topic = f"{PREFIX}/np-keyed"
+    keyed = [pulsar_client.subscribe(topic, "keyed", consumer_type=pulsar.ConsumerType.KeyShared,
+                                     consumer_name=f"k{i}") for i in range(2)]
+    failover = [pulsar_client.subscribe(topic, "failover", consumer_type=pulsar.ConsumerType.Failover,
+                                        consumer_name=f"f{i}") for i in range(2)]
+    producer = pulsar_client.create_producer(topic, batching_enabled=False)
+    for i in range(40):
+        producer.send(f"{i}".encode(), partition_key=f"key-{i % 8}")
+    by_consumer = [{m.partition_key() for m in drain(c)} for c in keyed]
+    assert sum(len(keys) for keys in by_consumer) == 8 and not by_consumer[0] & by_consumer[1]
+    counts = sorted(len(drain(c)) for c in failover)
+    assert counts == [0, 40]
+
+
 def test_a_reader_gets_what_is_sent_after_it_connected(pulsar_client: pulsar.Client) -> None:
     topic = f"{PREFIX}/np-reader"
     producer = pulsar_client.create_producer(topic, batching_enabled=False)
@@ -122,6 +138,7 @@ def test_a_consumer_that_stops_reading_has_messages_dropped_and_counted(
     assert 0 < len(received) < sent
     stats = _stats(http_url, "np-drop")
     subscription = stats["subscriptions"]["slow"]
+    assert len(received) + subscription["msgDropCounter"] == sent  # each message delivered or dropped
     assert subscription["msgDropRate"] > 0 and subscription["msgBacklog"] == 0
     assert subscription["consumers"][0]["consumerName"]
     assert stats["msgDropRate"] > 0

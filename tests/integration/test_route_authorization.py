@@ -45,6 +45,7 @@ DENIED = {SUPERUSER: "acme-admin", TENANT_ADMIN: "producer", PRODUCE: "consumer"
 
 T = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 S = T + "/subscription/{subscription}"
+NT = "/admin/v2/non-persistent/{tenant}/{namespace}/{topic}"
 N = "/admin/v2/namespaces/{tenant}/{namespace}"
 P = "/topics/persistent/{tenant}/{namespace}/{topic}"
 SC = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
@@ -94,13 +95,24 @@ GUARDS: dict[tuple[str, str], str] = {
     **{(m, SC + what): TENANT_ADMIN for m, what in (("POST", "/schema"), ("DELETE", "/schema"),
                                                     ("POST", "/compatibility"))},
     **{(m, N + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT")},
+    # non-persistent topics (api/admin_non_persistent.py)
+    ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}"): TENANT_ADMIN,
+    ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}/partitioned"): TENANT_ADMIN,
+    **{(m, NT + what): TENANT_ADMIN for m, what in (("GET", "/stats"), ("GET", "/subscriptions"), ("DELETE", ""),
+                                                     ("PUT", "/partitions"), ("POST", "/partitions"),
+                                                     ("DELETE", "/partitions"))},
+    ("GET", NT + "/partitions"): LOOKUP,
     ("GET", "/admin/v2/clusters"): SUPERUSER,
     **{(m, "/admin/v2/clusters/{cluster}"): SUPERUSER for m in ("GET", "PUT", "POST")},
     # WebSocket endpoints: a plain GET only explains that they need an upgrade (426)
     **{("GET", path): PUBLIC for path in (
         "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
         "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}",
-        "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}")},
+        "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}",
+        "/ws/v2/producer/non-persistent/{tenant}/{namespace}/{topic}",
+        "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}")},
+    ("WEBSOCKET", "/ws/v2/producer/non-persistent/{tenant}/{namespace}/{topic}"): PRODUCE,
+    ("WEBSOCKET", "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}"): PRODUCE,
     ("WEBSOCKET", "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v3/consumer/{subscription}"): CONSUME,
@@ -128,6 +140,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", N + "/messageTTL"): 60, ("POST", N + "/deduplication"): True,
     ("POST", N + "/persistence"): {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1},
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
+    ("PUT", NT + "/partitions"): 2, ("POST", NT + "/partitions"): 2,
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
     **{("POST", SC + what): {"type": "STRING", "schema": ""} for what in ("/schema", "/compatibility")},
     ("PUT", N + "/schemaCompatibilityStrategy"): "FULL",
