@@ -393,6 +393,8 @@ class ConsumerHalf:
             return
         out = self._context.out
         try:
+            if not state.topic.persistent:
+                raise NotAllowed(f"{state.topic} is non-persistent: nothing is stored to seek in")
             move = self._seek_move(state, command)
         except MagnetarError as exc:
             out.write([commands.error(command.request_id, exc)])

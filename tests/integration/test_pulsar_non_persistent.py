@@ -89,6 +89,10 @@ def test_a_reader_gets_what_is_sent_after_it_connected(pulsar_client: pulsar.Cli
     assert reader.read_next(10_000).data() == b"after"
     with pytest.raises(pulsar.Timeout):
         reader.read_next(300)
+    with pytest.raises(pulsar.NotAllowedError):  # nothing is stored: Pulsar has no last message id either
+        reader.has_message_available()
+    with pytest.raises(pulsar.NotAllowedError):
+        reader.seek(pulsar.MessageId.earliest)
 
 
 def test_a_pattern_subscription_finds_live_non_persistent_topics(pulsar_client: pulsar.Client) -> None:
