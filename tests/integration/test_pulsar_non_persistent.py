@@ -180,6 +180,19 @@ def test_websocket_producer_and_consumer_on_a_non_persistent_topic(broker: tuple
         assert recv_nothing(consumer)
 
 
+def test_refusals_on_non_persistent_topics_are_pulsars_errors(pulsar_client: pulsar.Client) -> None:
+    with pytest.raises(pulsar.TopicNotFound):
+        pulsar_client.create_producer("non-persistent://public/nowhere/t")
+    with pytest.raises(pulsar.NotAllowedError):
+        pulsar_client.create_producer(f"{PREFIX}/bad%name")
+    pulsar_client.subscribe(f"{PREFIX}/np-refusals", "held")
+    with pytest.raises(pulsar.ConsumerBusy):
+        pulsar_client.subscribe(f"{PREFIX}/np-refusals", "held")
+    pulsar_client.subscribe(f"{PREFIX}/np-refusals", "shared", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.ConsumerBusy):
+        pulsar_client.subscribe(f"{PREFIX}/np-refusals", "shared")
+
+
 def test_bad_non_persistent_names_get_pulsars_error(broker: tuple[str, str]) -> None:
     http_url, _ = broker
     response = httpx.get(f"{http_url}/admin/v2/non-persistent/{NS}/no-such-topic/stats", timeout=30)
