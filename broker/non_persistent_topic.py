@@ -55,7 +55,9 @@ class NonPersistentTopic:
         self.quotas = TopicQuotas(name.full_name, clock)
         self._on_idle = on_idle
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Held while entries are offered (publish order); a consumer's listener, called under it,
+        may close its consumer and so come back here."""
         self._subscriptions: dict[str, NonPersistentSubscription] = {}
         self._publishers: dict[str, int] = {}
         """Producer name -> how many producers of that name are open."""

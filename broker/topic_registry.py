@@ -5,7 +5,9 @@ it). It loads a topic on first use (its managed ledger, cursors, deduplication s
 index partition and quotas), creating it when auto-creation allows; creates, lists and deletes
 topics and partitioned topics (their metadata in ``broker/topic_resources.py``); routes a
 message to its partition; opens producers; and stops serving topics whose bundle went away
-(``unload``). Whether a topic may be loaded here at all is the namespace service's answer
+(``unload``). Non-persistent topics are never loaded here: ``non_persistent`` holds the live
+ones (``broker/non_persistent_topic.py``), and ``producer`` opens producers on them too.
+Whether a topic may be loaded here at all is the namespace service's answer
 (``broker/namespace/service.py``); so are the policies an open topic lives by, which it
 follows as they change.
 
@@ -118,7 +120,7 @@ class TopicRegistry:
         if topic is not None:
             return topic
         if not topic_name.persistent:
-            raise NotAllowed(f"{topic_name} is non-persistent: it stores nothing to read, seek or administer so")
+            raise NotAllowed(f"{topic_name} is non-persistent: it has no stored messages to read, seek or administer")
         self._namespaces.check_served_here(topic_name)  # TopicNotOwned names the owner; may take the bundle
         with self._lock:
             topic = self._topics.get(topic_name)

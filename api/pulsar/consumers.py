@@ -25,8 +25,8 @@ the broker (a forced subscription delete, its topic moving to another broker, or
 losing the right to consume there) is told with
 CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not serve is refused with
 ServiceNotReady before anything is created; a non-durable subscription (a reader's) ends with
-its consumer. On a non-persistent topic acknowledgements change nothing (nothing is stored), as
-in Pulsar.
+its consumer. On a non-persistent topic acknowledgements change nothing and a seek is refused
+with NotAllowed (nothing is stored), as in Pulsar.
 """
 
 from __future__ import annotations
