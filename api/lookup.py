@@ -2,7 +2,8 @@
 
 Role: Pulsar's lookup REST endpoint and the bundle administration over the broker's face:
 
-- ``GET /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}``: the broker serving the topic
+- ``GET /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}`` (and ``…/non-persistent/…``):
+  the broker serving the topic
   (``brokerUrl`` for the binary protocol, ``httpUrl``, ``nativeUrl``; Magnetar adds
   ``brokerId`` and ``bundle``). The first lookup of a topic assigns its bundle to the
   least-loaded live broker. A standalone broker answers with the address it was reached at.
@@ -37,7 +38,15 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.get("/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}",
                 summary="The broker serving a topic (assigns its bundle on first lookup)")
     def lookup(tenant: str, namespace: str, topic: str, caller: Caller, request: Request) -> dict[str, Any]:
-        name = TopicName.of(tenant, namespace, topic)
+        return _lookup(TopicName.of(tenant, namespace, topic), caller, request)
+
+    @routes.get("/lookup/v2/topic/non-persistent/{tenant}/{namespace}/{topic}",
+                summary="The broker serving a non-persistent topic (assigns its bundle on first lookup)")
+    def lookup_non_persistent(tenant: str, namespace: str, topic: str, caller: Caller,
+                              request: Request) -> dict[str, Any]:
+        return _lookup(TopicName.of(tenant, namespace, topic, "non-persistent"), caller, request)
+
+    def _lookup(name: TopicName, caller: Caller, request: Request) -> dict[str, Any]:
         authorizer.require_lookup(caller, name)
         found = service.namespaces.lookup(name)
         if found.local:  # this broker's own listeners, as the host the request came to sees them

@@ -114,6 +114,8 @@ def test_a_partitioned_non_persistent_topic(broker: tuple[str, str], pulsar_clie
     assert response.status_code in (200, 204), response.text
     meta = httpx.get(f"{http_url}/admin/v2/non-persistent/{NS}/np-parted/partitions", timeout=30)
     assert meta.json()["partitions"] == 3
+    found = httpx.get(f"{http_url}/lookup/v2/topic/non-persistent/{NS}/np-parted", timeout=30)
+    assert found.status_code == 200 and found.json()["brokerUrl"].startswith("pulsar://")
     consumer = pulsar_client.subscribe(f"{PREFIX}/np-parted", "all")
     producer = pulsar_client.create_producer(f"{PREFIX}/np-parted", batching_enabled=False)
     for i in range(9):

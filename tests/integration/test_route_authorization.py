@@ -119,6 +119,7 @@ GUARDS: dict[tuple[str, str], str] = {
     ("WEBSOCKET", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"): CONSUME,
     # where topics are served (api/lookup.py): a lookup is Pulsar's, allowed to producers and consumers
     ("GET", "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
+    ("GET", "/lookup/v2/topic/non-persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
     ("GET", "/admin/v2/brokers"): SUPERUSER, ("GET", "/admin/v2/brokers/{cluster}"): SUPERUSER,
     ("GET", "/admin/v2/broker-stats/load-reports"): SUPERUSER,
     ("GET", N + "/bundles"): TENANT_ADMIN, ("GET", N + "/bundles/owners"): TENANT_ADMIN,
