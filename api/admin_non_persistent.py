@@ -5,7 +5,8 @@ Role: Pulsar's ``NonPersistentTopics`` resource over the live non-persistent top
 topics (the live ones, and the partitions of its partitioned ones), partitioned topics (create,
 grow, read, delete: their partition count in the metadata store, as for persistent ones), a
 topic's subscriptions and its statistics in Pulsar's ``NonPersistentTopicStats`` shape
-(``msgDropRate`` per subscription and summed, ``publishers``, no backlog).
+(``msgDropRate`` per subscription and summed, ``publishers``, no backlog), summed over the live
+partitions of a partitioned one (``partitioned-stats``).
 
 Invariants: every route but the partitioned metadata checks that the caller administers the
 tenant first (the metadata needs only produce or consume there, as the persistent one); a topic
@@ -22,9 +23,11 @@ from pydantic import StrictInt
 
 from api.admin_namespaces import namespace_name
 from api.auth import Authorizer, Caller
-from broker import BrokerService, PreconditionFailed, TopicName
+from broker import BrokerService, NotFound, PreconditionFailed, TopicName
 
 DOMAIN = "non-persistent"
+_SUMMED = ("msgRateIn", "msgThroughputIn", "msgInCounter", "bytesInCounter", "msgRateOut", "msgOutCounter",
+           "msgDropRate")
 
 
 def non_persistent_name(tenant: str, namespace: str, topic: str) -> TopicName:
@@ -53,6 +56,22 @@ def _topic_routes(routes: APIRouter, service: BrokerService, authorizer: Authori
     def stats(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, Any]:
         authorizer.require_tenant_admin(caller, tenant)
         return service.topics.non_persistent.get(non_persistent_name(tenant, namespace, topic)).stats()
+
+    @routes.get("/{tenant}/{namespace}/{topic}/partitioned-stats",
+                summary="Statistics summed over a partitioned topic's live partitions (perPartition: each too)")
+    def partitioned_stats(tenant: str, namespace: str, topic: str, caller: Caller,
+                          perPartition: bool = True) -> dict[str, Any]:  # noqa: N803 - Pulsar's parameter
+        authorizer.require_tenant_admin(caller, tenant)
+        name = non_persistent_name(tenant, namespace, topic)
+        count = service.admin.partitions(name)
+        if count == 0:
+            raise NotFound(f"partitioned topic {name} does not exist")
+        parts = {p.full_name: t.stats() for p in service.topics.expand_partitions(name)
+                 if (t := service.topics.non_persistent.live(p)) is not None}
+        body: dict[str, Any] = {field: sum(part[field] for part in parts.values()) for field in _SUMMED}
+        body["metadata"] = {"partitions": count}
+        body["partitions"] = parts if perPartition else {}
+        return body
 
     @routes.get("/{tenant}/{namespace}/{topic}/subscriptions", summary="List the topic's subscriptions")
     def list_subscriptions(tenant: str, namespace: str, topic: str, caller: Caller) -> list[str]:

@@ -198,9 +198,12 @@ class NonPersistentTopics:
                 topic = self._topics[name] = NonPersistentTopic(name, on_idle=self._forget, clock=self._clock)
             return topic
 
-    def get(self, name: TopicName) -> NonPersistentTopic:
+    def live(self, name: TopicName) -> NonPersistentTopic | None:
         with self._lock:
-            topic = self._topics.get(name)
+            return self._topics.get(name)
+
+    def get(self, name: TopicName) -> NonPersistentTopic:
+        topic = self.live(name)
         if topic is None:
             raise NotFound(f"topic {name} not found: a non-persistent topic lives while it has a producer or "
                            "a subscription")

@@ -123,6 +123,9 @@ def test_a_partitioned_non_persistent_topic(broker: tuple[str, str], pulsar_clie
     got = receive_all(consumer, 9)
     assert sorted(m.data() for m in got) == sorted(f"k{i}".encode() for i in range(9))
     assert len({m.topic_name() for m in got}) > 1  # spread over the partitions
+    stats = httpx.get(f"{http_url}/admin/v2/non-persistent/{NS}/np-parted/partitioned-stats", timeout=30).json()
+    assert stats["metadata"]["partitions"] == 3 and stats["msgInCounter"] == 9 and stats["msgOutCounter"] == 9
+    assert len(stats["partitions"]) == 3
 
 
 def _stats(http_url: str, local: str) -> dict:  # type: ignore[type-arg]

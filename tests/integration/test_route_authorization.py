@@ -98,7 +98,8 @@ GUARDS: dict[tuple[str, str], str] = {
     # non-persistent topics (api/admin_non_persistent.py)
     ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}"): TENANT_ADMIN,
     ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}/partitioned"): TENANT_ADMIN,
-    **{(m, NT + what): TENANT_ADMIN for m, what in (("GET", "/stats"), ("GET", "/subscriptions"), ("DELETE", ""),
+    **{(m, NT + what): TENANT_ADMIN for m, what in (("GET", "/stats"), ("GET", "/partitioned-stats"),
+                                                     ("GET", "/subscriptions"), ("DELETE", ""),
                                                      ("PUT", "/partitions"), ("POST", "/partitions"),
                                                      ("DELETE", "/partitions"))},
     ("GET", NT + "/partitions"): LOOKUP,
