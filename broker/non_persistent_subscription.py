@@ -31,6 +31,7 @@ from broker.cursor import ManagedCursor
 from broker.delivery import Delivery, EntryRun
 from broker.dispatch_key_shared import key_hash, ring_points
 from broker.errors import ConsumerBusy, NotAllowed
+from broker.quotas import TopicQuotas
 from broker.subscription_stats import SubscriptionStats
 from broker.subscription_type import SubscriptionType
 from broker.unacked import UnackedTally
@@ -82,13 +83,16 @@ class NonPersistentSubscription:
     """Dispatch to the consumers connected now (a ``ConsumerSubscription`` for ``Consumer``)."""
 
     def __init__(self, topic: str, partition: int, name: str, sub_type: SubscriptionType, *,
-                 outbox_bytes_max: int, on_empty: Callable[[NonPersistentSubscription], None]) -> None:
+                 outbox_bytes_max: int, quotas: TopicQuotas,
+                 on_empty: Callable[[NonPersistentSubscription], None]) -> None:
+        """``quotas``: the topic's, whose consumer slots (``maxConsumers``) its consumers take."""
         self.topic = topic
         self.name = name
         self.type = sub_type
         self._partition = partition
         self._outbox_bytes_max = outbox_bytes_max
         self._on_empty = on_empty
+        self._quotas = quotas
         self._lock = threading.RLock()
         self._consumers: dict[Consumer, None] = {}
         self._ring: list[tuple[int, Consumer]] = []
@@ -130,6 +134,7 @@ class NonPersistentSubscription:
             if consumer not in self._consumers:
                 return
             del self._consumers[consumer]
+            self._quotas.remove_consumer()
             if self.type is SubscriptionType.KEY_SHARED:
                 self._ring = [point for point in self._ring if point[1] is not consumer]
             consumer.closed = True
@@ -177,6 +182,7 @@ class NonPersistentSubscription:
                 raise ConsumerBusy(f"subscription {self.name} is {self.type.value}, not {sub_type.value}")
             if self._consumers and sub_type is SubscriptionType.EXCLUSIVE:
                 raise ConsumerBusy(f"exclusive subscription {self.name} of {self.topic} already has a consumer")
+            self._quotas.add_consumer()  # ConsumerBusy at the topic's maxConsumers
             self.type = sub_type
             consumer = Consumer(self, config, self._outbox_bytes_max)
             self._consumers[consumer] = None

@@ -13,7 +13,9 @@ acknowledgements do not apply (Pulsar's non-persistent topics have none either).
 ``NonPersistentTopics`` (``service.topics.non_persistent``) holds the live ones: a topic exists
 while it has a producer or a subscription, and a subscription while it has a consumer; a
 partitioned non-persistent topic is its partition count in the metadata store, like a persistent
-one (``broker/topic_resources.py``, under its own domain).
+one (``broker/topic_resources.py``, under its own domain). A topic lives by the quotas its
+namespace's and its own policies give it when it goes live (producers, consumers,
+subscriptions); policy changes reach it when it next goes live.
 
 Invariants: nothing is kept per message beyond what consumers' outboxes hold (each bounded by
 ``consumer_pending_bytes_max``); the publisher never waits for a consumer; entries reach each
@@ -36,7 +38,7 @@ from broker.errors import MagnetarError, NotAllowed, NotFound
 from broker.message_fields import ExpectedVersion
 from broker.message_id import Position
 from broker.non_persistent_subscription import NonPersistentSubscription, Offered, Rate
-from broker.quotas import TopicQuotas
+from broker.quotas import TopicLimits, TopicQuotas
 from broker.subscription_type import SubscriptionType
 from broker.topic import PublishResult
 from broker.topic_name import TopicName
@@ -50,9 +52,11 @@ LEDGER_ID = 0
 
 class NonPersistentTopic:
     def __init__(self, name: TopicName, *, on_idle: Callable[[NonPersistentTopic], None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 limits: TopicLimits | None = None, clock: Callable[[], float] = time.time) -> None:
         self.name = name
         self.quotas = TopicQuotas(name.full_name, clock)
+        if limits is not None:
+            self.quotas.apply(limits)
         self._on_idle = on_idle
         self._clock = clock
         self._lock = threading.RLock()
@@ -130,8 +134,9 @@ class NonPersistentTopic:
         with self._lock:
             subscription = self._subscriptions.get(name)
             if subscription is None:
+                self.quotas.check_subscription_room(len(self._subscriptions))
                 subscription = NonPersistentSubscription(self.name.full_name, self.partition, name, sub_type,
-                                                         outbox_bytes_max=outbox_bytes_max,
+                                                         outbox_bytes_max=outbox_bytes_max, quotas=self.quotas,
                                                          on_empty=self._subscription_empty)
             consumer = subscription.add_consumer(config, sub_type)
             self._subscriptions[name] = subscription
@@ -184,8 +189,12 @@ def _subscription_stats(subscription: NonPersistentSubscription) -> dict[str, An
 class NonPersistentTopics:
     """The live non-persistent topics of this broker (``service.topics.non_persistent``)."""
 
-    def __init__(self, resources: TopicResources, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, resources: TopicResources, limits_of: Callable[[TopicName], TopicLimits],
+                 clock: Callable[[], float] = time.time) -> None:
+        """``limits_of``: a topic's quotas (``maxProducers``, ``maxConsumers``,
+        ``maxSubscriptionsPerTopic``) from its namespace's and its own policies, when it goes live."""
         self._resources = resources
+        self._limits_of = limits_of
         self._clock = clock
         self._lock = threading.Lock()
         self._topics: dict[TopicName, NonPersistentTopic] = {}
@@ -194,8 +203,14 @@ class NonPersistentTopics:
         """The live topic ``name``, made live now if it is not."""
         with self._lock:
             topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        limits = self._limits_of(name)  # NotFound for an unknown namespace
+        with self._lock:
+            topic = self._topics.get(name)
             if topic is None:
-                topic = self._topics[name] = NonPersistentTopic(name, on_idle=self._forget, clock=self._clock)
+                topic = self._topics[name] = NonPersistentTopic(name, on_idle=self._forget, limits=limits,
+                                                                clock=self._clock)
             return topic
 
     def live(self, name: TopicName) -> NonPersistentTopic | None:

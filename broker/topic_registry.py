@@ -95,7 +95,7 @@ class TopicRegistry:
         self._deleted_followers: list[Callable[[TopicName], None]] = []
         self._unloaded_followers: list[Callable[[list[TopicName]], None]] = []
         self._unload_listeners = unload_listeners if unload_listeners is not None else []
-        self.non_persistent = NonPersistentTopics(resources, clock)
+        self.non_persistent = NonPersistentTopics(resources, self._limits_of, clock)
         """The live non-persistent topics (``broker/non_persistent_topic.py``): never loaded here."""
         namespaces.follow(self._namespace_changed, self._topic_policy_changed)
 

@@ -198,6 +198,21 @@ def test_refusals_on_non_persistent_topics_are_pulsars_errors(pulsar_client: pul
         pulsar_client.subscribe(f"{PREFIX}/np-refusals", "shared")
 
 
+def test_namespace_quotas_bound_non_persistent_topics(broker: tuple[str, str], pulsar_client: pulsar.Client) -> None:
+    http_url, _ = broker
+    namespace = f"{http_url}/admin/v2/namespaces/public/np-quotas"
+    assert httpx.put(namespace, timeout=30).status_code in (200, 204)
+    for policy in ("maxConsumersPerTopic", "maxProducersPerTopic"):
+        assert httpx.post(f"{namespace}/{policy}", json=1, timeout=30).status_code in (200, 204)
+    topic = "non-persistent://public/np-quotas/bounded"
+    pulsar_client.subscribe(topic, "one", consumer_type=pulsar.ConsumerType.Shared)
+    with pytest.raises(pulsar.ConsumerBusy):
+        pulsar_client.subscribe(topic, "one", consumer_type=pulsar.ConsumerType.Shared)
+    pulsar_client.create_producer(topic)
+    with pytest.raises(pulsar.ProducerBusy):
+        pulsar_client.create_producer(topic)
+
+
 def test_bad_non_persistent_names_get_pulsars_error(broker: tuple[str, str]) -> None:
     http_url, _ = broker
     response = httpx.get(f"{http_url}/admin/v2/non-persistent/{NS}/no-such-topic/stats", timeout=30)
