@@ -15,7 +15,7 @@ while it has a producer or a subscription, and a subscription while it has a con
 partitioned non-persistent topic is its partition count in the metadata store, like a persistent
 one (``broker/topic_resources.py``, under its own domain). A topic lives by the quotas its
 namespace's and its own policies give it when it goes live (producers, consumers,
-subscriptions); policy changes reach it when it next goes live.
+subscriptions, publish rate); policy changes reach it when it next goes live.
 
 Invariants: nothing is kept per message beyond what consumers' outboxes hold (each bounded by
 ``consumer_pending_bytes_max``); the publisher never waits for a consumer; entries reach each
@@ -104,6 +104,8 @@ class NonPersistentTopic:
         self._messages += count
         self.msg_in.add(count)
         self.bytes_in.add(len(data))
+        if self.quotas.publish is not None:  # publishRate: the producer's transport pauses its reads
+            self.quotas.published(count, len(data))
         run = EntryRun(self.name.full_name, LEDGER_ID, entry_id, self.partition, data, first, count,
                        range(first, first + count), 0, publish_ms)
         offered = Offered(run, entry.keys[0] if entry.keys else None)
