@@ -3,7 +3,7 @@
 Role: ``router(service, authorizer)`` assembles the admin API: tenants and namespaces
 (``api/admin_namespaces.py``), quotas and rate limits (``api/admin_quotas.py``), topics,
 subscriptions, cursor moves, messages, compaction and termination (``api/admin_topics.py``),
-and, here, ``stats``, ``partitioned-stats`` and
+non-persistent topics (``api/admin_non_persistent.py``), and, here, ``stats``, ``partitioned-stats`` and
 ``internalStats``: the broker's statistics views (``BrokerService.admin``) rendered in Pulsar's
 ``TopicStats``, ``PartitionedTopicStats`` and ``PersistentTopicInternalStats`` shapes, plus
 Magnetar's offsets.
@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.admin_namespaces import namespaces_router, tenants_router
+from api.admin_non_persistent import non_persistent_router
 from api.admin_persistence import persistence_router
 from api.admin_quotas import quotas_router
 from api.admin_schemas import schemas_router
@@ -45,6 +46,7 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes.include_router(schemas_router(service, authorizer))
     routes.include_router(_stats_router(service, authorizer))
     routes.include_router(topics_router(service, authorizer))
+    routes.include_router(non_persistent_router(service, authorizer))
     return routes
 
 

@@ -2,7 +2,8 @@
 
 Role: Pulsar's lookup REST endpoint and the bundle administration over the broker's face:
 
-- ``GET /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}``: the broker serving the topic
+- ``GET /lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}`` (and ``…/non-persistent/…``):
+  the broker serving the topic
   (``brokerUrl`` for the binary protocol, ``httpUrl``, ``nativeUrl``; Magnetar adds
   ``brokerId`` and ``bundle``). The first lookup of a topic assigns its bundle to the
   least-loaded live broker. A standalone broker answers with the address it was reached at.
@@ -51,7 +52,17 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     def lookup(tenant: str, namespace: str, topic: str, caller: Caller, request: Request,
                listener_name: Annotated[str, Query(alias="listenerName",
                                                    max_length=LISTENER_NAME_CHARS_MAX)] = "") -> dict[str, Any]:
-        name = TopicName.of(tenant, namespace, topic)
+        return _lookup(TopicName.of(tenant, namespace, topic), caller, request, listener_name)
+
+    @routes.get("/lookup/v2/topic/non-persistent/{tenant}/{namespace}/{topic}",
+                summary="The broker serving a non-persistent topic (assigns its bundle on first lookup)")
+    def lookup_non_persistent(tenant: str, namespace: str, topic: str, caller: Caller, request: Request,
+                              listener_name: Annotated[str, Query(alias="listenerName",
+                                                                  max_length=LISTENER_NAME_CHARS_MAX)] = ""
+                              ) -> dict[str, Any]:
+        return _lookup(TopicName.of(tenant, namespace, topic, "non-persistent"), caller, request, listener_name)
+
+    def _lookup(name: TopicName, caller: Caller, request: Request, listener_name: str) -> dict[str, Any]:
         authorizer.require_lookup(caller, name)
         listener = listener_name or request.headers.get(LISTENER_NAME_HEADER, "")[:LISTENER_NAME_CHARS_MAX]
         found = service.namespaces.lookup(name)

@@ -57,7 +57,7 @@ def entry_key_hashes(messages: list[DecodedMessage]) -> int | list[int]:
     return first if hashes.count(first) == len(hashes) else hashes
 
 
-def _ring_points(consumer: Consumer) -> list[int]:
+def ring_points(consumer: Consumer) -> list[int]:
     """Where a Key_Shared consumer sits on the hash ring (``POINTS_PER_CONSUMER`` points)."""
     return [key_hash(f"{consumer.name}{consumer.id}-{point}") for point in range(POINTS_PER_CONSUMER)]
 
@@ -85,13 +85,13 @@ class KeySharedDispatcher(SharedDispatcher):
     def joined(self, consumer: Consumer) -> Consumer | None:
         """Put ``consumer``'s points on the hash ring (after the points of equal hash already
         there: the ring stays sorted by hash, ties in the order consumers joined)."""
-        for point in _ring_points(consumer):
+        for point in ring_points(consumer):
             bisect.insort_right(self.ring, (point, consumer), key=_ring_hash)
         return None
 
     def left(self, consumer: Consumer) -> None:
         ring = self.ring
-        for point in _ring_points(consumer):
+        for point in ring_points(consumer):
             index = bisect.bisect_left(ring, point, key=_ring_hash)
             while ring[index][1] is not consumer:
                 index += 1

@@ -24,15 +24,16 @@ It holds a producer slot on each partition it was opened on (``broker/quotas.py`
 ``maxProducers``), given back by :meth:`close`, and tells its transport how long to stop
 reading from its client when a partition's publish rate is exceeded (:meth:`publish_delay_s`).
 
-Invariants: an append is one ``PersistentTopic.append`` per partition it reaches, durable when
-its future completes; a producer's slots are given back once, however often it is closed.
+Invariants: an append is one ``append`` per partition it reaches (on a ``PersistentTopic``, durable
+when its future completes; on a non-persistent topic, offered to its consumers); a producer's
+slots are given back once, however often it is closed.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -42,17 +43,29 @@ from broker.errors import InvalidRequest, MagnetarError
 from broker.message_fields import ExpectedVersion
 from broker.quotas import TopicQuotas
 from broker.routing import PartitionRouter
-from broker.topic import PersistentTopic, PublishResult
+from broker.topic import PublishResult
 from broker.topic_name import TopicName
 from storage import new_future
 
 ROUTING_MODES = ("RoundRobinPartition", "SinglePartition")
 
 
-class ProducerTopics(Protocol):
-    """What a producer asks of the topic registry (``broker/topic_registry.py``)."""
+class AppendTarget(Protocol):
+    """A topic partition a producer appends to: a ``PersistentTopic`` (``broker/topic.py``) or a
+    ``NonPersistentTopic`` (``broker/non_persistent_topic.py``)."""
 
-    def topic(self, name: TopicName) -> PersistentTopic: ...
+    def append(self, entries: Sequence[PreparedEntry], *, producer_name: str, expected_offset: int | None = None,
+               expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
+               ) -> Future[list[PublishResult | MagnetarError]]: ...
+
+    def last_sequence_id(self, producer: str) -> int: ...
+
+
+class ProducerTopics(Protocol):
+    """What a producer asks of the topic registry (``broker/topic_registry.py``), or of the live
+    non-persistent topics (``broker/non_persistent_topic.py``)."""
+
+    def topic(self, name: TopicName) -> AppendTarget: ...
 
     def partitions(self, name: TopicName) -> int: ...
 
@@ -60,8 +73,10 @@ class ProducerTopics(Protocol):
 class Producer:
     def __init__(self, topics: ProducerTopics, topic: TopicName, name: str, *,
                  routing_mode: str = "RoundRobinPartition", compression: Compression = Compression.NONE,
-                 initial_sequence_id: int | None = None, slots: Sequence[TopicQuotas] = ()) -> None:
-        """``slots``: the partitions' quotas this producer holds a producer slot of."""
+                 initial_sequence_id: int | None = None, slots: Sequence[TopicQuotas] = (),
+                 on_close: Callable[[], None] | None = None) -> None:
+        """``slots``: the partitions' quotas this producer holds a producer slot of; ``on_close``:
+        called once when it closes."""
         if routing_mode not in ROUTING_MODES:
             raise InvalidRequest(f"unknown messageRoutingMode {routing_mode!r}: use {' or '.join(ROUTING_MODES)}",
                                  field="messageRoutingMode")
@@ -73,12 +88,16 @@ class Producer:
         self._sequence_ids = itertools.count(initial_sequence_id + 1) if initial_sequence_id is not None else None
         self._router: PartitionRouter | None = None
         self._slots = list(slots)
+        self._on_close = on_close
 
     def close(self) -> None:
         """Give back the producer slots (the transport's producer went away)."""
         slots, self._slots = self._slots, []
         for quotas in slots:
             quotas.remove_producer()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     def publish_delay_s(self) -> float:
         """How long the transport should stop reading from this producer's client: the longest

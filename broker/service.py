@@ -183,10 +183,13 @@ class BrokerService:
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache))
 
     def _topic_epoch(self, topic: str) -> int:
+        if not TopicName.parse(topic).persistent:
+            return 0  # a non-persistent topic keeps nothing, its epoch neither (as Pulsar's)
         return int(self.topics.topic(topic, create=False).ml.property_value(TOPIC_EPOCH_PROPERTY) or 0)
 
     def _store_topic_epoch(self, topic: str, epoch: int) -> None:
-        self.topics.topic(topic, create=False).ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
+        if TopicName.parse(topic).persistent:
+            self.topics.topic(topic, create=False).ml.set_property(TOPIC_EPOCH_PROPERTY, str(epoch))
 
     def _started(self) -> _Parts:
         if self._parts is None:

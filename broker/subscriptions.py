@@ -8,7 +8,8 @@ namespace whose names match, now and later); unsubscribes and deletes subscripti
 cursors administratively (``move_cursor``: an active subscription repositions its dispatch);
 opens readers (``broker/reader.py``); follows the topic list of a namespace for the binary
 protocol's watchers (``watch_topics``, Pulsar's ``TopicListService``); and dead-letters what
-a subscription gives up on, exactly once.
+a subscription gives up on, exactly once. A subscription of a ``non-persistent://`` topic is
+the live topic's own (``broker/non_persistent_topic.py``): it ends with its last consumer.
 
 It follows the topic registry (``broker/topic_registry.py``): a topic loaded there is offered
 to the patterns and announced to the watchers, a deleted one announced, and the subscriptions
@@ -112,6 +113,11 @@ class Subscriptions:
         in Pulsar) makes the subscription read the topic's compacted view below its compaction
         horizon, then the topic itself."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        if not topic_name.persistent:
+            if compacted:
+                raise NotAllowed("read-compacted subscriptions need a persistent topic")
+            return self._topics.non_persistent.subscribe(
+                topic_name, name, sub_type, config, outbox_bytes_max=self._limits.consumer_pending_bytes_max)
         if compacted and sub_type not in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
             raise NotAllowed("read-compacted subscriptions are Exclusive or Failover")
         subscription = self.subscription(topic_name, name, sub_type, initial=initial, durable=durable)
@@ -187,6 +193,8 @@ class Subscriptions:
 
     # --- removing and moving ------------------------------------------------------------------
     def unsubscribe(self, topic_name: TopicName, name: str) -> None:
+        if not topic_name.persistent:
+            return  # a non-persistent subscription ends with its last consumer
         topic = self._topics.topic(topic_name, create=False)
         with self._lock:
             subscription = self._subscriptions.get((topic_name, name))

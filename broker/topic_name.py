@@ -1,8 +1,9 @@
 """Names as Pulsar spells them, checked in one place: tenants, namespaces, topics, subscriptions.
 
-A topic is ``persistent://tenant/namespace/topic[-partition-N]``; a short name ``my-topic``
-means ``persistent://public/default/my-topic`` and ``t/ns/my-topic`` means
-``persistent://t/ns/my-topic``. The managed ledger of a topic is named
+A topic is ``persistent://tenant/namespace/topic[-partition-N]`` or, for Pulsar's in-memory
+at-most-once topics (``broker/non_persistent_topic.py``), ``non-persistent://…``; a short name
+``my-topic`` means ``persistent://public/default/my-topic`` and ``t/ns/my-topic`` means
+``persistent://t/ns/my-topic``. The managed ledger of a (persistent) topic is named
 ``tenant/namespace/persistent/topic``. Every message about a topic prints its full name.
 
 The rule (``NAME_RULE``), for every name part and for subscription names: 1 to
@@ -24,6 +25,7 @@ from broker.limits import NAME_BYTES_MAX, PARTITION_INDEX_MAX, SUBSCRIPTION_NAME
 
 _NAME = re.compile(r"[-=:.A-Za-z0-9_]+")
 PARTITION_SUFFIX = "-partition-"
+DOMAINS = ("persistent", "non-persistent")
 NAME_RULE = "1 to {limit} ASCII letters, digits and - _ = : . (not '.' or '..')"
 
 
@@ -62,9 +64,9 @@ class TopicName:
         domain, rest = "persistent", name
         if "://" in name:
             domain, rest = name.split("://", 1)
-            if domain != "persistent":
-                raise InvalidRequest(f"invalid topic name {name[:200]!r}: only persistent:// topics exist here",
-                                     field="topic")
+            if domain not in DOMAINS:
+                raise InvalidRequest(f"invalid topic name {name[:200]!r}: a topic is persistent:// or "
+                                     "non-persistent://", field="topic")
         parts = rest.split("/")
         if len(parts) == 1:
             parts = ["public", "default", parts[0]]
@@ -82,6 +84,10 @@ class TopicName:
                                  f"{NAME_BYTES_MAX} bytes", field="topic")
         name.partition_index  # noqa: B018 - a malformed partition suffix fails here, not later
         return name
+
+    @property
+    def persistent(self) -> bool:
+        return self.domain == "persistent"
 
     @property
     def full_name(self) -> str:

@@ -5,7 +5,9 @@ it). It loads a topic on first use (its managed ledger, cursors, deduplication s
 index partition and quotas), creating it when auto-creation allows; creates, lists and deletes
 topics and partitioned topics (their metadata in ``broker/topic_resources.py``); routes a
 message to its partition; opens producers; and stops serving topics whose bundle went away
-(``unload``). Whether a topic may be loaded here at all is the namespace service's answer
+(``unload``). Non-persistent topics are never loaded here: ``non_persistent`` holds the live
+ones (``broker/non_persistent_topic.py``), and ``producer`` opens producers on them too.
+Whether a topic may be loaded here at all is the namespace service's answer
 (``broker/namespace/service.py``); so are the policies an open topic lives by, which it
 follows as they change.
 
@@ -48,6 +50,7 @@ from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.namespace.persistence import quorum_for
 from broker.namespace.service import NamespaceService
+from broker.non_persistent_topic import NonPersistentTopics
 from broker.producer import Producer
 from broker.quotas import QuotaDefaults, TopicLimits, TopicQuotas, check_topics_room, resolve_limits, topics_max
 from broker.routing import PartitionRouter
@@ -92,6 +95,8 @@ class TopicRegistry:
         self._deleted_followers: list[Callable[[TopicName], None]] = []
         self._unloaded_followers: list[Callable[[list[TopicName]], None]] = []
         self._unload_listeners = unload_listeners if unload_listeners is not None else []
+        self.non_persistent = NonPersistentTopics(resources, self._limits_of, clock)
+        """The live non-persistent topics (``broker/non_persistent_topic.py``): never loaded here."""
         namespaces.follow(self._namespace_changed, self._topic_policy_changed)
 
     # --- followers ---------------------------------------------------------------------------
@@ -114,6 +119,8 @@ class TopicRegistry:
         topic = self._topics.get(topic_name)
         if topic is not None:
             return topic
+        if not topic_name.persistent:
+            raise NotAllowed(f"{topic_name} is non-persistent: it has no stored messages to read, seek or administer")
         self._namespaces.check_served_here(topic_name)  # TopicNotOwned names the owner; may take the bundle
         with self._lock:
             topic = self._topics.get(topic_name)
@@ -214,8 +221,8 @@ class TopicRegistry:
         """The namespace's topics and written partitions (full names)."""
         return self._resources.names(namespace)
 
-    def partitioned_names(self, namespace: str) -> list[str]:
-        return self._resources.partitioned_names(namespace)
+    def partitioned_names(self, namespace: str, domain: str = "persistent") -> list[str]:
+        return self._resources.partitioned_names(namespace, domain)
 
     def partitions(self, name: TopicName) -> int:
         """Number of partitions of a partitioned topic, 0 if ``name`` is not one (cached)."""
@@ -295,6 +302,8 @@ class TopicRegistry:
         It holds a producer slot of each (``ProducerBusy`` beyond a partition's limit) until
         the transport closes it (``Producer.close``)."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        if not topic_name.persistent:
+            return self._non_persistent_producer(topic_name, name, routing_mode, compression)
         slots: list[TopicQuotas] = []
         try:
             for partition in self.expand_partitions(topic_name):
@@ -310,6 +319,30 @@ class TopicRegistry:
             raise
         return Producer(self, topic_name, name, routing_mode=routing_mode, compression=compression,
                         initial_sequence_id=initial_sequence_id, slots=slots)
+
+    def _non_persistent_producer(self, topic_name: TopicName, name: str, routing_mode: str,
+                                 compression: Compression) -> Producer:
+        """A producer of a non-persistent topic: each partition is live while it is open."""
+        self._namespaces.check_served_here(topic_name)
+        topics = [self.non_persistent.topic(p) for p in self.expand_partitions(topic_name)]
+        slots: list[TopicQuotas] = []
+        try:
+            for topic in topics:
+                topic.quotas.add_producer()  # ProducerBusy at the topic's maxProducers
+                slots.append(topic.quotas)
+                topic.producer_opened(name)
+        except BaseException:
+            for quotas, topic in zip(slots, topics, strict=False):
+                quotas.remove_producer()
+                topic.producer_closed(name)
+            raise
+
+        def closed() -> None:
+            for topic in topics:
+                topic.producer_closed(name)
+
+        return Producer(self.non_persistent, topic_name, name, routing_mode=routing_mode, compression=compression,
+                        slots=slots, on_close=closed)
 
     # --- unloading and closing ------------------------------------------------------------------
     def unload(self, contains: Callable[[TopicName], bool], graceful: bool) -> list[TopicName]:

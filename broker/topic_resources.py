@@ -3,10 +3,11 @@
 Role: Pulsar's ``TopicResources`` and ``PartitionedTopicResources``. A topic (or a partition
 somebody wrote to) exists when its managed ledger does, at
 ``/managed-ledgers/{tenant}/{namespace}/persistent/{topic}``; a partitioned topic is its
-metadata at ``/admin/partitioned-topics/{tenant}/{namespace}/persistent/{topic}``
-(``{"partitions": n}``). The topic registry (``broker/topic_registry.py``) loads topics over
-this; the namespace service (``broker/namespace/service.py``) asks it whether a namespace
-still holds topics and whether a topic exists before storing its policies.
+metadata at ``/admin/partitioned-topics/{tenant}/{namespace}/{domain}/{topic}``
+(``{"partitions": n}``; the domain ``persistent`` or ``non-persistent``). The topic registry
+(``broker/topic_registry.py``) loads topics over this; the namespace service
+(``broker/namespace/service.py``) asks it whether a namespace still holds topics and whether a
+topic exists before storing its policies.
 
 Invariants: every partition count goes through :meth:`write_partitions` or
 :meth:`delete_partitions`, which drop the cached count, so :meth:`partitions` (asked on every
@@ -49,11 +50,11 @@ class TopicResources:
         return [TopicName(tenant, ns, local).full_name
                 for local in self._store.children(f"{ML_ROOT}/{tenant}/{ns}/persistent")]
 
-    def partitioned_names(self, namespace: str) -> list[str]:
-        """The full names of the namespace's partitioned topics."""
+    def partitioned_names(self, namespace: str, domain: str = "persistent") -> list[str]:
+        """The full names of the namespace's partitioned topics of ``domain``."""
         tenant, ns = check_namespace(namespace)
-        return [TopicName(tenant, ns, local).full_name
-                for local in self._store.children(f"{PARTITIONED}/{tenant}/{ns}/persistent")]
+        return [TopicName(tenant, ns, local, domain).full_name
+                for local in self._store.children(f"{PARTITIONED}/{tenant}/{ns}/{domain}")]
 
     def partitions(self, name: TopicName) -> int:
         """Number of partitions of a partitioned topic, 0 if ``name`` is not one (cached: every
@@ -99,4 +100,4 @@ class TopicResources:
 
 
 def _partitioned_path(name: TopicName) -> str:
-    return f"{PARTITIONED}/{name.tenant}/{name.namespace}/persistent/{name.local_name}"
+    return f"{PARTITIONED}/{name.tenant}/{name.namespace}/{name.domain}/{name.local_name}"

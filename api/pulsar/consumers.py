@@ -25,7 +25,8 @@ the broker (a forced subscription delete, its topic moving to another broker, or
 losing the right to consume there) is told with
 CLOSE_CONSUMER; a SUBSCRIBE for a topic this broker does not serve is refused with
 ServiceNotReady before anything is created; a non-durable subscription (a reader's) ends with
-its consumer.
+its consumer. On a non-persistent topic acknowledgements change nothing and a seek is refused
+with NotAllowed (nothing is stored), as in Pulsar.
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ class ConsumerHalf:
         sub_type = SUB_TYPES.get(command.subType)
         if sub_type is None:
             raise InvalidRequest(f"unknown subscription type {command.subType}")
-        if not command.force_topic_creation and not service.topics.exists(topic):
+        if not command.force_topic_creation and topic.persistent and not service.topics.exists(topic):
             raise NotFound(f"topic {topic} does not exist")
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
@@ -284,6 +285,8 @@ class ConsumerHalf:
         failure: BaseException | None = None
         if state is None:
             failure = NotFound(f"consumer {command.consumer_id} is not open on this connection")
+        elif not state.topic.persistent:
+            state.sent.clear()  # a non-persistent topic stores nothing to acknowledge
         else:
             try:
                 if command.ack_type == pb.CommandAck.Cumulative:
@@ -390,6 +393,8 @@ class ConsumerHalf:
             return
         out = self._context.out
         try:
+            if not state.topic.persistent:
+                raise NotAllowed(f"{state.topic} is non-persistent: nothing is stored to seek in")
             move = self._seek_move(state, command)
         except MagnetarError as exc:
             out.write([commands.error(command.request_id, exc)])

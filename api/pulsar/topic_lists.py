@@ -1,16 +1,18 @@
 """A namespace's topic list on the binary protocol: GET_TOPICS_OF_NAMESPACE and topic-list watches.
 
 Role: pattern (regex) consumers find their topics here. GET_TOPICS_OF_NAMESPACE lists the
-namespace's persistent topics (a partitioned topic as its partitions); with a
+namespace's topics of its mode (PERSISTENT: the stored topics; NON_PERSISTENT: the live
+non-persistent ones, ``broker/non_persistent_topic.py``; ALL: both), a partitioned topic as
+its partitions; with a
 ``topics_pattern`` the list is filtered and says so, with Pulsar's ``topics_hash``.
 WATCH_TOPIC_LIST (clients use it when CONNECTED advertises ``supports_topic_watchers``)
-answers the matching topics, then sends WATCH_TOPIC_UPDATE whenever a matching topic is
+answers the matching persistent topics, then sends WATCH_TOPIC_UPDATE whenever a matching topic is
 created or deleted, until WATCH_TOPIC_LIST_CLOSE or the end of the connection. Updates come
 from the broker (``Subscriptions.watch_topics``) on whatever thread created the topic and are
 handed to the event loop.
 
 Matching is Pulsar's: the pattern and the topic name are compared without their
-``persistent://`` scheme, the whole name must match (RE2, so no pattern can stall the broker).
+``persistent://`` or ``non-persistent://`` scheme, the whole name must match (RE2, so no pattern can stall the broker).
 The hash is Pulsar's too (CRC32C of the sorted names, concatenated, as Guava prints it), so a
 client comparing the hash of its list with the broker's sees the same value.
 
@@ -35,7 +37,10 @@ from api.pulsar.context import ConnectionContext
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from broker import InvalidRequest, MagnetarError, NotFound, TopicName, TopicPattern, check_namespace
 
-SCHEME = "persistent://"
+
+def _without_scheme(name: str) -> str:
+    """A topic name or pattern without its ``persistent://`` or ``non-persistent://`` scheme."""
+    return name.split("://", 1)[1] if "://" in name else name
 
 
 def topics_hash(topics: Iterable[str]) -> str:
@@ -45,11 +50,11 @@ def topics_hash(topics: Iterable[str]) -> str:
 
 
 def _pattern(namespace: str, text: str) -> TopicPattern:
-    return TopicPattern(namespace, text.removeprefix(SCHEME))
+    return TopicPattern(namespace, _without_scheme(text))
 
 
 def _matching(pattern: TopicPattern, namespace: str, topics: Iterable[str]) -> list[str]:
-    return sorted(t for t in topics if pattern.matches(namespace, t.removeprefix(SCHEME)))
+    return sorted(t for t in topics if pattern.matches(namespace, _without_scheme(t)))
 
 
 @dataclass
@@ -76,11 +81,23 @@ class TopicLists:
         self._context.service.namespaces.policies(namespace)  # NotFound for an unknown namespace
         return namespace
 
-    def _topics(self, namespace: str) -> list[str]:
+    def _topics(self, namespace: str, mode: int = pb.CommandGetTopicsOfNamespace.PERSISTENT) -> list[str]:
+        """The namespace's topics of ``mode``'s domains: the persistent ones stored, the
+        non-persistent ones live now; a partitioned topic as its partitions."""
         service = self._context.service
-        found = set(service.topics.names(namespace))
-        for partitioned in service.topics.partitioned_names(namespace):
-            found.update(p.full_name for p in service.topics.expand_partitions(TopicName.parse(partitioned)))
+        found: set[str] = set()
+        domains: tuple[str, ...] = ("persistent", "non-persistent")  # ALL
+        if mode == pb.CommandGetTopicsOfNamespace.PERSISTENT:
+            domains = ("persistent",)
+        elif mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+            domains = ("non-persistent",)
+        if "persistent" in domains:
+            found.update(service.topics.names(namespace))
+        if "non-persistent" in domains:
+            found.update(service.topics.non_persistent.names(namespace))
+        for domain in domains:
+            for partitioned in service.topics.partitioned_names(namespace, domain):
+                found.update(p.full_name for p in service.topics.expand_partitions(TopicName.parse(partitioned)))
         return sorted(found)
 
     # --- GET_TOPICS_OF_NAMESPACE -------------------------------------------------------------
@@ -88,7 +105,7 @@ class TopicLists:
         out = self._context.out
         try:
             namespace = self._namespace(request.namespace)
-            topics = [] if request.mode == pb.CommandGetTopicsOfNamespace.NON_PERSISTENT else self._topics(namespace)
+            topics = self._topics(namespace, request.mode)
             filtered = request.HasField("topics_pattern")
             if filtered:
                 topics = _matching(_pattern(namespace, request.topics_pattern), namespace, topics)
@@ -149,7 +166,7 @@ class TopicLists:
         watch = self._watches.get(watcher_id)
         if watch is None or exists == (topic in watch.topics):
             return
-        if not watch.pattern.matches(watch.namespace, topic.removeprefix(SCHEME)):
+        if not watch.pattern.matches(watch.namespace, _without_scheme(topic)):
             return
         if exists:
             watch.topics.add(topic)

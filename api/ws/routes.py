@@ -1,7 +1,8 @@
 """Pulsar's WebSocket API v2 routes: which session each handshake path opens, and their documentation.
 
 Role: paths and query parameters follow Pulsar's WebSocket API, so a client written from
-Pulsar's docs works unchanged. ``websocket_routes`` is the edge's route table: each
+Pulsar's docs works unchanged; the producer and consumer paths exist for ``non-persistent``
+topics too (``/ws/v2/producer/non-persistent/…``). ``websocket_routes`` is the edge's route table: each
 ``WebSocketRoute`` matches a handshake's path and reads the handshake (``Handshake``: path
 parameters and query) into an ``Opening``: what the caller must be allowed (an action on
 topics; a consumer that names its own dead-letter topic also needs the produce permission
@@ -40,6 +41,7 @@ from broker import (
 )
 
 _PARAMETER = re.compile(r"\{(\w+)\}")
+PERSISTENT, NON_PERSISTENT = "persistent", "non-persistent"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def websocket_routes(service: BrokerService, limits: EdgeLimits) -> list[WebSock
 
     def producer(handshake: Handshake) -> Opening:
         params = handshake.params
-        name = TopicName.of(params["tenant"], params["namespace"], params["topic"])
+        name = TopicName.of(params["tenant"], params["namespace"], params["topic"], params.get("domain", PERSISTENT))
         producing = ProducerParams.parse(handshake.query)
         return Opening(Action.PRODUCE, [name], lambda io: ProducerSession(io, service, name, producing))
 
@@ -109,7 +111,7 @@ def websocket_routes(service: BrokerService, limits: EdgeLimits) -> list[WebSock
 
     def consumer(handshake: Handshake) -> Opening:
         params = handshake.params
-        name = TopicName.of(params["tenant"], params["namespace"], params["topic"])
+        name = TopicName.of(params["tenant"], params["namespace"], params["topic"], params.get("domain", PERSISTENT))
         check_subscription_name(params["subscription"])
         return consume(handshake, [name], params["subscription"])
 
@@ -156,8 +158,19 @@ def websocket_routes(service: BrokerService, limits: EdgeLimits) -> list[WebSock
         return Opening(Action.CONSUME, [name], start_reading)
 
     handlers = {"producer": producer, "consumer": consumer, "multi": multi_topic_consumer, "reader": reader}
-    return [WebSocketRoute(path, summary, description, handlers[kind])
-            for kind, (path, summary, description) in _WS_DOCS.items()]
+    routes = [WebSocketRoute(path, summary, description, handlers[kind])
+              for kind, (path, summary, description) in _WS_DOCS.items()]
+    for kind in ("producer", "consumer"):  # Pulsar's paths for non-persistent topics
+        path, summary, description = _WS_DOCS[kind]
+        routes.append(WebSocketRoute(path.replace(f"/{PERSISTENT}/", f"/{NON_PERSISTENT}/"),
+                                     f"{summary}, non-persistent topic", description,
+                                     _in_domain(NON_PERSISTENT, handlers[kind])))
+    return routes
+
+
+def _in_domain(domain: str, handler: Callable[[Handshake], Opening]) -> Callable[[Handshake], Opening]:
+    """``handler`` for the topics of ``domain`` (its path names no domain parameter)."""
+    return lambda handshake: handler(Handshake({**handshake.params, "domain": domain}, handshake.query))
 
 
 _WS_DOCS = {

@@ -45,6 +45,7 @@ DENIED = {SUPERUSER: "acme-admin", TENANT_ADMIN: "producer", PRODUCE: "consumer"
 
 T = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 S = T + "/subscription/{subscription}"
+NT = "/admin/v2/non-persistent/{tenant}/{namespace}/{topic}"
 N = "/admin/v2/namespaces/{tenant}/{namespace}"
 P = "/topics/persistent/{tenant}/{namespace}/{topic}"
 SC = "/admin/v2/schemas/{tenant}/{namespace}/{topic}"
@@ -98,19 +99,32 @@ GUARDS: dict[tuple[str, str], str] = {
     **{(m, T + "/schemaCompatibilityStrategy"): TENANT_ADMIN for m in ("GET", "PUT", "DELETE")},
     **{(m, N + "/" + flag): TENANT_ADMIN for m in ("GET", "POST")
        for flag in ("isAllowAutoUpdateSchema", "schemaValidationEnforced")},
+    # non-persistent topics (api/admin_non_persistent.py)
+    ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}"): TENANT_ADMIN,
+    ("GET", "/admin/v2/non-persistent/{tenant}/{namespace}/partitioned"): TENANT_ADMIN,
+    **{(m, NT + what): TENANT_ADMIN for m, what in (("GET", "/stats"), ("GET", "/partitioned-stats"),
+                                                     ("GET", "/subscriptions"), ("DELETE", ""),
+                                                     ("PUT", "/partitions"), ("POST", "/partitions"),
+                                                     ("DELETE", "/partitions"))},
+    ("GET", NT + "/partitions"): LOOKUP,
     ("GET", "/admin/v2/clusters"): SUPERUSER,
     **{(m, "/admin/v2/clusters/{cluster}"): SUPERUSER for m in ("GET", "PUT", "POST")},
     # WebSocket endpoints: a plain GET only explains that they need an upgrade (426)
     **{("GET", path): PUBLIC for path in (
         "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}",
         "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}",
-        "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}")},
+        "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}",
+        "/ws/v2/producer/non-persistent/{tenant}/{namespace}/{topic}",
+        "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}")},
+    ("WEBSOCKET", "/ws/v2/producer/non-persistent/{tenant}/{namespace}/{topic}"): PRODUCE,
+    ("WEBSOCKET", "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}"): PRODUCE,
     ("WEBSOCKET", "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v3/consumer/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}"): CONSUME,
     # where topics are served (api/lookup.py): a lookup is Pulsar's, allowed to producers and consumers
     ("GET", "/lookup/v2/topic/persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
+    ("GET", "/lookup/v2/topic/non-persistent/{tenant}/{namespace}/{topic}"): LOOKUP,
     ("GET", "/admin/v2/brokers"): SUPERUSER, ("GET", "/admin/v2/brokers/{cluster}"): SUPERUSER,
     ("GET", "/admin/v2/bookies/all"): SUPERUSER,
     ("GET", "/admin/v2/broker-stats/load-reports"): SUPERUSER,
@@ -133,6 +147,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", N + "/messageTTL"): 60, ("POST", N + "/deduplication"): True,
     ("POST", N + "/persistence"): {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1},
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
+    ("PUT", NT + "/partitions"): 2, ("POST", NT + "/partitions"): 2,
     ("POST", S + "/resetcursor"): {"ledgerId": 1, "entryId": 0},
     **{("POST", SC + what): {"type": "STRING", "schema": ""} for what in ("/schema", "/compatibility")},
     ("PUT", N + "/schemaCompatibilityStrategy"): "FULL", ("PUT", T + "/schemaCompatibilityStrategy"): "FULL",

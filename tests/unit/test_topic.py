@@ -37,7 +37,10 @@ def test_topic_names_follow_pulsar() -> None:
     assert part.partition_index == 3 and part.base.local_name == "orders"
     assert part.base.partition(1).full_name == "persistent://acme/prod/orders-partition-1"
     assert part.managed_ledger_name == "acme/prod/persistent/orders-partition-3"
-    for bad in ["", "non-persistent://a/b/c", "a/b", "a/b/c/d", "a b/c/d", "t/ns/top?ic"]:
+    live = TopicName.parse("non-persistent://a/b/c-partition-1")
+    assert live.domain == "non-persistent" and not live.persistent and live.partition_index == 1
+    assert live.base.full_name == "non-persistent://a/b/c" and TopicName.parse("t/ns/x").persistent
+    for bad in ["", "transient://a/b/c", "a/b", "a/b/c/d", "a b/c/d", "t/ns/top?ic"]:
         with pytest.raises(InvalidRequest):
             TopicName.parse(bad)
 
