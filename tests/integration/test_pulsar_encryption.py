@@ -163,6 +163,21 @@ def check_context(shown: dict[str, Any], context: pulsar.EncryptionContext | Non
     assert shown.get("batchSize") == (None if context.batch_size() < 0 else context.batch_size())
 
 
+def test_key_shared_dispatch_routes_encrypted_messages_by_their_clear_key(
+        pc: pulsar.Client, keys: pulsar.CryptoKeyReader) -> None:
+    topic = "encrypted-key-shared"
+    consumers = [pc.subscribe(topic, "by-key", consumer_type=pulsar.ConsumerType.KeyShared, crypto_key_reader=keys,
+                              consumer_name=f"c{i}") for i in range(2)]
+    producer = encrypted_producer(pc, topic, keys, batched=False)
+    sent = [(f"k{i % 8}", f"m{i}".encode()) for i in range(32)]
+    for key, value in sent:
+        producer.send(value, partition_key=key)
+    seen = [[(m.partition_key(), m.data()) for m in drain(c)] for c in consumers]
+    assert sorted(seen[0] + seen[1]) == sorted(sent)
+    assert all(seen), "both consumers got keys"
+    assert not {k for k, _ in seen[0]} & {k for k, _ in seen[1]}, "a key reached both consumers"
+
+
 def compact(http_url: str, topic: str) -> None:
     url = f"{http_url}/admin/v2/{NS}/{topic}/compaction"
     assert httpx.put(url, timeout=30).status_code in (200, 204)
@@ -201,15 +216,17 @@ def test_encrypted_entries_survive_a_crash(data_dir: Path, keys: pulsar.CryptoKe
         for i in (2, 3):
             batch.send_async(f"before-{i}".encode(), None, partition_key="k")
         batch.flush()
+        c.close()
         process.kill()
         process.wait(timeout=30)
-        c.close()
-    with binary_broker(data_dir / "restart") as (_, pulsar_url, _):
+    with binary_broker(data_dir / "restart") as (http_url, pulsar_url, _):
         c = client(pulsar_url)
         again = c.create_producer(topic, producer_name="p-restart-batch", encryption_key=KEY_NAME,
                                   crypto_key_reader=keys)
         assert again.last_sequence_id() == 11  # 10 and 11: the batch, replayed
         again.send(b"after", partition_key="k")
+        info = httpx.get(f"{http_url}/topics/{NS}/{topic}/keys/k", timeout=30).json()
+        assert info["version"] == 4  # the key index counted every message of the clear key "k", the batch's too
         reader = c.create_reader(topic, pulsar.MessageId.earliest, crypto_key_reader=keys)
         assert [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in range(5)] == \
             [b"before-0", b"before-1", b"before-2", b"before-3", b"after"]
