@@ -94,6 +94,20 @@ def test_encrypted_messages_reach_a_consumer_and_a_reader_with_the_key(
     assert [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in payloads] == payloads
 
 
+def test_an_encrypted_batch_of_one_message_reaches_the_consumer_as_a_batch(
+        pc: pulsar.Client, keys: pulsar.CryptoKeyReader) -> None:
+    """The broker gives a lone message stored as a batch in Pulsar's unbatched form; an
+    encrypted batch is never rewritten (its payload is the encrypted batch, compressed)."""
+    topic = "encrypted-batch-of-one"
+    consumer = pc.subscribe(topic, "with-key", crypto_key_reader=keys)
+    producer = pc.create_producer(topic, encryption_key=KEY_NAME, crypto_key_reader=keys, batching_enabled=True,
+                                  compression_type=pulsar.CompressionType.LZ4)
+    producer.send_async(b"alone " * 20, None, partition_key="k")
+    producer.flush()
+    message = consumer.receive(RECEIVE_TIMEOUT_MS)
+    assert (message.data(), message.partition_key()) == (b"alone " * 20, "k")
+
+
 def test_a_consumer_without_the_key_gets_what_pulsar_gives(pc: pulsar.Client, keys: pulsar.CryptoKeyReader) -> None:
     topic = "encrypted-no-key"
     consume = pc.subscribe(topic, "consume", crypto_failure_action=pulsar.ConsumerCryptoFailureAction.CONSUME)
