@@ -40,6 +40,7 @@ from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_format import (
     DecodedMessage,
+    EncryptionContext,
     Message,
     decode_entry,
     encode_entry,
@@ -67,6 +68,8 @@ class CompactedMessage:
     message: DecodedMessage
     entry_data: bytes | None = None
     """An end-to-end encrypted entry's stored bytes: compacted as a whole, kept as it is."""
+    encryption: EncryptionContext | None = None
+    """Its encryption context, when the view is read back."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ def decode_compacted(raw: bytes) -> CompactedMessage:
     assert decoded.index is not None and decoded.broker_timestamp_ms is not None
     original = decoded.messages[0]
     return CompactedMessage(decoded.index, MessageId(ledger_id, entry_id, -1, batch_index),
-                            decoded.broker_timestamp_ms, original._replace(offset=decoded.index))
+                            decoded.broker_timestamp_ms, original._replace(offset=decoded.index),
+                            encryption=decoded.encryption)
 
 
 class Compactor:
