@@ -7,7 +7,8 @@ Magnetar extension (Pulsar has no REST consume), shaped like Pulsar's REST paths
     POST /topics/persistent/{tenant}/{namespace}/{topic}/subscription/{subscription}/negativeAcknowledge
 
 and the same under ``.../{topic}/partitions/{n}/subscription/...``. A pull answers ``{"messages":
-[{messageId, offset, payload, key, properties, publishTime, eventTime, redeliveryCount}]}`` with
+[{messageId, offset, payload, key, properties, publishTime, eventTime, redeliveryCount,
+encryptionContext (an end-to-end encrypted entry, delivered whole: see ``broker/delivery.py``)}]}`` with
 message ids in the WebSocket API's form (base64 ``MessageIdData``), payloads in base64 and times
 in ISO-8601 (UTC). Ack and negative ack take ``{"messageIds": [...]}`` and/or ``{"offsets": [...]}``.
 
@@ -225,16 +226,17 @@ class RestConsumer:
             if run is None:
                 break
             messages = run.messages()
-            fit = fit_bytes = 0
+            fit = fit_bytes = fit_offsets = 0
             for delivery in messages[: messages_max - len(taken)]:
                 payload_bytes = len(delivery.message.payload)
                 if (taken or taken_any or fit) and size + fit_bytes + payload_bytes > bytes_max:
                     break
                 fit += 1
                 fit_bytes += payload_bytes
+                fit_offsets += len(delivery.offsets)  # an encrypted entry's message carries its run
             if not fit:
                 break  # left in the outbox for the next pull
-            if self.consumer.take_head(run, fit) is None:
+            if self.consumer.take_head(run, fit_offsets) is None:
                 continue  # another pull took it first: look again
             for delivery in messages[:fit]:
                 if self.consumer.holds(delivery):  # else timed out and requeued
@@ -362,7 +364,8 @@ def message_json(delivery: Delivery) -> dict[str, Any]:
             "payload": base64.b64encode(message.payload).decode("ascii"), "key": message.key,
             "properties": message.properties, "publishTime": iso_time(delivery.publish_time_ms),
             "eventTime": iso_time(message.event_time_ms) if message.event_time_ms is not None else None,
-            "redeliveryCount": delivery.redelivery_count}
+            "redeliveryCount": delivery.redelivery_count,
+            **({} if delivery.encryption is None else {"encryptionContext": delivery.encryption.as_json()})}
 
 
 # --- routes ------------------------------------------------------------------------------------------

@@ -21,12 +21,15 @@ Invariants: a read never changes anything. Asking below the first retained offse
 ``DataLost`` (410 ``data_lost``); asking at or beyond the end is an empty result. JSON messages
 carry Pulsar's ISO-8601 ``publishTime`` (and ``eventTime`` when set) like every JSON message
 Magnetar writes, with the epoch milliseconds beside them as ``publishTimeMs``/``eventTimeMs``.
-Message ids are Pulsar's base64 ``MessageIdData``, as on the WebSocket API.
+Message ids are Pulsar's base64 ``MessageIdData``, as on the WebSocket API. An end-to-end
+encrypted entry is one JSON message (its stored ciphertext, with Pulsar's ``encryptionContext``)
+at its first offset, as the WebSocket API gives it; an Arrow answer keeps a row per offset.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping, Set
 from typing import Annotated, Any
 
 import pyarrow as pa
@@ -35,7 +38,7 @@ from fastapi.responses import JSONResponse, Response
 
 from api.auth import Action, Authorizer, Caller
 from api.limits import READ_BYTES_DEFAULT, READ_BYTES_MAX, READ_MESSAGES_DEFAULT, READ_MESSAGES_MAX, EdgeLimits
-from broker import KEY_VERSION_COLUMN, OFFSET_MAX, BrokerService, RangeRead, TopicName, iso_time
+from broker import KEY_VERSION_COLUMN, OFFSET_MAX, BrokerService, EncryptionContext, RangeRead, TopicName, iso_time
 
 ARROW_MESSAGE_OVERHEAD_BYTES = 64
 """What a message costs an Arrow answer besides its payload (offset, id, times, key, properties)."""
@@ -61,15 +64,19 @@ def _epoch_ms(column: pa.Array) -> list[int | None]:
     return values
 
 
-def to_json(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+def to_json(batch: pa.RecordBatch, encrypted: Mapping[int, EncryptionContext] | None = None,
+            carried: Set[int] = frozenset()) -> list[dict[str, Any]]:
     """The messages of a read batch as the JSON answer lists them (with ``keyVersion`` when the
-    batch is a stream read's)."""
+    batch is a stream read's); an encrypted entry as one message with its ``encryptionContext``
+    (its carried rows left out), as the WebSocket and REST consumers give it."""
     messages: list[dict[str, Any]] = []
     columns = zip(batch.column("offset").to_pylist(), batch.column("messageId").to_pylist(),
                   batch.column("key").to_pylist(), batch.column("value").to_pylist(),
                   batch.column("properties").to_pylist(), _epoch_ms(batch.column("publishTime")),
                   _epoch_ms(batch.column("eventTime")), strict=True)
     for offset, message_id, key, value, properties, publish_time_ms, event_time_ms in columns:
+        if offset in carried:
+            continue
         message: dict[str, Any] = {
             "offset": offset,
             "messageId": message_id,
@@ -83,6 +90,9 @@ def to_json(batch: pa.RecordBatch) -> list[dict[str, Any]]:
         if event_time_ms is not None:
             message["eventTime"] = iso_time(event_time_ms)
             message["eventTimeMs"] = event_time_ms
+        context = encrypted.get(offset) if encrypted else None
+        if context is not None:
+            message["encryptionContext"] = context.as_json()
         messages.append(message)
     if KEY_VERSION_COLUMN in batch.schema.names:
         for message, version in zip(messages, batch.column(KEY_VERSION_COLUMN).to_pylist(), strict=True):
@@ -145,5 +155,6 @@ def _read_response(request: Request, result: RangeRead) -> Response:
     headers = {NEXT_OFFSET_HEADER: str(result.next_offset), FIRST_OFFSET_HEADER: str(result.first_offset)}
     if wants_arrow(request):
         return Response(arrow_stream(result.batch), media_type=ARROW_STREAM_MEDIA_TYPE, headers=headers)
-    return JSONResponse({"messages": to_json(result.batch), "nextOffset": result.next_offset,
+    return JSONResponse({"messages": to_json(result.batch, result.encrypted, result.carried),
+                         "nextOffset": result.next_offset,
                          "firstOffset": result.first_offset}, headers=headers)

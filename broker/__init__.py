@@ -44,7 +44,7 @@ from broker.compaction import CompactionStatus
 from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import Delivery, EntryRun
 from broker.entry_builder import PreparedEntry, entries_of_messages, entry_of_client, entry_of_messages
-from broker.entry_format import Compression, Message
+from broker.entry_format import Compression, EncryptionContext, Message
 from broker.entry_frames import ack_set_of, cleared_indexes
 from broker.errors import (
     AlreadyExists,
@@ -164,6 +164,7 @@ __all__ = [
     "CursorView",
     "DataLost",
     "Delivery",
+    "EncryptionContext",
     "EntryRun",
     "ExpectedVersion",
     "Forbidden",

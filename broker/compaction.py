@@ -6,8 +6,10 @@ empty payload is a tombstone that removes the key, and messages without a key ar
 Pass 2 writes the surviving messages, in offset order, one per entry, to a new ledger, each
 prefixed with its original message id (Pulsar's compacted ledgers keep original ids too):
 ``[ledger u64][entry u64][batch_index i32]`` + a one-message Pulsar entry whose
-BrokerEntryMetadata index is the message's original offset. Then the compaction record at
-``/managed-ledgers/{name}/compaction`` is swapped (compare-and-set) and the old compacted
+BrokerEntryMetadata index is the message's original offset. An end-to-end encrypted entry
+cannot be split (Pulsar's compactor keeps such a batch whole too): it is one message of its
+clear key at its last offset, kept as the stored entry (re-prefixed, index its last offset).
+Then the compaction record at ``/managed-ledgers/{name}/compaction`` is swapped (compare-and-set) and the old compacted
 ledger deleted. Readers of the compacted view read it up to the horizon, then the topic:
 ``Reader`` (REST, WebSocket) as decoded messages, a read-compacted subscription (the binary
 protocol's ``read_compacted``) as entries (``compacted_entries``: each message's stored bytes
@@ -36,9 +38,18 @@ from dataclasses import dataclass
 
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
-from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry, peek_broker_entry_metadata
+from broker.entry_format import (
+    DecodedMessage,
+    EncryptionContext,
+    Message,
+    decode_entry,
+    encode_entry,
+    peek_broker_entry_metadata,
+    with_broker_entry_metadata,
+)
 from broker.errors import CompactionInProgress, MagnetarError, NotFound
 from broker.limits import COMPACTION_APPEND_ENTRIES
+from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId
 from broker.metadata.store import MetadataStore
 from broker.topic import PersistentTopic
@@ -55,6 +66,10 @@ class CompactedMessage:
     message_id: MessageId
     publish_time_ms: int
     message: DecodedMessage
+    entry_data: bytes | None = None
+    """An end-to-end encrypted entry's stored bytes: compacted as a whole, kept as it is."""
+    encryption: EncryptionContext | None = None
+    """Its encryption context, when the view is read back."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +135,8 @@ def decode_compacted(raw: bytes) -> CompactedMessage:
     assert decoded.index is not None and decoded.broker_timestamp_ms is not None
     original = decoded.messages[0]
     return CompactedMessage(decoded.index, MessageId(ledger_id, entry_id, -1, batch_index),
-                            decoded.broker_timestamp_ms, original._replace(offset=decoded.index))
+                            decoded.broker_timestamp_ms, original._replace(offset=decoded.index),
+                            encryption=decoded.encryption)
 
 
 class Compactor:
@@ -176,12 +192,24 @@ class Compactor:
             start = max(start, previous.horizon_offset)
         for entry in self._topic.entries_from(start) if start < horizon else iter(()):
             decoded = decode_entry(entry.data)
+            if decoded.encryption is not None:
+                if start <= entry.last_offset < horizon:
+                    yield self._opaque(entry, decoded.messages[0])
+                continue
             for message in decoded.messages:
                 assert message.offset is not None
                 if start <= message.offset < horizon:
                     yield CompactedMessage(message.offset, MessageId(entry.position.ledger_id, entry.position.entry_id,
                                            self._topic.partition, message.batch_index),
                                            entry.publish_time_ms, message)
+
+    def _opaque(self, entry: Entry, first: DecodedMessage) -> CompactedMessage:
+        """An encrypted entry as one message of its clear key, at its last offset (Pulsar's
+        compactor keeps a batch it cannot read whole, by the batch's key)."""
+        position = entry.position
+        return CompactedMessage(entry.last_offset, MessageId(position.ledger_id, position.entry_id,
+                                                             self._topic.partition, -1),
+                                entry.publish_time_ms, first._replace(offset=entry.last_offset), entry.data)
 
     def _compact(self) -> None:
         horizon = self._topic.ml.confirmed_next_offset()
@@ -213,6 +241,10 @@ class Compactor:
 
     @staticmethod
     def _encode(item: CompactedMessage) -> bytes:
+        mid = item.message_id
+        if item.entry_data is not None:
+            entry = with_broker_entry_metadata(item.entry_data, item.publish_time_ms, item.offset)
+            return _ORIGINAL_ID.pack(mid.ledger_id, mid.entry_id, mid.batch_index) + entry
         m = item.message
         entry = encode_entry([Message(payload=m.payload, key=m.key, properties=m.properties,
                                       event_time_ms=m.event_time_ms, sequence_id=m.sequence_id,
@@ -220,7 +252,6 @@ class Compactor:
                              producer_name="compactor", sequence_id=m.sequence_id or 0,
                              publish_time_ms=item.publish_time_ms, broker_timestamp_ms=item.publish_time_ms,
                              index=item.offset)
-        mid = item.message_id
         return _ORIGINAL_ID.pack(mid.ledger_id, mid.entry_id, mid.batch_index) + entry
 
 

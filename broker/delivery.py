@@ -16,7 +16,10 @@ Invariants:
   redelivery count (the dispatcher cuts runs where the counts differ).
 - ``data`` is the stored entry byte for byte (broker prefix included), never copied by dispatch.
 - A message's id has a batch index only when its entry holds more than one message, as Pulsar
-  gives a message sent alone none.
+  gives a message sent alone none. An end-to-end encrypted entry cannot be split: its run is
+  one message (the stored ciphertext, an id without batch index, its ``EncryptionContext``)
+  whose acknowledgement acknowledges the run, as Pulsar's client hands out an entry it cannot
+  decrypt.
 - A run costs :func:`footprint` while dispatch holds it: its share of the entry's bytes (the
   entry's bytes over its messages, for each message of the run), a record per run and a slot per
   message. Decoded messages cost :func:`decoded_footprint` (readers hold those).
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from broker.entry_format import DecodedMessage, decode_messages
+from broker.entry_format import DecodedMessage, EncryptionContext, decode_delivered
 from broker.entry_frames import ack_set_of, consumer_entry
 from broker.message_id import MessageId
 
@@ -67,6 +70,17 @@ class Delivery(NamedTuple):
     topic: str
     key_version: int | None = None
     """The message's version in its key's stream, when a key reader delivers it."""
+    encryption: EncryptionContext | None = None
+    """Set for an end-to-end encrypted entry, delivered whole as this one message (its payload
+    the stored ciphertext), as Pulsar hands out an entry its consumer cannot decrypt."""
+    carried: tuple[int, ...] = ()
+    """The offsets of the run delivered with this message (an encrypted entry's others):
+    acknowledged with it."""
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Every offset an acknowledgement of this message acknowledges."""
+        return (self.offset, *self.carried)
 
 
 _new_delivery = tuple.__new__
@@ -106,17 +120,19 @@ class EntryRun(NamedTuple):
                                    -1 if self.batch_size == 1 else offset - self.first_offset)
 
     def messages(self) -> list[Delivery]:
-        """The run's messages, its entry decoded (``CorruptEntry`` for a malformed one)."""
-        decoded = decode_messages(self.data)[0]
+        """The run's messages, its entry decoded (``CorruptEntry`` for a malformed one); an
+        encrypted entry's run is one message (see :class:`Delivery`)."""
+        decoded, encryption = decode_delivered(self.data)
         first, lone = self.first_offset, self.batch_size == 1
-        if lone:  # most runs: one message, whose id has no batch index
+        if lone or encryption is not None:  # most runs: one message, whose id has no batch index
+            offsets = self.offsets
             return [_new_delivery(Delivery, (MessageId.of_stored(self.ledger_id, self.entry_id, self.partition, -1),
-                                             first, decoded[0], self.publish_time_ms, self.redelivery_count,
-                                             self.topic, None))]
+                                             offsets[0], decoded[0], self.publish_time_ms, self.redelivery_count,
+                                             self.topic, None, encryption, tuple(offsets[1:])))]
         of_stored, ledger_id, entry_id, partition = MessageId.of_stored, self.ledger_id, self.entry_id, self.partition
         count, publish_ms, topic = self.redelivery_count, self.publish_time_ms, self.topic
-        return [_new_delivery(Delivery, (of_stored(ledger_id, entry_id, partition, -1 if lone else offset - first),
-                                         offset, decoded[offset - first], publish_ms, count, topic, None))
+        return [_new_delivery(Delivery, (of_stored(ledger_id, entry_id, partition, offset - first),
+                                         offset, decoded[offset - first], publish_ms, count, topic, None, None, ()))
                 for offset in self.offsets]
 
     def frame_data(self) -> memoryview:

@@ -35,7 +35,7 @@ from broker.compaction import CompactedEntry, CompactedView, compacted_entries
 from broker.consumer import Consumer
 from broker.cursor import ManagedCursor
 from broker.delivery import footprint
-from broker.entry_format import DecodedMessage, decode_messages, delivery_time
+from broker.entry_format import DecodedMessage, decode_messages, delivery_time, message_count
 from broker.errors import MagnetarError, NoSuchEntry, NotFound
 from broker.limits import PENDING_MESSAGES_MAX, READ_BATCH_ENTRIES
 from broker.message_id import Position
@@ -237,8 +237,8 @@ class DispatchReads:
     def _compacted_entry(self, entry: CompactedEntry) -> WaitingEntry:
         """A compacted message to deliver: a message of a batch as its original entry with only
         it to deliver (the client numbers it by its batch index and skips the rest by the ack
-        set), else (a lone message, or a batch trimmed from the topic since) the compacted
-        entry itself."""
+        set), else (a lone message, a batch trimmed from the topic since, or an encrypted batch,
+        which compaction keeps whole) the compacted entry itself."""
         if entry.batch_index >= 0:
             try:
                 original = self._cursor.ml.read_entry(Position(entry.ledger_id, entry.entry_id))
@@ -249,6 +249,8 @@ class DispatchReads:
                 position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, first, count,
                                                original.publish_time_ms, len(original.data) // count))
                 return WaitingEntry(position, original.data, [entry.offset], None, False)
-        position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, entry.offset, 1, entry.publish_time_ms,
-                                       len(entry.data)))
-        return WaitingEntry(position, entry.data, range(entry.offset, entry.offset + 1), None, False)
+        count = message_count(entry.data)  # 1, or an encrypted batch kept whole (compaction.py): all of it
+        first = entry.offset - count + 1
+        position = _new_ref(EntryRef, (entry.ledger_id, entry.entry_id, first, count, entry.publish_time_ms,
+                                       len(entry.data) // count))
+        return WaitingEntry(position, entry.data, range(first, entry.offset + 1), None, False)

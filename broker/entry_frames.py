@@ -13,7 +13,9 @@ Invariants:
 - :func:`check_client_entry` accepts only what every reader of the topic can decode later
   (checksum, metadata, compression, batch structure, declared message count), so a client's
   bytes can never make a stored entry unreadable; it raises ``CorruptEntry`` or
-  ``InvalidRequest`` (an encrypted entry, a wrong message count, a broker prefix). It checks
+  ``InvalidRequest`` (a wrong message count, a broker prefix). An end-to-end encrypted entry is
+  checked as far as the broker can read it (checksum, metadata, message count; its payload is
+  opaque) and its messages take the clear metadata's key. It checks
   exactly what ``decode_entry`` checks, without building what a reader needs: the common entry
   (uncompressed, only the metadata fields Pulsar's clients set by default) through
   ``common_client_entry``, which never accepts what ``decode_entry`` refuses, anything else

@@ -7,18 +7,20 @@ next offset to ask for and the first offset retention kept. The entries come fro
 ledger in steps of about ``READ_STEP_BYTES`` through the ledger's range read.
 
 Invariants: a read never changes anything (no cursor, no topic creation). Offsets are gap-free,
-so the ``offset`` column is ``N, N+1, ...``. Asking below the first retained offset is
+so the ``offset`` column is ``N, N+1, ...`` (an encrypted entry's rows too: ``encrypted`` and
+``carried`` say which hold its ciphertext and which it carries). Asking below the first retained offset is
 ``DataLost`` (410, naming the first available offset); asking at or beyond the end is an empty
 result; a partition of a partitioned topic that nobody wrote to reads as empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Set
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from broker.entry_format import EncryptionContext
 from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries, new_columns
 from broker.errors import DataLost, NoSuchEntry, NoSuchLedger
 from broker.limits import READ_STEP_BYTES, READ_STEP_ENTRIES_MAX
@@ -33,6 +35,10 @@ class RangeRead:
     next_offset: int
     first_offset: int
     """The first offset retention kept."""
+    encrypted: Mapping[int, EncryptionContext] = field(default_factory=dict)
+    """The rows holding an encrypted entry's payload, by offset (``columns.py``)."""
+    carried: Set[int] = frozenset()
+    """The offsets of the rows such an entry's first message carries."""
 
 
 def read_range(topic: PersistentTopic | None, name: TopicName, offset: int, max_messages: int, max_bytes: int, *,
@@ -50,7 +56,7 @@ def read_range(topic: PersistentTopic | None, name: TopicName, offset: int, max_
     columns = collect_entries(_entries(topic, offset), offset, partition, max_messages, max_bytes,
                               message_overhead_bytes=message_overhead_bytes, native=native)
     return RangeRead(columns.record_batch(name.full_name, partition), columns.first_offset + len(columns),
-                     ml.first_offset)
+                     ml.first_offset, columns.encrypted, columns.carried)
 
 
 def _entries(topic: PersistentTopic, offset: int) -> Iterator[Entry]:

@@ -69,7 +69,8 @@ class Reader:
             view = compactor.view()
             if view is not None and self.next_offset < view.horizon_offset:
                 self._compacted = (Delivery(m.message_id, m.offset, m.message, m.publish_time_ms, 0,
-                                            topic.name.full_name) for m in view.messages_from(self.next_offset))
+                                            topic.name.full_name, None, m.encryption)
+                                   for m in view.messages_from(self.next_offset))
                 self.next_offset = view.horizon_offset
 
     def _resolve(self, start: StartPosition) -> int:

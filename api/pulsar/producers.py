@@ -182,8 +182,6 @@ class ProducerHalf:
             topic = TopicName.parse(command.topic)  # the right to produce there: see permissions.py
             # ServiceNotReady elsewhere: the client looks it up again
             context.service.namespaces.check_served_here(topic)
-            if command.encrypted:
-                raise InvalidRequest("end-to-end encrypted producers are not supported")
             name = command.producer_name or f"standalone-{context.connection_id}-{next(self._names)}"
             schema_version = self._schemas.for_producer(topic, command.schema if command.HasField("schema") else None)
             producer = context.service.topics.producer(topic, name)

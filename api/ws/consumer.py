@@ -51,7 +51,7 @@ class ConsumerSession:
         self._writer = io.writer
         self._writer.frames_max = DELIVERY_BACKLOG_FRAMES_MAX
         self._acks: dict[str, list[int]] = {}
-        self._sent: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._sent: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
         self._credit_timer: asyncio.TimerHandle | None = None
         self._ended = False
         # deliveries leave inside the dispatch that made them, ahead of the publisher's result
@@ -104,7 +104,7 @@ class ConsumerSession:
         for run in self.consumer.poll_all():
             for delivery in run.messages():  # the entry is decoded here, at the edge that needs messages
                 message_id = delivery.message_id.to_base64()
-                self._remember(message_id, delivery.topic, delivery.offset)
+                self._remember(message_id, delivery.topic, delivery.offsets)
                 frames.append(message_frame(delivery, message_id))
         self._writer.send(frames)
         if self.consumer.closed:
@@ -142,11 +142,11 @@ class ConsumerSession:
         if kind == "isEndOfTopic":
             self._writer.send([frame_text({"endOfTopic": self.consumer.end_of_topic()})])
             return False
-        topic, offset = self._locate(frame)
+        topic, offsets = self._locate(frame)
         if kind == "negativeAcknowledge":
-            self.consumer.nack(topic, [offset])
+            self.consumer.nack(topic, list(offsets))
         else:  # Pulsar: a frame with no (or an unknown) type is an acknowledgement
-            self._acks.setdefault(topic, []).append(offset)
+            self._acks.setdefault(topic, []).extend(offsets)
         return True
 
     def _flush_acks(self) -> None:
@@ -157,18 +157,20 @@ class ConsumerSession:
             except MagnetarError:
                 log.exception("acknowledging %d messages of %s failed", len(offsets), topic)
 
-    def _remember(self, message_id: str, topic: str, offset: int) -> None:
-        """Where a sent message lives, so its ack needs no id parsing (bounded: the oldest go)."""
-        self._sent[message_id] = (topic, offset)
+    def _remember(self, message_id: str, topic: str, offsets: tuple[int, ...]) -> None:
+        """Where a sent message lives (an encrypted entry's: every offset it carries), so its
+        ack needs no id parsing (bounded: the oldest go)."""
+        self._sent[message_id] = (topic, offsets)
         if len(self._sent) > SENT_IDS_REMEMBERED_MAX:
             self._sent.popitem(last=False)
 
-    def _locate(self, frame: dict[str, Any]) -> tuple[str, int]:
-        """The (partition topic, offset) of the message a frame's ``messageId`` names."""
+    def _locate(self, frame: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+        """The (partition topic, offsets) of the message a frame's ``messageId`` names."""
         raw = frame.get("messageId")
         if not isinstance(raw, str):
             raise FrameError(JSON_DESERIALIZE_ERROR, "frame needs a messageId string")
         known = self._sent.pop(raw, None)
         if known is not None:
             return known
-        return self.consumer.locate(MessageId.from_base64(raw))
+        topic, offset = self.consumer.locate(MessageId.from_base64(raw))
+        return topic, (offset,)

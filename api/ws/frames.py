@@ -2,11 +2,13 @@
 
 Role: the text of the WebSocket API. Client frames are JSON objects; a delivered message is
 ``{messageId, payload (base64), properties, publishTime (ISO-8601), redeliveryCount, offset,
-key, eventTime}``; a producer's result is ``{result: "ok", messageId, context, offset}`` or
-``{result: "send-error:<n>", errorMsg, errorCode, context}`` with Pulsar's codes (3 bad JSON, 7
-bad payload encoding or event time, 8 broker refusal); consumers and readers answer a bad frame
-``{result: "error:<n>", errorMsg}``. Message frames are written directly (ids, base64 and times
-need no escaping; only keys and properties go through JSON).
+key, eventTime}``, plus Pulsar's ``encryptionContext`` for an end-to-end encrypted entry
+(``EncryptionContext.as_json``; its payload is the stored ciphertext); a producer's result is
+``{result: "ok", messageId, context, offset}`` or ``{result: "send-error:<n>", errorMsg,
+errorCode, context}`` with Pulsar's codes (3 bad JSON, 7 bad payload encoding or event time, 8
+broker refusal); consumers and readers answer a bad frame ``{result: "error:<n>", errorMsg}``.
+Message frames are written directly (ids, base64 and times need no escaping; only keys,
+properties and the encryption context go through JSON).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def message_frame(delivery: Delivery, message_id_b64: str | None = None) -> str:
         extra += f',"eventTime":"{iso_time(message.event_time_ms)}"'
     if delivery.key_version is not None:
         extra += f',"keyVersion":{delivery.key_version}'
+    if delivery.encryption is not None:
+        extra += f',"encryptionContext":{json_text(delivery.encryption.as_json())}'
     properties = json.dumps(message.properties, separators=(",", ":")) if message.properties else "{}"
     message_id = message_id_b64 or delivery.message_id.to_base64()
     return (f'{{"messageId":"{message_id}",'

@@ -70,11 +70,25 @@ from broker.entry_format.broker_metadata import (
     with_broker_entry_metadata,
     with_broker_entry_metadata_each,
 )
-from broker.entry_format.common_entry import common_client_entry, decode_messages, delivery_time
+from broker.entry_format.common_entry import common_client_entry, decode_delivered, decode_messages, delivery_time
 from broker.entry_format.compression import Compression
-from broker.entry_format.decode import decode_entry, decode_entry_payload, message_count, split_entry_payload
+from broker.entry_format.decode import (
+    decode_entry,
+    decode_entry_payload,
+    encryption_context,
+    message_count,
+    split_entry_payload,
+)
 from broker.entry_format.encode import as_unbatched, encode_entry, encode_single_entry
-from broker.entry_format.model import BrokerEntryMetadata, DecodedEntry, DecodedMessage, EntryPayload, Message
+from broker.entry_format.model import (
+    BrokerEntryMetadata,
+    DecodedEntry,
+    DecodedMessage,
+    EncryptionContext,
+    EncryptionKey,
+    EntryPayload,
+    Message,
+)
 from broker.entry_format.wire import MAGIC_BROKER_ENTRY_METADATA, MAGIC_CRC32C, encode_varint
 
 __all__ = [
@@ -84,13 +98,17 @@ __all__ = [
     "Compression",
     "DecodedEntry",
     "DecodedMessage",
+    "EncryptionContext",
+    "EncryptionKey",
     "EntryPayload",
     "Message",
     "as_unbatched",
     "common_client_entry",
+    "decode_delivered",
     "decode_entry",
     "decode_messages",
     "delivery_time",
+    "encryption_context",
     "decode_entry_payload",
     "encode_entry",
     "encode_single_entry",

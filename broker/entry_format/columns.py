@@ -12,7 +12,10 @@ base64 that is not canonical, ...) to the reference decoder. ``NATIVE_COLUMNS`` 
 serves reads.
 
 Invariant: offsets are gap-free, so the ``offset`` column is ``first_offset, first_offset + 1,
-...``; at least one message is taken when any is offered, whatever the byte budget.
+...``; at least one message is taken when any is offered, whatever the byte budget. An
+end-to-end encrypted entry is opaque (``model.py``): its first row holds the stored ciphertext,
+the rows it carries none; ``encrypted`` and ``carried`` name those rows' offsets for the edges
+that show such an entry as one message.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import pyarrow as pa
 
 from broker.entry_format.common_entry import common_batch_payload
 from broker.entry_format.decode import decode_entry, decode_entry_payload
-from broker.entry_format.model import DecodedEntry
+from broker.entry_format.model import DecodedEntry, EncryptionContext
 from broker.errors import CorruptEntry
 from broker.message_id import Position, message_id_bytes, message_ids_of_entry
 
@@ -77,6 +80,10 @@ class Columns(Protocol):
     """The messages of one read, column by column (no per-message objects survive a read)."""
 
     first_offset: int
+    encrypted: dict[int, EncryptionContext]
+    """The offset of each row holding an encrypted entry's payload, with its context."""
+    carried: set[int]
+    """The offsets of the rows an encrypted entry's first message carries (no payload)."""
 
     def __len__(self) -> int: ...
 
@@ -91,6 +98,15 @@ class Columns(Protocol):
     def record_batch(self, topic_name: str, partition: int) -> pa.RecordBatch:
         """The columns as one ``ARROW_SCHEMA`` batch; call once, after the last ``add_rows_of``."""
         ...
+
+
+def _note_encrypted(columns: Columns, decoded: DecodedEntry, first_offset: int, skip: int, count: int) -> None:
+    """Name the rows ``skip..skip+count`` of the encrypted entry ``decoded`` in ``columns``."""
+    if decoded.encryption is None or not count:
+        return
+    if skip == 0:
+        columns.encrypted[first_offset] = decoded.encryption
+    columns.carried.update(range(first_offset + max(skip, 1), first_offset + skip + count))
 
 
 def _key_bytes(key: str | None, b64_encoded: bool) -> bytes | None:
@@ -120,6 +136,8 @@ class ReadColumns:
     property_keys: list[str] = field(default_factory=list)
     property_values: list[str] = field(default_factory=list)
     size_bytes: int = 0
+    encrypted: dict[int, EncryptionContext] = field(default_factory=dict)
+    carried: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -129,6 +147,7 @@ class ReadColumns:
         decoded = decode_entry(entry.data)
         messages = decoded.messages[skip:skip + take]
         count = len(messages)
+        _note_encrypted(self, decoded, entry.first_offset, skip, count)
         self.message_ids.extend(message_ids_of_entry(entry.position.ledger_id, entry.position.entry_id, partition,
                                                      decoded.num_messages, skip, skip + count))
         self.publish_times_ms.extend(itertools.repeat(entry.publish_time_ms, count))
@@ -175,6 +194,8 @@ class NativeColumns:
     def __init__(self, first_offset: int) -> None:
         self.first_offset = first_offset
         self._columns = RangeColumns(first_offset)
+        self.encrypted: dict[int, EncryptionContext] = {}
+        self.carried: set[int] = set()
         self.decoded_entries = 0
         """Entries split into messages in Python (not batched, or beyond the extension's rules)."""
 
@@ -194,6 +215,7 @@ class NativeColumns:
         else:
             verified = decode_entry_payload(entry.data)
             payload, count, is_batched = verified.payload, verified.num_messages, verified.is_batched
+            is_batched = is_batched and verified.encryption is None  # an encrypted payload is not split
         skip = min(skip, count)
         take = min(take, count - skip)  # as slicing the decoded messages would
         if is_batched:
@@ -208,6 +230,7 @@ class NativeColumns:
     def _add_decoded(self, entry: StoredEntry, decoded: DecodedEntry, partition: int, skip: int, take: int) -> None:
         self.decoded_entries += 1
         messages = decoded.messages[skip:skip + take]
+        _note_encrypted(self, decoded, entry.first_offset, skip, len(messages))
         ids = message_ids_of_entry(entry.position.ledger_id, entry.position.entry_id, partition,
                                    decoded.num_messages, skip, skip + len(messages))
         for message, message_id in zip(messages, ids, strict=True):

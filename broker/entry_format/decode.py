@@ -7,8 +7,11 @@ the count alone, cheaply. Readers of the broker's own common entries go through
 ``common_entry.py`` first, which falls back here for anything else. See the package docstring
 for the layout.
 
-Invariants: nothing malformed or checksum-failing decodes (``CorruptEntry``, never garbage);
-an encrypted entry is refused with ``InvalidRequest`` (the broker cannot read its messages).
+Invariants: nothing malformed or checksum-failing decodes (``CorruptEntry``, never garbage).
+An end-to-end encrypted entry is checked as far as the broker can read it (prefix, checksum,
+``MessageMetadata``, a known compression, the message count) and is otherwise opaque: its
+payload is neither decompressed nor split, and it decodes as ``model.py`` says (one message
+holding the stored payload, carrying the others), with its ``EncryptionContext``.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ from google.protobuf.message import DecodeError
 from broker.entry_format.batch import decode_batch
 from broker.entry_format.broker_metadata import split_prefix
 from broker.entry_format.compression import COMPRESSIONS, Compression, decompress
-from broker.entry_format.model import DecodedEntry, DecodedMessage, EntryPayload
+from broker.entry_format.model import (
+    DecodedEntry,
+    DecodedMessage,
+    EncryptionContext,
+    EncryptionKey,
+    EntryPayload,
+)
 from broker.entry_format.wire import CHECKSUM_HEADER, MAGIC_CRC32C, Buffer
-from broker.errors import CorruptEntry, InvalidRequest
+from broker.errors import CorruptEntry
 from broker.proto import pulsar_entry_pb2 as pb
 
 
@@ -103,26 +112,41 @@ def decode_entry_payload(data: Buffer) -> EntryPayload:
     Everything :func:`decode_entry` checks before it splits the batch is checked here
     (prefix, checksum, ``MessageMetadata``, encryption, decompression, broker index), so a
     reader that splits the payload itself (the native range-read columns) is as strict.
-    Raises ``CorruptEntry`` for anything malformed, ``InvalidRequest`` for an encrypted entry.
+    Raises ``CorruptEntry`` for anything malformed. An encrypted entry's payload is the stored
+    ciphertext, with its ``encryption`` context.
     """
     raw = data if isinstance(data, bytes) else bytes(data)
     broker, start = split_prefix(raw)
     metadata, compressed = _verified_metadata_and_payload(raw, start)
-    if metadata.encryption_keys:
-        raise InvalidRequest("entry is end-to-end encrypted; the broker cannot read its messages")
     code = metadata.compression
     if not 0 <= code < len(COMPRESSIONS):
         raise CorruptEntry(f"unknown compression type {code}")
     compression = COMPRESSIONS[code]
-    payload: bytes | memoryview
-    if compression is Compression.NONE:
-        payload = compressed
-    else:
-        payload = decompress(compression, compressed, metadata.uncompressed_size)
     is_batched = metadata.HasField("num_messages_in_batch")
     count = metadata.num_messages_in_batch if is_batched else 1
     first_offset = None if broker is None else _first_offset(broker.index, count)
-    return EntryPayload(broker, metadata, compression, payload, is_batched, count, first_offset)
+    encryption = encryption_context(metadata)
+    if encryption is not None and count <= 0:  # a batch the broker splits says so itself
+        raise CorruptEntry(f"entry declares {count} messages")
+    payload: bytes | memoryview
+    if compression is Compression.NONE or encryption is not None:
+        payload = compressed
+    else:
+        payload = decompress(compression, compressed, metadata.uncompressed_size)
+    return EntryPayload(broker, metadata, compression, payload, is_batched, count, first_offset, encryption)
+
+
+def encryption_context(metadata: pb.MessageMetadata) -> EncryptionContext | None:
+    """The encryption context of an entry's ``MessageMetadata``, None when it is not encrypted."""
+    if not metadata.encryption_keys:
+        return None
+    keys = tuple(EncryptionKey(k.key, bytes(k.value), {kv.key: kv.value for kv in k.metadata})
+                 for k in metadata.encryption_keys)
+    batched = metadata.HasField("num_messages_in_batch")
+    return EncryptionContext(keys, bytes(metadata.encryption_param),
+                             metadata.encryption_algo if metadata.HasField("encryption_algo") else None,
+                             COMPRESSIONS[metadata.compression], metadata.uncompressed_size,
+                             metadata.num_messages_in_batch if batched else None)
 
 def decode_entry(data: Buffer) -> DecodedEntry:
     """Verify and decode one stored entry. Raises ``CorruptEntry`` for anything malformed."""
@@ -132,8 +156,24 @@ def split_entry_payload(entry: EntryPayload) -> DecodedEntry:
     """The messages of an entry :func:`decode_entry_payload` verified (``CorruptEntry`` when its
     batch is malformed)."""
     payload = entry.payload if isinstance(entry.payload, bytes) else entry.payload.tobytes()
-    if entry.is_batched:
+    if entry.encryption is not None:
+        messages = _opaque_messages(entry, payload)
+    elif entry.is_batched:
         messages = decode_batch(payload, entry.num_messages, entry.first_offset, entry.metadata.sequence_id)
     else:
         messages = [_single_message(entry.metadata, payload, entry.first_offset)]
-    return DecodedEntry(entry.broker_metadata, entry.metadata, entry.compression, len(payload), messages)
+    return DecodedEntry(entry.broker_metadata, entry.metadata, entry.compression, len(payload), messages,
+                        entry.encryption)
+
+
+def _opaque_messages(entry: EntryPayload, payload: bytes) -> list[DecodedMessage]:
+    """An encrypted entry's messages (see ``model.py``): the first holds the stored payload and
+    carries the others, each with the clear metadata's key, properties and times."""
+    first = _single_message(entry.metadata, payload, entry.first_offset)
+    if not entry.is_batched:
+        return [first]
+    offset, sequence_id = entry.first_offset, entry.metadata.sequence_id
+    return [first._replace(batch_index=0)] + [
+        first._replace(batch_index=i, offset=None if offset is None else offset + i, payload=b"",
+                       sequence_id=sequence_id + i, compacted_out=True)
+        for i in range(1, entry.num_messages)]

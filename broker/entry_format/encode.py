@@ -207,7 +207,8 @@ def as_unbatched(data: Buffer) -> bytes | None:
     """A stored entry holding one message in the batch format, as Pulsar stores a message sent
     without batching (the message's fields in the ``MessageMetadata`` itself, no
     ``num_messages_in_batch``, the payload uncompressed), from the ``0x0e01`` magic on, without
-    the broker prefix; None for any other entry (several messages, or not batched already).
+    the broker prefix; None for any other entry (several messages, not batched already, or
+    encrypted end to end: its payload is the encrypted batch).
 
     Pulsar's clients number the message of a one-message batch with batch index 0 and an
     unbatched message with none; Magnetar writes even a lone message as a batch, so a binary
@@ -273,6 +274,8 @@ def _common_unbatched(data: bytes, payload_start: int, message: DecodedMessage) 
 def _general_unbatched(data: Buffer) -> bytes | None:
     decoded = decode_entry(data)
     if not decoded.metadata.HasField("num_messages_in_batch") or len(decoded.messages) != 1:
+        return None
+    if decoded.encryption is not None:  # the payload is the encrypted batch: only its producer's form fits it
         return None
     message = decoded.messages[0]
     metadata = pb.MessageMetadata()

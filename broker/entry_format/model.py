@@ -2,15 +2,23 @@
 
 Role: ``Message`` is what the produce path builds (a named tuple: cheap), ``DecodedMessage``
 and ``DecodedEntry`` what readers get; ``EntryPayload`` is a verified entry whose payload is not
-yet split (the native range-read columns split it themselves).
+yet split (the native range-read columns split it themselves). ``EncryptionContext`` is what a
+consumer needs to decrypt an end-to-end encrypted entry itself (Pulsar's ``encryptionContext``).
+
+Invariant: an encrypted entry is opaque. Its ``N`` messages decode as ``N`` messages carrying the
+clear ``MessageMetadata``'s key, properties and times (so offsets, keys and sequence ids stay
+whole for every reader), the first one holding the whole stored payload (ciphertext, as the
+producer compressed and encrypted it) and the others none, marked ``compacted_out``: they are
+carried by the first.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from broker.entry_format.compression import Compression
 from broker.proto import pulsar_entry_pb2 as pb
@@ -42,7 +50,8 @@ class DecodedMessage(NamedTuple):
 
     ``batch_index`` is the position in the batch, or -1 for a non-batched entry. ``offset`` is
     derived from the broker entry metadata index (None when the entry has none).
-    ``event_time_ms`` is None when the producer set none.
+    ``event_time_ms`` is None when the producer set none. ``compacted_out`` also marks the
+    messages of an encrypted entry after its first, which carries them (see the module's invariant).
     """
 
     batch_index: int
@@ -57,6 +66,46 @@ class DecodedMessage(NamedTuple):
     null_value: bool
     null_key: bool
     compacted_out: bool
+
+@dataclass(frozen=True, slots=True)
+class EncryptionKey:
+    """One encrypted data key of an entry: the name the producer's key reader gave, the data key
+    encrypted with that key, and the key's metadata."""
+
+    name: str
+    value: bytes
+    metadata: Mapping[str, str]
+
+@dataclass(frozen=True, slots=True)
+class EncryptionContext:
+    """How an end-to-end encrypted entry was encrypted, from its clear ``MessageMetadata``:
+    what a consumer without the broker's help needs to decrypt the stored payload."""
+
+    keys: tuple[EncryptionKey, ...]
+    param: bytes
+    """The cipher's initialization vector."""
+    algorithm: str | None
+    compression: Compression
+    """How the payload was compressed before it was encrypted."""
+    uncompressed_size_bytes: int
+    batch_size: int | None
+    """How many messages the encrypted payload holds when it is a batch, else None."""
+
+    def as_json(self) -> dict[str, Any]:
+        """Pulsar's WebSocket ``encryptionContext`` (bytes in base64; ``algorithm`` and
+        ``batchSize`` only when set), which Magnetar's REST consumers and readers give too."""
+        shown: dict[str, Any] = {
+            "keys": {k.name: {"keyValue": base64.b64encode(k.value).decode("ascii"), "metadata": dict(k.metadata)}
+                     for k in self.keys},
+            "param": base64.b64encode(self.param).decode("ascii"),
+            "compressionType": self.compression.name,
+            "uncompressedMessageSize": self.uncompressed_size_bytes,
+        }
+        if self.algorithm is not None:
+            shown["algorithm"] = self.algorithm
+        if self.batch_size is not None:
+            shown["batchSize"] = self.batch_size
+        return shown
 
 @dataclass(frozen=True, slots=True)
 class BrokerEntryMetadata:
@@ -84,6 +133,8 @@ class EntryPayload:
     is_batched: bool
     num_messages: int
     first_offset: int | None
+    encryption: EncryptionContext | None = None
+    """Set for an end-to-end encrypted entry, whose ``payload`` is then the stored ciphertext."""
 
 @dataclass(frozen=True, slots=True)
 class DecodedEntry:
@@ -99,6 +150,8 @@ class DecodedEntry:
     compression: Compression
     uncompressed_size_bytes: int
     messages: list[DecodedMessage]
+    encryption: EncryptionContext | None = None
+    """Set for an end-to-end encrypted entry (see the module's invariant)."""
 
     @property
     def broker_timestamp_ms(self) -> int | None:

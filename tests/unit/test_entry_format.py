@@ -287,11 +287,45 @@ def test_missing_required_metadata_fields_are_corrupt() -> None:
         decode_entry(crc_entry(partial, b""))
 
 
-def test_encrypted_entries_are_refused_not_misread() -> None:
-    metadata = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, num_messages_in_batch=1)
-    metadata.encryption_keys.add(key="k", value=b"secret")
-    with pytest.raises(InvalidRequest, match="encrypted"):
-        decode_entry(crc_entry(metadata.SerializeToString(), b"\x8f" * 40))
+def encrypted_entry(count: int | None, payload: bytes = b"\x8f" * 40) -> bytes:
+    """An end-to-end encrypted entry as Pulsar's client writes it (``count``: a batch's size,
+    None: one message), compressed with LZ4 before it was encrypted, under a broker prefix."""
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=7, publish_time=1, partition_key="clear",
+                                  event_time=5, compression=pb.LZ4, uncompressed_size=99,
+                                  encryption_param=b"iv", encryption_algo="RSA")
+    if count is not None:
+        metadata.num_messages_in_batch = count
+    key = metadata.encryption_keys.add(key="rsa", value=b"data key")
+    key.metadata.add(key="version", value="1")
+    metadata.properties.add(key="p", value="v")
+    return with_broker_entry_metadata(crc_entry(metadata.SerializeToString(), payload), 1, 12)
+
+
+def test_an_encrypted_entry_is_opaque_and_keeps_its_clear_metadata() -> None:
+    """Neither decompressed nor split (the payload is ciphertext); one message per message of
+    the entry, the first holding the stored bytes and carrying the others."""
+    decoded = decode_entry(encrypted_entry(3))
+    assert [m.offset for m in decoded.messages] == [10, 11, 12]
+    assert [m.batch_index for m in decoded.messages] == [0, 1, 2]
+    assert [m.payload for m in decoded.messages] == [b"\x8f" * 40, b"", b""]
+    assert [m.compacted_out for m in decoded.messages] == [False, True, True]
+    assert {m.key for m in decoded.messages} == {"clear"} and decoded.messages[2].properties == {"p": "v"}
+    assert [m.sequence_id for m in decoded.messages] == [7, 8, 9] and decoded.messages[0].event_time_ms == 5
+    context = decoded.encryption
+    assert context is not None and context.batch_size == 3 and context.compression is Compression.LZ4
+    assert context.as_json() == {"keys": {"rsa": {"keyValue": "ZGF0YSBrZXk=", "metadata": {"version": "1"}}},
+                                 "param": "aXY=", "algorithm": "RSA", "compressionType": "LZ4",
+                                 "uncompressedMessageSize": 99, "batchSize": 3}
+    lone = decode_entry(encrypted_entry(None))
+    assert [(m.batch_index, m.offset, m.payload) for m in lone.messages] == [(-1, 12, b"\x8f" * 40)]
+    assert lone.encryption is not None and "batchSize" not in lone.encryption.as_json()
+
+
+def test_an_encrypted_entry_still_has_its_checksum_checked() -> None:
+    data = bytearray(encrypted_entry(2))
+    data[-1] ^= 1
+    with pytest.raises(CorruptEntry, match="checksum"):
+        decode_entry(bytes(data))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -250,6 +250,29 @@ def test_an_empty_key_is_an_empty_key_and_a_missing_one_is_null(native: bool) ->
     assert read(entries, native=native).column("key").to_pylist() == [b"", None, b""]
 
 
+def encrypted_entry(count: int, first_offset: int, entry_id: int) -> Entry:
+    """A batch of ``count`` messages, encrypted end to end (its payload is ciphertext, which
+    would be a malformed batch if anything tried to split it)."""
+    metadata = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=PUBLISH_TIME_MS,
+                                  num_messages_in_batch=count, partition_key="clear", encryption_param=b"iv")
+    metadata.encryption_keys.add(key="rsa", value=b"data key")
+    return stored(framed(metadata, b"\xff" * 33), first_offset, count, entry_id)
+
+
+@pytest.mark.parametrize("native", BOTH_PATHS)
+def test_an_encrypted_entry_reads_as_rows_its_first_one_holding_the_ciphertext(native: bool) -> None:
+    messages = [Message(payload=b"plain")]
+    entries = [encoded_entry(messages, Compression.NONE, 0, 0), encrypted_entry(3, 1, 1),
+               encoded_entry(messages, Compression.NONE, 4, 2)]
+    batch = assert_same_read(entries)
+    assert batch.column("value").to_pylist() == [b"plain", b"\xff" * 33, b"", b"", b"plain"]
+    assert batch.column("key").to_pylist() == [None, b"clear", b"clear", b"clear", None]
+    columns = collect_entries(entries, 0, PARTITION, 100_000, 1 << 30, native=native)
+    assert list(columns.encrypted) == [1] and columns.carried == {2, 3}
+    resumed = collect_entries(entries[1:], 2, PARTITION, 100_000, 1 << 30, native=native)
+    assert resumed.encrypted == {} and resumed.carried == {2, 3}  # the ciphertext went with offset 1
+
+
 def native_decoded_entries(entries: list[Entry]) -> int:
     columns = collect_entries(entries, 0, PARTITION, 100_000, 1 << 30, native=True)
     assert isinstance(columns, NativeColumns)
