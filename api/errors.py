@@ -2,8 +2,9 @@
 
 Every ``MagnetarError`` (storage and broker alike) maps to its class's ``http_status`` with the
 body ``{"code": ..., "message": ...}`` (plus what the error's ``details()`` adds); request
-validation failures (malformed JSON, missing or mistyped fields) are 400 ``invalid_request``.
-Routes never catch broker errors themselves.
+validation failures (malformed JSON, missing or mistyped fields) are 400 ``invalid_request``; a
+path no route serves is 404 ``not_found`` and a method its route does not take 405
+``method_not_allowed``, in the same body. Routes never catch broker errors themselves.
 
 ``TopicNotOwned`` (a cluster broker asked for a topic another broker serves) is the one error
 answered with a header: 307 with ``Location`` naming the same path and query on the owner, so
@@ -22,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from api.limits import VALIDATION_PROBLEM_ITEMS_MAX
 from broker import BrokerError, MagnetarError, TopicNotOwned
@@ -102,6 +104,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(error_body("invalid_request", validation_problems(exc.errors()) or "invalid request"),
                             status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def no_route(request: Request, exc: HTTPException) -> JSONResponse:
+        """A path no route serves, or a method its route does not take: ``{code, message}`` as
+        every other refusal, not the framework's ``{"detail"}``."""
+        route = f"{request.method} {request.url.path}"
+        code, message = {404: ("not_found", f"no such resource: {route}"),
+                         405: ("method_not_allowed", f"{route}: the resource does not take {request.method}")
+                         }.get(exc.status_code, ("http_error", f"{route}: {exc.detail}"))
+        return JSONResponse(error_body(code, message), status_code=exc.status_code, headers=exc.headers)
 
 
 

@@ -128,3 +128,15 @@ def test_a_missing_namespace_or_tenant_is_refused_saying_how_to_create_it(
     assert tenant.status_code == 404 and tenant.json()["message"] == (
         "tenant nobody does not exist; create it first (admin v2: PUT /admin/v2/tenants/nobody; "
         "CLI: magnetar admin tenants create nobody)"), tenant.text
+
+
+def test_a_path_or_method_no_route_serves_is_refused_with_code_and_message(
+        server: tuple[httpx.Client, BrokerService]) -> None:
+    """Not the framework's ``{"detail": "Not Found"}``: every refusal has ``code`` and ``message``."""
+    client, _ = server
+    missing = client.get("/topics/non-persistent/public/default/t/messages")
+    wrong_method = client.delete("/topics/persistent/public/default/orders")
+    assert missing.status_code == 404 and missing.json() == {
+        "code": "not_found", "message": "no such resource: GET /topics/non-persistent/public/default/t/messages"}
+    assert wrong_method.status_code == 405 and wrong_method.json()["code"] == "method_not_allowed", wrong_method.text
+    assert "DELETE" in wrong_method.json()["message"]
