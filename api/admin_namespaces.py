@@ -3,8 +3,8 @@
 Role: Pulsar's tenant and namespace administration over ``BrokerService``. Tenants carry
 ``{adminRoles, allowedClusters}``; a namespace's policies are one document in the metadata
 store (``retention_policies``, ``message_ttl_in_seconds``, ``deduplicationEnabled``,
-``auth_policies.namespace_auth``, ``replication_clusters``: a ``PUT`` keeps these from its body,
-as Pulsar's does), changed one key at a time through
+``auth_policies.namespace_auth``, ``replication_clusters``, ``encryption_required``: a ``PUT``
+keeps these from its body, as Pulsar's does), changed one key at a time through
 ``NamespaceService.set_policy`` (compare-and-set, so a concurrent change fails with 409 instead of
 being lost). Paths, parameter names and JSON shapes are Pulsar's.
 
@@ -82,6 +82,7 @@ class NamespacePolicies(BaseModel):
     auth_policies: dict[str, Any] | None = Field(
         default=None, description="namespace_auth: {role: [produce, consume]} (checked by the broker)")
     replication_clusters: list[StrictStr] | None = Field(default=None, max_length=ROLES_PER_LIST_MAX)
+    encryption_required: StrictBool | None = None
 
 
 def _checked_namespace_policies(policies: NamespacePolicies | None) -> dict[str, Any]:
@@ -232,6 +233,19 @@ def _ttl_and_dedup_routes(routes: APIRouter, service: BrokerService, authorizer:
     def remove_dedup(tenant: str, namespace: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         service.namespaces.set_policy(namespace_name(tenant, namespace), "deduplicationEnabled", None)
+
+    @routes.get("/{tenant}/{namespace}/encryptionRequired",
+                summary="Whether the namespace takes only end-to-end encrypted messages")
+    def get_encryption_required(tenant: str, namespace: str, caller: Caller) -> bool:
+        authorizer.require_tenant_admin(caller, tenant)
+        return bool(service.namespaces.policies(namespace_name(tenant, namespace)).get("encryption_required"))
+
+    @routes.post("/{tenant}/{namespace}/encryptionRequired", status_code=204,
+                 summary="Take only end-to-end encrypted messages, or any (producers opened from now on)")
+    def set_encryption_required(tenant: str, namespace: str, required: Annotated[StrictBool, Body()],
+                                caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), "encryption_required", required)
 
 
 def _permission_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:

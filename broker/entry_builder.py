@@ -46,7 +46,7 @@ from broker.entry_format import (
     encode_single_entry,
     split_entry_payload,
 )
-from broker.errors import InvalidRequest, MagnetarError, MessageTooLarge
+from broker.errors import EncryptionRequired, InvalidRequest, MagnetarError, MessageTooLarge
 from broker.limits import CLIENT_ENTRY_OVERHEAD_BYTES_MAX
 
 SEQUENCE_ID_MAX = 2**63 - 1
@@ -133,11 +133,16 @@ def entries_of_messages(messages: Sequence[Message], sequence_ids: Sequence[int 
     return entries
 
 
-def entry_of_client(data: bytes, declared_messages: int, sequence_id: int, highest_sequence_id: int) -> PreparedEntry:
+def entry_of_client(data: bytes, declared_messages: int, sequence_id: int, highest_sequence_id: int, *,
+                    encryption_required: bool = False) -> PreparedEntry:
     """A binary-protocol client's own entry, checked in full (see the module's invariants) and
     stored as it is. ``highest_sequence_id`` below ``sequence_id`` means the client gave none
-    (an old client): the entry's messages then number on from ``sequence_id``."""
+    (an old client): the entry's messages then number on from ``sequence_id``. With
+    ``encryption_required`` (the namespace's policy) an entry without encryption keys is
+    ``EncryptionRequired``, as Pulsar refuses it ("Messages must be encrypted")."""
     common = common_client_entry(data)
+    if encryption_required and (common is not None or not decode_entry_payload(data).metadata.encryption_keys):
+        raise EncryptionRequired("Messages must be encrypted")
     if common is not None:  # the usual entry, verified without the general parser
         keys: tuple[str | None, ...] = common[1]
         partial = False

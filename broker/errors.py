@@ -219,6 +219,13 @@ class QuotaExceeded(PreconditionFailed):
     code = "quota_exceeded"
 
 
+class EncryptionRequired(PreconditionFailed):
+    """The namespace's ``encryption_required`` refuses a producer that does not encrypt, or a
+    message without encryption keys (Pulsar's ``MetadataError`` on the binary protocol)."""
+
+    code = "encryption_required"
+
+
 class DataLost(BrokerError):
     """The requested position was trimmed by retention. For a key's stream, ``first_version``
     is the first version retention kept (the answer names it as ``firstVersion``)."""

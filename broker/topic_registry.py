@@ -37,6 +37,7 @@ from broker.cursor import CursorManager
 from broker.entry_format import Compression
 from broker.errors import (
     AlreadyExists,
+    EncryptionRequired,
     InvalidRequest,
     MagnetarError,
     NotAllowed,
@@ -294,14 +295,18 @@ class TopicRegistry:
         return topic_name.partition(router.partition_for(key))
 
     def producer(self, topic: str | TopicName, name: str, *, routing_mode: str = "RoundRobinPartition",
-                 compression: Compression = Compression.NONE, initial_sequence_id: int | None = None) -> Producer:
+                 compression: Compression = Compression.NONE, initial_sequence_id: int | None = None,
+                 encrypted: bool = False) -> Producer:
         """A producer on ``topic`` (partitioned or not; auto-created on first use when allowed):
         the topic or every partition is made to exist now, so a refusal comes before any send
         (``TopicTerminated`` for a terminated one, as in Pulsar: a client whose send failed
-        reconnects its producer, and must then learn the topic's end, not send again).
-        It holds a producer slot of each (``ProducerBusy`` beyond a partition's limit) until
-        the transport closes it (``Producer.close``)."""
+        reconnects its producer, and must then learn the topic's end, not send again;
+        ``EncryptionRequired`` unless ``encrypted`` in a namespace whose ``encryption_required``
+        is on, as Pulsar refuses it). It holds a producer slot of each (``ProducerBusy`` beyond a
+        partition's limit) until the transport closes it (``Producer.close``)."""
         topic_name = topic if isinstance(topic, TopicName) else TopicName.parse(topic)
+        if not encrypted and self.encryption_required(topic_name):
+            raise EncryptionRequired(f"Encryption is required in {topic_name}")
         if not topic_name.persistent:
             return self._non_persistent_producer(topic_name, name, routing_mode, compression)
         slots: list[TopicQuotas] = []
@@ -343,6 +348,10 @@ class TopicRegistry:
 
         return Producer(self.non_persistent, topic_name, name, routing_mode=routing_mode, compression=compression,
                         slots=slots, on_close=closed)
+
+    def encryption_required(self, name: TopicName) -> bool:
+        """Whether the namespace of ``name`` takes only end-to-end encrypted messages."""
+        return bool(self._namespaces.policies(name.namespace_name).get("encryption_required"))
 
     # --- unloading and closing ------------------------------------------------------------------
     def unload(self, contains: Callable[[TopicName], bool], graceful: bool) -> list[TopicName]:

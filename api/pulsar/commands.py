@@ -39,6 +39,7 @@ _ERRORS: dict[str, int] = {
     "service_unit_not_ready": E.ServiceNotReady,
     "ledger_fenced": E.ServiceNotReady,  # another broker recovered the topic: look it up again
     "too_many_requests": E.TooManyRequests,
+    "encryption_required": E.MetadataError,  # Pulsar's answer to a producer that does not encrypt there
 }
 """``MagnetarError.code`` → ``ServerError`` (``_unlisted`` for the rest). A request the broker
 refuses as given, a malformed topic, tenant, namespace or subscription name included, is

@@ -97,7 +97,8 @@ def _checked_send(state: _ClientProducer, sequence_id: int, num_messages: int, h
     try:
         if not state.ready:
             raise ProducerFenced("the producer is waiting for exclusive access and may not send yet")
-        entry = entry_of_client(bytes(payload), num_messages, sequence_id, highest_sequence_id)
+        entry = entry_of_client(bytes(payload), num_messages, sequence_id, highest_sequence_id,
+                                encryption_required=state.encryption_required)
     except InvalidRequest as exc:  # the client drops the message on ChecksumError
         return sequence_id, highest, CorruptEntry(str(exc))
     except MagnetarError as exc:
@@ -118,6 +119,8 @@ class _ClientProducer:
     producer: Producer
     holder: AccessHolder
     schema_version: bytes | None
+    encryption_required: bool = False
+    """The namespace takes only encrypted messages: a send without encryption keys is refused."""
     pending: deque[tuple[int, int, _Outcome, int]] = field(default_factory=deque)
     """(sequence id, highest sequence id, outcome, index in its group) of each send, in send order."""
     ready: bool = True
@@ -184,14 +187,15 @@ class ProducerHalf:
             context.service.namespaces.check_served_here(topic)
             name = command.producer_name or f"standalone-{context.connection_id}-{next(self._names)}"
             schema_version = self._schemas.for_producer(topic, command.schema if command.HasField("schema") else None)
-            producer = context.service.topics.producer(topic, name)
+            producer = context.service.topics.producer(topic, name, encrypted=command.encrypted)
             if command.initial_subscription_name:
                 self._initial_subscription(topic, command.initial_subscription_name)
             last_sequence_id = producer.last_sequence_id()
             holder = AccessHolder(name, AccessMode(command.producer_access_mode),
-                             lambda: self._fenced(command.producer_id),
-                             lambda epoch: self._now_ready(command.producer_id, command.request_id, epoch))
-            state = _ClientProducer(command.producer_id, topic, producer, holder, schema_version)
+                                  lambda: self._fenced(command.producer_id),
+                                  lambda epoch: self._now_ready(command.producer_id, command.request_id, epoch))
+            state = _ClientProducer(command.producer_id, topic, producer, holder, schema_version,
+                                    context.service.topics.encryption_required(topic))
             ready, epoch = self._access.acquire(topic.full_name, holder,
                                                command.topic_epoch if command.HasField("topic_epoch") else None)
         except MagnetarError as exc:

@@ -192,6 +192,7 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "schema_compatibility_strategy": checked_strategy,
     "is_allow_auto_update_schema": _flag("isAllowAutoUpdateSchema"),
     "schema_validation_enforced": _flag("schemaValidationEnforced"),
+    "encryption_required": _flag("encryption_required"),
 }
 """Each policy key and the check its values pass."""
 

@@ -230,6 +230,14 @@ def _add_ttl_and_dedup(group: _Group, base: str) -> None:
     switch.add_argument("-d", "--disable", dest="enable", action="store_false", help="store every message sent")
     _get_and_remove(group, base, "deduplication", "deduplication",
                     "whether deduplication is on (null: the broker's default)")
+    encryption = group.command("set-encryption-required", "take only end-to-end encrypted messages, or any",
+                               lambda a: Call("POST", f"{base}/{a.namespace}/encryptionRequired", a.enable))
+    encryption.add_argument("namespace", type=namespace_path)
+    required = encryption.add_mutually_exclusive_group(required=True)
+    required.add_argument("-e", "--enable", dest="enable", action="store_true", help="refuse what is not encrypted")
+    required.add_argument("-d", "--disable", dest="enable", action="store_false", help="take any message")
+    group.command("get-encryption-required", "whether only encrypted messages are taken", lambda a: Call(
+        "GET", f"{base}/{a.namespace}/encryptionRequired")).add_argument("namespace", type=namespace_path)
 
 
 QUOTA_COMMANDS = (("max-producers-per-topic", "maxProducersPerTopic", "-p", "producers of one topic"),

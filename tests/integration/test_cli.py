@@ -376,6 +376,11 @@ def test_admin_bundles_persistence_brokers_and_schemas_as_pulsar_admin_names_the
         "bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1,
         "managedLedgerMaxMarkDeleteRate": 0.0}
     ok(url, "admin", "namespaces", "remove-persistence", "public/bundled")
+    ok(url, "admin", "namespaces", "set-encryption-required", "public/bundled", "-e")
+    assert ok_json(url, "admin", "namespaces", "get-encryption-required", "public/bundled") is True
+    plain = magnetar("--service-url", url, "produce", "public/bundled/plain", "-m", "x")
+    assert plain.returncode == 1 and "Encryption is required" in plain.stderr, plain.stderr
+    ok(url, "admin", "namespaces", "set-encryption-required", "public/bundled", "-d")
     assert ok_json(url, "admin", "namespaces", "get-persistence", "public/bundled") is None
     definition = tmp_path / "schema.json"
     definition.write_text(json.dumps({"type": "JSON", "schema": json.dumps(

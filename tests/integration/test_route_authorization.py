@@ -73,6 +73,7 @@ GUARDS: dict[tuple[str, str], str] = {
     **{(m, N + "/" + policy): TENANT_ADMIN for m in ("GET", "POST", "DELETE")
        for policy in ("retention", "messageTTL", "deduplication", "persistence", *NAMESPACE_QUOTA_PATHS)},
     **{(m, T + "/" + policy): TENANT_ADMIN for m in ("GET", "POST", "DELETE") for policy in TOPIC_QUOTA_PATHS},
+    **{(m, N + "/encryptionRequired"): TENANT_ADMIN for m in ("GET", "POST")},
     ("GET", N + "/permissions"): TENANT_ADMIN,
     **{(m, N + "/permissions/{role}"): TENANT_ADMIN for m in ("POST", "DELETE")},
     ("GET", "/admin/v2/persistent/{tenant}/{namespace}"): TENANT_ADMIN,
@@ -145,6 +146,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/admin/v2/tenants/{tenant}"): {"adminRoles": []},
     ("POST", N + "/retention"): {"retentionTimeInMinutes": 1, "retentionSizeInMB": 1},
     ("POST", N + "/messageTTL"): 60, ("POST", N + "/deduplication"): True,
+    ("POST", N + "/encryptionRequired"): False,
     ("POST", N + "/persistence"): {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1},
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
     ("PUT", NT + "/partitions"): 2, ("POST", NT + "/partitions"): 2,
