@@ -138,13 +138,15 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.state.websocket_server = ws_server
     app.add_middleware(RequestGuard, authorizer=authorizer, limits=limits, slots=slots)
     install_error_handlers(app)
+    # The data plane first: a request's route is found by trying the routes in this order, and
+    # the admin API's hundreds of routes (none under /topics or /ws) would be tried before it.
     app.include_router(produce_router(service, authorizer))
-    app.include_router(admin_router(service, authorizer))
     app.include_router(consume_router(service, authorizer, limits))
-    app.include_router(metrics_router(service, authorizer, stalls))
     app.include_router(read_router(service, authorizer, limits))
     app.include_router(streams_router(service, authorizer, limits))
     app.include_router(ws_router(ws_server.routes))
+    app.include_router(admin_router(service, authorizer))
+    app.include_router(metrics_router(service, authorizer, stalls))
     app.include_router(broker_stats_router(service, authorizer, stalls))
     if test_hooks_enabled():
         app.include_router(stall_hook_router(authorizer))
