@@ -564,6 +564,8 @@ class Subscription:
             self._rates = ((self.msg_out - msgs) / elapsed, (self.bytes_out - byte_count) / elapsed,
                            (self.redelivered - redelivered) / elapsed)
             self._rate_base = (now, self.msg_out, self.bytes_out, self.redelivered)
+        for consumer in self.consumers:
+            consumer.update_rates(now)
 
     # --- stats ---------------------------------------------------------------------------
     def statistics(self) -> SubscriptionStats:

@@ -563,3 +563,128 @@ def test_payload_views_render_text_json_and_hex_of_binary_data(console: Console)
                   "the hex dump")
     Select(console.visible("[name='view']")).select_by_value("json")
     console.until(lambda: "Not JSON" in console.text("article.message"), "the note that it is not JSON")
+
+
+def test_a_missing_topic_is_one_clear_message_with_a_link_to_its_namespace(console: Console) -> None:
+    """No figures, no 404 boxes and no action forms for a topic that does not exist: one line
+    naming it and a way back to its namespace, on every tab, and the page creates nothing."""
+    for tab in ("overview", "messages", "storage"):
+        console.open(f"/topic/public/default/console-missing/{tab}")
+        message = console.visible(".missing-topic")
+        assert message.text.startswith("persistent://public/default/console-missing does not exist"), message.text
+        back = console.one(".missing-topic a")
+        assert (back.get_attribute("href") or "").endswith("#/ns/public/default")
+        assert console.driver.find_elements(By.CSS_SELECTOR, "#main .error, #main form, #main .tabs") == []
+    console.shoot("missing-topic")
+    console.one(".missing-topic a").click()
+    console.visible("[name='topic']")  # the namespace page, where the topic can be created
+    with admin(console.url) as client:
+        assert client.get("/admin/v2/persistent/public/default/console-missing/stats").status_code == 404
+
+
+def test_a_subscription_row_expands_to_its_consumers(console: Console) -> None:
+    """Each consumer's name, address, connected since, permits, unacked messages and rate, as
+    the topic's ``stats`` give them (Pulsar's ConsumerStats names)."""
+    with admin(console.url) as client:
+        assert client.put("/admin/v2/persistent/public/default/console-consumers").status_code == 204
+    url = (f"{ws_base(console.url)}/ws/v2/consumer/{NS}/console-consumers/watch"
+           "?consumerName=watcher-1&receiverQueueSize=10&subscriptionType=Shared")
+    with open_ws(url) as consumer, open_ws(f"{ws_base(console.url)}/ws/v2/producer/{NS}/console-consumers") as producer:
+        produce(producer, [f"c{i}" for i in range(3)])
+        for _ in range(3):
+            recv_frame(consumer)  # delivered, not acknowledged
+        with admin(console.url) as client:
+            def held() -> dict[str, object] | None:
+                stats = client.get("/admin/v2/persistent/public/default/console-consumers/stats").json()
+                found: dict[str, object] = stats["subscriptions"]["watch"]["consumers"][0]
+                return found if found["unackedMessages"] == 3 else None
+
+            expected = console.until(held, "three unacknowledged messages in the stats")
+        assert str(expected["address"]).startswith("/127.0.0.1:"), expected
+        assert str(expected["connectedSince"]).endswith("Z") and "msgRateOut" in expected, expected
+        console.open("/topic/public/default/console-consumers/overview")
+        console.until(lambda: console.find("tr[data-subscription='watch'] button.consumers-toggle"),
+                      "the consumers button of the subscription").click()
+        row = console.visible("[data-consumers-of='watch'] tr[data-consumer='watcher-1']")
+        assert console.one("td[data-label='Address']", row).text == str(expected["address"])[1:]
+        assert console.one("td[data-label='Connected since']", row).text.startswith(
+            str(expected["connectedSince"])[:4])
+        assert console.one("td[data-label='Unacked']", row).text == "3"
+        assert console.one("td[data-label='Permits']", row).text == str(expected["availablePermits"])
+        assert console.one("td[data-label='Out']", row).text.endswith("msg/s")
+        console.until(lambda: console.find("[data-consumers-of='watch'] tr[data-consumer='watcher-1']") is not None
+                      and console.find("tr[data-subscription='watch']") is not None
+                      and console.text("tr[data-subscription='watch'] td[data-label='Consumers']").startswith("1"),
+                      "the consumers still shown after a refresh")
+        console.shoot("consumers")
+
+
+def test_peek_shows_a_subscriptions_next_messages_and_leaves_its_backlog(console: Console) -> None:
+    topic = "/admin/v2/persistent/public/default/console-peek"
+    with admin(console.url) as client:
+        body = {"messages": [{"payload": f'{{"n": {i}}}', "key": f"k{i}"} for i in range(5)]}
+        assert client.post("/topics/persistent/public/default/console-peek", json=body).status_code == 200
+        assert client.put(f"{topic}/subscription/audit", json="earliest").status_code == 204
+        assert client.post(f"{topic}/subscription/audit/skip/1").status_code == 204
+
+        def backlog() -> int:
+            return int(client.get(f"{topic}/stats").json()["subscriptions"]["audit"]["msgBacklog"])
+
+        assert backlog() == 4
+        console.open("/topic/public/default/console-peek/overview")
+        console.until(lambda: console.find("[name='subscription'] option[value='audit']") is not None,
+                      "the subscription in the actions")
+        Select(console.visible("[name='subscription']")).select_by_value("audit")
+        console.type("peekCount", "3")
+        console.submit("peekCount")
+
+        def peeked() -> list[str] | None:
+            texts = [e.text for e in console.driver.find_elements(By.CSS_SELECTOR, ".peeked article.message pre")]
+            return texts if len(texts) == 3 else None
+
+        assert console.until(peeked, "three peeked messages") == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+        assert "k1" in console.text(".peeked article.message")
+        Select(console.visible(".peeked [name='peekView']")).select_by_value("hex")
+        console.until(lambda: console.text(".peeked article.message pre.hex").startswith("00000000  7b 22 6e"),
+                      "the peeked payload in hex")
+        console.shoot("peek")
+        assert backlog() == 4
+        console.type("peekCount", "9")
+        console.submit("peekCount")
+        console.until(lambda: "4 messages in the backlog of audit" in console.text(".peeked .list-summary"),
+                      "the note that the backlog holds fewer")
+        assert backlog() == 4
+
+
+def test_deleting_a_namespace_or_tenant_that_is_not_empty_is_refused_with_the_apis_message(
+        console: Console) -> None:
+    with admin(console.url) as client:
+        assert client.put("/admin/v2/tenants/console-doomed",
+                          json={"adminRoles": [], "allowedClusters": ["standalone"]}).status_code == 204
+        assert client.put("/admin/v2/namespaces/console-doomed/events").status_code == 204
+        assert client.put("/admin/v2/persistent/console-doomed/events/left").status_code == 204
+        refused_ns = client.delete("/admin/v2/namespaces/console-doomed/events").json()["message"]
+        refused_tenant = client.delete("/admin/v2/tenants/console-doomed").json()["message"]
+    console.open("/ns/console-doomed/events")
+    console.click("Delete namespace")
+    assert "console-doomed/events" in console.answer_confirm(accept=False)
+    console.click("Delete namespace")
+    console.answer_confirm(accept=True)
+    console.until(lambda: console.text(".namespace-actions .error-message") == refused_ns, "the API's refusal")
+    console.open("/tenants")
+    console.until(lambda: console.find("tr[data-tenant='console-doomed'] button") is not None, "the tenant's row")
+    console.one("tr[data-tenant='console-doomed'] button").click()
+    console.answer_confirm(accept=True)
+    console.until(lambda: console.text(".action-slot .error-message") == refused_tenant, "the API's refusal")
+    with admin(console.url) as client:
+        assert client.delete("/admin/v2/persistent/console-doomed/events/left").status_code == 204
+    console.open("/ns/console-doomed/events")
+    console.click("Delete namespace")
+    console.answer_confirm(accept=True)
+    console.until(lambda: "Namespace console-doomed/events deleted" in console.text(".notice-ok"), "the deletion")
+    console.until(lambda: console.find("tr[data-tenant='console-doomed'] button") is not None, "the tenants page")
+    console.one("tr[data-tenant='console-doomed'] button").click()
+    console.answer_confirm(accept=True)
+    console.until(lambda: "Tenant console-doomed deleted" in console.text(".notice-ok"), "the tenant's deletion")
+    with admin(console.url) as client:
+        assert "console-doomed" not in client.get("/admin/v2/tenants").json()
