@@ -40,7 +40,10 @@ function hexDump(bytes) {
 
 /** The payload as the chosen view shows it: a <pre>, and a note when it is not what was asked. */
 export function payloadView(base64, mode) {
-  const bytes = bytesOf(base64);
+  return bytesView(bytesOf(base64), mode);
+}
+
+export function bytesView(bytes, mode) {
   const shown = bytes.subarray(0, PAYLOAD_SHOWN_BYTES_MAX);
   const cut = bytes.length > shown.length
     ? h("p", { class: "muted" }, `First ${shown.length} of ${bytes.length} bytes shown.`) : null;
@@ -57,7 +60,11 @@ export function payloadView(base64, mode) {
   return [h("pre", { class: "payload" }, text || h("span", { class: "muted" }, "(empty)")), cut];
 }
 
-function messageCard(message, mode, highlight) {
+/**
+ * A message as a card: offset, id, publish time, key, event time, properties and payload
+ * (``payload`` base64, or ``bytes``).
+ */
+export function messageCard(message, mode, highlight) {
   const properties = Object.entries(message.properties || {});
   const versioned = message.keyVersion !== undefined;
   const dataset = versioned ? { offset: message.offset, version: message.keyVersion } : { offset: message.offset };
@@ -74,7 +81,7 @@ function messageCard(message, mode, highlight) {
         : null,
       properties.length ? h("div", {}, h("dt", {}, "properties"), h("dd", { class: "mono properties" },
         properties.map(([k, v]) => `${k}=${v}`).join(", "))) : null),
-    payloadView(message.payload, mode));
+    message.bytes ? bytesView(message.bytes, mode) : payloadView(message.payload, mode));
 }
 
 function offsetFinder(ctx, go, partitionSelect) {

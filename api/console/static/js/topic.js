@@ -9,6 +9,7 @@ import {
 } from "./dom.js";
 import { messagesTab } from "./messages.js";
 import { act } from "./namespaces.js";
+import { peekPanel } from "./peek.js";
 import { nsHref, TOPIC_TABS, topicHref } from "./routes.js";
 import { tailTab } from "./tail.js";
 
@@ -228,6 +229,8 @@ function subscriptionActions(ctx, refresh) {
       `Deleted subscription ${select.value}.`);
   });
 
+  const peek = peekPanel(ctx, () => need(() => select.value)() || "");
+
   function create(event) {
     event.preventDefault();
     const name = newName.value.trim();
@@ -248,6 +251,8 @@ function subscriptionActions(ctx, refresh) {
         button("Clear backlog", clear, { class: "warn" }),
         h("label", { class: "check" }, force, "force"),
         button("Delete subscription", remove, { class: "danger" }))),
+    ctx.partitions ? h("p", { class: "muted" }, "Peek at a partition's subscription: open a partition above.")
+      : [peek.form, peek.element],
     h("form", { class: "form-row", onsubmit: create },
       field("New subscription", newName), field("Starting at", initial),
       h("button", { type: "submit" }, "Create subscription")),
