@@ -682,6 +682,7 @@ def test_deleting_a_namespace_or_tenant_that_is_not_empty_is_refused_with_the_ap
     console.click("Delete namespace")
     console.answer_confirm(accept=True)
     console.until(lambda: "Namespace console-doomed/events deleted" in console.text(".notice-ok"), "the deletion")
+    console.one("#main a[href='#/tenants']").click()
     console.until(lambda: console.find("tr[data-tenant='console-doomed'] button") is not None, "the tenants page")
     console.one("tr[data-tenant='console-doomed'] button").click()
     console.answer_confirm(accept=True)

@@ -53,7 +53,7 @@ export function tenantsView(root) {
           act(slot, () => del(`/admin/v2/tenants/${encodeURIComponent(r.tenant)}`), `Tenant ${r.tenant} deleted.`)
             .then(load);
         }, { class: "danger small" }) },
-      ], rows, { empty: "No tenants." }));
+      ], rows, { empty: "No tenants.", rowAttrs: (r) => ({ dataset: { tenant: r.tenant } }) }));
     } catch (error) {
       replace(list, errorBox(error),
         error.status === 403 ? h("p", { class: "muted" }, "Listing tenants needs a superuser. Open a namespace " +
@@ -298,8 +298,21 @@ export function namespaceView(root, { tenant, namespace }) {
       count > 0 ? `Created ${created} with ${count} partitions.` : `Created ${created}.`).then(poll);
   }
 
+  const deleteSlot = h("div", { class: "action-slot" });
+  async function deleteNamespace() {
+    if (!confirm(`Delete namespace ${tenant}/${namespace}? It must have no topics.`)) return;
+    const done = await act(deleteSlot, () => del(paths.admin), `Namespace ${tenant}/${namespace} deleted.`);
+    if (done === undefined) return;
+    stopped = true;
+    clearTimeout(timer);
+    replace(root, h("div", { class: "page-head" }, h("h1", {}, `${tenant}/${namespace}`)),
+      panel(null, deleteSlot, link("#/tenants", "Tenants and namespaces")));
+  }
+
   replace(root,
-    h("div", { class: "page-head" }, h("h1", {}, `${tenant}/${namespace}`), h("p", { class: "muted" }, "Namespace")),
+    h("div", { class: "page-head" }, h("h1", {}, `${tenant}/${namespace}`), h("p", { class: "muted" }, "Namespace"),
+      h("div", { class: "namespace-actions" }, button("Delete namespace", deleteNamespace, { class: "danger small" }),
+        deleteSlot)),
     panel("Topics", topics,
       h("form", { class: "form-row", onsubmit: createTopic }, field("New topic", name),
         field("Partitions", partitions, "0: not partitioned"), h("button", { type: "submit" }, "Create topic")),
