@@ -689,3 +689,19 @@ def test_deleting_a_namespace_or_tenant_that_is_not_empty_is_refused_with_the_ap
     console.until(lambda: "Tenant console-doomed deleted" in console.text(".notice-ok"), "the tenant's deletion")
     with admin(console.url) as client:
         assert "console-doomed" not in client.get("/admin/v2/tenants").json()
+
+
+def test_the_overview_says_its_subscription_count_is_of_loaded_topics(console: Console) -> None:
+    """The broker counts the subscriptions of the topics it has loaded (an unloaded topic's are
+    not counted): the label says so, and the figure is the API's."""
+    topic = "/admin/v2/persistent/public/default/console-unloaded"
+    with admin(console.url) as client:
+        assert client.put(f"{topic}/subscription/kept", json="earliest").status_code == 204
+        assert "kept" in client.get(f"{topic}/subscriptions").json()
+        before = client.get("/admin/v2/broker-stats/overview").json()["loaded"]["subscriptions"]
+        assert client.put(f"{topic}/unload").status_code == 204
+        loaded = client.get("/admin/v2/broker-stats/overview").json()["loaded"]["subscriptions"]
+    assert loaded == before - 1  # "kept" still exists, on a topic no longer loaded
+    console.open("/overview")
+    console.until(lambda: console.stat("subscriptions") == str(loaded), "the API's subscription count")
+    assert console.text("[data-stat='subscriptions'] .stat-label") == "Subscriptions of loaded topics"
