@@ -705,3 +705,24 @@ def test_the_overview_says_its_subscription_count_is_of_loaded_topics(console: C
     console.open("/overview")
     console.until(lambda: console.stat("subscriptions") == str(loaded), "the API's subscription count")
     assert console.text("[data-stat='subscriptions'] .stat-label") == "Subscriptions of loaded topics"
+
+
+def test_the_cluster_page_shows_brokers_bookies_and_bundle_owners_as_the_api_gives_them(console: Console) -> None:
+    """Brokers of each cluster, the bookies, and each namespace bundle with its owner; standalone
+    refuses bundle owners (not a cluster) and the page says so in the API's words."""
+    with admin(console.url) as client:
+        brokers = client.get("/admin/v2/brokers/standalone").json()
+        bookies = [b["bookieId"] for b in client.get("/admin/v2/bookies/all").json()["bookies"]]
+        boundaries = client.get("/admin/v2/namespaces/public/default/bundles").json()["boundaries"]
+        owners = client.get("/admin/v2/namespaces/public/default/bundles/owners")
+    assert owners.status_code == 405 and owners.json()["code"] == "not_allowed", owners.text
+    assert len(brokers) == 1 and bookies
+    console.open("/cluster")
+    broker_row = console.visible(f"tr[data-broker='{brokers[0]}']")
+    assert console.one("td[data-label='Cluster']", broker_row).text == "standalone"
+    for bookie in bookies:
+        console.visible(f"tr[data-bookie='{bookie}']")
+    bundle = f"{boundaries[0]}_{boundaries[1]}"
+    row = console.visible(f"tr[data-namespace='public/default'][data-bundle='{bundle}']")
+    assert owners.json()["message"] in console.one("td[data-label='Owner']", row).text
+    console.shoot("cluster")
