@@ -726,3 +726,27 @@ def test_the_cluster_page_shows_brokers_bookies_and_bundle_owners_as_the_api_giv
     row = console.visible(f"tr[data-namespace='public/default'][data-bundle='{bundle}']")
     assert owners.json()["message"] in console.one("td[data-label='Owner']", row).text
     console.shoot("cluster")
+
+
+def test_a_namespace_topic_list_filters_by_name_and_pages(console: Console) -> None:
+    names = [f"page-{i:02d}" for i in range(30)]
+    with admin(console.url) as client:
+        assert client.put("/admin/v2/namespaces/public/paging").status_code in (200, 204)
+        for name in names:
+            assert client.put(f"/admin/v2/persistent/public/paging/{name}").status_code == 204
+
+    def rows() -> list[str]:
+        return list(console.driver.execute_script(
+            "return Array.from(document.querySelectorAll('.topics-slot tr[data-topic]'), (r) => r.dataset.topic);"))
+
+    console.open("/ns/public/paging")
+    console.until(lambda: rows() == names[:20] or None, "the first page of 20 topics")
+    assert "topics 1 \u2013 20 of 30" in console.text(".topics-summary")
+    console.click("Next ▶")
+    console.until(lambda: rows() == names[20:] or None, "the second page")
+    console.type("topicFilter", "page-1")
+    console.until(lambda: rows() == names[10:20] or None, "the topics matching page-1, from the first page")
+    assert "10 matching" in console.text(".topics-summary")
+    console.shoot("namespace-topics")
+    console.type("topicFilter", "nothing-like-it")
+    console.until(lambda: "No topic matches" in console.text(".topics-slot"), "the empty result")
