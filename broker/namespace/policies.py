@@ -32,6 +32,8 @@ Role: a namespace's policies document (``broker/namespace/namespaces.py``) is ch
                            ``dispatchThrottlingRateInMsg``, ``dispatchThrottlingRateInByte`` (as
                            above, per period), ``ratePeriodInSecond`` 1..86400,
                            ``relativeToPublishRate``
+``schema_compatibility_    null or one of ``broker/schema_registry.py``'s ``STRATEGIES``
+strategy``                 (``UNDEFINED``: the broker's default)
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -57,6 +59,8 @@ from broker.namespace.bundles import NamespaceBundles
 from broker.namespace.persistence import POLICY_KEY as PERSISTENCE_KEY
 from broker.namespace.persistence import PersistencePolicy, check_bounds
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
+from broker.schema_registry import POLICY_KEY as SCHEMA_STRATEGY_KEY
+from broker.schema_registry import STRATEGIES as SCHEMA_STRATEGIES
 
 NAMESPACE_ACTIONS = frozenset({"produce", "consume"})
 """What a namespace grant may allow (Pulsar also knows functions, sources, sinks and packages)."""
@@ -160,6 +164,14 @@ def _bundles(value: Any) -> dict[str, Any] | None:
     return NamespaceBundles.from_policy("the namespace", value).to_policy()
 
 
+def _schema_strategy(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.upper() not in SCHEMA_STRATEGIES:
+        raise InvalidRequest(f"schema_compatibility_strategy must be one of {', '.join(SCHEMA_STRATEGIES)}")
+    return value.upper()
+
+
 POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "retention_policies": _retention,
     "message_ttl_in_seconds": _message_ttl,
@@ -174,6 +186,7 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "max_topics_per_namespace": count_limit("maxTopicsPerNamespace"),
     "publishMaxMessageRate": checked_publish_rate,
     "topicDispatchRate": checked_dispatch_rate,
+    SCHEMA_STRATEGY_KEY: _schema_strategy,
 }
 """Each policy key and the check its values pass."""
 
