@@ -21,6 +21,7 @@ condition with a deadline (``WAIT_S``), never a sleep. Screenshots of the main p
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -750,3 +751,31 @@ def test_a_namespace_topic_list_filters_by_name_and_pages(console: Console) -> N
     console.shoot("namespace-topics")
     console.type("topicFilter", "nothing-like-it")
     console.until(lambda: "No topic matches" in console.text(".topics-slot"), "the empty result")
+
+
+def test_the_schema_tab_shows_every_version_and_the_namespaces_compatibility_strategy(console: Console) -> None:
+    fields = [{"name": "id", "type": "string"}]
+    definitions = []
+    with admin(console.url) as client:
+        assert client.put("/admin/v2/namespaces/public/schemas").status_code in (200, 204)
+        assert client.put("/admin/v2/namespaces/public/schemas/schemaCompatibilityStrategy",
+                          json="ALWAYS_COMPATIBLE").status_code == 204
+        assert client.put("/admin/v2/persistent/public/schemas/orders").status_code == 204
+        for extra in ([], [{"name": "amount", "type": ["null", "long"], "default": None}]):
+            definition = {"type": "record", "name": "Order", "fields": fields + extra}
+            definitions.append(definition)
+            answer = client.post("/admin/v2/schemas/public/schemas/orders/schema",
+                                 json={"type": "JSON", "schema": json.dumps(definition), "properties": {"by": "e2e"}})
+            assert answer.status_code == 200, answer.text
+        versions = client.get("/admin/v2/schemas/public/schemas/orders/schemas").json()["getSchemaResponses"]
+    assert [v["version"] for v in versions] == [0, 1]
+    console.open("/topic/public/schemas/orders/schema")
+    console.until(lambda: console.text("[data-stat='schemaStrategy'] .stat-value") == "ALWAYS_COMPATIBLE",
+                  "the namespace's strategy")
+    for version in versions:
+        row = console.visible(f"tr[data-version='{version['version']}']")
+        assert console.one("td[data-label='Type']", row).text == "JSON"
+        assert console.one("td[data-label='Properties']", row).text == "by=e2e"
+    console.one("tr[data-version='1'] summary").click()
+    console.until(lambda: '"amount"' in console.text("tr[data-version='1'] pre"), "the second version's definition")
+    console.shoot("schema")

@@ -4,7 +4,7 @@
 
 const enc = encodeURIComponent;
 
-export const TOPIC_TABS = ["overview", "messages", "tail", "storage"];
+export const TOPIC_TABS = ["overview", "messages", "tail", "storage", "schema"];
 
 export function nsHref(tenant, namespace) {
   return `#/ns/${enc(tenant)}/${enc(namespace)}`;

@@ -1,6 +1,6 @@
 // A topic's page: its figures, partitions and subscriptions (with cursor actions), compaction,
 // termination and deletion; its ledgers and cursors (internalStats); and, in their own modules,
-// its messages and a live tail.
+// its messages, a live tail, peeking at a subscription and its schema.
 
 import { del, get, post, put, topicPaths } from "./api.js";
 import {
@@ -10,12 +10,14 @@ import {
 import { messagesTab } from "./messages.js";
 import { act } from "./namespaces.js";
 import { peekPanel } from "./peek.js";
+import { schemaTab } from "./schema.js";
 import { nsHref, TOPIC_TABS, topicHref } from "./routes.js";
 import { tailTab } from "./tail.js";
 
 export const TOPIC_POLL_MS = 3000;
 const PARTITION_SUFFIX = /-partition-(\d+)$/;
-const TAB_LABELS = { overview: "Overview", messages: "Messages", tail: "Live tail", storage: "Ledgers" };
+const TAB_LABELS = { overview: "Overview", messages: "Messages", tail: "Live tail", storage: "Ledgers",
+  schema: "Schema" };
 
 /**
  * What the page needs to know first: does the topic exist, and is it partitioned (into how
@@ -77,7 +79,8 @@ export function topicView(root, { tenant, namespace, topic, tab }) {
       return;
     }
     const context = { tenant, namespace, topic, paths: topicPaths(tenant, namespace, topic), ...shape };
-    const views = { overview: overviewTab, messages: messagesTab, tail: tailTab, storage: storageTab };
+    const views = { overview: overviewTab, messages: messagesTab, tail: tailTab, storage: storageTab,
+      schema: schemaTab };
     dispose = views[tab](body, context);
   });
   return () => {
