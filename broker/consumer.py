@@ -163,7 +163,7 @@ class Consumer:
         self.blocked = False
         self.connected_since_ms = int(time.time() * 1000)
         self._rates = (0.0, 0.0, 0.0)  # messages/s out, bytes/s out, redeliveries/s
-        self._rate_base = (0.0, 0, 0, 0)
+        self._rate_base: tuple[float | None, int, int, int] = (None, 0, 0, 0)
 
     @property
     def name(self) -> str:
@@ -327,10 +327,11 @@ class Consumer:
         return max(room, 1)
 
     def update_rates(self, now: float) -> None:
-        """(Under the subscription's lock, on its tick.) The rates since the last tick."""
+        """(Under the subscription's lock, on its tick, and once when added.) The rates since the
+        last call."""
         since, msgs, byte_count, redelivered = self._rate_base
-        elapsed = now - since
-        if since and elapsed > 0:
+        if since is not None and now > since:
+            elapsed = now - since
             self._rates = ((self.msg_out - msgs) / elapsed, (self.bytes_out - byte_count) / elapsed,
                            (self.redelivered - redelivered) / elapsed)
         self._rate_base = (now, self.msg_out, self.bytes_out, self.redelivered)

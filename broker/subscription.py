@@ -209,6 +209,7 @@ class Subscription:
             self._dispatcher.admit()  # ConsumerBusy: an Exclusive subscription's second consumer
             self._quotas.add_consumer()  # ConsumerBusy at the topic's maxConsumers
             consumer = Consumer(self, config, self.limits.consumer_pending_bytes_max)
+            consumer.update_rates(self._clock())  # its rates count from now
             self.consumers[consumer] = None
             if config.ack_timeout_ms > 0:
                 self._timed[consumer] = None
