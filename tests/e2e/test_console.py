@@ -661,6 +661,7 @@ def test_peek_shows_a_subscriptions_next_messages_and_leaves_its_backlog(console
         Select(console.visible(".peeked [name='peekView']")).select_by_value("hex")
         console.until(lambda: console.text(".peeked article.message pre.hex").startswith("00000000  7b 22 6e"),
                       "the peeked payload in hex")
+        console.driver.execute_script("document.querySelector('.peeked').scrollIntoView()")
         console.shoot("peek")
         assert backlog() == 4
         console.type("peekCount", "9")

@@ -72,7 +72,7 @@ export function peekPanel(ctx, subscription) {
       ? `Only ${messages.length} messages in the backlog of ${name} (asked for ${wanted}); none consumed.`
       : `The next ${messages.length} messages of ${name}, not consumed: its backlog is unchanged.`;
     shown = { summary, messages };
-    replace(element, field("Show payload as", mode), list);
+    replace(element, h("div", { class: "form-row" }, field("Show payload as", mode)), list);
     render();
   }
 
