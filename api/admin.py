@@ -28,7 +28,7 @@ from api.admin_quotas import quotas_router
 from api.admin_schemas import schemas_router
 from api.admin_topics import topic_name, topics_router
 from api.auth import Authorizer, Caller
-from broker import BrokerService, CursorView, InternalStats, SubscriptionStats, TopicStats, iso_time
+from broker import BrokerService, ConsumerStats, CursorView, InternalStats, SubscriptionStats, TopicStats, iso_time
 
 _SUMMED_TOPIC_FIELDS = ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", "bytesInCounter",
                         "msgInCounter", "bytesOutCounter", "msgOutCounter", "storageSize", "backlogSize")
@@ -107,12 +107,19 @@ def _subscription_json(view: SubscriptionStats) -> dict[str, Any]:
         "msgRateExpired": 0.0, "msgBacklog": view.msg_backlog, "backlogSize": view.backlog_size_bytes,
         "unackedMessages": view.unacked_messages, "msgDelayed": view.delayed_messages, "type": view.type,
         "isDurable": view.durable, "isReplicated": False,
-        "consumers": [{"consumerName": c.name, "availablePermits": c.available_permits,
-                       "unackedMessages": c.unacked_messages, "msgOutCounter": c.msg_out_counter,
-                       "bytesOutCounter": c.bytes_out_counter, "msgRedeliverCounter": c.msg_redeliver_counter,
-                       "blockedConsumerOnUnackedMsgs": c.blocked_on_unacked} for c in view.consumers],
+        "consumers": [_consumer_json(c) for c in view.consumers],
         "markDeleteOffset": view.mark_delete_offset, "readOffset": view.read_offset,
     }
+
+
+def _consumer_json(c: ConsumerStats) -> dict[str, Any]:
+    """Pulsar's ConsumerStats (the fields Magnetar keeps)."""
+    return {"consumerName": c.name, "address": c.address, "connectedSince": iso_time(c.connected_since_ms),
+            "availablePermits": c.available_permits, "unackedMessages": c.unacked_messages,
+            "msgRateOut": c.msg_rate_out, "msgThroughputOut": c.msg_throughput_out,
+            "msgRateRedeliver": c.msg_rate_redeliver, "msgOutCounter": c.msg_out_counter,
+            "bytesOutCounter": c.bytes_out_counter, "msgRedeliverCounter": c.msg_redeliver_counter,
+            "blockedConsumerOnUnackedMsgs": c.blocked_on_unacked}
 
 
 def _summed(parts: list[dict[str, Any]]) -> dict[str, Any]:

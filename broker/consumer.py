@@ -32,6 +32,7 @@ consumers, so naming its class here would close an import circle).
 from __future__ import annotations
 
 import itertools
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -68,6 +69,9 @@ class ConsumerConfig:
     and the unacknowledged limits,
     as Pulsar's broker does: Pulsar's clients acknowledge a batch only once every message of it
     arrived, so a batch split between deliveries would never be acknowledged."""
+    address: str = ""
+    """The client's address as Pulsar's ConsumerStats show it (``/host:port``); empty when the
+    transport has no lasting connection (REST pull)."""
     track_ids: bool = True
     """Remember the entries handed out (``ENTRIES_REMEMBERED_MAX``) for :meth:`Consumer.offset_of`;
     off for a transport that maps ids to offsets itself (the binary protocol, by entry)."""
@@ -157,6 +161,9 @@ class Consumer:
         self.closed = False
         self.msg_out = self.bytes_out = self.redelivered = 0
         self.blocked = False
+        self.connected_since_ms = int(time.time() * 1000)
+        self._rates = (0.0, 0.0, 0.0)  # messages/s out, bytes/s out, redeliveries/s
+        self._rate_base: tuple[float | None, int, int, int] = (None, 0, 0, 0)
 
     @property
     def name(self) -> str:
@@ -319,6 +326,17 @@ class Consumer:
                    -(-(self._outbox_bytes_max - self.outbox_bytes) // (size + MESSAGE_BYTES)))
         return max(room, 1)
 
+    def update_rates(self, now: float) -> None:
+        """(Under the subscription's lock, on its tick, and once when added.) The rates since the
+        last call."""
+        since, msgs, byte_count, redelivered = self._rate_base
+        if since is not None and now > since:
+            elapsed = now - since
+            self._rates = ((self.msg_out - msgs) / elapsed, (self.bytes_out - byte_count) / elapsed,
+                           (self.redelivered - redelivered) / elapsed)
+        self._rate_base = (now, self.msg_out, self.bytes_out, self.redelivered)
+
     def statistics(self) -> ConsumerStats:
         return ConsumerStats(self.name, self.permits, len(self.unacked), self.msg_out, self.bytes_out,
-                             self.redelivered, self.blocked)
+                             self.redelivered, self.blocked, self.config.address, self.connected_since_ms,
+                             *self._rates)

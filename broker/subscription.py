@@ -209,6 +209,7 @@ class Subscription:
             self._dispatcher.admit()  # ConsumerBusy: an Exclusive subscription's second consumer
             self._quotas.add_consumer()  # ConsumerBusy at the topic's maxConsumers
             consumer = Consumer(self, config, self.limits.consumer_pending_bytes_max)
+            consumer.update_rates(self._clock())  # its rates count from now
             self.consumers[consumer] = None
             if config.ack_timeout_ms > 0:
                 self._timed[consumer] = None
@@ -564,6 +565,8 @@ class Subscription:
             self._rates = ((self.msg_out - msgs) / elapsed, (self.bytes_out - byte_count) / elapsed,
                            (self.redelivered - redelivered) / elapsed)
             self._rate_base = (now, self.msg_out, self.bytes_out, self.redelivered)
+        for consumer in self.consumers:
+            consumer.update_rates(now)
 
     # --- stats ---------------------------------------------------------------------------
     def statistics(self) -> SubscriptionStats:

@@ -22,6 +22,12 @@ class ConsumerStats:
     bytes_out_counter: int
     msg_redeliver_counter: int
     blocked_on_unacked: bool
+    address: str
+    connected_since_ms: int
+    """Wall-clock time the consumer was added, epoch milliseconds."""
+    msg_rate_out: float
+    msg_throughput_out: float
+    msg_rate_redeliver: float
 
 
 @dataclass(frozen=True)

@@ -198,7 +198,8 @@ class ConsumerHalf:
         self._schemas.for_consumer(topic, command.schema if command.HasField("schema") else None)
         config = ConsumerConfig(name=command.consumer_name or f"consumer-{command.consumer_id}",
                                 receiver_queue_size=0, priority_level=command.priority_level,
-                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False)
+                                negative_ack_redelivery_delay_ms=0, whole_entries=True, track_ids=False,
+                                address=context.address)
         durable = command.durable
         initial = self._initial(command, topic)
         consumer = service.subscriptions.subscribe(topic, command.subscription, sub_type, config, initial=initial,

@@ -50,6 +50,8 @@ class ConnectionContext:
     """The server's per-role shares (connections, topic-list watches)."""
     principal: Principal | None = None
     tls_peer: TlsPeer | None = None
+    address: str = ""
+    """The client's address as Pulsar's stats show it (``/host:port``)."""
     """The client certificate the connection's TLS handshake verified (``AuthenticationProviderTls``)."""
     counters: dict[str, int] = field(default_factory=dict)
 

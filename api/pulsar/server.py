@@ -270,8 +270,11 @@ class PulsarProtocol(asyncio.Protocol):
         transport.set_write_buffer_limits(high=server.settings.write_buffer_bytes_max)
         host = transport.get_extra_info("sockname")[0]
         self._loop = loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        address = f"/{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
         self.context = ConnectionContext(server.service, server.authorizer, server.settings, self, loop,
-                                         next(server._ids), server.pools, tls_peer=tls_peer_of(transport))
+                                         next(server._ids), server.pools, tls_peer=tls_peer_of(transport),
+                                         address=address)
         assert server.lookups is not None, "connections are accepted only once the server started"
         tls = self.tls
         self.session = PulsarSession(self.context, server.lookups,

@@ -108,7 +108,7 @@ class ConsumerParams:
     config: ConsumerConfig
 
     @classmethod
-    def parse(cls, query: QueryParams, limits: EdgeLimits) -> ConsumerParams:
+    def parse(cls, query: QueryParams, limits: EdgeLimits, peer: str = "") -> ConsumerParams:
         receiver_queue = query.integer("receiverQueueSize", RECEIVER_QUEUE_MESSAGES_MAX, 0, 2**31 - 1)
         receiver_queue = min(receiver_queue, RECEIVER_QUEUE_MESSAGES_MAX)  # Pulsar caps it at 1000
         config = ConsumerConfig(
@@ -120,6 +120,7 @@ class ConsumerParams:
             max_redeliver_count=query.integer("maxRedeliverCount", 0, 0, 2**31 - 1),
             dead_letter_topic=query.text("deadLetterTopic"),
             unacked_bytes_max=limits.consumer_unacked_bytes_max,
+            address=f"/{peer}" if peer else "",
         )
         sub_type = SubscriptionType.parse(query.text("subscriptionType", "Exclusive") or "Exclusive")
         return cls(

@@ -51,6 +51,8 @@ class Handshake:
     params: Mapping[str, str]
     """The path's parameters (percent-decoded)."""
     query: QueryParams
+    peer: str = ""
+    """The client's address, ``host:port`` (empty when the transport does not know it)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def websocket_routes(service: BrokerService, limits: EdgeLimits) -> list[WebSock
 
     def consume(handshake: Handshake, topics: list[TopicName], subscription: str,
                 pattern: tuple[str, str] | None = None) -> Opening:
-        params = ConsumerParams.parse(handshake.query, limits)
+        params = ConsumerParams.parse(handshake.query, limits, handshake.peer)
 
         def start(io: SessionIO) -> Session:
             if pattern is not None:

@@ -131,7 +131,7 @@ class WebSocketServer:
         path, _, query = request.path.partition("?")
         route, params = self._route(urllib.parse.unquote(path))
         query_params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
-        opening = route.open(Handshake(params, QueryParams(query_params)))
+        opening = route.open(Handshake(params, QueryParams(query_params), connection.peer))
         principal = self.authorizer.authenticate_request(_Head(request.headers, query_params), connection.tls_peer)
         role = self.slots.role_of(principal)
         if role is not None:
@@ -185,7 +185,7 @@ class WebSocketConnection(asyncio.Protocol):
         self._release: Callable[[], None] | None = release
         self.tls_peer: TlsPeer | None = tls_peer_of(transport)
         peer = transport.get_extra_info("peername")
-        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
         self._state = _HANDSHAKE
         self.session: Session | None = None
         self._session_ended: Callable[[], None] | None = None
@@ -243,7 +243,7 @@ class WebSocketConnection(asyncio.Protocol):
         if request is None:
             return
         path, _, query = request.path.partition("?")
-        wire.label = f"{path} from {self._peer}"  # the path only: a ?token= stays out of the log
+        wire.label = f"{path} from {self.peer or '?'}"  # the path only: a ?token= stays out of the log
         response = wire.accept(request)
         if response.status_code != 101:  # not a WebSocket handshake websockets can answer
             message = bytes(response.body or b"").decode(errors="replace").strip()
@@ -263,13 +263,13 @@ class WebSocketConnection(asyncio.Protocol):
 
     def _refuse(self, target: str, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         """Answer the upgrade with an HTTP error and close (as Pulsar does when it cannot open a session)."""
-        log.info('%s - "WebSocket %s" %d', self._peer, redact(target), status)
+        log.info('%s - "WebSocket %s" %d', self.peer or "?", redact(target), status)
         self._state = _CLOSING
         self.transport.write(self._wire.respond(self._wire.refusal(status, _phrase(status), body, headers)))
         self.transport.close()
 
     def _accept(self, target: str, response: Response, ended: Callable[[], None]) -> None:
-        log.info('%s - "WebSocket %s" [accepted]', self._peer, redact(target))
+        log.info('%s - "WebSocket %s" [accepted]', self.peer or "?", redact(target))
         self._session_ended = ended
         self._state = _OPEN
         self.transport.write(self._wire.respond(response))

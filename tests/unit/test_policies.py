@@ -142,3 +142,11 @@ def test_a_change_claims_the_brokers_own_namespace(service: BrokerService) -> No
     with pytest.raises(AlreadyExists):
         service.namespaces.create_namespace("public/default", {})
     assert service.namespaces.policies("public/default")["message_ttl_in_seconds"] == 60
+
+
+def test_the_schema_compatibility_strategy_is_a_policy_of_known_strategies() -> None:
+    """``PUT .../schemaCompatibilityStrategy`` stores it: once refused as an unknown policy."""
+    assert checked_policy("schema_compatibility_strategy", "always_compatible") == "ALWAYS_COMPATIBLE"
+    assert checked_policy("schema_compatibility_strategy", None) is None
+    with pytest.raises(InvalidRequest, match="use one of UNDEFINED, ALWAYS_INCOMPATIBLE"):
+        checked_policy("schema_compatibility_strategy", "SOMETIMES")

@@ -323,3 +323,22 @@ def test_withdrawn_pull_leftovers_never_count_as_redeliveries(stack: Stack) -> N
     puller.flow(10)
     again = {d.offset: d.redelivery_count for d in drain(puller)}
     assert again == {0: 1, 1: 1, 2: 0, 3: 0, 4: 0}
+
+
+def test_each_consumer_reports_its_own_rates_and_connection(stack: Stack) -> None:
+    """Pulsar's ConsumerStats: a consumer's msgRateOut counts from when it was added, so one that
+    received everything its subscription sent reports the subscription's rate (it once read 0,
+    its first tick taken as the start)."""
+    topic = make_topic(stack, "t/ns/rates")
+    sub = subscribe(stack, topic, SubscriptionType.SHARED)
+    consumer = sub.add_consumer(ConsumerConfig("c", address="/10.0.0.7:41000"))
+    publish_n(topic, 6)
+    stack.clock.advance(2.0)
+    consumer.flow(10)
+    assert len(drain(consumer)) == 6
+    sub.tick()
+    stats = sub.statistics()
+    (mine,) = stats.consumers
+    assert mine.msg_rate_out == pytest.approx(3.0) == stats.msg_rate_out
+    assert mine.msg_throughput_out == pytest.approx(stats.msg_throughput_out) and mine.msg_throughput_out > 0
+    assert mine.address == "/10.0.0.7:41000" and mine.connected_since_ms > 0

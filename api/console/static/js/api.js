@@ -63,24 +63,15 @@ function errorOf(status, statusText, data) {
   return new ApiError(status, `http_${status}`, text || "request failed");
 }
 
-/**
- * One HTTP call. `json` is sent as JSON; `text` is sent as it is, as a JSON body the user
- * wrote (the API, not the page, judges it). Answers are parsed as JSON when they are JSON.
- */
-export async function request(method, path, { query, json, text } = {}) {
-  const headers = {};
+/** A fetch with the token and the request timeout; a failure to reach the broker is an ApiError. */
+async function send(method, path, { query, body, headers = {} } = {}) {
   const current = token();
-  if (current) headers.Authorization = `Bearer ${current}`;
-  let body;
-  if (text !== undefined) body = text;
-  else if (json !== undefined) body = JSON.stringify(json);
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const sent = current ? { ...headers, Authorization: `Bearer ${current}` } : headers;
   const search = query ? `?${new URLSearchParams(query)}` : "";
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), REQUEST_TIMEOUT_MS);
-  let response;
   try {
-    response = await fetch(path + search, { method, headers, body, signal: controller.signal });
+    return await fetch(path + search, { method, headers: sent, body, signal: controller.signal });
   } catch (error) {
     const why = error.name === "AbortError" ? `no answer within ${REQUEST_TIMEOUT_MS / 1000} s`
       : `the broker could not be reached (${error.message})`;
@@ -88,21 +79,43 @@ export async function request(method, path, { query, json, text } = {}) {
   } finally {
     clearTimeout(timer);
   }
-  const raw = await response.text();
-  let data = null;
-  if (raw) {
-    try {
-      data = JSON.parse(raw);
-    } catch {
-      data = raw;
-    }
+}
+
+function parsed(raw) {
+  if (!raw) return null;
+  try {
+    return JSON.parse(raw);
+  } catch {
+    return raw;
   }
-  if (!response.ok) {
-    const error = errorOf(response.status, response.statusText, data);
-    if (response.status === 401) unauthorizedListeners.forEach((listener) => listener(error));
-    throw error;
-  }
+}
+
+function refusal(response, data) {
+  const error = errorOf(response.status, response.statusText, data);
+  if (response.status === 401) unauthorizedListeners.forEach((listener) => listener(error));
+  return error;
+}
+
+/**
+ * One HTTP call. `json` is sent as JSON; `text` is sent as it is, as a JSON body the user
+ * wrote (the API, not the page, judges it). Answers are parsed as JSON when they are JSON.
+ */
+export async function request(method, path, { query, json, text } = {}) {
+  let body;
+  if (text !== undefined) body = text;
+  else if (json !== undefined) body = JSON.stringify(json);
+  const headers = body !== undefined ? { "Content-Type": "application/json" } : {};
+  const response = await send(method, path, { query, body, headers });
+  const data = parsed(await response.text());
+  if (!response.ok) throw refusal(response, data);
   return data;
+}
+
+/** One stored message as the admin API answers (peek, examine): its raw payload and headers. */
+export async function getMessage(path) {
+  const response = await send("GET", path);
+  if (!response.ok) throw refusal(response, parsed(await response.text()));
+  return { bytes: new Uint8Array(await response.arrayBuffer()), headers: response.headers };
 }
 
 export const get = (path, query) => request("GET", path, { query });

@@ -3,6 +3,7 @@
 // called when the route changes.
 
 import { ApiError, get, onTokenChange, onUnauthorized, setToken, token, tokenRole } from "./api.js";
+import { clusterView } from "./cluster.js";
 import { errorBox, h, notice, replace } from "./dom.js";
 import { tenantsView, namespaceView } from "./namespaces.js";
 import { overviewView } from "./overview.js";
@@ -79,7 +80,8 @@ function route() {
   document.querySelectorAll("[data-nav]").forEach((a) => {
     a.classList.toggle("active", a.dataset.nav === r.view || (a.dataset.nav === "tenants" && r.view === "namespace"));
   });
-  const views = { overview: overviewView, tenants: tenantsView, namespace: namespaceView, topic: topicView };
+  const views = { overview: overviewView, tenants: tenantsView, namespace: namespaceView, topic: topicView,
+    cluster: clusterView };
   try {
     disposeView = views[r.view](main, r) || (() => {});
   } catch (error) {

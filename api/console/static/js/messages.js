@@ -40,7 +40,10 @@ function hexDump(bytes) {
 
 /** The payload as the chosen view shows it: a <pre>, and a note when it is not what was asked. */
 export function payloadView(base64, mode) {
-  const bytes = bytesOf(base64);
+  return bytesView(bytesOf(base64), mode);
+}
+
+export function bytesView(bytes, mode) {
   const shown = bytes.subarray(0, PAYLOAD_SHOWN_BYTES_MAX);
   const cut = bytes.length > shown.length
     ? h("p", { class: "muted" }, `First ${shown.length} of ${bytes.length} bytes shown.`) : null;
@@ -57,7 +60,11 @@ export function payloadView(base64, mode) {
   return [h("pre", { class: "payload" }, text || h("span", { class: "muted" }, "(empty)")), cut];
 }
 
-function messageCard(message, mode, highlight) {
+/**
+ * A message as a card: offset, id, publish time, key, event time, properties and payload
+ * (``payload`` base64, or ``bytes``).
+ */
+export function messageCard(message, mode, highlight) {
   const properties = Object.entries(message.properties || {});
   const versioned = message.keyVersion !== undefined;
   const dataset = versioned ? { offset: message.offset, version: message.keyVersion } : { offset: message.offset };
@@ -74,7 +81,7 @@ function messageCard(message, mode, highlight) {
         : null,
       properties.length ? h("div", {}, h("dt", {}, "properties"), h("dd", { class: "mono properties" },
         properties.map(([k, v]) => `${k}=${v}`).join(", "))) : null),
-    payloadView(message.payload, mode));
+    message.bytes ? bytesView(message.bytes, mode) : payloadView(message.payload, mode));
 }
 
 function offsetFinder(ctx, go, partitionSelect) {
@@ -127,6 +134,23 @@ function keyStreamFinder(ctx, go) {
 
 const START_FINDERS = [offsetFinder, messageIdFinder, keyStreamFinder];
 
+/** The produce form's properties: undefined when empty, else the JSON object written. */
+function propertiesOf(text) {
+  if (text.trim() === "") return undefined;
+  const refuse = (why) => Object.assign(new Error(`Properties: ${why}`), { code: "invalid_properties" });
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw refuse(`not a JSON object (${error.message})`);
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    const kind = Array.isArray(value) ? "an array" : value === null ? "null" : `a ${typeof value}`;
+    throw refuse(`a JSON object of names and values, not ${kind}`);
+  }
+  return value;
+}
+
 function producePanel(ctx, browseTo) {
   const key = h("input", { name: "key", placeholder: "optional", autocomplete: "off" });
   const properties = h("textarea", { name: "properties", rows: 2, placeholder: '{"source": "console"}' });
@@ -135,11 +159,19 @@ function producePanel(ctx, browseTo) {
 
   async function send(event) {
     event.preventDefault();
-    // The properties go into the request as written: the broker, not the page, judges them.
-    const fields = [`"payload":${JSON.stringify(payload.value)}`];
-    if (key.value !== "") fields.push(`"key":${JSON.stringify(key.value)}`);
-    if (properties.value.trim() !== "") fields.push(`"properties":${properties.value}`);
-    const text = `{"producerName":${JSON.stringify(PRODUCER_NAME)},"messages":[{${fields.join(",")}}]}`;
+    // The properties field must read as a JSON object (a mistake is named by the field, not by a
+    // column of a request the user never saw); its values go as written, for the broker to judge.
+    let given;
+    try {
+      given = propertiesOf(properties.value);
+    } catch (error) {
+      replace(slot, errorBox(error));
+      return;
+    }
+    const message = { payload: payload.value };
+    if (key.value !== "") message.key = key.value;
+    if (given !== undefined) message.properties = given;
+    const text = JSON.stringify({ producerName: PRODUCER_NAME, messages: [message] });
     const sent = h("details", {}, h("summary", {}, "Request sent"), h("pre", { class: "payload" }, text));
     replace(slot, h("p", { class: "muted" }, "Sending…"));
     try {

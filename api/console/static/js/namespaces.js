@@ -8,6 +8,7 @@ import {
 import { nsHref, topicHref } from "./routes.js";
 
 export const TOPICS_POLL_MS = 3000;
+export const TOPICS_PAGE_ROWS = 20;
 
 /** Run an action and report it in `slot`: the API's error, or `done`. */
 export async function act(slot, action, done) {
@@ -53,7 +54,7 @@ export function tenantsView(root) {
           act(slot, () => del(`/admin/v2/tenants/${encodeURIComponent(r.tenant)}`), `Tenant ${r.tenant} deleted.`)
             .then(load);
         }, { class: "danger small" }) },
-      ], rows, { empty: "No tenants." }));
+      ], rows, { empty: "No tenants.", rowAttrs: (r) => ({ dataset: { tenant: r.tenant } }) }));
     } catch (error) {
       replace(list, errorBox(error),
         error.status === 403 ? h("p", { class: "muted" }, "Listing tenants needs a superuser. Open a namespace " +
@@ -92,8 +93,7 @@ export function tenantsView(root) {
 }
 
 // --- a namespace -----------------------------------------------------------------------------
-function topicsTable(tenant, namespace, data, { onDelete }) {
-  const rows = data.topics;
+function topicsTable(tenant, namespace, rows, { onDelete, empty }) {
   return table([
     { label: "Topic", value: (t) => link(topicHref(tenant, namespace, t.localName), t.localName) },
     { label: "Partitions", class: "num", value: (t) => (t.partitions ? fmtCount(t.partitions) : "–") },
@@ -107,7 +107,7 @@ function topicsTable(tenant, namespace, data, { onDelete }) {
     { label: "Subscriptions", class: "num", value: (t) => fmtCount(t.subscriptions) },
     { label: "Consumers", class: "num", value: (t) => fmtCount(t.consumers) },
     { label: "", class: "actions", value: (t) => button("Delete", () => onDelete(t), { class: "danger small" }) },
-  ], rows, { empty: "No topics yet.", rowAttrs: (t) => ({ dataset: { topic: t.localName } }) });
+  ], rows, { empty, rowAttrs: (t) => ({ dataset: { topic: t.localName } }) });
 }
 
 // What a retention or TTL value means, in words (the form shows the number the API returns).
@@ -266,16 +266,52 @@ export function namespaceView(root, { tenant, namespace }) {
   let timer = null;
   let stopped = false;
 
+  // The topics the last poll listed, filtered by name and shown a page at a time; the filter
+  // and the pager stay in place (and keep the focus) while the list under them is refreshed.
+  const filter = h("input", { name: "topicFilter", type: "search", placeholder: "filter by name", autocomplete: "off" });
+  const summary = h("span", { class: "muted topics-summary" });
+  const previous = button("◀ Previous", () => { first -= TOPICS_PAGE_ROWS; render(); });
+  const next = button("Next ▶", () => { first += TOPICS_PAGE_ROWS; render(); });
+  const list = h("div", {}, loading());
+  replace(topics, h("div", { class: "form-row" }, field("Filter", filter), previous, next, summary), list);
+  let listed = null;
+  let first = 0;
+
+  function render() {
+    if (!listed) return;
+    const words = filter.value.trim().toLowerCase();
+    const matching = listed.topics.filter((t) => t.localName.toLowerCase().includes(words))
+      .sort((a, b) => (a.localName < b.localName ? -1 : a.localName > b.localName ? 1 : 0));
+    first = Math.max(0, Math.min(first, Math.floor((matching.length - 1) / TOPICS_PAGE_ROWS) * TOPICS_PAGE_ROWS));
+    const shown = matching.slice(first, first + TOPICS_PAGE_ROWS);
+    const of = words ? `${matching.length} matching "${filter.value.trim()}" of ${listed.topics.length}`
+      : `${matching.length}`;
+    previous.disabled = first === 0;
+    next.disabled = first + TOPICS_PAGE_ROWS >= matching.length;
+    summary.textContent = shown.length ? `topics ${first + 1} – ${first + shown.length} of ${of}`
+      : `none of ${listed.topics.length}`;
+    replace(list,
+      topicsTable(tenant, namespace, shown, { onDelete: deleteTopic,
+        empty: words ? `No topic matches "${filter.value.trim()}".` : "No topics yet." }),
+      listed.truncated ? h("p", { class: "muted" }, `The broker listed the first ${listed.topics.length} topics.`)
+        : null);
+  }
+
+  filter.addEventListener("input", () => {
+    first = 0;
+    render();
+  });
+
   async function poll() {
     clearTimeout(timer);
     try {
       const data = await get(paths.stats);
       if (stopped) return;
-      replace(topics, topicsTable(tenant, namespace, data, { onDelete: deleteTopic }),
-        data.truncated ? h("p", { class: "muted" }, `Showing the first ${data.topics.length} topics.`) : null);
+      listed = data;
+      render();
     } catch (error) {
       if (stopped) return;
-      replace(topics, errorBox(error));
+      replace(list, errorBox(error));
     }
     if (!stopped) timer = setTimeout(poll, TOPICS_POLL_MS);
   }
@@ -298,8 +334,21 @@ export function namespaceView(root, { tenant, namespace }) {
       count > 0 ? `Created ${created} with ${count} partitions.` : `Created ${created}.`).then(poll);
   }
 
+  const deleteSlot = h("div", { class: "action-slot" });
+  async function deleteNamespace() {
+    if (!confirm(`Delete namespace ${tenant}/${namespace}? It must have no topics.`)) return;
+    const done = await act(deleteSlot, () => del(paths.admin), `Namespace ${tenant}/${namespace} deleted.`);
+    if (done === undefined) return;
+    stopped = true;
+    clearTimeout(timer);
+    replace(root, h("div", { class: "page-head" }, h("h1", {}, `${tenant}/${namespace}`)),
+      panel(null, deleteSlot, link("#/tenants", "Tenants and namespaces")));
+  }
+
   replace(root,
-    h("div", { class: "page-head" }, h("h1", {}, `${tenant}/${namespace}`), h("p", { class: "muted" }, "Namespace")),
+    h("div", { class: "page-head" }, h("h1", {}, `${tenant}/${namespace}`), h("p", { class: "muted" }, "Namespace"),
+      h("div", { class: "namespace-actions" }, button("Delete namespace", deleteNamespace, { class: "danger small" }),
+        deleteSlot)),
     panel("Topics", topics,
       h("form", { class: "form-row", onsubmit: createTopic }, field("New topic", name),
         field("Partitions", partitions, "0: not partitioned"), h("button", { type: "submit" }, "Create topic")),

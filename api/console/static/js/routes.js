@@ -1,10 +1,10 @@
 // The console's addresses: hash routes, so the broker serves one page and the browser's back
-// button and bookmarks work. #/overview, #/tenants, #/ns/{tenant}/{namespace} and
+// button and bookmarks work. #/overview, #/tenants, #/cluster, #/ns/{tenant}/{namespace} and
 // #/topic/{tenant}/{namespace}/{topic}/{tab}.
 
 const enc = encodeURIComponent;
 
-export const TOPIC_TABS = ["overview", "messages", "tail", "storage"];
+export const TOPIC_TABS = ["overview", "messages", "tail", "storage", "schema"];
 
 export function nsHref(tenant, namespace) {
   return `#/ns/${enc(tenant)}/${enc(namespace)}`;
@@ -24,6 +24,7 @@ export function currentRoute() {
     }
   });
   if (parts[0] === "tenants") return { view: "tenants" };
+  if (parts[0] === "cluster") return { view: "cluster" };
   if (parts[0] === "ns" && parts.length === 3) return { view: "namespace", tenant: parts[1], namespace: parts[2] };
   if (parts[0] === "topic" && (parts.length === 4 || parts.length === 5)) {
     const tab = TOPIC_TABS.includes(parts[4]) ? parts[4] : "overview";

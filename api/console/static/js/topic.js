@@ -1,6 +1,6 @@
 // A topic's page: its figures, partitions and subscriptions (with cursor actions), compaction,
 // termination and deletion; its ledgers and cursors (internalStats); and, in their own modules,
-// its messages and a live tail.
+// its messages, a live tail, peeking at a subscription and its schema.
 
 import { del, get, post, put, topicPaths } from "./api.js";
 import {
@@ -9,54 +9,79 @@ import {
 } from "./dom.js";
 import { messagesTab } from "./messages.js";
 import { act } from "./namespaces.js";
+import { peekPanel } from "./peek.js";
+import { schemaTab } from "./schema.js";
 import { nsHref, TOPIC_TABS, topicHref } from "./routes.js";
 import { tailTab } from "./tail.js";
 
 export const TOPIC_POLL_MS = 3000;
 const PARTITION_SUFFIX = /-partition-(\d+)$/;
-const TAB_LABELS = { overview: "Overview", messages: "Messages", tail: "Live tail", storage: "Ledgers" };
+const TAB_LABELS = { overview: "Overview", messages: "Messages", tail: "Live tail", storage: "Ledgers",
+  schema: "Schema" };
 
 /**
- * What the page needs to know first: is the topic partitioned (and into how many)? Asked of the
- * admin API, or of the range-read API when the caller may only consume; a role that may do
- * neither (a producer) still gets the page, as if the topic were not partitioned.
+ * What the page needs to know first: does the topic exist, and is it partitioned (into how
+ * many)? Asked of the admin API, then of the range-read API (which answers a role that may only
+ * consume too, and says 404 for a topic that does not exist); a role that may do neither (a
+ * producer) still gets the page, as if the topic existed and were not partitioned.
  */
 async function topicShape(tenant, namespace, topic) {
   const partitionMatch = PARTITION_SUFFIX.exec(topic);
-  if (partitionMatch) return { partitions: 0, partitionIndex: Number(partitionMatch[1]) };
+  const partitionIndex = partitionMatch ? Number(partitionMatch[1]) : -1;
   const paths = topicPaths(tenant, namespace, topic);
-  try {
-    return { partitions: (await get(`${paths.admin}/partitions`)).partitions, partitionIndex: -1 };
-  } catch (adminError) {
+  if (!partitionMatch) {
     try {
-      return { partitions: (await get(`${paths.rest}/offsets`)).partitions, partitionIndex: -1 };
+      const partitions = (await get(`${paths.admin}/partitions`)).partitions;
+      if (partitions) return { partitions, partitionIndex };
     } catch {
-      return { partitions: 0, partitionIndex: -1, unknown: adminError };
+      // a role without admin rights: the range-read API answers below
     }
   }
+  try {
+    const offsets = await get(`${paths.rest}/offsets`);
+    return { partitions: partitionMatch ? 0 : offsets.partitions, partitionIndex };
+  } catch (error) {
+    if (error.status === 404) return { missing: error };
+    return { partitions: 0, partitionIndex, unknown: error };
+  }
+}
+
+/** The whole page of a topic that does not exist: one line, and the way to its namespace. */
+function missingTopic(tenant, namespace, topic) {
+  return h("p", { class: "missing-topic", role: "alert" },
+    `persistent://${tenant}/${namespace}/${topic} does not exist. `,
+    link(nsHref(tenant, namespace), `Back to namespace ${tenant}/${namespace}`),
+    " (where topics are created).");
 }
 
 export function topicView(root, { tenant, namespace, topic, tab }) {
   const body = h("div", {}, loading());
   const partitionOf = PARTITION_SUFFIX.exec(topic);
   const parent = partitionOf ? topic.slice(0, partitionOf.index) : null;
+  const tabs = h("nav", { class: "tabs", "aria-label": "Topic" }, TOPIC_TABS.map((t) => h("a", {
+    href: topicHref(tenant, namespace, topic, t), class: t === tab ? "active" : null,
+    "aria-current": t === tab ? "page" : null, dataset: { tab: t },
+  }, TAB_LABELS[t])));
   replace(root,
     h("div", { class: "page-head" },
       h("p", { class: "crumbs" }, link(nsHref(tenant, namespace), `${tenant}/${namespace}`),
         parent ? [" / ", link(topicHref(tenant, namespace, parent), parent)] : null),
       h("h1", { class: "topic-title" }, topic)),
-    h("nav", { class: "tabs", "aria-label": "Topic" }, TOPIC_TABS.map((t) => h("a", {
-      href: topicHref(tenant, namespace, topic, t), class: t === tab ? "active" : null,
-      "aria-current": t === tab ? "page" : null, dataset: { tab: t },
-    }, TAB_LABELS[t]))),
+    tabs,
     body);
   let dispose = () => {};
   let stopped = false;
   topicShape(tenant, namespace, topic).then((shape) => {
     if (stopped) return;
+    if (shape.missing) {
+      tabs.remove();
+      replace(body, missingTopic(tenant, namespace, topic));
+      return;
+    }
     const context = { tenant, namespace, topic, paths: topicPaths(tenant, namespace, topic), ...shape };
-    const tabs = { overview: overviewTab, messages: messagesTab, tail: tailTab, storage: storageTab };
-    dispose = tabs[tab](body, context);
+    const views = { overview: overviewTab, messages: messagesTab, tail: tailTab, storage: storageTab,
+      schema: schemaTab };
+    dispose = views[tab](body, context);
   });
   return () => {
     stopped = true;
@@ -98,19 +123,42 @@ function partitionsTable(ctx, partitions) {
   ], rows, { empty: "No partition has been written yet." });
 }
 
-function subscriptionsTable(subscriptions) {
+/** A subscription's consumers, as the topic's stats give them (Pulsar's ConsumerStats). */
+function consumersTable(name, consumers) {
+  return h("div", { class: "consumers", dataset: { consumersOf: name } },
+    h("h3", {}, `Consumers of ${name}`),
+    table([
+      { label: "Name", value: (c) => c.consumerName },
+      { label: "Address", class: "mono", value: (c) => (c.address ? c.address.replace(/^\//, "")
+        : h("span", { class: "muted" }, "no connection (REST pull)")) },
+      { label: "Connected since", value: (c) => (c.connectedSince ? fmtTime(Date.parse(c.connectedSince)) : "–") },
+      { label: "Permits", class: "num", value: (c) => fmtCount(c.availablePermits) },
+      { label: "Unacked", class: "num", value: (c) => fmtCount(c.unackedMessages) },
+      { label: "Out", class: "num", value: (c) => fmtRate(c.msgRateOut) },
+      { label: "Bytes out", class: "num", value: (c) => fmtByteRate(c.msgThroughputOut) },
+      { label: "Blocked", value: (c) => (c.blockedConsumerOnUnackedMsgs ? "on unacked" : "no") },
+    ], consumers, { empty: "No consumer is connected.",
+      rowAttrs: (c) => ({ dataset: { consumer: c.consumerName } }) }));
+}
+
+/** The subscriptions, each with a button that shows its consumers below (kept across refreshes). */
+function subscriptionsTable(subscriptions, expanded, toggle) {
   const rows = Object.entries(subscriptions).map(([name, s]) => ({ name, ...s }));
-  return table([
+  const consumersCell = (s) => button(`${fmtCount(s.consumers.length)} ${expanded.has(s.name) ? "▾" : "▸"}`,
+    () => toggle(s.name), { class: "small consumers-toggle", "aria-expanded": String(expanded.has(s.name)),
+      title: `Consumers of ${s.name}` });
+  return [table([
     { label: "Subscription", value: (s) => s.name },
     { label: "Type", value: (s) => s.type || h("span", { class: "muted" }, "no consumer") },
     { label: "Backlog", class: "num", value: (s) => fmtCount(s.msgBacklog) },
     { label: "Backlog size", class: "num", value: (s) => fmtBytes(s.backlogSize) },
-    { label: "Consumers", class: "num", value: (s) => fmtCount(s.consumers.length) },
+    { label: "Consumers", class: "num", value: consumersCell },
     { label: "Unacked", class: "num", value: (s) => fmtCount(s.unackedMessages) },
     { label: "Out", class: "num", value: (s) => fmtRate(s.msgRateOut) },
     { label: "Redelivery", class: "num", value: (s) => fmtRate(s.msgRateRedeliver) },
     { label: "Redelivered", class: "num", value: (s) => fmtCount(s.msgRedeliverCounter) },
-  ], rows, { empty: "No subscriptions.", rowAttrs: (s) => ({ dataset: { subscription: s.name } }) });
+  ], rows, { empty: "No subscriptions.", rowAttrs: (s) => ({ dataset: { subscription: s.name } }) }),
+  rows.filter((s) => expanded.has(s.name)).map((s) => consumersTable(s.name, s.consumers))];
 }
 
 /** Epoch milliseconds from "2026-01-31 12:00[:00]" (local time), an ISO time or a number. */
@@ -184,6 +232,8 @@ function subscriptionActions(ctx, refresh) {
       `Deleted subscription ${select.value}.`);
   });
 
+  const peek = peekPanel(ctx, () => need(() => select.value)() || "");
+
   function create(event) {
     event.preventDefault();
     const name = newName.value.trim();
@@ -204,6 +254,8 @@ function subscriptionActions(ctx, refresh) {
         button("Clear backlog", clear, { class: "warn" }),
         h("label", { class: "check" }, force, "force"),
         button("Delete subscription", remove, { class: "danger" }))),
+    ctx.partitions ? h("p", { class: "muted" }, "Peek at a partition's subscription: open a partition above.")
+      : [peek.form, peek.element],
     h("form", { class: "form-row", onsubmit: create },
       field("New subscription", newName), field("Starting at", initial),
       h("button", { type: "submit" }, "Create subscription")),
@@ -271,6 +323,13 @@ function overviewTab(root, ctx) {
   let stopped = false;
   const actions = subscriptionActions(ctx, () => refresh());
   const lifecycle = lifecyclePanel(ctx);
+  const expanded = new Set();
+  let lastStats = null;
+  const showSubscriptions = () => replace(subscriptions,
+    subscriptionsTable(lastStats.subscriptions, expanded, (name) => {
+      if (!expanded.delete(name)) expanded.add(name);
+      showSubscriptions();
+    }));
 
   async function refresh() {
     clearTimeout(timer);
@@ -282,7 +341,8 @@ function overviewTab(root, ctx) {
       actions.element.hidden = false;
       lifecycle.element.hidden = false;
       if (ctx.partitions) replace(partitions, panel("Partitions", partitionsTable(ctx, stats.partitions)));
-      replace(subscriptions, subscriptionsTable(stats.subscriptions));
+      lastStats = stats;
+      showSubscriptions();
       actions.update(Object.keys(stats.subscriptions).sort());
     } catch (error) {
       if (stopped) return;
