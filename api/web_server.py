@@ -76,7 +76,8 @@ class WebServer(uvicorn.Server):
             host, port = server.sockets[0].getsockname()[:2]
             self.urls.append(f"{listener.scheme}://{_url_host(host)}:{port}")
         self.started = True
-        log.info("Magnetar's web service listening on %s (console: %s/console)", ", ".join(self.urls), self.urls[0])
+        console = self.urls[0].replace("://0.0.0.0:", "://localhost:").replace("://[::]:", "://localhost:")
+        log.info("Magnetar's web service listening on %s (console: %s/console)", ", ".join(self.urls), console)
         authorizer = getattr(getattr(self.config.app, "state", None), "authorizer", None)
         if authorizer is not None:
             auth = authorizer.config

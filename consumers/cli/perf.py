@@ -309,6 +309,8 @@ async def _consume_main(args: argparse.Namespace, meter: Meter, histogram: Laten
                         return
                     continue
                 idle_since_s = time.monotonic()
+                if not run.more(meter.messages):
+                    return  # another consumer took the last of -m: this one stays unacknowledged
                 latency_ms = end_to_end_ms(message, time.time_ns() // 1000)
                 if latency_ms is not None:
                     histogram.record(latency_ms)

@@ -80,7 +80,7 @@ def _read_stream(args: argparse.Namespace) -> int:
             if not batch.messages or batch.next_version < 0 or batch.next_version > batch.version:
                 break
             version = batch.next_version
-    print(f"{printed} events of {args.key!r} read")
+    print(f"{printed} event{'' if printed == 1 else 's'} of {args.key!r} read")
     return 0
 
 
@@ -95,9 +95,9 @@ def _follow(client: Client, args: argparse.Namespace) -> int:
     except ReceiveTimeout:
         print(f"no event for {args.timeout_s:g} s", file=sys.stderr)
         if args.num_messages:
-            print(f"{printed} events of {args.key!r} read")
+            print(f"{printed} event{'' if printed == 1 else 's'} of {args.key!r} read")
             return EXIT_FAILURE
     finally:
         reader.close()
-    print(f"{printed} events of {args.key!r} read")
+    print(f"{printed} event{'' if printed == 1 else 's'} of {args.key!r} read")
     return 0

@@ -21,6 +21,7 @@ The commands and code are read from README.md itself, so the README and this tes
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import signal
@@ -202,7 +203,8 @@ def test_the_first_hour_runs_as_written(tmp_path: Path) -> None:
         run_block(before_restart, [], env)
     with started_as_written(as_here(start), env, url, log):
         run_block(commands_with_expected_output(as_here(sessions[2])), variables, env)
-    assert f"Magnetar's web service listening on http://0.0.0.0:{port} (console: " in log.read_text()
+    assert f"Magnetar's web service listening on http://0.0.0.0:{port} (console: http://localhost:{port}/console)" \
+        in log.read_text()  # a wildcard address is no URL to open
     assert f"Pulsar's binary protocol listening on pulsar://0.0.0.0:{pulsar_port}" in log.read_text()
     assert "Shutting down" in log.read_text()  # Ctrl-C stopped it gracefully, twice
     assert log.read_text().count("Application shutdown complete") == 2
@@ -280,3 +282,26 @@ def test_the_cli_examples_run_as_written(tmp_path: Path) -> None:
     assert stats["msgInCounter"] == 20_000, stats  # perf's; the unload before it started the counters again
     assert (tmp_path / "magnetar-secret.key").stat().st_size == 32
     assert not (REPO_ROOT / "secret.key").exists()
+
+
+def test_the_event_stream_section_runs_in_its_order(tmp_path: Path) -> None:
+    """"Event sourcing: streams per key" top to bottom on a new broker, as a newcomer reads it:
+    the ``curl`` append (its result as the comment shows it), the Python block (which rebuilds
+    the events the ``curl`` wrote too), then the CLI block (its expected version is the one the
+    two left; ``--follow`` is left out, it waits for new events until stopped): every step
+    succeeds and the stream holds what they wrote, in order."""
+    text = section("## Event sourcing: streams per key")
+    shell = code_blocks(text, "sh")
+    curl = shell[0].split("\n#", 1)[0]  # the command; the comments after it are its answers
+    with standalone_process(tmp_path / "data") as (url, _):
+        appended = run(["bash", "-c", curl.replace("localhost:8080", url)], cwd=tmp_path, env=plain_environment(),
+                       timeout_s=COMMAND_TIMEOUT_S)
+        assert appended.returncode == 0 and '"keyVersion":1' in appended.stdout, appended.stdout + appended.stderr
+        outputs = run_python_example("## Event sourcing: streams per key", tmp_path / "account.py", url, 1)
+        assert outputs[0] == ["balance 25 at version 3", "4 b'withdrew 3'"], outputs[0]
+        cli = [line.split("  #")[0] for line in shell[1].splitlines() if line.strip() and "--follow" not in line]
+        run_block([(line, None) for line in cli], ["source .venv/bin/activate"],
+                  plain_environment(HOME=str(tmp_path), MAGNETAR_SERVICE_URL=url))
+        events = httpx.get(f"{url}/topics/persistent/public/default/accounts/keys/acct-7/messages", timeout=30).json()
+    assert [base64.b64decode(m["payload"]) for m in events["messages"]] == [
+        b"deposited 0", b"deposited 10", b"deposited 10", b"deposited 5", b"withdrew 3", b"withdrew 2"]
