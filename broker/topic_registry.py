@@ -130,7 +130,8 @@ class TopicRegistry:
             if not self._namespaces.owns(topic_name):
                 raise ServiceUnitNotReady(f"the bundle of {topic_name} changed owners; retry")
             if not self._resources.exists(topic_name):
-                self._check_creatable(topic_name, self._defaults.auto_create if create is None else create)
+                self._check_creatable(topic_name, self._defaults.auto_create if create is None else create,
+                                      auto=create is None)
             topic = self._load(topic_name)
             self._topics[topic_name] = topic
             for follower in list(self._loaded_followers):
@@ -151,10 +152,15 @@ class TopicRegistry:
         ml.cursor_positions = lambda: [*cursors.durable_mark_delete_offsets(), streams.durable_watermark]
         return topic
 
-    def _check_creatable(self, name: TopicName, allowed: bool) -> None:
+    def _check_creatable(self, name: TopicName, allowed: bool, *, auto: bool = False) -> None:
+        """``auto``: the topic would be made by its first use, were auto-creation on."""
         self._namespaces.policies(name.namespace_name)  # NotFound for an unknown namespace
         if not allowed:
-            raise NotFound(f"topic {name} does not exist")
+            hint = ""
+            if auto:
+                hint = (f"; allowAutoTopicCreation is off: create it first (admin v2: PUT /admin/v2/persistent/"
+                        f"{name.namespace_name}/{name.local_name}; CLI: magnetar admin topics create {name})")
+            raise NotFound(f"topic {name} does not exist{hint}")
         partitions = self.partitions(name.base)
         if name.partition_index < 0 and partitions > 0:
             raise NotAllowed(f"{name} is a partitioned topic; use its -partition-N topics")

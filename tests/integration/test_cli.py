@@ -232,7 +232,10 @@ def test_create_subscription_on_a_topic_nobody_wrote_to_yet(url: str, tmp_path: 
     with running_server(str(tmp_path / "data"), no_auto_create) as (strict_url, _):
         refused = magnetar("--service-url", strict_url, "admin", "topics", "create-subscription", "never", "-s", "s")
     assert refused.returncode == 1
-    assert refused.stderr.strip() == "not_found: topic persistent://public/default/never does not exist"
+    assert refused.stderr.strip() == (
+        "not_found: topic persistent://public/default/never does not exist; allowAutoTopicCreation is off: create it "
+        "first (admin v2: PUT /admin/v2/persistent/public/default/never; CLI: magnetar admin topics create "
+        "persistent://public/default/never)")
 
 
 def test_admin_topics_and_partitioned_topics(url: str) -> None:

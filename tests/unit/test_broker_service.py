@@ -64,7 +64,7 @@ def test_admin_state_survives_restart(data_dir: str) -> None:
 
 def test_auto_creation_can_be_turned_off(data_dir: str) -> None:
     service = started(data_dir, FakeClock(), auto_create_topics=False)
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match="allowAutoTopicCreation is off: create it first"):
         service.topics.topic("public/default/nope")
     service.topics.create(TopicName.parse("public/default/yes"))
     assert service.topics.topic("public/default/yes").ml.next_offset == 0
