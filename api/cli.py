@@ -73,14 +73,14 @@ def run_standalone(args: argparse.Namespace) -> int:
                  if value is not None}
     try:
         config = StandaloneConfig.load(args.config, overrides)
+        check_ports_free(config.host, [  # first: a refused start leaves no data directory behind
+            Port(config.port, "webServicePort", "--port (make run: PORT=)"),
+            Port(config.tls_port, "webServicePortTls", "--tls-port"),
+            Port(config.pulsar.port, "brokerServicePort", "--pulsar-port (make run: PULSAR_PORT=)"),
+            Port(config.pulsar.tls_port, "brokerServicePortTls", "brokerServicePortTls in the config")])
         data_dir_lock = DataDirLock(config.data_dir)  # held until the process ends
         if config.journal_dir is not None:
             check_writable(config.journal_dir, "journal directory", "--journal-dir (or journalDirectory)")
-        check_ports_free(config.host, [
-            Port(config.port, "webServicePort", "--port"),
-            Port(config.tls_port, "webServicePortTls", "--tls-port"),
-            Port(config.pulsar.port, "brokerServicePort", "--pulsar-port"),
-            Port(config.pulsar.tls_port, "brokerServicePortTls", "brokerServicePortTls in the config")])
     except (ConfigError, OSError, StartupError) as exc:
         print(f"magnetar standalone: {exc}", file=sys.stderr)
         return 2

@@ -45,8 +45,8 @@ def held_port() -> Iterator[int]:
 def test_a_held_http_port_is_one_line(tmp_path: Path, held_port: int) -> None:
     line = run_refused(*standalone_command(tmp_path / "data", held_port))
     assert line == (f"magnetar standalone: port {held_port} (webServicePort) is in use by another process: stop "
-                    "it, or choose another port with --port (0 turns that listener off)")
-    assert not (tmp_path / "data" / "bookie").exists()  # refused before the storage was opened
+                    "it, or choose another port with --port (make run: PORT=) (0 turns that listener off)")
+    assert not (tmp_path / "data").exists()  # refused before anything was made or opened
 
 
 def test_a_held_binary_port_is_one_line(tmp_path: Path, held_port: int) -> None:
