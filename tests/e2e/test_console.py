@@ -572,6 +572,9 @@ def test_payload_views_render_text_json_and_hex_of_binary_data(console: Console)
         assert client.post("/topics/persistent/public/default/console-binary", json=body).status_code == 200
     console.open("/topic/public/default/console-binary/messages")
     console.until(lambda: console.find("article.message") is not None, "the newest messages")
+    # the text view (the default) shows binary as hex, not as mojibake
+    assert console.text("article.message .binary-note") == "Binary (not UTF-8 text): shown as hex."
+    assert console.text("article.message pre.hex").startswith("00000000  00 01 02 03")
     Select(console.visible("[name='view']")).select_by_value("hex")
     console.until(lambda: console.text("article.message pre.hex").startswith("00000000  00 01 02 03"),
                   "the hex dump")

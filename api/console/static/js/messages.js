@@ -38,6 +38,18 @@ function hexDump(bytes) {
   return lines.join("\n") || "(empty)";
 }
 
+const CONTROL_CHARACTERS = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/;
+
+/** Whether ``bytes`` read as text: valid UTF-8 (a cut multi-byte character at the end aside)
+ * without control characters other than tab and line ends. */
+function isText(bytes) {
+  try {
+    return !CONTROL_CHARACTERS.test(new TextDecoder("utf-8", { fatal: true }).decode(bytes, { stream: true }));
+  } catch {
+    return false;
+  }
+}
+
 /** The payload as the chosen view shows it: a <pre>, and a note when it is not what was asked. */
 export function payloadView(base64, mode) {
   return bytesView(bytesOf(base64), mode);
@@ -48,6 +60,10 @@ export function bytesView(bytes, mode) {
   const cut = bytes.length > shown.length
     ? h("p", { class: "muted" }, `First ${shown.length} of ${bytes.length} bytes shown.`) : null;
   if (mode === "hex") return [h("pre", { class: "payload hex" }, hexDump(shown)), cut];
+  if (mode === "text" && !isText(shown)) {
+    return [h("p", { class: "muted binary-note" }, "Binary (not UTF-8 text): shown as hex."),
+      h("pre", { class: "payload hex" }, hexDump(shown)), cut];
+  }
   const text = new TextDecoder("utf-8").decode(shown);
   if (mode === "json") {
     try {
