@@ -11,8 +11,9 @@ topic ``stats`` are: nothing is counted here.
   bookies and re-replication (``cluster``); the broker's entry cache and key index, and how
   many maintenance passes ran (``maintenancePasses``) and how many appends were refused
   because another broker recovered their topic (``appendsFenced``); how many topics,
-  subscriptions and consumers are loaded; and the message and byte rates and counters in and
-  out, summed over the loaded topics.
+  subscriptions and consumers are loaded; the message and byte rates and counters in and
+  out, summed over the loaded topics; and those rates over the last minutes (``history``,
+  ``broker/rate_history.py``), oldest first.
 - ``GET /admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics`` (tenant admin): every
   topic of the namespace, a partitioned topic as one row summed over its partitions, with rates,
   storage size, backlog and producer, subscription and consumer counts.
@@ -231,6 +232,9 @@ def router(service: BrokerService, authorizer: Authorizer, stalls: LoopStallMoni
             "appendsFenced": stats.appends_fenced,
             "readsInFlight": _budget(stats.reads_in_flight),
             "publishBuffer": _budget(stats.publish_buffer),
+            "history": [{"timestamp": s.at_ms, "msgRateIn": s.msg_rate_in, "msgRateOut": s.msg_rate_out,
+                         "msgThroughputIn": s.msg_throughput_in, "msgThroughputOut": s.msg_throughput_out}
+                        for s in stats.rate_history],
             **traffic_overview(stats),
         }
 

@@ -217,3 +217,10 @@ SEGMENT_WRITE_WAIT_S = 60.0
 """How long a checkpoint waits for one append of a segment's entries."""
 CLUSTERS_MAX = 64
 """Clusters a namespace may name in ``replication_clusters``."""
+
+# --- the broker's recent rates (broker/rate_history.py) ---
+RATE_HISTORY_SAMPLE_INTERVAL_S = 5.0
+"""How often the maintenance pass adds a sample of the broker-wide rates to the history."""
+RATE_HISTORY_SAMPLES_MAX = 60
+"""Samples of the broker-wide rates kept (5 minutes at the sample interval): the console's
+charts start from them."""

@@ -4,7 +4,8 @@ Role: ``BrokerService.maintenance``. Every ``maintenance_interval_ms`` (or on de
 it applies ack timeouts, releases due redeliveries and updates dispatch rates (subscriptions),
 expires messages past their namespace's TTL on every cursor, trims the ledgers retention lets
 go of (by default nothing goes: an event store keeps its events), updates the publish rates, lets
-the key index compact away the rows of trimmed entries, and ages out the entry cache.
+the key index compact away the rows of trimmed entries, ages out the entry cache, and then
+hands over to ``after_pass`` (the broker's rate history, ``broker/rate_history.py``).
 
 Invariants: trimming never passes the key index's checkpoint (the managed ledger counts it as a
 cursor), so every trimmed version has its row in a segment; a failed pass is logged and the next
@@ -34,13 +35,16 @@ class MaintenanceStats:
 
 class Maintenance:
     def __init__(self, interval_ms: int, tick_subscriptions: Callable[[], None],
-                 topics: Callable[[], list[PersistentTopic]], key_index: KeyIndex, cache: EntryCache) -> None:
-        """``tick_subscriptions()``: the subscriptions' timed work; ``topics()``: the loaded ones."""
+                 topics: Callable[[], list[PersistentTopic]], key_index: KeyIndex, cache: EntryCache,
+                 after_pass: Callable[[], None] = lambda: None) -> None:
+        """``tick_subscriptions()``: the subscriptions' timed work; ``topics()``: the loaded ones;
+        ``after_pass()``: what follows a pass (the broker's rate history)."""
         self._interval_ms = interval_ms
         self._tick_subscriptions = tick_subscriptions
         self._topics = topics
         self._key_index = key_index
         self._cache = cache
+        self._after_pass = after_pass
         self._passes = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,6 +71,7 @@ class Maintenance:
         self._key_index.cleanup()
         self._cache.evict_expired()
         self._passes += 1
+        self._after_pass()
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_ms / 1000.0):

@@ -42,6 +42,7 @@ from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService
 from broker.producer_access import TOPIC_EPOCH_PROPERTY, ProducerAccess
+from broker.rate_history import RateHistory, RateSample
 from broker.schema_registry import SchemaDefaults, SchemaRegistry
 from broker.streams import EventStreams
 from broker.subscription import SubscriptionLimits
@@ -84,6 +85,8 @@ class BrokerStats:
     topic_registry: TopicRegistryStats | None = None
     subscriptions: SubscriptionsStats | None = None
     compactions: CompactionsStats | None = None
+    rate_history: tuple[RateSample, ...] = ()
+    """The broker-wide rates of the last minutes, oldest first (``broker/rate_history.py``)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ class BrokerService:
         cluster keeps nothing on a local disk (None)."""
         self.config = config or BrokerConfig()
         self.clock = clock
+        self.rate_history = RateHistory(clock)
         self._fileio = fileio
         self._journal_dir = journal_dir
         self.cluster = cluster
@@ -180,7 +184,8 @@ class BrokerService:
                                      defaults=SchemaDefaults(config.schema_compatibility_strategy,
                                                              config.allow_auto_update_schema,
                                                              config.schema_validation_enforced)),
-                      Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache))
+                      Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache,
+                                  lambda: self.rate_history.maybe_sample(self._topic_stats)))
 
     def _topic_epoch(self, topic: str) -> int:
         if not TopicName.parse(topic).persistent:
@@ -305,15 +310,21 @@ class BrokerService:
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
                       self.storage.read_only_reason)
 
-    def statistics(self) -> BrokerStats:
+    def _topic_stats(self) -> list[TopicStats]:
+        """Every loaded topic's statistics (one closed or deleted meanwhile is left out)."""
         parts = self._started()
         topics = []
         for topic in parts.topics.loaded():
-            with contextlib.suppress(MagnetarError):  # closed or deleted meanwhile: left out
+            with contextlib.suppress(MagnetarError):
                 topics.append(topic_stats(topic, parts.subscriptions.of(topic.name)))
+        return topics
+
+    def statistics(self) -> BrokerStats:
+        parts = self._started()
+        topics = self._topic_stats()
         return BrokerStats(
             None if self.cluster is not None else self.storage.statistics(), parts.cache.statistics(),
             parts.store.statistics(), tuple(topics), None if self.cluster is None else self.cluster.statistics(),
             parts.key_index.statistics(), parts.maintenance.statistics().passes, parts.factory.appends_fenced,
             self.reads_in_flight.statistics(), self.publish_buffer.statistics(), parts.topics.statistics(),
-            parts.subscriptions.statistics(), parts.compactions.statistics())
+            parts.subscriptions.statistics(), parts.compactions.statistics(), self.rate_history.samples())

@@ -245,6 +245,24 @@ def test_overview_figures_and_charts_move_while_a_producer_runs(console: Console
     assert console.stat("uptime") and float(console.stat("uptime")) > 0
 
 
+def test_the_charts_begin_with_the_brokers_last_minutes(console: Console) -> None:
+    """Traffic before the page was opened is on its charts: the broker samples its rates (the
+    overview's ``history``) and the page begins with them, not with its own first poll."""
+    def history() -> list[dict[str, float]]:
+        with admin(console.url) as client:
+            samples: list[dict[str, float]] = client.get("/admin/v2/broker-stats/overview").json()["history"]
+            return samples
+
+    with BackgroundProducer(console.url, "history-load"):
+        console.until(lambda: any(s["msgRateIn"] > 0 for s in history()), "a sampled rate in")
+    opened_ms = int(time.time() * 1000)
+    sampled = [s for s in history() if s["timestamp"] < opened_ms]
+    console.open("/overview")
+    chart = console.one("canvas.chart-canvas")
+    console.until(lambda: int(chart.get_attribute("data-points") or 0) > len(sampled), "the sampled points")
+    assert int(chart.get_attribute("data-first-at") or opened_ms) <= sampled[0]["timestamp"] < opened_ms
+
+
 def test_a_topic_created_in_the_console_exists_for_the_admin_api(console: Console) -> None:
     console.open("/ns/public/default")
     console.visible("[name='topic']")

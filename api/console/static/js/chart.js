@@ -56,6 +56,7 @@ export class TimeChart {
   setPoints(points) {
     this.points = points;
     this.canvas.dataset.points = String(points.length);
+    this.canvas.dataset.firstAt = points.length ? String(points[0].t) : "";
     this.draw();
   }
 

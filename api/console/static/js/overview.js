@@ -1,5 +1,6 @@
 // The overview: health, uptime, event-loop stalls, storage and broker-wide rates, polled from
-// /admin/v2/broker-stats/overview; the page keeps the last minutes of rates for the charts.
+// /admin/v2/broker-stats/overview; the charts begin with the broker's own last minutes of rates
+// (the overview's ``history``) and go on with each poll.
 
 import { get } from "./api.js";
 import { TimeChart } from "./chart.js";
@@ -141,6 +142,14 @@ export function overviewView(root) {
       replace(status);
       replace(started, `Up since ${new Date(data.startedAt).toLocaleString()}`);
       replace(figures, render(data));
+      if (!loaded) {  // the minutes before the page opened, as the broker sampled them
+        for (const s of data.history || []) {
+          if (s.timestamp < data.timestamp) {
+            history.push({ t: s.timestamp, msgIn: s.msgRateIn, msgOut: s.msgRateOut, bytesIn: s.msgThroughputIn,
+              bytesOut: s.msgThroughputOut });
+          }
+        }
+      }
       loaded = true;
       history.push({ t: data.timestamp, msgIn: data.rates.msgRateIn, msgOut: data.rates.msgRateOut,
         bytesIn: data.rates.msgThroughputIn, bytesOut: data.rates.msgThroughputOut });
