@@ -600,6 +600,44 @@ def test_payload_views_render_text_json_and_hex_of_binary_data(console: Console)
     console.until(lambda: "Not JSON" in console.text("article.message"), "the note that it is not JSON")
 
 
+def test_search_finds_messages_by_key_property_text_and_time(console: Console) -> None:
+    """The Messages tab's search reads the partition and shows only what matches every condition
+    given, and says what it read."""
+    topic = "/topics/persistent/public/default/console-search"
+    with admin(console.url) as client:
+        early = [{"payload": f"order {i} shipped" if i % 3 == 0 else f"order {i} paid", "key": f"k{i % 4}",
+                  "properties": {"region": "eu" if i % 2 else "us"}} for i in range(40)]
+        assert client.post(topic, json={"messages": early}).status_code == 200
+        time.sleep(0.05)  # a publish time after the first batch's
+        between_ms = int(time.time() * 1000)
+        time.sleep(0.05)
+        late = [{"payload": "order late shipped", "key": "k0", "properties": {"region": "eu"}}]
+        assert client.post(topic, json={"messages": late}).status_code == 200
+    console.open("/topic/public/default/console-search/messages")
+    console.until(lambda: console.find("article.message") is not None, "the newest messages")
+    console.one("details.search-panel summary").click()
+
+    def search(**fields: str) -> list[str]:
+        for name in ("searchKey", "searchProperty", "searchText", "searchFrom", "searchTo"):
+            console.type(name, fields.get(name, ""))
+        console.one("form.search button[type='submit']").click()
+        console.until(lambda: console.text(".list-summary").startswith("Search: ")
+                      or console.find(".action-slot .error") is not None, "the search's summary or its refusal")
+        return [card.text for card in console.driver.find_elements(By.CSS_SELECTOR, "article.message pre.payload")]
+
+    # keys k0 at i = 0, 4, ..., 36; "shipped" at i % 3 == 0; region eu at odd i: i = 12, 24, 36 are k0 & shipped
+    assert search(searchKey="k0", searchText="shipped") == ["order 0 shipped", "order 12 shipped",
+                                                            "order 24 shipped", "order 36 shipped",
+                                                            "order late shipped"]
+    assert search(searchKey="k0", searchProperty="region=eu") == ["order late shipped"]
+    assert search(searchText="late") == ["order late shipped"]
+    assert console.text(".list-summary") == "Search: 1 matching in offsets 0 \u2013 40 (41 read, to the end)."
+    assert search(searchText="shipped", searchFrom=str(between_ms)) == ["order late shipped"]
+    assert search(searchText="shipped", searchTo=str(between_ms))[-1] == "order 39 shipped"
+    search(searchProperty="region")
+    assert "Property: write name=value" in console.text(".action-slot .error")
+
+
 def test_a_missing_topic_is_one_clear_message_with_a_link_to_its_namespace(console: Console) -> None:
     """No figures, no 404 boxes and no action forms for a topic that does not exist: one line
     naming it and a way back to its namespace, on every tab, and the page creates nothing."""

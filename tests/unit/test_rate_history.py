@@ -3,6 +3,7 @@ kept, oldest first, each the sum of the loaded topics' rates at that moment."""
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,8 +26,7 @@ def test_a_sample_per_interval_summed_over_topics_and_bounded() -> None:
         (1_000_000, 6.0, 2.0, 200.0)]
     for i in range(RATE_HISTORY_SAMPLES_MAX + 5):
         now[0] += 5.0
-        rates = topics(float(i))
-        history.maybe_sample(lambda: rates)
+        history.maybe_sample(functools.partial(topics, float(i)))
     samples = history.samples()
     assert len(samples) == RATE_HISTORY_SAMPLES_MAX
     assert [s.at_ms for s in samples] == sorted(s.at_ms for s in samples)

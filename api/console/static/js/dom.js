@@ -138,6 +138,18 @@ export function fmtDuration(seconds) {
   return parts.join(" ");
 }
 
+/** Epoch milliseconds from "2026-01-31 12:00[:00]" (local time), an ISO time or a number. */
+export function parseTime(text) {
+  const value = text.trim();
+  if (/^\d+$/.test(value)) return Number(value);
+  const ms = Date.parse(value.replace(" ", "T"));
+  if (Number.isNaN(ms)) {
+    throw Object.assign(new Error(`"${value}" is not a time: write 2026-01-31 12:00:00 (local) or epoch ms`),
+      { code: "invalid_time" });
+  }
+  return ms;
+}
+
 export function fmtTime(ms) {
   if (ms === null || ms === undefined) return "–";
   const date = new Date(ms);

@@ -1,7 +1,8 @@
 // A topic's messages: browse them through the range-read API (from an offset, or from a message
 // id resolved to its partition and offset) or one key's event stream by version (the stream
-// read API: only that key's messages, in version order), show payloads as text, pretty JSON or
-// hex, and produce a test message through REST produce.
+// read API: only that key's messages, in version order), search them (search.js), show payloads
+// as text, pretty JSON or hex (binary as hex in the text view), and produce a test message
+// through REST produce.
 //
 // Each way of finding where to start browsing is one entry of START_FINDERS: a form that ends
 // in go(start), where start is {partition, offset, highlight} (a range read) or {key,
@@ -12,6 +13,7 @@
 
 import { get, request } from "./api.js";
 import { button, errorBox, field, fmtTime, h, messageIdText, notice, panel, replace } from "./dom.js";
+import { searchForm } from "./search.js";
 
 export const MESSAGES_SHOWN_DEFAULT = 20;
 export const MESSAGES_SHOWN_MAX = 200;
@@ -243,6 +245,11 @@ export function messagesTab(root, ctx) {
 
   function summary() {
     const where = ctx.partitions ? `partition ${shown.partition}, ` : "";
+    if (shown.search) {
+      const read = shown.scanned ? `offsets ${shown.first} – ${shown.next - 1}` : "nothing";
+      return `Search: ${shown.messages.length} matching in ${where}${read} (${shown.scanned} read` +
+        `${shown.complete ? ", to the end" : `; search on from offset ${shown.next}`}).`;
+    }
     const first = shown.messages[0];
     const last = shown.messages[shown.messages.length - 1];
     if (shown.stream === undefined) {
@@ -323,6 +330,10 @@ export function messagesTab(root, ctx) {
 
   const page = (direction) => () => {
     if (!shown) return;
+    if (shown.search) {  // browse on from where the search stopped, or back from where it began
+      go({ partition: shown.partition, offset: direction > 0 ? shown.next : Math.max(shown.first - size(), 0) });
+      return;
+    }
     if (shown.stream !== undefined) {
       const fromVersion = direction > 0 ? shown.nextVersion : Math.max(shown.firstVersion, shown.fromVersion - size());
       go({ key: shown.stream, fromVersion: Math.max(fromVersion, 0) });
@@ -331,6 +342,18 @@ export function messagesTab(root, ctx) {
     const offset = direction > 0 ? shown.nextOffset : Math.max(shown.firstOffset, shown.offset - size());
     go({ partition: shown.partition, offset });
   };
+
+  async function runSearch(search) {
+    replace(slot);
+    replace(list, h("p", { class: "muted list-summary" }, "Searching…"));
+    try {
+      const partition = Number(partitionSelect.value || 0);
+      shown = { search: true, partition, ...(await search(partition, size())) };
+      render();
+    } catch (error) {
+      replace(slot, errorBox(error));
+    }
+  }
 
   const finders = START_FINDERS.map((finder) => finder(ctx, go, finder === offsetFinder ? partitionSelect : slot));
   const streamFinder = finders[START_FINDERS.indexOf(keyStreamFinder)];
@@ -341,6 +364,8 @@ export function messagesTab(root, ctx) {
       h("div", { class: "form-row" }, field("Messages", count), field("Show payload as", mode),
         button("Oldest", jump("first")), button("Newest", jump("last")),
         button("◀ Earlier", page(-1)), button("Later ▶", page(1))),
+      h("details", { class: "search-panel" }, h("summary", {}, "Search messages"),
+        searchForm(ctx, readPath, runSearch)),
       slot, list),
     producePanel(ctx, go));
   jump("last")();

@@ -4,8 +4,8 @@
 
 import { del, get, post, put, topicPaths } from "./api.js";
 import {
-  button, errorBox, field, fmtByteRate, fmtBytes, fmtCount, fmtRate, fmtTime, h, link, loading, panel, replace, stat,
-  table,
+  button, errorBox, field, fmtByteRate, fmtBytes, fmtCount, fmtRate, fmtTime, h, link, loading, panel, parseTime,
+  replace, stat, table,
 } from "./dom.js";
 import { messagesTab } from "./messages.js";
 import { act } from "./namespaces.js";
@@ -159,18 +159,6 @@ function subscriptionsTable(subscriptions, expanded, toggle) {
     { label: "Redelivered", class: "num", value: (s) => fmtCount(s.msgRedeliverCounter) },
   ], rows, { empty: "No subscriptions.", rowAttrs: (s) => ({ dataset: { subscription: s.name } }) }),
   rows.filter((s) => expanded.has(s.name)).map((s) => consumersTable(s.name, s.consumers))];
-}
-
-/** Epoch milliseconds from "2026-01-31 12:00[:00]" (local time), an ISO time or a number. */
-function parseTime(text) {
-  const value = text.trim();
-  if (/^\d+$/.test(value)) return Number(value);
-  const ms = Date.parse(value.replace(" ", "T"));
-  if (Number.isNaN(ms)) {
-    throw Object.assign(new Error(`"${value}" is not a time: write 2026-01-31 12:00:00 (local) or epoch ms`),
-      { code: "invalid_time" });
-  }
-  return ms;
 }
 
 function localTimeText(ms) {
