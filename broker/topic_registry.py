@@ -92,6 +92,8 @@ class TopicRegistry:
         self._lock = threading.RLock()
         self._topics: dict[TopicName, PersistentTopic] = {}
         self._routers: dict[tuple[TopicName, str], PartitionRouter] = {}
+        self._encryption_required: dict[str, bool] = {}
+        """Each namespace's ``encryption_required`` once read (one per namespace in use)."""
         self._loaded_followers: list[Callable[[TopicName], None]] = []
         self._deleted_followers: list[Callable[[TopicName], None]] = []
         self._unloaded_followers: list[Callable[[list[TopicName]], None]] = []
@@ -209,6 +211,7 @@ class TopicRegistry:
     def _namespace_changed(self, namespace: str) -> None:
         """Open topics of the namespace follow its new retention, TTL, quotas and rates at once."""
         with self._lock:
+            self._encryption_required.pop(namespace, None)
             for name, topic in self._topics.items():
                 if name.namespace_name == namespace:
                     topic.ml.config = self._ml_config(name)
@@ -356,8 +359,17 @@ class TopicRegistry:
                         slots=slots, on_close=closed)
 
     def encryption_required(self, name: TopicName) -> bool:
-        """Whether the namespace of ``name`` takes only end-to-end encrypted messages."""
-        return bool(self._namespaces.policies(name.namespace_name).get("encryption_required"))
+        """Whether the namespace of ``name`` takes only end-to-end encrypted messages: read once
+        per namespace and kept until its policies change (``_namespace_changed``), so a producer
+        does not wait on the metadata store."""
+        namespace = name.namespace_name
+        with self._lock:
+            known = self._encryption_required.get(namespace)
+        if known is None:
+            known = bool(self._namespaces.policies(namespace).get("encryption_required"))
+            with self._lock:
+                self._encryption_required[namespace] = known
+        return known
 
     # --- unloading and closing ------------------------------------------------------------------
     def unload(self, contains: Callable[[TopicName], bool], graceful: bool) -> list[TopicName]:

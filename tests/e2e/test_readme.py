@@ -22,11 +22,13 @@ The commands and code are read from README.md itself, so the README and this tes
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -305,3 +307,189 @@ def test_the_event_stream_section_runs_in_its_order(tmp_path: Path) -> None:
         events = httpx.get(f"{url}/topics/persistent/public/default/accounts/keys/acct-7/messages", timeout=30).json()
     assert [base64.b64decode(m["payload"]) for m in events["messages"]] == [
         b"deposited 0", b"deposited 10", b"deposited 10", b"deposited 5", b"withdrew 3", b"withdrew 2"]
+
+
+# --- the cluster section --------------------------------------------------------------------------
+def command_lines(block: str) -> list[str]:
+    """A shell block's commands: a line ending in ``\\`` or ``|`` joined with the next, comment
+    lines left out (a comment after a command stays: bash ignores it)."""
+    joined = re.sub(r"\|\n\s*", "| ", block.replace("\\\n", " "))
+    return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def cluster_blocks() -> tuple[list[str], list[str], str]:
+    """The cluster section's two shell blocks (as command lines, a ``\\`` continuation joined)
+    and its Python block."""
+    text = section("## A cluster: bookies and ZooKeeper")
+    shell = [command_lines(b) for b in code_blocks(text, "sh")]
+    python = code_blocks(text, "python")
+    assert len(shell) == 2 and len(python) == 1, "the cluster section: two shell blocks and one Python block"
+    return shell[0], shell[1], python[0]
+
+
+@contextmanager
+def background(command: str, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` (a server) running in bash until the block ends, stopped by its group's id."""
+    with log.open("ab") as output:
+        proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=REPO_ROOT, env=env, stdout=output,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_bookies(url: str, count: int) -> None:
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if len(httpx.get(f"{url}/admin/v2/bookies/all", timeout=10).json()["bookies"]) >= count:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{url} did not see {count} bookies")
+
+
+@pytest.mark.slow
+def test_the_cluster_section_runs_with_debians_zookeeper(tmp_path: Path) -> None:
+    """"A cluster: bookies and ZooKeeper" as written, on this machine: Debian's ZooKeeper started
+    by the section's ``zkServer.sh`` command (with a copy of the package's ``zoo.cfg`` on a free
+    port and a temporary ``dataDir``), three bookies and a broker as its lines start them, the
+    persistence policy it sets, then the two brokers of "Many brokers", its lookup, redirect,
+    brokers list and bundle unload, and its Python client. The only substitutions: ports (free
+    ones), paths (temporary), the host names (127.0.0.1; the second broker on ports of its own, as
+    brokers sharing a host need), and the ZooKeeper configuration file given to ``zkServer.sh``."""
+    first, many, python = cluster_blocks()
+    zk_port, ports = free_port(), {name: free_port() for name in ("3181", "3182", "3183", "a", "b", "pa", "pb")}
+    conf = tmp_path / "zookeeper"
+    (conf / "data").mkdir(parents=True)
+    (conf / "zoo.cfg").write_text(re.sub(r"(?m)^(dataDir|clientPort)=.*$", "", Path(
+        "/etc/zookeeper/conf/zoo.cfg").read_text()) + f"dataDir={conf / 'data'}\nclientPort={zk_port}\n")
+    a, b = f"127.0.0.1:{ports['a']}", f"127.0.0.1:{ports['b']}"
+
+    def here(line: str) -> str:
+        line = line.replace("zk:127.0.0.1:2181", f"zk:127.0.0.1:{zk_port}")
+        line = line.replace("/disk1/", f"{tmp_path}/disk1/").replace("/disk2/", f"{tmp_path}/disk2/")
+        for bookie in ("3181", "3182", "3183"):
+            line = line.replace(f"--port {bookie}", f"--port {ports[bookie]}")
+        if "--advertised-address host-b" in line:
+            line = line.replace("--port 8080", f"--port {ports['b']} --pulsar-port {ports['pb']}")
+        line = line.replace("--port 8080", f"--port {ports['a']} --pulsar-port {ports['pa']}")
+        line = re.sub(r"--advertised-address host-[ab]", "--advertised-address 127.0.0.1", line)
+        return line.replace("localhost:8080", a).replace("host-a:8080", a).replace("host-b:8080", b)
+
+    env = plain_environment(ZOO_LOG_DIR=str(conf), HOME=str(tmp_path))
+    env["PATH"] = f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"  # the section's magnetar
+    zk_start = next(line for line in first if "zkServer.sh start" in line).split("  #")[0]
+    started = run(["bash", "-c", here(zk_start) + f" {conf / 'zoo.cfg'}"], cwd=tmp_path, env=env,
+                  timeout_s=COMMAND_TIMEOUT_S)
+    assert started.returncode == 0 and "STARTED" in started.stdout, started.stdout + started.stderr
+    try:
+        with contextlib.ExitStack() as bookies:
+            for line in first:
+                if line.startswith("magnetar bookie"):
+                    bookies.enter_context(background(here(line), env, tmp_path / "bookies.log"))
+            broker_line = next(line for line in first if line.startswith("magnetar broker"))
+            with background(here(broker_line), env, tmp_path / "broker.log") as broker:
+                wait_healthy(f"http://{a}/healthz", broker)
+                wait_bookies(f"http://{a}", 3)
+                run_block([(here(line), None) for line in first if line.startswith("curl ")], [], env)
+            with contextlib.ExitStack() as servers:
+                brokers = [servers.enter_context(background(here(line), env, tmp_path / "brokers.log"))
+                           for line in many if line.startswith("magnetar broker")]
+                for url, proc in zip((a, b), brokers, strict=True):
+                    wait_healthy(f"http://{url}/healthz", proc)
+                run_block([(here(line), None) for line in many if not line.startswith("magnetar broker")], [], env)
+                script = tmp_path / "clicks_client.py"
+                script.write_text("import pulsar\n" + python.replace("pulsar://host-a:6650",
+                                                                     f"pulsar://127.0.0.1:{ports['pa']}")
+                                  + "client.close()\n")
+                sent = run([sys.executable, str(script)], cwd=tmp_path, env=env, timeout_s=COMMAND_TIMEOUT_S)
+                assert sent.returncode == 0, sent.stderr
+                stats = httpx.get(f"http://{a}/admin/v2/persistent/public/default/clicks/stats", timeout=30,
+                                  follow_redirects=True).json()
+                assert stats["msgInCounter"] >= 1, stats  # the Python client's, on the broker serving clicks
+    finally:
+        run(["bash", "-c", here(zk_start).replace(" start", " stop") + f" {conf / 'zoo.cfg'}"], cwd=tmp_path,
+            env=env, timeout_s=COMMAND_TIMEOUT_S)
+
+
+# --- "Producing and consuming", top to bottom -------------------------------------------------------
+CLIENT_LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ (INFO|WARN|ERROR|DEBUG) ")
+"""A line the official client logs to stdout (its default logger), not one the example prints."""
+
+
+def printed_expectations(block: str) -> list[str]:
+    """The comment after each ``print(...)`` line of a Python block: what that line prints."""
+    return [line.split("  # ", 1)[1].strip() for line in block.splitlines()
+            if line.lstrip().startswith("print(") and "  # " in line]
+
+
+def write_key_pair(directory: Path) -> None:
+    """``public.pem`` and ``private.pem``, the RSA key pair the encryption example names."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (directory / "private.pem").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
+    (directory / "public.pem").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def test_producing_and_consuming_runs_in_its_order(tmp_path: Path) -> None:
+    """Every block of "Producing and consuming" (and its "REST consumers" part) in README order,
+    but the CLI and Spark ones (tested above)
+    on a new broker: each Python block saved as a file and run with the project's interpreter,
+    the shell block in bash: each succeeds and prints what its comments say (``...``: anything).
+    The substitutions: the broker's URLs, and the key pair the encryption example reads from
+    ``public.pem`` and ``private.pem`` written where it runs."""
+    text = section("## Producing and consuming")
+    blocks = re.findall(r"^```(python|sh)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    assert [kind for kind, _ in blocks] == ["python", "python", "sh", "python", "python", "sh", "python"], \
+        "the section's blocks: official client, encryption, REST produce, WebSocket, Python client, CLI, Spark"
+    write_key_pair(tmp_path)
+    port = free_port()
+    with standalone_process(tmp_path / "data", "--pulsar-port", str(port)) as (url, _):
+        host = url.split("://", 1)[1]
+
+        def here(code: str) -> str:
+            return code.replace("pulsar://localhost:6650", f"pulsar://127.0.0.1:{port}").replace(
+                "localhost:8080", host)
+
+        for index, (kind, block) in enumerate(blocks[:5]):  # the CLI and Spark blocks have tests of their own
+            if kind == "sh":
+                run_block([(here(c), e) for c, e in commands_with_expected_output(block.replace("\\\n", " "))],
+                          [], plain_environment())
+                continue
+            script = tmp_path / f"block_{index}.py"
+            script.write_text(here(block))
+            done = run([sys.executable, str(script)], cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=COMMAND_TIMEOUT_S)
+            assert done.returncode == 0, f"block {index}:\n{block}\n{done.stderr[-3000:]}"
+            expected = printed_expectations(block)
+            printed = [line for line in done.stdout.splitlines() if not CLIENT_LOG_LINE.match(line)]
+            assert len(printed) == len(expected), (block, printed)
+            for wanted, line in zip(expected, printed, strict=True):
+                assert re.fullmatch(expected_pattern(wanted), line), f"expected {wanted!r}, printed {line!r}"
+
+
+def test_the_storage_example_runs_as_written(tmp_path: Path) -> None:
+    """"Using the storage directly", saved as a file and run in an empty directory (its
+    ``./data/bookie`` is made there), with each expression's value printed: the values its
+    comments give."""
+    blocks = code_blocks(section("## Using the storage directly"), "python")
+    assert len(blocks) == 1
+    lines = blocks[0].splitlines()
+    shown = [re.sub(r"^(\s+)(st\.get_entry\(1, -?\d\)|st\.get_last_add_confirmed\(1\))", r"\1print(repr(\2))", line)
+             for line in lines]
+    (tmp_path / "storage_example.py").write_text("\n".join(shown) + "\n")
+    done = run([sys.executable, "storage_example.py"], cwd=tmp_path,
+               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=COMMAND_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["b'hello'", "b'hello'", "0"]
