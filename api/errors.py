@@ -102,7 +102,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body("invalid_request", validation_problems(exc.errors()) or "invalid request"),
+        return JSONResponse(error_body("invalid_request", validation_problems(exc.errors(), exc.body) or
+                                       "invalid request"),
                             status_code=400)
 
     @app.exception_handler(HTTPException)
@@ -117,20 +118,29 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 
-def validation_problems(errors: Sequence[Any]) -> str:
+def validation_problems(errors: Sequence[Any], body: object = None) -> str:
     """Validation errors (FastAPI's of a request, or pydantic's of a body parsed by hand) in one
     wording: ``field.path: what is wrong`` each, and a body that is not JSON at all as ``the
-    request body is not valid JSON: <why> at <where>``, whichever parser found it."""
+    request body is not valid JSON: <why> at line <l> column <c>``, whichever parser found it
+    (the body, when given, is read again by Python's ``json`` for the why and the where, so REST
+    produce's parser and the admin API's say it alike)."""
     problems = []
     for error in list(errors)[:VALIDATION_PROBLEM_ITEMS_MAX]:
         if error.get("type") == "json_invalid":
-            problems.append(f"the request body is not valid JSON: {_json_problem(error)}")
+            problems.append(f"the request body is not valid JSON: {_json_problem(error, body)}")
         else:
             problems.append(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}")
     return "; ".join(problems)
 
 
-def _json_problem(error: Any) -> str:
+def _json_problem(error: Any, body: object) -> str:
+    if isinstance(body, bytes | str):
+        try:
+            json.loads(body)
+        except ValueError as exc:
+            if isinstance(exc, json.JSONDecodeError):
+                return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            return str(exc)  # not UTF-8
     reason = str((error.get("ctx") or {}).get("error") or error.get("msg") or "")
     reason = reason.removeprefix("Invalid JSON: ")
     loc = [p for p in error.get("loc", ()) if p != "body"]

@@ -118,7 +118,7 @@ async def parse_request(request: Request) -> ProduceRequest:
     try:
         return ProduceRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise InvalidRequest(validation_problems(exc.errors()) or "invalid produce request") from None
+        raise InvalidRequest(validation_problems(exc.errors(), body) or "invalid produce request") from None
 
 
 _RESULTS_EXAMPLE = {"messagePublishResults": [{"messageId": "2:0:-1", "errorCode": 0, "errorMsg": None, "offset": 0,

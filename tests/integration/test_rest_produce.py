@@ -110,9 +110,8 @@ def test_a_body_that_is_not_json_is_refused_in_one_wording_everywhere(
                         headers=headers)
     for answer in (produce, admin):
         assert answer.status_code == 400 and answer.json()["code"] == "invalid_request", answer.text
-    assert produce.json()["message"] == ("the request body is not valid JSON: EOF while parsing a list at line 1 "
-                                         "column 14")
-    assert admin.json()["message"] == "the request body is not valid JSON: Expecting value at character 27"
+    assert produce.json()["message"] == "the request body is not valid JSON: Expecting value at line 1 column 15"
+    assert admin.json()["message"] == "the request body is not valid JSON: Expecting value at line 1 column 28"
 
 
 def test_a_missing_namespace_or_tenant_is_refused_saying_how_to_create_it(
