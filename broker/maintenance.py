@@ -71,7 +71,10 @@ class Maintenance:
         self._key_index.cleanup()
         self._cache.evict_expired()
         self._passes += 1
-        self._after_pass()
+        try:
+            self._after_pass()
+        except Exception:  # what follows a pass (sampling rates) never stops the passes
+            log.exception("after a maintenance pass")
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_ms / 1000.0):

@@ -185,7 +185,8 @@ class BrokerService:
                                                              config.allow_auto_update_schema,
                                                              config.schema_validation_enforced)),
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache,
-                                  lambda: self.rate_history.maybe_sample(self._topic_stats)))
+                                  lambda: self.rate_history.maybe_sample(
+                                      lambda: _loaded_topic_stats(topics, subscriptions))))
 
     def _topic_epoch(self, topic: str) -> int:
         if not TopicName.parse(topic).persistent:
@@ -310,21 +311,23 @@ class BrokerService:
         return Health(status, stats.read_only, stats.ledgers, stats.journal.fsync_count,
                       self.storage.read_only_reason)
 
-    def _topic_stats(self) -> list[TopicStats]:
-        """Every loaded topic's statistics (one closed or deleted meanwhile is left out)."""
-        parts = self._started()
-        topics = []
-        for topic in parts.topics.loaded():
-            with contextlib.suppress(MagnetarError):
-                topics.append(topic_stats(topic, parts.subscriptions.of(topic.name)))
-        return topics
-
     def statistics(self) -> BrokerStats:
         parts = self._started()
-        topics = self._topic_stats()
+        topics = _loaded_topic_stats(parts.topics, parts.subscriptions)
         return BrokerStats(
             None if self.cluster is not None else self.storage.statistics(), parts.cache.statistics(),
             parts.store.statistics(), tuple(topics), None if self.cluster is None else self.cluster.statistics(),
             parts.key_index.statistics(), parts.maintenance.statistics().passes, parts.factory.appends_fenced,
             self.reads_in_flight.statistics(), self.publish_buffer.statistics(), parts.topics.statistics(),
             parts.subscriptions.statistics(), parts.compactions.statistics(), self.rate_history.samples())
+
+
+def _loaded_topic_stats(topics: TopicRegistry, subscriptions: Subscriptions) -> list[TopicStats]:
+    """Every loaded topic's statistics (one closed or deleted meanwhile is left out). Takes the
+    parts themselves, not the service: the maintenance pass that samples the rates may run while
+    the service closes."""
+    found = []
+    for topic in topics.loaded():
+        with contextlib.suppress(MagnetarError):
+            found.append(topic_stats(topic, subscriptions.of(topic.name)))
+    return found
