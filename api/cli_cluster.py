@@ -83,12 +83,24 @@ def run_cluster_command(args: argparse.Namespace) -> int:
 
 def run_bookie(args: argparse.Namespace) -> int:
     from api.server_process import configure_logging
+    from api.startup_checks import DataDirLock, Port, StartupError, check_ports_free, check_writable
     from broker.cluster import BookieProcessConfig, run_bookie
 
     configure_logging(args.log_level)
-    return run_bookie(BookieProcessConfig(
-        data_dir=args.data_dir, metadata_store=args.metadata_store, port=args.port, journal_dir=args.journal_dir,
-        host=args.host, advertised_address=args.advertised_address, session_timeout_s=args.zk_session_timeout_s))
+    try:  # one line and exit 2, before anything is opened, as magnetar standalone does
+        check_ports_free(args.host, [Port(args.port, "bookiePort", "--port")])
+        lock = DataDirLock(args.data_dir)  # held until the process ends
+        if args.journal_dir is not None:
+            check_writable(args.journal_dir, "journal directory", "--journal-dir")
+    except StartupError as exc:
+        print(f"magnetar bookie: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return run_bookie(BookieProcessConfig(
+            data_dir=args.data_dir, metadata_store=args.metadata_store, port=args.port, journal_dir=args.journal_dir,
+            host=args.host, advertised_address=args.advertised_address, session_timeout_s=args.zk_session_timeout_s))
+    finally:
+        lock.release()
 
 
 def _broker_address(broker_id: str, web_url: str, host: str, pulsar: Any) -> Any:
@@ -112,6 +124,7 @@ def run_broker(args: argparse.Namespace) -> int:
     from api.config import ConfigError, StandaloneConfig
     from api.connection_guard import raise_file_limit
     from api.server_process import exit_cleanly, tune_runtime
+    from api.startup_checks import Port, StartupError, check_ports_free
     from api.web_server import serve
     from broker import BrokerService, QuorumConfig
     from broker.cluster import AutoRecoveryConfig, BookieNetworkConfig, ClusterConfig, ClusterStorage, OwnershipConfig
@@ -123,7 +136,11 @@ def run_broker(args: argparse.Namespace) -> int:
     try:
         config = StandaloneConfig.load(args.config, overrides)
         quorum = QuorumConfig(args.ensemble_size, args.write_quorum, args.ack_quorum)
-    except (ConfigError, OSError, ValueError) as exc:
+        check_ports_free(config.host, [
+            Port(config.port, "webServicePort", "--port"), Port(config.tls_port, "webServicePortTls", "--tls-port"),
+            Port(config.pulsar.port, "brokerServicePort", "--pulsar-port"),
+            Port(config.pulsar.tls_port, "brokerServicePortTls", "brokerServicePortTls in the config")])
+    except (ConfigError, OSError, ValueError, StartupError) as exc:
         print(f"magnetar broker: {exc}", file=sys.stderr)
         return 2
     broker_config = dataclasses.replace(

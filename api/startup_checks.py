@@ -1,4 +1,5 @@
-"""What ``magnetar standalone`` checks before it starts anything: the data directory and ports.
+"""What ``magnetar standalone`` (and ``bookie``, ``broker``) checks before it starts anything:
+the data directory and ports.
 
 Role: a newcomer's usual start-up failures (a port another process holds, a data directory
 another broker uses, a directory it may not write) are answered with one line naming the cause

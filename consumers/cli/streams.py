@@ -57,7 +57,8 @@ def append_conditionally(client: Client, args: argparse.Namespace, payloads: lis
         except ValueError:
             raise ValueError('--expected-key-version takes a version (-1 for a new stream) or "exists"') from None
     result = client.append(args.topic, args.key, payloads, expected_version=expected, properties=properties)
-    return f"{len(payloads)} events appended to {args.key!r}: versions {result.first_version}..{result.version}"
+    events = f"{len(payloads)} event{'' if len(payloads) == 1 else 's'}"
+    return f"{events} appended to {args.key!r}: versions {result.first_version}..{result.version}"
 
 
 def _read_stream(args: argparse.Namespace) -> int:

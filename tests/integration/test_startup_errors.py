@@ -86,3 +86,32 @@ def test_version() -> None:
     done = subprocess.run([sys.executable, "-m", "api.cli", "--version"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=EXIT_TIMEOUT_S, check=True)
     assert done.stdout.startswith("magnetar ") and done.stdout.strip() != "magnetar (not installed)", done.stdout
+
+
+def cluster_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "api.cli", *args]
+
+
+def test_cluster_processes_refuse_held_ports_and_data_dirs_in_one_line(tmp_path: Path, held_port: int) -> None:
+    """``magnetar bookie`` and ``magnetar broker`` check as ``standalone`` does, before they reach
+    ZooKeeper (none runs here: the checks come first). Before: a bookie on a held port or a data
+    directory in use, a traceback (26 lines for the data directory, RocksDB's lock); a broker on
+    a held binary port, uvloop's 86-line traceback and exit code 3."""
+    store = "zk:127.0.0.1:1/nowhere"
+    bookie_port = run_refused(*cluster_command("bookie", "--data-dir", str(tmp_path / "b1"), "--host", "127.0.0.1",
+                                               "--port", str(held_port), "--metadata-store", store))
+    assert bookie_port == (f"magnetar bookie: port {held_port} (bookiePort) is in use by another process: stop it, "
+                           "or choose another port with --port (0 turns that listener off)")
+    from api.startup_checks import DataDirLock
+
+    held = DataDirLock(str(tmp_path / "b2"))  # this test's process holds it, as another bookie would
+    try:
+        in_use = run_refused(*cluster_command("bookie", "--data-dir", str(tmp_path / "b2"), "--host", "127.0.0.1",
+                                              "--port", str(free_port()), "--metadata-store", store))
+    finally:
+        held.release()
+    assert in_use.startswith(f"magnetar bookie: the data directory {tmp_path / 'b2'} is in use by another Magnetar "
+                             "process") and "--data-dir" in in_use, in_use
+    broker = run_refused(*cluster_command("broker", "--metadata-store", store, "--host", "127.0.0.1",
+                                          "--port", str(free_port()), "--pulsar-port", str(held_port)))
+    assert f"port {held_port} (brokerServicePort) is in use" in broker and "--pulsar-port" in broker, broker
