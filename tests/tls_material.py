@@ -13,7 +13,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALID_DAYS = 2
@@ -84,3 +84,14 @@ def _issue(pair: KeyPair, subject: x509.Name, issuer: KeyPair | None, *, server:
     pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     pair.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+
+
+def write_rsa_key_pair(directory: Path) -> tuple[Path, Path]:
+    """``public.pem`` and ``private.pem`` in ``directory``: an RSA pair for end-to-end encryption
+    (the official client's ``CryptoKeyReader`` reads them)."""
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (directory / "private.pem").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
+    (directory / "public.pem").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return directory / "public.pem", directory / "private.pem"

@@ -40,6 +40,7 @@ from api.limits import PULL_MESSAGES_MAX, PULL_WAIT_MS_MAX
 from api.rest_consume import ConsumerSettings, PullParams
 from tests.integration.server import running_server
 from tests.standalone import REPO_ROOT, free_port, read_all, standalone_process, wait_healthy
+from tests.tls_material import write_rsa_key_pair
 
 README = REPO_ROOT / "README.md"
 FIRST_HOUR_PORT = "8081"
@@ -430,18 +431,6 @@ def printed_expectations(block: str) -> list[str]:
             if line.lstrip().startswith("print(") and "  # " in line]
 
 
-def write_key_pair(directory: Path) -> None:
-    """``public.pem`` and ``private.pem``, the RSA key pair the encryption example names."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (directory / "private.pem").write_bytes(private.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
-    (directory / "public.pem").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-
-
 def test_producing_and_consuming_runs_in_its_order(tmp_path: Path) -> None:
     """Every block of "Producing and consuming" (and its "REST consumers" part) in README order,
     but the CLI and Spark ones (tested above)
@@ -453,7 +442,7 @@ def test_producing_and_consuming_runs_in_its_order(tmp_path: Path) -> None:
     blocks = re.findall(r"^```(python|sh)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
     assert [kind for kind, _ in blocks] == ["python", "python", "sh", "python", "python", "sh", "python"], \
         "the section's blocks: official client, encryption, REST produce, WebSocket, Python client, CLI, Spark"
-    write_key_pair(tmp_path)
+    write_rsa_key_pair(tmp_path)  # the key pair the encryption example reads
     port = free_port()
     with standalone_process(tmp_path / "data", "--pulsar-port", str(port)) as (url, _):
         host = url.split("://", 1)[1]

@@ -17,18 +17,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pulsar
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from pulsar.schema import AvroSchema, Record, String
 
 from api.pulsar.proto import pulsar_api_pb2 as pb
 from tests.integration.pulsar_ci import SETUP, CiBroker, ci_broker, refused_fast
 from tests.integration.pulsar_wire import RawConnection, command, entry, send_frame
+from tests.tls_material import write_rsa_key_pair
 
 T = pb.BaseCommand.Type
 RECEIVE_MS = 10_000
@@ -51,13 +49,8 @@ def anonymous(broker: CiBroker) -> Iterator[pulsar.Client]:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> pulsar.CryptoKeyReader:
-    directory: Path = tmp_path_factory.mktemp("keys")
-    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (directory / "private.pem").write_bytes(private.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
-    (directory / "public.pem").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return pulsar.CryptoKeyReader(str(directory / "public.pem"), str(directory / "private.pem"))
+    public, private = write_rsa_key_pair(tmp_path_factory.mktemp("keys"))
+    return pulsar.CryptoKeyReader(str(public), str(private))
 
 
 def unique(namespace: str = "public/default", domain: str = "persistent") -> str:

@@ -20,11 +20,10 @@ from typing import Any
 import httpx
 import pulsar
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.integration.pulsar_support import RECEIVE_TIMEOUT_MS, binary_broker, client, drain, nothing_more
 from tests.integration.ws_client import open_ws, receive, unb64, ws_base
+from tests.tls_material import write_rsa_key_pair
 
 NS = "persistent/public/default"
 KEY_NAME = "client-rsa.pem"
@@ -33,13 +32,8 @@ COMPACTION_WAIT_S = 30
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> pulsar.CryptoKeyReader:
-    directory = tmp_path_factory.mktemp("keys")
-    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    (directory / "private.pem").write_bytes(private.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
-    (directory / "public.pem").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return pulsar.CryptoKeyReader(str(directory / "public.pem"), str(directory / "private.pem"))
+    public, private = write_rsa_key_pair(tmp_path_factory.mktemp("keys"))
+    return pulsar.CryptoKeyReader(str(public), str(private))
 
 
 @pytest.fixture(scope="module")
