@@ -1,13 +1,15 @@
 """A managed ledger's ledger list, as stored in the metadata store.
 
 Role: ``ManagedLedger`` (``broker/managed_ledger.py``) keeps its ledgers (``LedgerInfo``, oldest
-first, the current one last), whether it is terminated, its properties, the ledgers dropped from
-the list and not yet deleted, and the offset floor in one ``LedgerList``, stored at
+first, the current one last, each with its offload context), whether it is terminated, its
+properties, the ledgers (and offloaded copies) dropped from the list and not yet deleted, and the
+offset floor in one ``LedgerList``, stored at
 ``/managed-ledgers/{name}`` and written by compare-and-set on every change (``save``): a second
 writer (another broker that recovered the topic) makes the save fail with ``BadVersion``.
 
 Invariants: the stored list never names a deleted ledger (a ledger leaves the list, saved, before
-it is deleted: ``pending_deletes`` holds it meanwhile, retried on open). Offsets never restart
+it is deleted: ``pending_deletes`` holds it meanwhile, retried on open; its offloaded copy, if
+any, likewise in ``pending_offload_deletes``). Offsets never restart
 below ``offset_floor``, the confirmed end as of the last save, even when trimming removed every
 ledger that held entries. A save that failed without an answer may have been applied: the next
 save first takes the stored version if the stored list is exactly the one that save wrote, so a
@@ -22,6 +24,7 @@ from typing import Any
 
 from broker.errors import BadVersion
 from broker.metadata.store import MetadataStore
+from broker.offload.offloader import OffloadContext
 from broker.offset_index import LedgerInfo
 
 
@@ -34,6 +37,8 @@ class LedgerList:
         self.properties: dict[str, str] = {}
         self.pending_deletes: list[int] = []
         """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
+        self.pending_offload_deletes: list[tuple[int, OffloadContext]] = []
+        """Offloaded copies of ledgers dropped from the list, maybe not yet deleted (likewise)."""
         self.offset_floor = 0
         """The confirmed end as of the last save: offsets never restart below it, even when
         trimming removed every ledger that held entries."""
@@ -52,6 +57,8 @@ class LedgerList:
         self.terminated = bool(obj.get("terminated", False))
         self.properties = dict(obj.get("properties", {}))
         self.pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
+        self.pending_offload_deletes = [(int(i["ledgerId"]), OffloadContext.from_json(i["offloadContext"]))
+                                        for i in obj.get("pendingOffloadDeletes", [])]
         self.offset_floor = int(obj.get("offsetFloor", 0))
         self._version = stat.version
 
@@ -86,7 +93,10 @@ class LedgerList:
         confirmed = [i for i in self.infos if i.entries > 0]
         if confirmed:
             self.offset_floor = max(self.offset_floor, confirmed[-1].next_offset)
-        body = json.dumps({"ledgers": ledgers, "terminated": self.terminated,
-                           "properties": self.properties, "pendingDeletes": self.pending_deletes,
-                           "offsetFloor": self.offset_floor}, sort_keys=True).encode()
+        obj: dict[str, Any] = {"ledgers": ledgers, "terminated": self.terminated, "properties": self.properties,
+                               "pendingDeletes": self.pending_deletes, "offsetFloor": self.offset_floor}
+        if self.pending_offload_deletes:
+            obj["pendingOffloadDeletes"] = [{"ledgerId": ledger_id, "offloadContext": context.to_json()}
+                                            for ledger_id, context in self.pending_offload_deletes]
+        body = json.dumps(obj, sort_keys=True).encode()
         self._version = self._store.put(self.path, body, self._version).version

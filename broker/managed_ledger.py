@@ -18,10 +18,11 @@ This module keeps the ledgers' lifecycle. The current ledger rolls over when it 
 the list naming it is saved. After a crash the last ledger is recovered (fenced and closed at
 its last durable entry) and a new one is opened. After a failed add the next append continues
 in a new ledger; once another broker recovered the topic (fenced its ledger, or rewrote its
-list), nothing more is written. Offsets and times are found through the sparse index of
-``broker/offset_index.py`` (bisect the ledgers, then their samples, then read forward a bounded
-number of entries); trimming and TTL follow ``broker/retention.py``; deleted ledgers go to the
-bookies' GC.
+list), nothing more is written. Closed ledgers may be offloaded to an object store
+(``broker/managed_ledger_offload.py``) and are then read from it. Offsets and times are found
+through the sparse index of ``broker/offset_index.py`` (bisect the ledgers, then their samples,
+then read forward a bounded number of entries); trimming and TTL follow ``broker/retention.py``;
+deleted ledgers go to the bookies' GC, and their offloaded copies are deleted from the store.
 
 Invariant: no state lives only in memory; the ledger list and cursor snapshots are in the
 metadata store, entries and cursor positions in ledgers. Messages name the topic as users spell
@@ -57,9 +58,11 @@ from broker.ledger_list import LedgerList
 from broker.limits import CLOSE_ADDS_WAIT_S
 from broker.managed_ledger_adds import ManagedLedgerAdds
 from broker.managed_ledger_config import ManagedLedgerConfig, MiB
+from broker.managed_ledger_offload import NOT_RUN, ManagedLedgerOffload, OffloadCounters
 from broker.managed_ledger_reads import Entry, LedgerReads
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
+from broker.offload.offloader import LedgerOffloader
 from broker.offset_index import LedgerInfo, SampleStore, ledger_holding
 from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name
@@ -96,11 +99,12 @@ class ManagedLedgerServices(Protocol):
     cache: EntryCache
     clock: Callable[[], float]
     publish_buffer: ByteBudget | None
+    offloader: LedgerOffloader | None
 
     def count_fenced_append(self) -> None: ...
 
 
-class ManagedLedger(ManagedLedgerAdds):
+class ManagedLedger(ManagedLedgerAdds, ManagedLedgerOffload):
     """Open through :meth:`ManagedLedgerFactory.open`."""
 
     def __init__(self, factory: ManagedLedgerServices, name: str, config: ManagedLedgerConfig) -> None:
@@ -127,7 +131,11 @@ class ManagedLedger(ManagedLedgerAdds):
         self._taken_over = False
         """Another broker recovered the topic (fenced its current ledger, or changed the stored
         ledger list under this one): no more appends, and nothing more written for them."""
-        self._reads = LedgerReads(self._ledgers, self._cache, lambda: self._current)
+        self._offloader = factory.offloader
+        self._offload_status, self._offload_error = NOT_RUN, ""
+        self._offload_thread: threading.Thread | None = None
+        self.offload_counters = OffloadCounters()
+        self._reads = LedgerReads(self._ledgers, self._cache, lambda: self._current, self._offloader)
         self._samples = SampleStore(self._store, self._path)
         self.display_name = display_name(name)
         """The topic as users spell it, for every message about it."""
@@ -158,6 +166,7 @@ class ManagedLedger(ManagedLedgerAdds):
             self._open_new_ledger()
         else:
             self._list.save()
+        self._cleanup_offload_on_open()
         self._delete_pending(saved=list(self._list.pending_deletes))
 
     def _reset_tail_state(self) -> None:
@@ -467,9 +476,11 @@ class ManagedLedger(ManagedLedgerAdds):
             if deletable:
                 self._list.infos = self._list.infos[len(deletable):]
                 self._list.pending_deletes.extend(i.ledger_id for i in deletable)
+                self._list.pending_offload_deletes.extend(
+                    (i.ledger_id, i.offload_context) for i in deletable if i.offload_context is not None)
                 self._list.save()  # the list and the pending deletions change together
             saved = list(self._list.pending_deletes) if deletable else None
-            pending = bool(self._list.pending_deletes)
+            pending = bool(self._list.pending_deletes or self._list.pending_offload_deletes)
         for info in deletable:
             self._reads.forget(info.ledger_id)
             self._cache.invalidate_ledger(info.ledger_id)
@@ -484,7 +495,8 @@ class ManagedLedger(ManagedLedgerAdds):
         when nothing was added since)."""
         with self._lock:
             pending = list(self._list.pending_deletes)
-            if not pending:
+            copies = list(self._list.pending_offload_deletes) if self._offloader is not None else []
+            if not pending and not copies:
                 return
             if pending != saved:
                 self._list.save()
@@ -493,8 +505,11 @@ class ManagedLedger(ManagedLedgerAdds):
                 self._ledgers.delete(ledger_id)
             with contextlib.suppress(NotFound):
                 self._store.delete(self._samples.path(ledger_id))
+        for ledger_id, context in copies:
+            self._delete_copy(ledger_id, context)
         with self._lock:
             self._list.pending_deletes = [i for i in self._list.pending_deletes if i not in pending]
+            self._list.pending_offload_deletes = [c for c in self._list.pending_offload_deletes if c not in copies]
             self._list.save()
 
     def expired_offset(self) -> int | None:
@@ -509,7 +524,11 @@ class ManagedLedger(ManagedLedgerAdds):
             if self._current is not None:
                 self._retire_current()
             for info in self._list.infos:
-                self._ledgers.delete(info.ledger_id)
+                self._ledgers.delete(info.ledger_id)  # a no-op for a ledger deleted locally after its offload
+                if info.offload_context is not None:
+                    self._delete_copy(info.ledger_id, info.offload_context)
+            for ledger_id, context in self._list.pending_offload_deletes:
+                self._delete_copy(ledger_id, context)
             self._list.infos = []
             self._store.delete_recursive(self._path)
 

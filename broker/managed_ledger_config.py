@@ -1,5 +1,6 @@
 """A managed ledger's settings: when its current ledger rolls over, how long consumed ledgers are
-kept, how densely offsets are indexed, and how large an entry may be.
+kept, when closed ledgers are offloaded, how densely offsets are indexed, and how large an
+entry may be.
 
 Role: ``BrokerConfig`` (``broker/config.py``) holds the broker's, and
 ``ManagedLedgerFactory.open`` (``broker/managed_ledger_factory.py``) gives one to each managed
@@ -42,6 +43,16 @@ class ManagedLedgerConfig:
     entry_size_bytes_max: int = 5 * MiB + 64 * KiB
     """An entry's bytes at most (a 5 MiB message and its metadata, as Pulsar's ``maxMessageSize``)."""
     quorum: QuorumConfig = field(default_factory=QuorumConfig)
+    offload_threshold_bytes: int = -1
+    """Closed ledgers are offloaded, oldest first, while the topic's ledgers hold more than this
+    (Pulsar's ``managedLedgerOffloadThresholdInBytes`` and the namespace's ``offloadThreshold``;
+    -1: never by size, 0: every closed ledger)."""
+    offload_threshold_seconds: int = -1
+    """Closed ledgers older than this are offloaded (``managedLedgerOffloadThresholdInSeconds``;
+    -1: never by age)."""
+    offload_deletion_lag_ms: int = 4 * 60 * 60_000
+    """The bookies' copy of an offloaded ledger is deleted this long after the offload completed
+    (``managedLedgerOffloadDeletionLagMs``, Pulsar's 4 hours; 0: at once)."""
 
     @classmethod
     def test_min(cls) -> ManagedLedgerConfig:

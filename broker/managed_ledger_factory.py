@@ -2,7 +2,8 @@
 
 Role: ``BrokerService`` (``broker/service.py``) builds one ``ManagedLedgerFactory`` over the
 metadata store, the ledger manager (``broker/bookkeeper/``) and the broker's entry cache, with
-the publish buffer every append counts in (``broker/byte_budget.py``); the topic registry opens
+the publish buffer every append counts in (``broker/byte_budget.py``) and the offloader, if
+one is configured (``broker/offload/``); the topic registry opens
 each topic partition's ``ManagedLedger`` (``broker/managed_ledger.py``) through it, as Pulsar's
 ``ManagedLedgerFactoryImpl``.
 
@@ -26,6 +27,7 @@ from broker.limits import LOAD_ATTEMPTS_MAX
 from broker.managed_ledger import ML_ROOT, ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.metadata.store import MetadataStore
+from broker.offload.offloader import LedgerOffloader
 from broker.topic_name import display_name
 
 
@@ -33,13 +35,16 @@ class ManagedLedgerFactory:
     """Opens managed ledgers by name; owns the shared entry cache."""
 
     def __init__(self, store: MetadataStore, ledgers: LedgerManager, cache: EntryCache,
-                 clock: Callable[[], float] = time.time, *, publish_buffer: ByteBudget | None = None) -> None:
+                 clock: Callable[[], float] = time.time, *, publish_buffer: ByteBudget | None = None,
+                 offloader: LedgerOffloader | None = None) -> None:
         self.store = store
         self.ledgers = ledgers
         self.cache = cache
         self.clock = clock
         self.publish_buffer = publish_buffer
         """Counts the bytes of every append until it is stored (``maxMessagePublishBufferSizeInMB``)."""
+        self.offloader = offloader
+        """The object store closed ledgers are offloaded to (``managedLedgerOffloadDriver``; None: off)."""
         self._open: dict[str, ManagedLedger] = {}
         self._lock = threading.Lock()
         self._appends_fenced = 0

@@ -12,7 +12,8 @@ each entry it read lives, so a reader that goes on where it stopped looks nothin
 Invariants: entries never change once confirmed, so a remembered position or a cached entry is
 never stale (a trimmed ledger's handle is forgotten, its entries refused by the managed ledger
 before any lookup). At most ``READ_HANDLES_MAX`` handles of closed ledgers are opened for
-reading (the oldest is dropped); the current ledger is read through its writer's handle.
+reading (the oldest is dropped); the current ledger is read through its writer's handle. A
+failed read of an offloaded copy raises ``OffloadReadError`` (naming the ledger), never other data.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from broker.entry_cache import EntryCache
 from broker.entry_format import message_count, peek_broker_entry_metadata
 from broker.limits import READ_HANDLES_MAX, READ_RUN_BYTES_MAX, READ_RUN_ENTRIES_MAX
 from broker.message_id import Position
+from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHandle
 from broker.offset_index import LedgerInfo, PositionHints
 
 
@@ -43,12 +45,15 @@ class Entry:
 
 
 class LedgerReads:
-    def __init__(self, ledgers: LedgerManager, cache: EntryCache, current: Callable[[], LedgerHandle | None]) -> None:
-        """``current``: the managed ledger's current ledger's handle (None: none is open)."""
+    def __init__(self, ledgers: LedgerManager, cache: EntryCache, current: Callable[[], LedgerHandle | None],
+                 offloader: LedgerOffloader | None = None) -> None:
+        """``current``: the managed ledger's current ledger's handle (None: none is open);
+        ``offloader``: the broker's object store, if one is configured."""
         self._ledgers = ledgers
         self._cache = cache
         self._current = current
-        self._handles: dict[int, LedgerHandle] = {}
+        self._offloader = offloader
+        self._handles: dict[int, ReadHandle] = {}
         self.hints = PositionHints()
 
     def keep(self, handle: LedgerHandle) -> None:
@@ -80,17 +85,32 @@ class LedgerReads:
                 break
         return result
 
-    def _handle_for(self, ledger_id: int) -> LedgerHandle:
+    def _handle_for(self, info: LedgerInfo) -> ReadHandle:
+        ledger_id = info.ledger_id
         current = self._current()
         if current is not None and current.ledger_id == ledger_id:
             return current
         handle = self._handles.get(ledger_id)
         if handle is None:
-            handle = self._ledgers.open(ledger_id, recovery=False)
+            handle = self._open(info)
             if len(self._handles) >= READ_HANDLES_MAX:
                 self._handles.pop(next(iter(self._handles)))
             self._handles[ledger_id] = handle
         return handle
+
+    def _open(self, info: LedgerInfo) -> ReadHandle:
+        """A ledger with a complete offloaded copy is read from the store (as Pulsar does, also
+        during the deletion lag: the copy readers use is the one that stays); others from the
+        bookies."""
+        context = info.offload_context
+        if context is None or not context.complete:
+            return self._ledgers.open(info.ledger_id, recovery=False)
+        if self._offloader is not None:
+            return self._offloader.open(info.ledger_id, context.uuid, context.driver_metadata)
+        if not context.bookkeeper_deleted:
+            return self._ledgers.open(info.ledger_id, recovery=False)
+        raise OffloadReadError(f"ledger {info.ledger_id} is offloaded ({context.driver_name}) and deleted locally, "
+                               "but no offload driver is configured (managedLedgerOffloadDriver)")
 
     def read_range(self, info: LedgerInfo, first: int, last: int, *,
                            stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
@@ -100,7 +120,7 @@ class LedgerReads:
         average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a time. Every entry
         after the first is remembered as where the offset after its predecessor lives, and so is
         the entry after the last one read."""
-        handle = self._handle_for(info.ledger_id)
+        handle = self._handle_for(info)
         entries: list[Entry] = []
         size = 0
         entry_id = first
@@ -123,7 +143,7 @@ class LedgerReads:
             self.hints.remember(info, entries)
         return entries
 
-    def _read_run(self, handle: LedgerHandle, info: LedgerInfo, first: int, last: int, first_offset: int | None,
+    def _read_run(self, handle: ReadHandle, info: LedgerInfo, first: int, last: int, first_offset: int | None,
                   bytes_left: int | None) -> list[Entry]:
         """Entries from ``first`` on, read from the bookies in one range read. ``first_offset``,
         when the caller knows it, spares parsing the first entry's ``MessageMetadata``; every

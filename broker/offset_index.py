@@ -28,6 +28,7 @@ from typing import Any
 from broker.limits import POSITION_HINTS_MAX
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
+from broker.offload.offloader import OffloadContext
 
 Sample = tuple[int, int, int]
 """(first offset, entry id, publish ms) of a sampled entry."""
@@ -49,19 +50,37 @@ class LedgerInfo:
     sparse_index: list[Sample] = field(default_factory=list)
     unsampled_bytes: int = 0
     """Bytes of the entries after the last sampled one (rebuilt by recovery, not persisted)."""
+    offload_context: OffloadContext | None = None
+    """The ledger's offload attempt (``broker/managed_ledger_offload.py``); None: never offloaded
+    (and absent from the stored JSON, so lists written before tiered storage read the same)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"ledgerId": self.ledger_id, "firstOffset": self.first_offset, "entries": self.entries,
-                "size": self.size_bytes, "messages": self.messages, "ctime": self.created_ms,
-                "closedTime": self.closed_ms, "firstPublishMs": self.first_publish_ms,
-                "lastPublishMs": self.last_publish_ms}
+        obj: dict[str, Any] = {"ledgerId": self.ledger_id, "firstOffset": self.first_offset, "entries": self.entries,
+                               "size": self.size_bytes, "messages": self.messages, "ctime": self.created_ms,
+                               "closedTime": self.closed_ms, "firstPublishMs": self.first_publish_ms,
+                               "lastPublishMs": self.last_publish_ms}
+        if self.offload_context is not None:
+            obj["offloadContext"] = self.offload_context.to_json()
+        return obj
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LedgerInfo:
+        context = obj.get("offloadContext")
         return cls(ledger_id=obj["ledgerId"], first_offset=obj["firstOffset"], entries=obj["entries"],
                    size_bytes=obj["size"], messages=obj["messages"], created_ms=obj["ctime"],
                    closed_ms=obj["closedTime"], first_publish_ms=obj["firstPublishMs"],
-                   last_publish_ms=obj["lastPublishMs"])
+                   last_publish_ms=obj["lastPublishMs"],
+                   offload_context=None if context is None else OffloadContext.from_json(context))
+
+    @property
+    def offloaded(self) -> bool:
+        """A complete copy is in the object store (Pulsar's internalStats ``offloaded``)."""
+        return self.offload_context is not None and self.offload_context.complete
+
+    @property
+    def local_deleted(self) -> bool:
+        """The bookies' copy is deleted (or being deleted): only the offloaded copy is read."""
+        return self.offload_context is not None and self.offload_context.bookkeeper_deleted
 
     @property
     def next_offset(self) -> int:

@@ -14,6 +14,7 @@ from broker.managed_ledger_adds import AddResult
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata import RocksDBMetadataStore
+from broker.offload.offloader import LedgerOffloader
 from storage import LedgerStorage, StorageConfig
 
 
@@ -49,13 +50,14 @@ class Stack:
         self.storage.close()
 
 
-def open_stack(data_dir: str, clock: FakeClock | None = None, storage_config: StorageConfig | None = None) -> Stack:
+def open_stack(data_dir: str, clock: FakeClock | None = None, storage_config: StorageConfig | None = None, *,
+               offloader: LedgerOffloader | None = None) -> Stack:
     clock = clock or FakeClock()
     storage = LedgerStorage.open(f"{data_dir}/bookie", storage_config or StorageConfig.test_min())
     store = RocksDBMetadataStore(f"{data_dir}/metadata", clock=clock)
     ledgers = LedgerManager(store, BookieClient([LocalBookie("local", storage)]), clock)
     cache = EntryCache(1 << 20, clock=clock)
-    factory = ManagedLedgerFactory(store, ledgers, cache, clock)
+    factory = ManagedLedgerFactory(store, ledgers, cache, clock, offloader=offloader)
     return Stack(storage, store, ledgers, factory, clock, cache)
 
 

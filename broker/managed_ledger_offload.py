@@ -1,0 +1,329 @@
+"""The offload of a managed ledger's closed ledgers to an object store (Pulsar's
+``ManagedLedgerImpl.offloadLoop``).
+
+Role: ``ManagedLedger`` (``broker/managed_ledger.py``) is built on ``ManagedLedgerOffload``. An
+offload copies closed ledgers (never the current one), oldest first, through the broker's
+``LedgerOffloader`` (``broker/offload/offloader.py``): up to a position (the admin call,
+``offload_prefix``), or while the topic's ledgers hold more than ``offload_threshold_bytes``
+or are older than ``offload_threshold_seconds`` (``offload_by_threshold``, from the broker's
+maintenance pass). One offload runs at a time per managed ledger, in its own thread: appends
+and reads never wait for the store. Each ledger goes through four steps, each saved in its
+``LedgerInfo.offload_context`` in the ledger list (compare-and-set):
+
+1. a new attempt ``OffloadContext(uuid, complete=False)`` is saved (Pulsar's
+   ``prepareLedgerInfoForOffloaded``);
+2. the ledger is copied under that ``uuid``, outside the managed ledger's lock;
+3. ``complete=True`` is saved (``completeLedgerInfoForOffloaded``); from then on the ledger is
+   read from the store. On failure the attempt's objects are deleted and its context cleared;
+   the status says ERROR and why;
+4. ``offload_deletion_lag_ms`` after it completed, ``bookkeeper_deleted=True`` is saved, and
+   only then is the ledger deleted from the bookies (``delete_offloaded_locally``).
+
+Invariants (crash safety, each step being one save): a reader trusts a copy only once its
+``complete=True`` is saved, which follows the end of its upload; an attempt found incomplete on
+open (a crash during step 2, or before step 3's save) has its objects deleted and its context
+cleared, so the next offload starts anew under another ``uuid`` (``_cleanup_offload_on_open``);
+the bookies' copy is deleted only after the list says so, and a list that says so has the
+deletion retried on open (idempotent), so a stored list never calls a ledger local whose
+bookie copy may be gone. A ledger that leaves the list (trimming, topic deletion) has its
+offloaded copy deleted as well (``LedgerList.pending_offload_deletes``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.errors import AlreadyExists, InvalidRequest, MagnetarError
+from broker.ledger_list import LedgerList
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_reads import LedgerReads
+from broker.message_id import Position
+from broker.offload.offloader import LedgerOffloader, OffloadContext, OffloadError
+from broker.offset_index import LedgerInfo
+
+log = logging.getLogger(__name__)
+
+NOT_RUN, RUNNING, SUCCESS, ERROR = "NOT_RUN", "RUNNING", "SUCCESS", "ERROR"
+
+
+@dataclass(frozen=True)
+class OffloadStatus:
+    """Pulsar's ``OffloadProcessStatus`` of one topic."""
+
+    status: str
+    last_error: str
+    first_unoffloaded: Position
+
+    def to_json(self) -> dict[str, object]:
+        return {"status": self.status, "lastError": self.last_error,
+                "firstUnoffloadedMessage": {"ledgerId": self.first_unoffloaded.ledger_id,
+                                            "entryId": self.first_unoffloaded.entry_id, "partitionIndex": -1}}
+
+
+@dataclass
+class OffloadCounters:
+    """What this managed ledger's offloads did since it was loaded."""
+
+    ledgers_offloaded: int = 0
+    bytes_offloaded: int = 0
+    errors: int = 0
+    local_deleted: int = 0
+
+
+def threshold_candidates(infos: Sequence[LedgerInfo], now_ms: int, *, threshold_bytes: int,
+                         threshold_seconds: int) -> list[int]:
+    """The closed ledgers not yet offloaded that a threshold asks to offload, oldest first: those
+    older than ``threshold_seconds``, and those past the newest ``threshold_bytes`` of the
+    topic's ledgers (counted from the newest, as Pulsar's ``maybeOffload``). Never the last."""
+    candidates: list[int] = []
+    newer_bytes = 0
+    for info in reversed(infos):
+        newer_bytes += info.size_bytes
+        if info is infos[-1] or info.closed_ms == 0 or info.entries == 0 or info.offloaded:
+            continue
+        over_size = 0 <= threshold_bytes < newer_bytes
+        too_old = threshold_seconds >= 0 and now_ms - info.closed_ms >= threshold_seconds * 1000
+        if over_size or too_old:
+            candidates.append(info.ledger_id)
+    return candidates[::-1]
+
+
+class ManagedLedgerOffload(ABC):
+    """The offload; ``ManagedLedger`` sets the state it declares."""
+
+    name: str
+    display_name: str
+    config: ManagedLedgerConfig
+    _lock: threading.RLock
+    _list: LedgerList
+    _ledgers: LedgerManager
+    _reads: LedgerReads
+    _offloader: LedgerOffloader | None
+    _closed: bool
+    _taken_over: bool
+    _offload_status: str
+    _offload_error: str
+    _offload_thread: threading.Thread | None
+    offload_counters: OffloadCounters
+
+    @abstractmethod
+    def _now_ms(self) -> int: ...
+
+    # --- starting ------------------------------------------------------------------------
+    def offload_prefix(self, up_to: Position) -> None:
+        """Offload every closed ledger before ``up_to``'s ledger (Pulsar's ``asyncOffloadPrefix``),
+        in the background; ``offload_status`` follows it. ``AlreadyExists`` while one runs."""
+        self._require_offloader()
+        with self._lock:
+            candidates = [i.ledger_id for i in self._list.infos[:-1]
+                          if i.ledger_id < up_to.ledger_id and i.entries > 0 and not i.offloaded]
+        self._start_offload(candidates)
+
+    def offload_by_threshold(self) -> bool:
+        """Start an offload of what the thresholds ask (maintenance pass); False if none started."""
+        if self._offloader is None or self._offload_running() or self._closed or self._taken_over:
+            return False
+        config = self.config
+        if config.offload_threshold_bytes < 0 and config.offload_threshold_seconds < 0:
+            return False
+        with self._lock:
+            candidates = threshold_candidates(self._list.infos, self._now_ms(),
+                                              threshold_bytes=config.offload_threshold_bytes,
+                                              threshold_seconds=config.offload_threshold_seconds)
+        if not candidates:
+            return False
+        with contextlib.suppress(AlreadyExists):
+            self._start_offload(candidates)
+            return True
+        return False
+
+    def _require_offloader(self) -> LedgerOffloader:
+        if self._offloader is None:
+            raise InvalidRequest(f"topic {self.display_name} cannot be offloaded: no offload driver is configured "
+                                 "(managedLedgerOffloadDriver)")
+        return self._offloader
+
+    def _offload_running(self) -> bool:
+        return self._offload_thread is not None and self._offload_thread.is_alive()
+
+    def _start_offload(self, ledger_ids: list[int]) -> None:
+        with self._lock:
+            if self._offload_running():
+                raise AlreadyExists(f"an offload of {self.display_name} is already running")
+            self._offload_status, self._offload_error = RUNNING, ""
+            self._offload_thread = threading.Thread(target=self._offload_loop, args=(ledger_ids,),
+                                                    name=f"magnetar-offload-{self.name}", daemon=True)
+            self._offload_thread.start()
+
+    def wait_for_offload(self, timeout_s: float) -> bool:
+        """Wait for the running offload (tests, shutdown); False if it still runs."""
+        thread = self._offload_thread
+        if thread is not None:
+            thread.join(timeout_s)
+        return not self._offload_running()
+
+    # --- the loop --------------------------------------------------------------------------
+    def _offload_loop(self, ledger_ids: list[int]) -> None:
+        try:
+            for ledger_id in ledger_ids:
+                self._offload_one(ledger_id)
+        except MagnetarError as exc:
+            self._offload_failed(exc)
+            return
+        except Exception as exc:  # a driver's own exception: reported, never a dead thread's secret
+            log.exception("offload of %s failed", self.display_name)
+            self._offload_failed(exc)
+            return
+        self._offload_status = SUCCESS
+        with contextlib.suppress(MagnetarError):
+            self.delete_offloaded_locally()
+
+    def _offload_failed(self, exc: BaseException) -> None:
+        self.offload_counters.errors += 1
+        self._offload_error = str(exc) or type(exc).__name__
+        self._offload_status = ERROR
+        log.warning("offload of %s failed: %s", self.display_name, self._offload_error)
+
+    def _offload_one(self, ledger_id: int) -> None:
+        offloader = self._require_offloader()
+        context = self._begin_attempt(ledger_id, offloader)
+        if context is None:
+            return
+        try:
+            source = self._ledgers.open(ledger_id, recovery=False)
+            offloader.offload(source, context.uuid, {"ManagedLedgerName": self.name})
+        except BaseException:
+            self._abandon_attempt(ledger_id, context)
+            raise
+        self._complete_attempt(ledger_id, context)
+
+    def _info(self, ledger_id: int) -> LedgerInfo | None:
+        return next((i for i in self._list.infos if i.ledger_id == ledger_id), None)
+
+    def _begin_attempt(self, ledger_id: int, offloader: LedgerOffloader) -> OffloadContext | None:
+        """Step 1: save a new attempt in the ledger's info; None if the ledger is gone or offloaded."""
+        with self._lock:
+            self._refuse_if_not_serving()
+            info = self._info(ledger_id)
+            if info is None or info.offloaded:
+                return None
+            leftover = info.offload_context
+            context = OffloadContext(uuid=str(uuid.uuid4()), driver_name=offloader.driver_name,
+                                     driver_metadata=offloader.driver_metadata(), timestamp_ms=self._now_ms())
+            self._save_context(info, context)
+        if leftover is not None:  # an earlier attempt's objects, never trusted (its clearing failed)
+            self._delete_copy(ledger_id, leftover)
+        return context
+
+    def _complete_attempt(self, ledger_id: int, context: OffloadContext) -> None:
+        """Step 3: the copy is whole; save it complete, and read the ledger from it from now on."""
+        with self._lock:
+            info = self._info(ledger_id)
+            current = info is not None and info.offload_context == context and not (self._closed or self._taken_over)
+            if info is not None and current:
+                self._save_context(info, replace(context, complete=True, timestamp_ms=self._now_ms()))
+                self.offload_counters.ledgers_offloaded += 1
+                self.offload_counters.bytes_offloaded += info.size_bytes
+        if not current:  # trimmed, or no longer this writer's meanwhile: the copy is nobody's
+            self._delete_copy(ledger_id, context)
+            self._refuse_if_not_serving()
+            return
+        self._reads.forget(ledger_id)
+
+    def _abandon_attempt(self, ledger_id: int, context: OffloadContext) -> None:
+        """A failed attempt: its objects go, and so does its context (when still this writer's)."""
+        self._delete_copy(ledger_id, context)
+        with self._lock:
+            info = self._info(ledger_id)
+            if info is not None and info.offload_context == context and not (self._closed or self._taken_over):
+                with contextlib.suppress(MagnetarError):  # left as is, it is cleared on the next open
+                    self._save_context(info, None)
+
+    def _save_context(self, info: LedgerInfo, context: OffloadContext | None) -> None:
+        before, info.offload_context = info.offload_context, context
+        try:
+            self._list.save()
+        except BaseException:
+            info.offload_context = before
+            raise
+
+    def _refuse_if_not_serving(self) -> None:
+        if self._closed or self._taken_over:
+            raise OffloadError(f"topic {self.display_name} is no longer served by this broker: offload stopped")
+
+    def _delete_copy(self, ledger_id: int, context: OffloadContext) -> None:
+        """Delete an offloaded copy; a failure is logged (the objects stay orphaned, never read)."""
+        if self._offloader is None:
+            log.warning("offloaded copy %s of ledger %d of %s not deleted: no offload driver is configured",
+                        context.uuid, ledger_id, self.display_name)
+            return
+        try:
+            self._offloader.delete(ledger_id, context.uuid, context.driver_metadata)
+        except Exception as exc:
+            log.warning("offloaded copy %s of ledger %d of %s not deleted: %s", context.uuid, ledger_id,
+                        self.display_name, exc)
+
+    # --- local deletion ----------------------------------------------------------------------
+    def delete_offloaded_locally(self) -> list[int]:
+        """Step 4: the bookies' copies of ledgers offloaded ``offload_deletion_lag_ms`` ago go:
+        marked deleted in the saved list first, then deleted (retried on open)."""
+        with self._lock:
+            if self._closed or self._taken_over:
+                return []
+            cutoff_ms = self._now_ms() - self.config.offload_deletion_lag_ms
+            due = [i for i in self._list.infos if i.offload_context is not None and i.offloaded
+                   and not i.local_deleted and i.offload_context.timestamp_ms <= cutoff_ms]
+            if not due:
+                return []
+            before = {i.ledger_id: i.offload_context for i in due}
+            for info in due:
+                assert info.offload_context is not None
+                info.offload_context = replace(info.offload_context, bookkeeper_deleted=True)
+            try:
+                self._list.save()
+            except BaseException:
+                for info in due:
+                    info.offload_context = before[info.ledger_id]
+                raise
+        for info in due:
+            self._reads.forget(info.ledger_id)
+            self._ledgers.delete(info.ledger_id)
+            self.offload_counters.local_deleted += 1
+        return [i.ledger_id for i in due]
+
+    def _cleanup_offload_on_open(self) -> None:
+        """After a crash: incomplete attempts are deleted and cleared (the next offload starts
+        anew), and ledgers the list says are deleted locally are deleted (again)."""
+        stale = [i for i in self._list.infos if i.offload_context is not None and not i.offloaded]
+        for info in stale:
+            assert info.offload_context is not None
+            if self._offloader is None:
+                continue  # kept, never trusted, until an offloader can delete its objects
+            self._delete_copy(info.ledger_id, info.offload_context)
+            info.offload_context = None
+        if any(i.offload_context is None for i in stale):
+            self._list.save()
+        for info in self._list.infos:
+            if info.local_deleted:
+                self._ledgers.delete(info.ledger_id)  # a no-op once it is gone
+
+    # --- status ------------------------------------------------------------------------------
+    def offload_status(self) -> OffloadStatus:
+        with self._lock:
+            infos = self._list.infos
+            first = next((i for i in infos if not i.offloaded), infos[-1] if infos else None)
+            position = Position(first.ledger_id, 0) if first is not None else Position(-1, -1)
+            return OffloadStatus(self._offload_status, self._offload_error, position)
+
+    def offloaded_size_bytes(self) -> int:
+        """Bytes of this topic's ledgers with a complete offloaded copy (``pulsar_storage_offloaded_size``)."""
+        with self._lock:
+            return sum(i.size_bytes for i in self._list.infos if i.offloaded)
+

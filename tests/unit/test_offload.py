@@ -1,0 +1,252 @@
+"""The managed ledger's offload (``broker/managed_ledger_offload.py``) over the real embedded
+storage and RocksDB metadata, with a test-only in-memory store (``tests/unit/memory_offloader.py``).
+
+Checks: an offload by position copies every closed ledger before it (never the current one),
+saves each as complete, deletes the bookies' copy after the deletion lag, and every read
+(entries, offset and time lookups) returns the same bytes from the store after a reopen; a
+failed offload deletes its attempt's objects, reports ERROR with the store's message, and keeps
+the local data readable; a crash between the upload and the saved ``complete`` leaves an
+attempt that the next open deletes and clears (never trusted), and a crash between the saved
+``bookkeeper_deleted`` and the bookies' deletion has the deletion done on open; thresholds pick
+the oldest closed ledgers; appends go on while an upload is held; trimming and topic deletion
+delete offloaded copies; a failed read of a copy raises, never returns other data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+
+from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.entry_cache import EntryCache
+from broker.entry_format import decode_entry
+from broker.errors import AlreadyExists, NoSuchLedger
+from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_config import ManagedLedgerConfig
+from broker.managed_ledger_factory import ManagedLedgerFactory
+from broker.managed_ledger_offload import threshold_candidates
+from broker.offload.offloader import OffloadReadError
+from broker.offset_index import LedgerInfo
+from tests.unit.broker_stack import Stack, append_messages, open_stack
+from tests.unit.memory_offloader import MemoryOffloader
+
+NAME = "t/ns/persistent/tiered"
+LAG_0 = dataclasses.replace(ManagedLedgerConfig.test_min(), offload_deletion_lag_ms=0)
+
+
+def _fill(stack: Stack, ml: ManagedLedger, messages: int) -> list[int]:
+    times = []
+    for i in range(messages):
+        stack.clock.advance(1.0)
+        times.append(append_messages(ml, [f"m{i}".encode()]).publish_time_ms)
+    return times
+
+
+def _other_broker(stack: Stack, offloader: MemoryOffloader) -> ManagedLedgerFactory:
+    """A second factory over the same metadata and bookies: a broker that loads the topic after a crash."""
+    return ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
+                                EntryCache(1 << 20), stack.clock, offloader=offloader)
+
+
+def _ledger_exists(stack: Stack, ledger_id: int) -> bool:
+    try:
+        stack.ledgers.metadata(ledger_id)
+    except NoSuchLedger:
+        return False
+    return True
+
+
+def _check_reads(ml: ManagedLedger, times: list[int]) -> None:
+    for offset in range(len(times)):
+        position, index = ml.offset_to_position(offset)
+        assert decode_entry(ml.read_entry(position).data).messages[index].payload == f"m{offset}".encode()
+        assert ml.time_to_offset(times[offset]) == offset
+
+
+def test_offload_by_position_then_reads_come_from_the_store(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    times = _fill(stack, ml, 32)  # test_min: 5 entries a ledger, so 6 closed ledgers and the current one
+    closed = [i.ledger_id for i in ml.ledger_infos()[:-1]]
+    assert ml.offload_status().status == "NOT_RUN"
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10)
+    status = ml.offload_status()
+    assert (status.status, status.last_error) == ("SUCCESS", "")
+    assert status.first_unoffloaded.ledger_id == ml.ledger_infos()[-1].ledger_id
+    assert [i.ledger_id for i in ml.ledger_infos() if i.offloaded] == closed
+    assert not ml.ledger_infos()[-1].offloaded
+    assert all(not _ledger_exists(stack, ledger_id) for ledger_id in closed)  # lag 0: gone from the bookies
+    assert ml.offloaded_size_bytes() == sum(i.size_bytes for i in ml.ledger_infos()[:-1])
+    stack.close()
+    stack = open_stack(data_dir, stack.clock, offloader=offloader)  # an empty entry cache: reads reach the store
+    ml, _ = stack.open(NAME, LAG_0)
+    assert [i.ledger_id for i in ml.ledger_infos() if i.local_deleted] == closed
+    _check_reads(ml, times)
+    assert offloader.reads >= 30
+    stack.close()
+
+
+def test_the_local_copy_stays_until_the_deletion_lag_has_passed(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=60_000))
+    _fill(stack, ml, 12)
+    first = ml.ledger_infos()[0].ledger_id
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    assert ml.delete_offloaded_locally() == [] and _ledger_exists(stack, first)
+    stack.clock.advance(61)
+    assert first in ml.delete_offloaded_locally()
+    assert not _ledger_exists(stack, first)
+    stack.close()
+
+
+def test_a_failed_offload_deletes_its_objects_reports_error_and_keeps_local_data(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    offloader.fail_offload = True
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    times = _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10)
+    status = ml.offload_status()
+    assert status.status == "ERROR" and "the memory store is down" in status.last_error
+    assert status.first_unoffloaded.ledger_id == ml.ledger_infos()[0].ledger_id
+    assert offloader.copies == {} and len(offloader.deleted) == 1  # the partial copy went
+    assert all(i.offload_context is None for i in ml.ledger_infos())
+    assert all(_ledger_exists(stack, i.ledger_id) for i in ml.ledger_infos())
+    _check_reads(ml, times)
+    assert ml.offload_counters.errors == 1
+    offloader.fail_offload = False  # the store is back: the next offload succeeds
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    stack.close()
+
+
+def test_an_attempt_interrupted_before_its_complete_is_saved_is_deleted_on_open(data_dir: str) -> None:
+    """A crash after the upload, before the metadata update: the copy exists, but the list says
+    incomplete; the next owner deletes it and the next offload uses another uuid."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    times = _fill(stack, ml, 12)
+    first = ml.ledger_infos()[0].ledger_id
+    context = ml._begin_attempt(first, offloader)
+    assert context is not None
+    offloader.offload(stack.ledgers.open(first, recovery=False), context.uuid, {})
+    assert (first, context.uuid) in offloader.copies
+    other = _other_broker(stack, offloader)
+    taken = other.open(NAME, LAG_0)
+    assert offloader.copies == {} and taken.ledger_infos()[0].offload_context is None
+    _check_reads(taken, times)
+    taken.offload_prefix(taken.last_confirmed)
+    assert taken.wait_for_offload(10) and taken.offload_status().status == "SUCCESS"
+    new_context = taken.ledger_infos()[0].offload_context
+    assert new_context is not None and new_context.complete and new_context.uuid != context.uuid
+    other.close_all()
+    stack.close()
+
+
+def test_a_ledger_marked_deleted_locally_is_deleted_on_open_and_read_from_the_store(data_dir: str) -> None:
+    """A crash after ``bookkeeper_deleted`` was saved, before the bookies' deletion."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=3_600_000))
+    times = _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    info = ml.ledger_infos()[0]
+    assert info.offload_context is not None
+    ml._save_context(info, dataclasses.replace(info.offload_context, bookkeeper_deleted=True))
+    assert _ledger_exists(stack, info.ledger_id)
+    other = _other_broker(stack, offloader)
+    taken = other.open(NAME, LAG_0)
+    assert not _ledger_exists(stack, info.ledger_id)
+    _check_reads(taken, times)
+    other.close_all()
+    stack.close()
+
+
+def test_appends_go_on_while_an_upload_is_held(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    offloader.block = threading.Event()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert offloader.started.wait(10)
+    assert ml.offload_status().status == "RUNNING"
+    with pytest.raises(AlreadyExists):
+        ml.offload_prefix(ml.last_confirmed)
+    for i in range(10):
+        assert append_messages(ml, [f"during {i}".encode()]).first_offset == 12 + i
+    offloader.block.set()
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    stack.close()
+
+
+def test_the_threshold_offloads_the_oldest_closed_ledgers(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    assert not ml.offload_by_threshold()  # -1: off
+    _fill(stack, ml, 32)
+    infos = ml.ledger_infos()
+    keep_bytes = sum(i.size_bytes for i in infos[-3:])
+    ml.config = dataclasses.replace(LAG_0, offload_threshold_bytes=keep_bytes)
+    assert ml.offload_by_threshold()
+    assert ml.wait_for_offload(10)
+    assert [i.offloaded for i in ml.ledger_infos()] == [True] * (len(infos) - 3) + [False] * 3
+    assert not ml.offload_by_threshold()  # nothing more is over it
+    stack.close()
+
+
+def test_threshold_candidates_never_name_the_current_ledger() -> None:
+    infos = [LedgerInfo(i, first_offset=i * 10, entries=10, size_bytes=100, messages=10, closed_ms=1000 * i)
+             for i in range(1, 5)]
+    infos[-1].closed_ms = 0
+    assert threshold_candidates(infos, 10_000, threshold_bytes=0, threshold_seconds=-1) == [1, 2, 3]
+    assert threshold_candidates(infos, 10_000, threshold_bytes=250, threshold_seconds=-1) == [1, 2]  # 3, 4 stay
+    assert threshold_candidates(infos, 10_000, threshold_bytes=-1, threshold_seconds=8) == [1, 2]
+    assert threshold_candidates(infos, 10_000, threshold_bytes=-1, threshold_seconds=-1) == []
+
+
+def test_trimming_and_topic_deletion_delete_offloaded_copies(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, cursors = stack.open(NAME, LAG_0)
+    sub = cursors.open("sub", initial="earliest")
+    _fill(stack, ml, 22)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    copies = len(offloader.copies)
+    assert copies == len(ml.ledger_infos()) - 1
+    sub.ack_cumulative(9).result(timeout=10)  # the first two ledgers are consumed
+    trimmed = ml.trim()
+    assert len(trimmed) == 2 and len(offloader.copies) == copies - 2
+    assert all(ledger_id not in {k[0] for k in offloader.copies} for ledger_id in trimmed)
+    cursors.close()
+    ml.delete()
+    assert offloader.copies == {}
+    stack.close()
+
+
+def test_a_failed_read_of_a_copy_raises_and_never_returns_other_data(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10)
+    stack.close()
+    offloader.fail_reads = True
+    stack = open_stack(data_dir, stack.clock, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    first = ml.ledger_infos()[0].ledger_id
+    with pytest.raises(OffloadReadError, match=f"ledger {first}"):
+        ml.read_entries(ml.first_position(), 5)
+    stack.close()
