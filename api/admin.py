@@ -91,7 +91,7 @@ def topic_stats_json(stats: TopicStats) -> dict[str, Any]:
         "bytesInCounter": stats.bytes_in_counter, "msgInCounter": stats.msg_in_counter,
         "bytesOutCounter": stats.bytes_out_counter, "msgOutCounter": stats.msg_out_counter,
         "averageMsgSize": stats.msg_throughput_in / stats.msg_rate_in if stats.msg_rate_in else 0.0,
-        "storageSize": stats.storage_size_bytes, "offloadedStorageSize": 0,
+        "storageSize": stats.storage_size_bytes, "offloadedStorageSize": stats.offloaded_size_bytes,
         "backlogSize": stats.backlog_size_bytes,
         "publishers": [], "subscriptions": {s.name: _subscription_json(s) for s in stats.subscriptions},
         "replication": {}, "deduplicationStatus": "Enabled" if stats.dedup_enabled else "Disabled",
@@ -148,8 +148,9 @@ def internal_stats_json(stats: InternalStats) -> dict[str, Any]:
         "currentLedgerSize": stats.current_ledger_size_bytes,
         "lastLedgerCreatedTimestamp": iso_time(stats.ledgers[-1].created_ms) if stats.ledgers else None,
         "lastConfirmedEntry": str(stats.last_confirmed), "state": "Terminated" if stats.terminated else "LedgerOpened",
-        "ledgers": [{"ledgerId": i.ledger_id, "entries": i.entries, "size": i.size_bytes, "offloaded": False,
-                     "firstOffset": i.first_offset, "messages": i.messages} for i in stats.ledgers],
+        "ledgers": [{"ledgerId": i.ledger_id, "entries": i.entries, "size": i.size_bytes, "offloaded": i.offloaded,
+                     "bookkeeperDeleted": i.local_deleted, "firstOffset": i.first_offset, "messages": i.messages}
+                    for i in stats.ledgers],
         "cursors": {c.name: _cursor_json(c) for c in stats.cursors},
         "firstOffset": stats.first_offset, "nextOffset": stats.next_offset,
     }

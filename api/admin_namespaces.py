@@ -15,7 +15,9 @@ values are checked by the broker against their documented bounds (``broker/names
 with a message stating the bound), so every transport meets the same rule.
 
 Quotas and rate limits, namespace and topic policies too, have their routes in
-``api/admin_quotas.py``. Policy changes apply at once to open topics for retention and TTL; ``deduplicationEnabled`` is
+``api/admin_quotas.py``. The offload policies (``offloadThreshold`` in bytes,
+``offloadThresholdInSeconds``, ``offloadDeletionLagMs``: ``PUT``/``GET``/``DELETE``, as Pulsar's)
+are here too. Policy changes apply at once to open topics for retention, TTL and offload; ``deduplicationEnabled`` is
 read when a topic is loaded, so it applies to topics loaded after the change.
 """
 
@@ -170,6 +172,7 @@ def namespaces_router(service: BrokerService, authorizer: Authorizer) -> APIRout
 
     _retention_routes(routes, service, authorizer)
     _ttl_and_dedup_routes(routes, service, authorizer)
+    _offload_routes(routes, service, authorizer)
     _permission_routes(routes, service, authorizer)
     return routes
 
@@ -278,3 +281,36 @@ def _permission_routes(routes: APIRouter, service: BrokerService, authorizer: Au
         policies = auth_policies(name)
         grants = {r: a for r, a in policies.get("namespace_auth", {}).items() if r != role}
         service.namespaces.set_policy(name, "auth_policies", {**policies, "namespace_auth": grants})
+
+
+OFFLOAD_POLICIES = (("offloadThreshold", "offload_threshold", "bytes kept on the bookies; -1 off, 0 all"),
+                    ("offloadThresholdInSeconds", "offload_threshold_in_seconds", "seconds; -1 off"),
+                    ("offloadDeletionLagMs", "offload_deletion_lag_ms", "milliseconds"))
+"""Pulsar's namespace offload routes: path, policy key, what the value counts."""
+
+
+def _offload_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer) -> None:
+    for path, key, unit in OFFLOAD_POLICIES:
+        _offload_policy_routes(routes, service, authorizer, path, key, unit)
+
+
+def _offload_policy_routes(routes: APIRouter, service: BrokerService, authorizer: Authorizer, path: str, key: str,
+                           unit: str) -> None:
+    @routes.get(f"/{{tenant}}/{{namespace}}/{path}", summary=f"Get {path} ({unit}; null: the broker's)")
+    def get_policy(tenant: str, namespace: str, caller: Caller) -> int | None:
+        authorizer.require_tenant_admin(caller, tenant)
+        value: int | None = service.namespaces.policies(namespace_name(tenant, namespace)).get(key)
+        return value
+
+    @routes.put(f"/{{tenant}}/{{namespace}}/{path}", status_code=204, summary=f"Set {path} ({unit})")
+    def set_policy(tenant: str, namespace: str, value: Annotated[StrictInt, Body()], caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), key, value)
+
+    @routes.delete(f"/{{tenant}}/{{namespace}}/{path}", status_code=204,
+                   summary=f"Remove {path} (the broker's setting applies again)")
+    def remove_policy(tenant: str, namespace: str, caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.namespaces.set_policy(namespace_name(tenant, namespace), key, None)
+
+    get_policy.__name__, set_policy.__name__, remove_policy.__name__ = f"get_{key}", f"set_{key}", f"remove_{key}"

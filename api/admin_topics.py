@@ -4,7 +4,7 @@ Role: Pulsar's topic administration, translated into ``BrokerService.admin`` cal
 partitioned topics (create, list, grow, delete), subscriptions (create at a position, list,
 delete), cursor moves (``resetcursor`` by publish time or message id, ``skip``, ``skip_all``,
 ``expireMessages``), reading single messages (peek at a subscription's n-th unacknowledged
-message, ``examinemessage``), ``lastMessageId``, compaction, ``unload`` and ``terminate``. Paths, parameters
+message, ``examinemessage``), ``lastMessageId``, compaction, offload, ``unload`` and ``terminate``. Paths, parameters
 and JSON shapes are Pulsar's; every message id in a body or answer is Pulsar's
 ``{ledgerId, entryId, partitionIndex, batchIndex}``.
 
@@ -296,6 +296,20 @@ def _lifecycle_routes(routes: APIRouter, service: BrokerService, authorizer: Aut
     def trigger_compaction(tenant: str, namespace: str, topic: str, caller: Caller) -> None:
         authorizer.require_tenant_admin(caller, tenant)
         service.admin.trigger_compaction(topic_name(tenant, namespace, topic))
+
+    @routes.put("/{tenant}/{namespace}/{topic}/offload", status_code=204,
+                summary="Offload the topic's closed ledgers before the given message id to the object store")
+    def trigger_offload(tenant: str, namespace: str, topic: str, message_id: Annotated[MessageIdBody, Body()],
+                        caller: Caller) -> None:
+        authorizer.require_tenant_admin(caller, tenant)
+        service.admin.trigger_offload(topic_name(tenant, namespace, topic),
+                                      MessageId(message_id.ledgerId, message_id.entryId))
+
+    @routes.get("/{tenant}/{namespace}/{topic}/offload",
+                summary="Offload status: NOT_RUN, RUNNING, SUCCESS or ERROR (with lastError), firstUnoffloadedMessage")
+    def offload_status(tenant: str, namespace: str, topic: str, caller: Caller) -> dict[str, object]:
+        authorizer.require_tenant_admin(caller, tenant)
+        return service.admin.offload_status(topic_name(tenant, namespace, topic)).to_json()
 
     @routes.get("/{tenant}/{namespace}/{topic}/compaction",
                 summary="Compaction status: NOT_RUN, RUNNING, SUCCESS or ERROR (with lastError)")

@@ -20,7 +20,13 @@ limits of Pulsar's broker.conf (``maxProducersPerTopic``, ``maxConsumersPerTopic
 ``InBytes``, ``dispatchThrottlingRatePerTopicInMsg`` / ``InByte``: ``QUOTA_CONFIG_KEYS``, 0
 unlimited); the broker's memory bounds (``BROKER_BOUNDS``: ``dispatcherMaxReadSizeBytes``,
 ``dispatcherMaxPendingBytesPerConsumer``, ``managedLedgerMaxReadsInFlightSizeInMB``,
-``maxMessagePublishBufferSizeInMB``); ``schemaCompatibilityStrategy`` (the schema
+``maxMessagePublishBufferSizeInMB``); the managed ledgers' rollover and offload keys (``ML_KEYS``:
+``managedLedgerMaxEntriesPerLedger``, ``managedLedgerMaxSizePerLedgerMbytes``,
+``managedLedgerMin``/``MaxLedgerRolloverTimeMinutes``, ``managedLedgerOffloadThresholdInBytes``
+(or ``…AutoTriggerSizeThresholdBytes``), ``…ThresholdInSeconds``, ``…DeletionLagMs``) and the
+offload driver's keys (``managedLedgerOffloadDriver``, ``s3ManagedLedgerOffload*``,
+``gcsManagedLedgerOffload*``, ``fileSystemURI``: handed to ``broker/offload/`` as given);
+``schemaCompatibilityStrategy`` (the schema
 compatibility strategy where neither topic nor namespace sets one, FULL by default, as Pulsar's),
 ``isAllowAutoUpdateSchemaEnabled`` and ``isSchemaValidationEnforced``;
 plus ``dataDir`` and the edge bounds of ``api/limits.py``
@@ -67,6 +73,7 @@ from api.pulsar.listeners import parse_advertised_listeners
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
 from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, SCHEMA_STRATEGIES, BrokerConfig, QuotaDefaults
+from broker.managed_ledger_config import ManagedLedgerConfig
 from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,21 @@ BROKER_BOUNDS = (  # standalone.conf key, BrokerConfig field, unit in bytes, acc
 )
 """The broker's memory bounds: Pulsar's keys where Pulsar has them
 (``dispatcherMaxPendingBytesPerConsumer`` is Magnetar's); 0 turns a broker-wide budget off."""
+ML_KEYS = (  # standalone.conf key, ManagedLedgerConfig field, unit of the key in the field's, accepted range
+    ("managedLedgerMaxEntriesPerLedger", "ledger_entries_max", 1, (1, 2**31 - 1)),
+    ("managedLedgerMaxSizePerLedgerMbytes", "ledger_size_bytes_max", MIB, (1, 1024 * 1024)),
+    ("managedLedgerMinLedgerRolloverTimeMinutes", "ledger_age_ms_min", 60_000, (0, 525_600)),
+    ("managedLedgerMaxLedgerRolloverTimeMinutes", "ledger_age_ms_max", 60_000, (1, 525_600)),
+    ("managedLedgerOffloadAutoTriggerSizeThresholdBytes", "offload_threshold_bytes", 1, (-1, 2**63 - 1)),
+    ("managedLedgerOffloadThresholdInBytes", "offload_threshold_bytes", 1, (-1, 2**63 - 1)),
+    ("managedLedgerOffloadThresholdInSeconds", "offload_threshold_seconds", 1, (-1, 2**63 - 1)),
+    ("managedLedgerOffloadDeletionLagMs", "offload_deletion_lag_ms", 1, (0, 2**63 - 1)),
+)
+"""When ledgers roll over and are offloaded: Pulsar's keys and defaults (50,000 entries, 2,048 MB,
+10 and 240 minutes; offload thresholds -1, off; deletion lag 4 hours). Of the two size threshold
+keys, Pulsar's newer ``managedLedgerOffloadThresholdInBytes`` wins when both are set."""
+OFFLOAD_KEY_PREFIXES = ("managedLedgerOffload", "s3ManagedLedgerOffload", "gcsManagedLedgerOffload", "fileSystemURI")
+"""Keys handed as they are to the offload drivers (``BrokerConfig.offload_settings``)."""
 KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled", "authorizationEnabled",
               "superUserRoles", "tokenSecretKey", "tokenPublicKey", "allowAutoTopicCreation",
               "brokerDeduplicationEnabled", "authenticateMetricsEndpoint", "journalDirectory",
@@ -90,7 +112,7 @@ KNOWN_KEYS = ("webServicePort", "bindAddress", "dataDir", "authenticationEnabled
               "basicAuthConf", "schemaCompatibilityStrategy", "isAllowAutoUpdateSchemaEnabled",
               "isSchemaValidationEnforced", *CONFIG_KEYS,
               *QUOTA_CONFIG_KEYS, "maxHandshakeFrameBytes", "maxHandshakeBufferBytes", "handshakeTimeoutMillis",
-              *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS))
+              *ROLE_SHARE_KEYS, *(bound[0] for bound in BROKER_BOUNDS), *(key[0] for key in ML_KEYS))
 TLS_KEYS = ("webServicePortTls", "tlsRequireTrustedClientCertOnConnect", "tlsAllowInsecureConnection",
             "tlsProtocols", "authenticationProviders")
 BASIC_AUTH_PROPERTY = "pulsar.auth.basic.conf"
@@ -130,6 +152,8 @@ def setting_keys() -> dict[str, str]:
     keys |= {f"BrokerConfig.{name}": key for key, name, _, _ in BROKER_BOUNDS}
     keys |= {f"BrokerConfig.{name}": key for key, name in RETENTION_KEYS.items()}
     keys |= {f"QuotaDefaults.{name}": key for key, name in QUOTA_CONFIG_KEYS.items()}
+    keys |= {f"ManagedLedgerConfig.{name}": key for key, name, _, _ in ML_KEYS
+             if key != "managedLedgerOffloadAutoTriggerSizeThresholdBytes"}
     return keys
 
 
@@ -159,7 +183,8 @@ class StandaloneConfig:
         properties from ``environ``'s ``PULSAR_EXTRA_OPTS`` (the process's environment by default)."""
         values = parse_properties(Path(path).read_text()) if path else {}
         values.update(overrides or {})
-        unused = sorted(set(values) - set(KNOWN_KEYS) - set(TLS_KEYS))
+        unused = sorted(k for k in set(values) - set(KNOWN_KEYS) - set(TLS_KEYS)
+                        if not k.startswith(OFFLOAD_KEY_PREFIXES))
         if unused:
             log.warning("configuration keys Magnetar does not use, ignored: %s", ", ".join(unused))
         tls = _tls(values)
@@ -180,7 +205,8 @@ class StandaloneConfig:
                 schema_compatibility_strategy=_schema_strategy(values),
                 allow_auto_update_schema=_flag(values, "isAllowAutoUpdateSchemaEnabled", True),
                 schema_validation_enforced=_flag(values, "isSchemaValidationEnforced", False),
-                quotas=_quotas(values), **_broker_bounds(values)),
+                quotas=_quotas(values), managed_ledger=_managed_ledger(values),
+                offload_settings=_offload_settings(values), **_broker_bounds(values)),
             auth=_auth(values, tls, system_properties(os.environ if environ is None else environ)),
             limits=_limits(values),
             pulsar=_role_shares(values, _pulsar(values, values.get("bindAddress", cls.host), tls)),
@@ -260,6 +286,25 @@ def _broker_bounds(values: Mapping[str, str]) -> dict[str, Any]:
             raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
         settings[name] = value * unit
     return settings
+
+
+def _managed_ledger(values: Mapping[str, str]) -> ManagedLedgerConfig:
+    """The managed ledgers' rollover and offload settings (``ML_KEYS``)."""
+    settings: dict[str, Any] = {}
+    for key, name, unit, (low, high) in ML_KEYS:
+        if values.get(key) in (None, ""):
+            continue
+        value = _integer(values, key, 0)
+        if not low <= value <= high:
+            raise ConfigError(f"{key} must lie in {low}..{high}, not {value}")
+        settings[name] = value * unit if value > 0 else value
+    return dataclasses.replace(ManagedLedgerConfig(), **settings)
+
+
+def _offload_settings(values: Mapping[str, str]) -> dict[str, str]:
+    """The offload driver's keys as given (``managedLedgerOffloadDriver`` empty or unset: no offload)."""
+    ml_keys = {key for key, *_ in ML_KEYS}
+    return {k: v for k, v in values.items() if k.startswith(OFFLOAD_KEY_PREFIXES) and k not in ml_keys}
 
 
 def _limits(values: Mapping[str, str]) -> EdgeLimits:

@@ -224,6 +224,8 @@ CLOSE_REASON_BYTES_MAX = 120
 """A close frame's reason, cut to fit a control frame (125 bytes with the code)."""
 WS_ERROR_TEXT_CHARS_MAX = 300
 """An error's text in a WebSocket error frame (longer text is cut)."""
+METRIC_ERROR_LABEL_CHARS_MAX = 200
+"""An error's text in a metric's ``error`` label (``magnetar_topic_offload_failing``; longer text is cut)."""
 
 # Fixed bounds of the binary protocol (``api/pulsar/``).
 COMMAND_BYTES_MAX = 1 * MIB

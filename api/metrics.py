@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from api.auth import Authorizer, Caller
+from api.limits import METRIC_ERROR_LABEL_CHARS_MAX
 from api.loop_stalls import LoopStallMonitor, LoopStallStats
 from broker import (
     BrokerService,
@@ -248,7 +249,17 @@ def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:
                            labels=TOPIC_LABELS), lambda t: t.storage_size_bytes),
         (GaugeMetricFamily("magnetar_topic_entries", "Entries in the topic's ledgers", labels=TOPIC_LABELS),
          lambda t: t.entries),
-        (GaugeMetricFamily("magnetar_topic_ledgers", "Ledgers of the topic", labels=TOPIC_LABELS), lambda t: t.ledgers)]
+        (GaugeMetricFamily("magnetar_topic_ledgers", "Ledgers of the topic", labels=TOPIC_LABELS), lambda t: t.ledgers),
+        (GaugeMetricFamily("pulsar_storage_offloaded_size", "Bytes of the topic's ledgers offloaded to the object "
+                           "store", labels=TOPIC_LABELS), lambda t: t.offloaded_size_bytes),
+        (CounterMetricFamily("magnetar_topic_offloaded_ledgers", "Ledgers offloaded since the topic was loaded",
+                             labels=TOPIC_LABELS), lambda t: t.ledgers_offloaded),
+        (CounterMetricFamily("magnetar_topic_offloaded_bytes", "Bytes offloaded since the topic was loaded",
+                             labels=TOPIC_LABELS), lambda t: t.bytes_offloaded),
+        (CounterMetricFamily("magnetar_topic_offload_errors", "Offloads that failed since the topic was loaded",
+                             labels=TOPIC_LABELS), lambda t: t.offload_errors)]
+    failing = GaugeMetricFamily("magnetar_topic_offload_failing", "1 while the topic's last offload failed; "
+                                "error: its message", labels=(*TOPIC_LABELS, "error"))
     sub_families: list[tuple[Metric, Callable[[SubscriptionStats], float]]] = [
         (GaugeMetricFamily("magnetar_subscription_backlog_messages", "Messages not yet acknowledged",
                            labels=SUBSCRIPTION_LABELS), lambda s: s.msg_backlog),
@@ -265,11 +276,14 @@ def topic_metrics(samples: Iterable[TopicStats]) -> Iterator[Metric]:
     for sample in samples:
         for family, value in topic_families:
             family.add_metric([sample.topic], float(value(sample)))  # type: ignore[attr-defined]
+        if sample.offload_last_error:
+            failing.add_metric([sample.topic, sample.offload_last_error[:METRIC_ERROR_LABEL_CHARS_MAX]], 1.0)
         for subscription in sample.subscriptions:
             for family, sub_value in sub_families:
                 family.add_metric([sample.topic, subscription.name],  # type: ignore[attr-defined]
                                   float(sub_value(subscription)))
     yield from (family for family, _ in topic_families)
+    yield failing
     yield from (family for family, _ in sub_families)
 
 

@@ -58,6 +58,15 @@ class BrokerConfig:
     (``maxMessagePublishBufferSizeInMB``); past it, transports stop reading producers until it
     has fallen to half. 0: no bound."""
 
+    offload_settings: dict[str, str] = field(default_factory=dict)
+    """The offload driver's standalone.conf keys as given (``managedLedgerOffloadDriver``,
+    ``s3ManagedLedgerOffload*``, ``gcsManagedLedgerOffload*``, ``fileSystemURI``; no driver: closed
+    ledgers stay on the bookies), read by ``broker/offload/`` (``OffloadSettings.from_config``)."""
+
+    @property
+    def offload_driver(self) -> str:
+        return self.offload_settings.get("managedLedgerOffloadDriver", "").strip()
+
     @classmethod
     def test_min(cls) -> BrokerConfig:
         return cls(storage=StorageConfig.test_min(), managed_ledger=ManagedLedgerConfig.test_min(),

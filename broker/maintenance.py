@@ -3,7 +3,9 @@
 Role: ``BrokerService.maintenance``. Every ``maintenance_interval_ms`` (or on demand, ``run``)
 it applies ack timeouts, releases due redeliveries and updates dispatch rates (subscriptions),
 expires messages past their namespace's TTL on every cursor, trims the ledgers retention lets
-go of (by default nothing goes: an event store keeps its events), updates the publish rates, lets
+go of (by default nothing goes: an event store keeps its events), starts the offloads the topics'
+thresholds ask for (each runs in its own thread, ``broker/managed_ledger_offload.py``) and deletes
+the bookies' copies of ledgers offloaded longer than the deletion lag ago, updates the publish rates, lets
 the key index compact away the rows of trimmed entries, ages out the entry cache, and then
 hands over to ``after_pass`` (the broker's rate history, ``broker/rate_history.py``).
 
@@ -67,6 +69,8 @@ class Maintenance:
             if topic.streams is not None:
                 topic.streams.advance_for_trim()
             topic.ml.trim()
+            topic.ml.offload_by_threshold()
+            topic.ml.delete_offloaded_locally()
             topic.tick()
         self._key_index.cleanup()
         self._cache.evict_expired()

@@ -21,6 +21,7 @@ exist from :meth:`start` on; listeners added before it hear of everything after 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from collections.abc import Callable
@@ -34,13 +35,14 @@ from broker.compaction import Compactions, CompactionsStats
 from broker.config import BrokerConfig
 from broker.dispatch_scheduling import DispatchScheduler, Executor
 from broker.entry_cache import EntryCache, EntryCacheStats
-from broker.errors import MagnetarError
+from broker.errors import InvalidRequest, MagnetarError
 from broker.key_index import KeyIndex, KeyIndexStats
 from broker.maintenance import Maintenance
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService
+from broker.offload.offloader import LedgerOffloader
 from broker.producer_access import TOPIC_EPOCH_PROPERTY, ProducerAccess
 from broker.rate_history import RateHistory, RateSample
 from broker.schema_registry import SchemaDefaults, SchemaRegistry
@@ -163,7 +165,8 @@ class BrokerService:
     def _build(self, store: MetadataStore, ledgers: LedgerManager) -> _Parts:
         config, clock = self.config, self.clock
         cache = EntryCache(config.entry_cache_bytes_max, entry_age_ms_max=config.entry_cache_age_ms_max)
-        factory = ManagedLedgerFactory(store, ledgers, cache, clock, publish_buffer=self.publish_buffer)
+        factory = ManagedLedgerFactory(store, ledgers, cache, clock, publish_buffer=self.publish_buffer,
+                                       offloader=_offloader(config))
         key_index = KeyIndex(ledgers, store)
         resources = TopicResources(store)
         namespaces = NamespaceService(store, resources, cluster=self.cluster, listeners=self._policy_listeners,
@@ -187,6 +190,10 @@ class BrokerService:
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache,
                                   lambda: self.rate_history.maybe_sample(
                                       lambda: _loaded_topic_stats(topics, subscriptions))))
+
+    def offloader(self) -> LedgerOffloader | None:
+        """The object store closed ledgers are offloaded to (None: no ``managedLedgerOffloadDriver``)."""
+        return self._started().factory.offloader
 
     def _topic_epoch(self, topic: str) -> int:
         if not TopicName.parse(topic).persistent:
@@ -331,3 +338,16 @@ def _loaded_topic_stats(topics: TopicRegistry, subscriptions: Subscriptions) -> 
         with contextlib.suppress(MagnetarError):
             found.append(topic_stats(topic, subscriptions.of(topic.name)))
     return found
+
+
+def _offloader(config: BrokerConfig) -> LedgerOffloader | None:
+    """The configured object store (``managedLedgerOffloadDriver``; None when none is), built by
+    ``broker/offload/``'s ``create_offloader`` from the driver's keys as given."""
+    if not config.offload_driver:
+        return None
+    drivers = importlib.import_module("broker.offload")
+    create = getattr(drivers, "create_offloader", None)
+    if create is None:
+        raise InvalidRequest(f"managedLedgerOffloadDriver={config.offload_driver}: this build has no offload drivers")
+    offloader: LedgerOffloader = create(drivers.OffloadSettings.from_config(config.offload_settings))
+    return offloader

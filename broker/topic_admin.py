@@ -5,8 +5,9 @@ Role: ``BrokerService.admin`` is a ``TopicAdmin``. It creates, lists and deletes
 partitioned topics; creates subscriptions at a position, lists and deletes them; moves cursors
 (reset by time or message id, skip, clear the backlog, expire old messages); reads single
 messages (a subscription's n-th unacknowledged one, or the n-th from either end); answers the
-last message id, terminates, compacts; gathers statistics (``broker/topic_stats.py``); turns
-message ids into offsets and acknowledges offsets durably for REST consumers. Transports render
+last message id, terminates, compacts, offloads (and says how the offload goes); gathers
+statistics (``broker/topic_stats.py``); turns message ids into offsets and acknowledges offsets
+durably for REST consumers. Transports render
 the answers in their own shapes; no transport reaches a managed ledger or a cursor itself.
 
 It stands on narrow protocols, not on the broker service: ``AdminTopics`` (the topic registry,
@@ -36,6 +37,7 @@ from broker.cursor import ManagedCursor
 from broker.entry_format import DecodedMessage, decode_entry
 from broker.errors import AlreadyExists, InvalidRequest, NotAllowed, NotFound, PreconditionFailed
 from broker.limits import ACK_PERSIST_TIMEOUT_S, UNKNOWN_IDS_REPORTED_MAX
+from broker.managed_ledger_offload import OffloadStatus
 from broker.message_id import MessageId, Position
 from broker.redelivery import REDELIVERY_PROPERTY_PREFIX
 from broker.subscription import Subscription
@@ -351,6 +353,14 @@ class TopicAdmin:
     def compaction_status(self, name: TopicName) -> CompactionStatus:
         self.single_topic(name, "compaction")
         return self._compactions.status(name)
+
+    def trigger_offload(self, name: TopicName, up_to: MessageId) -> None:
+        """Offload the topic's closed ledgers before ``up_to``'s ledger, in the background
+        (Pulsar's ``triggerOffload``); ``AlreadyExists`` (409) while one runs."""
+        self.single_topic(name, "offload").ml.offload_prefix(Position(up_to.ledger_id, up_to.entry_id))
+
+    def offload_status(self, name: TopicName) -> OffloadStatus:
+        return self.single_topic(name, "offload").ml.offload_status()
 
     # --- ids, offsets and acknowledgements -------------------------------------------------
     def locate(self, name: TopicName, message_id: MessageId) -> tuple[TopicName, int]:

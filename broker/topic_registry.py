@@ -32,6 +32,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from broker.cursor import CursorManager
 from broker.entry_format import Compression
@@ -202,7 +203,7 @@ class TopicRegistry:
             base, retention_time_ms=-1 if minutes < 0 else minutes * 60_000,
             retention_size_bytes=-1 if mb < 0 else mb * 1024 * 1024,
             message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000,
-            quorum=quorum_for(policies, base.quorum))
+            quorum=quorum_for(policies, base.quorum), **_offload_policies(policies))
 
     def _limits_of(self, name: TopicName) -> TopicLimits:
         return resolve_limits(self._defaults.quotas, self._namespaces.policies(name.namespace_name),
@@ -424,3 +425,12 @@ class TopicRegistry:
         with self._lock:
             loaded = len(self._topics)
         return TopicRegistryStats(loaded, self._resources.statistics().partition_counts_cached)
+
+
+def _offload_policies(policies: dict[str, Any]) -> dict[str, int]:
+    """The namespace's offload policies where it sets them (Pulsar's ``offload_threshold``,
+    ``offload_threshold_in_seconds``, ``offload_deletion_lag_ms``); the broker's otherwise."""
+    fields = {"offload_threshold": "offload_threshold_bytes",
+              "offload_threshold_in_seconds": "offload_threshold_seconds",
+              "offload_deletion_lag_ms": "offload_deletion_lag_ms"}
+    return {name: int(policies[key]) for key, name in fields.items() if policies.get(key) is not None}

@@ -42,6 +42,14 @@ class TopicStats:
     terminated: bool
     dedup_enabled: bool
     subscriptions: tuple[SubscriptionStats, ...]
+    offloaded_size_bytes: int = 0
+    """Bytes of the topic's ledgers with a complete copy in the object store."""
+    ledgers_offloaded: int = 0
+    """Ledgers this broker offloaded since it loaded the topic (likewise the two below)."""
+    bytes_offloaded: int = 0
+    offload_errors: int = 0
+    offload_last_error: str = ""
+    """The last offload's error while its status is ERROR; empty otherwise."""
 
     @property
     def msg_rate_out(self) -> float:
@@ -72,6 +80,10 @@ class LedgerView:
     first_offset: int
     messages: int
     created_ms: int
+    offloaded: bool = False
+    """A complete copy is in the object store (reads go there)."""
+    local_deleted: bool = False
+    """The bookies' copy is deleted (after the offload deletion lag)."""
 
 
 @dataclass(frozen=True)
@@ -121,9 +133,12 @@ def topic_stats(topic: PersistentTopic, active: Sequence[Subscription]) -> Topic
         view = _subscription_view(topic.cursors.get(name), by_name.get(name))
         if view is not None:
             views.append(view)
+    counters, status = topic.ml.offload_counters, topic.ml.offload_status()
     return TopicStats(topic.name.full_name, rate_msgs, rate_bytes, ml.bytes_added, ml.messages_added,
                       ml.total_size_bytes, ml.number_of_entries, ml.ledgers, ml.first_offset, ml.next_offset,
-                      ml.terminated, topic.dedup is not None, tuple(views))
+                      ml.terminated, topic.dedup is not None, tuple(views), topic.ml.offloaded_size_bytes(),
+                      counters.ledgers_offloaded, counters.bytes_offloaded, counters.errors,
+                      status.last_error if status.status == "ERROR" else "")
 
 
 def _subscription_view(cursor: ManagedCursor | None, active: Subscription | None) -> SubscriptionStats | None:
@@ -150,8 +165,8 @@ def internal_stats(topic: PersistentTopic, active: Sequence[Subscription],
     return InternalStats(
         stats.entries_added, stats.number_of_entries, stats.total_size_bytes, stats.current_ledger_entries,
         stats.current_ledger_size_bytes, last, stats.terminated,
-        tuple(LedgerView(i.ledger_id, i.entries, i.size_bytes, i.first_offset, i.messages, i.created_ms)
-              for i in infos),
+        tuple(LedgerView(i.ledger_id, i.entries, i.size_bytes, i.first_offset, i.messages, i.created_ms,
+                         i.offloaded, i.local_deleted) for i in infos),
         tuple(cursors), stats.first_offset, stats.next_offset, compaction)
 
 

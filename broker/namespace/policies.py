@@ -38,6 +38,10 @@ Role: a namespace's policies document (``broker/namespace/namespaces.py``) is ch
 ``is_allow_auto_update_schema`` null (the broker's ``isAllowAutoUpdateSchemaEnabled``), true
                            or false; likewise ``schema_validation_enforced``
                            (``isSchemaValidationEnforced``)
+``offload_threshold``      null (the broker's ``managedLedgerOffloadThresholdInBytes``) or
+                           -1 (off), 0 (every closed ledger) .. 2^63-1 bytes kept on the
+                           bookies; likewise ``offload_threshold_in_seconds`` (-1 off, else
+                           seconds) and ``offload_deletion_lag_ms`` (0..2^63-1 ms)
 ========================== ==================================================================
 
 Invariant: a key not in ``POLICY_KEYS`` is refused, so nothing unchecked reaches the document.
@@ -95,6 +99,13 @@ def _message_ttl(value: Any) -> int | None:
     if value is None:
         return None
     return _bounded("messageTTL", value, 0, MESSAGE_TTL_SECONDS_MAX, f"0..{MESSAGE_TTL_SECONDS_MAX} seconds (0: none)")
+
+
+def _long_or_off(name: str, low: int) -> Callable[[Any], int | None]:
+    """An offload policy: null (the broker's setting) or ``low``..2^63-1 (Pulsar's ``long``)."""
+    def check(value: Any) -> int | None:
+        return None if value is None else _bounded(name, value, low, 2**63 - 1, f"{low}..2^63-1 or null")
+    return check
 
 
 def _deduplication(value: Any) -> bool | None:
@@ -193,6 +204,9 @@ POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "is_allow_auto_update_schema": _flag("isAllowAutoUpdateSchema"),
     "schema_validation_enforced": _flag("schemaValidationEnforced"),
     "encryption_required": _flag("encryption_required"),
+    "offload_threshold": _long_or_off("offloadThreshold", -1),
+    "offload_threshold_in_seconds": _long_or_off("offloadThresholdInSeconds", -1),
+    "offload_deletion_lag_ms": _long_or_off("offloadDeletionLagMs", 0),
 }
 """Each policy key and the check its values pass."""
 

@@ -28,6 +28,8 @@ from consumers.cli.options import client_of, positive
 from consumers.client import HttpError, MessageIdParts, Topic
 
 PEEK_MESSAGES_MAX = 1000
+OFFLOAD_STATUS_POLL_S = 0.5
+"""How often ``offload-status --wait-complete`` asks again."""
 LATEST_ID = (1 << 63) - 1
 _TIME_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "y": 31_536_000}
 _SIZE_UNITS_MB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -91,6 +93,23 @@ def retention_mb(text: str) -> int:
     if not number.isdigit():
         raise argparse.ArgumentTypeError(f"size {text!r} must look like 500M, 10G or 1T (or -1)")
     return int(int(number) * _SIZE_UNITS_MB[unit])
+
+
+def size_bytes(text: str) -> int:
+    """pulsar-admin's sizes: ``-1``, a bare number of bytes, or ``10K``, ``500M``, ``10G``, ``1T``."""
+    value = text.strip().lower()
+    if value == "-1":
+        return -1
+    unit = value[-1] if value and value[-1] in _SIZE_UNITS_MB else ""
+    number = value[:-1] if unit else value
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"size {text!r} must look like 4096, 10K, 500M, 10G or 1T (or -1)")
+    return int(number) * (int(_SIZE_UNITS_MB[unit] * 1024 * 1024) if unit else 1)
+
+
+def duration_ms(text: str) -> int:
+    """A duration (as ``duration_s``) in milliseconds."""
+    return duration_s(text) * 1000
 
 
 def message_id_body(text: str) -> dict[str, int]:
@@ -197,6 +216,7 @@ def _add_namespaces(group: _Group) -> None:
                   lambda a: Call("GET", f"{base}/{a.namespace}/retention")).add_argument("namespace",
                                                                                        type=namespace_path)
     _add_ttl_and_dedup(group, base)
+    _add_offload_policies(group, base)
     _add_quotas(group, base)
     _add_bundles(group, base)
     _add_persistence(group, base)
@@ -274,6 +294,25 @@ def _add_quotas(group: _Group, base: str) -> None:
     dispatch.add_argument("-dt", "--dispatch-rate-period", dest="period", type=int, default=1, help="seconds")
     dispatch.add_argument("-rp", "--relative-to-publish-rate", dest="relative", action="store_true")
     _get_and_remove(group, base, "dispatch-rate", "dispatchRate", "the dispatch rate of each topic (null: none)")
+
+
+def _add_offload_policies(group: _Group, base: str) -> None:
+    """Pulsar's ``set-``/``get-offload-threshold`` and ``set-``/``get-``/``clear-offload-deletion-lag``."""
+    threshold = group.command("set-offload-threshold", "offload closed ledgers once a topic holds more than this",
+                              lambda a: Call("PUT", f"{base}/{a.namespace}/offloadThreshold", a.size))
+    threshold.add_argument("namespace", type=namespace_path)
+    threshold.add_argument("-s", "--size", type=size_bytes, required=True,
+                           help="bytes kept on the bookies, e.g. 10M, 1G (0: offload at once, -1: never)")
+    group.command("get-offload-threshold", "the offload threshold in bytes (null: the broker's)", lambda a: Call(
+        "GET", f"{base}/{a.namespace}/offloadThreshold")).add_argument("namespace", type=namespace_path)
+    lag = group.command("set-offload-deletion-lag", "delete the bookies' copy this long after an offload",
+                        lambda a: Call("PUT", f"{base}/{a.namespace}/offloadDeletionLagMs", a.lag))
+    lag.add_argument("namespace", type=namespace_path)
+    lag.add_argument("-l", "--lag", type=duration_ms, required=True, help="e.g. 10m, 3h, 2d (0: at once)")
+    group.command("get-offload-deletion-lag", "the deletion lag in ms (null: the broker's)", lambda a: Call(
+        "GET", f"{base}/{a.namespace}/offloadDeletionLagMs")).add_argument("namespace", type=namespace_path)
+    group.command("clear-offload-deletion-lag", "the broker's deletion lag applies again", lambda a: Call(
+        "DELETE", f"{base}/{a.namespace}/offloadDeletionLagMs")).add_argument("namespace", type=namespace_path)
 
 
 def _get_and_remove(group: _Group, base: str, policy: str, path: str, what: str) -> None:
@@ -501,3 +540,50 @@ def _add_topic_lifecycle(group: _Group) -> None:
                    lambda a: Call("GET", f"{admin}/{a.topic}/compaction"))
     _topic_command(group, "terminate", "accept no more messages; prints the last message id",
                    lambda a: Call("POST", f"{admin}/{a.topic}/terminate"))
+    offload = _topic_command(group, "offload", "offload closed ledgers to the object store, keeping at most "
+                             "--size-threshold bytes on the bookies", None)
+    offload.add_argument("-s", "--size-threshold", dest="size_threshold", type=size_bytes, required=True,
+                         help="bytes to keep on the bookies, e.g. 10M, 1G")
+    offload.set_defaults(handler=_offload)
+    status = _topic_command(group, "offload-status", "NOT_RUN, RUNNING, SUCCESS or ERROR (with lastError)", None)
+    status.add_argument("-w", "--wait-complete", dest="wait", action="store_true",
+                        help="wait while the offload runs")
+    status.set_defaults(handler=_offload_status)
+
+
+def first_ledger_within(ledgers: list[dict[str, Any]], size_threshold: int) -> dict[str, int] | None:
+    """The message id before which to offload so that at most ``size_threshold`` bytes of the
+    newest ledgers stay (pulsar-admin's ``findFirstLedgerWithinThreshold``); None: nothing to offload."""
+    suffix_bytes = 0
+    previous = ledgers[-1]["ledgerId"] if ledgers else -1
+    for ledger in reversed(ledgers):
+        suffix_bytes += int(ledger["size"])
+        if suffix_bytes > size_threshold:
+            return {"ledgerId": previous, "entryId": 0, "partitionIndex": -1}
+        previous = ledger["ledgerId"]
+    return None
+
+
+def _offload(args: argparse.Namespace) -> int:
+    with client_of(args) as client:
+        stats = client.request("GET", f"/admin/v2/{args.topic}/internalStats").json()
+        ledgers = list(stats.get("ledgers", []))
+        if ledgers:
+            ledgers[-1] = {**ledgers[-1], "size": stats.get("currentLedgerSize", ledgers[-1]["size"])}
+        message_id = first_ledger_within(ledgers, args.size_threshold)
+        if message_id is None:
+            print("Nothing to offload")
+            return 0
+        client.request("PUT", f"/admin/v2/{args.topic}/offload", json_body=message_id)
+    print(f"Offload triggered for {args.topic} for messages before {message_id['ledgerId']}:0:-1")
+    return 0
+
+
+def _offload_status(args: argparse.Namespace) -> int:
+    with client_of(args) as client:
+        status = client.request("GET", f"/admin/v2/{args.topic}/offload").json()
+        while args.wait and status.get("status") == "RUNNING":
+            time.sleep(OFFLOAD_STATUS_POLL_S)
+            status = client.request("GET", f"/admin/v2/{args.topic}/offload").json()
+    print(json.dumps(status, indent=2, sort_keys=True))
+    return 0 if status.get("status") != "ERROR" else 1

@@ -375,6 +375,7 @@ function internalStatsView(stats) {
       { label: "Messages", class: "num", value: (l) => fmtCount(l.messages) },
       { label: "First offset", class: "num", value: (l) => fmtCount(l.firstOffset) },
       { label: "Size", class: "num", value: (l) => fmtBytes(l.size) },
+      { label: "Stored", value: (l) => (l.offloaded ? (l.bookkeeperDeleted ? "offloaded" : "offloaded + local") : "local") },
     ], stats.ledgers, { empty: "No ledgers." }),
     h("h3", {}, "Cursors"),
     table([
