@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import threading
 import uuid
 from abc import ABC, abstractmethod
@@ -51,6 +53,14 @@ from broker.offset_index import LedgerInfo
 log = logging.getLogger(__name__)
 
 NOT_RUN, RUNNING, SUCCESS, ERROR = "NOT_RUN", "RUNNING", "SUCCESS", "ERROR"
+CRASH_POINT_ENV = "MAGNETAR_OFFLOAD_CRASH_AT"
+"""Fault injection for the kill -9 tests (``tests/crash/test_offload_kill9.py``): the broker
+SIGKILLs itself at the named step (``before-upload``, ``after-upload``, ``during-local-delete``)."""
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get(CRASH_POINT_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -196,12 +206,14 @@ class ManagedLedgerOffload(ABC):
         context = self._begin_attempt(ledger_id, offloader)
         if context is None:
             return
+        _crash_point("before-upload")
         try:
             source = self._ledgers.open(ledger_id, recovery=False)
             offloader.offload(source, context.uuid, {"ManagedLedgerName": self.name})
         except BaseException:
             self._abandon_attempt(ledger_id, context)
             raise
+        _crash_point("after-upload")
         self._complete_attempt(ledger_id, context)
 
     def _info(self, ledger_id: int) -> LedgerInfo | None:
@@ -294,6 +306,7 @@ class ManagedLedgerOffload(ABC):
                 raise
         for info in due:
             self._reads.forget(info.ledger_id)
+            _crash_point("during-local-delete")
             self._ledgers.delete(info.ledger_id)
             self.offload_counters.local_deleted += 1
         return [i.ledger_id for i in due]

