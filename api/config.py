@@ -72,8 +72,14 @@ from api.pulsar import PulsarSettings
 from api.pulsar.listeners import parse_advertised_listeners
 from api.pulsar.settings import ROLE_SHARE_KEYS, ROLE_SHARE_RANGE
 from api.tls import TLS_PROTOCOLS, TlsConfig
-from broker import QUOTA_CONFIG_KEYS, QUOTA_CONFIG_VALUE_MAX, SCHEMA_STRATEGIES, BrokerConfig, QuotaDefaults
-from broker.managed_ledger_config import ManagedLedgerConfig
+from broker import (
+    QUOTA_CONFIG_KEYS,
+    QUOTA_CONFIG_VALUE_MAX,
+    SCHEMA_STRATEGIES,
+    BrokerConfig,
+    ManagedLedgerConfig,
+    QuotaDefaults,
+)
 from consumers.cli.tokens import read_key
 
 log = logging.getLogger(__name__)

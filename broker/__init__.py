@@ -83,6 +83,7 @@ from broker.limits import (
     RETENTION_SIZE_MB_MAX,
     RETENTION_TIME_MINUTES_MAX,
 )
+from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.message_fields import (
     MESSAGE_FIELDS,
     OFFSET_MAX,
@@ -150,6 +151,7 @@ __all__ = [
     "AlreadyExists",
     "BrokerAddress",
     "BrokerConfig",
+    "ManagedLedgerConfig",
     "BrokerError",
     "BrokerService",
     "BrokerStats",
