@@ -7,7 +7,8 @@ The broker SIGKILLs itself at a named step (``MAGNETAR_OFFLOAD_CRASH_AT``,
 after ``bookkeeperDeleted`` is saved and before the bookies' copy is deleted
 (``during-local-delete``). After a restart every message reads back once, at its offset; an
 interrupted attempt's objects are gone from the store (nothing offloaded, no file left) and the
-next offload succeeds; a ledger marked deleted locally is deleted and read from the store.
+next offload succeeds; a ledger marked deleted locally is deleted from the bookies (its ledger
+metadata is gone once the broker stopped) and read from the store.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import httpx
 import pytest
 
 import broker.offload
+from broker.bookkeeper.ledger_metadata import ledger_path
+from broker.metadata import RocksDBMetadataStore
 from tests.standalone import read_all, standalone_process
 
 pytestmark = [pytest.mark.crash,
@@ -75,15 +78,23 @@ def test_kill9_during_an_offload_loses_and_duplicates_nothing(tmp_path: Path, po
                 assert http.post(READ_PATH, json={"messages": [{"payload": payload.decode()}]}).status_code == 200
             _offload_all(http)
         assert proc.wait(WAIT_S) == -9
+    if point == "after-upload":
+        assert _store_files(tmp_path), "the interrupted attempt's copy is in the store"
     with standalone_process(tmp_path / "data", "--config", config) as (url, _), \
             httpx.Client(base_url=url, timeout=WAIT_S) as http:
         assert _messages(url) == expected
         ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
+        marked = [ledger["ledgerId"] for ledger in ledgers if ledger["bookkeeperDeleted"]]
         if point == "during-local-delete":
-            assert any(ledger["offloaded"] and ledger["bookkeeperDeleted"] for ledger in ledgers)
+            assert marked and all(ledger["offloaded"] for ledger in ledgers if ledger["bookkeeperDeleted"])
         else:  # the interrupted attempt is not trusted, and its objects are gone
             assert not any(ledger["offloaded"] for ledger in ledgers)
             assert _store_files(tmp_path) == []
         assert _offload_all(http).status_code == 204
         _wait_success(http)
         assert _messages(url) == expected
+    store = RocksDBMetadataStore(str(tmp_path / "data" / "metadata"))
+    try:  # the ledgers marked deleted before the kill are gone from the bookies too
+        assert [ledger_id for ledger_id in marked if store.get(ledger_path(ledger_id)) is not None] == []
+    finally:
+        store.close()

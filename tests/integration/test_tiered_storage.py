@@ -36,14 +36,14 @@ HAS_DRIVERS = hasattr(broker.offload, "create_offloader")
 needs_drivers = pytest.mark.skipif(not HAS_DRIVERS, reason="broker/offload has no drivers in this build")
 
 
-def _config(tmp_path: Path, **keys: str) -> str:
+def offload_config(tmp_path: Path, **keys: str) -> str:
     path = tmp_path / "standalone.conf"
     settings = {"managedLedgerMaxEntriesPerLedger": "5", "managedLedgerMinLedgerRolloverTimeMinutes": "0", **keys}
     path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     return str(path)
 
 
-def _wait_status(http: httpx.Client, path: str = ADMIN) -> dict[str, Any]:
+def wait_offload_status(http: httpx.Client, path: str = ADMIN) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         status: dict[str, Any] = http.get(f"{path}/offload").json()
@@ -53,7 +53,7 @@ def _wait_status(http: httpx.Client, path: str = ADMIN) -> dict[str, Any]:
     raise AssertionError(f"the offload did not end within {WAIT_S} s")
 
 
-def _produce(pulsar_url: str) -> list[tuple[str, bytes, str]]:
+def produce_messages(pulsar_url: str) -> list[tuple[str, bytes, str]]:
     """(message id, payload, key) of each message, sent one entry each."""
     sent = []
     pulsar_client = client(pulsar_url)
@@ -67,7 +67,7 @@ def _produce(pulsar_url: str) -> list[tuple[str, bytes, str]]:
     return sent
 
 
-def _check_every_transport(url: str, pulsar_url: str, sent: list[tuple[str, bytes, str]]) -> None:
+def check_every_transport(url: str, pulsar_url: str, sent: list[tuple[str, bytes, str]]) -> None:
     pulsar_client = client(pulsar_url)
     try:
         consumer = pulsar_client.subscribe(TOPIC, "from-earliest", initial_position=pulsar_client_earliest())
@@ -94,7 +94,7 @@ def pulsar_client_earliest() -> Any:
 
 
 def test_without_a_driver_an_offload_is_refused_and_policies_follow_pulsars_routes(tmp_path: Path) -> None:
-    with standalone_process(tmp_path / "data", "--config", _config(tmp_path)) as (url, _), \
+    with standalone_process(tmp_path / "data", "--config", offload_config(tmp_path)) as (url, _), \
             httpx.Client(base_url=url, timeout=WAIT_S) as http:
         for _ in range(12):  # one entry each
             assert http.post("/topics/persistent/public/default/tiered",
@@ -119,15 +119,15 @@ def test_without_a_driver_an_offload_is_refused_and_policies_follow_pulsars_rout
 
 @needs_drivers
 def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tmp_path: Path) -> None:
-    config = _config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store",
+    config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store",
                      managedLedgerOffloadDeletionLagMs="0")
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
-        sent = _produce(pulsar_url)
+        sent = produce_messages(pulsar_url)
         with httpx.Client(base_url=url, timeout=WAIT_S) as http:
             last = http.get(f"{ADMIN}/lastMessageId").json()
             assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}).status_code \
                 == 204
-            status = _wait_status(http)
+            status = wait_offload_status(http)
             assert (status["status"], status["lastError"]) == ("SUCCESS", ""), status
             ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
             offloaded = [ledger for ledger in ledgers if ledger["offloaded"]]
@@ -141,20 +141,21 @@ def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tm
             metrics = http.get("/metrics").text
             assert 'pulsar_storage_offloaded_size{topic="persistent://public/default/tiered"}' in metrics
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
-        _check_every_transport(url, pulsar_url, sent)
+        check_every_transport(url, pulsar_url, sent)
 
 
 @needs_drivers
 def test_a_namespace_threshold_offloads_the_oldest_ledgers(tmp_path: Path) -> None:
-    config = _config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store")
+    config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store")
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
-        sent = _produce(pulsar_url)
+        sent = produce_messages(pulsar_url)
         with httpx.Client(base_url=url, timeout=WAIT_S) as http:
             ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
             keep = sum(ledger["size"] for ledger in ledgers[-2:])
             assert http.put("/admin/v2/namespaces/public/default/offloadThreshold", json=keep).status_code == 204
-            status = _wait_status(http)
+            status = wait_offload_status(http)
             assert status["status"] == "SUCCESS", status
             flags = [ledger["offloaded"] for ledger in http.get(f"{ADMIN}/internalStats").json()["ledgers"]]
             assert flags == [True] * (len(flags) - 2) + [False] * 2
-        _check_every_transport(url, pulsar_url, sent)
+        check_every_transport(url, pulsar_url, sent)
+
