@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from broker.bookkeeper.ledger_manager import LedgerManager
-from broker.errors import AlreadyExists, InvalidRequest, MagnetarError
+from broker.errors import AlreadyExists, BadVersion, InvalidRequest, MagnetarError
 from broker.ledger_list import LedgerList
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_reads import LedgerReads
@@ -240,7 +240,12 @@ class ManagedLedgerOffload(ABC):
             info = self._info(ledger_id)
             current = info is not None and info.offload_context == context and not (self._closed or self._taken_over)
             if info is not None and current:
-                self._save_context(info, replace(context, complete=True, timestamp_ms=self._now_ms()))
+                try:
+                    self._save_context(info, replace(context, complete=True, timestamp_ms=self._now_ms()))
+                except BadVersion:  # another broker serves the topic now: this copy is recorded nowhere
+                    self._taken_over = True
+                    current = False
+            if info is not None and current:
                 self.offload_counters.ledgers_offloaded += 1
                 self.offload_counters.bytes_offloaded += info.size_bytes
         if not current:  # trimmed, or no longer this writer's meanwhile: the copy is nobody's

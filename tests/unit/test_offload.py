@@ -250,3 +250,26 @@ def test_a_failed_read_of_a_copy_raises_and_never_returns_other_data(data_dir: s
     with pytest.raises(OffloadReadError, match=f"ledger {first}"):
         ml.read_entries(ml.first_position(), 5)
     stack.close()
+
+
+def test_an_upload_that_ends_after_another_broker_took_the_topic_leaves_no_copy(data_dir: str) -> None:
+    """The new owner cleared the attempt on load; the old owner's ``complete`` save then loses
+    its compare-and-set, and the copy it finished is deleted (recorded nowhere, so never read)."""
+    offloader = MemoryOffloader()
+    offloader.block = threading.Event()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    times = _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert offloader.started.wait(10)
+    other = _other_broker(stack, offloader)
+    taken = other.open(NAME, LAG_0)
+    assert taken.ledger_infos()[0].offload_context is None
+    offloader.block.set()
+    assert ml.wait_for_offload(10)
+    assert len(offloader.copies) == 0
+    assert ml.offload_status().status == "ERROR" and ml.taken_over
+    assert all(i.offload_context is None for i in taken.ledger_infos())
+    _check_reads(taken, times)
+    other.close_all()
+    stack.close()
