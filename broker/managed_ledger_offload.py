@@ -25,8 +25,12 @@ open (a crash during step 2, or before step 3's save) has its objects deleted an
 cleared, so the next offload starts anew under another ``uuid`` (``_cleanup_offload_on_open``);
 the bookies' copy is deleted only after the list says so, and a list that says so has the
 deletion retried on open (idempotent), so a stored list never calls a ledger local whose
-bookie copy may be gone. A ledger that leaves the list (trimming, topic deletion) has its
-offloaded copy deleted as well (``LedgerList.pending_offload_deletes``).
+bookie copy may be gone. A copy whose ``complete`` save lost its compare-and-set (another broker
+took the topic meanwhile) or whose ledger was trimmed meanwhile is deleted: it is recorded
+nowhere. A save that failed without an answer deletes nothing (it may have been applied; the
+next owner's open settles it). A ledger that leaves the list (trimming, topic deletion) has its
+offloaded copy deleted as well (``LedgerList.pending_offload_deletes``). ``CRASH_POINT_ENV``
+lets the kill -9 tests stop the broker between the steps.
 """
 
 from __future__ import annotations
