@@ -180,6 +180,9 @@ ENTRIES_REMEMBERED_MAX = 4096
 it is acked with into offsets without reading the entry again (the oldest are forgotten)."""
 READ_HANDLES_MAX = 64
 """Read handles of closed ledgers a managed ledger keeps open (the least recently used are closed)."""
+OFFLOAD_RETRY_DELAY_MS = 60_000
+"""After a failed offload, a topic's offload threshold starts the next one no sooner than this
+(the store is not asked again on every maintenance pass)."""
 READ_RUN_ENTRIES_MAX = 64
 """Entries fetched from the bookies in one range read."""
 READ_RUN_BYTES_MAX = 1 * MiB

@@ -132,7 +132,7 @@ class ManagedLedger(ManagedLedgerAdds, ManagedLedgerOffload):
         """Another broker recovered the topic (fenced its current ledger, or changed the stored
         ledger list under this one): no more appends, and nothing more written for them."""
         self._offloader = factory.offloader
-        self._offload_status, self._offload_error = NOT_RUN, ""
+        self._offload_status, self._offload_error, self._offload_failed_ms = NOT_RUN, "", 0
         self._offload_thread: threading.Thread | None = None
         self.offload_counters = OffloadCounters()
         self._reads = LedgerReads(self._ledgers, self._cache, lambda: self._current, self._offloader)

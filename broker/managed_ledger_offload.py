@@ -6,8 +6,9 @@ offload copies closed ledgers (never the current one), oldest first, through the
 ``LedgerOffloader`` (``broker/offload/offloader.py``): up to a position (the admin call,
 ``offload_prefix``), or while the topic's ledgers hold more than ``offload_threshold_bytes``
 or are older than ``offload_threshold_seconds`` (``offload_by_threshold``, from the broker's
-maintenance pass). One offload runs at a time per managed ledger, in its own thread: appends
-and reads never wait for the store. Each ledger goes through four steps, each saved in its
+maintenance pass; after a failed offload, not again before ``OFFLOAD_RETRY_DELAY_MS``). One
+offload runs at a time per managed ledger, in its own thread: appends and reads never wait for
+the store. Each ledger goes through four steps, each saved in its
 ``LedgerInfo.offload_context`` in the ledger list (compare-and-set):
 
 1. a new attempt ``OffloadContext(uuid, complete=False)`` is saved (Pulsar's
@@ -48,6 +49,7 @@ from dataclasses import dataclass, replace
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.errors import AlreadyExists, BadVersion, InvalidRequest, MagnetarError
 from broker.ledger_list import LedgerList
+from broker.limits import OFFLOAD_RETRY_DELAY_MS
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_reads import LedgerReads
 from broker.message_id import Position
@@ -124,6 +126,7 @@ class ManagedLedgerOffload(ABC):
     _taken_over: bool
     _offload_status: str
     _offload_error: str
+    _offload_failed_ms: int
     _offload_thread: threading.Thread | None
     offload_counters: OffloadCounters
 
@@ -143,6 +146,8 @@ class ManagedLedgerOffload(ABC):
     def offload_by_threshold(self) -> bool:
         """Start an offload of what the thresholds ask (maintenance pass); False if none started."""
         if self._offloader is None or self._offload_running() or self._closed or self._taken_over:
+            return False
+        if self._offload_status == ERROR and self._now_ms() - self._offload_failed_ms < OFFLOAD_RETRY_DELAY_MS:
             return False
         config = self.config
         if config.offload_threshold_bytes < 0 and config.offload_threshold_seconds < 0:
@@ -201,6 +206,7 @@ class ManagedLedgerOffload(ABC):
 
     def _offload_failed(self, exc: BaseException) -> None:
         self.offload_counters.errors += 1
+        self._offload_failed_ms = self._now_ms()
         self._offload_error = str(exc) or type(exc).__name__
         self._offload_status = ERROR
         log.warning("offload of %s failed: %s", self.display_name, self._offload_error)

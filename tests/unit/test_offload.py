@@ -23,6 +23,7 @@ from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import decode_entry
 from broker.errors import AlreadyExists, NoSuchLedger
+from broker.limits import OFFLOAD_RETRY_DELAY_MS
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
@@ -272,4 +273,20 @@ def test_an_upload_that_ends_after_another_broker_took_the_topic_leaves_no_copy(
     assert all(i.offload_context is None for i in taken.ledger_infos())
     _check_reads(taken, times)
     other.close_all()
+    stack.close()
+
+
+def test_after_a_failed_offload_the_threshold_waits_before_asking_the_store_again(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    offloader.fail_offload = True
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_threshold_bytes=0))
+    _fill(stack, ml, 12)
+    assert ml.offload_by_threshold() and ml.wait_for_offload(10)
+    assert ml.offload_status().status == "ERROR"
+    assert not ml.offload_by_threshold()  # the next maintenance pass does not retry at once
+    stack.clock.advance(OFFLOAD_RETRY_DELAY_MS / 1000)
+    offloader.fail_offload = False
+    assert ml.offload_by_threshold() and ml.wait_for_offload(10)
+    assert ml.offload_status().status == "SUCCESS"
     stack.close()
