@@ -9,8 +9,9 @@ the next level applies), at Pulsar's paths:
   ``publishRate``, ``dispatchRate`` (stored as the namespace policies
   ``max_producers_per_topic``, …, ``publishMaxMessageRate``, ``topicDispatchRate``);
 - ``/admin/v2/persistent/{tenant}/{namespace}/{topic}/`` ``maxProducers``, ``maxConsumers``,
-  ``maxSubscriptionsPerTopic``, ``publishRate``, ``dispatchRate`` (a partitioned topic's apply
-  to every partition; the topic must exist).
+  ``maxSubscriptionsPerTopic``, ``publishRate``, ``dispatchRate``, and ``offloadPolicies``
+  (Pulsar's ``OffloadPolicies``: its thresholds and deletion lag are kept; a partitioned
+  topic's apply to every partition; the topic must exist).
 
 A topic's own policy wins over its namespace's, which wins over the broker's default
 (``broker/quotas.py``); a change applies at once to open topics. The broker checks each value
@@ -42,7 +43,12 @@ NAMESPACE_QUOTAS: dict[str, str] = {
 NAMESPACE_RATES: dict[str, str] = {"publishRate": "publishMaxMessageRate", "dispatchRate": "topicDispatchRate"}
 TOPIC_QUOTAS = ("maxProducers", "maxConsumers", "maxSubscriptionsPerTopic")
 TOPIC_RATES = ("publishRate", "dispatchRate")
+TOPIC_OFFLOAD = ("offloadPolicies",)
+"""Pulsar's ``OffloadPolicies`` of a topic: its thresholds and deletion lag win over the namespace's."""
 RATE_EXAMPLES = {
+    "offloadPolicies": {"managedLedgerOffloadThresholdInBytes": 1073741824,
+                        "managedLedgerOffloadThresholdInSeconds": -1,
+                        "managedLedgerOffloadDeletionLagInMillis": 14400000},
     "publishRate": {"publishThrottlingRateInMsg": 1000, "publishThrottlingRateInByte": -1},
     "dispatchRate": {"dispatchThrottlingRateInMsg": 1000, "dispatchThrottlingRateInByte": -1,
                      "ratePeriodInSecond": 1, "relativeToPublishRate": False},
@@ -57,7 +63,7 @@ def quotas_router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     routes = APIRouter()
     for path, key in {**NAMESPACE_QUOTAS, **NAMESPACE_RATES}.items():
         _namespace_routes(routes, service, authorizer, path, key)
-    for key in (*TOPIC_QUOTAS, *TOPIC_RATES):
+    for key in (*TOPIC_QUOTAS, *TOPIC_RATES, *TOPIC_OFFLOAD):
         _topic_routes(routes, service, authorizer, key)
     return routes
 

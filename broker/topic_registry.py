@@ -51,6 +51,7 @@ from broker.limits import PARTITIONS_MAX
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.namespace.persistence import quorum_for
+from broker.namespace.policies import OFFLOAD_POLICY_FIELDS
 from broker.namespace.service import NamespaceService
 from broker.non_persistent_topic import NonPersistentTopics
 from broker.producer import Producer
@@ -203,7 +204,8 @@ class TopicRegistry:
             base, retention_time_ms=-1 if minutes < 0 else minutes * 60_000,
             retention_size_bytes=-1 if mb < 0 else mb * 1024 * 1024,
             message_ttl_ms=int(policies.get("message_ttl_in_seconds") or 0) * 1000,
-            quorum=quorum_for(policies, base.quorum), **_offload_policies(policies))
+            quorum=quorum_for(policies, base.quorum),
+            **{**_offload_policies(policies), **_topic_offload_policies(self._namespaces.topic_policies(name))})
 
     def _limits_of(self, name: TopicName) -> TopicLimits:
         return resolve_limits(self._defaults.quotas, self._namespaces.policies(name.namespace_name),
@@ -222,6 +224,7 @@ class TopicRegistry:
         with self._lock:
             for name, topic in self._topics.items():
                 if name.base == base:
+                    topic.ml.config = self._ml_config(name)
                     topic.quotas.apply(self._limits_of(name), topic.publish_rates())
 
     # --- topics and partitioned topics --------------------------------------------------------
@@ -434,3 +437,9 @@ def _offload_policies(policies: dict[str, Any]) -> dict[str, int]:
               "offload_threshold_in_seconds": "offload_threshold_seconds",
               "offload_deletion_lag_ms": "offload_deletion_lag_ms"}
     return {name: int(policies[key]) for key, name in fields.items() if policies.get(key) is not None}
+
+
+def _topic_offload_policies(policies: dict[str, Any]) -> dict[str, int]:
+    """The topic's own ``offloadPolicies`` fields, which win over its namespace's."""
+    own = policies.get("offloadPolicies") or {}
+    return {OFFLOAD_POLICY_FIELDS[key][0]: int(value) for key, value in own.items() if key in OFFLOAD_POLICY_FIELDS}

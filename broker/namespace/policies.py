@@ -108,6 +108,24 @@ def _long_or_off(name: str, low: int) -> Callable[[Any], int | None]:
     return check
 
 
+OFFLOAD_POLICY_FIELDS = {"managedLedgerOffloadThresholdInBytes": ("offload_threshold_bytes", -1),
+                         "managedLedgerOffloadThresholdInSeconds": ("offload_threshold_seconds", -1),
+                         "managedLedgerOffloadDeletionLagInMillis": ("offload_deletion_lag_ms", 0)}
+"""Pulsar's ``OffloadPolicies`` fields a topic may set: field → (managed ledger setting, lowest value)."""
+
+
+def checked_offload_policies(value: Any) -> dict[str, int] | None:
+    """A topic's ``offloadPolicies``: null, or Pulsar's ``OffloadPolicies`` of which the
+    thresholds and the deletion lag are kept (the store is the broker's: its driver fields are
+    not kept); each -1 (off; the lag 0) .. 2^63-1, or null (the namespace's applies)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidRequest("offloadPolicies must be an object (Pulsar's OffloadPolicies)", field="offloadPolicies")
+    return {field: _bounded(field, value[field], low, 2**63 - 1, f"{low}..2^63-1 or null")
+            for field, (_, low) in OFFLOAD_POLICY_FIELDS.items() if value.get(field) is not None}
+
+
 def _deduplication(value: Any) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"deduplicationEnabled must be true, false or null, not {value!r}")

@@ -3,7 +3,8 @@
 Role: Pulsar's topic policies (``/admin/v2/persistent/{tenant}/{namespace}/{topic}/maxProducers``
 and friends) for the quotas and rate limits of ``broker/quotas.py``: ``maxProducers``,
 ``maxConsumers``, ``maxSubscriptionsPerTopic``, ``publishRate`` and ``dispatchRate``; and the
-``schemaCompatibilityStrategy`` the schema registry checks the topic's new schemas by. One JSON
+``schemaCompatibilityStrategy`` the schema registry checks the topic's new schemas by; and
+``offloadPolicies`` (its offload thresholds and deletion lag, ``broker/namespace/policies.py``). One JSON
 document per topic at ``/admin/topic-policies/{tenant}/{namespace}/{topic}``, written with
 compare-and-set; a partitioned topic's policies are its base name's and apply to every
 partition. A value passes the same check as the namespace policy it overrides (400 otherwise);
@@ -21,6 +22,7 @@ from typing import Any
 
 from broker.errors import InvalidRequest
 from broker.metadata.store import MetadataStore
+from broker.namespace.policies import checked_offload_policies
 from broker.quotas import checked_dispatch_rate, checked_publish_rate, count_limit
 from broker.schema_compatibility import checked_strategy
 from broker.topic_name import TopicName
@@ -33,6 +35,7 @@ TOPIC_POLICY_KEYS: dict[str, Callable[[Any], Any]] = {
     "publishRate": checked_publish_rate,
     "dispatchRate": checked_dispatch_rate,
     "schemaCompatibilityStrategy": checked_strategy,
+    "offloadPolicies": checked_offload_policies,
 }
 """Each topic policy key and the check its values pass."""
 

@@ -121,6 +121,13 @@ def test_without_a_driver_an_offload_is_refused_and_policies_follow_pulsars_rout
         assert http.get(f"{ns}/offloadDeletionLagMs").json() == 60_000
         assert http.delete(f"{ns}/offloadDeletionLagMs").status_code == 204
         assert http.get(f"{ns}/offloadDeletionLagMs").json() is None
+        policies = {"managedLedgerOffloadThresholdInBytes": 0, "managedLedgerOffloadDeletionLagInMillis": 1000,
+                    "managedLedgerOffloadDriver": "filesystem"}
+        assert http.post(f"{ADMIN}/offloadPolicies", json=policies).status_code == 204
+        assert http.get(f"{ADMIN}/offloadPolicies").json() == {"managedLedgerOffloadThresholdInBytes": 0,
+                                                               "managedLedgerOffloadDeletionLagInMillis": 1000}
+        bad = http.post(f"{ADMIN}/offloadPolicies", json={"managedLedgerOffloadThresholdInSeconds": -2})
+        assert bad.status_code == 400 and "managedLedgerOffloadThresholdInSeconds" in bad.json()["message"]
 
 
 @needs_drivers
@@ -165,3 +172,17 @@ def test_a_namespace_threshold_offloads_the_oldest_ledgers(tmp_path: Path) -> No
             assert flags == [True] * (len(flags) - 2) + [False] * 2
         check_every_transport(url, pulsar_url, sent)
 
+
+@needs_drivers
+def test_a_topic_offload_policy_wins_over_its_namespace(tmp_path: Path) -> None:
+    config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store")
+    with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
+        sent = produce_messages(pulsar_url)
+        with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+            assert http.put("/admin/v2/namespaces/public/default/offloadThreshold", json=-1).status_code == 204
+            assert http.post(f"{ADMIN}/offloadPolicies",
+                             json={"managedLedgerOffloadThresholdInBytes": 0}).status_code == 204
+            assert wait_offload_status(http)["status"] == "SUCCESS"
+            flags = [ledger["offloaded"] for ledger in http.get(f"{ADMIN}/internalStats").json()["ledgers"]]
+            assert flags == [True] * (len(flags) - 1) + [False]
+        check_every_transport(url, pulsar_url, sent)
