@@ -14,6 +14,7 @@ message ids and offsets. ``test_tiered_storage_s3.py`` does the same against an 
 from __future__ import annotations
 
 import base64
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 import broker.offload
 from tests.integration.pulsar_support import binary_broker, client
+from tests.integration.test_cli import magnetar, ok
 from tests.integration.ws_client import open_ws, recv_frame, unb64, ws_base
 from tests.standalone import read_all, standalone_process
 
@@ -128,6 +130,15 @@ def test_without_a_driver_an_offload_is_refused_and_policies_follow_pulsars_rout
                                                                "managedLedgerOffloadDeletionLagInMillis": 1000}
         bad = http.post(f"{ADMIN}/offloadPolicies", json={"managedLedgerOffloadThresholdInSeconds": -2})
         assert bad.status_code == 400 and "managedLedgerOffloadThresholdInSeconds" in bad.json()["message"]
+        ok(url, "admin", "namespaces", "set-offload-threshold", "-s", "1G", "public/default")
+        ok(url, "admin", "namespaces", "set-offload-deletion-lag", "-l", "2h", "public/default")
+        assert ok(url, "admin", "namespaces", "get-offload-threshold", "public/default").strip() == str(1 << 30)
+        assert ok(url, "admin", "namespaces", "get-offload-deletion-lag", "public/default").strip() == "7200000"
+        ok(url, "admin", "namespaces", "clear-offload-deletion-lag", "public/default")
+        assert ok(url, "admin", "namespaces", "get-offload-deletion-lag", "public/default").strip() == "null"
+        refused_cli = magnetar("--service-url", url, "admin", "topics", "offload", "-s", "0", TOPIC)
+        assert refused_cli.returncode == 1 and "managedLedgerOffloadDriver" in refused_cli.stderr
+        assert '"NOT_RUN"' in ok(url, "admin", "topics", "offload-status", TOPIC)
 
 
 @needs_drivers
@@ -137,10 +148,9 @@ def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tm
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
         sent = produce_messages(pulsar_url)
         with httpx.Client(base_url=url, timeout=WAIT_S) as http:
-            last = http.get(f"{ADMIN}/lastMessageId").json()
-            assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}).status_code \
-                == 204
-            status = wait_offload_status(http)
+            triggered = ok(url, "admin", "topics", "offload", "-s", "0", TOPIC)  # keep nothing but the current ledger
+            assert "Offload triggered for persistent/public/default/tiered" in triggered
+            status = json.loads(ok(url, "admin", "topics", "offload-status", "-w", TOPIC))
             assert (status["status"], status["lastError"]) == ("SUCCESS", ""), status
             ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
             offloaded = [ledger for ledger in ledgers if ledger["offloaded"]]
