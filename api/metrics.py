@@ -211,6 +211,10 @@ def broker_metrics(broker: BrokerStats) -> Iterator[Metric]:
     yield from _budget_metrics("magnetar_publish_buffer", "of publishes sent to the managed ledgers and not yet "
                                "stored (maxMessagePublishBufferSizeInMB)", "Times producers' connections stopped "
                                "being read because the buffer was full", broker.publish_buffer)
+    for name, value in sorted((broker.offloader or {}).items()):
+        if isinstance(value, int) and not isinstance(value, bool):
+            yield _counter(f"magnetar_offloader_{name}", f"The offloader's {name.replace('_', ' ')} since the broker "
+                           "started (managedLedgerOffloadDriver)", value)
     keys = broker.key_index
     if keys is not None:
         yield _counter("magnetar_key_index_rows_indexed", "Key versions written to key index segments",

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
 from broker.bookkeeper.ledger_manager import LedgerManager
@@ -89,6 +89,8 @@ class BrokerStats:
     compactions: CompactionsStats | None = None
     rate_history: tuple[RateSample, ...] = ()
     """The broker-wide rates of the last minutes, oldest first (``broker/rate_history.py``)."""
+    offloader: dict[str, Any] | None = None
+    """The offloader's counts (``LedgerOffloader.statistics``); None without ``managedLedgerOffloadDriver``."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,8 @@ class BrokerService:
             parts.store.statistics(), tuple(topics), None if self.cluster is None else self.cluster.statistics(),
             parts.key_index.statistics(), parts.maintenance.statistics().passes, parts.factory.appends_fenced,
             self.reads_in_flight.statistics(), self.publish_buffer.statistics(), parts.topics.statistics(),
-            parts.subscriptions.statistics(), parts.compactions.statistics(), self.rate_history.samples())
+            parts.subscriptions.statistics(), parts.compactions.statistics(), self.rate_history.samples(),
+            None if parts.factory.offloader is None else parts.factory.offloader.statistics())
 
 
 def _loaded_topic_stats(topics: TopicRegistry, subscriptions: Subscriptions) -> list[TopicStats]:

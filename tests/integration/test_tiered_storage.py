@@ -83,7 +83,7 @@ def check_every_transport(url: str, pulsar_url: str, sent: list[tuple[str, bytes
                       params={"offset": 0, "maxMessages": MESSAGES},
                       headers={"Accept": "application/vnd.apache.arrow.stream"})
     table = pa.ipc.open_stream(arrow.content).read_all()
-    assert list(zip(table.column("offset").to_pylist(), table.column("payload").to_pylist(), strict=True)) == \
+    assert list(zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True)) == \
         [(i, p) for i, (_, p, _) in enumerate(sent)]
     with open_ws(f"{ws_base(url)}/ws/v2/reader/persistent/public/default/tiered?messageId=earliest") as reader:
         frames = [recv_frame(reader, WAIT_S) for _ in sent]
@@ -163,6 +163,7 @@ def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tm
             assert all(ledger["bookkeeperDeleted"] for ledger in offloaded)
             metrics = http.get("/metrics").text
             assert 'pulsar_storage_offloaded_size{topic="persistent://public/default/tiered"}' in metrics
+            assert "magnetar_offloader_objects_written_total" in metrics
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
         check_every_transport(url, pulsar_url, sent)
 
