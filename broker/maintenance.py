@@ -69,8 +69,7 @@ class Maintenance:
             if topic.streams is not None:
                 topic.streams.advance_for_trim()
             topic.ml.trim()
-            topic.ml.offload_by_threshold()
-            topic.ml.delete_offloaded_locally()
+            self._offload(topic)
             topic.tick()
         self._key_index.cleanup()
         self._cache.evict_expired()
@@ -79,6 +78,16 @@ class Maintenance:
             self._after_pass()
         except Exception:  # what follows a pass (sampling rates) never stops the passes
             log.exception("after a maintenance pass")
+
+    @staticmethod
+    def _offload(topic: PersistentTopic) -> None:
+        """Start what the topic's offload thresholds ask, delete local copies past the lag; a
+        failure is logged and retried on the next pass, never stopping the pass for other topics."""
+        try:
+            topic.ml.offload_by_threshold()
+            topic.ml.delete_offloaded_locally()
+        except MagnetarError:
+            log.exception("offload maintenance of %s failed", topic.ml.display_name)
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_ms / 1000.0):

@@ -322,9 +322,18 @@ class ManagedLedgerOffload(ABC):
         for info in due:
             self._reads.forget(info.ledger_id)
             _crash_point("during-local-delete")
-            self._ledgers.delete(info.ledger_id)
+            self._delete_local(info.ledger_id)
             self.offload_counters.local_deleted += 1
         return [i.ledger_id for i in due]
+
+    def _delete_local(self, ledger_id: int) -> None:
+        """Delete the bookies' copy of a ledger marked deleted locally; a failure is logged (the
+        mark stays, and the next open deletes it)."""
+        try:
+            self._ledgers.delete(ledger_id)
+        except MagnetarError as exc:
+            log.warning("ledger %d of %s, offloaded, not deleted from the bookies yet: %s", ledger_id,
+                        self.display_name, exc)
 
     def _cleanup_offload_on_open(self) -> None:
         """After a crash: incomplete attempts are deleted and cleared (the next offload starts
