@@ -224,3 +224,10 @@ RATE_HISTORY_SAMPLE_INTERVAL_S = 5.0
 RATE_HISTORY_SAMPLES_MAX = 60
 """Samples of the broker-wide rates kept (5 minutes at the sample interval): the console's
 charts start from them."""
+
+# --- the count of every topic's subscriptions (broker/subscription_census.py) ---
+SUBSCRIPTION_CENSUS_INTERVAL_S = 30.0
+"""How often the maintenance thread walks the metadata store again to count the subscriptions of
+topics not loaded here (one read per topic)."""
+SUBSCRIPTION_CENSUS_TOPICS_MAX = 100_000
+"""Topics one census walk reads; past it the overview's count says it is incomplete."""
