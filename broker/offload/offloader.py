@@ -19,22 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from broker.errors import BrokerError
+from broker.errors import OffloadConfigError, OffloadError, OffloadReadError
 
-
-class OffloadError(BrokerError):
-    """An offload, a read of an offloaded copy or its deletion failed (the store is down, a
-    credential is refused, the bucket is missing, an object is corrupt or missing); the
-    message names the ledger and the store."""
-
-    code = "offload_error"
-    http_status = 503
-
-
-class OffloadReadError(OffloadError):
-    """A read of an offloaded ledger failed: never answered with other data."""
-
-    code = "offload_read_error"
+__all__ = ["LedgerOffloader", "OffloadConfigError", "OffloadContext", "OffloadError", "OffloadReadError",
+           "ReadHandle"]
 
 
 class ReadHandle(Protocol):
