@@ -106,13 +106,17 @@ def _boto3_credentials() -> Any:
         return None
     try:
         import boto3
+        from botocore.exceptions import BotoCoreError
         from obstore.auth.boto3 import Boto3CredentialProvider
     except ImportError:
         return None
-    session = boto3.Session()
-    if session.get_credentials() is None:
+    try:
+        session = boto3.Session()
+        if session.get_credentials() is None:
+            return None
+        return Boto3CredentialProvider(session)
+    except BotoCoreError:  # a named profile that no file holds: as if none were found
         return None
-    return Boto3CredentialProvider(session)
 
 
 def _azure_config(settings: OffloadSettings) -> dict[str, Any]:
@@ -138,6 +142,9 @@ def describe_failure(exc: BaseException) -> str:
         return "the store refused the credentials"
     if isinstance(exc, (NotFoundError, FileNotFoundError)):
         return "the object does not exist"
+    if "169.254.169.254" in text or "169.254.170.2" in text:
+        return ("no credentials were found (the AWS environment variables, ~/.aws files and the instance "
+                "metadata service gave none)")
     if "error sending request" in text or "Connection refused" in text or "timed out" in text.lower():
         return "the store is unreachable (connection failed or timed out after the bounded retries)"
     if "InvalidRange" in text or "Range Not Satisfiable" in text:
