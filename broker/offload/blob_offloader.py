@@ -15,12 +15,13 @@ find and remove the other attempts of a ledger.
 Invariants: the index is written only after the data object is durable, so an index names a
 complete data object; an attempt without an index is an orphan no reader opens. Memory of an
 offload is bounded in bytes whatever the ledger's size: one block being built
-(``max_block_size_bytes``, or one larger entry), one source run (``SOURCE_RUN_ENTRIES_MAX``
-entries, about ``read_buffer_size_bytes``), and ``UPLOAD_PARTS_IN_FLIGHT_MAX + 1`` parts of
-``UPLOAD_PART_BYTES``. An open ``OffloadedLedger`` holds its index and at most
-max(``read_buffer_size_bytes``, one block) of fetched blocks. Every store failure is an
-``OffloadError`` (reads: ``OffloadReadError``) naming the ledger, the object, the driver and
-the bucket or URI, never a secret; the store's requests have bounded timeouts and retries.
+(``max_block_size_bytes``, or one larger entry), one source run
+(``OFFLOAD_SOURCE_RUN_ENTRIES_MAX`` entries, about ``read_buffer_size_bytes``), and
+``OFFLOAD_UPLOAD_REQUESTS_MAX + 1`` parts of ``OFFLOAD_UPLOAD_PART_BYTES`` (``broker/limits.py``).
+An open ``OffloadedLedger`` holds its index and at most max(``read_buffer_size_bytes``, one
+block) of fetched blocks. Every store failure is an ``OffloadError`` (reads:
+``OffloadReadError``) naming the ledger, the object, the driver and the bucket or URI, never a
+secret; the store's requests have bounded timeouts and retries.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ import obstore
 from obstore.exceptions import BaseError, NotFoundError
 
 from broker.errors import InvalidRequest, MagnetarError, NoSuchEntry, OffloadError, OffloadReadError
+from broker.limits import (
+    OFFLOAD_INDEX_OBJECT_BYTES_MAX,
+    OFFLOAD_SOURCE_RUN_ENTRIES_MAX,
+    OFFLOAD_UPLOAD_PART_BYTES,
+    OFFLOAD_UPLOAD_REQUESTS_MAX,
+)
 from broker.offload.format import (
     BlockInfo,
     CorruptOffload,
@@ -48,13 +55,7 @@ from broker.offload.format import (
     index_object_name,
 )
 from broker.offload.offloader import ReadHandle
-from broker.offload.settings import (
-    INDEX_OBJECT_BYTES_MAX,
-    SOURCE_RUN_ENTRIES_MAX,
-    UPLOAD_PART_BYTES,
-    UPLOAD_PARTS_IN_FLIGHT_MAX,
-    OffloadSettings,
-)
+from broker.offload.settings import OffloadSettings
 from broker.offload.stores import describe_failure
 
 if TYPE_CHECKING:
@@ -124,8 +125,8 @@ class BlobStoreOffloader:
             if lac < 0:
                 obstore.put(self._store, data_name, b"", use_multipart=False)
             else:
-                obstore.put(self._store, data_name, stream, use_multipart=True, chunk_size=UPLOAD_PART_BYTES,
-                            max_concurrency=UPLOAD_PARTS_IN_FLIGHT_MAX)
+                obstore.put(self._store, data_name, stream, use_multipart=True, chunk_size=OFFLOAD_UPLOAD_PART_BYTES,
+                            max_concurrency=OFFLOAD_UPLOAD_REQUESTS_MAX)
             self._counters.add(objects_written=1, bytes_written=stream.offset)
             index = OffloadIndex(ledger_id=ledger_id, last_add_confirmed=lac, length_bytes=source.length_bytes,
                                  data_object=data_name, data_object_length_bytes=stream.offset,
@@ -146,15 +147,15 @@ class BlobStoreOffloader:
     def _run_entries(self, source: ReadHandle) -> int:
         entries = source.last_add_confirmed + 1
         average = max(1, source.length_bytes // entries) if entries > 0 else 1
-        return max(1, min(SOURCE_RUN_ENTRIES_MAX, self.settings.read_buffer_size_bytes // average))
+        return max(1, min(OFFLOAD_SOURCE_RUN_ENTRIES_MAX, self.settings.read_buffer_size_bytes // average))
 
     def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> ReadHandle:
         name = index_object_name(ledger_id, uuid)
         try:
             result = obstore.get(self._store, name)
-            if result.meta["size"] > INDEX_OBJECT_BYTES_MAX:
+            if result.meta["size"] > OFFLOAD_INDEX_OBJECT_BYTES_MAX:
                 raise CorruptOffload(f"index object of {result.meta['size']} bytes passes "
-                                     f"{INDEX_OBJECT_BYTES_MAX}")
+                                     f"{OFFLOAD_INDEX_OBJECT_BYTES_MAX}")
             index = OffloadIndex.decode(bytes(result.bytes()))
         except _STORE_ERRORS as exc:
             raise self._fail(self._store_error("open", ledger_id, name, exc, read=True)) from None

@@ -52,7 +52,7 @@ _CRC = struct.Struct(">I")
 
 BLOCK_HEADER_BYTES = _BLOCK_HEADER.size
 ENTRY_HEADER_BYTES = _ENTRY_HEADER.size
-BLOCK_LENGTH_BYTES_MAX = 2**32 - 1
+_U32_TOP = 2**32 - 1
 """A block's length is a u32: no block (one entry with its headers included) may pass it."""
 
 
@@ -184,7 +184,7 @@ def encode_blocks(entries: Iterable[tuple[int, bytes]], max_block_size_bytes: in
         if not count:
             first = entry_id
             block += bytes(BLOCK_HEADER_BYTES)
-        if len(block) + size > BLOCK_LENGTH_BYTES_MAX:
+        if len(block) + size > _U32_TOP:
             raise CorruptOffload(f"entry {entry_id} of {len(payload)} bytes does not fit a block")
         block += _ENTRY_HEADER.pack(entry_id, len(payload))
         block += payload

@@ -4,7 +4,7 @@ Role: ``OffloadSettings`` is the one value the offloader factory (``create_offlo
 ``from_config`` reads Pulsar's keys (``managedLedgerOffloadDriver``, the ``s3ManagedLedger*``,
 ``gcsManagedLedger*`` and driver-neutral ``managedLedgerOffload*`` keys, ``fileSystemURI``), so
 a Pulsar user's broker.conf carries over. The fixed bounds of offloading (upload parts, source
-runs, index size) are the module's constants below.
+runs, index size, block and buffer ranges) are ``OFFLOAD_*`` in ``broker/limits.py``.
 
 Invariants: a settings value is checked (``validate``) before any store is built: a known
 driver, the bucket or URI that driver needs, block and buffer sizes within their bounds; a
@@ -20,38 +20,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.errors import OffloadConfigError
+from broker.limits import (
+    OFFLOAD_BLOCK_SIZE_BYTES_MAX,
+    OFFLOAD_BLOCK_SIZE_BYTES_MIN,
+    OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX,
+    OFFLOAD_RETRIES_MAX,
+)
 
-KiB = 1024
-MiB = 1024 * KiB
+MiB = 1024 * 1024
 
 DRIVERS = ("aws-s3", "s3", "google-cloud-storage", "azureblob", "filesystem")
 """Pulsar's ``managedLedgerOffloadDriver`` names this broker knows."""
 S3_DRIVERS = ("aws-s3", "s3")
-
-MAX_BLOCK_SIZE_BYTES_DEFAULT = 64 * MiB
+PULSAR_BLOCK_SIZE_BYTES = 64 * MiB
 """Pulsar's default ``s3ManagedLedgerOffloadMaxBlockSizeInBytes``."""
-READ_BUFFER_SIZE_BYTES_DEFAULT = 1 * MiB
+PULSAR_READ_BUFFER_BYTES = 1 * MiB
 """Pulsar's default ``s3ManagedLedgerOffloadReadBufferSizeInBytes``."""
-BLOCK_SIZE_BYTES_MIN = 1 * KiB
-"""The smallest ``max_block_size_bytes`` accepted (tests use small blocks; stores use MiB)."""
-BLOCK_SIZE_BYTES_MAX = 1024 * MiB
-"""The largest ``max_block_size_bytes`` accepted: one block is held in memory while offloading."""
-READ_BUFFER_SIZE_BYTES_MAX = 1024 * MiB
-"""The largest ``read_buffer_size_bytes`` accepted: what one open offloaded ledger may cache."""
-UPLOAD_PART_BYTES = 5 * MiB
-"""One part of the data object's multipart upload (S3's smallest part but the last)."""
-UPLOAD_PARTS_IN_FLIGHT_MAX = 2
-"""Parts of one upload sent at once: with one block and one source run, the offload's memory."""
-SOURCE_RUN_ENTRIES_MAX = 256
-"""Entries of one range read of the source ledger while offloading (and at most about
-``read_buffer_size_bytes`` at the ledger's average entry size)."""
-INDEX_OBJECT_BYTES_MAX = 64 * MiB
-"""An index object read by ``open``: a larger one is refused as corrupt (64 MiB blocks of a
-1 TiB ledger index in under 0.5 MiB)."""
-REQUEST_TIMEOUT_MS_DEFAULT = 30_000
-CONNECT_TIMEOUT_MS_DEFAULT = 5_000
-MAX_RETRIES_DEFAULT = 3
-RETRY_TIMEOUT_MS_DEFAULT = 60_000
 
 
 @dataclass(frozen=True)
@@ -64,17 +48,17 @@ class OffloadSettings:
     region: str = ""
     service_endpoint: str = ""
     file_system_uri: str = ""
-    max_block_size_bytes: int = MAX_BLOCK_SIZE_BYTES_DEFAULT
-    read_buffer_size_bytes: int = READ_BUFFER_SIZE_BYTES_DEFAULT
+    max_block_size_bytes: int = PULSAR_BLOCK_SIZE_BYTES
+    read_buffer_size_bytes: int = PULSAR_READ_BUFFER_BYTES
     gcs_service_account_key_file: str = ""
     azure_account: str = ""
-    request_timeout_ms: int = REQUEST_TIMEOUT_MS_DEFAULT
-    """One request to the store (no Pulsar key)."""
-    connect_timeout_ms: int = CONNECT_TIMEOUT_MS_DEFAULT
-    """Opening a connection to the store (no Pulsar key)."""
-    max_retries: int = MAX_RETRIES_DEFAULT
+    request_timeout_ms: int = 30_000
+    """One request to the store (Pulsar has no key for it)."""
+    connect_timeout_ms: int = 5_000
+    """Opening a connection to the store (Pulsar has no key for it)."""
+    max_retries: int = 3
     """Retries of one failed request (5xx, connection errors) before the error is raised."""
-    retry_timeout_ms: int = RETRY_TIMEOUT_MS_DEFAULT
+    retry_timeout_ms: int = 60_000
     """No retry starts later than this after a request's first try."""
 
     @property
@@ -97,8 +81,8 @@ class OffloadSettings:
         settings = cls(driver=driver, bucket=key("Bucket")[1], region=key("Region")[1],
                        service_endpoint=key("ServiceEndpoint")[1],
                        file_system_uri=config.get("fileSystemURI", "").strip(),
-                       max_block_size_bytes=_int(*key("MaxBlockSizeInBytes"), MAX_BLOCK_SIZE_BYTES_DEFAULT),
-                       read_buffer_size_bytes=_int(*key("ReadBufferSizeInBytes"), READ_BUFFER_SIZE_BYTES_DEFAULT),
+                       max_block_size_bytes=_int(*key("MaxBlockSizeInBytes"), PULSAR_BLOCK_SIZE_BYTES),
+                       read_buffer_size_bytes=_int(*key("ReadBufferSizeInBytes"), PULSAR_READ_BUFFER_BYTES),
                        gcs_service_account_key_file=config.get("gcsManagedLedgerOffloadServiceAccountKeyFile",
                                                                "").strip())
         if settings.enabled:
@@ -114,16 +98,16 @@ class OffloadSettings:
         if self.driver != "filesystem" and not self.bucket:
             raise OffloadConfigError(f"the {self.driver} offload driver needs a bucket "
                                      f"({_bucket_key(self.driver)})")
-        if not BLOCK_SIZE_BYTES_MIN <= self.max_block_size_bytes <= BLOCK_SIZE_BYTES_MAX:
+        if not OFFLOAD_BLOCK_SIZE_BYTES_MIN <= self.max_block_size_bytes <= OFFLOAD_BLOCK_SIZE_BYTES_MAX:
             raise OffloadConfigError(f"the offload max block size {self.max_block_size_bytes} is outside "
-                                     f"{BLOCK_SIZE_BYTES_MIN}..{BLOCK_SIZE_BYTES_MAX} bytes")
-        if not 1 <= self.read_buffer_size_bytes <= READ_BUFFER_SIZE_BYTES_MAX:
+                                     f"{OFFLOAD_BLOCK_SIZE_BYTES_MIN}..{OFFLOAD_BLOCK_SIZE_BYTES_MAX} bytes")
+        if not 1 <= self.read_buffer_size_bytes <= OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX:
             raise OffloadConfigError(f"the offload read buffer size {self.read_buffer_size_bytes} is outside "
-                                     f"1..{READ_BUFFER_SIZE_BYTES_MAX} bytes")
+                                     f"1..{OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX} bytes")
         if self.request_timeout_ms <= 0 or self.connect_timeout_ms <= 0 or self.retry_timeout_ms <= 0:
             raise OffloadConfigError("offload timeouts must be positive")
-        if not 0 <= self.max_retries <= 10:
-            raise OffloadConfigError(f"offload max retries {self.max_retries} is outside 0..10")
+        if not 0 <= self.max_retries <= OFFLOAD_RETRIES_MAX:
+            raise OffloadConfigError(f"offload max retries {self.max_retries} is outside 0..{OFFLOAD_RETRIES_MAX}")
 
     def location(self) -> str:
         """Where this store is, for messages and ``driver_metadata`` (never a secret)."""

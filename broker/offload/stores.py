@@ -30,6 +30,7 @@ from obstore.exceptions import (
 from obstore.store import AzureStore, GCSStore, LocalStore, S3Store
 
 from broker.errors import OffloadConfigError
+from broker.limits import OFFLOAD_RETRY_BACKOFF_INITIAL_MS, OFFLOAD_RETRY_BACKOFF_MS_MAX
 from broker.offload.settings import S3_DRIVERS, OffloadSettings
 
 if TYPE_CHECKING:
@@ -79,8 +80,8 @@ def _client_options(settings: OffloadSettings) -> ClientConfig:
 
 def _retry_config(settings: OffloadSettings) -> RetryConfig:
     return {"max_retries": settings.max_retries, "retry_timeout": timedelta(milliseconds=settings.retry_timeout_ms),
-            "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2),
-                        "base": 2}}
+            "backoff": {"init_backoff": timedelta(milliseconds=OFFLOAD_RETRY_BACKOFF_INITIAL_MS),
+                        "max_backoff": timedelta(milliseconds=OFFLOAD_RETRY_BACKOFF_MS_MAX), "base": 2}}
 
 
 def _s3_store(settings: OffloadSettings, client: ClientConfig, retry: RetryConfig) -> S3Store:
