@@ -8,7 +8,8 @@ flipped in the data object (through boto3) and a deleted index object raise
 ``OffloadReadError`` naming the ledger; wrong credentials, a missing bucket and a stopped
 server raise ``OffloadError`` naming the ledger, the driver and the bucket, without the
 secret; a stopped server and a hung one (SIGSTOP) within a bounded time; ``delete`` removes
-every object of the attempt; credentials come from an AWS credentials file too.
+every object of the attempt; a source failing after parts were uploaded leaves no object and
+no open multipart upload; credentials come from an AWS credentials file too.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ import pytest
 
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
 from broker.bookkeeper.ledger_manager import LedgerManager
-from broker.errors import OffloadError, OffloadReadError
+from broker.errors import NotAllowed, OffloadError, OffloadReadError
 from broker.metadata import InMemoryMetadataStore
 from broker.offload import create_offloader
 from broker.offload.format import OffloadIndex
 from storage import LedgerStorage, StorageConfig
 from tests.offload_store import MotoS3, running_moto_s3
-from tests.unit.test_offload_format import BytesLedger, varied_entries
+from tests.unit.test_offload_format import BytesLedger, PatternLedger, varied_entries
 
 STOPPED_STORE_ERROR_S_MAX = 20.0
 """A stopped server is reported within this (1 retry, 1 s connect timeout, 3 s retry budget)."""
@@ -178,3 +179,24 @@ def test_credentials_come_from_an_aws_credentials_file_and_their_absence_is_name
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     with pytest.raises(OffloadError, match=r"ledger 62 .*no credentials were found"):
         create_offloader(s3.settings()).offload(BytesLedger(62, entries), "g", {})
+
+
+class FailingLedger(PatternLedger):
+    """Entries of 64 KiB whose reads fail past entry ``readable_last``."""
+
+    def __init__(self, entry_count: int, readable_last: int) -> None:
+        super().__init__(entry_count, 64 * 1024)
+        self.readable_last = readable_last
+
+    def read(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        if last_entry_id > self.readable_last:
+            raise NotAllowed(f"entry {self.ledger_id}:{last_entry_id} is unreadable")
+        return super().read(first_entry_id, last_entry_id)
+
+
+def test_a_source_failing_after_parts_were_uploaded_leaves_no_object_and_no_open_upload(s3: MotoS3) -> None:
+    offloader = create_offloader(s3.settings(max_block_size_bytes=1024 * 1024))
+    with pytest.raises(OffloadError, match=r"offload of ledger 77 stopped: .*unreadable"):
+        offloader.offload(FailingLedger(400, readable_last=150), "x", {})
+    assert s3.keys() == []
+    assert s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
