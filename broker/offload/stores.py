@@ -137,6 +137,11 @@ def _azure_config(settings: OffloadSettings) -> dict[str, Any]:
 def describe_failure(exc: BaseException) -> str:
     """A short, secret-free reason for a store's exception."""
     text = str(exc)
+    if "MissingAccount" in text or "Account must be specified" in text:
+        return "no storage account is set (AZURE_STORAGE_ACCOUNT)"
+    if "service account file" in text:
+        return ("the service account key file (gcsManagedLedgerOffloadServiceAccountKeyFile) cannot be read "
+                "or decoded")
     if "NoSuchBucket" in text or "ContainerNotFound" in text:
         return "the bucket does not exist"
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)) or any(c in text for c in _CREDENTIAL_CODES):

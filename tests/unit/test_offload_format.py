@@ -8,7 +8,9 @@ a sequential reader fetches each block once; a flipped byte, a truncated data ob
 garbled or missing index each raise ``OffloadReadError`` naming the ledger and the object, and
 the blocks that are intact still read; a source that fails mid-offload leaves no index; delete
 and delete_orphans remove attempts; offloading 128 MiB raises the process's peak RSS by far
-less than the ledger's size; Pulsar's keys parse, and bad settings fail in one line.
+less than the ledger's size; Pulsar's keys parse, and bad settings fail in one line; every
+driver builds its store (GCS and Azure only that far: no server of theirs runs here) and a
+missing Azure account or an unreadable GCS key file is named.
 """
 
 from __future__ import annotations
@@ -251,3 +253,23 @@ def test_offload_errors_are_registered_with_their_codes() -> None:
     assert ERRORS_BY_CODE["offload_read_error"] is OffloadReadError
     assert ERRORS_BY_CODE["offload_config_error"] is OffloadConfigError
     assert OffloadReadError("x").http_status == 503
+
+
+def test_every_driver_builds_its_store_and_names_what_is_missing(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Construction only: GCS and Azure have no server here to offload to."""
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT", raising=False)
+    s3 = create_offloader(OffloadSettings(driver="aws-s3", bucket="b", region="eu-west-1"))
+    assert s3.driver_metadata() == {"bucket": "b", "region": "eu-west-1"}
+    assert create_offloader(OffloadSettings(driver="google-cloud-storage", bucket="g")).driver_name == \
+        "google-cloud-storage"
+    (tmp_path / "key.json").write_text('{"client_email": ""}')
+    with pytest.raises(OffloadConfigError, match="gcsManagedLedgerOffloadServiceAccountKeyFile"):
+        create_offloader(OffloadSettings(driver="google-cloud-storage", bucket="g",
+                                         gcs_service_account_key_file=str(tmp_path / "key.json")))
+    with pytest.raises(OffloadConfigError, match=r"azureblob offload store \(bucket c\).*AZURE_STORAGE_ACCOUNT"):
+        create_offloader(OffloadSettings(driver="azureblob", bucket="c"))
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "account")
+    monkeypatch.setenv("AZURE_STORAGE_ACCESS_KEY", "c2VjcmV0LWtleQ==")
+    azure = create_offloader(OffloadSettings(driver="azureblob", bucket="c"))
+    assert azure.driver_metadata() == {"bucket": "c"}
