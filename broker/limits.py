@@ -242,6 +242,9 @@ at the ledger's average entry size)."""
 OFFLOAD_INDEX_OBJECT_BYTES_MAX = 64 * MiB
 """An index object opened for reading; a larger one is refused as corrupt (a 1 TiB ledger in
 64 MiB blocks indexes in under 0.5 MiB)."""
+OFFLOAD_STORE_HANDLES_MAX = 8
+"""Stores other than its configured one an offloader keeps open, for copies recorded with other
+driver metadata (another bucket, endpoint or directory)."""
 OFFLOAD_RETRIES_MAX = 10
 """The most retries of one failed store request an offloader may be set to."""
 OFFLOAD_RETRY_BACKOFF_INITIAL_MS = 100

@@ -9,8 +9,10 @@ then writes the index object. ``open`` reads and verifies the index once and ret
 ``OffloadedLedger``, a ``ReadHandle`` that answers ``read(first, last)`` with one range GET per
 block covering the range, verifying each block's crc32c; the blocks it fetched are kept, up to
 ``read_buffer_size_bytes`` (always the last one), so a sequential reader fetches each block
-once (the read-ahead). ``delete`` removes an attempt; ``list_attempts`` and ``delete_orphans``
-find and remove the other attempts of a ledger.
+once (the read-ahead). ``open`` and ``delete`` go to the store the copy's recorded
+``driver_metadata`` names, which may differ from today's settings. ``delete`` removes an
+attempt; ``list_attempts`` and ``delete_orphans`` find and remove the other attempts of a
+ledger.
 
 Invariants: the index is written only after the data object is durable, so an index names a
 complete data object; an attempt without an index is an orphan no reader opens. Memory of an
@@ -30,7 +32,7 @@ import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import crc32c
@@ -41,6 +43,7 @@ from broker.errors import InvalidRequest, MagnetarError, NoSuchEntry, OffloadErr
 from broker.limits import (
     OFFLOAD_INDEX_OBJECT_BYTES_MAX,
     OFFLOAD_SOURCE_RUN_ENTRIES_MAX,
+    OFFLOAD_STORE_HANDLES_MAX,
     OFFLOAD_UPLOAD_PART_BYTES,
     OFFLOAD_UPLOAD_REQUESTS_MAX,
 )
@@ -56,7 +59,7 @@ from broker.offload.format import (
 )
 from broker.offload.offloader import ReadHandle
 from broker.offload.settings import OffloadSettings
-from broker.offload.stores import describe_failure
+from broker.offload.stores import describe_failure, open_store
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -95,12 +98,26 @@ class _Counters:
         return error
 
 
+@dataclass(frozen=True)
+class _Place:
+    """One store and the settings that name it (for messages)."""
+
+    settings: OffloadSettings
+    store: ObjectStore
+
+    def where(self) -> str:
+        return f"{self.settings.driver} {self.settings.location()}"
+
+
 class BlobStoreOffloader:
-    """A ``LedgerOffloader`` over one object store."""
+    """A ``LedgerOffloader`` over one object store (and, for reading and deleting copies
+    recorded elsewhere, over the stores their ``driver_metadata`` names)."""
 
     def __init__(self, settings: OffloadSettings, store: ObjectStore) -> None:
         self.settings = settings
-        self._store = store
+        self._home = _Place(settings, store)
+        self._elsewhere: OrderedDict[tuple[tuple[str, str], ...], _Place] = OrderedDict()
+        self._elsewhere_lock = threading.Lock()
         self._counters = _Counters()
 
     @property
@@ -123,22 +140,22 @@ class BlobStoreOffloader:
         stream = _BlockStream(source, blocks, self._run_entries(source), self.settings.max_block_size_bytes)
         try:
             if lac < 0:
-                obstore.put(self._store, data_name, b"", use_multipart=False)
+                obstore.put(self._home.store, data_name, b"", use_multipart=False)
             else:
-                obstore.put(self._store, data_name, stream, use_multipart=True, chunk_size=OFFLOAD_UPLOAD_PART_BYTES,
-                            max_concurrency=OFFLOAD_UPLOAD_REQUESTS_MAX)
+                obstore.put(self._home.store, data_name, stream, use_multipart=True,
+                            chunk_size=OFFLOAD_UPLOAD_PART_BYTES, max_concurrency=OFFLOAD_UPLOAD_REQUESTS_MAX)
             self._counters.add(objects_written=1, bytes_written=stream.offset)
             index = OffloadIndex(ledger_id=ledger_id, last_add_confirmed=lac, length_bytes=source.length_bytes,
                                  data_object=data_name, data_object_length_bytes=stream.offset,
                                  max_block_size_bytes=self.settings.max_block_size_bytes, blocks=tuple(blocks),
                                  extra_metadata=dict(extra_metadata))
             raw = index.encode()
-            obstore.put(self._store, index_object_name(ledger_id, uuid), raw, use_multipart=False)
+            obstore.put(self._home.store, index_object_name(ledger_id, uuid), raw, use_multipart=False)
         except _STORE_ERRORS as exc:
             if stream.source_error is not None:
                 raise self._fail(OffloadError(f"offload of ledger {ledger_id} stopped: reading the ledger failed: "
                                               f"{stream.source_error}")) from None
-            raise self._fail(self._store_error("offload", ledger_id, data_name, exc)) from None
+            raise self._fail(self._store_error(self._home, "offload", ledger_id, data_name, exc)) from None
         except MagnetarError as exc:
             raise self._fail(OffloadError(f"offload of ledger {ledger_id} stopped: reading the ledger failed: "
                                           f"{exc}")) from None
@@ -151,40 +168,43 @@ class BlobStoreOffloader:
 
     def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> ReadHandle:
         name = index_object_name(ledger_id, uuid)
+        place = self._place(driver_metadata)
         try:
-            result = obstore.get(self._store, name)
+            result = obstore.get(place.store, name)
             if result.meta["size"] > OFFLOAD_INDEX_OBJECT_BYTES_MAX:
                 raise CorruptOffload(f"index object of {result.meta['size']} bytes passes "
                                      f"{OFFLOAD_INDEX_OBJECT_BYTES_MAX}")
             index = OffloadIndex.decode(bytes(result.bytes()))
         except _STORE_ERRORS as exc:
-            raise self._fail(self._store_error("open", ledger_id, name, exc, read=True)) from None
+            raise self._fail(self._store_error(place, "open", ledger_id, name, exc, read=True)) from None
         except CorruptOffload as exc:
-            raise self._fail(self._read_error(ledger_id, name, str(exc))) from None
+            raise self._fail(self._read_error(place, ledger_id, name, str(exc))) from None
         if index.ledger_id != ledger_id or index.data_object != data_object_name(ledger_id, uuid):
-            raise self._fail(self._read_error(ledger_id, name, f"the index is ledger {index.ledger_id}'s"))
-        return OffloadedLedger(self, index)
+            raise self._fail(self._read_error(place, ledger_id, name, f"the index is ledger {index.ledger_id}'s"))
+        return OffloadedLedger(self, place, index)
 
     def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> None:
         """The index first (no reader trusts the attempt from then on), then the data."""
+        place = self._place(driver_metadata)
         for name in (index_object_name(ledger_id, uuid), data_object_name(ledger_id, uuid)):
             try:
-                obstore.delete(self._store, name)
+                obstore.delete(place.store, name)
             except (NotFoundError, FileNotFoundError):
                 continue
             except _STORE_ERRORS as exc:
-                raise self._fail(self._store_error("delete", ledger_id, name, exc)) from None
+                raise self._fail(self._store_error(place, "delete", ledger_id, name, exc)) from None
             self._counters.add(objects_deleted=1)
 
     def list_attempts(self, ledger_id: int) -> dict[str, bool]:
-        """Every attempt of ``ledger_id`` in the store: ``uuid`` → whether its index exists.
+        """Every attempt of ``ledger_id`` in this offloader's store: ``uuid`` → whether its index
+        exists.
         Object stores list in key order from ``offset`` on, so the listing stops at the first
         other key; a directory lists in no order and is read whole."""
         prefix = f"{ledger_id}-"
         sorted_listing = self.settings.driver != "filesystem"
         attempts: dict[str, bool] = {}
         try:
-            for chunk in obstore.list(self._store, None, offset=f"{ledger_id}-"):
+            for chunk in obstore.list(self._home.store, None, offset=f"{ledger_id}-"):
                 for meta in chunk:
                     path = meta["path"]
                     if not path.startswith(prefix):
@@ -196,7 +216,8 @@ class BlobStoreOffloader:
                     uuid = uuid.removesuffix("-index")
                     attempts[uuid] = attempts.get(uuid, False) or is_index
         except _STORE_ERRORS as exc:
-            raise self._fail(self._store_error("listing the attempts", ledger_id, prefix + "*", exc)) from None
+            raise self._fail(self._store_error(self._home, "listing the attempts", ledger_id, prefix + "*",
+                                               exc)) from None
         return attempts
 
     def delete_orphans(self, ledger_id: int, keep_uuid: str | None) -> list[str]:
@@ -207,32 +228,53 @@ class BlobStoreOffloader:
             self.delete(ledger_id, uuid, {})
         return orphans
 
-    def fetch_block(self, index: OffloadIndex, block_index: int) -> list[bytes]:
+    def fetch_block(self, place: _Place, index: OffloadIndex, block_index: int) -> list[bytes]:
         """The entries of one block of an opened copy: one range GET, verified."""
         info = index.blocks[block_index]
         try:
-            raw = obstore.get_range(self._store, index.data_object, start=info.offset, length=info.length)
+            raw = obstore.get_range(place.store, index.data_object, start=info.offset, length=info.length)
             entries = decode_block(bytes(raw), info, index.block_entry_count(block_index))
         except _STORE_ERRORS as exc:
-            raise self._fail(self._store_error("read", index.ledger_id, index.data_object, exc, read=True)) from None
+            raise self._fail(self._store_error(place, "read", index.ledger_id, index.data_object, exc,
+                                               read=True)) from None
         except CorruptOffload as exc:
-            raise self._fail(self._read_error(index.ledger_id, index.data_object, str(exc))) from None
+            raise self._fail(self._read_error(place, index.ledger_id, index.data_object, str(exc))) from None
         self._counters.add(reads=1, read_bytes=info.length)
         return entries
 
     def _fail(self, error: MagnetarError) -> MagnetarError:
         return self._counters.failed(error)
 
-    def _where(self) -> str:
-        return f"{self.settings.driver} {self.settings.location()}"
+    def _place(self, driver_metadata: dict[str, str]) -> _Place:
+        """The store a copy was written to: this offloader's, or the one its recorded
+        ``driver_metadata`` names (another bucket, endpoint or directory; built once, the
+        ``OFFLOAD_STORE_HANDLES_MAX`` most recently used kept)."""
+        if not driver_metadata or driver_metadata == self.driver_metadata():
+            return self._home
+        key = tuple(sorted(driver_metadata.items()))
+        with self._elsewhere_lock:
+            place = self._elsewhere.get(key)
+            if place is None:
+                settings = replace(self.settings, bucket=driver_metadata.get("bucket", ""),
+                                   region=driver_metadata.get("region", ""),
+                                   service_endpoint=driver_metadata.get("serviceEndpoint", ""),
+                                   file_system_uri=driver_metadata.get("fileSystemURI", ""))
+                settings.validate()
+                place = self._elsewhere[key] = _Place(settings, open_store(settings))
+                while len(self._elsewhere) > OFFLOAD_STORE_HANDLES_MAX:
+                    self._elsewhere.popitem(last=False)
+            self._elsewhere.move_to_end(key)
+            return place
 
-    def _store_error(self, what: str, ledger_id: int, name: str, exc: BaseException, *,
+    @staticmethod
+    def _store_error(place: _Place, what: str, ledger_id: int, name: str, exc: BaseException, *,
                      read: bool = False) -> OffloadError:
         cls = OffloadReadError if read else OffloadError
-        return cls(f"{what} of ledger {ledger_id} failed: object {name} on {self._where()}: {describe_failure(exc)}")
+        return cls(f"{what} of ledger {ledger_id} failed: object {name} on {place.where()}: {describe_failure(exc)}")
 
-    def _read_error(self, ledger_id: int, name: str, reason: str) -> OffloadReadError:
-        return OffloadReadError(f"read of offloaded ledger {ledger_id} failed: object {name} on {self._where()}: "
+    @staticmethod
+    def _read_error(place: _Place, ledger_id: int, name: str, reason: str) -> OffloadReadError:
+        return OffloadReadError(f"read of offloaded ledger {ledger_id} failed: object {name} on {place.where()}: "
                                 f"{reason}")
 
 
@@ -277,14 +319,15 @@ class _BlockStream:
 class OffloadedLedger:
     """A ``ReadHandle`` of an offloaded copy: entries by range GETs of verified blocks."""
 
-    def __init__(self, offloader: BlobStoreOffloader, index: OffloadIndex) -> None:
+    def __init__(self, offloader: BlobStoreOffloader, place: _Place, index: OffloadIndex) -> None:
         self._offloader = offloader
+        self._place = place
         self.index = index
         self.ledger_id = index.ledger_id
         self._starts = [b.first_entry_id for b in index.blocks]
         self._cache: OrderedDict[int, list[bytes]] = OrderedDict()
         self._cached_bytes = 0
-        self._budget_bytes = offloader.settings.read_buffer_size_bytes
+        self._budget_bytes = place.settings.read_buffer_size_bytes
         self._lock = threading.Lock()
 
     @property
@@ -326,7 +369,7 @@ class OffloadedLedger:
             if cached is not None:
                 self._cache.move_to_end(block_index)
                 return cached
-            entries = self._offloader.fetch_block(self.index, block_index)
+            entries = self._offloader.fetch_block(self._place, self.index, block_index)
             self._cache[block_index] = entries
             self._cached_bytes += self.index.blocks[block_index].length
             while len(self._cache) > 1 and self._cached_bytes > self._budget_bytes:

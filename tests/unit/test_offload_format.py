@@ -10,7 +10,8 @@ the blocks that are intact still read; a source that fails mid-offload leaves no
 and delete_orphans remove attempts; offloading 128 MiB raises the process's peak RSS by far
 less than the ledger's size; Pulsar's keys parse, and bad settings fail in one line; every
 driver builds its store (GCS and Azure only that far: no server of theirs runs here) and a
-missing Azure account or an unreadable GCS key file is named.
+missing Azure account or an unreadable GCS key file is named; a copy is opened and deleted
+where its recorded driver metadata says, even after the settings changed.
 """
 
 from __future__ import annotations
@@ -273,3 +274,17 @@ def test_every_driver_builds_its_store_and_names_what_is_missing(tmp_path: Path,
     monkeypatch.setenv("AZURE_STORAGE_ACCESS_KEY", "c2VjcmV0LWtleQ==")
     azure = create_offloader(OffloadSettings(driver="azureblob", bucket="c"))
     assert azure.driver_metadata() == {"bucket": "c"}
+
+
+def test_a_copy_reads_and_deletes_where_its_driver_metadata_says(tmp_path: Path) -> None:
+    """Settings changed since the offload (another directory): the recorded place still serves."""
+    entries = varied_entries(80)
+    before = fs_offloader(tmp_path / "then")
+    before.offload(BytesLedger(90, entries), "u", {})
+    recorded = before.driver_metadata()
+    now = fs_offloader(tmp_path / "now")
+    assert now.open(90, "u", recorded).read(0, 79) == entries
+    with pytest.raises(OffloadReadError, match=r"ledger 90 .*file://.*/now"):
+        now.open(90, "u", now.driver_metadata())
+    now.delete(90, "u", recorded)
+    assert list((tmp_path / "then").iterdir()) == []
