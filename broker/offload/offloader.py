@@ -12,6 +12,11 @@ an attempt that did not return leaves objects no reader trusts (the managed ledg
 attempt's ``uuid`` with ``complete=False`` before it starts, and deletes an incomplete
 attempt's objects before it tries again). A ``ReadHandle`` of an offloaded copy returns exactly
 the bytes the ledger held, or raises ``OffloadReadError`` naming the ledger; never other data.
+
+The one implementation is ``blob_offloader.BlobStoreOffloader`` (every driver, built by
+``factory.create_offloader``); the bytes it stores are specified in ``format.py``. The error
+classes are declared in ``broker/errors.py`` (so ``ERRORS_BY_CODE`` holds them) and re-exported
+here under the same names.
 """
 
 from __future__ import annotations
