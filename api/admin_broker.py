@@ -11,7 +11,9 @@ topic ``stats`` are: nothing is counted here.
   bookies and re-replication (``cluster``); the broker's entry cache and key index, and how
   many maintenance passes ran (``maintenancePasses``) and how many appends were refused
   because another broker recovered their topic (``appendsFenced``); how many topics,
-  subscriptions and consumers are loaded; the message and byte rates and counters in and
+  subscriptions and consumers are loaded, and how many subscriptions every topic has, loaded
+  or not (``subscriptions``: ``total`` null until the first count, ``broker/subscription_census.py``);
+  the message and byte rates and counters in and
   out, summed over the loaded topics; and those rates over the last minutes (``history``,
   ``broker/rate_history.py``), oldest first.
 - ``GET /admin/v2/broker-stats/namespaces/{tenant}/{namespace}/topics`` (tenant admin): every
@@ -169,7 +171,16 @@ def traffic_overview(broker: BrokerStats) -> dict[str, Any]:
                          "msgOutCounter": sum(t.msg_out_counter for t in topics),
                          "bytesOutCounter": sum(t.bytes_out_counter for t in topics)},
             "loaded": {"topics": len(topics), "subscriptions": sum(len(t.subscriptions) for t in topics),
-                       "consumers": sum(len(s.consumers) for t in topics for s in t.subscriptions)}}
+                       "consumers": sum(len(s.consumers) for t in topics for s in t.subscriptions)},
+            "subscriptions": _subscription_count(broker)}
+
+
+def _subscription_count(broker: BrokerStats) -> dict[str, Any]:
+    count = broker.subscription_count
+    if count is None:
+        return {"total": None, "topicsCounted": 0, "complete": False, "countedAtMs": None}
+    return {"total": count.total, "topicsCounted": count.topics_counted, "complete": count.complete,
+            "countedAtMs": count.counted_at_ms}
 
 
 def _topic_row(service: BrokerService, name: TopicName, partitions: int) -> dict[str, Any]:

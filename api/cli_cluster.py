@@ -49,7 +49,7 @@ def add_cluster_commands(commands: Any) -> None:
     bookie.add_argument("--advertised-address", help="host name brokers use to reach this bookie")
     bookie.add_argument("--metadata-store", required=True, help="zk:HOST:PORT[/chroot]")
     bookie.add_argument("--zk-session-timeout-s", type=float, default=10.0)
-    bookie.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
+    bookie.add_argument("--log-level", default="info", choices=LOG_LEVELS)
 
     broker = commands.add_parser("broker", help="serve topics from the cluster's bookies (no local data)")
     broker.add_argument("--metadata-store", required=True, help="zk:HOST:PORT[/chroot]")

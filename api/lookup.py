@@ -72,7 +72,8 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
         named = named_listener(found.owner, listener) if listener else None
         plain = named.service_url if named else found.owner.pulsar_service_url
         secure = named.service_url_tls if named else found.owner.pulsar_service_url_tls
-        return {"brokerUrl": plain, "brokerUrlTls": secure, "httpUrl": http_url, "httpUrlTls": "",
+        return {"brokerUrl": plain, "brokerUrlTls": secure, "httpUrl": http_url,
+                "httpUrlTls": http_url if http_url.startswith("https:") else None,
                 "nativeUrl": plain, "brokerId": found.owner.broker_id, "bundle": found.bundle}
 
     @routes.get("/admin/v2/brokers", summary="The live brokers of the cluster")

@@ -241,6 +241,30 @@ class DataLost(BrokerError):
         return {} if self.first_version is None else {"firstVersion": self.first_version}
 
 
+class OffloadError(BrokerError):
+    """An offload, a read of an offloaded copy or its deletion failed (the store is down, a
+    credential is refused, the bucket is missing, an object is corrupt or missing); the
+    message names the ledger and the store, never a secret. Declared here (and re-exported by
+    ``broker.offload.offloader``) so that ``ERRORS_BY_CODE`` holds it."""
+
+    code = "offload_error"
+    http_status = 503
+
+
+class OffloadReadError(OffloadError):
+    """A read of an offloaded ledger failed: never answered with other data."""
+
+    code = "offload_read_error"
+
+
+class OffloadConfigError(OffloadError):
+    """The offload settings are unusable (an unknown ``managedLedgerOffloadDriver``, a missing
+    bucket, a bound out of range): one line naming the key and what is allowed."""
+
+    code = "offload_config_error"
+    http_status = 400
+
+
 def _registry() -> dict[str, type[MagnetarError]]:
     registry: dict[str, type[MagnetarError]] = {}
     pending: list[type[MagnetarError]] = [MagnetarError]
@@ -273,6 +297,9 @@ __all__ = [
     "MagnetarError",
     "MessageTooLarge",
     "NoSuchEntry",
+    "OffloadConfigError",
+    "OffloadError",
+    "OffloadReadError",
     "NoSuchLedger",
     "NotAllowed",
     "NotEmpty",

@@ -227,3 +227,37 @@ RATE_HISTORY_SAMPLE_INTERVAL_S = 5.0
 RATE_HISTORY_SAMPLES_MAX = 60
 """Samples of the broker-wide rates kept (5 minutes at the sample interval): the console's
 charts start from them."""
+
+# --- the count of every topic's subscriptions (broker/subscription_census.py) ---
+SUBSCRIPTION_CENSUS_INTERVAL_S = 30.0
+"""How often the maintenance thread walks the metadata store again to count the subscriptions of
+topics not loaded here (one read per topic)."""
+SUBSCRIPTION_CENSUS_TOPICS_MAX = 100_000
+"""Topics one census walk reads; past it the overview's count says it is incomplete."""
+
+# --- tiered storage (broker/offload/): offloads into and reads from an object store ---
+OFFLOAD_BLOCK_SIZE_BYTES_MIN = 1 * KiB
+"""The smallest max block size an offloader accepts (stores use MiB; tests use small blocks)."""
+OFFLOAD_BLOCK_SIZE_BYTES_MAX = 1024 * MiB
+"""The largest max block size an offloader accepts: one block is held while offloading."""
+OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX = 1024 * MiB
+"""The largest read buffer an offloader accepts: the fetched blocks one open offloaded ledger keeps."""
+OFFLOAD_UPLOAD_PART_BYTES = 5 * MiB
+"""One part of a data object's multipart upload (S3's smallest part but the last)."""
+OFFLOAD_UPLOAD_REQUESTS_MAX = 2
+"""Parts of one data object uploaded at once."""
+OFFLOAD_SOURCE_RUN_ENTRIES_MAX = 256
+"""Entries of one range read of a ledger being offloaded (fewer when the read buffer holds fewer
+at the ledger's average entry size)."""
+OFFLOAD_INDEX_OBJECT_BYTES_MAX = 64 * MiB
+"""An index object opened for reading; a larger one is refused as corrupt (a 1 TiB ledger in
+64 MiB blocks indexes in under 0.5 MiB)."""
+OFFLOAD_STORE_HANDLES_MAX = 8
+"""Stores other than its configured one an offloader keeps open, for copies recorded with other
+driver metadata (another bucket, endpoint or directory)."""
+OFFLOAD_RETRIES_MAX = 10
+"""The most retries of one failed store request an offloader may be set to."""
+OFFLOAD_RETRY_BACKOFF_INITIAL_MS = 100
+"""The first wait before a failed store request is tried again (doubling on each retry)."""
+OFFLOAD_RETRY_BACKOFF_MS_MAX = 2000
+"""The longest wait between two tries of one store request."""

@@ -48,6 +48,7 @@ from broker.rate_history import RateHistory, RateSample
 from broker.schema_registry import SchemaDefaults, SchemaRegistry
 from broker.streams import EventStreams
 from broker.subscription import SubscriptionLimits
+from broker.subscription_census import SubscriptionCensus, SubscriptionCount
 from broker.subscriptions import Subscriptions, SubscriptionsStats
 from broker.topic_admin import TopicAdmin
 from broker.topic_name import TopicName
@@ -89,6 +90,8 @@ class BrokerStats:
     compactions: CompactionsStats | None = None
     rate_history: tuple[RateSample, ...] = ()
     """The broker-wide rates of the last minutes, oldest first (``broker/rate_history.py``)."""
+    subscription_count: SubscriptionCount | None = None
+    """Every topic's subscriptions, loaded or not (``broker/subscription_census.py``)."""
     offloader: dict[str, Any] | None = None
     """The offloader's counts (``LedgerOffloader.statistics``); None without ``managedLedgerOffloadDriver``."""
 
@@ -117,6 +120,7 @@ class _Parts:
     admin: TopicAdmin
     schemas: SchemaRegistry
     maintenance: Maintenance
+    census: SubscriptionCensus
 
 
 class BrokerService:
@@ -183,6 +187,9 @@ class BrokerService:
         limits = SubscriptionLimits(read_bytes_max=config.dispatch_read_bytes_max,
                                     consumer_pending_bytes_max=config.consumer_pending_bytes_max)
         subscriptions = Subscriptions(topics, compactions, self._dispatch, self.reads_in_flight, limits, clock)
+        census = SubscriptionCensus(store, clock)
+        topics.on_unloaded(lambda _names: census.recount())
+        topics.on_deleted(lambda _name: census.recount())
         return _Parts(store, cache, factory, key_index, namespaces, topics, compactions, subscriptions,
                       EventStreams(topics), TopicAdmin(topics, subscriptions, compactions, namespaces.policies, clock),
                       SchemaRegistry(store, namespaces.policies, clock, topic_policies=namespaces.topic_policies,
@@ -190,8 +197,13 @@ class BrokerService:
                                                              config.allow_auto_update_schema,
                                                              config.schema_validation_enforced)),
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache,
-                                  lambda: self.rate_history.maybe_sample(
-                                      lambda: _loaded_topic_stats(topics, subscriptions))))
+                                  lambda: self._after_maintenance_pass(topics, subscriptions, census)),
+                      census)
+
+    def _after_maintenance_pass(self, topics: TopicRegistry, subscriptions: Subscriptions,
+                                census: SubscriptionCensus) -> None:
+        self.rate_history.maybe_sample(lambda: _loaded_topic_stats(topics, subscriptions))
+        census.maybe_count()
 
     def offloader(self) -> LedgerOffloader | None:
         """The object store closed ledgers are offloaded to (None: no ``managedLedgerOffloadDriver``)."""
@@ -329,6 +341,7 @@ class BrokerService:
             parts.key_index.statistics(), parts.maintenance.statistics().passes, parts.factory.appends_fenced,
             self.reads_in_flight.statistics(), self.publish_buffer.statistics(), parts.topics.statistics(),
             parts.subscriptions.statistics(), parts.compactions.statistics(), self.rate_history.samples(),
+            parts.census.total({TopicName.parse(t.topic).managed_ledger_name: len(t.subscriptions) for t in topics}),
             None if parts.factory.offloader is None else parts.factory.offloader.statistics())
 
 

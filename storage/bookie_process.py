@@ -57,7 +57,7 @@ def run_bookie(config: BookieProcessConfig) -> int:
         registration = BookieRegistration(zk, bookie_id, identifier=bookie_id)
         try:
             registration.register()
-            log.warning("bookie %s serving %s (journal %s)", bookie_id, config.data_dir, storage.journal_dir)
+            log.info("bookie %s serving %s (journal %s)", bookie_id, config.data_dir, storage.journal_dir)
             stop = asyncio.Event()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)

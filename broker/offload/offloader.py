@@ -12,6 +12,11 @@ an attempt that did not return leaves objects no reader trusts (the managed ledg
 attempt's ``uuid`` with ``complete=False`` before it starts, and deletes an incomplete
 attempt's objects before it tries again). A ``ReadHandle`` of an offloaded copy returns exactly
 the bytes the ledger held, or raises ``OffloadReadError`` naming the ledger; never other data.
+
+The one implementation is ``blob_offloader.BlobStoreOffloader`` (every driver, built by
+``factory.create_offloader``); the bytes it stores are specified in ``format.py``. The error
+classes are declared in ``broker/errors.py`` (so ``ERRORS_BY_CODE`` holds them) and re-exported
+here under the same names.
 """
 
 from __future__ import annotations
@@ -19,22 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from broker.errors import BrokerError
+from broker.errors import OffloadConfigError, OffloadError, OffloadReadError
 
-
-class OffloadError(BrokerError):
-    """An offload, a read of an offloaded copy or its deletion failed (the store is down, a
-    credential is refused, the bucket is missing, an object is corrupt or missing); the
-    message names the ledger and the store."""
-
-    code = "offload_error"
-    http_status = 503
-
-
-class OffloadReadError(OffloadError):
-    """A read of an offloaded ledger failed: never answered with other data."""
-
-    code = "offload_read_error"
+__all__ = ["LedgerOffloader", "OffloadConfigError", "OffloadContext", "OffloadError", "OffloadReadError",
+           "ReadHandle"]
 
 
 class ReadHandle(Protocol):

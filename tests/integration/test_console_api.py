@@ -215,3 +215,35 @@ def test_packaging_ships_every_console_file() -> None:
                for p in glob.glob(str(package_dir / pattern), recursive=True) if Path(p).is_file()}
     present = {p.relative_to(package_dir).as_posix() for p in STATIC_DIR.rglob("*") if p.is_file()}
     assert present and present <= shipped
+
+
+def test_overview_counts_the_subscriptions_of_topics_not_loaded_too(tmp_path: Path) -> None:
+    """``subscriptions.total`` counts every topic's subscriptions: those of a topic unloaded
+    here (counted again from the metadata store within a maintenance pass) and, after a restart
+    that loaded nothing, all of them; ``loaded.subscriptions`` keeps counting the loaded ones."""
+    base = "/admin/v2/persistent/public/default"
+    data_dir = str(tmp_path / "data")
+    with running_server(data_dir) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        for topic, subs in (("census-a", ["s1", "s2"]), ("census-b", ["s1"]), ("census-c", ["s1", "s2", "s3"])):
+            for sub in subs:
+                assert client.put(f"{base}/{topic}/subscription/{sub}", json="earliest").status_code == 204
+        live = wait_for(lambda: (body := client.get(OVERVIEW).json())["subscriptions"]["total"] == 6 and body,
+                        "a count of 6")
+        assert live["loaded"]["subscriptions"] == 6 and live["subscriptions"]["complete"] is True
+        unloaded_at_ms = int(time.time() * 1000)
+        assert client.put(f"{base}/census-c/unload").status_code == 204
+        after = wait_for(lambda: (body := client.get(OVERVIEW).json())["subscriptions"]["countedAtMs"] is not None
+                         and body["subscriptions"]["countedAtMs"] >= unloaded_at_ms and body,
+                         "a count after the unload")
+        assert after["loaded"]["subscriptions"] == 3  # census-c's three are no longer loaded...
+        assert after["subscriptions"]["total"] == 6  # ...and still counted
+        assert client.delete(f"{base}/census-b/subscription/s1").status_code == 204
+        assert client.get(OVERVIEW).json()["subscriptions"]["total"] == 5  # a loaded topic's change shows at once
+    with running_server(data_dir) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        first = client.get(OVERVIEW).json()
+        assert first["loaded"]["subscriptions"] == 0
+        assert first["subscriptions"]["total"] in (None, 5)  # null until the first count, never a wrong figure
+        restarted = wait_for(lambda: (body := client.get(OVERVIEW).json())["subscriptions"]["total"] is not None
+                             and body, "the first count after a restart")
+        assert restarted["subscriptions"]["total"] == 5 and restarted["loaded"]["subscriptions"] == 0
+        assert restarted["subscriptions"]["topicsCounted"] == 3

@@ -43,6 +43,12 @@ function eventLoopGroup(data) {
       "gcFullP99"));
 }
 
+function subscriptionsStat(data) {
+  const count = data.subscriptions;
+  const shown = count.total === null ? "counting…" : `${count.complete ? "" : "≥ "}${fmtCount(count.total)}`;
+  return stat("Subscriptions", shown, count.total, "subscriptions");
+}
+
 function clusterGroups(data) {
   const c = data.cluster;
   const connected = c.bookies.filter((b) => b.connected).length;
@@ -52,8 +58,7 @@ function clusterGroups(data) {
       stat("Health", data.status === "ok" ? "OK" : data.status, data.status, "health"),
       stat("Uptime", fmtDuration(data.uptimeSeconds), data.uptimeSeconds, "uptime"),
       stat("Topics loaded", fmtCount(data.loaded.topics), data.loaded.topics, "topics"),
-      stat("Subscriptions of loaded topics", fmtCount(data.loaded.subscriptions), data.loaded.subscriptions,
-        "subscriptions"),
+      subscriptionsStat(data),
       stat("Consumers", fmtCount(data.loaded.consumers), data.loaded.consumers, "consumers")),
     trafficGroup(data),
     eventLoopGroup(data),
@@ -79,8 +84,7 @@ function render(data) {
       stat("Uptime", fmtDuration(data.uptimeSeconds), data.uptimeSeconds, "uptime"),
       stat("Storage", s.readOnly ? "read-only" : "writable", s.readOnly ? "read-only" : "writable", "readOnly"),
       stat("Topics loaded", fmtCount(data.loaded.topics), data.loaded.topics, "topics"),
-      stat("Subscriptions of loaded topics", fmtCount(data.loaded.subscriptions), data.loaded.subscriptions,
-        "subscriptions"),
+      subscriptionsStat(data),
       stat("Consumers", fmtCount(data.loaded.consumers), data.loaded.consumers, "consumers")),
     trafficGroup(data),
     eventLoopGroup(data),

@@ -1,0 +1,19 @@
+"""The offloader factory: settings in, a ``LedgerOffloader`` of the configured driver out.
+
+Role: the one place a broker turns ``OffloadSettings`` (Pulsar's ``managedLedgerOffloadDriver``
+and its keys) into an offloader; every driver is a ``BlobStoreOffloader`` over the obstore
+store ``stores.open_store`` builds. Invariant: an unknown driver or missing bucket/URI fails
+here, in one ``OffloadConfigError`` line, before anything is offloaded.
+"""
+
+from __future__ import annotations
+
+from broker.offload.blob_offloader import BlobStoreOffloader
+from broker.offload.settings import OffloadSettings
+from broker.offload.stores import open_store
+
+
+def create_offloader(settings: OffloadSettings) -> BlobStoreOffloader:
+    """The offloader of ``settings``. Raises ``OffloadConfigError``."""
+    settings.validate()
+    return BlobStoreOffloader(settings, open_store(settings))
