@@ -77,8 +77,10 @@ from broker import (
     QUOTA_CONFIG_VALUE_MAX,
     SCHEMA_STRATEGIES,
     BrokerConfig,
+    MagnetarError,
     ManagedLedgerConfig,
     QuotaDefaults,
+    check_offload_settings,
 )
 from consumers.cli.tokens import read_key
 
@@ -310,7 +312,12 @@ def _managed_ledger(values: Mapping[str, str]) -> ManagedLedgerConfig:
 def _offload_settings(values: Mapping[str, str]) -> dict[str, str]:
     """The offload driver's keys as given (``managedLedgerOffloadDriver`` empty or unset: no offload)."""
     ml_keys = {key for key, *_ in ML_KEYS}
-    return {k: v for k, v in values.items() if k.startswith(OFFLOAD_KEY_PREFIXES) and k not in ml_keys}
+    settings = {k: v for k, v in values.items() if k.startswith(OFFLOAD_KEY_PREFIXES) and k not in ml_keys}
+    try:
+        check_offload_settings(settings)
+    except MagnetarError as exc:  # OffloadConfigError: one line naming the key
+        raise ConfigError(str(exc)) from None
+    return settings
 
 
 def _limits(values: Mapping[str, str]) -> EdgeLimits:

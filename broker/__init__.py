@@ -116,7 +116,7 @@ from broker.routing import MultiConsumer
 from broker.schema_compatibility import STRATEGIES as SCHEMA_STRATEGIES
 from broker.schema_registry import TYPES as SCHEMA_TYPES
 from broker.schema_registry import SchemaInfo, SchemaRegistry, version_bytes, version_of
-from broker.service import BrokerConfig, BrokerService, BrokerStats, Health
+from broker.service import BrokerConfig, BrokerService, BrokerStats, Health, check_offload_settings
 from broker.subscription_stats import ConsumerStats, SubscriptionStats
 from broker.subscription_type import SubscriptionType
 from broker.time_format import TIME_MS_MAX, iso_time, parse_time_ms
@@ -151,6 +151,7 @@ __all__ = [
     "AlreadyExists",
     "BrokerAddress",
     "BrokerConfig",
+    "check_offload_settings",
     "ManagedLedgerConfig",
     "BrokerError",
     "BrokerService",

@@ -21,10 +21,9 @@ exist from :meth:`start` on; listeners added before it hear of everything after 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +34,14 @@ from broker.compaction import Compactions, CompactionsStats
 from broker.config import BrokerConfig
 from broker.dispatch_scheduling import DispatchScheduler, Executor
 from broker.entry_cache import EntryCache, EntryCacheStats
-from broker.errors import InvalidRequest, MagnetarError
+from broker.errors import MagnetarError
 from broker.key_index import KeyIndex, KeyIndexStats
 from broker.maintenance import Maintenance
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata.rocksdb import RocksDBMetadataStore
 from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService
+from broker.offload import OffloadSettings, create_offloader
 from broker.offload.offloader import LedgerOffloader
 from broker.producer_access import TOPIC_EPOCH_PROPERTY, ProducerAccess
 from broker.rate_history import RateHistory, RateSample
@@ -356,14 +356,16 @@ def _loaded_topic_stats(topics: TopicRegistry, subscriptions: Subscriptions) -> 
     return found
 
 
+def check_offload_settings(settings: Mapping[str, str]) -> None:
+    """Refuse unusable offload keys before anything starts: ``OffloadConfigError``, one line
+    naming the key (an unknown driver, a missing bucket or ``fileSystemURI``, a bound out of range)."""
+    if settings.get("managedLedgerOffloadDriver", "").strip():
+        OffloadSettings.from_config(settings)
+
+
 def _offloader(config: BrokerConfig) -> LedgerOffloader | None:
     """The configured object store (``managedLedgerOffloadDriver``; None when none is), built by
     ``broker/offload/``'s ``create_offloader`` from the driver's keys as given."""
     if not config.offload_driver:
         return None
-    drivers = importlib.import_module("broker.offload")
-    create = getattr(drivers, "create_offloader", None)
-    if create is None:
-        raise InvalidRequest(f"managedLedgerOffloadDriver={config.offload_driver}: this build has no offload drivers")
-    offloader: LedgerOffloader = create(drivers.OffloadSettings.from_config(config.offload_settings))
-    return offloader
+    return create_offloader(OffloadSettings.from_config(config.offload_settings))

@@ -19,14 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-import broker.offload
 from broker.bookkeeper.ledger_metadata import ledger_path
 from broker.metadata import RocksDBMetadataStore
 from tests.standalone import read_all, standalone_process
 
-pytestmark = [pytest.mark.crash,
-              pytest.mark.skipif(not hasattr(broker.offload, "create_offloader"),
-                                 reason="broker/offload has no drivers in this build")]
+pytestmark = pytest.mark.crash
 
 ADMIN = "/admin/v2/persistent/public/default/tiered-crash"
 READ_PATH = "/topics/persistent/public/default/tiered-crash"

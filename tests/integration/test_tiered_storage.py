@@ -21,9 +21,7 @@ from typing import Any
 
 import httpx
 import pyarrow as pa
-import pytest
 
-import broker.offload
 from tests.integration.pulsar_support import binary_broker, client
 from tests.integration.test_cli import magnetar, ok
 from tests.integration.ws_client import open_ws, recv_frame, unb64, ws_base
@@ -34,8 +32,6 @@ ADMIN = "/admin/v2/persistent/public/default/tiered"
 MESSAGES = 40
 KEYS = 4
 WAIT_S = 30.0
-HAS_DRIVERS = hasattr(broker.offload, "create_offloader")
-needs_drivers = pytest.mark.skipif(not HAS_DRIVERS, reason="broker/offload has no drivers in this build")
 
 
 def offload_config(tmp_path: Path, **keys: str) -> str:
@@ -141,7 +137,6 @@ def test_without_a_driver_an_offload_is_refused_and_policies_follow_pulsars_rout
         assert '"NOT_RUN"' in ok(url, "admin", "topics", "offload-status", TOPIC)
 
 
-@needs_drivers
 def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tmp_path: Path) -> None:
     config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store",
                      managedLedgerOffloadDeletionLagMs="0")
@@ -168,7 +163,6 @@ def test_filesystem_offload_by_admin_call_then_every_transport_reads_the_same(tm
         check_every_transport(url, pulsar_url, sent)
 
 
-@needs_drivers
 def test_a_namespace_threshold_offloads_the_oldest_ledgers(tmp_path: Path) -> None:
     config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store")
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
@@ -184,7 +178,6 @@ def test_a_namespace_threshold_offloads_the_oldest_ledgers(tmp_path: Path) -> No
         check_every_transport(url, pulsar_url, sent)
 
 
-@needs_drivers
 def test_a_topic_offload_policy_wins_over_its_namespace(tmp_path: Path) -> None:
     config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store")
     with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):

@@ -13,13 +13,10 @@ import httpx
 import pytest
 from pyspark.sql import SparkSession
 
-import broker.offload
 from tests.spark.support import collect_available_now, produce_values, read_back, source
 from tests.standalone import standalone_process
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not hasattr(broker.offload, "create_offloader"),
-                                 reason="broker/offload has no drivers in this build")]
+pytestmark = pytest.mark.slow
 
 TOPIC = "spark-tiered"
 ADMIN = f"/admin/v2/persistent/public/default/{TOPIC}"

@@ -65,3 +65,12 @@ def test_offload_size_threshold_keeps_at_most_that_many_bytes_of_the_newest_ledg
     assert (size_bytes("10M"), size_bytes("4096"), size_bytes("-1")) == (10 * 1024 * 1024, 4096, -1)
     with pytest.raises(argparse.ArgumentTypeError):
         size_bytes("ten")
+
+
+def test_unusable_offload_keys_are_refused_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match="managedLedgerOffloadDriver 'tape'"):
+        StandaloneConfig.load(overrides={"managedLedgerOffloadDriver": "tape"}, environ={})
+    with pytest.raises(ConfigError, match="fileSystemURI"):
+        StandaloneConfig.load(overrides={"managedLedgerOffloadDriver": "filesystem"}, environ={})
+    with pytest.raises(ConfigError, match="s3ManagedLedgerOffloadBucket"):
+        StandaloneConfig.load(overrides={"managedLedgerOffloadDriver": "aws-s3"}, environ={})

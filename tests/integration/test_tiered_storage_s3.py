@@ -1,0 +1,70 @@
+"""Tiered storage over an S3 API served over HTTP (moto's standalone server, started on a free
+port by ``tests/offload_store.py``: the code path a user runs against S3 or MinIO), through a real
+``magnetar standalone`` with the ``aws-s3`` driver.
+
+Checks: an offload by the admin call stores a data and an index object per ledger, and after a
+restart every transport reads exactly what was written, same ids and offsets; with the store
+stopped an offload ends in ERROR with a ``lastError`` naming the store, ``/metrics`` says the
+topic's offload fails, nothing is marked offloaded and the local data stays readable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.integration.pulsar_support import binary_broker
+from tests.integration.test_tiered_storage import (
+    ADMIN,
+    MESSAGES,
+    WAIT_S,
+    check_every_transport,
+    offload_config,
+    produce_messages,
+    wait_offload_status,
+)
+from tests.offload_store import running_moto_s3
+
+
+def _s3_config(tmp_path: Path, moto: Any) -> str:
+    return offload_config(tmp_path, managedLedgerOffloadDriver="aws-s3", s3ManagedLedgerOffloadBucket=moto.bucket,
+                   s3ManagedLedgerOffloadRegion="us-east-1", s3ManagedLedgerOffloadServiceEndpoint=moto.endpoint,
+                   managedLedgerOffloadDeletionLagMs="0")
+
+
+def test_s3_offload_against_moto_then_every_transport_reads_the_same(tmp_path: Path) -> None:
+    with running_moto_s3() as moto:
+        config = _s3_config(tmp_path, moto)
+        with binary_broker(tmp_path / "data", "--config", config, env=moto.env()) as (url, pulsar_url, _):
+            sent = produce_messages(pulsar_url)
+            with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+                last = http.get(f"{ADMIN}/lastMessageId").json()
+                assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}
+                                ).status_code == 204
+                assert wait_offload_status(http)["status"] == "SUCCESS"
+        assert len(moto.keys()) >= 2 * (MESSAGES // 5 - 1)  # a data and an index object per ledger
+        with binary_broker(tmp_path / "data", "--config", config, env=moto.env()) as (url, pulsar_url, _):
+            ledgers = httpx.get(f"{url}{ADMIN}/internalStats", timeout=WAIT_S).json()["ledgers"]
+            assert sum(ledger["offloaded"] for ledger in ledgers) >= MESSAGES // 5 - 1
+            check_every_transport(url, pulsar_url, sent)
+
+
+def test_a_stopped_store_gives_error_and_the_local_data_stays_readable(tmp_path: Path) -> None:
+    with running_moto_s3() as moto:
+        config = _s3_config(tmp_path, moto)
+        with binary_broker(tmp_path / "data", "--config", config, env=moto.env()) as (url, pulsar_url, _):
+            sent = produce_messages(pulsar_url)
+            moto.stop()
+            with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+                last = http.get(f"{ADMIN}/lastMessageId").json()
+                assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}
+                                ).status_code == 204
+                status = wait_offload_status(http)
+                assert status["status"] == "ERROR", status
+                assert moto.endpoint in status["lastError"] or moto.bucket in status["lastError"], status
+                ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
+                assert not any(ledger["offloaded"] for ledger in ledgers)
+                assert "magnetar_topic_offload_failing{" in http.get("/metrics").text
+            check_every_transport(url, pulsar_url, sent)
