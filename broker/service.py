@@ -2,7 +2,8 @@
 
 Role: ``magnetar standalone`` builds one over a data directory. :meth:`start` opens what all
 stands on (the embedded bookie, ``storage``; the RocksDB metadata store; the ledger manager,
-entry cache and managed-ledger factory; the key index, kept in ledgers beside its topics) and builds
+entry cache and managed-ledger factory, with the offloader when ``managedLedgerOffloadDriver`` names
+one (``broker/offload/``); the key index, kept in ledgers beside its topics) and builds
 the parts transports use, each over only what it needs: ``namespaces`` (tenants, namespaces,
 policies, who serves what: ``broker/namespace/service.py``), ``topics`` (the topic registry:
 ``broker/topic_registry.py``), ``subscriptions`` (subscribe, readers, cursor moves, topic-list
