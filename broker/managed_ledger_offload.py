@@ -53,7 +53,7 @@ from broker.limits import OFFLOAD_RETRY_DELAY_MS
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_reads import LedgerReads
 from broker.message_id import Position
-from broker.offload.offloader import LedgerOffloader, OffloadContext, OffloadError
+from broker.offload.offloader import LedgerOffloader, OffloadContext, OffloadError, ReadHandle
 from broker.offset_index import LedgerInfo
 
 log = logging.getLogger(__name__)
@@ -61,12 +61,37 @@ log = logging.getLogger(__name__)
 NOT_RUN, RUNNING, SUCCESS, ERROR = "NOT_RUN", "RUNNING", "SUCCESS", "ERROR"
 CRASH_POINT_ENV = "MAGNETAR_OFFLOAD_CRASH_AT"
 """Fault injection for the kill -9 tests (``tests/crash/test_offload_kill9.py``): the broker
-SIGKILLs itself at the named step (``before-upload``, ``after-upload``, ``during-local-delete``)."""
+SIGKILLs itself at the named step (``before-upload``, ``during-upload``, ``after-upload``,
+``during-local-delete``)."""
 
 
 def _crash_point(name: str) -> None:
     if os.environ.get(CRASH_POINT_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _CrashAfterFirstRead:
+    """The ``during-upload`` fault point: the source of an upload that SIGKILLs the broker once
+    the store holds part of the copy (at the second read of the source)."""
+
+    def __init__(self, source: ReadHandle) -> None:
+        self._source = source
+        self.ledger_id = source.ledger_id
+        self._reads = 0
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._source.last_add_confirmed
+
+    @property
+    def length_bytes(self) -> int:
+        return self._source.length_bytes
+
+    def read(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        self._reads += 1
+        if self._reads > 1:
+            _crash_point("during-upload")
+        return self._source.read(first_entry_id, last_entry_id)
 
 
 @dataclass(frozen=True)
@@ -218,7 +243,9 @@ class ManagedLedgerOffload(ABC):
             return
         _crash_point("before-upload")
         try:
-            source = self._ledgers.open(ledger_id, recovery=False)
+            source: ReadHandle = self._ledgers.open(ledger_id, recovery=False)
+            if os.environ.get(CRASH_POINT_ENV) == "during-upload":
+                source = _CrashAfterFirstRead(source)
             offloader.offload(source, context.uuid, {"ManagedLedgerName": self.name})
         except BaseException:
             self._abandon_attempt(ledger_id, context)
