@@ -8,7 +8,9 @@ ledgers (``managedLedgerMaxEntriesPerLedger=5``) are offloaded (status SUCCESS, 
 ``offloaded`` and, with a deletion lag of 0, ``bookkeeperDeleted``), and after a restart (an
 empty entry cache) a binary consumer from earliest, a WebSocket reader, the REST range read
 (JSON and Arrow) and the per-key stream read return exactly what was written, with the same
-message ids and offsets. ``test_tiered_storage_s3.py`` does the same against an S3 API.
+message ids and offsets; a corrupted offloaded object makes a read of its ledger fail with 503
+``offload_read_error`` naming the ledger (never other data) and counts in ``/metrics``, while
+the local ledgers still read. ``test_tiered_storage_s3.py`` does the same against an S3 API.
 """
 
 from __future__ import annotations
@@ -190,3 +192,26 @@ def test_a_topic_offload_policy_wins_over_its_namespace(tmp_path: Path) -> None:
             flags = [ledger["offloaded"] for ledger in http.get(f"{ADMIN}/internalStats").json()["ledgers"]]
             assert flags == [True] * (len(flags) - 1) + [False]
         check_every_transport(url, pulsar_url, sent)
+
+
+def test_a_corrupt_offloaded_object_is_an_error_naming_the_ledger_never_other_data(tmp_path: Path) -> None:
+    config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store",
+                            managedLedgerOffloadDeletionLagMs="0")
+    with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
+        produce_messages(pulsar_url)
+        ok(url, "admin", "topics", "offload", "-s", "0", TOPIC)
+        assert json.loads(ok(url, "admin", "topics", "offload-status", "-w", TOPIC))["status"] == "SUCCESS"
+        first = httpx.get(f"{url}{ADMIN}/internalStats", timeout=WAIT_S).json()["ledgers"][0]["ledgerId"]
+    data = next(p for p in (tmp_path / "store").rglob(f"{first}-*") if not p.name.endswith("-index"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside an entry of the first block
+    data.write_bytes(bytes(raw))
+    with binary_broker(tmp_path / "data", "--config", config) as (url, _, _):
+        answer = httpx.get(f"{url}/topics/persistent/public/default/tiered/messages", params={"offset": 0},
+                           timeout=WAIT_S)
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["code"] == "offload_read_error" and f"ledger {first}" in answer.json()["message"]
+        later = httpx.get(f"{url}/topics/persistent/public/default/tiered/messages", params={"offset": MESSAGES - 2},
+                          timeout=WAIT_S)
+        assert [m["offset"] for m in later.json()["messages"]] == [MESSAGES - 2, MESSAGES - 1]  # the local ledger
+        assert "magnetar_offloader_errors_total 1.0" in httpx.get(f"{url}/metrics", timeout=WAIT_S).text

@@ -4,8 +4,9 @@ port by ``tests/offload_store.py``: the code path a user runs against S3 or MinI
 
 Checks: an offload by the admin call stores a data and an index object per ledger, and after a
 restart every transport reads exactly what was written, same ids and offsets; with the store
-stopped an offload ends in ERROR with a ``lastError`` naming the store, ``/metrics`` says the
-topic's offload fails, nothing is marked offloaded and the local data stays readable.
+stopped, or with credentials it refuses, an offload ends in ERROR with a ``lastError`` naming the
+store (never the secret), ``/metrics`` says the topic's offload fails, nothing is marked
+offloaded or left in the bucket, and the local data stays readable.
 """
 
 from __future__ import annotations
@@ -68,3 +69,20 @@ def test_a_stopped_store_gives_error_and_the_local_data_stays_readable(tmp_path:
                 assert not any(ledger["offloaded"] for ledger in ledgers)
                 assert "magnetar_topic_offload_failing{" in http.get("/metrics").text
             check_every_transport(url, pulsar_url, sent)
+
+
+def test_refused_credentials_give_error_and_the_local_data_stays_readable(tmp_path: Path) -> None:
+    with running_moto_s3() as moto:
+        config = _s3_config(tmp_path, moto)
+        wrong = {"AWS_ACCESS_KEY_ID": moto.access_key_id, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+        with binary_broker(tmp_path / "data", "--config", config, env=wrong) as (url, pulsar_url, _):
+            sent = produce_messages(pulsar_url)
+            with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+                last = http.get(f"{ADMIN}/lastMessageId").json()
+                assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}
+                                ).status_code == 204
+                status = wait_offload_status(http)
+                assert status["status"] == "ERROR" and moto.bucket in status["lastError"], status
+                assert "not-the-secret" not in status["lastError"]
+            check_every_transport(url, pulsar_url, sent)
+        assert moto.keys() == []
