@@ -154,6 +154,8 @@ def internal_stats_json(stats: InternalStats) -> dict[str, Any]:
         "cursors": {c.name: _cursor_json(c) for c in stats.cursors},
         "firstOffset": stats.first_offset, "nextOffset": stats.next_offset,
     }
+    if stats.offload is not None:  # Magnetar: how the topic's last offload went (GET …/offload)
+        body["offload"] = stats.offload.to_json()
     if stats.compaction.ledger_id >= 0:
         body["compactedLedger"] = {"ledgerId": stats.compaction.ledger_id, "entries": stats.compaction.messages,
                                    "size": -1, "offloaded": False}

@@ -21,6 +21,7 @@ from broker.compaction import CompactionStatus
 from broker.cursor import ManagedCursor
 from broker.errors import DataLost, NoSuchEntry
 from broker.limits import DELETED_RANGES_SHOWN_MAX
+from broker.managed_ledger_offload import OffloadStatus
 from broker.message_id import Position
 from broker.subscription import Subscription
 from broker.subscription_stats import SubscriptionStats
@@ -120,6 +121,8 @@ class InternalStats:
     first_offset: int
     next_offset: int
     compaction: CompactionStatus
+    offload: OffloadStatus | None = None
+    """The topic's last offload (``broker/managed_ledger_offload.py``)."""
 
 
 def topic_stats(topic: PersistentTopic, active: Sequence[Subscription]) -> TopicStats:
@@ -167,7 +170,7 @@ def internal_stats(topic: PersistentTopic, active: Sequence[Subscription],
         stats.current_ledger_size_bytes, last, stats.terminated,
         tuple(LedgerView(i.ledger_id, i.entries, i.size_bytes, i.first_offset, i.messages, i.created_ms,
                          i.offloaded, i.local_deleted) for i in infos),
-        tuple(cursors), stats.first_offset, stats.next_offset, compaction)
+        tuple(cursors), stats.first_offset, stats.next_offset, compaction, ml.offload_status())
 
 
 def _cursor_view(topic: PersistentTopic, cursor: ManagedCursor, active: bool) -> CursorView:

@@ -65,8 +65,9 @@ def test_a_stopped_store_gives_error_and_the_local_data_stays_readable(tmp_path:
                 status = wait_offload_status(http)
                 assert status["status"] == "ERROR", status
                 assert moto.endpoint in status["lastError"] or moto.bucket in status["lastError"], status
-                ledgers = http.get(f"{ADMIN}/internalStats").json()["ledgers"]
-                assert not any(ledger["offloaded"] for ledger in ledgers)
+                internal = http.get(f"{ADMIN}/internalStats").json()  # what the console's topic page shows
+                assert not any(ledger["offloaded"] for ledger in internal["ledgers"])
+                assert internal["offload"]["status"] == "ERROR" and internal["offload"]["lastError"]
                 assert "magnetar_topic_offload_failing{" in http.get("/metrics").text
             check_every_transport(url, pulsar_url, sent)
 

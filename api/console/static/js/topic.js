@@ -367,7 +367,10 @@ function internalStatsView(stats) {
       stat("Current ledger", `${fmtCount(stats.currentLedgerEntries)} entries · ${fmtBytes(stats.currentLedgerSize)}`,
         stats.currentLedgerEntries, "currentLedger"),
       stats.compactedLedger ? stat("Compacted ledger", String(stats.compactedLedger.ledgerId),
-        stats.compactedLedger.ledgerId, "compactedLedger") : null),
+        stats.compactedLedger.ledgerId, "compactedLedger") : null,
+      stats.offload && stats.offload.status !== "NOT_RUN" ? stat("Offload",
+        stats.offload.lastError ? `${stats.offload.status}: ${stats.offload.lastError}` : stats.offload.status,
+        stats.offload.status, "offload") : null),
     h("h3", {}, "Ledgers"),
     table([
       { label: "Ledger", class: "num", value: (l) => String(l.ledgerId) },
