@@ -29,10 +29,12 @@ secret; the store's requests have bounded timeouts and retries.
 from __future__ import annotations
 
 import bisect
+import glob
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import crc32c
@@ -59,7 +61,7 @@ from broker.offload.format import (
 )
 from broker.offload.offloader import ReadHandle
 from broker.offload.settings import OffloadSettings
-from broker.offload.stores import describe_failure, open_store
+from broker.offload.stores import describe_failure, filesystem_directory, open_store
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -184,7 +186,11 @@ class BlobStoreOffloader:
         return OffloadedLedger(self, place, index)
 
     def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> None:
-        """The index first (no reader trusts the attempt from then on), then the data."""
+        """The index first (no reader trusts the attempt from then on), then the data; in a
+        directory also the staging files (``{data object}#N``) of a multipart upload that was
+        killed midway, which the store itself never removes. (An object store keeps such an
+        upload open, unlisted: a bucket lifecycle rule that aborts incomplete multipart uploads
+        after a day removes it, as the stores advise.)"""
         place = self._place(driver_metadata)
         for name in (index_object_name(ledger_id, uuid), data_object_name(ledger_id, uuid)):
             try:
@@ -194,6 +200,10 @@ class BlobStoreOffloader:
             except _STORE_ERRORS as exc:
                 raise self._fail(self._store_error(place, "delete", ledger_id, name, exc)) from None
             self._counters.add(objects_deleted=1)
+        if place.settings.driver == "filesystem":
+            directory = Path(filesystem_directory(place.settings.file_system_uri))
+            for staging in directory.glob(f"{glob.escape(data_object_name(ledger_id, uuid))}#*"):
+                staging.unlink(missing_ok=True)
 
     def list_attempts(self, ledger_id: int) -> dict[str, bool]:
         """Every attempt of ``ledger_id`` in this offloader's store: ``uuid`` → whether its index

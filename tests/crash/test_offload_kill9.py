@@ -8,8 +8,7 @@ killed at the upload's second read of the ledger), after the upload and before `
 saved (``after-upload``), and after ``bookkeeperDeleted`` is saved and before the bookies' copy
 is deleted (``during-local-delete``). After a restart every message reads back once, at its
 offset; an interrupted attempt's objects are gone from the store (nothing offloaded, no file
-left; but the filesystem driver leaves the staging file of a multipart upload killed midway: a
-strict xfail until ``broker/offload`` deletes it) and the next offload succeeds; a ledger marked
+left, not even the staging file of a multipart upload killed midway) and the next offload succeeds; a ledger marked
 deleted locally is deleted from the bookies (its ledger metadata is gone once the broker
 stopped) and read from the store.
 """
@@ -101,8 +100,6 @@ def test_kill9_during_an_offload_loses_and_duplicates_nothing(tmp_path: Path, po
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="the filesystem driver's delete leaves a multipart upload's staging file "
-                   "({ledger}-{uuid}#N) of an upload killed midway (broker/offload, part 1)")
 def test_kill9_during_an_upload_leaves_no_staging_file(tmp_path: Path) -> None:
     config = _config(tmp_path)
     with standalone_process(tmp_path / "data", "--config", config,
