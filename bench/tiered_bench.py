@@ -1,0 +1,339 @@
+"""Tiered storage: a catch-up read of offloaded ledgers against the same read from local bookies,
+and publishing while an offload runs.
+
+Role: one run starts an S3 API server (moto's, ``python -m moto.server``, on a free port with a
+bucket made by boto3; the same path a user's S3 or MinIO takes) and one ``magnetar standalone``
+whose ``managedLedgerOffloadDriver`` is ``aws-s3`` at that endpoint, its ledgers rolled over every
+``--ledger-entries`` entries and their local copies deleted as soon as they are offloaded
+(``managedLedgerOffloadDeletionLagMs=0``). Then:
+
+1. ``--size-mb`` of ``--message-kb`` messages are published with the official Pulsar client to
+   two topics, ``tiered-local`` and ``tiered-offloaded``; the second is offloaded through the
+   admin API (``PUT …/offload`` up to its last message id) until ``GET …/offload`` says
+   ``SUCCESS`` and every closed ledger's local copy is deleted (``internalStats``).
+2. The broker is restarted (no entry cache, no bookie read cache) and each topic is read from
+   earliest by a Pulsar reader, local first, then offloaded, then both again in the other order:
+   MB/s and the broker's CPU per MB. The target (issue 37): offloaded >= 0.5x local.
+3. Publishing for ``--publish-s`` seconds to a third topic, once alone and once while
+   ``tiered-local`` is offloaded: messages per second. The target: >= 0.9x alone.
+
+Every read checks each message's size and counts them all; the offloaded topic must read back
+exactly as many messages as were published to it. Run from the repository root:
+``.venv/bin/python bench/tiered_bench.py [--quick] [--out bench/RESULTS.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pulsar
+from common import DEFAULT_WORK_ROOT, Row, machine_summary, render_table, report, scratch_dir
+from e2e_support import START_TIMEOUT_S, ServerProcess, free_port, started
+
+HEADING = "## Tiered storage: reading offloaded ledgers, and publishing while an offload runs"
+BUCKET = "magnetar-bench-offload"
+ACCESS_KEY, SECRET_KEY = "bench-access-key", "bench-secret-key"
+NAMESPACE = "persistent/public/default"
+LOCAL_TOPIC, OFFLOADED_TOPIC, PUBLISH_TOPIC = "tiered-local", "tiered-offloaded", "tiered-publish"
+POLL_S = 0.2
+OFFLOAD_TIMEOUT_S = 1800.0
+HTTP_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    topic: str
+    messages: int
+    bytes_read: int
+    elapsed_s: float
+    broker_cpu_s: float
+    store_cpu_s: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_read / self.elapsed_s / 1e6
+
+    @property
+    def cpu_ms_per_mb(self) -> float:
+        return self.broker_cpu_s * 1000 / (self.bytes_read / 1e6)
+
+    @property
+    def store_cpu_ms_per_mb(self) -> float:
+        return self.store_cpu_s * 1000 / (self.bytes_read / 1e6)
+
+
+# --- the S3 server and the broker ---------------------------------------------------------------
+def quiet_client(service_url: str) -> pulsar.Client:
+    return pulsar.Client(service_url, operation_timeout_seconds=60,
+                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+
+
+@contextmanager
+def running_s3(work_dir: Path) -> Iterator[tuple[str, ServerProcess]]:
+    port = free_port()
+    server = ServerProcess("moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                           port, work_dir / "moto.log")
+    started(server, lambda s: s.wait_for_port())
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
+                     aws_secret_access_key=SECRET_KEY).create_bucket(Bucket=BUCKET)
+        yield endpoint, server
+    finally:
+        server.stop()
+
+
+def write_config(work_dir: Path, endpoint: str, ledger_entries: int) -> Path:
+    path = work_dir / "standalone.conf"
+    path.write_text("\n".join([
+        "managedLedgerOffloadDriver=aws-s3",
+        f"s3ManagedLedgerOffloadBucket={BUCKET}",
+        "s3ManagedLedgerOffloadRegion=us-east-1",
+        f"s3ManagedLedgerOffloadServiceEndpoint={endpoint}",
+        "managedLedgerOffloadDeletionLagMs=0",
+        f"managedLedgerMaxEntriesPerLedger={ledger_entries}",
+        "managedLedgerMinLedgerRolloverTimeMinutes=0",
+        "",
+    ]))
+    return path
+
+
+class Broker:
+    """``magnetar standalone`` with the offload configuration; restartable on the same data."""
+
+    def __init__(self, work_dir: Path, config: Path) -> None:
+        self._work_dir, self._config = work_dir, config
+        self.http_port, self.pulsar_port = free_port(), free_port()
+        self.server: ServerProcess | None = None
+        self._starts = 0
+
+    def start(self) -> None:
+        executable = Path(sys.executable).parent / "magnetar"
+        argv = [str(executable), "standalone", "--config", str(self._config), "--data-dir",
+                str(self._work_dir / "data"), "--host", "127.0.0.1", "--port", str(self.http_port),
+                "--pulsar-port", str(self.pulsar_port), "--log-level", "warning"]
+        self._starts += 1
+        server = ServerProcess("magnetar", argv, self.http_port, self._work_dir / f"magnetar-{self._starts}.log")
+        self.server = started(server, _wait_healthy)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def cpu_s(self) -> float:
+        assert self.server is not None
+        return self.server.cpu_s()
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.pulsar_port}"
+
+
+def _wait_healthy(server: ServerProcess) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        server.check_alive()
+        try:
+            if httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(POLL_S)
+    raise RuntimeError(f"magnetar was not healthy within {START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+
+
+# --- the workloads ------------------------------------------------------------------------------
+def publish(service_url: str, topic: str, count: int, payload: bytes) -> None:
+    client = quiet_client(service_url)
+    try:
+        producer = client.create_producer(f"persistent://public/default/{topic}", batching_enabled=False,
+                                          max_pending_messages=256, block_if_queue_full=True,
+                                          send_timeout_millis=0)
+        for _ in range(count):
+            producer.send_async(payload, None)
+        producer.flush()
+        producer.close()
+    finally:
+        client.close()
+
+
+def publish_for(service_url: str, topic: str, duration_s: float, payload: bytes) -> float:
+    """Messages per second acknowledged while publishing for ``duration_s``."""
+    client = quiet_client(service_url)
+    acked = [0]
+
+    def done(result: Any, _message_id: Any) -> None:
+        if result == pulsar.Result.Ok:
+            acked[0] += 1
+
+    try:
+        producer = client.create_producer(f"persistent://public/default/{topic}", batching_enabled=False,
+                                          max_pending_messages=256, block_if_queue_full=True,
+                                          send_timeout_millis=0)
+        started_s = time.perf_counter()
+        while time.perf_counter() - started_s < duration_s:
+            producer.send_async(payload, done)
+        producer.flush()
+        elapsed_s = time.perf_counter() - started_s
+        producer.close()
+        return acked[0] / elapsed_s
+    finally:
+        client.close()
+
+
+def read_all(broker: Broker, store: ServerProcess, topic: str, expected: int, message_bytes: int) -> ReadResult:
+    client = quiet_client(broker.service_url)
+    try:
+        reader = client.create_reader(f"persistent://public/default/{topic}", pulsar.MessageId.earliest,
+                                      receiver_queue_size=1000)
+        cpu_before, store_before, started_s = broker.cpu_s(), store.cpu_s(), time.perf_counter()
+        count = size = 0
+        while count < expected:
+            data = reader.read_next(timeout_millis=60_000).data()
+            if len(data) != message_bytes:
+                raise RuntimeError(f"{topic}: message {count} has {len(data)} bytes, not {message_bytes}")
+            count += 1
+            size += len(data)
+        elapsed_s, cpu_s = time.perf_counter() - started_s, broker.cpu_s() - cpu_before
+        reader.close()
+        return ReadResult(topic, count, size, elapsed_s, cpu_s, store.cpu_s() - store_before)
+    finally:
+        client.close()
+
+
+def admin(broker: Broker) -> httpx.Client:
+    return httpx.Client(base_url=broker.http_url, timeout=HTTP_TIMEOUT_S, follow_redirects=True)
+
+
+def offload_everything(broker: Broker, topic: str) -> float:
+    """Offload ``topic`` up to its last message; wait for SUCCESS and for every offloaded ledger's
+    local copy to be gone. Returns the seconds the offload took."""
+    path = f"/admin/v2/{NAMESPACE}/{topic}"
+    with admin(broker) as client:
+        last = client.get(f"{path}/lastMessageId").raise_for_status().json()
+        started_s = time.perf_counter()
+        client.put(f"{path}/offload", json={"ledgerId": last["ledgerId"], "entryId": last["entryId"]}
+                   ).raise_for_status()
+        deadline = time.monotonic() + OFFLOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = client.get(f"{path}/offload").raise_for_status().json()
+            if status["status"] == "ERROR":
+                raise RuntimeError(f"offload of {topic} failed: {status.get('lastError')}")
+            if status["status"] == "SUCCESS":
+                break
+            time.sleep(POLL_S)
+        elapsed_s = time.perf_counter() - started_s
+        while time.monotonic() < deadline:
+            ledgers = client.get(f"{path}/internalStats").raise_for_status().json()["ledgers"][:-1]
+            if ledgers and all(ledger["offloaded"] and ledger.get("bookkeeperDeleted") for ledger in ledgers):
+                return elapsed_s
+            time.sleep(POLL_S)
+    raise RuntimeError(f"offload of {topic} did not finish within {OFFLOAD_TIMEOUT_S:.0f} s")
+
+
+def offload_in_background(broker: Broker, topic: str) -> None:
+    path = f"/admin/v2/{NAMESPACE}/{topic}"
+    with admin(broker) as client:
+        last = client.get(f"{path}/lastMessageId").raise_for_status().json()
+        client.put(f"{path}/offload", json={"ledgerId": last["ledgerId"], "entryId": last["entryId"]}
+                   ).raise_for_status()
+
+
+def offload_running(broker: Broker, topic: str) -> bool:
+    with admin(broker) as client:
+        status = client.get(f"/admin/v2/{NAMESPACE}/{topic}/offload").raise_for_status().json()
+    if status["status"] == "ERROR":
+        raise RuntimeError(f"offload of {topic} failed: {status.get('lastError')}")
+    return bool(status["status"] == "RUNNING")
+
+
+# --- the run ------------------------------------------------------------------------------------
+def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
+    payload = os.urandom(args.message_kb * 1024)
+    count = args.size_mb * 1024 // args.message_kb
+    with running_s3(work_dir) as (endpoint, store):
+        broker = Broker(work_dir, write_config(work_dir, endpoint, args.ledger_entries))
+        broker.start()
+        try:
+            for topic in (LOCAL_TOPIC, OFFLOADED_TOPIC):
+                publish(broker.service_url, topic, count, payload)
+            offload_s = offload_everything(broker, OFFLOADED_TOPIC)
+            print(f"offloaded {args.size_mb} MB in {offload_s:.1f} s")
+            broker.stop()
+            broker.start()
+            reads: dict[str, list[ReadResult]] = {LOCAL_TOPIC: [], OFFLOADED_TOPIC: []}
+            for topic in (LOCAL_TOPIC, OFFLOADED_TOPIC, OFFLOADED_TOPIC, LOCAL_TOPIC):
+                result = read_all(broker, store, topic, count, len(payload))
+                print(f"read {topic}: {result.mb_per_s:.1f} MB/s, broker CPU {result.cpu_ms_per_mb:.1f} ms/MB")
+                reads[topic].append(result)
+            alone = publish_for(broker.service_url, PUBLISH_TOPIC, args.publish_s, payload)
+            offload_in_background(broker, LOCAL_TOPIC)
+            during = publish_for(broker.service_url, PUBLISH_TOPIC, args.publish_s, payload)
+            still_running = offload_running(broker, LOCAL_TOPIC)
+        finally:
+            broker.stop()
+    return rows(reads, alone, during, still_running, offload_s, args)
+
+
+def rows(reads: dict[str, list[ReadResult]], alone: float, during: float, still_running: bool,
+         offload_s: float, args: argparse.Namespace) -> list[Row]:
+    local = max(reads[LOCAL_TOPIC], key=lambda r: r.mb_per_s)
+    offloaded = max(reads[OFFLOADED_TOPIC], key=lambda r: r.mb_per_s)
+    each = "; ".join(f"{r.topic.removeprefix('tiered-')} {r.mb_per_s:.1f}" for pair in zip(
+        reads[LOCAL_TOPIC], reads[OFFLOADED_TOPIC], strict=True) for r in pair)
+    return [
+        Row("catch-up read, offloaded vs local", f"{offloaded.mb_per_s:,.1f} vs {local.mb_per_s:,.1f} MB/s",
+            f"{offloaded.mb_per_s / local.mb_per_s:.2f}x",
+            f"best of 2 reads each (MB/s: {each}); broker CPU {offloaded.cpu_ms_per_mb:.1f} vs "
+            f"{local.cpu_ms_per_mb:.1f} ms/MB, S3 server CPU {offloaded.store_cpu_ms_per_mb:.1f} ms/MB; "
+            "target >= 0.5x"),
+        Row("publish while an offload runs vs alone", f"{during:,.0f} vs {alone:,.0f} msg/s",
+            f"{during / alone:.2f}x",
+            f"{args.publish_s:.0f} s each, {args.message_kb} KiB messages; the offload "
+            f"{'was still running at the end' if still_running else 'ended before the end'}; target >= 0.9x"),
+        Row("offload of the read topic", f"{args.size_mb / offload_s:,.1f} MB/s", "",
+            f"{args.size_mb} MB in {offload_s:.1f} s, up to SUCCESS"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    # the broker reads the store's credentials as a user's would: the standard AWS variables
+    os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=1024, help="MB published to each topic read")
+    parser.add_argument("--message-kb", type=int, default=64)
+    parser.add_argument("--ledger-entries", type=int, default=1000, help="managedLedgerMaxEntriesPerLedger")
+    parser.add_argument("--publish-s", type=float, default=15.0)
+    parser.add_argument("--quick", action="store_true", help="64 MB and 5 s (a smoke run)")
+    parser.add_argument("--work-root", type=Path, default=DEFAULT_WORK_ROOT)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size_mb, args.publish_s, args.ledger_entries = 64, 5.0, 200
+    with scratch_dir(args.work_root, "tiered-bench-") as work_dir:
+        table = render_table(run(args, work_dir))
+        machine = machine_summary(work_dir)
+    config = (f"{args.size_mb} MB per topic in {args.message_kb} KiB messages (batching off), ledgers of "
+              f"{args.ledger_entries} entries, moto's S3 server on this machine (driver aws-s3), deletion lag 0; "
+              "reads by the official Pulsar client's reader from earliest after a broker restart")
+    report(HEADING, machine, config, table, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
