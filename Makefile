@@ -80,6 +80,7 @@ bench: $(STAMP) check-zookeeper check-postgresql
 	$(BIN)/python bench/binary_bench.py --out bench/RESULTS.md
 	$(BIN)/python bench/ws_edge_floor.py --out bench/RESULTS.md
 	$(BIN)/python bench/eventsourcing_bench.py --out bench/RESULTS.md
+	$(BIN)/python bench/tiered_bench.py --out bench/RESULTS.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
