@@ -2,7 +2,8 @@
 
 Role: ``MagnetarAggregateRecorder`` stores an aggregate's events as the event stream of its
 originator id; ``MagnetarApplicationRecorder`` adds the application sequence (notification id =
-offset + 1, read by offset ranges, followed live by ``MagnetarSubscription``);
+offset + 1, read by offset ranges as Arrow columns (``records.notifications_of``), followed
+live by ``MagnetarSubscription``);
 ``MagnetarTrackingRecorder`` keeps each upstream application's tracking records as the stream of
 a tracking key; ``MagnetarProcessRecorder`` writes tracking records and events in one request.
 
