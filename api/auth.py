@@ -239,8 +239,11 @@ def authorizer_of(connection: HTTPConnection) -> Authorizer:
     return authorizer
 
 
-def principal(connection: HTTPConnection) -> Principal:
-    """FastAPI dependency: the authenticated caller (raises 401 without a valid token)."""
+async def principal(connection: HTTPConnection) -> Principal:
+    """FastAPI dependency: the authenticated caller (raises 401 without a valid token). It is a
+    coroutine so that it runs on the event loop: FastAPI runs a plain function dependency in a
+    worker thread, a round trip through the thread pool for every request, while the caller is
+    a lookup in the scope (``api/request_guard.py`` authenticated it, on the loop, before)."""
     return authorizer_of(connection).authenticate(connection)
 
 

@@ -18,6 +18,9 @@ opens fails. ``guarded_http_protocol`` wraps uvicorn's HTTP protocol class with 
   quadratic time for a client that has not even been authenticated yet); bodies are fed as
   they come (``api/request_guard.py`` bounds them);
 - idle keep-alive connections close after ``idle_timeout_ms`` (uvicorn's keep-alive timer);
+- a response's writes are coalesced (``CoalescedWrites``, httptools): each is held until the
+  next or the end of the event loop's turn, so a small answer's head and body leave in one
+  system call and one segment, not two;
 - on a TLS listener, the client certificate the handshake verified reaches every request of the
   connection in its ASGI scope (``api/tls.py``), for ``AuthenticationProviderTls``;
 - a connection whose first request is a WebSocket upgrade on ``/ws/`` (``GET``, ``Upgrade:
@@ -48,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from api.limits import ACCEPT_ERROR_QUIET_S, FD_RESERVE_MIN
+from api.limits import ACCEPT_ERROR_QUIET_S, COALESCED_WRITE_BYTES_MAX, FD_RESERVE_MIN
 from api.tls import tls_peer_of, with_tls_peer
 
 log = logging.getLogger(__name__)
@@ -153,6 +156,44 @@ def is_websocket_upgrade(head: bytes) -> bool:
         elif name == b"connection":
             connection = b"upgrade" in (option.strip() for option in value.lower().split(b","))
     return upgrade and connection
+
+
+class CoalescedWrites:
+    """The transport one response is written to, as its writer sees it: a write (up to
+    ``COALESCED_WRITE_BYTES_MAX``) is held until the next one or the end of the event loop's
+    turn, whichever comes first, and goes out with it. uvicorn writes a response's head and its
+    body in two calls; sent as they come, they are two system calls and two segments, so the
+    client wakes twice for one answer. Order is kept; ``close`` sends what is held first."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held, self._held = self._held, None
+        if held is not None and len(data) <= COALESCED_WRITE_BYTES_MAX:
+            self._transport.write(held + data)
+            return
+        if held is not None:  # a large body is not copied to join a head: two writes
+            self._transport.write(held)
+        if len(data) > COALESCED_WRITE_BYTES_MAX:
+            self._transport.write(data)
+            return
+        self._held = bytes(data)
+        asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            data, self._held = self._held, None
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
 
 
 def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
@@ -265,6 +306,9 @@ def guarded_http_protocol(base: type[Any], guard: ConnectionGuard,
             self._head_bytes = 0
             self._in_body = True
             super().on_headers_complete()
+            cycle = getattr(self, "cycle", None)
+            if cycle is not None and cycle.transport is self.transport:  # the request's answer
+                cycle.transport = CoalescedWrites(self.transport)
 
         def on_message_complete(self) -> None:  # httptools' callback, also when uvicorn ignores the rest
             self._in_body = False

@@ -186,6 +186,9 @@ FD_RESERVE_MIN = 64
 """File descriptors kept for the storage (journal, entry logs, RocksDB) and the process."""
 ACCEPT_ERROR_QUIET_S = 60.0
 """A failed ``accept()`` is logged once per this many seconds."""
+COALESCED_WRITE_BYTES_MAX = 64 * 1024
+"""A response's writes up to this size are held to leave with the next (head and body in one
+system call); a larger one goes out as it is, not copied to join another."""
 CONSOLE_FILES_MAX = 64
 """Files the web console serves (all read into memory at start)."""
 CONSOLE_FILE_BYTES_MAX = 512 * KIB

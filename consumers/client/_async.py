@@ -333,15 +333,17 @@ class AsyncClient:
 
     # --- HTTP ----------------------------------------------------------------------------
     async def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                      retry: bool = True, timeout_s: float | None = None) -> httpx.Response:
-        """One HTTP call; an error status raises ``HttpError``. A 307 is followed to the owner
+                      retry: bool = True, timeout_s: float | None = None,
+                      headers: dict[str, str] | None = None) -> httpx.Response:
+        """One HTTP call (``headers`` added to the client's, e.g. an ``Accept`` for an Arrow
+        answer); an error status raises ``HttpError``. A 307 is followed to the owner
         (``REDIRECTS_MAX`` hops); with ``retry``, a call that was not received (its broker
         unreachable after a redirect) or was refused as not ready (503) is made again, with
         backoff, for at most ``failover_timeout_s``."""
         backoff = _Backoff(self._failover_timeout_s)
         while True:
             try:
-                response = await self._request_once(method, path, json_body, params, timeout_s)
+                response = await self._request_once(method, path, json_body, params, timeout_s, headers)
             except HttpError as exc:
                 retriable = _not_ready(exc) or (exc.status == 0 and exc.code == "owner_unreachable")
                 if retry and retriable and await backoff.wait():
@@ -350,7 +352,7 @@ class AsyncClient:
             return response
 
     async def _request_once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
-                            timeout_s: float | None) -> httpx.Response:
+                            timeout_s: float | None, headers: dict[str, str] | None = None) -> httpx.Response:
         """One attempt: the listed brokers in turn (the next when one refuses the connection, or,
         for a GET, which changes nothing, does not answer in time), 307s followed."""
         failure: Exception | None = None
@@ -359,7 +361,8 @@ class AsyncClient:
             url, query = f"{base}{path}", params
             for hop in range(REDIRECTS_MAX + 1):
                 try:
-                    response = await self._http.request(method, url, json=json_body, params=query, timeout=timeout)
+                    response = await self._http.request(method, url, json=json_body, params=query, timeout=timeout,
+                                                         headers=headers)
                 except (httpx.ConnectError, httpx.TimeoutException) as exc:
                     if hop == 0 and (isinstance(exc, httpx.ConnectError) or method == "GET"):
                         failure = exc

@@ -323,10 +323,11 @@ class Client:
             topic, payloads, keys=keys, properties=properties, producer_name=producer_name, sequence_id=sequence_id,
             expected_offset=expected_offset, partition=partition))
 
-    def request(self, method: str, path: str, *, json_body: Any = None,
-                params: dict[str, Any] | None = None) -> httpx.Response:
+    def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
+                headers: dict[str, str] | None = None) -> httpx.Response:
         """One HTTP call to the broker (admin API and the like); an error status raises ``HttpError``."""
-        return self._runner.call(self._client.request(method, path, json_body=json_body, params=params))
+        return self._runner.call(self._client.request(method, path, json_body=json_body, params=params,
+                                                      headers=headers))
 
     def close(self) -> None:
         if self._finalizer.detach() is None:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from eventsourcing.persistence import (
     DataError,
     IntegrityError,
@@ -92,11 +94,6 @@ def is_tracking(properties: dict[str, str]) -> bool:
     return TRACKING_PROPERTY in properties
 
 
-def is_notification(properties: dict[str, str], topics: frozenset[str]) -> bool:
-    """Whether a message is a stored event whose topic is among ``topics`` (empty: any)."""
-    return not is_tracking(properties) and (not topics or properties.get(TOPIC_PROPERTY) in topics)
-
-
 def stored_event_of(key: str, payload: bytes, properties: dict[str, str]) -> StoredEvent:
     return StoredEvent(originator_id=_originator_id(key, properties),
                        originator_version=int(properties[VERSION_PROPERTY]),
@@ -107,12 +104,87 @@ def stored_event_of_message(message: Message) -> StoredEvent:
     return stored_event_of(message.key or "", message.data, message.properties)
 
 
-def notification_of(answer: dict[str, Any]) -> Notification:
-    """The notification of one message of a JSON range read (not a tracking message)."""
-    properties = answer["properties"]
-    return Notification(id=int(answer["offset"]) + 1, originator_id=_originator_id(answer["key"], properties),
-                        originator_version=int(properties[VERSION_PROPERTY]), topic=properties[TOPIC_PROPERTY],
-                        state=base64.b64decode(answer["payload"]))
+def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list[Notification]:
+    """The first ``limit`` notifications among the rows of an Arrow range read (tracking
+    messages, and events whose topic is not among ``topics`` (empty: any), left out). Rows are
+    selected and properties found by Arrow's kernels over the rows' flattened properties (each
+    event has one topic and one version property, in row order); Python runs once a row, only
+    to make its ``Notification``."""
+    events = _events_among(rows, topics).slice(0, limit)
+    properties = _Properties.of(events)
+    topic_names, versions = properties.values_of(_TOPIC), properties.values_of(_VERSION)
+    if len(topic_names) != events.num_rows or len(versions) != events.num_rows:
+        raise DataError(f"offsets {_offsets_text(events)} hold messages that are not stored events "
+                        f"(one {TOPIC_PROPERTY!r} and one {VERSION_PROPERTY!r} property each)")
+    uuid_rows = properties.rows_where(_ID_TYPE, _UUID_ID_TYPE)
+    all_uuids = len(uuid_rows) == events.num_rows
+    return [Notification(id=offset + 1, originator_id=UUID(key) if all_uuids or row in uuid_rows else key,
+                         originator_version=version, topic=topic, state=state)
+            for row, (offset, key, version, topic, state) in enumerate(zip(
+                events.column("offset").to_pylist(), events.column("key").cast(pa.string()).to_pylist(),
+                versions.cast(pa.int64()).to_pylist(), topic_names.to_pylist(), events.column("value").to_pylist(),
+                strict=True))]
+
+
+def last_notification_offset(rows: pa.Table) -> int | None:
+    """The offset of the last row of an Arrow range read that is a notification (None: none is)."""
+    offsets = _events_among(rows, frozenset()).column("offset")
+    return int(offsets[-1].as_py()) if len(offsets) else None
+
+
+_TOPIC = pa.scalar(TOPIC_PROPERTY)
+_VERSION = pa.scalar(VERSION_PROPERTY)
+_ID_TYPE = pa.scalar(ID_TYPE_PROPERTY)
+_UUID_ID_TYPE = pa.scalar(UUID_ID_TYPE)
+_TRACKING = pa.scalar(TRACKING_PROPERTY)
+"""Arrow scalars made once: a kernel given a Python string converts it on every call."""
+
+
+@dataclass(frozen=True)
+class _Properties:
+    """The properties of a range read's rows, flattened: name, value and row of each."""
+
+    names: pa.Array
+    values: pa.Array
+    rows: pa.Array
+
+    @classmethod
+    def of(cls, rows: pa.Table) -> _Properties:
+        column = rows.column("properties").combine_chunks()
+        entries = pa.ListArray.from_arrays(column.offsets, column.values)  # a map's kernels are fewer
+        flat = entries.flatten()
+        return cls(flat.field("key"), flat.field("value"), pc.list_parent_indices(entries))
+
+    def values_of(self, name: pa.Scalar) -> pa.Array:
+        return self.values.filter(pc.equal(self.names, name))
+
+    def rows_with(self, name: pa.Scalar) -> pa.Array:
+        return self.rows.filter(pc.equal(self.names, name))
+
+    def rows_where(self, name: pa.Scalar, value: pa.Scalar) -> set[int]:
+        return set(self.rows.filter(pc.and_(pc.equal(self.names, name), pc.equal(self.values, value))).to_pylist())
+
+
+def _events_among(rows: pa.Table, topics: frozenset[str]) -> pa.Table:
+    """The rows that are stored events (not tracking records) of ``topics`` (empty: any)."""
+    properties = _Properties.of(rows)
+    tracking = properties.rows_with(_TRACKING)
+    of_topics = None
+    if topics:
+        of_topics = properties.rows.filter(pc.and_(pc.equal(properties.names, _TOPIC),
+                                                   pc.is_in(properties.values, value_set=pa.array(sorted(topics)))))
+    if not len(tracking) and of_topics is None:
+        return rows
+    row_numbers = pa.array(range(rows.num_rows), pa.int64())
+    wanted = pc.invert(pc.is_in(row_numbers, value_set=tracking.cast(pa.int64())))
+    if of_topics is not None:
+        wanted = pc.and_(wanted, pc.is_in(row_numbers, value_set=of_topics.cast(pa.int64())))
+    return rows.filter(wanted)
+
+
+def _offsets_text(rows: pa.Table) -> str:
+    offsets = rows.column("offset")
+    return f"{offsets[0].as_py()}..{offsets[-1].as_py()}" if len(offsets) else "(none)"
 
 
 def head_of(message: Message) -> Head:

@@ -1,0 +1,77 @@
+"""The application recorder's notifications from a range read's Arrow rows (``records.py``):
+tracking records and other topics left out, ids, versions and originator ids as the library's
+``Notification``, and a message that is no stored event refused, over the broker's own schema."""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+from eventsourcing.persistence import DataError, Notification
+
+from broker.entry_format.columns import ARROW_SCHEMA
+from consumers.eventsourcing.records import (
+    ID_TYPE_PROPERTY,
+    TOPIC_PROPERTY,
+    TRACKING_PROPERTY,
+    UUID_ID_TYPE,
+    VERSION_PROPERTY,
+    last_notification_offset,
+    notifications_of,
+)
+
+ORDER = uuid.UUID("0b7a6a34-3f5e-4c0e-9d7e-6c1f3f0c2a11")
+
+
+def event(offset: int, key: str, version: int, topic: str, state: bytes, *, is_uuid: bool) -> dict[str, object]:
+    properties = [(TOPIC_PROPERTY, topic), (VERSION_PROPERTY, str(version))]
+    if is_uuid:
+        properties.append((ID_TYPE_PROPERTY, UUID_ID_TYPE))
+    return row(offset, key, state, properties)
+
+
+def tracking(offset: int, application: str, notification_id: int) -> dict[str, object]:
+    return row(offset, f"__tracking__/{application}", b"", [(TRACKING_PROPERTY, str(notification_id))])
+
+
+def row(offset: int, key: str, value: bytes, properties: list[tuple[str, str]]) -> dict[str, object]:
+    return {"key": key.encode(), "value": value, "topic": "persistent://public/default/app", "partition": -1,
+            "offset": offset, "messageId": "CAAQAA==", "publishTime": 0, "eventTime": None,
+            "properties": properties}
+
+
+def rows(*messages: dict[str, object]) -> pa.Table:
+    return pa.Table.from_pylist(list(messages), schema=ARROW_SCHEMA)
+
+
+MIXED = rows(event(0, str(ORDER), 1, "orders:Created", b"a", is_uuid=True),
+             tracking(1, "upstream", 7),
+             event(2, "account-9", 3, "accounts:Opened", b"bb", is_uuid=False),
+             event(3, str(ORDER), 2, "orders:Paid", b"ccc", is_uuid=True),
+             tracking(4, "upstream", 8))
+
+
+def test_notifications_leave_tracking_records_out_and_keep_ids_versions_and_originators() -> None:
+    assert notifications_of(MIXED, frozenset(), 10) == [
+        Notification(id=1, originator_id=ORDER, originator_version=1, topic="orders:Created", state=b"a"),
+        Notification(id=3, originator_id="account-9", originator_version=3, topic="accounts:Opened", state=b"bb"),
+        Notification(id=4, originator_id=ORDER, originator_version=2, topic="orders:Paid", state=b"ccc"),
+    ]
+
+
+def test_notifications_of_some_topics_up_to_a_limit() -> None:
+    assert [n.id for n in notifications_of(MIXED, frozenset({"orders:Paid", "accounts:Opened"}), 10)] == [3, 4]
+    assert [n.id for n in notifications_of(MIXED, frozenset(), 2)] == [1, 3]
+    assert notifications_of(MIXED, frozenset({"nothing:Here"}), 10) == []
+
+
+def test_the_last_notification_is_before_trailing_tracking_records() -> None:
+    assert last_notification_offset(MIXED) == 3
+    assert last_notification_offset(rows(tracking(0, "upstream", 1))) is None
+
+
+def test_a_message_that_is_no_stored_event_is_a_data_error() -> None:
+    foreign = rows(event(0, "a", 1, "t", b"", is_uuid=False), row(1, "b", b"x", [("colour", "blue")]))
+    with pytest.raises(DataError, match="not stored events"):
+        notifications_of(foreign, frozenset(), 10)
