@@ -1,7 +1,8 @@
 # Magnetar's images, as targets of one Dockerfile:
 #   broker  (the default target) the servers: `magnetar standalone` (the default command), and the
-#           cluster's `magnetar bookie` and `magnetar broker` (docker-compose.cluster.yml); the
-#           Python client and the CLI. No Java, no Spark.
+#           cluster's `magnetar bookie` and `magnetar broker` (docker-compose.cluster.yml; with
+#           tiered storage on MinIO: docker-compose.tiered.yml); the Python client and the CLI.
+#           No Java, no Spark.
 #   spark   the demo's clients (see docker-compose.yml): the clickstream producer and the Spark job,
 #           with a Java runtime and PySpark (the project's `spark` extra) added to the same install.
 # `docker build --target spark -t magnetar-spark:dev .` builds the second (the compose files give its

@@ -9,6 +9,8 @@
 - ``service_stage(compose, name)``: the stage a service runs: its own ``build.target``, or the
   target of the service that builds the image it names (the Dockerfile's last stage by default).
 - ``published(service)``: the ``ports`` short syntax as ``{container port: host port}``.
+- ``config_targets(service)``: the configs a service mounts (long syntax) as ``{path: config name}``;
+  ``config_content(compose, name)``: a top-level config's inline ``content``.
 """
 
 from __future__ import annotations
@@ -184,3 +186,19 @@ def published(service: dict[str, Any]) -> dict[int, int]:
 def volume_targets(service: dict[str, Any]) -> dict[str, str]:
     """``{mount path: volume name}`` of the short ``volumes`` syntax."""
     return {str(v).split(":")[1]: str(v).split(":")[0] for v in service.get("volumes", [])}
+
+
+def config_targets(service: dict[str, Any]) -> dict[str, str]:
+    """``{mount path: config name}`` of the long ``configs`` syntax (``source``, ``target``)."""
+    targets: dict[str, str] = {}
+    for entry in service.get("configs", []):
+        assert isinstance(entry, dict) and "target" in entry, f"a config without a target path: {entry}"
+        targets[str(entry["target"])] = str(entry["source"])
+    return targets
+
+
+def config_content(compose: dict[str, Any], name: str) -> str:
+    """The inline ``content`` of the top-level config ``name`` (as interpolated by ``render``)."""
+    config = compose.get("configs", {}).get(name)
+    assert config is not None and "content" in config, f"the config {name} has no inline content"
+    return str(config["content"])

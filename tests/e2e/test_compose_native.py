@@ -1,9 +1,11 @@
-"""Both compose files, rendered as Compose renders them, checked against what their processes need,
-and run as processes on this machine (no container runtime runs here).
+"""The compose files (the demo, the cluster, tiered storage on MinIO), rendered as Compose renders
+them, checked against what their processes need, and run as processes on this machine (no
+container runtime runs here).
 
 Each file is rendered (``tests/e2e/compose_model.py``: YAML, merge keys, ``${VAR:-default}``
 interpolation with an empty environment) and then:
 
+- it follows the Compose specification's JSON schema (the copy vendored by ``check-jsonschema``);
 - every Magnetar service's command parses with the parser of the program it runs (``magnetar``'s,
   or the demo module's);
 - every directory a command writes (``--data-dir``, ``--journal-dir``, ``--checkpoint-dir``,
@@ -15,6 +17,10 @@ interpolation with an empty environment) and then:
   resolve to it, and from the other containers;
 - the image a broker or bookie runs has no Java and no Spark; the Spark job's has both;
 - every ZooKeeper setting has a comment of its own just above it;
+- tiered storage's MinIO is wired to the broker: the bucket ``minio-setup`` makes is the one the
+  broker's ``standalone.conf`` (an inline Compose config) names, its endpoint is MinIO's S3 port,
+  the broker's AWS credentials and mc's alias are MinIO's root user and password whatever the
+  environment sets them to, and the images are pinned to MinIO releases;
 - every service runs as a process: ZooKeeper is Debian's (as in the cluster tests), each Magnetar
   service its compose command and environment (and the image's ``ENV``), as the image's user
   (``setpriv`` when the test runs as root) in a working directory it cannot write (as ``/app``),
@@ -26,6 +32,19 @@ interpolation with an empty environment) and then:
   names (``/etc/hosts``: service names) and published ports lead; the official Pulsar client
   sends one more through the first broker's published binary port. The Spark job's command is
   only parsed here: ``tests/e2e/test_demo.py`` runs it.
+- tiered storage's services run too, the way ZooKeeper is Debian's here: ``minio/minio`` is
+  moto's S3 server (``python -m moto.server``: an S3 API served over HTTP stands in for MinIO; its
+  request authentication is off, so it takes MinIO's root user as any key, and the credentials
+  are checked on paper above), listening on the port this machine gives ``minio:9000``; its
+  health is its port accepting connections (its check runs MinIO's own ``mc``, which is not
+  here). ``minio/mc`` runs its command (``mb [--ignore-existing] ALIAS/BUCKET``) with boto3, at
+  the endpoint and with the credentials of its ``MC_HOST_<alias>`` variable. The broker reads the
+  compose file's config, written to this machine with its host names and ports rewritten as the
+  commands' are. Beyond the message check: enough entries to close several ledgers (the official
+  client through the broker's published binary port, no batching: an entry per message), an
+  offload up to the topic's ``lastMessageId`` by the admin API until its status is SUCCESS,
+  an index and a data object in the bucket for each ledger internalStats calls offloaded, and
+  the topic read back from offset 0 over REST, every message in order.
 """
 
 from __future__ import annotations
@@ -34,6 +53,7 @@ import base64
 import importlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,26 +64,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pulsar
 import pytest
 
 from api.cli import build_parser
+from api.config import parse_properties
 from consumers.cluster_launcher import JUTE_MAXBUFFER_BYTES, running_zookeeper, zookeeper_available
 from consumers.launcher import free_port, stop_process
 from tests.e2e.compose_model import (
     Stage,
+    config_content,
+    config_targets,
     published,
     render,
     service_command,
     service_stage,
     volume_targets,
 )
-from tests.standalone import REPO_ROOT
+from tests.e2e.test_demo import compose_schema_validator
+from tests.integration.test_tiered_storage import wait_offload_status
+from tests.standalone import REPO_ROOT, read_all
 
 pytestmark = pytest.mark.slow
 
-COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cluster.yml")
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cluster.yml", "docker-compose.tiered.yml")
+TIERED_FILE = "docker-compose.tiered.yml"
+MINIO_IMAGE = "minio/minio"
+MC_IMAGE = "minio/mc"
+MINIO_PORT = 9000
+MINIO_CONSOLE_PORT = 9001
+MC_HOST_PREFIX = "MC_HOST_"
+OFFLOAD_TOPIC = "compose-offload"
+OFFLOADED_LEDGERS_MIN = 3
+OFFLOAD_TIMEOUT_S = 30.0
+S3_REGION = "us-east-1"
 ZOOKEEPER_SERVICE = "zookeeper"
 ZOOKEEPER_PORT = 2181
 WRITING_OPTIONS = ("--data-dir", "--journal-dir", "--checkpoint-dir", "--output-dir")
@@ -133,6 +169,11 @@ def test_rendering_interpolates_as_compose_does(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="does not know"):
         render(sample, {"SET": "v"})
 
+
+def test_follows_the_compose_specification(compose_file: Path) -> None:
+    problems = compose_schema_validator().iter_errors(rendered(compose_file))
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in problems]
+    assert errors == []
 
 
 def test_every_command_parses_with_its_programs_parser(compose_file: Path) -> None:
@@ -206,6 +247,57 @@ def test_zookeeper_settings_are_explained() -> None:
     assert f"-Djute.maxbuffer={JUTE_MAXBUFFER_BYTES}" in zookeeper["environment"]["JVMFLAGS"].split()
 
 
+def test_tiered_storage_is_wired_to_minio() -> None:
+    user, password = "someone", "a-password-of-their-own"
+    for env in ({}, {"MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password}):
+        compose = render(REPO_ROOT / TIERED_FILE, env)
+        minio_name = _service_of(compose, MINIO_IMAGE)
+        minio = compose["services"][minio_name]
+        root = (minio["environment"]["MINIO_ROOT_USER"], minio["environment"]["MINIO_ROOT_PASSWORD"])
+        assert all(root) and (not env or root == (user, password)), root
+        broker_name = _service_of(compose, "magnetar")
+        broker = compose["services"][broker_name]
+        assert (broker["environment"]["AWS_ACCESS_KEY_ID"], broker["environment"]["AWS_SECRET_ACCESS_KEY"]) == root
+        conf = broker_conf(compose, broker_name)
+        setup_name = _service_of(compose, MC_IMAGE)
+        _, bucket, endpoint, credentials = mc_target(compose["services"][setup_name])
+        assert credentials == root and bucket == conf["s3ManagedLedgerOffloadBucket"]
+        assert endpoint == conf["s3ManagedLedgerOffloadServiceEndpoint"] == f"http://{minio_name}:{MINIO_PORT}"
+        assert conf["managedLedgerOffloadDriver"] == "aws-s3"
+        assert int(conf["managedLedgerMinLedgerRolloverTimeMinutes"]) == 0
+        assert published(minio) == {MINIO_PORT: MINIO_PORT, MINIO_CONSOLE_PORT: MINIO_CONSOLE_PORT}
+        assert f":{MINIO_CONSOLE_PORT}" in minio["command"] and minio["healthcheck"]["test"][0] == "CMD"
+        assert compose["services"][setup_name]["depends_on"] == {minio_name: {"condition": "service_healthy"}}
+        assert broker["depends_on"] == {setup_name: {"condition": "service_completed_successfully"}}
+        for image in (minio["image"], compose["services"][setup_name]["image"]):
+            assert re.fullmatch(r"minio/(minio|mc):RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ", image), image
+
+
+def _service_of(compose: dict[str, Any], image: str) -> str:
+    """The one service running ``image`` (a repository name: any tag)."""
+    names: list[str] = [name for name in compose["services"] if _image(compose, name) == image]
+    assert len(names) == 1, f"{len(names)} services run {image}"
+    return names[0]
+
+
+def broker_conf(compose: dict[str, Any], name: str) -> dict[str, str]:
+    """The standalone.conf keys of the config a broker's ``--config`` names."""
+    command = service_command(compose, name)
+    path = _option(command, "--config")
+    assert path is not None, f"{name} has no --config"
+    return parse_properties(config_content(compose, config_targets(compose["services"][name])[path]))
+
+
+def mc_target(service: dict[str, Any]) -> tuple[str, str, str, tuple[str, str]]:
+    """What an ``mc mb [--ignore-existing] ALIAS/BUCKET`` service makes: the alias, the bucket, the
+    endpoint and the (user, password) its ``MC_HOST_<alias>`` variable gives."""
+    command = service["command"]
+    assert command[0] == "mb" and set(command[1:-1]) <= {"--ignore-existing"}, command
+    alias, bucket = command[-1].split("/", 1)
+    url = httpx.URL(service["environment"][f"{MC_HOST_PREFIX}{alias}"])
+    return alias, bucket, f"{url.scheme}://{url.host}:{url.port}", (url.username, url.password)
+
+
 # --- as processes -----------------------------------------------------------------------------------
 
 
@@ -260,10 +352,27 @@ class Machine:
             return str(self.port(service, int(token)))
         if token in names or token == "0.0.0.0":
             return "127.0.0.1"
+        if token in config_targets(self.compose["services"][service]):
+            return str(self.config_path(config_targets(self.compose["services"][service])[token]))
         for target, volume in volume_targets(self.compose["services"][service]).items():
             if token == target or token.startswith(target + "/"):
                 return str(self.root / "volumes" / volume) + token[len(target):]
-        return re.sub(r"\b([a-z][a-z0-9-]*):(\d+)\b", lambda m: self._address(m, names), token)
+        return self.localize_addresses(token)
+
+    def localize_addresses(self, text: str) -> str:
+        """Every ``service:port`` in ``text`` as the address it listens on here."""
+        names = set(self.compose["services"])
+        return re.sub(r"\b([a-z][a-z0-9-]*):(\d+)\b", lambda m: self._address(m, names), text)
+
+    def config_path(self, config: str) -> Path:
+        """Where the top-level config ``config`` lies here: its content with addresses localized,
+        readable by every user as Compose's mounted configs are."""
+        path = self.root / "configs" / config
+        if not path.exists():
+            path.parent.mkdir(mode=0o755, exist_ok=True)
+            path.write_text(self.localize_addresses(config_content(self.compose, config)))
+            path.chmod(0o444)
+        return path
 
     def _address(self, match: re.Match[str], names: set[str]) -> str:
         if match.group(1) not in names:
@@ -282,18 +391,36 @@ def test_every_service_runs_as_a_process(compose_file: Path) -> None:
         if ZOOKEEPER_SERVICE in compose["services"]:
             address = stack.enter_context(running_zookeeper(root / "zookeeper"))
             machine.ports[(ZOOKEEPER_SERVICE, ZOOKEEPER_PORT)] = int(address.rsplit(":", 1)[1])
-        brokers = []
-        for name in _start_order(compose):
-            command = service_command(compose, name)
-            if program(command) == SPARK_MODULE:
-                continue  # parsed above; tests/e2e/test_demo.py runs it
-            if program(command) == PRODUCER_MODULE:
-                _run_once(machine, name, [*command, *PRODUCER_BURST])
-                continue
-            stack.enter_context(_running(machine, name, command))
-            if program(command) in BROKER_COMMANDS:
-                brokers.append(name)
+        order = _start_order(compose)
+        for name in order:
+            _start(machine, stack, name)
+        brokers = [name for name in order if name in image_services(compose)
+                   and program(service_command(compose, name)) in BROKER_COMMANDS]
         _check_a_message_goes_through(machine, brokers)
+        if any(_image(compose, name) == MINIO_IMAGE for name in order):
+            _check_an_offload_goes_to_the_bucket(machine, brokers[0])
+
+
+def _image(compose: dict[str, Any], name: str) -> str:
+    """The repository of the image a service runs (its tag aside)."""
+    return str(compose["services"][name].get("image", "")).split(":")[0]
+
+
+def _start(machine: Machine, stack: ExitStack, name: str) -> None:
+    """Start ``name`` (until ``stack`` closes), or run it to its end when it is a one-shot."""
+    if _image(machine.compose, name) == MINIO_IMAGE:
+        stack.enter_context(_running_s3_server(machine, name))
+        return
+    if _image(machine.compose, name) == MC_IMAGE:
+        _make_bucket(machine, name)
+        return
+    command = service_command(machine.compose, name)
+    if program(command) == SPARK_MODULE:
+        return  # parsed above; tests/e2e/test_demo.py runs it
+    if program(command) == PRODUCER_MODULE:
+        _run_once(machine, name, [*command, *PRODUCER_BURST])
+        return
+    stack.enter_context(_running(machine, name, command))
 
 
 def _start_order(compose: dict[str, Any]) -> list[str]:
@@ -381,6 +508,104 @@ def _run_once(machine: Machine, name: str, command: list[str]) -> None:
     done = subprocess.run([*prefix, *machine.localize(name, command)], cwd=workdir, env=env, capture_output=True,
                           text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+@contextmanager
+def _running_s3_server(machine: Machine, name: str) -> Iterator[None]:
+    """moto's S3 server in MinIO's place, on the port this machine gives ``name``'s S3 port;
+    healthy once that port accepts connections (MinIO's own check runs its ``mc``, not here)."""
+    port = machine.port(name, MINIO_PORT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    log_path = machine.root / f"{name}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                cwd=machine.root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline_s = time.monotonic() + HEALTHY_TIMEOUT_S
+        while not _accepts(port):
+            assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline_s, f"{name} did not listen on {port}:\n{log_path.read_text()[-3000:]}"
+            time.sleep(POLL_S)
+        yield
+    finally:
+        stop_process(proc)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _make_bucket(machine: Machine, name: str) -> None:
+    """``mc mb ALIAS/BUCKET`` as boto3 does it: at the alias's endpoint, with its credentials."""
+    _, bucket, endpoint, (user, password) = mc_target(machine.compose["services"][name])
+    _s3_client(machine.localize_addresses(endpoint), user, password).create_bucket(Bucket=bucket)
+
+
+def _s3_client(endpoint: str, access_key_id: str, secret_access_key: str) -> Any:
+    return boto3.client("s3", endpoint_url=endpoint, region_name=S3_REGION, aws_access_key_id=access_key_id,
+                        aws_secret_access_key=secret_access_key)
+
+
+def _check_an_offload_goes_to_the_bucket(machine: Machine, broker: str) -> None:
+    """Enough entries to close several ledgers, offloaded by the admin API up to the last one;
+    each offloaded ledger's index and data objects in the bucket; every message read back in order."""
+    conf = broker_conf(machine.compose, broker)
+    topic = f"/topics/persistent/public/default/{OFFLOAD_TOPIC}"
+    admin = f"/admin/v2/persistent/public/default/{OFFLOAD_TOPIC}"
+    with httpx.Client(base_url=machine.host_url(broker), timeout=OFFLOAD_TIMEOUT_S) as http:
+        payloads = _fill_ledgers(machine, broker, http, int(conf["managedLedgerMaxEntriesPerLedger"]))
+        last = http.get(f"{admin}/lastMessageId").json()
+        offload = http.put(f"{admin}/offload", json={"ledgerId": last["ledgerId"], "entryId": last["entryId"]})
+        assert offload.status_code == 204, offload.text
+        status = wait_offload_status(http, admin)
+        assert status["status"] == "SUCCESS", status
+        ledgers = http.get(f"{admin}/internalStats").json()["ledgers"]
+        offloaded = sorted(ledger["ledgerId"] for ledger in ledgers if ledger["offloaded"])
+        assert len(offloaded) >= OFFLOADED_LEDGERS_MIN, ledgers
+        read = read_all(machine.host_url(broker), topic)
+        assert [(m["offset"], m["payload"].decode()) for m in read] == list(enumerate(payloads))
+    env = machine.compose["services"][broker]["environment"]
+    s3 = _s3_client(machine.localize_addresses(conf["s3ManagedLedgerOffloadServiceEndpoint"]),
+                    env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=conf["s3ManagedLedgerOffloadBucket"]).get("Contents", [])]
+    assert sorted(int(k.split("-")[0]) for k in keys if k.endswith("-index")) == offloaded, keys
+    assert sorted(int(k.split("-")[0]) for k in keys if not k.endswith("-index")) == offloaded, keys
+
+
+def _fill_ledgers(machine: Machine, broker: str, http: httpx.Client, per_ledger: int) -> list[str]:
+    """A ledger's worth of entries at a time until the topic has closed OFFLOADED_LEDGERS_MIN
+    ledgers (a ledger rolls over once it holds ``per_ledger``); the payloads sent, in order."""
+    payloads: list[str] = []
+    for _ in range(2 * OFFLOADED_LEDGERS_MIN + 2):
+        batch = [f"offloaded-{len(payloads) + index}" for index in range(per_ledger)]
+        _send_one_entry_each(machine, broker, OFFLOAD_TOPIC, batch)
+        payloads += batch
+        ledgers = http.get(f"/admin/v2/persistent/public/default/{OFFLOAD_TOPIC}/internalStats").json()["ledgers"]
+        if len(ledgers) > OFFLOADED_LEDGERS_MIN:
+            return payloads
+    raise AssertionError(f"{len(payloads)} entries closed {len(ledgers) - 1} ledgers rolling at {per_ledger} entries")
+
+
+def _send_one_entry_each(machine: Machine, broker: str, topic: str, payloads: list[str]) -> None:
+    """The official Pulsar client sends each payload as an entry of its own (no batching)."""
+    results: list[pulsar.Result] = []
+    client = pulsar.Client(machine.host_url(broker, "--pulsar-port", "pulsar"), operation_timeout_seconds=30)
+    try:
+        producer = client.create_producer(f"persistent://public/default/{topic}", batching_enabled=False,
+                                          block_if_queue_full=True)
+        for payload in payloads:
+            producer.send_async(payload.encode(), lambda result, _: results.append(result))
+        producer.flush()
+        deadline_s = time.monotonic() + OFFLOAD_TIMEOUT_S
+        while len(results) < len(payloads) and time.monotonic() < deadline_s:  # the last callbacks
+            time.sleep(POLL_S)
+    finally:
+        client.close()
+    assert results == [pulsar.Result.Ok] * len(payloads), (len(results), {str(r) for r in results})
 
 
 def _check_a_message_goes_through(machine: Machine, brokers: list[str]) -> None:

@@ -16,7 +16,11 @@ The commands and code are read from README.md itself, so the README and this tes
   expected output (``...`` stands for anything) and must appear in what the command printed;
 - the table of REST pull parameters under "REST consumers" names every query parameter a pull
   takes, with the defaults and bounds the broker applies (a new subscription at Latest, an
-  Exclusive one, a 60 s negative-ack delay, ...).
+  Exclusive one, a 60 s negative-ack delay, ...);
+- the filesystem driver's example under "Tiered storage" ("On one machine, without an object
+  store"): its ``tiered.conf``, ``magnetar standalone`` with it, then its session (produce,
+  offload, status SUCCESS, the objects in the directory, a consumer from earliest), and the
+  topic read back whole once the bookie's copies are deleted.
 """
 
 from __future__ import annotations
@@ -482,3 +486,60 @@ def test_the_storage_example_runs_as_written(tmp_path: Path) -> None:
                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=COMMAND_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["b'hello'", "b'hello'", "0"]
+
+
+# --- "Tiered storage": the filesystem driver on one machine ----------------------------------------
+TIERED_OFFLOAD_DIR = "/tmp/magnetar-offload"
+TIERED_DATA_DIR = "/tmp/magnetar-tiered"
+
+
+def tiered_blocks() -> tuple[str, str, str]:
+    """The filesystem example: its ``tiered.conf``, the line that starts the broker, the session."""
+    text = section("### On one machine, without an object store")
+    conf, shell = code_blocks(text, "properties"), code_blocks(text, "sh")
+    assert len(conf) == 1 and len(shell) == 2, "tiered.conf, the standalone line, the session"
+    return conf[0], shell[0].strip(), shell[1]
+
+
+def test_the_filesystem_offload_example_runs_as_written(tmp_path: Path) -> None:
+    """"On one machine, without an object store" as written: its lines saved as ``tiered.conf``,
+    ``magnetar standalone`` started with it, the session's commands in one bash, each printing
+    what its comment says (the offload ends in SUCCESS, the directory holds the ledgers'
+    objects, a consumer from earliest gets every message). Then the bookie's copies of the
+    offloaded ledgers are gone (a deletion lag of 0) and the topic still reads back whole, in
+    order, from the directory. The substitutions: the two /tmp paths (temporary ones), the
+    config file's path, and free ports for the broker's listeners (its URL in
+    ``MAGNETAR_SERVICE_URL``)."""
+    conf, start, session = tiered_blocks()
+    offload_dir, data_dir = tmp_path / "offload", tmp_path / "data"
+
+    def here(text: str) -> str:
+        return text.replace(TIERED_OFFLOAD_DIR, str(offload_dir)).replace(TIERED_DATA_DIR, str(data_dir))
+
+    (tmp_path / "tiered.conf").write_text(here(conf))
+    port, pulsar_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    assert start == f"magnetar standalone --config tiered.conf --data-dir {TIERED_DATA_DIR}"
+    line = here(start).replace("tiered.conf", str(tmp_path / "tiered.conf"))
+    env = plain_environment(HOME=str(tmp_path), MAGNETAR_SERVICE_URL=url)
+    env["PATH"] = f"{REPO_ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"  # the section's magnetar
+    with background(f"{line} --port {port} --pulsar-port {pulsar_port}", env, tmp_path / "broker.log") as broker:
+        wait_healthy(f"{url}/healthz", broker)
+        run_block([(here(c), e) for c, e in commands_with_expected_output(session)], [], env)
+        offloaded = wait_bookie_copies_deleted(f"{url}/admin/v2/persistent/public/default/clicks/internalStats")
+        assert len(offloaded) >= 2, offloaded
+        assert sorted(p.name.split("-")[0] for p in offload_dir.rglob("*-index")) == [str(i) for i in offloaded]
+        clicks = read_all(url, "/topics/persistent/public/default/clicks")
+    assert [(m["offset"], m["payload"]) for m in clicks] == [(i, b"click") for i in range(300)]
+
+
+def wait_bookie_copies_deleted(stats_url: str) -> list[int]:
+    """The offloaded ledgers' ids, once every one of them is ``bookkeeperDeleted``."""
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ledgers = httpx.get(stats_url, timeout=30).json()["ledgers"]
+        offloaded = [ledger for ledger in ledgers if ledger["offloaded"]]
+        if offloaded and all(ledger["bookkeeperDeleted"] for ledger in offloaded):
+            return [ledger["ledgerId"] for ledger in offloaded]
+        time.sleep(0.2)
+    raise AssertionError(f"the bookie kept offloaded ledgers: {ledgers}")
