@@ -14,7 +14,9 @@ cursors, readers and dispatch read from it. Its parts, each in its own module:
 
 This module keeps the ledgers' lifecycle. The current ledger rolls over when it holds
 ``ledger_entries_max`` entries, ``ledger_size_bytes_max`` bytes or is ``ledger_age_ms_max`` old
-(never before ``ledger_age_ms_min``, never when empty); a new ledger takes appends only once
+(never before ``ledger_age_ms_min``, never when empty), and before a group of entries (one
+append, never split) that would pass ``ledger_entries_max``, so a ledger holds at most that many
+entries unless one group alone is larger; a new ledger takes appends only once
 the list naming it is saved. After a crash the last ledger is recovered (fenced and closed at
 its last durable entry) and a new one is opened. After a failed add the next append continues
 in a new ledger; once another broker recovered the topic (fenced its ledger, or rewrote its
@@ -353,12 +355,12 @@ class ManagedLedger(ManagedLedgerAdds, ManagedLedgerOffload):
         self._failure = None
         self._open_new_ledger()
 
-    def _maybe_roll_over(self) -> None:
+    def _maybe_roll_over(self, incoming_entries: int) -> None:
         info = self._list.infos[-1]
         age_ms = self._now_ms() - info.created_ms
         if self._current_next_entry_id == 0 or age_ms < self.config.ledger_age_ms_min:
             return
-        if (self._current_next_entry_id >= self.config.ledger_entries_max
+        if (self._current_next_entry_id + incoming_entries > self.config.ledger_entries_max
                 or info.size_bytes >= self.config.ledger_size_bytes_max
                 or age_ms >= self.config.ledger_age_ms_max):
             self._retire_current()

@@ -77,8 +77,9 @@ class ManagedLedgerAdds(ABC):
         """Refuse (closed, terminated, taken over) or get a current ledger ready."""
 
     @abstractmethod
-    def _maybe_roll_over(self) -> None:
-        """Retire the current ledger and open the next, when one of its bounds is reached."""
+    def _maybe_roll_over(self, incoming_entries: int) -> None:
+        """Retire the current ledger and open the next, when one of its bounds is reached or
+        ``incoming_entries`` (one append, never split across ledgers) would pass its entry bound."""
 
     @abstractmethod
     def _now_ms(self) -> int: ...
@@ -139,7 +140,7 @@ class ManagedLedgerAdds(ABC):
                        on_offsets: Sequence[Callable[[int], None] | None] | None,
                        ) -> tuple[Future[int], LedgerInfo, list[bytes], list[AddResult]]:
         self._check_writable()
-        self._maybe_roll_over()
+        self._maybe_roll_over(len(payloads))
         if expected_offset is not None and expected_offset != self._next_offset:
             raise OffsetMismatch(
                 f"expected offset {expected_offset} but the next offset of {self.display_name} is "

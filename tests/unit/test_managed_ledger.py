@@ -347,3 +347,19 @@ def test_after_a_takeover_the_old_owners_cursor_persists_nothing_and_the_new_own
     assert again is not None and again.mark_delete_offset == 6
     new_owner.close_all()
     stack.close()
+
+
+def test_a_group_of_entries_that_would_pass_the_entry_bound_starts_a_new_ledger(stack: Stack) -> None:
+    """Pulsar never puts more than ``managedLedgerMaxEntriesPerLedger`` entries in a ledger: a
+    group of entries (one append, never split) that would pass the bound rolls over first."""
+    config = dataclasses.replace(ManagedLedgerConfig.test_min(), ledger_entries_max=5)
+    ml, _ = stack.open("t/ns/persistent/grouped", config)
+    for i in range(3):
+        append_messages(ml, [f"single-{i}".encode()])
+    group = [encode_entry([Message(payload=f"grouped-{i}".encode())], producer_name="test", sequence_id=i,
+                          publish_time_ms=0) for i in range(4)]
+    results = ml.append(group, [1] * len(group)).result(timeout=10)
+    assert len({r.position.ledger_id for r in results}) == 1  # the group stays in one ledger...
+    entries = [info.entries for info in ml.ledger_infos()]
+    assert entries == [3, 4], entries  # ...a new one: before the fix, [7]
+    assert max(entries) <= config.ledger_entries_max
