@@ -276,9 +276,11 @@ class DcbEvents:
         """Store ``events`` as one entry unless an event matching ``condition`` (None: no
         condition) follows position ``after`` (``DcbConditionFailed``: nothing written). A
         resend of the producer's last append (same ``producer_name`` and ``sequence_id``) is
-        answered with its first positions, its condition not checked again."""
+        answered with its first positions (its condition met by its own events is no refusal)."""
         check_events(events)
         derived = None if condition is None else check_query(condition, "condition.failIfEventsMatch.items")
+        if derived == []:  # a query of no items matches every event
+            derived = [DcbItem(frozenset(), frozenset())]
         messages = [build_message(e.data, None, {TYPE_PROPERTY: e.type, TAGS_PROPERTY: json.dumps(list(e.tags))})
                     for e in events]
         producer = self._topics.producer(name, producer_name)  # ProducerBusy beyond maxProducers
@@ -290,11 +292,10 @@ class DcbEvents:
             delay_s = producer.publish_delay_s()
             if delay_s > 0:  # the topic is over its publish rate: the request waits, as a throttled client does
                 time.sleep(delay_s)
-            resend = sequence_id is not None and sequence_id + len(events) - 1 <= topic.last_sequence_id(producer_name)
+            highest = None if sequence_id is None else sequence_id + len(events) - 1
             for _ in range(DCB_APPEND_ATTEMPTS_MAX):
-                checked = None
-                if derived is not None and not resend:
-                    checked = self._checked(topic, topic.streams, derived, after)
+                checked = None if derived is None else self._checked_or_resent(topic, derived, after, producer_name,
+                                                                               highest)
                 entry = entry_of_messages(messages, sequence_id=sequence_id)
                 try:
                     stored = producer.append([entry], dcb_condition=checked)
@@ -304,6 +305,20 @@ class DcbEvents:
             raise DcbIndexMoved(f"the key index of {name} kept moving while the condition was checked; retry")
         finally:
             producer.close()
+
+    def _checked_or_resent(self, topic: PersistentTopic, items: list[DcbItem], after: int, producer_name: str,
+                           highest_sequence_id: int | None) -> DcbCondition:
+        """The condition checked against the segments; when it fails there but the append
+        resends the producer's stored last one (a lost answer), a condition the append never
+        checks: the topic answers the duplicate with its first results before any check (and
+        were it no duplicate, its unset segments fail the check as ``DcbIndexMoved``)."""
+        assert topic.streams is not None
+        try:
+            return self._checked(topic, topic.streams, items, after)
+        except DcbConditionFailed:
+            if highest_sequence_id is None or highest_sequence_id > topic.last_sequence_id(producer_name):
+                raise
+            return DcbCondition(items, after, None)
 
     def _checked(self, topic: PersistentTopic, keys: PartitionKeys, items: list[DcbItem], after: int) -> DcbCondition:
         """The condition, checked against the segments as they stand (``DcbConditionFailed``
