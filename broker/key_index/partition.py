@@ -244,15 +244,14 @@ class PartitionKeys:
 
     def _check_condition(self, condition: DcbCondition, first_offset: int) -> None:
         """(With the lock, under the offset lock.) ``DcbConditionFailed`` when an event matching
-        the condition lies at or after its offset: in the tail (in flight or confirmed) or in
-        the offsets up to ``first_offset`` at all for an item matching every event. The
-        segments were checked before the lock; ``DcbIndexMoved`` when a checkpoint replaced
-        them since."""
+        the condition lies at or after its offset: in the tail (in flight or confirmed), or any
+        event at all (the one at that offset) for an item matching every event. The segments
+        were checked before the lock; ``DcbIndexMoved`` when a checkpoint replaced them since."""
         if condition.segments != self._durable.segments:
             raise DcbIndexMoved(f"the key index of {self.ml.display_name} was checkpointed while the condition "
                                 "was checked; check it again")
         for item in condition.items:
-            found = (first_offset if first_offset > condition.after else None) if item.matches_all \
+            found = (condition.after if first_offset > condition.after else None) if item.matches_all \
                 else self._tail_match(item, condition.after)
             if found is not None:
                 raise DcbConditionFailed(f"the event at position {found + 1} of {self.ml.display_name} matches the "
