@@ -216,6 +216,7 @@ SEGMENT_APPEND_ENTRIES = 64
 SEGMENT_WRITE_WAIT_S = 60.0
 """How long a checkpoint waits for one append of a segment's entries."""
 CLUSTERS_MAX = 64
+"""Clusters a namespace may name in ``replication_clusters``."""
 
 # --- dynamic consistency boundaries (broker/dcb.py): events with a type and tags, in the key index ---
 DCB_TYPE_BYTES_MAX = 256
@@ -240,7 +241,6 @@ DCB_INDEX_ROWS_PER_PAGE = 1000
 DCB_APPEND_ATTEMPTS_MAX = 8
 """Times a conditional DCB append checks its condition again when a key index checkpoint moved
 the rows it checked between the check and the append."""
-"""Clusters a namespace may name in ``replication_clusters``."""
 
 # --- the broker's recent rates (broker/rate_history.py) ---
 RATE_HISTORY_SAMPLE_INTERVAL_S = 5.0
