@@ -173,8 +173,7 @@ def _check_any_client_entry(data: bytes) -> tuple[tuple[str | None, ...], bool, 
         raise InvalidRequest("a client's entry must not carry broker entry metadata")
     metadata = entry.metadata
     keys: tuple[str | None, ...]
-    messages = split_entry_payload(entry).messages if entry.is_batched or metadata.compression or MARK in data \
-        else None  # a compressed entry hides the mark: its properties are read in any case
+    messages = split_entry_payload(entry).messages if entry.is_batched or MARK in data else None
     if entry.is_batched and messages is not None:
         keys = tuple(m.key for m in messages)
     else:

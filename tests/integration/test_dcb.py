@@ -192,3 +192,44 @@ def test_the_derived_index_is_rebuilt_after_kill_9_and_read_from_segments_after_
         assert [e[2] for e in summary(read(client, [{"tags": ["show-1"]}]))] == [b"ann"]
         assert append(client, [event("SeatBooked", ["seat-2"], b"bob")], [{"tags": ["seat-2"]}]).json() == \
             {"position": 502}
+
+
+def test_events_from_pulsar_clients_are_indexed_as_on_replay_batched_compressed_or_not(tmp_path: Path) -> None:
+    """A binary client's own entries carry DCB events too: single, batched, and LZ4-compressed
+    batches (whose properties are only visible once decompressed) are found by tag at once, and
+    again after ``kill -9`` when the index is rebuilt from the log."""
+    import pulsar
+
+    from tests.integration.pulsar_support import binary_broker
+    from tests.integration.pulsar_support import client as pulsar_client
+
+    def properties(tag: str) -> dict[str, str]:
+        return {"dcb-type": "Seen", "dcb-tags": f'["{tag}", "pulsar"]'}
+
+    topic = "persistent://public/default/courses"
+    with binary_broker(tmp_path) as (url, pulsar_url, proc), httpx.Client(base_url=url, timeout=30) as http:
+        official = pulsar_client(pulsar_url)
+        try:
+            single = official.create_producer(topic, batching_enabled=False)
+            single.send(b"one", properties=properties("single"))
+            batched = official.create_producer(topic, batching_enabled=True, batching_max_messages=3,
+                                               batching_max_publish_delay_ms=1000)
+            compressed = official.create_producer(topic, batching_enabled=True, batching_max_messages=2,
+                                                  batching_max_publish_delay_ms=1000,
+                                                  compression_type=pulsar.CompressionType.LZ4)
+            for i in range(3):
+                batched.send_async(b"b%d" % i, None, properties=properties("batched"))
+            batched.flush()
+            for i in range(2):
+                compressed.send_async(b"c%d" % i, None, properties=properties("compressed"))
+            compressed.flush()
+        finally:
+            official.close()
+        expected = {"single": [b"one"], "batched": [b"b0", b"b1", b"b2"], "compressed": [b"c0", b"c1"]}
+        for tag, payloads in expected.items():
+            assert [e[2] for e in summary(read(http, [{"tags": [tag]}]))] == payloads, tag
+        assert len(read(http, [{"types": ["Seen"], "tags": ["pulsar"]}])["events"]) == 6
+        stop(proc, kill=True)
+    with standalone_process(tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        for tag, payloads in expected.items():
+            assert [e[2] for e in summary(read(http, [{"tags": [tag]}]))] == payloads, tag
