@@ -224,6 +224,8 @@ CLOSE_REASON_BYTES_MAX = 120
 """A close frame's reason, cut to fit a control frame (125 bytes with the code)."""
 WS_ERROR_TEXT_CHARS_MAX = 300
 """An error's text in a WebSocket error frame (longer text is cut)."""
+WS_DCB_PENDING_FRAMES_MAX = 16
+"""Frames one WebSocket DCB socket carries out at once (reading pauses beyond)."""
 
 # Fixed bounds of the binary protocol (``api/pulsar/``).
 COMMAND_BYTES_MAX = 1 * MIB

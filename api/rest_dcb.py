@@ -91,7 +91,7 @@ async def _parsed(request: Request, model: type[M]) -> M:
         raise InvalidRequest(validation_problems(exc.errors(), body) or "invalid DCB request") from None
 
 
-def _items(items: list[Item]) -> list[DcbQueryItem]:
+def items_of(items: list[Item]) -> list[DcbQueryItem]:
     return [DcbQueryItem(tuple(item.types), tuple(item.tags)) for item in items]
 
 
@@ -104,6 +104,16 @@ def _events(events: list[Event]) -> list[DcbEvent]:
             raise InvalidRequest(f"events[{index}].data is not valid base64", field="events") from None
         out.append(DcbEvent(event.type, data, tuple(event.tags)))
     return out
+
+
+def append_events(service: BrokerService, name: TopicName, asked: AppendRequest) -> dict[str, Any]:
+    """Carry out an append request: ``{position}`` (and ``duplicate`` for a resend)."""
+    condition = asked.condition
+    result = service.streams.dcb.append(name, _events(asked.events),
+                                        None if condition is None else items_of(condition.failIfEventsMatch.items),
+                                        0 if condition is None else condition.after, asked.producerName,
+                                        asked.sequenceId)
+    return {"position": result.position, **({"duplicate": True} if result.duplicate else {})}
 
 
 def read_json(read: DcbRead) -> dict[str, Any]:
@@ -123,7 +133,7 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         authorizer.require(caller, Action.CONSUME, name)
         asked = await _parsed(request, ReadRequest)
         budget = limits.read_response_bytes_max * 3 // 4  # base64 in JSON
-        read = await run_in_threadpool(service.streams.dcb.read, name, _items(asked.items), asked.after,
+        read = await run_in_threadpool(service.streams.dcb.read, name, items_of(asked.items), asked.after,
                                        asked.limit, budget)
         return read_json(read)
 
@@ -133,11 +143,8 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
         asked = await _parsed(request, AppendRequest)
-        condition = asked.condition
-        result = await run_in_threadpool(  # reads entries and waits for the append: off the event loop
-            service.streams.dcb.append, name, _events(asked.events),
-            None if condition is None else _items(condition.failIfEventsMatch.items),
-            0 if condition is None else condition.after, asked.producerName, asked.sequenceId)
-        return {"position": result.position, **({"duplicate": True} if result.duplicate else {})}
+        # reads entries and waits for the append: off the event loop
+        answer: dict[str, Any] = await run_in_threadpool(append_events, service, name, asked)
+        return answer
 
     return routes

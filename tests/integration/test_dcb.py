@@ -233,3 +233,33 @@ def test_events_from_pulsar_clients_are_indexed_as_on_replay_batched_compressed_
     with standalone_process(tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
         for tag, payloads in expected.items():
             assert [e[2] for e in summary(read(http, [{"tags": [tag]}]))] == payloads, tag
+
+
+def test_the_websocket_dcb_socket_reads_and_appends_answering_in_frame_order(tmp_path: Path) -> None:
+    """Forty frames pipelined on one socket (more than it carries out at once): reads and
+    conditional appends answered in frame order with their contexts; a refused condition and a
+    bad frame are answered as errors and write nothing, and the socket goes on."""
+    from tests.integration.ws_client import open_ws, recv_frame, send_frame, ws_base
+
+    with standalone_process(tmp_path) as (url, _), httpx.Client(base_url=url, timeout=30) as client:
+        assert append(client, [event("Opened", [])]).is_success
+        with open_ws(f"{ws_base(url)}/ws/v2/dcb/persistent/public/default/courses") as ws:
+            seat = [{"tags": ["seat-1"]}]
+            frames: list[dict[str, Any]] = []
+            for i in range(20):  # each books seat-1 on the condition nothing booked it after position 1
+                frames.append({"type": "append", "context": f"a{i}", "events": [event("SeatBooked", ["seat-1"])],
+                               "condition": {"failIfEventsMatch": {"items": seat}, "after": 1}})
+                frames.append({"type": "read", "context": f"r{i}", "items": seat})
+            frames.append({"type": "append", "context": "bad", "events": [event("A", ["t" * (TAG_BYTES_MAX + 1)])]})
+            frames.append({"type": "teleport", "context": "unknown"})
+            for frame in frames:
+                send_frame(ws, frame)
+            answers = [recv_frame(ws) for _ in frames]
+        assert [a["context"] for a in answers] == [f["context"] for f in frames]
+        assert answers[0] == {"result": "ok", "context": "a0", "position": 2}
+        assert all(a["result"] == "error:8" and a["errorCode"] == "dcb_condition_failed" and a["position"] == 2
+                   for a in answers[2:40:2]), answers[2:40:2]
+        assert all(a["result"] == "ok" and [e["position"] for e in a["events"]] == [2] for a in answers[1:40:2])
+        assert answers[40]["result"] == "error:8" and answers[40]["errorCode"] == "invalid_request"
+        assert answers[41]["result"] == "error:3"
+        assert read(client, [])["head"] == 2, "a refused frame wrote something"
