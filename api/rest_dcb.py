@@ -36,6 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from api.auth import Action, Authorizer, Caller
 from api.errors import validation_problems
 from api.limits import EdgeLimits
+from api.rest_produce import inlined_schema
 from broker import DCB_READ_EVENTS_MAX, BrokerService, DcbEvent, DcbQueryItem, DcbRead, InvalidRequest, TopicName
 
 POSITION_MAX = 2**63 - 1
@@ -91,6 +92,11 @@ async def _parsed(request: Request, model: type[M]) -> M:
         raise InvalidRequest(validation_problems(exc.errors(), body) or "invalid DCB request") from None
 
 
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The request body's schema in the operation (the route reads the raw body)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inlined_schema(model)}}}}
+
+
 def items_of(items: list[Item]) -> list[DcbQueryItem]:
     return [DcbQueryItem(tuple(item.types), tuple(item.tags)) for item in items]
 
@@ -127,7 +133,8 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
     routes = APIRouter(tags=["dynamic consistency boundaries"])
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/dcb/read",
-                 summary="Read the events matching a query after a position (DCB)")
+                 summary="Read the events matching a query after a position (DCB)",
+                 openapi_extra=_body_schema(ReadRequest))
     async def dcb_read(tenant: str, namespace: str, topic: str, request: Request, caller: Caller) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.CONSUME, name)
@@ -138,7 +145,8 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
         return read_json(read)
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/dcb/append",
-                 summary="Append events unless an event matching the condition follows its position (DCB)")
+                 summary="Append events unless an event matching the condition follows its position (DCB)",
+                 openapi_extra=_body_schema(AppendRequest))
     async def dcb_append(tenant: str, namespace: str, topic: str, request: Request, caller: Caller) -> dict[str, Any]:
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
