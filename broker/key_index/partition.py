@@ -129,14 +129,14 @@ class KeyReservation:
 
     def message_versions(self) -> tuple[int | None, ...]:
         """The version of every message of the entry (None for a keyless one); empty when the
-        entry has no keyed message."""
-        if not self.keyed:
-            return ()
+        entry has no keyed message (a DCB event's derived streams are no key's)."""
         out: list[int | None] = [None] * self.message_count
+        keyed = False
         for (index, key), version in zip(self.keyed, self.versions, strict=True):
             if type(key) is str:
                 out[index] = version
-        return tuple(out)
+                keyed = True
+        return tuple(out) if keyed else ()
 
 
 class PartitionKeys:
@@ -250,28 +250,28 @@ class PartitionKeys:
         if condition.segments != self._durable.segments:
             raise DcbIndexMoved(f"the key index of {self.ml.display_name} was checkpointed while the condition "
                                 "was checked; check it again")
-        for item in condition.items:
-            found = (condition.after if first_offset > condition.after else None) if item.matches_all \
-                else self._tail_match(item, condition.after)
-            if found is not None:
-                raise DcbConditionFailed(f"the event at position {found + 1} of {self.ml.display_name} matches the "
-                                         f"append's condition (after position {condition.after})",
-                                         position=found + 1)
+        found = [(condition.after if first_offset > condition.after else None) if item.matches_all
+                 else self._tail_match(item, condition.after) for item in condition.items]
+        first = min((offset for offset in found if offset is not None), default=None)
+        if first is not None:
+            raise DcbConditionFailed(f"the event at position {first + 1} of {self.ml.display_name} matches the "
+                                     f"append's condition (after position {condition.after})", position=first + 1)
 
     def _tail_match(self, item: DcbItem, after: int) -> int | None:
-        """(With the lock.) The offset of an event of the tail at or after offset ``after``
-        matching ``item``, read from its rarest derived stream's tail (a tagged item), or from
-        each of its types' (None: no such event)."""
+        """(With the lock.) The offset of the first event of the tail at or after offset ``after`` matching
+        ``item``, read from its rarest derived stream's tail (a tagged item), or from each of its
+        types' (None: no such event)."""
         tails = self._tail
         sources = [min(item.tags, key=lambda k: len(tails.get(k, ())))] if item.tags else list(item.types)
+        first: int | None = None
         for key in sources:
-            for _, reservation, index in reversed(tails.get(key, ())):
+            for _, reservation, index in reversed(tails.get(key, ())):  # newest first, down to ``after``
                 offset = reservation.first_offset + index
                 if offset < after:
                     break
-                if item.matches(reservation.dcb[index]):
-                    return offset
-        return None
+                if item.matches(reservation.dcb[index]) and (first is None or offset < first):
+                    first = offset
+        return first
 
     def _assigned_version(self, key: str) -> int:
         """The key's latest version, counting appends still in flight (call with the lock)."""
