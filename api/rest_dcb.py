@@ -37,9 +37,17 @@ from api.auth import Action, Authorizer, Caller
 from api.errors import validation_problems
 from api.limits import EdgeLimits
 from api.rest_produce import inlined_schema
-from broker import DCB_READ_EVENTS_MAX, BrokerService, DcbEvent, DcbQueryItem, DcbRead, InvalidRequest, TopicName
-
-POSITION_MAX = 2**63 - 1
+from broker import (
+    DCB_READ_EVENTS_MAX,
+    OFFSET_MAX,
+    SEQUENCE_ID_MAX,
+    BrokerService,
+    DcbEvent,
+    DcbQueryItem,
+    DcbRead,
+    InvalidRequest,
+    TopicName,
+)
 
 
 class Item(BaseModel):
@@ -56,7 +64,7 @@ class Query(BaseModel):
 class ReadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     items: list[Item] = []
-    after: int = Field(default=0, ge=0, le=POSITION_MAX)
+    after: int = Field(default=0, ge=0, le=OFFSET_MAX)
     limit: int = Field(default=DCB_READ_EVENTS_MAX, ge=1, le=DCB_READ_EVENTS_MAX)
 
 
@@ -70,7 +78,7 @@ class Event(BaseModel):
 class Condition(BaseModel):
     model_config = ConfigDict(extra="forbid")
     failIfEventsMatch: Query  # noqa: N815 - the specification's name
-    after: int = Field(default=0, ge=0, le=POSITION_MAX)
+    after: int = Field(default=0, ge=0, le=OFFSET_MAX)
 
 
 class AppendRequest(BaseModel):
@@ -78,7 +86,7 @@ class AppendRequest(BaseModel):
     events: list[Event]
     condition: Condition | None = None
     producerName: str = "dcb-producer"  # noqa: N815
-    sequenceId: int | None = Field(default=None, ge=0, le=POSITION_MAX)  # noqa: N815
+    sequenceId: int | None = Field(default=None, ge=0, le=SEQUENCE_ID_MAX)  # noqa: N815
 
 
 M = TypeVar("M", bound=BaseModel)

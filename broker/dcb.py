@@ -29,7 +29,7 @@ two is ``DcbIndexMoved``: the condition is checked again, ``DCB_APPEND_ATTEMPTS_
 Invariants: a refused append (``DcbConditionFailed``, 409, with the first matching event's
 position; a bound, 400) writes nothing; a read never changes anything and sees only durable
 events; every answer is bounded (``DCB_READ_EVENTS_MAX`` events, a byte budget,
-``DCB_READ_CANDIDATES_MAX`` entries examined); every bound of a query or an event is checked
+``DCB_READ_ROWS_MAX`` index rows examined); every bound of a query or an event is checked
 before anything is read or written.
 """
 
@@ -65,8 +65,8 @@ from broker.limits import (
     DCB_INDEX_ROWS_PER_PAGE,
     DCB_ITEM_TERMS_MAX,
     DCB_QUERY_ITEMS_MAX,
-    DCB_READ_CANDIDATES_MAX,
     DCB_READ_EVENTS_MAX,
+    DCB_READ_ROWS_MAX,
     DCB_TAG_BYTES_MAX,
     DCB_TAGS_PER_EVENT_MAX,
     DCB_TYPE_BYTES_MAX,
@@ -243,7 +243,7 @@ class DcbEvents:
         for examined, row in enumerate(candidates(topic.streams, derived, start)):
             if row.offset >= end:
                 break
-            if len(found) >= limit or (found and size >= max_bytes) or examined >= DCB_READ_CANDIDATES_MAX:
+            if len(found) >= limit or (found and size >= max_bytes) or examined >= DCB_READ_ROWS_MAX:
                 return DcbRead(found, end or None, row.offset)  # every match before this row is in found
             message = entries.message(row)
             if any(item.matches(derived_keys(message.properties)) for item in derived):
@@ -333,8 +333,8 @@ class DcbEvents:
                 if row.offset < topic.ml.first_offset:
                     continue  # trimmed by retention: no longer an event of the topic
                 examined += 1
-                if examined > DCB_READ_CANDIDATES_MAX:
-                    raise InvalidRequest(f"the condition's query has more than {DCB_READ_CANDIDATES_MAX} candidate "
+                if examined > DCB_READ_ROWS_MAX:
+                    raise InvalidRequest(f"the condition's query has more than {DCB_READ_ROWS_MAX} candidate "
                                          "events after its position; name a rarer tag", field="condition")
                 if one_tag or any(
                         i.matches(derived_keys(entries.message(row).properties)) for i in indexed):

@@ -233,9 +233,10 @@ DCB_EVENTS_PER_APPEND_MAX = 1000
 """Events one DCB append stores (one entry, written whole or not at all)."""
 DCB_READ_EVENTS_MAX = 10_000
 """Events one DCB read answers (a longer read is continued after its ``nextAfter``)."""
-DCB_READ_CANDIDATES_MAX = 20_000
-"""Entries one DCB read, or one condition check, examines for events (a read stops there and
-says where to go on; a condition with more candidates is refused: name a rarer tag)."""
+DCB_READ_ROWS_MAX = 20_000
+"""Rows of derived streams one DCB read, or one condition check, examines (each names an entry
+to read; a read stops there and says where to go on; a condition with more is refused: name a
+rarer tag)."""
 DCB_INDEX_ROWS_PER_PAGE = 1000
 """Rows of one derived stream a DCB read or condition takes from the key index at once."""
 DCB_APPEND_ATTEMPTS_MAX = 8
