@@ -16,6 +16,13 @@ writes the confirmed rows as a segment (``segment.py``), a ledger of the topic's
 and records it in the topic's metadata (``checkpoint.py``), both through the partition's
 ``SegmentSet`` (``segment_set.py``); only then do they leave the tail.
 
+DCB events (``derived.py``, ``broker/dcb.py``): a message whose properties name a type and tags
+is numbered, besides its key's stream, in one derived stream per type and per tag, the same way
+(on append and when entries are read again on open); ``rows_from_offset`` reads a stream's rows
+after an offset, and ``_reserve`` checks a DCB condition against the tail under the offset lock
+(``DcbConditionFailed``; ``DcbIndexMoved`` when a checkpoint moved the segments it was checked
+against), as it checks expected versions.
+
 Opening (after a restart, a failover, a bundle move): the record is read and checked against the
 managed ledger's incarnation and end, its segments' indexes are loaded, and only the entries
 after ``indexedTo`` are read again. A record of another incarnation, one running past the

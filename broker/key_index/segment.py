@@ -14,7 +14,9 @@ is an SSTable on a ledger::
 
 A lookup reads the index once (kept in memory with the segment), skips a segment whose Bloom
 filter says the key is absent, bisects the blocks by (key, version) and reads only the blocks
-that can hold the key's rows (decoded blocks are cached, bounded in bytes, by the caller).
+that can hold the key's rows (decoded blocks are cached, bounded in bytes, by the caller). A
+key's offsets rise with its versions, so the blocks are bisected by (key, offset) too, for the
+rows after an offset (``rows_from_offset``: a DCB read or condition).
 
 Invariants: rows of one segment are unique and sorted by (key bytes, version); a block holds
 at least one row; the index names every block in entry order; the Bloom filter has no false
