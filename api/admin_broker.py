@@ -265,7 +265,8 @@ def _key_index(broker: BrokerStats) -> dict[str, Any]:
             "checkpoints": keys.checkpoints, "segments": keys.segments, "entriesReplayed": keys.entries_replayed,
             "versionMismatches": keys.version_mismatches, "rowsCleaned": keys.rows_cleaned,
             "compactions": keys.compactions, "blockCacheHits": keys.block_cache_hits,
-            "blockCacheMisses": keys.block_cache_misses}
+            "blockCacheMisses": keys.block_cache_misses, "dcbRowsRead": keys.dcb_rows_read,
+            "dcbEntriesRead": keys.dcb_entries_read}
 
 
 def _budget(budget: ByteBudgetStats | None) -> dict[str, Any] | None:

@@ -47,6 +47,7 @@ from api.metrics import router as metrics_router
 from api.pulsar import PulsarServer, PulsarSettings
 from api.request_guard import RequestGuard, RoleSlots
 from api.rest_consume import router as consume_router
+from api.rest_dcb import router as dcb_router
 from api.rest_locate import router as locate_router
 from api.rest_lookup import router as clusters_router
 from api.rest_produce import router as produce_router
@@ -144,6 +145,7 @@ def create_app(service: BrokerService, *, auth: AuthConfig | None = None,
     app.include_router(consume_router(service, authorizer, limits))
     app.include_router(read_router(service, authorizer, limits))
     app.include_router(streams_router(service, authorizer, limits))
+    app.include_router(dcb_router(service, authorizer, limits))
     app.include_router(ws_router(ws_server.routes))
     app.include_router(admin_router(service, authorizer))
     app.include_router(metrics_router(service, authorizer, stalls))

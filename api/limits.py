@@ -229,6 +229,8 @@ WS_ERROR_TEXT_CHARS_MAX = 300
 """An error's text in a WebSocket error frame (longer text is cut)."""
 METRIC_ERROR_LABEL_CHARS_MAX = 200
 """An error's text in a metric's ``error`` label (``magnetar_topic_offload_failing``; longer text is cut)."""
+WS_DCB_PENDING_FRAMES_MAX = 16
+"""Frames one WebSocket DCB socket carries out at once (reading pauses beyond)."""
 
 # Fixed bounds of the binary protocol (``api/pulsar/``).
 COMMAND_BYTES_MAX = 1 * MIB

@@ -19,7 +19,9 @@ enforces it), so the broker can change its insides without any edge noticing. Th
   ``Delivery``s), ``Reader``, statistics views, the broker-wide byte budgets
   (``service.reads_in_flight``, ``service.publish_buffer``: a ``ByteBudget`` each),
   ``StoredMessage``, ``RangeRead``; for event streams ``StreamInfo``, ``StreamRead`` and
-  ``KeyReader`` (``service.streams``: ``stream_info``, ``read_stream``, ``stream_reader``);
+  ``KeyReader`` (``service.streams``: ``stream_info``, ``read_stream``, ``stream_reader``); for
+  dynamic consistency boundaries ``DcbEvent``, ``DcbQueryItem``, ``DcbRead`` (``service.streams.dcb``:
+  ``read``, ``append``);
 - topics' schemas (``SchemaRegistry``, ``service.schemas``: versions and Pulsar's compatibility
   strategies);
 - the one way to build what is appended (``PreparedEntry``: ``entry_of_messages`` for a batch,
@@ -42,6 +44,8 @@ from broker.bookkeeper.bookie import QuorumConfig
 from broker.byte_budget import ByteBudget, ByteBudgetStats
 from broker.compaction import CompactionStatus
 from broker.consumer import Consumer, ConsumerConfig
+from broker.dcb import DcbEvent, DcbRead
+from broker.dcb import QueryItem as DcbQueryItem
 from broker.delivery import Delivery, EntryRun
 from broker.entry_builder import PreparedEntry, entries_of_messages, entry_of_client, entry_of_messages
 from broker.entry_format import Compression, EncryptionContext, Message
@@ -75,6 +79,7 @@ from broker.event_streams import KEY_VERSION_COLUMN, KeyReader, StreamInfo, Stre
 from broker.key_index import KeyIndexStats
 from broker.limits import (
     BUNDLES_MAX,
+    DCB_READ_EVENTS_MAX,
     EXPECTED_KEYS_MAX,
     KEY_BYTES_MAX,
     MESSAGE_ID_TEXT_CHARS_MAX,
@@ -220,6 +225,10 @@ __all__ = [
     "StoredMessage",
     "StreamInfo",
     "StreamRead",
+    "DcbEvent",
+    "DcbQueryItem",
+    "DcbRead",
+    "DCB_READ_EVENTS_MAX",
     "SubscriptionType",
     "SubscriptionStats",
     "TopicAdmin",

@@ -47,6 +47,7 @@ from broker.entry_format import (
     split_entry_payload,
 )
 from broker.errors import EncryptionRequired, InvalidRequest, MagnetarError, MessageTooLarge
+from broker.key_index.derived import MARK, keys_of_messages
 from broker.limits import CLIENT_ENTRY_OVERHEAD_BYTES_MAX
 
 SEQUENCE_ID_MAX = 2**63 - 1
@@ -79,6 +80,9 @@ class PreparedEntry:
     size_bytes: int = 0
     """What the size bound is checked against: the largest payload of the messages, or the
     client's whole entry."""
+    dcb: tuple[frozenset[bytes], ...] = ()
+    """Each message's derived streams in the key index (``broker/key_index/derived.py``);
+    empty when no message is a DCB event."""
 
     def encoded(self, producer_name: str, sequence_id: int, publish_time_ms: int) -> bytes:
         """The entry's bytes with ``sequence_id`` as its first message's (messages without
@@ -117,7 +121,7 @@ def entry_of_messages(messages: Sequence[Message], *, sequence_id: int | None = 
     first = own if own is not None else sequence_id
     size = max(len(m.payload) for m in messages)
     return PreparedEntry(None, messages, len(messages), tuple(m.key for m in messages), first, None, False,
-                         compression, deliver_at_time_ms, size)
+                         compression, deliver_at_time_ms, size, keys_of_messages([m.properties for m in messages]))
 
 
 def entries_of_messages(messages: Sequence[Message], sequence_ids: Sequence[int | None], *,
@@ -129,7 +133,7 @@ def entries_of_messages(messages: Sequence[Message], sequence_ids: Sequence[int 
         own = message.sequence_id
         first = own if own is not None else given
         entries.append(PreparedEntry(None, (message,), 1, (message.key,), first, first, False, compression, None,
-                                     len(message.payload)))
+                                     len(message.payload), keys_of_messages((message.properties,))))
     return entries
 
 
@@ -143,34 +147,41 @@ def entry_of_client(data: bytes, declared_messages: int, sequence_id: int, highe
     common = common_client_entry(data)
     if encryption_required and (common is not None or not decode_entry_payload(data).metadata.encryption_keys):
         raise EncryptionRequired("Messages must be encrypted")
+    dcb: tuple[frozenset[bytes], ...] = ()
     if common is not None:  # the usual entry, verified without the general parser
         keys: tuple[str | None, ...] = common[1]
         partial = False
+        if MARK in data:  # it may hold DCB events: their properties are read as the general parser reads them
+            _, _, dcb = _check_any_client_entry(data)
     else:
-        keys, partial = _check_any_client_entry(data)
+        keys, partial, dcb = _check_any_client_entry(data)
     if len(keys) != declared_messages:
         raise InvalidRequest(f"the entry holds {len(keys)} messages, the command declares {declared_messages}")
     highest = highest_sequence_id if highest_sequence_id >= sequence_id else sequence_id + max(declared_messages, 1) - 1
     if not 0 <= sequence_id <= highest <= SEQUENCE_ID_MAX:
         raise InvalidRequest(f"sequence ids must lie in 0..{SEQUENCE_ID_MAX} and the highest must not be below "
                              f"the first, not {sequence_id}..{highest}")
-    return PreparedEntry(data, (), len(keys), keys, sequence_id, highest, partial, Compression.NONE, None, len(data))
+    return PreparedEntry(data, (), len(keys), keys, sequence_id, highest, partial, Compression.NONE, None, len(data),
+                         dcb)
 
 
-def _check_any_client_entry(data: bytes) -> tuple[tuple[str | None, ...], bool]:
-    """(each message's key, whether the entry is a chunk other than its message's last)."""
+def _check_any_client_entry(data: bytes) -> tuple[tuple[str | None, ...], bool, tuple[frozenset[bytes], ...]]:
+    """(each message's key, whether the entry is a chunk other than its message's last, each
+    message's derived streams)."""
     entry = decode_entry_payload(data)
     if entry.broker_metadata is not None:
         raise InvalidRequest("a client's entry must not carry broker entry metadata")
     metadata = entry.metadata
     keys: tuple[str | None, ...]
-    if entry.is_batched:
-        keys = tuple(m.key for m in split_entry_payload(entry).messages)
+    messages = split_entry_payload(entry).messages if entry.is_batched or MARK in data else None
+    if entry.is_batched and messages is not None:
+        keys = tuple(m.key for m in messages)
     else:
         keys = (metadata.partition_key if metadata.HasField("partition_key") else None,)
+    dcb = keys_of_messages([m.properties for m in messages]) if messages is not None else ()
     if not (metadata.HasField("chunk_id") and metadata.HasField("num_chunks_from_msg")):
-        return keys, False
+        return keys, False, dcb
     chunks, chunk_id = int(metadata.num_chunks_from_msg), int(metadata.chunk_id)
     if not 0 <= chunk_id < chunks:
         raise InvalidRequest(f"chunk {chunk_id} of a message of {chunks} chunks")
-    return keys, chunk_id < chunks - 1
+    return keys, chunk_id < chunks - 1, dcb

@@ -92,6 +92,31 @@ class KeyVersionMismatch(BrokerError):
         return {"currentKeyVersions": self.current_key_versions}
 
 
+class DcbConditionFailed(BrokerError):
+    """A DCB append refused: an event matching its condition's query follows the condition's
+    position. Nothing was written; ``position`` is the first such event's (offset + 1)."""
+
+    code = "dcb_condition_failed"
+    http_status = 409
+
+    def __init__(self, message: str, *, position: int) -> None:
+        super().__init__(message)
+        self.position = position
+
+    def details(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+
+class DcbIndexMoved(BrokerError):
+    """A DCB append's condition was checked against key index segments that a checkpoint
+    replaced before the append took its offset: checked again (``DCB_APPEND_ATTEMPTS_MAX``
+    times), then refused as retriable. Nothing was written."""
+
+    code = "dcb_index_moved"
+    http_status = 503
+    retriable = True
+
+
 class KeyIndexBusy(BrokerError):
     """The key index is too far behind the appends it must index: retry shortly."""
 

@@ -221,6 +221,31 @@ SEGMENT_WRITE_WAIT_S = 60.0
 CLUSTERS_MAX = 64
 """Clusters a namespace may name in ``replication_clusters``."""
 
+# --- dynamic consistency boundaries (broker/dcb.py): events with a type and tags, in the key index ---
+DCB_TYPE_BYTES_MAX = 256
+"""An event's type (UTF-8 bytes): a type names a derived stream of the key index."""
+DCB_TAG_BYTES_MAX = 256
+"""One tag of an event (UTF-8 bytes): a tag names a derived stream of the key index."""
+DCB_TAGS_PER_EVENT_MAX = 32
+"""Tags of one event (each is a row of the key index)."""
+DCB_QUERY_ITEMS_MAX = 32
+"""Items of one query (a read's, or an append condition's)."""
+DCB_ITEM_TERMS_MAX = 32
+"""Types, and tags, one query item names (each bound apart)."""
+DCB_EVENTS_PER_APPEND_MAX = 1000
+"""Events one DCB append stores (one entry, written whole or not at all)."""
+DCB_READ_EVENTS_MAX = 10_000
+"""Events one DCB read answers (a longer read is continued after its ``nextAfter``)."""
+DCB_READ_ROWS_MAX = 20_000
+"""Rows of derived streams one DCB read, or one condition check, examines (each names an entry
+to read; a read stops there and says where to go on; a condition with more is refused: name a
+rarer tag)."""
+DCB_INDEX_ROWS_PER_PAGE = 1000
+"""Rows of one derived stream a DCB read or condition takes from the key index at once."""
+DCB_APPEND_ATTEMPTS_MAX = 8
+"""Times a conditional DCB append checks its condition again when a key index checkpoint moved
+the rows it checked between the check and the append."""
+
 # --- the broker's recent rates (broker/rate_history.py) ---
 RATE_HISTORY_SAMPLE_INTERVAL_S = 5.0
 """How often the maintenance pass adds a sample of the broker-wide rates to the history."""

@@ -35,6 +35,7 @@ from broker.consumer import Consumer, ConsumerConfig
 from broker.delivery import EntryRun
 from broker.entry_builder import PreparedEntry
 from broker.errors import MagnetarError, NotAllowed, NotFound
+from broker.key_index.derived import DcbCondition
 from broker.message_fields import ExpectedVersion
 from broker.message_id import Position
 from broker.non_persistent_subscription import NonPersistentSubscription, Offered, Rate
@@ -77,9 +78,9 @@ class NonPersistentTopic:
     # --- publishing ----------------------------------------------------------------------
     def append(self, entries: Sequence[PreparedEntry], *, producer_name: str, expected_offset: int | None = None,
                expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
-               ) -> Future[list[PublishResult | MagnetarError]]:
+               dcb_condition: DcbCondition | None = None) -> Future[list[PublishResult | MagnetarError]]:
         """Offer each entry to the subscriptions now; the Future is already done."""
-        if expected_offset is not None or expected_key_versions is not None:
+        if expected_offset is not None or expected_key_versions is not None or dcb_condition is not None:
             raise NotAllowed(f"{self.name} is non-persistent: conditional appends need a persistent topic")
         outcomes: list[PublishResult | MagnetarError] = []
         with self._lock:

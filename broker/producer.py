@@ -40,6 +40,7 @@ from typing import Protocol
 from broker.entry_builder import PreparedEntry
 from broker.entry_format import Compression
 from broker.errors import InvalidRequest, MagnetarError
+from broker.key_index.derived import DcbCondition
 from broker.message_fields import ExpectedVersion
 from broker.quotas import TopicQuotas
 from broker.routing import PartitionRouter
@@ -56,6 +57,7 @@ class AppendTarget(Protocol):
 
     def append(self, entries: Sequence[PreparedEntry], *, producer_name: str, expected_offset: int | None = None,
                expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
+               dcb_condition: DcbCondition | None = None,
                ) -> Future[list[PublishResult | MagnetarError]]: ...
 
     def last_sequence_id(self, producer: str) -> int: ...
@@ -141,7 +143,7 @@ class Producer:
 
     def append(self, entries: Sequence[PreparedEntry], *, partition: TopicName | None = None,
                expected_offset: int | None = None, expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
-               ) -> Future[list[PublishResult | MagnetarError]]:
+               dcb_condition: DcbCondition | None = None) -> Future[list[PublishResult | MagnetarError]]:
         """Append ``entries`` (``broker/entry_builder.py``) to this producer's topic, each routed
         as :meth:`route` routes its first message's key (or all to ``partition``, which the
         transport chose with :meth:`route` and :meth:`partition_of_key`), in one
@@ -149,7 +151,8 @@ class Producer:
         the refusal of that entry alone, in order, and a failure to store fails it. A client's
         own entries go to the topic it named (a binary client routes itself). A conditional
         append goes to one partition: the one of its first key, where each of its keys and
-        expected keys must route."""
+        expected keys must route; a DCB condition (``broker/dcb.py``) to a topic of one
+        partition (or the partition named)."""
         if not entries:
             raise InvalidRequest("a publish needs at least one message")
         if partition is not None:
@@ -158,6 +161,9 @@ class Producer:
             targets = {self.topic: list(range(len(entries)))}
         elif not entries[0].messages:
             raise InvalidRequest(f"{self.topic} is partitioned: produce to one of its partitions")
+        elif dcb_condition is not None:
+            raise InvalidRequest(f"{self.topic} is partitioned: a DCB append needs one total order, a topic of one "
+                                 "partition")
         elif expected_offset is not None or expected_key_versions is not None:
             targets = {self.route(entries[0].keys[0]): list(range(len(entries)))}
         else:
@@ -172,7 +178,8 @@ class Producer:
         if len(targets) == 1:
             (target,) = targets
             return self._topics.topic(target).append(entries, producer_name=name, expected_offset=expected_offset,
-                                                     expected_key_versions=expected_key_versions)
+                                                     expected_key_versions=expected_key_versions,
+                                                     dcb_condition=dcb_condition)
         parts = [(positions, self._topics.topic(target).append([entries[p] for p in positions], producer_name=name))
                  for target, positions in targets.items()]
         return _gathered(parts, len(entries))

@@ -4,7 +4,8 @@ Role: ``BrokerService.streams``, the read side of the event store for REST and W
 readers. ``read_range`` reads one topic partition from an offset on
 (``broker/range_read.py``); ``stream_info``, ``read_stream`` and ``stream_reader`` read the
 stream of one key (``broker/event_streams.py``), in the partition the key routes to, as a
-keyed publish would (``stream_partition``). Topics come from the topic registry.
+keyed publish would (``stream_partition``); ``dcb`` reads and appends events with a type and
+tags by query (``broker/dcb.py``). Topics come from the topic registry.
 
 Invariants: a read never creates a topic (``NotFound`` for one that does not exist); a
 partition of a partitioned topic that nobody wrote to reads as empty; a live stream reader is a
@@ -13,6 +14,7 @@ reader like any other and creates its topic when auto-creation allows.
 
 from __future__ import annotations
 
+from broker.dcb import DcbEvents
 from broker.errors import InvalidRequest
 from broker.event_streams import KeyReader, StreamInfo, StreamRead, read_stream, stream_info
 from broker.range_read import RangeRead, read_range
@@ -24,6 +26,8 @@ from broker.topic_registry import TopicRegistry
 class EventStreams:
     def __init__(self, topics: TopicRegistry) -> None:
         self._topics = topics
+        self.dcb = DcbEvents(topics)
+        """Events with a type and tags, read by query and appended on a condition (``broker/dcb.py``)."""
 
     def read_range(self, name: TopicName, offset: int, max_messages: int, max_bytes: int, *,
                    message_overhead_bytes: int = 0) -> RangeRead:

@@ -36,6 +36,7 @@ from broker.entry_builder import SEQUENCE_ID_MAX, PreparedEntry
 from broker.entry_format import decode_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError
 from broker.key_index import KeyReservation, PartitionKeys
+from broker.key_index.derived import DcbCondition
 from broker.limits import MESSAGE_SIZE_BYTES_MAX, REPLAY_BATCH_ENTRIES
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_adds import AddResult
@@ -178,13 +179,15 @@ class PersistentTopic:
 
     # --- publishing ----------------------------------------------------------------------
     def append(self, entries: Sequence[PreparedEntry], *, producer_name: str, expected_offset: int | None = None,
-               expected_key_versions: Mapping[str, ExpectedVersion] | None = None) -> Future[list[_Outcome]]:
+               expected_key_versions: Mapping[str, ExpectedVersion] | None = None,
+               dcb_condition: DcbCondition | None = None) -> Future[list[_Outcome]]:
         """Append a group of entries (``broker/entry_builder.py``; a single message is a group
         of one) with one managed-ledger call and one Future, whose list holds, in order, each
         entry's result or the refusal of that entry alone; a failure to store fails the Future.
         A refusal of the whole group raises before anything is written: the conditions
         (``expected_offset``: the group's first offset; ``expected_key_versions``: what its
-        keys' streams must be at), or the managed ledger's (terminated, not served here).
+        keys' streams must be at; ``dcb_condition``: no event matching its query after its
+        position, ``broker/dcb.py``), or the managed ledger's (terminated, not served here).
 
         Deduplication keys on each entry's highest sequence id: a repeat of one stored is
         acknowledged as a duplicate (with its first results when the append is conditional and
@@ -196,10 +199,11 @@ class PersistentTopic:
         datas: list[bytes] = []
         counts: list[int] = []
         reservation = _Reservation(self.dedup, producer_name)
-        conditional = expected_key_versions is not None or expected_offset is not None
+        conditional = expected_key_versions is not None or expected_offset is not None or dcb_condition is not None
         if self.streams is not None:  # read the keys' stored heads now, not under the offset lock
-            self.streams.prefetch_heads(itertools.chain(expected_key_versions or (),
-                                                        (key for entry in entries for key in entry.keys)))
+            self.streams.prefetch_heads(itertools.chain(
+                expected_key_versions or (), (key for entry in entries for key in entry.keys),
+                (key for entry in entries for derived in entry.dcb for key in derived)))
         with self._publish_lock:  # reservations and append order must agree
             publish_ms = int(self._clock() * 1000)
             try:
@@ -218,8 +222,9 @@ class PersistentTopic:
                         continue
                     written.append(position)
                     counts.append(entry.message_count)
+                    lead = len(written) == 1  # the conditions are the group's first entry's
                     reservation.keys.append(self._key_reservation(
-                        entry, expected_key_versions if len(written) == 1 else None))
+                        entry, expected_key_versions if lead else None, dcb_condition if lead else None))
                 if datas:
                     added = self.ml.append(datas, counts, expected_offset=expected_offset, on_offsets=reservation.keys)
                     if self.quotas.publish is not None:
@@ -263,13 +268,13 @@ class PersistentTopic:
             reservation.claims.append(None if dedup is not None else (first, highest))
         return None
 
-    def _key_reservation(self, entry: PreparedEntry,
-                         expected: Mapping[str, ExpectedVersion] | None) -> KeyReservation | None:
+    def _key_reservation(self, entry: PreparedEntry, expected: Mapping[str, ExpectedVersion] | None,
+                         condition: DcbCondition | None) -> KeyReservation | None:
         if self.streams is None:
-            if expected is not None:
-                raise InvalidRequest(f"{self.name} keeps no key index: expectedKeyVersions cannot be checked")
+            if expected is not None or condition is not None:
+                raise InvalidRequest(f"{self.name} keeps no key index: its conditions cannot be checked")
             return None
-        return self.streams.reservation_of_keys(entry.keys, expected)
+        return self.streams.reservation_of_keys(entry.keys, expected, entry.dcb, condition)
 
     def _appended(self, added: Future[list[AddResult]], result: Future[list[_Outcome]], reservation: _Reservation,
                   outcomes: list[_Outcome | None], written: list[int]) -> None:

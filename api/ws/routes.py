@@ -1,13 +1,14 @@
 """Pulsar's WebSocket API v2 routes: which session each handshake path opens, and their documentation.
 
 Role: paths and query parameters follow Pulsar's WebSocket API, so a client written from
-Pulsar's docs works unchanged; the producer and consumer paths exist for ``non-persistent``
-topics too (``/ws/v2/producer/non-persistent/…``). ``websocket_routes`` is the edge's route table: each
+Pulsar's docs works unchanged (plus Magnetar's DCB socket, ``/ws/v2/dcb/…``: ``dcb.py``); the
+producer and consumer paths exist for ``non-persistent`` topics too
+(``/ws/v2/producer/non-persistent/…``). ``websocket_routes`` is the edge's route table: each
 ``WebSocketRoute`` matches a handshake's path and reads the handshake (``Handshake``: path
-parameters and query) into an ``Opening``: what the caller must be allowed (an action on
-topics; a consumer that names its own dead-letter topic also needs the produce permission
-there, since the broker writes into it on its behalf) and how the session's broker objects
-(producer, consumer over a ``MultiConsumer``, readers) start. A bad parameter raises the broker's
+parameters and query) into an ``Opening``: what the caller must be allowed (an action on topics;
+a consumer that names its own dead-letter topic also needs the produce permission there, since
+the broker writes into it on its behalf) and how the session's broker objects (producer,
+consumer over a ``MultiConsumer``, readers) start. A bad parameter raises the broker's
 ``InvalidRequest``; ``server.py`` answers every refusal of a handshake, once, as an HTTP error.
 ``router`` lists the same paths, with their query parameters and frames, in the OpenAPI document
 and ``/docs``, and answers a plain HTTP GET on them with 426.
@@ -25,6 +26,7 @@ from api.auth import Action
 from api.errors import UpgradeRequired
 from api.limits import RECEIVER_QUEUE_MESSAGES_MAX, EdgeLimits
 from api.ws.consumer import ConsumerSession
+from api.ws.dcb import DcbSession
 from api.ws.params import ConsumerParams, ProducerParams, QueryParams, reader_start
 from api.ws.producer import ProducerSession
 from api.ws.reader import ReaderSession
@@ -64,6 +66,8 @@ class Opening:
     start: Callable[[SessionIO], Session]
     """Creates the session's broker objects; raises the broker's refusal (the upgrade is answered)."""
     dead_letter_topic: str | None = None
+    also: tuple[Action, ...] = ()
+    """Actions the caller must be allowed on ``topics`` besides ``action`` (a DCB socket reads and appends)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,15 @@ def websocket_routes(service: BrokerService, limits: EdgeLimits) -> list[WebSock
 
         return Opening(Action.CONSUME, [name], start_reading)
 
-    handlers = {"producer": producer, "consumer": consumer, "multi": multi_topic_consumer, "reader": reader}
+    def dcb(handshake: Handshake) -> Opening:
+        params = handshake.params
+        name = TopicName.of(params["tenant"], params["namespace"], params["topic"])
+        read_bytes_max = limits.read_response_bytes_max * 3 // 4  # base64 in JSON
+        return Opening(Action.CONSUME, [name], lambda io: DcbSession(io, service, name, read_bytes_max),
+                       also=(Action.PRODUCE,))
+
+    handlers = {"producer": producer, "consumer": consumer, "multi": multi_topic_consumer, "reader": reader,
+                "dcb": dcb}
     routes = [WebSocketRoute(path, summary, description, handlers[kind])
               for kind, (path, summary, description) in _WS_DOCS.items()]
     for kind in ("producer", "consumer"):  # Pulsar's paths for non-persistent topics
@@ -207,6 +219,15 @@ _WS_DOCS = {
         "for a live reader of one key's event stream: its messages from that version on, then each new one, "
         "with their keyVersion. Messages arrive like the consumer's; acknowledgements only free flow-control "
         "credit; `{type: \"isEndOfTopic\"}` is answered."),
+    "dcb": (
+        "/ws/v2/dcb/persistent/{tenant}/{namespace}/{topic}",
+        "WebSocket DCB store: events read by query, appended on a condition (Magnetar)",
+        "Connect with a WebSocket client (produce and consume permissions). Send `{type: \"read\", context, items: "
+        "[{types, tags}], after, limit}` or `{type: \"append\", context, events: [{type, tags, data (base64)}], "
+        "condition: {failIfEventsMatch: {items}, after}, producerName, sequenceId}`; each frame is answered in "
+        "order, `{result: \"ok\", context, events, head, nextAfter}` or `{result: \"ok\", context, position}`, or "
+        "`{result: \"error:<n>\", context, errorCode, errorMsg, position}` (`dcb_condition_failed`: nothing "
+        "written)."),
 }
 
 

@@ -137,7 +137,7 @@ class WebSocketServer:
         if role is not None:
             self.slots.take(role)
         try:
-            checks = [(opening.action, topic) for topic in opening.topics]
+            checks = [(action, topic) for action in (opening.action, *opening.also) for topic in opening.topics]
             if opening.dead_letter_topic is not None:
                 checks.append((Action.PRODUCE, TopicName.parse(opening.dead_letter_topic)))
             for needed, topic in checks:

@@ -1,12 +1,12 @@
 """What a WebSocket session is, what it sees of its connection, and what every session kind shares.
 
-Role: a session (``producer.py``, ``consumer.py``, ``reader.py``) is a plain object that maps a
-connection's frames onto broker objects and back; it knows no socket, no event-loop protocol
-and no web framework. ``server.py`` drives it through ``Session``: ``start`` once the upgrade is
-accepted, ``on_frames`` with the text frames of each socket read, ``end`` once the connection
-closes. The session sees its connection as a ``SessionIO``: a ``FrameWriter`` for every frame it
-sends (one route out), ``ready`` to be offered the frames it left, ``close`` with a code and
-reason.
+Role: a session (``producer.py``, ``consumer.py``, ``reader.py``, ``dcb.py``) is a plain object
+that maps a connection's frames onto broker objects and back; it knows no socket, no event-loop
+protocol and no web framework. ``server.py`` drives it through ``Session``: ``start`` once the
+upgrade is accepted, ``on_frames`` with the text frames of each socket read, ``end`` once the
+connection closes. The session sees its connection as a ``SessionIO``: a ``FrameWriter`` for
+every frame it sends (one route out), ``ready`` to be offered the frames it left, ``close`` with
+a code and reason.
 
 Invariants:
 - Frames in take one route: ``on_frames`` gets every text frame of one socket read, in order,

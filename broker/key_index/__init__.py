@@ -6,7 +6,8 @@ version's offset and entry in segments on ledgers of the topic's own storage (``
 records which segments make up the index in the topic's metadata (``checkpoint.py``), and is
 opened by whichever broker serves the topic, after a restart, a failover or a bundle move
 (``index.py``): it loads the checkpoint and reads only the entries after it. Nothing of it lives
-on a broker's local disk.
+on a broker's local disk. A DCB event's type and tags are numbered too, as derived streams
+(``derived.py``), so reads and conditions by tag cost what a key's read costs.
 
 The face: ``KeyIndex`` (the broker's), ``PartitionKeys`` (a partition's: reservations for the
 append path, heads and rows for reads), ``KeyReservation``, ``StreamRow``, ``KeyIndexStats``.

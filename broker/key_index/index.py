@@ -60,6 +60,10 @@ class KeyIndexStats:
     compactions: int
     block_cache_hits: int
     block_cache_misses: int
+    dcb_rows_read: int
+    """Rows of derived streams DCB reads and conditions took (``derived.py``)."""
+    dcb_entries_read: int
+    """Entries DCB reads and conditions read to see the events those rows name."""
 
 
 class KeyIndex:
@@ -82,6 +86,7 @@ class KeyIndex:
         self.rows_indexed = self.checkpoints = self.entries_replayed = 0
         self.mismatches = self.rows_cleaned = self.compactions = 0
         self.block_hits = self.block_misses = 0
+        self.dcb_rows_read = self.dcb_entries_read = 0
         self._thread = threading.Thread(target=self._run, name="magnetar-key-index", daemon=True)
         self._thread.start()
 
@@ -217,7 +222,7 @@ class KeyIndex:
         return KeyIndexStats(len(partitions), sum(k.pending_rows() for k in partitions), self.rows_indexed,
                              self.checkpoints, sum(k.segments() for k in partitions), self.entries_replayed,
                              self.mismatches, self.rows_cleaned, self.compactions, self.block_hits,
-                             self.block_misses)
+                             self.block_misses, self.dcb_rows_read, self.dcb_entries_read)
 
     def close(self) -> None:
         """Stop the thread and write a last checkpoint of every partition."""

@@ -16,6 +16,13 @@ writes the confirmed rows as a segment (``segment.py``), a ledger of the topic's
 and records it in the topic's metadata (``checkpoint.py``), both through the partition's
 ``SegmentSet`` (``segment_set.py``); only then do they leave the tail.
 
+DCB events (``derived.py``, ``broker/dcb.py``): a message whose properties name a type and tags
+is numbered, besides its key's stream, in one derived stream per type and per tag, the same way
+(on append and when entries are read again on open); ``rows_from_offset`` reads a stream's rows
+after an offset, and ``_reserve`` checks a DCB condition against the tail under the offset lock
+(``DcbConditionFailed``; ``DcbIndexMoved`` when a checkpoint moved the segments it was checked
+against), as it checks expected versions.
+
 Opening (after a restart, a failover, a bundle move): the record is read and checked against the
 managed ledger's incarnation and end, its segments' indexes are loaded, and only the entries
 after ``indexedTo`` are read again. A record of another incarnation, one running past the
@@ -45,8 +52,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from broker.entry_format import decode_entry
-from broker.errors import BadVersion, KeyIndexBusy, KeyVersionMismatch, MagnetarError
+from broker.errors import BadVersion, DcbConditionFailed, DcbIndexMoved, KeyIndexBusy, KeyVersionMismatch, MagnetarError
 from broker.key_index.checkpoint import SegmentInfo
+from broker.key_index.derived import DcbCondition, DcbItem, IndexKey, keys_of_messages
 from broker.key_index.segment import Row, Segment, StreamRow, key_bytes, row_of
 from broker.key_index.segment_set import SegmentHost, SegmentSet
 from broker.limits import (
@@ -82,6 +90,8 @@ class IndexHost(SegmentHost, Protocol):
 
     checkpoints: int
     compactions: int
+    dcb_entries_read: int
+    dcb_rows_read: int
     entries_replayed: int
     mismatches: int
     rows_cleaned: int
@@ -94,15 +104,21 @@ class KeyReservation:
     """One entry's keyed messages: versions given under the offset lock (:meth:`__call__`),
     visible once the entry is durable (:meth:`confirmed`) or withdrawn (:meth:`failed`)."""
 
-    __slots__ = ("_expected", "_keys", "first_offset", "keyed", "message_count", "position", "versions")
+    __slots__ = ("_expected", "_keys", "condition", "dcb", "first_offset", "keyed", "message_count", "position",
+                 "versions")
 
-    def __init__(self, keys: PartitionKeys, keyed: list[tuple[int, str]], message_count: int,
-                 expected: Mapping[str, ExpectedVersion] | None) -> None:
+    def __init__(self, keys: PartitionKeys, keyed: list[tuple[int, IndexKey]], message_count: int,
+                 expected: Mapping[str, ExpectedVersion] | None, dcb: Sequence[frozenset[bytes]] = (),
+                 condition: DcbCondition | None = None) -> None:
         self._keys = keys
         self.keyed = keyed
-        """(batch index, key) of every keyed message, in batch order."""
+        """(batch index, stream) of every keyed message, in batch order, then (batch index,
+        derived stream) of every DCB event (``derived.py``)."""
         self.message_count = message_count
         self._expected = expected
+        self.dcb = dcb
+        """Each message's derived streams (empty: no message is a DCB event)."""
+        self.condition = condition
         self.versions: list[int] = []
         """The version of each keyed message (parallel to ``keyed``), once reserved."""
         self.first_offset = -1
@@ -120,13 +136,14 @@ class KeyReservation:
 
     def message_versions(self) -> tuple[int | None, ...]:
         """The version of every message of the entry (None for a keyless one); empty when the
-        entry has no keyed message."""
-        if not self.keyed:
-            return ()
+        entry has no keyed message (a DCB event's derived streams are no key's)."""
         out: list[int | None] = [None] * self.message_count
-        for (index, _), version in zip(self.keyed, self.versions, strict=True):
-            out[index] = version
-        return tuple(out)
+        keyed = False
+        for (index, key), version in zip(self.keyed, self.versions, strict=True):
+            if type(key) is str:
+                out[index] = version
+                keyed = True
+        return tuple(out) if keyed else ()
 
 
 class PartitionKeys:
@@ -145,10 +162,10 @@ class PartitionKeys:
         """One writer of this partition's segments and record at a time (checkpoints, compactions)."""
         self._pending: deque[KeyReservation] = deque()
         """Reserved entries not yet in a segment, in offset order."""
-        self._tail: dict[str, deque[tuple[int, KeyReservation, int]]] = {}
+        self._tail: dict[IndexKey, deque[tuple[int, KeyReservation, int]]] = {}
         """Per key, its versions not yet in a segment: (version, reservation, batch index)."""
         self._pending_rows = 0
-        self._heads: OrderedDict[str, Head | None] = OrderedDict()
+        self._heads: OrderedDict[IndexKey, Head | None] = OrderedDict()
         """Each key's last row in the segments (None: it has none), least recently used first."""
         self._listeners: list[Callable[[], None]] = []
         self.durable_watermark = 0
@@ -159,16 +176,19 @@ class PartitionKeys:
 
     # --- the write path ---------------------------------------------------------------------
     def reservation_of_keys(self, keys: Sequence[str | None],
-                            expected: Mapping[str, ExpectedVersion] | None = None) -> KeyReservation | None:
-        """What an entry whose messages have ``keys`` (None: no key) needs from the index (None:
-        nothing: no key, no expectation, and no earlier reservation can be outstanding). Call
-        with the topic's publish lock held, so reservations are made in append order."""
-        if not expected and not self._pending and keys.count(None) == len(keys):
+                            expected: Mapping[str, ExpectedVersion] | None = None,
+                            dcb: Sequence[frozenset[bytes]] = (),
+                            condition: DcbCondition | None = None) -> KeyReservation | None:
+        """What an entry whose messages have ``keys`` (None: no key) and derived streams ``dcb``
+        needs from the index (None: nothing: no key, no DCB event, no condition, and no earlier
+        reservation can be outstanding). Call with the topic's publish lock held, so
+        reservations are made in append order."""
+        if not expected and condition is None and not dcb and not self._pending and keys.count(None) == len(keys):
             return None
-        keyed = [(i, check_key(key)) for i, key in enumerate(keys) if key is not None]
-        return KeyReservation(self, keyed, len(keys), expected)
+        return KeyReservation(self, _keyed([(i, check_key(key)) for i, key in enumerate(keys) if key is not None],
+                                           dcb), len(keys), expected, dcb, condition)
 
-    def prefetch_heads(self, keys: Iterable[str | None]) -> None:
+    def prefetch_heads(self, keys: Iterable[IndexKey | None]) -> None:
         """Read the stored heads of ``keys`` into the cache (outside every lock), so numbering
         them under the offset lock never waits for a segment read. One pass under the lock finds
         the keys neither in the tail nor cached; only those are read."""
@@ -187,6 +207,8 @@ class PartitionKeys:
         with self._lock:
             self._forget_failed_from(first_offset)
             current = self._check(reservation._expected) if reservation._expected else {}
+            if reservation.condition is not None:
+                self._check_condition(reservation.condition, first_offset)
             if not reservation.keyed:
                 return
             if self._pending_rows + len(reservation.keyed) > PENDING_ROWS_MAX:
@@ -199,7 +221,7 @@ class PartitionKeys:
                 if tail:
                     version = tail[-1][0] + 1
                 else:
-                    latest = current.get(key)
+                    latest = current.get(key) if type(key) is str else None
                     if latest is None:
                         head = self._stored_head_locked(key)
                         latest = -1 if head is None else head[0]
@@ -226,6 +248,37 @@ class PartitionKeys:
             raise KeyVersionMismatch(f"key version mismatch on {self.ml.display_name}: {wrong}",
                                      current_key_versions=current)
         return current
+
+    def _check_condition(self, condition: DcbCondition, first_offset: int) -> None:
+        """(With the lock, under the offset lock.) ``DcbConditionFailed`` when an event matching
+        the condition lies at or after its offset: in the tail (in flight or confirmed), or any
+        event at all (the one at that offset) for an item matching every event. The segments
+        were checked before the lock; ``DcbIndexMoved`` when a checkpoint replaced them since."""
+        if condition.segments != self._durable.segments:
+            raise DcbIndexMoved(f"the key index of {self.ml.display_name} was checkpointed while the condition "
+                                "was checked; check it again")
+        found = [(condition.after if first_offset > condition.after else None) if item.matches_all
+                 else self._tail_match(item, condition.after) for item in condition.items]
+        first = min((offset for offset in found if offset is not None), default=None)
+        if first is not None:
+            raise DcbConditionFailed(f"the event at position {first + 1} of {self.ml.display_name} matches the "
+                                     f"append's condition (after position {condition.after})", position=first + 1)
+
+    def _tail_match(self, item: DcbItem, after: int) -> int | None:
+        """(With the lock.) The offset of the first event of the tail at or after offset ``after`` matching
+        ``item``, read from its rarest derived stream's tail (a tagged item), or from each of its
+        types' (None: no such event)."""
+        tails = self._tail
+        sources = [min(item.tags, key=lambda k: len(tails.get(k, ())))] if item.tags else list(item.types)
+        first: int | None = None
+        for key in sources:
+            for _, reservation, index in reversed(tails.get(key, ())):  # newest first, down to ``after``
+                offset = reservation.first_offset + index
+                if offset < after:
+                    break
+                if item.matches(reservation.dcb[index]) and (first is None or offset < first):
+                    first = offset
+        return first
 
     def _assigned_version(self, key: str) -> int:
         """The key's latest version, counting appends still in flight (call with the lock)."""
@@ -282,7 +335,7 @@ class PartitionKeys:
             self._listeners.remove(listener)
 
     # --- heads ------------------------------------------------------------------------------
-    def _stored_head_locked(self, key: str) -> Head | None:
+    def _stored_head_locked(self, key: IndexKey) -> Head | None:
         """The key's last row in the segments (call with the lock; a miss reads a segment)."""
         heads = self._heads
         if key in heads:
@@ -292,7 +345,7 @@ class PartitionKeys:
         self._remember_head(key, head)
         return head
 
-    def _stored_head(self, key: str) -> Head | None:
+    def _stored_head(self, key: IndexKey) -> Head | None:
         with self._lock:
             if key in self._heads:
                 self._heads.move_to_end(key)
@@ -305,7 +358,7 @@ class PartitionKeys:
         return head
 
     @staticmethod
-    def _read_head(key: str, segments: list[tuple[SegmentInfo, Segment]]) -> Head | None:
+    def _read_head(key: IndexKey, segments: list[tuple[SegmentInfo, Segment]]) -> Head | None:
         raw = key_bytes(key)
         for _, segment in reversed(segments):
             row = segment.last_row(raw)
@@ -313,14 +366,14 @@ class PartitionKeys:
                 return row[1], row[2]
         return None
 
-    def _remember_head(self, key: str, head: Head | None) -> None:
+    def _remember_head(self, key: IndexKey, head: Head | None) -> None:
         heads = self._heads
         heads[key] = head
         heads.move_to_end(key)
         while len(heads) > KEY_HEADS_CACHED_MAX:
             heads.popitem(last=False)
 
-    def head(self, key: str) -> Head | None:
+    def head(self, key: IndexKey) -> Head | None:
         """The key's last readable (durable) version and its offset; None: no message."""
         with self._lock:
             for version, reservation, index in reversed(self._tail.get(key, ())):
@@ -329,14 +382,14 @@ class PartitionKeys:
         return self._stored_head(key)
 
     # --- reading ----------------------------------------------------------------------------
-    def _snapshot(self, key: str) -> tuple[list[tuple[SegmentInfo, Segment]], list[StreamRow]]:
+    def _snapshot(self, key: IndexKey) -> tuple[list[tuple[SegmentInfo, Segment]], list[StreamRow]]:
         """(the segments, the key's readable tail rows) as one consistent view."""
         with self._lock:
             tail = [StreamRow(version, r.first_offset + index, r.position)
                     for version, r, index in self._tail.get(key, ()) if r.position is not None]
             return list(self._durable.segments), tail
 
-    def rows(self, key: str, first_version: int, last_version: int) -> list[StreamRow]:
+    def rows(self, key: IndexKey, first_version: int, last_version: int) -> list[StreamRow]:
         """The readable rows of versions ``first_version..last_version`` (ascending; versions
         beyond the head are simply absent). Rows whose entries retention trimmed but which no
         compaction dropped yet are included: the caller compares offsets."""
@@ -350,7 +403,7 @@ class PartitionKeys:
             rows.extend(row_of(r) for r in segment.rows(raw, first_version, min(last_version, upper - 1)))
         return rows + [r for r in tail if first_version <= r.version <= last_version]
 
-    def first_row_at_or_after(self, key: str, offset: int) -> StreamRow | None:
+    def first_row_at_or_after(self, key: IndexKey, offset: int) -> StreamRow | None:
         """The first readable row of ``key`` whose offset is ``>= offset`` (the first version
         retention kept, when ``offset`` is the partition's first offset)."""
         segments, tail = self._snapshot(key)
@@ -363,14 +416,44 @@ class PartitionKeys:
                     return row_of(row)
         return next((r for r in tail if r.offset >= offset), None)
 
+    def durable_segments(self) -> list[tuple[SegmentInfo, Segment]]:
+        """The segments as they stand (what a DCB condition checks before the offset lock)."""
+        with self._lock:
+            return list(self._durable.segments)
+
+    def rows_from_offset(self, key: IndexKey, offset: int, max_rows: int,
+                         segments: list[tuple[SegmentInfo, Segment]] | None = None) -> list[StreamRow]:
+        """Up to ``max_rows`` readable rows of ``key`` whose offsets are ``>= offset``, ascending,
+        found by bisecting each segment that covers offsets after ``offset`` (never a read of
+        the rows before it). With ``segments``: only their rows (a DCB condition's first check)."""
+        durable, tail = self._snapshot(key)
+        if segments is not None:
+            durable, tail = segments, []
+        raw = key_bytes(key)
+        upper = tail[0].version if tail else 1 << 64
+        found: list[StreamRow] = []
+        for info, segment in durable:
+            if info.to_offset <= offset or len(found) >= max_rows:
+                continue
+            found.extend(row_of(r) for r in segment.rows_from_offset(raw, offset, max_rows - len(found))
+                         if r[1] < upper)
+        found.extend(r for r in tail if r.offset >= offset)
+        del found[max_rows:]
+        self._index.dcb_rows_read += len(found)
+        return found
+
+    def count_dcb_entries_read(self, entries: int) -> None:
+        """Count entries a DCB read or condition read to see the events its rows name."""
+        self._index.dcb_entries_read += entries
+
     def versions_of_entry(self, first_offset: int) -> dict[int, int] | None:
         """{batch index: version} of the keyed messages of the entry starting at ``first_offset``
         (None when the index has no record of that entry)."""
         with self._lock:
             for reservation in self._pending:
                 if reservation.first_offset == first_offset and reservation.position is not None:
-                    return {index: version for (index, _), version in zip(reservation.keyed, reservation.versions,
-                                                                            strict=True)}
+                    return {index: version for (index, key), version in zip(reservation.keyed, reservation.versions,
+                                                                              strict=True) if type(key) is str}
         try:
             position, _ = self.ml.offset_to_position(first_offset)
             entry = self.ml.read_entry(position)
@@ -386,7 +469,7 @@ class PartitionKeys:
             found[index] = row.version
         return found
 
-    def _row_at(self, key: str, offset: int) -> StreamRow | None:
+    def _row_at(self, key: IndexKey, offset: int) -> StreamRow | None:
         segments, tail = self._snapshot(key)
         raw = key_bytes(key)
         for info, segment in segments:
@@ -445,12 +528,16 @@ class PartitionKeys:
                 self.checkpoint(upto=entry.first_offset)
             read += 1
             keys: list[str | None] = []
+            properties: list[Mapping[str, str]] = []
             for message in decode_entry(entry.data).messages:
                 offset = entry.first_offset if message.offset is None else message.offset
                 keys.append(message.key if offset >= start else None)
-            if keys.count(None) == len(keys):
+                properties.append(message.properties if offset >= start else {})
+            dcb = keys_of_messages(properties)
+            if keys.count(None) == len(keys) and not dcb:
                 continue
-            reservation = KeyReservation(self, [(i, k) for i, k in enumerate(keys) if k is not None], len(keys), None)
+            reservation = KeyReservation(self, _keyed([(i, k) for i, k in enumerate(keys) if k is not None], dcb),
+                                         len(keys), None, dcb)
             self._reserve(reservation, entry.first_offset)
             reservation.position = entry.position
         return read
@@ -567,6 +654,14 @@ class PartitionKeys:
 
     def segments(self) -> int:
         return len(self._durable.segments)
+
+
+def _keyed(keyed: list[tuple[int, IndexKey]], dcb: Sequence[frozenset[bytes]]) -> list[tuple[int, IndexKey]]:
+    """An entry's streams: its keyed messages', then each DCB event's derived ones (in a fixed
+    order, so an entry read again on open numbers them as its append did)."""
+    for index, derived in enumerate(dcb):
+        keyed.extend((index, key) for key in sorted(derived))
+    return keyed
 
 
 def _meets(current: int, expected: ExpectedVersion) -> bool:

@@ -14,7 +14,9 @@ is an SSTable on a ledger::
 
 A lookup reads the index once (kept in memory with the segment), skips a segment whose Bloom
 filter says the key is absent, bisects the blocks by (key, version) and reads only the blocks
-that can hold the key's rows (decoded blocks are cached, bounded in bytes, by the caller).
+that can hold the key's rows (decoded blocks are cached, bounded in bytes, by the caller). A
+key's offsets rise with its versions, so the blocks are bisected by (key, offset) too, for the
+rows after an offset (``rows_from_offset``: a DCB read or condition).
 
 Invariants: rows of one segment are unique and sorted by (key bytes, version); a block holds
 at least one row; the index names every block in entry order; the Bloom filter has no false
@@ -62,8 +64,9 @@ Row = tuple[bytes, int, int, int, int]
 """(key bytes, version, offset, ledger id, entry id), the order rows sort in."""
 
 
-def key_bytes(key: str) -> bytes:
-    return key.encode(errors="surrogatepass")
+def key_bytes(key: str | bytes) -> bytes:
+    """A stream's name as rows store it: a key's UTF-8, or a derived stream's own bytes."""
+    return key if isinstance(key, bytes) else key.encode(errors="surrogatepass")
 
 
 def row_of(raw: Row) -> StreamRow:
@@ -252,6 +255,8 @@ class Segment:
         self.index = index
         self._read_block = read_block
         self._firsts = [(ref.key, ref.version) for ref in index.blocks]
+        self._first_offsets = [(ref.key, ref.offset) for ref in index.blocks]
+        """(key, offset) of each block's first row: sorted too, as a key's offsets rise with its versions."""
 
     def _blocks_of(self, key: bytes, first_version: int) -> Iterator[list[Row]]:
         """The blocks that may hold rows of ``key`` at or after ``first_version``, in order."""
@@ -274,6 +279,26 @@ class Segment:
                 found.append(row)
         return found
 
+    def rows_from_offset(self, key: bytes, offset: int, max_rows: int) -> list[Row]:
+        """Up to ``max_rows`` rows of ``key`` whose offsets are ``>= offset``, ascending: the
+        blocks are bisected by (key, offset), so rows before ``offset`` are never read."""
+        found: list[Row] = []
+        if not self.index.bloom.may_hold(key):
+            return found
+        firsts = self._first_offsets
+        start = max(bisect.bisect_right(firsts, (key, offset)) - 1, 0)
+        for number in range(start, len(firsts)):
+            if firsts[number][0] > key:
+                break
+            block = self._read_block(number)
+            for row in block[bisect.bisect_left(block, (key, offset), key=_key_and_offset):]:
+                if row[0] != key:
+                    return found
+                found.append(row)
+                if len(found) >= max_rows:
+                    return found
+        return found
+
     def last_row(self, key: bytes) -> Row | None:
         """The row of ``key``'s highest version here, or None. It is in the last block that
         starts at or before the key's end (rows of one key are contiguous)."""
@@ -290,6 +315,10 @@ class Segment:
         """Every row, in order (compaction reads segments whole)."""
         for number in range(len(self._firsts)):
             yield from self._read_block(number)
+
+
+def _key_and_offset(row: Row) -> tuple[bytes, int]:
+    return row[0], row[2]
 
 
 def merge_rows(segments: Sequence[Iterable[Row]]) -> Iterator[Row]:

@@ -19,10 +19,13 @@ retry-letter topic policy, ``_retry.py``).
         message = consumer.receive(timeout_ms=5000)
         consumer.acknowledge(message)
         client.append("orders", "order-7", [b"created"], expected_version=-1)  # an event stream
+        client.dcb_append("courses", [DcbEvent("Joined", b"", ["course-1"])],   # a DCB event, on a condition
+                          [DcbQueryItem(tags=["course-1"])], after=0)
 """
 
 from consumers.client._async import DEFAULT_SERVICE_URL, AsyncClient
 from consumers.client._consumer import AsyncConsumer, AsyncReader
+from consumers.client._dcb import DcbConditionFailed, DcbEvent, DcbQueryItem, DcbReadResult, DcbSequencedEvent
 from consumers.client._producer import AsyncProducer
 from consumers.client._streams import AsyncStreamReader
 from consumers.client._sync import Client, Consumer, Producer, Reader
@@ -53,6 +56,11 @@ __all__ = [
     "ConnectionClosed",
     "Consumer",
     "ConsumerError",
+    "DcbConditionFailed",
+    "DcbEvent",
+    "DcbQueryItem",
+    "DcbReadResult",
+    "DcbSequencedEvent",
     "HttpError",
     "KeyVersionMismatch",
     "Message",

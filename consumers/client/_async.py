@@ -40,6 +40,20 @@ from consumers.client._consumer import (
     AsyncConsumer,
     AsyncReader,
 )
+from consumers.client._dcb import (
+    READ_EVENTS_MAX,
+    DcbEvent,
+    DcbQueryItem,
+    DcbReadResult,
+    DcbSequencedEvent,
+    condition_failed_of,
+    dcb_path,
+    read_body,
+    read_page,
+)
+from consumers.client._dcb import (
+    append_body as dcb_append_body,
+)
 from consumers.client._producer import (
     PENDING_MESSAGES_DEFAULT,
     PENDING_MESSAGES_MAX,
@@ -428,6 +442,35 @@ class AsyncClient:
     async def stream_info(self, topic: str, key: str) -> StreamInfo:
         """Where the stream of ``key`` stands: its version (-1: no event), the first version kept."""
         return stream_info_of((await self.request("GET", key_path(topic, key))).json())
+
+    # --- dynamic consistency boundaries (consumers/client/_dcb.py) ----------------------------
+    async def dcb_read(self, topic: str, items: Sequence[DcbQueryItem] = (), *, after: int = 0,
+                       limit: int | None = None) -> DcbReadResult:
+        """The events matching any of ``items`` (every event for none) at positions after
+        ``after``, in order, at most ``limit`` (None: all, in as many requests as it takes)."""
+        found: list[DcbSequencedEvent] = []
+        while True:
+            wanted = READ_EVENTS_MAX if limit is None else limit - len(found)
+            response = await self.request("POST", dcb_path(topic, "read"), json_body=read_body(items, after, wanted))
+            page = read_page(response.json())
+            found.extend(page.events)
+            if page.next_after is None or (limit is not None and len(found) >= limit):
+                return DcbReadResult(found, page.head, page.next_after)
+            after = page.next_after
+
+    async def dcb_append(self, topic: str, events: Sequence[DcbEvent], condition: Sequence[DcbQueryItem] | None = None,
+                         *, after: int = 0, producer_name: str | None = None,
+                         sequence_id: int | None = None) -> int | None:
+        """Store ``events`` as one entry unless an event matching ``condition`` follows position
+        ``after`` (``DcbConditionFailed``: nothing written); the last event's position (None: a
+        resend of an append whose positions the broker no longer has)."""
+        body = dcb_append_body(events, condition, after, producer_name, sequence_id)
+        try:
+            response = await self.request("POST", dcb_path(topic, "append"), json_body=body)
+        except HttpError as exc:
+            raise condition_failed_of(exc) or exc from None
+        position = response.json()["position"]
+        return None if position is None else int(position)
 
     async def offsets(self, topic: str) -> dict[str, dict[str, int]]:
         """First retained and next offset of every partition (Magnetar's ``.../offsets``)."""

@@ -26,6 +26,7 @@ import httpx
 
 from consumers.client._async import DEFAULT_SERVICE_URL, FAILOVER_TIMEOUT_S, HTTP_TIMEOUT_S, AsyncClient
 from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
+from consumers.client._dcb import DcbEvent, DcbQueryItem, DcbReadResult
 from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
 from consumers.client._streams import AsyncStreamReader
 from consumers.client.errors import ConnectionClosed
@@ -313,6 +314,17 @@ class Client:
 
     def stream_info(self, topic: str, key: str) -> StreamInfo:
         return self._runner.call(self._client.stream_info(topic, key))
+
+    def dcb_read(self, topic: str, items: Sequence[DcbQueryItem] = (), *, after: int = 0,
+                 limit: int | None = None) -> DcbReadResult:
+        """DCB events matching a query after a position (see ``AsyncClient.dcb_read``)."""
+        return self._runner.call(self._client.dcb_read(topic, items, after=after, limit=limit))
+
+    def dcb_append(self, topic: str, events: Sequence[DcbEvent], condition: Sequence[DcbQueryItem] | None = None, *,
+                   after: int = 0, producer_name: str | None = None, sequence_id: int | None = None) -> int | None:
+        """DCB events appended on a condition (see ``AsyncClient.dcb_append``)."""
+        return self._runner.call(self._client.dcb_append(topic, events, condition, after=after,
+                                                         producer_name=producer_name, sequence_id=sequence_id))
 
     def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
                       properties: dict[str, str] | None = None, producer_name: str | None = None,

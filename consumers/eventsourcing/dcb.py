@@ -4,25 +4,28 @@ Select it with ``PERSISTENCE_MODULE=consumers.eventsourcing.dcb`` (the same ``MA
 environment as ``factory.py``); application ``Courses`` keeps its events in topic
 ``courses-events``.
 
-Role: ``MagnetarDCBRecorder`` stores each DCB event as one message (payload = its data,
-properties = its type and its tags as a JSON list); its position is the message's offset + 1.
-A read selects, from the messages after a position, those matching any query item (the item's
-types, if any, include the event's type; its tags are all among the event's tags). An append
-with a condition first reads what follows the condition's position up to the topic's end: a
-match is an ``IntegrityError`` and nothing is written; otherwise the events are appended with
-``expectedOffset`` = that end, so the broker stores them only if nothing came in between (a 409
-means someone did: the new messages are read and checked, ``APPEND_ATTEMPTS_MAX`` times).
+Role: ``MagnetarDCBRecorder`` stores DCB events in the broker's own DCB store (the client's
+``dcb_read`` and ``dcb_append``: the broker's ``.../dcb/read`` and ``.../dcb/append``,
+``broker/dcb.py``). Each event is one message (payload = its data, properties = its type and
+its tags); its position is the message's offset + 1. The broker indexes types and tags in its
+key index, so a read by tag, and an append's condition, read that tag's rows and the entries
+they name, never the topic. A read selects the events after a position matching any query item
+(the item's types, if any, include the event's type; its tags are all among the event's tags).
+An append with a condition is one request that the broker stores only if no event matching the
+condition's query follows the condition's position, checked atomically with the append (a
+refusal is the library's ``IntegrityError``). Subscriptions follow the topic live
+(``subscription.py``) and select through ``read``.
 
-Invariants: an append is one request, stored whole or not at all, and never stored when a
-message matching its condition precedes it after the condition's position. The check reads
-the messages after that position; the broker does not yet index types and tags, so a condition
-costs a read of what was appended since the position it names (usually the read it follows).
+Invariants: an append is one request, stored whole or not at all, and never stored when an
+event matching its condition follows the condition's position; a request carries this
+thread's producer name and fresh sequence ids, so a resend after a lost answer is the broker's
+duplicate, never stored twice. Bounds (the broker's: ``QUERY_ITEMS_MAX`` items,
+``TAG_BYTES_MAX`` bytes a tag, ``EVENTS_PER_APPEND_MAX`` events) are checked here first, as
+``DataError``s, before anything is sent.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,21 +41,20 @@ from eventsourcing.dcb.persistence import DCBInfrastructureFactory
 from eventsourcing.persistence import DataError, IntegrityError, OperationalError, ProgrammingError
 from eventsourcing.utils import Environment, EnvType
 
-from consumers.client import ClientError, HttpError
+from consumers.client import ClientError, DcbConditionFailed, DcbEvent, DcbQueryItem, DcbReadResult, HttpError
 from consumers.eventsourcing.factory import client_of, topic_of
-from consumers.eventsourcing.recorders import MagnetarRecorder, MagnetarTrackingRecorder
+from consumers.eventsourcing.recorders import NOT_FOUND_CODES, MagnetarRecorder, MagnetarTrackingRecorder
 from consumers.eventsourcing.records import persistence_error
 from consumers.eventsourcing.subscription import MagnetarDCBSubscription
 
-TYPE_PROPERTY = "dcb-type"
-TAGS_PROPERTY = "dcb-tags"
-APPEND_ATTEMPTS_MAX = 16
-"""How often one conditional append reads what others appended meanwhile before it gives up."""
-READ_PAGE_MESSAGES = 1000
-QUERY_ITEMS_MAX = 100
-TAG_BYTES_MAX = 1024
-EVENTS_PER_APPEND_MAX = 10_000
-OFFSET_MISMATCH_CODE = "offset_mismatch"
+QUERY_ITEMS_MAX = 32
+"""The broker's ``DCB_QUERY_ITEMS_MAX``."""
+TAG_BYTES_MAX = 256
+"""The broker's ``DCB_TAG_BYTES_MAX``."""
+TAGS_PER_EVENT_MAX = 32
+"""The broker's ``DCB_TAGS_PER_EVENT_MAX``."""
+EVENTS_PER_APPEND_MAX = 1000
+"""The broker's ``DCB_EVENTS_PER_APPEND_MAX``."""
 
 
 class MagnetarDCBReadResponse(DCBReadResponse):
@@ -71,103 +73,77 @@ class MagnetarDCBReadResponse(DCBReadResponse):
 class MagnetarDCBRecorder(MagnetarRecorder, DCBRecorder):
     def read(self, query: DCBQuery | None = None, *, after: int | None = None,
              limit: int | None = None) -> DCBReadResponse:
-        _check_query(query)
+        items = _items(query)
         if limit is not None and limit <= 0:
             return MagnetarDCBReadResponse([], None)
-        found, end = self._scan(query, after or 0, limit)
+        self._check_unpartitioned()
+        try:
+            result = self.client.dcb_read(self.topic, items, after=after or 0, limit=limit)
+        except HttpError as exc:
+            if exc.status == 404 and exc.code in NOT_FOUND_CODES:
+                return MagnetarDCBReadResponse([], None)
+            raise persistence_error(exc) from exc
+        except ClientError as exc:
+            raise persistence_error(exc) from exc
+        found = _sequenced(result)
         if limit is not None:
             return MagnetarDCBReadResponse(found, found[-1].position if found else None)
-        return MagnetarDCBReadResponse(found, end or None)
+        return MagnetarDCBReadResponse(found, result.head)
 
     def append(self, events: Sequence[DCBEvent], condition: DCBAppendCondition | None = None) -> int:
         if not events:
             raise ProgrammingError("an append takes at least one event")
         if len(events) > EVENTS_PER_APPEND_MAX:
             raise DataError(f"an append takes at most {EVENTS_PER_APPEND_MAX} events")
-        body: dict[str, Any] = {"messages": [_message(e) for e in events], "payloadEncoding": "base64"}
+        sent = [_event(e) for e in events]
+        items = None if condition is None else _items(condition.fail_if_events_match)
         self._check_unpartitioned()
-        if condition is None:
-            return self._post(body)
-        _check_query(condition.fail_if_events_match)
-        position = condition.after or 0
-        for _ in range(APPEND_ATTEMPTS_MAX):
-            found, position = self._scan(condition.fail_if_events_match, position, 1)
-            if found:
-                raise IntegrityError(f"event at position {found[0].position} matches the append's condition")
-            try:
-                return self._post({**body, "expectedOffset": position})
-            except HttpError as exc:
-                if exc.code != OFFSET_MISMATCH_CODE:
-                    raise persistence_error(exc) from exc
-        raise OperationalError(f"append to {self.topic}: the topic kept growing ({APPEND_ATTEMPTS_MAX} attempts)")
-
-    def subscribe(self, query: DCBQuery | None = None, *, after: int | None = None) -> Any:
-        _check_query(query)
-        return MagnetarDCBSubscription(self, self.client, self.topic, query=query, after=after)
-
-    def _post(self, body: dict[str, Any]) -> int:
-        """The position of the last event of one stored request (``HttpError`` for a 409). The
-        request carries this thread's producer name and fresh sequence ids (as the recorders'
-        inserts do): a resend after a timed-out answer is the broker's duplicate, never stored
-        twice; a conditional one is answered with the first attempt's positions, an
-        unconditional one with none (an ``OperationalError``: stored, position unknown)."""
-        body = {**body, **self._producer.stamp(body["messages"])}
+        producer = self._producer
+        first, producer.next_sequence_id = producer.next_sequence_id, producer.next_sequence_id + len(sent)
         try:
-            results = self.client.request("POST", self._path, json_body=body).json()["messagePublishResults"]
-        except HttpError as exc:
-            if exc.code == OFFSET_MISMATCH_CODE:
-                raise
-            raise persistence_error(exc) from exc
+            position = self.client.dcb_append(self.topic, sent, items, after=(condition.after or 0) if condition else 0,
+                                              producer_name=producer.name, sequence_id=first)
+        except DcbConditionFailed as exc:
+            raise IntegrityError(f"event at position {exc.position} matches the append's condition") from exc
         except ClientError as exc:
             raise persistence_error(exc) from exc
-        last_offset = results[-1]["offset"]
-        if last_offset is None or int(last_offset) < 0:
+        if position is None:
             raise OperationalError(f"append to {self.topic}: stored by an earlier attempt whose answer was lost; "
                                    "its position is unknown (read the topic to find it)")
-        return int(last_offset) + 1
+        return position
 
-    def _scan(self, query: DCBQuery | None, offset: int, limit: int | None) -> tuple[list[DCBSequencedEvent], int]:
-        """The events matching ``query`` from ``offset`` on (at most ``limit``), and the offset
-        where the reading stopped (the topic's end when fewer than ``limit`` matched)."""
-        found: list[DCBSequencedEvent] = []
-        while True:
-            messages, next_offset = self._read_range(offset, READ_PAGE_MESSAGES)
-            if not messages:
-                return found, offset
-            for answer in messages:
-                event = _sequenced(answer)
-                if _matches(query, event.event):
-                    found.append(event)
-                    if limit is not None and len(found) >= limit:
-                        return found, event.position
-            offset = next_offset
+    def subscribe(self, query: DCBQuery | None = None, *, after: int | None = None) -> Any:
+        _items(query)
+        return MagnetarDCBSubscription(self, self.client, self.topic, query=query, after=after)
 
 
-def _check_query(query: DCBQuery | None) -> None:
-    if query is not None and len(query.items) > QUERY_ITEMS_MAX:
+def _items(query: DCBQuery | None) -> list[DcbQueryItem]:
+    """The query's items for the client (``DataError`` beyond the broker's bounds)."""
+    if query is None:
+        return []
+    if len(query.items) > QUERY_ITEMS_MAX:
         raise DataError(f"a query has at most {QUERY_ITEMS_MAX} items, not {len(query.items)}")
+    for item in query.items:
+        _check_tags(item.tags)
+    return [DcbQueryItem(tuple(item.types), tuple(item.tags)) for item in query.items]
 
 
-def _message(event: DCBEvent) -> dict[str, Any]:
-    for tag in event.tags:
+def _check_tags(tags: Sequence[str]) -> None:
+    if len(tags) > TAGS_PER_EVENT_MAX:
+        raise DataError(f"at most {TAGS_PER_EVENT_MAX} tags, not {len(tags)}")
+    for tag in tags:
         if len(tag.encode()) > TAG_BYTES_MAX:
             raise DataError(f"tag {tag[:64]!r}... is longer than {TAG_BYTES_MAX} bytes")
-    return {"payload": base64.b64encode(event.data).decode("ascii"),
-            "properties": {TYPE_PROPERTY: event.type, TAGS_PROPERTY: json.dumps(list(event.tags))}}
 
 
-def _sequenced(answer: dict[str, Any]) -> DCBSequencedEvent:
-    properties = answer["properties"]
-    event = DCBEvent(type=properties.get(TYPE_PROPERTY, ""), data=base64.b64decode(answer["payload"]),
-                     tags=list(json.loads(properties.get(TAGS_PROPERTY, "[]"))))
-    return DCBSequencedEvent(event=event, position=int(answer["offset"]) + 1)
+def _event(event: DCBEvent) -> DcbEvent:
+    _check_tags(event.tags)
+    return DcbEvent(event.type, event.data, tuple(event.tags))
 
 
-def _matches(query: DCBQuery | None, event: DCBEvent) -> bool:
-    if query is None or not query.items:
-        return True
-    tags = set(event.tags)
-    return any((not item.types or event.type in item.types) and tags.issuperset(item.tags) for item in query.items)
+def _sequenced(result: DcbReadResult) -> list[DCBSequencedEvent]:
+    return [DCBSequencedEvent(event=DCBEvent(type=e.event.type, data=e.event.data, tags=list(e.event.tags)),
+                              position=e.position) for e in result.events]
 
 
 class MagnetarDCBFactory(DCBInfrastructureFactory[MagnetarTrackingRecorder]):

@@ -275,6 +275,25 @@ def test_the_eventsourcing_example_runs_as_written(tmp_path: Path) -> None:
         assert [m["properties"]["es-version"] for m in events] == ["1", "2", "3"] * 2
 
 
+def test_the_dcb_section_runs_in_its_order(tmp_path: Path) -> None:
+    """"Event sourcing: dynamic consistency boundaries" top to bottom on a new broker: each
+    ``curl`` prints what the comment after it shows (``...`` standing for anything), then the
+    Python block subscribes student-3, and run again finds the course full."""
+    text = section("## Event sourcing: dynamic consistency boundaries")
+    (shell,) = code_blocks(text, "sh")
+    steps = re.findall(r"^(curl .*?)\n# (.*?)$", shell, flags=re.MULTILINE | re.DOTALL)
+    assert len(steps) == 3, "the DCB section's shell block: three curl commands, each with its answer"
+    with standalone_process(tmp_path / "data") as (url, _):
+        for command, answer in steps:
+            done = run(["bash", "-c", command.replace("localhost:8080", url)], cwd=tmp_path, env=plain_environment(),
+                       timeout_s=COMMAND_TIMEOUT_S)
+            pattern = ".*".join(re.escape(part) for part in answer.split("..."))
+            assert done.returncode == 0 and re.fullmatch(pattern, done.stdout.strip()), (answer, done.stdout)
+        outputs = run_python_example("## Event sourcing: dynamic consistency boundaries", tmp_path / "course.py",
+                                     url, 2)
+    assert outputs == [["student-3 subscribed at position 3"], ["course-7 is full"]], outputs
+
+
 def test_the_cli_examples_run_as_written(tmp_path: Path) -> None:
     """The CLI block under "REST consumers", in one bash against a standalone broker, its URL in
     ``MAGNETAR_SERVICE_URL`` (the only substitution) and ``HOME`` a temporary directory: every

@@ -40,8 +40,11 @@ from tests.tls_material import make_material
 SECRET = b"route-walk-secret-route-walk-secret"
 PUBLIC, SUPERUSER, TENANT_ADMIN, PRODUCE, CONSUME = "public", "superuser", "tenant-admin", "produce", "consume"
 LOOKUP = "produce-or-consume"
-ALLOWED = {SUPERUSER: "admin", TENANT_ADMIN: "acme-admin", PRODUCE: "producer", CONSUME: "consumer", LOOKUP: "consumer"}
-DENIED = {SUPERUSER: "acme-admin", TENANT_ADMIN: "producer", PRODUCE: "consumer", CONSUME: "producer", LOOKUP: "nobody"}
+BOTH = "produce-and-consume"
+ALLOWED = {SUPERUSER: "admin", TENANT_ADMIN: "acme-admin", PRODUCE: "producer", CONSUME: "consumer", LOOKUP: "consumer",
+           BOTH: "acme-admin"}
+DENIED = {SUPERUSER: "acme-admin", TENANT_ADMIN: "producer", PRODUCE: "consumer", CONSUME: "producer", LOOKUP: "nobody",
+          BOTH: "producer"}
 
 T = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 S = T + "/subscription/{subscription}"
@@ -64,6 +67,7 @@ GUARDS: dict[tuple[str, str], str] = {
     ("GET", P + "/messages"): CONSUME, ("GET", P + "/partitions/{partition}/messages"): CONSUME,
     ("GET", P + "/offsets"): CONSUME,
     ("GET", P + "/keys/{key:path}/messages"): CONSUME, ("GET", P + "/keys/{key:path}"): CONSUME,
+    ("POST", P + "/dcb/read"): CONSUME, ("POST", P + "/dcb/append"): PRODUCE,
     **{("POST", P + prefix + "/subscription/{subscription}/" + action): CONSUME
        for prefix in ("", "/partitions/{partition}") for action in ("pull", "ack", "negativeAcknowledge")},
     ("GET", "/admin/v2/tenants"): SUPERUSER, ("GET", "/admin/v2/tenants/{tenant}"): TENANT_ADMIN,
@@ -116,7 +120,9 @@ GUARDS: dict[tuple[str, str], str] = {
         "/ws/v2/consumer/persistent/{tenant}/{namespace}/{topic}/{subscription}",
         "/ws/v3/consumer/{subscription}", "/ws/v2/reader/persistent/{tenant}/{namespace}/{topic}",
         "/ws/v2/producer/non-persistent/{tenant}/{namespace}/{topic}",
-        "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}")},
+        "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}",
+        "/ws/v2/dcb/persistent/{tenant}/{namespace}/{topic}")},
+    ("WEBSOCKET", "/ws/v2/dcb/persistent/{tenant}/{namespace}/{topic}"): BOTH,
     ("WEBSOCKET", "/ws/v2/producer/non-persistent/{tenant}/{namespace}/{topic}"): PRODUCE,
     ("WEBSOCKET", "/ws/v2/consumer/non-persistent/{tenant}/{namespace}/{topic}/{subscription}"): CONSUME,
     ("WEBSOCKET", "/ws/v2/producer/persistent/{tenant}/{namespace}/{topic}"): PRODUCE,
@@ -273,6 +279,8 @@ def test_the_route_demands_its_permission(served: Served, method: str, path: str
     assert status(None) == 401, "no token"
     assert status("nobody") == 403, "a role with no grant"
     assert status(DENIED[guard]) == 403, f"{DENIED[guard]} lacks {guard}"
+    if guard == BOTH:
+        assert status("consumer") == 403, f"consumer lacks {guard}"
     assert status(ALLOWED[guard]) not in (401, 403), f"{ALLOWED[guard]} has {guard}"
 
 

@@ -1,11 +1,12 @@
 """The key index simulation's model and its second broker (``test_key_index_simulation.py``).
 
 The model is plain Python: per stream (a key of a topic, living in one partition) the list of
-acknowledged events (version, payload, offset) in version order; per partition the next offset
-and the first offset retention kept. What a correct key index answers follows from it: a key's
-version is its last event's, the first kept version is that of its first event at or after the
-partition's first offset (the next version when none is kept), and a conditional append is
-accepted iff every expected key is where it expects.
+acknowledged events (version, payload, offset) in version order; per partition the next offset,
+the first offset retention kept, and its DCB events (offset → payload and derived streams). What
+a correct key index answers follows from it: a key's version is its last event's, the first kept
+version is that of its first event at or after the partition's first offset (the next version
+when none is kept), and a conditional append is accepted iff every expected key is where it
+expects.
 
 ``SharedStack`` lets a second ``BrokerService`` stand in for another broker of a cluster: it
 serves every topic over the first one's metadata store and ledgers (the embedded bookie of the
@@ -21,6 +22,7 @@ from typing import Any
 
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_format import Message
+from broker.key_index.derived import derived_keys
 from broker.message_fields import EXISTS, ExpectedVersion
 from broker.metadata.store import MetadataStore
 from broker.topic import PublishResult
@@ -60,6 +62,13 @@ class PartitionModel:
     name: TopicName
     next_offset: int = 0
     first_offset: int = 0
+    dcb: dict[int, tuple[bytes, frozenset[bytes]]] = field(default_factory=dict)
+    """Each DCB event's offset: its payload and derived streams (its type's and tags')."""
+
+    def dcb_kept(self, offset: int) -> list[tuple[int, bytes, frozenset[bytes]]]:
+        """The DCB events at ``offset`` or after that retention kept, in offset order."""
+        start = max(offset, self.first_offset)
+        return [(o, payload, keys) for o, (payload, keys) in sorted(self.dcb.items()) if o >= start]
 
 
 def meets(current: int, expected: ExpectedVersion) -> bool:
@@ -132,6 +141,9 @@ class World:
         part = self.partitions[append.partition]
         assert append.first_offset == part.next_offset, f"{append.describe()} stored at {part.next_offset}"
         for index, message in enumerate(append.messages):
+            derived = derived_keys(message.properties)
+            if derived:
+                part.dcb[part.next_offset + index] = (message.payload, derived)
             if message.key is not None:
                 stream = self.stream_of_partition(append.partition, message.key)
                 version = append.versions[index]

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -57,13 +58,15 @@ import pytest
 
 from broker import limits
 from broker.bookkeeper.ledger_metadata import LEDGERS_PATH, read_ledger_metadata
+from broker.dcb import DcbEvent, QueryItem, check_query
 from broker.entry_format import Message, decode_entry
-from broker.errors import DataLost, KeyVersionMismatch, MagnetarError, NoSuchLedger
+from broker.errors import DataLost, DcbConditionFailed, KeyVersionMismatch, MagnetarError, NoSuchLedger
 from broker.key_index import PartitionKeys
 from broker.key_index import index as key_index_module
 from broker.key_index import partition as key_partition
 from broker.key_index import segment as key_segment
 from broker.key_index.checkpoint import Checkpoint, record_path
+from broker.key_index.derived import tag_key, type_key
 from broker.message_fields import EXISTS, ExpectedVersion
 from broker.service import BrokerConfig, BrokerService
 from broker.topic import PublishResult
@@ -88,6 +91,9 @@ TRACE_TAIL = 120
 KEEP_NOTHING = {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
 MESSAGES_MAX = 4
 READ_ALL = 1 << 20
+DCB_TOPIC = TopicName.parse("events")
+DCB_TYPES = ["Opened", "Booked"]
+DCB_TAGS = ["t0", "t1", "t2"]
 JOURNAL_FAILPOINTS = ("journal: before fdatasync", "journal: after fdatasync")
 SETTINGS = dataclasses.replace(BrokerConfig.test_min(), maintenance_interval_ms=3_600_000)
 
@@ -150,6 +156,7 @@ class Simulation:
             self.ops[op.__name__] += 1
             touched = op()
             self.check_infos()
+            self.check_dcb()
             for stream in touched or []:
                 self.check_reads(stream)
         self.note("final restart")
@@ -169,6 +176,7 @@ class Simulation:
             (self.op_crash, 5),
             (self.op_unload, 4),
             (self.op_takeover, 3),
+            (self.op_dcb_condition, 6),
         ]
 
     # choosing ----------------------------------------------------------------------------------
@@ -184,8 +192,19 @@ class Simulation:
         for _ in range(self.rng.randint(1, MESSAGES_MAX)):
             key = self.rng.choice(pool).key if pool and self.rng.random() < 0.8 else None
             self.serial += 1
-            messages.append(Message(f"{key}#{self.serial}".encode(), key=key))
+            messages.append(Message(f"{key}#{self.serial}".encode(), key=key, properties=self.random_dcb()))
         return messages
+
+    def random_dcb(self) -> dict[str, str]:
+        """A DCB event's properties (its type and tags) for some messages, none for the others."""
+        if self.rng.random() < 0.6:
+            return {}
+        tags = self.rng.sample(DCB_TAGS, self.rng.randint(0, len(DCB_TAGS)))
+        return {"dcb-type": self.rng.choice(DCB_TYPES), "dcb-tags": json.dumps(tags)}
+
+    def random_dcb_item(self) -> QueryItem:
+        types = tuple(self.rng.sample(DCB_TYPES, self.rng.randint(0, 1)))
+        return QueryItem(types, tuple(self.rng.sample(DCB_TAGS, self.rng.randint(0 if types else 1, 2))))
 
     def random_expectations(self, partition: TopicName, in_flight: list[Append]) -> dict[str, ExpectedVersion] | None:
         pool = self.keys_in(partition)
@@ -526,6 +545,49 @@ class Simulation:
             want = [row for row in kept if start <= row[0] < start + count]
         got = self.read(stream, start, count, backward=backward)
         assert got == want, f"{label} from {start} ({count}, backward={backward}): {got}, model {want}"
+
+    def check_dcb(self) -> None:
+        """Every derived stream of every partition from a random offset on, and a DCB read of
+        a random item in the unpartitioned topic, as the model's kept DCB events."""
+        for name, part in self.world.partitions.items():
+            keys = self.keys(name)
+            start = self.rng.randint(0, part.next_offset)
+            for derived in [type_key(t) for t in DCB_TYPES] + [tag_key(t) for t in DCB_TAGS]:
+                rows = keys.rows_from_offset(derived, start, READ_ALL)
+                got = [r.offset for r in rows if r.offset >= part.first_offset]  # trimmed rows wait for compaction
+                want = [o for o, _, found in part.dcb_kept(start) if derived in found]
+                assert got == want, f"derived stream {derived!r} of {name.local_name} from {start}: {got}, model {want}"
+        part = self.world.partitions[DCB_TOPIC]
+        item, after = self.random_dcb_item(), self.rng.randint(0, part.next_offset)
+        read = self.service.streams.dcb.read(DCB_TOPIC, [item], after, READ_ALL, READ_ALL)
+        wanted = check_query([item])[0]
+        events = [(o + 1, p) for o, p, found in part.dcb_kept(after) if wanted.matches(found)]
+        assert [(e.position, e.event.data) for e in read.events] == events, f"DCB read {item} after {after}"
+
+    def op_dcb_condition(self) -> list[StreamModel]:
+        """A DCB append on the condition of a random item after a random position: refused iff
+        the model holds a kept event matching it after that position, else stored next."""
+        part = self.world.partitions[DCB_TOPIC]
+        item, after = self.random_dcb_item(), self.rng.randint(0, part.next_offset)
+        wanted = check_query([item])[0]
+        matches = [o for o, _, found in part.dcb_kept(after) if wanted.matches(found)]
+        self.serial += 1
+        event = DcbEvent(self.rng.choice(DCB_TYPES), f"dcb#{self.serial}".encode(), tuple(self.rng.sample(DCB_TAGS, 1)))
+        message = Message(event.data, properties={"dcb-type": event.type, "dcb-tags": json.dumps(list(event.tags))})
+        append = self.world.plan(DCB_TOPIC, [message], None, [])
+        verdict = f"refuses at {matches[0]}" if matches else "stores"
+        self.note(f"DCB append on {item} after {after}: the model {verdict}")
+        if matches:
+            with pytest.raises(DcbConditionFailed) as refused:
+                self.service.streams.dcb.append(DCB_TOPIC, [event], [item], after, "sim-dcb")
+            assert refused.value.position == matches[0] + 1, f"refused naming {refused.value.position}"
+            self.events["DCB condition refused"] += 1
+            return []
+        result = self.service.streams.dcb.append(DCB_TOPIC, [event], [item], after, "sim-dcb")
+        assert result.position == append.first_offset + 1, f"DCB append stored at {result.position}"
+        self.world.stored(append)
+        self.events["DCB condition met"] += 1
+        return []
 
     def op_read(self) -> list[StreamModel]:
         return [self.rng.choice(sorted(self.world.streams.values(), key=lambda s: (s.topic.full_name, s.key)))]

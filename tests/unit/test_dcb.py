@@ -1,0 +1,109 @@
+"""DCB events in the key index, on a real broker (embedded storage, RocksDB metadata).
+
+A message's derived streams follow from its properties alone, and never name a key's stream;
+the rows of a tag after an offset come out of the segments and the tail exactly as a plain
+filter of everything would give them, across several checkpoints and many blocks; a condition
+whose checked segments a checkpoint replaced before the append is refused as ``DcbIndexMoved``
+and writes nothing, and checked again it sees the event the checkpoint moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from broker.dcb import DcbEvent, QueryItem, check_query
+from broker.entry_builder import entry_of_messages
+from broker.errors import DcbConditionFailed, DcbIndexMoved
+from broker.key_index.derived import derived_keys, tag_key, type_key
+from broker.key_index.segment import key_bytes
+from broker.limits import DCB_TAGS_PER_EVENT_MAX
+from broker.message_fields import build_message
+from broker.service import BrokerConfig, BrokerService
+from broker.topic_name import TopicName
+from tests.unit.broker_stack import FakeClock
+
+TOPIC = TopicName.parse("courses")
+
+
+def started(data_dir: str) -> BrokerService:
+    settings = dataclasses.replace(BrokerConfig.test_min(), maintenance_interval_ms=3_600_000)
+    service = BrokerService(data_dir, settings, FakeClock())
+    service.start()
+    return service
+
+
+def test_derived_streams_follow_from_the_properties_and_never_name_a_key() -> None:
+    assert derived_keys({"dcb-type": "Joined", "dcb-tags": '["a", "b"]'}) == {
+        type_key("Joined"), tag_key("a"), tag_key("b")}
+    assert derived_keys({"other": "x"}) == frozenset()
+    assert derived_keys({"dcb-type": "T", "dcb-tags": "not json"}) == {type_key("T")}
+    assert derived_keys({"dcb-type": "T", "dcb-tags": '[1]'}) == {type_key("T")}
+    too_many = str([f"t{i}" for i in range(DCB_TAGS_PER_EVENT_MAX + 1)]).replace("'", '"')
+    assert derived_keys({"dcb-type": "T", "dcb-tags": too_many}) == {type_key("T")}
+    for text in ["\u00fft:T", "\udcfft:T", "t:T", "\x00"]:  # no key's bytes start with 0xFF
+        assert not key_bytes(text).startswith(b"\xff")
+    assert type_key("T").startswith(b"\xff") and tag_key("T").startswith(b"\xff")
+
+
+def test_a_tags_rows_after_an_offset_come_from_segments_and_tail_as_a_filter_would_give_them(
+        data_dir: str) -> None:
+    service = started(data_dir)
+    rng = random.Random(36)
+    try:
+        dcb = service.streams.dcb
+        tagged: dict[str, list[int]] = {"common": [], "rare": []}
+        offset = 0
+        for round_ in range(6):
+            events = []
+            for _ in range(400):
+                tags = ["common"] + (["rare"] if rng.random() < 0.05 else [])
+                for tag in tags:
+                    tagged[tag].append(offset)
+                events.append(DcbEvent("E", b"", tuple(tags)))
+                offset += 1
+            dcb.append(TOPIC, events, None, 0, "p")
+            if round_ < 5:
+                service.key_index.flush()  # a segment per round; the last round stays in the tail
+        keys = service.topics.topic(TOPIC).streams
+        assert keys is not None and keys.segments() == 5
+        for tag, offsets in tagged.items():
+            for start in [0, 1, 399, 400, 1234, 1999, 2000, 2399, 2400]:
+                for limit in (1, 7, 3000):
+                    rows = keys.rows_from_offset(tag_key(tag), start, limit)
+                    assert [r.offset for r in rows] == [o for o in offsets if o >= start][:limit], (tag, start, limit)
+        read = dcb.read(TOPIC, [QueryItem(tags=("rare",))], 1000, 10_000, 1 << 30)
+        assert [e.position - 1 for e in read.events] == [o for o in tagged["rare"] if o >= 1000]
+    finally:
+        service.close()
+
+
+def test_a_condition_whose_segments_moved_before_the_append_is_checked_again(data_dir: str) -> None:
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        dcb.append(TOPIC, [DcbEvent("Opened", b"")], None, 0, "p")
+        topic = service.topics.topic(TOPIC)
+        keys = topic.streams
+        assert keys is not None
+        seat = check_query([QueryItem(types=("SeatBooked",), tags=("seat-1",))])
+        condition = dcb._checked(topic, keys, seat, 1)  # nothing booked after position 1 in the segments
+        dcb.append(TOPIC, [DcbEvent("SeatBooked", b"ann", ("seat-1",))], None, 0, "p")
+        service.key_index.flush()  # ann's row leaves the tail for a segment
+        producer = service.topics.producer(TOPIC, "bob")
+        try:
+            bob = entry_of_messages([build_message(b"bob", None, {"dcb-type": "SeatBooked", "dcb-tags": '["seat-1"]'})])
+            with pytest.raises(DcbIndexMoved):
+                producer.append([bob], dcb_condition=condition)
+        finally:
+            producer.close()
+        assert topic.ml.confirmed_next_offset() == 2, "a refused append wrote something"
+        with pytest.raises(DcbConditionFailed) as refused:
+            dcb.append(TOPIC, [DcbEvent("SeatBooked", b"bob", ("seat-1",))], [QueryItem(("SeatBooked",), ("seat-1",))],
+                       1, "bob")
+        assert refused.value.position == 2
+        assert topic.ml.confirmed_next_offset() == 2
+    finally:
+        service.close()
