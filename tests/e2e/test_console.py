@@ -360,6 +360,7 @@ def test_the_retention_form_shows_what_the_broker_keeps_and_saves_only_what_was_
     console.answer_confirm(accept=True)
     console.until(lambda: "Retention saved" in console.text(".notice-ok"), "the retention notice")
     console.until(lambda: "(set on this namespace)" in console.text("[data-meaning='retention']"), "its source")
+    console.shoot("retention")
     with admin(console.url) as client:
         assert client.get("/admin/v2/namespaces/public/keep-all").json()["retention_policies"] == {
             "retentionTimeInMinutes": 0, "retentionSizeInMB": 0}
@@ -630,6 +631,7 @@ def test_search_finds_messages_by_key_property_text_and_time(console: Console) -
                                                             "order 24 shipped", "order 36 shipped",
                                                             "order late shipped"]
     assert search(searchKey="k0", searchProperty="region=eu") == ["order late shipped"]
+    console.shoot("search")
     assert search(searchText="late") == ["order late shipped"]
     assert console.text(".list-summary") == "Search: 1 matching in offsets 0 \u2013 40 (41 read, to the end)."
     assert search(searchText="shipped", searchFrom=str(between_ms)) == ["order late shipped"]

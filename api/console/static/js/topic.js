@@ -368,9 +368,11 @@ function internalStatsView(stats) {
         stats.currentLedgerEntries, "currentLedger"),
       stats.compactedLedger ? stat("Compacted ledger", String(stats.compactedLedger.ledgerId),
         stats.compactedLedger.ledgerId, "compactedLedger") : null,
-      stats.offload && stats.offload.status !== "NOT_RUN" ? stat("Offload",
-        stats.offload.lastError ? `${stats.offload.status}: ${stats.offload.lastError}` : stats.offload.status,
+      stats.offload && stats.offload.status !== "NOT_RUN" ? stat("Offload", stats.offload.status,
         stats.offload.status, "offload") : null),
+    stats.offload && stats.offload.lastError ? h("div", { class: "error", role: "alert", dataset: { offloadError: "" } },
+      h("strong", {}, "The last offload failed:"), " ",
+      h("span", { class: "error-message" }, stats.offload.lastError)) : null,
     h("h3", {}, "Ledgers"),
     table([
       { label: "Ledger", class: "num", value: (l) => String(l.ledgerId) },
