@@ -266,7 +266,11 @@ OFFLOAD_BLOCK_SIZE_BYTES_MIN = 1 * KiB
 OFFLOAD_BLOCK_SIZE_BYTES_MAX = 1024 * MiB
 """The largest max block size an offloader accepts: one block is held while offloading."""
 OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX = 1024 * MiB
-"""The largest read buffer an offloader accepts: the fetched blocks one open offloaded ledger keeps."""
+"""The largest read buffer an offloader accepts: how much of a ledger one offload reads at a time."""
+OFFLOAD_BLOCK_CACHE_BYTES_MAX = 128 * MiB
+"""Blocks of offloaded copies an offloader keeps once fetched, every copy and reader together
+(the least recently read go first; the block fetched last stays even when larger): two blocks of
+Pulsar's default 64 MiB."""
 OFFLOAD_UPLOAD_PART_BYTES = 5 * MiB
 """One part of a data object's multipart upload (S3's smallest part but the last)."""
 OFFLOAD_UPLOAD_REQUESTS_MAX = 2

@@ -500,18 +500,19 @@ class ManagedLedger(ManagedLedgerAdds, ManagedLedgerOffload):
             copies = list(self._list.pending_offload_deletes) if self._offloader is not None else []
             if not pending and not copies:
                 return
-            if pending != saved:
+            if pending and pending != saved:
                 self._list.save()
         for ledger_id in pending:
             with contextlib.suppress(NotFound):
                 self._ledgers.delete(ledger_id)
             with contextlib.suppress(NotFound):
                 self._store.delete(self._samples.path(ledger_id))
-        for ledger_id, context in copies:
-            self._delete_copy(ledger_id, context)
-        with self._lock:
+        deleted = [(ledger_id, context) for ledger_id, context in copies if self._delete_copy(ledger_id, context)]
+        if not pending and not deleted:
+            return
+        with self._lock:  # a copy the store did not delete stays pending: the next trim or open tries again
             self._list.pending_deletes = [i for i in self._list.pending_deletes if i not in pending]
-            self._list.pending_offload_deletes = [c for c in self._list.pending_offload_deletes if c not in copies]
+            self._list.pending_offload_deletes = [c for c in self._list.pending_offload_deletes if c not in deleted]
             self._list.save()
 
     def expired_offset(self) -> int | None:

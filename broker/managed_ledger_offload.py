@@ -243,7 +243,10 @@ class ManagedLedgerOffload(ABC):
             return
         _crash_point("before-upload")
         try:
-            source: ReadHandle = self._ledgers.open(ledger_id, recovery=False)
+            # recovery: a ledger whose close failed is still OPEN at the bookies, its LAC one entry
+            # behind; recovery closes it at its last durable entry (a closed ledger is just opened)
+            source: ReadHandle = self._ledgers.open(ledger_id, recovery=True)
+            self._check_whole(ledger_id, source)
             if os.environ.get(CRASH_POINT_ENV) == "during-upload":
                 source = _CrashAfterFirstRead(source)
             offloader.offload(source, context.uuid, {"ManagedLedgerName": self.name})
@@ -252,6 +255,15 @@ class ManagedLedgerOffload(ABC):
             raise
         _crash_point("after-upload")
         self._complete_attempt(ledger_id, context)
+
+    def _check_whole(self, ledger_id: int, source: ReadHandle) -> None:
+        """The copy will hold every entry the ledger list counts, or the offload stops here (a
+        copy short of an entry would be trusted, and the bookies' copy deleted after it)."""
+        with self._lock:
+            info = self._info(ledger_id)
+        if info is not None and source.last_add_confirmed + 1 < info.entries:
+            raise OffloadError(f"ledger {ledger_id} of {self.display_name} holds {info.entries} entries but its "
+                               f"bookies confirm {source.last_add_confirmed + 1}: not offloaded")
 
     def _info(self, ledger_id: int) -> LedgerInfo | None:
         return next((i for i in self._list.infos if i.ledger_id == ledger_id), None)
@@ -312,17 +324,20 @@ class ManagedLedgerOffload(ABC):
         if self._closed or self._taken_over:
             raise OffloadError(f"topic {self.display_name} is no longer served by this broker: offload stopped")
 
-    def _delete_copy(self, ledger_id: int, context: OffloadContext) -> None:
-        """Delete an offloaded copy; a failure is logged (the objects stay orphaned, never read)."""
+    def _delete_copy(self, ledger_id: int, context: OffloadContext) -> bool:
+        """Delete an offloaded copy; whether it is gone. A failure is logged (the objects are
+        never read; a caller that keeps the copy's record tries again later)."""
         if self._offloader is None:
             log.warning("offloaded copy %s of ledger %d of %s not deleted: no offload driver is configured",
                         context.uuid, ledger_id, self.display_name)
-            return
+            return False
         try:
             self._offloader.delete(ledger_id, context.uuid, context.driver_metadata)
         except Exception as exc:
             log.warning("offloaded copy %s of ledger %d of %s not deleted: %s", context.uuid, ledger_id,
                         self.display_name, exc)
+            return False
+        return True
 
     # --- local deletion ----------------------------------------------------------------------
     def delete_offloaded_locally(self) -> list[int]:

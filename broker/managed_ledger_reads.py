@@ -13,11 +13,16 @@ Invariants: entries never change once confirmed, so a remembered position or a c
 never stale (a trimmed ledger's handle is forgotten, its entries refused by the managed ledger
 before any lookup). At most ``READ_HANDLES_MAX`` handles of closed ledgers are opened for
 reading (the oldest is dropped); the current ledger is read through its writer's handle. A
-failed read of an offloaded copy raises ``OffloadReadError`` (naming the ledger), never other data.
+handle reads where the ledger's info says now: one opened on the bookies before the ledger's
+offload was saved complete is replaced by the copy's, and a run the bookies no longer answer
+(the local copy deleted meanwhile) is read once more from the copy. A failed read of an
+offloaded copy raises ``OffloadReadError`` (naming the ledger), never other data; a handle that
+answers no entry is ``NoSuchEntry``, never a read without end.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +30,7 @@ from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import message_count, peek_broker_entry_metadata
+from broker.errors import NoSuchEntry, NoSuchLedger
 from broker.limits import READ_HANDLES_MAX, READ_RUN_BYTES_MAX, READ_RUN_ENTRIES_MAX
 from broker.message_id import Position
 from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHandle
@@ -53,16 +59,21 @@ class LedgerReads:
         self._cache = cache
         self._current = current
         self._offloader = offloader
-        self._handles: dict[int, ReadHandle] = {}
+        self._handles: dict[int, tuple[ReadHandle, str | None]] = {}
+        """Open handles by ledger, each with where it reads: the uuid of the complete offloaded
+        copy it was opened on, or None for the bookies."""
+        self._handles_lock = threading.Lock()
         self.hints = PositionHints()
 
     def keep(self, handle: LedgerHandle) -> None:
         """Read a ledger just closed (or recovered) through ``handle`` from now on."""
-        self._handles[handle.ledger_id] = handle
+        with self._handles_lock:
+            self._handles[handle.ledger_id] = (handle, None)
 
     def forget(self, ledger_id: int) -> None:
-        """The ledger was trimmed: its handle goes."""
-        self._handles.pop(ledger_id, None)
+        """The ledger was trimmed, or is read from elsewhere now: its handle goes."""
+        with self._handles_lock:
+            self._handles.pop(ledger_id, None)
 
     def read_entries(self, infos: list[LedgerInfo], start: Position, max_entries: int, *,
                      max_bytes: int) -> list[Entry]:
@@ -86,16 +97,23 @@ class LedgerReads:
         return result
 
     def _handle_for(self, info: LedgerInfo) -> ReadHandle:
+        """The ledger's handle, opened where its info says it is read from now: a handle opened
+        before its offload was saved complete (the bookies') is replaced by the copy's."""
         ledger_id = info.ledger_id
         current = self._current()
         if current is not None and current.ledger_id == ledger_id:
             return current
-        handle = self._handles.get(ledger_id)
-        if handle is None:
-            handle = self._open(info)
-            if len(self._handles) >= READ_HANDLES_MAX:
+        wanted = _copy_uuid(info)
+        with self._handles_lock:
+            kept = self._handles.get(ledger_id)
+        if kept is not None and kept[1] == wanted:
+            return kept[0]
+        handle = self._open(info)
+        with self._handles_lock:
+            self._handles.pop(ledger_id, None)
+            while len(self._handles) >= READ_HANDLES_MAX:
                 self._handles.pop(next(iter(self._handles)))
-            self._handles[ledger_id] = handle
+            self._handles[ledger_id] = (handle, wanted)
         return handle
 
     def _open(self, info: LedgerInfo) -> ReadHandle:
@@ -131,7 +149,9 @@ class LedgerReads:
             cached = self._cache.get(info.ledger_id, entry_id)
             bytes_left = None if max_bytes is None else max_bytes - size
             run = [Entry(Position(info.ledger_id, entry_id), *cached)] if cached is not None else \
-                self._read_run(handle, info, entry_id, last, known_first, bytes_left)
+                self._read_run_anywhere(handle, info, entry_id, last, known_first, bytes_left)
+            if not run:
+                raise NoSuchEntry(f"ledger {info.ledger_id} answered no entry from {entry_id}")
             for entry in run:
                 entries.append(entry)
                 size += len(entry.data)
@@ -142,6 +162,17 @@ class LedgerReads:
         if entries:
             self.hints.remember(info, entries)
         return entries
+
+    def _read_run_anywhere(self, handle: ReadHandle, info: LedgerInfo, first: int, last: int,
+                           first_offset: int | None, bytes_left: int | None) -> list[Entry]:
+        """A run through ``handle``; when that was the bookies' and the ledger was offloaded
+        (and maybe deleted locally) while it read, once more through the copy."""
+        try:
+            return self._read_run(handle, info, first, last, first_offset, bytes_left)
+        except (NoSuchEntry, NoSuchLedger):
+            if _copy_uuid(info) is None or handle is self._current():
+                raise
+            return self._read_run(self._handle_for(info), info, first, last, first_offset, bytes_left)
 
     def _read_run(self, handle: ReadHandle, info: LedgerInfo, first: int, last: int, first_offset: int | None,
                   bytes_left: int | None) -> list[Entry]:
@@ -163,3 +194,9 @@ class LedgerReads:
                              meta.broker_timestamp_ms))
             first_offset = meta.index + 1
         return run
+
+
+def _copy_uuid(info: LedgerInfo) -> str | None:
+    """The complete offloaded copy a ledger is read from, or None: it is read from the bookies."""
+    context = info.offload_context
+    return context.uuid if context is not None and context.complete else None

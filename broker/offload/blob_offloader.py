@@ -1,27 +1,27 @@
 """The offloader of every driver: a closed ledger into a data object and an index object.
 
-Role: ``BlobStoreOffloader`` is the ``LedgerOffloader`` (``offloader.py``) over one obstore
-store (``stores.py``), writing and reading the format of ``format.py``. ``offload`` reads the
-source ledger in runs and streams its blocks into ONE data object by a multipart upload (as
-Pulsar's blob-store offloader does: one object per attempt keeps listing, deletion and the
-index small; blocks are found by byte range, so nothing is gained from one object per block),
-then writes the index object. ``open`` reads and verifies the index once and returns an
-``OffloadedLedger``, a ``ReadHandle`` that answers ``read(first, last)`` with one range GET per
-block covering the range, verifying each block's crc32c; the blocks it fetched are kept, up to
-``read_buffer_size_bytes`` (always the last one), so a sequential reader fetches each block
-once (the read-ahead). ``open`` and ``delete`` go to the store the copy's recorded
-``driver_metadata`` names, which may differ from today's settings. ``delete`` removes an
-attempt; ``list_attempts`` and ``delete_orphans`` find and remove the other attempts of a
+Role: ``BlobStoreOffloader`` is the ``LedgerOffloader`` (``offloader.py``) over one obstore store
+(``stores.py``), writing and reading the format of ``format.py``. ``offload`` reads the source
+ledger in runs and streams its blocks into ONE data object by a multipart upload (as Pulsar's
+blob-store offloader does: one object per attempt keeps listing, deletion and the index small; blocks are
+found by byte range, so nothing is gained from one object per block), then writes the index object.
+``open`` reads and verifies the index once and returns an ``OffloadedLedger``, a ``ReadHandle`` that
+answers ``read(first, last)`` with one range GET per block covering the range, verifying each
+block's crc32c; fetched blocks are kept in the offloader's one block cache
+(``OFFLOAD_BLOCK_CACHE_BYTES_MAX`` for every copy and reader together, always the last one), so a
+sequential reader fetches each block once (the read-ahead). ``open`` and ``delete`` go to the store
+the copy's recorded ``driver_metadata`` names, which may differ from today's settings. ``delete``
+removes an attempt; ``list_attempts`` and ``delete_orphans`` find and remove the other attempts of a
 ledger.
 
-Invariants: the index is written only after the data object is durable, so an index names a
-complete data object; an attempt without an index is an orphan no reader opens. Memory of an
-offload is bounded in bytes whatever the ledger's size: one block being built
-(``max_block_size_bytes``, or one larger entry), one source run
-(``OFFLOAD_SOURCE_RUN_ENTRIES_MAX`` entries, about ``read_buffer_size_bytes``), and
-``OFFLOAD_UPLOAD_REQUESTS_MAX + 1`` parts of ``OFFLOAD_UPLOAD_PART_BYTES`` (``broker/limits.py``).
-An open ``OffloadedLedger`` holds its index and at most max(``read_buffer_size_bytes``, one
-block) of fetched blocks. Every store failure is an ``OffloadError`` (reads:
+Invariants: the index is written only after the data object is durable, so an index names a complete
+data object; an attempt without an index is an orphan no reader opens. Memory of an offload is
+bounded in bytes whatever the ledger's size: one block being built (``max_block_size_bytes``, or one
+larger entry), one source run (``OFFLOAD_SOURCE_RUN_ENTRIES_MAX`` entries, about
+``read_buffer_size_bytes``), and ``OFFLOAD_UPLOAD_REQUESTS_MAX + 1`` parts of
+``OFFLOAD_UPLOAD_PART_BYTES`` (``broker/limits.py``). An open ``OffloadedLedger`` holds only its
+index; fetched blocks are the block cache's, bounded for the whole broker (plus the blocks readers
+are fetching at the moment). Every store failure is an ``OffloadError`` (reads:
 ``OffloadReadError``) naming the ledger, the object, the driver and the bucket or URI, never a
 secret; the store's requests have bounded timeouts and retries.
 """
@@ -43,6 +43,7 @@ from obstore.exceptions import BaseError, NotFoundError
 
 from broker.errors import InvalidRequest, MagnetarError, NoSuchEntry, OffloadError, OffloadReadError
 from broker.limits import (
+    OFFLOAD_BLOCK_CACHE_BYTES_MAX,
     OFFLOAD_INDEX_OBJECT_BYTES_MAX,
     OFFLOAD_SOURCE_RUN_ENTRIES_MAX,
     OFFLOAD_STORE_HANDLES_MAX,
@@ -100,6 +101,41 @@ class _Counters:
         return error
 
 
+class _BlockCache:
+    """The blocks of offloaded copies fetched last, all copies of one offloader together,
+    bounded in bytes (``OFFLOAD_BLOCK_CACHE_BYTES_MAX``; the block fetched last is kept even
+    when it alone is larger): what a sequential reader reads next is usually in the block it
+    read last."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self._capacity_bytes = capacity_bytes
+        self._blocks: OrderedDict[tuple[str, int], tuple[list[bytes], int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int]) -> list[bytes] | None:
+        with self._lock:
+            found = self._blocks.get(key)
+            if found is None:
+                return None
+            self._blocks.move_to_end(key)
+            return found[0]
+
+    def put(self, key: tuple[str, int], entries: list[bytes], size_bytes: int) -> None:
+        with self._lock:
+            if key in self._blocks:
+                return
+            self._blocks[key] = (entries, size_bytes)
+            self._bytes += size_bytes
+            while len(self._blocks) > 1 and self._bytes > self._capacity_bytes:
+                _, (_, evicted_bytes) = self._blocks.popitem(last=False)
+                self._bytes -= evicted_bytes
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+
 @dataclass(frozen=True)
 class _Place:
     """One store and the settings that name it (for messages)."""
@@ -115,12 +151,14 @@ class BlobStoreOffloader:
     """A ``LedgerOffloader`` over one object store (and, for reading and deleting copies
     recorded elsewhere, over the stores their ``driver_metadata`` names)."""
 
-    def __init__(self, settings: OffloadSettings, store: ObjectStore) -> None:
+    def __init__(self, settings: OffloadSettings, store: ObjectStore, *,
+                 block_cache_bytes: int = OFFLOAD_BLOCK_CACHE_BYTES_MAX) -> None:
         self.settings = settings
         self._home = _Place(settings, store)
         self._elsewhere: OrderedDict[tuple[tuple[str, str], ...], _Place] = OrderedDict()
         self._elsewhere_lock = threading.Lock()
         self._counters = _Counters()
+        self.blocks = _BlockCache(block_cache_bytes)
 
     @property
     def driver_name(self) -> str:
@@ -335,10 +373,6 @@ class OffloadedLedger:
         self.index = index
         self.ledger_id = index.ledger_id
         self._starts = [b.first_entry_id for b in index.blocks]
-        self._cache: OrderedDict[int, list[bytes]] = OrderedDict()
-        self._cached_bytes = 0
-        self._budget_bytes = place.settings.read_buffer_size_bytes
-        self._lock = threading.Lock()
 
     @property
     def last_add_confirmed(self) -> int:
@@ -374,15 +408,12 @@ class OffloadedLedger:
         return self.read(entry_id, entry_id)[0]
 
     def _block(self, block_index: int) -> list[bytes]:
-        with self._lock:
-            cached = self._cache.get(block_index)
-            if cached is not None:
-                self._cache.move_to_end(block_index)
-                return cached
-            entries = self._offloader.fetch_block(self._place, self.index, block_index)
-            self._cache[block_index] = entries
-            self._cached_bytes += self.index.blocks[block_index].length
-            while len(self._cache) > 1 and self._cached_bytes > self._budget_bytes:
-                evicted, _ = self._cache.popitem(last=False)
-                self._cached_bytes -= self.index.blocks[evicted].length
-            return entries
+        """A block's entries: from the offloader's block cache, else one range GET (outside
+        any lock: two readers of one block may both fetch it)."""
+        key = (self.index.data_object, block_index)
+        cached = self._offloader.blocks.get(key)
+        if cached is not None:
+            return cached
+        entries = self._offloader.fetch_block(self._place, self.index, block_index)
+        self._offloader.blocks.put(key, entries, self.index.blocks[block_index].length)
+        return entries

@@ -3,8 +3,8 @@
 It copies entries as a driver does (read through the source ``ReadHandle``, 0..LAC), keeps each
 attempt's copy under (ledger id, uuid), and can be told to fail: ``fail_offload`` makes the
 next offloads raise after copying part of the ledger (its objects stay, as a crashed upload's
-would), ``fail_reads`` makes reads of copies raise ``OffloadReadError``, and ``block`` holds an
-offload until the test releases it.
+would), ``fail_reads`` makes reads of copies raise ``OffloadReadError``, ``fail_deletes`` makes
+deletions raise, and ``block`` holds an offload until the test releases it.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class MemoryOffloader:
         self.copies: dict[tuple[int, str], list[bytes]] = {}
         self.fail_offload = False
         self.fail_reads = False
+        self.fail_deletes = False
         self.block: threading.Event | None = None
         self.started = threading.Event()
         self.reads = 0
@@ -73,6 +74,8 @@ class MemoryOffloader:
         return MemoryCopy(self, ledger_id, entries)
 
     def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> None:
+        if self.fail_deletes:
+            raise OffloadError(f"ledger {ledger_id}: the memory store refuses deletions")
         self.copies.pop((ledger_id, uuid), None)
         self.deleted.append((ledger_id, uuid))
 

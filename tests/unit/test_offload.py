@@ -290,3 +290,87 @@ def test_after_a_failed_offload_the_threshold_waits_before_asking_the_store_agai
     assert ml.offload_by_threshold() and ml.wait_for_offload(10)
     assert ml.offload_status().status == "SUCCESS"
     stack.close()
+
+
+def test_a_ledger_whose_close_failed_is_recovered_before_it_is_copied_whole(data_dir: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger whose close failed (its metadata write lost) is still OPEN at the bookies, its
+    last-add-confirmed one entry behind; the offload recovers it first, so the copy holds every
+    entry and every message reads back after the bookies' copy is deleted (before: a copy one
+    entry short was saved complete, and offset 4 was lost)."""
+    from broker.bookkeeper import ledger_handle
+    from broker.errors import MagnetarError
+
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    times = _fill(stack, ml, 4)
+    store_metadata = ledger_handle.LedgerHandle._store_metadata
+    failed: list[int] = []
+
+    def lose_the_first_close(self: ledger_handle.LedgerHandle, **kwargs: object) -> None:
+        if not failed and not self.writable:
+            failed.append(self.ledger_id)
+            raise MagnetarError("the metadata store lost the close")
+        store_metadata(self, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ledger_handle.LedgerHandle, "_store_metadata", lose_the_first_close)
+    for i in range(4, 12):
+        stack.clock.advance(1.0)
+        times.append(append_messages(ml, [f"m{i}".encode()]).publish_time_ms)
+    monkeypatch.setattr(ledger_handle.LedgerHandle, "_store_metadata", store_metadata)
+    assert failed, "no close failed: the test did not set up what it means to"
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS", ml.offload_status()
+    copied = {ledger_id: len(entries) for (ledger_id, _), entries in offloader.copies.items()}
+    assert copied[failed[0]] == next(i.entries for i in ml.ledger_infos() if i.ledger_id == failed[0])
+    ml.close()
+    reopened, _ = stack.open(NAME, LAG_0)
+    _check_reads(reopened, times)
+
+
+def test_a_trimmed_copy_the_store_did_not_delete_stays_pending_and_goes_later(data_dir: str) -> None:
+    """Retention trims two offloaded ledgers while the store refuses deletions: their copies stay
+    recorded as pending (before: forgotten, left in the bucket for good) and go at the next trim
+    once the store deletes again, and after a reopen too."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, cursors = stack.open(NAME, LAG_0)
+    sub = cursors.open("sub", initial="earliest")
+    _fill(stack, ml, 22)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    copies = len(offloader.copies)
+    sub.ack_cumulative(9).result(timeout=10)  # the first two ledgers are consumed
+    offloader.fail_deletes = True
+    trimmed = ml.trim()
+    assert len(trimmed) == 2 and len(offloader.copies) == copies
+    assert sorted(ledger_id for ledger_id, _ in ml._list.pending_offload_deletes) == sorted(trimmed)
+    offloader.fail_deletes = False
+    ml.trim()
+    assert len(offloader.copies) == copies - 2 and ml._list.pending_offload_deletes == []
+    cursors.close()
+    stack.close()
+
+
+def test_a_bookie_handle_opened_before_the_offload_completed_is_not_read_after_the_local_delete(
+        data_dir: str) -> None:
+    """A reader opened the ledger on the bookies before its offload was saved complete; the
+    bookies' copy is then deleted (lag 0): the next read goes to the offloaded copy, not to the
+    stale handle (before: every read of the ledger failed with NoSuchEntry until the handle
+    was evicted)."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    times = _fill(stack, ml, 12)
+    first = ml.ledger_infos()[0]
+    stale = stack.ledgers.open(first.ledger_id, recovery=False)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    ml.delete_offloaded_locally()
+    assert not _ledger_exists(stack, first.ledger_id)
+    ml._reads._handles[first.ledger_id] = (stale, None)  # as a reader that opened it before `complete` left it
+    stack.cache.invalidate_ledger(first.ledger_id)
+    _check_reads(ml, times)
+    ml.close()
+    stack.close()

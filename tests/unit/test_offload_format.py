@@ -25,6 +25,7 @@ import pytest
 from broker.errors import ERRORS_BY_CODE, NoSuchEntry, NotAllowed, OffloadConfigError, OffloadError, OffloadReadError
 from broker.offload import BlobStoreOffloader, OffloadSettings, create_offloader
 from broker.offload.format import BLOCK_HEADER_BYTES, ENTRY_HEADER_BYTES, OffloadIndex
+from broker.offload.stores import open_store
 
 BLOCK_BYTES = 4096
 
@@ -288,3 +289,20 @@ def test_a_copy_reads_and_deletes_where_its_driver_metadata_says(tmp_path: Path)
         now.open(90, "u", now.driver_metadata())
     now.delete(90, "u", recorded)
     assert list((tmp_path / "then").iterdir()) == []
+
+
+def test_fetched_blocks_are_bounded_for_all_copies_together(tmp_path: Path) -> None:
+    """Blocks read from many offloaded copies are held in one cache bounded in bytes for them
+    all (before: each open copy kept up to a block of its own, so 8 open copies held 8 blocks
+    and more), and every copy still reads back exactly."""
+    settings = OffloadSettings(driver="filesystem", file_system_uri=f"file://{tmp_path}",
+                               max_block_size_bytes=BLOCK_BYTES, read_buffer_size_bytes=3 * BLOCK_BYTES)
+    capacity = 2 * BLOCK_BYTES
+    offloader = BlobStoreOffloader(settings, open_store(settings), block_cache_bytes=capacity)
+    copies = []
+    for ledger_id in range(1, 9):
+        offloader.offload(BytesLedger(ledger_id, [bytes([ledger_id]) * 1000] * 40), f"u{ledger_id}", {})
+        copies.append(offloader.open(ledger_id, f"u{ledger_id}", {}))
+    for copy in copies:
+        assert copy.read(0, copy.last_add_confirmed) == [bytes([copy.ledger_id]) * 1000] * 40
+        assert 0 < offloader.blocks.size_bytes <= capacity + BLOCK_BYTES
