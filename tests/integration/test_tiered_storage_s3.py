@@ -2,7 +2,9 @@
 port by ``tests/offload_store.py``: the code path a user runs against S3 or MinIO), through a real
 ``magnetar standalone`` with the ``aws-s3`` driver.
 
-Checks: an offload by the admin call stores a data and an index object per ledger, and after a
+Checks: every transport reads the same before an offload, while its upload is held (the server
+stopped with SIGSTOP) and after it with the local copies deleted; an offload by the admin call
+stores a data and an index object per ledger, and after a
 restart every transport reads exactly what was written, same ids and offsets; with the store
 stopped, or with credentials it refuses, an offload ends in ERROR with a ``lastError`` naming the
 store (never the secret), ``/metrics`` says the topic's offload fails, nothing is marked
@@ -11,6 +13,7 @@ offloaded or left in the bucket, and the local data stays readable.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +90,35 @@ def test_refused_credentials_give_error_and_the_local_data_stays_readable(tmp_pa
                 assert "not-the-secret" not in status["lastError"]
             check_every_transport(url, pulsar_url, sent)
         assert moto.keys() == []
+
+
+def test_every_transport_reads_the_same_before_during_and_after_an_offload(tmp_path: Path) -> None:
+    """Before the offload, while its upload is held (the S3 server stopped with SIGSTOP: the
+    offload is RUNNING), and after it completed and the bookies' copies went (lag 0), every
+    transport reads the same messages with the same ids and offsets, without a restart."""
+    import os
+    import signal
+
+    with running_moto_s3() as moto:
+        config = _s3_config(tmp_path, moto)
+        with binary_broker(tmp_path / "data", "--config", config, env=moto.env()) as (url, pulsar_url, _):
+            sent = produce_messages(pulsar_url)
+            check_every_transport(url, pulsar_url, sent)
+            with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+                last = http.get(f"{ADMIN}/lastMessageId").json()
+                os.kill(moto.proc.pid, signal.SIGSTOP)
+                try:
+                    assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}
+                                    ).status_code == 204
+                    assert http.get(f"{ADMIN}/offload").json()["status"] == "RUNNING"
+                    check_every_transport(url, pulsar_url, sent)
+                    assert http.get(f"{ADMIN}/offload").json()["status"] == "RUNNING"  # it was read during it
+                finally:
+                    os.kill(moto.proc.pid, signal.SIGCONT)
+                assert wait_offload_status(http)["status"] == "SUCCESS"
+                deadline = time.monotonic() + WAIT_S
+                while not all(ledger["bookkeeperDeleted"] for ledger in
+                              http.get(f"{ADMIN}/internalStats").json()["ledgers"][:-1]):
+                    assert time.monotonic() < deadline, "the bookies' copies were not deleted"
+                    time.sleep(0.1)
+            check_every_transport(url, pulsar_url, sent)
