@@ -1,14 +1,14 @@
-"""Tiered storage over an S3 API served over HTTP (moto's standalone server, started on a free
-port by ``tests/offload_store.py``: the code path a user runs against S3 or MinIO), through a real
+"""Tiered storage over an S3 API served over HTTP (moto's standalone server, started on a free port by
+``tests/offload_store.py``: the code path a user runs against S3 or MinIO), through a real
 ``magnetar standalone`` with the ``aws-s3`` driver.
 
 Checks: every transport reads the same before an offload, while its upload is held (the server
 stopped with SIGSTOP) and after it with the local copies deleted; an offload by the admin call
-stores a data and an index object per ledger, and after a
-restart every transport reads exactly what was written, same ids and offsets; with the store
-stopped, or with credentials it refuses, an offload ends in ERROR with a ``lastError`` naming the
-store (never the secret), ``/metrics`` says the topic's offload fails, nothing is marked
-offloaded or left in the bucket, and the local data stays readable.
+stores a data and an index object per ledger, and after a restart every transport reads exactly what
+was written, same ids and offsets; with the store stopped, with credentials it refuses, or with a
+bucket that does not exist, an offload ends in ERROR with a ``lastError`` naming the store (never
+the secret), ``/metrics`` says the topic's offload fails, nothing is marked offloaded or left in the
+bucket, and the local data stays readable.
 """
 
 from __future__ import annotations
@@ -90,6 +90,25 @@ def test_refused_credentials_give_error_and_the_local_data_stays_readable(tmp_pa
                 assert "not-the-secret" not in status["lastError"]
             check_every_transport(url, pulsar_url, sent)
         assert moto.keys() == []
+
+
+def test_a_missing_bucket_gives_error_naming_it_and_the_local_data_stays_readable(tmp_path: Path) -> None:
+    with running_moto_s3() as moto:
+        config = offload_config(tmp_path, managedLedgerOffloadDriver="aws-s3",
+                                s3ManagedLedgerOffloadBucket="no-such-bucket", s3ManagedLedgerOffloadRegion="us-east-1",
+                                s3ManagedLedgerOffloadServiceEndpoint=moto.endpoint)
+        with binary_broker(tmp_path / "data", "--config", config, env=moto.env()) as (url, pulsar_url, _):
+            sent = produce_messages(pulsar_url)
+            with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+                last = http.get(f"{ADMIN}/lastMessageId").json()
+                assert http.put(f"{ADMIN}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}
+                                ).status_code == 204
+                status = wait_offload_status(http)
+                assert status["status"] == "ERROR", status
+                assert "no-such-bucket" in status["lastError"] and "does not exist" in status["lastError"], status
+                assert not any(ledger["offloaded"] for ledger in http.get(f"{ADMIN}/internalStats").json()["ledgers"])
+                assert "magnetar_topic_offload_failing{" in http.get("/metrics").text
+            check_every_transport(url, pulsar_url, sent)
 
 
 def test_every_transport_reads_the_same_before_during_and_after_an_offload(tmp_path: Path) -> None:
