@@ -221,9 +221,10 @@ class ManagedLedgerOffload(ABC):
         except MagnetarError as exc:
             self._offload_failed(exc)
             return
-        except Exception as exc:  # a driver's own exception: reported, never a dead thread's secret
-            log.exception("offload of %s failed", self.display_name)
-            self._offload_failed(exc)
+        except Exception as exc:  # a driver's own exception: its type only (its text may hold what
+            # a credential provider read), never a dead thread
+            log.error("offload of %s failed: %s", self.display_name, type(exc).__name__)
+            self._offload_failed(OffloadError(f"the offload failed unexpectedly ({type(exc).__name__})"))
             return
         self._offload_status = SUCCESS
         with contextlib.suppress(MagnetarError):

@@ -374,3 +374,24 @@ def test_a_bookie_handle_opened_before_the_offload_completed_is_not_read_after_t
     _check_reads(ml, times)
     ml.close()
     stack.close()
+
+
+def test_a_drivers_own_exception_is_reported_by_its_type_never_its_text(data_dir: str) -> None:
+    """An exception that is not the offloader's own (a credential provider's, say) may carry
+    what it read: the status and the log name its type only (before: its text, here a key)."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    _fill(stack, ml, 12)
+
+    def leaky(*_args: object) -> None:
+        raise RuntimeError("could not use key AKIA-SECRET-VALUE")
+
+    offloader.offload = leaky  # type: ignore[method-assign,assignment]
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10)
+    status = ml.offload_status()
+    assert status.status == "ERROR" and "RuntimeError" in status.last_error, status
+    assert "AKIA-SECRET-VALUE" not in status.last_error
+    ml.close()
+    stack.close()
