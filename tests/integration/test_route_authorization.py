@@ -78,6 +78,11 @@ GUARDS: dict[tuple[str, str], str] = {
        for policy in ("retention", "messageTTL", "deduplication", "persistence", *NAMESPACE_QUOTA_PATHS)},
     **{(m, T + "/" + policy): TENANT_ADMIN for m in ("GET", "POST", "DELETE") for policy in TOPIC_QUOTA_PATHS},
     **{(m, N + "/encryptionRequired"): TENANT_ADMIN for m in ("GET", "POST")},
+    # tiered storage: namespace offload policies, a topic's offload policies, the offload itself (as Pulsar)
+    **{(m, N + "/" + policy): TENANT_ADMIN for m in ("GET", "PUT", "DELETE")
+       for policy in ("offloadThreshold", "offloadThresholdInSeconds", "offloadDeletionLagMs")},
+    **{(m, T + "/offloadPolicies"): TENANT_ADMIN for m in ("GET", "POST", "DELETE")},
+    **{(m, T + "/offload"): TENANT_ADMIN for m in ("GET", "PUT")},
     ("GET", N + "/permissions"): TENANT_ADMIN,
     **{(m, N + "/permissions/{role}"): TENANT_ADMIN for m in ("POST", "DELETE")},
     ("GET", "/admin/v2/persistent/{tenant}/{namespace}"): TENANT_ADMIN,
@@ -153,6 +158,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", N + "/retention"): {"retentionTimeInMinutes": 1, "retentionSizeInMB": 1},
     ("POST", N + "/messageTTL"): 60, ("POST", N + "/deduplication"): True,
     ("POST", N + "/encryptionRequired"): False,
+    **{("PUT", N + "/" + policy): 1000 for policy in ("offloadThreshold", "offloadThresholdInSeconds",
+                                                      "offloadDeletionLagMs")},
+    ("POST", T + "/offloadPolicies"): {"managedLedgerOffloadThresholdInBytes": 1000},
+    ("PUT", T + "/offload"): {"ledgerId": 1, "entryId": 0},
     ("POST", N + "/persistence"): {"bookkeeperEnsemble": 1, "bookkeeperWriteQuorum": 1, "bookkeeperAckQuorum": 1},
     ("POST", N + "/permissions/{role}"): ["consume"], ("PUT", T + "/partitions"): 2, ("POST", T + "/partitions"): 2,
     ("PUT", NT + "/partitions"): 2, ("POST", NT + "/partitions"): 2,
