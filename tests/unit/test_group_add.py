@@ -132,14 +132,16 @@ def test_a_managed_ledger_group_has_consecutive_positions_and_offsets(data_dir: 
     stack = open_stack(data_dir)
     try:
         ml, _ = stack.open("t/ns/persistent/groups")
-        append_messages(ml, [b"a", b"b"])  # offsets 0-1 in entry 0
+        first = append_messages(ml, [b"a", b"b"])  # offsets 0-1 in entry 0
         entries = [publish_entry(i) for i in range(5)]
         results = ml.append(entries, [1, 1, 1, 1, 1]).result(timeout=RESULT_TIMEOUT_S)
         after = append_messages(ml, [b"z"])
+        # 1 + 5 entries would pass the ledger's bound of 5: the group starts a new ledger, whole
         assert [(r.position.entry_id, r.first_offset, r.last_offset) for r in results] == [
-            (1, 2, 2), (2, 3, 3), (3, 4, 4), (4, 5, 5), (5, 6, 6)]
+            (0, 2, 2), (1, 3, 3), (2, 4, 4), (3, 5, 5), (4, 6, 6)]
         assert len({r.publish_time_ms for r in results}) == 1
         assert len({r.position.ledger_id for r in results}) == 1  # a group stays in one ledger
+        assert results[0].position.ledger_id != first.position.ledger_id
         assert after.first_offset == 7  # the next add follows (in a new ledger once this one is full)
         assert ml.next_offset == 8 and ml.statistics().entries_added == 7
         for result, entry in zip(results, entries, strict=True):
