@@ -264,11 +264,15 @@ def test_readers_from_earliest_latest_and_an_id(pc: pulsar.Client) -> None:
 
 
 def test_reader_from_an_id_inside_a_batch(pc: pulsar.Client) -> None:
-    producer = pc.create_producer("batchreader", batching_enabled=True, batching_max_publish_delay_ms=50)
+    # one batch of six, whatever the machine's pace: sent when the sixth is added (or on flush),
+    # never cut by the publish delay's timer
+    producer = pc.create_producer("batchreader", batching_enabled=True, batching_max_messages=6,
+                                  batching_max_publish_delay_ms=60_000)
     ids: list[pulsar.MessageId] = []
     for i in range(6):
         producer.send_async(f"{i}".encode(), lambda res, mid: ids.append(mid))
     producer.flush()
+    assert len({(m.ledger_id(), m.entry_id()) for m in ids}) == 1, ids  # one batch entry
     reader = pc.create_reader("batchreader", sorted(ids, key=lambda m: m.batch_index())[3])
     assert [reader.read_next(RECEIVE_TIMEOUT_MS).data() for _ in range(2)] == [b"4", b"5"]
 
