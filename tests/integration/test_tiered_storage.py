@@ -43,6 +43,12 @@ def offload_config(tmp_path: Path, **keys: str) -> str:
     return str(path)
 
 
+def start_offload_of_everything(http: httpx.Client, path: str = ADMIN) -> None:
+    """``PUT …/offload`` of every closed ledger (an id past the last message's ledger)."""
+    last = http.get(f"{path}/lastMessageId").json()
+    assert http.put(f"{path}/offload", json={"ledgerId": last["ledgerId"] + 1, "entryId": 0}).status_code == 204
+
+
 def wait_offload_status(http: httpx.Client, path: str = ADMIN) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
