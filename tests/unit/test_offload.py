@@ -45,6 +45,12 @@ def _fill(stack: Stack, ml: ManagedLedger, messages: int) -> list[int]:
     return times
 
 
+def _offload_all(ml: ManagedLedger) -> None:
+    """Offload every closed ledger and wait for SUCCESS."""
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS", ml.offload_status()
+
+
 def _other_broker(stack: Stack, offloader: MemoryOffloader) -> ManagedLedgerFactory:
     """A second factory over the same metadata and bookies: a broker that loads the topic after a crash."""
     return ManagedLedgerFactory(stack.store, LedgerManager(stack.store, stack.ledgers.client, stack.clock),
@@ -97,8 +103,7 @@ def test_the_local_copy_stays_until_the_deletion_lag_has_passed(data_dir: str) -
     ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=60_000))
     _fill(stack, ml, 12)
     first = ml.ledger_infos()[0].ledger_id
-    ml.offload_prefix(ml.last_confirmed)
-    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    _offload_all(ml)
     assert ml.delete_offloaded_locally() == [] and _ledger_exists(stack, first)
     stack.clock.advance(61)
     assert first in ml.delete_offloaded_locally()
@@ -123,8 +128,7 @@ def test_a_failed_offload_deletes_its_objects_reports_error_and_keeps_local_data
     _check_reads(ml, times)
     assert ml.offload_counters.errors == 1
     offloader.fail_offload = False  # the store is back: the next offload succeeds
-    ml.offload_prefix(ml.last_confirmed)
-    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    _offload_all(ml)
     stack.close()
 
 
@@ -158,8 +162,7 @@ def test_a_ledger_marked_deleted_locally_is_deleted_on_open_and_read_from_the_st
     stack = open_stack(data_dir, offloader=offloader)
     ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=3_600_000))
     times = _fill(stack, ml, 12)
-    ml.offload_prefix(ml.last_confirmed)
-    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    _offload_all(ml)
     info = ml.ledger_infos()[0]
     assert info.offload_context is not None
     ml._save_context(info, dataclasses.replace(info.offload_context, bookkeeper_deleted=True))
@@ -222,8 +225,7 @@ def test_trimming_and_topic_deletion_delete_offloaded_copies(data_dir: str) -> N
     ml, cursors = stack.open(NAME, LAG_0)
     sub = cursors.open("sub", initial="earliest")
     _fill(stack, ml, 22)
-    ml.offload_prefix(ml.last_confirmed)
-    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    _offload_all(ml)
     copies = len(offloader.copies)
     assert copies == len(ml.ledger_infos()) - 1
     sub.ack_cumulative(9).result(timeout=10)  # the first two ledgers are consumed
@@ -332,14 +334,13 @@ def test_a_ledger_whose_close_failed_is_recovered_before_it_is_copied_whole(data
 def test_a_trimmed_copy_the_store_did_not_delete_stays_pending_and_goes_later(data_dir: str) -> None:
     """Retention trims two offloaded ledgers while the store refuses deletions: their copies stay
     recorded as pending (before: forgotten, left in the bucket for good) and go at the next trim
-    once the store deletes again, and after a reopen too."""
+    once the store deletes again."""
     offloader = MemoryOffloader()
     stack = open_stack(data_dir, offloader=offloader)
     ml, cursors = stack.open(NAME, LAG_0)
     sub = cursors.open("sub", initial="earliest")
     _fill(stack, ml, 22)
-    ml.offload_prefix(ml.last_confirmed)
-    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    _offload_all(ml)
     copies = len(offloader.copies)
     sub.ack_cumulative(9).result(timeout=10)  # the first two ledgers are consumed
     offloader.fail_deletes = True
@@ -365,8 +366,7 @@ def test_a_bookie_handle_opened_before_the_offload_completed_is_not_read_after_t
     times = _fill(stack, ml, 12)
     first = ml.ledger_infos()[0]
     stale = stack.ledgers.open(first.ledger_id, recovery=False)
-    ml.offload_prefix(ml.last_confirmed)
-    assert ml.wait_for_offload(10) and ml.offload_status().status == "SUCCESS"
+    _offload_all(ml)
     ml.delete_offloaded_locally()
     assert not _ledger_exists(stack, first.ledger_id)
     ml._reads._handles[first.ledger_id] = (stale, None)  # as a reader that opened it before `complete` left it
