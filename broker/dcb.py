@@ -118,7 +118,11 @@ class AppendResult:
 
 
 def _check_bytes(text: str, bound: int, what: str, field: str) -> None:
-    if len(text) * 4 > bound and len(text.encode(errors="surrogatepass")) > bound:
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate: stored, it could never be answered as UTF-8
+        raise InvalidRequest(f"{what} {text[:64]!r} is not valid Unicode text", field=field) from None
+    if size > bound:
         raise InvalidRequest(f"{what} {text[:64]!r}... is longer than {bound} bytes", field=field)
 
 
@@ -237,6 +241,9 @@ class DcbEvents:
         limit = min(limit, DCB_READ_EVENTS_MAX)
         if not derived or any(item.matches_all for item in derived):
             return self._scan(topic, start, end, limit, max_bytes)
+        # the head this read reports covers only entries whose index rows it could see: a
+        # condition "after the head" must still see an event confirmed but not yet indexed
+        end = topic.streams.readable_end(end)
         entries = _Entries(topic, topic.streams)
         found: list[SequencedEvent] = []
         size = 0

@@ -197,6 +197,9 @@ LOAD_ATTEMPTS_MAX = 3
 PENDING_ROWS_MAX = 1_000_000
 """Versions assigned but not yet in a segment, per partition, before appends are refused
 (``key_index_busy``, retriable)."""
+KEY_INDEX_ENTRY_ROWS_MAX = 900_000
+"""Keyed messages and DCB index rows one entry may carry (refused beyond, not retried): below
+``PENDING_ROWS_MAX`` by a checkpoint's rows, so replaying the entry after a crash always fits."""
 KEY_HEADS_CACHED_MAX = 100_000
 """Keys whose stored head (last version and offset) each partition keeps in memory (least
 recently used go first)."""

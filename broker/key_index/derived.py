@@ -61,13 +61,22 @@ def tags_of(text: str | None) -> list[str] | None:
         return []
     try:
         tags = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if not isinstance(tags, list) or len(tags) > DCB_TAGS_PER_EVENT_MAX:
         return None
-    if not all(isinstance(t, str) and len(t.encode(errors="surrogatepass")) <= DCB_TAG_BYTES_MAX for t in tags):
+    if not all(isinstance(t, str) and _utf8_bytes(t) <= DCB_TAG_BYTES_MAX for t in tags):
         return None
     return tags
+
+
+def _utf8_bytes(text: str) -> int:
+    """The tag's length in UTF-8; past any bound for a text UTF-8 cannot encode (a lone
+    surrogate, which JSON's escapes can carry), so such a tag breaks the rule."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        return DCB_TAG_BYTES_MAX + 1
 
 
 def keys_of_messages(properties: Sequence[Mapping[str, str]]) -> tuple[frozenset[bytes], ...]:

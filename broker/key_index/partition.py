@@ -52,7 +52,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from broker.entry_format import decode_entry
-from broker.errors import BadVersion, DcbConditionFailed, DcbIndexMoved, KeyIndexBusy, KeyVersionMismatch, MagnetarError
+from broker.errors import (
+    BadVersion,
+    DcbConditionFailed,
+    DcbIndexMoved,
+    InvalidRequest,
+    KeyIndexBusy,
+    KeyVersionMismatch,
+    MagnetarError,
+)
 from broker.key_index.checkpoint import SegmentInfo
 from broker.key_index.derived import DcbCondition, DcbItem, IndexKey, keys_of_messages
 from broker.key_index.segment import Row, Segment, StreamRow, key_bytes, row_of
@@ -61,6 +69,7 @@ from broker.limits import (
     KEY_HEADS_CACHED_MAX,
     KEY_INDEX_CHECKPOINT_INTERVAL_S,
     KEY_INDEX_CHECKPOINT_ROWS,
+    KEY_INDEX_ENTRY_ROWS_MAX,
     KEY_INDEX_SEGMENTS_MAX,
     PENDING_ROWS_MAX,
 )
@@ -203,7 +212,7 @@ class PartitionKeys:
                 for key, head in found.items():
                     self._remember_head(key, head)
 
-    def _reserve(self, reservation: KeyReservation, first_offset: int) -> None:
+    def _reserve(self, reservation: KeyReservation, first_offset: int, *, replaying: bool = False) -> None:
         with self._lock:
             self._forget_failed_from(first_offset)
             current = self._check(reservation._expected) if reservation._expected else {}
@@ -211,6 +220,10 @@ class PartitionKeys:
                 self._check_condition(reservation.condition, first_offset)
             if not reservation.keyed:
                 return
+            if not replaying and len(reservation.keyed) > KEY_INDEX_ENTRY_ROWS_MAX:
+                raise InvalidRequest(f"one entry of {self.ml.display_name} may carry at most "
+                                     f"{KEY_INDEX_ENTRY_ROWS_MAX} keyed messages and DCB index rows, "
+                                     f"not {len(reservation.keyed)}")
             if self._pending_rows + len(reservation.keyed) > PENDING_ROWS_MAX:
                 raise KeyIndexBusy(f"the key index of {self.ml.display_name} is {self._pending_rows} versions "
                                    "behind; retry shortly")
@@ -403,6 +416,15 @@ class PartitionKeys:
             rows.extend(row_of(r) for r in segment.rows(raw, first_version, min(last_version, upper - 1)))
         return rows + [r for r in tail if first_version <= r.version <= last_version]
 
+    def readable_end(self, confirmed_end: int) -> int:
+        """The offset before which every entry's rows are readable: ``confirmed_end`` (the
+        managed ledger's confirmed end, read first), or the first offset of the oldest entry
+        the managed ledger confirmed but whose rows are not confirmed here yet, if smaller. A
+        reader that reports how far it looked never claims an entry whose rows it could not see."""
+        with self._lock:
+            unconfirmed = [r.first_offset for r in self._pending if r.position is None]
+        return min([confirmed_end, *unconfirmed])
+
     def first_row_at_or_after(self, key: IndexKey, offset: int) -> StreamRow | None:
         """The first readable row of ``key`` whose offset is ``>= offset`` (the first version
         retention kept, when ``offset`` is the partition's first offset)."""
@@ -538,7 +560,9 @@ class PartitionKeys:
                 continue
             reservation = KeyReservation(self, _keyed([(i, k) for i, k in enumerate(keys) if k is not None], dcb),
                                          len(keys), None, dcb)
-            self._reserve(reservation, entry.first_offset)
+            if self._pending_rows + len(reservation.keyed) > PENDING_ROWS_MAX:  # never refused on replay
+                self.checkpoint(upto=entry.first_offset)
+            self._reserve(reservation, entry.first_offset, replaying=True)
             reservation.position = entry.position
         return read
 

@@ -107,3 +107,77 @@ def test_a_condition_whose_segments_moved_before_the_append_is_checked_again(dat
         assert topic.ml.confirmed_next_offset() == 2
     finally:
         service.close()
+
+
+def test_a_reads_head_never_covers_an_event_whose_rows_it_could_not_see(data_dir: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event the managed ledger confirmed whose index rows are not confirmed yet: a read by
+    its tag does not return it, so its head must stop before it, and a condition after that
+    head must refuse a conflicting append (before: the head covered the event, and the
+    conflicting append was stored)."""
+    from broker.key_index.partition import KeyReservation
+
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        dcb.append(TOPIC, [DcbEvent("Opened", b"")], None, 0, "p")
+        held: list[tuple[KeyReservation, object]] = []
+        confirm = KeyReservation.confirmed
+        monkeypatch.setattr(KeyReservation, "confirmed", lambda self, position: held.append((self, position)))
+        dcb.append(TOPIC, [DcbEvent("SeatBooked", b"ann", ("seat-1",))], None, 0, "ann")
+        monkeypatch.setattr(KeyReservation, "confirmed", confirm)
+        assert len(held) == 1, "the test did not hold the index's confirmation it means to"
+        seat = [QueryItem(("SeatBooked",), ("seat-1",))]
+        read = dcb.read(TOPIC, seat, 0, 100, 1 << 20)
+        assert read.events == [] and read.head == 1, read  # ann's position is 2: not covered
+        for reservation, position in held:
+            confirm(reservation, position)  # type: ignore[arg-type]
+        with pytest.raises(DcbConditionFailed):
+            dcb.append(TOPIC, [DcbEvent("SeatBooked", b"bob", ("seat-1",))], seat, read.head, "bob")
+    finally:
+        service.close()
+
+
+def test_a_tag_utf8_cannot_encode_or_tags_nested_too_deep_break_the_rule_and_are_refused(data_dir: str) -> None:
+    """A lone surrogate (JSON's escapes carry one) is no tag: as a property it breaks the rule,
+    as an append's tag it is refused with 400 and nothing is written (before: stored, and every
+    REST read that returned it failed as it was answered); tags nested past the JSON parser's
+    depth break the rule too (before: RecursionError, a 500)."""
+    from broker.errors import InvalidRequest
+
+    assert derived_keys({"dcb-type": "T", "dcb-tags": '["\\ud800"]'}) == {type_key("T")}
+    assert derived_keys({"dcb-type": "T", "dcb-tags": "[" * 100_000}) == {type_key("T")}
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        dcb.append(TOPIC, [DcbEvent("Opened", b"")], None, 0, "p")
+        with pytest.raises(InvalidRequest):
+            dcb.append(TOPIC, [DcbEvent("SeatBooked", b"x", ("\ud800",))], None, 0, "p")
+        with pytest.raises(InvalidRequest):
+            dcb.read(TOPIC, [QueryItem(("SeatBooked",), ("\ud800",))], 0, 10, 1 << 20)
+        assert service.topics.topic(TOPIC).ml.confirmed_next_offset() == 1
+    finally:
+        service.close()
+
+
+def test_an_entry_with_more_index_rows_than_one_entry_may_carry_is_refused_not_retried(
+        data_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One entry's rows (keyed messages and DCB tags) past ``KEY_INDEX_ENTRY_ROWS_MAX`` are a
+    400, nothing written: such an entry, accepted into an empty tail, could not be replayed
+    into a fuller one after a crash (before: accepted, and the topic's load failed on replay
+    with key_index_busy). The bound is lowered here to 5 rows."""
+    from broker.errors import InvalidRequest
+    from broker.key_index import partition
+
+    monkeypatch.setattr(partition, "KEY_INDEX_ENTRY_ROWS_MAX", 5)
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        dcb.append(TOPIC, [DcbEvent("Opened", b"")], None, 0, "p")
+        with pytest.raises(InvalidRequest) as refused:
+            dcb.append(TOPIC, [DcbEvent("Many", b"", tuple(f"t{i}" for i in range(8)))], None, 0, "p")
+        assert refused.value.retriable is False
+        assert service.topics.topic(TOPIC).ml.confirmed_next_offset() == 1
+        dcb.append(TOPIC, [DcbEvent("Few", b"", ("a", "b"))], None, 0, "p")  # 3 rows fit
+    finally:
+        service.close()
