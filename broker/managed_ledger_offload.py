@@ -333,7 +333,7 @@ class ManagedLedgerOffload(ABC):
                         context.uuid, ledger_id, self.display_name)
             return False
         try:
-            self._offloader.delete(ledger_id, context.uuid, context.driver_metadata)
+            self._offloader.delete(ledger_id, context.uuid, context.driver_metadata, context.driver_name)
         except Exception as exc:
             log.warning("offloaded copy %s of ledger %d of %s not deleted: %s", context.uuid, ledger_id,
                         self.display_name, exc)

@@ -124,7 +124,8 @@ class LedgerReads:
         if context is None or not context.complete:
             return self._ledgers.open(info.ledger_id, recovery=False)
         if self._offloader is not None:
-            return self._offloader.open(info.ledger_id, context.uuid, context.driver_metadata)
+            return self._offloader.open(info.ledger_id, context.uuid, context.driver_metadata,
+                                        context.driver_name)
         if not context.bookkeeper_deleted:
             return self._ledgers.open(info.ledger_id, recovery=False)
         raise OffloadReadError(f"ledger {info.ledger_id} is offloaded ({context.driver_name}) and deleted locally, "

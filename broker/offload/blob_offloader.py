@@ -61,7 +61,7 @@ from broker.offload.format import (
     index_object_name,
 )
 from broker.offload.offloader import ReadHandle
-from broker.offload.settings import OffloadSettings
+from broker.offload.settings import S3_DRIVERS, OffloadSettings
 from broker.offload.stores import describe_failure, filesystem_directory, open_store
 
 if TYPE_CHECKING:
@@ -206,9 +206,9 @@ class BlobStoreOffloader:
         average = max(1, source.length_bytes // entries) if entries > 0 else 1
         return max(1, min(OFFLOAD_SOURCE_RUN_ENTRIES_MAX, self.settings.read_buffer_size_bytes // average))
 
-    def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> ReadHandle:
+    def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> ReadHandle:
         name = index_object_name(ledger_id, uuid)
-        place = self._place(driver_metadata)
+        place = self._place(driver_name, driver_metadata)
         try:
             result = obstore.get(place.store, name)
             if result.meta["size"] > OFFLOAD_INDEX_OBJECT_BYTES_MAX:
@@ -223,13 +223,13 @@ class BlobStoreOffloader:
             raise self._fail(self._read_error(place, ledger_id, name, f"the index is ledger {index.ledger_id}'s"))
         return OffloadedLedger(self, place, index)
 
-    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> None:
+    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> None:
         """The index first (no reader trusts the attempt from then on), then the data; in a
         directory also the staging files (``{data object}#N``) of a multipart upload that was
         killed midway, which the store itself never removes. (An object store keeps such an
         upload open, unlisted: a bucket lifecycle rule that aborts incomplete multipart uploads
         after a day removes it, as the stores advise.)"""
-        place = self._place(driver_metadata)
+        place = self._place(driver_name, driver_metadata)
         for name in (index_object_name(ledger_id, uuid), data_object_name(ledger_id, uuid)):
             try:
                 obstore.delete(place.store, name)
@@ -293,17 +293,20 @@ class BlobStoreOffloader:
     def _fail(self, error: MagnetarError) -> MagnetarError:
         return self._counters.failed(error)
 
-    def _place(self, driver_metadata: dict[str, str]) -> _Place:
-        """The store a copy was written to: this offloader's, or the one its recorded
-        ``driver_metadata`` names (another bucket, endpoint or directory; built once, the
-        ``OFFLOAD_STORE_HANDLES_MAX`` most recently used kept)."""
-        if not driver_metadata or driver_metadata == self.driver_metadata():
+    def _place(self, driver_name: str, driver_metadata: dict[str, str]) -> _Place:
+        """The store a copy was written to: this offloader's, or the one its recorded driver and
+        ``driver_metadata`` name (another driver, bucket, endpoint or directory; built once, the
+        ``OFFLOAD_STORE_HANDLES_MAX`` most recently used kept). ``aws-s3`` and ``s3`` are one
+        kind of store."""
+        driver = driver_name or self.settings.driver
+        same_kind = driver == self.settings.driver or {driver, self.settings.driver} <= set(S3_DRIVERS)
+        if same_kind and (not driver_metadata or driver_metadata == self.driver_metadata()):
             return self._home
-        key = tuple(sorted(driver_metadata.items()))
+        key = (("driver", driver), *sorted(driver_metadata.items()))
         with self._elsewhere_lock:
             place = self._elsewhere.get(key)
             if place is None:
-                settings = replace(self.settings, bucket=driver_metadata.get("bucket", ""),
+                settings = replace(self.settings, driver=driver, bucket=driver_metadata.get("bucket", ""),
                                    region=driver_metadata.get("region", ""),
                                    service_endpoint=driver_metadata.get("serviceEndpoint", ""),
                                    file_system_uri=driver_metadata.get("fileSystemURI", ""))

@@ -85,12 +85,13 @@ class LedgerOffloader(Protocol):
         blocking, returns when all objects are durable. Raises ``OffloadError``."""
         ...
 
-    def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> ReadHandle:
-        """A reader of the copy of ``ledger_id`` written under ``uuid``. Raises ``OffloadError``
-        (missing or unreadable index object)."""
+    def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> ReadHandle:
+        """A reader of the copy of ``ledger_id`` written under ``uuid`` by the driver
+        ``driver_name`` (``""``: this offloader's) to the place ``driver_metadata`` names.
+        Raises ``OffloadError`` (missing or unreadable index object)."""
         ...
 
-    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> None:
+    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> None:
         """Delete the copy (every object of the attempt; missing objects are not an error)."""
         ...
 

@@ -9,7 +9,8 @@ flipped in the data object (through boto3) and a deleted index object raise
 server raise ``OffloadError`` naming the ledger, the driver and the bucket, without the
 secret; a stopped server and a hung one (SIGSTOP) within a bounded time; ``delete`` removes
 every object of the attempt; a source failing after parts were uploaded leaves no object and
-no open multipart upload; credentials come from an AWS credentials file too.
+no open multipart upload; credentials come from an AWS credentials file too; a copy the
+filesystem driver wrote is read and deleted by an offloader now configured for S3.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from broker.errors import NotAllowed, OffloadError, OffloadReadError
 from broker.metadata import InMemoryMetadataStore
 from broker.offload import create_offloader
 from broker.offload.format import OffloadIndex
+from broker.offload.settings import OffloadSettings
 from storage import LedgerStorage, StorageConfig
 from tests.offload_store import MotoS3, running_moto_s3
 from tests.unit.test_offload_format import BytesLedger, PatternLedger, varied_entries
@@ -200,3 +202,19 @@ def test_a_source_failing_after_parts_were_uploaded_leaves_no_object_and_no_open
         offloader.offload(FailingLedger(400, readable_last=150), "x", {})
     assert s3.keys() == []
     assert s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+
+
+def test_a_copy_written_by_another_driver_is_read_and_deleted_from_where_it_was_written(
+        s3: MotoS3, tmp_path: Path) -> None:
+    """A broker switched from the filesystem driver to S3 still reads (and deletes) the copies
+    the filesystem driver wrote: the driver recorded in the copy's context picks the store, not
+    today's driver."""
+    entries = varied_entries(200)
+    directory = tmp_path / "offloaded"
+    directory.mkdir()
+    before = create_offloader(OffloadSettings(driver="filesystem", file_system_uri=str(directory)))
+    before.offload(BytesLedger(7, entries), "fs-attempt", {})
+    now = create_offloader(s3.settings())
+    assert now.open(7, "fs-attempt", before.driver_metadata(), "filesystem").read(0, 199) == entries
+    now.delete(7, "fs-attempt", before.driver_metadata(), "filesystem")
+    assert sorted(p.name for p in directory.iterdir()) == [] and s3.keys() == []

@@ -67,13 +67,13 @@ class MemoryOffloader:
             raise OffloadError(f"ledger {source.ledger_id}: the memory store is down")
         self.copies[key] = source.read(0, lac) if lac >= 0 else []
 
-    def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> ReadHandle:
+    def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> ReadHandle:
         entries = self.copies.get((ledger_id, uuid))
         if entries is None:
             raise OffloadError(f"ledger {ledger_id}: no copy {uuid} in the memory store")
         return MemoryCopy(self, ledger_id, entries)
 
-    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str]) -> None:
+    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> None:
         if self.fail_deletes:
             raise OffloadError(f"ledger {ledger_id}: the memory store refuses deletions")
         self.copies.pop((ledger_id, uuid), None)
