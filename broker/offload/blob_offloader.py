@@ -31,8 +31,9 @@ from __future__ import annotations
 import bisect
 import glob
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,7 @@ from broker.offload.format import (
 from broker.offload.offloader import ReadHandle
 from broker.offload.settings import S3_DRIVERS, OffloadSettings
 from broker.offload.stores import describe_failure, filesystem_directory, open_store
+from broker.quotas import RateLimiter
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -99,6 +101,38 @@ class _Counters:
             now = asdict(self.values)
             self.values = OffloaderStatistics(**{**now, "errors": now["errors"] + 1, "last_error": str(error)})
         return error
+
+
+class _FlowPermits:
+    """Pulsar's offload flow permits (``managedLedgerOffloadFlowPermitsPerSecond``): every
+    offload of one offloader together reads at most that many bytes per second from the
+    bookies. A run is never split: one larger than a second's permits is read, and the next run
+    waits it off. The wait is in the offload's own thread; nothing else waits on it."""
+
+    def __init__(self, permits_per_second: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._limiter = RateLimiter(0, permits_per_second, 1.0, clock) if permits_per_second > 0 else None
+        self._lock = threading.Lock()
+        self._sleep = sleep
+        self.waited_s = 0.0
+
+    def acquire(self) -> None:
+        """Return once the bytes read so far are paid for."""
+        if self._limiter is None:
+            return
+        while True:
+            with self._lock:
+                self._limiter.refill()
+                delay_s = self._limiter.delay_s()
+                if delay_s <= 0:
+                    return
+                self.waited_s += delay_s
+            self._sleep(delay_s)
+
+    def consumed(self, size_bytes: int) -> None:
+        if self._limiter is not None:
+            with self._lock:
+                self._limiter.consume(0, size_bytes)
 
 
 class _BlockCache:
@@ -159,6 +193,7 @@ class BlobStoreOffloader:
         self._elsewhere_lock = threading.Lock()
         self._counters = _Counters()
         self.blocks = _BlockCache(block_cache_bytes)
+        self.flow_permits = _FlowPermits(settings.flow_permits_per_second)
 
     @property
     def driver_name(self) -> str:
@@ -171,13 +206,14 @@ class BlobStoreOffloader:
         return {k: v for k, v in fields.items() if v}
 
     def statistics(self) -> dict[str, Any]:
-        return asdict(self._counters.values)
+        return {**asdict(self._counters.values), "flow_waited_ms": round(self.flow_permits.waited_s * 1000)}
 
     def offload(self, source: ReadHandle, uuid: str, extra_metadata: dict[str, str]) -> None:
         ledger_id, lac = source.ledger_id, source.last_add_confirmed
         data_name = data_object_name(ledger_id, uuid)
         blocks: list[BlockInfo] = []
-        stream = _BlockStream(source, blocks, self._run_entries(source), self.settings.max_block_size_bytes)
+        stream = _BlockStream(source, blocks, self._run_entries(source), self.settings.max_block_size_bytes,
+                              self.flow_permits)
         try:
             if lac < 0:
                 obstore.put(self._home.store, data_name, b"", use_multipart=False)
@@ -334,8 +370,10 @@ class _BlockStream:
     each block's ``BlockInfo`` and keeps the source's failure (the upload only sees that the
     iterator stopped with an error)."""
 
-    def __init__(self, source: ReadHandle, blocks: list[BlockInfo], run_entries: int, block_bytes: int) -> None:
+    def __init__(self, source: ReadHandle, blocks: list[BlockInfo], run_entries: int, block_bytes: int,
+                 flow_permits: _FlowPermits) -> None:
         self._source = source
+        self._flow_permits = flow_permits
         self._blocks = blocks
         self._run_entries = run_entries
         self._block_bytes = block_bytes
@@ -353,11 +391,13 @@ class _BlockStream:
         lac = self._source.last_add_confirmed
         for first in range(0, lac + 1, self._run_entries):
             last = min(lac, first + self._run_entries - 1)
+            self._flow_permits.acquire()
             try:
                 run = self._source.read(first, last)
             except MagnetarError as exc:
                 self.source_error = exc
                 raise
+            self._flow_permits.consumed(sum(map(len, run)))
             yield from zip(range(first, last + 1), run, strict=True)
 
     def _generate(self) -> Iterator[bytes]:

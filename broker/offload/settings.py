@@ -52,6 +52,10 @@ class OffloadSettings:
     read_buffer_size_bytes: int = PULSAR_READ_BUFFER_BYTES
     gcs_service_account_key_file: str = ""
     azure_account: str = ""
+    flow_permits_per_second: int = -1
+    """Bytes per second every offload of this broker together may read from the bookies
+    (Pulsar's ``managedLedgerOffloadFlowPermitsPerSecond``; -1 or 0: unthrottled), so an offload
+    leaves the publish path its share of the machine."""
     request_timeout_ms: int = 30_000
     """One request to the store (Pulsar has no key for it)."""
     connect_timeout_ms: int = 5_000
@@ -84,7 +88,10 @@ class OffloadSettings:
                        max_block_size_bytes=_int(*key("MaxBlockSizeInBytes"), PULSAR_BLOCK_SIZE_BYTES),
                        read_buffer_size_bytes=_int(*key("ReadBufferSizeInBytes"), PULSAR_READ_BUFFER_BYTES),
                        gcs_service_account_key_file=config.get("gcsManagedLedgerOffloadServiceAccountKeyFile",
-                                                               "").strip())
+                                                               "").strip(),
+                       flow_permits_per_second=_int("managedLedgerOffloadFlowPermitsPerSecond",
+                                                    config.get("managedLedgerOffloadFlowPermitsPerSecond", "").strip(),
+                                                    -1))
         if settings.enabled:
             settings.validate()
         return settings
@@ -104,6 +111,9 @@ class OffloadSettings:
         if not 1 <= self.read_buffer_size_bytes <= OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX:
             raise OffloadConfigError(f"the offload read buffer size {self.read_buffer_size_bytes} is outside "
                                      f"1..{OFFLOAD_READ_BUFFER_SIZE_BYTES_MAX} bytes")
+        if self.flow_permits_per_second < -1:
+            raise OffloadConfigError(f"managedLedgerOffloadFlowPermitsPerSecond {self.flow_permits_per_second} is "
+                                     "below -1 (unthrottled)")
         if self.request_timeout_ms <= 0 or self.connect_timeout_ms <= 0 or self.retry_timeout_ms <= 0:
             raise OffloadConfigError("offload timeouts must be positive")
         if not 0 <= self.max_retries <= OFFLOAD_RETRIES_MAX:

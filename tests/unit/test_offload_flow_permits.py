@@ -1,0 +1,80 @@
+"""Pulsar's ``managedLedgerOffloadFlowPermitsPerSecond``: every offload of one offloader
+together reads at most that many bytes per second from the bookies.
+
+Checks, with a clock that only the throttle's own waits move (no timing in the test): the key is
+read from the broker's configuration and a value below -1 is refused naming it; an offload of
+10,000 bytes in runs of 500 at 1,000 bytes per second waits 8.5 s in all (each run starts once
+the bytes read before it are paid for, the first second's permits being there at once: the
+last run starts after 9,500 bytes), reads every entry once and writes a copy equal to the
+source; two offloads share the
+permits; -1 reads without waiting; the wait is in ``statistics()``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from api.config import ConfigError, StandaloneConfig
+from broker.offload import create_offloader
+from broker.offload.blob_offloader import BlobStoreOffloader, _FlowPermits
+from broker.offload.settings import OffloadSettings
+from tests.unit.test_offload_format import BytesLedger
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+        self.slept_s: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.slept_s.append(seconds)
+        self.now_s += seconds
+
+
+def _offloader(tmp_path: Path, permits: int, clock: _Clock) -> BlobStoreOffloader:
+    offloader = create_offloader(OffloadSettings(driver="filesystem", file_system_uri=str(tmp_path),
+                                                 read_buffer_size_bytes=500, flow_permits_per_second=permits))
+    assert isinstance(offloader, BlobStoreOffloader)
+    offloader.flow_permits = _FlowPermits(permits, clock, clock.sleep)
+    return offloader
+
+
+def test_the_key_is_read_and_a_value_below_minus_one_is_refused() -> None:
+    base = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": "/tmp/offload"}
+    settings = OffloadSettings.from_config({**base, "managedLedgerOffloadFlowPermitsPerSecond": "5000000"})
+    assert settings.flow_permits_per_second == 5_000_000
+    assert OffloadSettings.from_config(base).flow_permits_per_second == -1
+    with pytest.raises(ConfigError, match="managedLedgerOffloadFlowPermitsPerSecond"):
+        StandaloneConfig.load(overrides={**base, "managedLedgerOffloadFlowPermitsPerSecond": "-2"}, environ={})
+
+
+def test_an_offload_reads_at_most_the_permits_per_second(tmp_path: Path) -> None:
+    clock = _Clock()
+    offloader = _offloader(tmp_path, 1000, clock)
+    entries = [bytes([i]) * 100 for i in range(100)]  # 10,000 bytes in runs of 5 entries (500 bytes)
+    source = BytesLedger(3, entries)
+    offloader.offload(source, "u", {})
+    assert sum(clock.slept_s) == pytest.approx(8.5, abs=0.01)
+    assert source.reads == [(first, first + 4) for first in range(0, 100, 5)]
+    assert offloader.open(3, "u", {}).read(0, 99) == entries
+    assert offloader.statistics()["flow_waited_ms"] == pytest.approx(8500, abs=10)
+
+
+def test_two_offloads_share_the_permits(tmp_path: Path) -> None:
+    clock = _Clock()
+    offloader = _offloader(tmp_path, 1000, clock)
+    for ledger_id in (1, 2):
+        offloader.offload(BytesLedger(ledger_id, [b"x" * 100] * 30), "u", {})
+    assert sum(clock.slept_s) == pytest.approx(4.5, abs=0.01)  # the last run starts after 5,500 bytes
+
+
+def test_minus_one_reads_without_waiting(tmp_path: Path) -> None:
+    clock = _Clock()
+    offloader = _offloader(tmp_path, -1, clock)
+    offloader.offload(BytesLedger(1, [b"x" * 100] * 100), "u", {})
+    assert clock.slept_s == [] and offloader.statistics()["flow_waited_ms"] == 0
