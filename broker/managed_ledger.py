@@ -65,6 +65,7 @@ from broker.managed_ledger_reads import Entry, LedgerReads
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
 from broker.offload.offloader import LedgerOffloader
+from broker.offload.orphans import record_orphaned_copies
 from broker.offset_index import LedgerInfo, SampleStore, ledger_holding
 from broker.retention import deletable_ledgers, expiry_cutoff_ms
 from broker.topic_name import display_name
@@ -528,10 +529,11 @@ class ManagedLedger(ManagedLedgerAdds, ManagedLedgerOffload):
                 self._retire_current()
             for info in self._list.infos:
                 self._ledgers.delete(info.ledger_id)  # a no-op for a ledger deleted locally after its offload
-                if info.offload_context is not None:
-                    self._delete_copy(info.ledger_id, info.offload_context)
-            for ledger_id, context in self._list.pending_offload_deletes:
-                self._delete_copy(ledger_id, context)
+            copies = [(i.ledger_id, i.offload_context) for i in self._list.infos if i.offload_context is not None]
+            copies += self._list.pending_offload_deletes
+            # a copy the store does not delete now is named where it outlives the topic's metadata
+            record_orphaned_copies(self._store, self.name, [(ledger_id, context) for ledger_id, context in copies
+                                                             if not self._delete_copy(ledger_id, context)])
             self._list.infos = []
             self._store.delete_recursive(self._path)
 

@@ -44,6 +44,7 @@ from broker.metadata.store import MetadataStore, MetadataStoreStats
 from broker.namespace.service import NamespaceService
 from broker.offload import OffloadSettings, create_offloader
 from broker.offload.offloader import LedgerOffloader
+from broker.offload.orphans import OrphanedCopies
 from broker.producer_access import TOPIC_EPOCH_PROPERTY, ProducerAccess
 from broker.rate_history import RateHistory, RateSample
 from broker.schema_registry import SchemaDefaults, SchemaRegistry
@@ -122,6 +123,7 @@ class _Parts:
     schemas: SchemaRegistry
     maintenance: Maintenance
     census: SubscriptionCensus
+    orphans: OrphanedCopies
 
 
 class BrokerService:
@@ -189,6 +191,7 @@ class BrokerService:
                                     consumer_pending_bytes_max=config.consumer_pending_bytes_max)
         subscriptions = Subscriptions(topics, compactions, self._dispatch, self.reads_in_flight, limits, clock)
         census = SubscriptionCensus(store, clock)
+        orphans = OrphanedCopies(store, lambda: factory.offloader, clock)
         topics.on_unloaded(lambda _names: census.recount())
         topics.on_deleted(lambda _name: census.recount())
         return _Parts(store, cache, factory, key_index, namespaces, topics, compactions, subscriptions,
@@ -198,13 +201,14 @@ class BrokerService:
                                                              config.allow_auto_update_schema,
                                                              config.schema_validation_enforced)),
                       Maintenance(config.maintenance_interval_ms, subscriptions.tick, topics.loaded, key_index, cache,
-                                  lambda: self._after_maintenance_pass(topics, subscriptions, census)),
-                      census)
+                                  lambda: self._after_maintenance_pass(topics, subscriptions, census, orphans)),
+                      census, orphans)
 
     def _after_maintenance_pass(self, topics: TopicRegistry, subscriptions: Subscriptions,
-                                census: SubscriptionCensus) -> None:
+                                census: SubscriptionCensus, orphans: OrphanedCopies) -> None:
         self.rate_history.maybe_sample(lambda: _loaded_topic_stats(topics, subscriptions))
         census.maybe_count()
+        orphans.maybe_sweep()
 
     def offloader(self) -> LedgerOffloader | None:
         """The object store closed ledgers are offloaded to (None: no ``managedLedgerOffloadDriver``)."""
@@ -343,7 +347,8 @@ class BrokerService:
             self.reads_in_flight.statistics(), self.publish_buffer.statistics(), parts.topics.statistics(),
             parts.subscriptions.statistics(), parts.compactions.statistics(), self.rate_history.samples(),
             parts.census.total({TopicName.parse(t.topic).managed_ledger_name: len(t.subscriptions) for t in topics}),
-            None if parts.factory.offloader is None else parts.factory.offloader.statistics())
+            None if parts.factory.offloader is None else
+            {**parts.factory.offloader.statistics(), "orphaned_copies_deleted": parts.orphans.statistics().deleted})
 
 
 def _loaded_topic_stats(topics: TopicRegistry, subscriptions: Subscriptions) -> list[TopicStats]:

@@ -9,7 +9,9 @@ the local data readable; a crash between the upload and the saved ``complete`` l
 attempt that the next open deletes and clears (never trusted), and a crash between the saved
 ``bookkeeper_deleted`` and the bookies' deletion has the deletion done on open; thresholds pick
 the oldest closed ledgers; appends go on while an upload is held; trimming and topic deletion
-delete offloaded copies; a failed read of a copy raises, never returns other data.
+delete offloaded copies, and copies a deleted topic's store refused are named and swept later
+(at most once per interval, a bounded number per sweep); a failed read of a copy raises, never
+returns other data.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from broker.entry_cache import EntryCache
 from broker.entry_format import decode_entry
 from broker.errors import AlreadyExists, NoSuchLedger
 from broker.limits import OFFLOAD_RETRY_DELAY_MS
-from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger import ML_ROOT, ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.managed_ledger_offload import threshold_candidates
-from broker.offload.offloader import OffloadReadError
+from broker.offload.offloader import OffloadContext, OffloadReadError
+from broker.offload.orphans import ORPHANS_ROOT, OrphanedCopies, record_orphaned_copies
 from broker.offset_index import LedgerInfo
 from tests.unit.broker_stack import Stack, append_messages, open_stack
 from tests.unit.memory_offloader import MemoryOffloader
@@ -394,4 +397,46 @@ def test_a_drivers_own_exception_is_reported_by_its_type_never_its_text(data_dir
     assert status.status == "ERROR" and "RuntimeError" in status.last_error, status
     assert "AKIA-SECRET-VALUE" not in status.last_error
     ml.close()
+    stack.close()
+
+
+def test_copies_a_deleted_topic_could_not_delete_are_named_and_swept_later(data_dir: str) -> None:
+    """A topic deleted while the store refuses deletions: its copies are named under
+    ``/offload/orphaned-copies`` before its metadata goes (before: forgotten, left in the bucket
+    for good), and a later sweep deletes them and their names once the store deletes again."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, cursors = stack.open(NAME, LAG_0)
+    _fill(stack, ml, 22)
+    _offload_all(ml)
+    copies = dict(offloader.copies)
+    assert copies
+    cursors.close()
+    offloader.fail_deletes = True
+    ml.delete()
+    assert offloader.copies == copies and not stack.store.exists(f"{ML_ROOT}/{NAME}")
+    named = stack.store.children(ORPHANS_ROOT)
+    assert sorted(named) == sorted(f"{ledger_id}-{uuid}" for ledger_id, uuid in copies)
+    sweeper = OrphanedCopies(stack.store, lambda: offloader, stack.clock)
+    assert sweeper.sweep(offloader) == 0 and stack.store.children(ORPHANS_ROOT) == named  # still refused
+    offloader.fail_deletes = False
+    sweeper.maybe_sweep()
+    assert offloader.copies == {} and stack.store.children(ORPHANS_ROOT) == []
+    assert sweeper.statistics().deleted == len(copies)
+    stack.close()
+
+
+def test_the_sweep_runs_at_most_once_per_interval_and_a_bounded_number_of_copies(data_dir: str) -> None:
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    context = OffloadContext(uuid="u", driver_name="memory", complete=True)
+    record_orphaned_copies(stack.store, NAME, [(ledger_id, context) for ledger_id in range(5)])
+    sweeper = OrphanedCopies(stack.store, lambda: offloader, stack.clock, interval_ms=60_000, per_sweep_max=2)
+    sweeper.maybe_sweep()
+    assert len(offloader.deleted) == 2
+    sweeper.maybe_sweep()  # within the interval: nothing
+    assert len(offloader.deleted) == 2
+    stack.clock.advance(60.0)
+    sweeper.maybe_sweep()
+    assert len(offloader.deleted) == 4 and len(stack.store.children(ORPHANS_ROOT)) == 1
     stack.close()

@@ -1,0 +1,109 @@
+"""Offloaded copies whose topic is gone but whose objects the store did not delete.
+
+Role: a topic deleted while its store is down (or with no offload driver configured any more)
+cannot delete its offloaded copies then, and its metadata, which named them, goes with it. Before
+it goes, ``ManagedLedger.delete`` records each such copy here, one node per copy under
+``/offload/orphaned-copies`` (``{ledger}-{uuid}``: the copy's ``OffloadContext`` and the managed
+ledger it was part of). ``OrphanedCopies.maybe_sweep``, called after each maintenance pass, tries
+to delete them again at most every ``OFFLOAD_RETRY_DELAY_MS`` and at most
+``OFFLOAD_ORPHANS_PER_SWEEP_MAX`` per sweep, and removes a node once its copy is gone. In a
+cluster every broker sweeps the same nodes; a delete is idempotent (a missing object is not an
+error), so two sweeps of one copy are harmless.
+
+Invariants: a copy is recorded before the topic's metadata is deleted, so no copy is ever
+unnamed by both; a node is removed only after its copy's delete succeeded; a sweep runs in the
+maintenance thread, never on the event loop; a failure is logged, never raised to the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from broker.errors import BadVersion, NotFound
+from broker.limits import OFFLOAD_ORPHANS_PER_SWEEP_MAX, OFFLOAD_RETRY_DELAY_MS
+from broker.metadata.store import MetadataStore
+from broker.offload.offloader import LedgerOffloader, OffloadContext
+
+log = logging.getLogger(__name__)
+
+ORPHANS_ROOT = "/offload/orphaned-copies"
+
+
+def record_orphaned_copies(store: MetadataStore, managed_ledger: str,
+                           copies: Iterable[tuple[int, OffloadContext]]) -> None:
+    """Name ``copies`` (ledger id, context) of ``managed_ledger`` under ``ORPHANS_ROOT``, so they
+    are deleted once the store takes deletes again."""
+    values = {f"{ORPHANS_ROOT}/{ledger_id}-{context.uuid}":
+              {"ledgerId": ledger_id, "managedLedger": managed_ledger, "context": context.to_json()}
+              for ledger_id, context in copies}
+    for path, value in values.items():
+        store.put_json(path, value)
+
+
+@dataclass(frozen=True)
+class OrphanStatistics:
+    recorded: int
+    """Copies named under ``ORPHANS_ROOT`` at the last sweep."""
+    deleted: int
+    """Copies this broker deleted since it started."""
+    last_sweep_ms: int | None
+
+
+class OrphanedCopies:
+    """The sweeper of ``ORPHANS_ROOT``."""
+
+    def __init__(self, store: MetadataStore, offloader: Callable[[], LedgerOffloader | None],
+                 clock: Callable[[], float], *, interval_ms: int = OFFLOAD_RETRY_DELAY_MS,
+                 per_sweep_max: int = OFFLOAD_ORPHANS_PER_SWEEP_MAX) -> None:
+        self._store = store
+        self._offloader = offloader
+        self._clock = clock
+        self._interval_ms = interval_ms
+        self._per_sweep_max = per_sweep_max
+        self._lock = threading.Lock()
+        self._swept_at_ms: int | None = None
+        self._recorded = 0
+        self._deleted = 0
+
+    def maybe_sweep(self) -> None:
+        """Sweep when the last sweep is older than the interval (and an offloader is configured)."""
+        now_ms = int(self._clock() * 1000)
+        with self._lock:
+            if self._swept_at_ms is not None and now_ms - self._swept_at_ms < self._interval_ms:
+                return
+            self._swept_at_ms = now_ms
+        offloader = self._offloader()
+        if offloader is not None:
+            self.sweep(offloader)
+
+    def sweep(self, offloader: LedgerOffloader) -> int:
+        """Delete up to ``per_sweep_max`` orphaned copies; returns how many went."""
+        names = self._store.children(ORPHANS_ROOT)
+        self._recorded = len(names)
+        deleted = 0
+        for name in names[:self._per_sweep_max]:
+            path = f"{ORPHANS_ROOT}/{name}"
+            found = self._store.get_json(path)
+            if found is None:
+                continue  # another broker's sweep took it
+            value, version = found
+            try:
+                context = OffloadContext.from_json(value["context"])
+                offloader.delete(int(value["ledgerId"]), context.uuid, context.driver_metadata, context.driver_name)
+            except Exception as exc:  # the store still refuses: the node stays for the next sweep
+                log.warning("orphaned offloaded copy %s (of %s) not deleted yet: %s", name,
+                            value.get("managedLedger", "?"), exc)
+                continue
+            with contextlib.suppress(NotFound, BadVersion):  # another broker's sweep took it
+                self._store.delete(path, version)
+            deleted += 1
+        self._deleted += deleted
+        self._recorded -= deleted
+        return deleted
+
+    def statistics(self) -> OrphanStatistics:
+        return OrphanStatistics(recorded=self._recorded, deleted=self._deleted, last_sweep_ms=self._swept_at_ms)
