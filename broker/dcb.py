@@ -163,6 +163,12 @@ def event_of(message: DecodedMessage, offset: int) -> SequencedEvent:
     return SequencedEvent(DcbEvent(properties.get(TYPE_PROPERTY, ""), message.payload, tuple(tags)), offset + 1)
 
 
+def _event_bytes(event: SequencedEvent) -> int:
+    """What an event adds to an answer, for its byte budget: its payload, type and tags."""
+    e = event.event
+    return len(e.data) + len(e.type) + sum(len(tag) for tag in e.tags)
+
+
 class _Entries:
     """The entries a read or a check looks at, each read and decoded once (the last one kept)."""
 
@@ -231,16 +237,20 @@ class DcbEvents:
     # --- reading ----------------------------------------------------------------------------
     def read(self, name: TopicName, items: Sequence[QueryItem], after: int, limit: int, max_bytes: int) -> DcbRead:
         """The events matching ``items`` at positions after ``after``: at most ``limit`` (and
-        ``DCB_READ_EVENTS_MAX``), their payloads at most ``max_bytes`` (at least one event)."""
+        ``DCB_READ_EVENTS_MAX``), their payloads, types and tags at most ``max_bytes`` (at least
+        one event). A query by type or tag of a topic that keeps no key index is
+        ``InvalidRequest``, as an append to it is."""
         derived = check_query(items)
         topic = self._topic(name, create=False)
-        if topic is None or topic.streams is None:
+        if topic is None:
             return DcbRead([], None, None)
         end = topic.ml.confirmed_next_offset()
         start = max(after, topic.ml.first_offset)
         limit = min(limit, DCB_READ_EVENTS_MAX)
         if not derived or any(item.matches_all for item in derived):
             return self._scan(topic, start, end, limit, max_bytes)
+        if topic.streams is None:  # as an append to it is refused: no index, no answer by type or tag
+            raise InvalidRequest(f"{name} keeps no key index: DCB events need one")
         # the head this read reports covers only entries whose index rows it could see: a
         # condition "after the head" must still see an event confirmed but not yet indexed
         end = topic.streams.readable_end(end)
@@ -255,7 +265,7 @@ class DcbEvents:
             message = entries.message(row)
             if any(item.matches(derived_keys(message.properties)) for item in derived):
                 found.append(event_of(message, row.offset))
-                size += len(message.payload)
+                size += _event_bytes(found[-1])
         return DcbRead(found, end or None, None)
 
     def _scan(self, topic: PersistentTopic, start: int, end: int, limit: int, max_bytes: int) -> DcbRead:
@@ -274,7 +284,7 @@ class DcbEvents:
                 if len(found) >= limit or (found and size >= max_bytes):
                     return DcbRead(found, end or None, offset)
                 found.append(event_of(message, offset))
-                size += len(message.payload)
+                size += _event_bytes(found[-1])
         return DcbRead(found, end or None, None)
 
     # --- appending --------------------------------------------------------------------------

@@ -4,7 +4,9 @@ A message's derived streams follow from its properties alone, and never name a k
 the rows of a tag after an offset come out of the segments and the tail exactly as a plain
 filter of everything would give them, across several checkpoints and many blocks; a condition
 whose checked segments a checkpoint replaced before the append is refused as ``DcbIndexMoved``
-and writes nothing, and checked again it sees the event the checkpoint moved.
+and writes nothing, and checked again it sees the event the checkpoint moved; a read's byte
+budget counts types and tags as well as payloads; a read by type or tag of a topic that keeps no
+key index is refused as an append to it is.
 """
 
 from __future__ import annotations
@@ -179,5 +181,40 @@ def test_an_entry_with_more_index_rows_than_one_entry_may_carry_is_refused_not_r
         assert refused.value.retriable is False
         assert service.topics.topic(TOPIC).ml.confirmed_next_offset() == 1
         dcb.append(TOPIC, [DcbEvent("Few", b"", ("a", "b"))], None, 0, "p")  # 3 rows fit
+    finally:
+        service.close()
+
+
+def test_a_reads_byte_budget_counts_types_and_tags_not_only_payloads(data_dir: str) -> None:
+    """Events with empty payloads and long tags: a read with a budget of one event's tags
+    answers one event and says where to go on (before: payloads alone were counted, so every
+    event fitted a budget of 1 byte)."""
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        tags = (*(f"{'t' * 200}-{i}" for i in range(5)), "course")
+        for _ in range(3):
+            dcb.append(TOPIC, [DcbEvent("Enrolled", b"", tags)], None, 0, "p")
+        for query in ([QueryItem(("Enrolled",), ("course",))], []):
+            read = dcb.read(TOPIC, query, 0, 100, 1000)
+            assert len(read.events) == 1 and read.next_after == 1 and read.head == 3, (query, read)
+            assert len(dcb.read(TOPIC, query, 0, 100, 3000).events) == 3
+    finally:
+        service.close()
+
+
+def test_a_read_by_type_or_tag_of_a_topic_without_key_index_is_refused_like_an_append(data_dir: str) -> None:
+    from broker.errors import InvalidRequest
+
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        dcb.append(TOPIC, [DcbEvent("Opened", b"x")], None, 0, "p")
+        service.topics.topic(TOPIC).streams = None
+        with pytest.raises(InvalidRequest, match="no key index"):
+            dcb.read(TOPIC, [QueryItem(("Opened",))], 0, 10, 1 << 20)
+        with pytest.raises(InvalidRequest, match="no key index"):
+            dcb.append(TOPIC, [DcbEvent("Opened", b"y")], None, 0, "p")
+        assert [e.event.data for e in dcb.read(TOPIC, [], 0, 10, 1 << 20).events] == [b"x"]  # every event: a scan
     finally:
         service.close()
