@@ -47,7 +47,7 @@ from broker.entry_format import (
     split_entry_payload,
 )
 from broker.errors import EncryptionRequired, InvalidRequest, MagnetarError, MessageTooLarge
-from broker.key_index.derived import MARK, keys_of_messages
+from broker.key_index.derived import MARK, TYPE_PROPERTY, keys_of_messages
 from broker.limits import CLIENT_ENTRY_OVERHEAD_BYTES_MAX
 
 SEQUENCE_ID_MAX = 2**63 - 1
@@ -184,4 +184,7 @@ def _check_any_client_entry(data: bytes) -> tuple[tuple[str | None, ...], bool, 
     chunks, chunk_id = int(metadata.num_chunks_from_msg), int(metadata.chunk_id)
     if not 0 <= chunk_id < chunks:
         raise InvalidRequest(f"chunk {chunk_id} of a message of {chunks} chunks")
+    if dcb:  # each chunk would be indexed, and answered, as an event of its own
+        raise InvalidRequest(f"a DCB event ({TYPE_PROPERTY} property) cannot be sent in chunks; send it whole "
+                             "(below maxMessageSize) or without chunking")
     return keys, chunk_id < chunks - 1, dcb

@@ -413,6 +413,20 @@ def test_chunked_message_larger_than_the_maximum(pc: pulsar.Client) -> None:
     assert consumer.receive(RECEIVE_TIMEOUT_MS).data() == b"small"
 
 
+def test_a_dcb_event_sent_in_chunks_is_refused_and_nothing_is_stored(pc: pulsar.Client) -> None:
+    """Each chunk would be indexed and answered by DCB reads as an event of its own: a chunked
+    message carrying ``dcb-type`` fails its send; a whole one after it is stored alone."""
+    payload = b"e" * (6 * 1024 * 1024)
+    producer = pc.create_producer("chunked-dcb", chunking_enabled=True, batching_enabled=False,
+                                  send_timeout_millis=10_000)
+    with pytest.raises(pulsar.PulsarException):
+        producer.send(payload, properties={"dcb-type": "Big", "dcb-tags": '["t"]'})
+    producer.send(b"whole", properties={"dcb-type": "Small", "dcb-tags": '["t"]'})
+    consumer = pc.subscribe("chunked-dcb", "s", initial_position=Earliest)
+    assert consumer.receive(RECEIVE_TIMEOUT_MS).data() == b"whole"
+    assert nothing_more(consumer)
+
+
 def test_exclusive_producer_access(pc: pulsar.Client) -> None:
     first = pc.create_producer("exclusive-producer", access_mode=pulsar.ProducerAccessMode.Exclusive)
     with pytest.raises(pulsar.ProducerFenced):
