@@ -9,7 +9,8 @@ writer (another broker that recovered the topic) makes the save fail with ``BadV
 
 Invariants: the stored list never names a deleted ledger (a ledger leaves the list, saved, before
 it is deleted: ``pending_deletes`` holds it meanwhile, retried on open; its offloaded copy, if
-any, likewise in ``pending_offload_deletes``). Offsets never restart
+any, likewise in ``pending_offload_deletes``; an offloaded ledger marked deleted locally is in
+``pending_local_deletes`` until its bookie copy is gone). Offsets never restart
 below ``offset_floor``, the confirmed end as of the last save, even when trimming removed every
 ledger that held entries. A save that failed without an answer may have been applied: the next
 save first takes the stored version if the stored list is exactly the one that save wrote, so a
@@ -39,6 +40,9 @@ class LedgerList:
         """Ledgers dropped from the list but maybe not yet deleted (retried on open)."""
         self.pending_offload_deletes: list[tuple[int, OffloadContext]] = []
         """Offloaded copies of ledgers dropped from the list, maybe not yet deleted (likewise)."""
+        self.pending_local_deletes: list[int] = []
+        """Offloaded ledgers marked ``bookkeeperDeleted`` whose bookie copy may not be deleted
+        yet (retried on open; the ledgers stay in the list, read from their copies)."""
         self.offset_floor = 0
         """The confirmed end as of the last save: offsets never restart below it, even when
         trimming removed every ledger that held entries."""
@@ -59,6 +63,7 @@ class LedgerList:
         self.pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
         self.pending_offload_deletes = [(int(i["ledgerId"]), OffloadContext.from_json(i["offloadContext"]))
                                         for i in obj.get("pendingOffloadDeletes", [])]
+        self.pending_local_deletes = [int(i) for i in obj.get("pendingLocalDeletes", [])]
         self.offset_floor = int(obj.get("offsetFloor", 0))
         self._version = stat.version
 
@@ -98,5 +103,7 @@ class LedgerList:
         if self.pending_offload_deletes:
             obj["pendingOffloadDeletes"] = [{"ledgerId": ledger_id, "offloadContext": context.to_json()}
                                             for ledger_id, context in self.pending_offload_deletes]
+        if self.pending_local_deletes:
+            obj["pendingLocalDeletes"] = self.pending_local_deletes
         body = json.dumps(obj, sort_keys=True).encode()
         self._version = self._store.put(self.path, body, self._version).version

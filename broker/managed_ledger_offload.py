@@ -353,34 +353,54 @@ class ManagedLedgerOffload(ABC):
             if not due:
                 return []
             before = {i.ledger_id: i.offload_context for i in due}
+            pending_before = list(self._list.pending_local_deletes)
             for info in due:
                 assert info.offload_context is not None
                 info.offload_context = replace(info.offload_context, bookkeeper_deleted=True)
+            self._list.pending_local_deletes.extend(i.ledger_id for i in due)
             try:
                 self._list.save()
             except BaseException:
                 for info in due:
                     info.offload_context = before[info.ledger_id]
+                self._list.pending_local_deletes = pending_before
                 raise
         for info in due:
             self._reads.forget(info.ledger_id)
-            _crash_point("during-local-delete")
-            self._delete_local(info.ledger_id)
-            self.offload_counters.local_deleted += 1
+        self._delete_pending_local(crash_point=True)
+        self.offload_counters.local_deleted += len(due)
         return [i.ledger_id for i in due]
 
-    def _delete_local(self, ledger_id: int) -> None:
-        """Delete the bookies' copy of a ledger marked deleted locally; a failure is logged (the
-        mark stays, and the next open deletes it)."""
-        try:
-            self._ledgers.delete(ledger_id)
-        except MagnetarError as exc:
-            log.warning("ledger %d of %s, offloaded, not deleted from the bookies yet: %s", ledger_id,
-                        self.display_name, exc)
+    def _delete_pending_local(self, *, crash_point: bool = False) -> None:
+        """Delete the bookies' copies of the ledgers marked deleted locally and not known gone,
+        then save them as gone; a failure is logged (the ledger stays pending: the next open
+        deletes it again)."""
+        with self._lock:
+            pending = list(self._list.pending_local_deletes)
+        gone = []
+        for ledger_id in pending:
+            if crash_point:
+                _crash_point("during-local-delete")
+            try:
+                self._ledgers.delete(ledger_id)  # a no-op once it is gone
+            except MagnetarError as exc:
+                log.warning("ledger %d of %s, offloaded, not deleted from the bookies yet: %s", ledger_id,
+                            self.display_name, exc)
+                continue
+            gone.append(ledger_id)
+        if not gone:
+            return
+        with self._lock:
+            if self._closed or self._taken_over:
+                return  # the list is not this writer's to save; the next owner deletes them again
+            self._list.pending_local_deletes = [i for i in self._list.pending_local_deletes if i not in gone]
+            with contextlib.suppress(MagnetarError):  # still pending in the store: deleted again on open
+                self._list.save()
 
     def _cleanup_offload_on_open(self) -> None:
         """After a crash: incomplete attempts are deleted and cleared (the next offload starts
-        anew), and ledgers the list says are deleted locally are deleted (again)."""
+        anew), and ledgers marked deleted locally but not known gone are deleted (again): only
+        those, not every offloaded ledger, so a load costs no bookie round trip per old ledger."""
         stale = [i for i in self._list.infos if i.offload_context is not None and not i.offloaded]
         for info in stale:
             assert info.offload_context is not None
@@ -390,9 +410,7 @@ class ManagedLedgerOffload(ABC):
             info.offload_context = None
         if any(i.offload_context is None for i in stale):
             self._list.save()
-        for info in self._list.infos:
-            if info.local_deleted:
-                self._ledgers.delete(info.ledger_id)  # a no-op once it is gone
+        self._delete_pending_local()
 
     # --- status ------------------------------------------------------------------------------
     def offload_status(self) -> OffloadStatus:

@@ -21,6 +21,7 @@ import threading
 
 import pytest
 
+from broker import managed_ledger_offload
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import decode_entry
@@ -159,22 +160,50 @@ def test_an_attempt_interrupted_before_its_complete_is_saved_is_deleted_on_open(
     stack.close()
 
 
-def test_a_ledger_marked_deleted_locally_is_deleted_on_open_and_read_from_the_store(data_dir: str) -> None:
-    """A crash after ``bookkeeper_deleted`` was saved, before the bookies' deletion."""
+def test_a_ledger_marked_deleted_locally_is_deleted_on_open_and_read_from_the_store(
+        data_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash after ``bookkeeper_deleted`` was saved, before the bookies' deletion: the next
+    load deletes it, and the load after that deletes nothing (before: every load asked the
+    bookies to delete every ledger ever deleted locally)."""
     offloader = MemoryOffloader()
     stack = open_stack(data_dir, offloader=offloader)
     ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=3_600_000))
     times = _fill(stack, ml, 12)
     _offload_all(ml)
-    info = ml.ledger_infos()[0]
-    assert info.offload_context is not None
-    ml._save_context(info, dataclasses.replace(info.offload_context, bookkeeper_deleted=True))
-    assert _ledger_exists(stack, info.ledger_id)
+    stack.clock.advance(3601.0)
+
+    class Crash(BaseException):
+        pass
+
+    def crash(name: str) -> None:
+        if name == "during-local-delete":
+            raise Crash
+
+    monkeypatch.setattr(managed_ledger_offload, "_crash_point", crash)
+    with pytest.raises(Crash):
+        ml.delete_offloaded_locally()
+    monkeypatch.undo()
+    marked = [i for i in ml.ledger_infos() if i.local_deleted]
+    assert marked and all(_ledger_exists(stack, i.ledger_id) for i in marked)
+    deletes: list[int] = []
+    real_delete = LedgerManager.delete
+
+    def counted_delete(self: LedgerManager, ledger_id: int) -> None:
+        deletes.append(ledger_id)
+        real_delete(self, ledger_id)
+
+    monkeypatch.setattr(LedgerManager, "delete", counted_delete)
     other = _other_broker(stack, offloader)
     taken = other.open(NAME, LAG_0)
-    assert not _ledger_exists(stack, info.ledger_id)
+    assert sorted(deletes) == sorted(i.ledger_id for i in marked)
+    assert not any(_ledger_exists(stack, i.ledger_id) for i in marked)
     _check_reads(taken, times)
     other.close_all()
+    deletes.clear()
+    again = _other_broker(stack, offloader)
+    _check_reads(again.open(NAME, LAG_0), times)
+    assert not set(deletes) & {i.ledger_id for i in marked}, deletes  # (the empty ledger the last owner opened goes)
+    again.close_all()
     stack.close()
 
 
