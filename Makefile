@@ -9,7 +9,7 @@ DATA_DIR ?= ./data
 PORT ?= 8080
 PULSAR_PORT ?= 6650
 
-.PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper check-postgresql clean demo soak-cluster
+.PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper check-postgresql check-azurite clean demo soak-cluster
 
 # setup.py builds the optional native accelerators broker/entry_format/*.c (skipped without a C compiler).
 $(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c broker/entry_format/*.h)
@@ -47,6 +47,19 @@ check-postgresql:
 	  apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; true; }
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { echo "The eventsourcing benchmark needs PostgreSQL: install it with 'apt-get install postgresql'"; exit 1; }
 
+# The azureblob offload tests run Azurite, Microsoft's Azure Storage emulator (Node.js), pinned by
+# tools/azurite/package-lock.json and installed under .venv/azurite; Node.js and npm are installed when missing.
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+check-azurite: $(STAMP)
+	@[ -x $(AZURITE) ] && exit 0; \
+	  command -v npm >/dev/null 2>&1 || { echo "installing Debian's nodejs and npm packages for the azureblob offload tests"; \
+	    apt-get update -qq >/dev/null 2>&1; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null 2>&1; true; }; \
+	  command -v npm >/dev/null 2>&1 || { echo "The azureblob offload tests need Node.js and npm: install them with 'apt-get install nodejs npm'"; exit 1; }; \
+	  echo "installing Azurite (tools/azurite/package-lock.json) for the azureblob offload tests"; \
+	  mkdir -p $(VENV)/azurite && cp tools/azurite/package.json tools/azurite/package-lock.json $(VENV)/azurite/ && \
+	  npm ci --silent --no-audit --no-fund --prefix $(VENV)/azurite >/dev/null \
+	    || { echo "npm could not install Azurite (tools/azurite): the azureblob offload tests need it"; exit 1; }
+
 run: $(STAMP)
 	$(BIN)/magnetar standalone --data-dir $(DATA_DIR) --port $(PORT) --pulsar-port $(PULSAR_PORT)
 
@@ -54,7 +67,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: $(STAMP) check-java check-chromium check-zookeeper lint
+test: $(STAMP) check-java check-chromium check-zookeeper check-azurite lint
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -1,4 +1,5 @@
-"""An S3 API served over HTTP for offload tests: moto's standalone server as a child process.
+"""Object store APIs served over HTTP for offload tests: moto's standalone server (S3) and
+Azurite (Azure Blob), each a child process on a free port.
 
 ``running_moto_s3`` starts ``python -m moto.server`` on a free port with request
 authentication on (moto checks signatures and access keys once its first
@@ -6,12 +7,21 @@ authentication on (moto checks signatures and access keys once its first
 access key and an allow-all policy; the bucket is then created with that key. Tests point the
 offloader at ``endpoint`` with the key in the standard AWS environment variables, as a user
 points it at S3 or MinIO. Teardown stops the server by its process id.
+
+``running_azurite`` starts Azurite's blob service (Microsoft's Azure Storage emulator, installed
+by ``make check-azurite`` with npm under ``.venv/azurite``; ``AZURITE_BLOB`` names another
+binary) in memory, with one account whose key is made for the run (``AZURITE_ACCOUNTS``), and
+makes the container with the Azure SDK. The offloader reaches it as a user reaches Azure: the
+account and key in Pulsar's ``AZURE_STORAGE_ACCOUNT`` / ``AZURE_STORAGE_ACCESS_KEY``, the
+account's URL as the endpoint.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -19,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -63,17 +74,17 @@ class MotoS3:
         return sorted(obj["Key"] for obj in listed.get("Contents", []))
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], name: str = "moto server") -> None:
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"moto server exited with {proc.returncode}")
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
         try:
             socket.create_connection(("127.0.0.1", port), 0.2).close()
             return
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError(f"moto server did not listen on {port} within {START_WAIT_S} s")
+    raise RuntimeError(f"{name} did not listen on {port} within {START_WAIT_S} s")
 
 
 def _setup(endpoint: str, bucket: str) -> tuple[str, str]:
@@ -100,6 +111,66 @@ def running_moto_s3(bucket: str = "offload-bucket") -> Iterator[MotoS3]:
         endpoint = f"http://127.0.0.1:{port}"
         key_id, secret = _setup(endpoint, bucket)
         server = MotoS3(endpoint, bucket, key_id, secret, proc)
+        yield server
+    finally:
+        if proc.poll() is None:
+            stop_process(proc)
+
+
+AZURITE_INSTALL = Path(__file__).resolve().parent.parent / ".venv/azurite/node_modules/.bin/azurite-blob"
+
+
+@dataclass
+class Azurite:
+    account: str
+    key: str
+    container: str
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{self.account}"
+
+    def env(self) -> dict[str, str]:
+        return {"AZURE_STORAGE_ACCOUNT": self.account, "AZURE_STORAGE_ACCESS_KEY": self.key}
+
+    def settings(self, **overrides: Any) -> OffloadSettings:
+        fields: dict[str, Any] = {"driver": "azureblob", "bucket": self.container, "service_endpoint": self.endpoint,
+                                  "max_block_size_bytes": 4096, "read_buffer_size_bytes": 16384, "max_retries": 1,
+                                  "retry_timeout_ms": 3000, "request_timeout_ms": 5000, "connect_timeout_ms": 1000}
+        return OffloadSettings(**{**fields, **overrides})
+
+    def container_client(self) -> Any:
+        from azure.storage.blob import BlobServiceClient
+
+        service = BlobServiceClient(self.endpoint, credential={"account_name": self.account, "account_key": self.key})
+        return service.get_container_client(self.container)
+
+    def names(self) -> list[str]:
+        return sorted(blob.name for blob in self.container_client().list_blobs())
+
+
+def azurite_binary() -> str:
+    binary = os.environ.get("AZURITE_BLOB") or str(AZURITE_INSTALL)
+    if not Path(binary).exists():
+        raise RuntimeError(f"the azureblob offload tests need Azurite's blob service at {binary}: run 'make "
+                           "check-azurite' (npm install azurite; Debian's nodejs and npm packages)")
+    return binary
+
+
+@contextmanager
+def running_azurite(container: str = "offload-container") -> Iterator[Azurite]:
+    port = free_port()
+    account, key = "magnetartest", base64.b64encode(secrets.token_bytes(64)).decode()
+    env = {**os.environ, "AZURITE_ACCOUNTS": f"{account}:{key}"}
+    proc = subprocess.Popen([azurite_binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port),
+                             "--inMemoryPersistence", "--disableTelemetry", "--skipApiVersionCheck", "--silent"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(port, proc, "Azurite")
+        server = Azurite(account, key, container, port, proc)
+        server.container_client().create_container()
         yield server
     finally:
         if proc.poll() is None:
