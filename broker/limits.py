@@ -281,6 +281,10 @@ OFFLOAD_UPLOAD_PART_BYTES = 5 * MiB
 """One part of a data object's multipart upload (S3's smallest part but the last)."""
 OFFLOAD_UPLOAD_REQUESTS_MAX = 2
 """Parts of one data object uploaded at once."""
+OFFLOAD_UPLOAD_CHUNK_BYTES = 1 * MiB
+"""An offload hands its data object to the uploader in chunks of about this size (a block's
+entries joined): each hand-over is one short copy under the interpreter lock, never a whole
+block's."""
 OFFLOAD_SOURCE_RUN_ENTRIES_MAX = 256
 """Entries of one range read of a ledger being offloaded (fewer when the read buffer holds fewer
 at the ledger's average entry size)."""

@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import crc32c
 import obstore
 from obstore.exceptions import BaseError, NotFoundError
 
@@ -48,6 +47,7 @@ from broker.limits import (
     OFFLOAD_INDEX_OBJECT_BYTES_MAX,
     OFFLOAD_SOURCE_RUN_ENTRIES_MAX,
     OFFLOAD_STORE_HANDLES_MAX,
+    OFFLOAD_UPLOAD_CHUNK_BYTES,
     OFFLOAD_UPLOAD_PART_BYTES,
     OFFLOAD_UPLOAD_REQUESTS_MAX,
 )
@@ -55,7 +55,6 @@ from broker.offload.format import (
     BlockInfo,
     CorruptOffload,
     OffloadIndex,
-    block_first_entry_id,
     data_object_name,
     decode_block,
     encode_blocks,
@@ -401,10 +400,21 @@ class _BlockStream:
             yield from zip(range(first, last + 1), run, strict=True)
 
     def _generate(self) -> Iterator[bytes]:
+        """The blocks' pieces joined into chunks of about ``OFFLOAD_UPLOAD_CHUNK_BYTES``: few
+        hand-overs to the uploader, each a short copy."""
+        chunk: list[bytes] = []
+        chunk_bytes = 0
         for block in encode_blocks(self._entries(), self._block_bytes):
-            self._blocks.append(BlockInfo(block_first_entry_id(block), self.offset, len(block), crc32c.crc32c(block)))
-            self.offset += len(block)
-            yield block
+            self._blocks.append(BlockInfo(block.first_entry_id, self.offset, block.length, block.crc32c))
+            self.offset += block.length
+            for piece in block.pieces:
+                chunk.append(piece)
+                chunk_bytes += len(piece)
+                if chunk_bytes >= OFFLOAD_UPLOAD_CHUNK_BYTES:
+                    yield b"".join(chunk)
+                    chunk, chunk_bytes = [], 0
+        if chunk:
+            yield b"".join(chunk)
 
 
 class OffloadedLedger:

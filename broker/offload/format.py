@@ -171,36 +171,46 @@ def _split_index(raw: bytes) -> tuple[dict[str, Any], tuple[BlockInfo, ...]]:
     return meta, blocks
 
 
-def encode_blocks(entries: Iterable[tuple[int, bytes]], max_block_size_bytes: int) -> Iterator[bytes]:
+@dataclass(frozen=True)
+class EncodedBlock:
+    """One block of the data object as the pieces it is made of (its header, then each entry's
+    header and bytes, the source's own objects): never copied into one buffer, so no single
+    copy of a whole block is ever made while the interpreter lock is held."""
+
+    first_entry_id: int
+    length: int
+    crc32c: int
+    pieces: list[bytes]
+
+
+def encode_blocks(entries: Iterable[tuple[int, bytes]], max_block_size_bytes: int) -> Iterator[EncodedBlock]:
     """The data object's blocks, each yielded as soon as the next entry would not fit in it: at
     most one block is held at a time."""
-    block = bytearray()
-    first, count = 0, 0
+    pieces: list[bytes] = []
+    first, count, length = 0, 0, BLOCK_HEADER_BYTES
     for entry_id, payload in entries:
         size = ENTRY_HEADER_BYTES + len(payload)
-        if count and len(block) + size > max_block_size_bytes:
-            yield _seal(block, first, count)
-            block, count = bytearray(), 0
+        if count and length + size > max_block_size_bytes:
+            yield _seal(pieces, first, count, length)
+            pieces, count, length = [], 0, BLOCK_HEADER_BYTES
         if not count:
             first = entry_id
-            block += bytes(BLOCK_HEADER_BYTES)
-        if len(block) + size > _U32_TOP:
+        if length + size > _U32_TOP:
             raise CorruptOffload(f"entry {entry_id} of {len(payload)} bytes does not fit a block")
-        block += _ENTRY_HEADER.pack(entry_id, len(payload))
-        block += payload
+        pieces.append(_ENTRY_HEADER.pack(entry_id, len(payload)))
+        pieces.append(payload)
+        length += size
         count += 1
     if count:
-        yield _seal(block, first, count)
+        yield _seal(pieces, first, count, length)
 
 
-def _seal(block: bytearray, first_entry_id: int, count: int) -> bytes:
-    _BLOCK_HEADER.pack_into(block, 0, BLOCK_MAGIC, FORMAT_VERSION, BLOCK_HEADER_BYTES, len(block), first_entry_id,
-                            count)
-    return bytes(block)
-
-
-def block_first_entry_id(block: bytes) -> int:
-    return int(_BLOCK_HEADER.unpack_from(block, 0)[4])
+def _seal(pieces: list[bytes], first_entry_id: int, count: int, length: int) -> EncodedBlock:
+    pieces.insert(0, _BLOCK_HEADER.pack(BLOCK_MAGIC, FORMAT_VERSION, BLOCK_HEADER_BYTES, length, first_entry_id, count))
+    crc = 0
+    for piece in pieces:  # a large piece is checksummed with the interpreter lock released
+        crc = crc32c.crc32c(piece, crc)
+    return EncodedBlock(first_entry_id, length, crc, pieces)
 
 
 def decode_block(raw: bytes, info: BlockInfo, entry_count: int) -> list[bytes]:
