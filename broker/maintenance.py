@@ -7,7 +7,8 @@ go of (by default nothing goes: an event store keeps its events), starts the off
 thresholds ask for (each runs in its own thread, ``broker/managed_ledger_offload.py``) and deletes
 the bookies' copies of ledgers offloaded longer than the deletion lag ago, updates the publish rates, lets
 the key index compact away the rows of trimmed entries, ages out the entry cache, and then
-hands over to ``after_pass`` (the broker's rate history, ``broker/rate_history.py``).
+hands over to ``after_pass`` (the broker's rate history, ``broker/rate_history.py``, the
+subscription census and the sweep of orphaned offloaded copies, ``broker/offload/orphans.py``).
 
 Invariants: trimming never passes the key index's checkpoint (the managed ledger counts it as a
 cursor), so every trimmed version has its row in a segment; a failed pass is logged and the next

@@ -10,14 +10,15 @@ attempt that the next open deletes and clears (never trusted), and a crash betwe
 ``bookkeeper_deleted`` and the bookies' deletion has the deletion done on open; thresholds pick
 the oldest closed ledgers; appends go on while an upload is held; trimming and topic deletion
 delete offloaded copies, and copies a deleted topic's store refused are named and swept later
-(at most once per interval, a bounded number per sweep); a failed read of a copy raises, never
-returns other data.
+(at most once per interval, a bounded number per sweep, stopping at the first refusal and
+starting after it the next time); a failed read of a copy raises, never returns other data.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import cast
 
 import pytest
 
@@ -31,9 +32,11 @@ from broker.managed_ledger import ML_ROOT, ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.managed_ledger_offload import threshold_candidates
-from broker.offload.offloader import OffloadContext, OffloadReadError
+from broker.metadata.store import MetadataStore
+from broker.offload.offloader import OffloadContext, OffloadError, OffloadReadError
 from broker.offload.orphans import ORPHANS_ROOT, OrphanedCopies, record_orphaned_copies
 from broker.offset_index import LedgerInfo
+from storage import MetadataStoreUnavailable
 from tests.unit.broker_stack import Stack, append_messages, open_stack
 from tests.unit.memory_offloader import MemoryOffloader
 
@@ -469,3 +472,67 @@ def test_the_sweep_runs_at_most_once_per_interval_and_a_bounded_number_of_copies
     sweeper.maybe_sweep()
     assert len(offloader.deleted) == 4 and len(stack.store.children(ORPHANS_ROOT)) == 1
     stack.close()
+
+
+class _RefusingOffloader(MemoryOffloader):
+    """Refuses to delete the copies of ``refused`` ledgers (or every copy, ``fail_deletes``),
+    counting every delete asked of it."""
+
+    def __init__(self, refused: set[int]) -> None:
+        super().__init__()
+        self.refused = refused
+        self.tries: list[int] = []
+
+    def delete(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> None:
+        self.tries.append(ledger_id)
+        if ledger_id in self.refused:
+            raise OffloadError(f"ledger {ledger_id}: the memory store refuses deletions")
+        super().delete(ledger_id, uuid, driver_metadata, driver_name)
+
+
+def test_a_sweep_stops_at_the_first_refused_delete(data_dir: str) -> None:
+    """A store that refuses is asked once per sweep, not once per named copy: each refusal may
+    wait out the store's timeouts and retries, in the maintenance thread that also times out
+    acks and starts redeliveries (before: every named copy, up to the per-sweep bound, was tried
+    against the refusing store in one pass)."""
+    offloader = _RefusingOffloader(set(range(5)))
+    stack = open_stack(data_dir, offloader=offloader)
+    context = OffloadContext(uuid="u", driver_name="memory", complete=True)
+    record_orphaned_copies(stack.store, NAME, [(ledger_id, context) for ledger_id in range(5)])
+    sweeper = OrphanedCopies(stack.store, lambda: offloader, stack.clock)
+    assert sweeper.sweep(offloader) == 0
+    assert len(offloader.tries) == 1 and len(stack.store.children(ORPHANS_ROOT)) == 5
+    stack.close()
+
+
+def test_a_copy_refused_for_good_does_not_keep_the_others_from_being_swept(data_dir: str) -> None:
+    """Each sweep starts after the copy the last one stopped at (before: every sweep began with
+    the same first names, so copies the store refused for good kept the rest in the bucket)."""
+    offloader = _RefusingOffloader({0})
+    stack = open_stack(data_dir, offloader=offloader)
+    context = OffloadContext(uuid="u", driver_name="memory", complete=True)
+    record_orphaned_copies(stack.store, NAME, [(ledger_id, context) for ledger_id in range(3)])
+    sweeper = OrphanedCopies(stack.store, lambda: offloader, stack.clock, per_sweep_max=1)
+    for _ in range(3):
+        sweeper.sweep(offloader)
+    assert stack.store.children(ORPHANS_ROOT) == ["0-u"] and offloader.tries == [0, 1, 2]
+    sweeper.sweep(offloader)  # round again: the refused one is asked again
+    assert offloader.tries == [0, 1, 2, 0]
+    stack.close()
+
+
+class _UnavailableStore:
+    """A metadata store that is down for the sweep's reads."""
+
+    def children(self, path: str) -> list[str]:
+        raise MetadataStoreUnavailable("the metadata store is down")
+
+
+def test_a_sweep_whose_metadata_store_is_down_logs_and_returns() -> None:
+    """The module's invariant: a failure is logged, never raised to the maintenance pass
+    (before: the store's error went up to the pass, which logged a traceback)."""
+    offloader = MemoryOffloader()
+    store = cast(MetadataStore, _UnavailableStore())
+    sweeper = OrphanedCopies(store, lambda: offloader, lambda: 0.0)
+    sweeper.maybe_sweep()
+    assert sweeper.statistics().deleted == 0
