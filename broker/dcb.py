@@ -164,9 +164,10 @@ def event_of(message: DecodedMessage, offset: int) -> SequencedEvent:
 
 
 def _event_bytes(event: SequencedEvent) -> int:
-    """What an event adds to an answer, for its byte budget: its payload, type and tags."""
+    """What an event adds to an answer, for its byte budget: its payload, and its type and tags
+    in UTF-8 bytes (counted, never refused here)."""
     e = event.event
-    return len(e.data) + len(e.type) + sum(len(tag) for tag in e.tags)
+    return len(e.data) + sum(len(text.encode("utf-8", "surrogatepass")) for text in (e.type, *e.tags))
 
 
 class _Entries:

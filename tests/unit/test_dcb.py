@@ -5,7 +5,7 @@ the rows of a tag after an offset come out of the segments and the tail exactly 
 filter of everything would give them, across several checkpoints and many blocks; a condition
 whose checked segments a checkpoint replaced before the append is refused as ``DcbIndexMoved``
 and writes nothing, and checked again it sees the event the checkpoint moved; a read's byte
-budget counts types and tags as well as payloads; a read by type or tag of a topic that keeps no
+budget counts types and tags (in UTF-8 bytes) as well as payloads; a read by type or tag of a topic that keeps no
 key index is refused as an append to it is.
 """
 
@@ -216,5 +216,21 @@ def test_a_read_by_type_or_tag_of_a_topic_without_key_index_is_refused_like_an_a
         with pytest.raises(InvalidRequest, match="no key index"):
             dcb.append(TOPIC, [DcbEvent("Opened", b"y")], None, 0, "p")
         assert [e.event.data for e in dcb.read(TOPIC, [], 0, 10, 1 << 20).events] == [b"x"]  # every event: a scan
+    finally:
+        service.close()
+
+
+def test_a_reads_byte_budget_counts_the_utf8_bytes_of_types_and_tags(data_dir: str) -> None:
+    """Each event's tag is 100 characters of two UTF-8 bytes each (its type one byte): a budget
+    of 250 bytes answers two events, not three (before: characters were counted, half the
+    bytes the answer carries)."""
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        for _ in range(3):
+            dcb.append(TOPIC, [DcbEvent("E", b"", ("é" * 100,))], None, 0, "p")
+        for query in ([QueryItem(("E",))], []):
+            read = dcb.read(TOPIC, query, 0, 100, 250)
+            assert len(read.events) == 2 and read.next_after == 2, (query, read)
     finally:
         service.close()
