@@ -10,7 +10,9 @@ writer (another broker that recovered the topic) makes the save fail with ``BadV
 Invariants: the stored list never names a deleted ledger (a ledger leaves the list, saved, before
 it is deleted: ``pending_deletes`` holds it meanwhile, retried on open; its offloaded copy, if
 any, likewise in ``pending_offload_deletes``; an offloaded ledger marked deleted locally is in
-``pending_local_deletes`` until its bookie copy is gone). Offsets never restart
+``pending_local_deletes`` until its bookie copy is gone; a stored list that marks a ledger so
+always has the key, and one without it, saved before it was kept, has every marked ledger
+pending). Offsets never restart
 below ``offset_floor``, the confirmed end as of the last save, even when trimming removed every
 ledger that held entries. A save that failed without an answer may have been applied: the next
 save first takes the stored version if the stored list is exactly the one that save wrote, so a
@@ -63,7 +65,11 @@ class LedgerList:
         self.pending_deletes = [int(i) for i in obj.get("pendingDeletes", [])]
         self.pending_offload_deletes = [(int(i["ledgerId"]), OffloadContext.from_json(i["offloadContext"]))
                                         for i in obj.get("pendingOffloadDeletes", [])]
-        self.pending_local_deletes = [int(i) for i in obj.get("pendingLocalDeletes", [])]
+        pending_local = obj.get("pendingLocalDeletes")
+        # a list saved before pendingLocalDeletes was kept: each ledger marked deleted locally may
+        # still be at the bookies (its deletion was to be repeated on load)
+        self.pending_local_deletes = ([int(i) for i in pending_local] if pending_local is not None
+                                      else [i.ledger_id for i in self.infos if i.local_deleted])
         self.offset_floor = int(obj.get("offsetFloor", 0))
         self._version = stat.version
 
@@ -103,7 +109,7 @@ class LedgerList:
         if self.pending_offload_deletes:
             obj["pendingOffloadDeletes"] = [{"ledgerId": ledger_id, "offloadContext": context.to_json()}
                                             for ledger_id, context in self.pending_offload_deletes]
-        if self.pending_local_deletes:
-            obj["pendingLocalDeletes"] = self.pending_local_deletes
+        if self.pending_local_deletes or any(i.local_deleted for i in self.infos):
+            obj["pendingLocalDeletes"] = self.pending_local_deletes  # present, even empty: known gone
         body = json.dumps(obj, sort_keys=True).encode()
         self._version = self._store.put(self.path, body, self._version).version

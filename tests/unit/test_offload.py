@@ -536,3 +536,31 @@ def test_a_sweep_whose_metadata_store_is_down_logs_and_returns() -> None:
     sweeper = OrphanedCopies(store, lambda: offloader, lambda: 0.0)
     sweeper.maybe_sweep()
     assert sweeper.statistics().deleted == 0
+
+
+def test_a_list_saved_before_pending_local_deletes_were_kept_has_its_marked_ledgers_deleted_on_load(
+        data_dir: str) -> None:
+    """A list written before ``pendingLocalDeletes`` existed, with a ledger marked deleted
+    locally whose bookie copy is still there (the old broker crashed before deleting it, or the
+    bookies refused): the next load deletes it, as the broker that wrote the list promised
+    (before: no pending deletion was recorded, so the bookie copy stayed for good)."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=3_600_000))
+    times = _fill(stack, ml, 12)
+    _offload_all(ml)
+    path = f"{ML_ROOT}/{NAME}"
+    stored, version = stack.store.get_json(path) or ({}, -1)
+    stored.pop("pendingLocalDeletes", None)
+    first = stored["ledgers"][0]
+    first["offloadContext"]["bookkeeperDeleted"] = True  # as the old broker saved its mark
+    stack.store.put_json(path, stored, version)
+    assert _ledger_exists(stack, int(first["ledgerId"]))
+    other = _other_broker(stack, offloader)
+    taken = other.open(NAME, LAG_0)
+    assert not _ledger_exists(stack, int(first["ledgerId"]))
+    _check_reads(taken, times)
+    listed, _ = stack.store.get_json(path) or ({}, -1)
+    assert listed.get("pendingLocalDeletes") == []  # known gone: the next load asks nothing
+    other.close_all()
+    stack.close()
