@@ -282,9 +282,10 @@ OFFLOAD_UPLOAD_PART_BYTES = 5 * MiB
 OFFLOAD_UPLOAD_REQUESTS_MAX = 2
 """Parts of one data object uploaded at once."""
 OFFLOAD_UPLOAD_CHUNK_BYTES = 1 * MiB
-"""An offload hands its data object to the uploader in chunks of about this size (a block's
-entries joined): each hand-over is one short copy under the interpreter lock, never a whole
-block's."""
+"""An offload builds each block as chunks of about this size (its entries joined as they are
+read; an entry this large is a chunk of its own) and hands them to the uploader: each join is one
+short copy under the interpreter lock, never a whole block's, and a block being built costs about
+its own bytes, not a Python object per entry."""
 OFFLOAD_SOURCE_RUN_ENTRIES_MAX = 256
 """Entries of one range read of a ledger being offloaded (fewer when the read buffer holds fewer
 at the ledger's average entry size)."""

@@ -17,7 +17,8 @@ ledger.
 Invariants: the index is written only after the data object is durable, so an index names a complete
 data object; an attempt without an index is an orphan no reader opens. Memory of an offload is
 bounded in bytes whatever the ledger's size: one block being built (``max_block_size_bytes``, or one
-larger entry), one source run (``OFFLOAD_SOURCE_RUN_ENTRIES_MAX`` entries, about
+larger entry; held as chunks of ``OFFLOAD_UPLOAD_CHUNK_BYTES``, ``format.py``, and let go of before
+the next is built), one source run (``OFFLOAD_SOURCE_RUN_ENTRIES_MAX`` entries, about
 ``read_buffer_size_bytes``), and ``OFFLOAD_UPLOAD_REQUESTS_MAX + 1`` parts of
 ``OFFLOAD_UPLOAD_PART_BYTES`` (``broker/limits.py``). An open ``OffloadedLedger`` holds only its
 index; fetched blocks are the block cache's, bounded for the whole broker (plus the blocks readers
@@ -413,6 +414,7 @@ class _BlockStream:
                 if chunk_bytes >= OFFLOAD_UPLOAD_CHUNK_BYTES:
                     yield b"".join(chunk)
                     chunk, chunk_bytes = [], 0
+            block.pieces.clear()  # handed over: the next block is built without this one held
         if chunk:
             yield b"".join(chunk)
 

@@ -39,6 +39,8 @@ from typing import Any
 
 import crc32c
 
+from broker.limits import OFFLOAD_UPLOAD_CHUNK_BYTES
+
 BLOCK_MAGIC = 0x4D47424B
 INDEX_MAGIC = 0x4D474958
 FORMAT_VERSION = 1
@@ -173,9 +175,10 @@ def _split_index(raw: bytes) -> tuple[dict[str, Any], tuple[BlockInfo, ...]]:
 
 @dataclass(frozen=True)
 class EncodedBlock:
-    """One block of the data object as the pieces it is made of (its header, then each entry's
-    header and bytes, the source's own objects): never copied into one buffer, so no single
-    copy of a whole block is ever made while the interpreter lock is held."""
+    """One block of the data object as the pieces it is made of: its header, then its entries
+    (each with its header) joined into chunks of about ``OFFLOAD_UPLOAD_CHUNK_BYTES``, an entry
+    of that size or more a piece of its own. No copy of a whole block is ever made while the
+    interpreter lock is held, and the block costs about its own bytes, not an object per entry."""
 
     first_entry_id: int
     length: int
@@ -183,34 +186,62 @@ class EncodedBlock:
     pieces: list[bytes]
 
 
-def encode_blocks(entries: Iterable[tuple[int, bytes]], max_block_size_bytes: int) -> Iterator[EncodedBlock]:
+class _BlockBuilder:
+    """One block being built: its entries are joined into chunks as they come."""
+
+    def __init__(self, first_entry_id: int, chunk_bytes: int) -> None:
+        self.first_entry_id = first_entry_id
+        self.count = 0
+        self.length = BLOCK_HEADER_BYTES
+        self._chunk_bytes = chunk_bytes
+        self._chunks: list[bytes] = []
+        self._filling = bytearray()
+
+    def add(self, entry_id: int, payload: bytes) -> None:
+        self._filling += _ENTRY_HEADER.pack(entry_id, len(payload))
+        if len(payload) >= self._chunk_bytes:  # a large entry is a chunk of its own, never copied
+            self._flush()
+            self._chunks.append(payload)
+        else:
+            self._filling += payload
+            if len(self._filling) >= self._chunk_bytes:
+                self._flush()
+        self.length += ENTRY_HEADER_BYTES + len(payload)
+        self.count += 1
+
+    def _flush(self) -> None:
+        if self._filling:
+            self._chunks.append(bytes(self._filling))
+            self._filling = bytearray()
+
+    def seal(self) -> EncodedBlock:
+        self._flush()
+        header = _BLOCK_HEADER.pack(BLOCK_MAGIC, FORMAT_VERSION, BLOCK_HEADER_BYTES, self.length, self.first_entry_id,
+                                    self.count)
+        pieces, self._chunks = [header, *self._chunks], []
+        crc = 0
+        for piece in pieces:  # a large piece is checksummed with the interpreter lock released
+            crc = crc32c.crc32c(piece, crc)
+        return EncodedBlock(self.first_entry_id, self.length, crc, pieces)
+
+
+def encode_blocks(entries: Iterable[tuple[int, bytes]], max_block_size_bytes: int,
+                  chunk_bytes: int = OFFLOAD_UPLOAD_CHUNK_BYTES) -> Iterator[EncodedBlock]:
     """The data object's blocks, each yielded as soon as the next entry would not fit in it: at
-    most one block is held at a time."""
-    pieces: list[bytes] = []
-    first, count, length = 0, 0, BLOCK_HEADER_BYTES
+    most one block is held at a time (the caller lets go of one before asking for the next)."""
+    block: _BlockBuilder | None = None
     for entry_id, payload in entries:
         size = ENTRY_HEADER_BYTES + len(payload)
-        if count and length + size > max_block_size_bytes:
-            yield _seal(pieces, first, count, length)
-            pieces, count, length = [], 0, BLOCK_HEADER_BYTES
-        if not count:
-            first = entry_id
-        if length + size > _U32_TOP:
+        if block is not None and block.length + size > max_block_size_bytes:
+            yield block.seal()
+            block = None
+        if block is None:
+            block = _BlockBuilder(entry_id, chunk_bytes)
+        if block.length + size > _U32_TOP:
             raise CorruptOffload(f"entry {entry_id} of {len(payload)} bytes does not fit a block")
-        pieces.append(_ENTRY_HEADER.pack(entry_id, len(payload)))
-        pieces.append(payload)
-        length += size
-        count += 1
-    if count:
-        yield _seal(pieces, first, count, length)
-
-
-def _seal(pieces: list[bytes], first_entry_id: int, count: int, length: int) -> EncodedBlock:
-    pieces.insert(0, _BLOCK_HEADER.pack(BLOCK_MAGIC, FORMAT_VERSION, BLOCK_HEADER_BYTES, length, first_entry_id, count))
-    crc = 0
-    for piece in pieces:  # a large piece is checksummed with the interpreter lock released
-        crc = crc32c.crc32c(piece, crc)
-    return EncodedBlock(first_entry_id, length, crc, pieces)
+        block.add(entry_id, payload)
+    if block is not None:
+        yield block.seal()
 
 
 def decode_block(raw: bytes, info: BlockInfo, entry_count: int) -> list[bytes]:
