@@ -183,7 +183,7 @@ READ_HANDLES_MAX = 64
 OFFLOAD_RETRY_DELAY_MS = 60_000
 """After a failed offload, a topic's offload threshold starts the next one no sooner than this
 (the store is not asked again on every maintenance pass)."""
-OFFLOAD_ORPHANS_PER_SWEEP_MAX = 100
+OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX = 100
 """Offloaded copies of deleted topics a broker tries to delete again per sweep (one sweep every
 ``OFFLOAD_RETRY_DELAY_MS``, ``broker/offload/orphans.py``)."""
 READ_RUN_ENTRIES_MAX = 64

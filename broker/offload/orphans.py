@@ -6,7 +6,7 @@ it goes, ``ManagedLedger.delete`` records each such copy here, one node per copy
 ``/offload/orphaned-copies`` (``{ledger}-{uuid}``: the copy's ``OffloadContext`` and the managed
 ledger it was part of). ``OrphanedCopies.maybe_sweep``, called after each maintenance pass, tries
 to delete them again at most every ``OFFLOAD_RETRY_DELAY_MS`` and at most
-``OFFLOAD_ORPHANS_PER_SWEEP_MAX`` per sweep, and removes a node once its copy is gone. A sweep
+``OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX`` per sweep, and removes a node once its copy is gone. A sweep
 stops at the first delete the store refuses (each refusal may have waited out the store's
 timeouts and retries, in the maintenance thread), and the next sweep starts after the copy the
 last one stopped at, so copies refused for good never keep the others from their turn. In a
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.errors import BadVersion, MagnetarError, NotFound
-from broker.limits import OFFLOAD_ORPHANS_PER_SWEEP_MAX, OFFLOAD_RETRY_DELAY_MS
+from broker.limits import OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX, OFFLOAD_RETRY_DELAY_MS
 from broker.metadata.store import MetadataStore
 from broker.offload.offloader import LedgerOffloader, OffloadContext
 
@@ -63,7 +63,7 @@ class OrphanedCopies:
 
     def __init__(self, store: MetadataStore, offloader: Callable[[], LedgerOffloader | None],
                  clock: Callable[[], float], *, interval_ms: int = OFFLOAD_RETRY_DELAY_MS,
-                 per_sweep_max: int = OFFLOAD_ORPHANS_PER_SWEEP_MAX) -> None:
+                 per_sweep_max: int = OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX) -> None:
         self._store = store
         self._offloader = offloader
         self._clock = clock
