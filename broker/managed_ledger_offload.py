@@ -53,7 +53,9 @@ from broker.limits import OFFLOAD_RETRY_DELAY_MS
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_reads import LedgerReads
 from broker.message_id import Position
+from broker.metadata.store import MetadataStore
 from broker.offload.offloader import LedgerOffloader, OffloadContext, OffloadError, ReadHandle
+from broker.offload.orphans import record_orphaned_copies
 from broker.offset_index import LedgerInfo
 
 log = logging.getLogger(__name__)
@@ -147,6 +149,7 @@ class ManagedLedgerOffload(ABC):
     _ledgers: LedgerManager
     _reads: LedgerReads
     _offloader: LedgerOffloader | None
+    _store: MetadataStore
     _closed: bool
     _taken_over: bool
     _offload_status: str
@@ -299,19 +302,30 @@ class ManagedLedgerOffload(ABC):
                 self.offload_counters.ledgers_offloaded += 1
                 self.offload_counters.bytes_offloaded += info.size_bytes
         if not current:  # trimmed, or no longer this writer's meanwhile: the copy is nobody's
-            self._delete_copy(ledger_id, context)
+            self._delete_or_orphan(ledger_id, context)
             self._refuse_if_not_serving()
             return
         self._reads.forget(ledger_id)
 
     def _abandon_attempt(self, ledger_id: int, context: OffloadContext) -> None:
         """A failed attempt: its objects go, and so does its context (when still this writer's)."""
-        self._delete_copy(ledger_id, context)
+        self._delete_or_orphan(ledger_id, context)
         with self._lock:
             info = self._info(ledger_id)
             if info is not None and info.offload_context == context and not (self._closed or self._taken_over):
                 with contextlib.suppress(MagnetarError):  # left as is, it is cleared on the next open
                     self._save_context(info, None)
+
+    def _delete_or_orphan(self, ledger_id: int, context: OffloadContext) -> None:
+        """Delete a copy no ledger list will name; one the store does not delete now is named
+        under ``/offload/orphaned-copies`` for the maintenance sweep (``broker/offload/orphans.py``)."""
+        if self._delete_copy(ledger_id, context):
+            return
+        try:
+            record_orphaned_copies(self._store, self.name, [(ledger_id, context)])
+        except MagnetarError as exc:
+            log.warning("offloaded copy %s of ledger %d of %s neither deleted nor recorded: %s", context.uuid,
+                        ledger_id, self.display_name, exc)
 
     def _save_context(self, info: LedgerInfo, context: OffloadContext | None) -> None:
         before, info.offload_context = info.offload_context, context

@@ -4,7 +4,10 @@ Role: a topic deleted while its store is down (or with no offload driver configu
 cannot delete its offloaded copies then, and its metadata, which named them, goes with it. Before
 it goes, ``ManagedLedger.delete`` records each such copy here, one node per copy under
 ``/offload/orphaned-copies`` (``{ledger}-{uuid}``: the copy's ``OffloadContext`` and the managed
-ledger it was part of). ``OrphanedCopies.maybe_sweep``, called after each maintenance pass, tries
+ledger it was part of). So is an attempt no ledger list will name whose objects the store did
+not delete: a failed upload's, or one that finished after its ledger was trimmed or its topic
+went to another broker (``ManagedLedgerOffload._delete_or_orphan``).
+``OrphanedCopies.maybe_sweep``, called after each maintenance pass, tries
 to delete them again at most every ``OFFLOAD_RETRY_DELAY_MS`` and at most
 ``OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX`` per sweep, and removes a node once its copy is gone. A sweep
 stops at the first delete the store refuses (each refusal may have waited out the store's

@@ -118,6 +118,26 @@ def test_the_local_copy_stays_until_the_deletion_lag_has_passed(data_dir: str) -
     stack.close()
 
 
+def test_a_failed_attempt_the_store_does_not_delete_is_named_for_the_sweep(data_dir: str) -> None:
+    """The upload fails and so does the delete of its partial objects (the store is down): the
+    attempt is named under ``/offload/orphaned-copies`` (before: its context was cleared and the
+    objects were named nowhere), and the sweep deletes them once the store deletes again."""
+    offloader = MemoryOffloader()
+    offloader.fail_offload = offloader.fail_deletes = True
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, LAG_0)
+    _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert ml.wait_for_offload(10) and ml.offload_status().status == "ERROR"
+    assert all(i.offload_context is None for i in ml.ledger_infos())
+    (partial,) = offloader.copies
+    assert stack.store.children(ORPHANS_ROOT) == [f"{partial[0]}-{partial[1]}"]
+    offloader.fail_deletes = False
+    assert OrphanedCopies(stack.store, lambda: offloader, stack.clock).sweep(offloader) == 1
+    assert offloader.copies == {} and stack.store.children(ORPHANS_ROOT) == []
+    stack.close()
+
+
 def test_a_failed_offload_deletes_its_objects_reports_error_and_keeps_local_data(data_dir: str) -> None:
     offloader = MemoryOffloader()
     offloader.fail_offload = True
