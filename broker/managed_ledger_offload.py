@@ -381,14 +381,14 @@ class ManagedLedgerOffload(ABC):
                 raise
         for info in due:
             self._reads.forget(info.ledger_id)
-        self._delete_pending_local(crash_point=True)
-        self.offload_counters.local_deleted += len(due)
+        gone = self._delete_pending_local(crash_point=True)
+        self.offload_counters.local_deleted += len(set(gone) & {i.ledger_id for i in due})
         return [i.ledger_id for i in due]
 
-    def _delete_pending_local(self, *, crash_point: bool = False) -> None:
+    def _delete_pending_local(self, *, crash_point: bool = False) -> list[int]:
         """Delete the bookies' copies of the ledgers marked deleted locally and not known gone,
-        then save them as gone; a failure is logged (the ledger stays pending: the next open
-        deletes it again)."""
+        then save them as gone; returns those deleted. A failure is logged (the ledger stays
+        pending: the next open deletes it again)."""
         with self._lock:
             pending = list(self._list.pending_local_deletes)
         gone = []
@@ -403,13 +403,18 @@ class ManagedLedgerOffload(ABC):
                 continue
             gone.append(ledger_id)
         if not gone:
-            return
+            return gone
         with self._lock:
             if self._closed or self._taken_over:
-                return  # the list is not this writer's to save; the next owner deletes them again
+                return gone  # the list is not this writer's to save; the next owner deletes them again
             self._list.pending_local_deletes = [i for i in self._list.pending_local_deletes if i not in gone]
-            with contextlib.suppress(MagnetarError):  # still pending in the store: deleted again on open
+            try:
                 self._list.save()
+            except BadVersion:  # another broker serves the topic now: its list, its pending deletions
+                self._taken_over = True
+            except MagnetarError as exc:  # still pending in the store: deleted again on open
+                log.warning("pending local deletions of %s not saved as done: %s", self.display_name, exc)
+        return gone
 
     def _cleanup_offload_on_open(self) -> None:
         """After a crash: incomplete attempts are deleted and cleared (the next offload starts
