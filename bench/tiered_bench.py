@@ -23,8 +23,10 @@ whose ``managedLedgerOffloadDriver`` is ``aws-s3`` at that endpoint, its ledgers
    ``managedLedgerOffloadFlowPermitsPerSecond`` = ``--flow-permits-mb`` MB/s, offloading a fourth
    topic of ``--throttled-mb`` MB published in step 1.
 
-Every read checks each message's size and counts them all; the offloaded topic must read back
-exactly as many messages as were published to it. Run from the repository root:
+``--store-nice 19`` runs the S3 server at that nice value, so it takes only the CPU the broker
+leaves (closer to a store on other machines). Every read checks each message's size and counts
+them all; the offloaded topic must read back exactly as many messages as were published to it.
+Run from the repository root:
 ``.venv/bin/python bench/tiered_bench.py [--quick] [--out bench/RESULTS.md]``.
 """
 
@@ -86,9 +88,10 @@ def quiet_client(service_url: str) -> pulsar.Client:
 
 
 @contextmanager
-def running_s3(work_dir: Path) -> Iterator[tuple[str, ServerProcess]]:
+def running_s3(work_dir: Path, nice: int = 0) -> Iterator[tuple[str, ServerProcess]]:
     port = free_port()
-    server = ServerProcess("moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    niced = ["nice", "-n", str(nice)] if nice else []
+    server = ServerProcess("moto", [*niced, sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                            port, work_dir / "moto.log")
     started(server, lambda s: s.wait_for_port())
     endpoint = f"http://127.0.0.1:{port}"
@@ -313,7 +316,7 @@ def offload_running(broker: Broker, topic: str) -> bool:
 def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
     payload = os.urandom(args.message_kb * 1024)
     count = args.size_mb * 1024 // args.message_kb
-    with running_s3(work_dir) as (endpoint, store):
+    with running_s3(work_dir, args.store_nice) as (endpoint, store):
         broker = Broker(work_dir, write_config(work_dir, endpoint, args.ledger_entries))
         broker.start()
         try:
@@ -380,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--message-kb", type=int, default=64)
     parser.add_argument("--ledger-entries", type=int, default=1000, help="managedLedgerMaxEntriesPerLedger")
     parser.add_argument("--publish-s", type=float, default=15.0)
+    parser.add_argument("--store-nice", type=int, default=0,
+                        help="run the S3 server at this nice value (19: it takes only the CPU the broker leaves)")
     parser.add_argument("--throttled-mb", type=int, default=512, help="MB of the topic offloaded throttled")
     parser.add_argument("--flow-permits-mb", type=int, default=16,
                         help="managedLedgerOffloadFlowPermitsPerSecond of the throttled run, in MB/s")
