@@ -43,7 +43,7 @@ import signal
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from broker.bookkeeper.ledger_manager import LedgerManager
@@ -93,6 +93,29 @@ class _CrashAfterFirstRead:
         self._reads += 1
         if self._reads > 1:
             _crash_point("during-upload")
+        return self._source.read(first_entry_id, last_entry_id)
+
+
+class _WhileServed:
+    """The source of an upload that stops (``OffloadError``) at its next read once the topic is
+    no longer served here (unloaded, closed or taken over): a large ledger is not copied on for
+    a topic whose copy will be deleted anyway."""
+
+    def __init__(self, source: ReadHandle, check: Callable[[], None]) -> None:
+        self._source = source
+        self._check = check
+        self.ledger_id = source.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._source.last_add_confirmed
+
+    @property
+    def length_bytes(self) -> int:
+        return self._source.length_bytes
+
+    def read(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        self._check()
         return self._source.read(first_entry_id, last_entry_id)
 
 
@@ -249,7 +272,8 @@ class ManagedLedgerOffload(ABC):
         try:
             # recovery: a ledger whose close failed is still OPEN at the bookies, its LAC one entry
             # behind; recovery closes it at its last durable entry (a closed ledger is just opened)
-            source: ReadHandle = self._ledgers.open(ledger_id, recovery=True)
+            source: ReadHandle = _WhileServed(self._ledgers.open(ledger_id, recovery=True),
+                                              self._refuse_if_not_serving)
             self._check_whole(ledger_id, source)
             if os.environ.get(CRASH_POINT_ENV) == "during-upload":
                 source = _CrashAfterFirstRead(source)

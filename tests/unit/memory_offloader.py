@@ -47,6 +47,7 @@ class MemoryOffloader:
         self.block: threading.Event | None = None
         self.started = threading.Event()
         self.reads = 0
+        self.source_reads = 0
         self.deleted: list[tuple[int, str]] = []
 
     @property
@@ -62,9 +63,11 @@ class MemoryOffloader:
             self.block.wait(10)
         lac = source.last_add_confirmed
         key = (source.ledger_id, uuid)
+        self.source_reads += 1
         self.copies[key] = source.read(0, lac // 2) if lac >= 0 else []
         if self.fail_offload:
             raise OffloadError(f"ledger {source.ledger_id}: the memory store is down")
+        self.source_reads += 1
         self.copies[key] = source.read(0, lac) if lac >= 0 else []
 
     def open(self, ledger_id: int, uuid: str, driver_metadata: dict[str, str], driver_name: str = "") -> ReadHandle:

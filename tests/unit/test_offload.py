@@ -333,6 +333,27 @@ def test_an_upload_that_ends_after_another_broker_took_the_topic_leaves_no_copy(
     stack.close()
 
 
+def test_an_upload_of_a_topic_closed_here_stops_at_its_next_read(data_dir: str) -> None:
+    """The topic is closed (unloaded) while its upload waits: the upload's next read of the
+    ledger refuses, so the rest of the ledger is not copied (before: it was read and copied
+    whole, then deleted) and no copy is left."""
+    offloader = MemoryOffloader()
+    offloader.block = threading.Event()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, cursors = stack.open(NAME, LAG_0)
+    _fill(stack, ml, 12)
+    ml.offload_prefix(ml.last_confirmed)
+    assert offloader.started.wait(10)
+    cursors.close()
+    ml.close()
+    offloader.block.set()
+    assert ml.wait_for_offload(10)
+    status = ml.offload_status()
+    assert status.status == "ERROR" and "no longer served" in status.last_error, status
+    assert offloader.copies == {} and offloader.source_reads == 1, offloader.source_reads
+    stack.close()
+
+
 def test_after_a_failed_offload_the_threshold_waits_before_asking_the_store_again(data_dir: str) -> None:
     offloader = MemoryOffloader()
     offloader.fail_offload = True
