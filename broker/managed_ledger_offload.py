@@ -72,14 +72,16 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class _CrashAfterFirstRead:
-    """The ``during-upload`` fault point: the source of an upload that SIGKILLs the broker once
-    the store holds part of the copy (at the second read of the source)."""
+class _CheckedSource:
+    """The source of an upload with a check before each read: the check raises to stop the
+    upload (``_refuse_if_not_serving``: the topic is no longer served here, so a large ledger is
+    not copied on for a copy that will be deleted anyway), or is the ``during-upload`` fault
+    point (``_crash_after_first_read``)."""
 
-    def __init__(self, source: ReadHandle) -> None:
+    def __init__(self, source: ReadHandle, before_read: Callable[[], None]) -> None:
         self._source = source
+        self._before_read = before_read
         self.ledger_id = source.ledger_id
-        self._reads = 0
 
     @property
     def last_add_confirmed(self) -> int:
@@ -90,33 +92,21 @@ class _CrashAfterFirstRead:
         return self._source.length_bytes
 
     def read(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
-        self._reads += 1
-        if self._reads > 1:
+        self._before_read()
+        return self._source.read(first_entry_id, last_entry_id)
+
+
+def _crash_after_first_read() -> Callable[[], None]:
+    """The ``during-upload`` fault point: SIGKILL the broker once the store holds part of the
+    copy (at the second read of the source)."""
+    reads = [0]
+
+    def before_read() -> None:
+        reads[0] += 1
+        if reads[0] > 1:
             _crash_point("during-upload")
-        return self._source.read(first_entry_id, last_entry_id)
 
-
-class _WhileServed:
-    """The source of an upload that stops (``OffloadError``) at its next read once the topic is
-    no longer served here (unloaded, closed or taken over): a large ledger is not copied on for
-    a topic whose copy will be deleted anyway."""
-
-    def __init__(self, source: ReadHandle, check: Callable[[], None]) -> None:
-        self._source = source
-        self._check = check
-        self.ledger_id = source.ledger_id
-
-    @property
-    def last_add_confirmed(self) -> int:
-        return self._source.last_add_confirmed
-
-    @property
-    def length_bytes(self) -> int:
-        return self._source.length_bytes
-
-    def read(self, first_entry_id: int, last_entry_id: int) -> list[bytes]:
-        self._check()
-        return self._source.read(first_entry_id, last_entry_id)
+    return before_read
 
 
 @dataclass(frozen=True)
@@ -272,11 +262,11 @@ class ManagedLedgerOffload(ABC):
         try:
             # recovery: a ledger whose close failed is still OPEN at the bookies, its LAC one entry
             # behind; recovery closes it at its last durable entry (a closed ledger is just opened)
-            source: ReadHandle = _WhileServed(self._ledgers.open(ledger_id, recovery=True),
-                                              self._refuse_if_not_serving)
+            source: ReadHandle = _CheckedSource(self._ledgers.open(ledger_id, recovery=True),
+                                                self._refuse_if_not_serving)
             self._check_whole(ledger_id, source)
             if os.environ.get(CRASH_POINT_ENV) == "during-upload":
-                source = _CrashAfterFirstRead(source)
+                source = _CheckedSource(source, _crash_after_first_read())
             offloader.offload(source, context.uuid, {"ManagedLedgerName": self.name})
         except BaseException:
             self._abandon_attempt(ledger_id, context)

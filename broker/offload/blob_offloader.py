@@ -48,7 +48,6 @@ from broker.limits import (
     OFFLOAD_INDEX_OBJECT_BYTES_MAX,
     OFFLOAD_SOURCE_RUN_ENTRIES_MAX,
     OFFLOAD_STORE_HANDLES_MAX,
-    OFFLOAD_UPLOAD_CHUNK_BYTES,
     OFFLOAD_UPLOAD_PART_BYTES,
     OFFLOAD_UPLOAD_REQUESTS_MAX,
 )
@@ -401,22 +400,13 @@ class _BlockStream:
             yield from zip(range(first, last + 1), run, strict=True)
 
     def _generate(self) -> Iterator[bytes]:
-        """The blocks' pieces joined into chunks of about ``OFFLOAD_UPLOAD_CHUNK_BYTES``: few
-        hand-overs to the uploader, each a short copy."""
-        chunk: list[bytes] = []
-        chunk_bytes = 0
+        """The blocks' pieces as ``encode_blocks`` built them (chunks of about
+        ``OFFLOAD_UPLOAD_CHUNK_BYTES``), each handed to the uploader as it is."""
         for block in encode_blocks(self._entries(), self._block_bytes):
             self._blocks.append(BlockInfo(block.first_entry_id, self.offset, block.length, block.crc32c))
             self.offset += block.length
-            for piece in block.pieces:
-                chunk.append(piece)
-                chunk_bytes += len(piece)
-                if chunk_bytes >= OFFLOAD_UPLOAD_CHUNK_BYTES:
-                    yield b"".join(chunk)
-                    chunk, chunk_bytes = [], 0
+            yield from block.pieces
             block.pieces.clear()  # handed over: the next block is built without this one held
-        if chunk:
-            yield b"".join(chunk)
 
 
 class OffloadedLedger:

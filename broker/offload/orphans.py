@@ -45,11 +45,9 @@ def record_orphaned_copies(store: MetadataStore, managed_ledger: str,
                            copies: Iterable[tuple[int, OffloadContext]]) -> None:
     """Name ``copies`` (ledger id, context) of ``managed_ledger`` under ``ORPHANS_ROOT``, so they
     are deleted once the store takes deletes again."""
-    values = {f"{ORPHANS_ROOT}/{ledger_id}-{context.uuid}":
-              {"ledgerId": ledger_id, "managedLedger": managed_ledger, "context": context.to_json()}
-              for ledger_id, context in copies}
-    for path, value in values.items():
-        store.put_json(path, value)
+    for ledger_id, context in copies:
+        store.put_json(f"{ORPHANS_ROOT}/{ledger_id}-{context.uuid}",
+                       {"ledgerId": ledger_id, "managedLedger": managed_ledger, "context": context.to_json()})
 
 
 @dataclass(frozen=True)
