@@ -29,7 +29,8 @@ two is ``DcbIndexMoved``: the condition is checked again, ``DCB_APPEND_ATTEMPTS_
 Invariants: a refused append (``DcbConditionFailed``, 409, with the first matching event's
 position; a bound, 400) writes nothing; a read never changes anything and sees only durable
 events; every answer is bounded (``DCB_READ_EVENTS_MAX`` events, a byte budget,
-``DCB_READ_ROWS_MAX`` index rows examined); every bound of a query or an event is checked
+``DCB_READ_ROWS_MAX`` index rows examined, ``DCB_READ_ENTRY_BYTES_MAX`` bytes of entries read
+to look at them; a condition past either of the last two is refused); every bound of a query or an event is checked
 before anything is read or written.
 """
 
@@ -65,6 +66,7 @@ from broker.limits import (
     DCB_INDEX_ROWS_PER_PAGE,
     DCB_ITEM_TERMS_MAX,
     DCB_QUERY_ITEMS_MAX,
+    DCB_READ_ENTRY_BYTES_MAX,
     DCB_READ_EVENTS_MAX,
     DCB_READ_ROWS_MAX,
     DCB_TAG_BYTES_MAX,
@@ -171,17 +173,20 @@ def _event_bytes(event: SequencedEvent) -> int:
 
 
 class _Entries:
-    """The entries a read or a check looks at, each read and decoded once (the last one kept)."""
+    """The entries a read or a check looks at, each read and decoded once (the last one kept);
+    ``read_bytes`` counts what was read, for ``DCB_READ_ENTRY_BYTES_MAX``."""
 
     def __init__(self, topic: PersistentTopic, keys: PartitionKeys) -> None:
         self.topic = topic
         self.keys = keys
+        self.read_bytes = 0
         self._last: tuple[Position, Entry, list[DecodedMessage]] | None = None
 
     def message(self, row: StreamRow) -> DecodedMessage:
         last = self._last
         if last is None or last[0] != row.position:
             entry = self.topic.ml.read_entry(row.position)
+            self.read_bytes += len(entry.data)
             last = self._last = (row.position, entry, decode_entry(entry.data).messages)
             self.keys.count_dcb_entries_read(1)
         return last[2][row.offset - last[1].first_offset]
@@ -261,7 +266,8 @@ class DcbEvents:
         for examined, row in enumerate(candidates(topic.streams, derived, start)):
             if row.offset >= end:
                 break
-            if len(found) >= limit or (found and size >= max_bytes) or examined >= DCB_READ_ROWS_MAX:
+            if (len(found) >= limit or (found and size >= max_bytes) or examined >= DCB_READ_ROWS_MAX
+                    or entries.read_bytes >= DCB_READ_ENTRY_BYTES_MAX):
                 return DcbRead(found, end or None, row.offset)  # every match before this row is in found
             message = entries.message(row)
             if any(item.matches(derived_keys(message.properties)) for item in derived):
@@ -358,6 +364,10 @@ class DcbEvents:
                         i.matches(derived_keys(entries.message(row).properties)) for i in indexed):
                     raise DcbConditionFailed(f"the event at position {row.offset + 1} of {topic.name} matches the "
                                              f"append's condition (after position {after})", position=row.offset + 1)
+                if entries.read_bytes > DCB_READ_ENTRY_BYTES_MAX:
+                    raise InvalidRequest(f"the condition's candidate events after its position are in more than "
+                                         f"{DCB_READ_ENTRY_BYTES_MAX} bytes of entries; name a rarer tag",
+                                         field="condition")
         return DcbCondition(items, after, segments)
 
 

@@ -246,6 +246,11 @@ DCB_READ_ROWS_MAX = 20_000
 """Rows of derived streams one DCB read, or one condition check, examines (each names an entry
 to read; a read stops there and says where to go on; a condition with more is refused: name a
 rarer tag)."""
+DCB_READ_ENTRY_BYTES_MAX = 64 * 1024 * 1024
+"""Bytes of stored entries one DCB read, or one condition check, reads to look at candidate
+events (an entry holds every event of its append: a read of one event per entry of many reads
+them all). A read stops there and says where to go on; a condition that needs more is refused:
+name a rarer tag."""
 DCB_INDEX_ROWS_PER_PAGE = 1000
 """Rows of one derived stream a DCB read or condition takes from the key index at once."""
 DCB_APPEND_ATTEMPTS_MAX = 8

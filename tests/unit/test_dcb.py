@@ -6,7 +6,8 @@ filter of everything would give them, across several checkpoints and many blocks
 whose checked segments a checkpoint replaced before the append is refused as ``DcbIndexMoved``
 and writes nothing, and checked again it sees the event the checkpoint moved; a read's byte
 budget counts types and tags (in UTF-8 bytes) as well as payloads; a read by type or tag of a topic that keeps no
-key index is refused as an append to it is.
+key index is refused as an append to it is; a read and a condition are bounded in bytes of entries
+read as well as in rows.
 """
 
 from __future__ import annotations
@@ -232,5 +233,45 @@ def test_a_reads_byte_budget_counts_the_utf8_bytes_of_types_and_tags(data_dir: s
         for query in ([QueryItem(("E",))], []):
             read = dcb.read(TOPIC, query, 0, 100, 250)
             assert len(read.events) == 2 and read.next_after == 2, (query, read)
+    finally:
+        service.close()
+
+
+def test_a_read_and_a_condition_are_bounded_in_bytes_of_entries_read_not_only_in_rows(
+        data_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three appends of 50 events each (one entry each) hold one event tagged "rare" and one
+    tagged "other": a read by "rare" under a budget of 1 byte of entries reads one entry and
+    says where to go on, and going on reads the rest; a condition whose candidates are in more
+    bytes of entries than the budget is refused, and writes nothing (before: both were bounded
+    only by rows, so one read could read every entry of a topic whose events each sit in an
+    entry of many)."""
+    import broker.dcb as dcb_module
+    from broker.errors import InvalidRequest
+
+    service = started(data_dir)
+    try:
+        dcb = service.streams.dcb
+        for _ in range(3):
+            events = [DcbEvent("Filler", b"x" * 100) for _ in range(48)]
+            dcb.append(TOPIC, [*events, DcbEvent("Seen", b"r", ("rare",)), DcbEvent("Seen", b"o", ("other",))],
+                       None, 0, "p")
+        service.key_index.flush()  # the rows leave the tail for a segment: a condition reads their entries
+        query = [QueryItem((), ("rare",))]
+        assert len(dcb.read(TOPIC, query, 0, 100, 1 << 20).events) == 3
+        monkeypatch.setattr(dcb_module, "DCB_READ_ENTRY_BYTES_MAX", 1)
+        first = dcb.read(TOPIC, query, 0, 100, 1 << 20)
+        assert [e.position for e in first.events] == [49] and first.next_after == 98, first
+        rest = dcb.read(TOPIC, query, first.next_after, 100, 1 << 20)
+        assert [e.position for e in rest.events] == [99] and rest.next_after == 148, rest
+        rest = dcb.read(TOPIC, query, 148, 100, 1 << 20)
+        assert [e.position for e in rest.events] == [149] and rest.next_after is None, rest
+
+        both = [QueryItem((), ("rare", "other"))]  # no event has both: every candidate is read, none matches
+        with pytest.raises(InvalidRequest, match="bytes of entries"):
+            dcb.append(TOPIC, [DcbEvent("Seen", b"n")], both, 0, "p")
+        assert dcb.read(TOPIC, [], 0, 1000, 1 << 20).head == 150  # nothing written
+        monkeypatch.setattr(dcb_module, "DCB_READ_ENTRY_BYTES_MAX", 1 << 20)
+        dcb.append(TOPIC, [DcbEvent("Seen", b"n")], both, 0, "p")
+        assert dcb.read(TOPIC, [], 0, 1000, 1 << 20).head == 151
     finally:
         service.close()
