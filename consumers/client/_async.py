@@ -54,6 +54,7 @@ from consumers.client._dcb import (
 from consumers.client._dcb import (
     append_body as dcb_append_body,
 )
+from consumers.client._http_call import Backoff, CallRoute, not_ready, retriable
 from consumers.client._producer import (
     PENDING_MESSAGES_DEFAULT,
     PENDING_MESSAGES_MAX,
@@ -89,29 +90,14 @@ DEFAULT_SERVICE_URL = "http://127.0.0.1:8080"
 HTTP_TIMEOUT_S = 60.0
 FAILOVER_TIMEOUT_S = 60.0
 """How long a connection or request keeps trying while its topic changes owners."""
-REDIRECTS_MAX = 5
 LOOKUP_TIMEOUT_S = 5.0
 """A lookup is small: a broker that does not answer one in this time (stopped, overloaded) is
 passed over for the next listed one."""
-RETRY_BACKOFF_S_MIN = 0.1
-RETRY_BACKOFF_S_MAX = 2.0
-NOT_READY_CODES = frozenset({"service_unit_not_ready", "metadata_store_unavailable", "coordination_unavailable"})
 REST_MESSAGES_PER_REQUEST_MAX = 10_000  # the broker's bound on one PIP-64 request
-HTTP_ERROR_TEXT_MAX = 500
 SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
 INITIAL_POSITIONS = {"latest": "Latest", "earliest": "Earliest"}
 _Closable = AsyncProducer | AsyncConsumer | AsyncReader | AsyncStreamReader
 _T = TypeVar("_T", AsyncProducer, AsyncConsumer, AsyncReader, AsyncStreamReader)
-
-
-def _error_of(response: httpx.Response) -> HttpError:
-    try:
-        body = response.json()
-        details = {k: v for k, v in body.items() if k not in ("code", "message")}
-        return HttpError(response.status_code, str(body["code"]), str(body["message"]), details)
-    except (ValueError, KeyError, TypeError):
-        text = response.text[:HTTP_ERROR_TEXT_MAX] or response.reason_phrase
-        return HttpError(response.status_code, f"http_{response.status_code}", text)
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
@@ -127,24 +113,13 @@ def service_urls(service_url: str) -> list[str]:
     return urls
 
 
-def _not_ready(exc: HttpError) -> bool:
-    return exc.status == 503 and exc.code in NOT_READY_CODES
-
-
-class _Backoff:
-    """Waits between attempts, doubling, until a deadline (then ``wait`` returns False)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._deadline_s = self._loop.time() + timeout_s
-        self._delay_s = RETRY_BACKOFF_S_MIN
-
-    async def wait(self) -> bool:
-        if self._loop.time() + self._delay_s > self._deadline_s:
-            return False
-        await asyncio.sleep(self._delay_s)
-        self._delay_s = min(self._delay_s * 2, RETRY_BACKOFF_S_MAX)
-        return True
+async def _waited(backoff: Backoff) -> bool:
+    """Wait the backoff's next delay; False (no wait) when it would pass its deadline."""
+    delay_s = backoff.next_delay_s()
+    if delay_s is None:
+        return False
+    await asyncio.sleep(delay_s)
+    return True
 
 
 class AsyncClient:
@@ -301,12 +276,12 @@ class AsyncClient:
         the first listed broker that answers. Tried again while the topic changes owners (the
         owner unreachable, or 503) for at most ``failover_timeout_s``; a refusal (4xx) is final,
         and so is finding no listed broker at all, unless ``reconnecting``."""
-        backoff = _Backoff(self._failover_timeout_s)
+        backoff = Backoff(self._failover_timeout_s)
         while True:
             try:
                 base = await self._owner_url(topic) if topic is not None else None
             except ConnectError as exc:
-                if ((exc.status == 0 and reconnecting) or _not_ready(exc)) and await backoff.wait():
+                if ((exc.status == 0 and reconnecting) or not_ready(exc)) and await _waited(backoff):
                     continue
                 raise
             try:
@@ -315,7 +290,7 @@ class AsyncClient:
                 return await open_connection(ws_url(base, path, query), self._token, self._ssl)
             except ConnectError as exc:
                 owner_lost = exc.status == 0 and (base is not None or reconnecting)
-                if (owner_lost or _not_ready(exc)) and await backoff.wait():
+                if (owner_lost or not_ready(exc)) and await _waited(backoff):
                     continue
                 raise
 
@@ -339,7 +314,7 @@ class AsyncClient:
             response = await self.request("GET", f"/lookup/v2/topic/{topic.path}", retry=False,
                                           timeout_s=LOOKUP_TIMEOUT_S)
         except HttpError as exc:
-            if exc.status == 0 or _not_ready(exc):
+            if exc.status == 0 or not_ready(exc):
                 raise ConnectError(exc.status, exc.code, exc.message) from exc
             return None
         url = response.json().get("httpUrl")
@@ -354,46 +329,29 @@ class AsyncClient:
         (``REDIRECTS_MAX`` hops); with ``retry``, a call that was not received (its broker
         unreachable after a redirect) or was refused as not ready (503) is made again, with
         backoff, for at most ``failover_timeout_s``."""
-        backoff = _Backoff(self._failover_timeout_s)
+        backoff = Backoff(self._failover_timeout_s)
         while True:
             try:
-                response = await self._request_once(method, path, json_body, params, timeout_s, headers)
+                return await self._request_once(method, path, json_body, params, timeout_s, headers)
             except HttpError as exc:
-                retriable = _not_ready(exc) or (exc.status == 0 and exc.code == "owner_unreachable")
-                if retry and retriable and await backoff.wait():
-                    continue
-                raise
-            return response
+                if not (retry and retriable(exc) and await _waited(backoff)):
+                    raise
 
     async def _request_once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
                             timeout_s: float | None, headers: dict[str, str] | None = None) -> httpx.Response:
-        """One attempt: the listed brokers in turn (the next when one refuses the connection, or,
-        for a GET, which changes nothing, does not answer in time), 307s followed."""
-        failure: Exception | None = None
+        """One attempt along its ``CallRoute``: the listed brokers in turn, 307s followed."""
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
-        for base in self._service_urls:
-            url, query = f"{base}{path}", params
-            for hop in range(REDIRECTS_MAX + 1):
-                try:
-                    response = await self._http.request(method, url, json=json_body, params=query, timeout=timeout,
-                                                         headers=headers)
-                except (httpx.ConnectError, httpx.TimeoutException) as exc:
-                    if hop == 0 and (isinstance(exc, httpx.ConnectError) or method == "GET"):
-                        failure = exc
-                        break  # this listed broker is down: the next one
-                    raise HttpError(0, "owner_unreachable", f"{method} {url}: {exc}") from exc
-                except httpx.HTTPError as exc:
-                    raise HttpError(0, "unreachable", f"{method} {url}: {exc}") from exc
-                location = response.headers.get("location")
-                if response.status_code in (307, 308) and location:
-                    url, query = str(httpx.URL(url).join(location)), None  # the location carries the query
-                    continue
-                if response.status_code >= 400:
-                    raise _error_of(response)
+        route = CallRoute(method, path, params, self._service_urls)
+        while True:
+            try:
+                response = await self._http.request(method, route.url, json=json_body, params=route.params,
+                                                     timeout=timeout, headers=headers)
+            except (httpx.ConnectError, httpx.TimeoutException, httpx.HTTPError) as exc:
+                route.unreachable(exc, connect_failed=isinstance(exc, httpx.ConnectError),
+                                  timed_out=isinstance(exc, httpx.TimeoutException))
+                continue
+            if route.answered(response):
                 return response
-            else:
-                raise HttpError(508, "too_many_redirects", f"{method} {path}: more than {REDIRECTS_MAX} redirects")
-        raise HttpError(0, "unreachable", f"{method} {','.join(self._service_urls)}{path}: {failure}")
 
     async def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
                             properties: dict[str, str] | None = None, producer_name: str | None = None,

@@ -3,7 +3,9 @@
 Role: ``Client`` owns one daemon thread running an event loop and one ``AsyncClient`` on it;
 ``Producer``, ``Consumer`` and ``Reader`` forward each call to their asyncio twin and wait for
 its result. There is one implementation of the protocol (the asyncio one); this module only
-crosses threads.
+crosses threads. The exception is ``Client.request``, one HTTP call: it is made from the
+calling thread (``BlockingHttp``, the same ``CallRoute`` as the asyncio client's), which costs a
+blocking caller a third of the CPU of a hop to the loop thread and back.
 
 Invariants: a blocking call waits exactly as long as its asyncio twin (whose own waits are
 bounded: send timeout, receive timeout, close timeout); if the caller is interrupted (Ctrl-C)
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
@@ -24,13 +27,21 @@ from typing import Any, TypeVar
 
 import httpx
 
-from consumers.client._async import DEFAULT_SERVICE_URL, FAILOVER_TIMEOUT_S, HTTP_TIMEOUT_S, AsyncClient
+from consumers.client._async import (
+    DEFAULT_SERVICE_URL,
+    FAILOVER_TIMEOUT_S,
+    HTTP_TIMEOUT_S,
+    AsyncClient,
+    service_urls,
+)
 from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
 from consumers.client._dcb import DcbEvent, DcbQueryItem, DcbReadResult
+from consumers.client._http_call import BlockingHttp
 from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
 from consumers.client._streams import AsyncStreamReader
 from consumers.client.errors import ConnectionClosed
 from consumers.client.types import AppendResult, Message, SendResult, StreamBatch, StreamInfo
+from consumers.tls import ClientTls
 
 THREAD_JOIN_TIMEOUT_S = 10.0
 _R = TypeVar("_R")
@@ -230,9 +241,10 @@ class Reader:
         self.close()
 
 
-def _close_dropped(runner: _LoopThread, client: AsyncClient) -> None:
+def _close_dropped(runner: _LoopThread, client: AsyncClient, http: BlockingHttp) -> None:
     """A ``Client`` collected without ``close()``: its connections are closed and its thread
     ends, in the background."""
+    http.close()
     runner.stop_soon(client.close())
 
 
@@ -259,7 +271,10 @@ class Client:
         except BaseException:
             self._runner.stop()
             raise
-        self._finalizer = weakref.finalize(self, _close_dropped, self._runner, self._client)
+        tls = ClientTls(tls_trust_certs_file_path, tls_certificate_file_path, tls_private_key_file_path)
+        self._http = BlockingHttp(service_urls(service_url), token, http_timeout_s, failover_timeout_s,
+                                  functools.cache(tls.context))
+        self._finalizer = weakref.finalize(self, _close_dropped, self._runner, self._client, self._http)
         self._finalizer.atexit = False
 
     def create_producer(self, topic: str, *, producer_name: str | None = None, batching: bool = False,
@@ -337,9 +352,9 @@ class Client:
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None) -> httpx.Response:
-        """One HTTP call to the broker (admin API and the like); an error status raises ``HttpError``."""
-        return self._runner.call(self._client.request(method, path, json_body=json_body, params=params,
-                                                      headers=headers))
+        """One HTTP call to the broker (admin API and the like), made from the calling thread
+        (``BlockingHttp``); an error status raises ``HttpError``."""
+        return self._http.request(method, path, json_body=json_body, params=params, headers=headers)
 
     def close(self) -> None:
         if self._finalizer.detach() is None:
@@ -348,6 +363,7 @@ class Client:
             # application closing its infrastructure), whose ``close()`` would otherwise hand a
             # coroutine to a loop that is stopping, and wait for it forever
             return
+        self._http.close()
         if not self._runner.loop.is_closed():
             try:
                 self._runner.call(self._client.close())

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 import httpx
 import pyarrow as pa
 
+from consumers.http_connection import HttpAnswer, KeepAliveConnection
 from consumers.tls import ClientTls
 
 HTTP_TIMEOUT_S = 60.0
@@ -158,71 +159,26 @@ def _error_of(status: int, body: bytes) -> BrokerHttpError:
 
 
 class _RangeConnection:
-    """One keep-alive ``http.client`` connection for range reads (see the module docstring).
-
-    Calls must not overlap (a lock makes them wait for each other)."""
+    """One keep-alive connection for range reads (see the module docstring): a failure to reach
+    the broker is ``BrokerHttpError`` (status 0); calls on it wait for each other."""
 
     def __init__(self, service_url: str, headers: dict[str, str], timeout_s: float,
                  ssl_context: Callable[[], ssl.SSLContext]) -> None:
-        parts = urllib.parse.urlsplit(service_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"service.url {service_url!r} must be http://host:port or https://host:port")
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port
-        self._base_path = parts.path.rstrip("/")
-        self._headers = headers
-        self._timeout_s = timeout_s
-        self._ssl_context = ssl_context
-        self._connection: http.client.HTTPConnection | None = None
-        self._lock = threading.Lock()
-
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._connection is None:
-            if self._https:
-                self._connection = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout_s,
-                                                               context=self._ssl_context())
-            else:
-                self._connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
-        return self._connection
+        try:
+            self._connection = KeepAliveConnection(service_url, headers, timeout_s, ssl_context)
+        except ValueError:
+            raise ValueError(f"service.url {service_url!r} must be http://host:port or https://host:port") from None
 
     def close(self) -> None:
-        with self._lock:
-            self._drop()
+        self._connection.close()
 
-    def _drop(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    def get(self, path: str, params: dict[str, int], headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
-        """The answer to ``GET path?params`` and its whole body. Raises ``BrokerHttpError``."""
-        target = f"{self._base_path}{path}?{urllib.parse.urlencode(params)}"
-        with self._lock:
-            try:
-                return self._exchange(target, {**self._headers, **headers})
-            except (OSError, http.client.HTTPException) as exc:
-                self._drop()
-                raise BrokerHttpError(0, "unreachable", f"GET {self._host}{target}: {exc}") from exc
-
-    def _exchange(self, target: str, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
-        reused = self._connection is not None and self._connection.sock is not None
+    def get(self, path: str, params: dict[str, int], headers: dict[str, str]) -> HttpAnswer:
+        """The answer to ``GET path?params``, its whole body read. Raises ``BrokerHttpError``."""
+        target = f"{path}?{urllib.parse.urlencode(params)}"
         try:
-            return self._send(target, headers)
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-            if not reused:
-                raise
-            self._drop()  # the broker closed the idle connection: a new one, once
-            return self._send(target, headers)
-
-    def _send(self, target: str, headers: dict[str, str]) -> tuple[http.client.HTTPResponse, bytes]:
-        connection = self._connect()
-        connection.request("GET", target, headers=headers)
-        response = connection.getresponse()
-        body = response.read()
-        if response.will_close:
-            self._drop()
-        return response, body
+            return self._connection.exchange("GET", target, headers=headers)
+        except (OSError, http.client.HTTPException) as exc:
+            raise BrokerHttpError(0, "unreachable", f"GET {self._connection.host}{target}: {exc}") from exc
 
 
 class BrokerClient:
@@ -321,21 +277,21 @@ class BrokerClient:
         if response.status >= 400:
             raise _error_of(response.status, body)
         reader = pa.ipc.open_stream(body)
-        return RangeRead(list(reader), int(response.headers[NEXT_OFFSET_HEADER]),
-                         int(response.headers[FIRST_OFFSET_HEADER]))
+        headers = {name.lower(): value for name, value in response.headers}
+        return RangeRead(list(reader), int(headers[NEXT_OFFSET_HEADER.lower()]),
+                         int(headers[FIRST_OFFSET_HEADER.lower()]))
 
-    def _read_on_owner(self, topic_partition: str, offset: int,
-                       max_messages: int) -> tuple[http.client.HTTPResponse, bytes]:
+    def _read_on_owner(self, topic_partition: str, offset: int, max_messages: int) -> tuple[HttpAnswer, bytes]:
         path = topic_path(topic_partition) + "/messages"
         with self._owners_lock:
             owner = self._owners.get(topic_partition, self.service_url)
         try:
             for _ in range(REDIRECTS_MAX + 1):
-                response, body = self._ranges_of(owner).get(path, {"offset": offset, "maxMessages": max_messages},
-                                                            {"accept": ARROW_STREAM_MEDIA_TYPE})
-                location = response.getheader("location")
+                response = self._ranges_of(owner).get(path, {"offset": offset, "maxMessages": max_messages},
+                                                      {"accept": ARROW_STREAM_MEDIA_TYPE})
+                location = next((value for name, value in response.headers if name.lower() == "location"), None)
                 if response.status not in (307, 308) or not location:
-                    return response, body
+                    return response, response.body
                 owner = _base_of(location)
                 with self._owners_lock:
                     if len(self._owners) >= OWNERS_REMEMBERED_MAX:

@@ -1,0 +1,207 @@
+"""One HTTP call of the client to a broker: where it goes, when it is made again, what its
+error answer means; and the blocking client's way of making it.
+
+Role: ``CallRoute`` is the policy of one call without its I/O, driven by both clients: the
+listed brokers in turn (the next one when a broker refuses the connection, or, for a GET, which
+changes nothing, does not answer in time), a 307 followed to the owner it names (at most
+``REDIRECTS_MAX`` hops, the same method and body: a 307 means nothing was done), an error
+answer made ``HttpError`` with the broker's ``code`` and ``message``. ``Backoff`` spaces the
+attempts of a call refused as not ready (503) or whose owner could not be reached after a
+redirect, for at most the client's failover timeout. ``AsyncClient.request`` makes the call with
+httpx on the event loop; ``BlockingHttp`` makes it from the calling thread over a keep-alive
+connection taken from its idle ones (``consumers/http_connection.py``), so a blocking caller (a
+recorder of the ``eventsourcing`` library, the CLI) pays neither the hop to the loop thread nor
+httpx's asyncio stack.
+
+Invariants: a call is sent again only when it was not received (connection refused) or was
+redirected or refused as not ready (307, 503), never after a timeout or a lost answer; every
+call has a timeout; a connection serves one call at a time; the blocking client keeps at most
+``IDLE_CONNECTIONS_MAX`` idle connections per broker, and ``close()`` closes them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from consumers.client._session import auth_headers
+from consumers.client.errors import HttpError
+from consumers.http_connection import ConnectFailed, HttpAnswer, KeepAliveConnection
+
+REDIRECTS_MAX = 5
+RETRY_BACKOFF_S_MIN = 0.1
+RETRY_BACKOFF_S_MAX = 2.0
+NOT_READY_CODES = frozenset({"service_unit_not_ready", "metadata_store_unavailable", "coordination_unavailable"})
+HTTP_ERROR_TEXT_MAX = 500
+IDLE_CONNECTIONS_MAX = 8
+"""Keep-alive connections the blocking client keeps to one broker between calls (as many as
+calls at once are made; those past this are closed when their call ends)."""
+
+
+def error_of(response: httpx.Response) -> HttpError:
+    try:
+        body = response.json()
+        details = {k: v for k, v in body.items() if k not in ("code", "message")}
+        return HttpError(response.status_code, str(body["code"]), str(body["message"]), details)
+    except (ValueError, KeyError, TypeError):
+        text = response.text[:HTTP_ERROR_TEXT_MAX] or response.reason_phrase
+        return HttpError(response.status_code, f"http_{response.status_code}", text)
+
+
+def not_ready(exc: HttpError) -> bool:
+    return exc.status == 503 and exc.code in NOT_READY_CODES
+
+
+def retriable(exc: HttpError) -> bool:
+    """Whether a call that failed so was not received, and may be made again after a wait."""
+    return not_ready(exc) or (exc.status == 0 and exc.code == "owner_unreachable")
+
+
+class Backoff:
+    """Waits between attempts, doubling, until a deadline: ``next_delay_s()`` is the next wait,
+    or None when it would pass the deadline."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._deadline_s = clock() + timeout_s
+        self._delay_s = RETRY_BACKOFF_S_MIN
+
+    def next_delay_s(self) -> float | None:
+        if self._clock() + self._delay_s > self._deadline_s:
+            return None
+        delay_s, self._delay_s = self._delay_s, min(self._delay_s * 2, RETRY_BACKOFF_S_MAX)
+        return delay_s
+
+
+class CallRoute:
+    """Where one call goes next (see the module docstring): ``url`` and ``params`` of the next
+    attempt; ``unreachable`` and ``answered`` say how the attempt ended."""
+
+    def __init__(self, method: str, path: str, params: dict[str, Any] | None, service_urls: list[str]) -> None:
+        self.method, self._path, self._params = method, path, params
+        self._service_urls = service_urls
+        self._next_base = 1
+        self.url: str = f"{service_urls[0]}{path}"
+        self.params = params
+        self._hop = 0
+        self._failure: BaseException | None = None
+
+    def unreachable(self, exc: BaseException, *, connect_failed: bool, timed_out: bool) -> None:
+        """The attempt at ``url`` got no answer: on to the next listed broker when it was not
+        received (or, for a GET, timed out) at a listed broker; else ``HttpError`` (status 0)."""
+        if self._hop == 0 and (connect_failed or (timed_out and self.method == "GET")):
+            self._failure = exc
+            if self._next_base < len(self._service_urls):
+                self.url, self.params = f"{self._service_urls[self._next_base]}{self._path}", self._params
+                self._next_base += 1
+                return
+            raise HttpError(0, "unreachable", f"{self.method} {','.join(self._service_urls)}{self._path}: {exc}")
+        code = "owner_unreachable" if connect_failed or timed_out else "unreachable"
+        raise HttpError(0, code, f"{self.method} {self.url}: {exc}") from exc
+
+    def answered(self, response: httpx.Response) -> bool:
+        """True when ``response`` is the call's answer; False when it redirects (``url`` is the
+        next attempt's); an error answer raises ``HttpError``."""
+        location = response.headers.get("location")
+        if response.status_code in (307, 308) and location:
+            if self._hop == REDIRECTS_MAX:
+                raise HttpError(508, "too_many_redirects", f"{self.method} {self._path}: more than {REDIRECTS_MAX} "
+                                "redirects")
+            self._hop += 1
+            self.url, self.params = str(httpx.URL(self.url).join(location)), None  # the location carries the query
+            return False
+        if response.status_code >= 400:
+            raise error_of(response)
+        return True
+
+
+class BlockingHttp:
+    """The blocking client's HTTP calls (see the module docstring)."""
+
+    def __init__(self, service_urls: list[str], token: str | None, timeout_s: float, failover_timeout_s: float,
+                 ssl_context: Callable[[], Any]) -> None:
+        self._service_urls = service_urls
+        self._headers = {"accept": "*/*", **auth_headers(token)}
+        self._timeout_s = timeout_s
+        self._failover_timeout_s = failover_timeout_s
+        self._ssl_context = ssl_context
+        self._idle: dict[str, list[KeepAliveConnection]] = {}
+        """Connections between calls, by broker (the last given back is the next taken)."""
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
+                headers: dict[str, str] | None = None) -> httpx.Response:
+        backoff = Backoff(self._failover_timeout_s)
+        while True:
+            try:
+                return self._request_once(method, path, json_body, params, headers)
+            except HttpError as exc:
+                delay_s = backoff.next_delay_s() if retriable(exc) else None
+                if delay_s is None:
+                    raise
+            time.sleep(delay_s)
+
+    def _request_once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
+                      headers: dict[str, str] | None) -> httpx.Response:
+        body = None if json_body is None else json.dumps(json_body).encode()
+        sent = {**(headers or {})}
+        if body is not None:
+            sent.setdefault("content-type", "application/json")
+        route = CallRoute(method, path, params, self._service_urls)
+        while True:
+            url = httpx.URL(route.url) if route.params is None else httpx.URL(route.url).copy_merge_params(route.params)
+            base = f"{url.scheme}://{url.netloc.decode('ascii')}"
+            target = url.raw_path.decode("ascii")
+            try:
+                answer = self._exchange(base, method, target, body, sent)
+            except ConnectFailed as exc:
+                route.unreachable(exc, connect_failed=True, timed_out=False)
+                continue
+            except TimeoutError as exc:
+                route.unreachable(exc, connect_failed=False, timed_out=True)
+                continue
+            except (OSError, http.client.HTTPException) as exc:  # the answer was lost
+                route.unreachable(exc, connect_failed=False, timed_out=False)
+                continue
+            response = httpx.Response(answer.status, headers=answer.headers, content=answer.body,
+                                      request=httpx.Request(method, url))
+            if route.answered(response):
+                return response
+
+    def _exchange(self, base: str, method: str, target: str, body: bytes | None,
+                  headers: dict[str, str]) -> HttpAnswer:
+        """One exchange on an idle connection to ``base`` (a new one when none is idle), given
+        back afterwards (closed instead when ``IDLE_CONNECTIONS_MAX`` are idle already)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            idle = self._idle.setdefault(base, [])
+            connection = idle.pop() if idle else None
+        if connection is None:
+            connection = KeepAliveConnection(base, self._headers, self._timeout_s, self._ssl_context)
+        try:
+            return connection.exchange(method, target, body, headers)
+        finally:
+            with self._lock:
+                kept = not self._closed and len(self._idle[base]) < IDLE_CONNECTIONS_MAX
+                if kept:
+                    self._idle[base].append(connection)
+            if not kept:
+                connection.close()
+
+    def close(self) -> None:
+        """Close the idle connections; one in use is closed when its call ends (a call after
+        this raises ``RuntimeError``)."""
+        with self._lock:
+            self._closed = True
+            idle = [c for connections in self._idle.values() for c in connections]
+            self._idle.clear()
+        for connection in idle:
+            connection.close()

@@ -1,0 +1,204 @@
+"""The blocking client's HTTP calls (``consumers/client/_http_call.py`` over
+``consumers/http_connection.py``) against real HTTP servers on 127.0.0.1.
+
+A connection the server closed while it was idle is replaced before the next call is sent, so a
+write on it is received once and answered; a write whose answer is lost is never sent again (it
+fails as unreachable; the server saw it once), while a read is sent again once on a new
+connection; a listed broker that refuses connections is passed over for the next; a 307 is
+followed with the same method and body; the idle connections kept are bounded and closed by
+``close()``, after which a call is refused.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import pytest
+
+from consumers.client._http_call import IDLE_CONNECTIONS_MAX, BlockingHttp
+from consumers.client.errors import HttpError
+from tests.standalone import free_port
+
+Handler = Callable[[http.server.BaseHTTPRequestHandler, bytes], None]
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, handle: Handler) -> None:
+        self.handle_call = handle
+        self.calls: list[tuple[str, str, bytes]] = []
+        self.connections = 0
+        self.closed = threading.Event()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+    server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.connections += 1
+
+    def finish(self) -> None:
+        super().finish()
+        self.server.closed.set()
+
+    def _any(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.server.calls.append((self.command, self.path, body))
+        self.server.handle_call(self, body)
+
+    def do_GET(self) -> None:
+        self._any()
+
+    def do_POST(self) -> None:
+        self._any()
+
+    def answer(self, status: int = 200, body: bytes = b"{}", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(handle: Handler) -> Iterator[_Server]:
+    server = _Server(handle)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _url(server: _Server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def blocking(url: str) -> BlockingHttp:
+    return BlockingHttp(url.split(","), None, 10.0, 1.0, lambda: pytest.fail("no TLS here"))
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_a_write_is_sent() -> None:
+    """The server answers as keep-alive, then closes the connection: the next POST goes on a new
+    connection, is received once and answered (before: it went out on the closed one and failed
+    with the answer lost)."""
+    def handle(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        request.answer(body=b'{"n": 1}')
+        request.close_connection = True  # closed without saying so: the client still holds it
+
+    with serving(handle) as server:
+        client = blocking(_url(server))
+        try:
+            assert client.request("GET", "/first").json() == {"n": 1}
+            assert server.closed.wait(10)
+            assert client.request("POST", "/write", json_body={"a": 1}).json() == {"n": 1}
+        finally:
+            client.close()
+        assert server.calls == [("GET", "/first", b""), ("POST", "/write", b'{"a": 1}')]
+        assert server.connections == 2
+
+
+def test_a_write_whose_answer_is_lost_is_not_sent_again_but_a_read_is_once() -> None:
+    dropped: set[str] = set()
+
+    def handle(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        if request.path.startswith("/drop") and request.path not in dropped:
+            dropped.add(request.path)
+            request.close_connection = True  # read, then closed with no answer
+            return
+        request.answer()
+
+    with serving(handle) as server:
+        client = blocking(_url(server))
+        try:
+            client.request("GET", "/warm")  # the calls below go on a reused connection
+            with pytest.raises(HttpError) as lost:
+                client.request("POST", "/drop-write", json_body={"a": 1})
+            assert lost.value.status == 0 and lost.value.code == "unreachable"
+            client.request("GET", "/warm")
+            assert client.request("GET", "/drop-read").status_code == 200
+        finally:
+            client.close()
+        paths = [path for _, path, _ in server.calls]
+        assert paths.count("/drop-write") == 1, paths
+        assert paths.count("/drop-read") == 2, paths
+
+
+def test_a_refusing_listed_broker_is_passed_over_and_a_307_is_followed_with_method_and_body() -> None:
+    def owner(request: http.server.BaseHTTPRequestHandler, body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        request.answer(body=json.dumps({"path": request.path, "body": body.decode()}).encode())
+
+    with serving(owner) as target:
+        def redirecting(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+            assert isinstance(request, _Handler)
+            request.answer(307, b"", {"location": f"{_url(target)}/owner?x=1"})
+
+        with serving(redirecting) as first:
+            client = blocking(f"http://127.0.0.1:{free_port()},{_url(first)}")
+            try:
+                answer = client.request("POST", "/topic", json_body={"m": 2}, params={"p": 3}).json()
+            finally:
+                client.close()
+            assert answer == {"path": "/owner?x=1", "body": '{"m": 2}'}
+            assert first.calls == [("POST", "/topic?p=3", b'{"m": 2}')]
+
+
+def test_a_call_answered_with_an_error_raises_the_brokers_code_and_message() -> None:
+    def refusing(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        request.answer(409, b'{"code": "key_version_mismatch", "message": "moved", "currentKeyVersions": {"k": 2}}')
+
+    with serving(refusing) as server:
+        client = blocking(_url(server))
+        try:
+            with pytest.raises(HttpError) as refused:
+                client.request("POST", "/topic", json_body={})
+        finally:
+            client.close()
+        assert (refused.value.status, refused.value.code, refused.value.message) == (409, "key_version_mismatch",
+                                                                                      "moved")
+        assert refused.value.details == {"currentKeyVersions": {"k": 2}}
+
+
+def test_idle_connections_are_bounded_and_closed_by_close() -> None:
+    gate = threading.Barrier(IDLE_CONNECTIONS_MAX + 4)
+
+    def held(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        if request.path == "/together":
+            gate.wait(10)  # every call is in flight at once: each has a connection of its own
+        request.answer()
+
+    with serving(held) as server:
+        client = blocking(_url(server))
+        with ThreadPoolExecutor(IDLE_CONNECTIONS_MAX + 4) as pool:
+            list(pool.map(lambda _: client.request("GET", "/together"), range(IDLE_CONNECTIONS_MAX + 4)))
+        assert server.connections == IDLE_CONNECTIONS_MAX + 4
+        for _ in range(IDLE_CONNECTIONS_MAX + 4):
+            client.request("GET", "/again")
+        assert server.connections == IDLE_CONNECTIONS_MAX + 4, "an idle connection was not taken again"
+        idle = [c for connections in client._idle.values() for c in connections]
+        assert len(idle) == IDLE_CONNECTIONS_MAX
+        client.close()
+        assert all(c._connection is None for c in idle)
+        with pytest.raises(RuntimeError, match="closed"):
+            client.request("GET", "/again")
