@@ -14,14 +14,17 @@ whose ``managedLedgerOffloadDriver`` is ``aws-s3`` at that endpoint, its ledgers
 2. The broker is restarted (no entry cache, no bookie read cache) and each topic is read from
    earliest by a Pulsar reader, local first, then offloaded, then both again in the other order:
    MB/s and the broker's CPU per MB. The target (issue 37): offloaded >= 0.5x local.
-3. Publishing for ``--publish-s`` seconds to a third topic alone, then while ``tiered-local`` is
-   offloaded, then alone again once the offload ended: messages per second, the ratio against
-   the mean of the two alone, and the CPU the broker and the S3 server took in each (the S3
-   server shares this machine's cores with the broker; a real store does not). The target:
-   >= 0.9x alone.
+3. ``--rounds`` rounds of publishing for ``--publish-s`` seconds to another topic alone, then while
+   one of ``--rounds`` topics of ``--size-mb`` (published in step 1) is offloaded, waiting for
+   that offload to end before the next round; and alone once more at the end. Messages per
+   second, the mean during the offloads over the mean alone, each round against the windows
+   alone either side of it, and the CPU the broker and the S3 server took (the S3 server shares
+   this machine's cores with the broker; a real store does not). The target: >= 0.9x alone.
+   Rounds, not one window each: two windows alone a minute apart differ by up to 20% here (the
+   disk's write-back), more than the effect measured.
 4. The same with the broker restarted with Pulsar's offload throttle,
-   ``managedLedgerOffloadFlowPermitsPerSecond`` = ``--flow-permits-mb`` MB/s, offloading a fourth
-   topic of ``--throttled-mb`` MB published in step 1.
+   ``managedLedgerOffloadFlowPermitsPerSecond`` = ``--flow-permits-mb`` MB/s, offloading
+   ``--rounds`` topics of ``--throttled-mb`` MB published in step 1.
 
 ``--store-nice 19`` runs the S3 server at that nice value, so it takes only the CPU the broker
 leaves (closer to a store on other machines). Every read checks each message's size and counts
@@ -53,7 +56,6 @@ BUCKET = "magnetar-bench-offload"
 ACCESS_KEY, SECRET_KEY = "bench-access-key", "bench-secret-key"
 NAMESPACE = "persistent/public/default"
 LOCAL_TOPIC, OFFLOADED_TOPIC, PUBLISH_TOPIC = "tiered-local", "tiered-offloaded", "tiered-publish"
-THROTTLED_TOPIC = "tiered-throttled"
 POLL_S = 0.2
 OFFLOAD_TIMEOUT_S = 1800.0
 HTTP_TIMEOUT_S = 60.0
@@ -218,32 +220,68 @@ def publish_for(broker: Broker, store: ServerProcess, topic: str, duration_s: fl
 
 
 @dataclass(frozen=True)
-class PublishDuringOffload:
-    before: PublishRate
+class PublishRound:
+    """Publishing alone, then while one topic is offloaded."""
+
+    alone: PublishRate
     during: PublishRate
-    after: PublishRate
     still_running: bool
     """Whether the offload was still running when the publishing during it ended."""
 
+
+@dataclass(frozen=True)
+class PublishDuringOffloads:
+    rounds: list[PublishRound]
+    last_alone: PublishRate
+    """Publishing alone once the last offload ended."""
+
+    @property
+    def alone(self) -> list[PublishRate]:
+        return [r.alone for r in self.rounds] + [self.last_alone]
+
+    @property
+    def during(self) -> list[PublishRate]:
+        return [r.during for r in self.rounds]
+
     @property
     def ratio(self) -> float:
-        return self.during.messages_per_s / ((self.before.messages_per_s + self.after.messages_per_s) / 2)
+        """Mean rate during the offloads over the mean rate alone (the windows alone bracket
+        every window during one, so a drift over the run weighs on both sides alike)."""
+        return _mean_rate(self.during) / _mean_rate(self.alone)
+
+    def round_ratios(self) -> list[float]:
+        """Each window during an offload against the mean of the windows alone either side of it."""
+        alone = self.alone
+        return [r.during.messages_per_s / ((alone[i].messages_per_s + alone[i + 1].messages_per_s) / 2)
+                for i, r in enumerate(self.rounds)]
 
 
-def publish_during_offload(broker: Broker, store: ServerProcess, topic: str, duration_s: float,
-                           payload: bytes) -> PublishDuringOffload:
-    """Publishing alone, while ``topic`` is offloaded, and alone again once the offload ended."""
-    before = publish_for(broker, store, PUBLISH_TOPIC, duration_s, payload)
-    offload_in_background(broker, topic)
-    during = publish_for(broker, store, PUBLISH_TOPIC, duration_s, payload)
-    still_running = offload_running(broker, topic)
-    deadline = time.monotonic() + OFFLOAD_TIMEOUT_S
-    while offload_running(broker, topic):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"offload of {topic} did not finish within {OFFLOAD_TIMEOUT_S:.0f} s")
-        time.sleep(POLL_S)
-    after = publish_for(broker, store, PUBLISH_TOPIC, duration_s, payload)
-    return PublishDuringOffload(before, during, after, still_running)
+def _mean_rate(rates: list[PublishRate]) -> float:
+    return sum(r.messages_per_s for r in rates) / len(rates)
+
+
+def _mean_cores(rates: list[PublishRate], of: str) -> float:
+    return float(sum(getattr(r, of) for r in rates)) / len(rates)
+
+
+def publish_during_offloads(broker: Broker, store: ServerProcess, topics: list[str], duration_s: float,
+                            payload: bytes) -> PublishDuringOffloads:
+    """Rounds of publishing alone and then while one of ``topics`` is offloaded (waiting for
+    that offload to end before the next round), and alone once more at the end. One window
+    alone against one during is not enough: on this machine two windows alone a minute apart
+    differ by up to 20% (the disk's write-back), more than the effect measured."""
+    rounds = []
+    for topic in topics:
+        alone = publish_for(broker, store, PUBLISH_TOPIC, duration_s, payload)
+        offload_in_background(broker, topic)
+        during = publish_for(broker, store, PUBLISH_TOPIC, duration_s, payload)
+        rounds.append(PublishRound(alone, during, offload_running(broker, topic)))
+        deadline = time.monotonic() + OFFLOAD_TIMEOUT_S
+        while offload_running(broker, topic):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"offload of {topic} did not finish within {OFFLOAD_TIMEOUT_S:.0f} s")
+            time.sleep(POLL_S)
+    return PublishDuringOffloads(rounds, publish_for(broker, store, PUBLISH_TOPIC, duration_s, payload))
 
 
 def read_all(broker: Broker, store: ServerProcess, topic: str, expected: int, message_bytes: int) -> ReadResult:
@@ -322,7 +360,12 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
         try:
             for topic in (LOCAL_TOPIC, OFFLOADED_TOPIC):
                 publish(broker.service_url, topic, count, payload)
-            publish(broker.service_url, THROTTLED_TOPIC, args.throttled_mb * 1024 // args.message_kb, payload)
+            unthrottled_topics = [f"tiered-round-{i}" for i in range(args.rounds)]
+            throttled_topics = [f"tiered-throttled-{i}" for i in range(args.rounds)]
+            for topic in unthrottled_topics:
+                publish(broker.service_url, topic, count, payload)
+            for topic in throttled_topics:
+                publish(broker.service_url, topic, args.throttled_mb * 1024 // args.message_kb, payload)
             offload_s = offload_everything(broker, OFFLOADED_TOPIC)
             print(f"offloaded {args.size_mb} MB in {offload_s:.1f} s")
             broker.stop()
@@ -332,19 +375,19 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
                 result = read_all(broker, store, topic, count, len(payload))
                 print(f"read {topic}: {result.mb_per_s:.1f} MB/s, broker CPU {result.cpu_ms_per_mb:.1f} ms/MB")
                 reads[topic].append(result)
-            unthrottled = publish_during_offload(broker, store, LOCAL_TOPIC, args.publish_s, payload)
+            unthrottled = publish_during_offloads(broker, store, unthrottled_topics, args.publish_s, payload)
             print(f"publish during an offload: {unthrottled.ratio:.2f}x")
             broker.stop()
             write_config(work_dir, endpoint, args.ledger_entries, args.flow_permits_mb * 1_000_000)
             broker.start()
-            throttled = publish_during_offload(broker, store, THROTTLED_TOPIC, args.publish_s, payload)
+            throttled = publish_during_offloads(broker, store, throttled_topics, args.publish_s, payload)
             print(f"publish during a throttled offload: {throttled.ratio:.2f}x")
         finally:
             broker.stop()
     return rows(reads, unthrottled, throttled, offload_s, args)
 
 
-def rows(reads: dict[str, list[ReadResult]], unthrottled: PublishDuringOffload, throttled: PublishDuringOffload,
+def rows(reads: dict[str, list[ReadResult]], unthrottled: PublishDuringOffloads, throttled: PublishDuringOffloads,
          offload_s: float, args: argparse.Namespace) -> list[Row]:
     local = max(reads[LOCAL_TOPIC], key=lambda r: r.mb_per_s)
     offloaded = max(reads[OFFLOADED_TOPIC], key=lambda r: r.mb_per_s)
@@ -364,15 +407,21 @@ def rows(reads: dict[str, list[ReadResult]], unthrottled: PublishDuringOffload, 
     ]
 
 
-def _publish_row(measure: str, result: PublishDuringOffload, args: argparse.Namespace) -> Row:
-    before, during, after = result.before, result.during, result.after
-    return Row(measure, f"{during.messages_per_s:,.0f} vs {before.messages_per_s:,.0f} / "
-               f"{after.messages_per_s:,.0f} msg/s", f"{result.ratio:.2f}x",
-               f"{args.publish_s:.0f} s each, {args.message_kb} KiB messages, alone before and after the offload; "
-               f"the offload {'was still running at the end' if result.still_running else 'ended before the end'}; "
-               f"CPU (cores) broker {before.broker_cores:.2f} / {during.broker_cores:.2f} / {after.broker_cores:.2f}, "
-               f"S3 server {before.store_cores:.2f} / {during.store_cores:.2f} / {after.store_cores:.2f}; "
-               "target >= 0.9x")
+def _publish_row(measure: str, result: PublishDuringOffloads, args: argparse.Namespace) -> Row:
+    alone, during = result.alone, result.during
+    rounds = ", ".join(f"{r:.2f}" for r in result.round_ratios())
+    ended = sum(not r.still_running for r in result.rounds)
+    running = (f"{ended} offload(s) ended before the end of their window" if ended
+               else "every offload was still running at the end of its window")
+    return Row(measure, f"{_mean_rate(during):,.0f} vs {_mean_rate(alone):,.0f} msg/s", f"{result.ratio:.2f}x",
+               f"{len(result.rounds)} rounds of {args.publish_s:.0f} s alone then {args.publish_s:.0f} s during an "
+               f"offload, and {args.publish_s:.0f} s alone at the end; {args.message_kb} KiB messages; means of "
+               f"{len(during)} windows during and {len(alone)} alone; each round against the windows alone either "
+               f"side of it: {rounds}; "
+               f"{running}; "
+               f"mean CPU (cores) broker {_mean_cores(alone, 'broker_cores'):.2f} alone / "
+               f"{_mean_cores(during, 'broker_cores'):.2f} during, S3 server {_mean_cores(during, 'store_cores'):.2f} "
+               "during; target >= 0.9x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,10 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mb", type=int, default=1024, help="MB published to each topic read")
     parser.add_argument("--message-kb", type=int, default=64)
     parser.add_argument("--ledger-entries", type=int, default=1000, help="managedLedgerMaxEntriesPerLedger")
-    parser.add_argument("--publish-s", type=float, default=15.0)
+    parser.add_argument("--publish-s", type=float, default=8.0, help="seconds of each publishing window")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of publishing alone then during an offload, for each of the two offloads")
     parser.add_argument("--store-nice", type=int, default=0,
                         help="run the S3 server at this nice value (19: it takes only the CPU the broker leaves)")
-    parser.add_argument("--throttled-mb", type=int, default=512, help="MB of the topic offloaded throttled")
+    parser.add_argument("--throttled-mb", type=int, default=256,
+                        help="MB of each topic offloaded throttled (at 16 MB/s, 16 s: longer than a window)")
     parser.add_argument("--flow-permits-mb", type=int, default=16,
                         help="managedLedgerOffloadFlowPermitsPerSecond of the throttled run, in MB/s")
     parser.add_argument("--quick", action="store_true", help="64 MB and 5 s (a smoke run)")
@@ -393,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.quick:
-        args.size_mb, args.publish_s, args.ledger_entries, args.throttled_mb = 64, 5.0, 200, 64
+        args.size_mb, args.publish_s, args.ledger_entries, args.throttled_mb, args.rounds = 64, 3.0, 200, 64, 2
     with scratch_dir(args.work_root, "tiered-bench-") as work_dir:
         table = render_table(run(args, work_dir))
         machine = machine_summary(work_dir)
