@@ -32,7 +32,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from typing_extensions import TypedDict
 
-from api.auth import Action, Authorizer, Caller
+from api.auth import Action, Authorizer, caller_of
 from api.errors import validation_problems
 from api.limits import MESSAGES_PER_REQUEST_MAX
 from broker import (
@@ -201,19 +201,18 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)",
                  openapi_extra=_BODY_SCHEMA, responses=_RESPONSES)
-    async def produce_to_topic(tenant: str, namespace: str, topic: str, request: Request,
-                               caller: Caller) -> Response:
+    async def produce_to_topic(tenant: str, namespace: str, topic: str, request: Request) -> Response:
         name = TopicName.of(tenant, namespace, topic)
-        authorizer.require(caller, Action.PRODUCE, name)
+        authorizer.require(caller_of(request), Action.PRODUCE, name)
         return await produce(name, await parse_request(request))
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
                  summary="Produce messages to one partition (PIP-64)", openapi_extra=_BODY_SCHEMA,
                  responses=_RESPONSES)
     async def produce_to_partition(tenant: str, namespace: str, topic: str, partition: int,
-                                   request: Request, caller: Caller) -> Response:
+                                   request: Request) -> Response:
         name = TopicName.of(tenant, namespace, topic)
-        authorizer.require(caller, Action.PRODUCE, name)
+        authorizer.require(caller_of(request), Action.PRODUCE, name)
         target = service.admin.partition_of(name, partition)
         return await produce(target, await parse_request(request))
 
