@@ -1,24 +1,26 @@
-"""One keep-alive HTTP/1.1 connection of the standard library's ``http.client``, for the
-consumers' blocking calls: the Spark connector's range reads and the blocking client's HTTP
-calls (``consumers/client/_http_call.py``).
+"""One keep-alive HTTP/1.1 connection, for the consumers' blocking calls: the Spark connector's
+range reads and the blocking client's HTTP calls (``consumers/client/_http_call.py``).
 
-Role: a blocking caller does not need an event loop to make a call. ``http.client`` sends a
-request and reads its answer's whole body with a few calls from the caller's own thread, where
-httpx's asyncio client, driven from a loop thread, costs about three times the CPU a call
-(a recorder's insert: 1,297 against 409 µs of client CPU) and receives a large body (megabytes
-of Arrow) in 64 KiB pieces through its HTTP/1.1 parser, about five times the CPU per row.
+Role: a blocking caller does not need an event loop to make a call. A request goes out in one
+``sendall``; the answer is parsed by ``httptools`` (the C parser uvicorn serves the broker's HTTP
+with) as it arrives, in reads of up to ``RECEIVE_BYTES``. Against httpx's asyncio client driven
+from a loop thread this costs a recorder's insert a fraction of the client CPU (1,297 µs with
+httpx; 409 with the standard library's ``http.client``, a third of which went to its header
+parsing by the ``email`` package), and a large answer (megabytes of Arrow) is received in a few
+reads, not 64 KiB pieces through a parser written in Python.
 
 Invariants: calls on one connection never overlap (a lock makes them wait for each other);
-every call has a timeout; a connection the broker closed while it was idle (its socket readable
-before a request: the broker's FIN) is replaced before the request is sent; a call that still
-finds the reused connection closed with no answer is sent again on a new connection only when
-it changes nothing (a GET): a write is never repeated here, it fails (the broker may have done
-it). A failure to connect is ``ConnectFailed``, so a caller can tell "not received" apart.
+every read and write has a timeout; a connection the broker closed while it was idle (its socket
+readable before a request: the broker's FIN) is replaced before the request is sent; a call that
+still finds the reused connection closed before any byte of an answer is sent again on a new
+connection only when it changes nothing (a GET): a write is never repeated here, it fails (the
+broker may have done it). A failure to connect is ``ConnectFailed``, so a caller can tell "not
+received" apart; an answer cut short is ``ConnectionLost``; one that is not HTTP is
+``ProtocolError``. A connection is kept only while both sides say keep-alive.
 """
 
 from __future__ import annotations
 
-import http.client
 import select
 import socket
 import ssl
@@ -27,15 +29,32 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httptools
+
+RECEIVE_BYTES = 1 << 20
+"""Bytes one read of an answer asks the socket for."""
+
 
 class ConnectFailed(OSError):
-    """No connection could be made (refused, unreachable): the request was not sent."""
+    """No connection could be made (refused, unreachable, TLS refused): the request was not sent."""
+
+
+class ConnectionLost(ConnectionResetError):
+    """The broker closed the connection before the whole answer arrived (``nothing_received``:
+    before any byte of it)."""
+
+    def __init__(self, message: str, *, nothing_received: bool) -> None:
+        super().__init__(message)
+        self.nothing_received = nothing_received
+
+
+class ProtocolError(OSError):
+    """The answer is not HTTP/1.1 this client can read."""
 
 
 @dataclass(frozen=True)
 class HttpAnswer:
     status: int
-    reason: str
     headers: list[tuple[str, str]]
     body: bytes
 
@@ -48,17 +67,46 @@ def split_base(base_url: str) -> tuple[bool, str, int | None, str]:
     return parts.scheme == "https", parts.hostname, parts.port, parts.path.rstrip("/")
 
 
+class _Answer:
+    """``httptools``' callbacks for one answer."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: list[tuple[str, str]] = []
+        self.chunks: list[bytes] = []
+        self.head_done = False
+        self.keep_alive = False
+        self.done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # known from the head (asked later, it is reset)
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
 class KeepAliveConnection:
     """One keep-alive connection to ``base_url`` (see the module docstring); ``ssl_context`` is
-    called once, when the first ``https://`` connection is opened."""
+    called when an ``https://`` connection is opened."""
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float,
                  ssl_context: Callable[[], ssl.SSLContext]) -> None:
-        self._https, self.host, self._port, self.base_path = split_base(base_url)
-        self._headers = headers
+        https, self.host, port, self.base_path = split_base(base_url)
+        self._https = https
+        self._port = port if port is not None else (443 if https else 80)
+        host_header = self.host if port is None else f"{self.host}:{port}"
+        self._headers = {"host": host_header, **{name.lower(): value for name, value in headers.items()}}
+        self._head = _head_lines(self._headers)
         self._timeout_s = timeout_s
         self._ssl_context = ssl_context
-        self._connection: http.client.HTTPConnection | None = None
+        self._sock: socket.socket | None = None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -68,58 +116,97 @@ class KeepAliveConnection:
     def exchange(self, method: str, target: str, body: bytes | None = None,
                  headers: dict[str, str] | None = None) -> HttpAnswer:
         """The answer to ``method target`` (``target``: the path under the base URL, with its
-        query). Raises ``ConnectFailed``, ``TimeoutError``, another ``OSError`` or
-        ``http.client.HTTPException``; the connection is dropped after any of them."""
-        sent_headers = {**self._headers, **headers} if headers else self._headers
+        query). Raises ``ConnectFailed``, ``TimeoutError``, ``ConnectionLost``,
+        ``ProtocolError`` or another ``OSError``; the connection is dropped after any of them."""
+        request = self._request(method, f"{self.base_path}{target}", body, headers)
         with self._lock:
             try:
-                return self._exchange(method, f"{self.base_path}{target}", body, sent_headers)
+                return self._exchange(method, request)
             except BaseException:
                 self._drop()
                 raise
 
-    def _exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> HttpAnswer:
-        connection = self._connection
-        if connection is not None and connection.sock is not None and _closed_by_peer(connection.sock):
+    def _request(self, method: str, target: str, body: bytes | None, headers: dict[str, str] | None) -> bytes:
+        lines = self._head if not headers else _head_lines(
+            {**self._headers, **{name.lower(): value for name, value in headers.items()}})  # a call's own win
+        head = [f"{method} {target} HTTP/1.1\r\n", lines]
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            head.append(f"content-length: {0 if body is None else len(body)}\r\n")
+        head.append("\r\n")
+        data = "".join(head).encode("latin-1")
+        return data + body if body else data
+
+    def _exchange(self, method: str, request: bytes) -> HttpAnswer:
+        if self._sock is not None and _closed_by_peer(self._sock):
             self._drop()
-        reused = self._connection is not None and self._connection.sock is not None
+        reused = self._sock is not None
         try:
-            return self._send(method, target, body, headers)
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-            if not reused or method != "GET":
+            return self._send(method, request)
+        except ConnectionLost as exc:
+            if not reused or method != "GET" or not exc.nothing_received:
                 raise
             self._drop()  # the broker closed the idle connection as the read went out: a new one, once
-            return self._send(method, target, body, headers)
-
-    def _send(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> HttpAnswer:
-        connection = self._connect()
-        connection.request(method, target, body=body, headers=headers)
-        response = connection.getresponse()
-        data = response.read()
-        if response.will_close:
+            return self._send(method, request)
+        except (ConnectionResetError, BrokenPipeError):
+            if not reused or method != "GET":
+                raise
             self._drop()
-        return HttpAnswer(response.status, response.reason, response.getheaders(), data)
+            return self._send(method, request)
 
-    def _connect(self) -> http.client.HTTPConnection:
-        if self._connection is None:
-            if self._https:
-                self._connection = http.client.HTTPSConnection(self.host, self._port, timeout=self._timeout_s,
-                                                               context=self._ssl_context())
-            else:
-                self._connection = http.client.HTTPConnection(self.host, self._port, timeout=self._timeout_s)
-        if self._connection.sock is None:
+    def _send(self, method: str, request: bytes) -> HttpAnswer:
+        sock = self._connect()
+        sock.sendall(request)
+        answer = _Answer()
+        parser = answer.parser
+        received = False
+        while not answer.done:
+            data = sock.recv(RECEIVE_BYTES)
+            if not data:
+                raise ConnectionLost("the broker closed the connection before the whole answer",
+                                     nothing_received=not received)
+            received = True
             try:
-                self._connection.connect()
+                parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                raise ProtocolError(f"{self.host}:{self._port}: {exc}") from exc
+            if method == "HEAD" and answer.head_done:
+                self._drop()  # no body follows; the parser would wait for one
+                break
+        status = parser.get_status_code()
+        if not answer.keep_alive:
+            self._drop()
+        body = answer.chunks[0] if len(answer.chunks) == 1 else b"".join(answer.chunks)
+        return HttpAnswer(status, answer.headers, body)
+
+    def _connect(self) -> socket.socket:
+        if self._sock is None:
+            try:
+                sock = socket.create_connection((self.host, self._port), timeout=self._timeout_s)
             except TimeoutError:
                 raise
-            except OSError as exc:  # refused, unreachable, or a TLS handshake refused
+            except OSError as exc:
                 raise ConnectFailed(exc.errno, f"{self.host}:{self._port}: {exc}") from exc
-        return self._connection
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._https:
+                    sock = self._ssl_context().wrap_socket(sock, server_hostname=self.host)
+            except TimeoutError:
+                sock.close()
+                raise
+            except OSError as exc:  # a TLS handshake refused
+                sock.close()
+                raise ConnectFailed(exc.errno, f"{self.host}:{self._port}: {exc}") from exc
+            self._sock = sock
+        return self._sock
 
     def _drop(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _head_lines(headers: dict[str, str]) -> str:
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:

@@ -21,7 +21,6 @@ call has a timeout; a connection serves one call at a time; the blocking client 
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -167,7 +166,7 @@ class BlockingHttp:
             except TimeoutError as exc:
                 route.unreachable(exc, connect_failed=False, timed_out=True)
                 continue
-            except (OSError, http.client.HTTPException) as exc:  # the answer was lost
+            except OSError as exc:  # the answer was lost, cut short or unreadable
                 route.unreachable(exc, connect_failed=False, timed_out=False)
                 continue
             response = httpx.Response(answer.status, headers=answer.headers, content=answer.body,

@@ -17,19 +17,19 @@ each partition's owner and keep one connection per broker (at most ``OWNER_CONNE
 Reads, which change nothing, are tried again while a topic changes owners (its owner
 unreachable after a redirect, or 503), with backoff, for at most ``FAILOVER_TIMEOUT_S``.
 
-Transport: range reads go over one keep-alive connection of the standard library's
-``http.client``, which reads an answer's body (megabytes of Arrow) with one call into one buffer;
-httpx receives it in 64 KiB pieces through its HTTP/1.1 parser and costs about five times the CPU
-per row, CPU that an executor needs for Spark itself. Everything else uses httpx, created on first
-use. An ``https://`` broker is reached over TLS with the options ``tls.trust.certs.file.path``
-(the authorities that signed the broker's certificate) and, for mutual TLS,
-``tls.certificate.file.path`` and ``tls.private.key.file.path`` (``tls_of``; one context per
-``BrokerClient``, built on first use, so a plain-HTTP executor never builds one).
+Transport: range reads go over one keep-alive connection (``consumers/http_connection.py``),
+which receives an answer's body (megabytes of Arrow) in a few reads through ``httptools``' C
+parser; httpx receives it in 64 KiB pieces through its HTTP/1.1 parser written in Python and
+costs about five times the CPU per row, CPU that an executor needs for Spark itself. Everything
+else uses httpx, created on first use. An ``https://`` broker is reached over TLS with the
+options ``tls.trust.certs.file.path`` (the authorities that signed the broker's certificate)
+and, for mutual TLS, ``tls.certificate.file.path`` and ``tls.private.key.file.path``
+(``tls_of``; one context per ``BrokerClient``, built on first use, so a plain-HTTP executor
+never builds one).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import ssl
 import threading
@@ -177,7 +177,7 @@ class _RangeConnection:
         target = f"{path}?{urllib.parse.urlencode(params)}"
         try:
             return self._connection.exchange("GET", target, headers=headers)
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             raise BrokerHttpError(0, "unreachable", f"GET {self._connection.host}{target}: {exc}") from exc
 
 

@@ -6,7 +6,8 @@ write on it is received once and answered; a write whose answer is lost is never
 fails as unreachable; the server saw it once), while a read is sent again once on a new
 connection; a listed broker that refuses connections is passed over for the next; a 307 is
 followed with the same method and body; the idle connections kept are bounded and closed by
-``close()``, after which a call is refused.
+``close()``, after which a call is refused; chunked and large answers are read whole, an answer
+saying ``connection: close`` closes the connection, and an answer that is not HTTP fails the call.
 """
 
 from __future__ import annotations
@@ -199,6 +200,63 @@ def test_idle_connections_are_bounded_and_closed_by_close() -> None:
         idle = [c for connections in client._idle.values() for c in connections]
         assert len(idle) == IDLE_CONNECTIONS_MAX
         client.close()
-        assert all(c._connection is None for c in idle)
+        assert all(c._sock is None for c in idle)
         with pytest.raises(RuntimeError, match="closed"):
             client.request("GET", "/again")
+
+
+def test_answers_chunked_large_or_closing_are_read_whole_and_a_non_http_answer_is_an_error() -> None:
+    big = bytes(range(256)) * (5 * 4096 + 7)  # 5 MiB and more, over several reads
+
+    def varied(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        if request.path == "/chunked":
+            request.send_response(200)
+            request.send_header("transfer-encoding", "chunked")
+            request.end_headers()
+            for piece in (b'{"a": ', b'"chunked"', b"}"):
+                request.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            request.wfile.write(b"0\r\n\r\n")
+        elif request.path == "/big":
+            request.answer(body=big, headers={"x-size": str(len(big))})
+        elif request.path == "/closing":
+            request.answer(headers={"connection": "close"})
+            request.close_connection = True
+        else:
+            request.wfile.write(b"SPAM\r\n\r\n")
+            request.close_connection = True
+
+    with serving(varied) as server:
+        client = blocking(_url(server))
+        try:
+            assert client.request("GET", "/chunked").json() == {"a": "chunked"}
+            answer = client.request("GET", "/big")
+            assert answer.content == big and answer.headers["x-size"] == str(len(big))
+            assert server.connections == 1
+            client.request("GET", "/closing")
+            idle = [c for connections in client._idle.values() for c in connections]
+            assert [c._sock for c in idle] == [None]  # "connection: close" heeded, not found out later
+            client.request("GET", "/chunked")
+            assert server.connections == 2
+            with pytest.raises(HttpError) as garbled:
+                client.request("GET", "/garbled")
+            assert garbled.value.status == 0 and garbled.value.code == "unreachable"
+        finally:
+            client.close()
+
+
+def test_a_calls_own_header_replaces_the_clients_and_is_sent_once() -> None:
+    """An Arrow read's ``accept`` replaces the client's ``*/*`` (before: both went out, and the
+    broker answered the first, JSON, to a reader of Arrow)."""
+    def echo(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        request.answer(body=json.dumps(request.headers.get_all("accept")).encode())
+
+    with serving(echo) as server:
+        client = blocking(_url(server))
+        try:
+            assert client.request("GET", "/x").json() == ["*/*"]
+            assert client.request("GET", "/x", headers={"Accept": "application/vnd.apache.arrow.stream"}).json() == [
+                "application/vnd.apache.arrow.stream"]
+        finally:
+            client.close()
