@@ -62,11 +62,11 @@ from broker import BrokerService
 DOCS_ASSETS_PATH = "/docs/assets"
 """Where the API documentation pages' scripts, styles and icon are served (public, no data)."""
 SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
+"""No online validator badge: the page asks nothing of any host but this broker."""
 NO_OPENTELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 """FastAPI's own OpenTelemetry hooks off: the broker's telemetry is ``/metrics`` (Prometheus).
 Left on, FastAPI asks the OpenTelemetry providers (environment variables among them) whether
 to trace, on every request: 6% of a REST produce's event-loop CPU."""
-"""No online validator badge: the page asks nothing of any host but this broker."""
 
 def server_options(app: FastAPI) -> dict[str, Any]:
     """uvicorn settings for serving ``app``: the guarded HTTP protocol under the app's

@@ -202,8 +202,9 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)",
                  openapi_extra=_BODY_SCHEMA, responses=_RESPONSES)
     async def produce_to_topic(tenant: str, namespace: str, topic: str, request: Request) -> Response:
+        caller = caller_of(request)  # first: an unauthenticated caller learns nothing of the name's rules
         name = TopicName.of(tenant, namespace, topic)
-        authorizer.require(caller_of(request), Action.PRODUCE, name)
+        authorizer.require(caller, Action.PRODUCE, name)
         return await produce(name, await parse_request(request))
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
@@ -211,8 +212,9 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
                  responses=_RESPONSES)
     async def produce_to_partition(tenant: str, namespace: str, topic: str, partition: int,
                                    request: Request) -> Response:
+        caller = caller_of(request)
         name = TopicName.of(tenant, namespace, topic)
-        authorizer.require(caller_of(request), Action.PRODUCE, name)
+        authorizer.require(caller, Action.PRODUCE, name)
         target = service.admin.partition_of(name, partition)
         return await produce(target, await parse_request(request))
 

@@ -360,14 +360,14 @@ class DcbEvents:
                 if examined > DCB_READ_ROWS_MAX:
                     raise InvalidRequest(f"the condition's query has more than {DCB_READ_ROWS_MAX} candidate "
                                          "events after its position; name a rarer tag", field="condition")
+                if entries.read_bytes >= DCB_READ_ENTRY_BYTES_MAX:  # one more candidate to look at, no budget left
+                    raise InvalidRequest(f"the condition's candidate events after its position are in more than "
+                                         f"{DCB_READ_ENTRY_BYTES_MAX} bytes of entries; name a rarer tag",
+                                         field="condition")
                 if one_tag or any(
                         i.matches(derived_keys(entries.message(row).properties)) for i in indexed):
                     raise DcbConditionFailed(f"the event at position {row.offset + 1} of {topic.name} matches the "
                                              f"append's condition (after position {after})", position=row.offset + 1)
-                if entries.read_bytes > DCB_READ_ENTRY_BYTES_MAX:
-                    raise InvalidRequest(f"the condition's candidate events after its position are in more than "
-                                         f"{DCB_READ_ENTRY_BYTES_MAX} bytes of entries; name a rarer tag",
-                                         field="condition")
         return DcbCondition(items, after, segments)
 
 

@@ -3,20 +3,23 @@ range reads and the blocking client's HTTP calls (``consumers/client/_http_call.
 
 Role: a blocking caller does not need an event loop to make a call. A request goes out in one
 ``sendall``; the answer is parsed by ``httptools`` (the C parser uvicorn serves the broker's HTTP
-with) as it arrives, in reads of up to ``RECEIVE_BYTES``. Against httpx's asyncio client driven
-from a loop thread this costs a recorder's insert a fraction of the client CPU (1,297 µs with
-httpx; 409 with the standard library's ``http.client``, a third of which went to its header
-parsing by the ``email`` package), and a large answer (megabytes of Arrow) is received in a few
-reads, not 64 KiB pieces through a parser written in Python.
+with) as it arrives, in reads of up to ``RECEIVE_BYTES`` (over TLS, of one record each). Against
+httpx's asyncio client driven from a loop thread this costs a recorder's insert a fraction of the
+client CPU (1,297 µs with httpx; 409 with the standard library's ``http.client``, a third of
+which went to its header parsing by the ``email`` package), and a large answer (megabytes of
+Arrow) goes through a parser written in C, not httpx's in Python.
 
 Invariants: calls on one connection never overlap (a lock makes them wait for each other);
-every read and write has a timeout; a connection the broker closed while it was idle (its socket
+every connect, read and write has a timeout (the name lookup before a connect is the system's,
+as with ``http.client``); a connection the broker closed while it was idle (its socket
 readable before a request: the broker's FIN) is replaced before the request is sent; a call that
 still finds the reused connection closed before any byte of an answer is sent again on a new
 connection only when it changes nothing (a GET): a write is never repeated here, it fails (the
 broker may have done it). A failure to connect is ``ConnectFailed``, so a caller can tell "not
 received" apart; an answer cut short is ``ConnectionLost``; one that is not HTTP is
-``ProtocolError``. A connection is kept only while both sides say keep-alive.
+``ProtocolError`` (an interim 1xx answer and an upgrade among them: the client asks for
+neither). An answer with neither a length nor chunks ends when the broker closes the
+connection. A connection is kept only while both sides say keep-alive.
 """
 
 from __future__ import annotations
@@ -76,10 +79,16 @@ class _Answer:
         self.chunks: list[bytes] = []
         self.head_done = False
         self.keep_alive = False
+        self.delimited = False
+        """The answer says where its body ends (a length, or chunks); else the connection's close does."""
         self.done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        if not self.head_done:  # a chunked answer's trailers are not headers
+            lowered = name.lower()
+            if lowered in (b"content-length", b"transfer-encoding"):
+                self.delimited = True
+            self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -101,7 +110,7 @@ class KeepAliveConnection:
         https, self.host, port, self.base_path = split_base(base_url)
         self._https = https
         self._port = port if port is not None else (443 if https else 80)
-        host_header = self.host if port is None else f"{self.host}:{port}"
+        host_header = urllib.parse.urlsplit(base_url).netloc.rpartition("@")[2]  # [::1]:8080 keeps its brackets
         self._headers = {"host": host_header, **{name.lower(): value for name, value in headers.items()}}
         self._head = _head_lines(self._headers)
         self._timeout_s = timeout_s
@@ -128,7 +137,8 @@ class KeepAliveConnection:
 
     def _request(self, method: str, target: str, body: bytes | None, headers: dict[str, str] | None) -> bytes:
         lines = self._head if not headers else _head_lines(
-            {**self._headers, **{name.lower(): value for name, value in headers.items()}})  # a call's own win
+            {**self._headers, **{name.lower(): value for name, value in headers.items()
+                                 if name.lower() != "content-length"}})  # a call's own win; the length is ours
         head = [f"{method} {target} HTTP/1.1\r\n", lines]
         if body is not None or method in ("POST", "PUT", "PATCH"):
             head.append(f"content-length: {0 if body is None else len(body)}\r\n")
@@ -162,18 +172,24 @@ class KeepAliveConnection:
         while not answer.done:
             data = sock.recv(RECEIVE_BYTES)
             if not data:
+                if answer.head_done and not answer.delimited:  # a body that ends with the connection
+                    self._drop()
+                    break
                 raise ConnectionLost("the broker closed the connection before the whole answer",
                                      nothing_received=not received)
             received = True
             try:
                 parser.feed_data(data)
-            except httptools.HttpParserError as exc:
-                raise ProtocolError(f"{self.host}:{self._port}: {exc}") from exc
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+                raise ProtocolError(f"{self.host}:{self._port}: {exc!r}") from exc
+            if answer.head_done and parser.get_status_code() < 200:
+                raise ProtocolError(f"{self.host}:{self._port}: an interim answer "
+                                    f"{parser.get_status_code()} to a request that asked for none")
             if method == "HEAD" and answer.head_done:
                 self._drop()  # no body follows; the parser would wait for one
                 break
         status = parser.get_status_code()
-        if not answer.keep_alive:
+        if not answer.keep_alive or not (answer.delimited or status in (204, 304)):
             self._drop()
         body = answer.chunks[0] if len(answer.chunks) == 1 else b"".join(answer.chunks)
         return HttpAnswer(status, answer.headers, body)
@@ -212,8 +228,9 @@ def _head_lines(headers: dict[str, str]) -> str:
 def _closed_by_peer(sock: socket.socket) -> bool:
     """Whether an idle connection's socket is readable: the broker closed it (an idle HTTP/1.1
     connection has nothing else to read)."""
+    poller = select.poll()  # not select(): a process may hold descriptors past FD_SETSIZE
     try:
-        readable, _, _ = select.select([sock], [], [], 0)
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
-    return bool(readable)

@@ -20,7 +20,7 @@ Invariants: every HTTP call has a timeout (``HTTP_TIMEOUT_S``); an HTTP error an
 ``HttpError`` with the broker's ``code`` and ``message``; options are checked before any
 connection is opened; ``close()`` closes every producer, consumer and reader the client made;
 a request is sent again only when it was not received (connection refused) or was redirected
-or refused as not ready (307, 503), never after a timeout.
+or refused as not ready (307, 503), never after a write's timeout (``CallRoute``).
 """
 
 from __future__ import annotations

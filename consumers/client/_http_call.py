@@ -13,10 +13,12 @@ connection taken from its idle ones (``consumers/http_connection.py``), so a blo
 recorder of the ``eventsourcing`` library, the CLI) pays neither the hop to the loop thread nor
 httpx's asyncio stack.
 
-Invariants: a call is sent again only when it was not received (connection refused) or was
-redirected or refused as not ready (307, 503), never after a timeout or a lost answer; every
+Invariants: a write is sent again only when it was not received (connection refused) or was
+redirected or refused as not ready (307, 503), never after a timeout (``timeout``) or a lost
+answer (``unreachable``); a read (GET), which changes nothing, also after a timeout; every
 call has a timeout; a connection serves one call at a time; the blocking client keeps at most
-``IDLE_CONNECTIONS_MAX`` idle connections per broker, and ``close()`` closes them.
+``IDLE_CONNECTIONS_MAX`` idle connections per broker, and ``close()`` closes them. Unlike
+httpx, the blocking client goes to the brokers directly (no ``HTTP_PROXY``).
 """
 
 from __future__ import annotations
@@ -93,7 +95,10 @@ class CallRoute:
 
     def unreachable(self, exc: BaseException, *, connect_failed: bool, timed_out: bool) -> None:
         """The attempt at ``url`` got no answer: on to the next listed broker when it was not
-        received (or, for a GET, timed out) at a listed broker; else ``HttpError`` (status 0)."""
+        received (or, for a GET, timed out) at a listed broker; else ``HttpError`` (status 0):
+        ``owner_unreachable`` (made again after a wait) when it was not received, or was a GET,
+        after a redirect; ``timeout`` for a write that got no answer in time (it may have been
+        done: never made again here); ``unreachable`` for an answer lost or unreadable."""
         if self._hop == 0 and (connect_failed or (timed_out and self.method == "GET")):
             self._failure = exc
             if self._next_base < len(self._service_urls):
@@ -101,7 +106,10 @@ class CallRoute:
                 self._next_base += 1
                 return
             raise HttpError(0, "unreachable", f"{self.method} {','.join(self._service_urls)}{self._path}: {exc}")
-        code = "owner_unreachable" if connect_failed or timed_out else "unreachable"
+        if connect_failed or (timed_out and self.method == "GET"):
+            code = "owner_unreachable"
+        else:
+            code = "timeout" if timed_out else "unreachable"
         raise HttpError(0, code, f"{self.method} {self.url}: {exc}") from exc
 
     def answered(self, response: httpx.Response) -> bool:
@@ -149,8 +157,8 @@ class BlockingHttp:
 
     def _request_once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
                       headers: dict[str, str] | None) -> httpx.Response:
-        body = None if json_body is None else json.dumps(json_body).encode()
-        sent = {**(headers or {})}
+        body = None if json_body is None else json.dumps(json_body, allow_nan=False).encode()
+        sent = {name.lower(): value for name, value in (headers or {}).items()}
         if body is not None:
             sent.setdefault("content-type", "application/json")
         route = CallRoute(method, path, params, self._service_urls)
@@ -160,6 +168,8 @@ class BlockingHttp:
             target = url.raw_path.decode("ascii")
             try:
                 answer = self._exchange(base, method, target, body, sent)
+            except ValueError as exc:  # a redirect to a location that is not http(s)://host:port
+                raise HttpError(0, "unreachable", f"{method} {route.url}: {exc}") from exc
             except ConnectFailed as exc:
                 route.unreachable(exc, connect_failed=True, timed_out=False)
                 continue
@@ -169,8 +179,9 @@ class BlockingHttp:
             except OSError as exc:  # the answer was lost, cut short or unreadable
                 route.unreachable(exc, connect_failed=False, timed_out=False)
                 continue
-            response = httpx.Response(answer.status, headers=answer.headers, content=answer.body,
-                                      request=httpx.Request(method, url))
+            response = httpx.Response(answer.status, content=answer.body, request=httpx.Request(method, url),
+                                      headers=[(name.encode("latin-1"), value.encode("latin-1"))
+                                               for name, value in answer.headers])
             if route.answered(response):
                 return response
 

@@ -270,8 +270,10 @@ def test_a_read_and_a_condition_are_bounded_in_bytes_of_entries_read_not_only_in
         with pytest.raises(InvalidRequest, match="bytes of entries"):
             dcb.append(TOPIC, [DcbEvent("Seen", b"n")], both, 0, "p")
         assert dcb.read(TOPIC, [], 0, 1000, 1 << 20).head == 150  # nothing written
+        dcb.append(TOPIC, [DcbEvent("Seen", b"m")], both, 100, "p")  # one candidate left: looked at whole, not refused
+        assert dcb.read(TOPIC, [], 0, 1000, 1 << 20).head == 151
         monkeypatch.setattr(dcb_module, "DCB_READ_ENTRY_BYTES_MAX", 1 << 20)
         dcb.append(TOPIC, [DcbEvent("Seen", b"n")], both, 0, "p")
-        assert dcb.read(TOPIC, [], 0, 1000, 1 << 20).head == 151
+        assert dcb.read(TOPIC, [], 0, 1000, 1 << 20).head == 152
     finally:
         service.close()

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -260,3 +262,111 @@ def test_a_calls_own_header_replaces_the_clients_and_is_sent_once() -> None:
                 "application/vnd.apache.arrow.stream"]
         finally:
             client.close()
+
+
+def test_a_write_that_times_out_is_not_made_again() -> None:
+    """No answer within the timeout: the write may have been done, so it is ``timeout`` and made
+    once (before: ``owner_unreachable``, made again with backoff until the failover timeout)."""
+    release = threading.Event()
+
+    def slow(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        release.wait(30)
+        request.answer()
+
+    with serving(slow) as server:
+        client = BlockingHttp([_url(server)], None, 0.5, 30.0, lambda: pytest.fail("no TLS here"))
+        try:
+            with pytest.raises(HttpError) as timed_out:
+                client.request("POST", "/write", json_body={"a": 1})
+        finally:
+            release.set()
+            client.close()
+        assert timed_out.value.status == 0 and timed_out.value.code == "timeout"
+        assert [path for _, path, _ in server.calls] == ["/write"]
+
+
+def test_odd_answers_are_read_as_http_says() -> None:
+    """A body ending with the connection (no length, no chunks) is the answer, not a lost one; a
+    header byte outside ASCII does not fail the call; an interim 100 the client never asked for is
+    refused as not HTTP it can read."""
+    def odd(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        if request.path == "/until-close":
+            request.send_response(200)
+            request.end_headers()
+            request.wfile.write(b'{"to": "the end"}')
+            request.close_connection = True
+        elif request.path == "/latin":
+            request.send_response(200)
+            request.send_header("x-name", "café")  # sent as latin-1: one byte past ASCII
+            request.send_header("content-length", "2")
+            request.end_headers()
+            request.wfile.write(b"{}")
+        else:
+            request.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.answer()
+
+    with serving(odd) as server:
+        client = blocking(_url(server))
+        try:
+            assert client.request("GET", "/until-close").json() == {"to": "the end"}
+            latin = client.request("GET", "/latin")
+            assert latin.json() == {} and latin.headers["x-name"] == "café"
+            with pytest.raises(HttpError) as interim:
+                client.request("GET", "/interim")
+            assert interim.value.code == "unreachable" and "interim" in interim.value.message
+        finally:
+            client.close()
+
+
+def test_headers_name_an_ipv6_broker_with_brackets_and_a_callers_headers_merge_without_case() -> None:
+    def echo(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        assert isinstance(request, _Handler)
+        request.answer(body=json.dumps({"host": request.headers.get_all("host"),
+                                        "type": request.headers.get_all("content-type"),
+                                        "length": request.headers.get_all("content-length")}).encode())
+
+    class _Server6(_Server):
+        address_family = socket.AF_INET6
+
+        def __init__(self, handle: Handler) -> None:
+            self.handle_call = handle
+            self.calls = []
+            self.connections = 0
+            self.closed = threading.Event()
+            http.server.ThreadingHTTPServer.__init__(self, ("::1", 0), _Handler)
+
+    server = _Server6(echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        client = blocking(f"http://[::1]:{port}")
+        try:
+            answer = client.request("POST", "/x", json_body={"a": 1},
+                                    headers={"Content-Type": "application/merge-patch+json", "Content-Length": "99"})
+        finally:
+            client.close()
+        assert answer.json() == {"host": [f"[::1]:{port}"], "type": ["application/merge-patch+json"],
+                                 "length": ["8"]}
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_keep_alive_holds_in_a_process_with_descriptors_past_fd_setsize() -> None:
+    """The idle check works for a socket numbered past 1024 (before: ``select`` refused it, the
+    connection was taken for closed, and every call opened a new one)."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with serving(lambda request, _body: request.answer()) as server:  # type: ignore[attr-defined]
+            client = blocking(_url(server))
+            try:
+                for _ in range(3):
+                    client.request("GET", "/x")
+            finally:
+                client.close()
+            assert server.connections == 1
+    finally:
+        for fd in held:
+            os.close(fd)
