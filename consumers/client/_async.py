@@ -19,8 +19,9 @@ does a first connection fail at once.
 Invariants: every HTTP call has a timeout (``HTTP_TIMEOUT_S``); an HTTP error answer becomes
 ``HttpError`` with the broker's ``code`` and ``message``; options are checked before any
 connection is opened; ``close()`` closes every producer, consumer and reader the client made;
-a request is sent again only when it was not received (connection refused) or was redirected
-or refused as not ready (307, 503), never after a write's timeout (``CallRoute``).
+a request is sent again when it was not received (connection refused), was redirected or
+refused as not ready (307, 503), or timed out (``CallRoute``: writes that must not repeat carry
+a producer name and sequence id).
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ connection taken from its idle ones (``consumers/http_connection.py``), so a blo
 recorder of the ``eventsourcing`` library, the CLI) pays neither the hop to the loop thread nor
 httpx's asyncio stack.
 
-Invariants: a write is sent again only when it was not received (connection refused) or was
-redirected or refused as not ready (307, 503), never after a timeout (``timeout``) or a lost
-answer (``unreachable``); a read (GET), which changes nothing, also after a timeout; every
-call has a timeout; a connection serves one call at a time; the blocking client keeps at most
+Invariants: a call is sent again when it was not received (connection refused), was redirected
+or refused as not ready (307, 503), or got no answer in time: a write may then be done twice,
+so a write that must not be (an ``eventsourcing`` recorder's insert, a DCB append) carries a
+producer name and sequence id, and the broker answers the resend with the first attempt's
+results; never when its answer was lost otherwise (``unreachable``). Every call has a timeout;
+a connection serves one call at a time; the blocking client keeps at most
 ``IDLE_CONNECTIONS_MAX`` idle connections per broker, and ``close()`` closes them. Unlike
 httpx, the blocking client goes to the brokers directly (no ``HTTP_PROXY``).
 """
@@ -96,9 +98,8 @@ class CallRoute:
     def unreachable(self, exc: BaseException, *, connect_failed: bool, timed_out: bool) -> None:
         """The attempt at ``url`` got no answer: on to the next listed broker when it was not
         received (or, for a GET, timed out) at a listed broker; else ``HttpError`` (status 0):
-        ``owner_unreachable`` (made again after a wait) when it was not received, or was a GET,
-        after a redirect; ``timeout`` for a write that got no answer in time (it may have been
-        done: never made again here); ``unreachable`` for an answer lost or unreadable."""
+        ``owner_unreachable`` (made again after a wait) when it was not received or timed out,
+        ``unreachable`` (never made again) when its answer was lost or unreadable."""
         if self._hop == 0 and (connect_failed or (timed_out and self.method == "GET")):
             self._failure = exc
             if self._next_base < len(self._service_urls):
@@ -106,10 +107,7 @@ class CallRoute:
                 self._next_base += 1
                 return
             raise HttpError(0, "unreachable", f"{self.method} {','.join(self._service_urls)}{self._path}: {exc}")
-        if connect_failed or (timed_out and self.method == "GET"):
-            code = "owner_unreachable"
-        else:
-            code = "timeout" if timed_out else "unreachable"
+        code = "owner_unreachable" if connect_failed or timed_out else "unreachable"
         raise HttpError(0, code, f"{self.method} {self.url}: {exc}") from exc
 
     def answered(self, response: httpx.Response) -> bool:
