@@ -62,12 +62,13 @@ class HttpAnswer:
     body: bytes
 
 
-def split_base(base_url: str) -> tuple[bool, str, int | None, str]:
-    """``(https, host, port, path)`` of an ``http://`` or ``https://`` base URL."""
+def split_base(base_url: str) -> tuple[bool, str, int | None, str, str]:
+    """``(https, host, port, path, host header)`` of an ``http://`` or ``https://`` base URL
+    (the header keeps an IPv6 literal's brackets: ``[::1]:8080``)."""
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{base_url!r} must be http://host:port or https://host:port")
-    return parts.scheme == "https", parts.hostname, parts.port, parts.path.rstrip("/")
+    return parts.scheme == "https", parts.hostname, parts.port, parts.path.rstrip("/"), parts.netloc.rpartition("@")[2]
 
 
 class _Answer:
@@ -107,10 +108,9 @@ class KeepAliveConnection:
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float,
                  ssl_context: Callable[[], ssl.SSLContext]) -> None:
-        https, self.host, port, self.base_path = split_base(base_url)
+        https, self.host, port, self.base_path, host_header = split_base(base_url)
         self._https = https
         self._port = port if port is not None else (443 if https else 80)
-        host_header = urllib.parse.urlsplit(base_url).netloc.rpartition("@")[2]  # [::1]:8080 keeps its brackets
         self._headers = {"host": host_header, **{name.lower(): value for name, value in headers.items()}}
         self._head = _head_lines(self._headers)
         self._timeout_s = timeout_s
@@ -152,15 +152,11 @@ class KeepAliveConnection:
         reused = self._sock is not None
         try:
             return self._send(method, request)
-        except ConnectionLost as exc:
-            if not reused or method != "GET" or not exc.nothing_received:
+        except (ConnectionResetError, BrokenPipeError) as exc:  # ConnectionLost among them
+            answered = isinstance(exc, ConnectionLost) and not exc.nothing_received
+            if not reused or method != "GET" or answered:
                 raise
             self._drop()  # the broker closed the idle connection as the read went out: a new one, once
-            return self._send(method, request)
-        except (ConnectionResetError, BrokenPipeError):
-            if not reused or method != "GET":
-                raise
-            self._drop()
             return self._send(method, request)
 
     def _send(self, method: str, request: bytes) -> HttpAnswer:

@@ -93,7 +93,6 @@ class CallRoute:
         self.url: str = f"{service_urls[0]}{path}"
         self.params = params
         self._hop = 0
-        self._failure: BaseException | None = None
 
     def unreachable(self, exc: BaseException, *, connect_failed: bool, timed_out: bool) -> None:
         """The attempt at ``url`` got no answer: on to the next listed broker when it was not
@@ -101,7 +100,6 @@ class CallRoute:
         ``owner_unreachable`` (made again after a wait) when it was not received or timed out,
         ``unreachable`` (never made again) when its answer was lost or unreadable."""
         if self._hop == 0 and (connect_failed or (timed_out and self.method == "GET")):
-            self._failure = exc
             if self._next_base < len(self._service_urls):
                 self.url, self.params = f"{self._service_urls[self._next_base]}{self._path}", self._params
                 self._next_base += 1
