@@ -32,7 +32,8 @@ Invariants:
   ``error:<n>``).
 - Closing: a close the server starts (a session's end, a revocation, shutdown) leaves after every
   frame sent before it and waits ``WS_CLOSE_TIMEOUT_S`` for the peer's; a close the peer starts is
-  echoed and the connection closed; a connection the wire failed (1002, 1007, 1009) is
+  echoed and the connection closed, after the session took the text frames read before it (acks
+  sent just before a close count); a connection the wire failed (1002, 1007, 1009) is
   half-closed and read until the peer closes (or the timeout passes), so the close frame is not
   overtaken by a reset. A session ends (``Session.end``) once, when its connection starts
   closing or is lost, whichever is first; its role slot and registry entry go with it.
@@ -203,14 +204,14 @@ class WebSocketConnection(asyncio.Protocol):
             return
         wire = self._wire
         texts = wire.receive(data)
+        if texts and self._state == _OPEN:  # before the control frames: a close read with them comes after them
+            self._deliver(texts)
         if wire.has_output:
             self._send_control(wire.output())
         if wire.pongs:
             if self._ping in wire.pongs:
                 self._ping = None
             wire.pongs.clear()
-        if texts and self._state == _OPEN:
-            self._deliver(texts)
 
     def eof_received(self) -> bool | None:
         return None  # the peer is done: the transport closes, and the session ends

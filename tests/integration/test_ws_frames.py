@@ -7,6 +7,7 @@ checks against a real server:
 - every text frame is answered, in order, whatever the cuts; a ping among them gets its pong;
   a binary frame and a fragmented message are read as the websockets parser reads them;
 - text that is not UTF-8 closes the connection with 1007, as the websockets parser does;
+- ack frames read together with the client's close frame are applied before the session ends;
 - a frame the broker does not read itself (reserved bits set) goes to the websockets parser,
   which closes with 1002 after the frames before it were taken.
 """
@@ -20,6 +21,7 @@ import socket
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -193,3 +195,31 @@ def test_a_frame_the_fast_reader_does_not_take_goes_to_the_websockets_parser(
         client.close()
     assert stored(service, "reserved-bits")[:len(contexts)] == [f"m{i}".encode() for i in range(len(contexts))]
     assert b"m3" not in stored(service, "reserved-bits")
+
+
+def test_acks_in_the_same_read_as_the_close_frame_are_applied(server: tuple[str, BrokerService]) -> None:
+    """A client that acknowledges its last messages and closes at once often puts the ack frames
+    and its close frame in one TCP segment: the acks precede the close, so they count (the CLI's
+    ``consume -n`` does exactly this before it exits)."""
+    url, _ = server
+    topic = "acks-then-close"
+    producer = RawClient(url, f"/ws/v2/producer/{NS}/{topic}")
+    consumer = RawClient(url, f"/ws/v2/consumer/{NS}/{topic}/sub")
+    try:
+        producer.sock.sendall(producer.frame_bytes([Frame(Opcode.TEXT, producer_frame(i)) for i in range(3)]))
+        ids: list[str] = []
+        while len(ids) < 3:
+            event = consumer.event()
+            assert isinstance(event, Frame) and event.opcode is Opcode.TEXT, event
+            ids.append(json.loads(bytes(event.data))["messageId"])
+        acks = consumer.frame_bytes([Frame(Opcode.TEXT, json.dumps({"messageId": message_id}).encode())
+                                     for message_id in ids])
+        consumer.conn.send_close(1000, "done")
+        consumer.sock.sendall(acks + b"".join(consumer.conn.data_to_send()))  # one segment: acks, then close
+        event = consumer.event()  # the server's close answers ours, after it read the acks before it
+        assert isinstance(event, Frame) and event.opcode is Opcode.CLOSE, event
+    finally:
+        producer.close()
+        consumer.close()
+    stats = httpx.get(f"{url}/admin/v2/{NS}/{topic}/stats", timeout=DEADLINE_S).json()
+    assert stats["subscriptions"]["sub"]["msgBacklog"] == 0
