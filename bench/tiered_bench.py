@@ -22,9 +22,14 @@ whose ``managedLedgerOffloadDriver`` is ``aws-s3`` at that endpoint, its ledgers
    this machine's cores with the broker; a real store does not). The target: >= 0.9x alone.
    Rounds, not one window each: two windows alone a minute apart differ by up to 20% here (the
    disk's write-back), more than the effect measured.
-4. The same with the broker restarted with Pulsar's offload throttle,
-   ``managedLedgerOffloadFlowPermitsPerSecond`` = ``--flow-permits-mb`` MB/s, offloading
-   ``--rounds`` topics of ``--throttled-mb`` MB published in step 1.
+   Steps 1 to 3 run the broker's defaults: an offload reads at full speed while nothing is
+   published (step 1's offload) and yields to publishing while something is, reading at most
+   ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing`` (16 MB/s) then; these rounds
+   offload topics of ``--yielding-mb`` MB.
+4. The same with the broker restarted without yielding
+   (``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing=-1``, Pulsar's behaviour: every
+   offload at full speed), offloading ``--rounds`` topics of ``--size-mb`` published in step 1.
+``--while-publishing-mb`` sets the yielding rate of steps 1 to 3 instead of the default.
 
 ``--store-nice 19`` runs the S3 server at that nice value, so it takes only the CPU the broker
 leaves (closer to a store on other machines). Every read checks each message's size and counts
@@ -50,6 +55,8 @@ import httpx
 import pulsar
 from common import DEFAULT_WORK_ROOT, Row, machine_summary, render_table, report, scratch_dir
 from e2e_support import START_TIMEOUT_S, ServerProcess, free_port, started
+
+from broker.offload.settings import OffloadSettings
 
 HEADING = "## Tiered storage: reading offloaded ledgers, and publishing while an offload runs"
 BUCKET = "magnetar-bench-offload"
@@ -105,10 +112,13 @@ def running_s3(work_dir: Path, nice: int = 0) -> Iterator[tuple[str, ServerProce
         server.stop()
 
 
-def write_config(work_dir: Path, endpoint: str, ledger_entries: int, flow_permits_per_s: int = -1) -> Path:
+def write_config(work_dir: Path, endpoint: str, ledger_entries: int, while_publishing_per_s: int | None = None) -> Path:
+    """The broker's offload configuration; ``while_publishing_per_s`` None keeps the default."""
     path = work_dir / "standalone.conf"
+    yielding = ([] if while_publishing_per_s is None
+                else [f"managedLedgerOffloadFlowPermitsPerSecondWhilePublishing={while_publishing_per_s}"])
     path.write_text("\n".join([
-        f"managedLedgerOffloadFlowPermitsPerSecond={flow_permits_per_s}",
+        *yielding,
         "managedLedgerOffloadDriver=aws-s3",
         f"s3ManagedLedgerOffloadBucket={BUCKET}",
         "s3ManagedLedgerOffloadRegion=us-east-1",
@@ -355,17 +365,18 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
     payload = os.urandom(args.message_kb * 1024)
     count = args.size_mb * 1024 // args.message_kb
     with running_s3(work_dir, args.store_nice) as (endpoint, store):
-        broker = Broker(work_dir, write_config(work_dir, endpoint, args.ledger_entries))
+        yielding_per_s = None if args.while_publishing_mb is None else args.while_publishing_mb * 1_000_000
+        broker = Broker(work_dir, write_config(work_dir, endpoint, args.ledger_entries, yielding_per_s))
         broker.start()
         try:
             for topic in (LOCAL_TOPIC, OFFLOADED_TOPIC):
                 publish(broker.service_url, topic, count, payload)
-            unthrottled_topics = [f"tiered-round-{i}" for i in range(args.rounds)]
-            throttled_topics = [f"tiered-throttled-{i}" for i in range(args.rounds)]
-            for topic in unthrottled_topics:
+            yielding_topics = [f"tiered-yielding-{i}" for i in range(args.rounds)]
+            full_speed_topics = [f"tiered-full-speed-{i}" for i in range(args.rounds)]
+            for topic in yielding_topics:
+                publish(broker.service_url, topic, args.yielding_mb * 1024 // args.message_kb, payload)
+            for topic in full_speed_topics:
                 publish(broker.service_url, topic, count, payload)
-            for topic in throttled_topics:
-                publish(broker.service_url, topic, args.throttled_mb * 1024 // args.message_kb, payload)
             offload_s = offload_everything(broker, OFFLOADED_TOPIC)
             print(f"offloaded {args.size_mb} MB in {offload_s:.1f} s")
             broker.stop()
@@ -375,21 +386,23 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
                 result = read_all(broker, store, topic, count, len(payload))
                 print(f"read {topic}: {result.mb_per_s:.1f} MB/s, broker CPU {result.cpu_ms_per_mb:.1f} ms/MB")
                 reads[topic].append(result)
-            unthrottled = publish_during_offloads(broker, store, unthrottled_topics, args.publish_s, payload)
-            print(f"publish during an offload: {unthrottled.ratio:.2f}x")
+            yielding = publish_during_offloads(broker, store, yielding_topics, args.publish_s, payload)
+            print(f"publish during an offload (defaults: it yields to publishing): {yielding.ratio:.2f}x")
             broker.stop()
-            write_config(work_dir, endpoint, args.ledger_entries, args.flow_permits_mb * 1_000_000)
+            write_config(work_dir, endpoint, args.ledger_entries, -1)
             broker.start()
-            throttled = publish_during_offloads(broker, store, throttled_topics, args.publish_s, payload)
-            print(f"publish during a throttled offload: {throttled.ratio:.2f}x")
+            full_speed = publish_during_offloads(broker, store, full_speed_topics, args.publish_s, payload)
+            print(f"publish during an offload that does not yield: {full_speed.ratio:.2f}x")
         finally:
             broker.stop()
-    return rows(reads, unthrottled, throttled, offload_s, args)
+    return rows(reads, yielding, full_speed, offload_s, args)
 
 
-def rows(reads: dict[str, list[ReadResult]], unthrottled: PublishDuringOffloads, throttled: PublishDuringOffloads,
+def rows(reads: dict[str, list[ReadResult]], yielding: PublishDuringOffloads, full_speed: PublishDuringOffloads,
          offload_s: float, args: argparse.Namespace) -> list[Row]:
     local = max(reads[LOCAL_TOPIC], key=lambda r: r.mb_per_s)
+    yielding_mb = (OffloadSettings.flow_permits_per_second_while_publishing // 1_000_000
+                   if args.while_publishing_mb is None else args.while_publishing_mb)
     offloaded = max(reads[OFFLOADED_TOPIC], key=lambda r: r.mb_per_s)
     each = "; ".join(f"{r.topic.removeprefix('tiered-')} {r.mb_per_s:.1f}" for pair in zip(
         reads[LOCAL_TOPIC], reads[OFFLOADED_TOPIC], strict=True) for r in pair)
@@ -399,15 +412,16 @@ def rows(reads: dict[str, list[ReadResult]], unthrottled: PublishDuringOffloads,
             f"best of 2 reads each (MB/s: {each}); broker CPU {offloaded.cpu_ms_per_mb:.1f} vs "
             f"{local.cpu_ms_per_mb:.1f} ms/MB, S3 server CPU {offloaded.store_cpu_ms_per_mb:.1f} ms/MB; "
             "target >= 0.5x"),
-        _publish_row("publish while an offload runs vs alone", unthrottled, args),
-        _publish_row(f"publish while an offload throttled to {args.flow_permits_mb} MB/s runs vs alone", throttled,
-                     args),
-        Row("offload of the read topic", f"{args.size_mb / offload_s:,.1f} MB/s", "",
-            f"{args.size_mb} MB in {offload_s:.1f} s, up to SUCCESS"),
+        _publish_row("publish while an offload runs vs alone (defaults: the offload yields to publishing at "
+                     f"{yielding_mb} MB/s)", yielding, args),
+        _publish_row("publish while an offload that does not yield runs vs alone (WhilePublishing=-1, as Pulsar)",
+                     full_speed, args, target=False),
+        Row("offload of the read topic, nothing published meanwhile (defaults)",
+            f"{args.size_mb / offload_s:,.1f} MB/s", "", f"{args.size_mb} MB in {offload_s:.1f} s, up to SUCCESS"),
     ]
 
 
-def _publish_row(measure: str, result: PublishDuringOffloads, args: argparse.Namespace) -> Row:
+def _publish_row(measure: str, result: PublishDuringOffloads, args: argparse.Namespace, *, target: bool = True) -> Row:
     alone, during = result.alone, result.during
     rounds = ", ".join(f"{r:.2f}" for r in result.round_ratios())
     ended = sum(not r.still_running for r in result.rounds)
@@ -421,7 +435,7 @@ def _publish_row(measure: str, result: PublishDuringOffloads, args: argparse.Nam
                f"{running}; "
                f"mean CPU (cores) broker {_mean_cores(alone, 'broker_cores'):.2f} alone / "
                f"{_mean_cores(during, 'broker_cores'):.2f} during, S3 server {_mean_cores(during, 'store_cores'):.2f} "
-               "during; target >= 0.9x")
+               "during" + ("; target >= 0.9x" if target else "; for reference"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,16 +450,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds of publishing alone then during an offload, for each of the two offloads")
     parser.add_argument("--store-nice", type=int, default=0,
                         help="run the S3 server at this nice value (19: it takes only the CPU the broker leaves)")
-    parser.add_argument("--throttled-mb", type=int, default=256,
-                        help="MB of each topic offloaded throttled (at 16 MB/s, 16 s: longer than a window)")
-    parser.add_argument("--flow-permits-mb", type=int, default=16,
-                        help="managedLedgerOffloadFlowPermitsPerSecond of the throttled run, in MB/s")
+    parser.add_argument("--yielding-mb", type=int, default=256,
+                        help="MB of each topic offloaded while yielding (at 16 MB/s, 16 s: longer than a window)")
+    parser.add_argument("--while-publishing-mb", type=int, default=None,
+                        help="managedLedgerOffloadFlowPermitsPerSecondWhilePublishing of steps 1-3, in MB/s "
+                             "(default: the broker's)")
     parser.add_argument("--quick", action="store_true", help="64 MB and 5 s (a smoke run)")
     parser.add_argument("--work-root", type=Path, default=DEFAULT_WORK_ROOT)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.quick:
-        args.size_mb, args.publish_s, args.ledger_entries, args.throttled_mb, args.rounds = 64, 3.0, 200, 64, 2
+        args.size_mb, args.publish_s, args.ledger_entries, args.yielding_mb, args.rounds = 64, 3.0, 200, 64, 2
     with scratch_dir(args.work_root, "tiered-bench-") as work_dir:
         table = render_table(run(args, work_dir))
         machine = machine_summary(work_dir)

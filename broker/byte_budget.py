@@ -18,13 +18,16 @@ from the moment ``used_bytes`` reaches ``bytes_max`` until it has fallen below t
 step that reaches it (a read is never split, and an entry larger than the budget still goes out
 alone). Each wake-up runs once, outside the lock, on the thread whose release made room; a
 failing wake-up is logged and the others still run. ``bytes_max`` 0 turns the bound off (the
-count is still kept, for statistics).
+count is still kept, for statistics). ``added_within`` says whether a holder added bytes in the
+last so many seconds: for the publish buffer, whether this broker is taking publishes (what an
+offload yields to, ``broker/offload/blob_offloader.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +48,8 @@ class ByteBudgetStats:
 
 
 class ByteBudget:
-    def __init__(self, bytes_max: int, *, resume_fraction: float = 1.0) -> None:
+    def __init__(self, bytes_max: int, *, resume_fraction: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if bytes_max < 0 or not 0.0 < resume_fraction <= 1.0:
             raise ValueError("a byte budget needs bytes_max >= 0 and a resume fraction in (0, 1]")
         self.bytes_max = bytes_max
@@ -56,6 +60,13 @@ class ByteBudget:
         self._waits = 0
         self._refusing = False
         self._waiters: list[Callable[[], None]] = []
+        self._clock = clock
+        self._added_at_s: float | None = None
+
+    def added_within(self, seconds: float) -> bool:
+        """Whether a holder added bytes in the last ``seconds``."""
+        added_at_s = self._added_at_s
+        return added_at_s is not None and self._clock() - added_at_s < seconds
 
     def admits(self) -> bool:
         """Whether a holder may take more now."""
@@ -78,6 +89,8 @@ class ByteBudget:
             return
         waiters: list[Callable[[], None]] = []
         with self._lock:
+            if delta > 0:
+                self._added_at_s = self._clock()
             self.used_bytes += delta
             self._peak = max(self._peak, self.used_bytes)
             if delta < 0 and self._waiters and (self.bytes_max <= 0 or not self._refuses_locked()):

@@ -294,6 +294,12 @@ its own bytes, not a Python object per entry."""
 OFFLOAD_SOURCE_RUN_ENTRIES_MAX = 256
 """Entries of one range read of a ledger being offloaded (fewer when the read buffer holds fewer
 at the ledger's average entry size)."""
+OFFLOAD_PUBLISHING_WINDOW_S = 1.0
+"""An offload counts this broker as taking publishes while a publish was appended within this
+many seconds (it then reads at ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing``)."""
+OFFLOAD_PACING_SLICE_S = 0.1
+"""The longest single sleep of an offload waiting for its flow permits: one that waited for
+publishing goes back to full speed within this once publishing stops."""
 OFFLOAD_INDEX_OBJECT_BYTES_MAX = 64 * MiB
 """An index object opened for reading; a larger one is refused as corrupt (a 1 TiB ledger in
 64 MiB blocks indexes in under 0.5 MiB)."""

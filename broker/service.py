@@ -37,6 +37,7 @@ from broker.dispatch_scheduling import DispatchScheduler, Executor
 from broker.entry_cache import EntryCache, EntryCacheStats
 from broker.errors import MagnetarError
 from broker.key_index import KeyIndex, KeyIndexStats
+from broker.limits import OFFLOAD_PUBLISHING_WINDOW_S
 from broker.maintenance import Maintenance
 from broker.managed_ledger_factory import ManagedLedgerFactory
 from broker.metadata.rocksdb import RocksDBMetadataStore
@@ -175,7 +176,7 @@ class BrokerService:
         config, clock = self.config, self.clock
         cache = EntryCache(config.entry_cache_bytes_max, entry_age_ms_max=config.entry_cache_age_ms_max)
         factory = ManagedLedgerFactory(store, ledgers, cache, clock, publish_buffer=self.publish_buffer,
-                                       offloader=_offloader(config))
+                                       offloader=_offloader(config, self.publish_buffer))
         key_index = KeyIndex(ledgers, store)
         resources = TopicResources(store)
         namespaces = NamespaceService(store, resources, cluster=self.cluster, listeners=self._policy_listeners,
@@ -369,9 +370,11 @@ def check_offload_settings(settings: Mapping[str, str]) -> None:
         OffloadSettings.from_config(settings)
 
 
-def _offloader(config: BrokerConfig) -> LedgerOffloader | None:
+def _offloader(config: BrokerConfig, publish_buffer: ByteBudget) -> LedgerOffloader | None:
     """The configured object store (``managedLedgerOffloadDriver``; None when none is), built by
-    ``broker/offload/``'s ``create_offloader`` from the driver's keys as given."""
+    ``broker/offload/``'s ``create_offloader`` from the driver's keys as given; its offloads yield
+    to publishing while the publish buffer took bytes within ``OFFLOAD_PUBLISHING_WINDOW_S``."""
     if not config.offload_driver:
         return None
-    return create_offloader(OffloadSettings.from_config(config.offload_settings))
+    return create_offloader(OffloadSettings.from_config(config.offload_settings),
+                            publishing=lambda: publish_buffer.added_within(OFFLOAD_PUBLISHING_WINDOW_S))

@@ -46,6 +46,7 @@ from broker.errors import InvalidRequest, MagnetarError, NoSuchEntry, OffloadErr
 from broker.limits import (
     OFFLOAD_BLOCK_CACHE_BYTES_MAX,
     OFFLOAD_INDEX_OBJECT_BYTES_MAX,
+    OFFLOAD_PACING_SLICE_S,
     OFFLOAD_SOURCE_RUN_ENTRIES_MAX,
     OFFLOAD_STORE_HANDLES_MAX,
     OFFLOAD_UPLOAD_PART_BYTES,
@@ -103,35 +104,65 @@ class _Counters:
 
 
 class _FlowPermits:
-    """Pulsar's offload flow permits (``managedLedgerOffloadFlowPermitsPerSecond``): every
-    offload of one offloader together reads at most that many bytes per second from the
-    bookies. A run is never split: one larger than a second's permits is read, and the next run
-    waits it off. The wait is in the offload's own thread; nothing else waits on it."""
+    """How fast offloads read from the bookies, every offload of one offloader together: at most
+    Pulsar's ``managedLedgerOffloadFlowPermitsPerSecond`` bytes per second at all times (-1:
+    unthrottled) and, while this broker takes publishes (``publishing``), at most
+    ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing``: an offload yields the machine
+    to the publish path while there is one and goes at full speed while there is none. A
+    publishing spell starts with one second's permits (what was read before it is not charged to
+    it). A run is never split: one larger than a second's permits is read, and the next run waits
+    it off. The wait is in the offload's own thread, nothing else waits on it, in sleeps of at
+    most ``OFFLOAD_PACING_SLICE_S`` so an offload that waited for publishing speeds up within
+    one once publishing stops."""
 
     def __init__(self, permits_per_second: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self._limiter = RateLimiter(0, permits_per_second, 1.0, clock) if permits_per_second > 0 else None
+                 sleep: Callable[[float], None] = time.sleep, *, while_publishing_per_second: int = -1,
+                 publishing: Callable[[], bool] | None = None) -> None:
+        self._clock = clock
+        self._always = RateLimiter(0, permits_per_second, 1.0, clock) if permits_per_second > 0 else None
+        self._while_publishing_per_second = while_publishing_per_second if publishing is not None else -1
+        self._publishing = publishing
+        self._spell: RateLimiter | None = None
+        """The permits of the publishing spell now (None: nothing is being published)."""
         self._lock = threading.Lock()
         self._sleep = sleep
         self.waited_s = 0.0
+        self.waited_for_publishing_s = 0.0
 
     def acquire(self) -> None:
         """Return once the bytes read so far are paid for."""
-        if self._limiter is None:
+        if self._always is None and self._while_publishing_per_second <= 0:
             return
         while True:
             with self._lock:
-                self._limiter.refill()
-                delay_s = self._limiter.delay_s()
+                always_s, publishing_s = self._delays_locked()
+                delay_s = min(max(always_s, publishing_s), OFFLOAD_PACING_SLICE_S)
                 if delay_s <= 0:
                     return
                 self.waited_s += delay_s
+                if publishing_s > always_s:
+                    self.waited_for_publishing_s += delay_s
             self._sleep(delay_s)
 
+    def _delays_locked(self) -> tuple[float, float]:
+        """Seconds until the permits at all times and those of a publishing spell are paid."""
+        always_s = 0.0
+        if self._always is not None:
+            self._always.refill()
+            always_s = self._always.delay_s()
+        if self._while_publishing_per_second <= 0 or self._publishing is None or not self._publishing():
+            self._spell = None
+            return always_s, 0.0
+        if self._spell is None:
+            self._spell = RateLimiter(0, self._while_publishing_per_second, 1.0, self._clock)
+        self._spell.refill()
+        return always_s, self._spell.delay_s()
+
     def consumed(self, size_bytes: int) -> None:
-        if self._limiter is not None:
-            with self._lock:
-                self._limiter.consume(0, size_bytes)
+        with self._lock:
+            for limiter in (self._always, self._spell):
+                if limiter is not None:
+                    limiter.consume(0, size_bytes)
 
 
 class _BlockCache:
@@ -185,14 +216,17 @@ class BlobStoreOffloader:
     recorded elsewhere, over the stores their ``driver_metadata`` names)."""
 
     def __init__(self, settings: OffloadSettings, store: ObjectStore, *,
-                 block_cache_bytes: int = OFFLOAD_BLOCK_CACHE_BYTES_MAX) -> None:
+                 block_cache_bytes: int = OFFLOAD_BLOCK_CACHE_BYTES_MAX,
+                 publishing: Callable[[], bool] | None = None) -> None:
         self.settings = settings
         self._home = _Place(settings, store)
         self._elsewhere: OrderedDict[tuple[tuple[str, str], ...], _Place] = OrderedDict()
         self._elsewhere_lock = threading.Lock()
         self._counters = _Counters()
         self.blocks = _BlockCache(block_cache_bytes)
-        self.flow_permits = _FlowPermits(settings.flow_permits_per_second)
+        self.flow_permits = _FlowPermits(settings.flow_permits_per_second,
+                                         while_publishing_per_second=settings.flow_permits_per_second_while_publishing,
+                                         publishing=publishing)
 
     @property
     def driver_name(self) -> str:
@@ -205,7 +239,8 @@ class BlobStoreOffloader:
         return {k: v for k, v in fields.items() if v}
 
     def statistics(self) -> dict[str, Any]:
-        return {**asdict(self._counters.values), "flow_waited_ms": round(self.flow_permits.waited_s * 1000)}
+        return {**asdict(self._counters.values), "flow_waited_ms": round(self.flow_permits.waited_s * 1000),
+                "flow_waited_for_publishing_ms": round(self.flow_permits.waited_for_publishing_s * 1000)}
 
     def offload(self, source: ReadHandle, uuid: str, extra_metadata: dict[str, str]) -> None:
         ledger_id, lac = source.ledger_id, source.last_add_confirmed

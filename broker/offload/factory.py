@@ -8,12 +8,15 @@ here, in one ``OffloadConfigError`` line, before anything is offloaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker.offload.blob_offloader import BlobStoreOffloader
 from broker.offload.settings import OffloadSettings
 from broker.offload.stores import open_store
 
 
-def create_offloader(settings: OffloadSettings) -> BlobStoreOffloader:
-    """The offloader of ``settings``. Raises ``OffloadConfigError``."""
+def create_offloader(settings: OffloadSettings, *, publishing: Callable[[], bool] | None = None) -> BlobStoreOffloader:
+    """The offloader of ``settings``; ``publishing`` says whether the broker takes publishes now
+    (what an offload yields to; None: never yield). Raises ``OffloadConfigError``."""
     settings.validate()
-    return BlobStoreOffloader(settings, open_store(settings))
+    return BlobStoreOffloader(settings, open_store(settings), publishing=publishing)

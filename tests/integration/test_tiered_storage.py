@@ -10,13 +10,17 @@ empty entry cache) a binary consumer from earliest, a WebSocket reader, the REST
 (JSON and Arrow) and the per-key stream read return exactly what was written, with the same
 message ids and offsets; a corrupted offloaded object makes a read of its ledger fail with 503
 ``offload_read_error`` naming the ledger (never other data) and counts in ``/metrics``, while
-the local ledgers still read. ``test_tiered_storage_s3.py`` does the same against an S3 API.
+the local ledgers still read; an offload yields to publishing
+(``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing``) and ends at full speed once it
+stops. ``test_tiered_storage_s3.py`` does the same against an S3 API.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,14 +63,14 @@ def wait_offload_status(http: httpx.Client, path: str = ADMIN) -> dict[str, Any]
     raise AssertionError(f"the offload did not end within {WAIT_S} s")
 
 
-def produce_messages(pulsar_url: str) -> list[tuple[str, bytes, str]]:
+def produce_messages(pulsar_url: str, padding_bytes: int = 0) -> list[tuple[str, bytes, str]]:
     """(message id, payload, key) of each message, sent one entry each."""
     sent = []
     pulsar_client = client(pulsar_url)
     try:
         producer = pulsar_client.create_producer(TOPIC, batching_enabled=False)
         for i in range(MESSAGES):
-            payload, key = f"event-{i}".encode(), f"k{i % KEYS}"
+            payload, key = f"event-{i}".encode() + b"." * padding_bytes, f"k{i % KEYS}"
             sent.append((str(producer.send(payload, partition_key=key)), payload, key))
     finally:
         pulsar_client.close()
@@ -221,3 +225,55 @@ def test_a_corrupt_offloaded_object_is_an_error_naming_the_ledger_never_other_da
                           timeout=WAIT_S)
         assert [m["offset"] for m in later.json()["messages"]] == [MESSAGES - 2, MESSAGES - 1]  # the local ledger
         assert "magnetar_offloader_errors_total 1.0" in httpx.get(f"{url}/metrics", timeout=WAIT_S).text
+
+
+YIELDING_BYTES_PER_S = 2000
+"""The offload's rate while publishing in the test below: its 160 KB would take 80 s at it."""
+
+
+def offloader_waited_for_publishing_ms(http: httpx.Client) -> float:
+    found = re.search(r"^magnetar_offloader_flow_waited_for_publishing_ms_total ([0-9.e+]+)$",
+                      http.get("/metrics").text, re.MULTILINE)
+    assert found is not None, "the offloader's waits for publishing are not in /metrics"
+    return float(found.group(1))
+
+
+def test_an_offload_yields_to_publishing_and_ends_at_full_speed_once_it_stops(tmp_path: Path) -> None:
+    config = offload_config(tmp_path, managedLedgerOffloadDriver="filesystem", fileSystemURI=f"file://{tmp_path}/store",
+                            managedLedgerOffloadFlowPermitsPerSecondWhilePublishing=str(YIELDING_BYTES_PER_S))
+    with binary_broker(tmp_path / "data", "--config", config) as (url, pulsar_url, _):
+        sent = produce_messages(pulsar_url, padding_bytes=4000)  # 40 entries of 4 KB in 8 ledgers
+        stop = threading.Event()
+        published = [0]
+
+        def publish_until_stopped() -> None:
+            busy = client(pulsar_url)
+            try:
+                producer = busy.create_producer("persistent://public/default/busy", batching_enabled=False)
+                while not stop.is_set():
+                    producer.send(b"busy")
+                    published[0] += 1
+            finally:
+                busy.close()
+
+        publisher = threading.Thread(target=publish_until_stopped)
+        publisher.start()
+        try:
+            with httpx.Client(base_url=url, timeout=WAIT_S) as http:
+                deadline = time.monotonic() + WAIT_S
+                while published[0] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert offloader_waited_for_publishing_ms(http) == 0
+                start_offload_of_everything(http)
+                while offloader_waited_for_publishing_ms(http) == 0 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert offloader_waited_for_publishing_ms(http) > 0  # it yielded to the publisher
+                assert http.get(f"{ADMIN}/offload").json()["status"] == "RUNNING"
+                stop.set()
+                publisher.join()
+                status = wait_offload_status(http)  # within WAIT_S (30 s), not the 80 s the yielding rate takes
+                assert (status["status"], status["lastError"]) == ("SUCCESS", ""), status
+        finally:
+            stop.set()
+            publisher.join()
+        check_every_transport(url, pulsar_url, sent)

@@ -1,5 +1,6 @@
 """ByteBudget: refuses from its bound until it has fallen to its resume mark, wakes each waiter
-once, outside its lock, and never misses a release between a refusal and a wait."""
+once, outside its lock, never misses a release between a refusal and a wait, and says whether
+bytes were added lately (the publish signal an offload yields to)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,16 @@ def test_a_zero_budget_is_no_bound_but_still_counts() -> None:
     assert budget.admits()
     assert not budget.wait(lambda: None)
     assert budget.statistics().used_bytes == 1 << 40
+
+
+def test_the_publish_buffer_says_whether_bytes_were_added_lately() -> None:
+    now_s = [100.0]
+    budget = ByteBudget(1000, clock=lambda: now_s[0])
+    assert not budget.added_within(1.0)
+    budget.adjust(100)
+    assert budget.added_within(1.0)
+    budget.adjust(-100)  # stored: a release is not a publish
+    now_s[0] += 0.5
+    assert budget.added_within(1.0)
+    now_s[0] += 0.6
+    assert not budget.added_within(1.0)
