@@ -24,7 +24,7 @@ whose ``managedLedgerOffloadDriver`` is ``aws-s3`` at that endpoint, its ledgers
    disk's write-back), more than the effect measured.
    Steps 1 to 3 run the broker's defaults: an offload reads at full speed while nothing is
    published (step 1's offload) and yields to publishing while something is, reading at most
-   ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing`` (16 MB/s) then; these rounds
+   ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing`` (8 MB/s) then; these rounds
    offload topics of ``--yielding-mb`` MB.
 4. The same with the broker restarted without yielding
    (``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing=-1``, Pulsar's behaviour: every
@@ -401,6 +401,7 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Row]:
 def rows(reads: dict[str, list[ReadResult]], yielding: PublishDuringOffloads, full_speed: PublishDuringOffloads,
          offload_s: float, args: argparse.Namespace) -> list[Row]:
     local = max(reads[LOCAL_TOPIC], key=lambda r: r.mb_per_s)
+    defaults = "defaults: " if args.while_publishing_mb is None else ""
     yielding_mb = (OffloadSettings.flow_permits_per_second_while_publishing // 1_000_000
                    if args.while_publishing_mb is None else args.while_publishing_mb)
     offloaded = max(reads[OFFLOADED_TOPIC], key=lambda r: r.mb_per_s)
@@ -412,7 +413,7 @@ def rows(reads: dict[str, list[ReadResult]], yielding: PublishDuringOffloads, fu
             f"best of 2 reads each (MB/s: {each}); broker CPU {offloaded.cpu_ms_per_mb:.1f} vs "
             f"{local.cpu_ms_per_mb:.1f} ms/MB, S3 server CPU {offloaded.store_cpu_ms_per_mb:.1f} ms/MB; "
             "target >= 0.5x"),
-        _publish_row("publish while an offload runs vs alone (defaults: the offload yields to publishing at "
+        _publish_row(f"publish while an offload runs vs alone ({defaults}the offload yields to publishing at "
                      f"{yielding_mb} MB/s)", yielding, args),
         _publish_row("publish while an offload that does not yield runs vs alone (WhilePublishing=-1, as Pulsar)",
                      full_speed, args, target=False),
@@ -446,12 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--message-kb", type=int, default=64)
     parser.add_argument("--ledger-entries", type=int, default=1000, help="managedLedgerMaxEntriesPerLedger")
     parser.add_argument("--publish-s", type=float, default=8.0, help="seconds of each publishing window")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=int, default=5,
                         help="rounds of publishing alone then during an offload, for each of the two offloads")
     parser.add_argument("--store-nice", type=int, default=0,
                         help="run the S3 server at this nice value (19: it takes only the CPU the broker leaves)")
     parser.add_argument("--yielding-mb", type=int, default=256,
-                        help="MB of each topic offloaded while yielding (at 16 MB/s, 16 s: longer than a window)")
+                        help="MB of each topic offloaded while yielding (at 8 MB/s, 32 s: longer than a window)")
     parser.add_argument("--while-publishing-mb", type=int, default=None,
                         help="managedLedgerOffloadFlowPermitsPerSecondWhilePublishing of steps 1-3, in MB/s "
                              "(default: the broker's)")

@@ -56,12 +56,12 @@ class OffloadSettings:
     """Bytes per second every offload of this broker together may read from the bookies
     (Pulsar's ``managedLedgerOffloadFlowPermitsPerSecond``; -1 or 0: unthrottled), so an offload
     leaves the publish path its share of the machine."""
-    flow_permits_per_second_while_publishing: int = 16_000_000
+    flow_permits_per_second_while_publishing: int = 8_000_000
     """Bytes per second every offload of this broker together may read from the bookies while the
     broker takes publishes (``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing``, a Magnetar
     key; -1 or 0: no yielding, as Pulsar): an offload goes at full speed (or
     ``flow_permits_per_second``) while nothing is published and yields the machine to the publish
-    path while something is. 16 MB/s offloads 57 GB an hour; under a sustained ingest above it an
+    path while something is. 8 MB/s offloads 28.8 GB an hour; under a sustained ingest above it an
     offload falls behind until publishing slows (raise the key, or -1)."""
     request_timeout_ms: int = 30_000
     """One request to the store (Pulsar has no key for it)."""

@@ -9,7 +9,7 @@ last run starts after 9,500 bytes), reads every entry once and writes a copy equ
 source; two offloads share the
 permits; -1 reads without waiting; the wait is in ``statistics()``.
 
-And Magnetar's ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing`` (16 MB/s unless set):
+And Magnetar's ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing`` (8 MB/s unless set):
 while the broker takes publishes an offload reads at most that many bytes per second, while it
 takes none it reads at full speed; a publishing spell is not charged with what was read before
 it; once publishing stops, a waiting offload goes on within one pacing slice; the waits for
@@ -93,7 +93,7 @@ def test_minus_one_reads_without_waiting(tmp_path: Path) -> None:
 def test_the_while_publishing_key_is_read_with_its_default_and_a_value_below_minus_one_is_refused() -> None:
     base = {"managedLedgerOffloadDriver": "filesystem", "fileSystemURI": "/tmp/offload"}
     key = "managedLedgerOffloadFlowPermitsPerSecondWhilePublishing"
-    assert OffloadSettings.from_config(base).flow_permits_per_second_while_publishing == 16_000_000
+    assert OffloadSettings.from_config(base).flow_permits_per_second_while_publishing == 8_000_000
     assert OffloadSettings.from_config({**base, key: "-1"}).flow_permits_per_second_while_publishing == -1
     assert OffloadSettings.from_config({**base, key: "5000"}).flow_permits_per_second_while_publishing == 5000
     with pytest.raises(ConfigError, match=key):
