@@ -11,7 +11,9 @@ attempt that the next open deletes and clears (never trusted), and a crash betwe
 the oldest closed ledgers; appends go on while an upload is held; trimming and topic deletion
 delete offloaded copies, and copies a deleted topic's store refused are named and swept later
 (at most once per interval, a bounded number per sweep, stopping at the first refusal and
-starting after it the next time); a failed read of a copy raises, never returns other data.
+starting after it the next time); a failed read of a copy raises, never returns other data;
+local deletion counts only the ledgers the bookies deleted, and a save of its progress refused
+because another broker took the topic marks the topic taken over.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from broker import managed_ledger_offload
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import decode_entry
-from broker.errors import AlreadyExists, NoSuchLedger
+from broker.errors import AlreadyExists, NoSuchLedger, ServiceUnitNotReady
 from broker.limits import OFFLOAD_RETRY_DELAY_MS
 from broker.managed_ledger import ML_ROOT, ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
@@ -603,5 +605,59 @@ def test_a_list_saved_before_pending_local_deletes_were_kept_has_its_marked_ledg
     _check_reads(taken, times)
     listed, _ = stack.store.get_json(path) or ({}, -1)
     assert listed.get("pendingLocalDeletes") == []  # known gone: the next load asks nothing
+    other.close_all()
+    stack.close()
+
+
+def test_local_deletion_counts_only_the_ledgers_the_bookies_deleted(data_dir: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger the bookies refuse to delete stays pending (deleted again later) and is not
+    counted as deleted locally; the others are."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=60_000))
+    _fill(stack, ml, 17)  # 3 closed ledgers and the current one
+    _offload_all(ml)
+    refused = ml.ledger_infos()[1].ledger_id
+    delete = stack.ledgers.delete
+
+    def delete_but_one(ledger_id: int) -> None:
+        if ledger_id == refused:
+            raise ServiceUnitNotReady("the bookies are busy")
+        delete(ledger_id)
+
+    monkeypatch.setattr(stack.ledgers, "delete", delete_but_one)
+    stack.clock.advance(61)
+    due = ml.delete_offloaded_locally()
+    assert len(due) == 3 and refused in due
+    assert ml.offload_counters.local_deleted == 2
+    assert ml._list.pending_local_deletes == [refused] and _ledger_exists(stack, refused)
+    stack.close()
+
+
+def test_a_pending_deletion_save_refused_because_another_broker_took_the_topic_marks_it_taken_over(
+        data_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another broker loads the topic between the mark and the save of the bookies' deletions:
+    that save loses its compare-and-set, which says the topic is no longer this broker's (the
+    list is the new owner's, and so are the deletions still pending in it)."""
+    offloader = MemoryOffloader()
+    stack = open_stack(data_dir, offloader=offloader)
+    ml, _ = stack.open(NAME, dataclasses.replace(LAG_0, offload_deletion_lag_ms=60_000))
+    _fill(stack, ml, 12)
+    _offload_all(ml)
+    other = _other_broker(stack, offloader)
+    delete = stack.ledgers.delete
+
+    def delete_then_lose_the_topic(ledger_id: int) -> None:
+        delete(ledger_id)
+        if not other._open:
+            other.open(NAME, LAG_0)
+
+    monkeypatch.setattr(stack.ledgers, "delete", delete_then_lose_the_topic)
+    stack.clock.advance(61)
+    assert not ml.taken_over
+    assert len(ml.delete_offloaded_locally()) == 2
+    assert ml.taken_over
+    assert ml.delete_offloaded_locally() == []  # nothing more is this broker's to delete
     other.close_all()
     stack.close()
