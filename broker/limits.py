@@ -79,9 +79,11 @@ READER_READ_BYTES_MAX = 1 * MiB
 CURSOR_READ_BYTES_MAX = 5 * MiB
 """Entry bytes one cursor read returns unless told otherwise (one entry always)."""
 READ_STEP_BYTES = 1 * MiB
-"""Entry bytes a range read takes from storage per step (the rest of its last step is read for nothing)."""
+"""Entry bytes a range read takes from storage per step at most (fewer when the read asks for
+fewer bytes: what its last step read past its end is read for nothing)."""
 READ_STEP_ENTRIES_MAX = 1000
-"""Entries a range read takes from storage per step."""
+"""Entries a range read takes from storage per step at most (fewer when it asks for fewer
+messages: an entry holds at least one)."""
 REPLAY_BATCH_ENTRIES = 100
 """Entries a topic replays from storage per step unless told otherwise."""
 LIVE_READ_VERSIONS_MAX = 100

@@ -4,7 +4,9 @@ Role: the read side of batch and stream processors (the Spark source above all):
 for the messages of one partition from an offset and gets them in offset order as one Arrow
 record batch whose columns are the Spark source's (``broker/entry_format/columns.py``), plus the
 next offset to ask for and the first offset retention kept. The entries come from the managed
-ledger in steps of about ``READ_STEP_BYTES`` through the ledger's range read.
+ledger through the ledger's range read, in steps no larger than the read can use (at most
+``max_messages`` entries and ``max_bytes`` bytes, and ``READ_STEP_ENTRIES_MAX`` /
+``READ_STEP_BYTES``).
 
 Invariants: a read never changes anything (no cursor, no topic creation). Offsets are gap-free,
 so the ``offset`` column is ``N, N+1, ...`` (an encrypted entry's rows too: ``encrypted`` and
@@ -53,17 +55,22 @@ def read_range(topic: PersistentTopic | None, name: TopicName, offset: int, max_
     ml = topic.ml
     if offset < ml.first_offset:
         raise _data_lost(topic, offset)
-    columns = collect_entries(_entries(topic, offset), offset, partition, max_messages, max_bytes,
+    entries = _entries(topic, offset, max_messages, max_bytes)
+    columns = collect_entries(entries, offset, partition, max_messages, max_bytes,
                               message_overhead_bytes=message_overhead_bytes, native=native)
     return RangeRead(columns.record_batch(name.full_name, partition), columns.first_offset + len(columns),
                      ml.first_offset, columns.encrypted, columns.carried)
 
 
-def _entries(topic: PersistentTopic, offset: int) -> Iterator[Entry]:
-    """Every confirmed entry from the one holding ``offset`` on; a trim racing the read is
-    reported as the data loss it is."""
+def _entries(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: int) -> Iterator[Entry]:
+    """Every confirmed entry from the one holding ``offset`` on, read in steps no larger than
+    the read can use (an entry holds at least one message, and at least its payloads' bytes),
+    so a read of N messages stored one an entry reads N entries, not a whole step; a trim
+    racing the read is reported as the data loss it is."""
+    step_entries = max(1, min(READ_STEP_ENTRIES_MAX, max_messages))
+    step_bytes = max(1, min(READ_STEP_BYTES, max_bytes))
     try:
-        yield from topic.entries_from(offset, step_entries=READ_STEP_ENTRIES_MAX, step_bytes=READ_STEP_BYTES)
+        yield from topic.entries_from(offset, step_entries=step_entries, step_bytes=step_bytes)
     except (NoSuchEntry, NoSuchLedger) as exc:
         if offset < topic.ml.first_offset:
             raise _data_lost(topic, offset) from exc

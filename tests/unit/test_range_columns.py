@@ -10,7 +10,8 @@ property names, too many properties, event times past 2^63-1) take the reference
 give its result or its error; corrupt batch payloads behind a valid checksum (every truncation,
 bad varints, sizes past the end, bad wire types, invalid UTF-8, wrong counts, trailing bytes,
 seeded random mutations) raise ``CorruptEntry`` from both paths alike, and a failed append
-leaves the columns as they were; chunked reads find each next offset without reading an entry.
+leaves the columns as they were; chunked reads find each next offset without reading an entry,
+and a read of N messages stored one an entry reads N entries.
 """
 
 from __future__ import annotations
@@ -528,3 +529,19 @@ def test_chunked_reads_find_each_next_offset_without_reading(topic: PersistentTo
     ledger_starts = [info.first_offset for info in topic.ml.ledger_infos() if info.entries]
     assert len(ledger_starts) > 2
     assert [start for start, read in zip(starts, reads, strict=True) if read] == ledger_starts
+
+
+@pytest.mark.parametrize("native", BOTH_PATHS)
+def test_a_read_of_n_messages_stored_one_an_entry_reads_n_entries(topic: PersistentTopic, stack: Stack, native: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range read takes entries in steps no larger than it can use: a read of 4 messages
+    stored one an entry reads those 4 entries (besides what its offset lookup reads), not a
+    whole step of ``READ_STEP_ENTRIES_MAX`` (before: the 32 entries from its offset to the end,
+    to keep 4)."""
+    payloads = publish_entries(topic, entries=40, per_entry=1)
+    lookups = entries_read_by_lookups(topic, stack, monkeypatch)
+    before = stack.cache.statistics()
+    read = read_range(topic, topic.name, 8, 4, 1 << 20, native=native)
+    after = stack.cache.statistics()
+    assert read.batch.column("value").to_pylist() == payloads[8:12] and read.next_offset == 12
+    assert after.hits + after.misses - before.hits - before.misses - sum(lookups) == 4
