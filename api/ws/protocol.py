@@ -227,6 +227,7 @@ class WebSocketWire:
     def _parse(self, data: bytes) -> list[str]:
         """``data`` through the websockets parser: its events as text frames, pongs and output."""
         conn = self._conn
+        closing = not self.open  # the close handshake started before this read: no text frame comes out
         if data:
             conn.receive_data(data)
         texts: list[str] = []
@@ -234,11 +235,13 @@ class WebSocketWire:
             if not isinstance(event, Frame):
                 continue
             opcode = event.opcode
-            if opcode is Opcode.PONG:
+            if opcode is Opcode.CLOSE:
+                closing = True  # frames read before it in this read are the peer's last words
+            elif opcode is Opcode.PONG:
                 self.pongs.append(bytes(event.data))
             elif opcode is Opcode.TEXT or opcode is Opcode.BINARY or opcode is Opcode.CONT:
                 message = self._message(event)
-                if message is None or not self.open:
+                if message is None or closing:
                     continue
                 text = self._text_of(message)
                 if text is None:

@@ -33,7 +33,9 @@ Invariants:
 - Closing: a close the server starts (a session's end, a revocation, shutdown) leaves after every
   frame sent before it and waits ``WS_CLOSE_TIMEOUT_S`` for the peer's; a close the peer starts is
   echoed and the connection closed, after the session took the text frames read before it (acks
-  sent just before a close count); a connection the wire failed (1002, 1007, 1009) is
+  sent just before a close count; frames it had left waiting are dropped, so a producer's
+  messages held back by its bound are never published and get no receipt), even when the
+  session closes on those frames; a connection the wire failed (1002, 1007, 1009) is
   half-closed and read until the peer closes (or the timeout passes), so the close frame is not
   overtaken by a reset. A session ends (``Session.end``) once, when its connection starts
   closing or is lost, whichever is first; its role slot and registry entry go with it.
@@ -333,6 +335,9 @@ class WebSocketConnection(asyncio.Protocol):
     def close(self, code: int, reason: str) -> None:
         """Close after the frames already sent, and wait for the peer's close (the session ends now)."""
         if self._state != _OPEN:
+            return
+        if not self._wire.open and self._wire.has_output:  # the peer's close (or its fault) came with the
+            self._send_control(self._wire.output())       # frames the session is taking: answer that instead
             return
         parts = self._wire.close(code, reason.encode()[:CLOSE_REASON_BYTES_MAX].decode(errors="ignore"))
         self._closing()

@@ -146,6 +146,21 @@ def test_a_close_the_peer_starts_is_echoed() -> None:
     assert echo.opcode is Opcode.CLOSE and output[-1] == SEND_EOF and wire.close_received
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast reader", "after a fragmented message"])
+def test_text_frames_before_the_peers_close_in_one_read_come_out(fast: bool) -> None:
+    """Acks a client sends just before its close, read together with it, are the session's:
+    whether the wire reads whole frames itself or (after a fragmented message) through websockets."""
+    wire, client = opened()
+    if not fast:
+        assert wire.receive(masked(client, Frame(Opcode.TEXT, b"fr", fin=False), Frame(Opcode.CONT, b"ag"))) == \
+            ["frag"]
+    acks = masked(client, Frame(Opcode.TEXT, b"ack0"), Frame(Opcode.TEXT, b"ack1"))
+    client.send_close(1000, "bye")
+    assert wire.receive(acks + b"".join(client.data_to_send())) == ["ack0", "ack1"]
+    (echo,) = answered(client, wire.output())
+    assert echo.opcode is Opcode.CLOSE and wire.close_received
+
+
 def test_server_text_frames_read_back_whole() -> None:
     _, client = opened()
     texts = ["", "a" * 125, "b" * 126, "c" * 65535, "d" * 65536, "ünïcode"]
