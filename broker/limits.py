@@ -301,7 +301,8 @@ OFFLOAD_PUBLISHING_WINDOW_S = 1.0
 many seconds (it then reads at ``managedLedgerOffloadFlowPermitsPerSecondWhilePublishing``)."""
 OFFLOAD_PACING_SLICE_S = 0.1
 """The longest single sleep of an offload waiting for its flow permits: one that waited for
-publishing goes back to full speed within this once publishing stops."""
+publishing goes back to full speed within this once publishing counts as stopped
+(``OFFLOAD_PUBLISHING_WINDOW_S`` after the last publish)."""
 OFFLOAD_INDEX_OBJECT_BYTES_MAX = 64 * MiB
 """An index object opened for reading; a larger one is refused as corrupt (a 1 TiB ledger in
 64 MiB blocks indexes in under 0.5 MiB)."""

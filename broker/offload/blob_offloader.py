@@ -112,8 +112,10 @@ class _FlowPermits:
     publishing spell starts with one second's permits (what was read before it is not charged to
     it). A run is never split: one larger than a second's permits is read, and the next run waits
     it off. The wait is in the offload's own thread, nothing else waits on it, in sleeps of at
-    most ``OFFLOAD_PACING_SLICE_S`` so an offload that waited for publishing speeds up within
-    one once publishing stops."""
+    most ``OFFLOAD_PACING_SLICE_S`` so an offload that waited for publishing speeds up within one
+    slice of publishing counting as stopped (``OFFLOAD_PUBLISHING_WINDOW_S`` after the last
+    publish). Of a wait, the part the cap at all times would not have needed counts as waited
+    for publishing."""
 
     def __init__(self, permits_per_second: int, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, *, while_publishing_per_second: int = -1,
@@ -140,8 +142,7 @@ class _FlowPermits:
                 if delay_s <= 0:
                     return
                 self.waited_s += delay_s
-                if publishing_s > always_s:
-                    self.waited_for_publishing_s += delay_s
+                self.waited_for_publishing_s += max(0.0, min(delay_s, publishing_s) - min(delay_s, always_s))
             self._sleep(delay_s)
 
     def _delays_locked(self) -> tuple[float, float]:

@@ -146,3 +146,17 @@ def test_the_cap_at_all_times_still_holds_while_publishing(tmp_path: Path) -> No
     assert sum(clock.slept_s) == pytest.approx(4.0, abs=0.01)  # the last run starts after 2,500 bytes
     assert offloader.statistics()["flow_waited_for_publishing_ms"] == 0
 
+
+
+def test_a_wait_the_cap_at_all_times_needs_anyway_is_not_counted_as_waited_for_publishing(tmp_path: Path) -> None:
+    clock = _Clock()
+    offloader = _offloader(tmp_path, 500, clock, while_publishing=400, publishing=lambda: True)
+    offloader.offload(BytesLedger(1, [b"x" * 100] * 30), "u", {})  # 3,000 bytes; runs of 500
+    # the last run starts after 2,500 bytes: alone, the cap would have waited (2,500 - 500) / 500
+    # = 4.0 s; with the slower rate while publishing (2,500 - 400) / 400 = 5.25 s
+    assert sum(clock.slept_s) == pytest.approx(5.25, abs=0.01)
+    stats = offloader.statistics()
+    assert stats["flow_waited_ms"] == pytest.approx(5250, abs=10)
+    # counted slice by slice: the part of each the cap alone would not have needed; at least the
+    # 1.25 s the cap alone would not have waited, never the time the cap held the offload
+    assert 1250 - 10 <= stats["flow_waited_for_publishing_ms"] < stats["flow_waited_ms"]
