@@ -188,8 +188,10 @@ OFFLOAD_RETRY_DELAY_MS = 60_000
 OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX = 100
 """Offloaded copies of deleted topics a broker tries to delete again per sweep (one sweep every
 ``OFFLOAD_RETRY_DELAY_MS``, ``broker/offload/orphans.py``)."""
-READ_RUN_ENTRIES_MAX = 64
-"""Entries fetched from the bookies in one range read."""
+READ_RUN_ENTRIES_MAX = 256
+"""Entries fetched from the bookies in one range read: more than a bookie reads ahead (100 by
+default), so a long sequential read takes each read-ahead's entries at once instead of through
+the bookie's read cache."""
 READ_RUN_BYTES_MAX = 1 * MiB
 """Bytes one range read fetches at most, at the ledger's average entry size (one entry always):
 a lookup that reads forward to an offset or a time holds no more than this at once."""

@@ -37,7 +37,7 @@ from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHand
 from broker.offset_index import LedgerInfo, PositionHints
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     position: Position
     data: bytes

@@ -281,15 +281,18 @@ def collect_entries(entries: Iterable[StoredEntry], offset: int, partition: int,
     holding ``offset``), stopping once their payloads plus ``message_overhead_bytes`` each
     reach ``max_bytes`` (a batch entry is taken in part when the whole would pass the bound)."""
     columns = new_columns(offset, native=native)
-    for entry in entries:
-        skip = max(0, offset - entry.first_offset)
-        used = columns.size_bytes + len(columns) * message_overhead_bytes
-        per_message = len(entry.data) // max(entry.message_count, 1) + message_overhead_bytes
-        affordable = max(1, (max_bytes - used) // max(per_message, 1))
-        take = min(entry.message_count - skip, max_messages - len(columns), affordable)
+    rows = used = 0  # what the columns hold: rows, and payload bytes plus the overhead of each row
+    for entry in entries:  # the hot loop of a range read: each value worked out once an entry
+        count = entry.message_count
+        skip = offset - entry.first_offset
+        skip = max(skip, 0)
+        per_message = len(entry.data) // (count or 1) + message_overhead_bytes
+        affordable = (max_bytes - used) // (per_message or 1)
+        take = min(count - skip, max_messages - rows, affordable if affordable > 1 else 1)
         columns.add_rows_of(entry, partition, skip, take)
-        used = columns.size_bytes + len(columns) * message_overhead_bytes
-        if len(columns) >= max_messages or used >= max_bytes or take < entry.message_count - skip:
+        rows = len(columns)
+        used = columns.size_bytes + rows * message_overhead_bytes
+        if rows >= max_messages or used >= max_bytes or take < count - skip:
             break
     return columns
 
