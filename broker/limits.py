@@ -192,6 +192,9 @@ READ_RUN_ENTRIES_MAX = 256
 """Entries fetched from the bookies in one range read: more than a bookie reads ahead (100 by
 default), so a long sequential read takes each read-ahead's entries at once instead of through
 the bookie's read cache."""
+LOOKUP_RUN_ENTRIES_MAX = 64
+"""Entries of one range read of an offset lookup reading forward from its sparse-index sample
+(one is sampled every 64 entries by default, so the offset is within one such run)."""
 READ_RUN_BYTES_MAX = 1 * MiB
 """Bytes one range read fetches at most, at the ledger's average entry size (one entry always):
 a lookup that reads forward to an offset or a time holds no more than this at once."""

@@ -5,9 +5,10 @@ Role: ``ManagedLedger`` (``broker/managed_ledger.py``) reads through one ``Ledge
 readers and dispatch (``read_entries``), and the offset and time lookups, which read forward
 from a sparse-index sample (``read_range``, ``broker/offset_index.py``). Consecutive entries the
 cache does not hold are fetched from the bookies in one range read, a run of at most
-``READ_RUN_ENTRIES_MAX`` entries and, at the ledger's average entry size, ``READ_RUN_BYTES_MAX``
-bytes (one entry always). Every read remembers, as ``PositionHints``, where the offset after
-each entry it read lives, so a reader that goes on where it stopped looks nothing up.
+``READ_RUN_ENTRIES_MAX`` entries (``LOOKUP_RUN_ENTRIES_MAX`` for a lookup, which stops at its
+offset) and, at the ledger's average entry size, ``READ_RUN_BYTES_MAX`` bytes (one entry
+always). Every read remembers, as ``PositionHints``, where the offset after each entry it read
+lives, so a reader that goes on where it stopped looks nothing up.
 
 Invariants: entries never change once confirmed, so a remembered position or a cached entry is
 never stale (a trimmed ledger's handle is forgotten, its entries refused by the managed ledger
@@ -31,7 +32,7 @@ from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import message_count, peek_broker_entry_metadata
 from broker.errors import NoSuchEntry, NoSuchLedger
-from broker.limits import READ_HANDLES_MAX, READ_RUN_BYTES_MAX, READ_RUN_ENTRIES_MAX
+from broker.limits import LOOKUP_RUN_ENTRIES_MAX, READ_HANDLES_MAX, READ_RUN_BYTES_MAX, READ_RUN_ENTRIES_MAX
 from broker.message_id import Position
 from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHandle
 from broker.offset_index import LedgerInfo, PositionHints
@@ -135,11 +136,13 @@ class LedgerReads:
                            stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
         """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
         ends the range early): from the broker's cache where it has them, the rest through the
-        ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (fewer when the ledger's
-        average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a time. Every entry
+        ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (``LOOKUP_RUN_ENTRIES_MAX``
+        with ``stop_after_offset``; fewer when the ledger's average entry would pass ``max_bytes``
+        or ``READ_RUN_BYTES_MAX``) at a time. Every entry
         after the first is remembered as where the offset after its predecessor lives, and so is
         the entry after the last one read."""
         handle = self._handle_for(info)
+        run_entries = READ_RUN_ENTRIES_MAX if stop_after_offset is None else LOOKUP_RUN_ENTRIES_MAX
         entries: list[Entry] = []
         size = 0
         entry_id = first
@@ -150,7 +153,8 @@ class LedgerReads:
             cached = self._cache.get(info.ledger_id, entry_id)
             bytes_left = None if max_bytes is None else max_bytes - size
             run = [Entry(Position(info.ledger_id, entry_id), *cached)] if cached is not None else \
-                self._read_run_anywhere(handle, info, entry_id, last, known_first, bytes_left)
+                self._read_run_anywhere(handle, info, entry_id, min(last, entry_id + run_entries - 1), known_first,
+                                        bytes_left)
             if not run:
                 raise NoSuchEntry(f"ledger {info.ledger_id} answered no entry from {entry_id}")
             for entry in run:

@@ -8,7 +8,8 @@ retention lets go, and storage GC then gives the disk back; terminate refuses la
 append to a ledger another writer recovered fails as fenced and the factory counts it, also
 when the new owner found it empty and deleted it; once another broker recovered the topic and
 rewrote its ledger list, every later append of the old writer fails as fenced (none goes to a
-ledger the list does not name).
+ledger the list does not name); an offset lookup reads forward a bounded number of bytes, and
+at most one sample interval of entries from the bookies.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import itertools
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,6 +226,34 @@ def test_offsets_continue_after_every_ledger_was_trimmed(data_dir: str) -> None:
     assert append_messages(ml, [b"d"]).first_offset == 3
     restored = cursors.get("sub")
     assert restored is not None and restored.backlog_messages() == 1
+    stack.close()
+
+
+def test_an_offset_lookup_reads_at_most_a_sample_interval_of_entries_from_the_bookies(
+        data_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nothing cached (a reopened stack), a lookup of an offset just past a sample reads one
+    run of at most 64 entries (the sample interval) from the bookies, not the read run of a
+    sequential reader (256), whatever else the ledger holds after it."""
+    config = dataclasses.replace(ManagedLedgerConfig(), index_interval_entries=64)
+    stack = open_stack(data_dir)
+    ml, _ = stack.open("lookups", config)
+    for _ in range(300):
+        append_messages(ml, [b"x"])
+    stack.close()
+    stack = open_stack(data_dir, stack.clock)
+    ml, _ = stack.open("lookups", config)
+    runs: list[int] = []
+    read_run = ml._reads._read_run
+
+    def counting(*args: Any) -> list[Any]:
+        run = read_run(*args)
+        runs.append(len(run))
+        return run
+
+    monkeypatch.setattr(ml._reads, "_read_run", counting)
+    position, index = ml.offset_to_position(70)
+    assert (position.entry_id, index) == (70, 0)
+    assert 0 < sum(runs) <= 64
     stack.close()
 
 
