@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import threading
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
@@ -41,7 +40,6 @@ from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS
 from consumers.client._streams import AsyncStreamReader
 from consumers.client.errors import ConnectionClosed
 from consumers.client.types import AppendResult, Message, SendResult, StreamBatch, StreamInfo
-from consumers.tls import ClientTls
 
 THREAD_JOIN_TIMEOUT_S = 10.0
 _R = TypeVar("_R")
@@ -271,9 +269,9 @@ class Client:
         except BaseException:
             self._runner.stop()
             raise
-        tls = ClientTls(tls_trust_certs_file_path, tls_certificate_file_path, tls_private_key_file_path)
+        ssl_context = self._client.ssl_context  # one context for both clients' connections
         self._http = BlockingHttp(service_urls(service_url), token, http_timeout_s, failover_timeout_s,
-                                  functools.cache(tls.context))
+                                  lambda: ssl_context)
         self._finalizer = weakref.finalize(self, _close_dropped, self._runner, self._client, self._http)
         self._finalizer.atexit = False
 
