@@ -27,7 +27,6 @@ a producer name and sequence id).
 from __future__ import annotations
 
 import asyncio
-import ssl
 import urllib.parse
 import weakref
 from collections.abc import Sequence
@@ -143,12 +142,6 @@ class AsyncClient:
         self._ssl = ClientTls(tls_trust_certs_file_path, tls_certificate_file_path, tls_private_key_file_path).context()
         self._http = httpx.AsyncClient(timeout=http_timeout_s, headers=auth_headers(token), verify=self._ssl)
         self._children: weakref.WeakSet[_Closable] = weakref.WeakSet()
-
-    @property
-    def ssl_context(self) -> ssl.SSLContext:
-        """The TLS context of this client's ``https://`` and ``wss://`` connections (shared with
-        the blocking ``Client`` that drives this one)."""
-        return self._ssl
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import weakref
 from collections.abc import Coroutine, Iterator, Sequence
@@ -40,6 +41,7 @@ from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS
 from consumers.client._streams import AsyncStreamReader
 from consumers.client.errors import ConnectionClosed
 from consumers.client.types import AppendResult, Message, SendResult, StreamBatch, StreamInfo
+from consumers.tls import ClientTls
 
 THREAD_JOIN_TIMEOUT_S = 10.0
 _R = TypeVar("_R")
@@ -269,9 +271,9 @@ class Client:
         except BaseException:
             self._runner.stop()
             raise
-        ssl_context = self._client.ssl_context  # one context for both clients' connections
+        tls = ClientTls(tls_trust_certs_file_path, tls_certificate_file_path, tls_private_key_file_path)
         self._http = BlockingHttp(service_urls(service_url), token, http_timeout_s, failover_timeout_s,
-                                  lambda: ssl_context)
+                                  functools.cache(tls.context))
         self._finalizer = weakref.finalize(self, _close_dropped, self._runner, self._client, self._http)
         self._finalizer.atexit = False
 
