@@ -271,6 +271,8 @@ class Client:
         except BaseException:
             self._runner.stop()
             raise
+        # a context of its own: httpx sets ALPN on its context for every connection it opens (on
+        # the loop thread), and an OpenSSL context must not change while other threads use it
         tls = ClientTls(tls_trust_certs_file_path, tls_certificate_file_path, tls_private_key_file_path)
         self._http = BlockingHttp(service_urls(service_url), token, http_timeout_s, failover_timeout_s,
                                   functools.cache(tls.context))
