@@ -63,10 +63,11 @@ def read_range(topic: PersistentTopic | None, name: TopicName, offset: int, max_
 
 
 def _entries(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: int) -> Iterator[Entry]:
-    """Every confirmed entry from the one holding ``offset`` on, read in steps no larger than
-    the read can use (an entry holds at least one message, and at least its payloads' bytes),
-    so a read of N messages stored one an entry reads N entries, not a whole step; a trim
-    racing the read is reported as the data loss it is."""
+    """Every confirmed entry from the one holding ``offset`` on, read in steps of at most
+    ``max_messages`` entries (an entry holds at least one message) and ``max_bytes`` bytes (a
+    compressed entry may hold more payload than that: the next step is then never read), so a
+    read of N messages stored one an entry reads N entries, not a whole step; a trim racing
+    the read is reported as the data loss it is."""
     step_entries = max(1, min(READ_STEP_ENTRIES_MAX, max_messages))
     step_bytes = max(1, min(READ_STEP_BYTES, max_bytes))
     try:

@@ -328,17 +328,24 @@ class PersistentTopic:
     def entries_from(self, offset: int, *, step_entries: int = REPLAY_BATCH_ENTRIES,
                      step_bytes: int = 5 * 1024 * 1024) -> Iterator[Entry]:
         """Every confirmed entry holding an offset ``>= offset``, in order, read from the managed
-        ledger ``step_entries`` (or about ``step_bytes``) at a time."""
+        ledger ``step_entries`` (or about ``step_bytes``) at a time. Offsets have no gaps: a step
+        that does not start where the last one ended (retention trimmed the ledger in between)
+        is ``DataLost``, never a silent jump."""
         if offset < self.ml.first_offset:
             raise DataLost(f"offset {offset} of {self.name} was trimmed; first is {self.ml.first_offset}")
         if offset >= self.ml.confirmed_next_offset():
             return
         position, _ = self.ml.offset_to_position(offset)
+        expected: int | None = None
         while True:
             entries = self.ml.read_entries(position, step_entries, max_bytes=step_bytes)
             if not entries:
                 return
+            if expected is not None and entries[0].first_offset != expected:
+                raise DataLost(f"offset {expected} of {self.name} was trimmed while read; first is "
+                               f"{self.ml.first_offset}")
             yield from entries
+            expected = entries[-1].last_offset + 1
             position = self.ml.next_position(entries[-1].position)
 
     def _replay_sequence_ids(self, from_offset: int) -> Iterator[tuple[str, int, int]]:

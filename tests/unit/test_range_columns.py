@@ -11,7 +11,8 @@ give its result or its error; corrupt batch payloads behind a valid checksum (ev
 bad varints, sizes past the end, bad wire types, invalid UTF-8, wrong counts, trailing bytes,
 seeded random mutations) raise ``CorruptEntry`` from both paths alike, and a failed append
 leaves the columns as they were; chunked reads find each next offset without reading an entry,
-and a read of N messages stored one an entry reads N entries.
+and a read of N messages stored one an entry reads N entries; a ledger trimmed between two steps
+of a read is ``DataLost``, never a silent jump.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from broker.entry_format.columns import (
     NativeColumns,
     collect_entries,
 )
-from broker.errors import CorruptEntry
+from broker.errors import CorruptEntry, DataLost
 from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.proto import pulsar_entry_pb2 as pb
@@ -545,3 +546,21 @@ def test_a_read_of_n_messages_stored_one_an_entry_reads_n_entries(topic: Persist
     after = stack.cache.statistics()
     assert read.batch.column("value").to_pylist() == payloads[8:12] and read.next_offset == 12
     assert after.hits + after.misses - before.hits - before.misses - sum(lookups) == 4
+
+
+def test_a_ledger_trimmed_between_two_steps_of_a_read_is_data_lost_never_a_silent_jump(
+        topic: PersistentTopic, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention trims the ledger a read goes on into between two of its steps: the next step
+    would start past the offsets it expects, and rows labelled with offsets they do not hold
+    would follow. The read is ``DataLost`` instead (the step is made to land as after the trim)."""
+    publish_entries(topic, entries=15, per_entry=1)  # test_min: ledgers of 5 entries
+    ledgers = [info.ledger_id for info in topic.ml.ledger_infos() if info.entries]
+    next_position = topic.ml.next_position
+
+    def past_a_trimmed_ledger(position: Position) -> Position:
+        found = next_position(position)
+        return Position(ledgers[2], 0) if found.ledger_id == ledgers[1] else found
+
+    monkeypatch.setattr(topic.ml, "next_position", past_a_trimmed_ledger)
+    with pytest.raises(DataLost, match=r"offset 5 .* trimmed while read"):
+        list(topic.entries_from(0, step_entries=5))
