@@ -224,6 +224,11 @@ class Reader:
     def has_message_available(self) -> bool:
         return self._runner.call(self._reader.has_message_available())
 
+    @property
+    def reconnects(self) -> int:
+        """Times the reader's session was opened again after its broker went away."""
+        return self._reader.reconnects
+
     def close(self) -> None:
         self._runner.call(self._reader.close())
 

@@ -7,7 +7,9 @@ WebSocket reader on the topic, opened at its end before the first select, wakes 
 thread for every new message, so what is stored is handed out at once, without polling.
 
 Invariants: nothing stored after the reader opened can be missed (the reader sees it and wakes
-the selector, which reads from the last position handed out); nothing is handed out twice
+the selector, which reads from the last position handed out; a reader reopened after its broker
+went away, which opens at the topic's end again, wakes the selector once it is back, for what
+was stored while it was away); nothing is handed out twice
 (selects start after the last position). The reader reconnects when its broker goes away; a
 select that fails because the broker cannot be reached is made again, with backoff, for
 ``RESUME_TIMEOUT_S`` (a restart, a failover), and then ends the iteration with the library's
@@ -57,13 +59,18 @@ class TopicListener:
         self._thread.start()
 
     def _listen(self, notified: Event) -> None:
+        reconnects = self._reader.reconnects
         while not self._stopped:
             try:
                 self._reader.read_next(timeout_ms=LISTEN_WAIT_MS)
             except ReceiveTimeout:
+                if self._reader.reconnects != reconnects:  # reopened after its broker went away:
+                    reconnects = self._reader.reconnects  # what was stored while it was away never
+                    notified.set()                        # reaches it, so the selector looks
                 continue
             except ConnectionClosed:
                 return
+            reconnects = self._reader.reconnects
             notified.set()
 
     def stop(self) -> None:
