@@ -284,8 +284,7 @@ def collect_entries(entries: Iterable[StoredEntry], offset: int, partition: int,
     rows = used = 0  # what the columns hold: rows, and payload bytes plus the overhead of each row
     for entry in entries:  # the hot loop of a range read: each value worked out once an entry
         count = entry.message_count
-        skip = offset - entry.first_offset
-        skip = max(skip, 0)
+        skip = max(offset - entry.first_offset, 0)
         per_message = len(entry.data) // (count or 1) + message_overhead_bytes
         affordable = (max_bytes - used) // (per_message or 1)
         take = min(count - skip, max_messages - rows, affordable if affordable > 1 else 1)

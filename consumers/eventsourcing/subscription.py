@@ -59,19 +59,21 @@ class TopicListener:
         self._thread.start()
 
     def _listen(self, notified: Event) -> None:
-        reconnects = self._reader.reconnects
+        """Wake the selector for every message, and once the reader reopened after its broker
+        went away (it reopens at the topic's end: what was stored meanwhile never reaches it)."""
+        seen = self._reader.reconnects
         while not self._stopped:
             try:
                 self._reader.read_next(timeout_ms=LISTEN_WAIT_MS)
+                woken = True
             except ReceiveTimeout:
-                if self._reader.reconnects != reconnects:  # reopened after its broker went away:
-                    reconnects = self._reader.reconnects  # what was stored while it was away never
-                    notified.set()                        # reaches it, so the selector looks
-                continue
+                woken = False
             except ConnectionClosed:
                 return
             reconnects = self._reader.reconnects
-            notified.set()
+            if woken or reconnects != seen:
+                seen = reconnects
+                notified.set()
 
     def stop(self) -> None:
         self._stopped = True
