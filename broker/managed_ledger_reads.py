@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.entry_cache import EntryCache
-from broker.entry_format import message_count, peek_broker_entry_metadata
+from broker.entry_format import message_count
+from broker.entry_format.broker_metadata import prefix_fields
 from broker.errors import NoSuchEntry, NoSuchLedger
 from broker.limits import LOOKUP_RUN_ENTRIES_MAX, READ_HANDLES_MAX, READ_RUN_BYTES_MAX, READ_RUN_ENTRIES_MAX
 from broker.message_id import Position
@@ -190,14 +191,13 @@ class LedgerReads:
             run_bytes = READ_RUN_BYTES_MAX if bytes_left is None else min(bytes_left, READ_RUN_BYTES_MAX)
             count = max(1, min(count, -(-run_bytes // average)))
         run: list[Entry] = []
+        ledger_id, position = info.ledger_id, Position.of_stored
         for entry_id, data in enumerate(handle.read(first, first + count - 1), start=first):
-            meta = peek_broker_entry_metadata(data)
-            assert meta is not None
+            broker_timestamp_ms, index = prefix_fields(data)
             if first_offset is None:
-                first_offset = meta.index - message_count(data) + 1
-            run.append(Entry(Position(info.ledger_id, entry_id), data, first_offset, meta.index,
-                             meta.broker_timestamp_ms))
-            first_offset = meta.index + 1
+                first_offset = index - message_count(data) + 1
+            run.append(Entry(position(ledger_id, entry_id), data, first_offset, index, broker_timestamp_ms))
+            first_offset = index + 1
         return run
 
 

@@ -118,6 +118,15 @@ class Position:
         _check_long("ledger_id", self.ledger_id)
         _check_long("entry_id", self.entry_id)
 
+    @classmethod
+    def of_stored(cls, ledger_id: int, entry_id: int) -> Position:
+        """The position of an entry the broker read from its own storage, whose ids are in range
+        by construction: built without the checks of ``__init__`` (one position per entry read)."""
+        position = _new_message_id(cls)
+        _set(position, "ledger_id", ledger_id)
+        _set(position, "entry_id", entry_id)
+        return position
+
     def __lt__(self, other: Position) -> bool:
         return (self.ledger_id, self.entry_id) < (other.ledger_id, other.entry_id)
 

@@ -254,6 +254,54 @@ static PyObject *common_metadata(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
+/* The usual broker prefix: 0x0E02, its size, then broker timestamp (field 1) and index (field 2),
+ * each once or more (the last wins), nothing else. The offset after it, or -1 for any other
+ * bytes (then the Python parser says whether and how they are malformed). */
+static Py_ssize_t parse_broker_prefix(const unsigned char *p, Py_ssize_t n, uint64_t *timestamp, uint64_t *index) {
+    if (n < 6 || (((uint32_t)p[0] << 8) | p[1]) != MAGIC_BROKER_ENTRY_METADATA) {
+        return -1;
+    }
+    Py_ssize_t end = 6 + (Py_ssize_t)be32(p + 2);
+    if (end > n) {
+        return -1;
+    }
+    Py_ssize_t pos = 6;
+    int have_timestamp = 0, have_index = 0;
+    uint64_t value = 0;
+    while (pos < end) {
+        unsigned char tag = p[pos++];
+        if (tag != 0x08 && tag != 0x10) {
+            return -1;
+        }
+        if (!wire_read_varint(p, n, &pos, &value)) {
+            return -1;
+        }
+        if (tag == 0x08) {
+            have_timestamp = 1;
+            *timestamp = value;
+        } else {
+            have_index = 1;
+            *index = value;
+        }
+    }
+    return pos == end && have_timestamp && have_index ? end : -1;
+}
+
+/* broker_prefix(data): broker_metadata.split_prefix's usual case, (broker timestamp, index, offset
+ * of the 0x0E01 part), or None. */
+static PyObject *broker_prefix(PyObject *self, PyObject *data) {
+    if (!ready(data)) {
+        return NULL;
+    }
+    uint64_t timestamp, index;
+    Py_ssize_t end = parse_broker_prefix((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data),
+                                         &timestamp, &index);
+    if (end < 0) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(KKn)", (unsigned long long)timestamp, (unsigned long long)index, end);
+}
+
 /* common_batch(data): common_entry.common_batch. */
 static PyObject *common_batch(PyObject *self, PyObject *data) {
     if (!ready(data)) {
@@ -262,33 +310,9 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
     Py_ssize_t n = PyBytes_GET_SIZE(data);
 
-    /* the broker prefix: broker timestamp (1) and index (2), nothing else */
-    if (n < 6 || (((uint32_t)p[0] << 8) | p[1]) != MAGIC_BROKER_ENTRY_METADATA) {
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t end = 6 + (Py_ssize_t)be32(p + 2);
-    if (end > n) {
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t pos = 6;
-    int have_timestamp = 0, have_index = 0;
-    uint64_t index = 0, value = 0;
-    while (pos < end) {
-        unsigned char tag = p[pos++];
-        if (tag != 0x08 && tag != 0x10) {
-            Py_RETURN_NONE;
-        }
-        if (!wire_read_varint(p, n, &pos, &value)) {
-            Py_RETURN_NONE;
-        }
-        if (tag == 0x08) {
-            have_timestamp = 1;
-        } else {
-            have_index = 1;
-            index = value;
-        }
-    }
-    if (pos != end || !have_timestamp || !have_index) {
+    uint64_t timestamp, index;
+    Py_ssize_t end = parse_broker_prefix(p, n, &timestamp, &index);
+    if (end < 0) {
         Py_RETURN_NONE;
     }
 
@@ -312,6 +336,8 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
 }
 
 static PyMethodDef methods[] = {
+    {"broker_prefix", broker_prefix, METH_O,
+     "broker_metadata.split_prefix's usual case of a bytes object: (broker timestamp, index, end), or None."},
     {"common_batch", common_batch, METH_O,
      "common_entry.common_batch of a bytes object: the common entry's fields, or None."},
     {"common_metadata", (PyCFunction)(void (*)(void))common_metadata, METH_FASTCALL,

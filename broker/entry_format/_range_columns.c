@@ -880,6 +880,179 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * add_entries: collect_entries' loop over the entries of a read
+ * ---------------------------------------------------------------------------------------- */
+
+static PyObject *name_data, *name_message_count, *name_first_offset, *name_publish_time_ms, *name_position,
+    *name_ledger_id, *name_entry_id;
+
+static int attribute_long_long(PyObject *object, PyObject *name, long long *out) {
+    PyObject *value = PyObject_GetAttr(object, name);
+    if (value == NULL) {
+        return -1;
+    }
+    *out = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static Py_ssize_t put_varint(uint8_t *out, uint64_t value) {
+    Py_ssize_t n = 0;
+    while (value >= VARINT_CONTINUE) {
+        out[n++] = (uint8_t)((value & VARINT_PAYLOAD) | VARINT_CONTINUE);
+        value >>= 7;
+    }
+    out[n++] = (uint8_t)value;
+    return n;
+}
+
+/* message_id.message_id_bytes(ledger_id, entry_id, partition): MessageIdData fields 1-3. */
+static Py_ssize_t put_id_prefix(uint8_t *out, long long ledger_id, long long entry_id, long long partition) {
+    Py_ssize_t n = 0;
+    out[n++] = 0x08;
+    n += put_varint(out + n, (uint64_t)ledger_id); /* a negative value as its two's complement, as Python's */
+    out[n++] = 0x10;
+    n += put_varint(out + n, (uint64_t)entry_id);
+    if (partition >= 0) {
+        out[n++] = 0x18;
+        n += put_varint(out + n, (uint64_t)partition);
+    }
+    return n;
+}
+
+/* One entry appended natively: STATUS_OK, STATUS_FALLBACK (nothing appended: Python takes the
+ * entry) or STATUS_ERROR. */
+static int add_stored_entry(RangeColumns *c, PyObject *entry, PyObject *data, PyObject *common_batch,
+                            long long partition, long long skip, long long take) {
+    if (!PyBytes_CheckExact(data)) {
+        return STATUS_FALLBACK;
+    }
+    PyObject *common = PyObject_CallOneArg(common_batch, data);
+    if (common == NULL) {
+        return STATUS_ERROR;
+    }
+    if (!PyTuple_Check(common) || PyTuple_GET_SIZE(common) < 6 || PyTuple_GET_ITEM(common, 5) != Py_None) {
+        Py_DECREF(common); /* None (not a common entry) or not batched: the Python decoder's */
+        return STATUS_FALLBACK;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(common, 0));
+    Py_ssize_t count = PyLong_AsSsize_t(PyTuple_GET_ITEM(common, 1));
+    Py_DECREF(common);
+    if ((start == -1 || count == -1) && PyErr_Occurred()) {
+        return STATUS_ERROR;
+    }
+    Py_ssize_t total = PyBytes_GET_SIZE(data);
+    if (start < 0 || start > total) {
+        return STATUS_FALLBACK;
+    }
+    skip = skip < count ? skip : count;
+    take = take < count - skip ? take : count - skip;
+    if (take < 0) {
+        return STATUS_FALLBACK; /* the Python path says what is wrong */
+    }
+    const uint8_t *payload = (const uint8_t *)PyBytes_AS_STRING(data) + start;
+    Py_ssize_t payload_size = total - start;
+    if (count <= 0 || count > payload_size / MESSAGE_BYTES_MIN) {
+        PyErr_Format(MalformedBatch, "batch of %zd bytes cannot hold %zd messages", payload_size, count);
+        return STATUS_ERROR;
+    }
+    long long ledger_id, entry_id;
+    PyObject *position = PyObject_GetAttr(entry, name_position);
+    if (position == NULL) {
+        return STATUS_ERROR;
+    }
+    int failed = attribute_long_long(position, name_ledger_id, &ledger_id) < 0 ||
+                 attribute_long_long(position, name_entry_id, &entry_id) < 0;
+    Py_DECREF(position);
+    long long publish_time_ms;
+    if (failed || attribute_long_long(entry, name_publish_time_ms, &publish_time_ms) < 0) {
+        return STATUS_ERROR;
+    }
+    uint8_t prefix[3 + 3 * VARINT_BYTES_MAX];
+    EntryContext context = {prefix, put_id_prefix(prefix, ledger_id, entry_id, partition), count > 1,
+                            publish_time_ms};
+    Mark mark;
+    columns_mark(c, &mark);
+    int status = append_batch(c, payload, payload_size, count, (Py_ssize_t)skip, (Py_ssize_t)take, &context);
+    if (status != STATUS_OK) {
+        columns_rollback(c, &mark);
+    }
+    return status;
+}
+
+/* add_entries(entries, offset, partition, max_messages, max_bytes, message_overhead_bytes,
+ * common_batch): columns.collect_entries' loop, natively, for as long as each entry is one the
+ * columns take natively. None when the read is done (the entries ran out or a bound was
+ * reached); (entry, skip, take) for an entry the caller appends in Python before it decides
+ * whether to go on and call again. */
+static PyObject *RangeColumns_add_entries(RangeColumns *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "add_entries takes 7 arguments");
+        return NULL;
+    }
+    long long bounds[5]; /* offset, partition, max_messages, max_bytes, overhead */
+    for (int i = 0; i < 5; i++) {
+        bounds[i] = PyLong_AsLongLong(args[i + 1]);
+        if (bounds[i] == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    long long offset = bounds[0], partition = bounds[1], max_messages = bounds[2], max_bytes = bounds[3],
+              overhead = bounds[4];
+    if (overhead < 0 || overhead > BUFFER_BYTES_MAX) {
+        PyErr_SetString(PyExc_ValueError, "message_overhead_bytes must be between 0 and 2^31-1");
+        return NULL;
+    }
+    if (!columns_usable(self)) {
+        return NULL;
+    }
+    PyObject *iterator = args[0], *common_batch = args[6];
+    for (;;) {
+        PyObject *entry = PyIter_Next(iterator);
+        if (entry == NULL) {
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        }
+        long long count, first_offset;
+        PyObject *data = PyObject_GetAttr(entry, name_data);
+        if (data == NULL || attribute_long_long(entry, name_message_count, &count) < 0 ||
+            attribute_long_long(entry, name_first_offset, &first_offset) < 0) {
+            Py_XDECREF(data);
+            Py_DECREF(entry);
+            return NULL;
+        }
+        /* the rows and bytes the columns hold, as collect_entries counts them */
+        long long rows = self->rows, used = self->buffers[VALUE_DATA].len + rows * overhead;
+        long long skip = offset - first_offset > 0 ? offset - first_offset : 0;
+        Py_ssize_t data_bytes = PyObject_Length(data);
+        if (data_bytes < 0) {
+            Py_DECREF(data);
+            Py_DECREF(entry);
+            return NULL;
+        }
+        long long per_message = (long long)data_bytes / (count ? count : 1) + overhead;
+        long long affordable = (max_bytes - used) / (per_message ? per_message : 1);
+        long long take = count - skip;
+        take = take < max_messages - rows ? take : max_messages - rows;
+        take = take < (affordable > 1 ? affordable : 1) ? take : (affordable > 1 ? affordable : 1);
+        int status = add_stored_entry(self, entry, data, common_batch, partition, skip, take);
+        Py_DECREF(data);
+        if (status == STATUS_ERROR) {
+            Py_DECREF(entry);
+            return NULL;
+        }
+        if (status == STATUS_FALLBACK) {
+            return Py_BuildValue("(NLL)", entry, skip, take);
+        }
+        Py_DECREF(entry);
+        rows = self->rows;
+        used = self->buffers[VALUE_DATA].len + rows * overhead;
+        if (rows >= max_messages || used >= max_bytes || take < count - skip) {
+            Py_RETURN_NONE;
+        }
+    }
+}
+
 /* The properties of add_row: a dict of str to str, appended in its order. */
 static int append_property_dict(RangeColumns *c, PyObject *properties) {
     if (!PyDict_Check(properties)) {
@@ -1000,6 +1173,9 @@ static PyMethodDef RangeColumns_methods[] = {
     {"add_batch", (PyCFunction)(void (*)(void))RangeColumns_add_batch, METH_VARARGS | METH_KEYWORDS,
      "Append messages [skip, skip + take) of an uncompressed batch payload of `count` messages; False "
      "(nothing appended) when the entry needs the Python decoder. Raises MalformedBatch."},
+    {"add_entries", (PyCFunction)(void (*)(void))RangeColumns_add_entries, METH_FASTCALL,
+     "collect_entries' loop over an iterator of stored entries, for as long as each is taken natively: None "
+     "when the read is done, else (entry, skip, take) for the caller to append. Raises MalformedBatch."},
     {"add_row", (PyCFunction)(void (*)(void))RangeColumns_add_row, METH_VARARGS | METH_KEYWORDS,
      "Append one row decoded elsewhere."},
     {"finish", (PyCFunction)RangeColumns_finish, METH_NOARGS,
@@ -1048,6 +1224,16 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__range_columns(void) {
     base64_init();
+    PyObject **names[] = {&name_data, &name_message_count, &name_first_offset, &name_publish_time_ms,
+                          &name_position, &name_ledger_id, &name_entry_id};
+    const char *texts[] = {"data", "message_count", "first_offset", "publish_time_ms", "position", "ledger_id",
+                           "entry_id"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        *names[i] = PyUnicode_InternFromString(texts[i]);
+        if (*names[i] == NULL) {
+            return NULL;
+        }
+    }
     if (PyType_Ready(&RangeColumnsType) < 0) {
         return NULL;
     }

@@ -1,5 +1,8 @@
 """Type stub of the optional native accelerator ``_range_columns.c`` (see columns.py)."""
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from typing_extensions import Buffer
 
 PROPERTIES_PER_MESSAGE_MAX: int
@@ -22,6 +25,11 @@ class RangeColumns:
                   id_prefix: Buffer) -> bool:
         """Append messages ``skip..skip+take`` of a batch of ``count`` messages; False (nothing
         appended) when the entry needs the Python decoder. Raises ``MalformedBatch``."""
+    def add_entries(self, entries: Iterator[Any], offset: int, partition: int, max_messages: int, max_bytes: int,
+                    message_overhead_bytes: int, common_batch: Callable[[bytes], Any],
+                    /) -> tuple[Any, int, int] | None:
+        """``collect_entries``' loop while each entry is taken natively: None when the read is
+        done, else ``(entry, skip, take)`` for the caller. Raises ``MalformedBatch``."""
     def add_row(self, key: bytes | None, value: Buffer, publish_time_ms: int, event_time_ms: int | None,
                 properties: dict[str, str], message_id: Buffer) -> None:
         """Append one row decoded elsewhere."""

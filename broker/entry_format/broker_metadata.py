@@ -27,6 +27,14 @@ from broker.entry_format.wire import (
 )
 from broker.errors import CorruptEntry
 
+try:
+    from broker.entry_format._common_entry import broker_prefix as _native_broker_prefix
+except ImportError:  # built without a C compiler (see setup.py): the Python parser reads every prefix
+    NATIVE_BROKER_PREFIX = False
+else:
+    NATIVE_BROKER_PREFIX = True
+"""Whether the usual prefix is read by ``_common_entry.c``."""
+
 _CHECKSUM_MAGIC = U16.pack(MAGIC_CRC32C)
 _PREFIX_MAGIC = U16.pack(MAGIC_BROKER_ENTRY_METADATA)
 _U32_FROM = U32.unpack_from
@@ -39,8 +47,25 @@ def broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
     body = b"\x08" + encode_varint(broker_timestamp_ms) + b"\x10" + encode_varint(index)
     return BROKER_HEADER.pack(MAGIC_BROKER_ENTRY_METADATA, len(body)) + body
 
+def prefix_fields(data: Buffer) -> tuple[int, int]:
+    """(broker timestamp in ms, index) of a stored entry's prefix, which every entry the managed
+    ledger stored has (``CorruptEntry`` when it is missing or malformed)."""
+    if NATIVE_BROKER_PREFIX and type(data) is bytes:
+        fields = _native_broker_prefix(data)  # the usual shape, read natively
+        if fields is not None:
+            return fields[0], fields[1]
+    meta = split_prefix(data)[0]
+    if meta is None:
+        raise CorruptEntry("a stored entry has no broker entry metadata")
+    return meta.broker_timestamp_ms, meta.index
+
+
 def split_prefix(data: Buffer) -> tuple[BrokerEntryMetadata | None, int]:
     """Parse the optional 0x0e02 prefix; returns it and the offset of the 0x0e01 part."""
+    if NATIVE_BROKER_PREFIX and type(data) is bytes:
+        fields = _native_broker_prefix(data)  # the usual shape, read natively
+        if fields is not None:
+            return BrokerEntryMetadata(fields[0], fields[1]), fields[2]
     if type(data) is bytes and data[:2] == _PREFIX_MAGIC and data[6:7] == b"\x08":  # the usual shape
         end = 6 + _U32_FROM(data, 2)[0]
         try:

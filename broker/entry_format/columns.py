@@ -23,13 +23,13 @@ from __future__ import annotations
 import base64
 import itertools
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
 
-from broker.entry_format.common_entry import common_batch_payload
+from broker.entry_format.common_entry import common_batch_of_bytes, common_batch_payload
 from broker.entry_format.decode import decode_entry, decode_entry_payload
 from broker.entry_format.model import DecodedEntry, EncryptionContext
 from broker.errors import CorruptEntry
@@ -198,6 +198,9 @@ class NativeColumns:
         self.carried: set[int] = set()
         self.decoded_entries = 0
         """Entries split into messages in Python (not batched, or beyond the extension's rules)."""
+        self.handed_back = 0
+        """Entries ``add_entries`` left to Python (not a common uncompressed batch, or beyond the
+        extension's rules)."""
 
     def __len__(self) -> int:
         return self._columns.rows
@@ -226,6 +229,18 @@ class NativeColumns:
             except MalformedBatch as exc:
                 raise CorruptEntry(str(exc)) from None
         self._add_decoded(entry, decode_entry(entry.data), partition, skip, take)
+
+    def add_entries(self, entries: Iterator[StoredEntry], offset: int, partition: int, max_messages: int,
+                    max_bytes: int, message_overhead_bytes: int) -> tuple[StoredEntry, int, int] | None:
+        """:func:`collect_entries`' loop in C while each entry is a common batch the extension
+        takes: None when the read is done, else the entry (with its skip and take) to append here."""
+        try:
+            left = self._columns.add_entries(entries, offset, partition, max_messages, max_bytes,
+                                             message_overhead_bytes, common_batch_of_bytes)
+        except MalformedBatch as exc:
+            raise CorruptEntry(str(exc)) from None
+        self.handed_back += left is not None
+        return left
 
     def _add_decoded(self, entry: StoredEntry, decoded: DecodedEntry, partition: int, skip: int, take: int) -> None:
         self.decoded_entries += 1
@@ -279,19 +294,35 @@ def collect_entries(entries: Iterable[StoredEntry], offset: int, partition: int,
                     message_overhead_bytes: int = 0, native: bool = NATIVE_COLUMNS) -> Columns:
     """Up to ``max_messages`` messages from ``offset`` on out of ``entries`` (in order, the first
     holding ``offset``), stopping once their payloads plus ``message_overhead_bytes`` each
-    reach ``max_bytes`` (a batch entry is taken in part when the whole would pass the bound)."""
+    reach ``max_bytes`` (a batch entry is taken in part when the whole would pass the bound).
+    Native columns run this loop in ``_range_columns.c`` (``add_entries``), handing back only
+    the entries they cannot take."""
     columns = new_columns(offset, native=native)
-    rows = used = 0  # what the columns hold: rows, and payload bytes plus the overhead of each row
+    entries = iter(entries)
+    if isinstance(columns, NativeColumns):
+        while (left := columns.add_entries(entries, offset, partition, max_messages, max_bytes,
+                                           message_overhead_bytes)) is not None:
+            entry, skip, take = left
+            if not _add_and_go_on(columns, entry, partition, skip, take, max_messages, max_bytes,
+                                  message_overhead_bytes):
+                break
+        return columns
     for entry in entries:  # the hot loop of a range read: each value worked out once an entry
         count = entry.message_count
         skip = max(offset - entry.first_offset, 0)
+        used = columns.size_bytes + len(columns) * message_overhead_bytes
         per_message = len(entry.data) // (count or 1) + message_overhead_bytes
         affordable = (max_bytes - used) // (per_message or 1)
-        take = min(count - skip, max_messages - rows, affordable if affordable > 1 else 1)
-        columns.add_rows_of(entry, partition, skip, take)
-        rows = len(columns)
-        used = columns.size_bytes + rows * message_overhead_bytes
-        if rows >= max_messages or used >= max_bytes or take < count - skip:
+        take = min(count - skip, max_messages - len(columns), affordable if affordable > 1 else 1)
+        if not _add_and_go_on(columns, entry, partition, skip, take, max_messages, max_bytes, message_overhead_bytes):
             break
     return columns
 
+
+def _add_and_go_on(columns: Columns, entry: StoredEntry, partition: int, skip: int, take: int, max_messages: int,
+                   max_bytes: int, message_overhead_bytes: int) -> bool:
+    """Append rows ``skip..skip+take`` of ``entry``; whether the read goes on to the next entry."""
+    columns.add_rows_of(entry, partition, skip, take)
+    rows = len(columns)
+    used = columns.size_bytes + rows * message_overhead_bytes
+    return not (rows >= max_messages or used >= max_bytes or take < entry.message_count - skip)

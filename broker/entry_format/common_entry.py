@@ -15,6 +15,7 @@ against it).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import crc32c
 
@@ -242,3 +243,9 @@ def common_client_entry(data: Buffer) -> tuple[str, tuple[str | None, ...]] | No
         return producer, tuple([m.key for m in decode_batch(data[payload_start:], count, None, sequence_id)])
     except (IndexError, ValueError, CorruptEntry, struct.error):
         return None
+
+
+common_batch_of_bytes: Callable[[bytes], _CommonEntry | None] = (
+    _native_common_batch if NATIVE_COMMON_ENTRY else _python_common_batch)
+""":func:`common_batch` for a caller that holds a ``bytes`` object: the native check when it was
+built, without a dispatch on each call."""

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -115,6 +116,64 @@ class _Producer(threading.local):
         sequence ids never handed out again, whatever the request's outcome."""
         first, self.next_sequence_id = self.next_sequence_id, self.next_sequence_id + len(messages)
         return {"producerName": self.name, "messages": [{**messages[0], "sequenceId": first}, *messages[1:]]}
+
+
+class _ReadAhead:
+    """The next page of a sequential notification reader, read while its caller decodes this one.
+
+    When a ``select_notifications`` starts where the one before it ended, each full page it reads
+    has the page after it (as many rows) read on a thread of its own while the caller decodes
+    this one; a read takes that page when it asks for exactly it, else the page is dropped. One
+    page is ahead at most. Rows below a read's next offset never change (offsets are assigned once
+    and read only below the last confirmed entry), so a page read ahead says what a read now
+    would, up to its end; the caller goes on reading from there, and an empty or failed page is
+    read again rather than trusted.
+    """
+
+    def __init__(self, read: Callable[[int, int], tuple[pa.Table, int]]) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self._ahead: tuple[int, int, Future[tuple[pa.Table, int]]] | None = None
+        self._last_end: int | None = None
+
+    def sequential(self, first: int) -> bool:
+        """Whether a select from ``first`` starts where the last one ended."""
+        with self._lock:
+            return self._last_end == first
+
+    def read(self, offset: int, count: int, *, ahead: bool) -> tuple[pa.Table, int]:
+        """Up to ``count`` rows from ``offset`` on and the offset after them; when ``ahead`` and
+        they fill ``count``, the page after them is read meanwhile."""
+        rows, next_offset = self._take(offset, count) or self._read(offset, count)
+        if ahead and rows.num_rows >= count:
+            future: Future[tuple[pa.Table, int]] = Future()
+            with self._lock:
+                self._ahead = (next_offset, count, future)
+            threading.Thread(target=self._fill, args=(future, next_offset, count), name="eventsourcing-read-ahead",
+                             daemon=True).start()
+        return rows, next_offset
+
+    def ended(self, end: int) -> None:
+        """A select ended its reads before ``end``."""
+        with self._lock:
+            self._last_end = end
+
+    def _take(self, offset: int, count: int) -> tuple[pa.Table, int] | None:
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead[:2] != (offset, count):
+            return None
+        try:
+            rows, next_offset = ahead[2].result()
+        except Exception:  # whatever it was, a read now says what holds now
+            return None
+        return (rows, next_offset) if rows.num_rows else None
+
+    def _fill(self, future: Future[tuple[pa.Table, int]], offset: int, count: int) -> None:
+        try:
+            future.set_result(self._read(offset, count))
+        except Exception as exc:  # handed to the taker, who reads again
+            future.set_exception(exc)
 
 
 class MagnetarRecorder:
@@ -336,6 +395,10 @@ class MagnetarAggregateRecorder(MagnetarRecorder, AggregateRecorder):
 class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder):
     """Aggregate events plus the application sequence: the topic's offsets."""
 
+    def __init__(self, client: Client, topic: str) -> None:
+        super().__init__(client, topic)
+        self._read_ahead = _ReadAhead(self._read_rows)
+
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
         if not stored_events:
             return None
@@ -347,13 +410,15 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
         end = OFFSET_END if stop is None else stop  # notification id = offset + 1 <= stop
         wanted = frozenset(topics)
         found: list[Notification] = []
+        ahead = self._read_ahead.sequential(offset)
         while len(found) < limit and offset < end:
-            rows, next_offset = self._read_rows(offset, min(NOTIFICATION_PAGE_MESSAGES_MAX, limit - len(found),
-                                                            end - offset))
+            rows, next_offset = self._read_ahead.read(
+                offset, min(NOTIFICATION_PAGE_MESSAGES_MAX, limit - len(found), end - offset), ahead=ahead)
             if not rows.num_rows:
                 break
             found += notifications_of(rows, wanted, limit - len(found))
             offset = next_offset
+        self._read_ahead.ended(offset)
         return found
 
     def max_notification_id(self) -> int | None:

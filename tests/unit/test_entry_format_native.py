@@ -318,3 +318,46 @@ def test_the_native_readers_take_a_ten_byte_varint_as_the_python_reader_does(las
     expected = _python_metadata_or_none(entry, 0)
     assert native_common_metadata(entry, 0) == expected
     assert (expected is not None) == (last_byte <= 0x01)
+
+
+@pytest.mark.parametrize("fields", [
+    b"\x08\x07\x10\x09",  # the broker's own order
+    b"\x10\x09\x08\x07",  # the other order
+    b"\x08\x07\x10\x09\x10\x0b",  # a repeated field: the last one wins
+    b"\x08\x07",  # no index: corrupt
+    b"\x08\x07\x10\x09\x18\x01",  # an unknown field: the Python parser skips it
+    b"\x08" + b"\xff" * 9 + b"\x01\x10\x09",  # a ten-byte varint, 2^64 - 1
+    b"\x08" + b"\xff" * 9 + b"\x02\x10\x09",  # past 2^64: corrupt
+    b"\x08\x07\x10",  # cut inside the index's varint
+])
+def test_the_native_broker_prefix_reads_what_the_python_parser_reads(fields: bytes) -> None:
+    """``_common_entry.broker_prefix`` reads the usual prefix (both fields, in either order, the
+    last of each winning) and leaves every other one to the Python parser, which then gives the
+    same metadata or the same ``CorruptEntry``; ``prefix_fields`` (the read path's) agrees."""
+    from broker.entry_format import broker_metadata
+
+    assert broker_metadata.NATIVE_BROKER_PREFIX, "the native prefix reader was not built (setup.py needs a C compiler)"
+    from broker.entry_format._common_entry import broker_prefix as native_broker_prefix
+
+    data = struct.pack(">HI", 0x0E02, len(fields)) + fields + b"\x0e\x01rest of the entry"
+    try:
+        expected = broker_metadata._split_prefix_general(data)
+    except CorruptEntry:
+        assert native_broker_prefix(data) is None
+        with pytest.raises(CorruptEntry):
+            broker_metadata.prefix_fields(data)
+        return
+    meta, end = expected
+    assert meta is not None
+    native = native_broker_prefix(data)
+    assert native is None or native == (meta.broker_timestamp_ms, meta.index, end)
+    assert (native is None) == (b"\x18" in fields)
+    assert broker_metadata.split_prefix(data) == expected
+    assert broker_metadata.prefix_fields(data) == (meta.broker_timestamp_ms, meta.index)
+
+
+def test_an_entry_without_a_prefix_has_no_prefix_fields() -> None:
+    from broker.entry_format import broker_metadata
+
+    with pytest.raises(CorruptEntry, match="no broker entry metadata"):
+        broker_metadata.prefix_fields(b"\x0e\x01" + b"\x00" * 12)

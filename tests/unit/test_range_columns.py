@@ -289,6 +289,30 @@ def test_ordinary_entries_never_take_the_python_decoder() -> None:
 
 
 @native_only
+def test_a_read_of_common_entries_runs_in_the_extension_and_hands_back_only_the_others() -> None:
+    """The loop over a read's entries runs in ``add_entries``: an uncompressed batch of one
+    message (an event as the eventsourcing recorder stores it) or of many never comes back to
+    Python; a compressed or non-batched entry does, once, and the read is the reference's."""
+    rng = random.Random(11)
+    entries: list[Entry] = []
+    for entry_id in range(40):
+        first = entries[-1].last_offset + 1 if entries else 0
+        count = 1 if entry_id % 2 else rng.randrange(2, 30)
+        messages = [random_message(rng, i == 0)._replace(key_b64_encoded=False) for i in range(count)]
+        entries.append(encoded_entry(messages, Compression.NONE, first, entry_id))
+    common = collect_entries(entries, 0, PARTITION, 100_000, 1 << 30, native=True)
+    assert isinstance(common, NativeColumns)
+    assert (len(common), common.handed_back) == (entries[-1].last_offset + 1, 0)
+    first = entries[-1].last_offset + 1
+    entries += [encoded_entry([Message(b"z", key="k")], Compression.ZSTD, first, 40),
+                non_batched_entry(rng, first + 1, 41)]
+    mixed = collect_entries(entries, 3, PARTITION, 100_000, 1 << 30, native=True)
+    assert isinstance(mixed, NativeColumns)
+    assert mixed.handed_back == 2
+    assert_same_read(entries, offset=3)
+
+
+@native_only
 @pytest.mark.parametrize(("key", "expected"), [
     ("QR==", b"A"),  # canonical with stray padding bits: the extension decodes it
     ("Q Q==", b"A"),  # not canonical: the reference skips the space
