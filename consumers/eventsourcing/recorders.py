@@ -2,8 +2,9 @@
 
 Role: ``MagnetarAggregateRecorder`` stores an aggregate's events as the event stream of its
 originator id; ``MagnetarApplicationRecorder`` adds the application sequence (notification id =
-offset + 1, read by offset ranges as Arrow columns (``records.notifications_of``), followed
-live by ``MagnetarSubscription``);
+offset + 1, read by offset ranges as Arrow columns (``records.notifications_of``), the next
+page of a sequential reader read ahead (``NotificationReadAhead``), followed live by
+``MagnetarSubscription``);
 ``MagnetarTrackingRecorder`` keeps each upstream application's tracking records as the stream of
 a tracking key; ``MagnetarProcessRecorder`` writes tracking records and events in one request.
 
@@ -26,10 +27,12 @@ topic must not be partitioned: the first write or range read of a recorder check
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -118,7 +121,17 @@ class _Producer(threading.local):
         return {"producerName": self.name, "messages": [{**messages[0], "sequenceId": first}, *messages[1:]]}
 
 
-class _ReadAhead:
+@dataclass
+class ReadAheadStats:
+    pages_read_ahead: int = 0
+    pages_taken: int = 0
+    """Pages a select used as they were read ahead."""
+    pages_dropped: int = 0
+    """Pages read ahead that were not what the next select asked for, or were empty or failed
+    (read again)."""
+
+
+class NotificationReadAhead:
     """The next page of a sequential notification reader, read while its caller decodes this one.
 
     When a ``select_notifications`` starts where the one before it ended, each full page it reads
@@ -135,6 +148,7 @@ class _ReadAhead:
         self._lock = threading.Lock()
         self._ahead: tuple[int, int, Future[tuple[pa.Table, int]]] | None = None
         self._last_end: int | None = None
+        self._stats = ReadAheadStats()
 
     def sequential(self, first: int) -> bool:
         """Whether a select from ``first`` starts where the last one ended."""
@@ -149,6 +163,7 @@ class _ReadAhead:
             future: Future[tuple[pa.Table, int]] = Future()
             with self._lock:
                 self._ahead = (next_offset, count, future)
+                self._stats.pages_read_ahead += 1
             threading.Thread(target=self._fill, args=(future, next_offset, count), name="eventsourcing-read-ahead",
                              daemon=True).start()
         return rows, next_offset
@@ -158,16 +173,36 @@ class _ReadAhead:
         with self._lock:
             self._last_end = end
 
+    def settle(self) -> None:
+        """Wait until the page being read ahead, if any, is read (or failed)."""
+        with self._lock:
+            ahead = self._ahead
+        if ahead is not None:
+            ahead[2].exception()
+
+    def statistics(self) -> ReadAheadStats:
+        with self._lock:
+            return dataclasses.replace(self._stats)
+
     def _take(self, offset: int, count: int) -> tuple[pa.Table, int] | None:
         with self._lock:
             ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead[:2] != (offset, count):
+        if ahead is None:
             return None
-        try:
-            rows, next_offset = ahead[2].result()
-        except Exception:  # whatever it was, a read now says what holds now
-            return None
-        return (rows, next_offset) if rows.num_rows else None
+        taken = None
+        if ahead[:2] == (offset, count):
+            try:
+                taken = ahead[2].result()
+            except Exception:  # whatever it was, a read now says what holds now
+                taken = None
+            if taken is not None and not taken[0].num_rows:
+                taken = None  # the end then may not be the end now
+        with self._lock:
+            if taken is None:
+                self._stats.pages_dropped += 1
+            else:
+                self._stats.pages_taken += 1
+        return taken
 
     def _fill(self, future: Future[tuple[pa.Table, int]], offset: int, count: int) -> None:
         try:
@@ -397,7 +432,7 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
 
     def __init__(self, client: Client, topic: str) -> None:
         super().__init__(client, topic)
-        self._read_ahead = _ReadAhead(self._read_rows)
+        self.read_ahead = NotificationReadAhead(self._read_rows)
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
         if not stored_events:
@@ -410,15 +445,15 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
         end = OFFSET_END if stop is None else stop  # notification id = offset + 1 <= stop
         wanted = frozenset(topics)
         found: list[Notification] = []
-        ahead = self._read_ahead.sequential(offset)
+        ahead = self.read_ahead.sequential(offset)
         while len(found) < limit and offset < end:
-            rows, next_offset = self._read_ahead.read(
+            rows, next_offset = self.read_ahead.read(
                 offset, min(NOTIFICATION_PAGE_MESSAGES_MAX, limit - len(found), end - offset), ahead=ahead)
             if not rows.num_rows:
                 break
             found += notifications_of(rows, wanted, limit - len(found))
             offset = next_offset
-        self._read_ahead.ended(offset)
+        self.read_ahead.ended(offset)
         return found
 
     def max_notification_id(self) -> int | None:
