@@ -159,9 +159,37 @@ class KeepAliveConnection:
             self._drop()  # the broker closed the idle connection as the read went out: a new one, once
             return self._send(method, request)
 
+    def send(self, method: str, target: str, headers: dict[str, str] | None = None) -> None:
+        """The first half of a call without a body, for a caller that owns this connection: the
+        request goes out now and :meth:`receive` reads its answer later (between the two, the
+        broker works on it while the caller does something else). Raises as :meth:`exchange`
+        does; the connection is dropped after any error."""
+        request = self._request(method, f"{self.base_path}{target}", None, headers)
+        try:
+            if self._sock is not None and _closed_by_peer(self._sock):
+                self._drop()
+            self._connect().sendall(request)
+        except BaseException:
+            self._drop()
+            raise
+
+    def receive(self, method: str) -> HttpAnswer:
+        """The answer to the request :meth:`send` sent (a reused connection the broker closed
+        meanwhile is ``ConnectionLost``: nothing is sent again here)."""
+        if self._sock is None:
+            raise ConnectionLost("no request is waiting for its answer", nothing_received=True)
+        try:
+            return self._receive(method, self._sock)
+        except BaseException:
+            self._drop()
+            raise
+
     def _send(self, method: str, request: bytes) -> HttpAnswer:
         sock = self._connect()
         sock.sendall(request)
+        return self._receive(method, sock)
+
+    def _receive(self, method: str, sock: socket.socket) -> HttpAnswer:
         answer = _Answer()
         parser = answer.parser
         received = False

@@ -26,6 +26,7 @@ retry-letter topic policy, ``_retry.py``).
 from consumers.client._async import DEFAULT_SERVICE_URL, AsyncClient
 from consumers.client._consumer import AsyncConsumer, AsyncReader
 from consumers.client._dcb import DcbConditionFailed, DcbEvent, DcbQueryItem, DcbReadResult, DcbSequencedEvent
+from consumers.client._http_call import PendingGet
 from consumers.client._producer import AsyncProducer
 from consumers.client._streams import AsyncStreamReader
 from consumers.client._sync import Client, Consumer, Producer, Reader
@@ -65,6 +66,7 @@ __all__ = [
     "KeyVersionMismatch",
     "Message",
     "MessageIdParts",
+    "PendingGet",
     "Producer",
     "Reader",
     "ReceiveTimeout",

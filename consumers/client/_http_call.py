@@ -181,10 +181,34 @@ class BlockingHttp:
             if route.answered(response):
                 return response
 
+    def send(self, path: str, *, params: dict[str, Any] | None = None,
+             headers: dict[str, str] | None = None) -> PendingGet:
+        """A GET to the first listed broker sent now, its answer read later by
+        :meth:`PendingGet.answer` on the connection it went out on (held by the call until
+        then): the broker works on it while the caller does something else. A failure to send
+        is raised when the answer is asked for."""
+        url = httpx.URL(f"{self._service_urls[0]}{path}")
+        url = url if params is None else url.copy_merge_params(params)
+        base = f"{url.scheme}://{url.netloc.decode('ascii')}"
+        connection = self._take_connection(base)
+        sent = {name.lower(): value for name, value in (headers or {}).items()}
+        try:
+            connection.send("GET", url.raw_path.decode("ascii"), sent)
+        except OSError as exc:
+            return PendingGet(self, base, None, url, exc)
+        return PendingGet(self, base, connection, url, None)
+
     def _exchange(self, base: str, method: str, target: str, body: bytes | None,
                   headers: dict[str, str]) -> HttpAnswer:
         """One exchange on an idle connection to ``base`` (a new one when none is idle), given
         back afterwards (closed instead when ``IDLE_CONNECTIONS_MAX`` are idle already)."""
+        connection = self._take_connection(base)
+        try:
+            return connection.exchange(method, target, body, headers)
+        finally:
+            self._give_back(base, connection)
+
+    def _take_connection(self, base: str) -> KeepAliveConnection:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
@@ -192,15 +216,15 @@ class BlockingHttp:
             connection = idle.pop() if idle else None
         if connection is None:
             connection = KeepAliveConnection(base, self._headers, self._timeout_s, self._ssl_context)
-        try:
-            return connection.exchange(method, target, body, headers)
-        finally:
-            with self._lock:
-                kept = not self._closed and len(self._idle[base]) < IDLE_CONNECTIONS_MAX
-                if kept:
-                    self._idle[base].append(connection)
-            if not kept:
-                connection.close()
+        return connection
+
+    def _give_back(self, base: str, connection: KeepAliveConnection) -> None:
+        with self._lock:
+            kept = not self._closed and len(self._idle.setdefault(base, [])) < IDLE_CONNECTIONS_MAX
+            if kept:
+                self._idle[base].append(connection)
+        if not kept:
+            connection.close()
 
     def close(self) -> None:
         """Close the idle connections; one in use is closed when its call ends (a call after
@@ -210,4 +234,41 @@ class BlockingHttp:
             idle = [c for connections in self._idle.values() for c in connections]
             self._idle.clear()
         for connection in idle:
+            connection.close()
+
+
+class PendingGet:
+    """A GET sent by :meth:`BlockingHttp.send` whose answer is not read yet: :meth:`answer`
+    reads it (once; its connection is then given back), :meth:`drop` closes the connection
+    unread. Its answer is the call's only when it is a success: a redirect, an error answer or
+    a lost connection raise ``HttpError`` (no attempt is made again here; the caller makes the
+    call again the usual way, with its failover and retries, when it wants to)."""
+
+    def __init__(self, http: BlockingHttp, base: str, connection: KeepAliveConnection | None, url: httpx.URL,
+                 failure: OSError | None) -> None:
+        self._http, self._base, self._connection, self._url = http, base, connection, url
+        self._failure: OSError | str | None = failure
+
+    def answer(self) -> httpx.Response:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            raise HttpError(0, "unreachable", f"GET {self._url}: {self._failure or 'dropped'}")
+        self._failure = "answered already"
+        try:
+            answer = connection.receive("GET")
+        except OSError as exc:
+            raise HttpError(0, "unreachable", f"GET {self._url}: {exc}") from exc
+        self._http._give_back(self._base, connection)
+        response = httpx.Response(answer.status, content=answer.body, request=httpx.Request("GET", self._url),
+                                  headers=[(name.encode("latin-1"), value.encode("latin-1"))
+                                           for name, value in answer.headers])
+        if response.status_code >= 300:
+            raise error_of(response) if response.status_code >= 400 else \
+                HttpError(response.status_code, "redirected", f"GET {self._url}: answered by another broker")
+        return response
+
+    def drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._failure = "dropped"
             connection.close()

@@ -36,7 +36,7 @@ from consumers.client._async import (
 )
 from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
 from consumers.client._dcb import DcbEvent, DcbQueryItem, DcbReadResult
-from consumers.client._http_call import BlockingHttp
+from consumers.client._http_call import BlockingHttp, PendingGet
 from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
 from consumers.client._streams import AsyncStreamReader
 from consumers.client.errors import ConnectionClosed
@@ -362,6 +362,13 @@ class Client:
         """One HTTP call to the broker (admin API and the like), made from the calling thread
         (``BlockingHttp``); an error status raises ``HttpError``."""
         return self._http.request(method, path, json_body=json_body, params=params, headers=headers)
+
+    def send_get(self, path: str, *, params: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> PendingGet:
+        """A GET sent now whose answer ``PendingGet.answer()`` reads later, so the broker works
+        on it while the caller does something else (no retry, redirect or failover: a caller
+        that gets ``HttpError`` makes the call again with :meth:`request`)."""
+        return self._http.send(path, params=params, headers=headers)
 
     def close(self) -> None:
         if self._finalizer.detach() is None:

@@ -27,15 +27,16 @@ topic must not be partitioned: the first write or range read of a recorder check
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID, uuid4
 
+import httpx
 import pyarrow as pa
 from eventsourcing.persistence import (
     AggregateRecorder,
@@ -51,7 +52,7 @@ from eventsourcing.persistence import (
     TrackingRecorder,
 )
 
-from consumers.client import Client, ClientError, HttpError, KeyVersionMismatch, Message, Topic
+from consumers.client import Client, ClientError, HttpError, KeyVersionMismatch, Message, PendingGet, Topic
 from consumers.eventsourcing.records import (
     NEW_STREAM,
     Head,
@@ -131,22 +132,37 @@ class ReadAheadStats:
     (read again)."""
 
 
+class PendingRows(Protocol):
+    """A range read sent to the broker whose answer is read when it is wanted."""
+
+    def result(self) -> tuple[pa.Table, int]:
+        """The rows and the offset after them (read once; raises what the read raised)."""
+        ...
+
+    def drop(self) -> None:
+        """Forget the read, unread."""
+
+
 class NotificationReadAhead:
-    """The next page of a sequential notification reader, read while its caller decodes this one.
+    """The next page of a sequential notification reader, asked for while its caller decodes
+    this one.
 
     When a ``select_notifications`` starts where the one before it ended, each full page it reads
-    has the page after it (as many rows) read on a thread of its own while the caller decodes
-    this one; a read takes that page when it asks for exactly it, else the page is dropped. One
-    page is ahead at most. Rows below a read's next offset never change (offsets are assigned once
-    and read only below the last confirmed entry), so a page read ahead says what a read now
-    would, up to its end; the caller goes on reading from there, and an empty or failed page is
-    read again rather than trusted.
+    has the page after it (as many rows) sent for at once, and its answer is read by the next
+    select that asks for exactly that page; any other select drops it. The request goes out
+    from the caller's thread before it decodes, so the broker reads the next page while the
+    caller decodes this one (no thread of the client's waits on the interpreter's lock to send
+    it). One page is ahead at most. Rows below a read's next offset never change (offsets are
+    assigned once and read only below the last confirmed entry), so a page read ahead says what
+    a read now would, up to its end; the caller goes on reading from there, and an empty or
+    failed page is read again rather than trusted.
     """
 
-    def __init__(self, read: Callable[[int, int], tuple[pa.Table, int]]) -> None:
-        self._read = read
+    def __init__(self, read: Callable[[int, int], tuple[pa.Table, int]],
+                 send: Callable[[int, int], PendingRows]) -> None:
+        self._read, self._send = read, send
         self._lock = threading.Lock()
-        self._ahead: tuple[int, int, Future[tuple[pa.Table, int]]] | None = None
+        self._ahead: tuple[int, int, PendingRows] | None = None
         self._last_end: int | None = None
         self._stats = ReadAheadStats()
 
@@ -157,15 +173,15 @@ class NotificationReadAhead:
 
     def read(self, offset: int, count: int, *, ahead: bool) -> tuple[pa.Table, int]:
         """Up to ``count`` rows from ``offset`` on and the offset after them; when ``ahead`` and
-        they fill ``count``, the page after them is read meanwhile."""
+        they fill ``count``, the page after them is asked for before they are returned."""
         rows, next_offset = self._take(offset, count) or self._read(offset, count)
         if ahead and rows.num_rows >= count:
-            future: Future[tuple[pa.Table, int]] = Future()
+            pending = self._send(next_offset, count)
             with self._lock:
-                self._ahead = (next_offset, count, future)
+                dropped, self._ahead = self._ahead, (next_offset, count, pending)
                 self._stats.pages_read_ahead += 1
-            threading.Thread(target=self._fill, args=(future, next_offset, count), name="eventsourcing-read-ahead",
-                             daemon=True).start()
+            if dropped is not None:  # another thread's, asked for meanwhile
+                dropped[2].drop()
         return rows, next_offset
 
     def ended(self, end: int) -> None:
@@ -174,11 +190,12 @@ class NotificationReadAhead:
             self._last_end = end
 
     def settle(self) -> None:
-        """Wait until the page being read ahead, if any, is read (or failed)."""
+        """Read the answer of the page asked for ahead, if any, now (it is kept for its select)."""
         with self._lock:
             ahead = self._ahead
         if ahead is not None:
-            ahead[2].exception()
+            with contextlib.suppress(Exception):
+                ahead[2].result()
 
     def statistics(self) -> ReadAheadStats:
         with self._lock:
@@ -197,6 +214,8 @@ class NotificationReadAhead:
                 taken = None
             if taken is not None and not taken[0].num_rows:
                 taken = None  # the end then may not be the end now
+        else:
+            ahead[2].drop()
         with self._lock:
             if taken is None:
                 self._stats.pages_dropped += 1
@@ -204,11 +223,33 @@ class NotificationReadAhead:
                 self._stats.pages_taken += 1
         return taken
 
-    def _fill(self, future: Future[tuple[pa.Table, int]], offset: int, count: int) -> None:
-        try:
-            future.set_result(self._read(offset, count))
-        except Exception as exc:  # handed to the taker, who reads again
-            future.set_exception(exc)
+
+class _PendingRangeRead:
+    """A range read sent with ``Client.send_get``, its Arrow answer read by ``result``."""
+
+    def __init__(self, pending: PendingGet, offset: int) -> None:
+        self._pending, self._offset = pending, offset
+        self._result: tuple[pa.Table, int] | None = None
+        self._failure: Exception | None = None
+
+    def result(self) -> tuple[pa.Table, int]:
+        if self._result is None and self._failure is None:
+            try:
+                self._result = _rows_of(self._pending.answer(), self._offset)
+            except Exception as exc:
+                self._failure = exc
+        if self._failure is not None:
+            raise self._failure
+        assert self._result is not None
+        return self._result
+
+    def drop(self) -> None:
+        self._pending.drop()
+
+
+def _rows_of(response: httpx.Response, offset: int) -> tuple[pa.Table, int]:
+    """The rows of a range read's Arrow answer and the offset to read next."""
+    return pa.ipc.open_stream(response.content).read_all(), int(response.headers[NEXT_OFFSET_HEADER])
 
 
 class MagnetarRecorder:
@@ -329,7 +370,14 @@ class MagnetarRecorder:
             raise persistence_error(exc) from exc
         except ClientError as exc:
             raise persistence_error(exc) from exc
-        return pa.ipc.open_stream(response.content).read_all(), int(response.headers[NEXT_OFFSET_HEADER])
+        return _rows_of(response, offset)
+
+    def _send_read_rows(self, offset: int, count: int) -> PendingRows:
+        """:meth:`_read_rows` sent now, its answer read later (an error then is read again the
+        usual way by the read-ahead's caller)."""
+        pending = self.client.send_get(f"{self._path}/messages", headers=ARROW_ACCEPT,
+                                       params={"offset": offset, "maxMessages": max(1, count)})
+        return _PendingRangeRead(pending, offset)
 
     def _offsets(self) -> tuple[int, int]:
         """The topic's first retained offset and the next offset it will assign."""
@@ -432,7 +480,7 @@ class MagnetarApplicationRecorder(MagnetarAggregateRecorder, ApplicationRecorder
 
     def __init__(self, client: Client, topic: str) -> None:
         super().__init__(client, topic)
-        self.read_ahead = NotificationReadAhead(self._read_rows)
+        self.read_ahead = NotificationReadAhead(self._read_rows, self._send_read_rows)
 
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int] | None:
         if not stored_events:
