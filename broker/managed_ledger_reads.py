@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
@@ -39,8 +39,10 @@ from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHand
 from broker.offset_index import LedgerInfo, PositionHints
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """An entry read from a managed ledger, with its offsets and publish time (a tuple: one is
+    made per entry read)."""
+
     position: Position
     data: bytes
     first_offset: int

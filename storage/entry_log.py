@@ -32,6 +32,14 @@ from storage.errors import CorruptEntry
 from storage.fileio import AppendFile, FileIO, ReadFile
 from storage.limits import ENTRY_BYTES_MAX, ENTRY_LOG_SCAN_CHUNK_BYTES, FIRST_READ_BYTES
 
+try:
+    from storage._entry_records import parse_records as _native_parse_records
+except ImportError:  # built without a C compiler (see setup.py)
+    NATIVE_RECORDS = False
+else:
+    NATIVE_RECORDS = True
+"""Whether the records read ahead are parsed and checked by ``_entry_records.c``."""
+
 MAGIC = b"MGNTELOG"
 VERSION = 1
 _FILE_HEADER = struct.Struct(">8sII")
@@ -293,7 +301,8 @@ class EntryLogger:
         data = chunk[RECORD_HEADER_SIZE:end]
         if record_crc(ledger_id, entry_id, data) != crc:
             raise CorruptEntry(f"entry {ledger_id}:{entry_id}: CRC mismatch in log {log_id} at {offset}")
-        ahead = self._parse_ahead(chunk, end, ledger_id, read_ahead_entries)
+        ahead = _native_parse_records(chunk, end, ledger_id, read_ahead_entries) \
+            if NATIVE_RECORDS and type(chunk) is bytes else self._parse_ahead(chunk, end, ledger_id, read_ahead_entries)
         self._read_ahead_entries += len(ahead)
         return data, ahead
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from broker.errors import BrokerError, NoSuchEntry, NoSuchLedger, NotEnoughBookies
 from storage import LedgerStorage, new_future
@@ -35,8 +35,10 @@ class BookieUnavailable(BrokerError):
     retriable = True
 
 
-@dataclass(frozen=True)
-class StoredEntry:
+class StoredEntry(NamedTuple):
+    """An entry as a bookie keeps it: the writer's LAC and length when it was added, and its
+    payload (a tuple: one is made per entry read)."""
+
     lac: int
     length_bytes: int
     payload: bytes
