@@ -54,6 +54,7 @@ class Bookie(Protocol):
         entry id once every one is durable. ``recovery`` writes past a fence."""
     def read_entry(self, ledger_id: int, entry_id: int) -> StoredEntry: ...
     def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]: ...
+    def read_payloads(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]: ...
     def read_last_add_confirmed(self, ledger_id: int) -> int: ...
     def last_entry_id(self, ledger_id: int) -> int: ...
     def fence(self, ledger_id: int) -> Future[None]: ...
@@ -141,6 +142,12 @@ class LocalBookie:
         with the entries that follow the first it reads from an entry log)."""
         self._check()
         return [unpack_entry(data) for data in self.storage.get_entries(ledger_id, first_entry_id, last_entry_id)]
+
+    def read_payloads(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """The payloads of entries ``first..last`` (a ledger's range read: no ``StoredEntry`` is made)."""
+        self._check()
+        start = _HEADER.size
+        return [data[start:] for data in self.storage.get_entries(ledger_id, first_entry_id, last_entry_id)]
 
     def last_entry_id(self, ledger_id: int) -> int:
         self._check()

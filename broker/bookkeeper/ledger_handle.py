@@ -332,9 +332,7 @@ class LedgerHandle:
         holder = self._single_holder(first_entry_id, last_entry_id)
         if holder is not None:
             try:
-                stored = self._client.bookie(holder).read_entries(self.ledger_id, first_entry_id,
-                                                                          last_entry_id)
-                return [entry.payload for entry in stored]
+                return self._client.bookie(holder).read_payloads(self.ledger_id, first_entry_id, last_entry_id)
             except (BookieUnavailable, NoSuchEntry, NoSuchLedger, CorruptEntry):
                 pass  # the replicas one by one, as for any other range
         return [self._read_any_replica(e) for e in range(first_entry_id, last_entry_id + 1)]

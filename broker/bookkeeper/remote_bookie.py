@@ -146,6 +146,9 @@ class RemoteBookie:
             raise NoSuchEntry(f"entry {ledger_id}:{entry_id} is not on bookie {self.bookie_id}")
         return unpack_entry(found)
 
+    def read_payloads(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        return [entry.payload for entry in self.read_entries(ledger_id, first_entry_id, last_entry_id)]
+
     def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]:
         """Entries ``first..last``, in as few READ_RANGE requests as the response bound allows
         (each answer carries at least its first entry, so every request makes progress)."""

@@ -256,6 +256,9 @@ class SimBookie:
     def read_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[StoredEntry]:
         return [self.read_entry(ledger_id, entry_id) for entry_id in range(first_entry_id, last_entry_id + 1)]
 
+    def read_payloads(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        return [entry.payload for entry in self.read_entries(ledger_id, first_entry_id, last_entry_id)]
+
     def last_entry_id(self, ledger_id: int) -> int:
         return self._reachable().last_entry(ledger_id)
 
