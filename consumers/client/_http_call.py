@@ -19,7 +19,8 @@ so a write that must not be (an ``eventsourcing`` recorder's insert, a DCB appen
 producer name and sequence id, and the broker answers the resend with the first attempt's
 results; never when its answer was lost otherwise (``unreachable``). Every call has a timeout;
 a connection serves one call at a time; the blocking client keeps at most
-``IDLE_CONNECTIONS_MAX`` idle connections per broker, and ``close()`` closes them. Unlike
+``IDLE_CONNECTIONS_MAX`` idle connections per broker, and ``close()`` closes them and those of
+calls sent whose answers were not read (``send``). Unlike
 httpx, the blocking client goes to the brokers directly (no ``HTTP_PROXY``).
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -138,6 +140,8 @@ class BlockingHttp:
         """Connections between calls, by broker (the last given back is the next taken)."""
         self._lock = threading.Lock()
         self._closed = False
+        self._pending: weakref.WeakSet[PendingGet] = weakref.WeakSet()
+        """Calls sent whose answer is not read yet (``close()`` drops them)."""
 
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                 headers: dict[str, str] | None = None) -> httpx.Response:
@@ -196,7 +200,10 @@ class BlockingHttp:
             connection.send("GET", url.raw_path.decode("ascii"), sent)
         except OSError as exc:
             return PendingGet(self, base, None, url, exc)
-        return PendingGet(self, base, connection, url, None)
+        call = PendingGet(self, base, connection, url, None)
+        with self._lock:
+            self._pending.add(call)
+        return call
 
     def _exchange(self, base: str, method: str, target: str, body: bytes | None,
                   headers: dict[str, str]) -> HttpAnswer:
@@ -233,8 +240,11 @@ class BlockingHttp:
             self._closed = True
             idle = [c for connections in self._idle.values() for c in connections]
             self._idle.clear()
+            pending = list(self._pending)
         for connection in idle:
             connection.close()
+        for call in pending:
+            call.drop()
 
 
 class PendingGet:
@@ -272,3 +282,6 @@ class PendingGet:
         if connection is not None:
             self._failure = "dropped"
             connection.close()
+
+    def __del__(self) -> None:  # a call nobody answered or dropped (its reader went away): its socket closes
+        self.drop()

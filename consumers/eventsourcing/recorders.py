@@ -147,7 +147,8 @@ class NotificationReadAhead:
     """The next page of a sequential notification reader, asked for while its caller decodes
     this one.
 
-    When a ``select_notifications`` starts where the one before it ended, each full page it reads
+    When a ``select_notifications`` starts at the first notification or where the one before it
+    ended, each full page it reads
     has the page after it (as many rows) sent for at once, and its answer is read by the next
     select that asks for exactly that page; any other select drops it. The request goes out
     from the caller's thread before it decodes, so the broker reads the next page while the
@@ -167,9 +168,11 @@ class NotificationReadAhead:
         self._stats = ReadAheadStats()
 
     def sequential(self, first: int) -> bool:
-        """Whether a select from ``first`` starts where the last one ended."""
+        """Whether a select from ``first`` reads on sequentially: it starts at the first
+        notification (a catch-up from the start: a projection rebuilt, a follower's first pull)
+        or where the last select ended."""
         with self._lock:
-            return self._last_end == first
+            return first in (0, self._last_end)
 
     def read(self, offset: int, count: int, *, ahead: bool) -> tuple[pa.Table, int]:
         """Up to ``count`` rows from ``offset`` on and the offset after them; when ``ahead`` and

@@ -1,16 +1,18 @@
 """The notification read-ahead of ``MagnetarApplicationRecorder`` against a real broker: a
-sequential reader's next page is read while it decodes this one and taken when asked for, and a
-page read ahead never hides what was stored after it was read (the end it saw is read again)."""
+sequential reader's next page is asked for while it decodes this one and taken when asked for, a
+page read ahead never hides what was stored after it was read (the end it saw is read again), and
+a page never read closes its connection; and ``Client.send_get`` beneath it answers as a request."""
 
 from __future__ import annotations
 
+import gc
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from eventsourcing.persistence import StoredEvent
 
-from consumers.client import Client
+from consumers.client import Client, HttpError, Topic
 from consumers.eventsourcing import MagnetarApplicationRecorder
 from consumers.eventsourcing.recorders import PendingRows
 from tests.standalone import standalone_process
@@ -47,9 +49,20 @@ def test_a_sequential_reader_takes_each_next_page_as_it_was_read_ahead(client: C
         start = page[-1] + 1
     assert read == list(range(1, 6 * PAGE + 1))
     stats = recorder.read_ahead.statistics()
-    # the first select starts nowhere known and the second fetches its own page: four of the six
-    # pages, then the empty end, came read ahead
-    assert (stats.pages_taken, stats.pages_read_ahead) == (4, 5)
+    # a select from the first notification reads ahead too: five of the six pages came read
+    # ahead, and so did the empty end (read again, as an end is)
+    assert (stats.pages_taken, stats.pages_read_ahead, stats.pages_dropped) == (5, 6, 1)
+
+
+def test_a_select_from_elsewhere_reads_ahead_from_its_second_page_on(client: Client) -> None:
+    recorder = recorder_of(client)
+    insert(recorder, 4 * PAGE)
+    assert ids(recorder, PAGE + 1) == list(range(PAGE + 1, 2 * PAGE + 1))
+    assert recorder.read_ahead.statistics().pages_read_ahead == 0
+    assert ids(recorder, 2 * PAGE + 1) == list(range(2 * PAGE + 1, 3 * PAGE + 1))
+    assert ids(recorder, 3 * PAGE + 1) == list(range(3 * PAGE + 1, 4 * PAGE + 1))
+    stats = recorder.read_ahead.statistics()
+    assert (stats.pages_read_ahead, stats.pages_taken) == (2, 1)
 
 
 def test_an_empty_page_read_ahead_does_not_hide_events_stored_after_it(client: Client) -> None:
@@ -71,7 +84,7 @@ def test_a_short_page_read_ahead_is_read_on_from_its_end(client: Client) -> None
     recorder.read_ahead.settle()  # the page read ahead holds the two events stored so far
     insert(recorder, 2)
     assert ids(recorder, 2 * PAGE + 1) == list(range(2 * PAGE + 1, 2 * PAGE + 5))
-    assert recorder.read_ahead.statistics().pages_taken == 1
+    assert recorder.read_ahead.statistics().pages_taken == 2
 
 
 def test_a_page_read_ahead_is_dropped_when_the_next_select_asks_for_another(client: Client) -> None:
@@ -83,7 +96,7 @@ def test_a_page_read_ahead_is_dropped_when_the_next_select_asks_for_another(clie
     assert ids(recorder, 3, limit=3) == [3, 4, 5]
     assert ids(recorder, 2 * PAGE + 1, limit=PAGE - 1) == list(range(2 * PAGE + 1, 3 * PAGE))
     stats = recorder.read_ahead.statistics()
-    assert (stats.pages_taken, stats.pages_dropped) == (0, 1)
+    assert (stats.pages_taken, stats.pages_dropped) == (1, 1)
 
 
 def test_a_page_read_ahead_whose_answer_failed_is_read_again(client: Client) -> None:
@@ -104,4 +117,44 @@ def test_a_page_read_ahead_whose_answer_failed_is_read_again(client: Client) -> 
     assert ids(recorder, 2 * PAGE + 1) == list(range(2 * PAGE + 1, 3 * PAGE + 1))
     assert sent == [2 * PAGE, 3 * PAGE]
     stats = recorder.read_ahead.statistics()
-    assert (stats.pages_taken, stats.pages_dropped) == (0, 1)
+    assert (stats.pages_taken, stats.pages_dropped) == (1, 1)
+
+
+def test_a_page_asked_for_ahead_and_never_read_is_closed_with_its_reader_or_client(client: Client) -> None:
+    recorder = recorder_of(client)
+    insert(recorder, 2 * PAGE)
+    ids(recorder, 1)  # the second page is asked for, and never read
+    pending = recorder.read_ahead._ahead
+    assert pending is not None
+    sock = pending[2]._pending._connection._sock  # type: ignore[attr-defined]
+    assert sock.fileno() >= 0
+    del recorder, pending
+    gc.collect()
+    assert sock.fileno() == -1  # closed when its recorder went away, not left to a ResourceWarning
+
+    with Client(client.service_url) as other:
+        call = other.send_get(f"/topics/persistent/public/default/{uuid.uuid4().hex}/offsets")
+        sock = call._connection._sock  # type: ignore[union-attr]
+        assert sock is not None and sock.fileno() >= 0
+    assert sock.fileno() == -1  # the client's close() closed it
+
+
+def test_a_get_sent_ahead_answers_as_the_same_request_would(client: Client) -> None:
+    recorder = recorder_of(client)
+    insert(recorder, 3)
+    path = f"/topics/{Topic.parse(recorder.topic).path}/offsets"
+    call = client.send_get(path)
+    assert call.answer().json() == client.request("GET", path).json()
+    with pytest.raises(HttpError, match="answered already"):
+        call.answer()
+    missing = f"/topics/persistent/public/default/missing-{uuid.uuid4().hex[:8]}/messages"
+    with pytest.raises(HttpError) as expected:
+        client.request("GET", missing, params={"offset": 0})
+    with pytest.raises(HttpError) as raised:
+        client.send_get(missing, params={"offset": 0}).answer()
+    assert expected.value.status == 404
+    assert (raised.value.status, raised.value.code) == (expected.value.status, expected.value.code)
+    dropped = client.send_get(path)
+    dropped.drop()
+    with pytest.raises(HttpError, match="dropped"):
+        dropped.answer()
