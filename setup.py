@@ -22,6 +22,7 @@ setup(ext_modules=[
     Extension("broker.entry_format._batch_decoder", sources=["broker/entry_format/_batch_decoder.c"],
               depends=["broker/entry_format/_wire.h"], optional=True),
     Extension("broker.entry_format._common_entry", sources=["broker/entry_format/_common_entry.c"],
-              depends=["broker/entry_format/_wire.h"], optional=True),
-    Extension("storage._entry_records", sources=["storage/_entry_records.c"], optional=True),
+              depends=["broker/entry_format/_wire.h", "storage/_crc32c.h"], include_dirs=["storage"], optional=True),
+    Extension("storage._entry_records", sources=["storage/_entry_records.c"], depends=["storage/_crc32c.h"],
+              optional=True),
 ])

@@ -12,7 +12,7 @@
  * from ``pos`` on, as ``(entry id, data)``, at most ``limit`` of them, stopping before the
  * first record that is cut short by the chunk's end, belongs to another ledger, or whose CRC
  * (over ledger, entry and data) does not match. The CRC is CRC32C (the ``crc32c`` package's):
- * with the SSE 4.2 instruction where the processor has it, else through that package.
+ * computed by ``_crc32c.h``.
  *
  * Bounds: every record header and body is checked against the chunk's end before it is read;
  * the result holds at most ``limit`` records, each a copy of its data.
@@ -23,16 +23,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <nmmintrin.h>
-#define HAVE_CRC_INSTRUCTION 1
-#endif
+#include "_crc32c.h"
 
 #define RECORD_HEADER_BYTES 24 /* size u32, ledger u64, entry u64, crc u32 */
 #define IDS_BYTES 16
-
-static PyObject *crc32c_function = NULL;
-static int use_instruction = 0;
 
 static uint32_t be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
@@ -40,54 +34,6 @@ static uint32_t be32(const uint8_t *p) {
 
 static uint64_t be64(const uint8_t *p) {
     return ((uint64_t)be32(p) << 32) | be32(p + 4);
-}
-
-#ifdef HAVE_CRC_INSTRUCTION
-__attribute__((target("sse4.2"))) static uint32_t crc32c_instruction(uint32_t crc, const uint8_t *p, Py_ssize_t n) {
-    uint64_t state = ~crc;
-    for (; n >= 8; p += 8, n -= 8) {
-        uint64_t word;
-        memcpy(&word, p, sizeof word); /* little-endian: the bytes in memory order, as CRC32C wants */
-        state = _mm_crc32_u64(state, word);
-    }
-    uint32_t low = (uint32_t)state;
-    for (; n > 0; p++, n--) {
-        low = _mm_crc32_u8(low, *p);
-    }
-    return ~low;
-}
-#endif
-
-/* crc32c.crc32c(p[0:n], crc) into *out; -1 with an exception set on failure. */
-static int crc32c_of(uint32_t crc, const uint8_t *p, Py_ssize_t n, uint32_t *out) {
-#ifdef HAVE_CRC_INSTRUCTION
-    if (use_instruction) {
-        *out = crc32c_instruction(crc, p, n);
-        return 0;
-    }
-#endif
-    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
-    if (view == NULL) {
-        return -1;
-    }
-    PyObject *seed = PyLong_FromUnsignedLong(crc);
-    if (seed == NULL) {
-        Py_DECREF(view);
-        return -1;
-    }
-    PyObject *result = PyObject_CallFunctionObjArgs(crc32c_function, view, seed, NULL);
-    Py_DECREF(view);
-    Py_DECREF(seed);
-    if (result == NULL) {
-        return -1;
-    }
-    unsigned long value = PyLong_AsUnsignedLong(result);
-    Py_DECREF(result);
-    if (value == (unsigned long)-1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (uint32_t)value;
-    return 0;
 }
 
 /* parse_records(chunk, pos, ledger_id, limit): EntryLogger._parse_ahead. */
@@ -150,7 +96,7 @@ static PyObject *parse_records(PyObject *self, PyObject *const *args, Py_ssize_t
 }
 
 static PyObject *crc_instruction_used(PyObject *self, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(use_instruction);
+    return PyBool_FromLong(crc32c_instruction_used);
 }
 
 /* use_crc_instruction(flag): turn the instruction off (or back on where the processor has it),
@@ -160,10 +106,7 @@ static PyObject *use_crc_instruction(PyObject *self, PyObject *flag) {
     if (wanted < 0) {
         return NULL;
     }
-#ifdef HAVE_CRC_INSTRUCTION
-    use_instruction = wanted && __builtin_cpu_supports("sse4.2");
-#endif
-    return PyBool_FromLong(use_instruction);
+    return PyBool_FromLong(crc32c_use_instruction(wanted));
 }
 
 static PyMethodDef methods[] = {
@@ -182,18 +125,8 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__entry_records(void) {
-    PyObject *crc = PyImport_ImportModule("crc32c");
-    if (crc == NULL) {
+    if (crc32c_init() < 0) {
         return NULL;
     }
-    crc32c_function = PyObject_GetAttrString(crc, "crc32c");
-    Py_DECREF(crc);
-    if (crc32c_function == NULL) {
-        return NULL;
-    }
-#ifdef HAVE_CRC_INSTRUCTION
-    __builtin_cpu_init();
-    use_instruction = __builtin_cpu_supports("sse4.2");
-#endif
     return PyModule_Create(&module);
 }

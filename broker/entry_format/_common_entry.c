@@ -16,8 +16,9 @@
  * None, event time or None, ordering key or None, key is base64)``, or None for every entry the
  * Python code would refuse or leave to the general decoder (property-tested against it, with
  * corruption); likewise ``common_metadata`` and ``_python_parse_common_metadata``. Varints
- * follow wire.py's reader: at most ten bytes, at most 64 bits. The checksum is the ``crc32c``
- * package's, called once per entry over a view of the entry's bytes. Nothing is raised but
+ * follow wire.py's reader: at most ten bytes, at most 64 bits. The checksum is CRC32C as the
+ * ``crc32c`` package computes it (``storage/_crc32c.h``: the SSE 4.2 instruction where the
+ * processor has it, else that package over a view of the entry's bytes). Nothing is raised but
  * MemoryError.
  */
 
@@ -26,6 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_crc32c.h"
 #include "_wire.h"
 
 #define MAGIC_BROKER_ENTRY_METADATA 0x0E02
@@ -33,29 +35,17 @@
 #define CHECKSUM_HEADER_BYTES 10
 #define INT32_MAX_VALUE 2147483647ULL
 
-static PyObject *crc32c_function = NULL;
-
 static uint32_t be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
 
 /* 1 when the CRC32C of p[0:n] is ``expected``, 0 when not, -1 on an error (raised). */
 static int checksum_matches(const unsigned char *p, Py_ssize_t n, uint32_t expected) {
-    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
-    if (view == NULL) {
+    uint32_t crc;
+    if (crc32c_of(0, p, n, &crc) < 0) {
         return -1;
     }
-    PyObject *result = PyObject_CallOneArg(crc32c_function, view);
-    Py_DECREF(view);
-    if (result == NULL) {
-        return -1;
-    }
-    unsigned long value = PyLong_AsUnsignedLong(result);
-    Py_DECREF(result);
-    if (value == (unsigned long)-1 && PyErr_Occurred()) {
-        return -1;
-    }
-    return value == expected;
+    return crc == expected;
 }
 
 /* A common MessageMetadata, as common_entry.py's ``_parse_common_metadata`` reads it. */
@@ -220,7 +210,7 @@ static int parse_with_extras(const unsigned char *p, Py_ssize_t n, Py_ssize_t st
     return parsed;
 }
 
-static int ready(PyObject *data) { /* crc32c_function is set: the module does not load without it */
+static int ready(PyObject *data) { /* crc32c_init ran: the module does not load without it */
     if (!PyBytes_CheckExact(data)) {
         PyErr_SetString(PyExc_TypeError, "_common_entry takes a bytes object");
         return 0;
@@ -335,7 +325,11 @@ static PyObject *common_batch(PyObject *self, PyObject *data) {
     return result;
 }
 
+static PyObject *use_crc_instruction(PyObject *self, PyObject *flag);
+
 static PyMethodDef methods[] = {
+    {"use_crc_instruction", use_crc_instruction, METH_O,
+     "Use the SSE 4.2 instruction for CRC32C when the processor has it (False: the crc32c package); whether it is."},
     {"broker_prefix", broker_prefix, METH_O,
      "broker_metadata.split_prefix's usual case of a bytes object: (broker timestamp, index, end), or None."},
     {"common_batch", common_batch, METH_O,
@@ -350,14 +344,17 @@ static struct PyModuleDef module = {
     "The fast path's reading of a common stored entry (see common_entry.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__common_entry(void) {
-    PyObject *crc = PyImport_ImportModule("crc32c");
-    if (crc == NULL) {
+/* use_crc_instruction(flag): see storage/_crc32c.h. */
+static PyObject *use_crc_instruction(PyObject *self, PyObject *flag) {
+    int wanted = PyObject_IsTrue(flag);
+    if (wanted < 0) {
         return NULL;
     }
-    crc32c_function = PyObject_GetAttrString(crc, "crc32c");
-    Py_DECREF(crc);
-    if (crc32c_function == NULL) {
+    return PyBool_FromLong(crc32c_use_instruction(wanted));
+}
+
+PyMODINIT_FUNC PyInit__common_entry(void) {
+    if (crc32c_init() < 0) {
         return NULL;
     }
     return PyModule_Create(&module);

@@ -208,19 +208,36 @@ def _with_fixed_checksum(data: bytearray) -> bytearray:
        edits=st.lists(st.tuples(st.integers(min_value=0, max_value=400), st.integers(min_value=0, max_value=255)),
                       max_size=3),
        cut=st.none() | st.integers(min_value=0, max_value=400), fix_checksum=st.booleans(),
-       client_form=st.booleans())
+       client_form=st.booleans(), crc_instruction=st.booleans())
 def test_the_native_common_entry_check_returns_what_the_python_check_returns(
         keys: list[str | None], batched: bool, properties: bool, compressed: bool, key_b64: bool,
         event_time: int | None, ordering_key: bytes | None, deliver_at: int | None, sequence_id: int, index: int,
-        edits: list[tuple[int, int]], cut: int | None, fix_checksum: bool, client_form: bool) -> None:
+        edits: list[tuple[int, int]], cut: int | None, fix_checksum: bool, client_form: bool,
+        crc_instruction: bool) -> None:
     """``_common_entry.c`` against ``_python_common_batch`` and ``_python_parse_common_metadata`` on
     the entries the broker stores (batched or as Pulsar's clients send one message, with and
     without the fields that leave an entry to the general decoder), stored or as a client sends
     them (no broker prefix), and on those entries changed byte by byte and cut short, with the
-    checksum recomputed or not: the same tuple, or None for both."""
+    checksum recomputed or not, its CRC32C computed by the processor's instruction or by the
+    ``crc32c`` package: the same tuple, or None for both."""
     from broker.entry_format import common_entry
 
     assert common_entry.NATIVE_COMMON_ENTRY, "the native common-entry check was not built (setup.py needs a C compiler)"
+    from broker.entry_format._common_entry import use_crc_instruction
+
+    use_crc_instruction(crc_instruction)
+    try:
+        _check_common_entry(keys, batched, properties, compressed, key_b64, event_time, ordering_key, deliver_at,
+                            sequence_id, index, edits, cut, fix_checksum, client_form)
+    finally:
+        use_crc_instruction(True)
+
+
+def _check_common_entry(keys: list[str | None], batched: bool, properties: bool, compressed: bool, key_b64: bool,
+                        event_time: int | None, ordering_key: bytes | None, deliver_at: int | None, sequence_id: int,
+                        index: int, edits: list[tuple[int, int]], cut: int | None, fix_checksum: bool,
+                        client_form: bool) -> None:
+    from broker.entry_format import common_entry
     from broker.entry_format._common_entry import common_batch as native_common_batch
     from broker.entry_format._common_entry import common_metadata as native_common_metadata
 
