@@ -258,12 +258,18 @@ class PendingGet:
                  failure: OSError | None) -> None:
         self._http, self._base, self._connection, self._url = http, base, connection, url
         self._failure: OSError | str | None = failure
+        # a call nobody answered or dropped (its reader went away) closes its connection: a
+        # finalizer, not __del__, so the connection's socket is closed before the collector
+        # could reach it among the same garbage (and warn that it was never closed)
+        self._closer = None if connection is None else weakref.finalize(self, connection.close)
 
     def answer(self) -> httpx.Response:
         connection, self._connection = self._connection, None
         if connection is None:
             raise HttpError(0, "unreachable", f"GET {self._url}: {self._failure or 'dropped'}")
         self._failure = "answered already"
+        if self._closer is not None:
+            self._closer.detach()
         try:
             answer = connection.receive("GET")
         except OSError as exc:
@@ -281,7 +287,5 @@ class PendingGet:
         connection, self._connection = self._connection, None
         if connection is not None:
             self._failure = "dropped"
-            connection.close()
-
-    def __del__(self) -> None:  # a call nobody answered or dropped (its reader went away): its socket closes
-        self.drop()
+            if self._closer is not None:
+                self._closer()  # closes it, once

@@ -19,7 +19,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -116,14 +116,37 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
     if len(topic_names) != events.num_rows or len(versions) != events.num_rows:
         raise DataError(f"offsets {_offsets_text(events)} hold messages that are not stored events "
                         f"(one {TOPIC_PROPERTY!r} and one {VERSION_PROPERTY!r} property each)")
-    uuid_rows = properties.rows_where(_ID_TYPE, _UUID_ID_TYPE)
-    all_uuids = len(uuid_rows) == events.num_rows
-    return [Notification(id=offset + 1, originator_id=UUID(key) if all_uuids or row in uuid_rows else key,
-                         originator_version=version, topic=topic, state=state)
-            for row, (offset, key, version, topic, state) in enumerate(zip(
-                events.column("offset").to_pylist(), events.column("key").cast(pa.string()).to_pylist(),
+    originator_ids = _originator_ids(events.column("key").cast(pa.string()),
+                                     properties.rows_where(_ID_TYPE, _UUID_ID_TYPE))
+    return [Notification(id=offset + 1, originator_id=originator_id, originator_version=version, topic=topic,
+                         state=state)
+            for offset, originator_id, version, topic, state in zip(
+                events.column("offset").to_pylist(), originator_ids,
                 versions.cast(pa.int64()).to_pylist(), topic_names.to_pylist(), events.column("value").to_pylist(),
-                strict=True))]
+                strict=True)]
+
+
+_CANONICAL_UUID = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+_new_object = object.__new__
+_set_slot = object.__setattr__
+_SAFE_UNKNOWN = SafeUUID.unknown
+
+
+def _originator_ids(keys: pa.ChunkedArray, uuid_rows: set[int]) -> list[UUID | str]:
+    """The originator id of each row: a ``UUID`` for the rows marked so, else the key's text.
+    When every row is marked and every key is a UUID's 36 characters (as ``str(UUID)`` writes
+    it, checked by one Arrow kernel over the column), each ``UUID`` is made from its 128 bits
+    without parsing its text again in ``UUID.__init__`` (a third of a page's decoding)."""
+    count = len(keys)
+    if count and len(uuid_rows) == count and pc.all(pc.match_substring_regex(keys, _CANONICAL_UUID)).as_py():
+        made: list[UUID | str] = []
+        for text in pc.replace_substring(keys, "-", "").to_pylist():
+            uuid = _new_object(UUID)  # what UUID(text) makes: its two slots
+            _set_slot(uuid, "int", int(text, 16))
+            _set_slot(uuid, "is_safe", _SAFE_UNKNOWN)
+            made.append(uuid)
+        return made
+    return [UUID(text) if row in uuid_rows else text for row, text in enumerate(keys.to_pylist())]
 
 
 def last_notification_offset(rows: pa.Table) -> int | None:

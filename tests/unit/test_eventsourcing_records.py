@@ -75,3 +75,25 @@ def test_a_message_that_is_no_stored_event_is_a_data_error() -> None:
     foreign = rows(event(0, "a", 1, "t", b"", is_uuid=False), row(1, "b", b"x", [("colour", "blue")]))
     with pytest.raises(DataError, match="not stored events"):
         notifications_of(foreign, frozenset(), 10)
+
+
+@pytest.mark.parametrize("texts", [
+    [str(uuid.uuid4()) for _ in range(5)],  # as str(UUID) writes them: made from their bits
+    [str(uuid.uuid4()).upper(), str(uuid.uuid4())],  # upper case hex is the same UUID
+    ["{" + str(ORDER) + "}", str(uuid.uuid4())],  # not the 36 characters: UUID() reads each
+    ["urn:uuid:" + str(ORDER)],
+    [str(ORDER).replace("-", "")],
+])
+def test_originator_ids_marked_uuid_are_the_uuids_uuid_reads(texts: list[str]) -> None:
+    page = rows(*(event(offset, text, 1, "t", b"", is_uuid=True) for offset, text in enumerate(texts)))
+    ids = [n.originator_id for n in notifications_of(page, frozenset(), 10)]
+    assert ids == [uuid.UUID(text) for text in texts]
+    assert all(type(i) is uuid.UUID and i.is_safe is uuid.SafeUUID.unknown for i in ids)
+    assert [hash(i) for i in ids] == [hash(uuid.UUID(text)) for text in texts]
+    assert [str(i) for i in ids] == [str(uuid.UUID(text)) for text in texts]
+
+
+def test_a_key_marked_uuid_that_is_none_is_refused_as_uuid_refuses_it() -> None:
+    page = rows(event(0, str(ORDER), 1, "t", b"", is_uuid=True), event(1, "not-a-uuid", 1, "t", b"", is_uuid=True))
+    with pytest.raises(ValueError):
+        notifications_of(page, frozenset(), 10)
