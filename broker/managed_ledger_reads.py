@@ -23,6 +23,7 @@ answers no entry is ``NoSuchEntry``, never a read without end.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
@@ -37,6 +38,9 @@ from broker.limits import LOOKUP_RUN_ENTRIES_MAX, READ_HANDLES_MAX, READ_RUN_BYT
 from broker.message_id import Position
 from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHandle
 from broker.offset_index import LedgerInfo, PositionHints
+
+_DATA = operator.itemgetter(1)
+"""An ``Entry``'s ``data``."""
 
 
 class Entry(NamedTuple):
@@ -91,9 +95,9 @@ class LedgerReads:
             last = min(info.entries - 1, first + max_entries - len(result) - 1)
             if first > last:
                 continue
-            for entry in self.read_range(info, first, last, max_bytes=max_bytes - size):
-                result.append(entry)
-                size += len(entry.data)
+            entries = self.read_range(info, first, last, max_bytes=max_bytes - size)
+            result += entries
+            size += sum(map(len, map(_DATA, entries)))
             if size >= max_bytes:
                 return result
             if len(result) >= max_entries:
@@ -160,13 +164,14 @@ class LedgerReads:
                                         bytes_left)
             if not run:
                 raise NoSuchEntry(f"ledger {info.ledger_id} answered no entry from {entry_id}")
-            for entry in run:
-                entries.append(entry)
-                size += len(entry.data)
-                entry_id += 1
-                if stop_after_offset is not None and entry.last_offset >= stop_after_offset:
-                    entry_id = last + 1
-                    break
+            if stop_after_offset is not None:  # up to the entry holding it
+                ends = [i for i, entry in enumerate(run) if entry.last_offset >= stop_after_offset]
+                if ends:
+                    run = run[:ends[0] + 1]
+                    entry_id = last + 1 - len(run)
+            entries += run
+            size += sum(map(len, map(_DATA, run)))
+            entry_id += len(run)
         if entries:
             self.hints.remember(info, entries)
         return entries
