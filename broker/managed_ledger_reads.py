@@ -142,10 +142,11 @@ class LedgerReads:
     def read_range(self, info: LedgerInfo, first: int, last: int, *,
                            stop_after_offset: int | None = None, max_bytes: int | None = None) -> list[Entry]:
         """Entries ``first..last`` of one ledger (fewer when ``max_bytes`` or ``stop_after_offset``
-        ends the range early): from the broker's cache where it has them, the rest through the
-        ledger's range read, a run of at most ``READ_RUN_ENTRIES_MAX`` (``LOOKUP_RUN_ENTRIES_MAX``
-        with ``stop_after_offset``; fewer when the ledger's average entry would pass ``max_bytes``
-        or ``READ_RUN_BYTES_MAX``) at a time. Every entry
+        ends the range early): from the broker's cache where it has them (consecutive ones at
+        once), the rest through the ledger's range read, a run of at most
+        ``READ_RUN_ENTRIES_MAX`` (``LOOKUP_RUN_ENTRIES_MAX`` with ``stop_after_offset``; fewer
+        when the ledger's average entry would pass ``max_bytes`` or ``READ_RUN_BYTES_MAX``) at a
+        time. Every entry
         after the first is remembered as where the offset after its predecessor lives, and so is
         the entry after the last one read."""
         handle = self._handle_for(info)
@@ -156,12 +157,12 @@ class LedgerReads:
         while entry_id <= last:
             if max_bytes is not None and size >= max_bytes:
                 break
-            known_first = entries[-1].last_offset + 1 if entries else None
-            cached = self._cache.get(info.ledger_id, entry_id)
             bytes_left = None if max_bytes is None else max_bytes - size
-            run = [Entry(Position(info.ledger_id, entry_id), *cached)] if cached is not None else \
-                self._read_run_anywhere(handle, info, entry_id, min(last, entry_id + run_entries - 1), known_first,
-                                        bytes_left)
+            run_last = min(last, entry_id + run_entries - 1)
+            run = self._cached_run(info.ledger_id, entry_id, run_last, bytes_left, stop_after_offset)
+            if not run:
+                known_first = entries[-1].last_offset + 1 if entries else None
+                run = self._read_run_anywhere(handle, info, entry_id, run_last, known_first, bytes_left)
             if not run:
                 raise NoSuchEntry(f"ledger {info.ledger_id} answered no entry from {entry_id}")
             if stop_after_offset is not None:  # up to the entry holding it
@@ -175,6 +176,25 @@ class LedgerReads:
         if entries:
             self.hints.remember(info, entries)
         return entries
+
+    def _cached_run(self, ledger_id: int, first: int, last: int, bytes_left: int | None,
+                    stop_after_offset: int | None) -> list[Entry]:
+        """The entries from ``first`` (up to ``last``) that the broker's cache holds, up to the
+        first it does not hold, until they reach ``bytes_left``, or up to the one holding
+        ``stop_after_offset``."""
+        run: list[Entry] = []
+        get, position = self._cache.get, Position.of_stored
+        size = 0
+        for entry_id in range(first, last + 1):
+            cached = get(ledger_id, entry_id)
+            if cached is None:
+                break
+            run.append(Entry(position(ledger_id, entry_id), *cached))
+            size += len(cached.data)
+            if (bytes_left is not None and size >= bytes_left) or \
+                    (stop_after_offset is not None and cached.last_offset >= stop_after_offset):
+                break
+        return run
 
     def _read_run_anywhere(self, handle: ReadHandle, info: LedgerInfo, first: int, last: int,
                            first_offset: int | None, bytes_left: int | None) -> list[Entry]:
