@@ -29,6 +29,7 @@ Python extra (``psycopg``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import subprocess
@@ -159,6 +160,7 @@ def measured(cpu_s: Callable[[], float], threads: int, ops_each: int, op: Callab
             latencies[index].append(time.perf_counter() - started)
 
     workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    gc.collect()  # each measure starts with no collector debt left by what ran before (the other store's run)
     cpu_before, started_s = cpu_s(), time.perf_counter()
     for w in workers:
         w.start()
