@@ -2,9 +2,9 @@
 
 Role: ``MagnetarAggregateRecorder`` stores an aggregate's events as the event stream of its
 originator id; ``MagnetarApplicationRecorder`` adds the application sequence (notification id =
-offset + 1, read by offset ranges as Arrow columns (``records.notifications_of``), the next
-page of a sequential reader read ahead (``NotificationReadAhead``), followed live by
-``MagnetarSubscription``);
+offset + 1, read by offset ranges as Arrow columns (``records.notifications_of``), a sequential
+reader's pages read in windows, the next asked for ahead (``NotificationReadAhead``), followed
+live by ``MagnetarSubscription``);
 ``MagnetarTrackingRecorder`` keeps each upstream application's tracking records as the stream of
 a tracking key; ``MagnetarProcessRecorder`` writes tracking records and events in one request.
 
@@ -74,6 +74,9 @@ INSERT_ATTEMPTS_MAX = 16
 HEADS_CACHED_MAX = 10_000
 STREAM_PAGE_MESSAGES = 1000
 NOTIFICATION_PAGE_MESSAGES_MAX = 10_000
+WINDOW_PAGES = 4
+"""A sequential notification reader's range reads take this many of its pages at once
+(``NotificationReadAhead``)."""
 NOT_FOUND_CODES = frozenset({"topic_not_found", "not_found"})
 ARROW_ACCEPT = {"accept": "application/vnd.apache.arrow.stream"}
 """The range reads' answer as Arrow IPC (``api/rest_read.py``): columns the recorder selects and
@@ -124,12 +127,17 @@ class _Producer(threading.local):
 
 @dataclass
 class ReadAheadStats:
-    pages_read_ahead: int = 0
-    pages_taken: int = 0
-    """Pages a select used as they were read ahead."""
-    pages_dropped: int = 0
-    """Pages read ahead that were not what the next select asked for, or were empty or failed
-    (read again)."""
+    windows_read: int = 0
+    """Windows read when they were wanted (a sequential reader's first, or after one dropped)."""
+    windows_read_ahead: int = 0
+    """Windows asked for ahead, while the caller decoded the pages of the one before."""
+    windows_taken: int = 0
+    """Windows asked for ahead that a select then used."""
+    windows_dropped: int = 0
+    """Windows asked for ahead and not used: the next select read elsewhere, or the answer was
+    empty or failed (read again)."""
+    pages_from_windows: int = 0
+    """Page reads a window held already (no request)."""
 
 
 class PendingRows(Protocol):
@@ -143,26 +151,47 @@ class PendingRows(Protocol):
         """Forget the read, unread."""
 
 
-class NotificationReadAhead:
-    """The next page of a sequential notification reader, asked for while its caller decodes
-    this one.
+@dataclass(frozen=True)
+class _Window:
+    """Rows of consecutive offsets ``first..next_offset - 1`` read in one request (``asked``
+    rows were asked for)."""
 
-    When a ``select_notifications`` starts at the first notification or where the one before it
-    ended, each full page it reads
-    has the page after it (as many rows) sent for at once, and its answer is read by the next
-    select that asks for exactly that page; any other select drops it. The request goes out
-    from the caller's thread before it decodes, so the broker reads the next page while the
-    caller decodes this one (no thread of the client's waits on the interpreter's lock to send
-    it). One page is ahead at most. Rows below a read's next offset never change (offsets are
-    assigned once and read only below the last confirmed entry), so a page read ahead says what
-    a read now would, up to its end; the caller goes on reading from there, and an empty or
-    failed page is read again rather than trusted.
+    first: int
+    rows: pa.Table
+    next_offset: int
+    asked: int
+
+    def covers(self, offset: int) -> bool:
+        return self.first <= offset < self.next_offset
+
+    def page(self, offset: int, count: int) -> tuple[pa.Table, int]:
+        length = max(0, min(count, self.next_offset - offset))  # (a table of no columns slices to any length)
+        return self.rows.slice(offset - self.first, length), offset + length
+
+
+class NotificationReadAhead:
+    """Windows of a sequential notification reader's pages, the next asked for while its
+    caller decodes this one.
+
+    A ``select_notifications`` that starts at the first notification or where the one before it
+    ended reads in windows of ``window_pages`` of its pages (at most
+    ``NOTIFICATION_PAGE_MESSAGES_MAX`` rows): one request for several pages, as a Kafka
+    consumer fetches more than one poll takes. When a window arrives full, the next one is
+    asked for at once, from the caller's thread (no thread of the client's waits on the
+    interpreter's lock to send it), so the broker reads it while the caller decodes the pages
+    of this one; a select that reads elsewhere drops both. One window is kept and one is ahead
+    at most. Rows below a read's next offset never change (offsets are assigned once and read
+    only below the last confirmed entry), so a window says what a read now would, up to its end;
+    the caller reads on from there, and an empty or failed window is read again rather than
+    trusted.
     """
 
     def __init__(self, read: Callable[[int, int], tuple[pa.Table, int]],
-                 send: Callable[[int, int], PendingRows]) -> None:
+                 send: Callable[[int, int], PendingRows], window_pages: int = WINDOW_PAGES) -> None:
         self._read, self._send = read, send
+        self._window_pages = window_pages
         self._lock = threading.Lock()
+        self._window: _Window | None = None
         self._ahead: tuple[int, int, PendingRows] | None = None
         self._last_end: int | None = None
         self._stats = ReadAheadStats()
@@ -175,17 +204,33 @@ class NotificationReadAhead:
             return first in (0, self._last_end)
 
     def read(self, offset: int, count: int, *, ahead: bool) -> tuple[pa.Table, int]:
-        """Up to ``count`` rows from ``offset`` on and the offset after them; when ``ahead`` and
-        they fill ``count``, the page after them is asked for before they are returned."""
-        rows, next_offset = self._take(offset, count) or self._read(offset, count)
-        if ahead and rows.num_rows >= count:
-            pending = self._send(next_offset, count)
+        """Up to ``count`` rows from ``offset`` on and the offset after them: with ``ahead``,
+        out of a window (the one kept, the one asked for ahead, or one read now); else read as
+        asked, and the windows are forgotten."""
+        if not ahead:
+            self._forget()
+            return self._read(offset, count)
+        with self._lock:
+            window = self._window
+            if window is not None and window.covers(offset):
+                self._stats.pages_from_windows += 1
+                return window.page(offset, count)
+        window = self._taken(offset)
+        if window is None:
+            asked = min(NOTIFICATION_PAGE_MESSAGES_MAX, count * self._window_pages)
+            window = _Window(offset, *self._read(offset, asked), asked)
             with self._lock:
-                dropped, self._ahead = self._ahead, (next_offset, count, pending)
-                self._stats.pages_read_ahead += 1
-            if dropped is not None:  # another thread's, asked for meanwhile
-                dropped[2].drop()
-        return rows, next_offset
+                self._stats.windows_read += 1
+        pending = None
+        if window.rows.num_rows >= window.asked:  # full: the next one is asked for now
+            pending = self._send(window.next_offset, window.asked)
+        with self._lock:
+            self._window = window if window.rows.num_rows else None
+            dropped, self._ahead = self._ahead, None if pending is None else (window.next_offset, window.asked, pending)
+            self._stats.windows_read_ahead += pending is not None
+        if dropped is not None:  # another thread's, asked for meanwhile
+            dropped[2].drop()
+        return window.page(offset, count)
 
     def ended(self, end: int) -> None:
         """A select ended its reads before ``end``."""
@@ -193,7 +238,7 @@ class NotificationReadAhead:
             self._last_end = end
 
     def settle(self) -> None:
-        """Read the answer of the page asked for ahead, if any, now (it is kept for its select)."""
+        """Read the answer of the window asked for ahead, if any, now (kept for its select)."""
         with self._lock:
             ahead = self._ahead
         if ahead is not None:
@@ -204,27 +249,36 @@ class NotificationReadAhead:
         with self._lock:
             return dataclasses.replace(self._stats)
 
-    def _take(self, offset: int, count: int) -> tuple[pa.Table, int] | None:
+    def _taken(self, offset: int) -> _Window | None:
+        """The window asked for ahead when it starts at ``offset`` and holds rows (the kept one
+        is let go either way; one asked for elsewhere is dropped)."""
         with self._lock:
-            ahead, self._ahead = self._ahead, None
+            ahead, self._ahead, self._window = self._ahead, None, None
         if ahead is None:
             return None
-        taken = None
-        if ahead[:2] == (offset, count):
+        window = None
+        if ahead[0] == offset:
             try:
-                taken = ahead[2].result()
+                rows, next_offset = ahead[2].result()
             except Exception:  # whatever it was, a read now says what holds now
-                taken = None
-            if taken is not None and not taken[0].num_rows:
-                taken = None  # the end then may not be the end now
+                rows, next_offset = NO_ROWS, offset
+            if rows.num_rows:  # an empty one: the end then may not be the end now
+                window = _Window(offset, rows, next_offset, ahead[1])
         else:
             ahead[2].drop()
         with self._lock:
-            if taken is None:
-                self._stats.pages_dropped += 1
+            if window is None:
+                self._stats.windows_dropped += 1
             else:
-                self._stats.pages_taken += 1
-        return taken
+                self._stats.windows_taken += 1
+        return window
+
+    def _forget(self) -> None:
+        with self._lock:
+            ahead, self._ahead, self._window = self._ahead, None, None
+            self._stats.windows_dropped += ahead is not None
+        if ahead is not None:
+            ahead[2].drop()
 
 
 class _PendingRangeRead:

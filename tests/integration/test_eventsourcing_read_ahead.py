@@ -1,7 +1,7 @@
 """The notification read-ahead of ``MagnetarApplicationRecorder`` against a real broker: a
-sequential reader's next page is asked for while it decodes this one and taken when asked for, a
-page read ahead never hides what was stored after it was read (the end it saw is read again), and
-a page never read closes its connection; and ``Client.send_get`` beneath it answers as a request."""
+sequential reader reads windows of its pages, the next asked for while it decodes this one; a
+window read ahead never hides what was stored after it was read (the end it saw is read again);
+one never read closes its connection; and ``Client.send_get`` beneath it answers as a request."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from eventsourcing.persistence import StoredEvent
 
 from consumers.client import Client, HttpError, Topic
 from consumers.eventsourcing import MagnetarApplicationRecorder
-from consumers.eventsourcing.recorders import PendingRows
+from consumers.eventsourcing.recorders import WINDOW_PAGES, PendingRows
 from tests.standalone import standalone_process
 
 PAGE = 5
+WINDOW = PAGE * WINDOW_PAGES
 
 
 @pytest.fixture(scope="module")
@@ -39,70 +40,72 @@ def ids(recorder: MagnetarApplicationRecorder, start: int, limit: int = PAGE) ->
     return [n.id for n in recorder.select_notifications(start, limit)]
 
 
-def test_a_sequential_reader_takes_each_next_page_as_it_was_read_ahead(client: Client) -> None:
+def test_a_sequential_reader_reads_windows_of_pages_the_next_asked_for_ahead(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 6 * PAGE)
+    insert(recorder, 2 * WINDOW + PAGE)
     read: list[int] = []
     start = 1
     while page := ids(recorder, start):
         read += page
         start = page[-1] + 1
-    assert read == list(range(1, 6 * PAGE + 1))
+    assert read == list(range(1, 2 * WINDOW + PAGE + 1))
     stats = recorder.read_ahead.statistics()
-    # a select from the first notification reads ahead too: five of the six pages came read
-    # ahead, and so did the empty end (read again, as an end is)
-    assert (stats.pages_taken, stats.pages_read_ahead, stats.pages_dropped) == (5, 6, 1)
+    # one window read (the first), two asked for ahead and taken (the second, and the short
+    # third), the other pages out of windows; the empty end is read when it is wanted
+    assert (stats.windows_read, stats.windows_read_ahead, stats.windows_taken) == (2, 2, 2)
+    assert stats.pages_from_windows == 2 * (WINDOW_PAGES - 1)
+    assert stats.windows_dropped == 0
 
 
-def test_a_select_from_elsewhere_reads_ahead_from_its_second_page_on(client: Client) -> None:
+def test_a_select_from_elsewhere_reads_in_windows_from_its_second_select_on(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 4 * PAGE)
+    insert(recorder, 2 * WINDOW)
     assert ids(recorder, PAGE + 1) == list(range(PAGE + 1, 2 * PAGE + 1))
-    assert recorder.read_ahead.statistics().pages_read_ahead == 0
+    assert recorder.read_ahead.statistics().windows_read == 0  # one page read, as asked
     assert ids(recorder, 2 * PAGE + 1) == list(range(2 * PAGE + 1, 3 * PAGE + 1))
     assert ids(recorder, 3 * PAGE + 1) == list(range(3 * PAGE + 1, 4 * PAGE + 1))
     stats = recorder.read_ahead.statistics()
-    assert (stats.pages_read_ahead, stats.pages_taken) == (2, 1)
+    assert (stats.windows_read, stats.pages_from_windows) == (1, 1)
 
 
-def test_an_empty_page_read_ahead_does_not_hide_events_stored_after_it(client: Client) -> None:
+def test_an_empty_window_read_ahead_does_not_hide_events_stored_after_it(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 2 * PAGE)
-    assert ids(recorder, 1) == list(range(1, PAGE + 1))
-    assert ids(recorder, PAGE + 1) == list(range(PAGE + 1, 2 * PAGE + 1))
-    recorder.read_ahead.settle()  # the page after the end was read, and was empty
+    insert(recorder, WINDOW)
+    for first in range(1, WINDOW, PAGE):
+        assert ids(recorder, first) == list(range(first, first + PAGE))
+    recorder.read_ahead.settle()  # the window after the end was read, and was empty
     insert(recorder, 2)
-    assert ids(recorder, 2 * PAGE + 1) == [2 * PAGE + 1, 2 * PAGE + 2]
-    assert recorder.read_ahead.statistics().pages_dropped == 1
+    assert ids(recorder, WINDOW + 1) == [WINDOW + 1, WINDOW + 2]
+    assert recorder.read_ahead.statistics().windows_dropped == 1
 
 
-def test_a_short_page_read_ahead_is_read_on_from_its_end(client: Client) -> None:
+def test_a_short_window_read_ahead_is_read_on_from_its_end(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 2 * PAGE + 2)
+    insert(recorder, WINDOW + 2)
     ids(recorder, 1)
-    ids(recorder, PAGE + 1)
-    recorder.read_ahead.settle()  # the page read ahead holds the two events stored so far
+    recorder.read_ahead.settle()  # the window read ahead holds the two events stored after the first
     insert(recorder, 2)
-    assert ids(recorder, 2 * PAGE + 1) == list(range(2 * PAGE + 1, 2 * PAGE + 5))
-    assert recorder.read_ahead.statistics().pages_taken == 2
+    for first in range(PAGE + 1, WINDOW, PAGE):
+        assert ids(recorder, first) == list(range(first, first + PAGE))
+    assert ids(recorder, WINDOW + 1) == list(range(WINDOW + 1, WINDOW + 5))
+    assert recorder.read_ahead.statistics().windows_taken == 1
 
 
-def test_a_page_read_ahead_is_dropped_when_the_next_select_asks_for_another(client: Client) -> None:
+def test_the_windows_are_dropped_when_a_select_reads_elsewhere(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 4 * PAGE)
-    ids(recorder, 1)
-    ids(recorder, PAGE + 1)
+    insert(recorder, 4 * WINDOW)
+    ids(recorder, 1)  # a window kept, the next one asked for
     recorder.read_ahead.settle()
     assert ids(recorder, 3, limit=3) == [3, 4, 5]
-    assert ids(recorder, 2 * PAGE + 1, limit=PAGE - 1) == list(range(2 * PAGE + 1, 3 * PAGE))
     stats = recorder.read_ahead.statistics()
-    assert (stats.pages_taken, stats.pages_dropped) == (1, 1)
+    assert (stats.windows_taken, stats.windows_dropped, stats.pages_from_windows) == (0, 1, 0)
+    assert ids(recorder, 6) == list(range(6, 6 + PAGE))  # on from there: a window again
+    assert recorder.read_ahead.statistics().windows_read == 2
 
 
-def test_a_page_read_ahead_whose_answer_failed_is_read_again(client: Client) -> None:
+def test_a_window_read_ahead_whose_answer_failed_is_read_again(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 3 * PAGE)
-    ids(recorder, 1)
+    insert(recorder, 3 * WINDOW)
     sent: list[int] = []
     real_send = recorder.read_ahead._send
 
@@ -113,17 +116,21 @@ def test_a_page_read_ahead_whose_answer_failed_is_read_again(client: Client) -> 
         return pending
 
     recorder.read_ahead._send = send_and_lose
-    assert ids(recorder, PAGE + 1) == list(range(PAGE + 1, 2 * PAGE + 1))
-    assert ids(recorder, 2 * PAGE + 1) == list(range(2 * PAGE + 1, 3 * PAGE + 1))
-    assert sent == [2 * PAGE, 3 * PAGE]
+    read: list[int] = []
+    start = 1
+    while len(read) < 2 * WINDOW:
+        read += ids(recorder, start)
+        start = read[-1] + 1
+    assert read == list(range(1, 2 * WINDOW + 1))
+    assert sent == [WINDOW, 2 * WINDOW]
     stats = recorder.read_ahead.statistics()
-    assert (stats.pages_taken, stats.pages_dropped) == (1, 1)
+    assert (stats.windows_read, stats.windows_taken, stats.windows_dropped) == (2, 0, 1)
 
 
 def test_a_page_asked_for_ahead_and_never_read_is_closed_with_its_reader_or_client(client: Client) -> None:
     recorder = recorder_of(client)
-    insert(recorder, 2 * PAGE)
-    ids(recorder, 1)  # the second page is asked for, and never read
+    insert(recorder, 2 * WINDOW)
+    ids(recorder, 1)  # the second window is asked for, and never read
     pending = recorder.read_ahead._ahead
     assert pending is not None
     sock = pending[2]._pending._connection._sock  # type: ignore[attr-defined]
