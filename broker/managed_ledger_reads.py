@@ -154,12 +154,14 @@ class LedgerReads:
         entries: list[Entry] = []
         size = 0
         entry_id = first
+        missed = -1  # the entry a cached run stopped at, not in the cache (looked up once)
         while entry_id <= last:
             if max_bytes is not None and size >= max_bytes:
                 break
             bytes_left = None if max_bytes is None else max_bytes - size
             run_last = min(last, entry_id + run_entries - 1)
-            run = self._cached_run(info.ledger_id, entry_id, run_last, bytes_left, stop_after_offset)
+            run, missed = ([], -1) if entry_id == missed else \
+                self._cached_run(info.ledger_id, entry_id, run_last, bytes_left, stop_after_offset)
             if not run:
                 known_first = entries[-1].last_offset + 1 if entries else None
                 run = self._read_run_anywhere(handle, info, entry_id, run_last, known_first, bytes_left)
@@ -178,23 +180,23 @@ class LedgerReads:
         return entries
 
     def _cached_run(self, ledger_id: int, first: int, last: int, bytes_left: int | None,
-                    stop_after_offset: int | None) -> list[Entry]:
+                    stop_after_offset: int | None) -> tuple[list[Entry], int]:
         """The entries from ``first`` (up to ``last``) that the broker's cache holds, up to the
         first it does not hold, until they reach ``bytes_left``, or up to the one holding
-        ``stop_after_offset``."""
+        ``stop_after_offset``; and the entry looked up and not found (-1: none was)."""
         run: list[Entry] = []
         get, position = self._cache.get, Position.of_stored
         size = 0
         for entry_id in range(first, last + 1):
             cached = get(ledger_id, entry_id)
             if cached is None:
-                break
+                return run, entry_id
             run.append(Entry(position(ledger_id, entry_id), *cached))
             size += len(cached.data)
             if (bytes_left is not None and size >= bytes_left) or \
                     (stop_after_offset is not None and cached.last_offset >= stop_after_offset):
                 break
-        return run
+        return run, -1
 
     def _read_run_anywhere(self, handle: ReadHandle, info: LedgerInfo, first: int, last: int,
                            first_offset: int | None, bytes_left: int | None) -> list[Entry]:

@@ -28,6 +28,7 @@ from broker.cursor import CursorManager
 from broker.entry_cache import EntryCache
 from broker.entry_format import Message, decode_entry, encode_entry
 from broker.errors import DataLost, LedgerFenced, OffsetMismatch, TopicTerminated
+from broker.limits import READ_RUN_ENTRIES_MAX
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
@@ -393,3 +394,34 @@ def test_a_group_of_entries_that_would_pass_the_entry_bound_starts_a_new_ledger(
     entries = [info.entries for info in ml.ledger_infos()]
     assert entries == [3, 4], entries  # ...a new one: before the fix, [7]
     assert max(entries) <= config.ledger_entries_max
+
+
+def test_a_read_takes_cached_runs_at_once_and_counts_each_entry_once(stack: Stack) -> None:
+    """Entries 0-3 in the broker's cache, 4-5 too large for it, 6-7 cached again: a read of all
+    eight takes the cached runs at once and the large entries from the bookie (a run of one
+    each, by their size), with the same entries and offsets, and looks each entry up in the
+    cache once: six hits, two misses."""
+    ml, _ = stack.open("cached-runs")
+    large = stack.cache.capacity_bytes  # past the cache's watermark: never cached
+    payloads = [b"a", b"b", b"c", b"d", b"e" * large, b"f" * large, b"g", b"h"]
+    for payload in payloads:
+        append_messages(ml, [payload])
+    start, _ = ml.offset_to_position(0)
+    before = stack.cache.statistics()
+    entries = ml.read_entries(start, 8, max_bytes=1 << 30)
+    after = stack.cache.statistics()
+    assert [decode_entry(e.data).messages[0].payload for e in entries] == payloads
+    assert [(e.first_offset, e.last_offset) for e in entries] == [(i, i) for i in range(8)]
+    assert (after.hits - before.hits, after.misses - before.misses) == (6, 2)
+
+
+def test_a_tailing_read_longer_than_a_run_is_served_from_the_cache_alone(stack: Stack) -> None:
+    ml, _ = stack.open("tailing")
+    for i in range(READ_RUN_ENTRIES_MAX + 44):
+        append_messages(ml, [b"%d" % i])
+    start, _ = ml.offset_to_position(0)
+    before = stack.cache.statistics()
+    entries = ml.read_entries(start, READ_RUN_ENTRIES_MAX + 44, max_bytes=1 << 30)
+    after = stack.cache.statistics()
+    assert [e.first_offset for e in entries] == list(range(READ_RUN_ENTRIES_MAX + 44))
+    assert (after.hits - before.hits, after.misses - before.misses) == (READ_RUN_ENTRIES_MAX + 44, 0)
