@@ -7,8 +7,9 @@
  * share of a sequential read of small entries. ``parse_records`` does the same walk here.
  *
  * Invariants: ``parse_records(chunk, pos, ledger_id, limit)`` returns exactly what
- * ``EntryLogger._parse_ahead`` returns for the same arguments (property-tested against it, with
- * corruption): the records ``[size u32][ledger u64][entry u64][crc32c u32][data]`` (big-endian)
+ * ``EntryLogger._parse_ahead`` returns for the same arguments within the ranges entry_log.py
+ * passes (a position >= 0, a ledger id of 64 bits, a limit below 2^63; others raise), property-
+ * tested against it, with corruption: the records ``[size u32][ledger u64][entry u64][crc32c u32][data]`` (big-endian)
  * from ``pos`` on, as ``(entry id, data)``, at most ``limit`` of them, stopping before the
  * first record that is cut short by the chunk's end, belongs to another ledger, or whose CRC
  * (over ledger, entry and data) does not match. The CRC is CRC32C (the ``crc32c`` package's):

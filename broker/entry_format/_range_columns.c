@@ -985,7 +985,9 @@ static int add_stored_entry(RangeColumns *c, PyObject *entry, PyObject *data, Py
  * common_batch): columns.collect_entries' loop, natively, for as long as each entry is one the
  * columns take natively. None when the read is done (the entries ran out or a bound was
  * reached); (entry, skip, take) for an entry the caller appends in Python before it decides
- * whether to go on and call again. */
+ * whether to go on and call again. Bounds are 64-bit integers and the overhead 0..2^31-1
+ * (collect_entries cuts larger bounds, which no read reaches, and leaves other overheads to
+ * its Python loop); others raise. */
 static PyObject *RangeColumns_add_entries(RangeColumns *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "add_entries takes 7 arguments");

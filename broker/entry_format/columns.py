@@ -32,6 +32,7 @@ import pyarrow as pa
 from broker.entry_format.common_entry import common_batch_of_bytes, common_batch_payload
 from broker.entry_format.decode import decode_entry, decode_entry_payload
 from broker.entry_format.model import DecodedEntry, EncryptionContext
+from broker.entry_format.wire import INT64_MAX
 from broker.errors import CorruptEntry
 from broker.message_id import Position, message_id_bytes, message_ids_of_entry
 
@@ -290,6 +291,11 @@ def new_columns(first_offset: int, *, native: bool = NATIVE_COLUMNS) -> Columns:
 
 
 
+_INT32_MAX = (1 << 31) - 1
+"""``add_entries`` takes bounds as 64-bit integers (larger ones, which no read reaches, are cut to
+``INT64_MAX``) and an overhead up to this (others, never asked for, take the Python loop)."""
+
+
 def collect_entries(entries: Iterable[StoredEntry], offset: int, partition: int, max_messages: int, max_bytes: int, *,
                     message_overhead_bytes: int = 0, native: bool = NATIVE_COLUMNS) -> Columns:
     """Up to ``max_messages`` messages from ``offset`` on out of ``entries`` (in order, the first
@@ -299,7 +305,8 @@ def collect_entries(entries: Iterable[StoredEntry], offset: int, partition: int,
     the entries they cannot take."""
     columns = new_columns(offset, native=native)
     entries = iter(entries)
-    if isinstance(columns, NativeColumns):
+    if isinstance(columns, NativeColumns) and 0 <= message_overhead_bytes <= _INT32_MAX:
+        max_messages, max_bytes = min(max_messages, INT64_MAX), min(max_bytes, INT64_MAX)
         while (left := columns.add_entries(entries, offset, partition, max_messages, max_bytes,
                                            message_overhead_bytes)) is not None:
             entry, skip, take = left

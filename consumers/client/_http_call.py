@@ -185,13 +185,14 @@ class BlockingHttp:
             if route.answered(response):
                 return response
 
-    def send(self, path: str, *, params: dict[str, Any] | None = None,
-             headers: dict[str, str] | None = None) -> PendingGet:
-        """A GET to the first listed broker sent now, its answer read later by
-        :meth:`PendingGet.answer` on the connection it went out on (held by the call until
-        then): the broker works on it while the caller does something else. A failure to send
-        is raised when the answer is asked for."""
-        url = httpx.URL(f"{self._service_urls[0]}{path}")
+    def send(self, path: str, *, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
+             base_url: str | None = None) -> PendingGet:
+        """A GET to ``base_url`` (a broker that answered for this path before, its owner; None:
+        the first listed) sent now, its answer read later by :meth:`PendingGet.answer` on the
+        connection it went out on (held by the call until then): the broker works on it while
+        the caller does something else. A failure to send is raised when the answer is asked
+        for."""
+        url = httpx.URL(f"{base_url or self._service_urls[0]}{path}")
         url = url if params is None else url.copy_merge_params(params)
         base = f"{url.scheme}://{url.netloc.decode('ascii')}"
         connection = self._take_connection(base)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,9 @@ NOTIFICATION_PAGE_MESSAGES_MAX = 10_000
 WINDOW_PAGES = 4
 """A sequential notification reader's range reads take this many of its pages at once
 (``NotificationReadAhead``)."""
+WINDOW_AGE_S_MAX = 1.0
+"""How long after it was asked for a window answers selects (as the broker keeps a new entry
+in its cache: ``managedLedgerCacheEvictionTimeThresholdMillis``)."""
 NOT_FOUND_CODES = frozenset({"topic_not_found", "not_found"})
 ARROW_ACCEPT = {"accept": "application/vnd.apache.arrow.stream"}
 """The range reads' answer as Arrow IPC (``api/rest_read.py``): columns the recorder selects and
@@ -154,12 +158,13 @@ class PendingRows(Protocol):
 @dataclass(frozen=True)
 class _Window:
     """Rows of consecutive offsets ``first..next_offset - 1`` read in one request (``asked``
-    rows were asked for)."""
+    rows were asked for, at ``asked_at_s``)."""
 
     first: int
     rows: pa.Table
     next_offset: int
     asked: int
+    asked_at_s: float
 
     def covers(self, offset: int) -> bool:
         return self.first <= offset < self.next_offset
@@ -180,19 +185,24 @@ class NotificationReadAhead:
     asked for at once, from the caller's thread (no thread of the client's waits on the
     interpreter's lock to send it), so the broker reads it while the caller decodes the pages
     of this one; a select that reads elsewhere drops both. One window is kept and one is ahead
-    at most. Rows below a read's next offset never change (offsets are assigned once and read
-    only below the last confirmed entry), so a window says what a read now would, up to its end;
-    the caller reads on from there, and an empty or failed window is read again rather than
-    trusted.
+    at most. Rows below a read's next offset do not change while the topic lives (offsets are
+    assigned once and read only below the last confirmed entry), so a window says what a read
+    then said, up to its end; the caller reads on from there, and an empty or failed window is
+    read again rather than trusted. A window answers for ``WINDOW_AGE_S_MAX`` after it was asked
+    for, no longer: a select may answer as a read up to that long before it would have (what it
+    returns existed then; rows that retention removed, or of a topic deleted and created again,
+    in that time among them).
     """
 
     def __init__(self, read: Callable[[int, int], tuple[pa.Table, int]],
-                 send: Callable[[int, int], PendingRows], window_pages: int = WINDOW_PAGES) -> None:
+                 send: Callable[[int, int], PendingRows], window_pages: int = WINDOW_PAGES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._read, self._send = read, send
         self._window_pages = window_pages
+        self._clock = clock
         self._lock = threading.Lock()
         self._window: _Window | None = None
-        self._ahead: tuple[int, int, PendingRows] | None = None
+        self._ahead: tuple[int, int, PendingRows, float] | None = None
         self._last_end: int | None = None
         self._stats = ReadAheadStats()
 
@@ -210,24 +220,27 @@ class NotificationReadAhead:
         if not ahead:
             self._forget()
             return self._read(offset, count)
+        now_s = self._clock()
         with self._lock:
             window = self._window
-            if window is not None and window.covers(offset):
+            if window is not None and window.covers(offset) and now_s - window.asked_at_s <= WINDOW_AGE_S_MAX:
                 self._stats.pages_from_windows += 1
                 return window.page(offset, count)
-        window = self._taken(offset)
+        window = self._taken(offset, now_s)
         if window is None:
             asked = min(NOTIFICATION_PAGE_MESSAGES_MAX, count * self._window_pages)
-            window = _Window(offset, *self._read(offset, asked), asked)
+            window = _Window(offset, *self._read(offset, asked), asked, now_s)
             with self._lock:
                 self._stats.windows_read += 1
-        pending = None
+        next_window = None
         if window.rows.num_rows >= window.asked:  # full: the next one is asked for now
-            pending = self._send(window.next_offset, window.asked)
+            next_window = (window.next_offset, window.asked, self._send(window.next_offset, window.asked),
+                           self._clock())
         with self._lock:
             self._window = window if window.rows.num_rows else None
-            dropped, self._ahead = self._ahead, None if pending is None else (window.next_offset, window.asked, pending)
-            self._stats.windows_read_ahead += pending is not None
+            dropped, self._ahead = self._ahead, next_window
+            self._stats.windows_read_ahead += next_window is not None
+            self._stats.windows_dropped += dropped is not None
         if dropped is not None:  # another thread's, asked for meanwhile
             dropped[2].drop()
         return window.page(offset, count)
@@ -249,21 +262,21 @@ class NotificationReadAhead:
         with self._lock:
             return dataclasses.replace(self._stats)
 
-    def _taken(self, offset: int) -> _Window | None:
-        """The window asked for ahead when it starts at ``offset`` and holds rows (the kept one
-        is let go either way; one asked for elsewhere is dropped)."""
+    def _taken(self, offset: int, now_s: float) -> _Window | None:
+        """The window asked for ahead when it starts at ``offset``, holds rows and is young
+        enough (the kept one is let go either way; any other is dropped)."""
         with self._lock:
             ahead, self._ahead, self._window = self._ahead, None, None
         if ahead is None:
             return None
         window = None
-        if ahead[0] == offset:
+        if ahead[0] == offset and now_s - ahead[3] <= WINDOW_AGE_S_MAX:
             try:
                 rows, next_offset = ahead[2].result()
             except Exception:  # whatever it was, a read now says what holds now
                 rows, next_offset = NO_ROWS, offset
             if rows.num_rows:  # an empty one: the end then may not be the end now
-                window = _Window(offset, rows, next_offset, ahead[1])
+                window = _Window(offset, rows, next_offset, ahead[1], ahead[3])
         else:
             ahead[2].drop()
         with self._lock:
@@ -319,6 +332,8 @@ class MagnetarRecorder:
         self._heads = _Heads(HEADS_CACHED_MAX)
         self._producer = _Producer()
         self._checked_unpartitioned = False
+        self._range_read_base: str | None = None
+        """The broker that answered the last range read (where reads ahead go)."""
 
     def _check_unpartitioned(self) -> None:
         """Refuse a partitioned topic (its offsets are per partition: no total order), once per
@@ -427,12 +442,14 @@ class MagnetarRecorder:
             raise persistence_error(exc) from exc
         except ClientError as exc:
             raise persistence_error(exc) from exc
+        self._range_read_base = f"{response.url.scheme}://{response.url.netloc.decode('ascii')}"
         return _rows_of(response, offset)
 
     def _send_read_rows(self, offset: int, count: int) -> PendingRows:
-        """:meth:`_read_rows` sent now, its answer read later (an error then is read again the
-        usual way by the read-ahead's caller)."""
-        pending = self.client.send_get(f"{self._path}/messages", headers=ARROW_ACCEPT,
+        """:meth:`_read_rows` sent now to the broker that answered the last one (the topic's
+        owner, in a cluster), its answer read later (an error then is read again the usual way
+        by the read-ahead's caller)."""
+        pending = self.client.send_get(f"{self._path}/messages", headers=ARROW_ACCEPT, base_url=self._range_read_base,
                                        params={"offset": offset, "maxMessages": max(1, count)})
         return _PendingRangeRead(pending, offset)
 

@@ -6,6 +6,7 @@ one never read closes its connection; and ``Client.send_get`` beneath it answers
 from __future__ import annotations
 
 import gc
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ from eventsourcing.persistence import StoredEvent
 
 from consumers.client import Client, HttpError, Topic
 from consumers.eventsourcing import MagnetarApplicationRecorder
-from consumers.eventsourcing.recorders import WINDOW_PAGES, PendingRows
+from consumers.eventsourcing.recorders import WINDOW_AGE_S_MAX, WINDOW_PAGES, PendingRows
 from tests.standalone import standalone_process
 
 PAGE = 5
@@ -165,3 +166,40 @@ def test_a_get_sent_ahead_answers_as_the_same_request_would(client: Client) -> N
     dropped.drop()
     with pytest.raises(HttpError, match="dropped"):
         dropped.answer()
+
+
+def test_a_window_older_than_its_age_bound_is_read_again(client: Client) -> None:
+    """A window answers for WINDOW_AGE_S_MAX after it was asked for: after that, a select reads
+    what holds now (here: the topic deleted and created again with three events)."""
+    recorder = recorder_of(client)
+    now_s = [0.0]
+    recorder.read_ahead._clock = lambda: now_s[0]
+    insert(recorder, 2 * WINDOW)
+    assert ids(recorder, 1) == list(range(1, PAGE + 1))  # a window kept, the next asked for
+    recorder.read_ahead.settle()
+    name = Topic.parse(recorder.topic)
+    client.request("DELETE", f"/admin/v2/{name.path}", params={"force": "true"})
+    writer = MagnetarApplicationRecorder(client, recorder.topic)
+    insert(writer, 3)
+    now_s[0] += WINDOW_AGE_S_MAX + 0.001
+    assert ids(recorder, PAGE + 1) == []  # offsets 5.. of the new topic: none yet
+    assert recorder.select_notifications(1, 10)[-1].id == 3
+    stats = recorder.read_ahead.statistics()
+    assert (stats.pages_from_windows, stats.windows_dropped) == (0, 1)
+
+
+def test_windows_are_read_ahead_from_the_broker_that_answered(client: Client) -> None:
+    """With a broker listed first that cannot be reached, the recorder's reads fail over to the
+    one that answers, and its windows are asked for there too (all taken, none dropped)."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        dead = unused.getsockname()[1]  # bound, not listening: connections are refused
+        with Client(f"http://127.0.0.1:{dead},{client.service_url}") as listed:
+            recorder = MagnetarApplicationRecorder(listed, f"es-read-ahead-{uuid.uuid4().hex[:12]}")
+            insert(recorder, 3 * WINDOW)
+            read: list[int] = []
+            while len(read) < 3 * WINDOW:
+                read += ids(recorder, len(read) + 1)
+            stats = recorder.read_ahead.statistics()
+    assert read == list(range(1, 3 * WINDOW + 1))
+    assert (stats.windows_taken, stats.windows_dropped) == (2, 0)

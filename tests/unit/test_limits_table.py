@@ -35,6 +35,7 @@ NOT_BOUNDS = {
     ("broker/entry_format/wire.py", "INT64_MIN"),
     ("broker/entry_format/wire.py", "INT64_MAX"),
     ("broker/entry_format/common_entry.py", "_INT32_MAX"),
+    ("broker/entry_format/columns.py", "_INT32_MAX"),
     ("broker/entry_frames.py", "_INT64_MAX"),
     ("broker/message_id.py", "_INT64_MIN"),
     ("broker/message_id.py", "_INT64_MAX"),

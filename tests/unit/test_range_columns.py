@@ -190,10 +190,11 @@ def random_entries(rng: random.Random) -> list[Entry]:
 
 
 def read(entries: list[Entry], *, native: bool, offset: int = 0, max_messages: int = 100_000,
-         max_bytes: int = 1 << 30) -> Any:
+         max_bytes: int = 1 << 30, overhead: int = 0) -> Any:
     """The record batch a read builds, or the type of the error it raises."""
     try:
-        columns = collect_entries(entries, offset, PARTITION, max_messages, max_bytes, native=native)
+        columns = collect_entries(entries, offset, PARTITION, max_messages, max_bytes, native=native,
+                                  message_overhead_bytes=overhead)
         return columns.record_batch(TOPIC, PARTITION)
     except Exception as exc:  # the outcome compared is the error's type
         return type(exc)
@@ -229,7 +230,7 @@ def test_native_columns_equal_the_reference_for_random_entries_and_windows(seed:
     total = entries[-1].last_offset + 1
     offset = rng.randrange(entries[0].message_count)
     window = {"offset": offset, "max_messages": rng.choice([1, 5, total, 100_000]),
-              "max_bytes": rng.choice([1, 200, 5000, 1 << 30])}
+              "max_bytes": rng.choice([1, 200, 5000, 1 << 30]), "overhead": rng.choice([0, 0, 1, 64, 700])}
     batch = assert_same_read(entries, **window)
     assert batch.num_rows >= 1, f"seed {seed}"
 
@@ -286,6 +287,20 @@ def test_ordinary_entries_never_take_the_python_decoder() -> None:
     rng = random.Random(7)
     messages = [random_message(rng, i == 0)._replace(key_b64_encoded=False) for i in range(200)]
     assert native_decoded_entries([encoded_entry(messages, Compression.ZSTD, 0, 0)]) == 0
+
+
+@native_only
+@pytest.mark.parametrize(("max_messages", "max_bytes", "overhead"), [
+    (1 << 63, 1 << 64, 0),  # bounds past 64 bits: no read reaches them
+    (3, 1 << 30, -5),  # an overhead below zero (nobody asks for one): the Python loop
+    (3, 1 << 30, 1 << 40),
+])
+def test_bounds_outside_the_extensions_integers_read_as_the_reference_reads(
+        max_messages: int, max_bytes: int, overhead: int) -> None:
+    rng = random.Random(5)
+    entries = [encoded_entry([random_message(rng, True)._replace(key_b64_encoded=False) for _ in range(4)],
+                             Compression.NONE, 4 * i, i) for i in range(3)]
+    assert_same_read(entries, max_messages=max_messages, max_bytes=max_bytes, overhead=overhead)
 
 
 @native_only
