@@ -168,10 +168,10 @@ class LedgerReads:
             if not run:
                 raise NoSuchEntry(f"ledger {info.ledger_id} answered no entry from {entry_id}")
             if stop_after_offset is not None:  # up to the entry holding it
-                ends = [i for i, entry in enumerate(run) if entry.last_offset >= stop_after_offset]
-                if ends:
-                    run = run[:ends[0] + 1]
-                    entry_id = last + 1 - len(run)
+                held = next((i for i, entry in enumerate(run) if entry.last_offset >= stop_after_offset), None)
+                if held is not None:
+                    entries += run[:held + 1]
+                    break
             entries += run
             size += sum(map(len, map(_DATA, run)))
             entry_id += len(run)

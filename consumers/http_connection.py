@@ -147,8 +147,7 @@ class KeepAliveConnection:
         return data + body if body else data
 
     def _exchange(self, method: str, request: bytes) -> HttpAnswer:
-        if self._sock is not None and _closed_by_peer(self._sock):
-            self._drop()
+        self._drop_if_closed_by_peer()
         reused = self._sock is not None
         try:
             return self._send(method, request)
@@ -166,8 +165,7 @@ class KeepAliveConnection:
         does; the connection is dropped after any error."""
         request = self._request(method, f"{self.base_path}{target}", None, headers)
         try:
-            if self._sock is not None and _closed_by_peer(self._sock):
-                self._drop()
+            self._drop_if_closed_by_peer()
             self._connect().sendall(request)
         except BaseException:
             self._drop()
@@ -238,6 +236,11 @@ class KeepAliveConnection:
                 raise ConnectFailed(exc.errno, f"{self.host}:{self._port}: {exc}") from exc
             self._sock = sock
         return self._sock
+
+    def _drop_if_closed_by_peer(self) -> None:
+        """Before a request: a kept connection the broker closed while it was idle is replaced."""
+        if self._sock is not None and _closed_by_peer(self._sock):
+            self._drop()
 
     def _drop(self) -> None:
         if self._sock is not None:

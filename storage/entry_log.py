@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import struct
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 
 import crc32c
 
-from storage.entry_location_index import U64_MAX
 from storage.errors import CorruptEntry
 from storage.fileio import AppendFile, FileIO, ReadFile
 from storage.limits import ENTRY_BYTES_MAX, ENTRY_LOG_SCAN_CHUNK_BYTES, FIRST_READ_BYTES
@@ -40,8 +38,8 @@ except ImportError:  # built without a C compiler (see setup.py)
     NATIVE_RECORDS = False
 else:
     NATIVE_RECORDS = True
-"""Whether the records read ahead are parsed and checked by ``_entry_records.c`` (for a ledger id
-of 64 bits, what every stored one is)."""
+"""Whether the records read ahead are parsed and checked by ``_entry_records.c`` (which takes the
+ids and counts of stored entries: a ledger id of 64 bits, a count of 63)."""
 
 MAGIC = b"MGNTELOG"
 VERSION = 1
@@ -304,9 +302,8 @@ class EntryLogger:
         data = chunk[RECORD_HEADER_SIZE:end]
         if record_crc(ledger_id, entry_id, data) != crc:
             raise CorruptEntry(f"entry {ledger_id}:{entry_id}: CRC mismatch in log {log_id} at {offset}")
-        native = NATIVE_RECORDS and type(chunk) is bytes and 0 <= ledger_id <= U64_MAX
-        ahead = _native_parse_records(chunk, end, ledger_id, min(read_ahead_entries, sys.maxsize)) \
-            if native else self._parse_ahead(chunk, end, ledger_id, read_ahead_entries)
+        ahead = _native_parse_records(chunk, end, ledger_id, read_ahead_entries) \
+            if NATIVE_RECORDS and type(chunk) is bytes else self._parse_ahead(chunk, end, ledger_id, read_ahead_entries)
         self._read_ahead_entries += len(ahead)
         return data, ahead
 

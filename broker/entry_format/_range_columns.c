@@ -800,6 +800,29 @@ static int append_batch(RangeColumns *c, const uint8_t *buf, Py_ssize_t total, P
     return status;
 }
 
+/* Whether a batch payload of `payload_size` bytes can hold `count` messages (else MalformedBatch
+ * is raised). */
+static int batch_can_hold(Py_ssize_t payload_size, Py_ssize_t count) {
+    if (count <= 0 || count > payload_size / MESSAGE_BYTES_MIN) {
+        PyErr_Format(MalformedBatch, "batch of %zd bytes cannot hold %zd messages", payload_size, count);
+        return 0;
+    }
+    return 1;
+}
+
+/* A batch payload appended all or nothing: STATUS_OK, STATUS_FALLBACK (nothing appended) or
+ * STATUS_ERROR; unless it succeeds, every buffer is cut back to its length before the call. */
+static int append_batch_whole(RangeColumns *c, const uint8_t *payload, Py_ssize_t payload_size, Py_ssize_t count,
+                              Py_ssize_t skip, Py_ssize_t take, const EntryContext *e) {
+    Mark mark;
+    columns_mark(c, &mark);
+    int status = append_batch(c, payload, payload_size, count, skip, take, e);
+    if (status != STATUS_OK) {
+        columns_rollback(c, &mark);
+    }
+    return status;
+}
+
 /* ------------------------------------------------------------------------------------------
  * The Python type
  * ---------------------------------------------------------------------------------------- */
@@ -852,8 +875,7 @@ static PyObject *RangeColumns_add_batch(RangeColumns *self, PyObject *args, PyOb
     if (!columns_usable(self)) {
         goto done;
     }
-    if (count <= 0 || count > payload.len / MESSAGE_BYTES_MIN) {
-        PyErr_Format(MalformedBatch, "batch of %zd bytes cannot hold %zd messages", payload.len, count);
+    if (!batch_can_hold(payload.len, count)) {
         goto done;
     }
     if (skip < 0 || take < 0 || skip > count || take > count - skip) {
@@ -865,12 +887,7 @@ static PyObject *RangeColumns_add_batch(RangeColumns *self, PyObject *args, PyOb
         goto done;
     }
     EntryContext entry = {prefix.buf, prefix.len, count > 1, publish_time_ms};
-    Mark mark;
-    columns_mark(self, &mark);
-    int status = append_batch(self, payload.buf, payload.len, count, skip, take, &entry);
-    if (status != STATUS_OK) {
-        columns_rollback(self, &mark);
-    }
+    int status = append_batch_whole(self, payload.buf, payload.len, count, skip, take, &entry);
     if (status != STATUS_ERROR) {
         result = PyBool_FromLong(status == STATUS_OK);
     }
@@ -951,10 +968,7 @@ static int add_stored_entry(RangeColumns *c, PyObject *entry, PyObject *data, Py
     if (take < 0) {
         return STATUS_FALLBACK; /* the Python path says what is wrong */
     }
-    const uint8_t *payload = (const uint8_t *)PyBytes_AS_STRING(data) + start;
-    Py_ssize_t payload_size = total - start;
-    if (count <= 0 || count > payload_size / MESSAGE_BYTES_MIN) {
-        PyErr_Format(MalformedBatch, "batch of %zd bytes cannot hold %zd messages", payload_size, count);
+    if (!batch_can_hold(total - start, count)) {
         return STATUS_ERROR;
     }
     long long ledger_id, entry_id;
@@ -972,13 +986,8 @@ static int add_stored_entry(RangeColumns *c, PyObject *entry, PyObject *data, Py
     uint8_t prefix[3 + 3 * VARINT_BYTES_MAX];
     EntryContext context = {prefix, put_id_prefix(prefix, ledger_id, entry_id, partition), count > 1,
                             publish_time_ms};
-    Mark mark;
-    columns_mark(c, &mark);
-    int status = append_batch(c, payload, payload_size, count, (Py_ssize_t)skip, (Py_ssize_t)take, &context);
-    if (status != STATUS_OK) {
-        columns_rollback(c, &mark);
-    }
-    return status;
+    return append_batch_whole(c, (const uint8_t *)PyBytes_AS_STRING(data) + start, total - start, count,
+                              (Py_ssize_t)skip, (Py_ssize_t)take, &context);
 }
 
 /* add_entries(entries, offset, partition, max_messages, max_bytes, message_overhead_bytes,

@@ -47,13 +47,19 @@ def broker_prefix(broker_timestamp_ms: int, index: int) -> bytes:
     body = b"\x08" + encode_varint(broker_timestamp_ms) + b"\x10" + encode_varint(index)
     return BROKER_HEADER.pack(MAGIC_BROKER_ENTRY_METADATA, len(body)) + body
 
+def _usual_prefix(data: Buffer) -> tuple[int, int, int] | None:
+    """(broker timestamp, index, end) of the usual prefix read natively; None: not built, not
+    ``bytes``, or another shape (the Python parser reads it, or says how it is malformed)."""
+    return _native_broker_prefix(data) if NATIVE_BROKER_PREFIX and type(data) is bytes else None
+
+
 def prefix_fields(data: Buffer) -> tuple[int, int]:
     """(broker timestamp in ms, index) of a stored entry's prefix, which every entry the managed
-    ledger stored has (``CorruptEntry`` when it is missing or malformed)."""
-    if NATIVE_BROKER_PREFIX and type(data) is bytes:
-        fields = _native_broker_prefix(data)  # the usual shape, read natively
-        if fields is not None:
-            return fields[0], fields[1]
+    ledger stored has (``CorruptEntry`` when it is missing or malformed): the read path's, which
+    makes no ``BrokerEntryMetadata``."""
+    fields = _usual_prefix(data)
+    if fields is not None:
+        return fields[0], fields[1]
     meta = split_prefix(data)[0]
     if meta is None:
         raise CorruptEntry("a stored entry has no broker entry metadata")
@@ -62,10 +68,9 @@ def prefix_fields(data: Buffer) -> tuple[int, int]:
 
 def split_prefix(data: Buffer) -> tuple[BrokerEntryMetadata | None, int]:
     """Parse the optional 0x0e02 prefix; returns it and the offset of the 0x0e01 part."""
-    if NATIVE_BROKER_PREFIX and type(data) is bytes:
-        fields = _native_broker_prefix(data)  # the usual shape, read natively
-        if fields is not None:
-            return BrokerEntryMetadata(fields[0], fields[1]), fields[2]
+    fields = _usual_prefix(data)
+    if fields is not None:
+        return BrokerEntryMetadata(fields[0], fields[1]), fields[2]
     if type(data) is bytes and data[:2] == _PREFIX_MAGIC and data[6:7] == b"\x08":  # the usual shape
         end = 6 + _U32_FROM(data, 2)[0]
         try:

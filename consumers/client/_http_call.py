@@ -59,6 +59,17 @@ def error_of(response: httpx.Response) -> HttpError:
         return HttpError(response.status_code, f"http_{response.status_code}", text)
 
 
+def base_of(url: httpx.URL) -> str:
+    """``scheme://host:port`` of ``url``: the broker it goes to (the key of its connections)."""
+    return f"{url.scheme}://{url.netloc.decode('ascii')}"
+
+
+def response_of(answer: HttpAnswer, method: str, url: httpx.URL) -> httpx.Response:
+    """The answer read from a connection as the ``httpx.Response`` the client's callers take."""
+    return httpx.Response(answer.status, content=answer.body, request=httpx.Request(method, url),
+                          headers=[(name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers])
+
+
 def not_ready(exc: HttpError) -> bool:
     return exc.status == 503 and exc.code in NOT_READY_CODES
 
@@ -164,10 +175,8 @@ class BlockingHttp:
         route = CallRoute(method, path, params, self._service_urls)
         while True:
             url = httpx.URL(route.url) if route.params is None else httpx.URL(route.url).copy_merge_params(route.params)
-            base = f"{url.scheme}://{url.netloc.decode('ascii')}"
-            target = url.raw_path.decode("ascii")
             try:
-                answer = self._exchange(base, method, target, body, sent)
+                answer = self._exchange(base_of(url), method, url.raw_path.decode("ascii"), body, sent)
             except ValueError as exc:  # a redirect to a location that is not http(s)://host:port
                 raise HttpError(0, "unreachable", f"{method} {route.url}: {exc}") from exc
             except ConnectFailed as exc:
@@ -179,22 +188,20 @@ class BlockingHttp:
             except OSError as exc:  # the answer was lost, cut short or unreadable
                 route.unreachable(exc, connect_failed=False, timed_out=False)
                 continue
-            response = httpx.Response(answer.status, content=answer.body, request=httpx.Request(method, url),
-                                      headers=[(name.encode("latin-1"), value.encode("latin-1"))
-                                               for name, value in answer.headers])
+            response = response_of(answer, method, url)
             if route.answered(response):
                 return response
 
     def send(self, path: str, *, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-             base_url: str | None = None) -> PendingGet:
-        """A GET to ``base_url`` (a broker that answered for this path before, its owner; None:
-        the first listed) sent now, its answer read later by :meth:`PendingGet.answer` on the
-        connection it went out on (held by the call until then): the broker works on it while
-        the caller does something else. A failure to send is raised when the answer is asked
-        for."""
-        url = httpx.URL(f"{base_url or self._service_urls[0]}{path}")
+             broker: httpx.URL | None = None) -> PendingGet:
+        """A GET to the broker of the URL ``broker`` (one that answered for this path before, its
+        owner; None: the first listed) sent now, its answer read later by
+        :meth:`PendingGet.answer` on the connection it went out on (held by the call until
+        then): the broker works on it while the caller does something else. A failure to send
+        is raised when the answer is asked for."""
+        url = httpx.URL(f"{self._service_urls[0] if broker is None else base_of(broker)}{path}")
         url = url if params is None else url.copy_merge_params(params)
-        base = f"{url.scheme}://{url.netloc.decode('ascii')}"
+        base = base_of(url)
         connection = self._take_connection(base)
         sent = {name.lower(): value for name, value in (headers or {}).items()}
         try:
@@ -276,9 +283,7 @@ class PendingGet:
         except OSError as exc:
             raise HttpError(0, "unreachable", f"GET {self._url}: {exc}") from exc
         self._http._give_back(self._base, connection)
-        response = httpx.Response(answer.status, content=answer.body, request=httpx.Request("GET", self._url),
-                                  headers=[(name.encode("latin-1"), value.encode("latin-1"))
-                                           for name, value in answer.headers])
+        response = response_of(answer, "GET", self._url)
         if response.status_code >= 300:
             raise error_of(response) if response.status_code >= 400 else \
                 HttpError(response.status_code, "redirected", f"GET {self._url}: answered by another broker")

@@ -364,13 +364,13 @@ class Client:
         return self._http.request(method, path, json_body=json_body, params=params, headers=headers)
 
     def send_get(self, path: str, *, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
-                 base_url: str | None = None) -> PendingGet:
+                 broker: httpx.URL | None = None) -> PendingGet:
         """A GET sent now whose answer ``PendingGet.answer()`` reads later, so the broker works
-        on it while the caller does something else; to ``base_url`` when given (the broker that
-        answered this path last: ``response.url`` of a :meth:`request`), else to the first
-        listed broker. No retry, redirect or failover: a caller that gets ``HttpError`` makes
-        the call again with :meth:`request`."""
-        return self._http.send(path, params=params, headers=headers, base_url=base_url)
+        on it while the caller does something else; to the broker of the URL ``broker`` when
+        given (``response.url`` of a :meth:`request` for this path: its owner), else to the
+        first listed broker. No retry, redirect or failover: a caller that gets ``HttpError``
+        makes the call again with :meth:`request`."""
+        return self._http.send(path, params=params, headers=headers, broker=broker)
 
     def close(self) -> None:
         if self._finalizer.detach() is None:

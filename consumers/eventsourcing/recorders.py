@@ -34,7 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from uuid import UUID, uuid4
 
 import httpx
@@ -174,6 +174,15 @@ class _Window:
         return self.rows.slice(offset - self.first, length), offset + length
 
 
+class _Ahead(NamedTuple):
+    """A window asked for ahead: from ``first``, ``asked`` rows, at ``asked_at_s``."""
+
+    first: int
+    asked: int
+    pending: PendingRows
+    asked_at_s: float
+
+
 class NotificationReadAhead:
     """Windows of a sequential notification reader's pages, the next asked for while its
     caller decodes this one.
@@ -202,7 +211,7 @@ class NotificationReadAhead:
         self._clock = clock
         self._lock = threading.Lock()
         self._window: _Window | None = None
-        self._ahead: tuple[int, int, PendingRows, float] | None = None
+        self._ahead: _Ahead | None = None
         self._last_end: int | None = None
         self._stats = ReadAheadStats()
 
@@ -234,15 +243,15 @@ class NotificationReadAhead:
                 self._stats.windows_read += 1
         next_window = None
         if window.rows.num_rows >= window.asked:  # full: the next one is asked for now
-            next_window = (window.next_offset, window.asked, self._send(window.next_offset, window.asked),
-                           self._clock())
+            next_window = _Ahead(window.next_offset, window.asked, self._send(window.next_offset, window.asked),
+                                 self._clock())
         with self._lock:
             self._window = window if window.rows.num_rows else None
             dropped, self._ahead = self._ahead, next_window
             self._stats.windows_read_ahead += next_window is not None
             self._stats.windows_dropped += dropped is not None
         if dropped is not None:  # another thread's, asked for meanwhile
-            dropped[2].drop()
+            dropped.pending.drop()
         return window.page(offset, count)
 
     def ended(self, end: int) -> None:
@@ -256,7 +265,7 @@ class NotificationReadAhead:
             ahead = self._ahead
         if ahead is not None:
             with contextlib.suppress(Exception):
-                ahead[2].result()
+                ahead.pending.result()
 
     def statistics(self) -> ReadAheadStats:
         with self._lock:
@@ -270,15 +279,15 @@ class NotificationReadAhead:
         if ahead is None:
             return None
         window = None
-        if ahead[0] == offset and now_s - ahead[3] <= WINDOW_AGE_S_MAX:
+        if ahead.first == offset and now_s - ahead.asked_at_s <= WINDOW_AGE_S_MAX:
             try:
-                rows, next_offset = ahead[2].result()
+                rows, next_offset = ahead.pending.result()
             except Exception:  # whatever it was, a read now says what holds now
                 rows, next_offset = NO_ROWS, offset
             if rows.num_rows:  # an empty one: the end then may not be the end now
-                window = _Window(offset, rows, next_offset, ahead[1], ahead[3])
+                window = _Window(offset, rows, next_offset, ahead.asked, ahead.asked_at_s)
         else:
-            ahead[2].drop()
+            ahead.pending.drop()
         with self._lock:
             if window is None:
                 self._stats.windows_dropped += 1
@@ -291,7 +300,7 @@ class NotificationReadAhead:
             ahead, self._ahead, self._window = self._ahead, None, None
             self._stats.windows_dropped += ahead is not None
         if ahead is not None:
-            ahead[2].drop()
+            ahead.pending.drop()
 
 
 class _PendingRangeRead:
@@ -332,8 +341,8 @@ class MagnetarRecorder:
         self._heads = _Heads(HEADS_CACHED_MAX)
         self._producer = _Producer()
         self._checked_unpartitioned = False
-        self._range_read_base: str | None = None
-        """The broker that answered the last range read (where reads ahead go)."""
+        self._range_read_url: httpx.URL | None = None
+        """The URL that answered the last range read (its broker is where reads ahead go)."""
 
     def _check_unpartitioned(self) -> None:
         """Refuse a partitioned topic (its offsets are per partition: no total order), once per
@@ -442,14 +451,14 @@ class MagnetarRecorder:
             raise persistence_error(exc) from exc
         except ClientError as exc:
             raise persistence_error(exc) from exc
-        self._range_read_base = f"{response.url.scheme}://{response.url.netloc.decode('ascii')}"
+        self._range_read_url = response.url
         return _rows_of(response, offset)
 
     def _send_read_rows(self, offset: int, count: int) -> PendingRows:
         """:meth:`_read_rows` sent now to the broker that answered the last one (the topic's
         owner, in a cluster), its answer read later (an error then is read again the usual way
         by the read-ahead's caller)."""
-        pending = self.client.send_get(f"{self._path}/messages", headers=ARROW_ACCEPT, base_url=self._range_read_base,
+        pending = self.client.send_get(f"{self._path}/messages", headers=ARROW_ACCEPT, broker=self._range_read_url,
                                        params={"offset": offset, "maxMessages": max(1, count)})
         return _PendingRangeRead(pending, offset)
 
