@@ -39,6 +39,14 @@ from broker.message_id import Position
 from broker.offload.offloader import LedgerOffloader, OffloadReadError, ReadHandle
 from broker.offset_index import LedgerInfo, PositionHints
 
+try:
+    from broker.entry_format._common_entry import stored_entries as _stored_entries
+except ImportError:  # installed without a C compiler: the loop of _read_run reads every entry
+    NATIVE_STORED_ENTRIES = False
+else:
+    NATIVE_STORED_ENTRIES = True
+"""Whether a run's entries are made natively (``_common_entry.c``'s ``stored_entries``)."""
+
 _DATA = operator.itemgetter(1)
 """An ``Entry``'s ``data``."""
 
@@ -219,14 +227,22 @@ class LedgerReads:
             average = max(1, info.size_bytes // info.entries)
             run_bytes = READ_RUN_BYTES_MAX if bytes_left is None else min(bytes_left, READ_RUN_BYTES_MAX)
             count = max(1, min(count, -(-run_bytes // average)))
-        run: list[Entry] = []
-        ledger_id, position = info.ledger_id, Position.of_stored
-        for entry_id, data in enumerate(handle.read(first, first + count - 1), start=first):
-            broker_timestamp_ms, index = prefix_fields(data)
-            if first_offset is None:
-                first_offset = index - message_count(data) + 1
-            run.append(Entry(position(ledger_id, entry_id), data, first_offset, index, broker_timestamp_ms))
-            first_offset = index + 1
+        payloads = handle.read(first, first + count - 1)
+        if not payloads:
+            return []
+        ledger_id = info.ledger_id
+        if first_offset is None:
+            first_offset = prefix_fields(payloads[0])[1] - message_count(payloads[0]) + 1
+        run: list[Entry] = _stored_entries(payloads, ledger_id, first, first_offset, Entry, Position) \
+            if NATIVE_STORED_ENTRIES and type(payloads) is list else []
+        if len(run) < len(payloads):  # the rest (none, usually) read here: an unusual prefix, or a malformed one
+            if run:
+                first_offset = run[-1].last_offset + 1
+            position = Position.of_stored
+            for entry_id, data in enumerate(payloads[len(run):], start=first + len(run)):
+                broker_timestamp_ms, index = prefix_fields(data)
+                run.append(Entry(position(ledger_id, entry_id), data, first_offset, index, broker_timestamp_ms))
+                first_offset = index + 1
         return run
 
 

@@ -17,6 +17,7 @@ result; a partition of a partitioned topic that nobody wrote to reads as empty.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 
@@ -70,8 +71,12 @@ def _entries(topic: PersistentTopic, offset: int, max_messages: int, max_bytes: 
     the read is reported as the data loss it is."""
     step_entries = max(1, min(READ_STEP_ENTRIES_MAX, max_messages))
     step_bytes = max(1, min(READ_STEP_BYTES, max_bytes))
+    return itertools.chain.from_iterable(_steps(topic, offset, step_entries, step_bytes))
+
+
+def _steps(topic: PersistentTopic, offset: int, step_entries: int, step_bytes: int) -> Iterator[list[Entry]]:
     try:
-        yield from topic.entries_from(offset, step_entries=step_entries, step_bytes=step_bytes)
+        yield from topic.entry_steps(offset, step_entries=step_entries, step_bytes=step_bytes)
     except (NoSuchEntry, NoSuchLedger) as exc:
         if offset < topic.ml.first_offset:
             raise _data_lost(topic, offset) from exc

@@ -327,10 +327,18 @@ class PersistentTopic:
     # --- reading helpers -----------------------------------------------------------------
     def entries_from(self, offset: int, *, step_entries: int = REPLAY_BATCH_ENTRIES,
                      step_bytes: int = 5 * 1024 * 1024) -> Iterator[Entry]:
+        """Every confirmed entry holding an offset ``>= offset``, in order: the entries of
+        :meth:`entry_steps`, one at a time."""
+        return itertools.chain.from_iterable(self.entry_steps(offset, step_entries=step_entries,
+                                                              step_bytes=step_bytes))
+
+    def entry_steps(self, offset: int, *, step_entries: int = REPLAY_BATCH_ENTRIES,
+                    step_bytes: int = 5 * 1024 * 1024) -> Iterator[list[Entry]]:
         """Every confirmed entry holding an offset ``>= offset``, in order, read from the managed
-        ledger ``step_entries`` (or about ``step_bytes``) at a time. Offsets have no gaps: a step
-        that does not start where the last one ended (retention trimmed the ledger in between)
-        is ``DataLost``, never a silent jump."""
+        ledger ``step_entries`` (or about ``step_bytes``) at a time, a list a step (a reader that
+        goes through them in C, ``itertools.chain``, resumes no generator an entry). Offsets have
+        no gaps: a step that does not start where the last one ended (retention trimmed the
+        ledger in between) is ``DataLost``, never a silent jump."""
         if offset < self.ml.first_offset:
             raise DataLost(f"offset {offset} of {self.name} was trimmed; first is {self.ml.first_offset}")
         if offset >= self.ml.confirmed_next_offset():
@@ -344,7 +352,7 @@ class PersistentTopic:
             if expected is not None and entries[0].first_offset != expected:
                 raise DataLost(f"offset {expected} of {self.name} was trimmed while read; first is "
                                f"{self.ml.first_offset}")
-            yield from entries
+            yield entries
             expected = entries[-1].last_offset + 1
             position = self.ml.next_position(entries[-1].position)
 

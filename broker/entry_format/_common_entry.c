@@ -24,6 +24,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -292,6 +293,110 @@ static PyObject *broker_prefix(PyObject *self, PyObject *data) {
     return Py_BuildValue("(KKn)", (unsigned long long)timestamp, (unsigned long long)index, end);
 }
 
+/* One slot of a slotted object set through its member descriptor; -1 on an error (raised). */
+static int set_slot(PyObject *descriptor, PyObject *object, PyObject *value) {
+    int failed = Py_TYPE(descriptor)->tp_descr_set(descriptor, object, value);
+    Py_DECREF(value);
+    return failed;
+}
+
+/* The member descriptor of a slot of ``type`` (a new reference), or NULL with TypeError. */
+static PyObject *slot_descriptor(PyObject *type, const char *name) {
+    PyObject *descriptor = PyObject_GetAttrString(type, name);
+    if (descriptor != NULL && !Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+        Py_DECREF(descriptor);
+        PyErr_Format(PyExc_TypeError, "%s is not a slot", name);
+        return NULL;
+    }
+    return descriptor;
+}
+
+/* stored_entries(payloads, ledger_id, first_entry_id, first_offset, entry_type, position_type):
+ * managed_ledger_reads._read_run's loop: for consecutive stored entries of one ledger, each
+ * ``entry_type(position_type(ledger_id, entry_id), data, first offset, index, broker timestamp)``
+ * (entry_type a 5-field tuple type; position_type slotted, built as Position.of_stored does);
+ * each entry's first offset is the one before's index + 1. Stops before the first payload that
+ * is not bytes or has not the usual prefix (the Python loop reads it, or says how it is
+ * malformed), so the list may be shorter than ``payloads``. */
+static PyObject *stored_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyList_Check(args[0]) || !PyType_Check(args[4]) || !PyType_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "stored_entries(payloads: list, ledger_id, first_entry_id, first_offset, entry_type, position_type)");
+        return NULL;
+    }
+    PyObject *payloads = args[0];
+    PyTypeObject *entry_type = (PyTypeObject *)args[4], *position_type = (PyTypeObject *)args[5];
+    if (!PyType_IsSubtype(entry_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "entry_type must be a tuple type");
+        return NULL;
+    }
+    long long ledger_id = PyLong_AsLongLong(args[1]);
+    long long entry_id = PyLong_AsLongLong(args[2]);
+    long long first_offset = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *ledger_slot = slot_descriptor(args[5], "ledger_id");
+    PyObject *entry_slot = ledger_slot == NULL ? NULL : slot_descriptor(args[5], "entry_id");
+    PyObject *ledger = PyLong_FromLongLong(ledger_id);
+    PyObject *result = PyList_New(0);
+    if (entry_slot == NULL || ledger == NULL || result == NULL) {
+        goto failed;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(payloads); i++, entry_id++) {
+        PyObject *data = PyList_GET_ITEM(payloads, i);
+        uint64_t timestamp, index;
+        if (!PyBytes_CheckExact(data) ||
+            parse_broker_prefix((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &timestamp,
+                                &index) < 0 ||
+            index >= (uint64_t)LLONG_MAX) {
+            break;
+        }
+        PyObject *position = position_type->tp_alloc(position_type, 0);
+        PyObject *entry = position == NULL ? NULL : entry_type->tp_alloc(entry_type, 5);
+        if (entry == NULL) {
+            Py_XDECREF(position);
+            goto failed;
+        }
+        PyTuple_SET_ITEM(entry, 0, position); /* the entry owns what is set in it from here on */
+        Py_INCREF(data);
+        PyTuple_SET_ITEM(entry, 1, data);
+        PyObject *first = PyLong_FromLongLong(first_offset);
+        PyObject *last = first == NULL ? NULL : PyLong_FromUnsignedLongLong(index);
+        PyObject *time = last == NULL ? NULL : PyLong_FromUnsignedLongLong(timestamp);
+        PyTuple_SET_ITEM(entry, 2, first);
+        PyTuple_SET_ITEM(entry, 3, last);
+        PyTuple_SET_ITEM(entry, 4, time);
+        PyObject *entry_number = time == NULL ? NULL : PyLong_FromLongLong(entry_id);
+        if (entry_number == NULL) {
+            Py_DECREF(entry);
+            goto failed;
+        }
+        Py_INCREF(ledger);
+        if (set_slot(ledger_slot, position, ledger) < 0) {
+            Py_DECREF(entry_number);
+            Py_DECREF(entry);
+            goto failed;
+        }
+        if (set_slot(entry_slot, position, entry_number) < 0 || PyList_Append(result, entry) < 0) {
+            Py_DECREF(entry);
+            goto failed;
+        }
+        Py_DECREF(entry);
+        first_offset = (long long)index + 1;
+    }
+    Py_DECREF(ledger_slot);
+    Py_DECREF(entry_slot);
+    Py_DECREF(ledger);
+    return result;
+failed:
+    Py_XDECREF(ledger_slot);
+    Py_XDECREF(entry_slot);
+    Py_XDECREF(ledger);
+    Py_XDECREF(result);
+    return NULL;
+}
+
 /* common_batch(data): common_entry.common_batch. */
 static PyObject *common_batch(PyObject *self, PyObject *data) {
     if (!ready(data)) {
@@ -332,6 +437,8 @@ static PyMethodDef methods[] = {
      "Use the SSE 4.2 instruction for CRC32C when the processor has it (False: the crc32c package); whether it is."},
     {"broker_prefix", broker_prefix, METH_O,
      "broker_metadata.split_prefix's usual case of a bytes object: (broker timestamp, index, end), or None."},
+    {"stored_entries", (PyCFunction)(void (*)(void))stored_entries, METH_FASTCALL,
+     "managed_ledger_reads._read_run's loop over a list of stored entries' bytes: the entries it takes."},
     {"common_batch", common_batch, METH_O,
      "common_entry.common_batch of a bytes object: the common entry's fields, or None."},
     {"common_metadata", (PyCFunction)(void (*)(void))common_metadata, METH_FASTCALL,

@@ -15,7 +15,9 @@ message of a key holds its highest version; the same holds for a tracking key's 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,7 +111,7 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
     messages, and events whose topic is not among ``topics`` (empty: any), left out). Rows are
     selected and properties found by Arrow's kernels over the rows' flattened properties (each
     event has one topic and one version property, in row order); Python runs once a row, only
-    to make its ``Notification``."""
+    to make its ``Notification`` (from its fields' dict: ``_notification_of``)."""
     events = _events_among(rows, topics).slice(0, limit)
     properties = _Properties.of(events)
     topic_names, versions = properties.values_of(_TOPIC), properties.values_of(_VERSION)
@@ -118,35 +120,83 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
                         f"(one {TOPIC_PROPERTY!r} and one {VERSION_PROPERTY!r} property each)")
     originator_ids = _originator_ids(events.column("key").cast(pa.string()),
                                      properties.rows_where(_ID_TYPE, _UUID_ID_TYPE))
-    return [Notification(id=offset + 1, originator_id=originator_id, originator_version=version, topic=topic,
-                         state=state)
-            for offset, originator_id, version, topic, state in zip(
-                events.column("offset").to_pylist(), originator_ids,
-                versions.cast(pa.int64()).to_pylist(), topic_names.to_pylist(), events.column("value").to_pylist(),
-                strict=True)]
+    fields = zip(events.column("offset").to_pylist(), originator_ids, versions.cast(pa.int64()).to_pylist(),
+                 topic_names.to_pylist(), events.column("value").to_pylist(), strict=True)
+    if not _NOTIFICATION_OF_FIELDS:
+        return [Notification(id=offset + 1, originator_id=originator_id, originator_version=version, topic=topic,
+                             state=state) for offset, originator_id, version, topic, state in fields]
+    return [_notification_of({"originator_id": originator_id, "originator_version": version, "topic": topic,
+                              "state": state, "id": offset + 1})
+            for offset, originator_id, version, topic, state in fields]
 
 
-_CANONICAL_UUID = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+def _made_by_generated_init(cls: type) -> bool:
+    """Whether ``cls`` is a dataclass whose instances its generated ``__init__`` makes by setting
+    each field, in order, in the instance's ``__dict__`` and nothing else: no ``__slots__``, no
+    ``__post_init__``, every field given to ``__init__`` (a frozen dataclass sets each through
+    ``object.__setattr__``: half the time a page of notifications takes to decode)."""
+    return (dataclasses.is_dataclass(cls) and "__slots__" not in vars(cls) and not hasattr(cls, "__post_init__")
+            and all(f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                    for f in dataclasses.fields(cls)))
+
+
+_NOTIFICATION_FIELDS = ("originator_id", "originator_version", "topic", "state", "id")
+_NOTIFICATION_OF_FIELDS = _made_by_generated_init(Notification) and \
+    tuple(f.name for f in dataclasses.fields(Notification)) == _NOTIFICATION_FIELDS
+"""Whether notifications are made from their fields' dict (the library's ``Notification`` as
+9.5 defines it), else by its ``__init__``."""
+
+
+def _notification_of(fields: dict[str, Any]) -> Notification:
+    """The ``Notification`` that ``Notification(**fields)`` makes, made as its generated
+    ``__init__`` makes it (``fields`` in the order of its fields)."""
+    notification = _new_object(Notification)
+    _set_slot(notification, "__dict__", fields)
+    return notification
+
+
 _new_object = object.__new__
 _set_slot = object.__setattr__
+_SET_UUID_INT = vars(UUID)["int"].__set__
+_SET_UUID_IS_SAFE = vars(UUID)["is_safe"].__set__
 _SAFE_UNKNOWN = SafeUUID.unknown
+_UUID_HALVES = struct.Struct(">QQ")
 
 
 def _originator_ids(keys: pa.ChunkedArray, uuid_rows: set[int]) -> list[UUID | str]:
-    """The originator id of each row: a ``UUID`` for the rows marked so, else the key's text.
-    When every row is marked and every key is a UUID's 36 characters (as ``str(UUID)`` writes
-    it, checked by one Arrow kernel over the column), each ``UUID`` is made from its 128 bits
-    without parsing its text again in ``UUID.__init__`` (a third of a page's decoding)."""
+    """The originator id of each row: a ``UUID`` for the rows marked so, else the key's text."""
     count = len(keys)
-    if count and len(uuid_rows) == count and pc.all(pc.match_substring_regex(keys, _CANONICAL_UUID)).as_py():
-        made: list[UUID | str] = []
-        for text in pc.replace_substring(keys, "-", "").to_pylist():
-            uuid = _new_object(UUID)  # what UUID(text) makes: its two slots
-            _set_slot(uuid, "int", int(text, 16))
-            _set_slot(uuid, "is_safe", _SAFE_UNKNOWN)
-            made.append(uuid)
+    made = _uuids_of(keys) if count and len(uuid_rows) == count else None
+    if made is not None:
         return made
     return [UUID(text) if row in uuid_rows else text for row, text in enumerate(keys.to_pylist())]
+
+
+def _uuids_of(keys: pa.ChunkedArray) -> list[UUID | str] | None:
+    """What ``UUID(key)`` makes of each key, when every key is 32 hex digits besides its dashes
+    (None otherwise: then ``UUID`` parses each). The digits of all keys are read at once
+    (``bytes.fromhex``, which also refuses any other character) and each ``UUID`` is made from
+    its 128 bits as ``UUID.__init__`` makes it, its two slots set: parsing each key's text in
+    ``UUID.__init__`` took a third of a page's decoding."""
+    digits = pc.replace_substring(keys, "-", "").combine_chunks()
+    count = len(digits)
+    if digits.null_count or pc.min_max(pc.binary_length(digits)).as_py() != {"min": 32, "max": 32}:
+        return None
+    value_offsets, data = digits.buffers()[1:3]
+    first = int.from_bytes(memoryview(value_offsets)[4 * digits.offset:4 * digits.offset + 4], "little")
+    try:
+        bits = bytes.fromhex(str(memoryview(data)[first:first + 32 * count], "ascii"))
+    except ValueError:  # a character that is not a hex digit (UnicodeDecodeError included)
+        return None
+    if len(bits) != 16 * count:  # fromhex skips whitespace between pairs of digits
+        return None
+    made: list[UUID | str] = []
+    for high, low in _UUID_HALVES.iter_unpack(bits):
+        uuid = _new_object(UUID)
+        _SET_UUID_INT(uuid, high << 64 | low)
+        _SET_UUID_IS_SAFE(uuid, _SAFE_UNKNOWN)
+        made.append(uuid)
+    return made
 
 
 def last_notification_offset(rows: pa.Table) -> int | None:

@@ -378,3 +378,76 @@ def test_an_entry_without_a_prefix_has_no_prefix_fields() -> None:
 
     with pytest.raises(CorruptEntry, match="no broker entry metadata"):
         broker_metadata.prefix_fields(b"\x0e\x01" + b"\x00" * 12)
+
+
+class _Payloads:
+    """A ledger handle that answers any range with the same payloads."""
+
+    def __init__(self, payloads: list[Any]) -> None:
+        self.payloads = payloads
+
+    def read(self, first: int, last: int) -> list[Any]:
+        return self.payloads[:last - first + 1]
+
+
+def _stored(index: int, fields: bytes = b"", timestamp: int = 1_700_000_000_000) -> bytes:
+    from broker.entry_format.broker_metadata import broker_prefix
+
+    prefix = broker_prefix(timestamp, index)
+    if fields:  # another shape of prefix: the usual fields, then these
+        body = prefix[6:] + fields
+        prefix = struct.pack(">HI", 0x0E02, len(body)) + body
+    return prefix + b"\x0e\x01rest of the entry"
+
+
+@pytest.mark.parametrize("payloads", [
+    [_stored(i) for i in range(50, 60)],
+    [_stored(52), _stored(53), _stored(56, b"\x18\x01"), _stored(57), _stored(58)],  # a field the C reader leaves
+    [_stored(52), bytearray(_stored(53)), _stored(54)],  # not bytes
+    [_stored(52), _stored(2**63 + 5), _stored(2**63 + 6)],  # an index past a signed 64-bit offset
+    [_stored(60, timestamp=2**64 - 1)],
+    [],
+])
+def test_a_runs_entries_made_natively_are_the_entries_the_python_loop_makes(
+        payloads: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_common_entry.stored_entries`` makes a run's entries (``LedgerReads._read_run``) as the
+    Python loop does: the same ``Entry`` and ``Position`` values and types, each first offset
+    the index before + 1, stopping at an entry it leaves to the loop, which goes on from there."""
+    from broker import managed_ledger_reads
+    from broker.managed_ledger_reads import Entry, LedgerReads
+    from broker.message_id import Position
+    from broker.offset_index import LedgerInfo
+
+    assert managed_ledger_reads.NATIVE_STORED_ENTRIES, "the native run reader was not built (needs a C compiler)"
+    info = LedgerInfo(7, first_offset=0, entries=1000, size_bytes=1000 * 40)
+    handle = _Payloads(payloads)
+    native = LedgerReads._read_run(None, handle, info, 100, 100 + len(payloads) - 1, 50, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(managed_ledger_reads, "NATIVE_STORED_ENTRIES", False)
+    python = LedgerReads._read_run(None, handle, info, 100, 100 + len(payloads) - 1, 50, None)  # type: ignore[arg-type]
+    assert native == python and len(native) == len(payloads)
+    assert all(type(e) is Entry and type(e.position) is Position for e in native)
+    assert [hash(e.position) for e in native] == [hash(Position(7, 100 + i)) for i in range(len(payloads))]
+    assert [e.first_offset for e in native] == ([50] + [e.last_offset + 1 for e in native[:-1]] if native else [])
+
+
+def test_the_native_run_reader_stops_at_a_corrupt_entry_and_refuses_what_is_not_its_arguments() -> None:
+    from broker.entry_format._common_entry import stored_entries
+    from broker.managed_ledger_reads import Entry
+    from broker.message_id import Position
+
+    made = stored_entries([_stored(52), b"\x0e\x01no prefix", _stored(54)], 7, 100, 52, Entry, Position)
+    assert made == [Entry(Position(7, 100), _stored(52), 52, 52, 1_700_000_000_000)]  # the loop says it is corrupt
+    with pytest.raises(TypeError):
+        stored_entries((_stored(52),), 7, 100, 52, Entry, Position)  # type: ignore[arg-type]  # a tuple
+    with pytest.raises(TypeError):
+        stored_entries([_stored(52)], 7, 100, 52, dict, Position)  # not a tuple type
+    with pytest.raises(AttributeError):
+        stored_entries([_stored(52)], 7, 100, 52, Entry, Entry)  # no attributes of those names
+
+    class Unslotted:
+        ledger_id = entry_id = 0
+
+    with pytest.raises(TypeError, match="slot"):
+        stored_entries([_stored(52)], 7, 100, 52, Entry, Unslotted)
+    with pytest.raises(OverflowError):
+        stored_entries([_stored(52)], 2**64, 100, 52, Entry, Position)

@@ -4,13 +4,18 @@ tracking records and other topics left out, ids, versions and originator ids as 
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+import random
 import uuid
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
 from eventsourcing.persistence import DataError, Notification
 
 from broker.entry_format.columns import ARROW_SCHEMA
+from consumers.eventsourcing import records
 from consumers.eventsourcing.records import (
     ID_TYPE_PROPERTY,
     TOPIC_PROPERTY,
@@ -83,6 +88,8 @@ def test_a_message_that_is_no_stored_event_is_a_data_error() -> None:
     ["{" + str(ORDER) + "}", str(uuid.uuid4())],  # not the 36 characters: UUID() reads each
     ["urn:uuid:" + str(ORDER)],
     [str(ORDER).replace("-", "")],
+    ["0b7a6a34-3f5e-4c0e-9d7e6c1f-3f0c2a11", str(ORDER)],  # dashes elsewhere: UUID() strips them too
+    ["0x" + str(ORDER).replace("-", "")[2:]],  # 32 characters that int(_, 16) reads, not all hex digits
 ])
 def test_originator_ids_marked_uuid_are_the_uuids_uuid_reads(texts: list[str]) -> None:
     page = rows(*(event(offset, text, 1, "t", b"", is_uuid=True) for offset, text in enumerate(texts)))
@@ -93,7 +100,51 @@ def test_originator_ids_marked_uuid_are_the_uuids_uuid_reads(texts: list[str]) -
     assert [str(i) for i in ids] == [str(uuid.UUID(text)) for text in texts]
 
 
-def test_a_key_marked_uuid_that_is_none_is_refused_as_uuid_refuses_it() -> None:
-    page = rows(event(0, str(ORDER), 1, "t", b"", is_uuid=True), event(1, "not-a-uuid", 1, "t", b"", is_uuid=True))
+@pytest.mark.parametrize("seed", range(40))
+def test_originator_ids_of_random_uuid_texts_are_what_uuid_reads_in_pages_cut_from_a_window(seed: int) -> None:
+    rng = random.Random(seed)
+    forms: list[Callable[[uuid.UUID], str]] = [str, lambda u: str(u).upper(), lambda u: u.hex,
+                                               lambda u: "{" + str(u) + "}"]
+    texts = [rng.choice(forms if rng.random() < 0.2 else forms[:1])(uuid.UUID(int=rng.getrandbits(128)))
+             for _ in range(rng.randrange(1, 60))]
+    window = rows(*(event(offset, text, 1, "t", b"", is_uuid=True) for offset, text in enumerate(texts)))
+    first = rng.randrange(len(texts))
+    page = window.slice(first, rng.randrange(1, len(texts) - first + 1))  # as pages are cut from a window
+    ids = [n.originator_id for n in notifications_of(page, frozenset(), 100)]
+    assert ids == [uuid.UUID(text) for text in texts[first:first + page.num_rows]]
+    assert all(type(i) is uuid.UUID and i.is_safe is uuid.SafeUUID.unknown for i in ids)
+
+
+def test_notifications_are_the_librarys_own_in_every_way() -> None:
+    made = notifications_of(MIXED, frozenset(), 10)[0]
+    built = Notification(id=1, originator_id=ORDER, originator_version=1, topic="orders:Created", state=b"a")
+    assert type(made) is Notification and made == built and hash(made) == hash(built)
+    assert vars(made) == vars(built) and list(vars(made)) == list(vars(built))  # the same fields, in order
+    assert repr(made) == repr(built) and pickle.loads(pickle.dumps(made)) == built
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.id = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("texts", [
+    [str(ORDER), "not-a-uuid"],
+    [str(ORDER)[:8] + " " + str(ORDER)[9:], str(uuid.uuid4())],  # 36 characters, a space among them
+    [str(ORDER)[:8] + " " + str(ORDER)[8:].replace("-", "")],  # 32 hex digits and a space
+    ["0b7a6a34-3f5e-4c0e-9d7e-6c1f3f0c2a1", "10b7a6a34-3f5e-4c0e-9d7e-6c1f3f0c2a1"],  # 31 and 33 digits
+    ["0b7a6a34_3f5e_4c0e_9d7e_6c1f3f0c2a11"],
+    ["0b7a6a34-3f5e-4c0e-9d7e-6c1f3f0c2a1\u00e4"],  # 32 characters, one of them no ASCII
+])
+def test_a_key_marked_uuid_that_is_none_is_refused_as_uuid_refuses_it(texts: list[str]) -> None:
+    page = rows(*(event(offset, text, 1, "t", b"", is_uuid=True) for offset, text in enumerate(texts)))
+    with pytest.raises(ValueError):
+        [uuid.UUID(text) for text in texts]
     with pytest.raises(ValueError):
         notifications_of(page, frozenset(), 10)
+
+
+def test_the_fast_ways_serve_the_installed_library_and_usual_keys() -> None:
+    """The decoding shortcuts are taken, not silently passed by: notifications from their fields'
+    dict for the library's ``Notification``, and UUIDs from their bits for 32 hex digits a key."""
+    assert records._NOTIFICATION_OF_FIELDS
+    keys = pa.chunked_array([pa.array([str(ORDER), str(ORDER).upper(), ORDER.hex])])
+    assert records._uuids_of(keys) == [ORDER, ORDER, ORDER]
+    assert records._uuids_of(pa.chunked_array([pa.array(["{" + str(ORDER) + "}"])])) is None
