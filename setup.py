@@ -16,13 +16,15 @@ False) and ``entry_log.py`` reads records in Python (``NATIVE_RECORDS`` is False
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("broker.entry_format._range_columns", sources=["broker/entry_format/_range_columns.c"], optional=True),
+    Extension("broker.entry_format._range_columns", sources=["broker/entry_format/_range_columns.c"],
+              depends=["broker/entry_format/_common_entry_api.h", "broker/entry_format/_utf8.h"], optional=True),
     Extension("broker.entry_format._varint", sources=["broker/entry_format/_varint.c"], optional=True),
     Extension("broker.entry_format._batch_encoder", sources=["broker/entry_format/_batch_encoder.c"], optional=True),
     Extension("broker.entry_format._batch_decoder", sources=["broker/entry_format/_batch_decoder.c"],
               depends=["broker/entry_format/_wire.h"], optional=True),
     Extension("broker.entry_format._common_entry", sources=["broker/entry_format/_common_entry.c"],
-              depends=["broker/entry_format/_wire.h", "storage/_crc32c.h"], include_dirs=["storage"], optional=True),
+              depends=["broker/entry_format/_wire.h", "broker/entry_format/_common_entry_api.h",
+                       "broker/entry_format/_utf8.h", "storage/_crc32c.h"], include_dirs=["storage"], optional=True),
     Extension("storage._entry_records", sources=["storage/_entry_records.c"], depends=["storage/_crc32c.h"],
               optional=True),
 ])

@@ -18,7 +18,10 @@ ledger's end; hints are only ever true (entries never change) and at most
 from __future__ import annotations
 
 import bisect
+import collections
+import itertools
 import json
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -132,6 +135,10 @@ class SampleStore:
         return [] if stat is None else [(a, b, c) for a, b, c in json.loads(stat.value)]
 
 
+_FIRST_OFFSET = operator.attrgetter("first_offset")
+_POSITION = operator.attrgetter("position")
+
+
 class PositionHints:
     """Where the entries that follow recently read ones start, by their first offset (bounded,
     oldest forgotten first)."""
@@ -148,11 +155,12 @@ class PositionHints:
         """After reading ``entries`` (consecutive, of ledger ``info``): each one after the first
         starts where its predecessor ended, and so does the entry after the last."""
         last = entries[-1]
+        kept = entries[max(1, len(entries) - self._max):]  # older ones would go at once
         with self._lock:
             hints = self._hints
-            for entry in entries[max(1, len(entries) - self._max):]:  # older ones would go at once
-                hints[entry.first_offset] = entry.position
+            hints.update(zip(map(_FIRST_OFFSET, kept), map(_POSITION, kept), strict=True))  # one C loop
             if last.position.entry_id + 1 < info.entries:
                 hints[last.last_offset + 1] = Position(info.ledger_id, last.position.entry_id + 1)
-            while len(hints) > self._max:
-                hints.popitem(last=False)  # O(1), where deleting a dict's first key is not
+            excess = len(hints) - self._max
+            if excess > 0:  # the oldest go, each in O(1) (deleting a dict's first key is not)
+                collections.deque(map(hints.pop, list(itertools.islice(hints, excess))), maxlen=0)

@@ -29,6 +29,7 @@ from storage.flusher import Flusher
 from storage.io_errors import OnceLog, describe, is_transient
 from storage.limits import READ_POSITIONS_MAX
 from storage.read_cache import ReadCache
+from storage.write_cache import WriteCache
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,17 @@ class EntryReader:
             self._hits[2] += 1
         return data
 
+    def _cached_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """Consecutive entries from ``first_entry_id`` (up to ``last_entry_id``) out of the first
+        of the caches, in :meth:`_cached`'s order, that holds that one (counted)."""
+        caches: tuple[WriteCache | ReadCache, ...] = (self._caches.active, self._caches.flushing, self._read_cache)
+        for source, cache in enumerate(caches):
+            run = cache.get_run(ledger_id, first_entry_id, last_entry_id)
+            if run:
+                self._hits[source] += len(run)
+                return run
+        return []
+
     def get_entries(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
         """Entries ``first..last`` of a ledger in order, each as :meth:`get_entry` returns it
         (``NoSuchEntry`` for one that is missing). An entry-log read's read-ahead serves the
@@ -87,10 +99,10 @@ class EntryReader:
         found: list[bytes] = []
         entry_id = first_entry_id
         while entry_id <= last_entry_id:
-            data = self._cached(ledger_id, entry_id)
-            if data is not None:
-                found.append(data)
-                entry_id += 1
+            run = self._cached_run(ledger_id, entry_id, last_entry_id)
+            if run:
+                found += run
+                entry_id += len(run)
                 continue
             data, ahead = self._read_log_run(ledger_id, entry_id)
             found.append(data)
@@ -104,14 +116,12 @@ class EntryReader:
                 used += 1
             self._hits[2] += used
             self._read_cache.count_hits(used)
-            for ahead_entry, ahead_data in ahead[used:]:
-                self._read_cache.put(ledger_id, ahead_entry, ahead_data)
+            self._read_cache.put_many(ledger_id, ahead[used:])
         return found
 
     def _read_from_log(self, ledger_id: int, entry_id: int) -> bytes:
         data, ahead = self._read_log_run(ledger_id, entry_id)
-        for ahead_entry, ahead_data in ahead:
-            self._read_cache.put(ledger_id, ahead_entry, ahead_data)
+        self._read_cache.put_many(ledger_id, ahead)
         return data
 
     def _read_log_run(self, ledger_id: int, entry_id: int) -> tuple[bytes, list[tuple[int, bytes]]]:

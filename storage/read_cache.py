@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -47,6 +48,24 @@ class ReadCache:
             self.hits += 1
             return data
 
+    def get_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """:meth:`get` of ``first_entry_id..last_entry_id`` up to the first entry not cached,
+        under one acquisition of the lock (a miss is counted only when the first is not)."""
+        run: list[bytes] = []
+        with self._lock:
+            entries = self._entries
+            get, move_to_end = entries.get, entries.move_to_end
+            for entry_id in range(first_entry_id, last_entry_id + 1):
+                key = (ledger_id, entry_id)
+                data = get(key)
+                if data is None:
+                    break
+                move_to_end(key)
+                run.append(data)
+            self.hits += len(run)
+            self.misses += not run
+        return run
+
     def count_hits(self, hits: int) -> None:
         """Entries served as cached without a lookup (a range read took them from a log read's
         read-ahead, which would have gone through the cache)."""
@@ -54,17 +73,25 @@ class ReadCache:
             self.hits += hits
 
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        if len(data) > self.capacity_bytes:
-            return
-        key = (ledger_id, entry_id)
+        self.put_many(ledger_id, [(entry_id, data)])
+
+    def put_many(self, ledger_id: int, entries: Sequence[tuple[int, bytes]]) -> None:
+        """:meth:`put` of each ``(entry id, data)`` of ``ledger_id``, in order, under one
+        acquisition of the lock (an entry-log read's read-ahead)."""
+        capacity = self.capacity_bytes
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.size_bytes -= len(old)
-            self._entries[key] = data
-            self.size_bytes += len(data)
-            while self.size_bytes > self.capacity_bytes:
-                _, evicted = self._entries.popitem(last=False)
+            cached = self._entries
+            for entry_id, data in entries:
+                if len(data) > capacity:
+                    continue
+                key = (ledger_id, entry_id)
+                old = cached.pop(key, None)
+                if old is not None:
+                    self.size_bytes -= len(old)
+                cached[key] = data
+                self.size_bytes += len(data)
+            while self.size_bytes > capacity:
+                _, evicted = cached.popitem(last=False)
                 self.size_bytes -= len(evicted)
                 self.evictions += 1
 

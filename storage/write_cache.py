@@ -84,6 +84,18 @@ class WriteCache:
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         return self._entries.get((ledger_id, entry_id))
 
+    def get_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
+        """The entries of ``ledger_id`` from ``first_entry_id`` on that this buffer holds, up to
+        the first it does not hold or ``last_entry_id``."""
+        run: list[bytes] = []
+        get = self._entries.get
+        for entry_id in range(first_entry_id, last_entry_id + 1):
+            data = get((ledger_id, entry_id))
+            if data is None:
+                break
+            run.append(data)
+        return run
+
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id of ``ledger_id`` in this buffer, or -1."""
         return self._last_entry.get(ledger_id, -1)

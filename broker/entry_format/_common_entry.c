@@ -28,7 +28,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_common_entry_api.h"
 #include "_crc32c.h"
+#include "_utf8.h"
 #include "_wire.h"
 
 #define MAGIC_BROKER_ENTRY_METADATA 0x0E02
@@ -53,8 +55,8 @@ static int checksum_matches(const unsigned char *p, Py_ssize_t n, uint32_t expec
 typedef struct {
     Py_ssize_t payload_start;
     uint64_t count, sequence_id, deliver_at, event_time;
-    int lone, have_deliver, have_event, key_b64;
-    PyObject *producer, *key, *ordering_key; /* owned; key and ordering key may be NULL */
+    int lone, have_deliver, have_event, key_b64, have_producer;
+    PyObject *producer, *key, *ordering_key; /* owned; key and ordering key may be NULL (all NULL without texts) */
 } Metadata;
 
 static void metadata_clear(Metadata *m) {
@@ -64,8 +66,10 @@ static void metadata_clear(Metadata *m) {
 }
 
 /* The checksum header at ``start`` and the MessageMetadata after it: 1 when they are of the
- * common kind (``m`` filled), 0 when not (``m`` holds nothing), -1 on an error (raised). */
-static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, Metadata *m) {
+ * common kind (``m`` filled), 0 when not (``m`` holds nothing), -1 on an error (raised). With
+ * ``texts`` 0, the producer name, partition key and ordering key are checked (strict UTF-8, as
+ * decoding them would) but not made: ``m`` then holds no object, and the answer is the same. */
+static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, Metadata *m, int texts) {
     memset(m, 0, sizeof(*m));
     if (start < 0 || n - start < CHECKSUM_HEADER_BYTES) {
         return 0;
@@ -92,19 +96,26 @@ static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start
             if (!wire_read_varint(p, n, &pos, &length) || length > (uint64_t)(payload_start - pos)) {
                 goto refuse;
             }
-            PyObject *text = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)length, NULL);
-            if (text == NULL) {
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                    goto fail;
+            if (!texts) {
+                if (!utf8_valid(p + pos, (Py_ssize_t)length)) {
+                    goto refuse;
                 }
-                PyErr_Clear();
-                goto refuse;
-            }
-            if (tag == 0x0A) {
-                Py_XSETREF(m->producer, text);
             } else {
-                Py_XSETREF(m->key, text);
+                PyObject *text = PyUnicode_DecodeUTF8((const char *)p + pos, (Py_ssize_t)length, NULL);
+                if (text == NULL) {
+                    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                        goto fail;
+                    }
+                    PyErr_Clear();
+                    goto refuse;
+                }
+                if (tag == 0x0A) {
+                    Py_XSETREF(m->producer, text);
+                } else {
+                    Py_XSETREF(m->key, text);
+                }
             }
+            m->have_producer |= tag == 0x0A;
             pos += (Py_ssize_t)length;
         } else if (tag == 0x10 || tag == 0x18 || tag == 0x58 || tag == 0x40 || tag == 0x48 || tag == 0x60) {
             pos += 1;
@@ -136,7 +147,7 @@ static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start
                 if (value > (uint64_t)(payload_start - pos)) {
                     goto refuse;
                 }
-                if (tag == 0x92) {
+                if (tag == 0x92 && texts) {
                     PyObject *bytes = PyBytes_FromStringAndSize((const char *)p + pos, (Py_ssize_t)value);
                     if (bytes == NULL) {
                         goto fail;
@@ -158,7 +169,7 @@ static int parse_metadata(const unsigned char *p, Py_ssize_t n, Py_ssize_t start
     if (m->lone) {
         m->count = 1;
     }
-    if (pos != payload_start || m->producer == NULL || !have_sequence || !have_publish || m->count == 0 ||
+    if (pos != payload_start || !m->have_producer || !have_sequence || !have_publish || m->count == 0 ||
         m->count > INT32_MAX_VALUE) {
         goto refuse;
     }
@@ -203,7 +214,7 @@ static int metadata_extras(const Metadata *m, PyObject **deliver, PyObject **lon
  * (both new references, and ``m`` to clear). */
 static int parse_with_extras(const unsigned char *p, Py_ssize_t n, Py_ssize_t start, Metadata *m,
                              PyObject **deliver, PyObject **lone) {
-    int parsed = parse_metadata(p, n, start, m);
+    int parsed = parse_metadata(p, n, start, m, 1);
     if (parsed > 0 && metadata_extras(m, deliver, lone) < 0) {
         metadata_clear(m);
         return -1;
@@ -397,6 +408,29 @@ failed:
     return NULL;
 }
 
+/* CommonEntryApi.common_batch_shape (``_common_entry_api.h``): common_batch's answer for a
+ * batch, without its tuple. */
+static int common_batch_shape(const unsigned char *p, Py_ssize_t n, Py_ssize_t *payload_start, uint64_t *count) {
+    uint64_t timestamp, index;
+    Py_ssize_t end = parse_broker_prefix(p, n, &timestamp, &index);
+    if (end < 0) {
+        return 0;
+    }
+    Metadata m;
+    int parsed = parse_metadata(p, n, end, &m, 0);
+    if (parsed <= 0) {
+        return parsed;
+    }
+    if (m.lone || index < m.count - 1) { /* a lone message, or more messages than offsets up to the index */
+        return 0;
+    }
+    *payload_start = m.payload_start;
+    *count = m.count;
+    return 1;
+}
+
+static const CommonEntryApi common_entry_api = {common_batch_shape};
+
 /* common_batch(data): common_entry.common_batch. */
 static PyObject *common_batch(PyObject *self, PyObject *data) {
     if (!ready(data)) {
@@ -464,5 +498,12 @@ PyMODINIT_FUNC PyInit__common_entry(void) {
     if (crc32c_init() < 0) {
         return NULL;
     }
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    PyObject *capsule = created == NULL ? NULL : PyCapsule_New((void *)&common_entry_api, COMMON_ENTRY_API_NAME, NULL);
+    if (capsule == NULL || PyModule_AddObject(created, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_XDECREF(created);
+        return NULL;
+    }
+    return created;
 }

@@ -45,6 +45,9 @@
 
 #include "structmember.h"
 
+#include "_common_entry_api.h"
+#include "_utf8.h"
+
 #define BUFFER_BYTES_MIN 256
 #define BITS_PER_BYTE 8
 #define BUFFER_BYTES_MAX INT32_MAX /* Arrow int32 offsets */
@@ -282,48 +285,6 @@ static int close_var(RangeColumns *c, int offsets, int data) {
 /* ------------------------------------------------------------------------------------------
  * Text: strict UTF-8 (what bytes.decode() accepts) and base64
  * ---------------------------------------------------------------------------------------- */
-
-static int utf8_valid(const uint8_t *s, Py_ssize_t n) {
-    Py_ssize_t i = 0;
-    while (i < n) {
-        uint8_t b = s[i];
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        Py_ssize_t extra;
-        uint8_t low = 0x80, high = 0xBF; /* range of the second byte */
-        if (b >= 0xC2 && b <= 0xDF) {
-            extra = 1;
-        } else if (b >= 0xE0 && b <= 0xEF) {
-            extra = 2;
-            if (b == 0xE0) {
-                low = 0xA0; /* no overlong forms */
-            } else if (b == 0xED) {
-                high = 0x9F; /* no surrogates */
-            }
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            extra = 3;
-            if (b == 0xF0) {
-                low = 0x90; /* no overlong forms */
-            } else if (b == 0xF4) {
-                high = 0x8F; /* nothing above U+10FFFF */
-            }
-        } else {
-            return 0;
-        }
-        if (extra > n - i - 1 || s[i + 1] < low || s[i + 1] > high) {
-            return 0;
-        }
-        for (Py_ssize_t k = 2; k <= extra; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) {
-                return 0;
-            }
-        }
-        i += extra + 1;
-    }
-    return 1;
-}
 
 static const char BASE64_ALPHABET[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 #define BASE64_PAD '='
@@ -901,7 +862,11 @@ done:
  * add_entries: collect_entries' loop over the entries of a read
  * ---------------------------------------------------------------------------------------- */
 
-static PyObject *name_data, *name_message_count, *name_first_offset, *name_publish_time_ms, *name_position,
+static const CommonEntryApi *common_entry_api = NULL;
+/* ``_common_entry.c``'s check, when that module was built and loads (else each entry's check is
+ * the ``common_batch`` callable add_entries is given). */
+
+static PyObject *name_data, *name_last_offset, *name_first_offset, *name_publish_time_ms, *name_position,
     *name_ledger_id, *name_entry_id;
 
 static int attribute_long_long(PyObject *object, PyObject *name, long long *out) {
@@ -912,6 +877,16 @@ static int attribute_long_long(PyObject *object, PyObject *name, long long *out)
     *out = PyLong_AsLongLong(value);
     Py_DECREF(value);
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* An entry's message count, last_offset - first_offset + 1 (its ``message_count``); -1 with
+ * OverflowError past a 64-bit integer, as reading that property as one would raise. */
+static int message_count_of(long long first_offset, long long last_offset, long long *count) {
+    if (__builtin_sub_overflow(last_offset, first_offset, count) || __builtin_add_overflow(*count, 1, count)) {
+        PyErr_SetString(PyExc_OverflowError, "an entry's message count does not fit in 64 bits");
+        return -1;
+    }
+    return 0;
 }
 
 static Py_ssize_t put_varint(uint8_t *out, uint64_t value) {
@@ -945,19 +920,30 @@ static int add_stored_entry(RangeColumns *c, PyObject *entry, PyObject *data, Py
     if (!PyBytes_CheckExact(data)) {
         return STATUS_FALLBACK;
     }
-    PyObject *common = PyObject_CallOneArg(common_batch, data);
-    if (common == NULL) {
-        return STATUS_ERROR;
-    }
-    if (!PyTuple_Check(common) || PyTuple_GET_SIZE(common) < 6 || PyTuple_GET_ITEM(common, 5) != Py_None) {
-        Py_DECREF(common); /* None (not a common entry) or not batched: the Python decoder's */
-        return STATUS_FALLBACK;
-    }
-    Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(common, 0));
-    Py_ssize_t count = PyLong_AsSsize_t(PyTuple_GET_ITEM(common, 1));
-    Py_DECREF(common);
-    if ((start == -1 || count == -1) && PyErr_Occurred()) {
-        return STATUS_ERROR;
+    Py_ssize_t start, count;
+    if (common_entry_api != NULL) { /* the same check in C, no tuple made */
+        uint64_t declared;
+        int shape = common_entry_api->common_batch_shape((const unsigned char *)PyBytes_AS_STRING(data),
+                                                         PyBytes_GET_SIZE(data), &start, &declared);
+        if (shape <= 0) { /* not a common entry, or not batched: the Python decoder's */
+            return shape < 0 ? STATUS_ERROR : STATUS_FALLBACK;
+        }
+        count = (Py_ssize_t)declared; /* at most 2^31 - 1: the parser refuses more */
+    } else {
+        PyObject *common = PyObject_CallOneArg(common_batch, data);
+        if (common == NULL) {
+            return STATUS_ERROR;
+        }
+        if (!PyTuple_Check(common) || PyTuple_GET_SIZE(common) < 6 || PyTuple_GET_ITEM(common, 5) != Py_None) {
+            Py_DECREF(common); /* None (not a common entry) or not batched: the Python decoder's */
+            return STATUS_FALLBACK;
+        }
+        start = PyLong_AsSsize_t(PyTuple_GET_ITEM(common, 0));
+        count = PyLong_AsSsize_t(PyTuple_GET_ITEM(common, 1));
+        Py_DECREF(common);
+        if ((start == -1 || count == -1) && PyErr_Occurred()) {
+            return STATUS_ERROR;
+        }
     }
     Py_ssize_t total = PyBytes_GET_SIZE(data);
     if (start < 0 || start > total) {
@@ -1024,10 +1010,11 @@ static PyObject *RangeColumns_add_entries(RangeColumns *self, PyObject *const *a
         if (entry == NULL) {
             return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
         }
-        long long count, first_offset;
+        long long count, first_offset, last_offset;
         PyObject *data = PyObject_GetAttr(entry, name_data);
-        if (data == NULL || attribute_long_long(entry, name_message_count, &count) < 0 ||
-            attribute_long_long(entry, name_first_offset, &first_offset) < 0) {
+        if (data == NULL || attribute_long_long(entry, name_last_offset, &last_offset) < 0 ||
+            attribute_long_long(entry, name_first_offset, &first_offset) < 0 ||
+            message_count_of(first_offset, last_offset, &count) < 0) {
             Py_XDECREF(data);
             Py_DECREF(entry);
             return NULL;
@@ -1235,9 +1222,13 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__range_columns(void) {
     base64_init();
-    PyObject **names[] = {&name_data, &name_message_count, &name_first_offset, &name_publish_time_ms,
+    common_entry_api = (const CommonEntryApi *)PyCapsule_Import(COMMON_ENTRY_API_NAME, 0);
+    if (common_entry_api == NULL) {
+        PyErr_Clear(); /* not built: the callable checks each entry */
+    }
+    PyObject **names[] = {&name_data, &name_last_offset, &name_first_offset, &name_publish_time_ms,
                           &name_position, &name_ledger_id, &name_entry_id};
-    const char *texts[] = {"data", "message_count", "first_offset", "publish_time_ms", "position", "ledger_id",
+    const char *texts[] = {"data", "last_offset", "first_offset", "publish_time_ms", "position", "ledger_id",
                            "entry_id"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i] = PyUnicode_InternFromString(texts[i]);
@@ -1257,7 +1248,8 @@ PyMODINIT_FUNC PyInit__range_columns(void) {
                                                PyExc_ValueError, NULL);
     if (MalformedBatch == NULL || PyModule_AddObjectRef(m, "MalformedBatch", MalformedBatch) < 0 ||
         PyModule_AddObjectRef(m, "RangeColumns", (PyObject *)&RangeColumnsType) < 0 ||
-        PyModule_AddIntConstant(m, "PROPERTIES_PER_MESSAGE_MAX", PROPERTIES_PER_MESSAGE_MAX) < 0) {
+        PyModule_AddIntConstant(m, "PROPERTIES_PER_MESSAGE_MAX", PROPERTIES_PER_MESSAGE_MAX) < 0 ||
+        PyModule_AddObjectRef(m, "COMMON_ENTRY_API", common_entry_api != NULL ? Py_True : Py_False) < 0) {
         Py_XDECREF(MalformedBatch);
         Py_DECREF(m);
         return NULL;

@@ -6,6 +6,8 @@ from typing import Any
 from typing_extensions import Buffer
 
 PROPERTIES_PER_MESSAGE_MAX: int
+COMMON_ENTRY_API: bool
+"""Whether each entry is checked through ``_common_entry.c``'s capsule (else the callable given)."""
 
 class MalformedBatch(ValueError):
     """The batch payload is not what the entry format allows."""

@@ -603,3 +603,60 @@ def test_a_ledger_trimmed_between_two_steps_of_a_read_is_data_lost_never_a_silen
     monkeypatch.setattr(topic.ml, "next_position", past_a_trimmed_ledger)
     with pytest.raises(DataLost, match=r"offset 5 .* trimmed while read"):
         list(topic.entries_from(0, step_entries=5))
+
+
+@native_only
+def test_an_entrys_message_count_past_64_bits_is_refused_natively_as_reading_it_would_be() -> None:
+    """The native loop works an entry's count out from its offsets (``last_offset -
+    first_offset + 1``, its ``message_count``); a count past a 64-bit integer is an
+    ``OverflowError``, as reading ``message_count`` as one was, never a wrapped count."""
+    entry = batch_entry(small_payload(), 3)._replace(first_offset=-(2**63), last_offset=2**63 - 1)
+    with pytest.raises(OverflowError):
+        collect_entries([entry], 0, PARTITION, 100, 1 << 20, native=True)
+
+
+def raw_framed(metadata: bytes, payload: bytes) -> bytes:
+    size = struct.pack(">I", len(metadata))
+    return struct.pack(">HI", 0x0E01, crc32c.crc32c(size + metadata + payload)) + size + metadata + payload
+
+
+def text_field(tag: int, text: bytes) -> bytes:
+    return bytes([tag]) + varint(len(text)) + text
+
+
+@native_only
+@pytest.mark.parametrize("producer", [b"p", "производитель".encode(), b"\xff", b"\xed\xa0\x80", b"\xc0\x80",
+                                      b"\xf4\x90\x80\x80", b"ok\xe2\x82"])
+@pytest.mark.parametrize("partition_key", [None, b"\xff", "ключ".encode()])
+@pytest.mark.parametrize("ordering_key", [None, b"\xff\x00"])
+def test_the_native_entry_check_without_texts_takes_what_the_python_check_takes(
+        producer: bytes, partition_key: bytes | None, ordering_key: bytes | None) -> None:
+    """The columns check each entry through ``_common_entry.c``'s capsule, which reads the
+    producer name, partition key and ordering key without making them (strict UTF-8 checked in
+    place): an entry ``common_batch`` takes is taken natively (none handed back), one whose
+    texts are not UTF-8 is left to the Python decoder, and a read gives the same rows, or the
+    same error, as the Python columns."""
+    from broker.entry_format._range_columns import COMMON_ENTRY_API
+    from broker.entry_format.common_entry import common_batch_of_bytes
+
+    assert COMMON_ENTRY_API, "_range_columns.c did not load _common_entry.c's capsule"
+    metadata = text_field(0x0A, producer) + b"\x10\x00\x18" + varint(PUBLISH_TIME_MS)
+    if partition_key is not None:
+        metadata += text_field(0x32, partition_key)
+    if ordering_key is not None:  # field 18, bytes: not text
+        metadata += b"\x92\x01" + varint(len(ordering_key)) + ordering_key
+    entry = stored(raw_framed(metadata + b"\x58\x01", batch_payload([Message(b"value", key="k")])), 0, 1, 0)
+    valid = _decodes(producer) and _decodes(partition_key or b"")
+    assert (common_batch_of_bytes(entry.data) is not None) == valid
+    if valid:
+        columns = collect_entries([entry], 0, PARTITION, 100, 1 << 20, native=True)
+        assert isinstance(columns, NativeColumns) and columns.handed_back == 0
+    assert_same_read([entry])
+
+
+def _decodes(text: bytes) -> bool:
+    try:
+        text.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
