@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from eventsourcing.persistence import StoredEvent
+from eventsourcing.persistence import DataError, StoredEvent
 
 from consumers.client import Client, HttpError, Topic
 from consumers.eventsourcing import MagnetarApplicationRecorder
@@ -207,3 +207,17 @@ def test_windows_are_read_ahead_from_the_broker_that_answered(client: Client) ->
             stats = recorder.read_ahead.statistics()
     assert read == list(range(1, 3 * WINDOW + 1))
     assert (stats.windows_taken, stats.windows_dropped) == (2, 0)
+
+
+def test_a_message_that_is_no_stored_event_fails_only_the_page_that_holds_it(client: Client) -> None:
+    """A window's notifications are made at once, at its first page; a window that holds a
+    message that is no stored event is made a page at a time instead, so a select before that
+    message reads as usual and the one that holds it is a ``DataError``."""
+    recorder = recorder_of(client)
+    insert(recorder, PAGE + 2)
+    client.produce_batch(recorder.topic, [b"not an event"], keys=["someone-else"])  # offset PAGE + 2
+    insert(recorder, WINDOW)
+    assert ids(recorder, 1) == list(range(1, PAGE + 1))
+    with pytest.raises(DataError, match="not stored events"):
+        ids(recorder, PAGE + 1)
+    assert ids(recorder, PAGE + 4) == list(range(PAGE + 4, 2 * PAGE + 4))  # past it, as before

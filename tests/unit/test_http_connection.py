@@ -26,8 +26,10 @@ from typing import Any
 
 import pytest
 
+from consumers import http_connection
 from consumers.client._http_call import IDLE_CONNECTIONS_MAX, BlockingHttp
 from consumers.client.errors import HttpError
+from consumers.http_connection import BODY_PREALLOCATED_BYTES_MAX
 from tests.standalone import free_port
 
 Handler = Callable[[http.server.BaseHTTPRequestHandler, bytes], None]
@@ -377,3 +379,52 @@ def test_keep_alive_holds_in_a_process_with_descriptors_past_fd_setsize() -> Non
     finally:
         for fd in held:
             os.close(fd)
+
+
+@pytest.mark.parametrize("preallocated_max", [BODY_PREALLOCATED_BYTES_MAX, 1000])
+def test_a_body_of_a_given_length_is_read_whole_into_one_buffer_or_through_the_parser(
+        preallocated_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body whose one ``Content-Length`` gives its length is read straight into a buffer of
+    that length (up to ``BODY_PREALLOCATED_BYTES_MAX``; past it, through the parser as it
+    arrives): the same bytes, in pieces written slowly or at once, the connection kept for the
+    next answer; cut short by the server, it is ``ConnectionLost``, not a short body."""
+    monkeypatch.setattr(http_connection, "BODY_PREALLOCATED_BYTES_MAX", preallocated_max)
+    big = os.urandom(3 * 65536 + 11)
+    read_into_one_buffer = []
+    rest_of_body = http_connection._rest_of_body
+
+    def counted(sock: socket.socket, received: list[bytes], length: int) -> bytes:
+        read_into_one_buffer.append(length)
+        return rest_of_body(sock, received, length)
+
+    monkeypatch.setattr(http_connection, "_rest_of_body", counted)
+
+    def pieces(request: http.server.BaseHTTPRequestHandler, _body: bytes) -> None:
+        if request.path == "/cut":
+            request.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + big[:70000])
+            request.wfile.flush()
+            request.close_connection = True
+            return
+        request.send_response(200)
+        request.send_header("content-length", str(len(big)))
+        request.end_headers()
+        if request.path == "/slow":
+            for start in range(0, len(big), 50000):
+                request.wfile.write(big[start:start + 50000])
+                request.wfile.flush()
+        else:
+            request.wfile.write(big)
+
+    with serving(pieces) as server:
+        connection = http_connection.KeepAliveConnection(_url(server), {}, 10.0, lambda: pytest.fail("no TLS here"))
+        try:
+            for path in ("/slow", "/at-once", "/slow"):
+                answer = connection.exchange("GET", path)
+                assert answer.status == 200 and answer.body == big and type(answer.body) is bytes
+            assert server.connections == 1
+            with pytest.raises(http_connection.ConnectionLost) as lost:
+                connection.exchange("GET", "/cut")
+            assert not lost.value.nothing_received
+            assert read_into_one_buffer == ([len(big)] * 3 + [100000] if preallocated_max > len(big) else [])
+        finally:
+            connection.close()
