@@ -225,6 +225,8 @@ class KeepAliveConnection:
                     answer.length <= BODY_PREALLOCATED_BYTES_MAX:
                 answer.chunks = [_rest_of_body(sock, answer.chunks, answer.length)]
                 answer.done = True
+                if isinstance(sock, ssl.SSLSocket) and sock.pending():  # bytes past the body, read and
+                    self._drop()  # decrypted already, which no poll sees: the connection is not reused
         status = parser.get_status_code()
         if not answer.keep_alive or not (answer.delimited or status in (204, 304)):
             self._drop()

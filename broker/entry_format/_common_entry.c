@@ -9,6 +9,9 @@
  * one-message entry's read. ``common_batch(data)`` does the same here, and
  * ``common_metadata(data, start)`` what ``_parse_common_metadata`` does for the checksum and
  * metadata alone (``common_client_entry``: an entry as a Pulsar client sends it).
+ * ``stored_entries`` makes a range read's entries (``managed_ledger_reads._read_run``'s loop),
+ * and the capsule ``_C_API`` (``_common_entry_api.h``) gives ``_range_columns.c`` the check of
+ * ``common_batch`` without its tuple.
  *
  * Invariants: for every bytes object, ``common_batch`` returns exactly what the Python
  * ``common_batch`` returns, a tuple ``(payload start, message count, first offset, sequence id,
@@ -349,9 +352,9 @@ static PyObject *stored_entries(PyObject *self, PyObject *const *args, Py_ssize_
     }
     PyObject *ledger_slot = slot_descriptor(args[5], "ledger_id");
     PyObject *entry_slot = ledger_slot == NULL ? NULL : slot_descriptor(args[5], "entry_id");
-    PyObject *ledger = PyLong_FromLongLong(ledger_id);
-    PyObject *result = PyList_New(0);
-    if (entry_slot == NULL || ledger == NULL || result == NULL) {
+    PyObject *ledger = entry_slot == NULL ? NULL : PyLong_FromLongLong(ledger_id);
+    PyObject *result = ledger == NULL ? NULL : PyList_New(0);
+    if (result == NULL) {
         goto failed;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(payloads); i++, entry_id++) {
@@ -363,14 +366,31 @@ static PyObject *stored_entries(PyObject *self, PyObject *const *args, Py_ssize_
             index >= (uint64_t)LLONG_MAX) {
             break;
         }
+        Py_INCREF(data); /* held from here: an allocation below may run a collection, and other code */
         PyObject *position = position_type->tp_alloc(position_type, 0);
-        PyObject *entry = position == NULL ? NULL : entry_type->tp_alloc(entry_type, 5);
+        if (position == NULL) {
+            Py_DECREF(data);
+            goto failed;
+        }
+        PyObject *entry_number = PyLong_FromLongLong(entry_id); /* both slots set before the next object */
+        if (entry_number == NULL || set_slot(ledger_slot, position, Py_NewRef(ledger)) < 0) {
+            Py_XDECREF(entry_number);
+            Py_DECREF(position);
+            Py_DECREF(data);
+            goto failed;
+        }
+        if (set_slot(entry_slot, position, entry_number) < 0) { /* set_slot takes the reference it is given */
+            Py_DECREF(position);
+            Py_DECREF(data);
+            goto failed;
+        }
+        PyObject *entry = entry_type->tp_alloc(entry_type, 5);
         if (entry == NULL) {
-            Py_XDECREF(position);
+            Py_DECREF(position);
+            Py_DECREF(data);
             goto failed;
         }
         PyTuple_SET_ITEM(entry, 0, position); /* the entry owns what is set in it from here on */
-        Py_INCREF(data);
         PyTuple_SET_ITEM(entry, 1, data);
         PyObject *first = PyLong_FromLongLong(first_offset);
         PyObject *last = first == NULL ? NULL : PyLong_FromUnsignedLongLong(index);
@@ -378,18 +398,7 @@ static PyObject *stored_entries(PyObject *self, PyObject *const *args, Py_ssize_
         PyTuple_SET_ITEM(entry, 2, first);
         PyTuple_SET_ITEM(entry, 3, last);
         PyTuple_SET_ITEM(entry, 4, time);
-        PyObject *entry_number = time == NULL ? NULL : PyLong_FromLongLong(entry_id);
-        if (entry_number == NULL) {
-            Py_DECREF(entry);
-            goto failed;
-        }
-        Py_INCREF(ledger);
-        if (set_slot(ledger_slot, position, ledger) < 0) {
-            Py_DECREF(entry_number);
-            Py_DECREF(entry);
-            goto failed;
-        }
-        if (set_slot(entry_slot, position, entry_number) < 0 || PyList_Append(result, entry) < 0) {
+        if (time == NULL || PyList_Append(result, entry) < 0) {
             Py_DECREF(entry);
             goto failed;
         }

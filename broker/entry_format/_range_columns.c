@@ -8,7 +8,10 @@
  * milliseconds, event times with a validity bitmap); properties as map offsets plus name and
  * value strings; each message's base64 MessageIdData; the offset column. Python wraps the
  * buffers with pyarrow.Array.from_buffers (no copy) and keeps the once-per-entry work:
- * checksum, MessageMetadata, decompression, the message-id prefix.
+ * checksum, MessageMetadata, decompression, the message-id prefix. add_entries runs
+ * collect_entries' loop here; it checks each entry through _common_entry.c's capsule
+ * (_common_entry_api.h: the same parser, no Python object made) when that module loads, else
+ * through the common_batch callable it is given.
  *
  * Invariants:
  * - The SingleMessageMetadata parser accepts exactly what broker/entry_format.py's
@@ -1222,9 +1225,18 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__range_columns(void) {
     base64_init();
-    common_entry_api = (const CommonEntryApi *)PyCapsule_Import(COMMON_ENTRY_API_NAME, 0);
-    if (common_entry_api == NULL) {
+    PyObject *common_entry = PyImport_ImportModule("broker.entry_format._common_entry");
+    if (common_entry == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ImportError)) {
+            return NULL;
+        }
         PyErr_Clear(); /* not built: the callable checks each entry */
+    } else {
+        Py_DECREF(common_entry);
+        common_entry_api = (const CommonEntryApi *)PyCapsule_Import(COMMON_ENTRY_API_NAME, 0);
+        if (common_entry_api == NULL) {
+            return NULL; /* the module loaded without its capsule: a build of another version */
+        }
     }
     PyObject **names[] = {&name_data, &name_last_offset, &name_first_offset, &name_publish_time_ms,
                           &name_position, &name_ledger_id, &name_entry_id};

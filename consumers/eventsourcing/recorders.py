@@ -171,8 +171,9 @@ class _Window:
     notifications: list[Notification] | None = None
     """Every notification of the rows, made at the first page taken (None: not yet)."""
     per_page: bool = False
-    """The rows hold a message that is no stored event: each page is made on its own, so the
-    page that holds it raises (a select that stops before it does not)."""
+    """A row could not be made a notification (no stored event, a version that is no number, a
+    key marked a UUID that is none): each page is made on its own, so the page that holds it
+    raises (a select that stops before it does not)."""
 
     def covers(self, offset: int) -> bool:
         return self.first <= offset < self.next_offset
@@ -190,7 +191,7 @@ class _Window:
             if self.notifications is None:
                 try:
                     self.notifications = notifications_of(self.rows, frozenset(), self.rows.num_rows)
-                except DataError:
+                except (DataError, ValueError):  # pyarrow's ArrowInvalid (a version not a number) among them
                     self.per_page = True
             made = self.notifications
             if made is not None:  # ids are offsets + 1, increasing

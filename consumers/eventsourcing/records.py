@@ -120,7 +120,12 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
                         f"(one {TOPIC_PROPERTY!r} and one {VERSION_PROPERTY!r} property each)")
     originator_ids = _originator_ids(events.column("key").cast(pa.string()),
                                      properties.rows_where(_ID_TYPE, _UUID_ID_TYPE))
-    fields = zip(events.column("offset").to_pylist(), originator_ids, versions.cast(pa.int64()).to_pylist(),
+    try:
+        version_numbers = versions.cast(pa.int64()).to_pylist()
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"offsets {_offsets_text(events)} hold a {VERSION_PROPERTY!r} that is not a number: "
+                        f"{exc}") from None
+    fields = zip(events.column("offset").to_pylist(), originator_ids, version_numbers,
                  topic_names.to_pylist(), events.column("value").to_pylist(), strict=True)
     if not _NOTIFICATION_OF_FIELDS:
         return [Notification(id=offset + 1, originator_id=originator_id, originator_version=version, topic=topic,

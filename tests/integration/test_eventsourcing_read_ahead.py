@@ -209,15 +209,23 @@ def test_windows_are_read_ahead_from_the_broker_that_answered(client: Client) ->
     assert (stats.windows_taken, stats.windows_dropped) == (2, 0)
 
 
-def test_a_message_that_is_no_stored_event_fails_only_the_page_that_holds_it(client: Client) -> None:
+@pytest.mark.parametrize(("properties", "error"), [
+    (None, "not stored events"),
+    ({"es-topic": "t", "es-version": "seven"}, "not a number"),
+    ({"es-topic": "t", "es-version": "1", "es-id-type": "uuid"}, None),  # a key marked a UUID that is none
+])
+def test_a_message_that_is_no_stored_event_fails_only_the_page_that_holds_it(
+        client: Client, properties: dict[str, str] | None, error: str | None) -> None:
     """A window's notifications are made at once, at its first page; a window that holds a
     message that is no stored event is made a page at a time instead, so a select before that
-    message reads as usual and the one that holds it is a ``DataError``."""
+    message reads as usual and the one that holds it fails (a ``DataError``; a key marked a UUID
+    that is none, the ``ValueError`` of ``UUID()``)."""
     recorder = recorder_of(client)
     insert(recorder, PAGE + 2)
-    client.produce_batch(recorder.topic, [b"not an event"], keys=["someone-else"])  # offset PAGE + 2
+    client.produce_batch(recorder.topic, [b"not an event"], keys=["someone-else"],  # offset PAGE + 2
+                         properties=properties)
     insert(recorder, WINDOW)
     assert ids(recorder, 1) == list(range(1, PAGE + 1))
-    with pytest.raises(DataError, match="not stored events"):
+    with pytest.raises(DataError if error else ValueError, match=error or "hexadecimal"):
         ids(recorder, PAGE + 1)
     assert ids(recorder, PAGE + 4) == list(range(PAGE + 4, 2 * PAGE + 4))  # past it, as before
