@@ -39,7 +39,6 @@ from fastapi.responses import JSONResponse, Response
 from api.auth import Action, Authorizer, Caller
 from api.limits import READ_BYTES_DEFAULT, READ_BYTES_MAX, READ_MESSAGES_DEFAULT, READ_MESSAGES_MAX, EdgeLimits
 from broker import (
-    ARROW_SCHEMA,
     KEY_VERSION_COLUMN,
     OFFSET_MAX,
     BrokerService,
@@ -66,21 +65,6 @@ def arrow_stream(batch: pa.RecordBatch) -> memoryview:
         if batch.num_rows:
             writer.write_batch(batch)
     return memoryview(sink.getvalue())
-
-
-WARM_STREAM_VALUE_BYTES = 1 << 20
-"""The value of the one row of the batch a broker writes as an IPC stream at start."""
-
-
-def warm_arrow_streams() -> None:
-    """Write one IPC stream of a range read's schema at start, of a row of
-    ``WARM_STREAM_VALUE_BYTES`` with properties, and drop it: in a process, Arrow's first stream
-    of such a batch of some hundreds of KB took 4.6-9.4 ms and every later one 0.05-0.15 ms
-    (2,000 rows of 200 B; a first batch of a few KB, or without properties, left the cost to the
-    next), which the first range read a broker answered paid (a catch-up's first page)."""
-    row = {"key": None, "value": bytes(WARM_STREAM_VALUE_BYTES), "topic": "", "partition": -1, "offset": 0,
-           "messageId": "", "publishTime": 0, "eventTime": None, "properties": [("", "")] * 3}
-    arrow_stream(pa.RecordBatch.from_pylist([row], schema=ARROW_SCHEMA))
 
 
 def _epoch_ms(column: pa.Array) -> list[int | None]:
@@ -130,7 +114,6 @@ def wants_arrow(request: Request) -> bool:
 
 def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -> APIRouter:
     routes = APIRouter(tags=["read"])
-    warm_arrow_streams()
 
     def read(name: TopicName, offset: int, max_messages: int, max_bytes: int, request: Request) -> Response:
         budget = min(max_bytes, limits.read_response_bytes_max)

@@ -49,7 +49,6 @@ from broker.dcb import QueryItem as DcbQueryItem
 from broker.delivery import Delivery, EntryRun
 from broker.entry_builder import PreparedEntry, entries_of_messages, entry_of_client, entry_of_messages
 from broker.entry_format import Compression, EncryptionContext, Message
-from broker.entry_format.columns import ARROW_SCHEMA
 from broker.entry_frames import ack_set_of, cleared_indexes
 from broker.errors import (
     AlreadyExists,
@@ -134,7 +133,6 @@ from broker.topic_stats import CursorView, InternalStats, LedgerView, TopicStats
 from storage import LatencyHistogram, LatencySnapshot, StorageStats
 
 __all__ = [
-    "ARROW_SCHEMA",
     "BUNDLES_MAX",
     "MESSAGE_ID_TEXT_CHARS_MAX",
     "EXPECTED_KEYS_MAX",

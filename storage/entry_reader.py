@@ -62,27 +62,13 @@ class EntryReader:
 
     def get_entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The entry's bytes (``NoSuchEntry`` when it is nowhere)."""
-        data = self._cached(ledger_id, entry_id)
-        return data if data is not None else self._read_from_log(ledger_id, entry_id)
-
-    def _cached(self, ledger_id: int, entry_id: int) -> bytes | None:
-        """The entry from the write cache, the buffer being flushed or the read cache (counted)."""
-        data = self._caches.active.get(ledger_id, entry_id)
-        if data is not None:
-            self._hits[0] += 1
-            return data
-        data = self._caches.flushing.get(ledger_id, entry_id)
-        if data is not None:
-            self._hits[1] += 1
-            return data
-        data = self._read_cache.get(ledger_id, entry_id)
-        if data is not None:
-            self._hits[2] += 1
-        return data
+        cached = self._cached_run(ledger_id, entry_id, entry_id)
+        return cached[0] if cached else self._read_from_log(ledger_id, entry_id)
 
     def _cached_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
         """Consecutive entries from ``first_entry_id`` (up to ``last_entry_id``) out of the first
-        of the caches, in :meth:`_cached`'s order, that holds that one (counted)."""
+        cache that holds that one, asked in this order: the write cache, the buffer being
+        flushed, the read cache (counted)."""
         caches: tuple[WriteCache | ReadCache, ...] = (self._caches.active, self._caches.flushing, self._read_cache)
         for source, cache in enumerate(caches):
             run = cache.get_run(ledger_id, first_entry_id, last_entry_id)

@@ -38,19 +38,13 @@ class ReadCache:
         self.evictions = 0
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
-        key = (ledger_id, entry_id)
-        with self._lock:
-            data = self._entries.get(key)
-            if data is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return data
+        run = self.get_run(ledger_id, entry_id, entry_id)
+        return run[0] if run else None
 
     def get_run(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> list[bytes]:
-        """:meth:`get` of ``first_entry_id..last_entry_id`` up to the first entry not cached,
-        under one acquisition of the lock (a miss is counted only when the first is not)."""
+        """The cached entries of ``first_entry_id..last_entry_id`` up to the first one not cached,
+        each made the most recently used, under one acquisition of the lock (a hit counted for
+        each, a miss only when the first is not cached)."""
         run: list[bytes] = []
         with self._lock:
             entries = self._entries

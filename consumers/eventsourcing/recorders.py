@@ -185,8 +185,6 @@ class _Window:
         a page runs cost the same for 2,000 rows as for 500."""
         length = max(0, min(count, self.next_offset - offset))  # (a table of no columns slices to any length)
         end = offset + length
-        if not length:
-            return [], end
         if not topics and not self.per_page:
             if self.notifications is None:
                 try:
@@ -261,7 +259,7 @@ class NotificationReadAhead:
         if not ahead:
             self._forget()
             rows, next_offset = self._read(offset, count)
-            return (notifications_of(rows, topics, rows.num_rows) if rows.num_rows else []), next_offset
+            return notifications_of(rows, topics, rows.num_rows), next_offset
         now_s = self._clock()
         with self._lock:
             window = self._window

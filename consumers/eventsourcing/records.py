@@ -111,7 +111,10 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
     messages, and events whose topic is not among ``topics`` (empty: any), left out). Rows are
     selected and properties found by Arrow's kernels over the rows' flattened properties (each
     event has one topic and one version property, in row order); Python runs once a row, only
-    to make its ``Notification`` (from its fields' dict: ``_notification_of``)."""
+    to make its ``Notification`` (from its fields' dict: ``_notification_of``). No rows (a
+    topic not created yet reads as a table without columns) are no notifications."""
+    if not rows.num_rows:
+        return []
     events = _events_among(rows, topics).slice(0, limit)
     properties = _Properties.of(events)
     topic_names, versions = properties.values_of(_TOPIC), properties.values_of(_VERSION)
