@@ -58,6 +58,7 @@ from eventsourcing.persistence import (
 
 from consumers.client import Client, ClientError, HttpError, KeyVersionMismatch, Message, PendingGet, Topic
 from consumers.eventsourcing.records import (
+    ARROW_POOL,
     NEW_STREAM,
     Head,
     check_increasing,
@@ -361,7 +362,8 @@ class _PendingRangeRead:
 
 def _rows_of(response: httpx.Response, offset: int) -> tuple[pa.Table, int]:
     """The rows of a range read's Arrow answer and the offset to read next."""
-    return pa.ipc.open_stream(response.content).read_all(), int(response.headers[NEXT_OFFSET_HEADER])
+    return (pa.ipc.open_stream(response.content, memory_pool=ARROW_POOL).read_all(),
+            int(response.headers[NEXT_OFFSET_HEADER]))
 
 
 class MagnetarRecorder:
