@@ -98,8 +98,11 @@ RECOVERY_ENTRIES_MAX = 10_000_000
 # Memory held: caches and remembered state.
 HEADS_CACHED_MAX = 100_000
 """Keys whose indexed head each key-index partition keeps in memory (least recently used go first)."""
-POSITION_HINTS_MAX = 1024
-"""Offsets remembered as the first offset of an entry just read past: about one per sequential reader."""
+POSITION_HINT_RANGES_MAX = 64
+"""Ranges of entries recently read from a managed ledger whose positions are remembered (where each
+range's successor starts among them): about one per sequential reader."""
+POSITION_HINT_ENTRIES_MAX = 16_384
+"""Entries' positions a managed ledger remembers over those reads (8 bytes each)."""
 PARTITION_COUNTS_CACHED_MAX = 100_000
 """Partitioned topics whose partition count is cached."""
 ISO_TIME_TEXTS_CACHED_MAX = 4096

@@ -421,9 +421,10 @@ class ManagedLedger(ManagedLedgerAdds, ManagedLedgerOffload):
         """The position of the entry holding ``offset`` and the message's index in it.
 
         A reader that goes on where its last read stopped asks for the first offset of the entry
-        after the last one it read: every read remembers that position (bounded by
-        ``POSITION_HINTS_MAX``), so such a lookup reads nothing. Other offsets are found through
-        the sparse index, reading forward from its sample."""
+        after the last one it read: every read remembers that position and those of the entries
+        it held (``PositionHints``, bounded), so such a lookup reads nothing, nor does one of an
+        entry a recent read held. Other offsets are found through the sparse index, reading
+        forward from its sample."""
         if offset < self.first_offset:
             raise DataLost(f"offset {offset} of {self.display_name} was trimmed; the first offset is "
                            f"{self.first_offset}")

@@ -7,28 +7,27 @@ publish time) of every ``index_interval_entries``-th entry and of any entry that
 ``index_interval_bytes`` of unsampled ones (Kafka's ``index.interval.bytes``), so a lookup
 bisects the ledgers, then the samples, and reads forward a bounded number of entries and bytes.
 A closed ledger's samples are persisted beside the ledger list. ``PositionHints`` remembers,
-for a bounded number of offsets, where the entry after one just read starts, so a reader that
-goes on where it stopped finds its next offset without reading anything.
+for a bounded number of recent reads, where each entry read and the entry after the last start,
+so a reader that goes on where it stopped finds its next offset without reading anything.
 
 Invariants: samples are in offset and entry order; a sample never names an entry past the
 ledger's end; hints are only ever true (entries never change) and at most
-``POSITION_HINTS_MAX`` are kept.
+``POSITION_HINT_RANGES_MAX`` reads of ``POSITION_HINT_ENTRIES_MAX`` entries in all are kept.
 """
 
 from __future__ import annotations
 
+import array
 import bisect
-import collections
-import itertools
 import json
 import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from broker.limits import POSITION_HINTS_MAX
+from broker.limits import POSITION_HINT_ENTRIES_MAX, POSITION_HINT_RANGES_MAX
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
 from broker.offload.offloader import OffloadContext
@@ -136,31 +135,86 @@ class SampleStore:
 
 
 _FIRST_OFFSET = operator.attrgetter("first_offset")
-_POSITION = operator.attrgetter("position")
+
+
+class _ReadRange(NamedTuple):
+    """The consecutive entries of one read of a ledger, the first at ``first_entry_id``: entry
+    ``first_entry_id + i`` starts at ``first_offsets[i]``, or (None: each holds one message) at
+    ``first_offset + i``."""
+
+    ledger_id: int
+    first_entry_id: int
+    first_offset: int
+    last_first_offset: int
+    first_offsets: array.array[int] | None
+    next_position: Position | None
+    """Where the entry after the last starts (None: the last is the ledger's last)."""
+
+    @property
+    def size(self) -> int:
+        """What the range counts against ``entries_max``: its offsets kept (one without them)."""
+        return 1 if self.first_offsets is None else len(self.first_offsets)
 
 
 class PositionHints:
-    """Where the entries that follow recently read ones start, by their first offset (bounded,
-    oldest forgotten first)."""
+    """Where the entries of recent reads start, and the entry after each read's last, by first
+    offset: the newest ``ranges_max`` reads, at most ``entries_max`` entries' offsets in all
+    (oldest forgotten first). A read is remembered as one range: its first entry's position
+    and, unless each of its entries holds one message (then an entry's offset says which it
+    is), its entries' first offsets in an array made in one C loop, so remembering 1,000
+    entries costs about what one does. A reader that goes on where a read ended finds its range
+    by that offset; any other offset is looked for in the ranges, newest first."""
 
-    def __init__(self, hints_max: int = POSITION_HINTS_MAX) -> None:
-        self._hints: OrderedDict[int, Position] = OrderedDict()  # insertion order is age order
-        self._max = hints_max
+    def __init__(self, ranges_max: int = POSITION_HINT_RANGES_MAX,
+                 entries_max: int = POSITION_HINT_ENTRIES_MAX) -> None:
+        self._ranges: OrderedDict[int, _ReadRange] = OrderedDict()  # by the offset after each; oldest first
+        self._entries = 0
+        self._ranges_max, self._entries_max = ranges_max, entries_max
         self._lock = threading.Lock()
 
     def get(self, offset: int) -> Position | None:
-        return self._hints.get(offset)
+        with self._lock:
+            ended = self._ranges.get(offset)
+            if ended is not None and ended.next_position is not None:
+                return ended.next_position
+            for held in reversed(self._ranges.values()):
+                if held.first_offset <= offset <= held.last_first_offset:
+                    first_offsets = held.first_offsets
+                    if first_offsets is None:
+                        return Position(held.ledger_id, held.first_entry_id + offset - held.first_offset)
+                    index = bisect.bisect_left(first_offsets, offset)
+                    if first_offsets[index] == offset:
+                        return Position(held.ledger_id, held.first_entry_id + index)
+        return None
 
     def remember(self, info: LedgerInfo, entries: Sequence[Any]) -> None:
-        """After reading ``entries`` (consecutive, of ledger ``info``): each one after the first
-        starts where its predecessor ended, and so does the entry after the last."""
+        """After reading ``entries`` (consecutive, of ledger ``info``): where each starts, and
+        where the entry after the last does (the newest ``entries_max`` of them when more)."""
         last = entries[-1]
-        kept = entries[max(1, len(entries) - self._max):]  # older ones would go at once
+        kept = entries[max(0, len(entries) - self._entries_max):]
+        first = kept[0]
+        next_entry_id = last.position.entry_id + 1
+        if next_entry_id - first.position.entry_id != len(kept):  # not consecutive: hints must be true
+            return
+        one_message_each = last.last_offset - first.first_offset + 1 == len(kept)
+        read = _ReadRange(info.ledger_id, first.position.entry_id, first.first_offset, last.first_offset,
+                          None if one_message_each else array.array("q", map(_FIRST_OFFSET, kept)),
+                          Position(info.ledger_id, next_entry_id) if next_entry_id < info.entries else None)
+        end_offset = last.last_offset + 1
         with self._lock:
-            hints = self._hints
-            hints.update(zip(map(_FIRST_OFFSET, kept), map(_POSITION, kept), strict=True))  # one C loop
-            if last.position.entry_id + 1 < info.entries:
-                hints[last.last_offset + 1] = Position(info.ledger_id, last.position.entry_id + 1)
-            excess = len(hints) - self._max
-            if excess > 0:  # the oldest go, each in O(1) (deleting a dict's first key is not)
-                collections.deque(map(hints.pop, list(itertools.islice(hints, excess))), maxlen=0)
+            replaced = self._ranges.pop(end_offset, None)
+            self._entries += read.size - (replaced.size if replaced is not None else 0)
+            self._ranges[end_offset] = read
+            while len(self._ranges) > 1 and (len(self._ranges) > self._ranges_max or self._entries > self._entries_max):
+                _, forgotten = self._ranges.popitem(last=False)
+                self._entries -= forgotten.size
+
+    def statistics(self) -> PositionHintStats:
+        with self._lock:
+            return PositionHintStats(ranges=len(self._ranges), entries=self._entries)
+
+
+@dataclass(frozen=True)
+class PositionHintStats:
+    ranges: int
+    entries: int
