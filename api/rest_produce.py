@@ -35,6 +35,7 @@ from typing_extensions import TypedDict
 from api.auth import Action, Authorizer, caller_of
 from api.errors import validation_problems
 from api.limits import MESSAGES_PER_REQUEST_MAX
+from api.request_route import RequestRoute
 from broker import (
     OFFSET_MAX,
     PAYLOAD_ENCODINGS,
@@ -199,13 +200,16 @@ def router(service: BrokerService, authorizer: Authorizer) -> APIRouter:
             producer.close()
         return _results_response(result, len(messages), request.schemaVersion or 0)
 
-    @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}", summary="Produce messages (PIP-64)",
-                 openapi_extra=_BODY_SCHEMA, responses=_RESPONSES)
     async def produce_to_topic(tenant: str, namespace: str, topic: str, request: Request) -> Response:
         caller = caller_of(request)  # first: an unauthenticated caller learns nothing of the name's rules
         name = TopicName.of(tenant, namespace, topic)
         authorizer.require(caller, Action.PRODUCE, name)
         return await produce(name, await parse_request(request))
+
+    # the route every producer of an unpartitioned topic takes: FastAPI's parameter resolution skipped
+    routes.add_api_route("/topics/persistent/{tenant}/{namespace}/{topic}", produce_to_topic, methods=["POST"],
+                         summary="Produce messages (PIP-64)", openapi_extra=_BODY_SCHEMA, responses=_RESPONSES,
+                         route_class_override=RequestRoute)
 
     @routes.post("/topics/persistent/{tenant}/{namespace}/{topic}/partitions/{partition}",
                  summary="Produce messages to one partition (PIP-64)", openapi_extra=_BODY_SCHEMA,
