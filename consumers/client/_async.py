@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import httpx
 from websockets.asyncio.client import ClientConnection
 
+from consumers.client._calls import Call, HttpRequest, run_async
 from consumers.client._consumer import (
     RECEIVER_QUEUE_SIZE_DEFAULT,
     RECEIVER_QUEUE_SIZE_MAX,
@@ -42,18 +43,15 @@ from consumers.client._consumer import (
     AsyncReader,
 )
 from consumers.client._dcb import (
-    READ_EVENTS_MAX,
     DcbEvent,
     DcbQueryItem,
     DcbReadResult,
-    DcbSequencedEvent,
-    condition_failed_of,
-    dcb_path,
-    read_body,
-    read_page,
 )
 from consumers.client._dcb import (
-    append_body as dcb_append_body,
+    append_call as dcb_append_call,
+)
+from consumers.client._dcb import (
+    read_call as dcb_read_call,
 )
 from consumers.client._http_call import Backoff, CallRoute, not_ready, retriable
 from consumers.client._producer import (
@@ -66,14 +64,10 @@ from consumers.client._producer import (
 from consumers.client._retry import RetryLetter, RetryLetterPolicy
 from consumers.client._session import auth_headers, open_connection, ws_url
 from consumers.client._streams import (
-    STREAM_READ_MESSAGES_MAX,
     AsyncStreamReader,
-    append_body,
-    append_result,
-    key_path,
-    mismatch_of,
-    stream_batch_of,
-    stream_info_of,
+    append_call,
+    read_stream_call,
+    stream_info_call,
 )
 from consumers.client.errors import ConnectError, HttpError, SendError
 from consumers.client.types import (
@@ -99,6 +93,7 @@ SUBSCRIPTION_TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
 INITIAL_POSITIONS = {"latest": "Latest", "earliest": "Earliest"}
 _Closable = AsyncProducer | AsyncConsumer | AsyncReader | AsyncStreamReader
 _T = TypeVar("_T", AsyncProducer, AsyncConsumer, AsyncReader, AsyncStreamReader)
+_R = TypeVar("_R")
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:
@@ -380,42 +375,25 @@ class AsyncClient:
         ``KeyVersionMismatch`` with its current version and nothing written. Give
         ``producer_name`` and ``sequence_id`` to make a retry after a timeout safe: a resend of
         the producer's last append is answered with that append's results."""
-        body = append_body(key, events, expected_version, producer_name, sequence_id, properties)
-        try:
-            response = await self.request("POST", f"/topics/{Topic.parse(topic).path}", json_body=body)
-        except HttpError as exc:
-            raise mismatch_of(exc) or exc from None
-        return append_result(key, response.json())
+        return await self._run(append_call(topic, key, events, expected_version, producer_name, sequence_id,
+                                           properties))
 
     async def read_stream(self, topic: str, key: str, *, from_version: int | None = None, max_messages: int = 100,
                           backward: bool = False) -> StreamBatch:
         """Up to ``max_messages`` events of the stream of ``key`` from ``from_version`` on
         (forward from the first version kept, or backward from the last, by default)."""
-        _check_range("max_messages", max_messages, 1, STREAM_READ_MESSAGES_MAX)
-        params: dict[str, Any] = {"maxMessages": max_messages, "direction": "backward" if backward else "forward"}
-        if from_version is not None:
-            params["fromVersion"] = from_version
-        response = await self.request("GET", f"{key_path(topic, key)}/messages", params=params)
-        return stream_batch_of(topic, response.json())
+        return await self._run(read_stream_call(topic, key, from_version, max_messages, backward))
 
     async def stream_info(self, topic: str, key: str) -> StreamInfo:
         """Where the stream of ``key`` stands: its version (-1: no event), the first version kept."""
-        return stream_info_of((await self.request("GET", key_path(topic, key))).json())
+        return await self._run(stream_info_call(topic, key))
 
     # --- dynamic consistency boundaries (consumers/client/_dcb.py) ----------------------------
     async def dcb_read(self, topic: str, items: Sequence[DcbQueryItem] = (), *, after: int = 0,
                        limit: int | None = None) -> DcbReadResult:
         """The events matching any of ``items`` (every event for none) at positions after
         ``after``, in order, at most ``limit`` (None: all, in as many requests as it takes)."""
-        found: list[DcbSequencedEvent] = []
-        while True:
-            wanted = READ_EVENTS_MAX if limit is None else limit - len(found)
-            response = await self.request("POST", dcb_path(topic, "read"), json_body=read_body(items, after, wanted))
-            page = read_page(response.json())
-            found.extend(page.events)
-            if page.next_after is None or (limit is not None and len(found) >= limit):
-                return DcbReadResult(found, page.head, page.next_after)
-            after = page.next_after
+        return await self._run(dcb_read_call(topic, items, after, limit))
 
     async def dcb_append(self, topic: str, events: Sequence[DcbEvent], condition: Sequence[DcbQueryItem] | None = None,
                          *, after: int = 0, producer_name: str | None = None,
@@ -423,13 +401,13 @@ class AsyncClient:
         """Store ``events`` as one entry unless an event matching ``condition`` follows position
         ``after`` (``DcbConditionFailed``: nothing written); the last event's position (None: a
         resend of an append whose positions the broker no longer has)."""
-        body = dcb_append_body(events, condition, after, producer_name, sequence_id)
-        try:
-            response = await self.request("POST", dcb_path(topic, "append"), json_body=body)
-        except HttpError as exc:
-            raise condition_failed_of(exc) or exc from None
-        position = response.json()["position"]
-        return None if position is None else int(position)
+        return await self._run(dcb_append_call(topic, events, condition, after, producer_name, sequence_id))
+
+    async def _run(self, call: Call[_R]) -> _R:
+        return await run_async(call, self._requested)
+
+    async def _requested(self, asked: HttpRequest) -> httpx.Response:
+        return await self.request(asked.method, asked.path, json_body=asked.json_body, params=asked.params)
 
     async def offsets(self, topic: str) -> dict[str, dict[str, int]]:
         """First retained and next offset of every partition (Magnetar's ``.../offsets``)."""

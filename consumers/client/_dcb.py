@@ -1,6 +1,6 @@
 """Dynamic consistency boundaries, client side: events read by query, appended on a condition.
 
-Role: the requests behind ``AsyncClient.dcb_read`` and ``dcb_append`` (the broker's
+Role: the calls behind ``dcb_read`` and ``dcb_append`` of both clients (the broker's
 ``.../dcb/read`` and ``.../dcb/append``, ``api/rest_dcb.py``) and their values. A DCB event has a
 type, tags and data; its position is its offset + 1 in a topic of one partition. A query is a
 list of items; an event matches an item when its type is one of the item's types (any when
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.client._calls import Call, HttpRequest
 from consumers.client.errors import ClientError, HttpError
 from consumers.client.types import Topic
 
@@ -99,3 +100,31 @@ def condition_failed_of(error: HttpError) -> DcbConditionFailed | None:
     if error.code != DcbConditionFailed.code:
         return None
     return DcbConditionFailed(error.message, position=int(error.details.get("position", 0)))
+
+
+def read_call(topic: str, items: Sequence[DcbQueryItem], after: int, limit: int | None) -> Call[DcbReadResult]:
+    """The events matching any of ``items`` (every event for none) at positions after ``after``,
+    in order, at most ``limit`` (None: all, in as many requests as it takes)."""
+    found: list[DcbSequencedEvent] = []
+    while True:
+        wanted = READ_EVENTS_MAX if limit is None else limit - len(found)
+        answer = yield HttpRequest("POST", dcb_path(topic, "read"), json_body=read_body(items, after, wanted))
+        page = read_page(answer.json())
+        found.extend(page.events)
+        if page.next_after is None or (limit is not None and len(found) >= limit):
+            return DcbReadResult(found, page.head, page.next_after)
+        after = page.next_after
+
+
+def append_call(topic: str, events: Sequence[DcbEvent], condition: Sequence[DcbQueryItem] | None, after: int,
+                producer_name: str | None, sequence_id: int | None) -> Call[int | None]:
+    """Store ``events`` as one entry unless an event matching ``condition`` follows position
+    ``after`` (``DcbConditionFailed``: nothing written); the last event's position (None: a
+    resend of an append whose positions the broker no longer has)."""
+    body = append_body(events, condition, after, producer_name, sequence_id)
+    try:
+        answer = yield HttpRequest("POST", dcb_path(topic, "append"), json_body=body)
+    except HttpError as exc:
+        raise condition_failed_of(exc) or exc from None
+    position = answer.json()["position"]
+    return None if position is None else int(position)

@@ -1,6 +1,6 @@
 """Event streams, client side: append with an expected version, read a stream, follow it.
 
-Role: the requests behind ``AsyncClient.append``, ``read_stream`` and ``stream_info`` (REST:
+Role: the calls behind ``append``, ``read_stream`` and ``stream_info`` of both clients (REST:
 PIP-64 produce with ``expectedKeyVersions``, and the broker's ``/keys/{key}`` reads) and the
 live ``AsyncStreamReader`` (the WebSocket reader with ``?key=&fromKeyVersion=``). An event
 stream is the messages with one key in one topic partition; its version is the 0-based number
@@ -21,6 +21,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
+from consumers.client._calls import Call, HttpRequest
 from consumers.client._consumer import _Receiving
 from consumers.client._producer import rest_produce_body
 from consumers.client.errors import ConnectionClosed, HttpError, KeyVersionMismatch
@@ -91,6 +92,38 @@ def stream_batch_of(topic: str, answer: dict[str, Any]) -> StreamBatch:
     return StreamBatch(key=str(answer["key"]), version=int(answer["version"]),
                        first_version=int(answer["firstVersion"]), next_version=int(answer["nextVersion"]),
                        messages=messages)
+
+
+def append_call(topic: str, key: str, events: Sequence[bytes], expected_version: int | str | None,
+                producer_name: str | None, sequence_id: int | None,
+                properties: dict[str, str] | None) -> Call[AppendResult]:
+    """Append ``events`` to the stream of ``key`` in one request (``KeyVersionMismatch`` when
+    the stream is not at ``expected_version``: nothing written)."""
+    body = append_body(key, events, expected_version, producer_name, sequence_id, properties)
+    try:
+        answer = yield HttpRequest("POST", f"/topics/{Topic.parse(topic).path}", json_body=body)
+    except HttpError as exc:
+        raise mismatch_of(exc) or exc from None
+    return append_result(key, answer.json())
+
+
+def read_stream_call(topic: str, key: str, from_version: int | None, max_messages: int,
+                     backward: bool) -> Call[StreamBatch]:
+    """Up to ``max_messages`` events of the stream of ``key`` from ``from_version`` on (forward
+    from the first version kept, or backward from the last, by default)."""
+    if not 1 <= max_messages <= STREAM_READ_MESSAGES_MAX:
+        raise ValueError(f"max_messages must be in 1..{STREAM_READ_MESSAGES_MAX}, not {max_messages}")
+    params: dict[str, Any] = {"maxMessages": max_messages, "direction": "backward" if backward else "forward"}
+    if from_version is not None:
+        params["fromVersion"] = from_version
+    answer = yield HttpRequest("GET", f"{key_path(topic, key)}/messages", params=params)
+    return stream_batch_of(topic, answer.json())
+
+
+def stream_info_call(topic: str, key: str) -> Call[StreamInfo]:
+    """Where the stream of ``key`` stands: its version (-1: no event), the first version kept."""
+    answer = yield HttpRequest("GET", key_path(topic, key))
+    return stream_info_of(answer.json())
 
 
 class AsyncStreamReader(_Receiving):

@@ -3,9 +3,11 @@
 Role: ``Client`` owns one daemon thread running an event loop and one ``AsyncClient`` on it;
 ``Producer``, ``Consumer`` and ``Reader`` forward each call to their asyncio twin and wait for
 its result. There is one implementation of the protocol (the asyncio one); this module only
-crosses threads. The exception is ``Client.request``, one HTTP call: it is made from the
-calling thread (``BlockingHttp``, the same ``CallRoute`` as the asyncio client's), which costs a
-blocking caller a third of the CPU of a hop to the loop thread and back.
+crosses threads. The exceptions are the calls of one request and its answer: ``Client.request``,
+and the event streams' and DCB calls (``consumers/client/_calls.py``, each written once, without
+I/O, for both clients); they are made from the calling thread (``BlockingHttp``, the same
+``CallRoute`` as the asyncio client's), which costs a blocking caller a third of the CPU of a hop
+to the loop thread and back.
 
 Invariants: a blocking call waits exactly as long as its asyncio twin (whose own waits are
 bounded: send timeout, receive timeout, close timeout); if the caller is interrupted (Ctrl-C)
@@ -34,11 +36,14 @@ from consumers.client._async import (
     AsyncClient,
     service_urls,
 )
+from consumers.client._calls import Call, HttpRequest, run_blocking
 from consumers.client._consumer import RECEIVER_QUEUE_SIZE_DEFAULT, AsyncConsumer, AsyncReader
 from consumers.client._dcb import DcbEvent, DcbQueryItem, DcbReadResult
+from consumers.client._dcb import append_call as dcb_append_call
+from consumers.client._dcb import read_call as dcb_read_call
 from consumers.client._http_call import BlockingHttp, PendingGet
 from consumers.client._producer import PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, AsyncProducer
-from consumers.client._streams import AsyncStreamReader
+from consumers.client._streams import AsyncStreamReader, append_call, read_stream_call, stream_info_call
 from consumers.client.errors import ConnectionClosed
 from consumers.client.types import AppendResult, Message, SendResult, StreamBatch, StreamInfo
 from consumers.tls import ClientTls
@@ -324,29 +329,25 @@ class Client:
                producer_name: str | None = None, sequence_id: int | None = None,
                properties: dict[str, str] | None = None) -> AppendResult:
         """Append ``events`` to the stream of ``key`` (see ``AsyncClient.append``)."""
-        return self._runner.call(self._client.append(
-            topic, key, events, expected_version=expected_version, producer_name=producer_name,
-            sequence_id=sequence_id, properties=properties))
+        return self._run(append_call(topic, key, events, expected_version, producer_name, sequence_id, properties))
 
     def read_stream(self, topic: str, key: str, *, from_version: int | None = None, max_messages: int = 100,
                     backward: bool = False) -> StreamBatch:
         """Events of the stream of ``key`` by version (see ``AsyncClient.read_stream``)."""
-        return self._runner.call(self._client.read_stream(
-            topic, key, from_version=from_version, max_messages=max_messages, backward=backward))
+        return self._run(read_stream_call(topic, key, from_version, max_messages, backward))
 
     def stream_info(self, topic: str, key: str) -> StreamInfo:
-        return self._runner.call(self._client.stream_info(topic, key))
+        return self._run(stream_info_call(topic, key))
 
     def dcb_read(self, topic: str, items: Sequence[DcbQueryItem] = (), *, after: int = 0,
                  limit: int | None = None) -> DcbReadResult:
         """DCB events matching a query after a position (see ``AsyncClient.dcb_read``)."""
-        return self._runner.call(self._client.dcb_read(topic, items, after=after, limit=limit))
+        return self._run(dcb_read_call(topic, items, after, limit))
 
     def dcb_append(self, topic: str, events: Sequence[DcbEvent], condition: Sequence[DcbQueryItem] | None = None, *,
                    after: int = 0, producer_name: str | None = None, sequence_id: int | None = None) -> int | None:
         """DCB events appended on a condition (see ``AsyncClient.dcb_append``)."""
-        return self._runner.call(self._client.dcb_append(topic, events, condition, after=after,
-                                                         producer_name=producer_name, sequence_id=sequence_id))
+        return self._run(dcb_append_call(topic, events, condition, after, producer_name, sequence_id))
 
     def produce_batch(self, topic: str, payloads: Sequence[bytes], *, keys: Sequence[str | None] | None = None,
                       properties: dict[str, str] | None = None, producer_name: str | None = None,
@@ -362,6 +363,13 @@ class Client:
         """One HTTP call to the broker (admin API and the like), made from the calling thread
         (``BlockingHttp``); an error status raises ``HttpError``."""
         return self._http.request(method, path, json_body=json_body, params=params, headers=headers)
+
+    def _run(self, call: Call[_R]) -> _R:
+        """A request-and-answer call made from the calling thread (``BlockingHttp``)."""
+        return run_blocking(call, self._requested)
+
+    def _requested(self, asked: HttpRequest) -> httpx.Response:
+        return self._http.request(asked.method, asked.path, json_body=asked.json_body, params=asked.params)
 
     def send_get(self, path: str, *, params: dict[str, Any] | None = None, headers: dict[str, str] | None = None,
                  broker: httpx.URL | None = None) -> PendingGet:

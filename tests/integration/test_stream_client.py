@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from broker.service import BrokerService
-from consumers.client import AsyncClient, Client, KeyVersionMismatch
+from consumers.client import AsyncClient, Client, DcbConditionFailed, DcbEvent, DcbQueryItem, KeyVersionMismatch
 from tests.integration.server import running_server
 from tests.standalone import REPO_ROOT
 
@@ -151,3 +151,23 @@ def test_the_cli_appends_conditionally_and_reads_and_follows_streams(server: tup
         code, out, err = _finish(follower)
     assert code == 0, err
     assert "content:shipped" in out and "2 events of 'acct-5' read" in out
+
+
+def test_the_blocking_clients_stream_and_dcb_calls_are_made_from_the_calling_thread(
+        client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appends, reads and DCB calls of the blocking client never wait on its event-loop thread
+    (``BlockingHttp``, as ``Client.request``): they answer with that thread out of reach."""
+    def out_of_reach(coroutine: object) -> None:
+        raise AssertionError(f"{coroutine} was handed to the client's loop thread")
+
+    monkeypatch.setattr(client._runner, "call", out_of_reach)
+    assert client.append(TOPIC, "acct-5", [b"a", b"b"], expected_version=-1).version == 1
+    with pytest.raises(KeyVersionMismatch):
+        client.append(TOPIC, "acct-5", [b"c"], expected_version=0)
+    assert [m.data for m in client.read_stream(TOPIC, "acct-5").messages] == [b"a", b"b"]
+    assert client.stream_info(TOPIC, "acct-5").version == 1
+    dcb_topic = "persistent://public/default/dcb-blocking"
+    assert client.dcb_append(dcb_topic, [DcbEvent("Opened", b"x", ("acct-5",))]) == 1
+    with pytest.raises(DcbConditionFailed):
+        client.dcb_append(dcb_topic, [DcbEvent("Opened", b"y")], [DcbQueryItem(("Opened",))], after=0)
+    assert [e.position for e in client.dcb_read(dcb_topic, [DcbQueryItem(tags=("acct-5",))]).events] == [1]
