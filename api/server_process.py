@@ -6,21 +6,19 @@ Role: shared by ``magnetar standalone`` (``api/cli.py``) and the cluster's ``mag
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
-import os
 import sys
 
 import pyarrow as pa
+
+from consumers.arrow_pool import preferred_memory_pool
 
 GC_GEN0_ALLOCATIONS = 100_000
 GC_GEN1_COLLECTIONS = 50
 GC_GEN2_COLLECTIONS = 1000
 THREAD_SWITCH_INTERVAL_S = 0.001
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
-"""Arrow's own setting for its default memory pool: when set, the broker keeps Arrow's choice."""
 
 
 def configure_logging(level: str) -> None:
@@ -46,14 +44,10 @@ def tune_runtime() -> None:
 
 
 def use_jemalloc_for_arrow() -> str:
-    """Make jemalloc Arrow's default memory pool, unless ``ARROW_DEFAULT_MEMORY_POOL`` chooses
-    one or this pyarrow has no jemalloc; the backend Arrow then allocates from. Arrow answers
-    of range reads are built in its pool: a broker's first answers of some 600 KB took 5-9 ms
-    to write from mimalloc (pyarrow's default on Linux), in about half of the broker processes
-    measured, and 0.3 ms from jemalloc; later answers cost the same from either."""
-    if not os.environ.get(ARROW_POOL_ENV):
-        with contextlib.suppress(NotImplementedError):  # a pyarrow built without it
-            pa.set_memory_pool(pa.jemalloc_memory_pool())
+    """Make ``preferred_memory_pool()`` Arrow's default pool (jemalloc unless
+    ``ARROW_DEFAULT_MEMORY_POOL`` chooses or it is not built in): range reads' Arrow answers are
+    built in it. The backend Arrow then allocates from."""
+    pa.set_memory_pool(preferred_memory_pool())
     return str(pa.default_memory_pool().backend_name)
 
 

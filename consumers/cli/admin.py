@@ -19,13 +19,12 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from consumers.cli.options import client_of, positive
-from consumers.client import HttpError, MessageIdParts, Topic
+from consumers.client import HttpError, HttpRequest, MessageIdParts, Topic
 
 PEEK_MESSAGES_MAX = 1000
 OFFLOAD_STATUS_POLL_S = 0.5
@@ -35,13 +34,8 @@ _TIME_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "y": 31_
 _SIZE_UNITS_MB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 
 
-@dataclass(frozen=True)
-class Call:
-    method: str
-    path: str
-    body: Any = None
-    params: dict[str, Any] | None = None
-
+Call = HttpRequest
+"""An admin command's one HTTP call, as the client's calls make theirs."""
 
 Build = Callable[[argparse.Namespace], Call]
 
@@ -136,7 +130,7 @@ def _runner(build: Build) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         call = build(args)
         with client_of(args) as client:
-            print_response(client.request(call.method, call.path, json_body=call.body, params=call.params))
+            print_response(client.request(call.method, call.path, json_body=call.json_body, params=call.params))
         return 0
     return run
 

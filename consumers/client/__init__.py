@@ -24,6 +24,7 @@ retry-letter topic policy, ``_retry.py``).
 """
 
 from consumers.client._async import DEFAULT_SERVICE_URL, AsyncClient
+from consumers.client._calls import HttpRequest
 from consumers.client._consumer import AsyncConsumer, AsyncReader
 from consumers.client._dcb import DcbConditionFailed, DcbEvent, DcbQueryItem, DcbReadResult, DcbSequencedEvent
 from consumers.client._http_call import PendingGet
@@ -63,6 +64,7 @@ __all__ = [
     "DcbReadResult",
     "DcbSequencedEvent",
     "HttpError",
+    "HttpRequest",
     "KeyVersionMismatch",
     "Message",
     "MessageIdParts",

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import httpx
 from websockets.asyncio.client import ClientConnection
 
-from consumers.client._calls import Call, HttpRequest, run_async
+from consumers.client._calls import Call, HttpRequest, check_range, run_async
 from consumers.client._consumer import (
     RECEIVER_QUEUE_SIZE_DEFAULT,
     RECEIVER_QUEUE_SIZE_MAX,
@@ -94,11 +94,6 @@ INITIAL_POSITIONS = {"latest": "Latest", "earliest": "Earliest"}
 _Closable = AsyncProducer | AsyncConsumer | AsyncReader | AsyncStreamReader
 _T = TypeVar("_T", AsyncProducer, AsyncConsumer, AsyncReader, AsyncStreamReader)
 _R = TypeVar("_R")
-
-
-def _check_range(name: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in {low}..{high}, not {value}")
 
 
 def service_urls(service_url: str) -> list[str]:
@@ -161,8 +156,8 @@ class AsyncClient:
         numbers its messages from ``initial_sequence_id + 1``, so what it sends again after a
         reconnection (``reconnect``) is stored once."""
         name = Topic.parse(topic)
-        _check_range("max_pending_messages", max_pending_messages, 1, PENDING_MESSAGES_MAX)
-        _check_range("send_timeout_ms", send_timeout_ms, 0, 2**31 - 1)
+        check_range("max_pending_messages", max_pending_messages, 1, PENDING_MESSAGES_MAX)
+        check_range("send_timeout_ms", send_timeout_ms, 0, 2**31 - 1)
         query = {"producerName": producer_name, "batchingEnabled": batching or None,
                  "batchingMaxMessages": batching_max_messages if batching else None,
                  "maxPendingMessages": max_pending_messages, "sendTimeoutMillis": send_timeout_ms,
@@ -206,7 +201,7 @@ class AsyncClient:
             raise ValueError(f"subscription_type must be one of {', '.join(SUBSCRIPTION_TYPES)}")
         if initial_position not in INITIAL_POSITIONS:
             raise ValueError("initial_position must be 'latest' or 'earliest'")
-        _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
+        check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
         query = {"subscriptionType": subscription_type,
                  "subscriptionInitialPosition": INITIAL_POSITIONS[initial_position],
                  "receiverQueueSize": receiver_queue_size, "ackTimeoutMillis": ack_timeout_ms,
@@ -232,7 +227,7 @@ class AsyncClient:
         name = Topic.parse(topic)
         if start_message_id not in ("earliest", "latest"):
             MessageIdParts.parse(start_message_id)  # a bad id fails here, before connecting
-        _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
+        check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
         query = {"messageId": start_message_id, "receiverQueueSize": receiver_queue_size, "readerName": reader_name}
         path = f"/ws/v2/reader/{name.path}"
         ws = await self._connect(path, query, name)
@@ -254,8 +249,8 @@ class AsyncClient:
         """A live reader of the event stream of ``key``: its events from ``from_version`` on
         (in version order), then each new one as it is appended."""
         name = Topic.parse(topic)
-        _check_range("from_version", from_version, 0, 2**63 - 1)
-        _check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
+        check_range("from_version", from_version, 0, 2**63 - 1)
+        check_range("receiver_queue_size", receiver_queue_size, 1, RECEIVER_QUEUE_SIZE_MAX)
         query = {"key": key, "fromKeyVersion": from_version, "receiverQueueSize": receiver_queue_size}
         ws = await open_connection(ws_url(self.service_url, f"/ws/v2/reader/{name.path}", query), self._token,
                                    self._ssl)

@@ -40,33 +40,46 @@ Call = Generator[HttpRequest, httpx.Response, _R]
 """A call: yields its requests, is sent their answers (or thrown their ``HttpError``), returns its result."""
 
 
+def check_range(name: str, value: int, low: int, high: int) -> None:
+    """An argument out of its range is refused before anything is sent."""
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, not {value}")
+
+
 def run_blocking(call: Call[_R], request: Callable[[HttpRequest], httpx.Response]) -> _R:
     """``call`` driven to its result, each request made by ``request`` in this thread."""
-    try:
-        asked = next(call)
-        while True:
-            try:
-                answer = request(asked)
-            except HttpError as exc:
-                asked = call.throw(exc)
-            else:
-                asked = call.send(answer)
-    except StopIteration as done:
-        result: _R = done.value
-        return result
+    done, step = _resumed(call, None)
+    while not done:
+        try:
+            outcome: httpx.Response | HttpError = request(step)
+        except HttpError as exc:
+            outcome = exc
+        done, step = _resumed(call, outcome)
+    result: _R = step
+    return result
 
 
 async def run_async(call: Call[_R], request: Callable[[HttpRequest], Awaitable[httpx.Response]]) -> _R:
     """``call`` driven to its result, each request made by awaiting ``request``."""
+    done, step = _resumed(call, None)
+    while not done:
+        try:
+            outcome: httpx.Response | HttpError = await request(step)
+        except HttpError as exc:
+            outcome = exc
+        done, step = _resumed(call, outcome)
+    result: _R = step
+    return result
+
+
+def _resumed(call: Call[_R], outcome: httpx.Response | HttpError | None) -> tuple[bool, Any]:
+    """``call`` started (``outcome`` None), sent its last request's answer or thrown its error:
+    (False, the next request) or (True, its result)."""
     try:
-        asked = next(call)
-        while True:
-            try:
-                answer = await request(asked)
-            except HttpError as exc:
-                asked = call.throw(exc)
-            else:
-                asked = call.send(answer)
+        if outcome is None:
+            return False, next(call)
+        if isinstance(outcome, HttpError):
+            return False, call.throw(outcome)
+        return False, call.send(outcome)
     except StopIteration as done:
-        result: _R = done.value
-        return result
+        return True, done.value

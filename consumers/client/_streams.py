@@ -21,7 +21,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection
 
-from consumers.client._calls import Call, HttpRequest
+from consumers.client._calls import Call, HttpRequest, check_range
 from consumers.client._consumer import _Receiving
 from consumers.client._producer import rest_produce_body
 from consumers.client.errors import ConnectionClosed, HttpError, KeyVersionMismatch
@@ -111,8 +111,7 @@ def read_stream_call(topic: str, key: str, from_version: int | None, max_message
                      backward: bool) -> Call[StreamBatch]:
     """Up to ``max_messages`` events of the stream of ``key`` from ``from_version`` on (forward
     from the first version kept, or backward from the last, by default)."""
-    if not 1 <= max_messages <= STREAM_READ_MESSAGES_MAX:
-        raise ValueError(f"max_messages must be in 1..{STREAM_READ_MESSAGES_MAX}, not {max_messages}")
+    check_range("max_messages", max_messages, 1, STREAM_READ_MESSAGES_MAX)
     params: dict[str, Any] = {"maxMessages": max_messages, "direction": "backward" if backward else "forward"}
     if from_version is not None:
         params["fromVersion"] = from_version

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import itertools
-import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from eventsourcing.persistence import (
     Tracking,
 )
 
+from consumers.arrow_pool import preferred_memory_pool
 from consumers.client import ClientError, HttpError, Message
 
 TOPIC_PROPERTY = "es-topic"
@@ -46,27 +46,14 @@ TRACKING_PROPERTY = "es-tracking-id"
 UUID_ID_TYPE = "uuid"
 TRACKING_KEY_PREFIX = "__tracking__/"
 KEY_BYTES_MAX = 1024  # the broker's bound on a message key
-ARROW_POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
 OPERATIONAL_STATUSES = frozenset({408, 409, 429})
 """4xx answers that say "not now" rather than "not this": a timeout, a busy producer, a rate limit
 (a 409 for a conditional append is handled before, as a conflict)."""
 
 
-def arrow_memory_pool() -> pa.MemoryPool:
-    """The pool the recorder's Arrow work allocates from: jemalloc when this pyarrow has it and
-    the process has not chosen Arrow's default pool (``ARROW_DEFAULT_MEMORY_POOL``), else that
-    default. The process's default is left as it is (it is the application's). Measured, a
-    recorder's first window of 2,000 rows took 6-14 ms more to decode from mimalloc (pyarrow's
-    default on Linux) than from jemalloc in some processes; later windows cost the same."""
-    if not os.environ.get(ARROW_POOL_ENV):
-        try:
-            return pa.jemalloc_memory_pool()
-        except NotImplementedError:  # a pyarrow built without it
-            pass
-    return pa.default_memory_pool()
-
-
-ARROW_POOL = arrow_memory_pool()
+ARROW_POOL = preferred_memory_pool()
+"""The pool the recorder's Arrow work allocates from (``consumers/arrow_pool.py``); the
+process's default pool is the application's and stays as it is."""
 
 
 @dataclass(frozen=True)
