@@ -204,6 +204,7 @@ def test_trimmed_offsets_are_410_data_lost(server: tuple[httpx.Client, BrokerSer
     (f"{TOPIC_URL}/offsets", {"timestamp": -5}),
     (f"{TOPIC_URL}/partitions/1/messages", {"offset": 0}),
     (f"{TOPIC_URL}/partitions/-1/messages", {"offset": 0}),
+    (f"{TOPIC_URL}/partitions/one/messages", {"offset": 0}),
 ])
 def test_bad_input_is_a_400_with_code_and_message(server: tuple[httpx.Client, BrokerService], path: str,
                                                   params: dict[str, Any]) -> None:
