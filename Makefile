@@ -11,8 +11,9 @@ PULSAR_PORT ?= 6650
 
 .PHONY: run test lint unit crash bench check-java check-chromium check-zookeeper check-postgresql check-azurite clean demo soak-cluster
 
-# setup.py builds the optional native accelerators broker/entry_format/*.c (skipped without a C compiler).
-$(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c broker/entry_format/*.h storage/*.c storage/*.h)
+# setup.py builds the optional native accelerators (broker/entry_format/*.c, storage/*.c,
+# consumers/eventsourcing/*.c; skipped without a C compiler).
+$(STAMP): pyproject.toml constraints.txt setup.py $(wildcard broker/entry_format/*.c broker/entry_format/*.h storage/*.c storage/*.h consumers/eventsourcing/*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

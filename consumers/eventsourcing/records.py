@@ -39,6 +39,12 @@ from eventsourcing.persistence import (
 from consumers.arrow_pool import preferred_memory_pool
 from consumers.client import ClientError, HttpError, Message
 
+try:  # the optional native maker of notifications and UUIDs (setup.py builds it when it can)
+    from consumers.eventsourcing import _notifications as native_notifications
+    NATIVE_NOTIFICATIONS = True
+except ImportError:  # pragma: no cover - exercised where no C compiler was at hand
+    NATIVE_NOTIFICATIONS = False
+
 TOPIC_PROPERTY = "es-topic"
 VERSION_PROPERTY = "es-version"
 ID_TYPE_PROPERTY = "es-id-type"
@@ -117,8 +123,9 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
     messages, and events whose topic is not among ``topics`` (empty: any), left out). Rows are
     selected and properties found by Arrow's kernels over the rows' flattened properties (each
     event has one topic and one version property, in row order); Python runs once a row, only
-    to make its ``Notification`` (from its fields' dict: ``_notification_of``). No rows (a
-    topic not created yet reads as a table without columns) are no notifications."""
+    to make its ``Notification`` (from its fields' dict: ``_notification_of``; in C, the same,
+    with ``NATIVE_NOTIFICATIONS``). No rows (a topic not created yet reads as a table without
+    columns) are no notifications."""
     if not rows.num_rows:
         return []
     events = _events_among(rows, topics).slice(0, limit)
@@ -134,8 +141,13 @@ def notifications_of(rows: pa.Table, topics: frozenset[str], limit: int) -> list
     except pa.ArrowInvalid as exc:
         raise DataError(f"offsets {_offsets_text(events)} hold a {VERSION_PROPERTY!r} that is not a number: "
                         f"{exc}") from None
-    fields = zip(events.column("offset").to_pylist(), originator_ids, version_numbers,
-                 topic_names.to_pylist(), events.column("value").to_pylist(), strict=True)
+    offsets, topic_texts, states = events.column("offset").to_pylist(), topic_names.to_pylist(), \
+        events.column("value").to_pylist()
+    if _NOTIFICATION_OF_FIELDS and NATIVE_NOTIFICATIONS:
+        made: list[Notification] = native_notifications.notifications(
+            Notification, offsets, originator_ids, version_numbers, topic_texts, states)
+        return made
+    fields = zip(offsets, originator_ids, version_numbers, topic_texts, states, strict=True)
     if not _NOTIFICATION_OF_FIELDS:
         return [Notification(id=offset + 1, originator_id=originator_id, originator_version=version, topic=topic,
                              state=state) for offset, originator_id, version, topic, state in fields]
@@ -171,8 +183,11 @@ def _notification_of(fields: dict[str, Any]) -> Notification:
 
 _new_object = object.__new__
 _set_slot = object.__setattr__
-_SET_UUID_INT = vars(UUID)["int"].__set__
-_SET_UUID_IS_SAFE = vars(UUID)["is_safe"].__set__
+_UUID_INT = vars(UUID)["int"]
+_UUID_IS_SAFE = vars(UUID)["is_safe"]
+"""``UUID``'s slots (``__slots__ = ('int', 'is_safe', ...)``), set through their descriptors."""
+_SET_UUID_INT = _UUID_INT.__set__
+_SET_UUID_IS_SAFE = _UUID_IS_SAFE.__set__
 _SAFE_UNKNOWN = SafeUUID.unknown
 _UUID_HALVES = struct.Struct(">QQ")
 
@@ -205,6 +220,9 @@ def _uuids_of(keys: pa.ChunkedArray) -> list[UUID | str] | None:
         return None
     if len(bits) != 16 * count:  # fromhex skips whitespace between pairs of digits
         return None
+    if NATIVE_NOTIFICATIONS:
+        native: list[UUID | str] = native_notifications.uuids(UUID, _UUID_INT, _UUID_IS_SAFE, _SAFE_UNKNOWN, bits)
+        return native
     made: list[UUID | str] = []
     for high, low in _UUID_HALVES.iter_unpack(bits):
         uuid = _new_object(UUID)

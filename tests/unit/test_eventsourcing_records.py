@@ -1,6 +1,7 @@
 """The application recorder's notifications from a range read's Arrow rows (``records.py``):
 tracking records and other topics left out, ids, versions and originator ids as the library's
-``Notification``, and a message that is no stored event refused, over the broker's own schema."""
+``Notification``, and a message that is no stored event refused, over the broker's own schema;
+each made natively (``_notifications.c``) and in Python, alike."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import pickle
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pytest
@@ -27,6 +28,14 @@ from consumers.eventsourcing.records import (
 )
 
 ORDER = uuid.UUID("0b7a6a34-3f5e-4c0e-9d7e-6c1f3f0c2a11")
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def maker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test once with the native maker of notifications and UUIDs and once without."""
+    if request.param == "python":
+        monkeypatch.setattr(records, "NATIVE_NOTIFICATIONS", False)
+    yield request.param
 
 
 def event(offset: int, key: str, version: int, topic: str, state: bytes, *, is_uuid: bool) -> dict[str, object]:
@@ -166,3 +175,4 @@ def test_the_recorders_arrow_work_allocates_from_its_own_pool_not_the_applicatio
     assert records.ARROW_POOL.bytes_allocated() > ours_before
     assert pa.default_memory_pool().bytes_allocated() == default_before
     assert len(properties.values_of(records._VERSION)) == events.num_rows == 2000
+
