@@ -28,13 +28,13 @@ from common import MB, MiB, drop_page_cache, process_io_bytes, run_threads
 from broker.bookkeeper.bookie import BookieClient, LocalBookie
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.cursor import CursorManager, ManagedCursor
+from broker.entry import Entry
 from broker.entry_cache import EntryCache, EntryCacheStats
 from broker.entry_format import DecodedMessage, Message, decode_entry, encode_entry
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_adds import AddResult
 from broker.managed_ledger_config import ManagedLedgerConfig
 from broker.managed_ledger_factory import ManagedLedgerFactory
-from broker.managed_ledger_reads import Entry
 from broker.metadata import RocksDBMetadataStore
 from storage import LedgerStorage, StorageConfig, StorageStats
 

@@ -49,9 +49,9 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
 from api.rest_read import arrow_stream
+from broker.entry import Entry
 from broker.entry_format import Message, encode_entry
 from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries
-from broker.managed_ledger_reads import Entry
 from broker.message_id import Position
 from consumers.spark import SOURCE_SCHEMA, MagnetarDataSource
 from consumers.spark.source import READ_CHUNK_MESSAGES_DEFAULT, SPARK_ARROW_SCHEMA

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.entry import Entry
 from broker.entry_format import (
     DecodedMessage,
     EncryptionContext,
@@ -49,7 +50,6 @@ from broker.entry_format import (
 )
 from broker.errors import CompactionInProgress, MagnetarError, NotFound
 from broker.limits import COMPACTION_APPEND_ENTRIES
-from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId
 from broker.metadata.store import MetadataStore
 from broker.topic import PersistentTopic

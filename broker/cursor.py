@@ -41,6 +41,7 @@ from typing import Any
 
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.entry import Entry
 from broker.errors import (
     BadVersion,
     InvalidRequest,
@@ -59,7 +60,6 @@ from broker.limits import (
     READ_BATCH_ENTRIES,
 )
 from broker.managed_ledger import ManagedLedger
-from broker.managed_ledger_reads import Entry
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
 from broker.range_set import RangeSet

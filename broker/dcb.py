@@ -43,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from broker.entry import Entry
 from broker.entry_builder import entry_of_messages
 from broker.entry_format import decode_entry
 from broker.entry_format.model import DecodedMessage
@@ -73,7 +74,6 @@ from broker.limits import (
     DCB_TAGS_PER_EVENT_MAX,
     DCB_TYPE_BYTES_MAX,
 )
-from broker.managed_ledger_reads import Entry
 from broker.message_fields import build_message
 from broker.message_id import Position
 from broker.topic import PersistentTopic, PublishResult

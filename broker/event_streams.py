@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from broker.delivery import Delivery
+from broker.entry import Entry
 from broker.entry_format import DecodedEntry, decode_entry
 from broker.entry_format.columns import ARROW_SCHEMA, NATIVE_COLUMNS, new_columns
 from broker.errors import DataLost, MagnetarError
 from broker.key_index import PartitionKeys, StreamRow
 from broker.limits import LIVE_READ_BYTES_MAX, LIVE_READ_VERSIONS_MAX
-from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId, Position
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName

@@ -43,6 +43,7 @@ from typing import Protocol
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
 from broker.byte_budget import ByteBudget
+from broker.entry import Entry
 from broker.entry_cache import EntryCache
 from broker.entry_format import message_count, peek_broker_entry_metadata
 from broker.errors import (
@@ -61,7 +62,7 @@ from broker.limits import CLOSE_ADDS_WAIT_S
 from broker.managed_ledger_adds import ManagedLedgerAdds
 from broker.managed_ledger_config import ManagedLedgerConfig, MiB
 from broker.managed_ledger_offload import NOT_RUN, ManagedLedgerOffload, OffloadCounters
-from broker.managed_ledger_reads import Entry, LedgerReads
+from broker.managed_ledger_reads import LedgerReads
 from broker.message_id import Position
 from broker.metadata.store import MetadataStore
 from broker.offload.offloader import LedgerOffloader

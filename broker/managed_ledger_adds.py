@@ -29,7 +29,8 @@ from typing import NamedTuple
 
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.byte_budget import ByteBudget
-from broker.entry_cache import CachedEntry, EntryCache
+from broker.entry import Entry
+from broker.entry_cache import EntryCache
 from broker.entry_format import with_broker_entry_metadata_each
 from broker.errors import InvalidRequest, LedgerFenced, MagnetarError, MessageTooLarge, OffsetMismatch
 from broker.ledger_list import LedgerList
@@ -234,8 +235,7 @@ class ManagedLedgerAdds(ABC):
             self._confirmed.notify_all()
         insert = self._cache.insert
         for data, add in zip(datas, added, strict=True):
-            insert(add.position.ledger_id, add.position.entry_id,
-                   CachedEntry(data, add.first_offset, add.last_offset, add.publish_time_ms))
+            insert(Entry(add.position, data, add.first_offset, add.last_offset, add.publish_time_ms))
         for listener in list(self._listeners):
             listener()
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
 
 from broker.bookkeeper.ledger_handle import LedgerHandle
 from broker.bookkeeper.ledger_manager import LedgerManager
+from broker.entry import Entry
 from broker.entry_cache import EntryCache
 from broker.entry_format import message_count
 from broker.entry_format.broker_metadata import prefix_fields
@@ -49,21 +49,6 @@ else:
 
 _DATA = operator.itemgetter(1)
 """An ``Entry``'s ``data``."""
-
-
-class Entry(NamedTuple):
-    """An entry read from a managed ledger, with its offsets and publish time (a tuple: one is
-    made per entry read)."""
-
-    position: Position
-    data: bytes
-    first_offset: int
-    last_offset: int
-    publish_time_ms: int
-
-    @property
-    def message_count(self) -> int:
-        return self.last_offset - self.first_offset + 1
 
 
 class LedgerReads:
@@ -169,7 +154,7 @@ class LedgerReads:
             bytes_left = None if max_bytes is None else max_bytes - size
             run_last = min(last, entry_id + run_entries - 1)
             run, missed = ([], -1) if entry_id == missed else \
-                self._cached_run(info.ledger_id, entry_id, run_last, bytes_left, stop_after_offset)
+                self._cache.get_run(info.ledger_id, entry_id, run_last, bytes_left, stop_after_offset)
             if not run:
                 known_first = entries[-1].last_offset + 1 if entries else None
                 run = self._read_run_anywhere(handle, info, entry_id, run_last, known_first, bytes_left)
@@ -186,25 +171,6 @@ class LedgerReads:
         if entries:
             self.hints.remember(info, entries)
         return entries
-
-    def _cached_run(self, ledger_id: int, first: int, last: int, bytes_left: int | None,
-                    stop_after_offset: int | None) -> tuple[list[Entry], int]:
-        """The entries from ``first`` (up to ``last``) that the broker's cache holds, up to the
-        first it does not hold, until they reach ``bytes_left``, or up to the one holding
-        ``stop_after_offset``; and the entry looked up and not found (-1: none was)."""
-        run: list[Entry] = []
-        get, position = self._cache.get, Position.of_stored
-        size = 0
-        for entry_id in range(first, last + 1):
-            cached = get(ledger_id, entry_id)
-            if cached is None:
-                return run, entry_id
-            run.append(Entry(position(ledger_id, entry_id), *cached))
-            size += len(cached.data)
-            if (bytes_left is not None and size >= bytes_left) or \
-                    (stop_after_offset is not None and cached.last_offset >= stop_after_offset):
-                break
-        return run, -1
 
     def _read_run_anywhere(self, handle: ReadHandle, info: LedgerInfo, first: int, last: int,
                            first_offset: int | None, bytes_left: int | None) -> list[Entry]:

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from broker.entry import Entry
 from broker.entry_format import EncryptionContext
 from broker.entry_format.columns import NATIVE_COLUMNS, collect_entries, new_columns
 from broker.errors import DataLost, NoSuchEntry, NoSuchLedger
 from broker.limits import READ_STEP_BYTES, READ_STEP_ENTRIES_MAX
-from broker.managed_ledger_reads import Entry
 from broker.topic import PersistentTopic
 from broker.topic_name import TopicName
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from broker.byte_budget import BudgetShare, ByteBudget
 from broker.compaction import Compactor
 from broker.delivery import Delivery, EntryRun, decoded_footprint
+from broker.entry import Entry
 from broker.errors import InvalidRequest, MagnetarError
 from broker.limits import READ_BATCH_ENTRIES, READER_READ_BYTES_MAX, READER_TRIM_RETRIES_MAX
-from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId
 from broker.topic import PersistentTopic
 

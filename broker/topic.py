@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from broker.cursor import CursorManager
 from broker.dedup import Deduplication, DedupStatus
+from broker.entry import Entry
 from broker.entry_builder import SEQUENCE_ID_MAX, PreparedEntry
 from broker.entry_format import decode_entry
 from broker.errors import DataLost, DuplicateInFlight, InvalidRequest, MagnetarError
@@ -40,7 +41,6 @@ from broker.key_index.derived import DcbCondition
 from broker.limits import MESSAGE_SIZE_BYTES_MAX, REPLAY_BATCH_ENTRIES
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_adds import AddResult
-from broker.managed_ledger_reads import Entry
 from broker.message_fields import ExpectedVersion
 from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.metadata.store import MetadataStore

@@ -33,8 +33,8 @@ from broker.limits import KEY_INDEX_BLOCK_CACHE_BYTES_MAX, KEY_INDEX_CHECK_INTER
 if TYPE_CHECKING:
     from broker.bookkeeper.ledger_handle import LedgerHandle
     from broker.bookkeeper.ledger_manager import LedgerManager
+    from broker.entry import Entry
     from broker.managed_ledger import ManagedLedger
-    from broker.managed_ledger_reads import Entry
     from broker.metadata.store import MetadataStore
 
 log = logging.getLogger(__name__)

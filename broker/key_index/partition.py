@@ -77,8 +77,8 @@ from broker.message_fields import EXISTS, ExpectedVersion, check_key
 from broker.message_id import Position
 
 if TYPE_CHECKING:
+    from broker.entry import Entry
     from broker.managed_ledger import ManagedLedger
-    from broker.managed_ledger_reads import Entry
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from consumers.arrow_pool import preferred_memory_pool
 from consumers.client import ClientError, HttpError, Message
 
 try:  # the optional native maker of notifications and UUIDs (setup.py builds it when it can)
-    from consumers.eventsourcing import _notifications as native_notifications
+    import consumers.eventsourcing._notifications as native_notifications
     NATIVE_NOTIFICATIONS = True
 except ImportError:  # pragma: no cover - exercised where no C compiler was at hand
     NATIVE_NOTIFICATIONS = False

@@ -50,12 +50,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from broker.cursor import CursorManager, ManagedCursor
+from broker.entry import Entry
 from broker.entry_format import Compression, Message, encode_entry
 from broker.errors import DataLost
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_adds import AddResult
 from broker.managed_ledger_config import ManagedLedgerConfig
-from broker.managed_ledger_reads import Entry
 from storage import StorageConfig
 from tests.crash.crash_child import CONFIGS, Reporter, run_or_die
 from tests.unit.broker_stack import FakeClock, Stack, open_stack

@@ -57,11 +57,11 @@ from pathlib import Path
 import pytest
 
 from broker.cursor import ManagedCursor
+from broker.entry import Entry
 from broker.entry_format import decode_entry
 from broker.errors import CorruptEntry
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_config import ManagedLedgerConfig
-from broker.managed_ledger_reads import Entry
 from storage import StorageConfig
 from tests.crash.broker_crash_child import SUBSCRIPTION, TOPIC, message_payload, open_broker_stack
 from tests.crash.harness import (

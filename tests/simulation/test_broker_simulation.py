@@ -56,9 +56,9 @@ import pytest
 
 import broker.cursor
 from broker.cursor import ManagedCursor
+from broker.entry import Entry
 from broker.entry_format import decode_entry
 from broker.errors import DataLost, MagnetarError, NoSuchEntry
-from broker.managed_ledger_reads import Entry
 from tests.simulation.broker_model import (
     ML_CONFIG,
     RESULT_TIMEOUT_S,

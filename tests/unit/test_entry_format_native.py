@@ -414,7 +414,8 @@ def test_a_runs_entries_made_natively_are_the_entries_the_python_loop_makes(
     Python loop does: the same ``Entry`` and ``Position`` values and types, each first offset
     the index before + 1, stopping at an entry it leaves to the loop, which goes on from there."""
     from broker import managed_ledger_reads
-    from broker.managed_ledger_reads import Entry, LedgerReads
+    from broker.entry import Entry
+    from broker.managed_ledger_reads import LedgerReads
     from broker.message_id import Position
     from broker.offset_index import LedgerInfo
 
@@ -431,8 +432,8 @@ def test_a_runs_entries_made_natively_are_the_entries_the_python_loop_makes(
 
 
 def test_the_native_run_reader_stops_at_a_corrupt_entry_and_refuses_what_is_not_its_arguments() -> None:
+    from broker.entry import Entry
     from broker.entry_format._common_entry import stored_entries
-    from broker.managed_ledger_reads import Entry
     from broker.message_id import Position
 
     made = stored_entries([_stored(52), b"\x0e\x01no prefix", _stored(54)], 7, 100, 52, Entry, Position)

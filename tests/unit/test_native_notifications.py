@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from eventsourcing.persistence import Notification
 
-from consumers.eventsourcing import _notifications as native_notifications
+import consumers.eventsourcing._notifications as native_notifications
 from consumers.eventsourcing import records
 from consumers.eventsourcing.records import notifications_of
 from tests.unit.test_eventsourcing_records import MIXED, ORDER

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.managed_ledger_reads import Entry
+from broker.entry import Entry
 from broker.message_id import Position
 from broker.offset_index import LedgerInfo, PositionHints
 

@@ -28,6 +28,7 @@ from typing import Any
 import crc32c
 import pytest
 
+from broker.entry import Entry
 from broker.entry_format import Compression, Message, encode_entry, with_broker_entry_metadata
 from broker.entry_format.columns import (
     ARROW_SCHEMA,
@@ -36,7 +37,6 @@ from broker.entry_format.columns import (
     collect_entries,
 )
 from broker.errors import CorruptEntry, DataLost
-from broker.managed_ledger_reads import Entry
 from broker.message_id import MessageId, Position, message_ids_of_entry
 from broker.proto import pulsar_entry_pb2 as pb
 from broker.range_read import read_range
