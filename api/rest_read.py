@@ -28,6 +28,7 @@ at its first offset, as the WebSocket API gives it; an Arrow answer keeps a row 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Mapping, Set
 from typing import Annotated, Any
@@ -36,7 +37,6 @@ import pyarrow as pa
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from api.auth import Action, Authorizer, Caller, caller_of
 from api.limits import READ_BYTES_DEFAULT, READ_BYTES_MAX, READ_MESSAGES_DEFAULT, READ_MESSAGES_MAX, EdgeLimits
@@ -143,13 +143,15 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
 
     async def answer(request: Request, name: TopicName, partition: int | None = None) -> Response:
         """The range read the request asks for (the caller's permission checked on ``name``),
-        read and encoded in a worker thread of Starlette's pool (as a plain FastAPI endpoint is
-        run, bounded alike): milliseconds of CPU for a large answer, or a wait on an offloaded
-        ledger's object store, which the event loop does not spend."""
+        read and encoded in a worker thread of the event loop's default executor: milliseconds
+        of CPU for a large answer, or a wait on an offloaded ledger's object store, which the
+        event loop does not spend. (Not Starlette's pool, where FastAPI runs a plain endpoint:
+        through its hand-off, reading notifications was slower and varied more from run to run,
+        ten interleaved runs each, ``bench/RESULTS.md``.)"""
         authorizer.require(caller_of(request), Action.CONSUME, name)
         query = query_of(request, RangeQuery)
         target = name if partition is None else service.admin.partition_of(name, partition)
-        return await run_in_threadpool(read, target, query, wants_arrow(request))
+        return await asyncio.get_running_loop().run_in_executor(None, read, target, query, wants_arrow(request))
 
     # the routes every range reader takes (the Spark source, a recorder's notifications): FastAPI's
     # parameter resolution skipped
