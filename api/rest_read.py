@@ -38,7 +38,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from api.auth import Action, Authorizer, Caller, caller_of
+from api.auth import Action, Authorizer, Caller, Principal, caller_of
 from api.limits import READ_BYTES_DEFAULT, READ_BYTES_MAX, READ_MESSAGES_DEFAULT, READ_MESSAGES_MAX, EdgeLimits
 from api.request_route import RequestRoute, query_of, query_parameters
 from broker import (
@@ -141,14 +141,14 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
                                                 message_overhead_bytes=JSON_MESSAGE_OVERHEAD_BYTES)
         return _read_response(arrow, result)
 
-    async def answer(request: Request, name: TopicName, partition: int | None = None) -> Response:
+    async def answer(request: Request, caller: Principal, name: TopicName, partition: int | None = None) -> Response:
         """The range read the request asks for (the caller's permission checked on ``name``),
         read and encoded in a worker thread of the event loop's default executor: milliseconds
         of CPU for a large answer, or a wait on an offloaded ledger's object store, which the
         event loop does not spend. (Not Starlette's pool, where FastAPI runs a plain endpoint:
         through its hand-off, reading notifications was slower and varied more from run to run,
         ten interleaved runs each, ``bench/RESULTS.md``.)"""
-        authorizer.require(caller_of(request), Action.CONSUME, name)
+        authorizer.require(caller, Action.CONSUME, name)
         query = query_of(request, RangeQuery)
         target = name if partition is None else service.admin.partition_of(name, partition)
         return await asyncio.get_running_loop().run_in_executor(None, read, target, query, wants_arrow(request))
@@ -156,12 +156,12 @@ def router(service: BrokerService, authorizer: Authorizer, limits: EdgeLimits) -
     # the routes every range reader takes (the Spark source, a recorder's notifications): FastAPI's
     # parameter resolution skipped
     async def read_topic(tenant: str, namespace: str, topic: str, request: Request) -> Response:
-        caller_of(request)  # first: an unauthenticated caller learns nothing of the name's rules
-        return await answer(request, TopicName.of(tenant, namespace, topic))
+        caller = caller_of(request)  # first: an unauthenticated caller learns nothing of the name's rules
+        return await answer(request, caller, TopicName.of(tenant, namespace, topic))
 
     async def read_partition(tenant: str, namespace: str, topic: str, partition: str, request: Request) -> Response:
-        caller_of(request)
-        return await answer(request, TopicName.of(tenant, namespace, topic), _partition_number(partition))
+        caller = caller_of(request)
+        return await answer(request, caller, TopicName.of(tenant, namespace, topic), _partition_number(partition))
 
     routes.add_api_route("/topics/persistent/{tenant}/{namespace}/{topic}/messages", read_topic, methods=["GET"],
                          summary="Read messages by offset (Arrow IPC stream or JSON)", openapi_extra=_RANGE_QUERY,

@@ -59,14 +59,6 @@ class EntryCache:
             self.size_bytes += len(entry.data)
             self._evict_locked(now)
 
-    def get(self, ledger_id: int, entry_id: int) -> Entry | None:
-        item = self._entries.get((ledger_id, entry_id))
-        if item is None:
-            self._misses += 1
-            return None
-        self._hits += 1
-        return item[0]
-
     def get_run(self, ledger_id: int, first: int, last: int, bytes_left: int | None = None,
                 stop_after_offset: int | None = None) -> tuple[list[Entry], int]:
         """The cached entries from ``first`` (up to ``last``) up to the first one not cached, until

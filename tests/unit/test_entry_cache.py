@@ -52,11 +52,11 @@ def test_entries_are_kept_by_their_position_within_the_bounds_in_bytes_and_age()
     cache = EntryCache(1_000, entry_age_ms_max=1_000, clock=clock)
     for i in range(10):
         cache.insert(entry(3, i, size=100))
-    assert cache.size_bytes == 1_000 and cache.get(3, 0) is not None
+    assert cache.size_bytes == 1_000 and cache.get_run(3, 0, 0)[0]
     cache.insert(entry(3, 10, size=100))  # over capacity: down to 90% of it, oldest first
-    assert cache.size_bytes <= 900 and cache.get(3, 0) is None and cache.get(3, 10) is not None
+    assert cache.size_bytes <= 900 and cache.get_run(3, 0, 0) == ([], 0) and cache.get_run(3, 10, 10)[0]
     clock.now_s = 2.0
     cache.evict_expired()
     assert cache.size_bytes == 0 and cache.get_run(3, 0, 10) == ([], 0)
     cache.insert(entry(3, 11, size=2_000))  # larger than the cache may hold: not kept
-    assert cache.get(3, 11) is None
+    assert cache.get_run(3, 11, 11) == ([], 11)

@@ -72,10 +72,15 @@ def test_an_endpoint_it_cannot_call_is_refused_when_the_route_is_made(path: str,
         RequestRoute(path, endpoint, methods=["POST"])
 
 
+def included_routes(app: FastAPI) -> list[Any]:
+    """The routes of the routers ``create_app`` includes."""
+    return [r for included in app.router.routes for r in getattr(getattr(included, "original_router", None),
+                                                                 "routes", [])]
+
+
 def test_the_produce_route_of_an_unpartitioned_topic_is_a_request_route(tmp_path: Path) -> None:
     app = create_app(BrokerService(str(tmp_path), BrokerConfig.test_min()))
-    routes = [r for included in app.router.routes for r in getattr(getattr(included, "original_router", None),
-                                                                   "routes", [])]
+    routes = included_routes(app)
     produce = [r for r in routes if getattr(r, "path", "") == "/topics/persistent/{tenant}/{namespace}/{topic}"
                and "POST" in r.methods]
     assert len(produce) == 1 and isinstance(produce[0], RequestRoute)
@@ -126,8 +131,7 @@ def test_query_parameters_are_the_models_fields_in_the_openapi_operation() -> No
 
 def test_the_range_read_routes_are_request_routes_with_their_query_in_the_openapi_operation(tmp_path: Path) -> None:
     app = create_app(BrokerService(str(tmp_path), BrokerConfig.test_min()))
-    routes = [r for included in app.router.routes for r in getattr(getattr(included, "original_router", None),
-                                                                   "routes", [])]
+    routes = included_routes(app)
     base = "/topics/persistent/{tenant}/{namespace}/{topic}"
     for path in (f"{base}/messages", f"{base}/partitions/{{partition}}/messages"):
         reads = [r for r in routes if getattr(r, "path", "") == path and "GET" in r.methods]
