@@ -192,9 +192,9 @@ OFFLOAD_ORPHAN_DELETES_PER_SWEEP_MAX = 100
 """Offloaded copies of deleted topics a broker tries to delete again per sweep (one sweep every
 ``OFFLOAD_RETRY_DELAY_MS``, ``broker/offload/orphans.py``)."""
 READ_RUN_ENTRIES_MAX = 256
-"""Entries fetched from the bookies in one range read: more than a bookie reads ahead (100 by
-default), so a long sequential read takes each read-ahead's entries at once instead of through
-the bookie's read cache."""
+"""Entries fetched from the bookies in one range read: the bookie reads them from its entry log
+in one read (up to its ``read_ahead_bytes_max``), not each through its read cache. (1,000 read
+no faster than 256: 2,000-entry reads measured alike in one sitting, ``bench/RESULTS.md``.)"""
 LOOKUP_RUN_ENTRIES_MAX = 64
 """Entries of one range read of an offset lookup reading forward from its sparse-index sample
 (one is sampled every 64 entries by default, so the offset is within one such run)."""

@@ -6,7 +6,8 @@ entry-log read fills the read cache with the entries that follow in the same log
 when it continues the ledger's last read (or is its first): a reader that jumps about a ledger
 (the reads of one key's stream) reads only its entry, and goes back to read-ahead on its next
 sequential miss. A range read takes the read-ahead's entries at once instead of through the
-cache.
+cache, and the entries it asks for come in its log read (up to ``read_ahead_bytes_max`` of
+them) wherever it starts: they are wanted, not read ahead.
 
 Invariants: an entry is read from the first place that has it (the caches hold exactly what
 the log would give); a read racing garbage collection looks the entry up again (at most three
@@ -90,7 +91,7 @@ class EntryReader:
                 found += run
                 entry_id += len(run)
                 continue
-            data, ahead = self._read_log_run(ledger_id, entry_id)
+            data, ahead = self._read_log_run(ledger_id, entry_id, last_entry_id - entry_id)
             found.append(data)
             entry_id += 1
             used = 0
@@ -110,18 +111,21 @@ class EntryReader:
         self._read_cache.put_many(ledger_id, ahead)
         return data
 
-    def _read_log_run(self, ledger_id: int, entry_id: int) -> tuple[bytes, list[tuple[int, bytes]]]:
-        """The entry from its entry log, with the entries of the ledger that follow it there
-        (read ahead when the read continues where the ledger's last one ended)."""
+    def _read_log_run(self, ledger_id: int, entry_id: int, wanted: int = 0) -> tuple[bytes, list[tuple[int, bytes]]]:
+        """The entry from its entry log, with the entries of the ledger that follow it there:
+        the ``wanted`` ones a range read asks for next (in the same read, up to
+        ``read_ahead_bytes_max`` of them), and read-ahead beyond them when the read continues
+        where the ledger's last one ended."""
         for _ in range(3):  # GC may move the entry between the lookup and the read
             location = self._index.get(ledger_id, entry_id)
             if location == 0:
                 break
             sequential = self._continues_last_read(ledger_id, entry_id)
             try:
-                data, ahead = self._logs.read(location, ledger_id, entry_id,
-                                              read_ahead_entries=sequential * self.config.read_ahead_entries_max,
-                                              read_ahead_bytes=sequential * self.config.read_ahead_bytes_max)
+                data, ahead = self._logs.read(
+                    location, ledger_id, entry_id,
+                    read_ahead_entries=max(wanted, sequential * self.config.read_ahead_entries_max),
+                    read_ahead_bytes=(bool(wanted) or sequential) * self.config.read_ahead_bytes_max)
             except LogMissing:
                 continue
             except OSError as exc:

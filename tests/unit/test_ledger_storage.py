@@ -188,6 +188,26 @@ def test_a_range_read_takes_its_entries_from_each_level_and_caches_only_what_it_
             st.get_entries(7, 0, 0)
 
 
+def test_a_range_read_takes_the_entries_it_asks_for_in_one_log_read_wherever_it_starts(data_dir: str) -> None:
+    """A range read's own entries are not read-ahead: one that jumps reads them all in its one
+    log read (not one read an entry) and puts nothing past its end in the cache; a sequential
+    one longer than the read-ahead takes its entries in one log read too."""
+    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
+                                               read_ahead_entries_max=100)
+    with LedgerStorage.open(data_dir, config) as st:
+        for future in [st.add_entries(1, [e], [bytes([e % 256]) * 100]) for e in range(600)]:
+            future.result(timeout=10)
+        st.flush()
+        assert st.get_entries(1, 0, 249) == [bytes([e % 256]) * 100 for e in range(250)]
+        stats = st.statistics()
+        assert stats.read_path.entry_log_reads == 1 and stats.read_path.random_reads == 0
+        assert stats.read_cache.entries == 0  # it asked for more than the read-ahead: nothing past them
+        assert st.get_entries(1, 400, 449) == [bytes([e % 256]) * 100 for e in range(400, 450)]
+        stats = st.statistics()
+        assert stats.read_path.entry_log_reads == 2 and stats.read_path.random_reads == 1
+        assert stats.read_cache.entries == 0
+
+
 def test_reads_that_jump_about_a_ledger_read_no_ahead_and_sequential_ones_do_again(data_dir: str) -> None:
     config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
                                                read_ahead_entries_max=100)
