@@ -20,7 +20,10 @@
  *
  * Invariants: the arguments are what records.py passes (lists of equal length; offsets ints;
  * ``bits`` a bytes object whose length is a multiple of 16); anything else raises TypeError or
- * ValueError and makes nothing. A failure midway releases every object made so far.
+ * ValueError and makes nothing. A failure midway releases every object made so far. What can
+ * be in no reference cycle is not tracked by the collector: a UUID made here, and a
+ * notification's dict whose values are such UUIDs, strs, ints and bytes (tracked again by
+ * CPython when anything else goes in); the notification itself is tracked.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -37,6 +40,25 @@ static int set_through(PyObject *descriptor, PyObject *target, PyObject *value) 
         return -1;
     }
     return set(descriptor, target, value);
+}
+
+/* A UUID made here holds only its int and the SafeUUID member it was given (made before it,
+ * unable to refer to it), and UUID refuses every attribute set: it can be in no reference
+ * cycle. It is left out of the collector's lists, as CPython leaves out a tuple of atomic
+ * values, so a window of notifications adds nothing for a collection to walk or promote. */
+static void untrack_atomic_uuid(PyObject *uuid) {
+    if (PyObject_GC_IsTracked(uuid))
+        PyObject_GC_UnTrack(uuid);
+}
+
+/* Whether a notification's fields can hold no cycle, so its dict need not be tracked (CPython
+ * tracks a dict once a value that may be tracked goes in, and again whenever one does later):
+ * the originator id a str or an untracked UUID, the version an int, the topic a str, the state
+ * bytes, the id an int. */
+static int atomic_fields(PyObject *originator_id, PyObject *version, PyObject *topic, PyObject *state) {
+    int atomic_id = PyUnicode_CheckExact(originator_id) ||
+                    (PyObject_IS_GC(originator_id) && !PyObject_GC_IsTracked(originator_id));
+    return atomic_id && PyLong_CheckExact(version) && PyUnicode_CheckExact(topic) && PyBytes_CheckExact(state);
 }
 
 /* uuids(uuid_type, set_int, set_is_safe, is_safe, bits) -> list of UUIDs */
@@ -74,6 +96,7 @@ static PyObject *uuids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_DECREF(value);
         if (failed || set_through(set_is_safe, uuid, is_safe))
             goto failed;
+        untrack_atomic_uuid(uuid);
     }
     return made;
 failed:
@@ -133,6 +156,10 @@ static PyObject *notifications(PyObject *self, PyObject *const *args, Py_ssize_t
                      PyDict_SetItem(fields, key_state, PyList_GET_ITEM(args[5], i)) ||
                      PyDict_SetItem(fields, key_id, id);
         Py_DECREF(id);
+        if (!failed && PyObject_GC_IsTracked(fields) &&
+            atomic_fields(PyList_GET_ITEM(args[2], i), PyList_GET_ITEM(args[3], i), PyList_GET_ITEM(args[4], i),
+                          PyList_GET_ITEM(args[5], i)))
+            PyObject_GC_UnTrack(fields);
         PyObject *notification = failed ? NULL : type->tp_alloc(type, 0);
         if (notification == NULL) {
             Py_DECREF(fields);

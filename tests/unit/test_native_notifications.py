@@ -63,6 +63,26 @@ def test_its_notifications_and_uuids_are_the_python_paths_in_every_way(monkeypat
         ids[0].int = 1  # type: ignore[misc]  # immutable, as UUID is
 
 
+def test_a_window_of_notifications_gives_the_collector_only_the_notifications_to_walk() -> None:
+    """A UUID made natively (immutable: an int and a SafeUUID member) and a notification's dict
+    of such fields can be in no reference cycle, so neither is tracked: a window of
+    notifications adds one object a row for a collection to walk and promote, not three. The
+    dict is tracked again as soon as a value that could be in a cycle goes in (CPython's own
+    rule), and a collection frees such a cycle."""
+    page = MIXED.filter(pa.array([True, False, False, True, False]))  # every key a UUID: uuids() makes them
+    made = notifications_of(page, frozenset(), 10)
+    assert [n.originator_id for n in made] == [ORDER, ORDER]
+    assert [gc.is_tracked(n) for n in made] == [True, True]
+    assert not any(gc.is_tracked(n.originator_id) or gc.is_tracked(vars(n)) for n in made)
+    notification = made.pop()
+    object.__setattr__(notification, "cycle", [notification])  # a frozen dataclass set anyway
+    assert gc.is_tracked(vars(notification))
+    freed = weakref.ref(notification)
+    del notification
+    gc.collect()
+    assert freed() is None
+
+
 def test_what_it_makes_is_freed_with_its_last_reference() -> None:
     bits = ORDER.bytes * 1000
     made = native_notifications.uuids(uuid.UUID, UUID_INT, UUID_IS_SAFE, uuid.SafeUUID.unknown, bits)
