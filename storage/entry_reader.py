@@ -125,7 +125,7 @@ class EntryReader:
                 data, ahead = self._logs.read(
                     location, ledger_id, entry_id,
                     read_ahead_entries=max(wanted, sequential * self.config.read_ahead_entries_max),
-                    read_ahead_bytes=(bool(wanted) or sequential) * self.config.read_ahead_bytes_max)
+                    read_ahead_bytes=self.config.read_ahead_bytes_max if wanted or sequential else 0)
             except LogMissing:
                 continue
             except OSError as exc:

@@ -42,15 +42,6 @@ static int set_through(PyObject *descriptor, PyObject *target, PyObject *value) 
     return set(descriptor, target, value);
 }
 
-/* A UUID made here holds only its int and the SafeUUID member it was given (made before it,
- * unable to refer to it), and UUID refuses every attribute set: it can be in no reference
- * cycle. It is left out of the collector's lists, as CPython leaves out a tuple of atomic
- * values, so a window of notifications adds nothing for a collection to walk or promote. */
-static void untrack_atomic_uuid(PyObject *uuid) {
-    if (PyObject_GC_IsTracked(uuid))
-        PyObject_GC_UnTrack(uuid);
-}
-
 /* Whether a notification's fields can hold no cycle, so its dict need not be tracked (CPython
  * tracks a dict once a value that may be tracked goes in, and again whenever one does later):
  * the originator id a str or an untracked UUID, the version an int, the topic a str, the state
@@ -96,7 +87,12 @@ static PyObject *uuids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
         Py_DECREF(value);
         if (failed || set_through(set_is_safe, uuid, is_safe))
             goto failed;
-        untrack_atomic_uuid(uuid);
+        /* It holds only its int and the SafeUUID member it was given (made before it, unable
+         * to refer to it), and UUID refuses every attribute set: it can be in no reference
+         * cycle, and is left out of the collector's lists, as CPython leaves out a tuple of
+         * atomic values. */
+        if (PyObject_IS_GC(uuid))
+            PyObject_GC_UnTrack(uuid); /* (a no-op when it is not tracked) */
     }
     return made;
 failed:
@@ -156,9 +152,8 @@ static PyObject *notifications(PyObject *self, PyObject *const *args, Py_ssize_t
                      PyDict_SetItem(fields, key_state, PyList_GET_ITEM(args[5], i)) ||
                      PyDict_SetItem(fields, key_id, id);
         Py_DECREF(id);
-        if (!failed && PyObject_GC_IsTracked(fields) &&
-            atomic_fields(PyList_GET_ITEM(args[2], i), PyList_GET_ITEM(args[3], i), PyList_GET_ITEM(args[4], i),
-                          PyList_GET_ITEM(args[5], i)))
+        if (!failed && atomic_fields(PyList_GET_ITEM(args[2], i), PyList_GET_ITEM(args[3], i),
+                                     PyList_GET_ITEM(args[4], i), PyList_GET_ITEM(args[5], i)))
             PyObject_GC_UnTrack(fields);
         PyObject *notification = failed ? NULL : type->tp_alloc(type, 0);
         if (notification == NULL) {

@@ -27,6 +27,21 @@ def entry_bytes(ledger_id: int, entry_id: int) -> bytes:
     return bytes((ledger_id * 31 + entry_id + i) % 251 for i in range((entry_id * 37) % 3000))
 
 
+READ_PATH_CONFIG = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
+                                                   read_ahead_entries_max=100)
+"""The read-path tests' storage: read-ahead of 100 entries or 64 KiB, a read cache that holds it."""
+
+
+def hundred_bytes(entry_id: int) -> bytes:
+    return bytes([entry_id % 256]) * 100
+
+
+def add_each(st: LedgerStorage, ledger_id: int, entries: dict[int, bytes]) -> None:
+    """Each entry added on its own (one journal item each), all waited for."""
+    for future in [st.add_entries(ledger_id, [entry_id], [data]) for entry_id, data in entries.items()]:
+        future.result(timeout=10)
+
+
 def test_entries_read_back_after_clean_close_with_lac_and_fence(data_dir: str) -> None:
     config = StorageConfig.test_min()
     with LedgerStorage.open(data_dir, config) as st:
@@ -137,18 +152,15 @@ def test_full_write_cache_pushes_back_instead_of_growing(data_dir: str) -> None:
 
 
 def test_read_path_levels_and_read_ahead(data_dir: str) -> None:
-    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
-                                               read_ahead_entries_max=100)
-    with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entries(1, [e], [bytes([e % 256]) * 100]) for e in range(400)]:
-            future.result(timeout=10)
+    with LedgerStorage.open(data_dir, READ_PATH_CONFIG) as st:
+        add_each(st, 1, {e: hundred_bytes(e) for e in range(400)})
         st.add_entries(2, [0], [b"hot"]).result(timeout=10)
         st.flush()
         st.add_entries(2, [1], [b"still in the write cache"]).result(timeout=10)
         assert st.get_entry(2, 1) == b"still in the write cache"
         assert st.statistics().read_path.write_cache_hits == 1
         for e in range(400):
-            assert st.get_entry(1, e) == bytes([e % 256]) * 100
+            assert st.get_entry(1, e) == hundred_bytes(e)
         stats = st.statistics()
         # one log read serves a whole read-ahead batch (entries sorted by ledger on flush)
         assert stats.read_path.entry_log_reads <= 400 // 50
@@ -158,11 +170,8 @@ def test_read_path_levels_and_read_ahead(data_dir: str) -> None:
 
 def test_a_range_read_takes_its_entries_from_each_level_and_caches_only_what_it_read_past_its_end(
         data_dir: str) -> None:
-    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
-                                               read_ahead_entries_max=100)
-    with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entries(1, [e], [entry_bytes(1, e)]) for e in range(300)]:
-            future.result(timeout=10)
+    with LedgerStorage.open(data_dir, READ_PATH_CONFIG) as st:
+        add_each(st, 1, {e: entry_bytes(1, e) for e in range(300)})
         st.flush()
         st.add_entries(1, [300], [entry_bytes(1, 300)]).result(timeout=10)  # still in the write cache
         assert st.get_entries(1, 0, 9) == [entry_bytes(1, e) for e in range(10)]
@@ -192,38 +201,32 @@ def test_a_range_read_takes_the_entries_it_asks_for_in_one_log_read_wherever_it_
     """A range read's own entries are not read-ahead: one that jumps reads them all in its one
     log read (not one read an entry) and puts nothing past its end in the cache; a sequential
     one longer than the read-ahead takes its entries in one log read too."""
-    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
-                                               read_ahead_entries_max=100)
-    with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entries(1, [e], [bytes([e % 256]) * 100]) for e in range(600)]:
-            future.result(timeout=10)
+    with LedgerStorage.open(data_dir, READ_PATH_CONFIG) as st:
+        add_each(st, 1, {e: hundred_bytes(e) for e in range(600)})
         st.flush()
-        assert st.get_entries(1, 0, 249) == [bytes([e % 256]) * 100 for e in range(250)]
+        assert st.get_entries(1, 0, 249) == [hundred_bytes(e) for e in range(250)]
         stats = st.statistics()
         assert stats.read_path.entry_log_reads == 1 and stats.read_path.random_reads == 0
         assert stats.read_cache.entries == 0  # it asked for more than the read-ahead: nothing past them
-        assert st.get_entries(1, 400, 449) == [bytes([e % 256]) * 100 for e in range(400, 450)]
+        assert st.get_entries(1, 400, 449) == [hundred_bytes(e) for e in range(400, 450)]
         stats = st.statistics()
         assert stats.read_path.entry_log_reads == 2 and stats.read_path.random_reads == 1
         assert stats.read_cache.entries == 0
 
 
 def test_reads_that_jump_about_a_ledger_read_no_ahead_and_sequential_ones_do_again(data_dir: str) -> None:
-    config = StorageConfig.test_min().replace(read_cache_bytes_max=1 << 20, read_ahead_bytes_max=64 * 1024,
-                                               read_ahead_entries_max=100)
-    with LedgerStorage.open(data_dir, config) as st:
-        for future in [st.add_entries(1, [e], [bytes([e % 256]) * 100]) for e in range(400)]:
-            future.result(timeout=10)
+    with LedgerStorage.open(data_dir, READ_PATH_CONFIG) as st:
+        add_each(st, 1, {e: hundred_bytes(e) for e in range(400)})
         st.flush()
-        assert st.get_entry(1, 5) == bytes([5]) * 100  # the ledger's first read reads ahead
+        assert st.get_entry(1, 5) == hundred_bytes(5)  # the ledger's first read reads ahead
         cached = st.statistics().read_cache.entries
         assert cached > 0
         for e in range(200, 400, 10):  # one key's entries, say
-            assert st.get_entry(1, e) == bytes([e % 256]) * 100
+            assert st.get_entry(1, e) == hundred_bytes(e)
         stats = st.statistics()
         assert stats.read_path.entry_log_reads == 1 + 20 and stats.read_path.random_reads == 20
         assert stats.read_cache.entries == cached  # nothing read ahead for the jumps
         for e in range(391, 400):  # a reader going on from the last jump reads ahead again
-            assert st.get_entry(1, e) == bytes([e % 256]) * 100
+            assert st.get_entry(1, e) == hundred_bytes(e)
         stats = st.statistics()
         assert stats.read_path.entry_log_reads == 22 and stats.read_path.random_reads == 20
